@@ -1,0 +1,289 @@
+"""The one error registry: stable runtime error codes and the policy-file diagnostic family."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    """Stable error codes returned for every refusal or failure (DESIGN.md §4, seed 000 §9).
+
+    The string values are a public contract: never rename one, only add.
+    """
+
+    PERMISSION_DENY = "SANDBOX.PERMISSION_DENY"
+    DENY_TOOL = "POLICY.DENY_TOOL"
+    CAPABILITY_BLOCKED = "SANDBOX.CAPABILITY_BLOCKED"
+    PROVIDER_UNAVAILABLE = "PROVIDER.UNAVAILABLE"
+    TIMEOUT = "LLM.TIMEOUT"
+    BUDGET_EXCEEDED = "QUOTA.BUDGET_EXCEEDED"
+    SCHEMA_VALIDATION_FAILED = "SCHEMA.VALIDATION_FAILED"
+    EXECUTION_FAILED = "TOOL.EXECUTION_FAILED"
+    UNKNOWN_INTERNAL = "UNKNOWN.INTERNAL"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSpec:
+    """Everything the registry knows about one code.
+
+    :param http_status: status a service front-end answers with.
+    :param retryable: whether the same call may succeed if simply retried later.
+    :param public_message: template for the public (redacted) view; ``{reason}`` is filled with
+        the already-redacted reason.
+    :param audit_detail: what the audit view records beyond the public message.
+    :param when: one line on when this code is used.
+    """
+
+    code: ErrorCode
+    http_status: int
+    retryable: bool
+    public_message: str
+    audit_detail: str
+    when: str
+
+
+REGISTRY: dict[ErrorCode, ErrorSpec] = {
+    spec.code: spec
+    for spec in (
+        ErrorSpec(
+            ErrorCode.PERMISSION_DENY, 403, False,
+            "permission denied: {reason}",
+            "grant, subject, tenant, the capability asked for and why it was not granted",
+            "capability not granted; grant missing, expired or revoked; no rule permits it",
+        ),
+        ErrorSpec(
+            ErrorCode.DENY_TOOL, 403, False,
+            "tool call refused: {reason}",
+            "tool, manifest version, the argv or operation and the template it failed",
+            "operation inconsistent with the tool manifest; illegal command template or arguments",
+        ),
+        ErrorSpec(
+            ErrorCode.CAPABILITY_BLOCKED, 403, False,
+            "blocked by sandbox policy: {reason}",
+            "the blocking rule (id, file, line, column), the resolved resource and limit",
+            "a policy rule blocks it: deny-list, size, path, method, traversal, symlink, "
+            "out-of-root write",
+        ),
+        ErrorSpec(
+            ErrorCode.PROVIDER_UNAVAILABLE, 503, True,
+            "provider unavailable: {reason}",
+            "backend name, endpoint and the transport error",
+            "outbound network or execution backend unavailable",
+        ),
+        ErrorSpec(
+            ErrorCode.TIMEOUT, 504, True,
+            "timed out: {reason}",
+            "the timeout that fired, elapsed time and what was killed",
+            "the operation timed out",
+        ),
+        ErrorSpec(
+            ErrorCode.BUDGET_EXCEEDED, 429, False,
+            "budget exceeded: {reason}",
+            "budget kind, limit, already used and the amount asked for",
+            "budget or quota exceeded",
+        ),
+        ErrorSpec(
+            ErrorCode.SCHEMA_VALIDATION_FAILED, 422, False,
+            "invalid input: {reason}",
+            "the validation errors with their locations",
+            "malformed JSON or input structure",
+        ),
+        ErrorSpec(
+            ErrorCode.EXECUTION_FAILED, 500, True,
+            "tool execution failed: {reason}",
+            "executor name, exception type and message",
+            "executor internal failure",
+        ),
+        ErrorSpec(
+            ErrorCode.UNKNOWN_INTERNAL, 500, False,
+            "internal error",
+            "exception type, message and stack (audit view only)",
+            "anything unclassified (target at most 0.1 % of calls)",
+        ),
+    )
+}
+
+
+def spec_of(code: ErrorCode) -> ErrorSpec:
+    """Return the registry entry of ``code``."""
+    return REGISTRY[code]
+
+
+class PolicyEngineError(Exception):
+    """A refusal or failure carrying a stable code.
+
+    :param code: the registry code.
+    :param reason: public, redacted reason (lowercase start, no trailing period).
+    :param audit: audit-only detail; never shown in a public view.
+    """
+
+    def __init__(self, code: ErrorCode, reason: str, *, audit: dict[str, Any] | None = None):
+        super().__init__(f"{code.value}: {reason}")
+        self.code = code
+        self.reason = reason
+        self.audit: dict[str, Any] = dict(audit or {})
+
+    @property
+    def spec(self) -> ErrorSpec:
+        return REGISTRY[self.code]
+
+    @property
+    def http_status(self) -> int:
+        return self.spec.http_status
+
+    @property
+    def retryable(self) -> bool:
+        return self.spec.retryable
+
+    def public_message(self) -> str:
+        """The public view: the registry template filled with the redacted reason."""
+        return self.spec.public_message.format(reason=self.reason)
+
+    def public_view(self) -> dict[str, Any]:
+        return {
+            "code": self.code.value,
+            "http_status": self.http_status,
+            "retryable": self.retryable,
+            "message": self.public_message(),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Diagnostics about policy files: SBP1xx parse, SBP2xx check, SBP3xx lint
+# ---------------------------------------------------------------------------------------------
+
+
+class Severity(StrEnum):
+    ERROR = "error"
+    WARNING = "warning"
+    NOTE = "note"
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A position in a source file (1-based line and column), optionally with an end."""
+
+    file: str
+    line: int
+    column: int
+    end_line: int | None = None
+    end_column: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnosticSpec:
+    """A diagnostic ID with its default severity, a title and the help shown to users."""
+
+    id: str
+    severity: Severity
+    title: str
+    help: str
+
+
+_DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
+    # --- parse (SBP1xx) ---
+    DiagnosticSpec("SBP100", Severity.ERROR, "file cannot be read",
+                   "check the path exists, is a regular file and is UTF-8 text"),
+    DiagnosticSpec("SBP101", Severity.ERROR, "unexpected token",
+                   "check the statement against the language reference (docs/language.md)"),
+    DiagnosticSpec("SBP102", Severity.ERROR, "unexpected character",
+                   "remove the character or quote it inside a string literal"),
+    DiagnosticSpec("SBP103", Severity.ERROR, "unexpected end of file",
+                   "a block or list is not closed: add the missing `}` or `]`"),
+    DiagnosticSpec("SBP104", Severity.ERROR, "invalid string or regex literal",
+                   "close the literal and escape embedded quotes with a backslash"),
+    DiagnosticSpec("SBP105", Severity.ERROR, "malformed manifest or grant document",
+                   "fix the JSON/YAML structure; `policy-engine schema` prints the expected shape"),
+    # --- check (SBP2xx) ---
+    DiagnosticSpec("SBP200", Severity.ERROR, "missing policy header",
+                   "start the file with `policy \"name\" version \"x.y.z\"`"),
+    DiagnosticSpec("SBP201", Severity.ERROR, "duplicate definition",
+                   "rename one of the definitions; names must be unique across imports"),
+    DiagnosticSpec("SBP202", Severity.ERROR, "unresolved name",
+                   "define the name or import the file that defines it"),
+    DiagnosticSpec("SBP203", Severity.ERROR, "import cycle",
+                   "remove one of the imports that closes the cycle"),
+    DiagnosticSpec("SBP204", Severity.ERROR, "import not found",
+                   "import paths are relative to the importing file"),
+    DiagnosticSpec("SBP205", Severity.ERROR, "invalid unit",
+                   "sizes take B, KB, KiB, MB, MiB, GB, GiB; durations take ms, s, m, h"),
+    DiagnosticSpec("SBP206", Severity.ERROR, "invalid path glob",
+                   "paths are absolute (or start with `~/` or `**/`); `**` must be a whole segment"),
+    DiagnosticSpec("SBP207", Severity.ERROR, "invalid host pattern",
+                   "use an exact host, `*.suffix`, an IP literal or a CIDR block"),
+    DiagnosticSpec("SBP208", Severity.ERROR, "invalid regular expression",
+                   "fix the pattern; regexes use Python `re` syntax and are anchored"),
+    DiagnosticSpec("SBP209", Severity.ERROR, "CEL syntax error",
+                   "fix the condition; see https://github.com/google/cel-spec"),
+    DiagnosticSpec("SBP210", Severity.ERROR, "CEL type error",
+                   "conditions see request, grant, manifest, profile, tenant, subject and now"),
+    DiagnosticSpec("SBP211", Severity.ERROR, "CEL condition is not boolean",
+                   "a `when` condition must evaluate to a bool"),
+    DiagnosticSpec("SBP212", Severity.ERROR, "resource not valid for this capability",
+                   "each capability takes only its own resources; see docs/language.md"),
+    DiagnosticSpec("SBP213", Severity.ERROR, "invalid value",
+                   "check the allowed values in docs/language.md"),
+    DiagnosticSpec("SBP214", Severity.ERROR, "unknown capability",
+                   "capabilities: fs.read fs.write fs.list net.http browser.use proc.exec "
+                   "tmp.use sys.gpu"),
+    DiagnosticSpec("SBP215", Severity.ERROR, "conflicting policy headers",
+                   "a file declares its policy name and version once"),
+    DiagnosticSpec("SBP216", Severity.WARNING, "rule can never match",
+                   "the rule's resources are empty or fully shadowed by a mandatory deny"),
+)
+
+DIAGNOSTICS: dict[str, DiagnosticSpec] = {d.id: d for d in _DIAGNOSTICS}
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnostic:
+    """One finding about a policy, manifest or grant file."""
+
+    id: str
+    message: str
+    span: Span | None
+    severity: Severity = Severity.ERROR
+    help: str | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @staticmethod
+    def make(
+        diag_id: str, message: str, span: Span | None, *, help: str | None = None,
+        severity: Severity | None = None,
+    ) -> Diagnostic:
+        """Build a diagnostic, taking severity and help from the registry unless given."""
+        spec = DIAGNOSTICS[diag_id]
+        return Diagnostic(
+            id=diag_id, message=message, span=span,
+            severity=severity or spec.severity, help=help or spec.help,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "severity": self.severity.value,
+            "message": self.message,
+            "help": self.help,
+            "file": self.span.file if self.span else None,
+            "line": self.span.line if self.span else None,
+            "column": self.span.column if self.span else None,
+            "end_line": self.span.end_line if self.span else None,
+            "end_column": self.span.end_column if self.span else None,
+        }
+
+
+class DiagnosticsError(Exception):
+    """Raised when a policy, manifest or grant cannot be used; carries every diagnostic found."""
+
+    def __init__(self, diagnostics: list[Diagnostic]):
+        self.diagnostics = diagnostics
+        first = diagnostics[0] if diagnostics else None
+        super().__init__(
+            f"{first.span}: {first.id} {first.message}" if first and first.span
+            else (f"{first.id} {first.message}" if first else "invalid input")
+        )

@@ -1,0 +1,89 @@
+"""Execution results and begin/end evidence records (seed 000 §2.4, §7; seed 004 fields)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from policy_engine.model.enums import SideEffect
+from policy_engine.model.limits import Usage
+
+
+class Digest(BaseModel):
+    """SHA-256 of some content, base64, with its size; stands in for content in evidence."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    algo: Literal["sha256"] = "sha256"
+    b64: str
+    size: int
+
+    @staticmethod
+    def of(data: bytes) -> Digest:
+        return Digest(b64=base64.b64encode(hashlib.sha256(data).digest()).decode(), size=len(data))
+
+
+class SideEffectRec(BaseModel):
+    """A summary of one side effect (file, network, process): metadata only, never content."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: SideEffect
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+class ExecResult(BaseModel):
+    """Public result of one call: digests and handles, not raw sensitive content."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ok: bool
+    code: str | None = None
+    message: str | None = None
+    out: dict[str, Any] = Field(default_factory=dict)
+    used: Usage = Field(default_factory=Usage)
+
+
+class EvidenceBegin(BaseModel):
+    """Written before an operation runs (and for a denial, before the refusal is returned)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["begin"] = "begin"
+    envelope_id: str
+    tenant: str
+    subject_id: str
+    tool_name: str
+    call_id: str
+    profile_hash: str
+    capability: str = Field(description='e.g. "net.http:GET:https://example.com"')
+    inputs_digest: Digest
+    produced_at_ms: int
+    policy_version_hash: str
+
+
+class EvidenceEnd(BaseModel):
+    """Written after an operation ends, whatever the outcome ("failure is always recorded")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["end"] = "end"
+    envelope_id: str
+    status: Literal["ok", "denied", "error"]
+    error_code: str | None = None
+    outputs_digest: Digest
+    side_effects: tuple[SideEffectRec, ...] = ()
+    budget_used: Usage = Field(default_factory=Usage)
+    finished_at_ms: int
+    sandbox_backend: str | None = None
+    sandbox_profile: str | None = None
+    sandbox_network_mode: str | None = None
+    sandbox_latency_ms: float | None = None
+    sandbox_timed_out: bool = False
+    sandbox_success: bool = False
+    sandbox_error_kind: str | None = None
+    sandbox_degraded: bool = False
+    sandbox_degrade_reason: str | None = None

@@ -1,0 +1,108 @@
+"""Limits, budgets, allow/deny lists and mappings; the meet takes the strictest of each."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Limits(BaseModel):
+    """Per-call limits. ``None`` means "this source does not constrain it"; the meet takes the
+    minimum of the values that are set, and the profile fills the rest from system defaults.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_bytes_in: int | None = Field(default=None, ge=0)
+    max_bytes_out: int | None = Field(default=None, ge=0)
+    max_files: int | None = Field(default=None, ge=0)
+    max_depth: int | None = Field(default=None, ge=0)
+    max_concurrency: int | None = Field(default=None, ge=1)
+    timeout_ms: int | None = Field(default=None, ge=1)
+    cpu_cores: float | None = Field(default=None, gt=0)
+    memory_bytes: int | None = Field(default=None, ge=1)
+    pids: int | None = Field(default=None, ge=1)
+    max_stdout_bytes: int | None = Field(default=None, ge=0)
+    max_stderr_bytes: int | None = Field(default=None, ge=0)
+    max_screenshot_width: int | None = Field(default=None, ge=1)
+    max_screenshot_height: int | None = Field(default=None, ge=1)
+
+
+LIMIT_FIELDS: tuple[str, ...] = tuple(Limits.model_fields)
+
+SYSTEM_DEFAULT_LIMITS = Limits(
+    max_bytes_in=10 * 1024 * 1024,
+    max_bytes_out=1024 * 1024,
+    max_files=100,
+    max_depth=3,
+    max_concurrency=4,
+    timeout_ms=60_000,
+    cpu_cores=1.0,
+    memory_bytes=1024 * 1024 * 1024,
+    pids=256,
+    max_stdout_bytes=1024 * 1024,
+    max_stderr_bytes=1024 * 1024,
+    max_screenshot_width=1920,
+    max_screenshot_height=1080,
+)
+"""Seed 002 §5.2 system defaults; every layer may only narrow these."""
+
+
+class Budget(BaseModel):
+    """Consumable amounts for one grant (seed 000 §2.2). ``None`` = not limited by this source."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    calls: int | None = Field(default=None, ge=0)
+    bytes_out: int | None = Field(default=None, ge=0)
+    bytes_in: int | None = Field(default=None, ge=0)
+    cpu_ms: int | None = Field(default=None, ge=0)
+    gpu_ms: int | None = Field(default=None, ge=0)
+    file_count: int | None = Field(default=None, ge=0)
+
+
+BUDGET_KINDS: tuple[str, ...] = tuple(Budget.model_fields)
+
+
+class Usage(BaseModel):
+    """What one call consumed; always concrete numbers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calls: int = 0
+    bytes_out: int = 0
+    bytes_in: int = 0
+    cpu_ms: int = 0
+    gpu_ms: int = 0
+    file_count: int = 0
+
+
+class AllowLists(BaseModel):
+    """Derived allow-lists (seed 000 Whitelists): a summary view of the profile's capabilities."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    domains: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    mime_allow: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
+
+
+class DenyLists(BaseModel):
+    """Deny-lists; the meet takes the union. Mandatory entries can never be lifted."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    paths: tuple[str, ...] = ()
+    domains: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+
+
+class Mappings(BaseModel):
+    """Where the call's file system is rooted (chroot-like) and its isolated tmp directory."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    root_fs: str = "/workspace"
+    tmp_dir: str = "/tmp/policy-engine"
+    home: str = "/root"

@@ -1,0 +1,109 @@
+"""Path globs: validation, `~` expansion and segment-bounded matching on normalized paths.
+
+Syntax: absolute patterns (``/workspace/**``), home-relative (``~/.ssh/**``) and anywhere-patterns
+(``**/.env``). ``**`` is a whole segment and matches zero or more segments, so ``/a/**`` admits
+``/a`` and everything beneath it but never ``/a-evil``; ``*`` and ``?`` stay inside one segment.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+_WILDCARDS = ("*", "?")
+
+
+def validate_glob(pattern: str) -> str | None:
+    """Return why ``pattern`` is not a valid path glob, or ``None`` if it is."""
+    if not pattern:
+        return "empty path pattern"
+    if "\x00" in pattern:
+        return "path pattern contains a NUL byte"
+    if not (pattern.startswith("/") or pattern.startswith("~/") or pattern == "~"
+            or pattern.startswith("**/") or pattern == "**"):
+        return f"path pattern `{pattern}` must be absolute, start with `~/` or `**/`"
+    body = pattern[1:] if pattern.startswith("~") else pattern
+    for seg in body.split("/")[1:] if body.startswith("/") else body.split("/"):
+        if seg in (".", ".."):
+            return f"path pattern `{pattern}` contains a `{seg}` segment"
+        if "**" in seg and seg != "**":
+            return f"`**` must be a whole segment in `{pattern}`"
+        if seg == "" and not pattern.endswith("/"):
+            return f"path pattern `{pattern}` contains an empty segment"
+    return None
+
+
+def expand_home(pattern: str, home: str) -> str:
+    """Expand a leading ``~`` to ``home``; ``**/x`` becomes ``/**/x``."""
+    if pattern == "~":
+        return home
+    if pattern.startswith("~/"):
+        return home.rstrip("/") + pattern[1:]
+    if pattern == "**" or pattern.startswith("**/"):
+        return "/" + pattern
+    return pattern
+
+
+def _segment_regex(seg: str) -> str:
+    out = []
+    for ch in seg:
+        if ch == "*":
+            out.append("[^/]*")
+        elif ch == "?":
+            out.append("[^/]")
+        else:
+            out.append(re.escape(ch))
+    return "".join(out)
+
+
+@lru_cache(maxsize=4096)
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """Compile an absolute (already home-expanded) glob to an anchored regex."""
+    segs = [s for s in pattern.split("/") if s]
+    if not segs:
+        return re.compile(r"^/$")
+    parts: list[str] = []
+    for i, seg in enumerate(segs):
+        if seg == "**":
+            if i == len(segs) - 1:
+                parts.append(r"(?:/.*)?")
+            else:
+                parts.append(r"(?:/[^/]+)*")
+        else:
+            parts.append("/" + _segment_regex(seg))
+    rx = "".join(parts)
+    if rx.startswith(r"(?:/.*)?"):  # the pattern `/**`
+        rx = r"/.*"
+    return re.compile("^" + rx + "$", re.DOTALL)
+
+
+def literal_prefix(pattern: str) -> str:
+    """The longest leading run of wildcard-free segments (``/workspace/**`` → ``/workspace``)."""
+    out: list[str] = []
+    for seg in (s for s in pattern.split("/") if s):
+        if any(w in seg for w in _WILDCARDS):
+            break
+        out.append(seg)
+    return "/" + "/".join(out)
+
+
+def is_literal(pattern: str) -> bool:
+    return not any(w in pattern for w in _WILDCARDS)
+
+
+@dataclass(frozen=True, slots=True)
+class PathGlob:
+    """A compiled, home-expanded path glob."""
+
+    pattern: str
+    regex: re.Pattern[str] = field(compare=False, repr=False)
+
+    @staticmethod
+    def of(pattern: str, home: str = "/root") -> PathGlob:
+        expanded = expand_home(pattern, home)
+        return PathGlob(expanded, glob_regex(expanded))
+
+    def matches(self, normalized_path: str) -> bool:
+        """``normalized_path`` must already be absolute and normalized (see guard.paths)."""
+        return self.regex.match(normalized_path) is not None

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs on a fresh Debian 12 machine, start what it needs,
+# then run ruff, mypy --strict and the whole pytest suite. `.ci/run` calls exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib/system-deps.sh
+ensure_system_packages
+python3 -m pip install --quiet --disable-pip-version-check -e ".[test,bench]"
+echo "== ruff"; python3 -m ruff check policy_engine plugins tests benchmarks conformance
+echo "== mypy --strict"; python3 -m mypy
+echo "== pytest"; python3 -m pytest -q -p no:cacheprovider "$@"

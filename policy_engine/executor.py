@@ -1,0 +1,112 @@
+"""The executor SPI: what an isolating backend declares and how the orchestrator calls it.
+
+Executors are plugins (see ``policy_engine.hookspecs``); first-party ones live under the top-level
+``plugins/`` package and import only this module, the model and the errors — exactly what a third
+party could import.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from policy_engine.model import (
+    ExecOp,
+    ExecResult,
+    NetworkMode,
+    OpKind,
+    Profile,
+    SideEffectRec,
+    Usage,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorCapabilities:
+    """What a backend can enforce (seed 004 ``SandboxCapabilities``).
+
+    When a profile needs something a backend lacks, strict mode refuses and compat mode runs
+    degraded, recording ``degraded=true`` and the reason in the evidence.
+    """
+
+    op_kinds: frozenset[OpKind]
+    network_modes: frozenset[NetworkMode] = frozenset({NetworkMode.OFF})
+    bind_mounts: bool = False
+    readonly_rootfs: bool = False
+    resource_limits: bool = False
+    env_filtering: bool = False
+    streaming_output: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op_kinds": sorted(k.value for k in self.op_kinds),
+            "network_modes": sorted(m.value for m in self.network_modes),
+            "bind_mounts": self.bind_mounts,
+            "readonly_rootfs": self.readonly_rootfs,
+            "resource_limits": self.resource_limits,
+            "env_filtering": self.env_filtering,
+            "streaming_output": self.streaming_output,
+        }
+
+
+class CancelToken:
+    """Cooperative cancellation: executors poll ``cancelled`` or wait on it."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason: str | None = None
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        self.reason = reason
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+
+@dataclass(slots=True)
+class ExecContext:
+    """Everything an executor may use for one call.
+
+    :param profile: the call's profile (limits, mappings, network mode, capabilities).
+    :param deadline: ``time.monotonic()`` value by which the call must end.
+    :param degraded: reasons the orchestrator chose to run degraded (compat mode).
+    :param record_side_effect: append a side-effect summary (metadata only, never content).
+    :param consume: charge a budget kind while running (``"bytes_in"``, ``"cpu_ms"`` …); raises
+        ``PolicyEngineError(QUOTA.BUDGET_EXCEEDED)`` when over budget.
+    """
+
+    profile: Profile
+    deadline: float
+    cancel: CancelToken = field(default_factory=CancelToken)
+    degraded: tuple[str, ...] = ()
+    side_effects: list[SideEffectRec] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    consume: Callable[[str, int], None] = field(default=lambda kind, amount: None)
+
+    def record_side_effect(self, rec: SideEffectRec) -> None:
+        self.side_effects.append(rec)
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """An isolating backend. ``execute`` raises ``PolicyEngineError`` with a registry code on a
+    refusal or failure; any other exception is mapped to ``TOOL.EXECUTION_FAILED``.
+    """
+
+    name: str
+    capabilities: ExecutorCapabilities
+
+    def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
+        """Run ``op`` (already allowed by the guard) under ``ctx.profile``."""
+        ...
+
+    def close(self) -> None:
+        """Release pools, browsers, temp spaces; called once at shutdown."""
+        ...

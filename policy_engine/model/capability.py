@@ -1,4 +1,4 @@
-"""Capability variants: what a grant gives, a manifest declares and a policy rule permits or forbids.
+"""Capability variants: what a grant gives, a manifest declares, a policy permits or forbids.
 
 Each variant is a pydantic model tagged on ``kind``. A capability names a domain and the resources
 it covers; an empty resource list on a field means "no constraint from this source" only where the

@@ -1,0 +1,5 @@
+"""Evidence: the sink protocol; JSONL and SQLite sinks are plugins."""
+
+from policy_engine.evidence.sink import EvidenceSink
+
+__all__ = ["EvidenceSink"]

@@ -1,0 +1,25 @@
+"""The EvidenceSink protocol: receives begin/end records (digests and summaries, never content)."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from policy_engine.model import EvidenceBegin, EvidenceEnd
+
+
+@runtime_checkable
+class EvidenceSink(Protocol):
+    """Durable destination for evidence. A raising sink never blocks execution: the orchestrator
+    counts the failure, logs it and spools the record for retry.
+    """
+
+    name: str
+
+    def begin(self, ev: EvidenceBegin) -> None:
+        ...
+
+    def end(self, ev: EvidenceEnd) -> None:
+        ...
+
+    def close(self) -> None:
+        ...

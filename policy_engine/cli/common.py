@@ -1,0 +1,49 @@
+"""Shared CLI plumbing: loading inputs with diagnostics, exit codes and output helpers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from policy_engine.errors import DiagnosticsError, PolicyEngineError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+T = TypeVar("T")
+
+
+def fail_bad_input(diagnostics_error: DiagnosticsError) -> NoReturn:
+    """Print every diagnostic with its source line and caret, then exit 2."""
+    from policy_engine.dsl.render import render_diagnostic
+
+    color = sys.stderr.isatty()
+    for diag in diagnostics_error.diagnostics:
+        click.echo(render_diagnostic(diag, color=color), err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def load_or_exit(loader: Callable[[], T]) -> T:
+    """Run a loader; malformed input becomes diagnostics on stderr and exit code 2."""
+    try:
+        return loader()
+    except DiagnosticsError as exc:
+        fail_bad_input(exc)
+    except PolicyEngineError as exc:
+        click.echo(f"error: {exc.code.value}: {exc.reason}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False))
+
+
+format_option = click.option(
+    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    help="output format",
+)

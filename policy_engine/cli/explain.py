@@ -1,0 +1,47 @@
+"""`policy-engine explain`: a dry run that says what would be decided for a request, and why."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from policy_engine.cli.common import EXIT_OK, echo_json, format_option, load_or_exit
+from policy_engine.compiler import compile_files
+from policy_engine.dsl.loaders import load_grant, load_manifest
+from policy_engine.explain import explain
+from policy_engine.explain.render_text import render_text
+from policy_engine.explain.request import load_request, resolve_fixture
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+@click.command("explain")
+@click.option("--policy", "policies", multiple=True, required=True, type=_FILE,
+              help="a .sbpolicy file (repeatable; imports are followed)")
+@click.option("--manifest", type=_FILE, help="tool manifest (JSON, YAML or .sbpolicy tool block)")
+@click.option("--grant", type=_FILE, help="grant for the call (JSON or YAML)")
+@click.option("--request", "request_path", required=True, type=_FILE,
+              help="request file: the op and its context (JSON or YAML)")
+@format_option
+def command(
+    policies: tuple[Path, ...], manifest: Path | None, grant: Path | None, request_path: Path,
+    fmt: str,
+) -> None:
+    """Decide one request without running it and show the deciding rule and the trace.
+
+    Exits 0 whenever a decision was made (allow or deny), 2 on unusable input.
+    """
+    policyset = load_or_exit(lambda: compile_files(policies))
+    request = load_or_exit(lambda: load_request(request_path))
+    manifest_path = manifest or resolve_fixture(request_path, request.manifest, "manifest")
+    grant_path = grant or resolve_fixture(request_path, request.grant, "grant")
+    tool = load_or_exit(lambda: load_manifest(manifest_path))
+    ticket = load_or_exit(lambda: load_grant(grant_path))
+    result = explain(policyset, tool, ticket, request)
+    if fmt == "json":
+        echo_json(result.to_json())
+    else:
+        click.echo(render_text(result))
+    sys.exit(EXIT_OK)

@@ -1,0 +1,33 @@
+"""The `policy-engine` command group; each command lives in its own module."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from policy_engine import __version__
+
+# Commands in the order `--help` lists them; each module exposes `command: click.Command`.
+COMMAND_MODULES = ("check", "explain", "run", "schema", "plugins", "stats")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="policy-engine")
+def cli() -> None:
+    """Decide, enforce and prove what an AI agent's tool calls may do."""
+
+
+for _name in COMMAND_MODULES:
+    _module = importlib.import_module(f"policy_engine.cli.{_name}")
+    cli.add_command(_module.command)
+
+
+def main() -> None:
+    """Console-script entry point; never lets a traceback reach the user for bad input."""
+    try:
+        cli.main(prog_name="policy-engine", standalone_mode=True)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)

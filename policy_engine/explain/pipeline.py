@@ -1,0 +1,79 @@
+"""The explain pipeline: build the profile, decide with a tracer, keep everything for rendering."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from policy_engine.errors import PolicyEngineError, spec_of
+from policy_engine.explain.request import ExplainRequest
+from policy_engine.graph import PolicySet
+from policy_engine.guard import Guard
+from policy_engine.model import Decision, Grant, Manifest, Profile, TraceStep
+from policy_engine.profile import ProfileBuilder
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Everything `explain` shows: the decision, the profile it was made on, and the inputs."""
+
+    decision: Decision
+    profile: Profile | None
+    policyset: PolicySet
+    manifest: Manifest
+    grant: Grant
+    request: ExplainRequest
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.decision
+        return {
+            "decision": d.decision,
+            "code": d.code,
+            "http_status": d.http_status,
+            "reason": d.reason,
+            "rule": d.rule.model_dump(mode="json") if d.rule else None,
+            "profile": self.profile.model_dump(mode="json") if self.profile else None,
+            "trace": [step.model_dump(mode="json") for step in d.trace or ()],
+            "op": self.request.op.model_dump(mode="json"),
+            "policy": {
+                "name": self.policyset.name,
+                "version": self.policyset.version,
+                "version_hash": self.policyset.version_hash,
+            },
+            "tool": {"name": self.manifest.name, "version": self.manifest.version},
+        }
+
+
+def explain(
+    policyset: PolicySet, manifest: Manifest, grant: Grant, request: ExplainRequest,
+    *, builder: ProfileBuilder | None = None, guard: Guard | None = None,
+) -> Explanation:
+    """Decide ``request.op`` exactly as the orchestrator would, with the trace attached.
+
+    A profile that cannot be built (a widening override, a grant for another tool) is itself a
+    decision: a deny carrying the builder's code, with a one-step trace saying so.
+    """
+    builder = builder or ProfileBuilder(policyset)
+    guard = guard or Guard(policyset)
+    now_ms = request.now_ms if request.now_ms is not None else int(time.time() * 1000)
+    try:
+        profile = builder.build(
+            grant, manifest, settings=request.settings, overrides=request.overrides
+        )
+    except PolicyEngineError as exc:
+        spec = spec_of(exc.code)
+        decision = Decision(
+            decision="deny", code=exc.code.value, http_status=spec.http_status,
+            reason=exc.reason,
+            trace=(TraceStep(node="profile", outcome="deny", detail=exc.reason),),
+        )
+        return Explanation(decision, None, policyset, manifest, grant, request)
+    context: dict[str, object] = {
+        "grant": grant.model_dump(mode="json"),
+        "manifest": manifest.model_dump(mode="json"),
+        "tenant": request.context.get("tenant", {"id": grant.tenant}),
+        "subject": request.context.get("subject", {"id": grant.subject_id}),
+    }
+    decision = guard.decide(profile, request.op, context=context, now_ms=now_ms, trace=True)
+    return Explanation(decision, profile, policyset, manifest, grant, request)

@@ -1,0 +1,104 @@
+"""Text rendering of an explanation: why it was decided, and which rule one would change."""
+
+from __future__ import annotations
+
+from policy_engine.explain.pipeline import Explanation
+from policy_engine.model import (
+    BrowserNavOp,
+    BrowserScreenshotOp,
+    ExecOp,
+    FsListOp,
+    FsReadOp,
+    FsWriteOp,
+    NetHttpOp,
+    ProcExecOp,
+    RuleRef,
+    TmpAllocOp,
+    TraceStep,
+)
+
+
+def describe_op(op: ExecOp) -> str:
+    """A one-line, secret-free summary of an operation (no file content, no env values)."""
+    match op:
+        case FsReadOp() | FsWriteOp() | FsListOp():
+            return f"{op.kind} {op.path}"
+        case NetHttpOp():
+            return f"net.http {op.method} {op.url}"
+        case BrowserNavOp():
+            return f"browser.nav {op.url}"
+        case BrowserScreenshotOp():
+            return f"browser.screenshot {op.url or '(current page)'}"
+        case ProcExecOp():
+            return "proc.exec " + " ".join([op.tool, *op.args])
+        case TmpAllocOp():
+            return f"tmp.alloc {op.size_bytes} bytes"
+    return op.kind
+
+
+def _where(rule: RuleRef) -> str:
+    if rule.file == "<builtin>":
+        return "<builtin>"
+    return f"{rule.file}:{rule.line}:{rule.column}"
+
+
+def _step_line(index: int, step: TraceStep) -> str:
+    rule = f" {step.rule.id} ({_where(step.rule)})" if step.rule else ""
+    detail = f" — {step.detail}" if step.detail else ""
+    return f"  {index:>2}. {step.node:<13} {step.outcome:<15}{rule}{detail}"
+
+
+def render_text(exp: Explanation) -> str:
+    """Render for a security engineer: the verdict, the deciding rule, the trace, what to edit."""
+    d = exp.decision
+    lines: list[str] = []
+    if d.decision == "allow":
+        lines.append("ALLOW")
+    else:
+        lines.append(f"DENY  {d.code} (HTTP {d.http_status})")
+    lines.append(f"  op:       {describe_op(exp.request.op)}")
+    if d.reason:
+        lines.append(f"  reason:   {d.reason}")
+    if d.rule is not None:
+        lines.append(f"  rule:     {d.rule.id} at {_where(d.rule)}")
+    elif d.decision == "deny":
+        lines.append("  rule:     none (default deny: no rule permits this)")
+    lines.append(f"  tool:     {exp.manifest.name} {exp.manifest.version}")
+    lines.append(
+        f"  grant:    call {exp.grant.call_id} for {exp.grant.subject_id} "
+        f"(tenant {exp.grant.tenant})"
+    )
+    lines.append(
+        f"  policy:   {exp.policyset.name} {exp.policyset.version} "
+        f"({exp.policyset.version_hash[:12]})"
+    )
+    if exp.profile is not None:
+        p = exp.profile
+        named = f"{p.name} " if p.name else ""
+        lines.append(
+            f"  profile:  {named}network={p.network.value} safety={p.safety.value} "
+            f"hash={p.profile_hash[:16]}"
+        )
+    if d.trace:
+        lines.append("trace:")
+        lines.extend(_step_line(i, step) for i, step in enumerate(d.trace, 1))
+    lines.append(_advice(exp))
+    return "\n".join(lines)
+
+
+def _advice(exp: Explanation) -> str:
+    d = exp.decision
+    if d.decision == "allow":
+        where = f" ({_where(d.rule)})" if d.rule else ""
+        return f"allowed by {d.rule.id if d.rule else 'the profile'}{where}"
+    if d.rule is not None and d.rule.file == "<builtin>":
+        return "this is a mandatory deny: no grant, manifest or policy can lift it"
+    if d.rule is not None:
+        return f"to change this decision, edit the rule at {_where(d.rule)}"
+    code = d.code or ""
+    if code == "POLICY.DENY_TOOL":
+        return "to change this decision, change the tool manifest's permissions or arguments"
+    if code == "SANDBOX.PERMISSION_DENY":
+        return ("to change this decision, add a `permit` rule for it, or widen the grant's "
+                "capabilities")
+    return "see docs/error-codes.md for this code"

@@ -1,0 +1,277 @@
+"""The `fs` executor: read, write and list beneath the profile's root with no-follow opens."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import os
+import secrets
+import stat
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from plugins.executor_fs.resolve import BeneathOpener, open_root, rename_noreplace, split_relative
+from policy_engine import ErrorCode, PolicyEngineError
+from policy_engine.executor import ExecContext, ExecutorCapabilities
+from policy_engine.model import (
+    SYSTEM_DEFAULT_LIMITS,
+    Digest,
+    ExecOp,
+    ExecResult,
+    FsListOp,
+    FsReadOp,
+    FsWriteOp,
+    OpKind,
+    Profile,
+    SideEffect,
+    SideEffectRec,
+    Usage,
+)
+from policy_engine.patterns.paths import PathGlob
+
+_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class FsOptions:
+    """Validated ``fs`` plugin options.
+
+    :param preview_bytes: how many leading bytes of a read are returned base64 (seed 000:
+        "hash + first N bytes"); the rest is represented by the digest only.
+    :param use_openat2: ``None`` probes the kernel, ``False`` forces the openat walk.
+    """
+
+    preview_bytes: int = 64 * 1024
+    use_openat2: bool | None = None
+
+    @staticmethod
+    def parse(raw: Any) -> FsOptions:
+        opts = dict(raw or {})
+        unknown = set(opts) - {"preview_bytes", "use_openat2"}
+        if unknown:
+            raise ValueError(f"fs: unknown options {sorted(unknown)}")
+        preview = opts.get("preview_bytes", 64 * 1024)
+        if not isinstance(preview, int) or isinstance(preview, bool) or preview < 0:
+            raise ValueError("fs: `preview_bytes` must be a non-negative integer")
+        use = opts.get("use_openat2")
+        if use is not None and not isinstance(use, bool):
+            raise ValueError("fs: `use_openat2` must be a boolean or null")
+        return FsOptions(preview_bytes=preview, use_openat2=use)
+
+
+def _limit(profile: Profile, name: str) -> int:
+    value = getattr(profile.limits, name)
+    return int(value if value is not None else getattr(SYSTEM_DEFAULT_LIMITS, name))
+
+
+def _check_time(ctx: ExecContext) -> None:
+    if ctx.cancel.cancelled:
+        raise PolicyEngineError(ErrorCode.TIMEOUT, ctx.cancel.reason or "cancelled")
+    if time.monotonic() > ctx.deadline:
+        raise PolicyEngineError(ErrorCode.TIMEOUT, "file operation exceeded its deadline")
+
+
+class FsExecutor:
+    """Serves fs.read / fs.write / fs.list; every open resolves beneath ``mappings.root_fs``."""
+
+    name = "fs"
+    capabilities = ExecutorCapabilities(
+        op_kinds=frozenset({OpKind.FS_READ, OpKind.FS_WRITE, OpKind.FS_LIST}),
+        readonly_rootfs=False, resource_limits=True,
+    )
+
+    def __init__(self, options: FsOptions | None = None) -> None:
+        self.options = options or FsOptions()
+        self.opener = BeneathOpener(self.options.use_openat2)
+
+    def close(self) -> None:
+        """Nothing pooled: every call opens and closes its own descriptors."""
+
+    def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
+        if isinstance(op, FsReadOp):
+            return self._read(ctx, op)
+        if isinstance(op, FsWriteOp):
+            return self._write(ctx, op)
+        if isinstance(op, FsListOp):
+            return self._list(ctx, op)
+        raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, f"fs cannot run `{op.kind}`")
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _parts(self, ctx: ExecContext, path: str) -> list[str]:
+        """Relative components; a mandatory deny is re-checked here as a second line."""
+        parts = split_relative(path, ctx.profile.mappings.root_fs)
+        normalized = "/" + "/".join([*ctx.profile.mappings.root_fs.strip("/").split("/"), *parts])
+        for deny in ctx.profile.denies:
+            paths = getattr(deny.capability, "paths", ())
+            if deny.mandatory and any(
+                    PathGlob.of(p, ctx.profile.mappings.home).matches(normalized) for p in paths):
+                raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                        f"path `{path}` is under a mandatory deny",
+                                        audit={"rule": deny.rule.id})
+        return parts
+
+    def _open(self, ctx: ExecContext, parts: list[str], flags: int, shown: str) -> int:
+        root_fd = open_root(ctx.profile.mappings.root_fs)
+        try:
+            return self.opener.open(root_fd, parts, flags, shown=shown)
+        finally:
+            os.close(root_fd)
+
+    # -- fs.read --------------------------------------------------------------------------
+
+    def _read(self, ctx: ExecContext, op: FsReadOp) -> ExecResult:
+        cap = _limit(ctx.profile, "max_bytes_in")
+        want = cap if op.len is None else op.len
+        if want > cap:
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                    f"read of {want} bytes exceeds max_bytes_in {cap}")
+        # O_NONBLOCK: a FIFO swapped in must not hang the call before fstat refuses it
+        fd = self._open(ctx, self._parts(ctx, op.path), os.O_RDONLY | os.O_NONBLOCK, op.path)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                        f"`{op.path}` is not a regular file")
+            offset, sha, head, total = op.offset or 0, hashlib.sha256(), bytearray(), 0
+            # read one byte past the cap when no length was asked: it tells "too big" apart
+            budget = want if op.len is not None else cap + 1
+            while total < budget:
+                _check_time(ctx)
+                chunk = os.pread(fd, min(_CHUNK, budget - total), offset + total)
+                if not chunk:
+                    break
+                total += len(chunk)
+                sha.update(chunk)
+                if len(head) < self.options.preview_bytes:
+                    head += chunk[: self.options.preview_bytes - len(head)]
+        finally:
+            os.close(fd)
+        if op.len is None and total > cap:
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                    f"`{op.path}` is larger than max_bytes_in {cap}")
+        ctx.consume("bytes_in", total)
+        ctx.record_side_effect(SideEffectRec(kind=SideEffect.READ, meta={
+            "op": "fs.read", "path": op.path, "bytes": total}))
+        digest = Digest(b64=base64.b64encode(sha.digest()).decode(), size=total)
+        return ExecResult(ok=True, out={
+            "path": op.path, "offset": offset, "size": total, "digest": digest.model_dump(),
+            "bytes_b64": base64.b64encode(bytes(head)).decode(),
+            "preview_truncated": total > len(head), "resolver": self.opener.method,
+        }, used=Usage(bytes_in=total))
+
+    # -- fs.write -------------------------------------------------------------------------
+
+    def _write(self, ctx: ExecContext, op: FsWriteOp) -> ExecResult:
+        try:
+            data = base64.b64decode(op.bytes_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                                    "`bytes_b64` is not valid base64") from None
+        cap = _limit(ctx.profile, "max_bytes_out")
+        if len(data) > cap:  # refused before a single byte touches the disk
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                    f"write of {len(data)} bytes exceeds max_bytes_out {cap}")
+        parts = self._parts(ctx, op.path)
+        if not parts:
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "cannot write the root itself")
+        dir_fd = self._open(ctx, parts[:-1], os.O_RDONLY | os.O_DIRECTORY, op.path)
+        name, tmp = parts[-1], f".{parts[-1]}.pe-{secrets.token_hex(6)}.tmp"
+        try:
+            self._check_target(dir_fd, name, op)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+            try:
+                with os.fdopen(fd, "wb", closefd=True) as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                _check_time(ctx)
+                if op.overwrite:
+                    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                else:
+                    rename_noreplace(dir_fd, tmp, name)
+            except BaseException as err:
+                _unlink_quiet(dir_fd, tmp)
+                if isinstance(err, FileExistsError):
+                    raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                            f"`{op.path}` exists and overwrite is false") from None
+                if isinstance(err, OSError):
+                    raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
+                                            f"write failed: {err.strerror}") from None
+                raise
+            os.fsync(dir_fd)  # the rename itself must survive a crash
+        finally:
+            os.close(dir_fd)
+        ctx.consume("bytes_out", len(data))
+        ctx.record_side_effect(SideEffectRec(kind=SideEffect.WRITE, meta={
+            "op": "fs.write", "path": op.path, "bytes": len(data), "overwrite": op.overwrite}))
+        return ExecResult(ok=True, out={
+            "path": op.path, "size": len(data), "digest": Digest.of(data).model_dump(),
+            "resolver": self.opener.method,
+        }, used=Usage(bytes_out=len(data), file_count=1))
+
+    @staticmethod
+    def _check_target(dir_fd: int, name: str, op: FsWriteOp) -> None:
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISREG(st.st_mode):
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                    f"`{op.path}` exists and is not a regular file")
+        if not op.overwrite:
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                    f"`{op.path}` exists and overwrite is false")
+
+    # -- fs.list --------------------------------------------------------------------------
+
+    def _list(self, ctx: ExecContext, op: FsListOp) -> ExecResult:
+        depth = min(op.depth, _limit(ctx.profile, "max_depth"))
+        max_files = _limit(ctx.profile, "max_files")
+        fd = self._open(ctx, self._parts(ctx, op.path), os.O_RDONLY | os.O_DIRECTORY, op.path)
+        entries: list[dict[str, Any]] = []
+        truncated = self._walk(ctx, fd, "", depth, max_files, entries)
+        listing = "\n".join(f"{e['type']} {e['path']} {e['size']}" for e in entries).encode()
+        ctx.record_side_effect(SideEffectRec(kind=SideEffect.READ, meta={
+            "op": "fs.list", "path": op.path, "entries": len(entries)}))
+        return ExecResult(ok=True, out={
+            "path": op.path, "depth": depth, "entries": entries, "count": len(entries),
+            "truncated": truncated, "digest": Digest.of(listing).model_dump(),
+            "resolver": self.opener.method,
+        }, used=Usage(file_count=len(entries)))
+
+    def _walk(self, ctx: ExecContext, fd: int, prefix: str, depth: int, max_files: int,
+              out: list[dict[str, Any]]) -> bool:
+        """Depth-first listing that owns and closes ``fd``; returns whether it was cut short."""
+        try:
+            if depth <= 0:
+                return False
+            with os.scandir(fd) as it:
+                names = sorted((e.name, e.stat(follow_symlinks=False)) for e in it)
+            for entry_name, st in names:
+                _check_time(ctx)
+                if len(out) >= max_files:
+                    return True
+                kind = ("dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
+                        else "symlink" if stat.S_ISLNK(st.st_mode) else "other")
+                rel = f"{prefix}{entry_name}"
+                out.append({"path": rel, "type": kind, "size": st.st_size})
+                if kind == "dir" and depth > 1:
+                    try:
+                        sub = os.open(entry_name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                      | os.O_CLOEXEC, dir_fd=fd)
+                    except OSError:
+                        continue  # swapped for a symlink or removed meanwhile: not followed
+                    if self._walk(ctx, sub, rel + "/", depth - 1, max_files, out):
+                        return True
+            return False
+        finally:
+            os.close(fd)
+
+
+def _unlink_quiet(dir_fd: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=dir_fd)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import yaml
 
 from policy_engine.model import OpKind
 
@@ -28,6 +31,8 @@ class EngineConfig:
         instead of failing (seed 004; off by default — security first).
     :param evidence_sinks: names of the sinks to write to (``jsonl`` by default).
     :param budget_meter: ``memory`` or ``sqlite``.
+    :param revocation: where revoked grants are listed: ``sqlite`` (``state_dir``), ``memory``
+        or ``none``.
     :param options: plugin-specific options, namespaced by plugin (``{"docker": {...}}``).
     """
 
@@ -37,7 +42,90 @@ class EngineConfig:
     fallback_to_local: bool = False
     evidence_sinks: tuple[str, ...] = ("jsonl",)
     budget_meter: str = "sqlite"
+    revocation: Literal["sqlite", "memory", "none"] = "sqlite"
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def plugin_options(self, plugin: str) -> Mapping[str, Any]:
         return self.options.get(plugin, {})
+
+    def wants_sink(self, name: str) -> bool:
+        """Whether sink ``name`` is configured (``"*"`` asks for all, e.g. to list plugins)."""
+        return name in self.evidence_sinks or "*" in self.evidence_sinks
+
+    def wants_meter(self, name: str) -> bool:
+        """Whether meter ``name`` is configured (``"*"`` asks every plugin for its meter)."""
+        return self.budget_meter in (name, "*")
+
+    @staticmethod
+    def from_mapping(data: Mapping[str, Any], *, base_dir: Path | None = None) -> EngineConfig:
+        """Build a configuration from parsed YAML/JSON, refusing unknown keys and bad values.
+
+        :param base_dir: a relative ``state_dir`` is taken relative to this directory (the
+            config file's), so a config means the same wherever the engine is started.
+        :raises ValueError: naming the offending key.
+        """
+        known = set(EngineConfig.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown configuration key `{unknown[0]}`")
+        kwargs: dict[str, Any] = {}
+        if "state_dir" in data:
+            state = Path(str(data["state_dir"])).expanduser()
+            if not state.is_absolute():
+                state = (base_dir or Path.cwd()) / state
+            kwargs["state_dir"] = state.absolute()
+        if "backends" in data:
+            backends = data["backends"]
+            if not isinstance(backends, Mapping):
+                raise ValueError("`backends` must map op kinds to executor names")
+            try:
+                kwargs["backends"] = {OpKind(k): str(v) for k, v in backends.items()}
+            except ValueError as exc:
+                raise ValueError(f"`backends`: {exc}") from None
+        if "mode" in data:
+            if data["mode"] not in ("strict", "compat"):
+                raise ValueError("`mode` must be `strict` or `compat`")
+            kwargs["mode"] = data["mode"]
+        if "fallback_to_local" in data:
+            if not isinstance(data["fallback_to_local"], bool):
+                raise ValueError("`fallback_to_local` must be a boolean")
+            kwargs["fallback_to_local"] = data["fallback_to_local"]
+        if "evidence_sinks" in data:
+            sinks = data["evidence_sinks"]
+            if isinstance(sinks, str) or not isinstance(sinks, list | tuple):
+                raise ValueError("`evidence_sinks` must be a list of sink names")
+            kwargs["evidence_sinks"] = tuple(str(s) for s in sinks)
+        if "budget_meter" in data:
+            kwargs["budget_meter"] = str(data["budget_meter"])
+        if "revocation" in data:
+            if data["revocation"] not in ("sqlite", "memory", "none"):
+                raise ValueError("`revocation` must be `sqlite`, `memory` or `none`")
+            kwargs["revocation"] = data["revocation"]
+        if "options" in data:
+            options = data["options"]
+            if not isinstance(options, Mapping) or not all(
+                isinstance(v, Mapping) for v in options.values()
+            ):
+                raise ValueError("`options` must map plugin names to mappings")
+            kwargs["options"] = {str(k): dict(v) for k, v in options.items()}
+        return EngineConfig(**kwargs)
+
+
+def load_config(path: Path) -> EngineConfig:
+    """Read an :class:`EngineConfig` from a YAML or JSON file.
+
+    :raises ValueError: the file is unreadable, not a mapping, or has a bad key or value.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read config `{path}`: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"config `{path}` is not valid YAML/JSON: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"config `{path}` must be a mapping")
+    return EngineConfig.from_mapping(data, base_dir=path.parent.absolute())

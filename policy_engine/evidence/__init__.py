@@ -1,5 +1,18 @@
-"""Evidence: the sink protocol; JSONL and SQLite sinks are plugins."""
+"""Evidence: the sink protocol, the spool-and-retry wrapper and digest helpers."""
 
+from policy_engine.evidence.digest import (
+    EMPTY_DIGEST,
+    canonical_json,
+    capability_string,
+    digest_json,
+    inputs_digest,
+    redacted_op,
+    request_summary,
+)
 from policy_engine.evidence.sink import EvidenceSink
+from policy_engine.evidence.spool import SpoolingSink
 
-__all__ = ["EvidenceSink"]
+__all__ = [
+    "EMPTY_DIGEST", "EvidenceSink", "SpoolingSink", "canonical_json", "capability_string",
+    "digest_json", "inputs_digest", "redacted_op", "request_summary",
+]

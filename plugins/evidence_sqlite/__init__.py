@@ -1,0 +1,154 @@
+"""SQLite evidence sink (``sqlite``): begin/end records plus the seed 002 §6 exec-record table."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+from policy_engine.config import EngineConfig
+from policy_engine.evidence import EvidenceSink
+from policy_engine.hookspecs import hookimpl
+from policy_engine.model import EvidenceBegin, EvidenceEnd, SideEffect
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS evidence_records (
+  seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+  envelope_id TEXT NOT NULL,
+  type        TEXT NOT NULL CHECK (type IN ('begin', 'end')),
+  record      TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS evidence_records_envelope ON evidence_records (envelope_id);
+CREATE TABLE IF NOT EXISTS sandbox_execs (
+  exec_id          TEXT PRIMARY KEY,
+  project_id       TEXT,
+  task_id          TEXT,
+  conversation_id  TEXT,
+  skill_id         TEXT,
+  image            TEXT,
+  cmd              TEXT,
+  args             TEXT,
+  cwd              TEXT,
+  env_keys         TEXT,
+  policy_snapshot  TEXT,
+  status           TEXT NOT NULL,
+  exit_code        INTEGER,
+  error_reason     TEXT,
+  started_at       INTEGER,
+  ended_at         INTEGER,
+  duration_ms      REAL,
+  artifacts_path   TEXT,
+  stdout_truncated INTEGER,
+  stderr_truncated INTEGER
+);
+"""
+
+
+def _process_meta(ev: EvidenceEnd) -> dict[str, Any]:
+    """Merge the process side-effect summaries (request summary + executor's own) of one call."""
+    meta: dict[str, Any] = {}
+    for rec in ev.side_effects:
+        if rec.kind == SideEffect.PROCESS:
+            meta.update(rec.meta)
+    return meta
+
+
+class SqliteSink:
+    """Evidence in SQLite (WAL mode so readers never block the writer).
+
+    Column mapping for ``sandbox_execs`` (seed 002 §6): exec_id = envelope_id, project_id =
+    tenant, task_id = call_id, conversation_id = subject_id, skill_id = tool_name, image =
+    sandbox backend, cmd/args/cwd/env_keys from the process summary (env keys, never values),
+    policy_snapshot = profile hash + policy version hash, error_reason = error code.
+    """
+
+    name = "sqlite"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn: sqlite3.Connection | None = sqlite3.connect(
+            path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.executescript(_SCHEMA)
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError(f"evidence database `{self.path}` is closed")
+        return self._conn
+
+    def begin(self, ev: EvidenceBegin) -> None:
+        with self._lock:
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("INSERT INTO evidence_records (envelope_id, type, record) "
+                           "VALUES (?, 'begin', ?)", (ev.envelope_id, ev.model_dump_json()))
+                db.execute(
+                    "INSERT OR REPLACE INTO sandbox_execs (exec_id, project_id, task_id, "
+                    "conversation_id, skill_id, policy_snapshot, status, started_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, 'running', ?)",
+                    (ev.envelope_id, ev.tenant, ev.call_id, ev.subject_id, ev.tool_name,
+                     json.dumps({"profile_hash": ev.profile_hash,
+                                 "policy_version_hash": ev.policy_version_hash,
+                                 "capability": ev.capability}),
+                     ev.produced_at_ms))
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def end(self, ev: EvidenceEnd) -> None:
+        meta = _process_meta(ev)
+        exit_code = meta.get("exit_code")
+        with self._lock:
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("INSERT INTO evidence_records (envelope_id, type, record) "
+                           "VALUES (?, 'end', ?)", (ev.envelope_id, ev.model_dump_json()))
+                # INSERT OR IGNORE first: an end whose begin went to another sink's spool still
+                # gets its row; the UPDATE then fills the end-side columns either way
+                db.execute("INSERT OR IGNORE INTO sandbox_execs (exec_id, status) VALUES (?, ?)",
+                           (ev.envelope_id, ev.status))
+                db.execute(
+                    "UPDATE sandbox_execs SET image = ?, cmd = ?, args = ?, cwd = ?, "
+                    "env_keys = ?, status = ?, exit_code = ?, error_reason = ?, ended_at = ?, "
+                    "duration_ms = ?, artifacts_path = ?, stdout_truncated = ?, "
+                    "stderr_truncated = ? WHERE exec_id = ?",
+                    (ev.sandbox_backend, meta.get("cmd"),
+                     json.dumps(meta["args"]) if "args" in meta else None, meta.get("cwd"),
+                     json.dumps(meta["env_keys"]) if "env_keys" in meta else None,
+                     ev.status, int(exit_code) if isinstance(exit_code, int) else None,
+                     ev.error_code, ev.finished_at_ms, ev.sandbox_latency_ms,
+                     meta.get("artifacts_path"),
+                     int(bool(meta.get("stdout_truncated", False))),
+                     int(bool(meta.get("stderr_truncated", False))), ev.envelope_id))
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def _validated_path(config: EngineConfig) -> Path:
+    options = config.plugin_options("evidence_sqlite")
+    unknown = sorted(set(options) - {"path"})
+    if unknown:
+        raise ValueError(f"evidence_sqlite: unknown option `{unknown[0]}`")
+    return Path(str(options.get("path", config.state_dir / "evidence" / "evidence.sqlite")))
+
+
+@hookimpl
+def policy_engine_evidence_sinks(config: EngineConfig) -> list[EvidenceSink]:
+    if not config.wants_sink(SqliteSink.name):
+        return []
+    return [SqliteSink(_validated_path(config))]

@@ -1,0 +1,128 @@
+"""Spool-and-retry wrapper: a failing sink never blocks a call and never loses a record silently."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import TypeAdapter
+
+from policy_engine.evidence.sink import EvidenceSink
+from policy_engine.model import EvidenceBegin, EvidenceEnd
+
+log = logging.getLogger(__name__)
+
+Record = EvidenceBegin | EvidenceEnd
+_RECORD: TypeAdapter[Record] = TypeAdapter(Record)
+
+
+class SpoolingSink:
+    """Wraps a sink: a record the sink refuses is counted, logged and appended to
+    ``<spool_dir>/<sink>.jsonl``; the spool is replayed (in order) before the next record and on
+    close, so records reach the sink in the order they were produced.
+
+    :param on_failure: called with the sink name for every failed delivery (the metric).
+    """
+
+    def __init__(self, inner: EvidenceSink, spool_dir: Path,
+                 on_failure: Callable[[str], None] | None = None) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.spool_path = spool_dir / f"{inner.name}.jsonl"
+        self.failures = 0
+        self._on_failure = on_failure
+        self._lock = threading.Lock()
+        spool_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- the sink protocol --------------------------------------------------------------------
+
+    def begin(self, ev: EvidenceBegin) -> None:
+        self._deliver(ev)
+
+    def end(self, ev: EvidenceEnd) -> None:
+        self._deliver(ev)
+
+    def close(self) -> None:
+        with self._lock:
+            self._replay()
+        try:
+            self.inner.close()
+        except Exception:  # a sink's close must not hide the others' close
+            log.exception("evidence sink `%s` failed to close", self.name)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def pending(self) -> int:
+        """Records waiting in the spool."""
+        try:
+            with self.spool_path.open("rb") as fh:
+                return sum(1 for line in fh if line.strip())
+        except FileNotFoundError:
+            return 0
+
+    def _deliver(self, ev: Record) -> None:
+        with self._lock:
+            # INVARIANT: a record is written directly only when the spool is empty, else order
+            # would break; so replay first and spool the new record too if replay stops early.
+            if self._replay() and self._send(ev):
+                return
+            self._spool(ev)
+
+    def _send(self, ev: Record) -> bool:
+        try:
+            if isinstance(ev, EvidenceBegin):
+                self.inner.begin(ev)
+            else:
+                self.inner.end(ev)
+        except Exception as exc:
+            self.failures += 1
+            if self._on_failure is not None:
+                self._on_failure(self.name)
+            log.warning("evidence sink `%s` failed (%s: %s); record %s spooled for retry",
+                        self.name, type(exc).__name__, exc, ev.envelope_id)
+            return False
+        return True
+
+    def _spool(self, ev: Record) -> None:
+        line = ev.model_dump_json().encode() + b"\n"
+        fd = os.open(self.spool_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # other engine processes may share the state dir
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _replay(self) -> bool:
+        """Deliver spooled records in order; keep the rest. ``True`` when the spool is empty."""
+        if not self.spool_path.exists():
+            return True
+        fd = os.open(self.spool_path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                lines = [ln for ln in fh.read().splitlines() if ln.strip()]
+            sent = 0
+            for raw in lines:
+                try:
+                    ev = _RECORD.validate_json(raw)
+                except ValueError:
+                    log.error("dropping unreadable spooled record in %s", self.spool_path)
+                    sent += 1
+                    continue
+                if not self._send(ev):
+                    break
+                sent += 1
+            if sent:
+                rest = b"".join(ln + b"\n" for ln in lines[sent:])
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
+                os.write(fd, rest)
+                os.fsync(fd)
+            return sent == len(lines)
+        finally:
+            os.close(fd)

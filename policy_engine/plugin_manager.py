@@ -1,0 +1,274 @@
+"""The plugin manager: registers the hookspecs, loads plugins by entry point, isolates failures.
+
+First-party plugins (``plugins/``) and third-party ones go through the same entry-point group
+and the same hooks. A plugin that fails to import, fails validation or raises from a factory
+hook is recorded by name in :attr:`PluginManager.load_errors` and logged; the others still load.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+from typing import Any
+
+import pluggy
+
+from policy_engine import hookspecs
+from policy_engine.budget import BudgetMeter
+from policy_engine.config import EngineConfig
+from policy_engine.evidence import EvidenceSink
+from policy_engine.executor import Executor
+from policy_engine.hookspecs import ENTRY_POINT_GROUP, PROJECT_NAME
+from policy_engine.model import Decision, ExecOp, Profile
+
+log = logging.getLogger(__name__)
+
+FIRST_PARTY_DISTRIBUTION = "policy-engine"
+
+
+@dataclass(frozen=True, slots=True)
+class PluginSource:
+    """Where a plugin came from: its distribution, version and module file."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+    module: str | None = None
+    file: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "distribution": self.distribution, "version": self.version,
+                "module": self.module, "file": self.file}
+
+
+@dataclass(frozen=True, slots=True)
+class LoadError:
+    """A plugin that could not be used, by name, with the stage that failed."""
+
+    plugin: str
+    stage: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"plugin": self.plugin, "stage": self.stage, "message": self.message}
+
+
+@dataclass(slots=True)
+class Components:
+    """What the loaded plugins provide for one configuration, with the owner of each."""
+
+    executors: dict[str, Executor] = field(default_factory=dict)
+    sinks: dict[str, EvidenceSink] = field(default_factory=dict)
+    meter: BudgetMeter | None = None
+    meters: dict[str, BudgetMeter] = field(default_factory=dict)
+    owners: dict[str, str] = field(default_factory=dict)  # "executor:<name>" → plugin name
+
+    def close(self) -> None:
+        """Close everything; one failing close does not stop the others."""
+        closables: list[Any] = [*self.executors.values(), *self.sinks.values(),
+                                *self.meters.values()]
+        for item in closables:
+            try:
+                item.close()
+            except Exception:
+                log.exception("closing %r failed", item)
+
+
+def _source_of(name: str, plugin: object, ep: EntryPoint | None) -> PluginSource:
+    module = inspect.getmodule(plugin) if not inspect.ismodule(plugin) else plugin
+    file = getattr(module, "__file__", None)
+    dist = getattr(ep, "dist", None) if ep is not None else None
+    return PluginSource(
+        name=name,
+        distribution=dist.metadata["Name"] if dist is not None else None,
+        version=dist.version if dist is not None else None,
+        module=module.__name__ if module is not None else None,
+        file=str(file) if file else None,
+    )
+
+
+class PluginManager:
+    """A pluggy ``PluginManager`` with the policy-engine hookspecs and failure isolation."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self.load_errors: list[LoadError] = []
+        self.sources: dict[str, PluginSource] = {}
+        self._config: EngineConfig | None = None
+
+    @classmethod
+    def default(cls) -> PluginManager:
+        """A manager with every plugin of the entry-point group loaded."""
+        manager = cls()
+        manager.load_entrypoints()
+        return manager
+
+    # -- loading --------------------------------------------------------------------------------
+
+    def load_entrypoints(self, group: str = ENTRY_POINT_GROUP) -> None:
+        """Load and register every entry point of ``group``; first-party ones first, then by
+        name, so "first executor serving a kind" is deterministic.
+        """
+        eps = list(entry_points(group=group))
+
+        def order(ep: EntryPoint) -> tuple[bool, str]:
+            dist = getattr(ep, "dist", None)
+            return (dist is None or dist.metadata["Name"] != FIRST_PARTY_DISTRIBUTION, ep.name)
+
+        for ep in sorted(eps, key=order):
+            if ep.name in self.sources or self.pm.has_plugin(ep.name):
+                continue  # the same distribution seen twice on sys.path
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # any import-time failure must not stop the others
+                self._fail(ep.name, "import", f"{type(exc).__name__}: {exc}")
+                continue
+            self.register(plugin, ep.name, source=_source_of(ep.name, plugin, ep))
+
+    def register(self, plugin: object, name: str, *, source: PluginSource | None = None) -> bool:
+        """Register ``plugin`` under ``name`` after validating its hooks; ``False`` if refused."""
+        try:
+            self.pm.register(plugin, name=name)
+        except (pluggy.PluginValidationError, ValueError) as exc:
+            self._fail(name, "validate", str(exc))
+            return False
+        try:
+            # INVARIANT: every plugin registered before passed this check, so a failure here
+            # (a hookimpl matching no spec, e.g. a misspelt hook name) is this plugin's.
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self.pm.unregister(name=name)
+            self._fail(name, "validate", str(exc))
+            return False
+        self.sources[name] = source or _source_of(name, plugin, None)
+        if self._config is not None:
+            self._configure_one(name, self._config)
+        return True
+
+    def _fail(self, plugin: str, stage: str, message: str) -> None:
+        self.load_errors.append(LoadError(plugin, stage, message))
+        log.error("plugin `%s` failed to %s: %s", plugin, stage, message)
+
+    # -- calling hooks, one implementation at a time ----------------------------------------
+
+    def _impls(self, hook: str) -> list[Any]:
+        caller = getattr(self.pm.hook, hook)
+        return list(caller.get_hookimpls())  # registration order (pluggy calls them LIFO)
+
+    def _call_each(self, hook: str, **kwargs: Any) -> Iterable[tuple[str, Any]]:
+        """Call each implementation separately so one raising plugin is reported by name and
+        the others still contribute (a plain ``pm.hook.X()`` aborts on the first exception).
+        """
+        for impl in self._impls(hook):
+            args = {k: kwargs[k] for k in impl.argnames}
+            try:
+                yield impl.plugin_name, impl.function(**args)
+            except Exception as exc:
+                self._fail(impl.plugin_name, hook.removeprefix("policy_engine_"),
+                           f"{type(exc).__name__}: {exc}")
+
+    def _configure_one(self, name: str, config: EngineConfig) -> None:
+        for impl in self._impls("policy_engine_configure"):
+            if impl.plugin_name == name:
+                try:
+                    impl.function(**{k: config for k in impl.argnames})
+                except Exception as exc:
+                    self._fail(name, "configure", f"{type(exc).__name__}: {exc}")
+
+    def configure(self, config: EngineConfig) -> None:
+        """Deliver ``policy_engine_configure`` (historic: later registrations get it too)."""
+        self._config = config
+        for name in list(self.sources):
+            self._configure_one(name, config)
+
+    def components(self, config: EngineConfig) -> Components:
+        """Build the executors, the configured sinks and the configured budget meter."""
+        out = Components()
+        for plugin, executors in self._call_each("policy_engine_executors", config=config):
+            for ex in executors or ():
+                if not isinstance(ex, Executor):
+                    self._fail(plugin, "executors", f"{ex!r} does not implement Executor")
+                elif ex.name in out.executors:
+                    self._fail(plugin, "executors", f"executor name `{ex.name}` already "
+                               f"provided by `{out.owners['executor:' + ex.name]}`")
+                else:
+                    out.executors[ex.name] = ex
+                    out.owners["executor:" + ex.name] = plugin
+        for plugin, sinks in self._call_each("policy_engine_evidence_sinks", config=config):
+            for sink in sinks or ():
+                if not isinstance(sink, EvidenceSink):
+                    self._fail(plugin, "evidence_sinks", f"{sink!r} does not implement "
+                               "EvidenceSink")
+                elif sink.name in out.sinks:
+                    self._fail(plugin, "evidence_sinks", f"sink name `{sink.name}` already "
+                               f"provided by `{out.owners['sink:' + sink.name]}`")
+                else:
+                    out.sinks[sink.name] = sink
+                    out.owners["sink:" + sink.name] = plugin
+        for plugin, meter in self._call_each("policy_engine_budget_meter", config=config):
+            if meter is None:
+                continue
+            if not isinstance(meter, BudgetMeter):
+                self._fail(plugin, "budget_meter", f"{meter!r} does not implement BudgetMeter")
+            elif meter.name not in out.meters:
+                out.meters[meter.name] = meter
+                out.owners["meter:" + meter.name] = plugin
+                if out.meter is None:  # firstresult semantics, in registration order
+                    out.meter = meter
+        return out
+
+    def notify_decision(self, profile: Profile, op: ExecOp, decision: Decision) -> None:
+        """Observation hook; a raising observer is logged and never affects the call."""
+        for impl in self._impls("policy_engine_decision"):
+            args = {"profile": profile, "op": op, "decision": decision}
+            try:
+                impl.function(**{k: args[k] for k in impl.argnames})
+            except Exception:
+                log.exception("plugin `%s` raised from policy_engine_decision", impl.plugin_name)
+
+    def hooks_of(self, name: str) -> list[str]:
+        plugin = self.pm.get_plugin(name)
+        callers = self.pm.get_hookcallers(plugin) or [] if plugin is not None else []
+        return sorted(c.name for c in callers)
+
+
+def describe(manager: PluginManager, config: EngineConfig) -> dict[str, Any]:
+    """Everything ``policy-engine plugins`` shows: plugins with their source, hooks, executors
+    (with capabilities), sinks and meters, plus the load errors. Builds and closes components.
+    """
+    # "*" asks every plugin for every sink and meter it has, in a throwaway state dir so that
+    # listing creates no files where real evidence lives
+    with tempfile.TemporaryDirectory(prefix="policy-engine-plugins-") as tmp:
+        listing = replace(config, evidence_sinks=("*",), budget_meter="*", state_dir=Path(tmp))
+        return _describe(manager, listing)
+
+
+def _describe(manager: PluginManager, config: EngineConfig) -> dict[str, Any]:
+    comps = manager.components(config)
+    try:
+        plugins = []
+        for name, source in manager.sources.items():
+            mine = {key.split(":", 1)[1] for key, owner in comps.owners.items() if owner == name}
+            plugins.append({
+                **source.to_json(),
+                "hooks": manager.hooks_of(name),
+                "executors": [
+                    {"name": ex.name, "capabilities": ex.capabilities.to_json()}
+                    for ex in comps.executors.values() if ex.name in mine
+                    and comps.owners["executor:" + ex.name] == name
+                ],
+                "sinks": sorted(s for s in comps.sinks if comps.owners["sink:" + s] == name),
+                "meters": sorted(k.split(":", 1)[1] for k, o in comps.owners.items()
+                                 if k.startswith("meter:") and o == name),
+            })
+    finally:
+        comps.close()
+    return {"python": sys.executable, "plugins": plugins,
+            "load_errors": [e.to_json() for e in manager.load_errors]}

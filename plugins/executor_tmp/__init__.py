@@ -1,0 +1,1 @@
+"""First-party `tmp` executor plugin: isolated temp spaces with a size quota."""

@@ -13,8 +13,10 @@ Empty tuples on set-valued fields mean "the default", and the meet resolves them
 * ``mime`` ``()`` = unconstrained, so ``() ∧ M = M``; two explicit sets meet pairwise (``*/*``
   and ``type/*`` are narrowed by a concrete type).
 * ``ports`` ``()`` = "the scheme's default port" (http/ws 80, https/wss 443). ``() ∧ ()`` stays
-  ``()``; explicit ``P ∧ Q = P ∩ Q``; ``() ∧ P`` stays ``()`` but keeps only the schemes whose
-  default port is in ``P`` (so ``https`` with ``() ∧ {443, 8443}`` is just ``https:443``).
+  ``()``; explicit ``P ∧ Q = P ∩ Q``; ``() ∧ P`` keeps only the schemes whose default port is
+  in ``P``, and becomes that one explicit port when they share it (``https``: ``() ∧ {443,
+  8443} = {443}``); with ``http`` and ``https`` both left it stays ``()``, since ``{80, 443}``
+  would also admit ``http:443``.
 
 Any set that meets to nothing makes the whole atom empty.
 """
@@ -152,7 +154,12 @@ def meet_ports(
         return (ports, schemes) if ports else None
     explicit = set(a or b)
     kept = tuple(s for s in schemes if DEFAULT_PORTS.get(s) in explicit)
-    return ((), kept) if kept else None
+    if not kept:
+        return None
+    defaults = {DEFAULT_PORTS[s] for s in kept}
+    # one shared default port is exactly the explicit port; several would admit cross pairs
+    # (http:443), so those stay "default"
+    return ((defaults.pop(),), kept) if len(defaults) == 1 else ((), kept)
 
 
 def _inter(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:

@@ -1,0 +1,264 @@
+"""ProfileBuilder: grant ∩ manifest ∩ policy → the narrowest Profile per call (seed 000 §3.1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.graph import CompiledRule, NamedProfile, PolicySet
+from policy_engine.model import (
+    AllowLists,
+    BrowserCapability,
+    Capability,
+    CapabilityKind,
+    DenyLists,
+    FsCapability,
+    Grant,
+    Limits,
+    Manifest,
+    Mappings,
+    NetHttpCapability,
+    Overrides,
+    ProcCapability,
+    Profile,
+    ProfileCapability,
+    ProfileDeny,
+    SafetyClass,
+    Settings,
+    SideEffect,
+)
+from policy_engine.patterns.meet import decompose, group, meet_atom_sets, meet_many
+from policy_engine.patterns.paths import expand_home
+from policy_engine.profile.cache import ProfileCache
+from policy_engine.profile.hashing import canonical_json, fingerprint, profile_hash
+from policy_engine.profile.layers import (
+    LimitsLayer,
+    NetworkLayer,
+    meet_limits,
+    resolve_limits,
+    resolve_network,
+)
+
+_CONSENT_EFFECTS = frozenset({SideEffect.WRITE, SideEffect.PROCESS})
+
+
+class ProfileBuilder:
+    """Builds (and caches) profiles against one compiled policy.
+
+    :param policyset: the compiled policy; a builder never outlives a policy reload, so the
+        cache need not key on it.
+    """
+
+    def __init__(self, policyset: PolicySet, *, cache: ProfileCache | None = None) -> None:
+        self.policyset = policyset
+        self.cache = cache if cache is not None else ProfileCache()
+        # denies depend on the policy alone: compute them once
+        self._denies, self._deny_lists = _policy_denies(policyset)
+
+    def build(
+        self, grant: Grant, manifest: Manifest, *, settings: Settings | None = None,
+        overrides: Overrides | None = None,
+    ) -> Profile:
+        """Return the profile for ``grant`` and ``manifest`` under the optional layers.
+
+        :raises PolicyEngineError: ``DENY_TOOL`` if the grant is for another tool;
+            ``PERMISSION_DENY`` if ``settings`` or ``overrides`` would widen a field;
+            ``SCHEMA_VALIDATION_FAILED`` for an unknown named profile.
+        """
+        cache = self.cache
+        key = (id(grant), id(manifest), id(settings), id(overrides))
+        hit = cache.by_identity(key)
+        if hit is not None:
+            return hit
+        fp = fingerprint(grant, manifest, settings, overrides)
+        profile = cache.by_content(fp)
+        if profile is not None:
+            cache.remember_identity(key, profile, grant, manifest, settings, overrides)
+            return profile
+        profile = self.build_uncached(grant, manifest, settings=settings, overrides=overrides)
+        return cache.store(key, fp, profile, grant, manifest, settings, overrides)
+
+    def build_uncached(
+        self, grant: Grant, manifest: Manifest, *, settings: Settings | None = None,
+        overrides: Overrides | None = None,
+    ) -> Profile:
+        """The meet itself, without touching the cache (benchmarks and tests use it)."""
+        ps = self.policyset
+        if grant.tool_name != manifest.name:
+            raise PolicyEngineError(
+                ErrorCode.DENY_TOOL,
+                f"grant is for tool `{grant.tool_name}` but the manifest is `{manifest.name}`",
+            )
+        named = self._named(manifest, overrides)
+        limits = resolve_limits([
+            LimitsLayer("policy", ps.defaults),
+            LimitsLayer("settings", settings.limits if settings else Limits(), strict=True),
+            LimitsLayer("manifest", manifest.limits),
+            LimitsLayer("grant", grant.limits),
+            *(LimitsLayer(f"profile {p.name}", p.limits) for p in named),
+            LimitsLayer("override", overrides.limits if overrides else Limits(), strict=True),
+        ])
+        network = resolve_network(ps.network, [
+            NetworkLayer("settings", settings.network if settings else None, strict=True),
+            NetworkLayer("manifest", manifest.network),
+            *(NetworkLayer(f"profile {p.name}", p.network) for p in named),
+            NetworkLayer("override", overrides.network if overrides else None, strict=True),
+        ])
+        capabilities = tuple(self._capabilities(grant, manifest, named, limits))
+        side_effects = tuple(sorted(set(manifest.side_effects), key=lambda e: e.value))
+        safety = manifest.safety_class  # the only source with a class; the max of one
+        profile = Profile(
+            tenant=grant.tenant, subject_id=grant.subject_id, tool_name=grant.tool_name,
+            call_id=grant.call_id,
+            name="+".join(p.name for p in named) or None,
+            capabilities=capabilities,
+            denies=self._denies,
+            granted=grant.capabilities,
+            declared=manifest.permissions,
+            safety=safety,
+            side_effects=side_effects,
+            limits=limits,
+            budget=grant.budget,
+            allow=_allow_lists(capabilities),
+            deny=self._deny_lists,
+            mappings=Mappings(
+                root_fs=(settings.root_fs if settings and settings.root_fs else
+                         Mappings().root_fs),
+                tmp_dir=(settings.tmp_dir if settings and settings.tmp_dir else
+                         Mappings().tmp_dir),
+                home=ps.home,
+            ),
+            network=network,
+            timeout_ms=int(limits.timeout_ms or 0),
+            consent_required=self._consent_required(safety, side_effects),
+            consent=grant.consent,
+            expires_at=grant.expires_at,
+            policy_name=ps.name,
+            policy_version=ps.version,
+            policy_version_hash=ps.version_hash,
+            manifest_version=manifest.version,
+        )
+        digest = profile_hash(profile, ps.version_hash, manifest.version)
+        return profile.model_copy(update={"profile_hash": digest})
+
+    # --- pieces -------------------------------------------------------------------------------
+
+    def _named(self, manifest: Manifest, overrides: Overrides | None) -> list[NamedProfile]:
+        """The named profiles asked for. Both apply when both ask: each may only narrow, so
+        an override naming a laxer profile than the manifest's cannot widen anything."""
+        names = [manifest.profile, overrides.profile if overrides else None]
+        out: list[NamedProfile] = []
+        for name in dict.fromkeys(n for n in names if n is not None):
+            preset = self.policyset.profiles.get(name)
+            if preset is None:
+                raise PolicyEngineError(
+                    ErrorCode.SCHEMA_VALIDATION_FAILED, f"unknown profile `{name}`"
+                )
+            out.append(preset)
+        return out
+
+    def _capabilities(
+        self, grant: Grant, manifest: Manifest, named: Sequence[NamedProfile], limits: Limits
+    ) -> Iterable[ProfileCapability]:
+        ps, home = self.policyset, self.policyset.home
+        for kind in CapabilityKind:
+            rules = ps.permits_by_kind.get(kind, ())
+            granted = [c for c in grant.capabilities if c.kind == kind]
+            declared = [c for c in manifest.permissions if c.kind == kind]
+            if not rules or not granted or not declared:
+                continue
+            if kind is CapabilityKind.FS_WRITE and any(p.fs_mode == "read-only" for p in named):
+                continue
+            base = meet_many([granted, declared], home=home)
+            if kind is CapabilityKind.FS_WRITE:
+                for preset in named:
+                    if preset.writable is not None:
+                        writable = FsCapability(kind="fs.write", paths=preset.writable)
+                        base = meet_atom_sets(base, decompose(writable, home))
+            if not base:
+                continue
+            for rule in rules:
+                atoms = meet_atom_sets(base, decompose(rule.capabilities[kind], home))
+                for conjunction in group(atoms):
+                    yield ProfileCapability(
+                        kind=kind, all_of=conjunction, rule=rule.ref,
+                        condition=rule.condition.source if rule.condition else None,
+                        limits=meet_limits(limits, rule.limits) if rule.limits else None,
+                    )
+
+    def _consent_required(self, safety: SafetyClass, side_effects: Sequence[SideEffect]) -> bool:
+        """Whether some consent rule could apply to this call.
+
+        A rule without a condition is the built-in one (High safety, or Write/Process side
+        effects) and is decided here. A rule with a CEL condition is decided by the guard at
+        decision time, from the request; since it *could* apply, the profile says consent is
+        required and the guard narrows that down.
+        """
+        builtin = safety is SafetyClass.HIGH or bool(_CONSENT_EFFECTS.intersection(side_effects))
+        return any(r.condition is not None or builtin for r in self.policyset.consent_rules)
+
+
+def _forbid_rules(ps: PolicySet) -> list[CompiledRule]:
+    rules = {r.id: r for r in ps.rules if r.effect == "forbid"}
+    for by_kind in ps.forbids_by_kind.values():
+        for r in by_kind:
+            rules.setdefault(r.id, r)
+    return list(rules.values())
+
+
+def _policy_denies(ps: PolicySet) -> tuple[tuple[ProfileDeny, ...], DenyLists]:
+    """Every forbid rule as a ProfileDeny (kinds sharing resources grouped) and the deny-lists.
+
+    The flat deny-lists hold only unconditional forbids: a list reads as "always refused", and
+    a forbid with a ``when`` is only sometimes; the ProfileDeny entries carry the exact rule.
+    """
+    denies: list[ProfileDeny] = []
+    paths: set[str] = set()
+    domains: set[str] = set()
+    tools: set[str] = set()
+    for rule in _forbid_rules(ps):
+        by_resources: dict[str, list[tuple[CapabilityKind, Capability]]] = {}
+        for kind, cap in rule.capabilities.items():
+            resources = canonical_json(cap.model_dump(mode="json", exclude={"kind"}))
+            by_resources.setdefault(resources, []).append((kind, cap))
+            if rule.condition is not None:
+                continue
+            if isinstance(cap, FsCapability):
+                paths.update(expand_home(p, ps.home) for p in cap.paths)
+            elif isinstance(cap, NetHttpCapability | BrowserCapability):
+                domains.update(cap.hosts)
+            elif isinstance(cap, ProcCapability) and cap.args is None:
+                tools.add(cap.tool)
+        for group_ in by_resources.values():
+            denies.append(ProfileDeny(
+                kinds=tuple(k for k, _ in group_), capability=group_[0][1], rule=rule.ref,
+                condition=rule.condition.source if rule.condition else None,
+                mandatory=rule.mandatory,
+            ))
+    deny_lists = DenyLists(paths=tuple(sorted(paths)), domains=tuple(sorted(domains)),
+                           tools=tuple(sorted(tools)))
+    return tuple(denies), deny_lists
+
+
+def _allow_lists(capabilities: Sequence[ProfileCapability]) -> AllowLists:
+    """A summary view of the capabilities (seed 000 Whitelists); the capabilities decide."""
+    domains: set[str] = set()
+    paths: set[str] = set()
+    tools: set[str] = set()
+    mime: set[str] = set()
+    methods: set[str] = set()
+    for pc in capabilities:
+        for cap in pc.all_of:
+            if isinstance(cap, FsCapability):
+                paths.update(cap.paths)
+            elif isinstance(cap, NetHttpCapability):
+                domains.update(cap.hosts)
+                mime.update(cap.mime)
+                methods.update(cap.methods)
+            elif isinstance(cap, BrowserCapability):
+                domains.update(cap.hosts)
+            elif isinstance(cap, ProcCapability):
+                tools.add(cap.tool)
+    return AllowLists(domains=tuple(sorted(domains)), paths=tuple(sorted(paths)),
+                      tools=tuple(sorted(tools)), mime_allow=tuple(sorted(mime)),
+                      methods=tuple(sorted(methods)))

@@ -1,0 +1,339 @@
+"""ProfileBuilder: the DESIGN.md §2 meet, the layered chain, named profiles, hashing and caching."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import timeit
+from collections.abc import Mapping
+
+import pytest
+
+from policy_engine.errors import ErrorCode, PolicyEngineError, Span
+from policy_engine.graph import CompiledRule, ConsentRule, NamedProfile, PolicySet
+from policy_engine.model import (
+    ArgAlternative,
+    ArgSlot,
+    Capability,
+    CapabilityKind,
+    FsCapability,
+    Grant,
+    Limits,
+    Manifest,
+    NetHttpCapability,
+    NetworkMode,
+    Overrides,
+    ProcCapability,
+    RuleRef,
+    SafetyClass,
+    Settings,
+    SideEffect,
+)
+from policy_engine.profile import ProfileBuilder
+
+K = CapabilityKind
+SPAN = Span("acme.sbpolicy", 1, 1)
+
+
+class FakeCondition:
+    """A stand-in for a compiled CEL condition; the builder only reads ``source``."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.span = SPAN
+
+    def evaluate(self, context: Mapping[str, object]) -> tuple[bool, str | None]:
+        return True, None
+
+
+def rule(
+    rid: str, effect: str, caps: Mapping[CapabilityKind, Capability], *, line: int = 1,
+    limits: Limits | None = None, condition: str | None = None, mandatory: bool = False,
+) -> CompiledRule:
+    return CompiledRule(
+        id=rid, effect=effect, capabilities=dict(caps),  # type: ignore[arg-type]
+        ref=RuleRef(id=rid, file="acme.sbpolicy", line=line, column=1), span=SPAN,
+        limits=limits, condition=FakeCondition(condition) if condition else None,
+        mandatory=mandatory,
+    )
+
+
+def policyset(
+    rules: list[CompiledRule], *, profiles: Mapping[str, NamedProfile] | None = None,
+    consent: tuple[ConsentRule, ...] = (), network: NetworkMode = NetworkMode.ON,
+    defaults: Limits | None = None,
+) -> PolicySet:
+    permits: dict[CapabilityKind, tuple[CompiledRule, ...]] = {}
+    forbids: dict[CapabilityKind, tuple[CompiledRule, ...]] = {}
+    for r in rules:
+        index = permits if r.effect == "permit" else forbids
+        for kind in r.kinds:
+            index[kind] = (*index.get(kind, ()), r)
+    return PolicySet(
+        name="acme/agents", version="1.4.0", version_hash="v" * 64, files=("acme.sbpolicy",),
+        defaults=defaults or Limits(timeout_ms=60_000, max_bytes_in=10 * 1024 * 1024),
+        network=network, rules=tuple(rules), permits_by_kind=permits, forbids_by_kind=forbids,
+        consent_rules=consent, profiles=dict(profiles or {}), tools={}, home="/root",
+    )
+
+
+def fs(kind: str, *paths: str) -> FsCapability:
+    return FsCapability(kind=kind, paths=paths)  # type: ignore[arg-type]
+
+
+SECRETS = ("~/.ssh/**", "~/.aws/**", "**/.env", "/etc/shadow")
+ACME = policyset([
+    rule("forbid-secrets", "forbid",
+         {K.FS_READ: fs("fs.read", *SECRETS), K.FS_WRITE: fs("fs.write", *SECRETS)},
+         mandatory=True),
+    rule("read-ws", "permit", {K.FS_READ: fs("fs.read", "/workspace/**")}, line=3),
+    rule("write-work", "permit", {K.FS_WRITE: fs("fs.write", "/workspace/work/**")}, line=4,
+         condition='grant.subject_id.startsWith("agent:")'),
+    rule("github", "permit", {K.NET_HTTP: NetHttpCapability(
+        hosts=("api.github.com",), schemes=("https",), ports=(443,), methods=("GET", "HEAD"),
+        mime=("application/json",))}, line=6),
+    rule("git", "permit", {K.PROC_EXEC: ProcCapability(tool="git", args=(ArgSlot(
+        alternatives=(ArgAlternative(literal="status"), ArgAlternative(literal="log"))),))},
+        line=8, limits=Limits(timeout_ms=30_000, pids=64)),
+], profiles={
+    "safe-readonly": NamedProfile("safe-readonly", SPAN, network=NetworkMode.OFF,
+                                  fs_mode="read-only"),
+    "work-only": NamedProfile("work-only", SPAN, fs_mode="read-write",
+                              writable=("/workspace/work/out/**",), limits=Limits(pids=32)),
+}, consent=(ConsentRule(RuleRef(id="consent", file="acme.sbpolicy", line=9, column=1), SPAN,
+                        None),))
+
+
+def grant(*caps: Capability, tool: str = "coder", **kw: object) -> Grant:
+    return Grant(tenant="t1", subject_id="agent:1", tool_name=tool, call_id="c1",
+                 capabilities=caps, expires_at=2_000_000_000_000, **kw)  # type: ignore[arg-type]
+
+
+def manifest(*caps: Capability, **kw: object) -> Manifest:
+    return Manifest(name="coder", version="2.0.0", permissions=caps, **kw)  # type: ignore[arg-type]
+
+
+def caps_of(profile_caps: object, kind: CapabilityKind) -> list[tuple[Capability, ...]]:
+    return [pc.all_of for pc in profile_caps if pc.kind == kind]  # type: ignore[attr-defined]
+
+
+def test_fs_meet_takes_the_narrower_glob() -> None:
+    p = ProfileBuilder(ACME).build(grant(fs("fs.read", "/**")),
+                                   manifest(fs("fs.read", "/workspace/src/**")))
+    assert caps_of(p.capabilities, K.FS_READ) == [(fs("fs.read", "/workspace/src/**"),)]
+    (pc,) = p.capabilities
+    assert pc.rule is not None
+    assert pc.rule.id == "read-ws"
+    assert p.allow.paths == ("/workspace/src/**",)
+    assert p.granted == (fs("fs.read", "/**"),)
+    assert p.declared == (fs("fs.read", "/workspace/src/**"),)
+
+
+def test_disjoint_paths_give_no_capability() -> None:
+    p = ProfileBuilder(ACME).build(grant(fs("fs.read", "/a/**")), manifest(fs("fs.read", "/b/**")))
+    assert p.capabilities == ()
+
+
+def test_write_rule_carries_its_condition_and_the_manifest_narrows_it() -> None:
+    p = ProfileBuilder(ACME).build(grant(fs("fs.write", "/workspace/**")),
+                                   manifest(fs("fs.write", "/workspace/work/tmp/**")))
+    (pc,) = p.capabilities
+    assert pc.all_of == (fs("fs.write", "/workspace/work/tmp/**"),)
+    assert pc.condition == 'grant.subject_id.startsWith("agent:")'
+
+
+def test_unrelated_globs_are_kept_as_a_conjunction() -> None:
+    p = ProfileBuilder(ACME).build(grant(fs("fs.read", "/workspace/**")),
+                                   manifest(fs("fs.read", "**/*.py")))
+    assert caps_of(p.capabilities, K.FS_READ) == [
+        (fs("fs.read", "/**/*.py"), fs("fs.read", "/workspace/**")),
+    ]
+
+
+def test_hosts_and_http_sets_meet() -> None:
+    p = ProfileBuilder(ACME).build(
+        grant(NetHttpCapability(hosts=("*.github.com",), methods=("GET", "POST"))),
+        manifest(NetHttpCapability(hosts=("api.github.com", "example.com"))),
+    )
+    (pc,) = p.capabilities
+    (cap,) = pc.all_of
+    assert isinstance(cap, NetHttpCapability)
+    assert cap.hosts == ("api.github.com",)
+    assert cap.methods == ("GET",)  # {GET, POST} ∧ default {GET, HEAD} ∧ {GET, HEAD}
+    assert cap.ports == (443,)
+    assert cap.mime == ("application/json",)
+    assert p.allow.domains == ("api.github.com",)
+
+
+def test_proc_needs_the_same_tool_and_keeps_the_template_and_rule_limits() -> None:
+    b = ProfileBuilder(ACME)
+    assert b.build(grant(ProcCapability(tool="rm")), manifest(ProcCapability(tool="rm"))
+                   ).capabilities == ()
+    p = b.build(grant(ProcCapability(tool="git")), manifest(ProcCapability(tool="git")))
+    (pc,) = p.capabilities
+    (cap,) = pc.all_of
+    assert isinstance(cap, ProcCapability)
+    assert cap.args is not None
+    assert pc.limits is not None
+    assert (pc.limits.timeout_ms, pc.limits.pids, pc.limits.max_files) == (30_000, 64, 100)
+    assert p.allow.tools == ("git",)
+
+
+def test_mandatory_denies_are_always_present() -> None:
+    p = ProfileBuilder(ACME).build(grant(fs("fs.read", "/**")), manifest(fs("fs.read", "/**")),
+                                   overrides=Overrides(profile="safe-readonly"))
+    (deny,) = p.denies
+    assert deny.mandatory
+    assert deny.kinds == (K.FS_READ, K.FS_WRITE)
+    assert "/root/.ssh/**" in p.deny.paths
+    assert "/**/.env" in p.deny.paths
+
+
+def test_grant_for_another_tool_is_refused() -> None:
+    with pytest.raises(PolicyEngineError) as exc:
+        ProfileBuilder(ACME).build(grant(tool="other"), manifest())
+    assert exc.value.code is ErrorCode.DENY_TOOL
+    assert exc.value.reason == "grant is for tool `other` but the manifest is `coder`"
+
+
+def test_override_widening_a_limit_is_refused_naming_the_field() -> None:
+    b = ProfileBuilder(ACME)
+    m = manifest(limits=Limits(timeout_ms=30_000))
+    with pytest.raises(PolicyEngineError) as exc:
+        b.build(grant(), m, overrides=Overrides(limits=Limits(timeout_ms=60_000)))
+    assert exc.value.code is ErrorCode.PERMISSION_DENY
+    assert exc.value.reason == "override would widen `limits.timeout_ms` from 30000 to 60000"
+    p = b.build(grant(), m, overrides=Overrides(limits=Limits(timeout_ms=10_000)))
+    assert (p.limits.timeout_ms, p.timeout_ms) == (10_000, 10_000)
+
+
+def test_override_and_settings_cannot_turn_the_network_on() -> None:
+    off = policyset([], network=NetworkMode.OFF)
+    with pytest.raises(PolicyEngineError, match="override would widen `network` from off to on"):
+        ProfileBuilder(off).build(grant(), manifest(), overrides=Overrides(network="on"))
+    with pytest.raises(PolicyEngineError, match="settings would widen `network`"):
+        ProfileBuilder(off).build(grant(), manifest(), settings=Settings(network="restricted"))
+
+
+def test_manifest_asking_for_more_is_clipped_silently() -> None:
+    p = ProfileBuilder(ACME).build(grant(), manifest(limits=Limits(timeout_ms=999_999),
+                                                     network=NetworkMode.RESTRICTED))
+    assert p.limits.timeout_ms == 60_000
+    assert p.network is NetworkMode.RESTRICTED
+    assert all(getattr(p.limits, f) is not None for f in Limits.model_fields)
+
+
+def test_settings_narrow_and_set_mappings() -> None:
+    p = ProfileBuilder(ACME).build(grant(limits=Limits(pids=100)), manifest(), settings=Settings(
+        limits=Limits(pids=128, max_files=10), root_fs="/srv/ws"))
+    assert (p.limits.pids, p.limits.max_files) == (100, 10)
+    assert (p.mappings.root_fs, p.mappings.tmp_dir, p.mappings.home) == (
+        "/srv/ws", "/tmp/policy-engine", "/root")
+
+
+def test_named_profile_read_only_drops_writes_and_turns_network_off() -> None:
+    g = grant(fs("fs.read", "/workspace/**"), fs("fs.write", "/workspace/**"))
+    m = manifest(fs("fs.read", "/workspace/**"), fs("fs.write", "/workspace/**"),
+                 profile="safe-readonly")
+    p = ProfileBuilder(ACME).build(g, m)
+    assert [pc.kind for pc in p.capabilities] == [K.FS_READ]
+    assert (p.network, p.name) == (NetworkMode.OFF, "safe-readonly")
+
+
+def test_named_profile_writable_narrows_fs_write_and_limits() -> None:
+    g = grant(fs("fs.write", "/workspace/**"))
+    p = ProfileBuilder(ACME).build(g, manifest(fs("fs.write", "/workspace/**")),
+                                   overrides=Overrides(profile="work-only"))
+    assert caps_of(p.capabilities, K.FS_WRITE) == [(fs("fs.write", "/workspace/work/out/**"),)]
+    assert p.limits.pids == 32
+
+
+def test_unknown_named_profile_is_a_schema_error() -> None:
+    with pytest.raises(PolicyEngineError) as exc:
+        ProfileBuilder(ACME).build(grant(), manifest(profile="nope"))
+    assert exc.value.code is ErrorCode.SCHEMA_VALIDATION_FAILED
+    assert "`nope`" in exc.value.reason
+
+
+def test_safety_side_effects_and_builtin_consent() -> None:
+    b = ProfileBuilder(ACME)
+    low = b.build(grant(), manifest(side_effects=(SideEffect.READ, SideEffect.NONE)))
+    assert low.side_effects == (SideEffect.NONE, SideEffect.READ)
+    assert not low.consent_required
+    high = b.build(grant(), manifest(safety_class=SafetyClass.HIGH))
+    assert high.safety is SafetyClass.HIGH
+    assert high.consent_required
+    assert b.build(grant(), manifest(side_effects=(SideEffect.WRITE,))).consent_required
+
+
+def test_a_conditional_consent_rule_could_always_apply() -> None:
+    ps = policyset([], consent=(ConsentRule(RuleRef(id="c", file="f", line=1, column=1), SPAN,
+                                            FakeCondition("request.size > 10")),))
+    assert ProfileBuilder(ps).build(grant(), manifest()).consent_required
+    assert not ProfileBuilder(policyset([])).build(grant(), manifest(
+        safety_class=SafetyClass.HIGH)).consent_required
+
+
+def test_cache_returns_the_same_object_for_same_and_equal_inputs() -> None:
+    b = ProfileBuilder(ACME)
+    g, m = grant(fs("fs.read", "/workspace/**")), manifest(fs("fs.read", "/workspace/**"))
+    first = b.build(g, m)
+    assert b.build(g, m) is first
+    assert b.build(grant(fs("fs.read", "/workspace/**")), manifest(
+        fs("fs.read", "/workspace/**"))) is first
+    assert b.build(g, m, overrides=Overrides(limits=Limits(pids=1))) is not first
+
+
+def test_cached_build_is_fast() -> None:
+    b = ProfileBuilder(ACME)
+    g, m = grant(fs("fs.read", "/workspace/**")), manifest(fs("fs.read", "/workspace/**"))
+    b.build(g, m)
+    per_call = min(timeit.repeat(lambda: b.build(g, m), number=2000, repeat=5)) / 2000
+    assert per_call < 20e-6  # the benchmark target is 2 µs; leave room for slow CI machines
+
+
+def test_concurrent_builds_share_one_profile() -> None:
+    b = ProfileBuilder(ACME)
+    results: list[object] = []
+
+    def work() -> None:
+        results.append(b.build(grant(fs("fs.read", "/workspace/**")),
+                               manifest(fs("fs.read", "/workspace/**"))))
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(r) for r in results}) == 1
+
+
+_HASH_SCRIPT = """
+import sys
+sys.path.insert(0, {path!r})
+import test_profile_builder as t
+p = t.ProfileBuilder(t.ACME).build(t.grant(t.fs("fs.read", "/workspace/**")),
+                                   t.manifest(t.fs("fs.read", "/workspace/**")))
+print(p.profile_hash)
+"""
+
+
+def test_profile_hash_is_stable_across_processes() -> None:
+    p = ProfileBuilder(ACME).build(grant(fs("fs.read", "/workspace/**")),
+                                   manifest(fs("fs.read", "/workspace/**")))
+    assert len(p.profile_hash) == 64
+    here = str(__import__("pathlib").Path(__file__).parent)
+    out = subprocess.run([sys.executable, "-c", _HASH_SCRIPT.format(path=here)],
+                         capture_output=True, text=True, check=True,
+                         env={"PYTHONHASHSEED": "12345", "PATH": ""})
+    assert out.stdout.strip() == p.profile_hash
+
+
+def test_profile_hash_changes_with_inputs_and_round_trips() -> None:
+    b = ProfileBuilder(ACME)
+    p1 = b.build(grant(), manifest())
+    p2 = b.build(grant(), manifest(limits=Limits(pids=2)))
+    assert p1.profile_hash != p2.profile_hash
+    assert json.loads(p1.model_dump_json())["profile_hash"] == p1.profile_hash

@@ -1,0 +1,163 @@
+"""The one adapter around cel-expr-python: compile and type-check `when` conditions, evaluate them.
+
+Conditions are compiled once, when the policy compiles, against the declared context variables;
+errors are mapped from positions inside the backtick string to positions in the policy file.
+A runtime error (an error value or an exception from the library) never allows anything:
+:meth:`CelCondition.evaluate` returns ``(False, message)``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping
+from enum import Enum
+from functools import lru_cache
+from typing import Any
+
+from cel_expr_python import cel
+from pydantic import BaseModel
+
+from policy_engine.errors import Diagnostic, Span
+
+CONTEXT_VARIABLES: tuple[str, ...] = (
+    "request", "grant", "manifest", "profile", "tenant", "subject", "now",
+)
+"""What a condition sees. All but ``now`` are maps from string keys to dynamic values (JSON-like:
+the guard passes ``model_dump(mode="json")`` of the Grant, Manifest and Profile, the op as
+``request``); ``now`` is a timestamp (a timezone-aware ``datetime`` or milliseconds since epoch)."""
+
+_ERROR_RE = re.compile(r"ERROR: <input>:(\d+):(\d+): (.*)$", re.MULTILINE)
+
+
+@lru_cache(maxsize=1)
+def cel_env() -> Any:
+    """The shared CEL environment with the context variables declared (built once)."""
+    t = cel.Type
+    dyn_map = t.Map(t.STRING, t.DYN)
+    variables = {name: dyn_map for name in CONTEXT_VARIABLES if name != "now"}
+    variables["now"] = t.TIMESTAMP
+    return cel.NewEnv(variables=variables)
+
+
+class CelCondition:
+    """A compiled, type-checked condition (implements ``graph.CompiledCondition``)."""
+
+    __slots__ = ("_expr", "source", "span")
+
+    def __init__(self, source: str, span: Span, expr: Any) -> None:
+        self.source = source
+        self.span = span
+        self._expr = expr
+
+    def __repr__(self) -> str:
+        return f"CelCondition({self.source!r} at {self.span})"
+
+    def result_type(self) -> Any:
+        """The static CEL type the checker inferred for this condition."""
+        return self._expr.return_type()
+
+    def evaluate(self, context: Mapping[str, object]) -> tuple[bool, str | None]:
+        """Evaluate against ``context``; any error yields ``(False, message)``, never an allow."""
+        try:
+            value = self._expr.eval(data=activation(context))
+            vtype = value.type()
+            if vtype == cel.Type.BOOL:
+                return bool(value.plain_value()), None
+            if vtype == cel.Type.ERROR:
+                return False, f"condition error: {_strip_status(str(value.plain_value()))}"
+            return False, f"condition evaluated to `{vtype.name().lower()}`, not `bool`"
+        # The library raises RuntimeError/TypeError/ValueError for unconvertible inputs; whatever
+        # it raises, a condition that cannot be evaluated must deny, so catch everything here.
+        except Exception as exc:  # noqa: BLE001 - reason above: an error must never allow
+            return False, f"condition error: {_strip_status(str(exc))}"
+
+
+def activation(context: Mapping[str, object]) -> dict[str, Any]:
+    """Convert ``context`` to plain CEL values (models dumped, tuples to lists, ms to time)."""
+    out: dict[str, Any] = {}
+    for key, value in context.items():
+        if key == "now" and isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = dt.datetime.fromtimestamp(value / 1000, tz=dt.UTC)
+        else:
+            out[key] = to_cel_value(value)
+    return out
+
+
+def to_cel_value(value: object) -> Any:
+    """A plain JSON-like value CEL accepts: pydantic models, enums, tuples and sets converted."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): to_cel_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [to_cel_value(v) for v in value]
+    return value
+
+
+def compile_condition(source: str, span: Span) -> CelCondition | list[Diagnostic]:
+    """Compile ``source`` written at ``span`` (the opening backtick) against the context.
+
+    Compilation includes the library's type check (undeclared names, no matching overload).
+    :returns: the condition, or SBP209 (syntax) / SBP210 (type) diagnostics positioned in the
+        policy file. Whether the result is boolean is :func:`check_boolean`'s job.
+    """
+    if not source.strip():
+        return [Diagnostic.make("SBP209", "empty CEL condition", span)]
+    try:
+        expr = cel_env().compile(source)
+    except Exception as exc:  # noqa: BLE001 - the library raises RuntimeError; map any failure
+        return _compile_errors(str(exc), span)
+    return CelCondition(source, span, expr)
+
+
+def check_boolean(condition: CelCondition) -> Diagnostic | None:
+    """SBP211 unless the condition's static type is ``bool`` (or ``dyn``, checked when run)."""
+    rtype = condition.result_type()
+    if rtype == cel.Type.BOOL or rtype == cel.Type.DYN:
+        return None
+    return Diagnostic.make(
+        "SBP211",
+        f"condition has type `{rtype.name().lower()}`, a `when` condition must be `bool`",
+        cel_span(condition.span, 1, 1),
+    )
+
+
+def cel_span(span: Span, line: int, column: int) -> Span:
+    """Map a 1-based (line, column) inside the CEL text to the policy file.
+
+    INVARIANT: ``span`` is the position of the opening backtick, so the text's first character
+    is one column to its right; later lines start at column 1 of the file.
+    """
+    if line <= 1:
+        return Span(span.file, span.line, span.column + column)
+    return Span(span.file, span.line + line - 1, column)
+
+
+def _compile_errors(text: str, span: Span) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for m in _ERROR_RE.finditer(text):
+        line, column = int(m.group(1)), int(m.group(2))
+        message = re.sub(r"'([^'\n]*)'", r"`\1`", _strip_status(m.group(3)))
+        message = message.replace(" (in container ``)", "")
+        if message.startswith("Syntax error:"):
+            detail = message.removeprefix("Syntax error:").strip()
+            out.append(Diagnostic.make(
+                "SBP209", f"CEL syntax error: {detail}", cel_span(span, line, column),
+            ))
+        else:
+            out.append(Diagnostic.make(
+                "SBP210", f"CEL type error: {message}", cel_span(span, line, column),
+            ))
+    if not out:
+        out.append(Diagnostic.make("SBP209", f"invalid CEL condition: {_strip_status(text)}",
+                                   cel_span(span, 1, 1)))
+    return out
+
+
+def _strip_status(text: str) -> str:
+    """Drop the absl status prefix/suffix (``INVALID_ARGUMENT: ... [INVALID_ARGUMENT]``)."""
+    text = re.sub(r"^[A-Z_]+: ", "", text.strip())
+    return re.sub(r"\s*\[[A-Z_]+\]$", "", text)

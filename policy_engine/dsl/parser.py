@@ -1,0 +1,126 @@
+"""Read and parse one `.sbpolicy` file into an AST; every failure becomes a Diagnostic."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lark.exceptions import (
+    LarkError,
+    UnexpectedCharacters,
+    UnexpectedEOF,
+    UnexpectedInput,
+    UnexpectedToken,
+    VisitError,
+)
+
+from policy_engine.dsl import ast
+from policy_engine.dsl.grammar import describe_terminal, get_parser
+from policy_engine.dsl.transform import ToAst
+from policy_engine.errors import Diagnostic, Span
+
+_MAX_EXPECTED = 8
+_OPENERS = {'"': "string literal", "`": "CEL condition", "/": "regex literal"}
+
+
+def read_source(path: str | os.PathLike[str], display: str | None = None) -> str | Diagnostic:
+    """Read ``path`` as UTF-8 text, or return the SBP100 diagnostic saying why it cannot be."""
+    shown = display if display is not None else os.fspath(path)
+    try:
+        data = Path(path).read_bytes()
+    except IsADirectoryError:
+        return Diagnostic.make("SBP100", f"`{shown}` is a directory, not a file", Span(shown, 1, 1))
+    except FileNotFoundError:
+        return Diagnostic.make("SBP100", f"`{shown}` does not exist", None)
+    except OSError as exc:
+        return Diagnostic.make("SBP100", f"cannot read `{shown}`: {exc.strerror or exc}", None)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        return Diagnostic.make(
+            "SBP100", f"`{shown}` is not UTF-8 text (invalid byte 0x{data[exc.start]:02x})",
+            Span(shown, line, col), help="save the file as UTF-8",
+        )
+
+
+def parse_source(text: str, file: str) -> tuple[ast.PolicyFile, list[Diagnostic]]:
+    """Parse ``text`` (shown as ``file`` in spans). On a syntax error the file has no items."""
+    pf = ast.PolicyFile(file=file, source=text)
+    if "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        return pf, [Diagnostic.make("SBP102", "unexpected NUL character", Span(file, line, 1))]
+    try:
+        tree = get_parser().parse(text)
+    except UnexpectedInput as exc:
+        return pf, [_syntax_diagnostic(exc, text, file)]
+    except LarkError as exc:  # pragma: no cover - lark raises UnexpectedInput for bad input
+        return pf, [Diagnostic.make("SBP101", f"cannot parse: {exc}", Span(file, 1, 1))]
+    transformer = ToAst(file)
+    try:
+        pf.items = transformer.transform(tree)
+    except VisitError as exc:  # pragma: no cover - the transformer only builds dataclasses
+        return pf, [Diagnostic.make("SBP101", f"cannot parse: {exc.orig_exc}", Span(file, 1, 1))]
+    return pf, transformer.diagnostics
+
+
+def parse_file(
+    path: str | os.PathLike[str], display: str | None = None,
+) -> tuple[ast.PolicyFile | None, list[Diagnostic]]:
+    """Read and parse ``path``; ``None`` when the file cannot be read."""
+    shown = display if display is not None else os.fspath(path)
+    text = read_source(path, shown)
+    if isinstance(text, Diagnostic):
+        return None, [text]
+    return parse_source(text, shown)
+
+
+def _eof_span(text: str, file: str) -> Span:
+    lines = text.split("\n")
+    return Span(file, len(lines), len(lines[-1]) + 1)
+
+
+def _expected(names: set[str] | frozenset[str] | None) -> str:
+    if not names:
+        return ""
+    described = sorted({describe_terminal(n) for n in names})
+    if len(described) > _MAX_EXPECTED:
+        described = [*described[:_MAX_EXPECTED], "..."]
+    return "; expected " + ", ".join(described)
+
+
+def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic:
+    if isinstance(exc, UnexpectedCharacters):
+        span = Span(file, exc.line, exc.column)
+        char = exc.char
+        if char in _OPENERS and (char != "/" or "REGEX" in (exc.allowed or ())):
+            return Diagnostic.make("SBP104", f"unterminated {_OPENERS[char]}", span)
+        shown = repr(char)[1:-1] if not char.isprintable() or char == "`" else char
+        if char == "`":
+            shown = "\\`"
+        return Diagnostic.make(
+            "SBP102", f"unexpected character `{shown}`{_expected(exc.allowed)}", span,
+        )
+    if isinstance(exc, UnexpectedToken):
+        tok = exc.token
+        if tok.type == "$END":
+            return Diagnostic.make(
+                "SBP103", f"unexpected end of file{_expected(exc.expected)}",
+                _eof_span(text, file),
+            )
+        span = Span(file, tok.line or 1, tok.column or 1, tok.end_line, tok.end_column)
+        shown = str(tok).replace("\n", " ")
+        if len(shown) > 40:
+            shown = shown[:37] + "..."
+        return Diagnostic.make(
+            "SBP101", f"unexpected `{shown}`{_expected(exc.expected)}", span,
+        )
+    if isinstance(exc, UnexpectedEOF):
+        return Diagnostic.make(
+            "SBP103", f"unexpected end of file{_expected(set(exc.expected))}",
+            _eof_span(text, file),
+        )
+    return Diagnostic.make(  # pragma: no cover - the three cases above are exhaustive
+        "SBP101", "syntax error", Span(file, exc.line or 1, exc.column or 1),
+    )

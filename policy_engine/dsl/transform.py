@@ -1,0 +1,206 @@
+"""Turn the Lark parse tree of one file into AST dataclasses with a span on every node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lark import Token, Transformer, v_args
+from lark.tree import Meta
+
+from policy_engine.dsl import ast
+from policy_engine.errors import Diagnostic, Span
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "/": "/", "0": "\0"}
+
+
+@v_args(meta=True)
+class ToAst(Transformer[Token, list[ast.Item]]):
+    """Bottom-up transformer; string escapes it cannot decode become SBP104 diagnostics."""
+
+    def __init__(self, file: str) -> None:
+        super().__init__(visit_tokens=False)
+        self.file = file
+        self.diagnostics: list[Diagnostic] = []
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _span(self, meta: Meta) -> Span:
+        if getattr(meta, "empty", True):
+            return Span(self.file, 1, 1)
+        return Span(self.file, meta.line, meta.column, meta.end_line, meta.end_column)
+
+    def _tspan(self, tok: Token) -> Span:
+        return Span(self.file, tok.line or 1, tok.column or 1, tok.end_line, tok.end_column)
+
+    def _str(self, tok: Token) -> ast.Str:
+        return ast.Str(self._unescape(tok), self._tspan(tok))
+
+    def _unescape(self, tok: Token) -> str:
+        body = str(tok)[1:-1]
+        if "\\" not in body:
+            return body
+        out: list[str] = []
+        i = 0
+        while i < len(body):
+            ch = body[i]
+            if ch != "\\":
+                out.append(ch)
+                i += 1
+                continue
+            esc = body[i + 1] if i + 1 < len(body) else ""
+            if esc in _ESCAPES:
+                out.append(_ESCAPES[esc])
+                i += 2
+            elif esc == "u" and _is_hex(body[i + 2:i + 6]):
+                out.append(chr(int(body[i + 2:i + 6], 16)))
+                i += 6
+            else:
+                col = (tok.column or 1) + 1 + i
+                self.diagnostics.append(Diagnostic.make(
+                    "SBP104", f"invalid escape `\\{esc}` in string literal",
+                    Span(self.file, tok.line or 1, col),
+                    help="escapes: \\\" \\\\ \\n \\t \\r \\/ \\0 \\uXXXX",
+                ))
+                i += 2
+        return "".join(out)
+
+    def _value(self, tok: Token) -> ast.Value:
+        if tok.type == "STRING":
+            return self._str(tok)
+        if tok.type == "QUANTITY":
+            return ast.Quantity(str(tok), self._tspan(tok))
+        return ast.Word(str(tok), self._tspan(tok))
+
+    # ---- top level -------------------------------------------------------------------------
+
+    def start(self, meta: Meta, items: list[ast.Item]) -> list[ast.Item]:
+        return items
+
+    def header(self, meta: Meta, c: list[Token]) -> ast.Header:
+        return ast.Header(self._str(c[0]), self._str(c[1]), self._span(meta))
+
+    def import_(self, meta: Meta, c: list[Token]) -> ast.Import:
+        return ast.Import(self._str(c[0]), self._span(meta))
+
+    def defaults(self, meta: Meta, c: list[Any]) -> ast.Defaults:
+        settings = tuple(x for x in c if isinstance(x, ast.Setting))
+        limits = tuple(x for x in c if isinstance(x, ast.LimitsBlock))
+        return ast.Defaults(settings, limits, self._span(meta))
+
+    def timeout(self, meta: Meta, c: list[Token]) -> ast.Setting:
+        return ast.Setting("timeout", self._value(c[0]), self._span(meta))
+
+    def network(self, meta: Meta, c: list[Token]) -> ast.Setting:
+        return ast.Setting("network", self._value(c[0]), self._span(meta))
+
+    def limits(self, meta: Meta, c: list[ast.Limit]) -> ast.LimitsBlock:
+        return ast.LimitsBlock(tuple(c), self._span(meta))
+
+    def limit(self, meta: Meta, c: list[Token]) -> ast.Limit:
+        return ast.Limit(
+            ast.Word(str(c[0]), self._tspan(c[0])),
+            ast.Quantity(str(c[1]), self._tspan(c[1])),
+            self._span(meta),
+        )
+
+    # ---- rules -----------------------------------------------------------------------------
+
+    def rule(self, meta: Meta, c: list[Any]) -> ast.Rule:
+        return self._rule(meta, c)
+
+    def tool_permit(self, meta: Meta, c: list[Any]) -> ast.Rule:
+        return self._rule(meta, c)
+
+    def _rule(self, meta: Meta, c: list[Any]) -> ast.Rule:
+        effect_tok: Token = c[0]
+        rest = c[1:]
+        mandatory = False
+        name: ast.Str | None = None
+        if rest and isinstance(rest[0], Token) and rest[0].type == "MANDATORY":
+            mandatory = True
+            rest = rest[1:]
+        if rest and isinstance(rest[0], Token) and rest[0].type == "STRING":
+            name = self._str(rest[0])
+            rest = rest[1:]
+        kinds: tuple[ast.Word, ...] = rest[0]
+        effect = "permit" if str(effect_tok) == "permit" else "forbid"
+        return ast.Rule(effect, mandatory, name, kinds, tuple(rest[1:]), self._span(meta))
+
+    def effect(self, meta: Meta, c: list[Token]) -> Token:
+        return c[0]
+
+    def kinds(self, meta: Meta, c: list[Token]) -> tuple[ast.Word, ...]:
+        return tuple(ast.Word(str(t), self._tspan(t)) for t in c)
+
+    def resource(self, meta: Meta, c: list[Any]) -> ast.Resource:
+        return ast.Resource(str(c[0]), c[1], self._span(meta))
+
+    def values(self, meta: Meta, c: list[Token]) -> tuple[ast.Value, ...]:
+        return tuple(self._value(t) for t in c)
+
+    def tool_clause(self, meta: Meta, c: list[Any]) -> ast.ToolClause:
+        args = c[2] if len(c) > 2 else None
+        return ast.ToolClause(self._str(c[1]), args, self._span(meta))
+
+    def args(self, meta: Meta, c: list[ast.ArgSlotNode]) -> tuple[ast.ArgSlotNode, ...]:
+        return tuple(c)
+
+    def slot(self, meta: Meta, c: list[Token]) -> ast.ArgSlotNode:
+        repeat = bool(c) and c[-1].type == "ELLIPSIS"
+        alts: list[ast.ArgAlt] = []
+        for tok in c[:-1] if repeat else c:
+            if tok.type == "REGEX":
+                rx = str(tok)[1:-1].replace("\\/", "/")
+                alts.append(ast.ArgAlt(None, rx, self._tspan(tok)))
+            else:
+                alts.append(ast.ArgAlt(self._unescape(tok), None, self._tspan(tok)))
+        return ast.ArgSlotNode(tuple(alts), repeat, self._span(meta))
+
+    def scalar(self, meta: Meta, c: list[Token]) -> ast.Scalar:
+        return ast.Scalar(str(c[0]), self._value(c[1]), self._span(meta))
+
+    def when(self, meta: Meta, c: list[Token]) -> ast.Cel:
+        return ast.Cel(str(c[0])[1:-1], self._tspan(c[0]))
+
+    def consent(self, meta: Meta, c: list[Token]) -> ast.Consent:
+        cond = ast.Cel(str(c[0])[1:-1], self._tspan(c[0])) if c else None
+        return ast.Consent(cond, self._span(meta))
+
+    # ---- profiles and tools ----------------------------------------------------------------
+
+    def profile(self, meta: Meta, c: list[Any]) -> ast.ProfileDef:
+        settings = tuple(x for x in c[1:] if isinstance(x, ast.Setting | ast.ListSetting))
+        limits = tuple(x for x in c[1:] if isinstance(x, ast.LimitsBlock))
+        return ast.ProfileDef(self._str(c[0]), settings, limits, self._span(meta))
+
+    def fs_mode(self, meta: Meta, c: list[Token]) -> ast.Setting:
+        return ast.Setting("fs", self._value(c[0]), self._span(meta))
+
+    def writable(self, meta: Meta, c: list[Any]) -> ast.ListSetting:
+        return ast.ListSetting("writable", c[0], self._span(meta))
+
+    def tool(self, meta: Meta, c: list[Any]) -> ast.ToolDef:
+        body = c[3:]
+        return ast.ToolDef(
+            self._str(c[1]), self._str(c[2]),
+            tuple(x for x in body if isinstance(x, ast.Rule)),
+            tuple(x for x in body if isinstance(x, ast.Setting | ast.ListSetting)),
+            tuple(x for x in body if isinstance(x, ast.LimitsBlock)),
+            self._span(meta),
+        )
+
+    def description(self, meta: Meta, c: list[Token]) -> ast.Setting:
+        return ast.Setting("description", self._str(c[0]), self._span(meta))
+
+    def side_effects(self, meta: Meta, c: list[Any]) -> ast.ListSetting:
+        return ast.ListSetting("side_effects", c[0], self._span(meta))
+
+    def safety(self, meta: Meta, c: list[Token]) -> ast.Setting:
+        return ast.Setting("safety", self._value(c[0]), self._span(meta))
+
+    def tool_profile(self, meta: Meta, c: list[Token]) -> ast.Setting:
+        return ast.Setting("profile", self._str(c[0]), self._span(meta))
+
+
+def _is_hex(s: str) -> bool:
+    return len(s) == 4 and all(ch in "0123456789abcdefABCDEF" for ch in s)

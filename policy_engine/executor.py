@@ -98,6 +98,11 @@ class ExecContext:
 class Executor(Protocol):
     """An isolating backend. ``execute`` raises ``PolicyEngineError`` with a registry code on a
     refusal or failure; any other exception is mapped to ``TOOL.EXECUTION_FAILED``.
+
+    Optional members the orchestrator looks for (not part of the structural check):
+    ``local: bool`` — runs on the host without extra isolation; the only kind of executor
+    ``fallback_to_local`` may fall back to. ``available() -> bool | str`` — ``True`` when the
+    backend can take calls now, else ``False`` or the reason (``PROVIDER.UNAVAILABLE``).
     """
 
     name: str

@@ -1,0 +1,123 @@
+"""Runs one executor call under a wall deadline and a cancel token, and classifies the outcome."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.executor import CancelToken, ExecContext, Executor
+from policy_engine.model import ExecOp, ExecResult
+
+log = logging.getLogger(__name__)
+
+# How often the waiting thread looks at the caller's cancel token; the executor itself is woken
+# at once through its own token.
+_POLL_S = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What came back from one executor call.
+
+    :param error: set when the call failed; its code is already the registry mapping.
+    :param error_kind: ``sandbox_error_kind`` of the evidence (``timeout``, ``cancelled``,
+        ``exception``, or the error code's family such as ``policy``/``quota``/``provider``).
+    """
+
+    result: ExecResult | None
+    error: PolicyEngineError | None
+    error_kind: str | None
+    timed_out: bool = False
+
+
+def _kind_of(code: ErrorCode) -> str:
+    return {
+        ErrorCode.TIMEOUT: "timeout",
+        ErrorCode.BUDGET_EXCEEDED: "quota",
+        ErrorCode.PROVIDER_UNAVAILABLE: "provider",
+        ErrorCode.EXECUTION_FAILED: "execution",
+        ErrorCode.SCHEMA_VALIDATION_FAILED: "schema",
+        ErrorCode.UNKNOWN_INTERNAL: "internal",
+    }.get(code, "policy")
+
+
+def classify(exc: BaseException, backend: str) -> tuple[PolicyEngineError, str]:
+    """Map an executor exception to a registry error and an error kind.
+
+    A ``PolicyEngineError`` keeps its code. Anything else is ``TOOL.EXECUTION_FAILED`` with a
+    public reason naming only the backend: the exception text can hold paths, hosts or data, so
+    it goes to the audit detail and the log, never to the public message.
+    """
+    if isinstance(exc, PolicyEngineError):
+        return exc, _kind_of(exc.code)
+    err = PolicyEngineError(
+        ErrorCode.EXECUTION_FAILED, f"backend `{backend}` failed",
+        audit={"backend": backend, "exception": type(exc).__name__, "message": str(exc)})
+    return err, "exception"
+
+
+def run_with_deadline(executor: Executor, ctx: ExecContext, op: ExecOp,
+                      cancel: CancelToken | None, *, grace_s: float = 1.0) -> Attempt:
+    """Call ``executor.execute(ctx, op)`` in a worker thread and wait until it returns, the
+    deadline ``ctx.deadline`` passes (``LLM.TIMEOUT``) or ``cancel`` fires.
+
+    Why a thread: the deadline must hold even for an executor that never looks at its token.
+    On timeout or cancellation the executor's token is cancelled and it gets ``grace_s`` to stop
+    and clean up; a thread cannot be killed, so one that ignores its token is left to finish in
+    the background (it is a daemon) while the call is reported as timed out or cancelled.
+
+    Cancellation maps to ``TOOL.EXECUTION_FAILED`` with reason "cancelled": the registry has no
+    cancel code, ``LLM.TIMEOUT`` would tell retry logic and dashboards a deadline fired when none
+    did, and "the call did not complete, retrying may succeed" is what EXECUTION_FAILED means.
+    """
+    box: dict[str, object] = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            box["result"] = executor.execute(ctx, op)
+        except BaseException as exc:  # everything must reach the waiting thread
+            box["exc"] = exc
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=work, name=f"policy-engine-exec-{executor.name}",
+                              daemon=True)
+    thread.start()
+    timed_out = cancelled = False
+    while not done.is_set():
+        remaining = ctx.deadline - time.monotonic()
+        if cancel is not None and cancel.cancelled:
+            cancelled = True
+        elif remaining <= 0:
+            timed_out = True
+        if timed_out or cancelled:
+            ctx.cancel.cancel("timeout" if timed_out else (cancel.reason if cancel else None)
+                              or "cancelled")
+            if not done.wait(grace_s):
+                log.warning("executor `%s` ignored its cancel token for %.1fs", executor.name,
+                            grace_s)
+            break
+        done.wait(min(_POLL_S, remaining) if cancel is not None else remaining)
+    if timed_out:
+        return Attempt(None, PolicyEngineError(
+            ErrorCode.TIMEOUT, "the call exceeded its time limit",
+            audit={"backend": executor.name}), "timeout", timed_out=True)
+    if cancelled:
+        return Attempt(None, PolicyEngineError(
+            ErrorCode.EXECUTION_FAILED, "cancelled",
+            audit={"backend": executor.name, "reason": cancel.reason if cancel else None}),
+            "cancelled")
+    exc = box.get("exc")
+    if isinstance(exc, BaseException):
+        err, kind = classify(exc, executor.name)
+        return Attempt(None, err, kind, timed_out=err.code == ErrorCode.TIMEOUT)
+    result = box.get("result")
+    if not isinstance(result, ExecResult):
+        return Attempt(None, PolicyEngineError(
+            ErrorCode.EXECUTION_FAILED, f"backend `{executor.name}` returned no result",
+            audit={"returned": type(result).__name__}), "exception")
+    return Attempt(result, None, None)

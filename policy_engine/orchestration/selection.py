@@ -1,0 +1,138 @@
+"""Backend selection: which executor serves an op, and whether it can enforce the profile.
+
+Seed 004's refuse-or-degrade rule: a profile that needs a capability the chosen backend lacks is
+refused in strict mode (``SANDBOX.CAPABILITY_BLOCKED``) and run degraded in compat mode, with the
+reason recorded. A backend that is not loaded or reports itself unavailable fails with
+``PROVIDER.UNAVAILABLE`` unless ``fallback_to_local`` lets a local executor serve the op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from policy_engine.config import EngineConfig
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.executor import Executor, ExecutorCapabilities
+from policy_engine.model import CapabilityKind, NetworkMode, OpKind, Profile
+
+# Ops whose executor *is* the network client: the guard's host rules govern them, so the
+# sandbox network mode of the profile does not apply to the executor itself.
+_NETWORK_CLIENT_OPS = frozenset({OpKind.NET_HTTP, OpKind.BROWSER_NAV, OpKind.BROWSER_SCREENSHOT})
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One capability a profile needs from its backend, and why (shown in refusals)."""
+
+    capability: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The executor chosen for one op, or the refusal; ``degraded`` lists compat-mode reasons."""
+
+    executor: Executor | None
+    backend: str | None
+    degraded: tuple[str, ...] = ()
+    error: PolicyEngineError | None = None
+
+
+def _network_ok(caps: ExecutorCapabilities, mode: NetworkMode) -> bool:
+    # A backend that can only be *stricter* than asked (off when restricted is allowed) is no
+    # security loss; one that can only be looser (on when off is required) is.
+    return any(m.rank <= mode.rank for m in caps.network_modes)
+
+
+def required_capabilities(profile: Profile, op_kind: OpKind) -> list[Requirement]:
+    """What ``profile`` needs enforced by whichever backend runs an op of ``op_kind``."""
+    reqs: list[Requirement] = []
+    if op_kind not in _NETWORK_CLIENT_OPS:
+        reqs.append(Requirement(f"network_modes:{profile.network.value}",
+                                f"the profile's network mode is `{profile.network.value}`"))
+    if op_kind == OpKind.PROC_EXEC:
+        writable = any(c.kind == CapabilityKind.FS_WRITE for c in profile.capabilities)
+        reqs.append(Requirement("resource_limits", "the profile limits cpu, memory and pids"))
+        reqs.append(Requirement("env_filtering", "a process gets an allow-listed environment"))
+        reqs.append(Requirement("bind_mounts", "the process may see only the profile's paths"))
+        if not writable:
+            reqs.append(Requirement("readonly_rootfs", "the profile grants no fs.write"))
+    return reqs
+
+
+def missing_capabilities(caps: ExecutorCapabilities, profile: Profile,
+                         op_kind: OpKind) -> list[Requirement]:
+    """The requirements ``caps`` does not meet."""
+    out = []
+    for req in required_capabilities(profile, op_kind):
+        if req.capability.startswith("network_modes:"):
+            ok = _network_ok(caps, profile.network)
+        else:
+            ok = bool(getattr(caps, req.capability))
+        if not ok:
+            out.append(req)
+    return out
+
+
+def _unavailable(executor: Executor) -> str | None:
+    """An executor may expose ``available() -> bool | str`` (a str is the reason it is not)."""
+    probe = getattr(executor, "available", None)
+    if probe is None:
+        return None
+    try:
+        state = probe()
+    except Exception as exc:  # a probe that crashes means the backend is not usable
+        return f"{type(exc).__name__}: {exc}"
+    if state is True:
+        return None
+    return state if isinstance(state, str) and state else "backend reports it is unavailable"
+
+
+def _local_for(executors: Mapping[str, Executor], op_kind: OpKind) -> Executor | None:
+    for ex in executors.values():
+        if getattr(ex, "local", False) is True and op_kind in ex.capabilities.op_kinds \
+                and _unavailable(ex) is None:
+            return ex
+    return None
+
+
+def select(executors: Mapping[str, Executor], config: EngineConfig, profile: Profile,
+           op_kind: OpKind) -> Selection:
+    """Choose the executor for ``op_kind`` (``config.backends`` first, else the first loaded
+    executor serving it) and check it against ``profile``.
+    """
+    wanted = config.backends.get(op_kind)
+    if wanted is not None:
+        chosen = executors.get(wanted)
+        why = None if chosen is not None else f"backend `{wanted}` is not loaded"
+    else:
+        chosen = next((e for e in executors.values() if op_kind in e.capabilities.op_kinds), None)
+        wanted = chosen.name if chosen is not None else None
+        why = None if chosen is not None else f"no loaded backend serves `{op_kind.value}`"
+    if chosen is not None and op_kind not in chosen.capabilities.op_kinds:
+        why = f"backend `{chosen.name}` does not serve `{op_kind.value}`"
+    if chosen is not None and why is None:
+        why = _unavailable(chosen)
+        if why is not None:
+            why = f"backend `{chosen.name}` is unavailable: {why}"
+    degraded: list[str] = []
+    if why is not None:
+        local = _local_for(executors, op_kind) if config.fallback_to_local else None
+        if local is None:
+            return Selection(None, wanted, error=PolicyEngineError(
+                ErrorCode.PROVIDER_UNAVAILABLE, why, audit={"backend": wanted}))
+        degraded.append(f"{why}; fell back to local backend `{local.name}`")
+        chosen = local
+    assert chosen is not None  # narrowed above: either found or replaced by the local one
+    missing = missing_capabilities(chosen.capabilities, profile, op_kind)
+    if missing and config.mode == "strict":
+        names = ", ".join(f"`{m.capability}`" for m in missing)
+        return Selection(None, chosen.name, error=PolicyEngineError(
+            ErrorCode.CAPABILITY_BLOCKED,
+            f"backend `{chosen.name}` lacks {names} required by the profile",
+            audit={"backend": chosen.name, "missing": [m.capability for m in missing],
+                   "why": [m.why for m in missing]}))
+    degraded.extend(f"backend `{chosen.name}` lacks `{m.capability}` ({m.why})"
+                    for m in missing)
+    return Selection(chosen, chosen.name, tuple(degraded))

@@ -1,0 +1,369 @@
+"""The orchestrator: seed 000 §5 — revoked? → profile → guard → begin → budget → execute → end."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, cast
+
+from policy_engine.budget import BudgetMeter, grant_key, limit_of
+from policy_engine.config import EngineConfig
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.evidence import (
+    EMPTY_DIGEST,
+    SpoolingSink,
+    capability_string,
+    digest_json,
+    inputs_digest,
+    request_summary,
+)
+from policy_engine.executor import CancelToken, ExecContext
+from policy_engine.graph.policyset import PolicySet
+from policy_engine.model import (
+    Decision,
+    EvidenceBegin,
+    EvidenceEnd,
+    ExecOp,
+    ExecResult,
+    Grant,
+    Manifest,
+    OpKind,
+    Overrides,
+    Profile,
+    Settings,
+    SideEffectRec,
+    Usage,
+)
+from policy_engine.observe import Metrics, domain_of
+from policy_engine.orchestration.revocation import (
+    MemoryRevocationList,
+    RevocationWatcher,
+    SqliteRevocationList,
+)
+from policy_engine.orchestration.running import Attempt, run_with_deadline
+from policy_engine.orchestration.selection import select
+from policy_engine.plugin_manager import PluginManager
+
+log = logging.getLogger(__name__)
+
+Status = Literal["ok", "denied", "error"]
+_METERED = ("bytes_in", "bytes_out", "cpu_ms", "gpu_ms", "file_count")
+# result.out keys an executor may report that the exec-record table (seed 002 §6) wants
+_PROCESS_FIELDS = ("exit_code", "stdout_truncated", "stderr_truncated", "artifacts_path")
+
+
+class ProfileBuilderLike(Protocol):
+    def build(self, grant: Grant, manifest: Manifest, *, settings: Settings | None = None,
+              overrides: Overrides | None = None) -> Profile: ...
+
+
+class GuardLike(Protocol):
+    def decide(self, profile: Profile, op: Any, *, context: Mapping[str, object] | None = None,
+               now_ms: int | None = None, trace: bool = False) -> Decision: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """The result of one call: the public result, the decision, and the evidence written."""
+
+    result: ExecResult
+    decision: Decision
+    begin: EvidenceBegin
+    end: EvidenceEnd
+    profile: Profile | None = None
+
+    @property
+    def envelope_id(self) -> str:
+        return self.begin.envelope_id
+
+    @property
+    def evidence_ids(self) -> tuple[str, ...]:
+        """Begin and end share the envelope id; sinks key both records by it."""
+        return (self.begin.envelope_id,)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"result": self.result.model_dump(mode="json"),
+                "decision": self.decision.model_dump(mode="json", exclude_none=True),
+                "envelope_id": self.envelope_id,
+                "evidence": self.end.model_dump(mode="json")}
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _default(module: str, attr: str, policyset: PolicySet) -> Any:
+    # imported at first use so the orchestrator depends only on the two-method protocols above
+    return getattr(importlib.import_module(module), attr)(policyset)
+
+
+class Orchestrator:
+    """Runs tool calls end to end and leaves begin/end evidence for every one, allowed or not.
+
+    :param plugins: defaults to every plugin of the entry-point group.
+    :param clock: wall clock in ms since the epoch (injected for deterministic tests).
+    :param profile_builder, guard: default to ``ProfileBuilder``/``Guard`` over ``policyset``.
+    :param revocations: defaults to the list ``config.revocation`` names.
+    :raises ValueError: a configured evidence sink or budget meter is provided by no plugin —
+        running without the evidence or budget the operator asked for is never silent.
+    """
+
+    def __init__(self, policyset: PolicySet, *, config: EngineConfig,
+                 plugins: PluginManager | None = None, clock: Callable[[], int] | None = None,
+                 profile_builder: ProfileBuilderLike | None = None,
+                 guard: GuardLike | None = None, revocations: RevocationWatcher | None = None,
+                 metrics: Metrics | None = None, ids: Callable[[], str] | None = None) -> None:
+        self.policyset = policyset
+        self.config = config
+        self.plugins = plugins if plugins is not None else PluginManager.default()
+        self.metrics = metrics or Metrics()
+        self._clock = clock or _wall_ms
+        self._ids = ids or (lambda: uuid.uuid4().hex)
+        self.builder: ProfileBuilderLike = profile_builder or cast(
+            ProfileBuilderLike, _default("policy_engine.profile", "ProfileBuilder", policyset))
+        self.guard: GuardLike = guard or cast(
+            GuardLike, _default("policy_engine.guard", "Guard", policyset))
+        self.plugins.configure(config)
+        self.components = self.plugins.components(config)
+        missing = [s for s in config.evidence_sinks if s not in self.components.sinks]
+        if missing or self.components.meter is None:
+            self.components.close()
+            what = (f"evidence sink `{missing[0]}`" if missing
+                    else f"budget meter `{config.budget_meter}`")
+            raise ValueError(f"{what} is not provided by any loaded plugin")
+        self.meter: BudgetMeter = self.components.meter
+        spool = config.state_dir / "spool"
+        self.sinks = [SpoolingSink(self.components.sinks[n], spool,
+                                   on_failure=self._count_sink_failure)
+                      for n in config.evidence_sinks]
+        if revocations is None:
+            revocations = (SqliteRevocationList(config.state_dir / "revocations.sqlite")
+                           if config.revocation == "sqlite" else MemoryRevocationList())
+        self.revocations = revocations if config.revocation != "none" else None
+
+    def _count_sink_failure(self, sink: str) -> None:
+        self.metrics.sink_failures_total.labels(sink=sink).inc()
+
+    def close(self) -> None:
+        """Flush spools, close sinks, meter, executors and the revocation list."""
+        for sink in self.sinks:
+            sink.close()  # closes the wrapped sink too
+        self.components.sinks.clear()
+        self.components.close()
+        closer = getattr(self.revocations, "close", None)
+        if callable(closer):
+            closer()
+
+    def __enter__(self) -> Orchestrator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the sequence ---------------------------------------------------------------------------
+
+    def run(self, grant: Grant, manifest: Manifest, op: ExecOp, *,
+            settings: Settings | None = None, overrides: Overrides | None = None,
+            context: Mapping[str, object] | None = None, cancel: CancelToken | None = None,
+            now_ms: int | None = None) -> RunOutcome:
+        """Run ``op`` for ``grant`` under ``manifest``; never raises for a refusal or failure:
+        those come back as ``RunOutcome.result.ok == False`` with a registry code.
+        """
+        started = time.perf_counter()
+        now = now_ms if now_ms is not None else self._clock()
+        envelope = self._ids()
+        kind = OpKind(op.kind)
+        # 1) revocation and expiry: checked before anything is derived from the grant
+        refusal = self._grant_refusal(grant, now)
+        if refusal is not None:
+            return self._refused(envelope, grant, None, op, now, started, refusal)
+        # 2) profile
+        t0 = time.perf_counter()
+        try:
+            profile = self.builder.build(grant, manifest, settings=settings, overrides=overrides)
+        except PolicyEngineError as exc:
+            return self._refused(envelope, grant, None, op, now, started, exc)
+        self.metrics.profile_build_ms.observe((time.perf_counter() - t0) * 1000)
+        # 3) guard
+        t0 = time.perf_counter()
+        decision = self.guard.decide(profile, op, context=context, now_ms=now)
+        self.metrics.guard_validate_ms.observe((time.perf_counter() - t0) * 1000)
+        self.plugins.notify_decision(profile, op, decision)
+        # 4) evidence.begin — before anything can run, and for a denial too
+        begin = self._begin(envelope, grant, profile, op, now)
+        if not decision.allowed:
+            code = ErrorCode(decision.code or ErrorCode.PERMISSION_DENY)
+            err = PolicyEngineError(code, decision.reason or "denied")
+            return self._finish(begin, decision, profile, op, started, err=err, status="denied")
+        # pick the backend before charging the budget: choosing is side-effect free, and a call
+        # the backend refuses must not consume a call of the grant's budget
+        sel = select(self.components.executors, self.config, profile, kind)
+        if sel.error is not None or sel.executor is None:
+            err = sel.error or PolicyEngineError(ErrorCode.UNKNOWN_INTERNAL, "no backend")
+            status: Status = "denied" if err.code == ErrorCode.CAPABILITY_BLOCKED else "error"
+            return self._finish(begin, decision, profile, op, started, err=err, status=status,
+                                backend=sel.backend, error_kind=("capability" if status ==
+                                                                 "denied" else "provider"))
+        # 5) budget: one call
+        key = grant_key(grant)
+        try:
+            self.meter.check_and_consume(key, "calls", 1, profile.budget.calls)
+        except PolicyEngineError as exc:
+            return self._finish(begin, decision, profile, op, started, err=exc,
+                                status="denied", backend=sel.backend, degraded=sel.degraded)
+        # 6) execute, charging streamed usage as it happens
+        charged: dict[str, int] = dict.fromkeys(_METERED, 0)
+
+        def consume(kind_: str, amount: int) -> None:
+            self.meter.check_and_consume(key, kind_, amount, limit_of(profile.budget, kind_))
+            charged[kind_] = charged.get(kind_, 0) + amount
+
+        ctx = ExecContext(profile=profile, deadline=time.monotonic() + profile.timeout_ms / 1000,
+                          degraded=sel.degraded, consume=consume)
+        self.metrics.observe_exec(kind, profile)
+        attempt = run_with_deadline(sel.executor, ctx, op, cancel)
+        attempt = self._reconcile(attempt, key, profile, charged)
+        usage = self._usage(attempt, charged)
+        side_effects = list(ctx.side_effects)
+        return self._finish(begin, decision, profile, op, started, attempt=attempt,
+                            status="ok" if attempt.error is None else "error",
+                            err=attempt.error, backend=sel.backend, degraded=sel.degraded,
+                            usage=usage, side_effects=side_effects)
+
+    # -- steps ------------------------------------------------------------------------------------
+
+    def _grant_refusal(self, grant: Grant, now: int) -> PolicyEngineError | None:
+        if grant.expires_at <= now:
+            return PolicyEngineError(ErrorCode.PERMISSION_DENY, "grant expired",
+                                     audit={"expires_at": grant.expires_at, "now": now})
+        if self.revocations is not None and self.revocations.is_revoked(grant):
+            return PolicyEngineError(ErrorCode.PERMISSION_DENY, "grant revoked",
+                                     audit={"call_id": grant.call_id})
+        return None
+
+    def _begin(self, envelope: str, grant: Grant, profile: Profile | None, op: ExecOp,
+               now: int) -> EvidenceBegin:
+        ev = EvidenceBegin(
+            envelope_id=envelope, tenant=grant.tenant, subject_id=grant.subject_id,
+            tool_name=grant.tool_name, call_id=grant.call_id,
+            profile_hash=profile.profile_hash if profile else "",
+            capability=capability_string(op), inputs_digest=inputs_digest(op),
+            produced_at_ms=now,
+            policy_version_hash=(profile.policy_version_hash if profile
+                                 else self.policyset.version_hash))
+        for sink in self.sinks:
+            sink.begin(ev)
+        return ev
+
+    def _refused(self, envelope: str, grant: Grant, profile: Profile | None, op: ExecOp,
+                 now: int, started: float, err: PolicyEngineError) -> RunOutcome:
+        decision = Decision(decision="deny", code=err.code.value, http_status=err.http_status,
+                            reason=err.reason)
+        begin = self._begin(envelope, grant, profile, op, now)
+        return self._finish(begin, decision, profile, op, started, err=err, status="denied")
+
+    def _reconcile(self, attempt: Attempt, key: str, profile: Profile,
+                   charged: dict[str, int]) -> Attempt:
+        """Charge what the executor reported beyond what it already charged while running.
+        Over budget after the fact: the output is withheld and the call fails with QUOTA.
+        """
+        if attempt.result is None:
+            return attempt
+        result = attempt.result
+        if not result.ok:  # an executor that reports failure instead of raising
+            code = result.code if result.code in ErrorCode._value2member_map_ else None
+            err = PolicyEngineError(ErrorCode(code) if code else ErrorCode.EXECUTION_FAILED,
+                                    result.message or "execution failed")
+            return Attempt(None, err, "execution", err.code == ErrorCode.TIMEOUT)
+        for kind in _METERED:
+            delta = getattr(result.used, kind) - charged[kind]
+            if delta <= 0:
+                continue
+            try:
+                self.meter.check_and_consume(key, kind, delta, limit_of(profile.budget, kind))
+            except PolicyEngineError as exc:
+                return Attempt(None, exc, "quota")
+            charged[kind] += delta
+        return attempt
+
+    @staticmethod
+    def _usage(attempt: Attempt, charged: dict[str, int]) -> Usage:
+        reported = attempt.result.used if attempt.result is not None else Usage()
+        return Usage(calls=1, **{k: max(getattr(reported, k), charged[k]) for k in _METERED})
+
+    def _finish(self, begin: EvidenceBegin, decision: Decision, profile: Profile | None,
+                op: ExecOp, started: float, *, status: Status, err: PolicyEngineError | None = None,
+                attempt: Attempt | None = None, backend: str | None = None,
+                degraded: tuple[str, ...] = (), usage: Usage | None = None,
+                side_effects: list[SideEffectRec] | None = None,
+                error_kind: str | None = None) -> RunOutcome:
+        """Write evidence.end, update metrics and build the public result."""
+        usage = usage or Usage()
+        latency_ms = (time.perf_counter() - started) * 1000
+        ok = status == "ok" and attempt is not None and attempt.result is not None
+        out = attempt.result.out if ok and attempt and attempt.result else {}
+        effects = self._side_effects(op, out, side_effects or [])
+        if err is not None and error_kind is None:
+            error_kind = attempt.error_kind if attempt else _denial_kind(err.code)
+        end = EvidenceEnd(
+            envelope_id=begin.envelope_id, status=status,
+            error_code=err.code.value if err else None,
+            outputs_digest=digest_json(out) if ok else EMPTY_DIGEST,
+            side_effects=tuple(effects), budget_used=usage, finished_at_ms=self._clock(),
+            sandbox_backend=backend, sandbox_profile=_profile_label(profile),
+            sandbox_network_mode=profile.network.value if profile else None,
+            sandbox_latency_ms=round(latency_ms, 3),
+            sandbox_timed_out=bool(attempt and attempt.timed_out), sandbox_success=ok,
+            sandbox_error_kind=error_kind, sandbox_degraded=bool(degraded),
+            sandbox_degrade_reason="; ".join(degraded) or None)
+        for sink in self.sinks:
+            sink.end(end)
+        self._observe(op, status, err, usage, latency_ms)
+        if err is not None:
+            log.info("call %s %s: %s (audit: %s)", begin.envelope_id, status, err.code.value,
+                     err.audit)
+            result = ExecResult(ok=False, code=err.code.value, message=err.public_message(),
+                                used=usage)
+        else:
+            result = ExecResult(ok=True, out=out, used=usage)
+        return RunOutcome(result=result, decision=decision, begin=begin, end=end,
+                          profile=profile)
+
+    @staticmethod
+    def _side_effects(op: ExecOp, out: Mapping[str, Any],
+                      recorded: list[SideEffectRec]) -> list[SideEffectRec]:
+        summary = request_summary(op)
+        if summary is None:
+            return recorded
+        meta = dict(summary.meta)
+        meta.update({k: out[k] for k in _PROCESS_FIELDS if k in out})
+        return [SideEffectRec(kind=summary.kind, meta=meta), *recorded]
+
+    def _observe(self, op: ExecOp, status: Status, err: PolicyEngineError | None, usage: Usage,
+                 latency_ms: float) -> None:
+        m = self.metrics
+        if status == "denied" and err is not None:
+            m.denied_total.labels(code=err.code.value).inc()
+        elif err is not None:
+            m.errors_total.labels(code=err.code.value).inc()
+        m.budget_used_bytes.labels(direction="in").inc(usage.bytes_in)
+        m.budget_used_bytes.labels(direction="out").inc(usage.bytes_out)
+        m.cpu_ms.inc(usage.cpu_ms)
+        m.gpu_ms.inc(usage.gpu_ms)
+        m.latency_ms.labels(domain=domain_of(op.kind)).observe(latency_ms)
+
+
+def _profile_label(profile: Profile | None) -> str | None:
+    if profile is None:
+        return None
+    return profile.name or f"default:{profile.profile_hash[:12]}"
+
+
+def _denial_kind(code: ErrorCode) -> str:
+    return {ErrorCode.BUDGET_EXCEEDED: "quota", ErrorCode.PERMISSION_DENY: "permission",
+            ErrorCode.DENY_TOOL: "policy", ErrorCode.CAPABILITY_BLOCKED: "policy",
+            ErrorCode.SCHEMA_VALIDATION_FAILED: "schema"}.get(code, "internal")

@@ -38,7 +38,8 @@ def compute_version_hash(ctx: CompileContext) -> None:
         "rules": rules,
         "consent": consents,
         "profiles": {n: _profile_doc(p) for n, p in sorted(ctx.profiles.items())},
-        "tools": {n: m.model_dump(mode="json", by_alias=True) for n, m in sorted(ctx.tools.items())},
+        "tools": {n: m.model_dump(mode="json", by_alias=True)
+                  for n, m in sorted(ctx.tools.items())},
         "files": [{"path": u.rel, "sha256": hashlib.sha256(u.file.source.encode()).hexdigest()}
                   for u in ctx.units],
     }

@@ -52,7 +52,7 @@ def builtin_ref(rule_id: str) -> RuleRef:
 
 def mandatory_capabilities() -> dict[CapabilityKind, FsCapability]:
     """One fs capability per denied kind, over the unexpanded secret globs."""
-    return {k: FsCapability(kind=k.value, paths=MANDATORY_DENY_PATHS)  # type: ignore[arg-type]
+    return {k: FsCapability(kind=k.value, paths=MANDATORY_DENY_PATHS)
             for k in MANDATORY_DENY_KINDS}
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from lark import Token, Transformer, v_args
 from lark.tree import Meta
@@ -123,7 +123,8 @@ class ToAst(Transformer[Token, list[ast.Item]]):
             name = self._str(rest[0])
             rest = rest[1:]
         kinds: tuple[ast.Word, ...] = rest[0]
-        effect = "permit" if str(effect_tok) == "permit" else "forbid"
+        effect: Literal["permit", "forbid"] = (
+            "permit" if str(effect_tok) == "permit" else "forbid")
         return ast.Rule(effect, mandatory, name, kinds, tuple(rest[1:]), self._span(meta))
 
     def effect(self, meta: Meta, c: list[Token]) -> Token:

@@ -1,0 +1,202 @@
+"""Load manifests, grants and other JSON/YAML documents with positions for every diagnostic.
+
+Every problem is a :class:`DiagnosticsError` (SBP100 unreadable, SBP105 malformed) naming the
+file, and the line and column where the parser or the key's position gives one; validation
+errors name the field path (``capabilities[0].paths``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from policy_engine.dsl.parser import parse_file, read_source
+from policy_engine.errors import Diagnostic, DiagnosticsError, Span
+from policy_engine.model import Grant, Manifest
+
+Loc = tuple[str | int, ...]
+M = TypeVar("M", bound=BaseModel)
+_YAML_SUFFIXES = (".yaml", ".yml")
+
+
+class PositionLookup:
+    """Where each key (or list item) of a loaded document was written."""
+
+    def __init__(self, file: str, positions: dict[Loc, tuple[int, int]] | None = None) -> None:
+        self.file = file
+        self.positions = positions or {}
+
+    def span(self, loc: Sequence[str | int]) -> Span:
+        """The span of ``loc`` or of its longest known prefix (the file's start if none)."""
+        key = tuple(loc)
+        while key:
+            if key in self.positions:
+                line, col = self.positions[key]
+                return Span(self.file, line, col)
+            key = key[:-1]
+        return Span(self.file, 1, 1)
+
+
+def load_document(path: str | os.PathLike[str]) -> tuple[Any, PositionLookup]:
+    """Parse a JSON or YAML file (by suffix; otherwise JSON if it looks like JSON).
+
+    :raises DiagnosticsError: SBP100 if unreadable, SBP105 with the parser's position if
+        malformed.
+    """
+    shown = os.fspath(path)
+    text = read_source(path, shown)
+    if isinstance(text, Diagnostic):
+        raise DiagnosticsError([text])
+    is_yaml = Path(shown).suffix.lower() in _YAML_SUFFIXES or (
+        Path(shown).suffix.lower() != ".json" and not text.lstrip().startswith(("{", "[")))
+    data = _parse_yaml(text, shown) if is_yaml else _parse_json(text, shown)
+    return data, PositionLookup(shown, _positions(text))
+
+
+def _parse_json(text: str, shown: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DiagnosticsError([Diagnostic.make(
+            "SBP105", f"invalid JSON: {exc.msg[:1].lower()}{exc.msg[1:]}",
+            Span(shown, exc.lineno, exc.colno),
+        )]) from None
+    except RecursionError:
+        raise DiagnosticsError([Diagnostic.make(
+            "SBP105", "invalid JSON: nested too deeply", Span(shown, 1, 1))]) from None
+
+
+def _parse_yaml(text: str, shown: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        span = Span(shown, mark.line + 1, mark.column + 1) if mark else Span(shown, 1, 1)
+        problem = exc.problem or exc.context or "cannot parse"
+        raise DiagnosticsError([Diagnostic.make("SBP105", f"invalid YAML: {problem}", span)]) \
+            from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise DiagnosticsError([Diagnostic.make(
+            "SBP105", f"invalid YAML: {exc}", Span(shown, 1, 1))]) from None
+
+
+def _positions(text: str) -> dict[Loc, tuple[int, int]]:
+    """Key positions from PyYAML's node marks (JSON is close enough to YAML for positions)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError):
+        return {}
+    out: dict[Loc, tuple[int, int]] = {}
+    stack: list[tuple[Loc, yaml.Node]] = [((), root)] if root is not None else []
+    while stack:
+        loc, node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                child = (*loc, str(key.value))
+                out[child] = (key.start_mark.line + 1, key.start_mark.column + 1)
+                stack.append((child, value))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                out[(*loc, i)] = (item.start_mark.line + 1, item.start_mark.column + 1)
+                stack.append(((*loc, i), item))
+    return out
+
+
+def validate_document(model: type[M], data: Any, lookup: PositionLookup, what: str) -> M:
+    """Validate ``data`` as ``model``; every error becomes an SBP105 at the field's position."""
+    if not isinstance(data, dict):
+        raise DiagnosticsError([Diagnostic.make(
+            "SBP105", f"a {what} must be a mapping at the top level", lookup.span(()))])
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        diags = []
+        for err in exc.errors():
+            loc = _data_loc(data, err["loc"])
+            shown = field_path(loc) or "(top level)"
+            diags.append(Diagnostic.make(
+                "SBP105", f"invalid {what} field `{shown}`: {_lower(err['msg'])}",
+                lookup.span(loc),
+                help=f"see the {what} schema (`policy-engine schema {what}`)",
+            ))
+        raise DiagnosticsError(diags) from None
+
+
+def field_path(loc: Sequence[str | int]) -> str:
+    """``("capabilities", 0, "paths")`` → ``capabilities[0].paths``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _data_loc(data: Any, loc: Sequence[str | int]) -> Loc:
+    """Drop the parts of a pydantic ``loc`` that are not in the data (union tags like
+    ``fs.read``), keeping the first missing key (a required field that is absent)."""
+    out: list[str | int] = []
+    node = data
+    for i, part in enumerate(loc):
+        in_dict = isinstance(node, dict) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if in_dict or in_list:
+            out.append(part)
+            node = node[part]
+        elif i == len(loc) - 1 and isinstance(node, dict):
+            out.append(part)
+    return tuple(out)
+
+
+def _lower(msg: str) -> str:
+    return msg[:1].lower() + msg[1:]
+
+
+def load_grant(path: str | os.PathLike[str]) -> Grant:
+    """A Grant from JSON or YAML; :class:`DiagnosticsError` (SBP100/SBP105) if unusable."""
+    data, lookup = load_document(path)
+    return validate_document(Grant, data, lookup, "grant")
+
+
+def load_manifest(path: str | os.PathLike[str], *, home: str | None = None) -> Manifest:
+    """A tool Manifest from JSON, YAML, or the single `tool` block of a `.sbpolicy` file.
+
+    :param home: what ``~`` expands to in the paths of a `.sbpolicy` tool block.
+    """
+    shown = os.fspath(path)
+    if Path(shown).suffix.lower() != ".sbpolicy":
+        data, lookup = load_document(path)
+        return validate_document(Manifest, data, lookup, "manifest")
+    return _manifest_from_policy(shown, home if home is not None else os.path.expanduser("~"))
+
+
+def _manifest_from_policy(shown: str, home: str) -> Manifest:
+    # Deferred import: the compiler depends on this package, not the other way round; only
+    # this entry point needs the compiler's block checker.
+    from policy_engine.compiler.blocks import build_manifest
+    from policy_engine.dsl import ast
+    from policy_engine.patterns import expand_home
+
+    pf, diags = parse_file(shown)
+    if pf is None or diags:
+        raise DiagnosticsError(diags)
+    tools = [i for i in pf.items if isinstance(i, ast.ToolDef)]
+    if len(tools) != 1:
+        found = ", ".join(f"`{t.name.value}`" for t in tools) or "none"
+        raise DiagnosticsError([Diagnostic.make(
+            "SBP105", f"expected exactly one `tool` block, found {found}", Span(shown, 1, 1),
+            help="put each tool manifest in its own file",
+        )])
+    manifest = build_manifest(tools[0], diags)
+    if manifest is None or diags:
+        raise DiagnosticsError(diags)
+    perms = tuple(
+        p.model_copy(update={"paths": tuple(expand_home(x, home) for x in p.paths)})
+        if hasattr(p, "paths") else p
+        for p in manifest.permissions
+    )
+    return manifest.model_copy(update={"permissions": perms})

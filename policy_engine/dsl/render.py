@@ -1,0 +1,82 @@
+"""Render a Diagnostic as text: `file:line:col: SBPnnn message`, the source line, a caret, help."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from policy_engine.errors import Diagnostic, Severity
+
+_RESET = "\x1b[0m"
+_BOLD = "\x1b[1m"
+_COLORS = {Severity.ERROR: "\x1b[31m", Severity.WARNING: "\x1b[33m", Severity.NOTE: "\x1b[36m"}
+_CYAN = "\x1b[36m"
+_MAX_CARETS = 80
+
+
+def render_diagnostic(d: Diagnostic, *, color: bool = False, source: str | None = None) -> str:
+    """The diagnostic as lines of text (no trailing newline).
+
+    :param color: wrap the ID, the caret and ``help:`` in ANSI colours.
+    :param source: the text of ``d.span.file`` if the caller has it; otherwise the file is read
+        (and silently not shown if it cannot be).
+    """
+    def paint(text: str, code: str) -> str:
+        return f"{code}{text}{_RESET}" if color else text
+
+    sev_color = _COLORS.get(d.severity, "")
+    where = ""
+    if d.span is not None:
+        where = f"{d.span.file}:{d.span.line}:{d.span.column}: " if d.span.line > 0 \
+            else f"{d.span.file}: "
+    lines = [f"{paint(where, _BOLD) if where else ''}{paint(d.id, _BOLD + sev_color)} {d.message}"]
+    snippet = _snippet(d, source)
+    if snippet is not None:
+        text, caret = snippet
+        lines.append(text)
+        lines.append(paint(caret, sev_color))
+    if d.help:
+        lines.append(f"  {paint('help:', _CYAN)} {d.help}")
+    lines.extend(f"  note: {n}" for n in d.notes)
+    return "\n".join(lines)
+
+
+def render_diagnostics(diags: list[Diagnostic], *, color: bool = False) -> str:
+    """Several diagnostics separated by blank lines."""
+    return "\n\n".join(render_diagnostic(d, color=color) for d in diags)
+
+
+def _snippet(d: Diagnostic, source: str | None) -> tuple[str, str] | None:
+    span = d.span
+    if span is None or span.line < 1:
+        return None
+    text = source if source is not None else _read(span.file)
+    if text is None:
+        return None
+    all_lines = text.split("\n")
+    if span.line > len(all_lines):
+        return None
+    line = all_lines[span.line - 1].rstrip("\r")
+    col = max(1, min(span.column, len(line) + 1))
+    width = 1
+    if span.end_line == span.line and span.end_column is not None and span.end_column > col:
+        width = min(span.end_column - col, _MAX_CARETS)
+    # keep tabs so the caret lines up under the same character in any terminal
+    pad = "".join("\t" if ch == "\t" else " " for ch in line[:col - 1])
+    return line, pad + "^" * width
+
+
+@lru_cache(maxsize=64)
+def _read_cached(path: str, mtime_ns: int) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _read(path: str) -> str | None:
+    try:
+        mtime = Path(path).stat().st_mtime_ns
+    except OSError:
+        return None
+    return _read_cached(path, mtime)

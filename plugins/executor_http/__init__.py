@@ -1,0 +1,9 @@
+"""The ``net.http`` executor plugin: httpx with pinned DNS and per-hop checks."""
+
+from plugins.executor_http.executor import HttpExecutor, clean_request_headers, redacted_url
+from plugins.executor_http.resolve import PinnedTarget, Resolver, Vetted, pin, system_resolver, vet
+
+__all__ = [
+    "HttpExecutor", "PinnedTarget", "Resolver", "Vetted", "clean_request_headers", "pin",
+    "redacted_url", "system_resolver", "vet",
+]

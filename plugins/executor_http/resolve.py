@@ -1,0 +1,139 @@
+"""Vetting and pinned resolution: the guard decides, a host is resolved once, every address is
+vetted, and the vetted addresses are the ones dialed.
+
+Shared by the ``net.http`` executor and the restricted-mode proxy (``plugins.netproxy``) so both
+refuse the same addresses for the same reasons.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.guard.guard import Guard
+from policy_engine.guard.ipaddr import classify, is_address_allowed
+from policy_engine.guard.matchers import NetMatcher
+from policy_engine.guard.urls import ParsedUrl, parse_url
+from policy_engine.model import Decision, NetHttpOp, Profile
+from policy_engine.patterns.hosts import HostPattern
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+Resolver = Callable[[str, int], Sequence[IPAddress]]
+"""``(host, port) -> addresses`` in the order they should be tried; raises ``OSError``."""
+
+
+def system_resolver(host: str, port: int) -> list[IPAddress]:
+    """Resolve ``host`` with ``socket.getaddrinfo`` (TCP), keeping the first-seen order."""
+    seen: list[IPAddress] = []
+    for _family, _type, _proto, _canon, sockaddr in socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    ):
+        ip = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        if ip not in seen:
+            seen.append(ip)
+    return seen
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedTarget:
+    """A vetted destination: the canonical host the URL names and the addresses to dial."""
+
+    host: str
+    port: int
+    addresses: tuple[IPAddress, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Vetted:
+    """A request the guard allowed, with what the allowing capability says about it.
+
+    :param hosts: the capability's host patterns: what may name a private address explicitly.
+    :param mime: one MIME allow-list per capability member (empty = unconstrained), plus the
+        profile's summary list when it has one; a response must satisfy all of them.
+    """
+
+    url: ParsedUrl
+    method: str
+    decision: Decision
+    hosts: tuple[HostPattern, ...]
+    max_bytes_in: int | None
+    max_bytes_out: int | None
+    max_depth: int | None
+    timeout_ms: int | None
+    mime: tuple[tuple[str, ...], ...]
+
+
+def vet(guard: Guard, profile: Profile, op: NetHttpOp) -> Vetted:
+    """Decide ``op`` with the guard and pick the capability that allowed it.
+
+    :raises PolicyEngineError: the decision's code when the guard denies.
+    """
+    decision = guard.decide(profile, op)
+    url = parse_url(op.url)
+    if not decision.allowed:
+        code = ErrorCode(decision.code) if decision.code in _CODES else ErrorCode.CAPABILITY_BLOCKED
+        raise PolicyEngineError(code, decision.reason or "refused by policy",
+                                audit={"rule": decision.rule.id if decision.rule else None})
+    method = op.method.upper()
+    chosen = next((c for c in guard.compiled(profile).caps.get("net.http", ())
+                   if c.rule == decision.rule and c.admits((url, method))), None)
+    summary = (profile.allow.mime_allow,) if profile.allow.mime_allow else ()
+    if chosen is None:  # INVARIANT: the guard allowed through one of these; fail closed if not
+        limits = profile.limits
+        return Vetted(url, method, decision, (), limits.max_bytes_in, limits.max_bytes_out,
+                      limits.max_depth, min(profile.timeout_ms, limits.timeout_ms or 10**9),
+                      summary)
+    lim = chosen.limits
+    mime = tuple(m.mime for m in chosen.members if isinstance(m, NetMatcher)) + summary
+    return Vetted(url, method, decision, chosen.hosts, lim.max_bytes_in, lim.max_bytes_out,
+                  lim.max_depth, lim.timeout_ms, mime)
+
+
+_CODES = frozenset(c.value for c in ErrorCode)
+
+
+def pin(host: str, port: int, ip: IPAddress | None, patterns: Sequence[HostPattern],
+        resolver: Resolver) -> PinnedTarget:
+    """Resolve ``host`` once (unless ``ip`` is its literal) and vet every address.
+
+    Every address must be admitted: a name with one public and one private address is refused,
+    because which one a later connection would pick is not ours to guess.
+
+    :param patterns: the allowing capability's host patterns (see ``Vetted.hosts``).
+    :raises PolicyEngineError: ``PROVIDER.UNAVAILABLE`` when the name does not resolve,
+        ``SANDBOX.CAPABILITY_BLOCKED`` when an address is refused.
+    """
+    if ip is not None:
+        addresses: Sequence[IPAddress] = (ip,)
+    else:
+        try:
+            addresses = resolver(host, port)
+        except (OSError, UnicodeError) as exc:
+            raise PolicyEngineError(
+                ErrorCode.PROVIDER_UNAVAILABLE, f"host `{host}` does not resolve",
+                audit={"host": host, "error": type(exc).__name__},
+            ) from exc
+        if not addresses:
+            raise PolicyEngineError(
+                ErrorCode.PROVIDER_UNAVAILABLE, f"host `{host}` has no address",
+                audit={"host": host},
+            )
+    refused = [a for a in addresses if not is_address_allowed(host, a, patterns)]
+    if refused:
+        first = refused[0]
+        raise PolicyEngineError(
+            ErrorCode.CAPABILITY_BLOCKED,
+            f"host `{host}` resolves to a {classify(first)} address `{first}` no rule names",
+            audit={"host": host, "addresses": [str(a) for a in addresses],
+                   "refused": [str(a) for a in refused]},
+        )
+    return PinnedTarget(host=host, port=port, addresses=tuple(addresses))
+
+
+def addresses_text(addresses: Iterable[IPAddress]) -> list[str]:
+    """The addresses as strings, for evidence."""
+    return [str(a) for a in addresses]

@@ -1,0 +1,276 @@
+"""A Profile compiled once for the guard: per-kind tuples of matchers, forbid prefilters, limits.
+
+Compiling moves every pydantic access, glob compilation and condition lookup off the hot path;
+the guard caches the result by ``profile_hash`` (see ``policy_engine.guard.guard``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from policy_engine.errors import PolicyEngineError
+from policy_engine.graph import CompiledCondition, PolicySet
+from policy_engine.guard.matchers import (
+    FsMatcher,
+    KindMatcher,
+    Matcher,
+    compile_matcher,
+    host_patterns,
+    path_regex,
+)
+from policy_engine.guard.paths import normalize_path
+from policy_engine.model import (
+    Decision,
+    FsCapability,
+    Limits,
+    NetHttpCapability,
+    ProcCapability,
+    Profile,
+    RuleRef,
+)
+from policy_engine.patterns import HostPattern
+
+FS_KINDS = ("fs.read", "fs.write", "fs.list")
+
+
+class MissingCondition:
+    """Stands in for a condition the guard cannot evaluate: it always errors, so never allows."""
+
+    __slots__ = ("source",)
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def evaluate(self, context: Mapping[str, object]) -> tuple[bool, str | None]:
+        return False, "the condition is not compiled (no policy set holds it)"
+
+
+Condition = CompiledCondition | MissingCondition
+
+
+@dataclass(frozen=True, slots=True)
+class EffLimits:
+    """The limits a decision checks: the capability's own, met with the profile's (minimum)."""
+
+    max_bytes_in: int | None
+    max_bytes_out: int | None
+    max_depth: int | None
+    max_files: int | None
+    timeout_ms: int | None
+    max_screenshot_width: int | None
+    max_screenshot_height: int | None
+    tmp_max_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledCap:
+    """One profile capability: all members must admit (``all_of``); ``admit`` is the fast test."""
+
+    kind: str
+    members: tuple[Matcher, ...]
+    admit_path: Any  # fs with one member: the bound ``regex.match``; else None
+    rule: RuleRef | None
+    condition: Condition | None
+    limits: EffLimits
+    hosts: tuple[HostPattern, ...]
+    allow: Decision  # prebuilt: an allow without trace is the same immutable answer every time
+
+    def admits(self, res: object) -> bool:
+        return all(m.admits(res) for m in self.members)
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledDeny:
+    matcher: Matcher
+    rule: RuleRef | None
+    condition: Condition | None
+    mandatory: bool
+    label: str  # what the public reason calls it when there is no rule id
+
+
+@dataclass(frozen=True, slots=True)
+class ForbidSet:
+    """The forbids of one kind; for fs, ``prefilter`` is one alternation of all their globs so
+    a miss costs one regex match and only a hit scans the forbids in order."""
+
+    prefilter: re.Pattern[str] | None
+    denies: tuple[CompiledDeny, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledProfile:
+    profile: Profile  # INVARIANT: kept alive so an id()-keyed cache entry cannot be reused
+    profile_hash: str
+    expires_at: int
+    network_off: bool
+    consent_required: bool
+    consent_window: tuple[int, int] | None
+    root_fs: str
+    tmp_dir: str
+    caps: Mapping[str, tuple[CompiledCap, ...]]
+    forbids: Mapping[str, ForbidSet]
+    granted: Mapping[str, tuple[Matcher, ...]]
+    declared: Mapping[str, tuple[Matcher, ...]]
+    profile_ctx: Mapping[str, object]
+
+
+def _min(*values: int | None) -> int | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _limits(own: Limits | None, prof: Limits, timeout: int, tmp_max: int | None) -> EffLimits:
+    o = own or Limits()
+    return EffLimits(
+        max_bytes_in=_min(o.max_bytes_in, prof.max_bytes_in),
+        max_bytes_out=_min(o.max_bytes_out, prof.max_bytes_out),
+        max_depth=_min(o.max_depth, prof.max_depth),
+        max_files=_min(o.max_files, prof.max_files),
+        timeout_ms=_min(o.timeout_ms, prof.timeout_ms, timeout),
+        max_screenshot_width=_min(o.max_screenshot_width, prof.max_screenshot_width),
+        max_screenshot_height=_min(o.max_screenshot_height, prof.max_screenshot_height),
+        tmp_max_bytes=tmp_max,
+    )
+
+
+class ConditionIndex:
+    """Finds the compiled condition of a profile rule: by CEL source first, then by rule id."""
+
+    def __init__(self, policyset: PolicySet | None) -> None:
+        self.by_source: dict[str, CompiledCondition] = {}
+        self.by_id: dict[str, CompiledCondition] = {}
+        if policyset is not None:
+            for rule in policyset.rules:
+                if rule.condition is not None:
+                    self.by_source.setdefault(rule.condition.source, rule.condition)
+                    self.by_id.setdefault(rule.id, rule.condition)
+                    self.by_id.setdefault(rule.ref.id, rule.condition)
+
+    def find(self, source: str | None, rule: RuleRef | None) -> Condition | None:
+        if source is None:
+            return None
+        found = self.by_source.get(source)
+        if found is None and rule is not None:
+            cand = self.by_id.get(rule.id)
+            if cand is not None and cand.source.strip() == source.strip():
+                found = cand
+        return found if found is not None else MissingCondition(source)
+
+
+def compile_profile(profile: Profile, conditions: ConditionIndex, *,
+                    builtin_consent: bool = False) -> CompiledProfile:
+    """Compile ``profile``; a pure function of the profile and the policy set.
+
+    :param builtin_consent: the policy set holds the built-in consent rule (seed 000 §6: High
+        safety, or Write/Process side effects), applied on top of ``consent_required``.
+    """
+    home = profile.mappings.home
+    phash = profile.profile_hash
+    caps: dict[str, list[CompiledCap]] = {}
+    for pc in profile.capabilities:
+        kind = str(pc.kind)
+        members = tuple(compile_matcher(c, kind, home) for c in pc.all_of)
+        tmp_max = _min(*(m.max_bytes for m in members if isinstance(m, KindMatcher)))
+        fast = members[0].admits_path if len(members) == 1 and isinstance(
+            members[0], FsMatcher) else None
+        caps.setdefault(kind, []).append(CompiledCap(
+            kind=kind, members=members, admit_path=fast, rule=pc.rule,
+            condition=conditions.find(pc.condition, pc.rule),
+            limits=_limits(pc.limits, profile.limits, profile.timeout_ms, tmp_max),
+            hosts=host_patterns(members),
+            allow=Decision.model_construct(
+                decision="allow", code=None, http_status=200, reason="", rule=pc.rule,
+                profile_hash=phash, trace=None),
+        ))
+    return CompiledProfile(
+        profile=profile, profile_hash=phash, expires_at=profile.expires_at,
+        network_off=str(profile.network) == "off",
+        consent_required=profile.consent_required or (builtin_consent and (
+            str(profile.safety) == "High"
+            or any(str(s) in ("Write", "Process") for s in profile.side_effects))),
+        consent_window=(profile.consent.granted_at, profile.consent.expires_at)
+        if profile.consent is not None else None,
+        root_fs=_root(profile.mappings.root_fs),
+        tmp_dir=_root(profile.mappings.tmp_dir),
+        caps={k: tuple(v) for k, v in caps.items()},
+        forbids=_forbids(profile, conditions),
+        granted=_by_kind(profile.granted, home),
+        declared=_by_kind(profile.declared, home),
+        profile_ctx={
+            "name": profile.name or "", "safety": str(profile.safety),
+            "side_effects": [str(s) for s in profile.side_effects],
+            "network": str(profile.network), "tool_name": profile.tool_name,
+            "tenant": profile.tenant, "subject_id": profile.subject_id,
+        },
+    )
+
+
+def _root(path: str) -> str:
+    """A mapping root, normalized; a malformed one becomes a root nothing is beneath."""
+    try:
+        return normalize_path(path)
+    except PolicyEngineError:
+        return "/\x00invalid-root"
+
+
+def _by_kind(capabilities: tuple[Any, ...], home: str) -> dict[str, tuple[Matcher, ...]]:
+    out: dict[str, list[Matcher]] = {}
+    for cap in capabilities:
+        out.setdefault(cap.kind, []).append(compile_matcher(cap, cap.kind, home))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _forbids(profile: Profile, conditions: ConditionIndex) -> dict[str, ForbidSet]:
+    home = profile.mappings.home
+    denies: dict[str, list[CompiledDeny]] = {}
+    fs_globs: dict[str, list[str]] = {}
+    # mandatory first, then policy order: the first matching forbid names the rule
+    ordered = sorted(profile.denies, key=lambda d: not d.mandatory)
+    for d in ordered:
+        for kind_enum in d.kinds:
+            kind = str(kind_enum)
+            cap = d.capability
+            if kind.startswith("fs.") and isinstance(cap, FsCapability):
+                fs_globs.setdefault(kind, []).extend(cap.paths)
+            denies.setdefault(kind, []).append(CompiledDeny(
+                compile_matcher(cap, kind, home, forbid=True), d.rule,
+                conditions.find(d.condition, d.rule), d.mandatory, d.rule.id))
+    # the derived deny-lists: no rule of their own, checked after the rules
+    dl = profile.deny
+    if dl.paths:
+        for kind in FS_KINDS:
+            fs_globs.setdefault(kind, []).extend(dl.paths)
+            denies.setdefault(kind, []).append(CompiledDeny(
+                compile_matcher(FsCapability(kind=kind, paths=dl.paths), kind, home, forbid=True),
+                None, None, True, "deny-list"))
+    if dl.domains:
+        for kind in ("net.http", "browser.use"):
+            cap_n = NetHttpCapability(hosts=dl.domains)
+            m = compile_matcher(cap_n, "net.http", home, forbid=True)
+            denies.setdefault(kind, []).append(CompiledDeny(
+                _AnyUrl(host_patterns([m])), None, None, True, "deny-list"))
+    for tool in dl.tools:
+        denies.setdefault("proc.exec", []).append(CompiledDeny(
+            compile_matcher(ProcCapability(tool=tool), "proc.exec", home, forbid=True),
+            None, None, True, "deny-list"))
+    out: dict[str, ForbidSet] = {}
+    for kind, lst in denies.items():
+        pre = path_regex(fs_globs[kind], home, forbid=True) if kind in fs_globs else None
+        out[kind] = ForbidSet(pre, tuple(lst))
+    return out
+
+
+class _AnyUrl:
+    """A deny-list domain: blocks the host for any method, scheme, port or browser scope."""
+
+    __slots__ = ("hosts",)
+
+    def __init__(self, hosts: tuple[HostPattern, ...]) -> None:
+        self.hosts = hosts
+
+    def admits(self, res: Any) -> bool:
+        url = res[0]
+        return url is not None and any(h.matches(url.host, url.ip) for h in self.hosts)

@@ -1,0 +1,192 @@
+"""Resource matchers: one capability compiled to a predicate on a resolved resource.
+
+Resources per kind: fs — the resolved path (``str``); net.http — ``(ParsedUrl, METHOD)``;
+browser.use — ``(ParsedUrl | None, scopes needed)``; proc.exec — ``(tool, args)``; tmp.use and
+sys.gpu — the size or class (the kind alone matches; sizes are limits).
+
+A permit and a forbid read empty fields differently: in a permit, empty ports mean the scheme's
+default port, empty schemes ``https`` and empty methods ``GET``/``HEAD``; in a forbid, an empty
+field constrains nothing, so the forbid covers more (deny-overrides must never shrink). A
+pattern that does not compile admits nothing in a permit and everything in a forbid.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from policy_engine.guard.urls import DEFAULT_PORTS, ParsedUrl
+from policy_engine.model import (
+    BrowserCapability,
+    Capability,
+    FsCapability,
+    NetHttpCapability,
+    ProcCapability,
+    TmpCapability,
+)
+from policy_engine.patterns import HostPattern, compile_slots, first_mismatch
+from policy_engine.patterns.argv import CompiledSlot
+from policy_engine.patterns.paths import expand_home, glob_regex, validate_glob
+
+_ANY = re.compile(r"^.*$", re.DOTALL)
+_NOTHING = re.compile(r"(?!)")
+
+
+class Matcher(Protocol):
+    def admits(self, res: Any) -> bool: ...
+
+
+def path_regex(patterns: Iterable[str], home: str, *, forbid: bool) -> re.Pattern[str]:
+    """One anchored alternation of all ``patterns`` (``~`` expanded with ``home``)."""
+    bodies: list[str] = []
+    for pat in patterns:
+        if validate_glob(pat) is not None:
+            if forbid:
+                return _ANY
+            continue
+        bodies.append(glob_regex(expand_home(pat, home)).pattern[1:-1])
+    if not bodies:
+        return _NOTHING
+    return re.compile("^(?:" + "|".join(bodies) + ")$", re.DOTALL)
+
+
+class FsMatcher:
+    __slots__ = ("regex", "admits_path")
+
+    def __init__(self, cap: FsCapability, home: str, *, forbid: bool) -> None:
+        self.regex = path_regex(cap.paths, home, forbid=forbid)
+        self.admits_path = self.regex.match
+
+    def admits(self, res: Any) -> bool:
+        return self.regex.match(res) is not None
+
+
+def _hosts(patterns: Iterable[str], *, forbid: bool) -> tuple[HostPattern, ...]:
+    out: list[HostPattern] = []
+    for pat in patterns:
+        try:
+            out.append(HostPattern.of(pat))
+        except ValueError:
+            if forbid:
+                return (HostPattern.of("*"),)
+    return tuple(out)
+
+
+class _UrlMatcher:
+    __slots__ = ("hosts", "schemes", "ports")
+
+    def __init__(self, hosts: Iterable[str], schemes: Iterable[str], ports: Iterable[int], *,
+                 forbid: bool) -> None:
+        self.hosts = _hosts(hosts, forbid=forbid)
+        s = frozenset(x.lower() for x in schemes)
+        self.schemes: frozenset[str] | None = s or (None if forbid else frozenset({"https"}))
+        p = frozenset(ports)
+        # None = any port (forbid); empty = only the scheme's default port (permit)
+        self.ports: frozenset[int] | None = p or (None if forbid else frozenset())
+
+    def admits_url(self, url: ParsedUrl) -> bool:
+        if self.schemes is not None and url.scheme not in self.schemes:
+            return False
+        if self.ports is not None:
+            if self.ports:
+                if url.port not in self.ports:
+                    return False
+            elif url.port != DEFAULT_PORTS.get(url.scheme):
+                return False
+        host, ip = url.host, url.ip
+        return any(h.matches(host, ip) for h in self.hosts)
+
+
+class NetMatcher(_UrlMatcher):
+    __slots__ = ("methods", "mime")
+
+    def __init__(self, cap: NetHttpCapability, *, forbid: bool) -> None:
+        super().__init__(cap.hosts, cap.schemes, cap.ports, forbid=forbid)
+        m = frozenset(x.upper() for x in cap.methods)
+        self.methods: frozenset[str] | None = m or (None if forbid else frozenset({"GET", "HEAD"}))
+        self.mime = cap.mime
+
+    def admits(self, res: Any) -> bool:
+        url, method = res
+        if self.methods is not None and method not in self.methods:
+            return False
+        return self.admits_url(url)
+
+
+class BrowserMatcher(_UrlMatcher):
+    __slots__ = ("scopes", "forbid")
+
+    def __init__(self, cap: BrowserCapability, *, forbid: bool) -> None:
+        super().__init__(cap.hosts, cap.schemes, cap.ports, forbid=forbid)
+        self.scopes = frozenset(str(s) for s in cap.scopes)
+        self.forbid = forbid
+
+    def admits(self, res: Any) -> bool:
+        url, needed = res
+        if not self.forbid and not needed <= self.scopes:
+            return False
+        if url is None:  # a screenshot of the page already open: its navigation was checked
+            return True
+        return self.admits_url(url)
+
+
+class ProcMatcher:
+    __slots__ = ("tool", "slots")
+
+    def __init__(self, cap: ProcCapability) -> None:
+        self.tool = cap.tool
+        self.slots: tuple[CompiledSlot, ...] | None = None
+        if cap.args is not None:
+            self.slots = compile_slots(cap.args)
+
+    def admits(self, res: Any) -> bool:
+        tool, args = res
+        if tool != self.tool:
+            return False
+        return self.slots is None or first_mismatch(self.slots, args) is None
+
+
+class KindMatcher:
+    """tmp.use and sys.gpu: the kind alone matches; :attr:`max_bytes` is checked as a limit."""
+
+    __slots__ = ("max_bytes",)
+
+    def __init__(self, cap: Capability) -> None:
+        self.max_bytes = cap.max_bytes if isinstance(cap, TmpCapability) else None
+
+    def admits(self, res: Any) -> bool:
+        return True
+
+
+class NeverMatcher:
+    """A capability of another domain listed under this kind: it admits nothing."""
+
+    __slots__ = ()
+
+    def admits(self, res: Any) -> bool:
+        return False
+
+
+def compile_matcher(cap: Capability, kind: str, home: str, *, forbid: bool = False) -> Matcher:
+    """Compile one capability for use under ``kind`` (a capability-kind string)."""
+    if isinstance(cap, FsCapability) and kind.startswith("fs."):
+        return FsMatcher(cap, home, forbid=forbid)
+    if isinstance(cap, NetHttpCapability) and kind == "net.http":
+        return NetMatcher(cap, forbid=forbid)
+    if isinstance(cap, BrowserCapability) and kind == "browser.use":
+        return BrowserMatcher(cap, forbid=forbid)
+    if isinstance(cap, ProcCapability) and kind == "proc.exec":
+        return ProcMatcher(cap)
+    if cap.kind == kind and kind in ("tmp.use", "sys.gpu"):
+        return KindMatcher(cap)
+    return NeverMatcher()
+
+
+def host_patterns(matchers: Iterable[Matcher]) -> tuple[HostPattern, ...]:
+    """All host patterns of URL matchers (what may name a private address explicitly)."""
+    out: list[HostPattern] = []
+    for m in matchers:
+        if isinstance(m, _UrlMatcher):
+            out.extend(m.hosts)
+    return tuple(out)

@@ -1,0 +1,148 @@
+"""File paths on resolved values: lexical normalization and symlink resolution beneath a root.
+
+The guard and the fs executors share these so a path is judged exactly as it will be opened.
+Normalization is purely lexical and refuses what could be read two ways (NUL, ``..``, relative
+paths); :func:`resolve_beneath` then follows symlinks one component at a time with ``lstat`` and
+``readlink`` and refuses any link whose target leaves the root. The executor still opens with
+no-follow semantics: a check here cannot stop a link swapped in after it (TOCTOU).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from policy_engine.errors import ErrorCode, PolicyEngineError
+
+MAX_SYMLINKS = 40
+"""Same bound as Linux ``ELOOP``: a longer chain is refused rather than followed."""
+
+
+def _blocked(reason: str, path: str) -> PolicyEngineError:
+    return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, reason, audit={"path": path})
+
+
+def quote(value: str, limit: int = 200) -> str:
+    """User input for a public reason: in backticks, without backticks or control characters."""
+    clean = "".join(c if c.isprintable() and c != "`" else "?" for c in value[:limit])
+    return f"`{clean}{'…' if len(value) > limit else ''}`"
+
+
+def normalize_path(path: str) -> str:
+    """Return the absolute, normalized form of ``path``.
+
+    ``//`` and ``.`` segments collapse and a trailing ``/`` is dropped. NUL bytes, ``..``
+    segments and relative paths are refused (``SANDBOX.CAPABILITY_BLOCKED``, "path traversal"):
+    resolving them lexically could disagree with what the kernel opens through a symlink.
+    """
+    if not isinstance(path, str):
+        raise _blocked("path traversal: path is not a string", repr(path))
+    if "\x00" in path:
+        raise _blocked("path traversal: path contains a NUL byte", path)
+    if not path.startswith("/"):
+        raise _blocked(f"path traversal: relative path {quote(path)} is not accepted", path)
+    # INVARIANT: the fast path returns only strings with no empty, `.` or `..` segment.
+    if "/." not in path and "//" not in path and (len(path) == 1 or not path.endswith("/")):
+        return path
+    out: list[str] = []
+    for seg in path.split("/"):
+        if seg == "..":
+            raise _blocked(f"path traversal: {quote(path)} contains a `..` segment", path)
+        if seg and seg != ".":
+            out.append(seg)
+    return "/" + "/".join(out)
+
+
+def is_beneath(root: str, path: str) -> bool:
+    """Whether normalized ``path`` is ``root`` or inside it, on a segment boundary."""
+    if root == "/":
+        return True
+    return path == root or (path.startswith(root) and path[len(root)] == "/")
+
+
+def resolve_beneath(root: str, path: str) -> str:
+    """Resolve every symlink in ``path`` without leaving ``root``; return the resolved path.
+
+    ``root`` itself is trusted (the operator configured it); only what lies beneath it is
+    walked. Components that do not exist end the walk: nothing below them can be a link yet.
+
+    :raises PolicyEngineError: ``CAPABILITY_BLOCKED`` when ``path`` is outside ``root``, a link
+        target leaves ``root``, or the chain is longer than :data:`MAX_SYMLINKS`.
+    """
+    return resolve_normalized(normalize_path(root), normalize_path(path))
+
+
+def resolve_normalized(root: str, path: str) -> str:
+    """:func:`resolve_beneath` for a root and path already through :func:`normalize_path`."""
+    if not is_beneath(root, path):
+        raise _blocked(f"path {quote(path)} is outside the root {quote(root)}", path)
+    base = "" if root == "/" else root
+    # Fast loop while no symlink has been seen: the path itself is the answer so far, and
+    # the walk costs one lstat per existing component below the root.
+    i, n = len(base), len(path)
+    lstat, islnk = os.lstat, stat.S_ISLNK
+    while i < n:
+        j = path.find("/", i + 1)
+        if j == -1:
+            j = n
+        try:
+            mode = lstat(path[:j]).st_mode
+        except FileNotFoundError:
+            return path  # nothing below a missing component can be a link yet
+        except OSError as exc:  # EACCES, ENOTDIR, ELOOP: refuse rather than guess
+            raise _blocked(f"path {quote(path)} cannot be resolved", path) from exc
+        if islnk(mode):
+            return _walk(root, path)
+        i = j
+    return path
+
+
+def _walk(root: str, path: str) -> str:
+    """The general walk, entered at the first symlink: a stack of components still to visit."""
+    rest = [s for s in path[len(root):].split("/") if s]
+    rest.reverse()  # a stack: the next component to visit is at the end
+    done: list[str] = []
+    base = root.rstrip("/")
+    links = 0
+    while rest:
+        seg = rest.pop()
+        if seg == ".":
+            continue
+        if seg == "..":
+            if not done:
+                if root == "/":  # `..` at `/` stays at `/`, as in the kernel
+                    continue
+                raise _blocked(f"symlink in {quote(path)} leaves the root", path)
+            done.pop()
+            continue
+        current = base + "/" + "/".join([*done, seg])
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            done.append(seg)
+            done.extend(s for s in reversed(rest) if s not in ("", "."))
+            if ".." in done:
+                raise _blocked(f"symlink in {quote(path)} leaves the root", path) from None
+            break
+        except OSError as exc:  # EACCES, ENOTDIR, ELOOP: refuse rather than guess
+            raise _blocked(f"path {quote(path)} cannot be resolved", path) from exc
+        if not stat.S_ISLNK(st.st_mode):
+            done.append(seg)
+            continue
+        links += 1
+        if links > MAX_SYMLINKS:
+            raise _blocked(f"too many symlinks in {quote(path)}", path)
+        target = os.readlink(current)
+        if "\x00" in target or not target:
+            raise _blocked(f"symlink in {quote(path)} is invalid", path)
+        parts = [s for s in target.split("/") if s]
+        if target.startswith("/"):
+            # An absolute target restarts the walk at the root; its leading components must
+            # spell the root itself, with no `..` that could climb out first.
+            root_parts = [s for s in root.split("/") if s]
+            if parts[: len(root_parts)] != root_parts:
+                raise _blocked(f"symlink in {quote(path)} leaves the root", path)
+            parts = parts[len(root_parts):]
+            done = []
+        rest.extend(reversed(parts))
+    return base + "/" + "/".join(done) if done else (base or "/")

@@ -1,0 +1,144 @@
+"""Decision steps 0 and 2: an operation checked for shape and its resource resolved.
+
+Everything the later steps match on is the resolved value: the normalized, symlink-free path,
+the parsed URL, the argv. The CEL ``request`` is built from the same values, lazily, only when a
+condition is evaluated.
+"""
+
+from __future__ import annotations
+
+import binascii
+import datetime as _dt
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.guard.argv import check_argv_shape
+from policy_engine.guard.compiled import CompiledProfile
+from policy_engine.guard.paths import is_beneath, normalize_path, quote, resolve_normalized
+from policy_engine.guard.urls import ParsedUrl, parse_url
+from policy_engine.model import OP_CAPABILITY, ExecOp
+
+OP_KIND: dict[str, str] = {str(k): str(v) for k, v in OP_CAPABILITY.items()}
+"""Op kind → capability kind, as plain strings for the hot path."""
+
+_OP_ADAPTER: TypeAdapter[Any] = TypeAdapter(ExecOp)
+_METHOD = re.compile(r"[A-Z]{1,16}")
+
+
+def coerce_op(op: object) -> Any:
+    """Step 0: a model op passes; a mapping is validated; anything else is malformed."""
+    if isinstance(op, Mapping):
+        try:
+            return _OP_ADAPTER.validate_python(op)
+        except ValidationError as exc:
+            raise PolicyEngineError(
+                ErrorCode.SCHEMA_VALIDATION_FAILED,
+                f"operation is malformed: {exc.error_count()} validation error(s)",
+                audit={"errors": exc.errors(include_url=False)},
+            ) from None
+    raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                            "operation kind does not map to a capability")
+
+
+def decoded_size(b64: str | None, what: str) -> int:
+    """Length of base64 content, refusing malformed input (it is what the executor decodes)."""
+    if not b64:
+        return 0
+    try:
+        return len(binascii.a2b_base64(b64, strict_mode=True))
+    except (binascii.Error, ValueError):
+        raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                                f"{what} is not valid base64") from None
+
+
+def resolve_path(cp: CompiledProfile, raw: str, follow: bool) -> str:
+    """Normalize, then resolve symlinks beneath the root that contains the path.
+
+    Paths under neither the fs root nor the tmp dir are resolved against ``/`` so that a link is
+    still judged by its real target (a forbid on ``/etc/shadow`` sees through ``/data/x``).
+    """
+    path = normalize_path(raw)
+    if not follow:
+        return path
+    root = cp.root_fs
+    if not is_beneath(root, path):
+        root = cp.tmp_dir if is_beneath(cp.tmp_dir, path) else "/"
+    return resolve_normalized(root, path)
+
+
+@dataclass(slots=True)
+class Resolved:
+    """Step 2's output for the kinds other than the fs fast path."""
+
+    res: object
+    url: ParsedUrl | None = None
+    size: int | None = None
+    desc: str = ""
+
+
+def resolve_other(kind: str, op: Any) -> Resolved:
+    """Resolve a net, browser, proc or tmp operation."""
+    if kind == "net.http":
+        method = op.method.upper()
+        if _METHOD.fullmatch(method) is None:
+            raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                                    f"invalid http method {quote(op.method)}")
+        url = parse_url(op.url)
+        size = decoded_size(op.body_b64, "body")
+        return Resolved((url, method), url, size, _url_desc(url, method))
+    if kind == "browser.nav":
+        url = parse_url(op.url)
+        needed = frozenset({"open", "extract"} if op.extract != "none" else {"open"})
+        return Resolved((url, needed), url, None, _url_desc(url, "open"))
+    if kind == "browser.screenshot":
+        shot_url = parse_url(op.url) if op.url else None
+        desc = _url_desc(shot_url, "screenshot") if shot_url else "`screenshot`"
+        return Resolved((shot_url, frozenset({"screenshot"})), shot_url, None, desc)
+    if kind == "proc.exec":
+        check_argv_shape(op.tool, op.args)
+        return Resolved((op.tool, tuple(op.args)), None, None, quote(op.tool))
+    if kind == "tmp.alloc":
+        return Resolved(op.size_bytes, None, op.size_bytes, f"{op.size_bytes} bytes")
+    raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                            f"operation kind {quote(kind)} does not map to a capability")
+
+
+def _url_desc(url: ParsedUrl, action: str) -> str:
+    # the query is left out of public reasons: it often carries tokens
+    return quote(f"{action} {url.scheme}://{url.netloc}{url.path}")
+
+
+def build_context(
+    cp: CompiledProfile, op: Any, kind: str, path: str | None, rv: Resolved | None,
+    now_ms: int, extra: Mapping[str, object] | None,
+) -> dict[str, object]:
+    """The CEL activation: caller's variables, then ``request``, ``profile`` and ``now``."""
+    request: dict[str, object] = op.model_dump(mode="json")
+    request["kind"] = kind
+    if path is not None:
+        request["path"] = path
+        if kind == "fs.write":
+            request["size"] = decoded_size(op.bytes_b64, "content")
+    if rv is not None:
+        if rv.url is not None:
+            u = rv.url
+            request.update(scheme=u.scheme, host=u.host, port=u.port, path=u.path,
+                           query=u.query or "")
+        if kind == "net.http":
+            request["method"] = str(op.method).upper()
+            request["size"] = rv.size or 0
+        if kind == "proc.exec":
+            request["tool"] = op.tool
+            request["args"] = list(op.args)
+        if kind == "tmp.alloc":
+            request["size"] = op.size_bytes
+    ctx: dict[str, object] = dict(extra or {})
+    ctx["request"] = request
+    ctx["profile"] = dict(cp.profile_ctx)
+    ctx["now"] = _dt.datetime.fromtimestamp(now_ms / 1000, tz=_dt.UTC)
+    return ctx

@@ -1,0 +1,123 @@
+"""Decision steps 5 (diagnosis of a refusal), 7 (limits) and 8 (consent) of the guard.
+
+Kept out of the hot loop in ``guard.py``: diagnosis runs only on a deny, limits only read the
+numbers the op carries, consent only when the profile or the policy asks for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from policy_engine.errors import ErrorCode
+from policy_engine.graph import ConsentRule
+from policy_engine.guard.argv import describe_mismatch
+from policy_engine.guard.compiled import CompiledCap, CompiledProfile, EffLimits
+from policy_engine.guard.matchers import ProcMatcher
+from policy_engine.guard.paths import quote
+from policy_engine.guard.resolve import Resolved, decoded_size
+from policy_engine.guard.tracer import Tracer
+from policy_engine.model import RuleRef
+
+
+def diagnose(
+    cp: CompiledProfile, cap_kind: str, res: object, desc: str,
+    refused: list[tuple[CompiledCap, str | None]], tr: Tracer | None,
+) -> tuple[ErrorCode, str, RuleRef | None]:
+    """Name the layer that refused when no capability admits: grant, manifest, a permit's
+    condition, else the default deny."""
+    if not any(m.admits(res) for m in cp.granted.get(cap_kind, ())):
+        if tr is not None:
+            tr.step("grant", "fail", detail="no granted capability admits it")
+        return ErrorCode.PERMISSION_DENY, f"capability not granted: `{cap_kind}` on {desc}", None
+    if tr is not None:
+        tr.step("grant", "pass")
+    declared = cp.declared.get(cap_kind, ())
+    if not any(m.admits(res) for m in declared):
+        if tr is not None:
+            tr.step("manifest", "fail", detail="no declared permission admits it")
+        if cap_kind == "proc.exec" and isinstance(res, tuple):
+            tool, args = res
+            for m in declared:
+                if isinstance(m, ProcMatcher) and m.tool == tool and m.slots is not None:
+                    why = describe_mismatch(m.slots, args)
+                    if why is not None:
+                        return ErrorCode.DENY_TOOL, why, None
+            return ErrorCode.DENY_TOOL, f"tool {quote(str(tool))} is not declared by the " \
+                                        "manifest", None
+        return ErrorCode.DENY_TOOL, f"`{cap_kind}` on {desc} is not declared by the tool " \
+                                    "manifest", None
+    if tr is not None:
+        tr.step("manifest", "pass")
+    if refused:
+        cap, err = refused[0]
+        rid = cap.rule.id if cap.rule is not None else "?"
+        if err is not None:
+            return (ErrorCode.PERMISSION_DENY,
+                    f"the condition of rule `{rid}` could not be evaluated", cap.rule)
+        return ErrorCode.PERMISSION_DENY, f"the condition of rule `{rid}` is false", cap.rule
+    if tr is not None:
+        tr.step("default-deny", "deny")
+    return ErrorCode.PERMISSION_DENY, f"no rule permits `{cap_kind}` on {desc}", None
+
+
+def _over(what: str, value: int, limit: int | None) -> str | None:
+    if limit is not None and value > limit:
+        return f"{what} {value} exceeds the limit {limit}"
+    return None
+
+
+def limit_violation(kind: str, op: Any, lim: EffLimits, rv: Resolved | None,
+                    path: str | None) -> str | None:
+    """The first limit the op exceeds, as a public reason, or ``None``."""
+    if kind == "fs.read":
+        return _over("read length", op.len, lim.max_bytes_in) if op.len is not None else None
+    if kind == "fs.write":
+        return _over("write size", decoded_size(op.bytes_b64, "content"), lim.max_bytes_out)
+    if kind == "fs.list":
+        return _over("list depth", op.depth, lim.max_depth)
+    if kind == "net.http":
+        return _over("request body size", (rv.size or 0) if rv else 0, lim.max_bytes_out)
+    if kind == "browser.screenshot":
+        return (_over("screenshot width", op.width, lim.max_screenshot_width)
+                or _over("screenshot height", op.height, lim.max_screenshot_height))
+    if kind == "proc.exec":
+        return _over("timeout_ms", op.timeout_ms, lim.timeout_ms) if op.timeout_ms else None
+    if kind == "tmp.alloc":
+        return (_over("tmp size", op.size_bytes, lim.tmp_max_bytes)
+                or _over("tmp size", op.size_bytes, lim.max_bytes_out))
+    return None
+
+
+def consent_needed(
+    cp: CompiledProfile, rules: tuple[ConsentRule, ...],
+    ctx: Callable[[], Mapping[str, object]], now: int, tr: Tracer | None,
+) -> str | None:
+    """Why consent blocks the call (``None`` if it does not): required and absent or stale.
+
+    A consent rule whose condition errors counts as requiring consent (fail closed).
+    """
+    required = cp.consent_required
+    if not required:
+        for rule in rules:
+            assert rule.condition is not None  # INVARIANT: the guard passes only CEL rules
+            val, err = rule.condition.evaluate(ctx())
+            if err is not None or val:
+                required = True
+                break
+    if not required:
+        if tr is not None:
+            tr.step("consent", "skip", detail="consent not required")
+        return None
+    window = cp.consent_window
+    if window is None:
+        why = "consent required"
+    elif not window[0] <= now < window[1]:
+        why = "consent required: the recorded consent is expired or not yet valid"
+    else:
+        if tr is not None:
+            tr.step("consent", "pass")
+        return None
+    if tr is not None:
+        tr.step("consent", "fail", detail=why)
+    return why

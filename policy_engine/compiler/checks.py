@@ -1,13 +1,16 @@
-"""Stages CheckHeaders, CheckDuplicates and ResolveNames: structure and naming of the units."""
+"""Stages CheckHeaders, CheckDuplicates, ResolveNames, CheckShadowed: structure and naming."""
 
 from __future__ import annotations
 
 from pathlib import PurePath
 
-from policy_engine.compiler.builtins import BUILTIN_PROFILES
+from policy_engine.compiler.builtins import BUILTIN_PROFILES, MANDATORY_DENY_PATHS
 from policy_engine.compiler.context import CompileContext, ConsentDraft, RuleDraft, Unit
 from policy_engine.dsl import ast
-from policy_engine.errors import Span
+from policy_engine.errors import Diagnostic, Span
+from policy_engine.model import FsCapability
+from policy_engine.patterns import PathGlob, expand_home
+from policy_engine.patterns.paths import is_literal, literal_prefix
 
 
 def check_headers(ctx: CompileContext) -> None:
@@ -125,3 +128,33 @@ def resolve_names(ctx: CompileContext) -> None:
                     ctx.report("SBP202", f"profile `{value.value}` is not defined", value.span,
                                help="define it with `profile \"" + value.value + "\" { ... }` "
                                     "or use a built-in: " + ", ".join(sorted(BUILTIN_PROFILES)))
+
+
+def check_shadowed(ctx: CompileContext) -> None:
+    """SBP216 (warning) for a permit whose every path lies under a mandatory deny.
+
+    A literal path is shadowed when a mandatory glob matches it; a glob is shadowed when its
+    literal prefix is matched by a mandatory glob ending in ``/**`` (everything beneath is too).
+    """
+    mandatory = [PathGlob.of(p, ctx.home) for p in MANDATORY_DENY_PATHS]
+    for draft in ctx.rules:
+        if draft.node.effect == "forbid" and draft.node.mandatory:
+            for cap in draft.capabilities.values():
+                if isinstance(cap, FsCapability):
+                    mandatory.extend(PathGlob.of(p, ctx.home) for p in cap.paths)
+    for draft in ctx.rules:
+        if draft.node.effect != "permit":
+            continue
+        for kind, cap in draft.capabilities.items():
+            if isinstance(cap, FsCapability) and all(
+                    _shadowed(expand_home(p, ctx.home), mandatory) for p in cap.paths):
+                ctx.diagnostics.append(Diagnostic.make(
+                    "SBP216", f"`{kind}` of rule `{draft.id}` only covers paths that a "
+                              "mandatory deny forbids", draft.node.span))
+
+
+def _shadowed(pattern: str, mandatory: list[PathGlob]) -> bool:
+    if is_literal(pattern):
+        return any(g.matches(pattern) for g in mandatory)
+    prefix = literal_prefix(pattern)
+    return any(g.pattern.endswith("/**") and g.matches(prefix) for g in mandatory)

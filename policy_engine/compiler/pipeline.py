@@ -10,6 +10,7 @@ the only control flow. Ordering constraints (each stage may rely on the ones abo
   ResolveImports; it does not need CheckBlocks.
 - ValidateResources and CheckBlocks build capabilities, limits, profiles and manifests with
   ``~`` unexpanded.
+- CheckShadowed after ValidateResources (reads the rules' fs capabilities; warnings only).
 - CompileConditions before CheckTypes: types are read from the compiled conditions.
 - AddBuiltins after CheckBlocks (a policy may redefine a seed profile) and before
   ComputeVersionHash (built-ins are part of the version).
@@ -30,7 +31,12 @@ from policy_engine.compiler.build import (
     expand_home_stage,
 )
 from policy_engine.compiler.builtins import add_builtins
-from policy_engine.compiler.checks import check_duplicates, check_headers, resolve_names
+from policy_engine.compiler.checks import (
+    check_duplicates,
+    check_headers,
+    check_shadowed,
+    resolve_names,
+)
 from policy_engine.compiler.conditions import check_types, compile_conditions
 from policy_engine.compiler.context import CompileContext
 from policy_engine.compiler.imports import resolve_imports
@@ -48,6 +54,7 @@ STAGES: tuple[tuple[str, Stage, bool], ...] = (
     ("ResolveNames", resolve_names, False),
     ("ValidateResources", validate_resources, False),
     ("CheckBlocks", check_blocks, False),
+    ("CheckShadowed", check_shadowed, False),
     ("CompileConditions", compile_conditions, False),
     ("CheckTypes", check_types, False),
     ("AddBuiltins", add_builtins, True),

@@ -19,7 +19,7 @@ from policy_engine.dsl.grammar import describe_terminal, get_parser
 from policy_engine.dsl.transform import ToAst
 from policy_engine.errors import Diagnostic, Span
 
-_MAX_EXPECTED = 8
+_MAX_EXPECTED = 10
 _OPENERS = {'"': "string literal", "`": "CEL condition", "/": "regex literal"}
 
 
@@ -86,8 +86,20 @@ def _expected(names: set[str] | frozenset[str] | None) -> str:
         return ""
     described = sorted({describe_terminal(n) for n in names})
     if len(described) > _MAX_EXPECTED:
-        described = [*described[:_MAX_EXPECTED], "..."]
+        described = [*described[:_MAX_EXPECTED], f"or {len(described) - _MAX_EXPECTED} more"]
     return "; expected " + ", ".join(described)
+
+
+def _accepted(exc: UnexpectedToken) -> set[str]:
+    """The terminals the parser really accepts here (LALR lookahead sets are merged, so the
+    state's raw ``expected`` can name tokens that would fail one reduction later)."""
+    parser = getattr(exc, "interactive_parser", None)
+    if parser is not None:
+        try:
+            return set(parser.accepts())
+        except LarkError:  # pragma: no cover - fall back to the state's lookahead set
+            pass
+    return set(exc.expected)
 
 
 def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic:
@@ -104,9 +116,10 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
         )
     if isinstance(exc, UnexpectedToken):
         tok = exc.token
+        expected = _accepted(exc)
         if tok.type == "$END":
             return Diagnostic.make(
-                "SBP103", f"unexpected end of file{_expected(exc.expected)}",
+                "SBP103", f"unexpected end of file{_expected(expected)}",
                 _eof_span(text, file),
             )
         span = Span(file, tok.line or 1, tok.column or 1, tok.end_line, tok.end_column)
@@ -114,7 +127,7 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
         if len(shown) > 40:
             shown = shown[:37] + "..."
         return Diagnostic.make(
-            "SBP101", f"unexpected `{shown}`{_expected(exc.expected)}", span,
+            "SBP101", f"unexpected `{shown}`{_expected(expected)}", span,
         )
     if isinstance(exc, UnexpectedEOF):
         return Diagnostic.make(

@@ -172,7 +172,7 @@ def self_signed(tmp: Path, names: tuple[str, ...] = ("localhost",),
 
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     san = [x509.DNSName(n) for n in names] + [
         x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
     cert = (

@@ -1,0 +1,110 @@
+"""Backend selection: config mapping, refuse-or-degrade on missing capabilities, fallback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestrator_fixtures import MANIFEST, ScriptedExecutor, grant, orchestrator, profile
+
+from policy_engine.config import EngineConfig
+from policy_engine.model import (
+    CapabilityKind,
+    FsCapability,
+    NetworkMode,
+    OpKind,
+    ProcExecOp,
+    ProfileCapability,
+    TmpAllocOp,
+)
+from policy_engine.orchestration import required_capabilities, select
+
+FULL = {"resource_limits": True, "env_filtering": True, "bind_mounts": True,
+        "readonly_rootfs": True}
+PROC = frozenset({OpKind.PROC_EXEC})
+
+
+def test_proc_profile_requirements_depend_on_writable_paths() -> None:
+    ro = [r.capability for r in required_capabilities(profile(), OpKind.PROC_EXEC)]
+    assert ro == ["network_modes:off", "resource_limits", "env_filtering", "bind_mounts",
+                  "readonly_rootfs"]
+    writable = profile(capabilities=(ProfileCapability(
+        kind=CapabilityKind.FS_WRITE,
+        all_of=(FsCapability(kind="fs.write", paths=("/workspace/**",)),)),))
+    rw = [r.capability for r in required_capabilities(writable, OpKind.PROC_EXEC)]
+    assert "readonly_rootfs" not in rw
+    assert "bind_mounts" in rw
+    # the HTTP executor is the network client itself: the sandbox network mode does not apply
+    assert required_capabilities(profile(), OpKind.NET_HTTP) == []
+
+
+def test_network_mode_may_be_stricter_but_never_looser() -> None:
+    on_caps = {**FULL, "network_modes": frozenset({NetworkMode.ON})}
+    only_on = ScriptedExecutor("on", kinds=PROC, caps=on_caps)
+    cfg = EngineConfig(state_dir=Path("/nonexistent"))
+    sel = select({"on": only_on}, cfg, profile(network=NetworkMode.OFF), OpKind.PROC_EXEC)
+    assert sel.error is not None
+    assert "`network_modes:off`" in sel.error.reason
+    off_only = ScriptedExecutor("off", kinds=PROC, caps=FULL)
+    sel = select({"off": off_only}, cfg, profile(network=NetworkMode.ON), OpKind.PROC_EXEC)
+    assert sel.error is None
+    assert sel.executor is off_only
+
+
+def test_strict_mode_refuses_naming_capability_and_backend(tmp_path: Path) -> None:
+    weak = ScriptedExecutor("local-proc", kinds=PROC, caps={"env_filtering": True})
+    with orchestrator(tmp_path, weak) as orch:
+        out = orch.run(grant(), MANIFEST, ProcExecOp(tool="ls"))
+    assert out.result.code == "SANDBOX.CAPABILITY_BLOCKED"
+    assert weak.calls == 0
+    assert out.result.message == ("blocked by sandbox policy: backend `local-proc` lacks "
+                                  "`resource_limits`, `bind_mounts`, `readonly_rootfs` required "
+                                  "by the profile")
+    end = json.loads((tmp_path / "evidence" / "evidence.jsonl").read_text().splitlines()[-1])
+    assert end["status"] == "denied"
+    assert end["sandbox_backend"] == "local-proc"
+    assert orch.meter.used("acme/agent:1/c1") == {}  # a refused call consumes no budget
+
+
+def test_compat_mode_runs_degraded_and_records_why(tmp_path: Path) -> None:
+    weak = ScriptedExecutor("local-proc", kinds=PROC, caps={"env_filtering": True,
+                                                              "bind_mounts": True})
+    with orchestrator(tmp_path, weak, mode="compat") as orch:
+        out = orch.run(grant(), MANIFEST, ProcExecOp(tool="ls"))
+    assert out.result.ok
+    assert weak.calls == 1
+    assert out.end.sandbox_degraded is True
+    assert out.end.sandbox_degrade_reason == (
+        "backend `local-proc` lacks `resource_limits` (the profile limits cpu, memory and "
+        "pids); backend `local-proc` lacks `readonly_rootfs` (the profile grants no fs.write)")
+
+
+def test_unavailable_backend_fails_unless_fallback_to_local(tmp_path: Path) -> None:
+    local = ScriptedExecutor("tmp-local", kinds=frozenset({OpKind.TMP_ALLOC}), local=True)
+    backends = {OpKind.TMP_ALLOC: "docker"}
+    with orchestrator(tmp_path / "a", local, backends=backends) as orch:
+        out = orch.run(grant(), MANIFEST, TmpAllocOp(size_bytes=1))
+    assert out.result.code == "PROVIDER.UNAVAILABLE"
+    assert local.calls == 0
+    assert out.result.message == "provider unavailable: backend `docker` is not loaded"
+    with orchestrator(tmp_path / "b", local, backends=backends, fallback_to_local=True) as orch:
+        out = orch.run(grant(), MANIFEST, TmpAllocOp(size_bytes=1))
+    assert out.result.ok
+    assert local.calls == 1
+    assert out.end.sandbox_backend == "tmp-local"
+    assert out.end.sandbox_degrade_reason == (
+        "backend `docker` is not loaded; fell back to local backend `tmp-local`")
+
+
+def test_backend_reporting_unavailable_is_provider_unavailable(tmp_path: Path) -> None:
+    class Down(ScriptedExecutor):
+        def available(self) -> str:
+            return "daemon socket missing"
+
+    down = Down("docker", kinds=frozenset({OpKind.TMP_ALLOC}))
+    with orchestrator(tmp_path, down) as orch:
+        out = orch.run(grant(), MANIFEST, TmpAllocOp(size_bytes=1))
+    assert out.result.message == ("provider unavailable: backend `docker` is unavailable: "
+                                  "daemon socket missing")
+    assert out.end.status == "error"
+    assert down.calls == 0

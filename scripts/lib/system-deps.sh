@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Debian packages the project needs at run/test time, installed only when missing.
-SYSTEM_PACKAGES=(bubblewrap)
+SYSTEM_PACKAGES=(bubblewrap docker.io chromium fonts-dejavu-core)
 
 ensure_system_packages() {
   local missing=()

@@ -1,0 +1,1 @@
+"""First-party `browser` executor plugin: read-only headless Chromium driven by Playwright."""

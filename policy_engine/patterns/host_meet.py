@@ -45,7 +45,8 @@ def host_contains(a: str, b: str) -> bool:
 @lru_cache(maxsize=8192)
 def meet_hosts(a: str, b: str) -> tuple[str, ...]:
     """The meet of two host patterns as a conjunction: ``()``, ``(c,)`` or ``(a, b)``."""
-    ca, cb = canonical_host(a), canonical_host(b)
+    # sorted operands make the answer structurally commutative, not just equal as sets
+    ca, cb = sorted((canonical_host(a), canonical_host(b)))
     if ca == cb:
         return (ca,)
     ha, hb = host_of(ca), host_of(cb)

@@ -272,7 +272,8 @@ def disjoint(a: str, b: str) -> bool:
 @lru_cache(maxsize=8192)
 def meet_globs(a: str, b: str) -> tuple[str, ...]:
     """The meet of two globs as a conjunction: ``()`` (disjoint), ``(c,)`` or ``(a, b)``."""
-    a, b = canonical_glob(a), canonical_glob(b)
+    # sorted operands make the answer structurally commutative, not just equal as sets
+    a, b = sorted((canonical_glob(a), canonical_glob(b)))
     if a == b:
         return (a,)
     both_root = admits_root(a) and admits_root(b)

@@ -1,0 +1,343 @@
+"""Guard decision latency per domain, ours beside cedarpy, pycasbin and regopy, in one run.
+
+Usage::
+
+    python benchmarks/bench_guard.py            # full run (a few minutes), updates docs/benchmarks.md
+    python benchmarks/bench_guard.py --quick    # < 60 s sanity run, prints the table only
+
+Every engine first decides the whole decision set (benchmarks/fixtures/decisions.yaml); if any
+answer differs from the wanted one the run stops before timing anything. See
+benchmarks/README.md for what each row includes and excludes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import os
+import platform
+import statistics
+import sys
+import time
+import timeit
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from anywhere: `benchmarks` lives at the root
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.peers import (  # noqa: E402 - needs the checkout root on sys.path first
+    casbin_peer,
+    cedar_peer,
+    common,
+    policy_engine_peer,
+    rego_peer,
+)
+
+DOCS = ROOT / "docs" / "benchmarks.md"
+SECTION = "## Guard decisions (issue: Core engine)"
+TARGET_DECIDE_US = 5.0
+TARGET_CEDAR_RATIO = 5.0
+TARGET_CACHED_BUILD_US = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    repeat: int
+    min_repeat_s: float
+    samples: int
+    sample_budget_s: float
+
+
+FULL = Settings(repeat=7, min_repeat_s=0.2, samples=5000, sample_budget_s=0.5)
+QUICK = Settings(repeat=3, min_repeat_s=0.02, samples=600, sample_budget_s=0.05)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    engine: str
+    domain: str
+    condition: str
+    median_us: float
+    p90_us: float
+    n_cases: int
+    ratio: float | None = None
+
+
+# ---- timing ----------------------------------------------------------------------------------
+
+def _timer_overhead_ns() -> float:
+    pc = time.perf_counter_ns
+    samples = []
+    for _ in range(2000):
+        t0 = pc()
+        t1 = pc()
+        samples.append(t1 - t0)
+    return statistics.median(samples)
+
+
+_OVERHEAD_NS = 0.0
+
+
+def measure(calls: Sequence[Callable[[], object]], per_round: int, cfg: Settings) -> tuple[float,
+                                                                                            float]:
+    """Median per-decision time (µs) over ``cfg.repeat`` timeit repeats, and p90 of single calls.
+
+    :param calls: zero-argument callables cycled round-robin; one pass over them is
+        ``per_round`` decisions (more than ``len(calls)`` for a batch call).
+    """
+    def one_round() -> None:
+        for f in calls:
+            f()
+
+    timer = timeit.Timer(one_round)
+    number = 1
+    while True:  # like Timer.autorange, but to the minimum repeat duration we want
+        t = timer.timeit(number)
+        if t >= cfg.min_repeat_s:
+            break
+        number = max(number * 2, int(number * cfg.min_repeat_s / max(t, 1e-9) * 1.1))
+    runs = timer.repeat(repeat=cfg.repeat, number=number)
+    median_us = statistics.median(runs) / (number * per_round) * 1e6
+    # p90 of individually timed calls (timer overhead subtracted); GC off as timeit does
+    pc = time.perf_counter_ns
+    singles: list[float] = []
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        deadline = time.perf_counter() + cfg.sample_budget_s
+        n = len(calls)
+        i = 0
+        while i < cfg.samples and (i < n or time.perf_counter() < deadline):
+            f = calls[i % n]
+            t0 = pc()
+            f()
+            t1 = pc()
+            singles.append((t1 - t0 - _OVERHEAD_NS) / 1000 * n / per_round)
+            i += 1
+    finally:
+        if gc_was:
+            gc.enable()
+    p90_us = statistics.quantiles(singles, n=10)[-1] if len(singles) >= 10 else max(singles)
+    return median_us, p90_us
+
+
+# ---- engines ---------------------------------------------------------------------------------
+
+def peer_modules() -> tuple[list[ModuleType], dict[str, str]]:
+    """The peers to run and, for any that cannot, why."""
+    mods: list[ModuleType] = [cedar_peer, casbin_peer]
+    missing: dict[str, str] = {}
+    err = rego_peer.import_error()
+    if err is None:
+        mods.append(rego_peer)
+    else:
+        missing[rego_peer.NAME] = err
+    return mods, missing
+
+
+def check_equivalence(engines: Sequence[Any], cases: Sequence[common.Case],
+                      variant: str) -> list[str]:
+    """Every engine's answer on every case; the disagreements (with the wanted answer)."""
+    problems = []
+    for case in cases:
+        answers = {e.name: e.decide(e.prepare(case)) for e in engines}
+        if any(a is not case.want for a in answers.values()):
+            got = ", ".join(f"{k}={'allow' if v else 'deny'}" for k, v in answers.items())
+            problems.append(f"[{variant}] {case.label}: want "
+                            f"{'allow' if case.want else 'deny'}; {got}")
+    return problems
+
+
+def bench_variant(variant: str, cfg: Settings, domains: Sequence[str]) -> list[Row]:
+    cases = common.load_cases(variant, tuple(domains))
+    ours = policy_engine_peer.Engine(variant, cases)
+    ours_lexical = policy_engine_peer.Engine(variant, cases, resolve_symlinks=False)
+    mods, _ = peer_modules()
+    peers = [m.Engine(variant, cases) for m in mods]
+    problems = check_equivalence([ours, *peers], cases, variant)
+    problems += check_equivalence([ours_lexical], [c for c in cases
+                                                   if c.domain.startswith("fs.")], variant)
+    if problems:
+        print("ENGINES DISAGREE — no timing reported:", *problems, sep="\n  ", file=sys.stderr)
+        raise SystemExit(1)
+    condition = "none" if variant == "plain" else "CEL `when`"
+    rows: list[Row] = []
+    for domain in domains:
+        dcases = [c for c in cases if c.domain == domain]
+        n = len(dcases)
+        ours_med, ours_p90 = measure([ours.timed_call(ours.prepare(c)) for c in dcases], n, cfg)
+        rows.append(Row(ours.name, domain, condition, ours_med, ours_p90, n, 1.0))
+        if domain.startswith("fs."):
+            med, p90 = measure([ours_lexical.timed_call(ours_lexical.prepare(c))
+                                for c in dcases], n, cfg)
+            rows.append(Row(f"{ours.name} (no symlink walk)", domain, condition, med, p90, n,
+                            med / ours_med))
+        for peer in peers:
+            prepared = [peer.prepare(c) for c in dcases]
+            med, p90 = measure([peer.timed_call(p) for p in prepared], n, cfg)
+            rows.append(Row(peer.name, domain, condition, med, p90, n, med / ours_med))
+            if isinstance(peer, cedar_peer.Engine):
+                med, p90 = measure([peer.batch_call(prepared)], n, cfg)
+                rows.append(Row(f"{peer.name} (batch of {n})", domain, condition, med, p90, n,
+                                med / ours_med))
+    return rows
+
+
+def bench_profile_build(cfg: Settings) -> list[Row]:
+    """ProfileBuilder.build: cold (empty cache), cached by content (equal, new objects), and
+    cached by identity (the same grant and manifest objects)."""
+    from policy_engine.profile import ProfileBuilder
+    from policy_engine.profile.cache import ProfileCache
+
+    ps = policy_engine_peer.compile_policy("plain")
+    grant = policy_engine_peer.grant_for("agent:bench")
+    manifest = policy_engine_peer.manifest()
+    cold = ProfileBuilder(ps)
+
+    def build_cold() -> object:
+        cold.cache.clear()
+        return cold.build(grant, manifest)
+
+    by_content = ProfileBuilder(ps, cache=ProfileCache(identity_size=0))
+    by_content.build(grant, manifest)
+    copies = [(grant.model_copy(), manifest.model_copy()) for _ in range(64)]
+    content_calls = [lambda g=g, m=m: by_content.build(g, m) for g, m in copies]
+    warm = ProfileBuilder(ps)
+    warm.build(grant, manifest)
+    rows = []
+    for label, calls in (("cold", [build_cold]), ("cached (equal inputs)", content_calls),
+                         ("cached (same objects)", [lambda: warm.build(grant, manifest)])):
+        med, p90 = measure(calls, len(calls), cfg)
+        rows.append(Row("policy-engine", "profile build", label, med, p90, 1))
+    return rows
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+def machine_info() -> dict[str, str]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "nproc": str(os.cpu_count()),
+        "cpu": cpu,
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "platform": platform.platform(),
+        "versions": ", ".join(f"{m.NAME} {m.version()}" for m in (
+            policy_engine_peer, cedar_peer, casbin_peer, rego_peer)
+            if m is not rego_peer or rego_peer.import_error() is None),
+    }
+
+
+def table(rows: Sequence[Row]) -> str:
+    out = ["| engine | domain | condition | median µs | p90 µs | ratio to ours |",
+           "|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        ratio = "—" if r.ratio is None else ("1.0× (ours)" if r.engine == "policy-engine"
+                                              else f"{r.ratio:.1f}×")
+        out.append(f"| {r.engine} | {r.domain} | {r.condition} | {r.median_us:.2f} | "
+                   f"{r.p90_us:.2f} | {ratio} |")
+    return "\n".join(out)
+
+
+def verdicts(rows: Sequence[Row]) -> list[str]:
+    ours_plain = [r for r in rows if r.engine == "policy-engine" and r.condition == "none"]
+    cedar_plain = {r.domain: r for r in rows if r.engine == "cedarpy" and r.condition == "none"}
+    builds = {r.condition: r for r in rows if r.domain == "profile build"}
+    out = []
+    worst = max(ours_plain, key=lambda r: r.median_us)
+    out.append(f"- ours, median per decision without CEL ≤ {TARGET_DECIDE_US:g} µs: "
+               f"{'MET' if worst.median_us <= TARGET_DECIDE_US else 'MISSED'} (slowest domain "
+               f"{worst.domain}: {worst.median_us:.2f} µs)")
+    ratios = [(cedar_plain[r.domain].median_us / r.median_us, r.domain)
+              for r in ours_plain if r.domain in cedar_plain]
+    if ratios:
+        low = min(ratios)
+        out.append(f"- ≥ {TARGET_CEDAR_RATIO:g}× faster than cedarpy (single calls): "
+                   f"{'MET' if low[0] >= TARGET_CEDAR_RATIO else 'MISSED'} (lowest: {low[0]:.1f}× "
+                   f"on {low[1]})")
+    cached = builds.get("cached (same objects)")
+    if cached is not None:
+        out.append(f"- cached profile build ≤ {TARGET_CACHED_BUILD_US:g} µs: "
+                   f"{'MET' if cached.median_us <= TARGET_CACHED_BUILD_US else 'MISSED'} "
+                   f"({cached.median_us:.2f} µs same objects; "
+                   f"{builds['cached (equal inputs)'].median_us:.2f} µs equal inputs)")
+    return out
+
+
+def render_section(rows: Sequence[Row], info: dict[str, str], missing: dict[str, str],
+                   quick: bool) -> str:
+    lines = [
+        SECTION, "",
+        "Produced by `python benchmarks/bench_guard.py"
+        + (" --quick`" if quick else "`") + " (method: benchmarks/README.md). "
+        "Every engine gave the wanted answer on the whole decision set before anything was "
+        "timed. Median: median over timeit repeats of the per-decision mean; p90: 90th "
+        "percentile of individually timed calls (timer overhead subtracted). Ratio: the row's "
+        "median over ours for the same domain and condition (> 1 = slower than ours).", "",
+        f"Machine: {info['cpu']}, nproc {info['nproc']}, {info['python']}, {info['platform']}; "
+        f"{info['date']}. Versions: {info['versions']}.", "",
+        "Targets:", *verdicts(rows), "",
+    ]
+    for name, why in missing.items():
+        lines += [f"- {name}: not run — {why}", ""]
+    lines += [table(rows), ""]
+    return "\n".join(lines)
+
+
+def write_docs(section: str) -> None:
+    """Replace (or append) our section of docs/benchmarks.md; other sections stay untouched."""
+    text = DOCS.read_text(encoding="utf-8") if DOCS.exists() else "# Benchmarks\n\n"
+    start = text.find(SECTION)
+    if start == -1:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        nxt = text.find("\n## ", start + len(SECTION))
+        end = len(text) if nxt == -1 else nxt + 1
+        text = text[:start] + section + ("\n" if nxt != -1 else "") + text[end:]
+    DOCS.parent.mkdir(parents=True, exist_ok=True)
+    DOCS.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    global _OVERHEAD_NS
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="short repeats; do not write the docs")
+    ap.add_argument("--write", action="store_true",
+                    help="write docs/benchmarks.md even with --quick")
+    ap.add_argument("--domain", action="append", choices=common.DOMAINS,
+                    help="only these domains (repeatable)")
+    args = ap.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    domains = tuple(args.domain or common.DOMAINS)
+    _OVERHEAD_NS = _timer_overhead_ns()
+    started = time.perf_counter()
+    rows: list[Row] = []
+    for variant in common.VARIANTS:
+        rows += bench_variant(variant, cfg, domains)
+    rows += bench_profile_build(cfg)
+    _, missing = peer_modules()
+    info = machine_info()
+    section = render_section(rows, info, missing, args.quick)
+    print(section)
+    print(f"(ran in {time.perf_counter() - started:.0f} s)")
+    if not args.quick or args.write:
+        write_docs(section)
+        print(f"updated {DOCS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -145,11 +145,11 @@ def _compile_errors(text: str, span: Span) -> list[Diagnostic]:
         if message.startswith("Syntax error:"):
             detail = message.removeprefix("Syntax error:").strip()
             out.append(Diagnostic.make(
-                "SBP209", f"CEL syntax error: {detail}", cel_span(span, line, column),
+                "SBP209", f"syntax error in CEL condition: {detail}", cel_span(span, line, column),
             ))
         else:
             out.append(Diagnostic.make(
-                "SBP210", f"CEL type error: {message}", cel_span(span, line, column),
+                "SBP210", f"type error in CEL condition: {message}", cel_span(span, line, column),
             ))
     if not out:
         out.append(Diagnostic.make("SBP209", f"invalid CEL condition: {_strip_status(text)}",

@@ -240,6 +240,8 @@ class Guard:
             why = consent_needed(cp, self._consent_rules, ctx, now, tr)
             if why is not None:
                 raise _Deny(ErrorCode.PERMISSION_DENY, why, chosen.rule)
+        elif tr is not None:
+            tr.step("consent", "skip", detail="consent not required")
         # step 9
         if tr is None:
             return chosen.allow

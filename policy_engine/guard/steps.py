@@ -45,8 +45,8 @@ def diagnose(
                         return ErrorCode.DENY_TOOL, why, None
             return ErrorCode.DENY_TOOL, f"tool {quote(str(tool))} is not declared by the " \
                                         "manifest", None
-        return ErrorCode.DENY_TOOL, f"`{cap_kind}` on {desc} is not declared by the tool " \
-                                    "manifest", None
+        return ErrorCode.DENY_TOOL, f"access `{cap_kind}` on {desc} is not declared by the " \
+                                    "tool manifest", None
     if tr is not None:
         tr.step("manifest", "pass")
     if refused:

@@ -95,14 +95,14 @@ def parse_url(url: str, *, schemes: Iterable[str] | None = None) -> ParsedUrl:
         raise _blocked("url contains invisible or whitespace characters", url)
     m = _SCHEME.match(url)
     if m is None:
-        raise _invalid(f"{quote(url)} is not an absolute url", url)
+        raise _invalid(f"url {quote(url)} is not absolute", url)
     scheme = m.group(1).lower()
     allowed = HTTP_SCHEMES if schemes is None else frozenset(schemes)
     if scheme not in allowed:
         raise _blocked(f"scheme {quote(scheme)} is not accepted", url)
     rest = url[m.end():]
     if not rest.startswith("//") or rest.startswith("///"):
-        raise _invalid(f"{quote(url)} has no `//host` part", url)
+        raise _invalid(f"url {quote(url)} has no `//host` part", url)
     rest = rest[2:]
     end = len(rest)
     for sep in "/?#":

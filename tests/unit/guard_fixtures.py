@@ -65,7 +65,7 @@ def forbid(kinds: tuple[str, ...], cap: Any, *, rule: str = "forbid-1",
 
 
 def fs(kind: str, *paths: str) -> FsCapability:
-    return FsCapability(kind=kind, paths=paths)  # type: ignore[arg-type]
+    return FsCapability(kind=kind, paths=paths)
 
 
 def make_profile(

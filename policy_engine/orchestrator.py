@@ -367,3 +367,17 @@ def _denial_kind(code: ErrorCode) -> str:
     return {ErrorCode.BUDGET_EXCEEDED: "quota", ErrorCode.PERMISSION_DENY: "permission",
             ErrorCode.DENY_TOOL: "policy", ErrorCode.CAPABILITY_BLOCKED: "policy",
             ErrorCode.SCHEMA_VALIDATION_FAILED: "schema"}.get(code, "internal")
+
+
+def run_once(policyset: PolicySet, grant: Grant, manifest: Manifest, op: ExecOp, *,
+             config: EngineConfig, settings: Settings | None = None,
+             overrides: Overrides | None = None, context: Mapping[str, object] | None = None,
+             now_ms: int | None = None) -> RunOutcome:
+    """Run a single call with a fresh orchestrator and close it (flushing spools): the
+    ``policy-engine run`` command.
+
+    :raises ValueError: the configuration names a sink or meter no plugin provides.
+    """
+    with Orchestrator(policyset, config=config) as orch:
+        return orch.run(grant, manifest, op, settings=settings, overrides=overrides,
+                        context=context, now_ms=now_ms)

@@ -1,0 +1,105 @@
+"""`policy-engine run`: run one op under policies, a manifest and a grant, writing evidence."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from policy_engine.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    echo_json,
+    format_option,
+    load_or_exit,
+)
+from policy_engine.compiler import compile_files
+from policy_engine.config import EngineConfig, load_config
+from policy_engine.dsl.loaders import load_document, load_grant, load_manifest, validate_document
+from policy_engine.explain.request import ExplainRequest
+from policy_engine.model import ProcExecOp
+from policy_engine.orchestrator import RunOutcome, run_once
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+def _load_request(path: Path) -> ExplainRequest:
+    data, lookup = load_document(path)
+    return validate_document(ExplainRequest, data, lookup, "request")
+
+
+def _bad_input(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _render(outcome: RunOutcome) -> str:
+    r, d, end = outcome.result, outcome.decision, outcome.end
+    lines = [f"decision: {d.decision}" + (f" ({d.code})" if d.code else "")
+             + (f" — {d.reason}" if d.reason else "")]
+    if d.rule is not None:
+        lines.append(f"rule: {d.rule.id} at {d.rule.file}:{d.rule.line}:{d.rule.column}")
+    lines.append("result: ok" if r.ok else f"result: {r.code}: {r.message}")
+    for key, value in r.out.items():
+        lines.append(f"  {key}: {value}")
+    used = {k: v for k, v in r.used.model_dump().items() if v}
+    lines.append("used: " + (", ".join(f"{k}={v}" for k, v in used.items()) or "nothing"))
+    extra: list[Any] = [f"backend {end.sandbox_backend or '-'}",
+                        f"{end.sandbox_latency_ms} ms"]
+    if end.sandbox_degraded:
+        extra.append(f"degraded: {end.sandbox_degrade_reason}")
+    lines.append(f"evidence: {outcome.envelope_id} ({'; '.join(extra)})")
+    return "\n".join(lines)
+
+
+@click.command("run", context_settings={"ignore_unknown_options": True})
+@click.option("--policy", "policies", multiple=True, required=True, type=_FILE,
+              help="a .sbpolicy file (repeatable; imports are followed)")
+@click.option("--manifest", required=True, type=_FILE, help="tool manifest (JSON/YAML/.sbpolicy)")
+@click.option("--grant", required=True, type=_FILE, help="grant for the call (JSON or YAML)")
+@click.option("--request", "request_path", type=_FILE,
+              help='request file: {"op": ..., "overrides", "now_ms", "context"}')
+@click.option("--config", "config_path", type=_FILE, help="engine configuration (YAML/JSON)")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="where evidence, budgets and spools live (overrides the config)")
+@format_option
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+def command(policies: tuple[Path, ...], manifest: Path, grant: Path, request_path: Path | None,
+            config_path: Path | None, state_dir: Path | None, fmt: str,
+            argv: tuple[str, ...]) -> None:
+    """Run one operation: from --request FILE, or `-- TOOL ARGS...` as a proc.exec.
+
+    Exits 0 when it ran, 1 when it was denied or failed, 2 on unusable input.
+    """
+    if (request_path is None) == (not argv):
+        _bad_input("give exactly one of `--request FILE` or `-- TOOL ARGS...`")
+    try:
+        config = load_config(config_path) if config_path else EngineConfig()
+    except ValueError as exc:
+        _bad_input(str(exc))
+        return
+    if state_dir is not None:
+        config = replace(config, state_dir=state_dir.absolute())
+    policyset = load_or_exit(lambda: compile_files(policies))
+    tool = load_or_exit(lambda: load_manifest(manifest))
+    ticket = load_or_exit(lambda: load_grant(grant))
+    if request_path is not None:
+        request = load_or_exit(lambda: _load_request(request_path))
+    else:
+        request = ExplainRequest(op=ProcExecOp(tool=argv[0], args=tuple(argv[1:])))
+    try:
+        outcome = run_once(policyset, ticket, tool, request.op, config=config,
+                           settings=request.settings, overrides=request.overrides,
+                           context=request.context or None, now_ms=request.now_ms)
+    except ValueError as exc:  # the configuration asks for a sink or meter nobody provides
+        _bad_input(str(exc))
+        return
+    if fmt == "json":
+        echo_json(outcome.to_json())
+    else:
+        click.echo(_render(outcome))
+    sys.exit(EXIT_OK if outcome.result.ok else EXIT_FAILED)

@@ -1,0 +1,128 @@
+"""Evidence-log summary (seed 004 S4): by backend, timeout/degrade rates, denials, latency."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(slots=True)
+class LogRead:
+    """Records read from evidence logs, and how many lines could not be parsed (a torn tail
+    after a crash, or foreign lines) — counted, never fatal.
+    """
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    unreadable: int = 0
+
+
+def read_logs(paths: Sequence[Path]) -> LogRead:
+    """Read JSONL evidence logs.
+
+    :raises OSError: a file cannot be opened.
+    """
+    out = LogRead()
+    for path in paths:
+        with path.open("rb") as fh:
+            for raw in fh:
+                if not raw.strip():
+                    continue
+                try:
+                    rec = json.loads(raw)
+                except ValueError:
+                    out.unreadable += 1
+                    continue
+                if isinstance(rec, dict):
+                    out.records.append(rec)
+                else:
+                    out.unreadable += 1
+    return out
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (no interpolation: every reported value was really observed)."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def _rate(part: int, whole: int) -> float:
+    return round(part / whole, 4) if whole else 0.0
+
+
+def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Summarize the ``end`` records (one per call; begins only count as calls started)."""
+    begins = 0
+    ends: list[dict[str, Any]] = []
+    for rec in records:
+        if rec.get("type") == "begin":
+            begins += 1
+        elif rec.get("type") == "end":
+            ends.append(rec)
+    total = len(ends)
+    by_backend: dict[str, dict[str, Any]] = {}
+    for rec in ends:
+        name = rec.get("sandbox_backend") or "(none)"
+        entry = by_backend.setdefault(name, {"count": 0, "ok": 0, "timed_out": 0, "degraded": 0})
+        entry["count"] += 1
+        entry["ok"] += rec.get("status") == "ok"
+        entry["timed_out"] += bool(rec.get("sandbox_timed_out"))
+        entry["degraded"] += bool(rec.get("sandbox_degraded"))
+    for entry in by_backend.values():
+        entry["success_rate"] = _rate(entry["ok"], entry["count"])
+    statuses = Counter(str(rec.get("status")) for rec in ends)
+    denials = Counter(str(rec.get("error_code")) for rec in ends if rec.get("status") == "denied")
+    errors = Counter(str(rec.get("error_code")) for rec in ends if rec.get("status") == "error")
+    degrade_reasons = Counter(str(rec.get("sandbox_degrade_reason")) for rec in ends
+                              if rec.get("sandbox_degraded"))
+    latencies = sorted(float(rec["sandbox_latency_ms"]) for rec in ends
+                       if isinstance(rec.get("sandbox_latency_ms"), int | float))
+    return {
+        "calls": total,
+        "begins_without_end": max(0, begins - total),
+        "statuses": dict(sorted(statuses.items())),
+        "by_backend": dict(sorted(by_backend.items())),
+        "timeout_rate": _rate(sum(bool(r.get("sandbox_timed_out")) for r in ends), total),
+        "degrade_rate": _rate(sum(bool(r.get("sandbox_degraded")) for r in ends), total),
+        "denial_codes": dict(denials.most_common()),
+        "error_codes": dict(errors.most_common()),
+        "degrade_reasons": dict(degrade_reasons.most_common()),
+        "latency_ms": {
+            "p50": percentile(latencies, 50), "p90": percentile(latencies, 90),
+            "p99": percentile(latencies, 99),
+            "avg": round(sum(latencies) / len(latencies), 3) if latencies else None,
+        },
+    }
+
+
+def render_text(summary: dict[str, Any], *, unreadable: int = 0) -> str:
+    """The summary as aligned text."""
+    lines = [f"calls: {summary['calls']}  "
+             + "  ".join(f"{k}: {v}" for k, v in summary["statuses"].items())]
+    if summary["begins_without_end"]:
+        lines.append(f"begins without end: {summary['begins_without_end']}")
+    if unreadable:
+        lines.append(f"unreadable lines: {unreadable}")
+    lines.append(f"timeout rate: {summary['timeout_rate']:.2%}  "
+                 f"degrade rate: {summary['degrade_rate']:.2%}")
+    lat = summary["latency_ms"]
+    if lat["p50"] is not None:
+        lines.append(f"latency ms: p50 {lat['p50']:.2f}  p90 {lat['p90']:.2f}  "
+                     f"p99 {lat['p99']:.2f}  avg {lat['avg']:.2f}")
+    lines.append("by backend:")
+    for name, entry in summary["by_backend"].items():
+        lines.append(f"  {name:<16} {entry['count']:>6} calls  "
+                     f"{entry['success_rate']:.2%} ok  {entry['timed_out']} timed out  "
+                     f"{entry['degraded']} degraded")
+    for title, key in (("denials", "denial_codes"), ("errors", "error_codes"),
+                       ("degrade reasons", "degrade_reasons")):
+        if summary[key]:
+            lines.append(f"{title}:")
+            lines.extend(f"  {code:<32} {n:>6}" for code, n in summary[key].items())
+    return "\n".join(lines)

@@ -163,6 +163,10 @@ def _split_authority(authority: str, url: str) -> tuple[str, IPAddress | None, s
     except ValueError:
         raise _blocked(f"invalid IPv4 address {quote(host)}", url) from None
     if ip4 is not None:
+        if raw_host.endswith("."):
+            # WHATWG reads `127.1.` as an address, inet_aton refuses it and httpx would ask
+            # DNS for the name: clients disagree, so it is refused
+            raise _blocked(f"numeric host {quote(raw_host)} with a trailing dot is ambiguous", url)
         return str(ip4), ip4, port_text
     return host, None, port_text
 

@@ -8,6 +8,7 @@ import sys
 import threading
 import timeit
 from collections.abc import Mapping
+from typing import Literal
 
 import pytest
 
@@ -26,6 +27,7 @@ from policy_engine.model import (
     NetworkMode,
     Overrides,
     ProcCapability,
+    ProfileCapability,
     RuleRef,
     SafetyClass,
     Settings,
@@ -49,11 +51,12 @@ class FakeCondition:
 
 
 def rule(
-    rid: str, effect: str, caps: Mapping[CapabilityKind, Capability], *, line: int = 1,
-    limits: Limits | None = None, condition: str | None = None, mandatory: bool = False,
+    rid: str, effect: Literal["permit", "forbid"], caps: Mapping[CapabilityKind, Capability],
+    *, line: int = 1, limits: Limits | None = None, condition: str | None = None,
+    mandatory: bool = False,
 ) -> CompiledRule:
     return CompiledRule(
-        id=rid, effect=effect, capabilities=dict(caps),  # type: ignore[arg-type]
+        id=rid, effect=effect, capabilities=dict(caps),
         ref=RuleRef(id=rid, file="acme.sbpolicy", line=line, column=1), span=SPAN,
         limits=limits, condition=FakeCondition(condition) if condition else None,
         mandatory=mandatory,
@@ -80,7 +83,7 @@ def policyset(
 
 
 def fs(kind: str, *paths: str) -> FsCapability:
-    return FsCapability(kind=kind, paths=paths)  # type: ignore[arg-type]
+    return FsCapability(kind=kind, paths=paths)
 
 
 SECRETS = ("~/.ssh/**", "~/.aws/**", "**/.env", "/etc/shadow")
@@ -108,15 +111,17 @@ ACME = policyset([
 
 def grant(*caps: Capability, tool: str = "coder", **kw: object) -> Grant:
     return Grant(tenant="t1", subject_id="agent:1", tool_name=tool, call_id="c1",
-                 capabilities=caps, expires_at=2_000_000_000_000, **kw)  # type: ignore[arg-type]
+                 capabilities=caps, expires_at=2_000_000_000_000, **kw)
 
 
 def manifest(*caps: Capability, **kw: object) -> Manifest:
-    return Manifest(name="coder", version="2.0.0", permissions=caps, **kw)  # type: ignore[arg-type]
+    return Manifest(name="coder", version="2.0.0", permissions=caps, **kw)
 
 
-def caps_of(profile_caps: object, kind: CapabilityKind) -> list[tuple[Capability, ...]]:
-    return [pc.all_of for pc in profile_caps if pc.kind == kind]  # type: ignore[attr-defined]
+def caps_of(
+    profile_caps: tuple[ProfileCapability, ...], kind: CapabilityKind
+) -> list[tuple[Capability, ...]]:
+    return [pc.all_of for pc in profile_caps if pc.kind == kind]
 
 
 def test_fs_meet_takes_the_narrower_glob() -> None:

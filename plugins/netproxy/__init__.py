@@ -1,0 +1,10 @@
+"""Restricted network mode: a host-side policy proxy reached from a sealed network namespace."""
+
+from plugins.netproxy.restricted import (
+    SANDBOX_DIR,
+    RestrictedHandle,
+    RestrictedNetwork,
+    default_python,
+)
+
+__all__ = ["SANDBOX_DIR", "RestrictedHandle", "RestrictedNetwork", "default_python"]

@@ -1,0 +1,244 @@
+"""The host-side policy proxy: HTTP (absolute-form) and CONNECT on a Unix socket, every request
+decided by the guard, every name resolved once and only vetted addresses dialed."""
+
+from __future__ import annotations
+
+import base64
+import select
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Callable
+from contextlib import closing, suppress
+from dataclasses import dataclass
+
+import httpx
+
+from plugins.executor_http.body import check_mime
+from plugins.executor_http.executor import clean_request_headers, redacted_url
+from plugins.executor_http.resolve import IPAddress, Resolver, Vetted, pin, vet
+from plugins.executor_http.transport import PinnedTransport
+from policy_engine.errors import REGISTRY, ErrorCode, PolicyEngineError
+from policy_engine.guard.guard import Guard
+from policy_engine.model import NetHttpOp, Profile, SideEffect, SideEffectRec
+
+MAX_LINE = 8192
+MAX_HEADERS = 100
+IDLE_SECONDS = 60.0
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding",
+                        "te", "trailer", "upgrade", "proxy-authenticate", "proxy-authorization"})
+
+
+@dataclass(slots=True)
+class ProxyPolicy:
+    """What the proxy enforces for one run: the profile, the guard, DNS and TLS settings."""
+
+    profile: Profile
+    guard: Guard
+    resolver: Resolver
+    transport: PinnedTransport
+    record: Callable[[SideEffectRec], None]
+    deadline: float
+
+
+class _Refused(Exception):
+    def __init__(self, exc: PolicyEngineError) -> None:
+        super().__init__(exc.reason)
+        self.error = exc
+
+
+class ProxyHandler(socketserver.StreamRequestHandler):
+    """One client connection: one request (``Connection: close``) or one CONNECT tunnel."""
+
+    server: ProxyServer
+
+    def handle(self) -> None:
+        self.connection.settimeout(IDLE_SECONDS)
+        meta: dict[str, object] = {"via": "proxy"}
+        try:
+            method, target, headers = self._read_head()
+            meta["method"] = method
+            if method == "CONNECT":
+                self._tunnel(target, meta)
+            else:
+                self._forward(method, target, headers, meta)
+        except _Refused as r:
+            meta["refused"] = r.error.code.value
+            meta.setdefault("url", "<unparsed>")
+            self._fail(r.error)
+        except (OSError, ValueError):
+            return
+        finally:
+            if "url" in meta:
+                self.server.policy.record(SideEffectRec(kind=SideEffect.NETWORK, meta=meta))
+
+    def _read_head(self) -> tuple[str, str, list[tuple[str, str]]]:
+        line = self.rfile.readline(MAX_LINE + 1)
+        parts = line.decode("latin-1").split()
+        if len(line) > MAX_LINE or len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            raise _Refused(PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                                             "malformed proxy request line"))
+        headers: list[tuple[str, str]] = []
+        while True:
+            raw = self.rfile.readline(MAX_LINE + 1)
+            if raw in (b"\r\n", b"\n", b""):
+                break
+            name, sep, value = raw.decode("latin-1").partition(":")
+            if not sep or len(headers) >= MAX_HEADERS or len(raw) > MAX_LINE:
+                raise _Refused(PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                                                 "malformed proxy request header"))
+            headers.append((name.strip(), value.strip()))
+        return parts[0].upper(), parts[1], headers
+
+    def _vet(self, op: NetHttpOp,
+             meta: dict[str, object]) -> tuple[Vetted, tuple[IPAddress, ...]]:
+        policy = self.server.policy
+        try:
+            vetted = vet(policy.guard, policy.profile, op)
+            u = vetted.url
+            meta["url"] = redacted_url(u.scheme, u.host, u.port, u.path)
+            pinned = pin(u.host, u.port, u.ip, vetted.hosts, policy.resolver)
+        except PolicyEngineError as exc:
+            meta.setdefault("url", _shown(op.url))
+            raise _Refused(exc) from None
+        meta["addresses"] = [str(a) for a in pinned.addresses]
+        return vetted, pinned.addresses
+
+    def _forward(self, method: str, target: str, headers: list[tuple[str, str]],
+                 meta: dict[str, object]) -> None:
+        if not target.startswith("http://"):
+            meta["url"] = _shown(target)
+            raise _Refused(PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED, "only absolute http:// targets are proxied; "
+                "https goes through CONNECT"))
+        kept = {k: v for k, v in headers if k.lower() not in HOP_BY_HOP and k.lower() != "host"}
+        length = next((v for k, v in headers if k.lower() == "content-length"), "0")
+        if any(k.lower() == "transfer-encoding" for k, _ in headers) or not length.isdigit():
+            meta["url"] = _shown(target)
+            raise _Refused(PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                                             "request bodies need a Content-Length"))
+        body = self.rfile.read(int(length)) if int(length) else b""
+        op = NetHttpOp(method=method, url=target, headers=kept,
+                       body_b64=base64.b64encode(body).decode() if body else None)
+        vetted, addresses = self._vet(op, meta)
+        policy = self.server.policy
+        u = vetted.url
+        remaining = min(policy.deadline - time.monotonic(),
+                        (vetted.timeout_ms or 60_000) / 1000)
+        try:
+            response, address = policy.transport.open(
+                method, u.scheme, u.host, u.port, u.path + (f"?{u.query}" if u.query else ""),
+                addresses, clean_request_headers(kept), body, remaining)
+        except httpx.HTTPError as exc:
+            code = ErrorCode.TIMEOUT if isinstance(exc, httpx.TimeoutException) \
+                else ErrorCode.PROVIDER_UNAVAILABLE
+            raise _Refused(PolicyEngineError(code, f"`{meta['url']}` is unreachable")) from None
+        meta.update(address=str(address), bytes_out=len(body))
+        with closing(response):
+            meta["status"] = response.status_code
+            try:
+                check_mime(vetted.mime, response.headers.get("content-type"))
+            except PolicyEngineError as exc:
+                raise _Refused(exc) from None
+            head = [f"HTTP/1.1 {response.status_code} {response.reason_phrase}\r\n"]
+            head += [f"{k}: {v}\r\n" for k, v in response.headers.multi_items()
+                     if k.lower() not in HOP_BY_HOP]
+            head.append("Connection: close\r\n\r\n")
+            self.wfile.write("".join(head).encode("latin-1"))
+            sent = 0
+            limit = vetted.max_bytes_in
+            for chunk in response.iter_raw():
+                sent += len(chunk)
+                if (limit is not None and sent > limit) or time.monotonic() > policy.deadline:
+                    meta["cut_off"] = True
+                    break
+                self.wfile.write(chunk)
+            meta["bytes_in"] = min(sent, limit) if limit is not None else sent
+
+    def _tunnel(self, target: str, meta: dict[str, object]) -> None:
+        """CONNECT: decided as an https GET of the authority; the tunnel's content is opaque."""
+        op = NetHttpOp(method="GET", url=f"https://{target}/")
+        vetted, addresses = self._vet(op, meta)
+        policy = self.server.policy
+        port = vetted.url.port
+        upstream: socket.socket | None = None
+        for a in addresses:
+            try:
+                upstream = socket.create_connection((str(a), port), timeout=10)
+                meta["address"] = str(a)
+                break
+            except OSError:
+                continue
+        if upstream is None:
+            raise _Refused(PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                             f"`{meta['url']}` is unreachable"))
+        meta["status"] = 200
+        self.wfile.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        with upstream:
+            up, down = _splice(self.connection, upstream, policy.deadline, vetted.max_bytes_in)
+        meta.update(bytes_out=up, bytes_in=down)
+
+    def _fail(self, exc: PolicyEngineError) -> None:
+        status = REGISTRY[exc.code].http_status
+        body = f"{exc.public_message()}\n".encode()
+        with suppress(OSError):
+            self.wfile.write(
+                f"HTTP/1.1 {status} {_reason(status)}\r\nContent-Type: text/plain\r\n"
+                f"X-Policy-Engine-Code: {exc.code.value}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n".encode() + body)
+
+
+def _splice(a: socket.socket, b: socket.socket, deadline: float,
+            max_in: int | None) -> tuple[int, int]:
+    """Copy both ways until one side closes, the deadline passes or ``max_in`` bytes came in."""
+    counts = {a: 0, b: 0}
+    peer = {a: b, b: a}
+    open_ = [a, b]
+    while open_ and time.monotonic() < deadline:
+        ready, _, _ = select.select(open_, [], [], min(1.0, max(deadline - time.monotonic(), 0)))
+        for s in ready:
+            data = s.recv(65536)
+            if not data:
+                open_.remove(s)
+                with suppress(OSError):
+                    peer[s].shutdown(socket.SHUT_WR)
+                continue
+            counts[s] += len(data)
+            peer[s].sendall(data)
+        if max_in is not None and counts[b] > max_in:
+            break
+    return counts[a], counts[b]
+
+
+def _shown(url: str) -> str:
+    try:
+        u = httpx.URL(url)
+        return redacted_url(u.scheme, u.host, u.port or 0, u.path)
+    except (httpx.InvalidURL, ValueError, TypeError):
+        return "<unparsed>"
+
+
+def _reason(status: int) -> str:
+    return {403: "Forbidden", 422: "Unprocessable Content", 429: "Too Many Requests",
+            500: "Internal Server Error", 503: "Service Unavailable",
+            504: "Gateway Timeout"}.get(status, "Error")
+
+
+class ProxyServer(socketserver.ThreadingUnixStreamServer):
+    """The proxy listening on a Unix socket; one thread per connection."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, path: str, policy: ProxyPolicy) -> None:
+        self.policy = policy
+        super().__init__(path, ProxyHandler)
+
+
+def serve_in_thread(server: ProxyServer) -> threading.Thread:
+    """Start ``server`` in a daemon thread; ``server.shutdown()`` stops it."""
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                         daemon=True, name="policy-engine-netproxy")
+    t.start()
+    return t

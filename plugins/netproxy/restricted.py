@@ -1,0 +1,183 @@
+"""Restricted network mode (seed 004): a per-run policy proxy and the sandbox arguments to reach it.
+
+The child runs in a network namespace with no route out (``bwrap --unshare-net`` or
+``docker --network=none``: only loopback). The host-side proxy (``plugins.netproxy.proxy``)
+listens on a Unix socket in a private runtime directory, which is bind-mounted read-only into the
+sandbox together with the bridge script; the bridge, started first inside the namespace, listens
+on ``127.0.0.1:PORT`` there and forwards each connection to the socket. Programs honouring
+``HTTP_PROXY``/``HTTPS_PROXY`` reach the proxy; anything else reaches nothing.
+
+Use from an executor::
+
+    with RestrictedNetwork(profile, guard).start() as net:
+        argv = ["bwrap", *my_binds, *net.bwrap_args(), "--", *net.wrap_argv(argv)]
+        env = {**my_env, **net.env()}
+        ... run ...
+        ctx.side_effects.extend(net.side_effects())   # refusals included (net.refusals())
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import ssl
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from plugins.executor_http.resolve import Resolver, system_resolver
+from plugins.executor_http.transport import PinnedTransport
+from plugins.netproxy.proxy import ProxyPolicy, ProxyServer, serve_in_thread
+from policy_engine.guard.guard import Guard
+from policy_engine.model import Profile, SideEffectRec
+
+SANDBOX_DIR = "/run/policy-engine-net"
+"""Where the runtime directory (``proxy.sock``, ``bridge.py``) appears inside the sandbox."""
+
+DEFAULT_PORT = 3128
+BRIDGE_SOURCE = Path(__file__).with_name("bridge.py")
+
+
+def default_python() -> str:
+    """An interpreter that exists inside a sandbox binding ``/usr``: ``/usr/bin/python3``."""
+    return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+class RestrictedHandle:
+    """A running proxy for one sandboxed run; close it (or use ``with``) when the run ends."""
+
+    def __init__(self, runtime_dir: Path, server: ProxyServer, thread: threading.Thread,
+                 effects: list[SideEffectRec], lock: threading.Lock, port: int,
+                 python: str, sandbox_dir: str) -> None:
+        self.runtime_dir = runtime_dir
+        self.socket_path = runtime_dir / "proxy.sock"
+        self.port = port
+        self.python = python
+        self.sandbox_dir = sandbox_dir
+        self._server, self._thread = server, thread
+        self._effects, self._lock = effects, lock
+        self._closed = False
+
+    @property
+    def proxy_url(self) -> str:
+        """The proxy URL as seen inside the sandbox."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def bwrap_args(self) -> list[str]:
+        """bubblewrap arguments: a fresh network namespace and the read-only runtime directory.
+
+        Put them after the root and ``/run`` arguments (bwrap creates the mount point, so the
+        parent of ``SANDBOX_DIR`` must be on bwrap's own tmpfs or a ``--tmpfs``).
+        """
+        return ["--unshare-net", "--ro-bind", str(self.runtime_dir), self.sandbox_dir]
+
+    def docker_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``docker.containers.run``/``create``: no network, the runtime
+        directory mounted read-only, the proxy environment."""
+        return {
+            "network_mode": "none",
+            "volumes": {str(self.runtime_dir): {"bind": self.sandbox_dir, "mode": "ro"}},
+            "environment": self.env(),
+        }
+
+    def env(self) -> dict[str, str]:
+        """Proxy variables, upper and lower case (curl reads only ``http_proxy`` lower case)."""
+        url = self.proxy_url
+        out: dict[str, str] = {}
+        for name in ("http_proxy", "https_proxy", "all_proxy"):
+            out[name] = out[name.upper()] = url
+        out["no_proxy"] = out["NO_PROXY"] = ""
+        return out
+
+    def wrap_argv(self, argv: list[str]) -> list[str]:
+        """Prefix ``argv`` with the bridge, which listens first, then runs ``argv``."""
+        return [self.python, "-I", "-S", f"{self.sandbox_dir}/bridge.py",
+                "--listen", f"127.0.0.1:{self.port}",
+                "--unix", f"{self.sandbox_dir}/proxy.sock", "--", *argv]
+
+    def side_effects(self) -> list[SideEffectRec]:
+        """Everything the proxy did or refused, as evidence (metadata only, no query strings)."""
+        with self._lock:
+            return list(self._effects)
+
+    def refusals(self) -> list[SideEffectRec]:
+        """The refused requests and tunnels only."""
+        return [e for e in self.side_effects() if "refused" in e.meta]
+
+    def close(self) -> None:
+        """Stop the proxy and remove the runtime directory; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+        self._server.policy.transport.close()
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+    def __enter__(self) -> RestrictedHandle:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class RestrictedNetwork:
+    """Builds the per-run proxy enforcing ``profile``'s ``net.http`` rules.
+
+    :param guard: the same guard that decides tool calls (it must hold the policy set whose
+        conditions the profile carries); each proxied request is a ``NetHttpOp`` it decides.
+    :param resolver: name resolution, once per request (tests inject a stand-in for DNS).
+    :param verify: TLS verification for ``http://`` requests the proxy makes itself; CONNECT
+        tunnels are end-to-end between the child and the server.
+    :param deadline: ``time.monotonic()`` value after which transfers are cut (default 1 h).
+    :param port: the bridge's port inside the namespace.
+    :param python: the interpreter that runs the bridge inside the sandbox.
+    """
+
+    def __init__(
+        self, profile: Profile, guard: Guard | None = None, *,
+        resolver: Resolver = system_resolver, verify: ssl.SSLContext | bool = True,
+        deadline: float | None = None, port: int = DEFAULT_PORT, python: str | None = None,
+        sandbox_dir: str = SANDBOX_DIR, runtime_parent: str | None = None,
+    ) -> None:
+        self.profile = profile
+        self.guard = guard if guard is not None else Guard()
+        self.resolver = resolver
+        self.verify = verify
+        self.deadline = deadline if deadline is not None else time.monotonic() + 3600
+        self.port = port
+        self.python = python or default_python()
+        self.sandbox_dir = sandbox_dir
+        self.runtime_parent = runtime_parent
+
+    def start(self) -> RestrictedHandle:
+        """Create the runtime directory, copy the bridge, listen on the socket, serve."""
+        runtime = Path(tempfile.mkdtemp(prefix="pe-net-", dir=self.runtime_parent))
+        try:
+            runtime.chmod(0o755)  # INVARIANT: only the socket and the bridge live here
+            shutil.copyfile(BRIDGE_SOURCE, runtime / "bridge.py")
+            (runtime / "bridge.py").chmod(0o644)
+            effects: list[SideEffectRec] = []
+            lock = threading.Lock()
+
+            def record(rec: SideEffectRec) -> None:
+                with lock:
+                    effects.append(rec)
+
+            policy = ProxyPolicy(profile=self.profile, guard=self.guard, resolver=self.resolver,
+                                 transport=PinnedTransport(verify=self.verify), record=record,
+                                 deadline=self.deadline)
+            server = ProxyServer(str(runtime / "proxy.sock"), policy)
+            (runtime / "proxy.sock").chmod(0o666)  # a container's uid 1000 must connect
+        except BaseException:
+            shutil.rmtree(runtime, ignore_errors=True)
+            raise
+        thread = serve_in_thread(server)
+        return RestrictedHandle(runtime, server, thread, effects, lock, self.port, self.python,
+                                self.sandbox_dir)

@@ -1,0 +1,1 @@
+"""First-party `proc` executor plugin: bubblewrap, or Landlock + seccomp, with resource limits."""

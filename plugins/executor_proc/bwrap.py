@@ -1,0 +1,94 @@
+"""bubblewrap argv from a sandbox plan, and the startup probe that says whether bwrap runs here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from plugins.executor_proc.spec import Plan, beneath
+
+NetworkHook = Callable[[Plan], list[str]]
+"""Extension point for network modes beyond off/on: given the plan, return extra bwrap args
+(e.g. ``--bind /run/pe-proxy.sock /run/proxy.sock`` plus ``--setenv HTTPS_PROXY …`` for the
+"restricted" mode's host-side proxy). The namespace itself stays unshared."""
+
+LAUNCHER_DIR = "/run/policy-engine/launcher"
+
+
+@dataclass(frozen=True, slots=True)
+class BwrapProbe:
+    """Result of running a trivial sandbox once at startup."""
+
+    path: str | None
+    ok: bool
+    reason: str
+
+
+def probe(timeout: float = 10.0) -> BwrapProbe:
+    """Run ``bwrap --unshare-all … true``: installed is not enough (user namespaces, seccomp and
+    container runtimes can all forbid it).
+    """
+    path = shutil.which("bwrap")
+    if path is None:
+        return BwrapProbe(None, False, "bwrap is not installed (Debian package `bubblewrap`)")
+    try:
+        res = subprocess.run(
+            [path, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "--new-session",
+             "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "true"],
+            capture_output=True, timeout=timeout, env={}, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return BwrapProbe(path, False, f"bwrap probe failed: {err}")
+    if res.returncode != 0:
+        return BwrapProbe(path, False, "bwrap cannot create a sandbox here: "
+                          + res.stderr.decode(errors="replace").strip()[:200])
+    return BwrapProbe(path, True, "ok")
+
+
+def _system_args(paths: list[str]) -> list[str]:
+    """Merged-/usr systems have /bin → usr/bin: recreate the symlink rather than bind twice."""
+    args: list[str] = []
+    for p in paths:
+        if os.path.islink(p) and p.count("/") == 1:
+            args += ["--symlink", os.readlink(p), p]
+        else:
+            args += ["--ro-bind", p, p]
+    return args
+
+
+def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | None,
+               network_hook: NetworkHook | None = None) -> list[str]:
+    """The full bwrap command; ``inner`` runs inside (the launcher or the tool itself).
+
+    Order matters: bwrap applies mounts in argv order, so system trees come first, then the
+    profile's read-only and writable binds from shallow to deep (a writable ``/w/out`` inside a
+    read-only ``/w``), then the masks last so nothing can re-expose a secret.
+    """
+    args = [bwrap, "--unshare-all", "--unshare-pid", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--hostname", "sandbox", "--clearenv"]
+    if plan.network == "on":
+        args.append("--share-net")
+    for key, value in sorted(plan.env.items()):
+        args += ["--setenv", key, value]
+    args += _system_args(plan.system)
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    if launcher_src is not None:
+        args += ["--ro-bind", launcher_src, LAUNCHER_DIR]
+    binds = [(p, "--ro-bind") for p in plan.readable] + [(p, "--bind") for p in plan.writable]
+    for path, flag in sorted(binds, key=lambda b: (b[0].count("/"), b[0])):
+        args += [flag, path, path]
+    for path in plan.mask_files:
+        args += ["--ro-bind", "/dev/null", path]
+    for path in plan.mask_dirs:
+        args += ["--tmpfs", path, "--remount-ro", path]
+    if network_hook is not None:
+        args += network_hook(plan)
+    args += ["--chdir", plan.cwd, "--", *inner]
+    return args
+
+
+def visible(plan: Plan, path: str) -> bool:
+    """Whether ``path`` exists inside the sandbox the plan describes (for cwd checks)."""
+    return any(beneath(path, b) for b in (*plan.system, *plan.readable, *plan.writable, "/tmp"))

@@ -1,0 +1,64 @@
+"""Resource limits applied in the child between fork and exec: cgroup attach and rlimits.
+
+Which mechanism holds which limit is reported in ``out["limits"]``:
+pids — the per-exec pids cgroup when one can be made, else RLIMIT_NPROC (per user, and ignored
+for root, so the report says ``unenforced``); memory — the memory cgroup, else RLIMIT_AS;
+cpu — RLIMIT_CPU always (CPU seconds = timeout × cores, a backstop) plus the cpu cgroup quota.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+from collections.abc import Callable
+
+from plugins.executor_proc.cgroups import ExecCgroup
+from plugins.executor_proc.spec import Limits
+
+
+def describe(limits: Limits, cg: ExecCgroup | None) -> dict[str, str]:
+    """Which mechanism enforces each limit for this exec."""
+    ctrls = cg.controllers if cg else []
+    return {
+        "pids": f"cgroup-{cg.version} pids.max={limits.pids}" if cg and "pids" in ctrls else (
+            "unenforced (RLIMIT_NPROC does not bind root)" if os.geteuid() == 0
+            else f"RLIMIT_NPROC={limits.pids} (per user)"),
+        "memory": (f"cgroup memory={limits.memory_bytes}" if "memory" in ctrls
+                   else f"RLIMIT_AS={limits.memory_bytes}"),
+        "cpu": f"RLIMIT_CPU={cpu_seconds(limits)}s"
+               + (f" + cgroup quota {limits.cpu_cores} cores" if "cpu" in ctrls else ""),
+        "wall": f"{limits.timeout_s}s, process group killed",
+    }
+
+
+def cpu_seconds(limits: Limits) -> int:
+    return max(1, math.ceil(limits.timeout_s * limits.cpu_cores) + 1)
+
+
+def preexec(limits: Limits, cg: ExecCgroup | None) -> Callable[[], None]:
+    """The function Popen runs in the child. Only async-signal-tolerant work: raw os calls, no
+    imports, no locks (the parent may have other threads).
+    """
+    procs = cg.procs_files if cg else []
+    ctrls = cg.controllers if cg else []
+    cpu = cpu_seconds(limits)
+    mem = limits.memory_bytes
+    nproc = limits.pids
+
+    def _apply() -> None:
+        pid = str(os.getpid()).encode()
+        for path in procs:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        if "memory" not in ctrls:
+            resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        if "pids" not in ctrls:
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+    return _apply

@@ -1,0 +1,151 @@
+"""Concurrent capture of stdout/stderr, bounded to head + tail, and the wait for the child.
+
+One thread multiplexes both pipes, the optional stdin feed, a pidfd for exit and the deadline:
+the child is never blocked on a full pipe (we keep draining past the limit) and memory stays
+bounded by head + tail whatever it prints.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import contextlib
+import errno
+import hashlib
+import os
+import selectors
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from policy_engine.executor import CancelToken
+from policy_engine.model import Digest
+
+_CHUNK = 64 * 1024
+
+
+@dataclass(slots=True)
+class HeadTail:
+    """Keeps the first ``limit // 2`` and the last ``limit - limit // 2`` bytes of a stream."""
+
+    limit: int
+    head: bytearray = field(default_factory=bytearray)
+    tail: collections.deque[bytes] = field(default_factory=collections.deque)
+    tail_size: int = 0
+    total: int = 0
+    sha: hashlib._Hash = field(default_factory=hashlib.sha256)
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        self.sha.update(data)
+        room = self.limit // 2 - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if not data:
+            return
+        keep = self.limit - self.limit // 2
+        self.tail.append(data)
+        self.tail_size += len(data)
+        while self.tail and self.tail_size - len(self.tail[0]) >= keep:
+            self.tail_size -= len(self.tail.popleft())
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.limit
+
+    def value(self) -> bytes:
+        tail = b"".join(self.tail)
+        if not self.truncated:
+            return bytes(self.head) + tail
+        return bytes(self.head) + tail[len(tail) - (self.limit - self.limit // 2):]
+
+    def digest(self) -> Digest:
+        return Digest(b64=base64.b64encode(self.sha.digest()).decode(), size=self.total)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How the wait ended."""
+
+    status: int | None  # raw wait status; None if the child was never reaped
+    rusage_cpu_ms: int = 0
+    timed_out: bool = False
+    cancelled: bool = False
+    status_json: bytes = b""
+
+
+def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int | None,
+         stdin_data: bytes, out: HeadTail, err: HeadTail, deadline: float, cancel: CancelToken,
+         on_exit: Callable[[], None], kill: Callable[[], None]) -> Outcome:
+    """Drain until exit and EOF; on deadline or cancel call ``kill``; returns the outcome.
+
+    :param on_exit: called once the main child has exited, before it is reaped (its zombie keeps
+        the process group id reserved), to kill what it left behind.
+    """
+    sel = selectors.DefaultSelector()
+    pidfd = os.pidfd_open(pid)
+    sel.register(pidfd, selectors.EVENT_READ, "exit")
+    for fd, tag in ((stdout, "out"), (stderr, "err"), (status_fd, "status")):
+        if fd is not None:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ, tag)
+    if stdin is not None:
+        os.set_blocking(stdin, False)
+        sel.register(stdin, selectors.EVENT_WRITE, "in")
+    result = Outcome(status=None)
+    status_buf, exited, view = bytearray(), False, memoryview(stdin_data)
+    try:
+        while True:
+            if cancel.cancelled or time.monotonic() >= deadline:
+                result.cancelled, result.timed_out = cancel.cancelled, not cancel.cancelled
+                kill()
+                break
+            timeout = max(0.0, min(deadline - time.monotonic(), 0.2))
+            for key, _ in sel.select(timeout):
+                tag = key.data
+                if tag == "exit":
+                    sel.unregister(pidfd)
+                    exited = True
+                    on_exit()
+                elif tag == "in" and stdin is not None:
+                    try:
+                        n = os.write(stdin, view[:_CHUNK]) if view else 0
+                    except BrokenPipeError:
+                        n, view = 0, memoryview(b"")
+                    view = view[n:]
+                    if not view:
+                        sel.unregister(stdin)
+                        os.close(stdin)
+                        stdin = None
+                else:
+                    try:
+                        data = os.read(key.fd, _CHUNK)
+                    except OSError as e:
+                        if e.errno == errno.EAGAIN:
+                            continue
+                        data = b""
+                    if not data:
+                        sel.unregister(key.fd)
+                    elif tag == "out":
+                        out.feed(data)
+                    elif tag == "err":
+                        err.feed(data)
+                    elif len(status_buf) < 4096:
+                        status_buf += data
+            if exited and not any(k.data in ("out", "err", "status") for k in
+                                  sel.get_map().values()):
+                break
+    finally:
+        sel.close()
+        os.close(pidfd)
+        if stdin is not None:
+            with contextlib.suppress(OSError):
+                os.close(stdin)
+    if not exited:
+        on_exit()
+    _, status, ru = os.wait4(pid, 0)
+    result.status = status
+    result.rusage_cpu_ms = int((ru.ru_utime + ru.ru_stime) * 1000)
+    result.status_json = bytes(status_buf)
+    return result

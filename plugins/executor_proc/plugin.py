@@ -1,0 +1,20 @@
+"""Registers `proc-bwrap` and `proc-landlock` through the public hook, as a third party would.
+
+Both are always returned, each declaring honestly whether it can run here: a backend that
+cannot (bwrap missing, Landlock disabled) refuses every call with ``PROVIDER.UNAVAILABLE`` and
+its reason, rather than running unconfined.
+"""
+
+from __future__ import annotations
+
+from plugins.executor_proc.executor import ProcExecutor, ProcOptions
+from policy_engine.config import EngineConfig
+from policy_engine.executor import Executor
+from policy_engine.hookspecs import hookimpl
+
+
+@hookimpl
+def policy_engine_executors(config: EngineConfig) -> list[Executor]:
+    """Validate ``config.plugin_options("proc")`` first, then construct both backends."""
+    options = ProcOptions.parse(config.plugin_options("proc"))
+    return [ProcExecutor("bwrap", options), ProcExecutor("landlock", options)]

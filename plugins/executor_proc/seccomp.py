@@ -1,0 +1,108 @@
+"""A seccomp-BPF deny filter built with ctypes (x86_64): no mount, ptrace, bpf, namespaces…
+
+Standard library only: this module also runs inside the sandbox, loaded by ``launcher.py``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import platform
+import struct
+
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_X32_BIT = 0x40000000
+
+# BPF opcodes (linux/filter.h)
+_LD_W_ABS = 0x20
+_JEQ_K = 0x15
+_JSET_K = 0x45
+_JGE_K = 0x35
+_RET_K = 0x06
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO = 0x00050000
+_RET_KILL_PROCESS = 0x80000000
+_OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # struct seccomp_data, little-endian low word of args[0]
+
+# syscalls no agent tool needs and every container escape wants (x86_64 numbers)
+DENIED_X86_64: dict[str, int] = {
+    "ptrace": 101, "syslog": 103, "uselib": 134, "acct": 163, "settimeofday": 164, "mount": 165,
+    "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169, "iopl": 172, "ioperm": 173,
+    "init_module": 175, "delete_module": 176, "quotactl": 179, "pivot_root": 155, "chroot": 161,
+    "lookup_dcookie": 212, "clock_settime": 227, "kexec_load": 246, "add_key": 248,
+    "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298,
+    "name_to_handle_at": 303, "open_by_handle_at": 304, "setns": 308,
+    "process_vm_readv": 310, "process_vm_writev": 311, "finit_module": 313,
+    "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425,
+    "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
+    "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+}
+_NR_CLONE, _NR_CLONE3, _NR_SOCKET, _NR_PERSONALITY, _NR_SETSID = 56, 435, 41, 135, 112
+_CLONE_NS_FLAGS = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000
+                   | 0x40000000 | 0x00000080)  # NEWNS UTS IPC USER PID NET CGROUP TIME
+_PERSONALITY_OK = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)  # Docker's list; no ADDR_NO_RANDOMIZE
+_AF_UNIX = 1
+
+
+def supported() -> bool:
+    return platform.machine() == "x86_64"
+
+
+def _ins(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def _ret(value: int) -> bytes:
+    return _ins(_RET_K, value)
+
+
+def build_filter(*, deny_inet: bool, deny_setsid: bool) -> bytes:
+    """The BPF program: EPERM for denied calls, ENOSYS for clone3 (so libc falls back to clone,
+    whose flags we can inspect), namespace flags on clone refused, optional socket filter.
+    """
+    eperm = _ret(_RET_ERRNO | errno.EPERM)
+    prog = [_ins(_LD_W_ABS, _OFF_ARCH), _ins(_JEQ_K, _AUDIT_ARCH_X86_64, 1, 0),
+            _ret(_RET_KILL_PROCESS), _ins(_LD_W_ABS, _OFF_NR),
+            _ins(_JGE_K, _X32_BIT, 0, 1), eperm]  # x32 ABI numbers would dodge the table
+    denied = sorted(DENIED_X86_64.values()) + ([_NR_SETSID] if deny_setsid else [])
+    for nr in denied:
+        prog += [_ins(_JEQ_K, nr, 0, 1), eperm]
+    prog += [_ins(_JEQ_K, _NR_CLONE3, 0, 1), _ret(_RET_ERRNO | errno.ENOSYS)]
+    # INVARIANT: every argument check ends by reloading nr, so later checks still see it
+    prog += [_ins(_JEQ_K, _NR_CLONE, 0, 4), _ins(_LD_W_ABS, _OFF_ARG0),
+             _ins(_JSET_K, _CLONE_NS_FLAGS, 0, 1), eperm, _ins(_LD_W_ABS, _OFF_NR)]
+    n = len(_PERSONALITY_OK)
+    prog += [_ins(_JEQ_K, _NR_PERSONALITY, 0, n + 3), _ins(_LD_W_ABS, _OFF_ARG0)]
+    prog += [_ins(_JEQ_K, v, n - i, 0) for i, v in enumerate(_PERSONALITY_OK)]
+    prog += [eperm, _ins(_LD_W_ABS, _OFF_NR)]
+    if deny_inet:
+        prog += [_ins(_JEQ_K, _NR_SOCKET, 0, 4), _ins(_LD_W_ABS, _OFF_ARG0),
+                 _ins(_JEQ_K, _AF_UNIX, 1, 0), _ret(_RET_ERRNO | errno.EAFNOSUPPORT),
+                 _ins(_LD_W_ABS, _OFF_NR)]
+    prog.append(_ret(_RET_ALLOW))
+    return b"".join(prog)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install(*, deny_inet: bool, deny_setsid: bool = False) -> int:
+    """Install the filter on this thread (inherited across fork and exec); returns its length.
+
+    :raises OSError: when seccomp is unsupported here or prctl fails.
+    """
+    if not supported():
+        raise OSError(errno.ENOSYS, f"seccomp filter has no table for {platform.machine()}")
+    code = build_filter(deny_inet=deny_inet, deny_setsid=deny_setsid)
+    buf = ctypes.create_string_buffer(code, len(code))
+    prog = _SockFprog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p).value)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_SECCOMP failed")
+    return len(code) // 8

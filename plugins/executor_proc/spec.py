@@ -1,0 +1,225 @@
+"""The sandbox plan of one proc.exec: binds, masks, Landlock rules, environment, cwd and limits.
+
+Both backends (bwrap and Landlock-only) render the same plan, so they grant the same paths.
+Binds have literal-prefix granularity: ``/w/*/out`` grants ``/w`` — the guard checks the fine
+glob of fs ops, the sandbox only bounds what a process can reach.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from policy_engine import ErrorCode, PolicyEngineError
+from policy_engine.model import SYSTEM_DEFAULT_LIMITS, FsCapability, ProcExecOp, Profile
+from policy_engine.patterns.paths import PathGlob, expand_home, is_literal, literal_prefix
+
+SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc")
+# never readable in a sandbox, whatever the profile says (seed 003 mandatory list, /etc part)
+BUILTIN_MASKS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers",
+                 "/etc/ssh/ssh_host_*_key")
+BASE_ENV_KEYS = ("PATH", "LANG", "HOME", "TZ", "TMPDIR")
+
+
+def beneath(path: str, root: str) -> bool:
+    """Segment-wise containment (``/w`` contains ``/w/x`` but never ``/w-evil``)."""
+    return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Resolved per-exec limits (every value concrete)."""
+
+    timeout_s: float
+    cpu_cores: float
+    memory_bytes: int
+    pids: int
+    max_stdout: int
+    max_stderr: int
+    max_stdin: int
+
+
+@dataclass(slots=True)
+class Plan:
+    """Everything a backend needs to start the process; paths are host paths."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    readable: list[str]
+    writable: list[str]
+    system: list[str]
+    mask_files: list[str] = field(default_factory=list)
+    mask_dirs: list[str] = field(default_factory=list)
+    limits: Limits | None = None
+    network: str = "off"
+
+    def landlock_rules(self, extra: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+        """Allow-list rules; a tree holding a masked path is carved around it (Landlock cannot
+        subtract), its own directory keeping only list/create rights.
+        """
+        masked = self.mask_files + self.mask_dirs
+        rules: list[tuple[str, str]] = []
+        for paths, access in ((self.system, "rox"), (self.readable, "rox"),
+                              (self.writable, "rw")):
+            for p in paths:
+                rules += carve(p, access, masked)
+        return rules + list(extra)
+
+
+def carve(root: str, access: str, masked: list[str]) -> list[tuple[str, str]]:
+    """``root`` with ``access``, minus every masked path beneath it."""
+    inside = [m for m in masked if beneath(m, root)]
+    if not inside:
+        return [(root, access)]
+    if root in inside or not os.path.isdir(root) or os.path.islink(root):
+        return []
+    out: list[tuple[str, str]] = [(root, "create" if access == "rw" else "list")]
+    for name in sorted(os.listdir(root)):
+        out += carve(os.path.join(root, name), access, inside)
+    return out
+
+
+def _prefixes(profile: Profile, kinds: set[str]) -> list[str]:
+    """Literal prefixes of the profile's fs capabilities of ``kinds``, clamped to root_fs.
+
+    A conjunction (``all_of``) keeps a prefix only if every member has an ancestor-or-equal
+    prefix: the deepest such prefix still covers the whole intersection.
+    """
+    root = profile.mappings.root_fs.rstrip("/") or "/"
+    home = profile.mappings.home
+    out: set[str] = set()
+    for pc in profile.capabilities:
+        if pc.kind.value not in kinds:
+            continue
+        members = [[literal_prefix(expand_home(p, home)) for p in c.paths]
+                   for c in pc.all_of if isinstance(c, FsCapability)]
+        for cand in {p for m in members for p in m}:
+            if all(any(beneath(cand, q) for q in m) for m in members):
+                clamped = cand if beneath(cand, root) else root if beneath(root, cand) else None
+                if clamped and os.path.isdir(clamped) and not os.path.islink(clamped):
+                    out.add(clamped)
+    # a path beneath another of the same list adds nothing
+    return sorted(p for p in out if not any(q != p and beneath(p, q) for q in out))
+
+
+def _masks(profile: Profile, bound: list[str], system: list[str],
+           scan_limit: int) -> tuple[list[str], list[str]]:
+    """Existing paths under mandatory denies (and the built-ins) that a bind would expose.
+
+    ``**/x`` globs are searched in the profile's binds only; system trees are scanned only for a
+    glob whose literal prefix lies inside them (``/etc/ssh/ssh_host_*_key``).
+    """
+    visible = bound + system
+    home = profile.mappings.home
+    patterns = list(BUILTIN_MASKS)
+    for deny in profile.denies:
+        if deny.mandatory and isinstance(deny.capability, FsCapability):
+            patterns += [expand_home(p, home) for p in deny.capability.paths]
+    found: set[str] = set()
+    budget = [scan_limit]
+    for pattern in patterns:
+        trimmed = pattern[:-3] if pattern.endswith("/**") else pattern
+        if is_literal(trimmed):
+            if any(beneath(trimmed, b) for b in visible) and os.path.lexists(trimmed):
+                found.add(trimmed)
+            continue
+        glob, prefix = PathGlob.of(pattern, home), literal_prefix(pattern)
+        roots = [b for b in bound if beneath(b, prefix)]
+        roots += [prefix] if prefix != "/" and any(beneath(prefix, b) for b in visible) else []
+        for r in roots:
+            found.update(_scan(r, glob, budget))
+    files = sorted(p for p in found if not stat.S_ISDIR(os.lstat(p).st_mode))
+    dirs = sorted(p for p in found if stat.S_ISDIR(os.lstat(p).st_mode))
+    return files, dirs
+
+
+def _scan(root: str, glob: PathGlob, budget: list[int]) -> list[str]:
+    """Bounded no-follow walk for a glob deny; refuses to guess when the tree is too large."""
+    hits, stack = [], [root]
+    while stack:
+        d = stack.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise PolicyEngineError(
+                    ErrorCode.CAPABILITY_BLOCKED,
+                    "too many files to verify mandatory denies inside the sandbox binds",
+                    audit={"root": root, "pattern": glob.pattern})
+            if glob.matches(e.path):
+                hits.append(e.path)
+            elif e.is_dir(follow_symlinks=False):
+                stack.append(e.path)
+    return hits
+
+
+def resolve_limits(profile: Profile, op: ProcExecOp) -> Limits:
+    lim, dflt = profile.limits, SYSTEM_DEFAULT_LIMITS
+
+    def pick(name: str) -> int:
+        v = getattr(lim, name)
+        return int(v if v is not None else getattr(dflt, name))
+
+    timeouts = [t for t in (op.timeout_ms, profile.timeout_ms, lim.timeout_ms) if t]
+    return Limits(
+        timeout_s=min(timeouts or [pick("timeout_ms")]) / 1000,
+        cpu_cores=float(lim.cpu_cores or dflt.cpu_cores or 1.0),
+        memory_bytes=pick("memory_bytes"), pids=pick("pids"),
+        max_stdout=pick("max_stdout_bytes"), max_stderr=pick("max_stderr_bytes"),
+        max_stdin=pick("max_bytes_in"),
+    )
+
+
+def build_env(profile: Profile, op: ProcExecOp, allowed: Iterable[str], base: Mapping[str, str],
+              tmpdir: str) -> dict[str, str]:
+    """Never inherited: fixed base keys, plus op-supplied values for allow-listed keys only."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC",
+           **base, "HOME": profile.mappings.home, "TMPDIR": tmpdir}
+    allowed_set = set(allowed)
+    for key, value in op.env.items():
+        if key not in allowed_set:
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                    f"environment variable `{key}` is not allowed")
+        if "\x00" in key or "\x00" in value or "=" in key:
+            raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                                    f"environment variable `{key}` is malformed")
+        env[key] = value
+    return env
+
+
+def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (),
+               env_base: Mapping[str, str] | None = None, extra_ro: Iterable[str] = (),
+               tmpdir: str = "/tmp", scan_limit: int = 20_000) -> Plan:
+    """Compute the plan; refuses a cwd outside root_fs or outside every bound path."""
+    if any("\x00" in a for a in (op.tool, *op.args)):
+        raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "argv contains a NUL byte")
+    root = profile.mappings.root_fs.rstrip("/") or "/"
+    writable = _prefixes(profile, {"fs.write"})
+    readable = [p for p in _prefixes(profile, {"fs.read", "fs.list"})
+                if not any(beneath(p, w) for w in writable)]
+    interp = os.path.realpath(sys.base_prefix)
+    system = [p for p in SYSTEM_RO if os.path.exists(p)]
+    system += [p for p in (interp, *extra_ro)
+               if os.path.exists(p) and not any(beneath(p, s) for s in SYSTEM_RO)]
+    bound = readable + writable
+    cwd = op.cwd or (root if any(beneath(root, b) for b in bound) else tmpdir)
+    if op.cwd is not None:
+        if "\x00" in cwd or ".." in cwd.split("/") or not beneath(cwd, root):
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                    f"cwd `{cwd}` is not beneath root_fs")
+        if not any(beneath(cwd, b) for b in bound):
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                    f"cwd `{cwd}` is not a readable path of the profile")
+    files, dirs = _masks(profile, bound, system, scan_limit)
+    return Plan(
+        argv=[op.tool, *op.args], cwd=cwd, readable=readable, writable=writable, system=system,
+        env=build_env(profile, op, env_allow, env_base or {}, tmpdir), mask_files=files,
+        mask_dirs=dirs, limits=resolve_limits(profile, op), network=profile.network.value,
+    )

@@ -50,7 +50,8 @@ def test_rule_order_ids_and_refs(org: PolicySet) -> None:
                    "org:15", "read-workspace", "org:18", "org:21", "org:24", "org:25"]
     read = next(r for r in org.rules if r.id == "read-workspace")
     assert (Path(read.ref.file).name, read.ref.line, read.ref.column) == ("org.sbpolicy", 17, 1)
-    assert read.span.line == 17 and read.kinds == (CapabilityKind.FS_READ, CapabilityKind.FS_LIST)
+    assert read.span.line == 17
+    assert read.kinds == (CapabilityKind.FS_READ, CapabilityKind.FS_LIST)
 
 
 def test_indices_put_mandatory_forbids_first(org: PolicySet) -> None:
@@ -68,7 +69,8 @@ def test_capabilities_are_built_and_home_expanded(org: PolicySet) -> None:
     builtin = org.rules[0]
     cap = builtin.capabilities[CapabilityKind.FS_READ]
     assert isinstance(cap, FsCapability)
-    assert f"{HOME}/.ssh/**" in cap.paths and "/**/.env" in cap.paths
+    assert f"{HOME}/.ssh/**" in cap.paths
+    assert "/**/.env" in cap.paths
     assert len(cap.paths) == len(MANDATORY_DENY_PATHS)
     assert set(builtin.kinds) == {CapabilityKind.FS_READ, CapabilityKind.FS_WRITE,
                                   CapabilityKind.FS_LIST}
@@ -76,15 +78,24 @@ def test_capabilities_are_built_and_home_expanded(org: PolicySet) -> None:
     by_id = {r.id: r for r in org.rules}
     net = by_id["github-api"].capabilities[CapabilityKind.NET_HTTP]
     assert isinstance(net, NetHttpCapability)
-    assert net.ports == (443,) and net.methods == ("GET", "HEAD") and net.schemes == ("https",)
+    assert net.ports == (443,)
+    assert net.methods == ("GET", "HEAD")
+    assert net.schemes == ("https",)
     proc = by_id["org:21"].capabilities[CapabilityKind.PROC_EXEC]
-    assert isinstance(proc, ProcCapability) and proc.tool == "git" and proc.args is not None
-    assert proc.args[1].repeat and proc.args[1].alternatives[0].regex == "^--(oneline|stat)$"
+    assert isinstance(proc, ProcCapability)
+    assert proc.tool == "git"
+    assert proc.args is not None
+    assert proc.args[1].repeat
+    assert proc.args[1].alternatives[0].regex == "^--(oneline|stat)$"
     limits = by_id["org:21"].limits
-    assert limits is not None and limits.memory_bytes == 512 * 1024**2 and limits.pids == 64
-    assert limits.timeout_ms == 30_000 and limits.cpu_cores == 1.0
+    assert limits is not None
+    assert limits.memory_bytes == 512 * 1024**2
+    assert limits.pids == 64
+    assert limits.timeout_ms == 30_000
+    assert limits.cpu_cores == 1.0
     tmp = by_id["org:24"].capabilities[CapabilityKind.TMP_USE]
-    assert isinstance(tmp, TmpCapability) and tmp.max_bytes == 64 * 1024**2
+    assert isinstance(tmp, TmpCapability)
+    assert tmp.max_bytes == 64 * 1024**2
     user_mandatory = by_id["org:13"].capabilities[CapabilityKind.FS_LIST]
     assert isinstance(user_mandatory, FsCapability)
     assert user_mandatory.paths == (f"{HOME}/.kube/**", "/**/id_rsa")
@@ -95,28 +106,35 @@ def test_profiles_builtin_and_defined(org: PolicySet) -> None:
                                  "high-isolation", "ci-runner"}
     assert org.profiles["safe-readonly"].span.file.endswith("org.sbpolicy")
     ci = org.profiles["ci-runner"]
-    assert ci.network is NetworkMode.RESTRICTED and ci.fs_mode == "read-write"
+    assert ci.network is NetworkMode.RESTRICTED
+    assert ci.fs_mode == "read-write"
     assert ci.writable == ("/workspace/work/**", f"{HOME}/cache/**")
-    assert ci.limits.timeout_ms == 300_000 and ci.limits.memory_bytes == 2 * 1024**3
+    assert ci.limits.timeout_ms == 300_000
+    assert ci.limits.memory_bytes == 2 * 1024**3
     iso = org.profiles["high-isolation"]
-    assert iso.limits.timeout_ms == 10_000 and iso.limits.cpu_cores == 0.5
-    assert iso.fs_mode == "read-only" and iso.network is NetworkMode.OFF
+    assert iso.limits.timeout_ms == 10_000
+    assert iso.limits.cpu_cores == 0.5
+    assert iso.fs_mode == "read-only"
+    assert iso.network is NetworkMode.OFF
     assert org.profiles["workspace-write"].writable == ("/workspace/**",)
     assert org.profiles["networked-dev"].network is NetworkMode.ON
 
 
 def test_consent_rules(org: PolicySet, tmp_path: Path) -> None:
     (rule,) = org.consent_rules
-    assert rule.condition is not None and rule.ref.line == 27
+    assert rule.condition is not None
+    assert rule.ref.line == 27
     ok, _ = rule.condition.evaluate({"profile": {"safety": "Low", "side_effects": ["Write"]}})
     assert ok
     plain = tmp_path / "p.sbpolicy"
     plain.write_text('policy "p" version "1"\n')
     (default,) = compile_files([plain], home=HOME).consent_rules
-    assert default.condition is None and default.ref.file == "<builtin>"
+    assert default.condition is None
+    assert default.ref.file == "<builtin>"
     plain.write_text('policy "p" version "1"\nrequire consent\n')
     (always,) = compile_files([plain], home=HOME).consent_rules
-    assert always.condition is not None and always.condition.evaluate({}) == (True, None)
+    assert always.condition is not None
+    assert always.condition.evaluate({}) == (True, None)
 
 
 def test_tool_blocks_become_manifests(tmp_path: Path) -> None:
@@ -125,9 +143,11 @@ def test_tool_blocks_become_manifests(tmp_path: Path) -> None:
     policy.write_text('policy "p" version "1"\n' + src)
     ps = compile_files([policy], home=HOME)
     manifest = ps.tools["git-helper"]
-    assert manifest.profile == "workspace-write" and manifest.limits.timeout_ms == 20_000
+    assert manifest.profile == "workspace-write"
+    assert manifest.limits.timeout_ms == 20_000
     fs = manifest.permissions[1]
-    assert isinstance(fs, FsCapability) and fs.paths == ("/workspace/**", f"{HOME}/.gitconfig")
+    assert isinstance(fs, FsCapability)
+    assert fs.paths == ("/workspace/**", f"{HOME}/.gitconfig")
     assert all(r.id == MANDATORY_DENY_ID for r in ps.rules)  # tool permits are not org rules
 
 
@@ -144,12 +164,14 @@ def test_several_files_are_merged_in_order(tmp_path: Path) -> None:
     a.write_text('policy "set" version "2"\npermit fs.read paths ["/a/**"]\n')
     b.write_text('permit fs.read paths ["/b/**"]\n')
     ps = compile_files([a, b], home=HOME)
-    assert ps.name == "set" and [r.id for r in ps.rules[1:]] == ["a:2", "b:1"]
+    assert ps.name == "set"
+    assert [r.id for r in ps.rules[1:]] == ["a:2", "b:1"]
 
 
 def test_stage_table_is_ordered_and_named() -> None:
     names = [name for name, _, _ in STAGES]
-    assert names[0] == "ResolveImports" and names[-1] == "BuildRuleIndices"
+    assert names[0] == "ResolveImports"
+    assert names[-1] == "BuildRuleIndices"
     assert names.index("CompileConditions") < names.index("CheckTypes")
     assert names.index("AddBuiltins") < names.index("ComputeVersionHash")
     assert names.index("ComputeVersionHash") < names.index("ExpandHome")

@@ -22,7 +22,8 @@ def _check(tmp_path: Path, body: str, *, header: bool = True) -> list[Diagnostic
 def _only(diags: list[Diagnostic]) -> Diagnostic:
     assert len(diags) == 1, diags
     d = diags[0]
-    assert not d.message[0].isupper() and not d.message.endswith(".")
+    assert not d.message[0].isupper()
+    assert not d.message.endswith(".")
     assert d.help
     return d
 
@@ -74,7 +75,9 @@ def test_check(tmp_path: Path, body: str, code: str, line: int, column: int,
 
 def test_missing_header(tmp_path: Path) -> None:
     d = _only(_check(tmp_path, 'permit fs.read paths ["/a/**"]\n', header=False))
-    assert d.id == "SBP200" and d.span is not None and d.span.line == 1
+    assert d.id == "SBP200"
+    assert d.span is not None
+    assert d.span.line == 1
 
 
 def test_conflicting_headers_of_files_compiled_together(tmp_path: Path) -> None:
@@ -82,13 +85,16 @@ def test_conflicting_headers_of_files_compiled_together(tmp_path: Path) -> None:
     a.write_text('policy "p" version "1"\n')
     b.write_text('policy "p" version "2"\n')
     d = _only(check_files([a, b]))
-    assert d.id == "SBP215" and d.span is not None and d.span.file == str(b)
+    assert d.id == "SBP215"
+    assert d.span is not None
+    assert d.span.file == str(b)
 
 
 def test_import_cycle_names_the_cycle() -> None:
     d = _only(check_files([FIXTURES / "cycle" / "a.sbpolicy"]))
     assert d.id == "SBP203"
-    assert d.span is not None and d.span.file.endswith("c.sbpolicy")
+    assert d.span is not None
+    assert d.span.file.endswith("c.sbpolicy")
     assert (d.span.line, d.span.column) == (1, 8)
     for name in ("a.sbpolicy", "b.sbpolicy", "c.sbpolicy"):
         assert name in d.message
@@ -107,7 +113,8 @@ def test_cel_error_is_positioned_in_the_policy_file(tmp_path: Path) -> None:
             '  when `grant.subject_id.startsWith("agent:") &&\n'
             '        request.size + "x" > 3`\n')
     d = _only(_check(tmp_path, body))
-    assert d.id == "SBP210" and d.span is not None
+    assert d.id == "SBP210"
+    assert d.span is not None
     # `dyn + string` is a string; `string > int` has no overload: the `>` is on the
     # condition's second line (file line 4), column 28 of that line
     assert (d.span.line, d.span.column) == (4, 28)
@@ -116,7 +123,8 @@ def test_cel_error_is_positioned_in_the_policy_file(tmp_path: Path) -> None:
 
 def test_shadowed_permit_is_a_warning(tmp_path: Path) -> None:
     d = _only(_check(tmp_path, 'permit fs.read paths ["~/.ssh/id_ed25519", "~/.aws/**"]\n'))
-    assert d.id == "SBP216" and d.severity is Severity.WARNING
+    assert d.id == "SBP216"
+    assert d.severity is Severity.WARNING
 
 
 def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:

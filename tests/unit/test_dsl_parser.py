@@ -61,22 +61,28 @@ def test_every_construct_parses_into_its_node() -> None:
     assert kinds == ["Header", "Import", "Defaults", "Rule", "Rule", "Rule", "Rule", "Rule",
                      "Rule", "Rule", "Consent", "Consent", "ProfileDef", "ToolDef"]
     header, imp, defaults = items[0], items[1], items[2]
-    assert isinstance(header, ast.Header) and header.name.value == "acme/agents"
+    assert isinstance(header, ast.Header)
+    assert header.name.value == "acme/agents"
     assert header.version.value == "1.4.0"
-    assert isinstance(imp, ast.Import) and imp.path.value == "common/net.sbpolicy"
+    assert isinstance(imp, ast.Import)
+    assert imp.path.value == "common/net.sbpolicy"
     assert isinstance(defaults, ast.Defaults)
     assert [s.key for s in defaults.settings] == ["timeout", "network"]
     names = [lim.name.value for lim in defaults.limits[0].items]
-    assert names[-2:] == ["screenshot", "timeout"] and len(names) == 12
+    assert names[-2:] == ["screenshot", "timeout"]
+    assert len(names) == 12
 
 
 def test_rule_shapes() -> None:
     items = _parse(ALL_CONSTRUCTS)
     mandatory, named, net, browser, proc, tmp, gpu = items[3:10]
-    assert isinstance(mandatory, ast.Rule) and mandatory.mandatory
+    assert isinstance(mandatory, ast.Rule)
+    assert mandatory.mandatory
     assert [k.value for k in mandatory.kinds] == ["fs.read", "fs.write"]
-    assert isinstance(named, ast.Rule) and named.name is not None
-    assert named.name.value == "read-workspace" and named.effect == "permit"
+    assert isinstance(named, ast.Rule)
+    assert named.name is not None
+    assert named.name.value == "read-workspace"
+    assert named.effect == "permit"
     assert isinstance(net, ast.Rule)
     assert [c.name for c in net.clauses if isinstance(c, ast.Resource)] == [
         "hosts", "ports", "schemes", "methods", "mime"]
@@ -87,26 +93,35 @@ def test_rule_shapes() -> None:
         "open", "extract", "screenshot"]
     assert isinstance(proc, ast.Rule)
     tool = proc.clauses[0]
-    assert isinstance(tool, ast.ToolClause) and tool.args is not None
+    assert isinstance(tool, ast.ToolClause)
+    assert tool.args is not None
     first, second = tool.args
     assert [a.literal for a in first.alternatives] == ["status", "log", None]
-    assert first.alternatives[2].regex == "^--(oneline|stat)$" and not first.repeat
-    assert second.repeat and second.alternatives[0].literal == "x"
+    assert first.alternatives[2].regex == "^--(oneline|stat)$"
+    assert not first.repeat
+    assert second.repeat
+    assert second.alternatives[0].literal == "x"
     assert isinstance(proc.clauses[1], ast.LimitsBlock)
-    assert isinstance(tmp, ast.Rule) and isinstance(tmp.clauses[0], ast.Scalar)
-    assert isinstance(gpu, ast.Rule) and isinstance(gpu.clauses[1], ast.Cel)
+    assert isinstance(tmp, ast.Rule)
+    assert isinstance(tmp.clauses[0], ast.Scalar)
+    assert isinstance(gpu, ast.Rule)
+    assert isinstance(gpu.clauses[1], ast.Cel)
     assert gpu.clauses[1].source == 'tenant.tier == "gpu"'
 
 
 def test_consent_profile_and_tool_blocks() -> None:
     items = _parse(ALL_CONSTRUCTS)
     when, always, profile, tool = items[10:]
-    assert isinstance(when, ast.Consent) and when.condition is not None
-    assert isinstance(always, ast.Consent) and always.condition is None
+    assert isinstance(when, ast.Consent)
+    assert when.condition is not None
+    assert isinstance(always, ast.Consent)
+    assert always.condition is None
     assert isinstance(profile, ast.ProfileDef)
     assert [s.key for s in profile.settings] == ["network", "fs", "writable", "timeout"]
-    assert isinstance(tool, ast.ToolDef) and tool.name.value == "git-helper"
-    assert len(tool.permits) == 1 and tool.version.value == "1.0"
+    assert isinstance(tool, ast.ToolDef)
+    assert tool.name.value == "git-helper"
+    assert len(tool.permits) == 1
+    assert tool.version.value == "1.0"
     assert [s.key for s in tool.settings] == [
         "description", "side_effects", "safety", "network", "profile", "timeout"]
 
@@ -124,7 +139,8 @@ def test_nodes_carry_file_line_and_column() -> None:
     assert (res.span.line, res.span.column) == (3, 18)
     assert (res.values[0].span.line, res.values[0].span.column) == (3, 25)
     cel = rule.clauses[1]
-    assert isinstance(cel, ast.Cel) and (cel.span.line, cel.span.column) == (4, 10)
+    assert isinstance(cel, ast.Cel)
+    assert (cel.span.line, cel.span.column) == (4, 10)
 
 
 def test_string_escapes_and_regex_slashes() -> None:
@@ -132,7 +148,8 @@ def test_string_escapes_and_regex_slashes() -> None:
     rule = items[0]
     assert isinstance(rule, ast.Rule)
     clause = rule.clauses[0]
-    assert isinstance(clause, ast.ToolClause) and clause.args is not None
+    assert isinstance(clause, ast.ToolClause)
+    assert clause.args is not None
     assert clause.tool.value == 'a"bA'
     assert clause.args[0].alternatives[0].regex == "x/y"
 
@@ -170,26 +187,32 @@ def test_syntax_errors_have_codes_and_positions(
     assert len(diags) == 1
     d = diags[0]
     assert d.id == code
-    assert d.span is not None and (d.span.line, d.span.column) == (line, column)
-    assert d.message[0].islower() and not d.message.endswith(".")
+    assert d.span is not None
+    assert (d.span.line, d.span.column) == (line, column)
+    assert d.message[0].islower()
+    assert not d.message.endswith(".")
 
 
 def test_unexpected_token_names_what_was_expected() -> None:
     _, diags = parse_source("network off", "t.sbpolicy")
     assert diags[0].id == "SBP101"
-    assert "`network`" in diags[0].message and "`permit`" in diags[0].message
+    assert "`network`" in diags[0].message
+    assert "`permit`" in diags[0].message
 
 
 def test_unreadable_files(tmp_path: Path) -> None:
     _, missing = parse_file(tmp_path / "nope.sbpolicy")
-    assert missing[0].id == "SBP100" and "does not exist" in missing[0].message
+    assert missing[0].id == "SBP100"
+    assert "does not exist" in missing[0].message
     _, directory = parse_file(tmp_path)
     assert directory[0].id == "SBP100"
     bad = tmp_path / "latin1.sbpolicy"
     bad.write_bytes(b'policy "caf\xe9" version "1"\n')
     _, enc = parse_file(bad)
-    assert enc[0].id == "SBP100" and "UTF-8" in enc[0].message
-    assert enc[0].span is not None and (enc[0].span.line, enc[0].span.column) == (1, 12)
+    assert enc[0].id == "SBP100"
+    assert "UTF-8" in enc[0].message
+    assert enc[0].span is not None
+    assert (enc[0].span.line, enc[0].span.column) == (1, 12)
 
 
 def test_fixture_policy_parses_fast() -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from policy_engine.dsl.loaders import load_document, validate_document
+from policy_engine.errors import Diagnostic, DiagnosticsError, Span
 from policy_engine.model import ExecOp, Overrides, Settings
 
 
@@ -39,3 +43,23 @@ class ExplainRequest(BaseModel):
     manifest: str | None = None
     grant: str | None = None
     expect: Expectation | None = None
+
+
+def load_request(path: str | os.PathLike[str]) -> ExplainRequest:
+    """Load a request file (JSON or YAML); malformed ones raise DiagnosticsError (SBP105)."""
+    data, lookup = load_document(path)
+    return validate_document(ExplainRequest, data, lookup, "request")
+
+
+def resolve_fixture(request_path: Path, relative: str | None, what: str) -> Path:
+    """The manifest or grant a request names, relative to the request file.
+
+    :raises DiagnosticsError: when neither the command line nor the request names one.
+    """
+    if relative is None:
+        raise DiagnosticsError([Diagnostic.make(
+            "SBP105", f"no {what} given: pass `--{what} FILE` or set `{what}` in the request",
+            Span(os.fspath(request_path), 1, 1),
+            help=f"`{what}` in a request file is a path relative to that file",
+        )])
+    return request_path.parent / relative

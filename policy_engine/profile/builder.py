@@ -187,15 +187,15 @@ class ProfileBuilder:
                     )
 
     def _consent_required(self, safety: SafetyClass, side_effects: Sequence[SideEffect]) -> bool:
-        """Whether some consent rule could apply to this call.
+        """Whether consent is required whatever the request: the built-in rule applies.
 
         A rule without a condition is the built-in one (High safety, or Write/Process side
-        effects) and is decided here. A rule with a CEL condition is decided by the guard at
-        decision time, from the request; since it *could* apply, the profile says consent is
-        required and the guard narrows that down.
+        effects) and is decided here, once per profile. Rules with a CEL condition depend on the
+        request, so the guard evaluates them at decision time; they do not set this flag (if
+        they did, the guard could never tell a call that needs no consent).
         """
         builtin = safety is SafetyClass.HIGH or bool(_CONSENT_EFFECTS.intersection(side_effects))
-        return any(r.condition is not None or builtin for r in self.policyset.consent_rules)
+        return builtin and any(r.condition is None for r in self.policyset.consent_rules)
 
 
 def _forbid_rules(ps: PolicySet) -> list[CompiledRule]:

@@ -273,10 +273,15 @@ def test_safety_side_effects_and_builtin_consent() -> None:
     assert b.build(grant(), manifest(side_effects=(SideEffect.WRITE,))).consent_required
 
 
-def test_a_conditional_consent_rule_could_always_apply() -> None:
+def test_a_conditional_consent_rule_is_left_to_the_guard() -> None:
+    # A CEL consent rule depends on the request: the profile must not mark consent as always
+    # required (the guard evaluates the rule per call), and without the built-in rule even a
+    # High-safety tool needs none from the profile.
     ps = policyset([], consent=(ConsentRule(RuleRef(id="c", file="f", line=1, column=1), SPAN,
                                             FakeCondition("request.size > 10")),))
-    assert ProfileBuilder(ps).build(grant(), manifest()).consent_required
+    assert not ProfileBuilder(ps).build(grant(), manifest()).consent_required
+    assert not ProfileBuilder(ps).build(grant(), manifest(
+        safety_class=SafetyClass.HIGH)).consent_required
     assert not ProfileBuilder(policyset([])).build(grant(), manifest(
         safety_class=SafetyClass.HIGH)).consent_required
 

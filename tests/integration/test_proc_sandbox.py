@@ -211,7 +211,7 @@ def test_fork_bomb_is_contained_by_the_pids_limit(executors: dict[str, ProcExecu
                                                   root: Path, backend: str) -> None:
     marker = f"pe-bomb-{uuid.uuid4().hex}"
     started = time.monotonic()
-    res = run(executors[backend], root, f"""
+    res = run(executors[backend], root, """
         import os, sys, time
         ok = failed = 0
         for _ in range(500):

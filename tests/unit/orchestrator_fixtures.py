@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from plugins import budget_memory, budget_sqlite, evidence_jsonl, evidence_sqlite
 from policy_engine.config import EngineConfig
 from policy_engine.executor import ExecContext, ExecutorCapabilities
 from policy_engine.graph.policyset import PolicySet
@@ -154,7 +155,11 @@ def config(tmp: Path, **kw: Any) -> EngineConfig:
 def orchestrator(tmp: Path, *executors: ScriptedExecutor, prof: Profile | None = None,
                  guard: ScriptedGuard | None = None, extra_plugins: tuple[object, ...] = (),
                  **cfg: Any) -> Orchestrator:
-    pm = PluginManager.default()
+    # only the sink and meter plugins: executors installed through entry points (fs, tmp, proc…)
+    # would otherwise serve the op kinds these tests route to their scripted executors
+    pm = PluginManager()
+    for module in (evidence_jsonl, evidence_sqlite, budget_memory, budget_sqlite):
+        pm.register(module, module.__name__.rsplit(".", 1)[-1])
     pm.register(ExecutorPlugin(*executors), "test-executors")
     for i, plugin in enumerate(extra_plugins):
         pm.register(plugin, f"test-extra-{i}")

@@ -1,0 +1,178 @@
+"""Docker Engine access: a short-timeout client, the seed 002 §4 flags, and error mapping.
+
+An unreachable engine (socket missing, daemon stopped) fails fast with ``PROVIDER.UNAVAILABLE``;
+a missing image says to run ``scripts/build-images.sh``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.model import SYSTEM_DEFAULT_LIMITS, NetworkMode, Profile
+
+DEFAULT_IMAGE = "policy-engine/sandbox:1"
+SANDBOX_USER = "1000:1000"
+_KEYS = frozenset({"image", "base_url", "client_timeout_s", "workspace_root", "mode",
+                   "pool_size", "system_binds", "max_artifacts_bytes", "restricted_network"})
+
+
+@dataclass(frozen=True, slots=True)
+class DockerOptions:
+    """Validated ``docker`` plugin options.
+
+    :param workspace_root: host directory holding ``projects/``; default the profile's
+        ``mappings.root_fs``.
+    :param mode: ``run-once`` (create, start, wait, remove) or ``pool`` (warm containers).
+    :param system_binds: host directories bound read-only at the same path for interpreters
+        (the image is a minimal root; ``/usr`` comes from the host).
+    :param restricted_network: ``(args, env)`` provider for ``network restricted``; ``None``
+        refuses that mode.
+    """
+
+    image: str = DEFAULT_IMAGE
+    base_url: str = "unix:///var/run/docker.sock"
+    client_timeout_s: float = 10.0
+    workspace_root: str | None = None
+    mode: str = "run-once"
+    pool_size: int = 2
+    system_binds: tuple[str, ...] = ("/usr",)
+    max_artifacts_bytes: int = 50 * 1024 * 1024
+    restricted_network: Any = None
+
+    @staticmethod
+    def parse(raw: Mapping[str, Any] | None) -> DockerOptions:
+        opts = dict(raw or {})
+        unknown = set(opts) - _KEYS
+        if unknown:
+            raise ValueError(f"docker: unknown options {sorted(unknown)}")
+        mode = opts.get("mode", "run-once")
+        if mode not in ("run-once", "pool"):
+            raise ValueError("docker: `mode` must be `run-once` or `pool`")
+        for key in ("pool_size", "max_artifacts_bytes"):
+            v = opts.get(key, 1)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"docker: `{key}` must be a positive integer")
+        binds = tuple(opts.get("system_binds", ("/usr",)))
+        for b in binds:
+            if not isinstance(b, str) or not os.path.isabs(b) or b.startswith("/workspace"):
+                raise ValueError(f"docker: system bind `{b}` must be an absolute host path "
+                                 "outside /workspace")
+        timeout = float(opts.get("client_timeout_s", 10.0))
+        if not 0 < timeout <= 120:
+            raise ValueError("docker: `client_timeout_s` must be in (0, 120]")
+        root = opts.get("workspace_root")
+        return DockerOptions(
+            image=str(opts.get("image", DEFAULT_IMAGE)),
+            base_url=str(opts.get("base_url", "unix:///var/run/docker.sock")),
+            client_timeout_s=timeout, workspace_root=str(root) if root else None, mode=mode,
+            pool_size=opts.get("pool_size", 2), system_binds=binds,
+            max_artifacts_bytes=opts.get("max_artifacts_bytes", 50 * 1024 * 1024),
+            restricted_network=opts.get("restricted_network"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Hardening:
+    """The container settings derived from a profile (seed 002 §4)."""
+
+    network_mode: str
+    pids_limit: int
+    mem_limit: int
+    nano_cpus: int
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def create_kwargs(self) -> dict[str, Any]:
+        return {
+            "network_mode": self.network_mode, "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"], "pids_limit": self.pids_limit,
+            "mem_limit": self.mem_limit, "memswap_limit": self.mem_limit,
+            "nano_cpus": self.nano_cpus, "user": SANDBOX_USER,
+            "working_dir": "/workspace/work", "log_config": {"type": "none"},
+            "ipc_mode": "private", "init": False,
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"network_mode": self.network_mode, "cap_drop": ["ALL"],
+                "security_opt": ["no-new-privileges"], "pids_limit": self.pids_limit,
+                "memory_bytes": self.mem_limit, "nano_cpus": self.nano_cpus,
+                "user": SANDBOX_USER}
+
+
+def _limit(profile: Profile, name: str) -> Any:
+    value = getattr(profile.limits, name)
+    return value if value is not None else getattr(SYSTEM_DEFAULT_LIMITS, name)
+
+
+def hardening(profile: Profile, options: DockerOptions) -> Hardening:
+    """Flags from the profile; ``restricted`` needs the netproxy component, ``on`` is refused."""
+    if profile.network is NetworkMode.RESTRICTED and options.restricted_network is None:
+        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                "restricted network not available for docker")
+    if profile.network is NetworkMode.ON:
+        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                "network `on` is not offered by the docker executor")
+    if profile.network is NetworkMode.RESTRICTED:  # pragma: no cover - needs netproxy
+        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                "restricted network not available for docker")
+    return Hardening(
+        network_mode="none", pids_limit=int(_limit(profile, "pids")),
+        mem_limit=int(_limit(profile, "memory_bytes")),
+        nano_cpus=int(float(_limit(profile, "cpu_cores")) * 1e9),
+    )
+
+
+def connect(options: DockerOptions) -> docker.DockerClient:
+    """A client with a short timeout, pinged once: ``PROVIDER.UNAVAILABLE`` when unreachable."""
+    sock = options.base_url.removeprefix("unix://")
+    if options.base_url.startswith("unix://") and not os.path.exists(sock):
+        raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                f"docker engine socket `{sock}` does not exist; start dockerd "
+                                "(scripts/lib/dockerd.sh)")
+    try:
+        client = docker.DockerClient(base_url=options.base_url,
+                                     timeout=options.client_timeout_s)
+        client.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        raise unavailable(exc) from None
+    return client
+
+
+def unavailable(exc: BaseException) -> PolicyEngineError:
+    return PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "docker engine is unreachable",
+                             audit={"error": str(exc)[:2000]})
+
+
+def check_image(client: docker.DockerClient, image: str) -> None:
+    """``PROVIDER.UNAVAILABLE`` naming the build script when the image is not present."""
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise PolicyEngineError(
+            ErrorCode.PROVIDER_UNAVAILABLE,
+            f"sandbox image `{image}` is missing; run scripts/build-images.sh") from None
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        raise unavailable(exc) from None
+
+
+def map_error(exc: BaseException) -> PolicyEngineError:
+    """A registry code for whatever the SDK raised."""
+    if isinstance(exc, PolicyEngineError):
+        return exc
+    if isinstance(exc, requests.exceptions.ConnectionError | ConnectionError | FileNotFoundError):
+        return unavailable(exc)
+    if isinstance(exc, requests.exceptions.ReadTimeout | TimeoutError):
+        return PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "docker engine did not answer "
+                                 "in time", audit={"error": str(exc)[:2000]})
+    if isinstance(exc, docker.errors.ImageNotFound):
+        return PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                 "sandbox image is missing; run scripts/build-images.sh")
+    return PolicyEngineError(ErrorCode.EXECUTION_FAILED, "docker execution failed",
+                             audit={"error": f"{type(exc).__name__}: {exc}"[:2000]})

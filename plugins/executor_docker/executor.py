@@ -1,0 +1,247 @@
+"""The `docker` executor: proc.exec in a hardened container, run-once or on a warm pool.
+
+Every call gets ``projects/<project_id>/artifacts/<exec_id>`` with ``stdout.txt``,
+``stderr.txt``, ``manifest.json`` and ``meta.json`` (policy snapshot, exit code, mounts, image,
+timings), written even when the call times out or its artifacts are over the limit.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from plugins.executor_docker import engine, transfer
+from plugins.executor_docker.engine import DockerOptions, Hardening
+from plugins.executor_docker.pool import WarmPool
+from plugins.executor_docker.runner import Outcome, bind_mounts, exec_in, run_once, run_quiet
+from plugins.executor_docker.workspace import (
+    ExecWorkspace,
+    collect_artifacts,
+    prepare,
+    write_record,
+)
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.executor import ExecContext, ExecutorCapabilities
+from policy_engine.model import (
+    SYSTEM_DEFAULT_LIMITS,
+    ExecOp,
+    ExecResult,
+    NetworkMode,
+    OpKind,
+    ProcExecOp,
+    Profile,
+    SideEffect,
+    SideEffectRec,
+    Usage,
+)
+
+BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace/work",
+            "LANG": "C.UTF-8"}
+
+
+def session_key(profile: Profile) -> str:
+    """Warm containers are bound per tenant, subject and tool (the caller's session)."""
+    return f"{profile.tenant}\x1f{profile.subject_id}\x1f{profile.tool_name}"
+
+
+def _limit(profile: Profile, name: str) -> int:
+    value = getattr(profile.limits, name)
+    return int(value if value is not None else getattr(SYSTEM_DEFAULT_LIMITS, name))
+
+
+def _cwd(raw: str | None) -> str:
+    if raw is None:
+        return "/workspace/work"
+    path = raw if raw.startswith("/") else f"/workspace/work/{raw}"
+    norm = posixpath.normpath(path)
+    if "\0" in raw or not (norm == "/workspace/work" or norm.startswith("/workspace/work/")):
+        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                f"cwd `{raw[:200]}` is outside /workspace/work")
+    return norm
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    for key, value in extra.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                                    f"invalid environment variable `{key[:100]}`")
+    return {**BASE_ENV, **extra}
+
+
+class DockerExecutor:
+    """Serves proc.exec in containers with the seed 002 §4 flags."""
+
+    name = "docker"
+    capabilities = ExecutorCapabilities(
+        op_kinds=frozenset({OpKind.PROC_EXEC}), network_modes=frozenset({NetworkMode.OFF}),
+        bind_mounts=True, readonly_rootfs=False, resource_limits=True, env_filtering=True,
+        streaming_output=True,
+    )
+
+    def __init__(self, options: DockerOptions | None = None) -> None:
+        self.options = options or DockerOptions()
+        self._lock = threading.Lock()
+        self._client: docker.DockerClient | None = None
+        self._streams: docker.APIClient | None = None
+        self._pool: WarmPool | None = None
+
+    # --- engine and pool ---------------------------------------------------------------------
+
+    def client(self) -> tuple[docker.DockerClient, docker.APIClient]:
+        """The control client (short timeout) and the streaming client (no read timeout)."""
+        with self._lock:
+            if self._client is None or self._streams is None:
+                client = engine.connect(self.options)
+                engine.check_image(client, self.options.image)
+                self._client = client
+                self._streams = docker.APIClient(base_url=self.options.base_url, timeout=86400)
+            elif self.options.base_url.startswith("unix://"):
+                sock = self.options.base_url.removeprefix("unix://")
+                if not Path(sock).exists():
+                    raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                            f"docker engine socket `{sock}` is gone")
+            return self._client, self._streams
+
+    def pool(self) -> WarmPool:
+        """The warm pool, started on first use with the system-default limits."""
+        client, _ = self.client()
+        with self._lock:
+            if self._pool is None:
+                hard = Hardening(
+                    network_mode="none", pids_limit=int(SYSTEM_DEFAULT_LIMITS.pids or 256),
+                    mem_limit=int(SYSTEM_DEFAULT_LIMITS.memory_bytes or 1 << 30),
+                    nano_cpus=int((SYSTEM_DEFAULT_LIMITS.cpu_cores or 1.0) * 1e9))
+                pool = WarmPool(client, self.options.image, self.options.pool_size, hard,
+                                bind_mounts(self.options.system_binds, []), pool_id=str(id(self)))
+                try:
+                    pool.start()
+                except BaseException:
+                    pool.close()
+                    raise
+                self._pool = pool
+            return self._pool
+
+    def end_session(self, profile: Profile) -> None:
+        """Release the caller's warm container (reset, or replaced if the reset fails)."""
+        if self._pool is not None:
+            self._pool.release(session_key(profile))
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+            client, self._client = self._client, None
+            streams, self._streams = self._streams, None
+        if pool is not None:
+            pool.close()
+        for c in (client, streams):
+            if c is not None:
+                c.close()
+
+    # --- execute -----------------------------------------------------------------------------
+
+    def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
+        if not isinstance(op, ProcExecOp):
+            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
+                                    f"the docker executor does not serve `{op.kind}`")
+        if op.stdin_b64 is not None:
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                    "stdin is not offered by the docker executor")
+        profile = ctx.profile
+        hard = engine.hardening(profile, self.options)
+        cwd, env = _cwd(op.cwd), _env(op.env)
+        timeout_s = (op.timeout_ms or profile.timeout_ms) / 1000
+        deadline = min(ctx.deadline, time.monotonic() + timeout_s)
+        client, streams = self.client()
+        root = Path(self.options.workspace_root or profile.mappings.root_fs)
+        ws = prepare(root, profile)
+        argv = [op.tool, *op.args]
+        limits = (_limit(profile, "max_stdout_bytes"), _limit(profile, "max_stderr_bytes"))
+        art_limit = self.options.max_artifacts_bytes
+        removed: list[str] = []
+        try:
+            if self.options.mode == "pool":
+                out, mounts, removed = self._pooled(ctx, ws, hard, argv, env, cwd, limits,
+                                                    deadline)
+            else:
+                mounts = bind_mounts(self.options.system_binds, ws.mounts())
+                out = run_once(client, streams, self.options.image, argv, env, cwd, hard,
+                               mounts, limits, deadline)
+                mounts = [{"source": m["Source"], "target": m["Target"],
+                           "read_only": m["ReadOnly"]} for m in mounts]
+        except Exception as exc:  # noqa: BLE001 -- every failure leaves with a registry code
+            raise engine.map_error(exc) from None
+        manifest, over = collect_artifacts(ws, art_limit)
+        removed += over
+        meta = self._meta(profile, hard, ws, out, argv, cwd, env, mounts, removed)
+        write_record(ws, out.stdout.kept(), out.stderr.kept(), manifest, meta)
+        audit = {"exec_id": ws.exec_id, "artifacts_dir": str(ws.artifacts)}
+        ctx.record_side_effect(SideEffectRec(kind=SideEffect.PROCESS, meta={
+            "backend": "docker", "tool": op.tool, "exit_code": out.exit_code,
+            "exec_id": ws.exec_id, "artifacts": len(manifest)}))
+        if out.timed_out:
+            raise PolicyEngineError(ErrorCode.TIMEOUT,
+                                    f"process exceeded its {timeout_s:g}s wall time and was "
+                                    "killed", audit=audit)
+        if removed:
+            raise PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED,
+                f"artifacts exceed the {art_limit}-byte limit; {len(removed)} removed",
+                audit={**audit, "removed": removed[:100]})
+        used = Usage(calls=1, cpu_ms=int(out.duration_ms),
+                     bytes_out=sum(int(e["size"]) for e in manifest))
+        return ExecResult(ok=True, out={
+            "exit_code": out.exit_code, "exec_id": ws.exec_id,
+            "stdout": out.stdout.kept().decode("utf-8", "replace"),
+            "stderr": out.stderr.kept().decode("utf-8", "replace"),
+            "stdout_truncated": out.stdout.truncated, "stderr_truncated": out.stderr.truncated,
+            "stdout_bytes": out.stdout.total, "stderr_bytes": out.stderr.total,
+            "artifacts_dir": str(ws.artifacts), "artifacts": manifest,
+            "duration_ms": out.duration_ms, "mode": self.options.mode,
+        }, used=used)
+
+    def _pooled(self, ctx: ExecContext, ws: ExecWorkspace, hard: Hardening, argv: list[str],
+                env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float
+                ) -> tuple[Outcome, list[dict[str, Any]], list[str]]:
+        pool = self.pool()
+        client, streams = self.client()
+        slot = pool.acquire(session_key(ctx.profile), max(0.0, deadline - time.monotonic()))
+        pool.update_limits(slot, hard)
+        if not slot.dirty_inputs:
+            slot.dirty_inputs = transfer.put_inputs(client, slot.container_id, ws.inputs)
+        out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits, deadline)
+        removed: list[str] = []
+        if transfer.artifacts_changed(client, slot.container_id):
+            removed = transfer.fetch_artifacts(client, slot.container_id, ws.artifacts,
+                                               self.options.max_artifacts_bytes)
+            run_quiet(client, slot.container_id,
+                      ["/usr/bin/find", transfer.ARTIFACTS_DIR, "-mindepth", "1", "-delete"])
+        mounts = [{"source": p, "target": p, "read_only": True}
+                  for p in self.options.system_binds]
+        mounts.append({"container": slot.container_id[:12], "inputs": "copied in, read-only",
+                       "work": "container-local for the session",
+                       "artifacts": "copied out to the per-exec directory"})
+        return out, mounts, removed
+
+    def _meta(self, profile: Profile, hard: Hardening, ws: ExecWorkspace, out: Outcome,
+              argv: list[str], cwd: str, env: dict[str, str], mounts: list[dict[str, Any]],
+              removed: list[str]) -> dict[str, Any]:
+        return {
+            "exec_id": ws.exec_id, "project_id": ws.project_id, "image": self.options.image,
+            "mode": self.options.mode, "argv": argv, "cwd": cwd, "env_keys": sorted(env),
+            "policy_snapshot": {
+                "profile_hash": profile.profile_hash, "policy": profile.policy_name,
+                "policy_version": profile.policy_version, "network": profile.network.value,
+                "limits": profile.limits.model_dump(exclude_none=True),
+                "container": hard.snapshot(),
+            },
+            "exit_code": out.exit_code, "timed_out": out.timed_out,
+            "stdout_truncated": out.stdout.truncated, "stderr_truncated": out.stderr.truncated,
+            "stdout_bytes": out.stdout.total, "stderr_bytes": out.stderr.total,
+            "mounts": mounts, "artifacts_removed": removed,
+            "started_at": out.started, "ended_at": out.ended, "duration_ms": out.duration_ms,
+        }

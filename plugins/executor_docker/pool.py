@@ -1,0 +1,196 @@
+"""A warm pool of idle sandbox containers handed to one session at a time (seed 001 §4.4).
+
+TOCTOU-safe: a slot changes state only under the pool lock (``IDLE → ACQUIRING`` is claimed
+there, so two sessions can never take the same container); slow work (limit updates, copying
+inputs, resets, replacements) happens outside the lock on a slot nobody else can claim. On
+release the slot is reset (every sandbox process killed, work, artifacts and /tmp wiped, checked
+empty); a slot whose reset or health check fails is removed and replaced by a fresh container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import threading
+import time
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from plugins.executor_docker.engine import Hardening, map_error
+from plugins.executor_docker.runner import run_quiet
+from policy_engine.errors import ErrorCode, PolicyEngineError
+
+RESET_SCRIPT = (
+    "kill -9 -1 2>/dev/null; "
+    "chmod -R u+rwX /workspace/work /workspace/artifacts /tmp 2>/dev/null; "
+    "find /workspace/work /workspace/artifacts /tmp -mindepth 1 -delete 2>/dev/null; "
+    'test -z "$(find /workspace/work /workspace/artifacts /tmp -mindepth 1 | head -n 1)"'
+)
+POOL_LABEL = "io.policy-engine.pool"
+
+
+class SlotState(enum.Enum):
+    IDLE = "idle"
+    ACQUIRING = "acquiring"
+    BUSY = "busy"
+    RESETTING = "resetting"
+
+
+@dataclass(slots=True)
+class Slot:
+    """One warm container and who holds it."""
+
+    container_id: str
+    hard: Hardening
+    state: SlotState = SlotState.IDLE
+    session: str | None = None
+    dirty_inputs: bool = False
+
+
+class WarmPool:
+    """``size`` pre-started containers running ``sleep infinity`` with the pool's hardening.
+
+    :param hard: hardening of the pool's containers; a session asking for other limits gets its
+        container updated in place (memory, cpus, pids) and restored on release.
+    """
+
+    def __init__(self, client: docker.DockerClient, image: str, size: int, hard: Hardening,
+                 system_mounts: list[docker.types.Mount], pool_id: str) -> None:
+        self.client = client
+        self.image = image
+        self.size = size
+        self.hard = hard
+        self.mounts = system_mounts
+        self.pool_id = pool_id
+        self.replaced = 0
+        self._cond = threading.Condition()
+        self._slots: list[Slot] = []
+        self._by_session: dict[str, Slot] = {}
+        self._closed = False
+
+    def start(self) -> None:
+        """Create and start the idle containers."""
+        for _ in range(self.size):
+            slot = Slot(self._create(), self.hard)
+            with self._cond:
+                self._slots.append(slot)
+                self._cond.notify_all()
+
+    def _create(self) -> str:
+        try:
+            container = self.client.containers.run(
+                self.image, ["/usr/bin/sleep", "infinity"], detach=True, mounts=self.mounts,
+                labels={POOL_LABEL: self.pool_id}, **self.hard.create_kwargs())
+        except Exception as exc:  # noqa: BLE001 -- every SDK failure gets a registry code
+            raise map_error(exc) from None
+        return str(container.id)
+
+    def states(self) -> dict[str, str]:
+        with self._cond:
+            return {s.container_id: s.state.value for s in self._slots}
+
+    # --- acquire / release -------------------------------------------------------------------
+
+    def acquire(self, session: str, timeout_s: float) -> Slot:
+        """The session's container; claims an idle one (waiting up to ``timeout_s``)."""
+        end = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "pool is closed")
+                held = self._by_session.get(session)
+                if held is not None:
+                    return held
+                idle = next((s for s in self._slots if s.state is SlotState.IDLE), None)
+                if idle is not None:
+                    idle.state, idle.session = SlotState.ACQUIRING, session
+                    self._by_session[session] = idle
+                    break
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                            "no warm container free before the deadline",
+                                            audit={"pool_size": self.size})
+                self._cond.wait(left)
+        # INVARIANT: only this thread touches ``idle`` until it is BUSY (claimed under the lock)
+        if not self._healthy(idle):
+            idle = self._replace(idle, keep_session=True)
+        with self._cond:
+            idle.state = SlotState.BUSY
+        return idle
+
+    def release(self, session: str) -> None:
+        """Reset the session's container and return it to the pool (or replace it)."""
+        with self._cond:
+            slot = self._by_session.pop(session, None)
+            if slot is None:
+                return
+            slot.state = SlotState.RESETTING
+        ok = not slot.dirty_inputs and self._reset(slot)
+        if not ok:
+            slot = self._replace(slot, keep_session=False)
+        with self._cond:
+            slot.state, slot.session, slot.dirty_inputs = SlotState.IDLE, None, False
+            self._cond.notify_all()
+
+    def update_limits(self, slot: Slot, hard: Hardening) -> None:
+        """Apply a session's memory, cpu and pids limits to its container."""
+        if hard == slot.hard:
+            return
+        api = self.client.api
+        # the SDK's update_container lacks NanoCpus and PidsLimit; the Engine API has both
+        resp = api._post_json(api._url("/containers/{0}/update", slot.container_id), data={
+            "Memory": hard.mem_limit, "MemorySwap": hard.mem_limit,
+            "NanoCpus": hard.nano_cpus, "PidsLimit": hard.pids_limit})
+        api._raise_for_status(resp)
+        slot.hard = hard
+
+    # --- health, reset, replacement ----------------------------------------------------------
+
+    def _healthy(self, slot: Slot) -> bool:
+        try:
+            info = self.client.api.inspect_container(slot.container_id)
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return False
+        return bool(info.get("State", {}).get("Running"))
+
+    def _reset(self, slot: Slot) -> bool:
+        try:
+            code = run_quiet(self.client, slot.container_id, ["/bin/sh", "-c", RESET_SCRIPT])
+            if code != 0 or not self._healthy(slot):
+                return False
+            self.update_limits(slot, self.hard)
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return False
+        return True
+
+    def _replace(self, slot: Slot, keep_session: bool) -> Slot:
+        self._remove(slot.container_id)
+        fresh = Slot(self._create(), self.hard,
+                     state=slot.state if keep_session else SlotState.RESETTING,
+                     session=slot.session if keep_session else None)
+        with self._cond:
+            self._slots[self._slots.index(slot)] = fresh
+            if keep_session and fresh.session is not None:
+                self._by_session[fresh.session] = fresh
+        self.replaced += 1
+        return fresh
+
+    def _remove(self, container_id: str) -> None:
+        # gone already, or the engine is down: the pool label lets a janitor find it later
+        with contextlib.suppress(docker.errors.DockerException,
+                                 requests.exceptions.RequestException):
+            self.client.api.remove_container(container_id, force=True)
+
+    def close(self) -> None:
+        """Remove every container of the pool."""
+        with self._cond:
+            self._closed = True
+            slots, self._slots = list(self._slots), []
+            self._by_session.clear()
+            self._cond.notify_all()
+        for s in slots:
+            self._remove(s.container_id)

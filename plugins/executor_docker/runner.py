@@ -1,0 +1,155 @@
+"""Running one command: a fresh container (run-once) or an exec in a warm one, output bounded.
+
+Output is streamed (attach / exec start with demux) into head+tail buffers on a pump thread; the
+process is never killed for talking too much. The wall deadline kills it: the whole container
+in run-once mode, every sandbox process (``kill -9 -1`` as uid 1000) in a warm one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import Mount
+
+from plugins.executor_docker.capture import HeadTail
+from plugins.executor_docker.engine import SANDBOX_USER, Hardening, map_error
+
+KILL_ALL = ("/bin/kill", "-9", "-1")
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one command did."""
+
+    stdout: HeadTail
+    stderr: HeadTail
+    exit_code: int | None = None
+    timed_out: bool = False
+    started: float = field(default_factory=time.time)
+    ended: float = 0.0
+
+    @property
+    def duration_ms(self) -> float:
+        return round((self.ended - self.started) * 1000, 3)
+
+
+def _pump(stream: Iterable[Any], out: Outcome, errors: list[BaseException]) -> None:
+    try:
+        for chunk in stream:
+            o, e = chunk if isinstance(chunk, tuple) else (chunk, None)
+            if o:
+                out.stdout.feed(o)
+            if e:
+                out.stderr.feed(e)
+    except BaseException as exc:  # noqa: BLE001 -- reported by the caller after the join
+        errors.append(exc)
+
+
+def _start_pump(stream: Iterator[Any], out: Outcome) -> tuple[threading.Thread,
+                                                                list[BaseException]]:
+    errors: list[BaseException] = []
+    t = threading.Thread(target=_pump, args=(stream, out, errors), daemon=True,
+                         name="docker-output")
+    t.start()
+    return t, errors
+
+
+def bind_mounts(system_binds: Iterable[str], ws_mounts: Iterable[tuple[str, str, bool]]
+                ) -> list[Mount]:
+    mounts = [Mount(target=p, source=p, type="bind", read_only=True) for p in system_binds]
+    mounts += [Mount(target=t, source=s, type="bind", read_only=ro) for s, t, ro in ws_mounts]
+    return mounts
+
+
+def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
+             argv: list[str], env: dict[str, str], cwd: str, hard: Hardening,
+             mounts: list[Mount], limits: tuple[int, int], deadline: float) -> Outcome:
+    """Create, attach, start, wait (until ``deadline``), remove."""
+    out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]))
+    container = client.containers.create(
+        image, argv, environment=env, mounts=mounts, detach=True,
+        **{**hard.create_kwargs(), "working_dir": cwd},
+    )
+    try:
+        stream = streams.attach(container.id, stdout=True, stderr=True, stream=True, demux=True)
+        pump, errors = _start_pump(stream, out)
+        out.started = time.time()
+        container.start()
+        remaining = deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                raise requests.exceptions.ReadTimeout("deadline passed before start")
+            result = container.wait(timeout=remaining)
+            out.exit_code = int(result.get("StatusCode", -1))
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            out.timed_out = True
+            with contextlib.suppress(docker.errors.APIError):  # it may have just exited
+                container.kill()
+        pump.join(timeout=10)
+        out.ended = time.time()
+        if errors and not out.timed_out:
+            raise map_error(errors[0])
+        return out
+    finally:
+        # never mask the result: a leftover container is visible in `docker ps -a`
+        with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):
+            container.remove(force=True)
+
+
+def exec_in(client: docker.DockerClient, streams: docker.APIClient, container_id: str,
+            argv: list[str], env: dict[str, str], cwd: str, limits: tuple[int, int],
+            deadline: float) -> Outcome:
+    """Run ``argv`` in a warm container as uid 1000; kill every sandbox process on timeout."""
+    out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]))
+    api = client.api
+    created = api.exec_create(container_id, argv, user=SANDBOX_USER, workdir=cwd,
+                              environment=env, stdout=True, stderr=True)
+    exec_id = created["Id"]
+    out.started = time.time()
+    stream = streams.exec_start(exec_id, stream=True, demux=True)
+    pump, errors = _start_pump(stream, out)
+    pump.join(timeout=max(0.0, deadline - time.monotonic()))
+    if pump.is_alive():
+        out.timed_out = True
+        run_quiet(client, container_id, list(KILL_ALL), timeout_s=10)
+        pump.join(timeout=10)
+    out.ended = time.time()
+    if errors and not out.timed_out:
+        raise map_error(errors[0])
+    if not out.timed_out:
+        out.exit_code = _exit_code(api, exec_id)
+    return out
+
+
+def _exit_code(api: docker.APIClient, exec_id: str) -> int | None:
+    for _ in range(50):  # the stream can end a moment before the exec is marked finished
+        info = api.exec_inspect(exec_id)
+        if not info.get("Running"):
+            code = info.get("ExitCode")
+            return int(code) if code is not None else None
+        time.sleep(0.01)
+    return None
+
+
+def run_quiet(client: docker.DockerClient, container_id: str, argv: list[str],
+              timeout_s: float = 30) -> int | None:
+    """Run a housekeeping command as uid 1000 and return its exit code (output discarded)."""
+    api = client.api
+    created = api.exec_create(container_id, argv, user=SANDBOX_USER, stdout=True, stderr=True)
+    end = time.monotonic() + timeout_s
+    api.exec_start(created["Id"], stream=False, demux=False)
+    while time.monotonic() < end:
+        info = api.exec_inspect(created["Id"])
+        if not info.get("Running"):
+            code = info.get("ExitCode")
+            return int(code) if code is not None else None
+        time.sleep(0.01)
+    return None

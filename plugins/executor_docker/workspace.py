@@ -1,0 +1,213 @@
+"""The seed 002 workspace: ``projects/<project_id>/{inputs,work,artifacts/<exec_id>}`` on the host.
+
+Only these three template paths are ever mount sources; each is checked to resolve exactly to
+its template (no symlink anywhere on the way) before it is handed to Docker. After a run the
+per-exec directory gets ``stdout.txt``, ``stderr.txt``, ``manifest.json`` and ``meta.json``,
+written with no-follow opens (the container could have planted symlinks there).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.model import Profile
+
+SANDBOX_UID = 1000
+OWN_FILES = ("stdout.txt", "stderr.txt", "manifest.json", "meta.json")
+CONTAINER_ROOT = "/workspace"
+_SLUG = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def slug(text: str, limit: int = 64) -> str:
+    """A file-name-safe form of an identifier (never empty, never ``.`` or ``..``)."""
+    s = _SLUG.sub("_", text).strip("._")[:limit]
+    return s or "x"
+
+
+def project_id_of(profile: Profile) -> str:
+    """Seed 002 §2: without a project concept, one project per tenant and subject."""
+    return f"{slug(profile.tenant, 40)}--{slug(profile.subject_id, 80)}"
+
+
+@dataclass(frozen=True, slots=True)
+class ExecWorkspace:
+    """The host directories of one execution."""
+
+    root: Path
+    project_id: str
+    exec_id: str
+
+    @property
+    def project(self) -> Path:
+        return self.root / "projects" / self.project_id
+
+    @property
+    def inputs(self) -> Path:
+        return self.project / "inputs"
+
+    @property
+    def work(self) -> Path:
+        return self.project / "work"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.project / "artifacts" / self.exec_id
+
+    def mounts(self) -> list[tuple[str, str, bool]]:
+        """(host source, container target, read-only) for the three template paths only."""
+        return [
+            (str(self.inputs), f"{CONTAINER_ROOT}/inputs", True),
+            (str(self.work), f"{CONTAINER_ROOT}/work", False),
+            (str(self.artifacts), f"{CONTAINER_ROOT}/artifacts", False),
+        ]
+
+
+def prepare(root: Path, profile: Profile) -> ExecWorkspace:
+    """Create the project's directories and a fresh per-exec artifacts directory."""
+    ws = ExecWorkspace(root=root, project_id=project_id_of(profile),
+                       exec_id=f"{slug(profile.call_id, 48)}-{secrets.token_hex(4)}")
+    ws.inputs.mkdir(parents=True, exist_ok=True, mode=0o755)
+    for d in (ws.work, ws.artifacts.parent):
+        d.mkdir(parents=True, exist_ok=True, mode=0o755)
+    ws.artifacts.mkdir(mode=0o755)
+    for d in (ws.work, ws.artifacts):
+        os.chown(d, SANDBOX_UID, SANDBOX_UID)
+    check_mounts(ws, ws.mounts())
+    return ws
+
+
+def check_mounts(ws: ExecWorkspace, mounts: list[tuple[str, str, bool]]) -> None:
+    """Refuse any mount source that is not exactly one of the three template paths."""
+    allowed = {str(ws.inputs): True, str(ws.work): False, str(ws.artifacts): False}
+    for source, _target, read_only in mounts:
+        if source not in allowed or (allowed[source] and not read_only):
+            raise PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED, f"mount source `{source}` is not a workspace "
+                "template path", audit={"source": source})
+        if os.path.realpath(source) != source or not Path(source).is_dir():
+            raise PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED, f"mount source `{source}` is not a plain directory "
+                "(symlink on the way?)", audit={"source": source})
+
+
+def _open_dir(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+
+
+def write_file(dir_fd: int, name: str, data: bytes) -> None:
+    """Write ``name`` in ``dir_fd`` without following a symlink planted by the container."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    try:
+        fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EISDIR):
+            raise
+        remove_entry(dir_fd, name)
+        fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def remove_entry(dir_fd: int, name: str) -> None:
+    """Remove a file, symlink or whole directory tree beneath ``dir_fd`` (never following)."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    try:
+        for child in os.listdir(sub):
+            remove_entry(sub, child)
+    finally:
+        os.close(sub)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def collect_artifacts(ws: ExecWorkspace, limit: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """Hash the artifact files (path order) up to ``limit`` total bytes; delete the rest.
+
+    :return: the manifest entries kept and the paths removed for exceeding the limit.
+    """
+    dfd = _open_dir(ws.artifacts)
+    try:
+        entries: list[dict[str, Any]] = []
+        _walk_and_hash(dfd, entries, limit)
+        kept = [e for e in entries if not e.get("removed")]
+        removed = [e["path"] for e in entries if e.get("removed")]
+        return kept, removed
+    finally:
+        os.close(dfd)
+
+
+def _walk_and_hash(dfd: int, entries: list[dict[str, Any]], limit: int) -> None:
+    raw: list[dict[str, Any]] = []
+    subdirs: list[int] = []
+    _walk_collect(dfd, "", raw, subdirs)
+    try:
+        total = 0
+        for e in raw:
+            fd_, name = e.pop("_fd", None), e.pop("_name", None)
+            if fd_ is None or name is None:
+                entries.append(e)
+                continue
+            if total + e["size"] > limit:
+                os.unlink(name, dir_fd=fd_)
+                e["removed"] = True
+                entries.append(e)
+                continue
+            total += e["size"]
+            e["sha256"] = _hash(fd_, name)
+            entries.append(e)
+    finally:
+        for fd in subdirs:
+            os.close(fd)
+
+
+def _walk_collect(dir_fd: int, prefix: str, out: list[dict[str, Any]], fds: list[int]) -> None:
+    for name in sorted(os.listdir(dir_fd)):
+        if not prefix and name in OWN_FILES:
+            continue
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        rel = f"{prefix}{name}"
+        if stat.S_ISDIR(st.st_mode):
+            sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+            fds.append(sub)
+            _walk_collect(sub, rel + "/", out, fds)
+        elif stat.S_ISREG(st.st_mode):
+            out.append({"path": rel, "size": st.st_size, "_fd": dir_fd, "_name": name})
+        else:
+            out.append({"path": rel, "size": 0,
+                        "type": "symlink" if stat.S_ISLNK(st.st_mode) else "special"})
+
+
+def _hash(dir_fd: int, name: str) -> str:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    h = hashlib.sha256()
+    with os.fdopen(fd, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_record(ws: ExecWorkspace, stdout: bytes, stderr: bytes,
+                 manifest: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    """Write the four per-exec files of seed 002 §2 into the artifacts directory."""
+    dfd = _open_dir(ws.artifacts)
+    try:
+        write_file(dfd, "stdout.txt", stdout)
+        write_file(dfd, "stderr.txt", stderr)
+        write_file(dfd, "manifest.json", json.dumps(
+            {"exec_id": ws.exec_id, "files": manifest}, indent=2, sort_keys=True).encode())
+        write_file(dfd, "meta.json", json.dumps(meta, indent=2, sort_keys=True).encode())
+    finally:
+        os.close(dfd)

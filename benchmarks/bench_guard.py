@@ -2,8 +2,8 @@
 
 Usage::
 
-    python benchmarks/bench_guard.py            # full run (a few minutes), updates docs/benchmarks.md
-    python benchmarks/bench_guard.py --quick    # < 60 s sanity run, prints the table only
+    python benchmarks/bench_guard.py           # full run (minutes); updates docs/benchmarks.md
+    python benchmarks/bench_guard.py --quick   # < 60 s sanity run; prints the table only
 
 Every engine first decides the whole decision set (benchmarks/fixtures/decisions.yaml); if any
 answer differs from the wanted one the run stops before timing anything. See
@@ -84,27 +84,18 @@ def _timer_overhead_ns() -> float:
 _OVERHEAD_NS = 0.0
 
 
-def measure(calls: Sequence[Callable[[], object]], per_round: int, cfg: Settings) -> tuple[float,
-                                                                                            float]:
-    """Median per-decision time (µs) over ``cfg.repeat`` timeit repeats, and p90 of single calls.
-
-    :param calls: zero-argument callables cycled round-robin; one pass over them is
-        ``per_round`` decisions (more than ``len(calls)`` for a batch call).
-    """
-    def one_round() -> None:
-        for f in calls:
-            f()
-
-    timer = timeit.Timer(one_round)
+def _calibrate(timer: timeit.Timer, min_s: float) -> int:
+    """Loops per repeat so one repeat lasts at least ``min_s`` (like ``Timer.autorange``)."""
     number = 1
-    while True:  # like Timer.autorange, but to the minimum repeat duration we want
+    while True:
         t = timer.timeit(number)
-        if t >= cfg.min_repeat_s:
-            break
-        number = max(number * 2, int(number * cfg.min_repeat_s / max(t, 1e-9) * 1.1))
-    runs = timer.repeat(repeat=cfg.repeat, number=number)
-    median_us = statistics.median(runs) / (number * per_round) * 1e6
-    # p90 of individually timed calls (timer overhead subtracted); GC off as timeit does
+        if t >= min_s:
+            return number
+        number = max(number * 2, int(number * min_s / max(t, 1e-9) * 1.1))
+
+
+def _p90_single(calls: Sequence[Callable[[], object]], per_round: int, cfg: Settings) -> float:
+    """p90 (µs per decision) of individually timed calls, timer overhead subtracted, GC off."""
     pc = time.perf_counter_ns
     singles: list[float] = []
     gc_was = gc.isenabled()
@@ -123,8 +114,37 @@ def measure(calls: Sequence[Callable[[], object]], per_round: int, cfg: Settings
     finally:
         if gc_was:
             gc.enable()
-    p90_us = statistics.quantiles(singles, n=10)[-1] if len(singles) >= 10 else max(singles)
-    return median_us, p90_us
+    return statistics.quantiles(singles, n=10)[-1] if len(singles) >= 10 else max(singles)
+
+
+def measure(groups: Sequence[tuple[Sequence[Callable[[], object]], int]],
+            cfg: Settings) -> list[tuple[float, float]]:
+    """Median per-decision time (µs) over ``cfg.repeat`` timeit repeats, and p90 of single calls,
+    for each group; the groups' repeats are interleaved so a load change hits every engine alike.
+
+    :param groups: per engine, zero-argument callables cycled round-robin, and how many decisions
+        one pass over them makes (more than the number of callables for a batch call).
+    """
+    timers = []
+    for calls, _ in groups:
+        def one_round(calls: Sequence[Callable[[], object]] = calls) -> None:
+            for f in calls:
+                f()
+
+        timer = timeit.Timer(one_round)
+        timers.append((timer, _calibrate(timer, cfg.min_repeat_s)))
+    runs: list[list[float]] = [[] for _ in groups]
+    gc_was = gc.isenabled()
+    gc.disable()  # as timeit does
+    try:
+        for _ in range(cfg.repeat):
+            for i, (timer, number) in enumerate(timers):
+                runs[i].append(timer.timeit(number) / number)
+    finally:
+        if gc_was:
+            gc.enable()
+    return [(statistics.median(r) / per_round * 1e6, _p90_single(calls, per_round, cfg))
+            for r, (calls, per_round) in zip(runs, groups, strict=True)]
 
 
 # ---- engines ---------------------------------------------------------------------------------
@@ -171,21 +191,23 @@ def bench_variant(variant: str, cfg: Settings, domains: Sequence[str]) -> list[R
     for domain in domains:
         dcases = [c for c in cases if c.domain == domain]
         n = len(dcases)
-        ours_med, ours_p90 = measure([ours.timed_call(ours.prepare(c)) for c in dcases], n, cfg)
-        rows.append(Row(ours.name, domain, condition, ours_med, ours_p90, n, 1.0))
+        labels: list[str] = [ours.name]
+        groups: list[tuple[Sequence[Callable[[], object]], int]] = [
+            ([ours.timed_call(ours.prepare(c)) for c in dcases], n)]
         if domain.startswith("fs."):
-            med, p90 = measure([ours_lexical.timed_call(ours_lexical.prepare(c))
-                                for c in dcases], n, cfg)
-            rows.append(Row(f"{ours.name} (no symlink walk)", domain, condition, med, p90, n,
-                            med / ours_med))
+            labels.append(f"{ours.name} (no symlink walk)")
+            groups.append(([ours_lexical.timed_call(ours_lexical.prepare(c)) for c in dcases], n))
         for peer in peers:
             prepared = [peer.prepare(c) for c in dcases]
-            med, p90 = measure([peer.timed_call(p) for p in prepared], n, cfg)
-            rows.append(Row(peer.name, domain, condition, med, p90, n, med / ours_med))
+            labels.append(peer.name)
+            groups.append(([peer.timed_call(p) for p in prepared], n))
             if isinstance(peer, cedar_peer.Engine):
-                med, p90 = measure([peer.batch_call(prepared)], n, cfg)
-                rows.append(Row(f"{peer.name} (batch of {n})", domain, condition, med, p90, n,
-                                med / ours_med))
+                labels.append(f"{peer.name} (batch of {n})")
+                groups.append(([peer.batch_call(prepared)], n))
+        results = measure(groups, cfg)
+        ours_med = results[0][0]
+        for label, (med, p90) in zip(labels, results, strict=True):
+            rows.append(Row(label, domain, condition, med, p90, n, med / ours_med))
     return rows
 
 
@@ -213,7 +235,7 @@ def bench_profile_build(cfg: Settings) -> list[Row]:
     rows = []
     for label, calls in (("cold", [build_cold]), ("cached (equal inputs)", content_calls),
                          ("cached (same objects)", [lambda: warm.build(grant, manifest)])):
-        med, p90 = measure(calls, len(calls), cfg)
+        ((med, p90),) = measure([(calls, len(calls))], cfg)
         rows.append(Row("policy-engine", "profile build", label, med, p90, 1))
     return rows
 
@@ -232,6 +254,7 @@ def machine_info() -> dict[str, str]:
     return {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "nproc": str(os.cpu_count()),
+        "load": " / ".join(f"{x:.2f}" for x in os.getloadavg()),
         "cpu": cpu,
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "platform": platform.platform(),
@@ -288,7 +311,8 @@ def render_section(rows: Sequence[Row], info: dict[str, str], missing: dict[str,
         "percentile of individually timed calls (timer overhead subtracted). Ratio: the row's "
         "median over ours for the same domain and condition (> 1 = slower than ours).", "",
         f"Machine: {info['cpu']}, nproc {info['nproc']}, {info['python']}, {info['platform']}; "
-        f"{info['date']}. Versions: {info['versions']}.", "",
+        f"{info['date']}; load average at the end (1/5/15 min): {info['load']}. "
+        f"Versions: {info['versions']}.", "",
         "Targets:", *verdicts(rows), "",
     ]
     for name, why in missing.items():

@@ -1,4 +1,4 @@
-"""Every benchmarked engine gives the wanted answer on every case of the benchmark's decision set."""
+"""Every benchmarked engine gives the wanted answer on every case of the decision set."""
 
 from __future__ import annotations
 

@@ -144,16 +144,17 @@ class ProcExecutor:
 
     def _launcher_spec(self, plan: Plan, private_tmp: str | None) -> dict[str, Any]:
         off = plan.network != "on"
+        strict = self.backend == "landlock"
         if self.backend == "bwrap":
             extra = [("/tmp", "rw"), ("/dev", "dev"), ("/proc", "ro")]
         else:
             # no /proc here: the host's would show every process's environment to root
             extra = [(private_tmp or "/nonexistent", "rw"), ("/dev/null", "dev"),
                      ("/dev/zero", "dev"), ("/dev/urandom", "ro"), ("/dev/random", "ro")]
-        strict = self.backend == "landlock"
         return {
             "drop_caps": strict and os.geteuid() == 0,
-            "landlock": {"rules": plan.landlock_rules(extra), "deny_tcp": off, "scope": True,
+            "landlock": {"rules": plan.landlock_rules(extra, carve_masks=strict),
+                         "deny_tcp": off, "scope": True,
                          "required": strict},
             "seccomp": {"deny_inet": off, "deny_setsid": strict, "required": strict},
         }

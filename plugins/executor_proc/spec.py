@@ -57,11 +57,13 @@ class Plan:
     limits: Limits | None = None
     network: str = "off"
 
-    def landlock_rules(self, extra: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+    def landlock_rules(self, extra: Iterable[tuple[str, str]] = (),
+                       carve_masks: bool = True) -> list[tuple[str, str]]:
         """Allow-list rules; a tree holding a masked path is carved around it (Landlock cannot
-        subtract), its own directory keeping only list/create rights.
+        subtract), its own directory keeping only list/create rights. Under bwrap the masks are
+        already mounted over, so carving (hundreds of rules for /etc) is skipped.
         """
-        masked = self.mask_files + self.mask_dirs
+        masked = self.mask_files + self.mask_dirs if carve_masks else []
         rules: list[tuple[str, str]] = []
         for paths, access in ((self.system, "rox"), (self.readable, "rox"),
                               (self.writable, "rw")):

@@ -36,6 +36,7 @@ from policy_engine.profile.layers import (
     NetworkLayer,
     meet_limits,
     resolve_limits,
+    call_network,
     resolve_network,
 )
 
@@ -98,9 +99,8 @@ class ProfileBuilder:
             *(LimitsLayer(f"profile {p.name}", p.limits) for p in named),
             LimitsLayer("override", overrides.limits if overrides else Limits(), strict=True),
         ])
-        network = resolve_network(ps.network, [
-            NetworkLayer("settings", settings.network if settings else None, strict=True),
-            NetworkLayer("manifest", manifest.network),
+        network = resolve_network(call_network(ps.network, manifest.network), [
+            NetworkLayer("settings", settings.network if settings else None),
             *(NetworkLayer(f"profile {p.name}", p.network) for p in named),
             NetworkLayer("override", overrides.network if overrides else None, strict=True),
         ])

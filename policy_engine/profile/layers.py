@@ -60,6 +60,20 @@ def resolve_limits(layers: Sequence[LimitsLayer], base: Limits = SYSTEM_DEFAULT_
     return Limits(**current)
 
 
+def call_network(policy_default: NetworkMode, manifest_wants: NetworkMode | None) -> NetworkMode:
+    """The network mode a call starts from, before settings, named profiles and overrides.
+
+    The policy's default applies unless the manifest asks for a mode. A manifest may ask for
+    network, but unrestricted network (``on``: a sandboxed process reaches anything, bypassing
+    the per-request rules) needs the policy itself to default to ``on``; otherwise the most a
+    manifest gets is ``restricted`` (every request goes through the rules, via the proxy).
+    """
+    if manifest_wants is None:
+        return policy_default
+    ceiling = NetworkMode.ON if policy_default is NetworkMode.ON else NetworkMode.RESTRICTED
+    return manifest_wants if manifest_wants.rank <= ceiling.rank else ceiling
+
+
 def resolve_network(base: NetworkMode, layers: Sequence[NetworkLayer]) -> NetworkMode:
     """Fold ``layers`` over ``base`` keeping the lowest rank (off < restricted < on).
 

@@ -214,12 +214,34 @@ def test_override_widening_a_limit_is_refused_naming_the_field() -> None:
     assert (p.limits.timeout_ms, p.timeout_ms) == (10_000, 10_000)
 
 
-def test_override_and_settings_cannot_turn_the_network_on() -> None:
+def test_override_cannot_turn_the_network_on_and_settings_only_cap_it() -> None:
     off = policyset([], network=NetworkMode.OFF)
     with pytest.raises(PolicyEngineError, match="override would widen `network` from off to on"):
         ProfileBuilder(off).build(grant(), manifest(), overrides=Overrides(network="on"))
-    with pytest.raises(PolicyEngineError, match="settings would widen `network`"):
-        ProfileBuilder(off).build(grant(), manifest(), settings=Settings(network="restricted"))
+    # settings are the operator's ceiling: they never raise what the call starts from
+    assert ProfileBuilder(off).build(
+        grant(), manifest(), settings=Settings(network="restricted")).network is NetworkMode.OFF
+    on = policyset([], network=NetworkMode.ON)
+    assert ProfileBuilder(on).build(
+        grant(), manifest(), settings=Settings(network="restricted")
+    ).network is NetworkMode.RESTRICTED
+
+
+@pytest.mark.parametrize(("policy_default", "manifest_wants", "expected"), [
+    (NetworkMode.OFF, None, NetworkMode.OFF),
+    (NetworkMode.OFF, NetworkMode.ON, NetworkMode.RESTRICTED),
+    (NetworkMode.OFF, NetworkMode.RESTRICTED, NetworkMode.RESTRICTED),
+    (NetworkMode.RESTRICTED, NetworkMode.ON, NetworkMode.RESTRICTED),
+    (NetworkMode.ON, NetworkMode.ON, NetworkMode.ON),
+    (NetworkMode.ON, NetworkMode.OFF, NetworkMode.OFF),
+    (NetworkMode.ON, None, NetworkMode.ON),
+])
+def test_unrestricted_network_needs_the_policy_to_default_to_on(
+    policy_default: NetworkMode, manifest_wants: NetworkMode | None, expected: NetworkMode,
+) -> None:
+    ps = policyset([], network=policy_default)
+    p = ProfileBuilder(ps).build(grant(), manifest(network=manifest_wants))
+    assert p.network is expected
 
 
 def test_manifest_asking_for_more_is_clipped_silently() -> None:

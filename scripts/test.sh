@@ -8,4 +8,5 @@ ensure_system_packages
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test,bench]"
 echo "== ruff"; python3 -m ruff check policy_engine plugins tests benchmarks conformance
 echo "== mypy --strict"; python3 -m mypy
+source scripts/lib/dockerd.sh; ensure_dockerd; bash scripts/build-images.sh
 echo "== pytest"; python3 -m pytest -q -p no:cacheprovider "$@"

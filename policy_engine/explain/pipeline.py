@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from policy_engine.errors import PolicyEngineError, spec_of
+from policy_engine.errors import ErrorCode, PolicyEngineError, spec_of
 from policy_engine.explain.request import ExplainRequest
 from policy_engine.graph import PolicySet
 from policy_engine.guard import Guard
-from policy_engine.model import Decision, Grant, Manifest, Profile, TraceStep
+from policy_engine.model import Decision, Grant, Manifest, Profile, TraceStep, Usage
 from policy_engine.profile import ProfileBuilder
 
 
@@ -76,4 +76,23 @@ def explain(
         "subject": request.context.get("subject", {"id": grant.subject_id}),
     }
     decision = guard.decide(profile, request.op, context=context, now_ms=now_ms, trace=True)
+    if decision.allowed and request.budget_used is not None:
+        decision = _dry_run_budget(decision, profile, request.budget_used)
     return Explanation(decision, profile, policyset, manifest, grant, request)
+
+
+def _dry_run_budget(decision: Decision, profile: Profile, used: Usage) -> Decision:
+    """What the orchestrator's check-and-consume of one call would answer, consuming nothing."""
+    limit = profile.budget.calls
+    trace = decision.trace or ()
+    if limit is not None and used.calls + 1 > limit:
+        reason = f"budget `calls` exhausted: {used.calls} of {limit} used"
+        spec = spec_of(ErrorCode.BUDGET_EXCEEDED)
+        return decision.model_copy(update={
+            "decision": "deny", "code": spec.code.value, "http_status": spec.http_status,
+            "reason": reason, "rule": None,
+            "trace": (*trace, TraceStep(node="budget", outcome="fail", detail=reason)),
+        })
+    detail = f"calls {used.calls + 1} of {limit if limit is not None else 'unlimited'}"
+    return decision.model_copy(
+        update={"trace": (*trace, TraceStep(node="budget", outcome="pass", detail=detail))})

@@ -61,7 +61,7 @@ def render_text(exp: Explanation) -> str:
         lines.append(f"  reason:   {d.reason}")
     if d.rule is not None:
         lines.append(f"  rule:     {d.rule.id} at {_where(d.rule)}")
-    elif d.decision == "deny":
+    elif d.code == "SANDBOX.PERMISSION_DENY":
         lines.append("  rule:     none (default deny: no rule permits this)")
     lines.append(f"  tool:     {exp.manifest.name} {exp.manifest.version}")
     lines.append(
@@ -95,10 +95,18 @@ def _advice(exp: Explanation) -> str:
         return "this is a mandatory deny: no grant, manifest or policy can lift it"
     if d.rule is not None:
         return f"to change this decision, edit the rule at {_where(d.rule)}"
-    code = d.code or ""
-    if code == "POLICY.DENY_TOOL":
-        return "to change this decision, change the tool manifest's permissions or arguments"
-    if code == "SANDBOX.PERMISSION_DENY":
-        return ("to change this decision, add a `permit` rule for it, or widen the grant's "
-                "capabilities")
-    return "see docs/error-codes.md for this code"
+    return _ADVICE.get(d.code or "", "see docs/error-codes.md for this code")
+
+
+_ADVICE = {
+    "POLICY.DENY_TOOL": "to change this decision, change the tool manifest's permissions or "
+                        "argument templates",
+    "SANDBOX.PERMISSION_DENY": "to change this decision, add a `permit` rule for it, or widen "
+                               "the grant's capabilities",
+    "SANDBOX.CAPABILITY_BLOCKED": "the request itself is refused (path, address or URL form); "
+                                  "fix the request",
+    "QUOTA.BUDGET_EXCEEDED": "the grant's budget is used up: issue a new grant or raise its "
+                             "budget",
+    "SCHEMA.VALIDATION_FAILED": "the request is malformed; `policy-engine schema exec-op` prints "
+                                "the expected shape",
+}

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from policy_engine.dsl.loaders import load_document, validate_document
 from policy_engine.errors import Diagnostic, DiagnosticsError, Span
-from policy_engine.model import ExecOp, Overrides, Settings
+from policy_engine.model import ExecOp, Overrides, Settings, Usage
 
 
 class Expectation(BaseModel):
@@ -39,6 +39,9 @@ class ExplainRequest(BaseModel):
     settings: Settings | None = None
     context: dict[str, Any] = Field(
         default_factory=dict, description="extra CEL variables: tenant, subject"
+    )
+    budget_used: Usage | None = Field(
+        default=None, description="what the grant already consumed; a dry run consumes nothing",
     )
     manifest: str | None = None
     grant: str | None = None

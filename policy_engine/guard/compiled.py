@@ -23,6 +23,7 @@ from policy_engine.guard.matchers import (
 )
 from policy_engine.guard.paths import normalize_path
 from policy_engine.model import (
+    BrowserCapability,
     Decision,
     FsCapability,
     Limits,
@@ -137,17 +138,39 @@ def _limits(own: Limits | None, prof: Limits, timeout: int, tmp_max: int | None)
 
 
 class ConditionIndex:
-    """Finds the compiled condition of a profile rule: by CEL source first, then by rule id."""
+    """Finds what the policy set says about a profile rule: its compiled condition (by CEL
+    source first, then by rule id) and the host patterns the rule itself names.
+    """
 
     def __init__(self, policyset: PolicySet | None) -> None:
         self.by_source: dict[str, CompiledCondition] = {}
         self.by_id: dict[str, CompiledCondition] = {}
+        self.has_policy = policyset is not None
+        self.rule_hosts: dict[tuple[str, str], tuple[HostPattern, ...]] = {}
         if policyset is not None:
             for rule in policyset.rules:
+                for cap_kind, cap in rule.capabilities.items():
+                    if isinstance(cap, NetHttpCapability | BrowserCapability):
+                        self.rule_hosts[(rule.ref.id, str(cap_kind))] = tuple(
+                            HostPattern.of(h) for h in cap.hosts)
                 if rule.condition is not None:
                     self.by_source.setdefault(rule.condition.source, rule.condition)
                     self.by_id.setdefault(rule.id, rule.condition)
                     self.by_id.setdefault(rule.ref.id, rule.condition)
+
+    def named_hosts(self, rule: RuleRef | None, kind: str,
+                    members: tuple[Matcher, ...]) -> tuple[HostPattern, ...]:
+        """Host patterns that may name a private address for this capability.
+
+        Only the policy rule's own hosts count: a grant or manifest naming `169.254.169.254`
+        must not lift the refusal when the rule only says `*` (the meet would otherwise carry
+        the grant's literal). Without a policy set (hand-built profiles) the met hosts count.
+        """
+        if not self.has_policy:
+            return host_patterns(members)
+        if rule is None:
+            return ()
+        return self.rule_hosts.get((rule.id, kind), ())
 
     def find(self, source: str | None, rule: RuleRef | None) -> Condition | None:
         if source is None:
@@ -180,7 +203,7 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
             kind=kind, members=members, admit_path=fast, rule=pc.rule,
             condition=conditions.find(pc.condition, pc.rule),
             limits=_limits(pc.limits, profile.limits, profile.timeout_ms, tmp_max),
-            hosts=host_patterns(members),
+            hosts=conditions.named_hosts(pc.rule, kind, members),
             allow=Decision.model_construct(
                 decision="allow", code=None, http_status=200, reason="", rule=pc.rule,
                 profile_hash=phash, trace=None),

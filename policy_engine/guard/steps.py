@@ -84,8 +84,9 @@ def limit_violation(kind: str, op: Any, lim: EffLimits, rv: Resolved | None,
     if kind == "proc.exec":
         return _over("timeout_ms", op.timeout_ms, lim.timeout_ms) if op.timeout_ms else None
     if kind == "tmp.alloc":
-        return (_over("tmp size", op.size_bytes, lim.tmp_max_bytes)
-                or _over("tmp size", op.size_bytes, lim.max_bytes_out))
+        # temp space is bounded by the tmp.use capability's size, not by bytes_out (that limit
+        # is about data leaving the sandbox)
+        return _over("tmp size", op.size_bytes, lim.tmp_max_bytes)
     return None
 
 

@@ -34,9 +34,9 @@ from policy_engine.profile.hashing import canonical_json, fingerprint, profile_h
 from policy_engine.profile.layers import (
     LimitsLayer,
     NetworkLayer,
+    call_network,
     meet_limits,
     resolve_limits,
-    call_network,
     resolve_network,
 )
 

@@ -38,7 +38,8 @@ def test_example_request_gets_its_expected_decision(request_path: Path) -> None:
     assert got["trace"], "explain always carries the trace"
     if got["decision"] == "allow":
         assert got["http_status"] == 200
-        assert isinstance(got["profile"], dict) and len(got["profile"]["profile_hash"]) == 64
+        assert isinstance(got["profile"], dict)
+        assert len(got["profile"]["profile_hash"]) == 64
 
 
 def test_examples_cover_thirty_requests_every_allow_path_and_every_decidable_code() -> None:

@@ -94,4 +94,5 @@ def test_dry_run_budget_refuses_the_call_after_the_last_one(tmp_path: Path) -> N
                    get("https://api.github.com/", budget_used=Usage(calls=3)))
     assert ok.decision.allowed
     assert (over.decision.code, over.decision.http_status) == ("QUOTA.BUDGET_EXCEEDED", 429)
-    assert over.decision.trace is not None and over.decision.trace[-1].node == "budget"
+    assert over.decision.trace is not None
+    assert over.decision.trace[-1].node == "budget"

@@ -63,7 +63,8 @@ def test_unknown_internal_public_message_reveals_nothing() -> None:
 def test_diagnostic_ids_are_in_their_families() -> None:
     for diag_id, spec in DIAGNOSTICS.items():
         assert diag_id[:4] in ("SBP1", "SBP2", "SBP3")
-        assert spec.help and not spec.title.endswith(".")
+        assert spec.help
+        assert not spec.title.endswith(".")
 
 
 def test_diagnostic_make_takes_registry_severity_and_help() -> None:

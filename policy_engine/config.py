@@ -13,6 +13,18 @@ import yaml
 
 from policy_engine.model import OpKind
 
+DEFAULT_BACKENDS: Mapping[OpKind, str] = {
+    OpKind.FS_READ: "fs",
+    OpKind.FS_WRITE: "fs",
+    OpKind.FS_LIST: "fs",
+    OpKind.TMP_ALLOC: "tmp",
+    OpKind.PROC_EXEC: "proc-bwrap",
+    OpKind.NET_HTTP: "http",
+    OpKind.BROWSER_NAV: "browser",
+    OpKind.BROWSER_SCREENSHOT: "browser",
+}
+"""The first-party backend for each op kind; docker must be chosen explicitly in the config."""
+
 
 def default_state_dir() -> Path:
     """``$POLICY_ENGINE_STATE`` or ``./var`` — embedded defaults: SQLite and local files."""
@@ -24,7 +36,8 @@ class EngineConfig:
     """Configuration shared with every plugin through the hooks.
 
     :param state_dir: evidence logs, SQLite databases and spools live here.
-    :param backends: op kind → executor name; unset kinds use the first executor serving them.
+    :param backends: op kind → executor name (``DEFAULT_BACKENDS`` unless configured; a kind
+        mapped to nothing uses the first loaded executor serving it).
     :param mode: ``strict`` refuses a profile a backend cannot enforce; ``compat`` runs degraded
         and records why in the evidence.
     :param fallback_to_local: when the chosen backend is unavailable, run on the local one
@@ -37,7 +50,7 @@ class EngineConfig:
     """
 
     state_dir: Path = field(default_factory=default_state_dir)
-    backends: Mapping[OpKind, str] = field(default_factory=dict)
+    backends: Mapping[OpKind, str] = field(default_factory=lambda: dict(DEFAULT_BACKENDS))
     mode: Literal["strict", "compat"] = "strict"
     fallback_to_local: bool = False
     evidence_sinks: tuple[str, ...] = ("jsonl",)
@@ -79,7 +92,9 @@ class EngineConfig:
             if not isinstance(backends, Mapping):
                 raise ValueError("`backends` must map op kinds to executor names")
             try:
-                kwargs["backends"] = {OpKind(k): str(v) for k, v in backends.items()}
+                # a config names the kinds it changes; the others keep their defaults
+                kwargs["backends"] = {**DEFAULT_BACKENDS,
+                                      **{OpKind(k): str(v) for k, v in backends.items()}}
             except ValueError as exc:
                 raise ValueError(f"`backends`: {exc}") from None
         if "mode" in data:

@@ -19,17 +19,12 @@ from policy_engine.cli.common import (
 )
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig, load_config
-from policy_engine.dsl.loaders import load_document, load_grant, load_manifest, validate_document
-from policy_engine.explain.request import ExplainRequest
+from policy_engine.dsl.loaders import load_grant, load_manifest
+from policy_engine.explain.request import ExplainRequest, load_request, resolve_fixture
 from policy_engine.model import ProcExecOp
 from policy_engine.orchestrator import RunOutcome, run_once
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
-
-
-def _load_request(path: Path) -> ExplainRequest:
-    data, lookup = load_document(path)
-    return validate_document(ExplainRequest, data, lookup, "request")
 
 
 def _bad_input(message: str) -> None:
@@ -59,8 +54,10 @@ def _render(outcome: RunOutcome) -> str:
 @click.command("run", context_settings={"ignore_unknown_options": True})
 @click.option("--policy", "policies", multiple=True, required=True, type=_FILE,
               help="a .sbpolicy file (repeatable; imports are followed)")
-@click.option("--manifest", required=True, type=_FILE, help="tool manifest (JSON/YAML/.sbpolicy)")
-@click.option("--grant", required=True, type=_FILE, help="grant for the call (JSON or YAML)")
+@click.option("--manifest", type=_FILE,
+              help="tool manifest (JSON/YAML/.sbpolicy); default: the request's `manifest`")
+@click.option("--grant", type=_FILE,
+              help="grant for the call (JSON or YAML); default: the request's `grant`")
 @click.option("--request", "request_path", type=_FILE,
               help='request file: {"op": ..., "overrides", "now_ms", "context"}')
 @click.option("--config", "config_path", type=_FILE, help="engine configuration (YAML/JSON)")
@@ -68,7 +65,8 @@ def _render(outcome: RunOutcome) -> str:
               help="where evidence, budgets and spools live (overrides the config)")
 @format_option
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
-def command(policies: tuple[Path, ...], manifest: Path, grant: Path, request_path: Path | None,
+def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | None,
+            request_path: Path | None,
             config_path: Path | None, state_dir: Path | None, fmt: str,
             argv: tuple[str, ...]) -> None:
     """Run one operation: from --request FILE, or `-- TOOL ARGS...` as a proc.exec.
@@ -85,12 +83,19 @@ def command(policies: tuple[Path, ...], manifest: Path, grant: Path, request_pat
     if state_dir is not None:
         config = replace(config, state_dir=state_dir.absolute())
     policyset = load_or_exit(lambda: compile_files(policies))
-    tool = load_or_exit(lambda: load_manifest(manifest))
-    ticket = load_or_exit(lambda: load_grant(grant))
     if request_path is not None:
-        request = load_or_exit(lambda: _load_request(request_path))
+        request = load_or_exit(lambda: load_request(request_path))
+        base = request_path
     else:
+        if manifest is None or grant is None:
+            _bad_input("`-- TOOL ARGS...` needs `--manifest FILE` and `--grant FILE`")
         request = ExplainRequest(op=ProcExecOp(tool=argv[0], args=tuple(argv[1:])))
+        base = Path.cwd()
+    manifest_path = manifest or load_or_exit(
+        lambda: resolve_fixture(base, request.manifest, "manifest"))
+    grant_path = grant or load_or_exit(lambda: resolve_fixture(base, request.grant, "grant"))
+    tool = load_or_exit(lambda: load_manifest(manifest_path))
+    ticket = load_or_exit(lambda: load_grant(grant_path))
     try:
         outcome = run_once(policyset, ticket, tool, request.op, config=config,
                            settings=request.settings, overrides=request.overrides,

@@ -86,3 +86,24 @@ def test_console_script_runs_explain_end_to_end() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["code"] == "SANDBOX.CAPABILITY_BLOCKED"
+
+
+def test_run_takes_manifest_and_grant_from_the_request_and_writes_evidence(
+    tmp_path: Path,
+) -> None:
+    result = CliRunner().invoke(cli, [
+        "run", "--policy", str(POLICY), "--state-dir", str(tmp_path), "--format", "json",
+        "--request", str(EXAMPLES / "requests/read-private-key.json")])
+    assert result.exit_code == 1, result.output
+    out = json.loads(result.output)
+    assert out["decision"]["code"] == "SANDBOX.CAPABILITY_BLOCKED"
+    records = [json.loads(line) for line in
+               (tmp_path / "evidence" / "evidence.jsonl").read_text().splitlines()]
+    assert [r["type"] for r in records] == ["begin", "end"]
+    assert records[1]["status"] == "denied"
+
+
+def test_run_with_argv_and_no_manifest_is_unusable_input() -> None:
+    result = CliRunner().invoke(cli, ["run", "--policy", str(POLICY), "--", "git", "status"])
+    assert result.exit_code == 2
+    assert "needs `--manifest FILE` and `--grant FILE`" in result.output

@@ -16,6 +16,7 @@ NetworkHook = Callable[[Plan], list[str]]
 "restricted" mode's host-side proxy). The namespace itself stays unshared."""
 
 LAUNCHER_DIR = "/run/policy-engine/launcher"
+NATIVE_PATH = "/run/policy-engine/sb_launch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,8 @@ def _system_args(paths: list[str]) -> list[str]:
 
 
 def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | None,
-               network_hook: NetworkHook | None = None) -> list[str]:
+               network_hook: NetworkHook | None = None,
+               native_launcher: str | None = None) -> list[str]:
     """The full bwrap command; ``inner`` runs inside (the launcher or the tool itself).
 
     Order matters: bwrap applies mounts in argv order, so system trees come first, then the
@@ -76,6 +78,8 @@ def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | 
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     if launcher_src is not None:
         args += ["--ro-bind", launcher_src, LAUNCHER_DIR]
+    if native_launcher is not None:
+        args += ["--ro-bind", native_launcher, NATIVE_PATH]
     binds = [(p, "--ro-bind") for p in plan.readable] + [(p, "--bind") for p in plan.writable]
     for path, flag in sorted(binds, key=lambda b: (b[0].count("/"), b[0])):
         args += [flag, path, path]

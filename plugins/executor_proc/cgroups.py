@@ -7,11 +7,14 @@ substitute: it is per user and the kernel ignores it for root.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import secrets
 import signal
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 ROOT = "/sys/fs/cgroup"
@@ -39,6 +42,7 @@ class ExecCgroup:
 
     version: str
     dirs: dict[str, str] = field(default_factory=dict)
+    limits: tuple[int, int, float] | None = None  # (pids, memory, cpu) as last written
 
     @property
     def procs_files(self) -> list[str]:
@@ -130,12 +134,33 @@ def detect() -> str | None:
     return None
 
 
-def create(pids: int, memory_bytes: int, cpu_cores: float) -> ExecCgroup | None:
-    """Make and configure the groups; ``None`` when not possible (rlimits only then)."""
-    version = detect()
-    if version is None:
-        return None
-    own, name = _own_paths(), PREFIX + secrets.token_hex(6)
+def _configure(cg: ExecCgroup, limits: tuple[int, int, float]) -> None:
+    """Write the limits a group does not already hold (a pooled group usually holds them)."""
+    if cg.limits == limits:
+        return
+    pids, memory_bytes, cpu_cores = limits
+    cg.limits = None  # half-written until the end
+    quota = str(max(1000, int(cpu_cores * 100000)))
+    if cg.version == "v1":
+        _write(os.path.join(cg.dirs["pids"], "pids.max"), str(pids))
+        if "memory" in cg.dirs:
+            _write(os.path.join(cg.dirs["memory"], "memory.limit_in_bytes"), str(memory_bytes))
+        if "cpu" in cg.dirs:
+            _write(os.path.join(cg.dirs["cpu"], "cpu.cfs_period_us"), "100000")
+            _write(os.path.join(cg.dirs["cpu"], "cpu.cfs_quota_us"), quota)
+    else:
+        d = cg.dirs["pids"]
+        _write(os.path.join(d, "pids.max"), str(pids))
+        with contextlib.suppress(OSError):  # only if those controllers are delegated
+            _write(os.path.join(d, "memory.max"), str(memory_bytes))
+        with contextlib.suppress(OSError):
+            _write(os.path.join(d, "cpu.max"), f"{quota} 100000")
+    cg.limits = limits
+
+
+def _make(version: str, own: dict[str, str]) -> ExecCgroup:
+    """mkdir one fresh group per controller; raises OSError (after cleaning up)."""
+    name = PREFIX + secrets.token_hex(6)
     cg = ExecCgroup(version)
     try:
         if version == "v1":
@@ -144,26 +169,136 @@ def create(pids: int, memory_bytes: int, cpu_cores: float) -> ExecCgroup | None:
                 if ctrl in own and _writable_dir(base):
                     os.mkdir(os.path.join(base, name), 0o755)
                     cg.dirs[ctrl] = os.path.join(base, name)
-            _write(os.path.join(cg.dirs["pids"], "pids.max"), str(pids))
-            if "memory" in cg.dirs:
-                _write(os.path.join(cg.dirs["memory"], "memory.limit_in_bytes"), str(memory_bytes))
-            if "cpu" in cg.dirs:
-                _write(os.path.join(cg.dirs["cpu"], "cpu.cfs_period_us"), "100000")
-                _write(os.path.join(cg.dirs["cpu"], "cpu.cfs_quota_us"),
-                       str(max(1000, int(cpu_cores * 100000))))
+            if "pids" not in cg.dirs:
+                raise OSError("no pids controller")
         else:
             d = os.path.join(ROOT + own[""], name)
             os.mkdir(d, 0o755)
             cg.dirs["pids"] = d
-            _write(os.path.join(d, "pids.max"), str(pids))
-            with contextlib.suppress(OSError):  # only if those controllers are delegated
-                _write(os.path.join(d, "memory.max"), str(memory_bytes))
-            with contextlib.suppress(OSError):
-                _write(os.path.join(d, "cpu.max"), f"{max(1000, int(cpu_cores * 100000))} 100000")
+    except OSError:
+        cg.remove()
+        raise
+    return cg
+
+
+def create(pids: int, memory_bytes: int, cpu_cores: float) -> ExecCgroup | None:
+    """Make and configure the groups; ``None`` when not possible (rlimits only then)."""
+    version = detect()
+    if version is None:
+        return None
+    try:
+        cg = _make(version, _own_paths())
+    except OSError:
+        return None
+    try:
+        _configure(cg, (pids, memory_bytes, cpu_cores))
     except OSError:
         cg.remove()
         return None
     return cg
+
+
+class CgroupPool:
+    """Fresh per-exec groups made ahead of time, and removed after use, off the hot path.
+
+    Every exec still gets a group of its own that no other exec has used (so the memory peak
+    and CPU time read afterwards are that exec's alone); what moves to a background thread is
+    the mkdir before and the kill-wait-rmdir after (exiting tasks leave a group lazily, so
+    rmdir has to be retried). Groups are made lazily on first use, ``size`` ahead, and written
+    with the last limits asked for, so ``acquire`` usually writes nothing.
+    """
+
+    def __init__(self, size: int = 2) -> None:
+        self.size = size
+        self.version = detect()
+        self._own = _own_paths() if self.version else {}
+        self._free: list[ExecCgroup] = []
+        self._dead: list[ExecCgroup] = []
+        self._limits: tuple[int, int, float] | None = None
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def acquire(self, pids: int, memory_bytes: int, cpu_cores: float) -> ExecCgroup | None:
+        """A configured group for one exec; ``None`` when groups cannot be made here."""
+        if self.version is None:
+            return None
+        limits = (pids, memory_bytes, cpu_cores)
+        with self._cond:
+            self._limits = limits
+            cg = self._free.pop() if self._free else None
+            self._start()
+            self._cond.notify()
+        try:
+            if cg is None:
+                cg = _make(self.version, self._own)
+            _configure(cg, limits)
+        except OSError:  # e.g. swept by another engine: one fresh try, else rlimits only
+            if cg is not None:
+                self.release(cg)
+            return create(pids, memory_bytes, cpu_cores)
+        return cg
+
+    def release(self, cg: ExecCgroup) -> None:
+        """Hand a used group to the background thread to empty and remove."""
+        with self._cond:
+            if self._closed or self._thread is None:
+                cg.remove()
+                return
+            self._dead.append(cg)
+            self._cond.notify()
+
+    def _start(self) -> None:
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._work, name="policy-engine-cgroups",
+                                            daemon=True)
+            self._thread.start()
+            _POOLS.add(self)
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._dead and len(self._free) >= self.size:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                dead, self._dead = self._dead, []
+                limits, short = self._limits, len(self._free) < self.size
+            for cg in dead:
+                cg.remove()
+            if short and self.version is not None:
+                try:
+                    cg = _make(self.version, self._own)
+                    if limits is not None:
+                        _configure(cg, limits)
+                except OSError:
+                    time.sleep(1.0)  # cannot make groups right now; acquire falls back
+                    continue
+                with self._cond:
+                    self._free.append(cg)
+
+    def close(self) -> None:
+        """Stop the thread and remove every group still held (idle or awaiting removal)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(30)
+        with self._cond:
+            left, self._free, self._dead = self._free + self._dead, [], []
+        for cg in left:
+            cg.remove()
+        _POOLS.discard(self)
+
+
+_POOLS: weakref.WeakSet[CgroupPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in list(_POOLS):
+        pool.close()
 
 
 def sweep_stale(min_age_s: float = 600.0) -> int:

@@ -106,7 +106,8 @@ def test_landlock_backend_reports_unavailability(monkeypatch: pytest.MonkeyPatch
     assert landlock.abi_version() > 0
     monkeypatch.setattr(landlock, "abi_version", lambda: 0)
     ex = ProcExecutor("landlock")
-    assert ex.available is False
+    assert ex.usable is False
+    assert ex.available() == ex.unavailable_reason
     assert "landlock is not enabled" in ex.unavailable_reason
     ctx = ExecContext(profile=make_profile(root), deadline=time.monotonic() + 60)
     with pytest.raises(PolicyEngineError) as exc:
@@ -126,7 +127,8 @@ def test_missing_bwrap_is_provider_unavailable(monkeypatch: pytest.MonkeyPatch, 
                                                tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # a real PATH without bwrap on it
     ex = ProcExecutor("bwrap")
-    assert ex.available is False
+    assert ex.usable is False
+    assert ex.available() == ex.unavailable_reason
     assert "not installed" in ex.unavailable_reason
     ctx = ExecContext(profile=make_profile(root), deadline=time.monotonic() + 60)
     with pytest.raises(PolicyEngineError) as exc:

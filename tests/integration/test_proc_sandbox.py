@@ -68,7 +68,7 @@ def make_profile(root: Path, network: NetworkMode = NetworkMode.OFF, **limits: A
 def executors() -> Iterator[dict[str, ProcExecutor]]:
     made = {b: ProcExecutor(b, ProcOptions(env_allow=("GIT_AUTHOR_NAME",))) for b in BACKENDS}
     for ex in made.values():
-        assert ex.available, ex.unavailable_reason  # bwrap installed, Landlock ABI > 0 here
+        assert ex.available() is True, ex.unavailable_reason  # bwrap and Landlock work here
     yield made
     for ex in made.values():
         ex.close()

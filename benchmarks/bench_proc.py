@@ -1,0 +1,234 @@
+"""proc.exec overhead: bare subprocess, bare bwrap, the proc-bwrap executor, the full orchestrator.
+
+Usage::
+
+    python benchmarks/bench_proc.py           # full run (~2 min); updates docs/benchmarks.md
+    python benchmarks/bench_proc.py --quick   # < 60 s sanity run; prints the table only
+
+Every row runs the same command (``true`` by default) in one process, interleaved round by round
+so a load shift hits every row alike. "bare bwrap" is the exact bwrap command line the executor
+builds for that call (binds, masks, ``--unshare-all``, ``--die-with-parent``…), run directly with
+``subprocess.run``; the executor and orchestrator rows add, on top of it, whatever the default
+configuration adds (native launcher with Landlock + seccomp, per-exec cgroups, evidence, budget).
+The breakdown rows switch single layers off to show where the remaining time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from anywhere: `benchmarks` lives at the root
+    sys.path.insert(0, str(ROOT))
+
+from plugins.executor_proc import bwrap  # noqa: E402 - needs the checkout root on sys.path first
+from plugins.executor_proc.executor import ProcExecutor, ProcOptions  # noqa: E402 - same
+from plugins.executor_proc.spec import build_plan  # noqa: E402 - same
+from policy_engine.compiler import compile_files  # noqa: E402 - same
+from policy_engine.config import EngineConfig  # noqa: E402 - same
+from policy_engine.dsl.loaders import load_grant, load_manifest  # noqa: E402 - same
+from policy_engine.executor import ExecContext  # noqa: E402 - same
+from policy_engine.model import ProcExecOp  # noqa: E402 - same
+from policy_engine.orchestrator import Orchestrator  # noqa: E402 - same
+
+DOCS = ROOT / "docs" / "benchmarks.md"
+SECTION = "## Process execution overhead (issue: Controlled execution)"
+TARGET_MS = 2.0
+
+POLICY = """\
+policy "bench/proc" version "1.0.0"
+defaults {
+  timeout 30s
+  network off
+}
+permit "true" proc.exec  tool "true"  args []
+permit "git-version" proc.exec  tool "git"  args ["--version"]
+"""
+GRANT = """{"tenant": "bench", "subject_id": "agent:bench", "tool_name": "shell",
+ "call_id": "bench-1", "capabilities": [{"kind": "proc.exec", "tool": "true"},
+ {"kind": "proc.exec", "tool": "git"}], "expires_at": 4102444800000,
+ "budget": {"calls": 100000000, "cpu_ms": 100000000},
+ "consent": {"granted_by": "user:bench", "granted_at": 1790000000000,
+             "expires_at": 4102444800000}}"""
+MANIFEST = """{"name": "shell", "version": "1.0.0", "permissions": [
+ {"kind": "proc.exec", "tool": "true"}, {"kind": "proc.exec", "tool": "git"}],
+ "side_effects": ["Process"], "safety_class": "Low"}"""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    name: str
+    what: str
+    run: Callable[[], None]
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise SystemExit(f"bench_proc: {what}")
+
+
+def build_rows(tmp: Path, argv: list[str], *, breakdown: bool) -> tuple[list[Row], Orchestrator]:
+    (tmp / "policy.sbpolicy").write_text(POLICY)
+    (tmp / "grant.json").write_text(GRANT)
+    (tmp / "manifest.json").write_text(MANIFEST)
+    policyset = compile_files((tmp / "policy.sbpolicy",))
+    grant = load_grant(tmp / "grant.json")
+    manifest = load_manifest(tmp / "manifest.json")
+    op = ProcExecOp(tool=argv[0], args=tuple(argv[1:]))
+    config = EngineConfig(state_dir=tmp / "state", revocation="memory")
+    orch = Orchestrator(policyset, config=config)
+    profile = orch.builder.build(grant, manifest)
+    probe = orch.run(grant, manifest, op)
+    _check(probe.result.ok, f"the orchestrator refused the benchmark call: {probe.result}")
+    _check(probe.result.out.get("exit_code") == 0, f"`{argv}` failed: {probe.result.out}")
+
+    plan = build_plan(profile, op)
+    bw = shutil.which("bwrap")
+    _check(bw is not None, "bwrap is not installed")
+    assert bw is not None
+    bare_bwrap = bwrap.build_argv(bw, plan, inner=plan.argv, launcher_src=None)
+    exe = shutil.which(argv[0]) or argv[0]
+
+    def subprocess_run(cmd: list[str], env: dict[str, str] | None) -> Callable[[], None]:
+        def go() -> None:
+            res = subprocess.run(cmd, capture_output=True, env=env, cwd="/", check=False)
+            if res.returncode != 0:
+                raise SystemExit(f"bench_proc: {cmd[:3]}… exited {res.returncode}: {res.stderr!r}")
+        return go
+
+    def executor(ex: ProcExecutor) -> Callable[[], None]:
+        def go() -> None:
+            ctx = ExecContext(profile=profile, deadline=time.monotonic() + 30)
+            res = ex.execute(ctx, op)
+            if res.out["exit_code"] != 0:
+                raise SystemExit(f"bench_proc: executor run failed: {res.out}")
+        return go
+
+    def full() -> None:
+        res = orch.run(grant, manifest, op)
+        if not res.result.ok:
+            raise SystemExit(f"bench_proc: orchestrator run failed: {res.result}")
+
+    default_ex = ProcExecutor("bwrap")
+    rows = [
+        Row("bare subprocess", f"`subprocess.run([{exe!r}])`",
+            subprocess_run([exe, *argv[1:]], dict(plan.env))),
+        Row("bare bwrap", "the executor's bwrap argv, `subprocess.run`",
+            subprocess_run(bare_bwrap, {})),
+        Row("proc-bwrap executor", "default: launcher (Landlock + seccomp) + cgroups",
+            executor(default_ex)),
+        Row("full orchestrator", "profile, guard, budget (SQLite), evidence (JSONL), executor",
+            full),
+    ]
+    if breakdown:
+        rows += [
+            Row("executor, no layer 2", "cgroups on, launcher off",
+                executor(ProcExecutor("bwrap", ProcOptions(layer2=False)))),
+            Row("executor, no cgroups", "launcher on, cgroups off (rlimits only)",
+                executor(ProcExecutor("bwrap", ProcOptions(cgroups=False)))),
+            Row("executor, bwrap only", "launcher off, cgroups off",
+                executor(ProcExecutor("bwrap", ProcOptions(layer2=False, cgroups=False)))),
+        ]
+    return rows, orch
+
+
+def measure(rows: list[Row], iterations: int, warmup: int) -> dict[str, list[float]]:
+    for row in rows:
+        for _ in range(warmup):
+            row.run()
+    samples: dict[str, list[float]] = {r.name: [] for r in rows}
+    gc.collect()
+    for _ in range(iterations):  # interleaved: one sample of every row per round
+        for row in rows:
+            t0 = time.perf_counter()
+            row.run()
+            samples[row.name].append((time.perf_counter() - t0) * 1000)
+    return samples
+
+
+def p90(xs: list[float]) -> float:
+    return statistics.quantiles(xs, n=10)[-1]
+
+
+def render(rows: list[Row], samples: dict[str, list[float]], argv: list[str],
+           iterations: int) -> tuple[str, bool]:
+    base = statistics.median(samples["bare bwrap"])
+    lines = [f"`{' '.join(argv)}`, {iterations} interleaved iterations per row after warm-up; "
+             f"{platform.machine()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
+             f"Python {platform.python_version()}, load average "
+             f"{os.getloadavg()[0]:.2f}, {dt.date.today().isoformat()}.", "",
+             "| row | what | median ms | p90 ms | median over bare bwrap |",
+             "|---|---|---:|---:|---:|"]
+    for row in rows:
+        xs = samples[row.name]
+        med = statistics.median(xs)
+        over = "—" if row.name == "bare bwrap" else f"{med - base:+.2f} ms"
+        lines.append(f"| {row.name} | {row.what} | {med:.2f} | {p90(xs):.2f} | {over} |")
+    full = statistics.median(samples["full orchestrator"]) - base
+    met = full <= TARGET_MS
+    lines += ["", f"Target (orchestrator + isolation ≤ {TARGET_MS:g} ms over bare bwrap at the "
+              f"median): **{'met' if met else 'not met'}** ({full:+.2f} ms)."]
+    return "\n".join(lines), met
+
+
+def update_docs(table: str) -> None:
+    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
+    body = (f"{SECTION}\n\nReproduce with `python benchmarks/bench_proc.py` "
+            "(`--quick` for a sanity run). Generated; edit the script, not this table.\n\n"
+            f"<!-- bench_proc:begin -->\n{table}\n<!-- bench_proc:end -->\n")
+    start = text.find("<!-- bench_proc:begin -->")
+    end = text.find("<!-- bench_proc:end -->")
+    if start >= 0 and end > start:
+        text = text[:start] + body.split("<!-- bench_proc:begin -->\n", 1)[1].split(
+            "<!-- bench_proc:end -->", 1)[0].join(
+            ("<!-- bench_proc:begin -->\n", "")) + text[end:]
+    elif SECTION in text:
+        raise SystemExit(f"bench_proc: {DOCS} has the section but no table markers; "
+                         "add them by hand")
+    else:
+        text = text.rstrip("\n") + "\n\n" + body
+    DOCS.write_text(text)
+
+
+def main(args: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--quick", action="store_true", help="a < 60 s sanity run, docs untouched")
+    ap.add_argument("--iterations", type=int, default=None)
+    ap.add_argument("--no-breakdown", action="store_true", help="only the four main rows")
+    ap.add_argument("--no-docs", action="store_true", help="print only")
+    ap.add_argument("argv", nargs="*", default=["true"], help="command (default: true)")
+    ns = ap.parse_args(args)
+    iterations = ns.iterations or (20 if ns.quick else 60)
+    with tempfile.TemporaryDirectory(prefix="pe-bench-proc-") as tmp:
+        rows, orch = build_rows(Path(tmp), list(ns.argv), breakdown=not ns.no_breakdown)
+        try:
+            samples = measure(rows, iterations, warmup=3 if ns.quick else 10)
+        finally:
+            orch.close()
+            for row in rows:
+                closer: Any = getattr(row.run, "close", None)
+                if callable(closer):
+                    closer()
+    table, met = render(rows, samples, list(ns.argv), iterations)
+    print(table)
+    if not ns.quick and not ns.no_docs:
+        update_docs(table)
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

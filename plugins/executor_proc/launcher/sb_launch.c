@@ -1,0 +1,318 @@
+/* sb_launch: the native proc launcher. Applies what its options ask for, then execvp's the rest.
+ *
+ * Built on first use by plugins/executor_proc/native.py (gcc, cached by this file's sha256).
+ * The same binary serves two places, always given its options by the engine (never by a tool):
+ *
+ *   on the host, before bwrap:   -c FD (cgroup.procs to join)  -r RES:SOFT:HARD (setrlimit)
+ *   in the sandbox, before tool: -s FD (status)  -C (drop caps)  -l/-L (Landlock, required)
+ *                                -t (deny TCP)  -S (scope)  -p MASK:PATH (rule)
+ *                                -f HEX / -F HEX (seccomp BPF program, required)
+ *
+ * It mirrors launcher.py, landlock.py and seccomp.py (which remain the reference and the
+ * fallback): caps are dropped first, then Landlock (ABI probe; rights masked to what the ABI
+ * handles; file-only rights on files; missing paths skipped; TCP from ABI 4, scoping from ABI 6),
+ * then NO_NEW_PRIVS and the seccomp filter built by seccomp.build_filter. The status written to
+ * -s is the same JSON the Python launcher writes. Exit 126: isolation could not be applied;
+ * 127: the program could not be executed.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define NR_CREATE_RULESET 444
+#define NR_ADD_RULE 445
+#define NR_RESTRICT_SELF 446
+#define CREATE_RULESET_VERSION 1u
+#define RULE_PATH_BENEATH 1
+#define FILE_ONLY ((1ull << 0) | (1ull << 1) | (1ull << 2) | (1ull << 14) | (1ull << 15))
+#define NET_BIND_TCP (1ull << 0)
+#define NET_CONNECT_TCP (1ull << 1)
+#define SCOPE_ABSTRACT_UNIX (1ull << 0)
+#define SCOPE_SIGNAL (1ull << 1)
+#define MAX_RULES 4096
+#define MAX_FDS 16
+
+struct ruleset_attr { uint64_t fs, net, scoped; };
+struct path_beneath { uint64_t allowed_access; int32_t parent_fd; } __attribute__((packed));
+
+struct rule { uint64_t mask; const char *path; };
+
+static char status[8192];
+static size_t status_len;
+
+static void put(const char *s) {
+    size_t n = strlen(s);
+    if (status_len + n < sizeof status) {
+        memcpy(status + status_len, s, n);
+        status_len += n;
+    }
+}
+
+/* a JSON string body: quotes, backslashes and control characters escaped */
+static void put_escaped(const char *s) {
+    char buf[8];
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') { buf[0] = '\\'; buf[1] = (char)c; buf[2] = 0; }
+        else if (c < 0x20) snprintf(buf, sizeof buf, "\\u%04x", c);
+        else { buf[0] = (char)c; buf[1] = 0; }
+        put(buf);
+    }
+}
+
+static void write_all(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static int status_fd = -1;
+
+static void fail(int err, const char *what, const char *path) {
+    char num[32];
+    if (status_fd >= 0) {
+        status_len = 0;
+        snprintf(num, sizeof num, "[Errno %d] ", err);
+        put("{\"error\": \"");
+        put(num);
+        put_escaped(what);
+        if (path) { put(" for "); put_escaped(path); }
+        put("\"}");
+        write_all(status_fd, status, status_len);
+    } else {
+        fprintf(stderr, "policy-engine launcher: %s%s%s: %s\n", what, path ? " for " : "",
+                path ? path : "", strerror(err));
+    }
+    _exit(126);
+}
+
+static int landlock_abi(void) {
+    long v = syscall(NR_CREATE_RULESET, NULL, (size_t)0, CREATE_RULESET_VERSION);
+    return v > 0 ? (int)v : 0;
+}
+
+static uint64_t handled_fs(int abi) {
+    if (abi <= 0) return 0;
+    if (abi == 1) return (1ull << 13) - 1;
+    if (abi == 2) return (1ull << 14) - 1;
+    if (abi <= 4) return (1ull << 15) - 1;
+    return (1ull << 16) - 1;
+}
+
+/* 0 and the ABI on success; -errno and *what set on failure */
+static int landlock_apply(struct rule *rules, int n, int deny_tcp, int scope, int *abi_out,
+                          const char **what, const char **path) {
+    int abi = landlock_abi();
+    *abi_out = abi;
+    if (abi <= 0) { *what = "landlock is not supported by this kernel"; return -EOPNOTSUPP; }
+    uint64_t fs = handled_fs(abi);
+    struct ruleset_attr attr = {
+        fs, deny_tcp && abi >= 4 ? (NET_BIND_TCP | NET_CONNECT_TCP) : 0,
+        scope && abi >= 6 ? (SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL) : 0};
+    size_t size = abi >= 6 ? 24 : abi >= 4 ? 16 : 8;
+    int rfd = (int)syscall(NR_CREATE_RULESET, &attr, size, 0u);
+    if (rfd < 0) { *what = "landlock_create_ruleset failed"; return -errno; }
+    for (int i = 0; i < n; i++) {
+        int pfd = open(rules[i].path, O_PATH | O_CLOEXEC);
+        if (pfd < 0) continue; /* absent inside this sandbox: nothing to allow */
+        struct stat st;
+        uint64_t access = rules[i].mask & fs;
+        if (fstat(pfd, &st) == 0 && !S_ISDIR(st.st_mode)) access &= FILE_ONLY;
+        if (access != 0) {
+            struct path_beneath pb = {access, pfd};
+            if (syscall(NR_ADD_RULE, rfd, RULE_PATH_BENEATH, &pb, 0u) != 0) {
+                int e = errno;
+                close(pfd);
+                close(rfd);
+                *what = "landlock_add_rule failed";
+                *path = rules[i].path;
+                return -e;
+            }
+        }
+        close(pfd);
+    }
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+        int e = errno;
+        close(rfd);
+        *what = "PR_SET_NO_NEW_PRIVS failed";
+        return -e;
+    }
+    if (syscall(NR_RESTRICT_SELF, rfd, 0u) != 0) {
+        int e = errno;
+        close(rfd);
+        *what = "landlock_restrict_self failed";
+        return -e;
+    }
+    close(rfd);
+    return 0;
+}
+
+static int drop_caps(void) {
+    for (int cap = 0; cap <= 63; cap++) prctl(PR_CAPBSET_DROP, cap, 0, 0, 0); /* EINVAL past last */
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof data);
+    return (int)syscall(SYS_capset, &hdr, data);
+}
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* 0 and the program length; -errno and *what on failure */
+static int seccomp_apply(const char *hex, int *len_out, const char **what) {
+#if defined(__x86_64__)
+    static struct sock_filter prog[4096];
+    size_t n = strlen(hex);
+    if (n == 0 || n % 16 != 0 || n / 16 > 4096) { *what = "seccomp program malformed"; return -EINVAL; }
+    unsigned char *bytes = (unsigned char *)prog;
+    for (size_t i = 0; i < n; i += 2) {
+        int hi = hexval(hex[i]), lo = hexval(hex[i + 1]);
+        if (hi < 0 || lo < 0) { *what = "seccomp program malformed"; return -EINVAL; }
+        bytes[i / 2] = (unsigned char)(hi << 4 | lo);
+    }
+    struct sock_fprog fprog = {(unsigned short)(n / 16), prog};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) { *what = "PR_SET_NO_NEW_PRIVS failed"; return -errno; }
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog, 0, 0) != 0) { *what = "PR_SET_SECCOMP failed"; return -errno; }
+    *len_out = (int)(n / 16);
+    return 0;
+#else
+    (void)hex;
+    (void)len_out;
+    *what = "seccomp filter has no table for this architecture";
+    return -ENOSYS;
+#endif
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: sb_launch [-c FD] [-r RES:SOFT:HARD] [-s FD] [-C] [-l|-L] [-t] [-S] "
+                    "[-p MASK:PATH] [-f|-F HEX] -- PROGRAM ARGS...\n");
+    _exit(126);
+}
+
+static unsigned long long num(const char *s, char **end) {
+    errno = 0;
+    unsigned long long v = strtoull(s, end, 10);
+    if (errno != 0 || *end == s) usage();
+    return v;
+}
+
+int main(int argc, char **argv) {
+    static struct rule rules[MAX_RULES];
+    int nrules = 0, cg_fds[MAX_FDS], ncg = 0;
+    int want_ll = 0, ll_required = 0, deny_tcp = 0, scope = 0, caps = 0, sc_required = 0;
+    const char *seccomp_hex = NULL;
+    int opt;
+    char *end;
+    while ((opt = getopt(argc, argv, "+c:r:s:ClLtSp:f:F:")) != -1) {
+        switch (opt) {
+        case 'c':
+            if (ncg == MAX_FDS) usage();
+            cg_fds[ncg++] = (int)num(optarg, &end);
+            break;
+        case 'r': {
+            int res = (int)num(optarg, &end);
+            if (*end != ':') usage();
+            struct rlimit rl;
+            rl.rlim_cur = (rlim_t)num(end + 1, &end);
+            if (*end != ':') usage();
+            rl.rlim_max = (rlim_t)num(end + 1, &end);
+            if (setrlimit(res, &rl) != 0) fail(errno, "setrlimit failed", NULL);
+            break;
+        }
+        case 's': status_fd = (int)num(optarg, &end); break;
+        case 'C': caps = 1; break;
+        case 'L': ll_required = 1; /* fall through */
+        case 'l': want_ll = 1; break;
+        case 't': deny_tcp = 1; break;
+        case 'S': scope = 1; break;
+        case 'p':
+            if (nrules == MAX_RULES) usage();
+            rules[nrules].mask = num(optarg, &end);
+            if (*end != ':') usage();
+            rules[nrules++].path = end + 1;
+            break;
+        case 'F': sc_required = 1; /* fall through */
+        case 'f': seccomp_hex = optarg; break;
+        default: usage();
+        }
+    }
+    if (optind >= argc) usage();
+    for (int i = 0; i < ncg; i++) { /* "0" is the writer itself, in v1 and v2 alike */
+        ssize_t w = write(cg_fds[i], "0", 1);
+        if (w != 1) fail(errno, "cannot join the exec cgroup", NULL);
+        close(cg_fds[i]);
+    }
+    if (status_fd >= 0) {
+        char buf[64];
+        const char *what = NULL, *path = NULL;
+        put("{\"launcher\": \"native\", \"caps\": \"");
+        if (caps) {
+            if (drop_caps() != 0) fail(errno, "capset failed", NULL);
+            put("dropped\"");
+        } else {
+            put("kept\"");
+        }
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+            fail(errno, "PR_SET_NO_NEW_PRIVS failed", NULL);
+        put(", \"landlock\": \"");
+        if (want_ll) {
+            int abi = 0, rc = landlock_apply(rules, nrules, deny_tcp, scope, &abi, &what, &path);
+            if (rc < 0 && ll_required) fail(-rc, what, path);
+            if (rc < 0) {
+                put("unavailable: ");
+                snprintf(buf, sizeof buf, "[Errno %d] ", -rc);
+                put(buf);
+                put_escaped(what);
+            } else {
+                snprintf(buf, sizeof buf, "enforced (abi %d)", abi);
+                put(buf);
+            }
+        } else {
+            put("off");
+        }
+        put("\", \"seccomp\": \"");
+        if (seccomp_hex != NULL) {
+            int len = 0, rc = seccomp_apply(seccomp_hex, &len, &what);
+            if (rc < 0 && sc_required) fail(-rc, what, NULL);
+            if (rc < 0) {
+                put("unavailable: ");
+                snprintf(buf, sizeof buf, "[Errno %d] ", -rc);
+                put(buf);
+                put_escaped(what);
+            } else {
+                snprintf(buf, sizeof buf, "enforced (%d instructions)", len);
+                put(buf);
+            }
+        } else {
+            put("off");
+        }
+        put("\"}");
+        write_all(status_fd, status, status_len);
+        close(status_fd);
+    }
+    execvp(argv[optind], argv + optind);
+    fprintf(stderr, "policy-engine launcher: cannot execute `%s`: %s\n", argv[optind],
+            strerror(errno));
+    return errno == ENOENT ? 127 : 126;
+}

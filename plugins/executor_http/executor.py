@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import ssl
 import time
 from collections.abc import Iterator
@@ -46,6 +47,9 @@ HOP_BY_HOP = frozenset({
 })
 """Request headers never forwarded (RFC 9110 §7.6.1), besides those ``Connection`` names."""
 
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
 MANAGED = frozenset({"content-length", "accept-encoding"})
 """Request headers the executor sets itself: the length it sends, ``identity`` encoding."""
 
@@ -61,6 +65,9 @@ def clean_request_headers(headers: dict[str, str]) -> list[tuple[str, str]]:
     }
     out: list[tuple[str, str]] = []
     for key, value in headers.items():
+        if _TOKEN.fullmatch(key) is None or _BAD_VALUE.search(value) is not None:
+            raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                                    "invalid request header name or value")
         low = key.strip().lower()
         if low == "host":
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
@@ -216,6 +223,8 @@ class HttpExecutor:
                 return following
             check_mime(vetted.mime, response.headers.get("content-type"))
             declared = response.headers.get("content-length", "")
+            if hop.method == "HEAD" or status in (204, 304):
+                declared = ""  # INVARIANT: no body follows, whatever the length header says
             if (max_in is not None and declared.isdigit()
                     and ctx.usage.bytes_in + int(declared) > max_in):
                 raise PolicyEngineError(

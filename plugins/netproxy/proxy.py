@@ -26,6 +26,7 @@ from policy_engine.model import NetHttpOp, Profile, SideEffect, SideEffectRec
 MAX_LINE = 8192
 MAX_HEADERS = 100
 IDLE_SECONDS = 60.0
+LINGER_SECONDS = 10.0
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding",
                         "te", "trailer", "upgrade", "proxy-authenticate", "proxy-authorization"})
 
@@ -54,6 +55,17 @@ class ProxyHandler(socketserver.StreamRequestHandler):
     server: ProxyServer
 
     def handle(self) -> None:
+        server = self.server
+        with server.idle:
+            server.active += 1
+        try:
+            self._handle()
+        finally:
+            with server.idle:
+                server.active -= 1
+                server.idle.notify_all()
+
+    def _handle(self) -> None:
         self.connection.settimeout(IDLE_SECONDS)
         meta: dict[str, object] = {"via": "proxy"}
         try:
@@ -66,12 +78,16 @@ class ProxyHandler(socketserver.StreamRequestHandler):
         except _Refused as r:
             meta["refused"] = r.error.code.value
             meta.setdefault("url", "<unparsed>")
+            self._record(meta)  # INVARIANT: recorded before the client can see the refusal
             self._fail(r.error)
-        except (OSError, ValueError):
             return
-        finally:
-            if "url" in meta:
-                self.server.policy.record(SideEffectRec(kind=SideEffect.NETWORK, meta=meta))
+        except (OSError, ValueError):
+            meta["aborted"] = True
+        self._record(meta)
+
+    def _record(self, meta: dict[str, object]) -> None:
+        if "url" in meta:
+            self.server.policy.record(SideEffectRec(kind=SideEffect.NETWORK, meta=dict(meta)))
 
     def _read_head(self) -> tuple[str, str, list[tuple[str, str]]]:
         line = self.rfile.readline(MAX_LINE + 1)
@@ -118,6 +134,12 @@ class ProxyHandler(socketserver.StreamRequestHandler):
             meta["url"] = _shown(target)
             raise _Refused(PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                              "request bodies need a Content-Length"))
+        cap = self.server.policy.profile.limits.max_bytes_out
+        if cap is not None and int(length) > cap:  # checked before reading: never buffered
+            meta["url"] = _shown(target)
+            raise _Refused(PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED,
+                f"request body of {length} bytes exceeds max_bytes_out ({cap} bytes)"))
         body = self.rfile.read(int(length)) if int(length) else b""
         op = NetHttpOp(method=method, url=target, headers=kept,
                        body_b64=base64.b64encode(body).decode() if body else None)
@@ -191,19 +213,30 @@ class ProxyHandler(socketserver.StreamRequestHandler):
 
 def _splice(a: socket.socket, b: socket.socket, deadline: float,
             max_in: int | None) -> tuple[int, int]:
-    """Copy both ways until one side closes, the deadline passes or ``max_in`` bytes came in."""
+    """Copy both ways until both sides close, the deadline passes, ``max_in`` bytes came in
+    from ``b``, nothing moves for ``IDLE_SECONDS``, or one side closed ``LINGER_SECONDS`` ago."""
     counts = {a: 0, b: 0}
     peer = {a: b, b: a}
     open_ = [a, b]
-    while open_ and time.monotonic() < deadline:
-        ready, _, _ = select.select(open_, [], [], min(1.0, max(deadline - time.monotonic(), 0)))
+    last = time.monotonic()
+    end = deadline
+    while open_:
+        now = time.monotonic()
+        if now >= end or now - last > IDLE_SECONDS:
+            break
+        ready, _, _ = select.select(open_, [], [], min(1.0, end - now))
         for s in ready:
-            data = s.recv(65536)
+            try:
+                data = s.recv(65536)
+            except OSError:
+                data = b""
             if not data:
                 open_.remove(s)
+                end = min(end, time.monotonic() + LINGER_SECONDS)
                 with suppress(OSError):
                     peer[s].shutdown(socket.SHUT_WR)
                 continue
+            last = time.monotonic()
             counts[s] += len(data)
             peer[s].sendall(data)
         if max_in is not None and counts[b] > max_in:
@@ -233,7 +266,14 @@ class ProxyServer(socketserver.ThreadingUnixStreamServer):
 
     def __init__(self, path: str, policy: ProxyPolicy) -> None:
         self.policy = policy
+        self.active = 0
+        self.idle = threading.Condition()
         super().__init__(path, ProxyHandler)
+
+    def quiesce(self, timeout: float) -> bool:
+        """Wait until no connection is being handled (so every record is in); False on timeout."""
+        with self.idle:
+            return self.idle.wait_for(lambda: self.active == 0, timeout)
 
 
 def serve_in_thread(server: ProxyServer) -> threading.Thread:

@@ -99,14 +99,20 @@ class RestrictedHandle:
                 "--listen", f"127.0.0.1:{self.port}",
                 "--unix", f"{self.sandbox_dir}/proxy.sock", "--", *argv]
 
-    def side_effects(self) -> list[SideEffectRec]:
-        """Everything the proxy did or refused, as evidence (metadata only, no query strings)."""
+    def side_effects(self, settle: float = 5.0) -> list[SideEffectRec]:
+        """Everything the proxy did or refused, as evidence (metadata only, no query strings).
+
+        Call it after the sandboxed process ended: it first waits up to ``settle`` seconds for
+        connections still being handled, so their records are in.
+        """
+        if not self._closed:
+            self._server.quiesce(settle)
         with self._lock:
             return list(self._effects)
 
-    def refusals(self) -> list[SideEffectRec]:
-        """The refused requests and tunnels only."""
-        return [e for e in self.side_effects() if "refused" in e.meta]
+    def refusals(self, settle: float = 5.0) -> list[SideEffectRec]:
+        """The refused requests and tunnels only (see ``side_effects``)."""
+        return [e for e in self.side_effects(settle) if "refused" in e.meta]
 
     def close(self) -> None:
         """Stop the proxy and remove the runtime directory; idempotent."""

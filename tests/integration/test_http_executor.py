@@ -250,3 +250,22 @@ def test_guard_refusal_of_the_request_itself(
         "http://", "http://user:pw@")))
     assert code is ErrorCode.CAPABILITY_BLOCKED
     assert server.seen.requests == []
+
+
+def test_head_of_a_large_declared_body_is_not_refused(
+    server: LoopbackServer, executor: HttpExecutor
+) -> None:
+    profile = http_profile("127.0.0.1", ports=(server.port,), max_bytes_in=1024)
+    result, _ = run(executor, profile, NetHttpOp(method="HEAD", url=server.url("/html")))
+    assert result.out["status"] == 200
+    assert result.out["body"]["digest"]["size"] == 0
+
+
+def test_header_injection_is_a_validation_error(
+    server: LoopbackServer, executor: HttpExecutor
+) -> None:
+    profile = http_profile("127.0.0.1", ports=(server.port,))
+    for headers in ({"X-A": "v\r\nX-Injected: 1"}, {"Bad Name": "v"}):
+        code, _ = refused(executor, profile, NetHttpOp(url=server.url("/ok"), headers=headers))
+        assert code is ErrorCode.SCHEMA_VALIDATION_FAILED
+    assert server.seen.requests == []

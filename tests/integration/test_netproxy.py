@@ -123,6 +123,17 @@ def test_a_program_ignoring_the_proxy_has_no_network(server: LoopbackServer) -> 
     assert server.seen.requests == []
 
 
+def test_request_body_over_max_bytes_out_is_refused_unread(server: LoopbackServer) -> None:
+    profile = http_profile("127.0.0.1", ports=(server.port,), network="restricted",
+                           max_bytes_out=1000)
+    with restricted(profile) as net:
+        run = sandboxed(net, curl("--data-binary", "x" * 5000, server.url("/ok")))
+        assert run.stdout.strip().endswith("403"), run
+        assert [e.meta["refused"] for e in net.refusals()] == [
+            ErrorCode.CAPABILITY_BLOCKED.value]
+    assert server.seen.requests == []
+
+
 def test_oversize_body_through_the_proxy_is_cut_off(server: LoopbackServer) -> None:
     limit = 1024 * 1024
     profile = http_profile("127.0.0.1", ports=(server.port,), network="restricted",

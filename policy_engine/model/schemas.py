@@ -32,9 +32,9 @@ SCHEMA_TYPES: dict[str, Any] = {
 }
 
 
-def json_schema(name: str) -> dict[str, Any]:
+def json_schema(name: str, types: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12, as pydantic emits it) of the named type."""
-    schema: dict[str, Any] = TypeAdapter(SCHEMA_TYPES[name]).json_schema()
+    schema: dict[str, Any] = TypeAdapter((types or SCHEMA_TYPES)[name]).json_schema()
     schema.setdefault("$schema", "https://json-schema.org/draft/2020-12/schema")
     schema.setdefault("title", name)
     return schema

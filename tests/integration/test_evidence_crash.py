@@ -17,7 +17,8 @@ pytestmark = pytest.mark.integration
 UNIT = Path(__file__).parents[1] / "unit"
 
 # The child runs the real orchestrator (JSONL sink, SQLite budget meter) as fast as it can and
-# reports each finished call on stdout only after run() returned, i.e. after end was fsynced.
+# reports each finished call on stdout only after run() returned, i.e. after end was written
+# (default fsync policy `interval`: the kernel holds a written record through SIGKILL).
 CHILD = """
 import sys
 sys.path.insert(0, sys.argv[2])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from orchestrator_fixtures import MANIFEST, ScriptedExecutor, grant, orchestrato
 
 from plugins.evidence_jsonl import JsonlSink
 from plugins.evidence_sqlite import SqliteSink
+from policy_engine.config import EngineConfig
 from policy_engine.evidence import (
     SpoolingSink,
     canonical_json,
@@ -86,6 +88,47 @@ def test_jsonl_sink_appends_one_record_per_line(tmp_path: Path) -> None:
     assert EvidenceEnd.model_validate_json(lines[1]) == end()
     with pytest.raises(RuntimeError, match="closed"):
         again.begin(begin())
+
+
+def test_jsonl_fsync_policies(tmp_path: Path) -> None:
+    always = JsonlSink(tmp_path / "a.jsonl", fsync="always")
+    never = JsonlSink(tmp_path / "n.jsonl", fsync="never")
+    every = JsonlSink(tmp_path / "i.jsonl", interval_s=0.05)  # the default policy: interval
+    assert every.fsync == "interval"
+    for sink in (always, never, every):
+        for i in range(20):
+            sink.begin(begin(f"e{i}"))
+    assert always.fsyncs == 20  # one per record, before begin returned
+    assert never.fsyncs == 0
+    deadline = time.monotonic() + 5
+    while every.fsyncs == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert 1 <= every.fsyncs <= 5  # the background thread batched them
+    before = every.fsyncs
+    every.close()
+    assert every.fsyncs == before + 1  # close always syncs what is left
+    for sink in (always, never):
+        sink.close()
+    for name in ("a", "n", "i"):
+        assert len((tmp_path / f"{name}.jsonl").read_text().splitlines()) == 20
+    assert JsonlSink(tmp_path / "b.jsonl", fsync=True).fsync == "always"  # the older bool form
+    with pytest.raises(ValueError, match="fsync"):
+        JsonlSink(tmp_path / "x.jsonl", fsync="sometimes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    ({"fsync": "sometimes"}, "fsync"), ({"fsync_interval_ms": 0}, "fsync_interval_ms"),
+    ({"fsync_interval_ms": True}, "fsync_interval_ms"), ({"color": 1}, "unknown option"),
+])
+def test_jsonl_options_are_validated(tmp_path: Path, options: dict[str, object],
+                                     error: str) -> None:
+    from plugins.evidence_jsonl import _validated
+
+    config = EngineConfig(state_dir=tmp_path, options={"evidence_jsonl": options})
+    with pytest.raises(ValueError, match=error):
+        _validated(config)
+    ok = EngineConfig(state_dir=tmp_path, options={"evidence_jsonl": {"fsync": "never"}})
+    assert _validated(ok)[1:] == ("never", 0.2)
 
 
 def test_sqlite_sink_fills_the_exec_record_table(tmp_path: Path) -> None:

@@ -1,5 +1,9 @@
-"""The ``net.http`` executor: pinned DNS, per-hop redirect checks, MIME and size limits enforced
-while streaming, digests instead of bodies."""
+"""The ``net.http`` executor: guard-vetted hops over pinned addresses, limits while streaming.
+
+Each hop (the request, then every redirect) is decided by the guard, its host resolved once, every
+address vetted, and the vetted address dialed; MIME and byte limits are enforced while the body
+streams, and the result carries a digest and the first bytes, never the whole body.
+"""
 
 from __future__ import annotations
 

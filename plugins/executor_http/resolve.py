@@ -1,5 +1,4 @@
-"""Vetting and pinned resolution: the guard decides, a host is resolved once, every address is
-vetted, and the vetted addresses are the ones dialed.
+"""Vetting and pinned resolution: guard decision, one lookup, every address vetted, then dialed.
 
 Shared by the ``net.http`` executor and the restricted-mode proxy (``plugins.netproxy``) so both
 refuse the same addresses for the same reasons.

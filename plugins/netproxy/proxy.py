@@ -1,5 +1,8 @@
-"""The host-side policy proxy: HTTP (absolute-form) and CONNECT on a Unix socket, every request
-decided by the guard, every name resolved once and only vetted addresses dialed."""
+"""The host-side policy proxy: HTTP and CONNECT on a Unix socket, each request guard-decided.
+
+Every name is resolved once and only vetted addresses are dialed (``plugins.executor_http``'s
+``vet`` and ``pin``); refusals answer 403/503/504 with the registry code and are recorded.
+"""
 
 from __future__ import annotations
 

@@ -269,3 +269,20 @@ def test_header_injection_is_a_validation_error(
         code, _ = refused(executor, profile, NetHttpOp(url=server.url("/ok"), headers=headers))
         assert code is ErrorCode.SCHEMA_VALIDATION_FAILED
     assert server.seen.requests == []
+
+
+def test_plugin_hook_validates_options_then_builds_the_executor() -> None:
+    from plugins.executor_http.plugin import policy_engine_executors
+    from policy_engine.config import EngineConfig
+    from policy_engine.executor import Executor
+
+    (ex,) = policy_engine_executors(EngineConfig(options={"http": {"head_bytes": 16}}))
+    try:
+        assert isinstance(ex, Executor)
+        assert ex.name == "http"
+        assert ex.capabilities.to_json()["op_kinds"] == ["net.http"]
+    finally:
+        ex.close()
+    for bad in ({"head_bytes": -1}, {"nope": 1}, {"ca_file": 3}):
+        with pytest.raises(ValueError, match="`"):
+            policy_engine_executors(EngineConfig(options={"http": bad}))

@@ -10,8 +10,8 @@ on ``127.0.0.1:PORT`` there and forwards each connection to the socket. Programs
 Use from an executor::
 
     with RestrictedNetwork(profile, guard).start() as net:
-        argv = ["bwrap", *my_binds, *net.bwrap_args(), "--", *net.wrap_argv(argv)]
-        env = {**my_env, **net.env()}
+        argv = ["bwrap", "--clearenv", *my_binds, *net.bwrap_args(setenv=True),
+                "--", *net.wrap_argv(argv)]
         ... run ...
         ctx.side_effects.extend(net.side_effects())   # refusals included (net.refusals())
 """
@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -67,13 +68,24 @@ class RestrictedHandle:
         """The proxy URL as seen inside the sandbox."""
         return f"http://127.0.0.1:{self.port}"
 
-    def bwrap_args(self) -> list[str]:
+    def bwrap_args(self, *, setenv: bool = False) -> list[str]:
         """bubblewrap arguments: a fresh network namespace and the read-only runtime directory.
 
         Put them after the root and ``/run`` arguments (bwrap creates the mount point, so the
         parent of ``SANDBOX_DIR`` must be on bwrap's own tmpfs or a ``--tmpfs``).
+
+        :param setenv: also pass ``env()`` as ``--setenv`` pairs (for ``--clearenv`` sandboxes).
         """
-        return ["--unshare-net", "--ro-bind", str(self.runtime_dir), self.sandbox_dir]
+        args = ["--unshare-net", "--ro-bind", str(self.runtime_dir), self.sandbox_dir]
+        if setenv:
+            for key, value in sorted(self.env().items()):
+                args += ["--setenv", key, value]
+        return args
+
+    def network_hook(self) -> Callable[[object], list[str]]:
+        """``bwrap_args(setenv=True)`` as a hook of the proc executor's ``NetworkHook`` shape
+        (the plan is not needed); the executor must still run ``wrap_argv(inner)``."""
+        return lambda _plan: self.bwrap_args(setenv=True)
 
     def docker_options(self) -> dict[str, Any]:
         """Keyword arguments for ``docker.containers.run``/``create``: no network, the runtime

@@ -37,12 +37,21 @@ ROUTES = {
 }
 
 
-def sandboxed(net: RestrictedHandle, argv: list[str], *binds: str,
-              timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` in bwrap with the handle's namespace and bridge; ``binds`` are ro dirs."""
+def sandboxed(net: RestrictedHandle, argv: list[str], *binds: str, timeout: float = 60,
+              clearenv: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in bwrap with the handle's namespace and bridge; ``binds`` are ro dirs.
+
+    With ``clearenv`` the sandbox inherits nothing and the proxy variables come as ``--setenv``
+    (how the proc executor builds its sandboxes); otherwise they come from the environment.
+    """
     extra = [a for d in binds for a in ("--ro-bind", d, d)]
-    cmd = [*BASE, *extra, *net.bwrap_args(), "--", *net.wrap_argv(argv)]
-    env = {"PATH": "/usr/bin:/bin", **net.env()}
+    if clearenv:
+        extra = ["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", *extra,
+                 *net.network_hook()(None)]
+    else:
+        extra += net.bwrap_args()
+    cmd = [*BASE, *extra, "--", *net.wrap_argv(argv)]
+    env = {"PATH": "/usr/bin:/bin", **({} if clearenv else net.env())}
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
                           check=False)
 
@@ -92,7 +101,7 @@ def test_python_urllib_uses_the_proxy_and_mime_is_enforced(server: LoopbackServe
     )
     with restricted(profile) as net:
         run = sandboxed(net, ["python3", "-I", "-c", script, server.url("/ok"),
-                              server.url("/html")])
+                              server.url("/html")], clearenv=True)
         assert run.stdout.splitlines() == [
             "200 through the proxy", f"403 {ErrorCode.CAPABILITY_BLOCKED.value}"], run.stderr
         assert [e.meta["refused"] for e in net.refusals()] == [

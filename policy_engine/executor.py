@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from policy_engine.model import (
+    Decision,
     ExecOp,
     ExecResult,
     NetworkMode,
@@ -70,6 +71,17 @@ class CancelToken:
         return self._event.wait(timeout)
 
 
+class Decider(Protocol):
+    """What executors that re-decide mid-operation use: the orchestrator's policy-aware guard
+    (``policy_engine.guard.Guard``). Redirect hops, browser subrequests and proxied requests
+    are decided with exactly the rules, conditions and private-address refusal of the guard.
+    """
+
+    def decide(self, profile: Profile, op: ExecOp, *, context: Any = None,
+               now_ms: int | None = None, trace: bool = False) -> Decision:
+        ...
+
+
 @dataclass(slots=True)
 class ExecContext:
     """Everything an executor may use for one call.
@@ -78,6 +90,8 @@ class ExecContext:
     :param deadline: ``time.monotonic()`` value by which the call must end.
     :param degraded: reasons the orchestrator chose to run degraded (compat mode).
     :param record_side_effect: append a side-effect summary (metadata only, never content).
+    :param guard: the orchestrator's guard for this call's policy; executors that decide again
+        mid-operation (redirects, subrequests, proxied connections) must use it.
     :param consume: charge a budget kind while running (``"bytes_in"``, ``"cpu_ms"`` …); raises
         ``PolicyEngineError(QUOTA.BUDGET_EXCEEDED)`` when over budget.
     """
@@ -89,6 +103,7 @@ class ExecContext:
     side_effects: list[SideEffectRec] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     consume: Callable[[str, int], None] = field(default=lambda kind, amount: None)
+    guard: Decider | None = None
 
     def record_side_effect(self, rec: SideEffectRec) -> None:
         self.side_effects.append(rec)

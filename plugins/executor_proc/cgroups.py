@@ -66,6 +66,7 @@ class ExecCgroup:
     def kill_all(self, timeout: float = 5.0) -> bool:
         """SIGKILL every member until the group is empty (a bomb refills, so loop)."""
         end = time.monotonic() + timeout
+        pause = 0.0001  # members are usually already exiting: look again soon, then back off
         while time.monotonic() < end:
             members = self.pids()
             if not members:
@@ -73,7 +74,8 @@ class ExecCgroup:
             for pid in members:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.005)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
         return not self.pids()
 
     def memory_peak(self) -> int | None:
@@ -134,7 +136,7 @@ def detect() -> str | None:
     return None
 
 
-def _configure(cg: ExecCgroup, limits: tuple[int, int, float]) -> None:
+def configure(cg: ExecCgroup, limits: tuple[int, int, float]) -> None:
     """Write the limits a group does not already hold (a pooled group usually holds them)."""
     if cg.limits == limits:
         return
@@ -191,7 +193,7 @@ def create(pids: int, memory_bytes: int, cpu_cores: float) -> ExecCgroup | None:
     except OSError:
         return None
     try:
-        _configure(cg, (pids, memory_bytes, cpu_cores))
+        configure(cg, (pids, memory_bytes, cpu_cores))
     except OSError:
         cg.remove()
         return None
@@ -232,7 +234,7 @@ class CgroupPool:
         try:
             if cg is None:
                 cg = _make(self.version, self._own)
-            _configure(cg, limits)
+            configure(cg, limits)
         except OSError:  # e.g. swept by another engine: one fresh try, else rlimits only
             if cg is not None:
                 self.release(cg)
@@ -270,7 +272,7 @@ class CgroupPool:
                 try:
                     cg = _make(self.version, self._own)
                     if limits is not None:
-                        _configure(cg, limits)
+                        configure(cg, limits)
                 except OSError:
                     time.sleep(1.0)  # cannot make groups right now; acquire falls back
                     continue

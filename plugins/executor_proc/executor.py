@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from plugins.executor_proc import bwrap, cgroups, landlock, native, seccomp
+from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, seccomp
 from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import HeadTail, Outcome, pump
@@ -58,7 +58,8 @@ class ProcOptions:
         refuses calls in strict mode and runs the Python launcher, recorded as degraded, in
         compat mode.
     :param launcher_cache: where the native launcher is cached (default: ``native.py``).
-    :param cgroup_pool: per-exec groups made ahead of time in the background.
+    :param prespawn: native launchers spawned ahead of time, each already in its own fresh
+        cgroup (``prespawn.py``); 0 spawns one per call.
     """
 
     env_allow: tuple[str, ...] = ()
@@ -70,13 +71,13 @@ class ProcOptions:
     scan_limit: int = 20_000
     launcher: Literal["native", "python"] = "native"
     launcher_cache: str | None = None
-    cgroup_pool: int = 2
+    prespawn: int = 2
 
     @staticmethod
     def parse(raw: Any) -> ProcOptions:
         opts = dict(raw or {})
         known = {"env_allow", "env_base", "extra_ro_binds", "layer2", "python", "cgroups",
-                 "scan_limit", "launcher", "launcher_cache", "cgroup_pool"}
+                 "scan_limit", "launcher", "launcher_cache", "prespawn"}
         if set(opts) - known:
             raise ValueError(f"proc: unknown options {sorted(set(opts) - known)}")
         for key in ("env_allow", "extra_ro_binds"):
@@ -101,9 +102,9 @@ class ProcOptions:
         cache = opts.get("launcher_cache")
         if cache is not None and (not isinstance(cache, str) or not os.path.isabs(cache)):
             raise ValueError("proc: `launcher_cache` must be an absolute path")
-        pool = opts.get("cgroup_pool", 2)
+        pool = opts.get("prespawn", 2)
         if not isinstance(pool, int) or isinstance(pool, bool) or not 0 <= pool <= 64:
-            raise ValueError("proc: `cgroup_pool` must be an integer from 0 to 64")
+            raise ValueError("proc: `prespawn` must be an integer from 0 to 64")
         return ProcOptions(**opts)
 
 
@@ -137,9 +138,10 @@ class ProcExecutor:
             bind_mounts=backend == "bwrap", readonly_rootfs=True, resource_limits=True,
             env_filtering=True, streaming_output=False,
         )
-        self._pool = cgroups.CgroupPool(self.options.cgroup_pool) if self.options.cgroups \
-            else None
+        self._pool = cgroups.CgroupPool(max(1, self.options.prespawn)) \
+            if self.options.cgroups else None
         self._native: native.NativeLauncher | None = None
+        self._held: prespawn.LauncherPool | None = None
         if self.options.cgroups:
             cgroups.sweep_stale()
 
@@ -148,7 +150,9 @@ class ProcExecutor:
         return True if self.usable else self.unavailable_reason
 
     def close(self) -> None:
-        """Remove the pooled cgroups (every exec still gets a fresh one of its own)."""
+        """Stop the held launchers, remove the pooled cgroups (each exec got a fresh one)."""
+        if self._held is not None:
+            self._held.close()
         if self._pool is not None:
             self._pool.close()
 
@@ -162,6 +166,9 @@ class ProcExecutor:
             cache = self.options.launcher_cache
             self._native = native.launcher(Path(cache) if cache else None)
         if self._native.path is not None:
+            if self._held is None and self.options.prespawn > 0:
+                self._held = prespawn.LauncherPool(self._native.path, self._pool,
+                                                   self.options.prespawn)
             return self._native.path, None
         why = f"native launcher unavailable: {self._native.reason}"
         if self.mode == "strict":
@@ -257,35 +264,29 @@ class ProcExecutor:
         layered = self.backend == "landlock" or self.options.layer2
         exe, degraded = self._launcher()
         spec = self._launcher_spec(plan, private_tmp) if layered else None
-        cg = self._pool.acquire(lim.pids, lim.memory_bytes, lim.cpu_cores) \
-            if self._pool is not None else None
-        status_r, status_w = os.pipe()
         cg_fds: list[int] = []
         start = time.monotonic()
         deadline = min(ctx.deadline, start + lim.timeout_s)
-        try:
-            if exe is not None:  # no preexec_fn: Popen can vfork, the launcher does the rest
-                cg_fds = [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in
-                          (cg.procs_files if cg else [])]
-                host = [a for fd in cg_fds for a in ("-c", str(fd))] + host_rlimits(lim, cg)
-            argv = self._command(plan, spec, status_w, exe, host if exe is not None else [])
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=plan.env if self.backend == "landlock" else {},
-                cwd=plan.cwd if self.backend == "landlock" else "/", start_new_session=True,
-                preexec_fn=preexec(lim, cg) if exe is None else None,
-                pass_fds=(status_w, *cg_fds), close_fds=True)
-        except OSError as exc:
-            os.close(status_r)
-            if cg and self._pool is not None:
-                self._pool.release(cg)
-            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
-                                    f"cannot start the sandbox: {exc.strerror}") from None
-        finally:
-            os.close(status_w)
-            for fd in cg_fds:
-                os.close(fd)
+        if exe is not None and self._held is not None:
+            try:
+                held = self._held.take(lim.pids, lim.memory_bytes, lim.cpu_cores)
+            except OSError as exc:
+                raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
+                                        f"cannot start the sandbox: {exc.strerror}") from None
+            proc, cg, status_r = held.proc, held.cg, held.status_r
+            argv = self._command(plan, spec, held.status_fd, exe, host_rlimits(lim, cg))
+            try:
+                held.send(plan.cwd if self.backend == "landlock" else "/",
+                          plan.env if self.backend == "landlock" else {}, argv[1:])
+            except OSError:
+                held.discard(self._pool)
+                raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
+                                        "cannot start the sandbox: the launcher exited") from None
+            if proc.stdin is not None and stdin is None:
+                proc.stdin.close()  # EOF at once, as /dev/null would give
+                proc.stdin = None
+        else:
+            proc, cg, status_r = self._spawn(plan, spec, stdin, exe, lim, cg_fds)
         assert proc.stdout is not None
         assert proc.stderr is not None
 
@@ -313,6 +314,38 @@ class ProcExecutor:
             outcome.rusage_cpu_ms = max(outcome.rusage_cpu_ms, cg_cpu)
         return self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
                             asked_network, degraded)
+
+    def _spawn(self, plan: Plan, spec: dict[str, Any] | None, stdin: bytes | None,
+               exe: str | None, lim: Limits, cg_fds: list[int],
+               ) -> tuple[subprocess.Popen[bytes], cgroups.ExecCgroup | None, int]:
+        """Spawn per call: the Python launcher (preexec_fn), or native with ``prespawn: 0``."""
+        cg = self._pool.acquire(lim.pids, lim.memory_bytes, lim.cpu_cores) \
+            if self._pool is not None else None
+        status_r, status_w = os.pipe()
+        try:
+            if exe is not None:  # no preexec_fn: Popen can vfork, the launcher does the rest
+                cg_fds += [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in
+                           (cg.procs_files if cg else [])]
+            host = [a for fd in cg_fds for a in ("-c", str(fd))] + host_rlimits(lim, cg)
+            argv = self._command(plan, spec, status_w, exe, host if exe is not None else [])
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=plan.env if self.backend == "landlock" else {},
+                cwd=plan.cwd if self.backend == "landlock" else "/", start_new_session=True,
+                preexec_fn=preexec(lim, cg) if exe is None else None,
+                pass_fds=(status_w, *cg_fds), close_fds=True)
+        except OSError as exc:
+            os.close(status_r)
+            if cg and self._pool is not None:
+                self._pool.release(cg)
+            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
+                                    f"cannot start the sandbox: {exc.strerror}") from None
+        finally:
+            os.close(status_w)
+            for fd in cg_fds:
+                os.close(fd)
+        return proc, cg, status_r
 
     def _result(self, ctx: ExecContext, op: ProcExecOp, plan: Plan, oc: Outcome, out: HeadTail,
                 err: HeadTail, start: float, cg: cgroups.ExecCgroup | None,

@@ -4,9 +4,15 @@
  * The same binary serves two places, always given its options by the engine (never by a tool):
  *
  *   on the host, before bwrap:   -c FD (cgroup.procs to join)  -r RES:SOFT:HARD (setrlimit)
+ *                                -H FD (held: after joining, wait for the real command on FD)
  *   in the sandbox, before tool: -s FD (status)  -C (drop caps)  -l/-L (Landlock, required)
  *                                -t (deny TCP)  -S (scope)  -p MASK:PATH (rule)
  *                                -f HEX / -F HEX (seccomp BPF program, required)
+ *
+ * Held mode lets the engine spawn launchers ahead of time (each already in its own cgroup: the
+ * migration costs an RCU grace period, 5-15 ms, so it is paid off the hot path). The message on
+ * FD, read to EOF, is NUL-separated: cwd, environment entries, an empty string, then the options
+ * and command exactly as they would follow on the command line. EOF with no message: exit 0.
  *
  * It mirrors launcher.py, landlock.py and seccomp.py (which remain the reference and the
  * fallback): caps are dropped first, then Landlock (ABI probe; rights masked to what the ABI
@@ -30,6 +36,8 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+extern char **environ;
 
 #define NR_CREATE_RULESET 444
 #define NR_ADD_RULE 445
@@ -217,15 +225,18 @@ static unsigned long long num(const char *s, char **end) {
     return v;
 }
 
-int main(int argc, char **argv) {
-    static struct rule rules[MAX_RULES];
-    int nrules = 0, cg_fds[MAX_FDS], ncg = 0;
-    int want_ll = 0, ll_required = 0, deny_tcp = 0, scope = 0, caps = 0, sc_required = 0;
-    const char *seccomp_hex = NULL;
+static struct rule rules[MAX_RULES];
+static int nrules, cg_fds[MAX_FDS], ncg, hold_fd = -1;
+static int want_ll, ll_required, deny_tcp, scope, caps, sc_required;
+static const char *seccomp_hex;
+
+static void parse(int argc, char **argv) {
     int opt;
     char *end;
-    while ((opt = getopt(argc, argv, "+c:r:s:ClLtSp:f:F:")) != -1) {
+    optind = 0; /* glibc: full re-initialisation, so held mode can parse a second argv */
+    while ((opt = getopt(argc, argv, "+c:r:s:H:ClLtSp:f:F:")) != -1) {
         switch (opt) {
+        case 'H': hold_fd = (int)num(optarg, &end); break;
         case 'c':
             if (ncg == MAX_FDS) usage();
             cg_fds[ncg++] = (int)num(optarg, &end);
@@ -257,12 +268,58 @@ int main(int argc, char **argv) {
         default: usage();
         }
     }
-    if (optind >= argc) usage();
+}
+
+/* held mode: read the message, chdir, set the environment; returns the new argv */
+static char **receive(int fd, int *argc_out) {
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    if (buf == NULL) _exit(126);
+    for (;;) {
+        if (len == cap && (buf = realloc(buf, cap *= 2)) == NULL) _exit(126);
+        ssize_t r = read(fd, buf + len, cap - len);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) _exit(126);
+        if (r == 0) break;
+        len += (size_t)r;
+    }
+    close(fd);
+    if (len == 0) _exit(0); /* the engine closed the pool */
+    if (buf[len - 1] != '\0') _exit(126);
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) n += buf[i] == '\0';
+    char **items = calloc(n + 2, sizeof *items);
+    if (items == NULL) _exit(126);
+    size_t k = 0;
+    for (size_t i = 0; i < len; i += strlen(buf + i) + 1) items[k++] = buf + i;
+    if (chdir(items[0]) != 0) fail(errno, "chdir failed", items[0]);
+    size_t e = 1;
+    while (e < k && items[e][0] != '\0') e++;
+    if (e >= k) _exit(126);
+    items[e] = NULL; /* terminates the environment */
+    environ = items + 1;
+    char **args = items + e; /* args[0] is a placeholder for the program name */
+    args[0] = "sb_launch";
+    *argc_out = (int)(k - e);
+    return args;
+}
+
+int main(int argc, char **argv) {
+    parse(argc, argv);
     for (int i = 0; i < ncg; i++) { /* "0" is the writer itself, in v1 and v2 alike */
         ssize_t w = write(cg_fds[i], "0", 1);
         if (w != 1) fail(errno, "cannot join the exec cgroup", NULL);
         close(cg_fds[i]);
     }
+    ncg = 0;
+    if (hold_fd >= 0) {
+        int fd = hold_fd;
+        hold_fd = -1;
+        argv = receive(fd, &argc);
+        parse(argc, argv);
+        if (ncg != 0 || hold_fd >= 0) usage(); /* cgroups only at spawn; one hold */
+    }
+    if (optind >= argc) usage();
     if (status_fd >= 0) {
         char buf[64];
         const char *what = NULL, *path = NULL;

@@ -1,0 +1,177 @@
+"""Launchers spawned ahead of time, each already inside its own fresh per-exec cgroup.
+
+Moving a task into a cgroup takes the kernel's threadgroup lock for writing, which waits for an
+RCU grace period (5–15 ms here) unless the hierarchy is mounted ``favordynmods``; forking a large
+Python process costs another few ms. Both are paid here, in a background thread, before a call
+needs them: a held native launcher (``sb_launch -H``) has joined its cgroup and sits blocked on
+its control pipe with its stdout/stderr/status pipes ready. A call writes its command (cwd,
+environment, options, argv) to the pipe and the launcher applies rlimits, Landlock and seccomp and
+execs, exactly as a freshly spawned one would. A held launcher runs nothing but itself until
+then, and the pipe is the engine's alone; when the engine exits the pipe closes and it exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import subprocess
+import threading
+import weakref
+from dataclasses import dataclass
+
+from plugins.executor_proc import cgroups
+
+
+@dataclass(slots=True)
+class Held:
+    """One launcher waiting for its command."""
+
+    proc: subprocess.Popen[bytes]
+    ctl: int  # write end of its control pipe
+    status_r: int
+    status_fd: int  # the status pipe's number inside the launcher
+    cg: cgroups.ExecCgroup | None
+
+    def send(self, cwd: str, env: dict[str, str], args: list[str]) -> None:
+        """Hand over the command; raises OSError when the launcher is gone."""
+        parts = [cwd, *(f"{k}={v}" for k, v in env.items()), "", *args]
+        data = memoryview(b"\0".join(p.encode() for p in parts) + b"\0")
+        try:
+            while data:
+                data = data[os.write(self.ctl, data):]
+        finally:
+            os.close(self.ctl)
+            self.ctl = -1
+
+    def discard(self, pool: cgroups.CgroupPool | None) -> None:
+        """Close it unused: EOF tells the launcher to exit; reap it, release its group."""
+        if self.ctl >= 0:
+            os.close(self.ctl)
+            self.ctl = -1
+        for fh in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if fh is not None:
+                with contextlib.suppress(OSError):
+                    fh.close()
+        os.close(self.status_r)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            self.proc.wait()
+        if self.cg is not None:
+            if pool is not None:
+                pool.release(self.cg)
+            else:
+                self.cg.remove()
+
+
+def spawn(exe: str, cg: cgroups.ExecCgroup | None) -> Held:
+    """Start a held launcher inside ``cg`` (joined by the launcher itself, before it waits)."""
+    ctl_r, ctl_w = os.pipe2(os.O_CLOEXEC)
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    cg_fds: list[int] = []
+    try:
+        cg_fds = [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in (cg.procs_files if cg else [])]
+        argv = [exe, *(a for fd in cg_fds for a in ("-c", str(fd))), "-H", str(ctl_r)]
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env={}, cwd="/", start_new_session=True,
+                                pass_fds=(ctl_r, status_w, *cg_fds), close_fds=True)
+    except OSError:
+        os.close(ctl_w)
+        os.close(status_r)
+        raise
+    finally:
+        for fd in (ctl_r, status_w, *cg_fds):
+            os.close(fd)
+    return Held(proc, ctl_w, status_r, status_w, cg)
+
+
+class LauncherPool:
+    """Keeps ``size`` held launchers ready; ``take`` hands one out (spawning one if none is)."""
+
+    def __init__(self, exe: str, cgroup_pool: cgroups.CgroupPool | None, size: int) -> None:
+        self.exe = exe
+        self.cgroup_pool = cgroup_pool
+        self.size = size
+        self._ready: list[Held] = []
+        self._limits: tuple[int, int, float] | None = None
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def _group(self, limits: tuple[int, int, float] | None) -> cgroups.ExecCgroup | None:
+        if self.cgroup_pool is None or limits is None:
+            return None
+        return self.cgroup_pool.acquire(*limits)
+
+    def take(self, pids: int, memory_bytes: int, cpu_cores: float) -> Held:
+        """A launcher whose cgroup (if any) now holds these limits.
+
+        :raises OSError: a launcher could not be spawned.
+        """
+        limits = (pids, memory_bytes, cpu_cores)
+        with self._cond:
+            self._limits = limits
+            held = self._ready.pop() if self._ready else None
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._work, daemon=True,
+                                                name="policy-engine-prespawn")
+                self._thread.start()
+                _POOLS.add(self)
+            self._cond.notify()
+        if held is not None and held.proc.poll() is None:
+            if held.cg is None:  # cgroups off or unavailable here: rlimits only
+                return held
+            try:
+                cgroups.configure(held.cg, limits)
+                return held
+            except OSError:
+                pass
+        if held is not None:
+            held.discard(self.cgroup_pool)
+        return spawn(self.exe, self._group(limits))
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and len(self._ready) >= self.size:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                limits = self._limits
+            try:
+                held = spawn(self.exe, self._group(limits))
+            except OSError:
+                with self._cond:
+                    self._cond.wait(1.0)  # cannot spawn right now; take() spawns itself
+                continue
+            with self._cond:
+                if self._closed:
+                    held.discard(self.cgroup_pool)
+                    return
+                self._ready.append(held)
+
+    def close(self) -> None:
+        """Stop refilling; every held launcher gets EOF and exits."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(30)
+        with self._cond:
+            ready, self._ready = self._ready, []
+        for held in ready:
+            held.discard(self.cgroup_pool)
+        _POOLS.discard(self)
+
+
+_POOLS: weakref.WeakSet[LauncherPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_pools() -> None:  # registered after cgroups' hook, so it runs before it
+    for pool in list(_POOLS):
+        pool.close()

@@ -23,7 +23,7 @@ DEFAULT_BACKENDS: Mapping[OpKind, str] = {
     OpKind.BROWSER_NAV: "browser",
     OpKind.BROWSER_SCREENSHOT: "browser",
 }
-"""The first-party backend for each op kind; docker must be chosen explicitly in the config."""
+"""The preferred first-party backend of each op kind; docker is only used when configured."""
 
 
 def default_state_dir() -> Path:
@@ -36,8 +36,9 @@ class EngineConfig:
     """Configuration shared with every plugin through the hooks.
 
     :param state_dir: evidence logs, SQLite databases and spools live here.
-    :param backends: op kind → executor name (``DEFAULT_BACKENDS`` unless configured; a kind
-        mapped to nothing uses the first loaded executor serving it).
+    :param backends: op kind → executor name; a configured backend must be loaded. A kind not
+        configured prefers its ``DEFAULT_BACKENDS`` entry when loaded, else the first loaded
+        executor serving it.
     :param mode: ``strict`` refuses a profile a backend cannot enforce; ``compat`` runs degraded
         and records why in the evidence.
     :param fallback_to_local: when the chosen backend is unavailable, run on the local one
@@ -50,7 +51,7 @@ class EngineConfig:
     """
 
     state_dir: Path = field(default_factory=default_state_dir)
-    backends: Mapping[OpKind, str] = field(default_factory=lambda: dict(DEFAULT_BACKENDS))
+    backends: Mapping[OpKind, str] = field(default_factory=dict)
     mode: Literal["strict", "compat"] = "strict"
     fallback_to_local: bool = False
     evidence_sinks: tuple[str, ...] = ("jsonl",)
@@ -92,9 +93,7 @@ class EngineConfig:
             if not isinstance(backends, Mapping):
                 raise ValueError("`backends` must map op kinds to executor names")
             try:
-                # a config names the kinds it changes; the others keep their defaults
-                kwargs["backends"] = {**DEFAULT_BACKENDS,
-                                      **{OpKind(k): str(v) for k, v in backends.items()}}
+                kwargs["backends"] = {OpKind(k): str(v) for k, v in backends.items()}
             except ValueError as exc:
                 raise ValueError(f"`backends`: {exc}") from None
         if "mode" in data:

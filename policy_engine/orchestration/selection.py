@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from policy_engine.config import EngineConfig
+from policy_engine.config import DEFAULT_BACKENDS, EngineConfig
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import Executor, ExecutorCapabilities
 from policy_engine.model import CapabilityKind, NetworkMode, OpKind, Profile
@@ -99,15 +99,22 @@ def _local_for(executors: Mapping[str, Executor], op_kind: OpKind) -> Executor |
 
 def select(executors: Mapping[str, Executor], config: EngineConfig, profile: Profile,
            op_kind: OpKind) -> Selection:
-    """Choose the executor for ``op_kind`` (``config.backends`` first, else the first loaded
-    executor serving it) and check it against ``profile``.
+    """Choose the executor for ``op_kind`` (``config.backends`` first, else the first-party
+    default when loaded, else the first loaded executor serving it) and check it against
+    ``profile``.
     """
     wanted = config.backends.get(op_kind)
+    chosen: Executor | None
     if wanted is not None:
         chosen = executors.get(wanted)
         why = None if chosen is not None else f"backend `{wanted}` is not loaded"
     else:
-        chosen = next((e for e in executors.values() if op_kind in e.capabilities.op_kinds), None)
+        preferred = executors.get(DEFAULT_BACKENDS.get(op_kind, ""))
+        if preferred is not None and op_kind in preferred.capabilities.op_kinds:
+            chosen = preferred
+        else:
+            chosen = next(
+                (e for e in executors.values() if op_kind in e.capabilities.op_kinds), None)
         wanted = chosen.name if chosen is not None else None
         why = None if chosen is not None else f"no loaded backend serves `{op_kind.value}`"
     if chosen is not None and op_kind not in chosen.capabilities.op_kinds:

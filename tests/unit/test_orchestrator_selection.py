@@ -108,3 +108,17 @@ def test_backend_reporting_unavailable_is_provider_unavailable(tmp_path: Path) -
                                   "daemon socket missing")
     assert out.end.status == "error"
     assert down.calls == 0
+
+
+def test_unconfigured_kind_prefers_the_first_party_default_over_load_order() -> None:
+    from policy_engine.config import DEFAULT_BACKENDS
+
+    # docker loads first, but without configuration proc.exec goes to the bwrap backend;
+    # a configured backend is honoured exactly
+    executors = {"docker": ScriptedExecutor("docker", kinds=PROC, caps=FULL),
+                 "proc-bwrap": ScriptedExecutor("proc-bwrap", kinds=PROC, caps=FULL)}
+    assert DEFAULT_BACKENDS[OpKind.PROC_EXEC] == "proc-bwrap"
+    chosen = select(executors, EngineConfig(), profile(), OpKind.PROC_EXEC)
+    assert chosen.backend == "proc-bwrap"
+    configured = EngineConfig(backends={OpKind.PROC_EXEC: "docker"})
+    assert select(executors, configured, profile(), OpKind.PROC_EXEC).backend == "docker"

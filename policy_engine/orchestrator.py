@@ -231,7 +231,8 @@ class Orchestrator:
         side_effects = list(ctx.side_effects)
         return self._finish(begin, decision, profile, op, started, attempt=attempt,
                             status="ok" if attempt.error is None else "error",
-                            err=attempt.error, backend=sel.backend, degraded=sel.degraded,
+                            err=attempt.error, backend=sel.backend,
+                            degraded=sel.degraded + _reported_degradations(attempt),
                             usage=usage, side_effects=side_effects)
 
     # -- steps ------------------------------------------------------------------------------------
@@ -355,6 +356,17 @@ class Orchestrator:
         m.cpu_ms.inc(usage.cpu_ms)
         m.gpu_ms.inc(usage.gpu_ms)
         m.latency_ms.labels(domain=domain_of(op.kind)).observe(latency_ms)
+
+
+def _reported_degradations(attempt: Attempt) -> tuple[str, ...]:
+    """What the executor itself ran without (``out["degraded"]``, e.g. a slower fallback
+    launcher in compat mode), so the evidence records it like a degraded selection.
+    """
+    out = attempt.result.out if attempt.result is not None else {}
+    reported = out.get("degraded") if isinstance(out, dict) else None
+    if not isinstance(reported, list):
+        return ()
+    return tuple(str(r) for r in reported)
 
 
 def _profile_label(profile: Profile | None) -> str | None:

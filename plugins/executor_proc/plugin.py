@@ -17,4 +17,5 @@ from policy_engine.hookspecs import hookimpl
 def policy_engine_executors(config: EngineConfig) -> list[Executor]:
     """Validate ``config.plugin_options("proc")`` first, then construct both backends."""
     options = ProcOptions.parse(config.plugin_options("proc"))
-    return [ProcExecutor("bwrap", options), ProcExecutor("landlock", options)]
+    return [ProcExecutor("bwrap", options, mode=config.mode),
+            ProcExecutor("landlock", options, mode=config.mode)]

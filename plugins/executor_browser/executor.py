@@ -32,6 +32,7 @@ from policy_engine.model import (
     Digest,
     ExecOp,
     ExecResult,
+    NetworkMode,
     OpKind,
     Profile,
     SideEffect,
@@ -50,8 +51,9 @@ class BrowserOptions:
 
     :param screenshot_dir: where PNGs are saved (default ``<state_dir>/browser/screenshots``).
     :param javascript: let pages run their own scripts (their requests are vetted all the same).
-    :param guard: an object with ``decide(profile, op)`` (the engine's ``Guard``); without it,
-        the profile's ``browser.use`` capabilities decide each request.
+    :param guard: an object with ``decide(profile, op)`` (the engine's ``Guard``), used when a
+        call's context brings no guard (``ExecContext.guard`` wins); without either, the
+        profile's ``browser.use`` capabilities decide each request.
     """
 
     executable: str = "/usr/bin/chromium"
@@ -107,6 +109,8 @@ class BrowserExecutor:
     name = "browser"
     capabilities = ExecutorCapabilities(
         op_kinds=frozenset({OpKind.BROWSER_NAV, OpKind.BROWSER_SCREENSHOT}),
+        # every request is vetted on the host before it is fetched: what `restricted` asks
+        network_modes=frozenset({NetworkMode.ON, NetworkMode.RESTRICTED}),
         resource_limits=True,
     )
 
@@ -132,7 +136,9 @@ class BrowserExecutor:
             capture.check_bounds(op, _limit(profile, "max_screenshot_width"),
                                  _limit(profile, "max_screenshot_height"))
         if op.url is not None:
-            self.rules.check(profile, op.url)  # refuse early, before touching the browser
+            # refuse early, before touching the browser
+            self.rules.check(profile, op.url, ctx.guard,
+                             screenshot=isinstance(op, BrowserScreenshotOp))
         remaining = ctx.deadline - time.monotonic()
         if remaining <= 0:
             raise PolicyEngineError(ErrorCode.TIMEOUT, "no time left for the browser operation")
@@ -202,7 +208,8 @@ class BrowserExecutor:
         gate = RequestGate(
             page=sess.page, profile=profile, rules=self.rules,
             max_depth=_limit(profile, "max_depth"), max_bytes_in=_limit(profile, "max_bytes_in"),
-            deadline=ctx.deadline,
+            deadline=ctx.deadline, guard=ctx.guard,
+            screenshot=isinstance(op, BrowserScreenshotOp),
         )
         holder["gate"] = gate
         sess.page.set_default_timeout(gate.remaining_ms())

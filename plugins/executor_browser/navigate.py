@@ -17,7 +17,7 @@ from urllib.parse import urljoin
 from playwright.sync_api import APIResponse, Page, Request, Route
 from playwright.sync_api import Error as PlaywrightError
 
-from plugins.executor_browser.rules import RequestRules
+from plugins.executor_browser.rules import DecidesOps, RequestRules
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.model import Profile
 
@@ -31,6 +31,8 @@ class RequestGate:
 
     :param max_depth: navigations and redirect hops allowed after the first navigation.
     :param max_bytes_in: total response bytes this op may receive.
+    :param guard: the call's guard (``ExecContext.guard``); ``None`` uses the rules' own.
+    :param screenshot: requests are decided with the ``screenshot`` scope (a screenshot op).
     """
 
     page: Page
@@ -39,6 +41,8 @@ class RequestGate:
     max_depth: int
     max_bytes_in: int
     deadline: float
+    guard: DecidesOps | None = None
+    screenshot: bool = False
     active: bool = True
     navigations: int = 0
     hops: int = 0
@@ -62,6 +66,10 @@ class RequestGate:
         if main and self.nav_error is None:
             self.nav_error = err
         route.abort("blockedbyclient")
+
+    def check(self, url: str) -> None:
+        """Vet ``url`` with the host rules and the call's guard."""
+        self.rules.check(self.profile, url, self.guard, screenshot=self.screenshot)
 
     def on_download(self, download: Any) -> None:
         self.download_seen = True
@@ -92,7 +100,7 @@ class RequestGate:
             self.refuse(route, url, kind, err, main)
             return
         try:
-            self.rules.check(self.profile, url)
+            self.check(url)
         except PolicyEngineError as err:
             self.refuse(route, url, kind, err, main)
             return
@@ -125,7 +133,7 @@ class RequestGate:
                     raise PolicyEngineError(
                         ErrorCode.CAPABILITY_BLOCKED,
                         f"redirect limit {self.max_depth} reached")
-                self.rules.check(self.profile, target)
+                self.check(target)
             except PolicyEngineError as err:
                 self.refuse(route, target, "redirect", err, main)
                 return

@@ -1,10 +1,13 @@
-"""Host rules for every browser request: the guard's net.http decision, then the dialed address.
+"""Host rules for every browser request: the guard's browser.use decision, then the address.
 
-Each request the page makes (navigation, redirect hop, subresource) is judged as if it were a
-``net.http`` GET of that URL: by the guard when one is configured (``Guard.decide`` on a
-``NetHttpOp``), otherwise by the profile's ``browser.use`` capabilities with the same host
-patterns. Then the host's addresses are resolved and vetted with ``guard.ipaddr`` so loopback,
-private and metadata addresses need a rule naming them, exactly as for ``net.http``.
+Each request the page makes (navigation, redirect hop, subresource) is judged as a browser
+operation on that URL (``browser.nav`` needing the ``open`` scope, or ``browser.screenshot`` for a
+screenshot op): by the call's guard when there is one (the orchestrator's, ``ExecContext.guard``,
+else the executor's configured one), so rule conditions, forbids and deny-lists apply to every
+subrequest; otherwise by the profile's ``browser.use`` capabilities alone. Then the host's
+addresses are resolved and vetted with ``guard.ipaddr``: loopback, private and metadata addresses
+need the hosts of the *policy rule* that allowed the request to name them (with a guard), exactly
+as for ``net.http``.
 """
 
 from __future__ import annotations
@@ -15,15 +18,17 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.guard.guard import Guard
 from policy_engine.guard.ipaddr import is_address_allowed
 from policy_engine.guard.urls import ParsedUrl, parse_url
 from policy_engine.model import (
     BrowserCapability,
+    BrowserNavOp,
+    BrowserScreenshotOp,
     CapabilityKind,
     Decision,
     ExecOp,
     NetHttpCapability,
-    NetHttpOp,
     Profile,
 )
 from policy_engine.patterns.hosts import HostPattern
@@ -41,24 +46,35 @@ class DecidesOps(Protocol):
 class RequestRules:
     """Judges one request URL under one profile; returns the canonical URL or raises.
 
-    :param guard: when set, host, scheme, port and method are the guard's decision on a
-        ``NetHttpOp(method="GET")``; otherwise the profile's ``browser.use`` capabilities decide.
+    :param guard: the configured guard, used when a call brings none of its own; when a guard
+        decides, the request is a ``browser.nav`` (or ``browser.screenshot``) of its URL; with no
+        guard at all the profile's ``browser.use`` capabilities decide.
     """
 
     def __init__(self, guard: DecidesOps | None = None) -> None:
         self.guard = guard
 
-    def check(self, profile: Profile, url: str) -> ParsedUrl:
-        """Raise ``CAPABILITY_BLOCKED`` unless ``url`` may be fetched; return it parsed."""
+    def check(self, profile: Profile, url: str, guard: DecidesOps | None = None, *,
+              screenshot: bool = False) -> ParsedUrl:
+        """Raise ``CAPABILITY_BLOCKED`` unless ``url`` may be fetched; return it parsed.
+
+        :param guard: the call's guard (``ExecContext.guard``); wins over the configured one.
+        :param screenshot: decide with the ``screenshot`` scope instead of ``open``.
+        """
         parsed = parse_url(url)
-        if self.guard is not None:
-            decision = self.guard.decide(profile, NetHttpOp(method="GET", url=parsed.url))
+        decider = guard if guard is not None else self.guard
+        if decider is not None:
+            op: BrowserNavOp | BrowserScreenshotOp = (
+                BrowserScreenshotOp(url=parsed.url) if screenshot
+                else BrowserNavOp(url=parsed.url, extract="none"))
+            decision = decider.decide(profile, op)
             if not decision.allowed:
                 raise PolicyEngineError(
                     ErrorCode.CAPABILITY_BLOCKED,
                     decision.reason or f"`{parsed.host}` is not allowed",
                     audit={"url": parsed.url, "decision_code": decision.code},
                 )
+            patterns = _named_hosts(decider, profile, decision, op, parsed)
         elif not _profile_admits(profile, parsed):
             raise PolicyEngineError(
                 ErrorCode.CAPABILITY_BLOCKED,
@@ -66,11 +82,12 @@ class RequestRules:
                 "for the browser",
                 audit={"url": parsed.url},
             )
-        self._check_addresses(profile, parsed)
+        else:
+            patterns = list(_host_patterns(profile))
+        self._check_addresses(parsed, patterns)
         return parsed
 
-    def _check_addresses(self, profile: Profile, parsed: ParsedUrl) -> None:
-        patterns = list(_host_patterns(profile))
+    def _check_addresses(self, parsed: ParsedUrl, patterns: list[HostPattern]) -> None:
         if parsed.ip is not None:
             addresses = [parsed.ip]
         else:
@@ -89,6 +106,19 @@ class RequestRules:
                     f"`{parsed.host}` resolves to a non-public address no rule names",
                     audit={"url": parsed.url, "ip": str(ip)},
                 )
+
+
+def _named_hosts(guard: DecidesOps, profile: Profile, decision: Decision,
+                 op: BrowserNavOp | BrowserScreenshotOp, url: ParsedUrl) -> list[HostPattern]:
+    """The hosts of the rule that allowed ``op``: what may name a private address. Only a
+    ``Guard`` can say which rule that is; any other decider names none (fail closed)."""
+    if not isinstance(guard, Guard):
+        return []
+    needed = frozenset({"screenshot"} if isinstance(op, BrowserScreenshotOp) else {"open"})
+    for c in guard.compiled(profile).caps.get("browser.use", ()):
+        if c.rule == decision.rule and c.admits((url, needed)):
+            return list(c.hosts)
+    return []
 
 
 def _browser_caps(profile: Profile) -> Iterable[BrowserCapability | NetHttpCapability]:

@@ -23,13 +23,14 @@ from plugins.executor_http.resolve import (
     Resolver,
     Vetted,
     addresses_text,
+    guard_for,
     pin,
     system_resolver,
     vet,
 )
 from plugins.executor_http.transport import PinnedTransport
 from policy_engine.errors import ErrorCode, PolicyEngineError
-from policy_engine.executor import ExecContext, ExecutorCapabilities
+from policy_engine.executor import Decider, ExecContext, ExecutorCapabilities
 from policy_engine.guard.guard import Guard
 from policy_engine.model import (
     ExecOp,
@@ -107,9 +108,11 @@ def _transport_error(exc: httpx.HTTPError, where: str) -> PolicyEngineError:
 class HttpExecutor:
     """Serves ``net.http`` operations with httpx over a pinned transport.
 
-    :param guard: decides the request and every redirect hop; must hold the policy set whose
-        conditions the profile's rules carry. Without one, a ``Guard()`` with no policy set is
-        used: rules with a condition then never allow (fail closed).
+    :param guard: decides the request and every redirect hop when the call's context carries no
+        guard (``ExecContext.guard``, the orchestrator's policy-aware guard, always wins). It must
+        hold the policy set whose conditions the profile's rules carry. Without either, a
+        ``Guard()`` with no policy set is used: rules with a condition then never allow, and no
+        private address is named by a policy rule (fail closed).
     :param resolver: name resolution, called once per hop (tests inject a stand-in for DNS).
     :param verify: TLS verification (see ``PinnedTransport``).
     :param head_bytes: how many leading body bytes a result carries (base64).
@@ -118,17 +121,18 @@ class HttpExecutor:
     name = "http"
     capabilities = ExecutorCapabilities(
         op_kinds=frozenset({OpKind.NET_HTTP}),
-        network_modes=frozenset({NetworkMode.ON}),
+        # every hop is guard-vetted and pinned on the host: as strict as `restricted` asks
+        network_modes=frozenset({NetworkMode.ON, NetworkMode.RESTRICTED}),
         streaming_output=True,
     )
 
     def __init__(
-        self, guard: Guard | None = None, *, resolver: Resolver = system_resolver,
+        self, guard: Decider | None = None, *, resolver: Resolver = system_resolver,
         verify: ssl.SSLContext | bool = True, head_bytes: int = DEFAULT_HEAD_BYTES,
     ) -> None:
         if head_bytes < 0:
             raise ValueError("head_bytes must be >= 0")
-        self.guard = guard if guard is not None else Guard()
+        self.guard: Decider = guard if guard is not None else Guard()
         self._resolver = resolver
         self._head = head_bytes
         self._transport = PinnedTransport(verify=verify)
@@ -142,7 +146,8 @@ class HttpExecutor:
             raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                     f"the http executor does not serve `{op.kind}`")
         profile = ctx.profile
-        vetted = first = vet(self.guard, profile, op)
+        guard = guard_for(ctx, self.guard)
+        vetted = first = vet(guard, profile, op)
         deadline = ctx.deadline
         if first.timeout_ms:
             deadline = min(deadline, time.monotonic() + first.timeout_ms / 1000)
@@ -173,7 +178,7 @@ class HttpExecutor:
                 if hops > max_depth:
                     raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                             f"more than {max_depth} redirects (max_depth)")
-                vetted = self._check_hop(profile, outcome)
+                vetted = self._check_hop(guard, profile, outcome)
             except PolicyEngineError as exc:
                 ctx.record_side_effect(SideEffectRec(kind=SideEffect.NETWORK, meta={
                     "method": outcome.method, "url": _redacted_text(outcome.url), "hop": hops,
@@ -181,12 +186,12 @@ class HttpExecutor:
                 raise
             hop = NextHop(outcome.method, vetted.url.url, outcome.body, outcome.headers)
 
-    def _check_hop(self, profile: Profile, hop: NextHop) -> Vetted:
-        """Decide the next hop with the guard, exactly like a first request."""
+    def _check_hop(self, guard: Decider, profile: Profile, hop: NextHop) -> Vetted:
+        """Decide the next hop with the call's guard, exactly like a first request."""
         op = NetHttpOp(method=hop.method, url=hop.url, headers=dict(hop.headers),
                        body_b64=base64.b64encode(hop.body).decode() if hop.body else None)
         try:
-            return vet(self.guard, profile, op)
+            return vet(guard, profile, op)
         except PolicyEngineError as exc:
             raise PolicyEngineError(
                 exc.code, f"redirect to `{_redacted_text(hop.url)}` refused: {exc.reason}",

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.executor import Decider, ExecContext
 from policy_engine.guard.guard import Guard
 from policy_engine.guard.ipaddr import classify, is_address_allowed
 from policy_engine.guard.matchers import NetMatcher
@@ -66,8 +67,17 @@ class Vetted:
     mime: tuple[tuple[str, ...], ...]
 
 
-def vet(guard: Guard, profile: Profile, op: NetHttpOp) -> Vetted:
+def guard_for(ctx: ExecContext, fallback: Decider) -> Decider:
+    """The guard to decide with mid-operation: the orchestrator's (``ctx.guard``) when it passed
+    one, else the executor's own (``fallback``)."""
+    return ctx.guard if ctx.guard is not None else fallback
+
+
+def vet(guard: Decider, profile: Profile, op: NetHttpOp) -> Vetted:
     """Decide ``op`` with the guard and pick the capability that allowed it.
+
+    Only a ``policy_engine.guard.Guard`` says which capability allowed (and so which hosts may
+    name a private address); for any other decider the vetted target names none (fail closed).
 
     :raises PolicyEngineError: the decision's code when the guard denies.
     """
@@ -78,8 +88,8 @@ def vet(guard: Guard, profile: Profile, op: NetHttpOp) -> Vetted:
         raise PolicyEngineError(code, decision.reason or "refused by policy",
                                 audit={"rule": decision.rule.id if decision.rule else None})
     method = op.method.upper()
-    chosen = next((c for c in guard.compiled(profile).caps.get("net.http", ())
-                   if c.rule == decision.rule and c.admits((url, method))), None)
+    caps = guard.compiled(profile).caps.get("net.http", ()) if isinstance(guard, Guard) else ()
+    chosen = next((c for c in caps if c.rule == decision.rule and c.admits((url, method))), None)
     summary = (profile.allow.mime_allow,) if profile.allow.mime_allow else ()
     if chosen is None:  # INVARIANT: the guard allowed through one of these; fail closed if not
         limits = profile.limits

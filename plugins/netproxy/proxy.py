@@ -23,7 +23,7 @@ from plugins.executor_http.executor import clean_request_headers, redacted_url
 from plugins.executor_http.resolve import IPAddress, Resolver, Vetted, pin, vet
 from plugins.executor_http.transport import PinnedTransport
 from policy_engine.errors import REGISTRY, ErrorCode, PolicyEngineError
-from policy_engine.guard.guard import Guard
+from policy_engine.executor import Decider
 from policy_engine.model import NetHttpOp, Profile, SideEffect, SideEffectRec
 
 MAX_LINE = 8192
@@ -39,7 +39,7 @@ class ProxyPolicy:
     """What the proxy enforces for one run: the profile, the guard, DNS and TLS settings."""
 
     profile: Profile
-    guard: Guard
+    guard: Decider
     resolver: Resolver
     transport: PinnedTransport
     record: Callable[[SideEffectRec], None]

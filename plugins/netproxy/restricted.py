@@ -7,9 +7,9 @@ sandbox together with the bridge script; the bridge, started first inside the na
 on ``127.0.0.1:PORT`` there and forwards each connection to the socket. Programs honouring
 ``HTTP_PROXY``/``HTTPS_PROXY`` reach the proxy; anything else reaches nothing.
 
-Use from an executor::
+Use from an executor (the guard is the call's, ``ctx.guard``, when the orchestrator passed one)::
 
-    with RestrictedNetwork(profile, guard).start() as net:
+    with RestrictedNetwork(profile, ctx.guard or self.guard).start() as net:
         argv = ["bwrap", "--clearenv", *my_binds, *net.bwrap_args(setenv=True),
                 "--", *net.wrap_argv(argv)]
         ... run ...
@@ -33,6 +33,7 @@ from typing import Any
 from plugins.executor_http.resolve import Resolver, system_resolver
 from plugins.executor_http.transport import PinnedTransport
 from plugins.netproxy.proxy import ProxyPolicy, ProxyServer, serve_in_thread
+from policy_engine.executor import Decider
 from policy_engine.guard.guard import Guard
 from policy_engine.model import Profile, SideEffectRec
 
@@ -148,8 +149,10 @@ class RestrictedHandle:
 class RestrictedNetwork:
     """Builds the per-run proxy enforcing ``profile``'s ``net.http`` rules.
 
-    :param guard: the same guard that decides tool calls (it must hold the policy set whose
-        conditions the profile carries); each proxied request is a ``NetHttpOp`` it decides.
+    :param guard: the same guard that decides tool calls (``ExecContext.guard``: it holds the
+        policy set whose conditions the profile carries and whose rules name private addresses);
+        each proxied request is a ``NetHttpOp`` it decides. ``None`` means ``Guard()`` with no
+        policy set: conditional rules never allow and no private address is reachable.
     :param resolver: name resolution, once per request (tests inject a stand-in for DNS).
     :param verify: TLS verification for ``http://`` requests the proxy makes itself; CONNECT
         tunnels are end-to-end between the child and the server.
@@ -159,13 +162,13 @@ class RestrictedNetwork:
     """
 
     def __init__(
-        self, profile: Profile, guard: Guard | None = None, *,
+        self, profile: Profile, guard: Decider | None = None, *,
         resolver: Resolver = system_resolver, verify: ssl.SSLContext | bool = True,
         deadline: float | None = None, port: int = DEFAULT_PORT, python: str | None = None,
         sandbox_dir: str = SANDBOX_DIR, runtime_parent: str | None = None,
     ) -> None:
         self.profile = profile
-        self.guard = guard if guard is not None else Guard()
+        self.guard: Decider = guard if guard is not None else Guard()
         self.resolver = resolver
         self.verify = verify
         self.deadline = deadline if deadline is not None else time.monotonic() + 3600

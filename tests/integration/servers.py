@@ -19,12 +19,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 
+from policy_engine.compiler import compile_files
+from policy_engine.guard import Guard
 from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
     AllowLists,
     Budget,
+    Capability,
     CapabilityKind,
     DenyLists,
+    Grant,
+    Manifest,
     Mappings,
     NetHttpCapability,
     NetworkMode,
@@ -34,6 +39,7 @@ from policy_engine.model import (
     SafetyClass,
     SideEffect,
 )
+from policy_engine.profile import ProfileBuilder
 
 Route = Callable[["Handler"], None]
 
@@ -229,3 +235,23 @@ def http_profile(
         expires_at=int(time.time() * 1000) + 3_600_000, policy_name="acme/agents",
         policy_version="1.0.0", policy_version_hash="0" * 64, manifest_version="1.0.0",
     )
+
+
+def compiled_profile(
+    tmp: Path, rules: str, caps: tuple[Capability, ...], *, tool: str = "fetch",
+    network: str = "on", side_effects: tuple[SideEffect, ...] = (SideEffect.NETWORK,),
+) -> tuple[Profile, Guard]:
+    """A profile built the production way from a real policy file, and the guard for it.
+
+    ``rules`` is the body of a ``.sbpolicy`` file (the header is added) written into ``tmp``; the
+    grant and the manifest both ask for ``caps``. The returned ``Guard`` holds the compiled
+    policy set: what the orchestrator passes to executors as ``ExecContext.guard``.
+    """
+    path = tmp / "policy.sbpolicy"
+    path.write_text(f'policy "test/executors" version "1.0.0"\n\n{rules}\n')
+    ps = compile_files([path])
+    grant = Grant(tenant="acme", subject_id="agent:1", tool_name=tool, call_id="call-1",
+                  capabilities=caps, expires_at=int(time.time() * 1000) + 3_600_000)
+    manifest = Manifest(name=tool, version="1.0.0", permissions=caps,
+                        side_effects=side_effects, network=NetworkMode(network))
+    return ProfileBuilder(ps).build(grant, manifest), Guard(ps)

@@ -41,14 +41,21 @@ def cel_env() -> Any:
 
 
 class CelCondition:
-    """A compiled, type-checked condition (implements ``graph.CompiledCondition``)."""
+    """A compiled, type-checked condition (implements ``graph.CompiledCondition``).
 
-    __slots__ = ("_expr", "source", "span")
+    :attr variables: the context variables the source can read: every declared name that
+        occurs in the text (a superset: CEL reaches a variable only by naming it), so a caller
+        may build just these.
+    """
+
+    __slots__ = ("_eval", "_expr", "source", "span", "variables")
 
     def __init__(self, source: str, span: Span, expr: Any) -> None:
         self.source = source
         self.span = span
         self._expr = expr
+        self._eval = expr.eval
+        self.variables = frozenset(v for v in CONTEXT_VARIABLES if v in source)
 
     def __repr__(self) -> str:
         return f"CelCondition({self.source!r} at {self.span})"
@@ -60,17 +67,33 @@ class CelCondition:
     def evaluate(self, context: Mapping[str, object]) -> tuple[bool, str | None]:
         """Evaluate against ``context``; any error yields ``(False, message)``, never an allow."""
         try:
-            value = self._expr.eval(data=activation(context))
+            data = activation(context)
+        except Exception as exc:  # noqa: BLE001 - an unconvertible context must deny, not raise
+            return False, f"condition error: {_strip_status(str(exc))}"
+        return self.evaluate_plain(data)
+
+    def evaluate_plain(self, data: Mapping[str, object]) -> tuple[bool, str | None]:
+        """:meth:`evaluate` for a context already in :func:`activation` form (plain JSON-like
+        values, ``now`` a timezone-aware ``datetime``): no conversion pass. The guard builds
+        its context that way once per decision."""
+        try:
+            value = self._eval(data=data)
+            plain = value.plain_value()
+            # INVARIANT: only a CEL bool has a Python bool as its plain value (errors are
+            # strings, wrappers unwrap to their primitive), so this is the type check, cheaper
+            if plain is True or plain is False:
+                return plain, None
             vtype = value.type()
-            if vtype == cel.Type.BOOL:
-                return bool(value.plain_value()), None
-            if vtype == cel.Type.ERROR:
-                return False, f"condition error: {_strip_status(str(value.plain_value()))}"
+            if vtype == _ERROR:
+                return False, f"condition error: {_strip_status(str(plain))}"
             return False, f"condition evaluated to `{vtype.name().lower()}`, not `bool`"
         # The library raises RuntimeError/TypeError/ValueError for unconvertible inputs; whatever
         # it raises, a condition that cannot be evaluated must deny, so catch everything here.
         except Exception as exc:  # noqa: BLE001 - reason above: an error must never allow
             return False, f"condition error: {_strip_status(str(exc))}"
+
+
+_ERROR = cel.Type.ERROR
 
 
 def activation(context: Mapping[str, object]) -> dict[str, Any]:
@@ -84,17 +107,39 @@ def activation(context: Mapping[str, object]) -> dict[str, Any]:
     return out
 
 
+_SCALARS = (str, int, float, bool, type(None), dt.datetime)
+
+
 def to_cel_value(value: object) -> Any:
-    """A plain JSON-like value CEL accepts: pydantic models, enums, tuples and sets converted."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
+    """A plain JSON-like value CEL accepts: pydantic models, enums, tuples and sets converted.
+
+    Plain values are checked by exact type first (``isinstance`` against the ``Mapping`` ABC is
+    slow), and a dict or list that holds only plain values is returned as it is, not copied.
+    """
+    tp = type(value)
+    if tp in _SCALARS:
+        return value
+    if tp is dict:
+        d: dict[Any, Any] = value  # type: ignore[assignment]  # narrowed by the exact type check
+        conv = {str(k): to_cel_value(v) for k, v in d.items()}
+        return d if _same(d.values(), conv.values()) and all(type(k) is str for k in d) else conv
+    if tp is list:
+        lst: list[Any] = value  # type: ignore[assignment]  # narrowed by the exact type check
+        items = [to_cel_value(v) for v in lst]
+        return lst if _same(lst, items) else items
     if isinstance(value, Enum):
         return value.value
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
     if isinstance(value, Mapping):
         return {str(k): to_cel_value(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [to_cel_value(v) for v in value]
     return value
+
+
+def _same(before: Any, after: Any) -> bool:
+    return all(a is b for a, b in zip(before, after, strict=True))
 
 
 def compile_condition(source: str, span: Span) -> CelCondition | list[Diagnostic]:

@@ -6,20 +6,20 @@ the guard caches the result by ``profile_hash`` (see ``policy_engine.guard.guard
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+import copy
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from policy_engine.errors import PolicyEngineError
 from policy_engine.graph import CompiledCondition, PolicySet
+from policy_engine.guard.globset import GlobSet
 from policy_engine.guard.matchers import (
     FsMatcher,
     KindMatcher,
     Matcher,
     compile_matcher,
     host_patterns,
-    path_regex,
 )
 from policy_engine.guard.paths import normalize_path
 from policy_engine.model import (
@@ -50,6 +50,41 @@ class MissingCondition:
 
 
 Condition = CompiledCondition | MissingCondition
+Outcome = tuple[bool, str | None]
+
+CONTEXT_VARIABLES: frozenset[str] = frozenset(
+    {"request", "grant", "manifest", "profile", "tenant", "subject", "now"})
+"""What a condition may read (``policy_engine.dsl.cel.CONTEXT_VARIABLES``)."""
+STATIC_VIEWS: tuple[str, ...] = ("profile", "grant", "manifest", "tenant", "subject")
+"""The context variables built once per compiled profile (``request`` and ``now`` are per call)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GuardCondition:
+    """A condition as the guard runs it.
+
+    :attr run: evaluates a context built by ``resolve.build_context``. A CEL condition reads it
+        as it is (``evaluate_plain``: the values are already plain); any other implementation
+        gets private copies of the per-profile views, so it cannot change them for later calls.
+    :attr needs: the context variables it reads; ``None`` means all, and the caller's own keys.
+    """
+
+    condition: Condition
+    run: Callable[[Mapping[str, object]], Outcome]
+    needs: frozenset[str] | None
+
+
+def guard_condition(cond: Condition) -> GuardCondition:
+    plain = getattr(cond, "evaluate_plain", None)
+    needs = getattr(cond, "variables", None)
+    if plain is not None and isinstance(needs, frozenset):
+        return GuardCondition(cond, plain, needs)
+
+    def run(ctx: Mapping[str, object]) -> Outcome:
+        return cond.evaluate({k: copy.deepcopy(v) if k in STATIC_VIEWS else v
+                              for k, v in ctx.items()})
+
+    return GuardCondition(cond, run, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +107,9 @@ class CompiledCap:
 
     kind: str
     members: tuple[Matcher, ...]
-    admit_path: Any  # fs with one member: the bound ``regex.match``; else None
+    admit_path: Any  # fs with one member: its bound path test (str → bool); else None
     rule: RuleRef | None
-    condition: Condition | None
+    condition: GuardCondition | None
     limits: EffLimits
     hosts: tuple[HostPattern, ...]
     allow: Decision  # prebuilt: an allow without trace is the same immutable answer every time
@@ -87,17 +122,17 @@ class CompiledCap:
 class CompiledDeny:
     matcher: Matcher
     rule: RuleRef | None
-    condition: Condition | None
+    condition: GuardCondition | None
     mandatory: bool
     label: str  # what the public reason calls it when there is no rule id
 
 
 @dataclass(frozen=True, slots=True)
 class ForbidSet:
-    """The forbids of one kind; for fs, ``prefilter`` is one alternation of all their globs so
-    a miss costs one regex match and only a hit scans the forbids in order."""
+    """The forbids of one kind; for fs, ``prefilter`` is the union of all their globs so a miss
+    costs one test and only a hit scans the forbids in order."""
 
-    prefilter: re.Pattern[str] | None
+    prefilter: GlobSet | None
     denies: tuple[CompiledDeny, ...]
 
 
@@ -115,7 +150,8 @@ class CompiledProfile:
     forbids: Mapping[str, ForbidSet]
     granted: Mapping[str, tuple[Matcher, ...]]
     declared: Mapping[str, tuple[Matcher, ...]]
-    profile_ctx: Mapping[str, object]
+    views: Mapping[str, object]  # the STATIC_VIEWS, plain JSON-like values (see static_views)
+    needs: frozenset[str] | None  # variables any condition here reads; None: all and extra keys
 
 
 def _min(*values: int | None) -> int | None:
@@ -172,7 +208,7 @@ class ConditionIndex:
             return ()
         return self.rule_hosts.get((rule.id, kind), ())
 
-    def find(self, source: str | None, rule: RuleRef | None) -> Condition | None:
+    def find(self, source: str | None, rule: RuleRef | None) -> GuardCondition | None:
         if source is None:
             return None
         found = self.by_source.get(source)
@@ -180,15 +216,18 @@ class ConditionIndex:
             cand = self.by_id.get(rule.id)
             if cand is not None and cand.source.strip() == source.strip():
                 found = cand
-        return found if found is not None else MissingCondition(source)
+        return guard_condition(found if found is not None else MissingCondition(source))
 
 
 def compile_profile(profile: Profile, conditions: ConditionIndex, *,
-                    builtin_consent: bool = False) -> CompiledProfile:
+                    builtin_consent: bool = False,
+                    consent_rules: tuple[GuardCondition, ...] = ()) -> CompiledProfile:
     """Compile ``profile``; a pure function of the profile and the policy set.
 
     :param builtin_consent: the policy set holds the built-in consent rule (seed 000 §6: High
         safety, or Write/Process side effects), applied on top of ``consent_required``.
+    :param consent_rules: the policy set's conditional consent rules (their variables count
+        towards what the context must hold).
     """
     home = profile.mappings.home
     phash = profile.profile_hash
@@ -208,6 +247,13 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
                 decision="allow", code=None, http_status=200, reason="", rule=pc.rule,
                 profile_hash=phash, trace=None),
         ))
+    forbids = _forbids(profile, conditions)
+    used = [c.condition for lst in caps.values() for c in lst if c.condition is not None]
+    used += [d.condition for f in forbids.values() for d in f.denies if d.condition is not None]
+    used += consent_rules
+    needs: frozenset[str] | None = frozenset()
+    for gc in used:
+        needs = None if needs is None or gc.needs is None else needs | gc.needs
     return CompiledProfile(
         profile=profile, profile_hash=phash, expires_at=profile.expires_at,
         network_off=str(profile.network) == "off",
@@ -219,16 +265,49 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
         root_fs=_root(profile.mappings.root_fs),
         tmp_dir=_root(profile.mappings.tmp_dir),
         caps={k: tuple(v) for k, v in caps.items()},
-        forbids=_forbids(profile, conditions),
+        forbids=forbids,
         granted=_by_kind(profile.granted, home),
         declared=_by_kind(profile.declared, home),
-        profile_ctx={
-            "name": profile.name or "", "safety": str(profile.safety),
-            "side_effects": [str(s) for s in profile.side_effects],
-            "network": str(profile.network), "tool_name": profile.tool_name,
-            "tenant": profile.tenant, "subject_id": profile.subject_id,
-        },
+        views=static_views(profile),
+        needs=needs,
     )
+
+
+def static_views(profile: Profile) -> dict[str, object]:
+    """What a condition sees of the call besides ``request`` and ``now``, from the profile alone.
+
+    The caller's context may supply ``grant``, ``manifest``, ``tenant`` and ``subject`` (the
+    orchestrator passes what its caller gives); when it does not, these views are the ones a
+    condition reads, so ``grant.subject_id.startsWith("agent:")`` works without a context.
+    ``profile`` is always this view. The manifest's ``safety_class`` and ``side_effects`` are the
+    met values the profile records (the highest class, the union of side effects).
+    """
+    def dump(items: tuple[Any, ...]) -> list[Any]:
+        return [c.model_dump(mode="json") for c in items]
+
+    side_effects = [str(s) for s in profile.side_effects]
+    consent = profile.consent.model_dump(mode="json") if profile.consent is not None else None
+    return {
+        "profile": {
+            "name": profile.name or "", "safety": str(profile.safety),
+            "side_effects": side_effects, "network": str(profile.network),
+            "tool_name": profile.tool_name, "tenant": profile.tenant,
+            "subject_id": profile.subject_id,
+        },
+        "grant": {
+            "tenant": profile.tenant, "subject_id": profile.subject_id,
+            "tool_name": profile.tool_name, "call_id": profile.call_id,
+            "expires_at": profile.expires_at, "budget": profile.budget.model_dump(mode="json"),
+            "capabilities": dump(profile.granted), "consent": consent,
+        },
+        "manifest": {
+            "name": profile.tool_name, "version": profile.manifest_version,
+            "side_effects": list(side_effects), "safety_class": str(profile.safety),
+            "permissions": dump(profile.declared),
+        },
+        "tenant": {"id": profile.tenant},
+        "subject": {"id": profile.subject_id},
+    }
 
 
 def _root(path: str) -> str:
@@ -281,7 +360,7 @@ def _forbids(profile: Profile, conditions: ConditionIndex) -> dict[str, ForbidSe
             None, None, True, "deny-list"))
     out: dict[str, ForbidSet] = {}
     for kind, lst in denies.items():
-        pre = path_regex(fs_globs[kind], home, forbid=True) if kind in fs_globs else None
+        pre = GlobSet(fs_globs[kind], home, forbid=True) if kind in fs_globs else None
         out[kind] = ForbidSet(pre, tuple(lst))
     return out
 

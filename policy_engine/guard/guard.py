@@ -33,6 +33,7 @@ from policy_engine.guard.compiled import (
     CompiledProfile,
     ConditionIndex,
     compile_profile,
+    guard_condition,
 )
 from policy_engine.guard.ipaddr import classify, is_address_allowed
 from policy_engine.guard.paths import is_beneath, quote
@@ -46,27 +47,23 @@ from policy_engine.guard.resolve import (
 )
 from policy_engine.guard.steps import consent_needed, diagnose, limit_violation
 from policy_engine.guard.tracer import Tracer
-from policy_engine.model import Decision, Profile, RuleRef
+from policy_engine.model import Decision, Profile, RuleRef, TraceStep
 
 _FS_OPS = frozenset({"fs.read", "fs.write", "fs.list"})
 _NET_OPS = frozenset({"net.http", "browser.nav", "browser.screenshot"})
-
-
-class _Deny(Exception):
-    """Internal: a refusal with the rule that decided it (PolicyEngineError has no rule)."""
-
-    def __init__(self, code: ErrorCode, reason: str, rule: RuleRef | None = None) -> None:
-        super().__init__(reason)
-        self.code, self.reason, self.rule = code, reason, rule
+_STATUS: dict[ErrorCode, tuple[str, int]] = {c: (c.value, REGISTRY[c].http_status)
+                                             for c in ErrorCode}
+_BLOCKED, _PERM = ErrorCode.CAPABILITY_BLOCKED, ErrorCode.PERMISSION_DENY
 
 
 class Guard:
     """Decides operations; compiles each profile once and caches it by ``profile_hash``.
 
     :param policyset: where the CEL conditions of profile rules and the consent rules come from.
-    :param resolve_symlinks: resolve fs paths with ``lstat``/``readlink`` beneath the root (one
-        syscall per existing component). Turn off only where the executor enforces resolution
-        itself (``openat2`` with ``RESOLVE_BENEATH``).
+    :param resolve_symlinks: resolve fs paths beneath the root (one ``openat2`` asking the kernel
+        whether any component is a link, then ``lstat``/``readlink`` per component only when one
+        is). Turn off only where the executor enforces resolution itself (``openat2`` with
+        ``RESOLVE_BENEATH``).
     :param cache_size: compiled profiles kept; the oldest is dropped first.
     """
 
@@ -77,7 +74,8 @@ class Guard:
         self._conditions = ConditionIndex(policyset)
         rules = policyset.consent_rules if policyset is not None else ()
         self._builtin_consent = any(r.condition is None for r in rules)
-        self._consent_rules = tuple(r for r in rules if r.condition is not None)
+        self._consent_rules = tuple(guard_condition(r.condition) for r in rules
+                                    if r.condition is not None)
         self._cache: dict[object, CompiledProfile] = {}
         self._cache_size = cache_size
 
@@ -87,7 +85,8 @@ class Guard:
         cp = self._cache.get(key)
         if cp is not None and (profile.profile_hash or cp.profile is profile):
             return cp
-        cp = compile_profile(profile, self._conditions, builtin_consent=self._builtin_consent)
+        cp = compile_profile(profile, self._conditions, builtin_consent=self._builtin_consent,
+                             consent_rules=self._consent_rules)
         if len(self._cache) >= self._cache_size:
             del self._cache[next(iter(self._cache))]
         self._cache[key] = cp
@@ -99,35 +98,36 @@ class Guard:
         tr = Tracer() if trace else None
         try:
             return self._decide(profile, op, context, now_ms, tr)
-        except _Deny as d:
-            return _deny(profile, d.code, d.reason, d.rule, tr)
         except PolicyEngineError as exc:
             if tr is not None:
                 tr.step("resolve", "fail", detail=exc.reason)
-            return _deny(profile, exc.code, exc.reason, None, tr)
+            return _deny(_hash_of(profile), exc.code, exc.reason, None, tr)
         except Exception as exc:  # noqa: BLE001 — a guard failure must be a deny, never an allow
             if tr is not None:
                 tr.step("decision", "fail", detail=type(exc).__name__)
-            return _deny(profile, ErrorCode.UNKNOWN_INTERNAL, "internal error in the guard", None,
-                         tr)
+            return _deny(_hash_of(profile), ErrorCode.UNKNOWN_INTERNAL,
+                         "internal error in the guard", None, tr)
 
     # ------------------------------------------------------------------------------------------
 
     def _decide(self, profile: Profile, op: Any, extra: Mapping[str, object] | None,
                 now_ms: int | None, tr: Tracer | None) -> Decision:
+        # Refusals decided here return their Decision (raising costs more than the rest of an
+        # fs decision); refusals from the resolvers arrive as PolicyEngineError in decide().
         raw_kind = getattr(op, "kind", None)
         if not isinstance(raw_kind, str) or raw_kind not in OP_KIND:  # step 0
             op = coerce_op(op)
         kind: str = op.kind
         cap_kind = OP_KIND[kind]
         cp = self.compiled(profile)
+        phash = cp.profile_hash
         if tr is not None:
             tr.step("kind", "pass", detail=f"{kind} needs {cap_kind}")
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
         if cp.expires_at <= now:  # step 1
             if tr is not None:
                 tr.step("expiry", "fail", detail="grant expired")
-            raise _Deny(ErrorCode.PERMISSION_DENY, "grant expired")
+            return _deny(phash, _PERM, "grant expired", None, tr)
         # step 2
         rv: Resolved | None = None
         path: str | None = None
@@ -136,29 +136,20 @@ class Guard:
             res: object = path
             if kind == "fs.write" and not (is_beneath(cp.root_fs, path)
                                            or is_beneath(cp.tmp_dir, path)):
-                raise _Deny(ErrorCode.CAPABILITY_BLOCKED,
-                            f"write to {quote(path)} is outside the fs root and the tmp dir")
+                return _deny(phash, _BLOCKED,
+                             f"write to {quote(path)} is outside the fs root and the tmp dir",
+                             None, tr)
         else:
             rv = resolve_other(kind, op)
             res = rv.res
-
-        def describe() -> str:  # public text of the resource, built only for a deny or a trace
-            return rv.desc if rv is not None else quote(path or "")
-
         if tr is not None:
-            tr.step("resolve", "pass", detail=describe())
-        ctx_box: list[dict[str, object]] = []
-
-        def ctx() -> dict[str, object]:
-            if not ctx_box:
-                ctx_box.append(build_context(cp, op, kind, path, rv, now, extra))
-            return ctx_box[0]
-
+            tr.step("resolve", "pass", detail=_describe(rv, path))
+        data: dict[str, object] | None = None  # the CEL context, built at the first condition
         # step 3: forbids
         fset = cp.forbids.get(cap_kind)
         if fset is not None:
             if fset.prefilter is not None and path is not None and \
-                    fset.prefilter.match(path) is None:
+                    not fset.prefilter.match(path):
                 if tr is not None:
                     tr.step("forbid", "no-match", detail="no forbid glob matches")
             else:
@@ -168,7 +159,9 @@ class Guard:
                             tr.step("forbid", "no-match", d.rule)
                         continue
                     if d.condition is not None:
-                        val, err = d.condition.evaluate(ctx())
+                        if data is None:
+                            data = build_context(cp, op, kind, path, rv, now, extra)
+                        val, err = d.condition.run(data)
                         if err is None and not val:
                             if tr is not None:
                                 tr.step("forbid", "condition-false", d.rule)
@@ -176,18 +169,19 @@ class Guard:
                         if err is not None:
                             if tr is not None:
                                 tr.step("forbid", "condition-error", d.rule, err)
-                            raise _Deny(ErrorCode.CAPABILITY_BLOCKED,
-                                        f"forbid rule `{d.label}` could not be evaluated, so it "
-                                        f"blocks {describe()}", d.rule)
+                            return _deny(phash, _BLOCKED,
+                                         f"forbid rule `{d.label}` could not be evaluated, so "
+                                         f"it blocks {_describe(rv, path)}", d.rule, tr)
                     if tr is not None:
                         tr.step("forbid", "match", d.rule, "deny")
                     what = f"forbid rule `{d.label}`" if d.rule else "the deny-list"
-                    raise _Deny(ErrorCode.CAPABILITY_BLOCKED, f"{what} blocks {describe()}", d.rule)
+                    return _deny(phash, _BLOCKED, f"{what} blocks {_describe(rv, path)}",
+                                 d.rule, tr)
         # step 4: network mode
         if cp.network_off and kind in _NET_OPS:
             if tr is not None:
                 tr.step("network", "fail", detail="network is off")
-            raise _Deny(ErrorCode.CAPABILITY_BLOCKED, "network is off for this profile")
+            return _deny(phash, _BLOCKED, "network is off for this profile", None, tr)
         # step 5: the first capability that admits (6: preferring one naming a private address)
         url = rv.url if rv is not None else None
         special = classify(url.ip) if url is not None and url.ip is not None else None
@@ -196,13 +190,14 @@ class Guard:
         refused: list[tuple[CompiledCap, str | None]] = []
         for c in cp.caps.get(cap_kind, ()):
             fast = c.admit_path
-            ok = fast(res) is not None if fast is not None else c.admits(res)
-            if not ok:
+            if not (fast(res) if fast is not None else c.admits(res)):
                 if tr is not None:
                     tr.step("permit", "no-match", c.rule)
                 continue
             if c.condition is not None:
-                val, err = c.condition.evaluate(ctx())
+                if data is None:
+                    data = build_context(cp, op, kind, path, rv, now, extra)
+                val, err = c.condition.run(data)
                 if err is not None or not val:
                     refused.append((c, err))
                     if tr is not None:
@@ -222,24 +217,30 @@ class Guard:
             break
         if chosen is None:
             if unnamed is not None:
-                raise _Deny(ErrorCode.CAPABILITY_BLOCKED,
-                            f"{special} address {quote(url.host if url else '')} is not named "
-                            "by any rule", unnamed.rule)
-            code, reason, rule = diagnose(cp, cap_kind, res, describe(), refused, tr)
-            raise _Deny(code, reason, rule)
+                return _deny(phash, _BLOCKED, f"{special} address {quote(url.host if url else '')}"
+                             " is not named by any rule", unnamed.rule, tr)
+            code, reason, rule = diagnose(cp, cap_kind, res, _describe(rv, path), refused, tr)
+            return _deny(phash, code, reason, rule, tr)
         # step 7: limits
         violation = limit_violation(kind, op, chosen.limits, rv, path)
         if violation is not None:
             if tr is not None:
                 tr.step("limits", "fail", chosen.rule, violation)
-            raise _Deny(ErrorCode.CAPABILITY_BLOCKED, violation, chosen.rule)
+            return _deny(phash, _BLOCKED, violation, chosen.rule, tr)
         if tr is not None:
             tr.step("limits", "pass", chosen.rule)
         # step 8: consent
         if cp.consent_required or self._consent_rules:
+            box: list[dict[str, object]] = [] if data is None else [data]
+
+            def ctx() -> dict[str, object]:
+                if not box:
+                    box.append(build_context(cp, op, kind, path, rv, now, extra))
+                return box[0]
+
             why = consent_needed(cp, self._consent_rules, ctx, now, tr)
             if why is not None:
-                raise _Deny(ErrorCode.PERMISSION_DENY, why, chosen.rule)
+                return _deny(phash, _PERM, why, chosen.rule, tr)
         elif tr is not None:
             tr.step("consent", "skip", detail="consent not required")
         # step 9
@@ -247,15 +248,40 @@ class Guard:
             return chosen.allow
         tr.step("decision", "allow", chosen.rule)
         return Decision(decision="allow", code=None, http_status=200, reason="",
-                        rule=chosen.rule, profile_hash=cp.profile_hash, trace=tr.freeze())
+                        rule=chosen.rule, profile_hash=phash, trace=tr.freeze())
 
 
-def _deny(profile: Profile, code: ErrorCode, reason: str, rule: RuleRef | None,
+def _describe(rv: Resolved | None, path: str | None) -> str:
+    """Public text of the resource; built only for a deny or a trace."""
+    return rv.describe() if rv is not None else quote(path or "")
+
+
+def _hash_of(profile: object) -> str:
+    return profile.profile_hash if isinstance(profile, Profile) else ""
+
+
+_NEW = Decision.__new__
+_SET = object.__setattr__
+_FIELDS = frozenset(Decision.model_fields)
+
+
+def _deny(phash: str, code: ErrorCode, reason: str, rule: RuleRef | None,
           tr: Tracer | None) -> Decision:
+    """A deny, built as ``Decision.model_construct`` builds it, without its per-field loop.
+
+    Every value is produced by the guard (a registry code and its status, a reason string, the
+    rule of a compiled profile), so validation would only re-check our own output;
+    ``tests/unit/test_guard_decide.py`` checks the result equals the validated model.
+    """
+    trace: tuple[TraceStep, ...] | None = None
     if tr is not None:
         tr.step("decision", "deny", rule, reason)
-    phash = profile.profile_hash if isinstance(profile, Profile) else ""
-    return Decision(decision="deny", code=code.value, http_status=REGISTRY[code].http_status,
-                    reason=reason, rule=rule, profile_hash=phash,
-                    trace=tr.freeze() if tr is not None else None)
-
+        trace = tr.freeze()
+    value, status = _STATUS[code]
+    d = _NEW(Decision)
+    _SET(d, "__dict__", {"decision": "deny", "code": value, "http_status": status,
+                         "reason": reason, "rule": rule, "profile_hash": phash, "trace": trace})
+    _SET(d, "__pydantic_fields_set__", set(_FIELDS))
+    _SET(d, "__pydantic_extra__", None)
+    _SET(d, "__pydantic_private__", None)
+    return d

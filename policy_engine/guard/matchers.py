@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from policy_engine.guard.globset import GlobSet
 from policy_engine.guard.urls import DEFAULT_PORTS, ParsedUrl
 from policy_engine.model import (
     BrowserCapability,
@@ -38,7 +39,11 @@ class Matcher(Protocol):
 
 
 def path_regex(patterns: Iterable[str], home: str, *, forbid: bool) -> re.Pattern[str]:
-    """One anchored alternation of all ``patterns`` (``~`` expanded with ``home``)."""
+    """One anchored alternation of all ``patterns`` (``~`` expanded with ``home``).
+
+    The reference reading of a glob list; the guard matches with :class:`GlobSet`, which
+    ``tests/unit/test_guard_globset.py`` checks against this.
+    """
     bodies: list[str] = []
     for pat in patterns:
         if validate_glob(pat) is not None:
@@ -52,14 +57,16 @@ def path_regex(patterns: Iterable[str], home: str, *, forbid: bool) -> re.Patter
 
 
 class FsMatcher:
-    __slots__ = ("regex", "admits_path")
+    """Path globs; ``admits_path`` is the bound test (a normalized path → bool)."""
+
+    __slots__ = ("globs", "admits_path")
 
     def __init__(self, cap: FsCapability, home: str, *, forbid: bool) -> None:
-        self.regex = path_regex(cap.paths, home, forbid=forbid)
-        self.admits_path = self.regex.match
+        self.globs = GlobSet(cap.paths, home, forbid=forbid)
+        self.admits_path = self.globs.match
 
     def admits(self, res: Any) -> bool:
-        return self.regex.match(res) is not None
+        return self.admits_path(res)
 
 
 def _hosts(patterns: Iterable[str], *, forbid: bool) -> tuple[HostPattern, ...]:

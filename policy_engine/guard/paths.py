@@ -24,6 +24,8 @@ def _blocked(reason: str, path: str) -> PolicyEngineError:
 
 def quote(value: str, limit: int = 200) -> str:
     """User input for a public reason: in backticks, without backticks or control characters."""
+    if len(value) <= limit and "`" not in value and value.isprintable():
+        return f"`{value}`"  # the common case: nothing to replace or cut
     clean = "".join(c if c.isprintable() and c != "`" else "?" for c in value[:limit])
     return f"`{clean}{'…' if len(value) > limit else ''}`"
 

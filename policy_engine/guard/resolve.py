@@ -16,9 +16,10 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from policy_engine.dsl.cel import to_cel_value
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.guard.argv import check_argv_shape
-from policy_engine.guard.compiled import CompiledProfile
+from policy_engine.guard.compiled import STATIC_VIEWS, CompiledProfile
 from policy_engine.guard.paths import is_beneath, normalize_path, quote, resolve_normalized
 from policy_engine.guard.urls import ParsedUrl, parse_url
 from policy_engine.model import OP_CAPABILITY, ExecOp
@@ -73,12 +74,34 @@ def resolve_path(cp: CompiledProfile, raw: str, follow: bool) -> str:
 
 @dataclass(slots=True)
 class Resolved:
-    """Step 2's output for the kinds other than the fs fast path."""
+    """Step 2's output for the kinds other than the fs fast path.
 
+    :attr label: what the public description starts with (the method or browser action; the
+        tool of a proc.exec); the description itself is built only for a deny or a trace.
+    """
+
+    kind: str
     res: object
     url: ParsedUrl | None = None
     size: int | None = None
-    desc: str = ""
+    label: str = ""
+
+    def describe(self) -> str:
+        """The public text of the resource (a URL's query is left out: it often carries
+        tokens)."""
+        if self.url is not None:
+            u = self.url
+            return quote(f"{self.label} {u.scheme}://{u.netloc}{u.path}")
+        if self.kind == "proc.exec":
+            return quote(self.label)
+        if self.kind == "tmp.alloc":
+            return f"{self.size} bytes"
+        return f"`{self.label}`"
+
+
+_OPEN = frozenset({"open"})
+_OPEN_EXTRACT = frozenset({"open", "extract"})
+_SCREENSHOT = frozenset({"screenshot"})
 
 
 def resolve_other(kind: str, op: Any) -> Resolved:
@@ -90,34 +113,51 @@ def resolve_other(kind: str, op: Any) -> Resolved:
                                     f"invalid http method {quote(op.method)}")
         url = parse_url(op.url)
         size = decoded_size(op.body_b64, "body")
-        return Resolved((url, method), url, size, _url_desc(url, method))
+        return Resolved(kind, (url, method), url, size, method)
     if kind == "browser.nav":
         url = parse_url(op.url)
-        needed = frozenset({"open", "extract"} if op.extract != "none" else {"open"})
-        return Resolved((url, needed), url, None, _url_desc(url, "open"))
+        return Resolved(kind, (url, _OPEN_EXTRACT if op.extract != "none" else _OPEN), url,
+                        None, "open")
     if kind == "browser.screenshot":
         shot_url = parse_url(op.url) if op.url else None
-        desc = _url_desc(shot_url, "screenshot") if shot_url else "`screenshot`"
-        return Resolved((shot_url, frozenset({"screenshot"})), shot_url, None, desc)
+        return Resolved(kind, (shot_url, _SCREENSHOT), shot_url, None, "screenshot")
     if kind == "proc.exec":
         check_argv_shape(op.tool, op.args)
-        return Resolved((op.tool, tuple(op.args)), None, None, quote(op.tool))
+        return Resolved(kind, (op.tool, tuple(op.args)), None, None, op.tool)
     if kind == "tmp.alloc":
-        return Resolved(op.size_bytes, None, op.size_bytes, f"{op.size_bytes} bytes")
+        return Resolved(kind, op.size_bytes, None, op.size_bytes)
     raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                             f"operation kind {quote(kind)} does not map to a capability")
-
-
-def _url_desc(url: ParsedUrl, action: str) -> str:
-    # the query is left out of public reasons: it often carries tokens
-    return quote(f"{action} {url.scheme}://{url.netloc}{url.path}")
 
 
 def build_context(
     cp: CompiledProfile, op: Any, kind: str, path: str | None, rv: Resolved | None,
     now_ms: int, extra: Mapping[str, object] | None,
 ) -> dict[str, object]:
-    """The CEL activation: caller's variables, then ``request``, ``profile`` and ``now``."""
+    """The CEL context, only the variables the profile's conditions read (``cp.needs``).
+
+    The caller's ``grant``, ``manifest``, ``tenant`` and ``subject`` win over the per-profile
+    views; ``request``, ``profile`` and ``now`` are always the guard's. Every value is plain
+    (JSON-like, ``now`` a ``datetime``), as ``CelCondition.evaluate_plain`` reads it.
+    """
+    needs = cp.needs
+    ctx: dict[str, object] = {}
+    if extra:
+        for key, value in extra.items():
+            if needs is None or key in needs:
+                ctx[key] = to_cel_value(value)
+    views = cp.views
+    for key in STATIC_VIEWS:
+        if (needs is None or key in needs) and (key == "profile" or key not in ctx):
+            ctx[key] = views[key]
+    if needs is None or "request" in needs:
+        ctx["request"] = _request(op, kind, path, rv)
+    if needs is None or "now" in needs:
+        ctx["now"] = _dt.datetime.fromtimestamp(now_ms / 1000, tz=_dt.UTC)
+    return ctx
+
+
+def _request(op: Any, kind: str, path: str | None, rv: Resolved | None) -> dict[str, object]:
     request: dict[str, object] = op.model_dump(mode="json")
     request["kind"] = kind
     if path is not None:
@@ -137,8 +177,4 @@ def build_context(
             request["args"] = list(op.args)
         if kind == "tmp.alloc":
             request["size"] = op.size_bytes
-    ctx: dict[str, object] = dict(extra or {})
-    ctx["request"] = request
-    ctx["profile"] = dict(cp.profile_ctx)
-    ctx["now"] = _dt.datetime.fromtimestamp(now_ms / 1000, tz=_dt.UTC)
-    return ctx
+    return request

@@ -10,9 +10,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from policy_engine.errors import ErrorCode
-from policy_engine.graph import ConsentRule
 from policy_engine.guard.argv import describe_mismatch
-from policy_engine.guard.compiled import CompiledCap, CompiledProfile, EffLimits
+from policy_engine.guard.compiled import CompiledCap, CompiledProfile, EffLimits, GuardCondition
 from policy_engine.guard.matchers import ProcMatcher
 from policy_engine.guard.paths import quote
 from policy_engine.guard.resolve import Resolved, decoded_size
@@ -91,18 +90,19 @@ def limit_violation(kind: str, op: Any, lim: EffLimits, rv: Resolved | None,
 
 
 def consent_needed(
-    cp: CompiledProfile, rules: tuple[ConsentRule, ...],
+    cp: CompiledProfile, rules: tuple[GuardCondition, ...],
     ctx: Callable[[], Mapping[str, object]], now: int, tr: Tracer | None,
 ) -> str | None:
     """Why consent blocks the call (``None`` if it does not): required and absent or stale.
+
+    :param rules: the conditions of the policy's conditional consent rules.
 
     A consent rule whose condition errors counts as requiring consent (fail closed).
     """
     required = cp.consent_required
     if not required:
         for rule in rules:
-            assert rule.condition is not None  # INVARIANT: the guard passes only CEL rules
-            val, err = rule.condition.evaluate(ctx())
+            val, err = rule.run(ctx())
             if err is not None or val:
                 required = True
                 break

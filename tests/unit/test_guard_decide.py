@@ -488,3 +488,65 @@ def test_profile_compiled_once_per_hash() -> None:
     unhashed = read_profile()
     assert guard.compiled(unhashed) is guard.compiled(unhashed)
     assert guard.compiled(read_profile()) is not guard.compiled(unhashed)
+
+
+def test_fast_deny_equals_the_validated_model() -> None:
+    for trace in (False, True):
+        d = decide(read_profile(profile_hash="h"), FsReadOp(path="/etc/passwd"), trace=trace)
+        v = Decision.model_validate(d.model_dump())
+        assert type(d) is Decision
+        assert d == v
+        assert d.model_dump_json() == v.model_dump_json()
+        assert d.model_fields_set == v.model_fields_set
+        assert d.__pydantic_extra__ is None
+        assert d.__pydantic_private__ is None
+        with pytest.raises(Exception, match="frozen"):
+            d.reason = "changed"  # type: ignore[misc]
+        assert d.model_copy(update={"reason": "x"}).reason == "x"
+        assert d.reason.startswith("capability not granted")
+
+
+# --- CEL views without a caller context ---------------------------------------------------------
+
+def _grant_policy_guard(tmp_path: Path, condition: str) -> tuple[Guard, Any]:
+    from policy_engine.compiler import compile_files
+    from policy_engine.model import FsCapability, Grant, Manifest
+    from policy_engine.profile import ProfileBuilder
+
+    src = tmp_path / "p.sbpolicy"
+    src.write_text('policy "acme/agents" version "1.0.0"\n\n'
+                   'permit "agents-read" fs.read paths ["/workspace/**"]\n'
+                   f"  when `{condition}`\n", encoding="utf-8")
+    ps = compile_files([src], home="/home/agent")
+    cap = FsCapability(kind="fs.read", paths=("/workspace/**",))
+    manifest = Manifest(name="reader", version="2.0.0", permissions=(cap,))
+    builder = ProfileBuilder(ps)
+
+    def profile(subject: str) -> Any:
+        return builder.build(Grant(tenant="acme", subject_id=subject, tool_name="reader",
+                                   call_id="c-1", capabilities=(cap,), expires_at=NOW + 60_000),
+                             manifest)
+
+    return Guard(ps), profile
+
+
+def test_grant_is_visible_to_cel_without_a_context(tmp_path: Path) -> None:
+    guard, profile = _grant_policy_guard(tmp_path, 'grant.subject_id.startsWith("agent:")')
+    op = FsReadOp(path="/workspace/a.txt")
+    assert decide(profile("agent:x"), op, guard).allowed
+    d = decide(profile("user:y"), op, guard)
+    assert (d.code, d.reason) == (PERM, "the condition of rule `agents-read` is false")
+    assert d.rule is not None
+    assert d.rule.id == "agents-read"
+    # the caller's own grant still wins over the profile's view
+    assert not decide(profile("agent:x"), op, guard,
+                      context={"grant": {"subject_id": "user:z"}}).allowed
+
+
+def test_manifest_tenant_and_subject_views(tmp_path: Path) -> None:
+    guard, profile = _grant_policy_guard(
+        tmp_path, 'manifest.name == "reader" && manifest.version == "2.0.0" && '
+                  'tenant.id == "acme" && subject.id == grant.subject_id && '
+                  'grant.capabilities[0].kind == "fs.read" && grant.consent == null && '
+                  'size(manifest.permissions) == 1')
+    assert decide(profile("agent:x"), FsReadOp(path="/workspace/a.txt"), guard).allowed

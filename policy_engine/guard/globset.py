@@ -1,0 +1,94 @@
+"""A set of path globs compiled to string tests: exact paths, subtrees, anywhere-names, regex rest.
+
+``patterns.paths.glob_regex`` gives one backtracking regex per glob; a forbid list holding the
+secret globs of the built-in rule, the policy's rule and the profile's deny-list joined them into
+one long alternation costing microseconds on every fs decision. Most globs are one of three
+literal shapes that a string method answers exactly on a *normalized* path (absolute, no empty,
+``.`` or ``..`` segment, no trailing ``/``; ``guard.paths.normalize_path``):
+
+* a wildcard-free glob ``/etc/shadow``: the path equals it (a set lookup);
+* ``P/**`` with ``P`` wildcard-free: the path is ``P`` or starts with ``P + "/"``
+  (``str.startswith`` with a tuple); ``/**`` alone admits every path;
+* ``/**/T`` (``**/T`` expanded) with ``T`` wildcard-free segments: the path ends with ``"/" + T``
+  (``str.endswith`` with a tuple). ``(?:/[^/]+)*`` before ``/T`` admits any run of non-empty
+  segments, and every prefix of a normalized path that ends before a ``/`` is such a run.
+
+Every other glob keeps its regex, deduplicated and joined into one alternation.
+``tests/unit/test_guard_globset.py`` checks the set against the per-glob regexes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+
+from policy_engine.patterns.paths import expand_home, glob_regex, validate_glob
+
+Match = Callable[[str], bool]
+
+
+def _literal(seg: str) -> bool:
+    return "*" not in seg and "?" not in seg
+
+
+class GlobSet:
+    """Globs (``~`` expanded with ``home``) matched on normalized paths.
+
+    :param forbid: how an invalid glob reads: in a forbid it admits everything (a broken deny
+        must never shrink), in a permit nothing.
+    """
+
+    __slots__ = ("everything", "exact", "prefixes", "tails", "regex", "match")
+
+    def __init__(self, patterns: Iterable[str], home: str, *, forbid: bool) -> None:
+        exact: set[str] = set()
+        prefixes: set[str] = set()
+        tails: set[str] = set()
+        bodies: dict[str, None] = {}  # ordered and deduplicated
+        self.everything = False
+        for pat in patterns:
+            if validate_glob(pat) is not None:
+                if forbid:
+                    self.everything = True
+                continue
+            expanded = expand_home(pat, home)
+            segs = [s for s in expanded.split("/") if s]
+            if all(_literal(s) and s != "**" for s in segs):
+                exact.add("/" + "/".join(segs))
+            elif segs[-1] == "**" and all(_literal(s) and s != "**" for s in segs[:-1]):
+                if len(segs) == 1:
+                    self.everything = True
+                else:
+                    prefix = "/" + "/".join(segs[:-1])
+                    exact.add(prefix)
+                    prefixes.add(prefix + "/")
+            elif segs[0] == "**" and len(segs) > 1 and all(
+                    _literal(s) and s != "**" for s in segs[1:]):
+                tails.add("/" + "/".join(segs[1:]))
+            else:
+                bodies[glob_regex(expanded).pattern[1:-1]] = None
+        self.exact = frozenset(exact)
+        self.prefixes = tuple(sorted(prefixes))
+        self.tails = tuple(sorted(tails))
+        self.regex = re.compile("^(?:" + "|".join(bodies) + ")$", re.DOTALL) if bodies else None
+        self.match = self._build()
+
+    def _build(self) -> Match:
+        """The cheapest test for this set: only the parts it holds are consulted."""
+        if self.everything:
+            return _always
+        exact, prefixes, tails = self.exact, self.prefixes, self.tails
+        rx = self.regex.match if self.regex is not None else None
+        if rx is None:
+            if not tails:
+                return lambda p: p in exact or p.startswith(prefixes)
+            return lambda p: p in exact or p.startswith(prefixes) or p.endswith(tails)
+        return lambda p: (p in exact or p.startswith(prefixes) or p.endswith(tails)
+                          or rx(p) is not None)
+
+    def admits(self, path: str) -> bool:
+        return self.match(path)
+
+
+def _always(path: str) -> bool:
+    return True

@@ -33,8 +33,8 @@ class DockerOptions:
     :param mode: ``run-once`` (create, start, wait, remove) or ``pool`` (warm containers).
     :param system_binds: host directories bound read-only at the same path for interpreters
         (the image is a minimal root; ``/usr`` comes from the host).
-    :param restricted_network: ``(args, env)`` provider for ``network restricted``; ``None``
-        refuses that mode.
+    :param restricted_network: offer ``network restricted`` (the host-side policy proxy,
+        ``plugins.executor_docker.network``); ``False`` refuses that mode.
     """
 
     image: str = DEFAULT_IMAGE
@@ -45,7 +45,7 @@ class DockerOptions:
     pool_size: int = 2
     system_binds: tuple[str, ...] = ("/usr",)
     max_artifacts_bytes: int = 50 * 1024 * 1024
-    restricted_network: Any = None
+    restricted_network: bool = True
 
     @staticmethod
     def parse(raw: Mapping[str, Any] | None) -> DockerOptions:
@@ -69,13 +69,16 @@ class DockerOptions:
         if not 0 < timeout <= 120:
             raise ValueError("docker: `client_timeout_s` must be in (0, 120]")
         root = opts.get("workspace_root")
+        restricted = opts.get("restricted_network", True)
+        if not isinstance(restricted, bool):
+            raise ValueError("docker: `restricted_network` must be a boolean")
         return DockerOptions(
             image=str(opts.get("image", DEFAULT_IMAGE)),
             base_url=str(opts.get("base_url", "unix:///var/run/docker.sock")),
             client_timeout_s=timeout, workspace_root=str(root) if root else None, mode=mode,
             pool_size=opts.get("pool_size", 2), system_binds=binds,
             max_artifacts_bytes=opts.get("max_artifacts_bytes", 50 * 1024 * 1024),
-            restricted_network=opts.get("restricted_network"),
+            restricted_network=restricted,
         )
 
 
@@ -112,16 +115,15 @@ def _limit(profile: Profile, name: str) -> Any:
 
 
 def hardening(profile: Profile, options: DockerOptions) -> Hardening:
-    """Flags from the profile; ``restricted`` needs the netproxy component, ``on`` is refused."""
-    if profile.network is NetworkMode.RESTRICTED and options.restricted_network is None:
+    """Flags from the profile. The container never has a network interface: ``restricted`` is
+    served by the host-side proxy through a bridge (``network.py``); ``on`` is refused."""
+    if profile.network is NetworkMode.RESTRICTED and not options.restricted_network:
         raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                "restricted network not available for docker")
+                                "restricted network is turned off for docker "
+                                "(`restricted_network = false`)")
     if profile.network is NetworkMode.ON:
         raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                 "network `on` is not offered by the docker executor")
-    if profile.network is NetworkMode.RESTRICTED:  # pragma: no cover - needs netproxy
-        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                "restricted network not available for docker")
     return Hardening(
         network_mode="none", pids_limit=int(_limit(profile, "pids")),
         mem_limit=int(_limit(profile, "memory_bytes")),

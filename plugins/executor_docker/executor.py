@@ -3,6 +3,9 @@
 Every call gets ``projects/<project_id>/artifacts/<exec_id>`` with ``stdout.txt``,
 ``stderr.txt``, ``manifest.json`` and ``meta.json`` (policy snapshot, exit code, mounts, image,
 timings), written even when the call times out or its artifacts are over the limit.
+
+Network ``off`` is ``--network=none``; ``restricted`` keeps that and adds the host-side policy
+proxy through an in-container bridge (``network.py``), in both modes; ``on`` is refused.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 import docker
 
-from plugins.executor_docker import engine, transfer
+from plugins.executor_docker import engine, network, transfer
 from plugins.executor_docker.engine import DockerOptions, Hardening
 from plugins.executor_docker.pool import WarmPool
 from plugins.executor_docker.runner import Outcome, bind_mounts, exec_in, run_once, run_quiet
@@ -25,6 +28,7 @@ from plugins.executor_docker.workspace import (
     prepare,
     write_record,
 )
+from plugins.netproxy import SANDBOX_DIR, RestrictedHandle
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, ExecutorCapabilities
 from policy_engine.model import (
@@ -78,7 +82,8 @@ class DockerExecutor:
 
     name = "docker"
     capabilities = ExecutorCapabilities(
-        op_kinds=frozenset({OpKind.PROC_EXEC}), network_modes=frozenset({NetworkMode.OFF}),
+        op_kinds=frozenset({OpKind.PROC_EXEC}),
+        network_modes=frozenset({NetworkMode.OFF, NetworkMode.RESTRICTED}),
         bind_mounts=True, readonly_rootfs=False, resource_limits=True, env_filtering=True,
         streaming_output=True,
     )
@@ -163,21 +168,23 @@ class DockerExecutor:
         limits = (_limit(profile, "max_stdout_bytes"), _limit(profile, "max_stderr_bytes"))
         art_limit = self.options.max_artifacts_bytes
         removed: list[str] = []
+        proxied: dict[str, int] | None = None
+        if network.needs_proxy(ctx):
+            network.check_bridge_binds(self.options.system_binds)
         try:
             if self.options.mode == "pool":
-                out, mounts, removed = self._pooled(ctx, ws, hard, argv, env, cwd, limits,
-                                                    deadline)
+                out, mounts, removed, proxied = self._pooled(ctx, ws, hard, argv, env, cwd,
+                                                             limits, deadline)
             else:
-                mounts = bind_mounts(self.options.system_binds, ws.mounts())
-                out = run_once(client, streams, self.options.image, argv, env, cwd, hard,
-                               mounts, limits, deadline)
-                mounts = [{"source": m["Source"], "target": m["Target"],
-                           "read_only": m["ReadOnly"]} for m in mounts]
+                out, mounts, proxied = self._run_once(ctx, ws, hard, argv, env, cwd, limits,
+                                                      deadline)
         except Exception as exc:  # noqa: BLE001 -- every failure leaves with a registry code
             raise engine.map_error(exc) from None
         manifest, over = collect_artifacts(ws, art_limit)
         removed += over
         meta = self._meta(profile, hard, ws, out, argv, cwd, env, mounts, removed)
+        if proxied is not None:
+            meta["network_proxy"] = proxied
         write_record(ws, out.stdout.kept(), out.stderr.kept(), manifest, meta)
         audit = {"exec_id": ws.exec_id, "artifacts_dir": str(ws.artifacts)}
         ctx.record_side_effect(SideEffectRec(kind=SideEffect.PROCESS, meta={
@@ -204,16 +211,48 @@ class DockerExecutor:
             "duration_ms": out.duration_ms, "mode": self.options.mode,
         }, used=used)
 
+    def _run_once(self, ctx: ExecContext, ws: ExecWorkspace, hard: Hardening, argv: list[str],
+                  env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float
+                  ) -> tuple[Outcome, list[dict[str, Any]], dict[str, int] | None]:
+        client, streams = self.client()
+        mounts = bind_mounts(self.options.system_binds, ws.mounts())
+        net: RestrictedHandle | None = None
+        if network.needs_proxy(ctx):
+            net = network.start_proxy(ctx, deadline)
+            mounts.append(network.runtime_mount(net))
+            env, argv = {**env, **net.env()}, net.wrap_argv(argv)
+        proxied: dict[str, int] | None = None
+        try:
+            out = run_once(client, streams, self.options.image, argv, env, cwd, hard, mounts,
+                           limits, deadline)
+        finally:
+            if net is not None:
+                proxied = network.record_effects(ctx, net)
+                net.close()
+        shown = [{"source": m["Source"], "target": m["Target"], "read_only": m["ReadOnly"]}
+                 for m in mounts]
+        return out, shown, proxied
+
     def _pooled(self, ctx: ExecContext, ws: ExecWorkspace, hard: Hardening, argv: list[str],
                 env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float
-                ) -> tuple[Outcome, list[dict[str, Any]], list[str]]:
+                ) -> tuple[Outcome, list[dict[str, Any]], list[str], dict[str, int] | None]:
         pool = self.pool()
         client, streams = self.client()
         slot = pool.acquire(session_key(ctx.profile), max(0.0, deadline - time.monotonic()))
         pool.update_limits(slot, hard)
         if not slot.dirty_inputs:
             slot.dirty_inputs = transfer.put_inputs(client, slot.container_id, ws.inputs)
-        out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits, deadline)
+        net: RestrictedHandle | None = None
+        if network.needs_proxy(ctx):
+            net = network.start_proxy(ctx, deadline, slot_dir=slot.net_dir, pooled=True)
+            env, argv = {**env, **net.env()}, net.wrap_argv(argv)
+        proxied: dict[str, int] | None = None
+        try:
+            out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits, deadline)
+        finally:
+            if net is not None:
+                proxied = network.record_effects(ctx, net)
+                net.close()
         removed: list[str] = []
         if transfer.artifacts_changed(client, slot.container_id):
             removed = transfer.fetch_artifacts(client, slot.container_id, ws.artifacts,
@@ -225,7 +264,10 @@ class DockerExecutor:
         mounts.append({"container": slot.container_id[:12], "inputs": "copied in, read-only",
                        "work": "container-local for the session",
                        "artifacts": "copied out to the per-exec directory"})
-        return out, mounts, removed
+        if net is not None:
+            mounts.append({"source": slot.net_dir, "target": SANDBOX_DIR,
+                           "read_only": True})
+        return out, mounts, removed, proxied
 
     def _meta(self, profile: Profile, hard: Hardening, ws: ExecWorkspace, out: Outcome,
               argv: list[str], cwd: str, env: dict[str, str], mounts: list[dict[str, Any]],

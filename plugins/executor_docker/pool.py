@@ -5,15 +5,22 @@ there, so two sessions can never take the same container); slow work (limit upda
 inputs, resets, replacements) happens outside the lock on a slot nobody else can claim. On
 release the slot is reset (every sandbox process killed, work, artifacts and /tmp wiped, checked
 empty); a slot whose reset or health check fails is removed and replaced by a fresh container.
+
+Each container is created with its own empty host directory mounted read-only at the netproxy's
+``SANDBOX_DIR``: a restricted-network call starts its proxy in there (mounts cannot be added to a
+running container). The container itself never has a network (``--network=none``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -21,6 +28,7 @@ import requests.exceptions
 
 from plugins.executor_docker.engine import Hardening, map_error
 from plugins.executor_docker.runner import run_quiet
+from plugins.netproxy import SANDBOX_DIR
 from policy_engine.errors import ErrorCode, PolicyEngineError
 
 RESET_SCRIPT = (
@@ -45,6 +53,7 @@ class Slot:
 
     container_id: str
     hard: Hardening
+    net_dir: str = ""
     state: SlotState = SlotState.IDLE
     session: str | None = None
     dirty_inputs: bool = False
@@ -70,23 +79,31 @@ class WarmPool:
         self._slots: list[Slot] = []
         self._by_session: dict[str, Slot] = {}
         self._closed = False
+        self._net_root = Path(tempfile.mkdtemp(prefix="pe-pool-net-"))
+        self._net_root.chmod(0o755)
 
     def start(self) -> None:
         """Create and start the idle containers."""
         for _ in range(self.size):
-            slot = Slot(self._create(), self.hard)
+            slot = self._create(self.hard)
             with self._cond:
                 self._slots.append(slot)
                 self._cond.notify_all()
 
-    def _create(self) -> str:
+    def _create(self, hard: Hardening, state: SlotState = SlotState.IDLE,
+                session: str | None = None) -> Slot:
+        net_dir = Path(tempfile.mkdtemp(prefix="slot-", dir=self._net_root))
+        net_dir.chmod(0o755)  # INVARIANT: only proxy runtime directories are made in here
+        mounts = [*self.mounts, docker.types.Mount(target=SANDBOX_DIR, source=str(net_dir),
+                                                   type="bind", read_only=True)]
         try:
             container = self.client.containers.run(
-                self.image, ["/usr/bin/sleep", "infinity"], detach=True, mounts=self.mounts,
+                self.image, ["/usr/bin/sleep", "infinity"], detach=True, mounts=mounts,
                 labels={POOL_LABEL: self.pool_id}, **self.hard.create_kwargs())
         except Exception as exc:  # noqa: BLE001 -- every SDK failure gets a registry code
+            shutil.rmtree(net_dir, ignore_errors=True)
             raise map_error(exc) from None
-        return str(container.id)
+        return Slot(str(container.id), hard, str(net_dir), state=state, session=session)
 
     def states(self) -> dict[str, str]:
         with self._cond:
@@ -168,10 +185,10 @@ class WarmPool:
         return True
 
     def _replace(self, slot: Slot, keep_session: bool) -> Slot:
-        self._remove(slot.container_id)
-        fresh = Slot(self._create(), self.hard,
-                     state=slot.state if keep_session else SlotState.RESETTING,
-                     session=slot.session if keep_session else None)
+        self._remove(slot)
+        fresh = self._create(self.hard,
+                             state=slot.state if keep_session else SlotState.RESETTING,
+                             session=slot.session if keep_session else None)
         with self._cond:
             self._slots[self._slots.index(slot)] = fresh
             if keep_session and fresh.session is not None:
@@ -179,11 +196,13 @@ class WarmPool:
         self.replaced += 1
         return fresh
 
-    def _remove(self, container_id: str) -> None:
+    def _remove(self, slot: Slot) -> None:
         # gone already, or the engine is down: the pool label lets a janitor find it later
         with contextlib.suppress(docker.errors.DockerException,
                                  requests.exceptions.RequestException):
-            self.client.api.remove_container(container_id, force=True)
+            self.client.api.remove_container(slot.container_id, force=True)
+        if slot.net_dir:
+            shutil.rmtree(slot.net_dir, ignore_errors=True)
 
     def close(self) -> None:
         """Remove every container of the pool."""
@@ -193,4 +212,5 @@ class WarmPool:
             self._by_session.clear()
             self._cond.notify_all()
         for s in slots:
-            self._remove(s.container_id)
+            self._remove(s)
+        shutil.rmtree(self._net_root, ignore_errors=True)

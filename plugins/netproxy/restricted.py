@@ -159,6 +159,12 @@ class RestrictedNetwork:
     :param deadline: ``time.monotonic()`` value after which transfers are cut (default 1 h).
     :param port: the bridge's port inside the namespace.
     :param python: the interpreter that runs the bridge inside the sandbox.
+    :param sandbox_dir: where the runtime directory appears inside the sandbox.
+    :param runtime_parent: host directory the runtime directory is created in (default the
+        system temp directory).
+    :param parent_mounted: ``runtime_parent`` is already mounted at ``sandbox_dir`` (a warm
+        container, whose mounts are fixed at creation): the runtime directory then appears at
+        ``sandbox_dir/<its name>`` and the handle's paths say so.
     """
 
     def __init__(
@@ -166,7 +172,10 @@ class RestrictedNetwork:
         resolver: Resolver = system_resolver, verify: ssl.SSLContext | bool = True,
         deadline: float | None = None, port: int = DEFAULT_PORT, python: str | None = None,
         sandbox_dir: str = SANDBOX_DIR, runtime_parent: str | None = None,
+        parent_mounted: bool = False,
     ) -> None:
+        if parent_mounted and runtime_parent is None:
+            raise ValueError("parent_mounted needs runtime_parent")
         self.profile = profile
         self.guard: Decider = guard if guard is not None else Guard()
         self.resolver = resolver
@@ -176,6 +185,7 @@ class RestrictedNetwork:
         self.python = python or default_python()
         self.sandbox_dir = sandbox_dir
         self.runtime_parent = runtime_parent
+        self.parent_mounted = parent_mounted
 
     def start(self) -> RestrictedHandle:
         """Create the runtime directory, copy the bridge, listen on the socket, serve."""
@@ -200,5 +210,6 @@ class RestrictedNetwork:
             shutil.rmtree(runtime, ignore_errors=True)
             raise
         thread = serve_in_thread(server)
+        inside = f"{self.sandbox_dir}/{runtime.name}" if self.parent_mounted else self.sandbox_dir
         return RestrictedHandle(runtime, server, thread, effects, lock, self.port, self.python,
-                                self.sandbox_dir)
+                                inside)

@@ -191,12 +191,23 @@ def test_refusals_before_anything_runs(docker_ex: DockerExecutor, tmp_path: Path
     with pytest.raises(PolicyEngineError) as exc:
         docker_ex.execute(ctx_for(tmp_path), py("print(1)", cwd="../../etc"))
     assert exc.value.code is ErrorCode.CAPABILITY_BLOCKED
+    on = ExecContext(profile=make_profile(tmp_path, NetworkMode.ON),
+                     deadline=time.monotonic() + 30)
+    with pytest.raises(PolicyEngineError) as exc:
+        docker_ex.execute(on, py("print(1)"))
+    assert exc.value.code is ErrorCode.CAPABILITY_BLOCKED
+    assert exc.value.reason == "network `on` is not offered by the docker executor"
+    # restricted is served by the proxy (test_docker_network.py) but needs the bridge's python
+    no_usr = DockerExecutor(DockerOptions(system_binds=("/opt",), workspace_root=str(tmp_path)))
     restricted = ExecContext(profile=make_profile(tmp_path, NetworkMode.RESTRICTED),
                              deadline=time.monotonic() + 30)
-    with pytest.raises(PolicyEngineError) as exc:
-        docker_ex.execute(restricted, py("print(1)"))
+    try:
+        with pytest.raises(PolicyEngineError) as exc:
+            no_usr.execute(restricted, py("print(1)"))
+    finally:
+        no_usr.close()
     assert exc.value.code is ErrorCode.CAPABILITY_BLOCKED
-    assert exc.value.reason == "restricted network not available for docker"
+    assert "/usr/bin/python3" in exc.value.reason
 
 
 def test_mount_sources_are_only_the_three_template_paths(tmp_path: Path) -> None:

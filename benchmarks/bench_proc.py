@@ -2,11 +2,13 @@
 
 Usage::
 
-    python benchmarks/bench_proc.py           # full run (~2 min); updates docs/benchmarks.md
+    python benchmarks/bench_proc.py           # full run (~15 s); updates docs/benchmarks.md
     python benchmarks/bench_proc.py --quick   # < 60 s sanity run; prints the table only
 
 Every row runs the same command (``true`` by default) in one process, interleaved round by round
-so a load shift hits every row alike. "bare bwrap" is the exact bwrap command line the executor
+so a load shift hits every row alike, with an untimed pause (``--gap-ms``, 20 ms) before each call
+so one row's background work (refilling its held launchers) does not land on the next row.
+"bare bwrap" is the exact bwrap command line the executor
 builds for that call (binds, masks, ``--unshare-all``, ``--die-with-parent``…), run directly with
 ``subprocess.run``; the executor and orchestrator rows add, on top of it, whatever the default
 configuration adds (native launcher with Landlock + seccomp, per-exec cgroups, evidence, budget).
@@ -146,7 +148,8 @@ def build_rows(tmp: Path, argv: list[str], *, breakdown: bool) -> tuple[list[Row
     return rows, orch
 
 
-def measure(rows: list[Row], iterations: int, warmup: int) -> dict[str, list[float]]:
+def measure(rows: list[Row], iterations: int, warmup: int,
+            gap_s: float) -> dict[str, list[float]]:
     for row in rows:
         for _ in range(warmup):
             row.run()
@@ -154,6 +157,7 @@ def measure(rows: list[Row], iterations: int, warmup: int) -> dict[str, list[flo
     gc.collect()
     for _ in range(iterations):  # interleaved: one sample of every row per round
         for row in rows:
+            time.sleep(gap_s)  # untimed: the previous row's background work settles first
             t0 = time.perf_counter()
             row.run()
             samples[row.name].append((time.perf_counter() - t0) * 1000)
@@ -165,9 +169,10 @@ def p90(xs: list[float]) -> float:
 
 
 def render(rows: list[Row], samples: dict[str, list[float]], argv: list[str],
-           iterations: int) -> tuple[str, bool]:
+           iterations: int, gap_ms: float) -> tuple[str, bool]:
     base = statistics.median(samples["bare bwrap"])
-    lines = [f"`{' '.join(argv)}`, {iterations} interleaved iterations per row after warm-up; "
+    lines = [f"`{' '.join(argv)}`, {iterations} interleaved iterations per row after warm-up, "
+             f"{gap_ms:g} ms untimed pause before each call; "
              f"{platform.machine()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
              f"Python {platform.python_version()}, load average "
              f"{os.getloadavg()[0]:.2f}, {dt.date.today().isoformat()}.", "",
@@ -186,21 +191,20 @@ def render(rows: list[Row], samples: dict[str, list[float]], argv: list[str],
 
 
 def update_docs(table: str) -> None:
+    """Replace the table between the markers of our section; append the section if absent.
+    Other sections, and the prose around our table, belong to people and are left alone.
+    """
+    begin, end = "<!-- bench_proc:begin -->", "<!-- bench_proc:end -->"
     text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    body = (f"{SECTION}\n\nReproduce with `python benchmarks/bench_proc.py` "
-            "(`--quick` for a sanity run). Generated; edit the script, not this table.\n\n"
-            f"<!-- bench_proc:begin -->\n{table}\n<!-- bench_proc:end -->\n")
-    start = text.find("<!-- bench_proc:begin -->")
-    end = text.find("<!-- bench_proc:end -->")
-    if start >= 0 and end > start:
-        text = text[:start] + body.split("<!-- bench_proc:begin -->\n", 1)[1].split(
-            "<!-- bench_proc:end -->", 1)[0].join(
-            ("<!-- bench_proc:begin -->\n", "")) + text[end:]
+    i, j = text.find(begin), text.find(end)
+    if i >= 0 and j > i:
+        text = text[:i + len(begin)] + "\n" + table + "\n" + text[j:]
     elif SECTION in text:
-        raise SystemExit(f"bench_proc: {DOCS} has the section but no table markers; "
-                         "add them by hand")
+        raise SystemExit(f"bench_proc: {DOCS} has the section but no table markers")
     else:
-        text = text.rstrip("\n") + "\n\n" + body
+        text = (text.rstrip("\n") + f"\n\n{SECTION}\n\nReproduce with "
+                "`python benchmarks/bench_proc.py` (`--quick` for a sanity run).\n\n"
+                f"{begin}\n{table}\n{end}\n")
     DOCS.write_text(text)
 
 
@@ -210,20 +214,23 @@ def main(args: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--no-breakdown", action="store_true", help="only the four main rows")
     ap.add_argument("--no-docs", action="store_true", help="print only")
+    ap.add_argument("--gap-ms", type=float, default=20.0,
+                    help="untimed pause before each call (0: back to back)")
     ap.add_argument("argv", nargs="*", default=["true"], help="command (default: true)")
     ns = ap.parse_args(args)
-    iterations = ns.iterations or (20 if ns.quick else 60)
+    iterations = ns.iterations or (40 if ns.quick else 300)
     with tempfile.TemporaryDirectory(prefix="pe-bench-proc-") as tmp:
         rows, orch = build_rows(Path(tmp), list(ns.argv), breakdown=not ns.no_breakdown)
         try:
-            samples = measure(rows, iterations, warmup=3 if ns.quick else 10)
+            samples = measure(rows, iterations, warmup=3 if ns.quick else 10,
+                              gap_s=ns.gap_ms / 1000)
         finally:
             orch.close()
             for row in rows:
                 closer: Any = getattr(row.run, "close", None)
                 if callable(closer):
                     closer()
-    table, met = render(rows, samples, list(ns.argv), iterations)
+    table, met = render(rows, samples, list(ns.argv), iterations, ns.gap_ms)
     print(table)
     if not ns.quick and not ns.no_docs:
         update_docs(table)

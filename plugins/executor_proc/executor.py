@@ -111,7 +111,12 @@ class ProcOptions:
 class ProcExecutor:
     """Runs a ProcExecOp (argv, never a shell). ``backend`` picks bubblewrap (namespaces, binds,
     masks; Landlock + seccomp inside as a second layer) or Landlock + seccomp alone.
+
+    ``enforces_deadline``: the wait kills the process group at ``ctx.deadline`` or on
+    ``ctx.cancel`` and raises ``LLM.TIMEOUT`` itself, so the orchestrator may call it inline.
     """
+
+    enforces_deadline = True
 
     def __init__(self, backend: Backend, options: ProcOptions | None = None, *,
                  network_hook: NetworkHook | None = None,
@@ -144,6 +149,9 @@ class ProcExecutor:
         self._held: prespawn.LauncherPool | None = None
         if self.options.cgroups:
             cgroups.sweep_stale()
+        if self.usable and self.options.launcher == "native":
+            with contextlib.suppress(PolicyEngineError):  # refused per call, with the reason
+                self._launcher()  # build (first run on this machine) before any deadline runs
 
     def available(self) -> bool | str:
         """The executor SPI's probe: ``True``, or the reason this backend cannot run here."""
@@ -310,6 +318,8 @@ class ProcExecutor:
             cg_cpu = cg.cpu_ms() if cg else None
             if cg and self._pool is not None:
                 self._pool.release(cg)
+            if self._held is not None:
+                self._held.refill()
         if cg_cpu is not None:
             outcome.rusage_cpu_ms = max(outcome.rusage_cpu_ms, cg_cpu)
         return self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,

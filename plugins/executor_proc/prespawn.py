@@ -100,6 +100,7 @@ class LauncherPool:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._wanted = True
 
     def _group(self, limits: tuple[int, int, float] | None) -> cgroups.ExecCgroup | None:
         if self.cgroup_pool is None or limits is None:
@@ -120,7 +121,8 @@ class LauncherPool:
                                                 name="policy-engine-prespawn")
                 self._thread.start()
                 _POOLS.add(self)
-            self._cond.notify()
+            # no refill yet: a spawn now would join its cgroup (an RCU grace period during which
+            # every fork waits) just as this call's bwrap forks; ``refill`` runs after the call
         if held is not None and held.proc.poll() is None:
             if held.cg is None:  # cgroups off or unavailable here: rlimits only
                 return held
@@ -133,14 +135,22 @@ class LauncherPool:
             held.discard(self.cgroup_pool)
         return spawn(self.exe, self._group(limits))
 
+    def refill(self) -> None:
+        """Called when a call has finished: top the pool up in the background."""
+        with self._cond:
+            self._wanted = True
+            self._cond.notify()
+
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and len(self._ready) >= self.size:
+                while not self._closed and (len(self._ready) >= self.size or not (
+                        self._wanted or not self._ready)):
                     self._cond.wait()
                 if self._closed:
                     return
                 limits = self._limits
+                self._wanted = len(self._ready) + 1 < self.size
             try:
                 held = spawn(self.exe, self._group(limits))
             except OSError:

@@ -1,0 +1,63 @@
+"""run_with_deadline: self-timed executors run inline, everything else in a watched thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from orchestrator_fixtures import profile
+
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.executor import CancelToken, ExecContext, ExecutorCapabilities
+from policy_engine.model import ExecResult, OpKind, TmpAllocOp
+from policy_engine.orchestration.running import run_with_deadline
+
+
+class Recorder:
+    name = "rec"
+    capabilities = ExecutorCapabilities(op_kinds=frozenset(OpKind))
+
+    def __init__(self, *, self_timed: bool, raise_timeout: bool = False) -> None:
+        self.enforces_deadline = self_timed
+        self.raise_timeout = raise_timeout
+        self.thread: str | None = None
+
+    def execute(self, ctx: ExecContext, op: Any) -> ExecResult:
+        self.thread = threading.current_thread().name
+        if self.raise_timeout:
+            raise PolicyEngineError(ErrorCode.TIMEOUT, "process exceeded its wall-clock timeout")
+        return ExecResult(ok=True, out={"n": 1})
+
+    def close(self) -> None:
+        """Nothing held."""
+
+
+def ctx() -> ExecContext:
+    return ExecContext(profile=profile(), deadline=time.monotonic() + 5)
+
+
+def test_self_timed_executor_runs_inline_without_a_cancel_token() -> None:
+    ex = Recorder(self_timed=True)
+    attempt = run_with_deadline(ex, ctx(), TmpAllocOp(size_bytes=1), None)
+    assert attempt.result is not None
+    assert attempt.result.out == {"n": 1}
+    assert ex.thread == threading.current_thread().name
+
+
+def test_a_cancel_token_or_no_declaration_keeps_the_watched_thread() -> None:
+    for ex, cancel in ((Recorder(self_timed=True), CancelToken()),
+                       (Recorder(self_timed=False), None)):
+        attempt = run_with_deadline(ex, ctx(), TmpAllocOp(size_bytes=1), cancel)
+        assert attempt.result is not None
+        assert ex.thread is not None
+        assert ex.thread.startswith("policy-engine-exec-")
+
+
+def test_inline_timeout_is_classified_like_the_threaded_one() -> None:
+    attempt = run_with_deadline(Recorder(self_timed=True, raise_timeout=True), ctx(),
+                                TmpAllocOp(size_bytes=1), None)
+    assert attempt.error is not None
+    assert attempt.error.code == ErrorCode.TIMEOUT
+    assert attempt.timed_out
+    assert attempt.error_kind == "timeout"

@@ -21,7 +21,8 @@ from policy_engine.model import SYSTEM_DEFAULT_LIMITS, NetworkMode, Profile
 DEFAULT_IMAGE = "policy-engine/sandbox:1"
 SANDBOX_USER = "1000:1000"
 _KEYS = frozenset({"image", "base_url", "client_timeout_s", "workspace_root", "mode",
-                   "pool_size", "system_binds", "max_artifacts_bytes", "restricted_network"})
+                   "pool_size", "system_binds", "max_artifacts_bytes", "restricted_network",
+                   "pool_launcher"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,8 @@ class DockerOptions:
         (the image is a minimal root; ``/usr`` comes from the host).
     :param restricted_network: offer ``network restricted`` (the host-side policy proxy,
         ``plugins.executor_docker.network``); ``False`` refuses that mode.
+    :param pool_launcher: warm containers run the in-container launcher as PID 1 and commands
+        are forked by it (``control.py``); ``False``: ``sleep infinity`` and ``docker exec``.
     """
 
     image: str = DEFAULT_IMAGE
@@ -46,6 +49,7 @@ class DockerOptions:
     system_binds: tuple[str, ...] = ("/usr",)
     max_artifacts_bytes: int = 50 * 1024 * 1024
     restricted_network: bool = True
+    pool_launcher: bool = True
 
     @staticmethod
     def parse(raw: Mapping[str, Any] | None) -> DockerOptions:
@@ -70,15 +74,17 @@ class DockerOptions:
             raise ValueError("docker: `client_timeout_s` must be in (0, 120]")
         root = opts.get("workspace_root")
         restricted = opts.get("restricted_network", True)
-        if not isinstance(restricted, bool):
-            raise ValueError("docker: `restricted_network` must be a boolean")
+        launcher = opts.get("pool_launcher", True)
+        for key, val in (("restricted_network", restricted), ("pool_launcher", launcher)):
+            if not isinstance(val, bool):
+                raise ValueError(f"docker: `{key}` must be a boolean")
         return DockerOptions(
             image=str(opts.get("image", DEFAULT_IMAGE)),
             base_url=str(opts.get("base_url", "unix:///var/run/docker.sock")),
             client_timeout_s=timeout, workspace_root=str(root) if root else None, mode=mode,
             pool_size=opts.get("pool_size", 2), system_binds=binds,
             max_artifacts_bytes=opts.get("max_artifacts_bytes", 50 * 1024 * 1024),
-            restricted_network=restricted,
+            restricted_network=restricted, pool_launcher=launcher,
         )
 
 

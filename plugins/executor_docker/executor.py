@@ -121,8 +121,11 @@ class DockerExecutor:
                     network_mode="none", pids_limit=int(SYSTEM_DEFAULT_LIMITS.pids or 256),
                     mem_limit=int(SYSTEM_DEFAULT_LIMITS.memory_bytes or 1 << 30),
                     nano_cpus=int((SYSTEM_DEFAULT_LIMITS.cpu_cores or 1.0) * 1e9))
+                launcher = self.options.pool_launcher and network.python_bound(
+                    self.options.system_binds)
                 pool = WarmPool(client, self.options.image, self.options.pool_size, hard,
-                                bind_mounts(self.options.system_binds, []), pool_id=str(id(self)))
+                                bind_mounts(self.options.system_binds, []), pool_id=str(id(self)),
+                                launcher=launcher)
                 try:
                     pool.start()
                 except BaseException:
@@ -248,13 +251,18 @@ class DockerExecutor:
             env, argv = {**env, **net.env()}, net.wrap_argv(argv)
         proxied: dict[str, int] | None = None
         try:
-            out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits, deadline)
+            if slot.control is not None:
+                out, changed = slot.control.run(argv, env, cwd, limits, deadline)
+            else:
+                out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits,
+                              deadline)
+                changed = transfer.artifacts_changed(client, slot.container_id)
         finally:
             if net is not None:
                 proxied = network.record_effects(ctx, net)
                 net.close()
         removed: list[str] = []
-        if transfer.artifacts_changed(client, slot.container_id):
+        if changed:
             removed = transfer.fetch_artifacts(client, slot.container_id, ws.artifacts,
                                                self.options.max_artifacts_bytes)
             run_quiet(client, slot.container_id,

@@ -35,9 +35,14 @@ def needs_proxy(ctx: ExecContext) -> bool:
     return ctx.profile.network is NetworkMode.RESTRICTED
 
 
+def python_bound(system_binds: Iterable[str]) -> bool:
+    """Whether ``SANDBOX_PYTHON`` exists in the container (a system bind provides it)."""
+    return any(SANDBOX_PYTHON.startswith(b.rstrip("/") + "/") for b in system_binds)
+
+
 def check_bridge_binds(system_binds: Iterable[str]) -> None:
     """The bridge runs ``SANDBOX_PYTHON``: refuse restricted mode when no bind provides it."""
-    if not any(SANDBOX_PYTHON.startswith(b.rstrip("/") + "/") for b in system_binds):
+    if not python_bound(system_binds):
         raise PolicyEngineError(
             ErrorCode.CAPABILITY_BLOCKED,
             f"restricted network needs `{SANDBOX_PYTHON}` in the container: bind `/usr` "

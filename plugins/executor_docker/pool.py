@@ -26,6 +26,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
+from plugins.executor_docker.control import CONTROL_DIR, Control, launcher_argv
 from plugins.executor_docker.engine import Hardening, map_error
 from plugins.executor_docker.runner import run_quiet
 from plugins.netproxy import SANDBOX_DIR
@@ -54,26 +55,31 @@ class Slot:
     container_id: str
     hard: Hardening
     net_dir: str = ""
+    control: Control | None = None
     state: SlotState = SlotState.IDLE
     session: str | None = None
     dirty_inputs: bool = False
 
 
 class WarmPool:
-    """``size`` pre-started containers running ``sleep infinity`` with the pool's hardening.
+    """``size`` pre-started containers with the pool's hardening, idle until a session comes.
 
     :param hard: hardening of the pool's containers; a session asking for other limits gets its
         container updated in place (memory, cpus, pids) and restored on release.
+    :param launcher: run the in-container launcher as PID 1 (``control.py``; commands are forked
+        by it) instead of ``sleep infinity`` (commands are ``docker exec``-ed).
     """
 
     def __init__(self, client: docker.DockerClient, image: str, size: int, hard: Hardening,
-                 system_mounts: list[docker.types.Mount], pool_id: str) -> None:
+                 system_mounts: list[docker.types.Mount], pool_id: str,
+                 launcher: bool = True) -> None:
         self.client = client
         self.image = image
         self.size = size
         self.hard = hard
         self.mounts = system_mounts
         self.pool_id = pool_id
+        self.launcher = launcher
         self.replaced = 0
         self._cond = threading.Condition()
         self._slots: list[Slot] = []
@@ -94,16 +100,36 @@ class WarmPool:
                 session: str | None = None) -> Slot:
         net_dir = Path(tempfile.mkdtemp(prefix="slot-", dir=self._net_root))
         net_dir.chmod(0o755)  # INVARIANT: only proxy runtime directories are made in here
-        mounts = [*self.mounts, docker.types.Mount(target=SANDBOX_DIR, source=str(net_dir),
+        (net_dir / "net").mkdir(mode=0o755)
+        mounts = [*self.mounts, docker.types.Mount(target=SANDBOX_DIR, source=str(net_dir / "net"),
                                                    type="bind", read_only=True)]
+        control: Control | None = None
+        command = ["/usr/bin/sleep", "infinity"]
+        container_id: str | None = None
         try:
+            if self.launcher:
+                (net_dir / "ctl").mkdir(mode=0o755)
+                control = Control(net_dir / "ctl")
+                mounts.append(docker.types.Mount(target=CONTROL_DIR, source=str(net_dir / "ctl"),
+                                                 type="bind", read_only=True))
+                command = launcher_argv()
             container = self.client.containers.run(
-                self.image, ["/usr/bin/sleep", "infinity"], detach=True, mounts=mounts,
+                self.image, command, detach=True, mounts=mounts,
                 labels={POOL_LABEL: self.pool_id}, **self.hard.create_kwargs())
-        except Exception as exc:  # noqa: BLE001 -- every SDK failure gets a registry code
+            container_id = str(container.id)
+            if control is not None:
+                control.accept(timeout_s=30)
+        except Exception as exc:  # noqa: BLE001 -- every failure gets a registry code
+            if control is not None:
+                control.close()
+            if container_id is not None:
+                with contextlib.suppress(docker.errors.DockerException,
+                                         requests.exceptions.RequestException):
+                    self.client.api.remove_container(container_id, force=True)
             shutil.rmtree(net_dir, ignore_errors=True)
             raise map_error(exc) from None
-        return Slot(str(container.id), hard, str(net_dir), state=state, session=session)
+        return Slot(container_id, hard, str(net_dir / "net"), control=control, state=state,
+                    session=session)
 
     def states(self) -> dict[str, str]:
         with self._cond:
@@ -168,6 +194,8 @@ class WarmPool:
     # --- health, reset, replacement ----------------------------------------------------------
 
     def _healthy(self, slot: Slot) -> bool:
+        if slot.control is not None and not slot.control.alive:
+            return False
         try:
             info = self.client.api.inspect_container(slot.container_id)
         except (docker.errors.DockerException, requests.exceptions.RequestException):
@@ -201,8 +229,10 @@ class WarmPool:
         with contextlib.suppress(docker.errors.DockerException,
                                  requests.exceptions.RequestException):
             self.client.api.remove_container(slot.container_id, force=True)
+        if slot.control is not None:
+            slot.control.close()
         if slot.net_dir:
-            shutil.rmtree(slot.net_dir, ignore_errors=True)
+            shutil.rmtree(Path(slot.net_dir).parent, ignore_errors=True)
 
     def close(self) -> None:
         """Remove every container of the pool."""

@@ -46,9 +46,10 @@ def run(ex: DockerExecutor, profile: Profile, code: str, **kw: Any) -> dict[str,
     return ex.execute(ctx, ProcExecOp(tool="python3", args=("-c", code), **kw)).out
 
 
-@pytest.fixture
-def pooled(tmp_path: Path) -> Iterator[DockerExecutor]:
-    ex = DockerExecutor(DockerOptions(mode="pool", pool_size=2, workspace_root=str(tmp_path)))
+@pytest.fixture(params=[True, False], ids=["launcher", "docker-exec"])
+def pooled(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DockerExecutor]:
+    ex = DockerExecutor(DockerOptions(mode="pool", pool_size=2, workspace_root=str(tmp_path),
+                                      pool_launcher=request.param))
     yield ex
     ex.close()
 

@@ -1,0 +1,146 @@
+"""The host end of a warm container's launcher: one connection, one command at a time.
+
+Each pool slot has a private host directory mounted read-only at ``CONTROL_DIR``, holding a copy
+of ``launcher.py`` and, until the launcher connected, the listening socket ``ctl.sock``. The host
+accepts exactly one connection — made by the container's PID 1 before any sandboxed code runs —
+then closes and removes the socket. Commands then cost a fork inside the container instead of a
+``docker exec`` (runc), with the same output bounds and wall-clock kill.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+
+from plugins.executor_docker.capture import HeadTail
+from plugins.executor_docker.runner import Outcome
+from policy_engine.errors import ErrorCode, PolicyEngineError
+
+CONTROL_DIR = "/run/policy-engine-ctl"
+LAUNCHER_SOURCE = Path(__file__).with_name("launcher.py")
+KILL_GRACE_S = 10.0
+
+
+def launcher_argv(python: str = "/usr/bin/python3") -> list[str]:
+    """The warm container's command: the launcher, connecting to the control socket."""
+    return [python, "-I", "-S", f"{CONTROL_DIR}/launcher.py", f"{CONTROL_DIR}/ctl.sock"]
+
+
+class ControlBroken(Exception):
+    """The launcher connection is unusable: the slot must be replaced."""
+
+
+class Control:
+    """Listens in ``directory`` for the launcher, then runs commands over its connection."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        shutil.copyfile(LAUNCHER_SOURCE, directory / "launcher.py")
+        (directory / "launcher.py").chmod(0o644)
+        self._path = directory / "ctl.sock"
+        self._listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(self._path))
+        self._path.chmod(0o666)  # the container's uid 1000 connects
+        self._listener.listen(1)
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self.broken = False
+
+    def accept(self, timeout_s: float) -> None:
+        """Take the launcher's connection; then nobody else can connect (socket removed)."""
+        listener = self._listener
+        if listener is None:
+            return
+        listener.settimeout(timeout_s)
+        try:
+            conn, _ = listener.accept()
+        except OSError as exc:
+            raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                    "warm container launcher did not connect",
+                                    audit={"error": str(exc)}) from None
+        finally:
+            listener.close()
+            self._listener = None
+            self._path.unlink(missing_ok=True)
+        self._sock = conn
+
+    @property
+    def alive(self) -> bool:
+        return self._sock is not None and not self.broken
+
+    def close(self) -> None:
+        for s in (self._sock, self._listener):
+            if s is not None:
+                s.close()
+        self._sock = self._listener = None
+
+    def run(self, argv: list[str], env: dict[str, str], cwd: str, limits: tuple[int, int],
+            deadline: float) -> tuple[Outcome, bool]:
+        """Run ``argv``; return its outcome and whether the artifacts directory has entries.
+
+        :raises ControlBroken: the connection failed (the caller maps it to an error and the
+            slot is replaced on release).
+        """
+        out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]))
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            out.timed_out, out.ended = True, time.time()
+            return out, False
+        try:
+            return self._run(out, argv, env, cwd, deadline)
+        except (OSError, ValueError, EOFError) as exc:
+            self.broken = True
+            raise ControlBroken(str(exc)) from exc
+        finally:
+            self._lock.release()
+
+    def _run(self, out: Outcome, argv: list[str], env: dict[str, str], cwd: str,
+             deadline: float) -> tuple[Outcome, bool]:
+        sock = self._sock
+        if sock is None or self.broken:
+            raise ControlBroken("launcher not connected")
+        out.started = time.time()
+        sock.sendall(json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode() + b"\n")
+        buf = b""
+        end = deadline
+        while True:
+            while len(buf) >= 5:
+                kind = buf[:1]
+                (size,) = struct.unpack(">I", buf[1:5])
+                if len(buf) < 5 + size:
+                    break
+                data, buf = buf[5:5 + size], buf[5 + size:]
+                if kind == b"O":
+                    out.stdout.feed(data)
+                elif kind == b"E":
+                    out.stderr.feed(data)
+                elif kind == b"X":
+                    if buf:
+                        raise ValueError("data after the exit frame")
+                    done = json.loads(data)
+                    out.ended = time.time()
+                    if not out.timed_out:
+                        out.exit_code = int(done["exit"])
+                    return out, bool(done["artifacts"])
+                else:
+                    raise ValueError("unknown frame")
+            left = end - time.monotonic()
+            if left <= 0:
+                if out.timed_out:
+                    raise TimeoutError("launcher did not report after the kill")
+                out.timed_out = True
+                sock.sendall(b'{"kill": true}\n')
+                end = time.monotonic() + KILL_GRACE_S
+                continue
+            sock.settimeout(left)
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                continue
+            if not chunk:
+                raise EOFError("launcher connection closed")
+            buf += chunk

@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere: `benchmarks` lives at the root
@@ -83,7 +82,8 @@ def _check(ok: bool, what: str) -> None:
         raise SystemExit(f"bench_proc: {what}")
 
 
-def build_rows(tmp: Path, argv: list[str], *, breakdown: bool) -> tuple[list[Row], Orchestrator]:
+def build_rows(tmp: Path, argv: list[str], *,
+               breakdown: bool) -> tuple[list[Row], list[Orchestrator]]:
     (tmp / "policy.sbpolicy").write_text(POLICY)
     (tmp / "grant.json").write_text(GRANT)
     (tmp / "manifest.json").write_text(MANIFEST)
@@ -93,6 +93,7 @@ def build_rows(tmp: Path, argv: list[str], *, breakdown: bool) -> tuple[list[Row
     op = ProcExecOp(tool=argv[0], args=tuple(argv[1:]))
     config = EngineConfig(state_dir=tmp / "state", revocation="memory")
     orch = Orchestrator(policyset, config=config)
+    extra: list[Orchestrator] = [orch]
     profile = orch.builder.build(grant, manifest)
     probe = orch.run(grant, manifest, op)
     _check(probe.result.ok, f"the orchestrator refused the benchmark call: {probe.result}")
@@ -137,7 +138,19 @@ def build_rows(tmp: Path, argv: list[str], *, breakdown: bool) -> tuple[list[Row
             full),
     ]
     if breakdown:
+        lean = Orchestrator(policyset, config=EngineConfig(
+            state_dir=tmp / "state-lean", revocation="memory",
+            options={"proc": {"layer2": False}}))
+        extra.append(lean)
+
+        def lean_run() -> None:
+            res = lean.run(grant, manifest, op)
+            if not res.result.ok:
+                raise SystemExit(f"bench_proc: orchestrator run failed: {res.result}")
+
         rows += [
+            Row("orchestrator, no layer 2", "as full, `layer2: false` (bwrap + cgroups only)",
+                lean_run),
             Row("executor, no layer 2", "cgroups on, launcher off",
                 executor(ProcExecutor("bwrap", ProcOptions(layer2=False)))),
             Row("executor, no cgroups", "launcher on, cgroups off (rlimits only)",
@@ -145,7 +158,7 @@ def build_rows(tmp: Path, argv: list[str], *, breakdown: bool) -> tuple[list[Row
             Row("executor, bwrap only", "launcher off, cgroups off",
                 executor(ProcExecutor("bwrap", ProcOptions(layer2=False, cgroups=False)))),
         ]
-    return rows, orch
+    return rows, extra
 
 
 def measure(rows: list[Row], iterations: int, warmup: int,
@@ -220,16 +233,13 @@ def main(args: list[str] | None = None) -> int:
     ns = ap.parse_args(args)
     iterations = ns.iterations or (40 if ns.quick else 300)
     with tempfile.TemporaryDirectory(prefix="pe-bench-proc-") as tmp:
-        rows, orch = build_rows(Path(tmp), list(ns.argv), breakdown=not ns.no_breakdown)
+        rows, orchs = build_rows(Path(tmp), list(ns.argv), breakdown=not ns.no_breakdown)
         try:
             samples = measure(rows, iterations, warmup=3 if ns.quick else 10,
                               gap_s=ns.gap_ms / 1000)
         finally:
-            orch.close()
-            for row in rows:
-                closer: Any = getattr(row.run, "close", None)
-                if callable(closer):
-                    closer()
+            for orch in orchs:
+                orch.close()
     table, met = render(rows, samples, list(ns.argv), iterations, ns.gap_ms)
     print(table)
     if not ns.quick and not ns.no_docs:

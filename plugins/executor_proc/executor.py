@@ -282,7 +282,9 @@ class ProcExecutor:
                 raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
                                         f"cannot start the sandbox: {exc.strerror}") from None
             proc, cg, status_r = held.proc, held.cg, held.status_r
-            argv = self._command(plan, spec, held.status_fd, exe, host_rlimits(lim, cg))
+            host = host_rlimits(lim, cg) + ([] if spec is not None else
+                                            ["-x", str(held.status_fd)])  # tool must not forge
+            argv = self._command(plan, spec, held.status_fd, exe, host)
             try:
                 held.send(plan.cwd if self.backend == "landlock" else "/",
                           plan.env if self.backend == "landlock" else {}, argv[1:])
@@ -344,7 +346,8 @@ class ProcExecutor:
                 env=plan.env if self.backend == "landlock" else {},
                 cwd=plan.cwd if self.backend == "landlock" else "/", start_new_session=True,
                 preexec_fn=preexec(lim, cg) if exe is None else None,
-                pass_fds=(status_w, *cg_fds), close_fds=True)
+                pass_fds=((status_w,) if spec is not None else ()) + tuple(cg_fds),
+                close_fds=True)  # no launcher inside: the tool gets no status pipe to forge
         except OSError as exc:
             os.close(status_r)
             if cg and self._pool is not None:

@@ -146,3 +146,27 @@ def test_proc_runs_through_the_full_orchestrator(tmp_path: Path) -> None:
     assert out.end.sandbox_backend == "proc-bwrap"
     assert out.end.sandbox_degraded is False
     assert out.result.out["isolation"]["launcher"] == "native"
+
+
+@pytest.mark.parametrize("prespawn", [0, 2])
+def test_without_layer2_the_tool_cannot_forge_the_isolation_status(root: Path,
+                                                                   prespawn: int) -> None:
+    ex = ProcExecutor("bwrap", ProcOptions(layer2=False, prespawn=prespawn))
+    forge = textwrap.dedent("""
+        import os
+        hit = []
+        for fd in range(3, 64):
+            try:
+                os.write(fd, b'{"landlock": "enforced (forged)"}')
+                hit.append(fd)
+            except OSError:
+                pass
+        print(hit)
+    """)
+    try:
+        ctx = ExecContext(profile=make_profile(root), deadline=time.monotonic() + 60)
+        res = ex.execute(ctx, ProcExecOp(tool=sys.executable, args=("-c", forge)))
+    finally:
+        ex.close()
+    assert res.out["stdout"].strip() == "[]"  # no inherited descriptor at all
+    assert res.out["isolation"]["landlock"] == "off"

@@ -5,6 +5,7 @@
  *
  *   on the host, before bwrap:   -c FD (cgroup.procs to join)  -r RES:SOFT:HARD (setrlimit)
  *                                -H FD (held: after joining, wait for the real command on FD)
+ *                                -x FD (close FD before exec: a status pipe nobody inside reports to)
  *   in the sandbox, before tool: -s FD (status)  -C (drop caps)  -l/-L (Landlock, required)
  *                                -t (deny TCP)  -S (scope)  -p MASK:PATH (rule)
  *                                -f HEX / -F HEX (seccomp BPF program, required)
@@ -234,8 +235,9 @@ static void parse(int argc, char **argv) {
     int opt;
     char *end;
     optind = 0; /* glibc: full re-initialisation, so held mode can parse a second argv */
-    while ((opt = getopt(argc, argv, "+c:r:s:H:ClLtSp:f:F:")) != -1) {
+    while ((opt = getopt(argc, argv, "+c:r:s:H:x:ClLtSp:f:F:")) != -1) {
         switch (opt) {
+        case 'x': close((int)num(optarg, &end)); break;
         case 'H': hold_fd = (int)num(optarg, &end); break;
         case 'c':
             if (ncg == MAX_FDS) usage();

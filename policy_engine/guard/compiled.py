@@ -16,8 +16,12 @@ from policy_engine.graph import CompiledCondition, PolicySet
 from policy_engine.guard.globset import GlobSet
 from policy_engine.guard.matchers import (
     FsMatcher,
+    HostSet,
     KindMatcher,
     Matcher,
+    NeverMatcher,
+    ProcMatcher,
+    UrlMatcher,
     compile_matcher,
     host_patterns,
 )
@@ -129,10 +133,11 @@ class CompiledDeny:
 
 @dataclass(frozen=True, slots=True)
 class ForbidSet:
-    """The forbids of one kind; for fs, ``prefilter`` is the union of all their globs so a miss
-    costs one test and only a hit scans the forbids in order."""
+    """The forbids of one kind. ``screen`` is false only when no forbid can admit the resource
+    (the union of their globs, hosts or tools), so a miss costs one test and only a possible hit
+    scans the forbids in order; ``None`` when the kind has no such union (scan them all)."""
 
-    prefilter: GlobSet | None
+    screen: Callable[[Any], bool] | None
     denies: tuple[CompiledDeny, ...]
 
 
@@ -360,19 +365,40 @@ def _forbids(profile: Profile, conditions: ConditionIndex) -> dict[str, ForbidSe
             None, None, True, "deny-list"))
     out: dict[str, ForbidSet] = {}
     for kind, lst in denies.items():
-        pre = GlobSet(fs_globs[kind], home, forbid=True) if kind in fs_globs else None
-        out[kind] = ForbidSet(pre, tuple(lst))
+        pre = GlobSet(fs_globs[kind], home, forbid=True).match if kind in fs_globs else None
+        out[kind] = ForbidSet(pre or _screen([d.matcher for d in lst]), tuple(lst))
     return out
+
+
+def _screen(matchers: list[Matcher]) -> Callable[[Any], bool] | None:
+    """The union test of URL or tool forbids: each admits only its own hosts (or tool), so a
+    resource none of them names is admitted by none. ``None`` for any other mix of matchers."""
+    live = [m for m in matchers if not isinstance(m, NeverMatcher)]
+    url_matchers = [m for m in live if isinstance(m, UrlMatcher | _AnyUrl)]
+    if live and len(url_matchers) == len(live):
+        hosts = HostSet(h for m in url_matchers for h in m.hosts)
+
+        def url_screen(res: Any) -> bool:
+            url = res[0]
+            # a screenshot of the open page has no URL: some forbids admit it, scan them
+            return url is None or hosts.matches(url.host, url.ip)
+
+        return url_screen
+    if live and all(isinstance(m, ProcMatcher) for m in live):
+        tools = frozenset(m.tool for m in live if isinstance(m, ProcMatcher))
+        return lambda res: res[0] in tools
+    return None
 
 
 class _AnyUrl:
     """A deny-list domain: blocks the host for any method, scheme, port or browser scope."""
 
-    __slots__ = ("hosts",)
+    __slots__ = ("hosts", "host_set")
 
     def __init__(self, hosts: tuple[HostPattern, ...]) -> None:
         self.hosts = hosts
+        self.host_set = HostSet(hosts)
 
     def admits(self, res: Any) -> bool:
         url = res[0]
-        return url is not None and any(h.matches(url.host, url.ip) for h in self.hosts)
+        return url is not None and self.host_set.matches(url.host, url.ip)

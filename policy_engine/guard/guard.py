@@ -148,10 +148,9 @@ class Guard:
         # step 3: forbids
         fset = cp.forbids.get(cap_kind)
         if fset is not None:
-            if fset.prefilter is not None and path is not None and \
-                    not fset.prefilter.match(path):
+            if fset.screen is not None and not fset.screen(res):
                 if tr is not None:
-                    tr.step("forbid", "no-match", detail="no forbid glob matches")
+                    tr.step("forbid", "no-match", detail="no forbid matches")
             else:
                 for d in fset.denies:
                     if not d.matcher.admits(res):

@@ -7,6 +7,7 @@ the address that is dialed is the one that was vetted (DESIGN.md §3).
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
@@ -61,6 +62,9 @@ _RANGES: tuple[tuple[_V4 | _V6, str], ...] = tuple(
         ("2001:2::/48", "reserved"),
     )
 )
+_V4_RANGES: tuple[tuple[int, int, str], ...] = tuple(
+    (int(net.network_address), int(net.netmask), cls) for net, cls in _RANGES if net.version == 4)
+"""The IPv4 rows of ``_RANGES`` in the same order, as (network, mask) integers."""
 _NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
 _V4_COMPAT = ipaddress.IPv6Network("::/96")
 
@@ -94,6 +98,14 @@ def classify(ip: IPAddress | str) -> str | None:
         ip = ipaddress.ip_address(ip.strip("[]"))
     if ip in METADATA_ADDRESSES:
         return "metadata"
+    if isinstance(ip, ipaddress.IPv4Address):  # the IPv4 rows by integer mask, same order
+        value = int(ip)
+        for network, mask, v4_cls in _V4_RANGES:
+            if value & mask == network:
+                return v4_cls
+        if ip.is_reserved or ip.is_private or not ip.is_global:
+            return "reserved"
+        return None
     inner = embedded_ipv4(ip)
     if inner is not None:
         inner_class = classify(inner)
@@ -136,6 +148,10 @@ def check_address(host: str, ip: IPAddress, patterns: Iterable[HostPattern | str
         )
 
 
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_DOTTED = re.compile(rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}")
+
+
 def parse_ipv4(host: str) -> ipaddress.IPv4Address | None:
     """Parse an IPv4 host the way WHATWG URL and ``inet_aton`` do, or return ``None``.
 
@@ -144,6 +160,15 @@ def parse_ipv4(host: str) -> ipaddress.IPv4Address | None:
     trailing dot is dropped. Raises ``ValueError`` when the host *ends in a number* but is not a
     valid address, since such a host must never fall through to DNS.
     """
+    m = _DOTTED.fullmatch(host)
+    if m is not None:  # canonical dotted decimal: what the general reading below gives too
+        a, b, c, d = m.groups()
+        return ipaddress.IPv4Address((int(a) << 24) | (int(b) << 16) | (int(c) << 8) | int(d))
+    return parse_ipv4_parts(host)
+
+
+def parse_ipv4_parts(host: str) -> ipaddress.IPv4Address | None:
+    """:func:`parse_ipv4` without the dotted-decimal shortcut (every notation, part by part)."""
     parts = host.split(".")
     if parts[-1] == "" and len(parts) > 1:
         parts.pop()

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from policy_engine.guard.globset import GlobSet
+from policy_engine.guard.ipaddr import IPAddress
 from policy_engine.guard.urls import DEFAULT_PORTS, ParsedUrl
 from policy_engine.model import (
     BrowserCapability,
@@ -80,12 +81,36 @@ def _hosts(patterns: Iterable[str], *, forbid: bool) -> tuple[HostPattern, ...]:
     return tuple(out)
 
 
-class _UrlMatcher:
-    __slots__ = ("hosts", "schemes", "ports")
+class HostSet:
+    """Host patterns matched together: exact names by set lookup, ``*.suffix`` by one
+    ``str.endswith``, IP literals and CIDR blocks only for an IP host. Answers exactly as
+    ``any(p.matches(host, ip) for p in patterns)`` (``tests/unit/test_guard_decide.py``)."""
+
+    __slots__ = ("everything", "exact", "suffixes", "networks")
+
+    def __init__(self, patterns: Iterable[HostPattern]) -> None:
+        pats = tuple(patterns)
+        self.everything = any(p.kind == "any" for p in pats)
+        self.exact = frozenset(p.value for p in pats if p.kind == "exact")
+        self.suffixes = tuple(sorted({"." + p.value for p in pats if p.kind == "suffix"}))
+        self.networks = tuple(p.network for p in pats
+                              if p.kind in ("ip", "cidr") and p.network is not None)
+
+    def matches(self, host: str, ip: IPAddress | None) -> bool:
+        if self.everything or host in self.exact:
+            return True
+        if ip is None:
+            return host.endswith(self.suffixes)
+        return any(ip.version == n.version and ip in n for n in self.networks)
+
+
+class UrlMatcher:
+    __slots__ = ("hosts", "host_set", "schemes", "ports")
 
     def __init__(self, hosts: Iterable[str], schemes: Iterable[str], ports: Iterable[int], *,
                  forbid: bool) -> None:
         self.hosts = _hosts(hosts, forbid=forbid)
+        self.host_set = HostSet(self.hosts)
         s = frozenset(x.lower() for x in schemes)
         self.schemes: frozenset[str] | None = s or (None if forbid else frozenset({"https"}))
         p = frozenset(ports)
@@ -101,11 +126,10 @@ class _UrlMatcher:
                     return False
             elif url.port != DEFAULT_PORTS.get(url.scheme):
                 return False
-        host, ip = url.host, url.ip
-        return any(h.matches(host, ip) for h in self.hosts)
+        return self.host_set.matches(url.host, url.ip)
 
 
-class NetMatcher(_UrlMatcher):
+class NetMatcher(UrlMatcher):
     __slots__ = ("methods", "mime")
 
     def __init__(self, cap: NetHttpCapability, *, forbid: bool) -> None:
@@ -121,7 +145,7 @@ class NetMatcher(_UrlMatcher):
         return self.admits_url(url)
 
 
-class BrowserMatcher(_UrlMatcher):
+class BrowserMatcher(UrlMatcher):
     __slots__ = ("scopes", "forbid")
 
     def __init__(self, cap: BrowserCapability, *, forbid: bool) -> None:
@@ -194,6 +218,6 @@ def host_patterns(matchers: Iterable[Matcher]) -> tuple[HostPattern, ...]:
     """All host patterns of URL matchers (what may name a private address explicitly)."""
     out: list[HostPattern] = []
     for m in matchers:
-        if isinstance(m, _UrlMatcher):
+        if isinstance(m, UrlMatcher):
             out.extend(m.hosts)
     return tuple(out)

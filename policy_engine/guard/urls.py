@@ -14,6 +14,7 @@ import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
+from ipaddress import IPv4Address
 from urllib.parse import unquote_to_bytes
 
 import idna
@@ -35,6 +36,22 @@ _PATH_SAFE = frozenset(
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:@/%"
 )
 _QUERY_SAFE = _PATH_SAFE | frozenset("?")
+
+# The common case, read by one regex (see parse_fast): a lowercase http(s) URL whose host is a
+# name of LDH labels ending in a label that starts with a letter (so never an IPv4 number), an
+# optional decimal port, and a path and query of characters that need no encoding, no `%`
+# (no percent-encoded dot or host) and no `@`; no fragment, userinfo, backslash or whitespace.
+# A host may also be an IPv4 address in canonical dotted decimal (no leading zero, each part at
+# most 255): the address is the number it spells and its canonical text is itself.
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_FAST = re.compile(
+    r"(https?)://"
+    r"((?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+    rf"|{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET})"
+    r"(?::([0-9]{1,5}))?"
+    r"(/[A-Za-z0-9._~!$&'()*+,;=:/-]*)?"
+    r"(?:\?([A-Za-z0-9._~!$&'()*+,;=:/?-]*))?"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +102,40 @@ def parse_url(url: str, *, schemes: Iterable[str] | None = None) -> ParsedUrl:
         second host (userinfo, backslashes, whitespace or control characters, percent-encoded
         or invalid hosts, other schemes).
     """
+    if schemes is None and type(url) is str:
+        fast = parse_fast(url)
+        if fast is not None:
+            return fast
+    return parse_full(url, schemes=schemes)
+
+
+def parse_fast(url: str) -> ParsedUrl | None:
+    """The :func:`parse_full` answer for a URL already in canonical form (``_FAST``), else
+    ``None``. ``tests/unit/test_guard_urls.py`` checks the two agree on generated URLs."""
+    m = _FAST.fullmatch(url)
+    if m is None or len(url) > MAX_URL_LENGTH:
+        return None
+    scheme, host, a, b, c, d, port_text, path, query = m.groups()
+    ip: IPAddress | None = None
+    if a is not None:
+        ip = IPv4Address((int(a) << 24) | (int(b) << 16) | (int(c) << 8) | int(d))
+    elif len(host) > 253 or "xn--" in host:  # too long, or punycode to verify: the full path
+        return None
+    if path is None:
+        path = "/"
+    elif "/." in path:  # possibly a dot segment to remove: the full path
+        return None
+    default = 443 if scheme == "https" else 80
+    if port_text is None:
+        return ParsedUrl(scheme, host, ip, default, False, path, query)
+    port = int(port_text)
+    if not 0 < port <= 65535:
+        return None
+    return ParsedUrl(scheme, host, ip, port, port != default, path, query)
+
+
+def parse_full(url: str, *, schemes: Iterable[str] | None = None) -> ParsedUrl:
+    """:func:`parse_url` without the fast path: every check, for every URL."""
     if not isinstance(url, str) or not url:
         raise _invalid("url is empty or not a string", repr(url))
     if len(url) > MAX_URL_LENGTH:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.guard import check_address, classify, is_address_allowed, mime_allowed, parse_url
+from policy_engine.guard.ipaddr import _RANGES, METADATA_ADDRESSES, parse_ipv4, parse_ipv4_parts
+from policy_engine.guard.urls import ParsedUrl, parse_fast, parse_full
 from policy_engine.patterns import HostPattern
 
 LOOPBACK_FORMS = [
@@ -142,3 +146,127 @@ def test_mime_allowed() -> None:
     assert not mime_allowed("text/html", ["application/json"])
     assert not mime_allowed(None, ["application/json"])
     assert mime_allowed("Application/JSON", ["application/json"])
+
+
+# --- the fast path ------------------------------------------------------------------------------
+
+_SAFE = "abcz019-._~!$&'()*+,;=:/"
+_NASTY = "ABZ%@#?\\ \t\x00\u00e9\u200b.[]:/-_0x"
+canonical_labels = st.text(alphabet="abcz0129_-", min_size=1, max_size=10)
+canonical = st.builds(
+    lambda scheme, ls, last, port, path, query: (
+        f"{scheme}://{'.'.join([*ls, last])}{'' if port is None else ':' + port}{path}"
+        f"{'' if query is None else '?' + query}"),
+    st.sampled_from(["http", "https"]),
+    st.lists(canonical_labels, max_size=3),
+    st.text(alphabet="abcz", min_size=1, max_size=3) | st.sampled_from(["com", "io", "a-", "b_"]),
+    st.none() | st.text(alphabet="0123456789", min_size=1, max_size=6),
+    st.text(alphabet=_SAFE, max_size=24).map(lambda p: p if not p else "/" + p),
+    st.none() | st.text(alphabet=_SAFE + "?", max_size=12),
+)
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> str:
+    """A canonical-looking URL with a few characters inserted, replaced or dropped."""
+    url = draw(canonical)
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.integers(0, len(url)))
+        op = draw(st.sampled_from(["insert", "replace", "drop"]))
+        ch = draw(st.sampled_from(_NASTY))
+        if op == "insert":
+            url = url[:i] + ch + url[i:]
+        elif op == "replace":
+            url = url[:i] + ch + url[i + 1:]
+        else:
+            url = url[:i] + url[i + 1:]
+    return url
+
+
+octets = st.integers(0, 300).map(str) | st.sampled_from(["0", "00", "01", "0x7f", "255", "256"])
+dotted = st.lists(octets, min_size=1, max_size=5).map(".".join)
+wild_hosts = dotted | st.sampled_from(["127.0.0.1", "[::1]", "a" * 250 + ".com",
+                                       ".".join(["abc"] * 64), "xn--bcher-kva.example",
+                                       "xn--a.com", "0x7f", "a.09", "a" * 64,
+                                       "example.com.", "u:p@host", "%61.com", "EXAMPLE.com"])
+wild = st.builds(lambda scheme, host, path: f"{scheme}://{host}{path}",
+                 st.sampled_from(["http", "https", "HTTPS", "ftp", "ws"]), wild_hosts,
+                 st.sampled_from(["", "/", "/a/./b", "/a/../b", "/.well-known/x", "/%2e%2e/x",
+                                  "/a/b.", "/.", "/a#f", "?q"]))
+urls = canonical | mutated() | wild
+
+
+def _full(url: str) -> ParsedUrl | str:
+    try:
+        return parse_full(url)
+    except PolicyEngineError as exc:
+        return f"refused: {exc.code}"
+
+
+@settings(max_examples=3000, deadline=None)
+@given(urls)
+def test_fast_path_agrees_with_the_full_parser(url: str) -> None:
+    fast = parse_fast(url)
+    if fast is not None:
+        assert fast == _full(url), url
+        assert parse_url(url) == fast
+
+
+@pytest.mark.parametrize("url", [
+    "https://api.github.com/repos/x/y", "http://a.b-c.example:8080/p?q=1&r=a/b",
+    "https://example.com", "https://example.com?x", "https://example.com:443/",
+    "http://example.com:0080/", "https://a_b.example.com/x:y", "https://x.io/a;b=c,d+e",
+    "http://127.0.0.1:8080/", "https://169.254.169.254/latest/meta-data", "http://0.0.0.0/",
+    "http://255.255.255.255/",
+])
+def test_fast_path_takes_the_common_urls(url: str) -> None:
+    fast = parse_fast(url)
+    assert fast is not None
+    assert fast == parse_full(url)
+
+
+@pytest.mark.parametrize("url", [
+    "https://API.github.com/", "https://example.com./", "https://127.1/", "https://0177.0.0.1/",
+    "https://127.0.0.01/", "https://256.0.0.1/", "https://1.2.3.4.5/", "https://127.0.0.1./",
+    "https://xn--bcher-kva.example/", "https://a.com/./x", "https://a.com/%2e%2e/x",
+    "https://u@a.com/", "https://a.com/#frag", "https://a.com:99999/", "https://a.com:0/",
+    "https://0x7f/", "https://a.09/", "wss://a.com/", "https://a.com/é",
+])
+def test_fast_path_leaves_the_rest_to_the_full_parser(url: str) -> None:
+    assert parse_fast(url) is None
+
+
+@settings(max_examples=1000, deadline=None)
+@given(dotted)
+def test_dotted_decimal_shortcut_agrees_with_every_notation(host: str) -> None:
+    try:
+        want: object = parse_ipv4_parts(host)
+    except ValueError:
+        want = ValueError
+    try:
+        got: object = parse_ipv4(host)
+    except ValueError:
+        got = ValueError
+    assert got == want
+
+
+def _classify_by_networks(ip: ipaddress.IPv4Address) -> str | None:
+    """classify() as it reads without the integer table: the ranges in order, then the stdlib."""
+    if ip in METADATA_ADDRESSES:
+        return "metadata"
+    for net, cls in _RANGES:
+        if ip.version == net.version and ip in net:
+            return cls
+    if ip.is_reserved or ip.is_private or not ip.is_global:
+        return "reserved"
+    return None
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.integers(0, 2**32 - 1) | st.sampled_from([
+    0, 2**32 - 1, 0x7F000001, 0xA9FEA9FE, 0x0A000000, 0x0AFFFFFF, 0xAC100000, 0xAC1FFFFF,
+    0xC0A80000, 0x64400000, 0x647FFFFF, 0xE0000000, 0xF0000000, 0xC0000000, 0xC00000FF,
+    0xC0000200, 0xC6120000, 0xC6336400, 0xCB007100, 0x08080808]))
+def test_ipv4_classes_by_integer_mask(value: int) -> None:
+    ip = ipaddress.IPv4Address(value)
+    assert classify(ip) == _classify_by_networks(ip)

@@ -1,0 +1,83 @@
+"""One syscall asks the kernel whether a path holds a symlink: openat2(2) with RESOLVE_NO_SYMLINKS.
+
+``paths.resolve_normalized`` walks a path with one ``lstat`` per component (about 1.3 µs each
+here). When no component is a link, which is nearly always, that walk only confirms the path as
+it is. ``openat2(AT_FDCWD, path, O_PATH, RESOLVE_NO_SYMLINKS)`` walks the whole path in the
+kernel and fails with ``ELOOP`` at the first symlink, so one call (plus ``close``) answers for
+every component. Measured on the benchmark host (µs): ``lstat`` 1.3 (existing) / 1.4 (missing,
+with the exception); this probe 2.1 (existing, with ``close``) / 1.6 (missing);
+``open(O_PATH)`` + ``readlink(/proc/self/fd/N)`` + ``close`` 5.3; ``os.path.realpath`` 6.7.
+
+The probe only ever confirms the lexical path; anything else (a link anywhere, an error, no
+``openat2``) sends the caller to the exact walk. An ``O_PATH`` descriptor opens nothing (no
+FIFO blocks, no device is touched); it is closed at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import sys
+from typing import Any, Final
+
+NO_LINK: Final = 0
+"""Every component exists and none is a symlink."""
+MISSING: Final = 1
+"""A component is missing and none before it is a symlink (the kernel walks in order)."""
+UNKNOWN: Final = 2
+"""A symlink, another error, or no openat2 here: walk the path component by component."""
+
+_SYS_OPENAT2: Final[dict[str, int]] = {"x86_64": 437, "aarch64": 437}
+_RESOLVE_NO_MAGICLINKS: Final = 0x02
+_RESOLVE_NO_SYMLINKS: Final = 0x04
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64)]
+
+
+def _setup() -> tuple[Any, tuple[Any, ...]] | None:
+    """The libc ``syscall`` function and its fixed arguments, or ``None`` where it cannot run."""
+    nr = _SYS_OPENAT2.get(platform.machine())
+    if not sys.platform.startswith("linux") or nr is None or not hasattr(os, "O_PATH"):
+        return None
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
+    # every argument as a C long: syscall(2) reads its variadic arguments as longs
+    return syscall, (ctypes.c_long(nr), ctypes.c_long(-100), ctypes.byref(how),
+                     ctypes.c_long(ctypes.sizeof(how)), how)  # `how` kept alive here
+
+
+_SETUP = _setup()
+_UTF8 = sys.getfilesystemencoding().lower().replace("-", "") == "utf8"
+
+
+def available() -> bool:
+    """Whether the probe can answer here (Linux ≥ 5.6 without a filter hiding openat2)."""
+    return _SETUP is not None
+
+
+def probe(path: str) -> int:
+    """:data:`NO_LINK`, :data:`MISSING` or :data:`UNKNOWN` for absolute ``path``."""
+    global _SETUP
+    if _SETUP is None:
+        return UNKNOWN
+    syscall, (nr, cwd, how, size, _) = _SETUP
+    raw = path.encode("utf-8", "surrogateescape") if _UTF8 else os.fsencode(path)
+    fd = syscall(nr, cwd, raw, how, size)
+    if fd >= 0:
+        os.close(fd)
+        return NO_LINK
+    err = ctypes.get_errno()
+    if err == errno.ENOENT:
+        return MISSING
+    if err == errno.ENOSYS:  # an old kernel or a seccomp filter: stop asking
+        _SETUP = None
+    return UNKNOWN

@@ -1,0 +1,134 @@
+"""Compiled matchers answer as the patterns they replace: host sets, forbid screens, probes."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policy_engine.errors import PolicyEngineError
+from policy_engine.guard import nofollow
+from policy_engine.guard import paths as guard_paths
+from policy_engine.guard.compiled import _screen
+from policy_engine.guard.matchers import HostSet, compile_matcher
+from policy_engine.guard.urls import parse_url
+from policy_engine.model import BrowserCapability, NetHttpCapability, ProcCapability
+from policy_engine.patterns import HostPattern
+
+HOST_PATTERNS = ["*", "example.com", "*.example.com", "a.example.com", "*.com", "10.0.0.0/8",
+                 "127.0.0.1", "::1", "fd00::/8", "com", "xn--bcher-kva.example", "*.b.c"]
+HOSTS = ["example.com", "a.example.com", "b.a.example.com", "xexample.com", "com", "b.c",
+         "a.b.c", "10.1.2.3", "127.0.0.1", "::1", "fd00::5", "8.8.8.8", "xn--bcher-kva.example"]
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.sampled_from(HOST_PATTERNS), max_size=5), st.sampled_from(HOSTS))
+def test_host_set_agrees_with_the_patterns(patterns: list[str], host: str) -> None:
+    pats = [HostPattern.of(p) for p in patterns]
+    ip = _ip(host)
+    assert HostSet(pats).matches(host, ip) is any(p.matches(host, ip) for p in pats)
+
+
+URLS = ["https://gist.github.com/x", "https://api.github.com/", "http://10.0.0.1:8080/",
+        "https://a.evil.com/", "https://evil.com/", "http://[::1]/"]
+
+
+@pytest.mark.parametrize("hosts", [("gist.github.com",), ("*.evil.com", "10.0.0.0/8"),
+                                   ("not a host!",), ("::1",)])
+def test_url_forbid_screen_never_hides_a_match(hosts: tuple[str, ...]) -> None:
+    net = [compile_matcher(NetHttpCapability(hosts=hosts), "net.http", "/h", forbid=True)]
+    browser = [compile_matcher(BrowserCapability(hosts=hosts), "browser.use", "/h", forbid=True)]
+    for matchers, extra in ((net, "GET"), (browser, frozenset({"open"}))):
+        screen = _screen(matchers)
+        assert screen is not None
+        for raw in URLS:
+            res = (parse_url(raw), extra)
+            if any(m.admits(res) for m in matchers):
+                assert screen(res), (hosts, raw)
+        assert screen((None, extra))  # a screenshot without a URL is always scanned
+
+
+def test_tool_forbid_screen() -> None:
+    matchers = [compile_matcher(ProcCapability(tool=t), "proc.exec", "/h", forbid=True)
+                for t in ("curl", "wget")]
+    screen = _screen(matchers)
+    assert screen is not None
+    assert screen(("curl", ()))
+    assert not screen(("git", ("status",)))
+    mixed = [*matchers, compile_matcher(NetHttpCapability(hosts=("a.com",)), "net.http", "/h",
+                                        forbid=True)]
+    assert _screen(mixed) is None
+
+
+# --- the openat2 probe ---------------------------------------------------------------------------
+
+needs_probe = pytest.mark.skipif(not nofollow.available(), reason="openat2 is not available")
+
+
+@needs_probe
+def test_probe_outcomes(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_text("x")
+    os.symlink("d", tmp_path / "link")
+    os.symlink("f", tmp_path / "d" / "last-link")
+    assert nofollow.probe(f"{tmp_path}/d/f") == nofollow.NO_LINK
+    assert nofollow.probe(f"{tmp_path}/d/missing/deeper") == nofollow.MISSING
+    assert nofollow.probe(f"{tmp_path}/link/f") == nofollow.UNKNOWN  # a link in the middle
+    assert nofollow.probe(f"{tmp_path}/d/last-link") == nofollow.UNKNOWN  # a link at the end
+    assert nofollow.probe(f"{tmp_path}/link/missing") == nofollow.UNKNOWN  # link before missing
+    assert nofollow.probe(f"{tmp_path}/d/f/below-a-file") == nofollow.UNKNOWN  # ENOTDIR
+    assert nofollow.probe("/proc/self/status") == nofollow.UNKNOWN  # a magic link
+    assert nofollow.probe(f"{tmp_path}/d/\udcff") == nofollow.MISSING  # undecodable name
+
+
+TREE_NAMES = ["a", "b", "c", "l1", "l2", "l3", "missing"]
+LINK_TARGETS = ["a", "../a", "a/b", "/ROOT/a", "/ROOT/a/b", "../../outside", "/etc", "l2", "l1",
+                "missing", "."]
+
+
+@needs_probe
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(LINK_TARGETS), min_size=3, max_size=3),
+       st.lists(st.lists(st.sampled_from(TREE_NAMES), min_size=1, max_size=4), min_size=1,
+                max_size=12),
+       st.sampled_from(["", "/a", "/a/b"]))
+def test_probe_then_walk_equals_the_walk(targets: list[str], candidates: list[list[str]],
+                                         root_suffix: str) -> None:
+    """resolve_normalized with the probe answers exactly as the lstat walk alone."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "root"
+        (base / "a" / "b" / "c").mkdir(parents=True)
+        (base / "a" / "b" / "file").write_text("x")
+        (Path(tmp) / "outside").mkdir()
+        for i, target in enumerate(targets):
+            where = base / ("a" if i == 1 else ".") / f"l{i + 1}"
+            os.symlink(target.replace("/ROOT", str(base)), where)
+        root = str(base) + root_suffix
+        for segs in candidates:
+            path = root + "/" + "/".join(segs)
+            assert _resolve(root, path, probe=True) == _resolve(root, path, probe=False), path
+
+
+def _resolve(root: str, path: str, *, probe: bool) -> str:
+    saved = guard_paths.probe
+    if not probe:
+        guard_paths.probe = lambda p: nofollow.UNKNOWN
+    try:
+        return guard_paths.resolve_normalized(root, path)
+    except PolicyEngineError as exc:
+        return f"refused: {exc.reason}"
+    finally:
+        guard_paths.probe = saved

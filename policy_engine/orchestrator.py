@@ -222,8 +222,10 @@ class Orchestrator:
             self.meter.check_and_consume(key, kind_, amount, limit_of(profile.budget, kind_))
             charged[kind_] = charged.get(kind_, 0) + amount
 
+        # executors that decide again mid-operation (redirects, subrequests, the restricted
+        # proxy) must use this call's policy-aware guard, never a policy-less one
         ctx = ExecContext(profile=profile, deadline=time.monotonic() + profile.timeout_ms / 1000,
-                          degraded=sel.degraded, consume=consume)
+                          degraded=sel.degraded, consume=consume, guard=self.guard)
         self.metrics.observe_exec(kind, profile)
         attempt = run_with_deadline(sel.executor, ctx, op, cancel)
         attempt = self._reconcile(attempt, key, profile, charged)

@@ -1,4 +1,4 @@
-"""Regenerate docs/error-codes.md from the one error registry (tests/unit/test_errors.py checks it)."""
+"""Regenerate docs/error-codes.md from the error registry (tests/unit/test_errors.py checks it)."""
 
 from __future__ import annotations
 

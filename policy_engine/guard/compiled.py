@@ -111,7 +111,7 @@ class CompiledCap:
 
     kind: str
     members: tuple[Matcher, ...]
-    admit_path: Any  # fs with one member: its bound path test (str → bool); else None
+    test: Callable[[Any], bool]  # ``admits``, or the one member's own bound test
     rule: RuleRef | None
     condition: GuardCondition | None
     limits: EffLimits
@@ -241,10 +241,8 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
         kind = str(pc.kind)
         members = tuple(compile_matcher(c, kind, home) for c in pc.all_of)
         tmp_max = _min(*(m.max_bytes for m in members if isinstance(m, KindMatcher)))
-        fast = members[0].admits_path if len(members) == 1 and isinstance(
-            members[0], FsMatcher) else None
         caps.setdefault(kind, []).append(CompiledCap(
-            kind=kind, members=members, admit_path=fast, rule=pc.rule,
+            kind=kind, members=members, test=_member_test(members), rule=pc.rule,
             condition=conditions.find(pc.condition, pc.rule),
             limits=_limits(pc.limits, profile.limits, profile.timeout_ms, tmp_max),
             hosts=conditions.named_hosts(pc.rule, kind, members),
@@ -313,6 +311,14 @@ def static_views(profile: Profile) -> dict[str, object]:
         "tenant": {"id": profile.tenant},
         "subject": {"id": profile.subject_id},
     }
+
+
+def _member_test(members: tuple[Matcher, ...]) -> Callable[[Any], bool]:
+    """The conjunction of ``members`` as one callable (the member's own when there is one)."""
+    if len(members) == 1:
+        m = members[0]
+        return m.admits_path if isinstance(m, FsMatcher) else m.admits
+    return lambda res: all(m.admits(res) for m in members)
 
 
 def _root(path: str) -> str:

@@ -119,8 +119,10 @@ class Guard:
             op = coerce_op(op)
         kind: str = op.kind
         cap_kind = OP_KIND[kind]
-        cp = self.compiled(profile)
-        phash = cp.profile_hash
+        phash = profile.profile_hash
+        cp = self._cache.get(phash or id(profile))
+        if cp is None or not (phash or cp.profile is profile):
+            cp = self.compiled(profile)
         if tr is not None:
             tr.step("kind", "pass", detail=f"{kind} needs {cap_kind}")
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
@@ -188,8 +190,7 @@ class Guard:
         unnamed: CompiledCap | None = None
         refused: list[tuple[CompiledCap, str | None]] = []
         for c in cp.caps.get(cap_kind, ()):
-            fast = c.admit_path
-            if not (fast(res) if fast is not None else c.admits(res)):
+            if not c.test(res):
                 if tr is not None:
                     tr.step("permit", "no-match", c.rule)
                 continue

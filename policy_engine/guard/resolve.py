@@ -29,6 +29,7 @@ OP_KIND: dict[str, str] = {str(k): str(v) for k, v in OP_CAPABILITY.items()}
 
 _OP_ADAPTER: TypeAdapter[Any] = TypeAdapter(ExecOp)
 _METHOD = re.compile(r"[A-Z]{1,16}")
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def coerce_op(op: object) -> Any:
@@ -108,12 +109,13 @@ def resolve_other(kind: str, op: Any) -> Resolved:
     """Resolve a net, browser, proc or tmp operation."""
     if kind == "net.http":
         method = op.method.upper()
-        if _METHOD.fullmatch(method) is None:
+        if method not in _METHODS and _METHOD.fullmatch(method) is None:
             raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                     f"invalid http method {quote(op.method)}")
         url = parse_url(op.url)
-        size = decoded_size(op.body_b64, "body")
-        return Resolved(kind, (url, method), url, size, method)
+        body = op.body_b64
+        return Resolved(kind, (url, method), url, decoded_size(body, "body") if body else 0,
+                        method)
     if kind == "browser.nav":
         url = parse_url(op.url)
         return Resolved(kind, (url, _OPEN_EXTRACT if op.extract != "none" else _OPEN), url,

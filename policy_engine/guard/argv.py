@@ -24,13 +24,13 @@ def check_argv_shape(tool: object, args: object) -> None:
     if not isinstance(args, tuple | list) or not all(isinstance(a, str) for a in args):
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                 "args must be a list of strings")
-    if any(c in _SHELL_CHARS for c in tool) or "\x00" in tool:
+    if not _SHELL_CHARS.isdisjoint(tool) or "\x00" in tool:
         raise PolicyEngineError(
             ErrorCode.DENY_TOOL,
             f"shell strings are not accepted: tool {quote(tool)} must be a bare name or an "
             "absolute path",
         )
-    if any("\x00" in a for a in args):
+    if "\x00" in "".join(args):
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "an argument contains NUL")
     if tool.startswith("/"):
         segs = tool.split("/")[1:]

@@ -76,24 +76,46 @@ def _over(what: str, value: int, limit: int | None) -> str | None:
 def limit_violation(kind: str, op: Any, lim: EffLimits, rv: Resolved | None,
                     path: str | None) -> str | None:
     """The first limit the op exceeds, as a public reason, or ``None``."""
-    if kind == "fs.read":
-        return _over("read length", op.len, lim.max_bytes_in) if op.len is not None else None
-    if kind == "fs.write":
-        return _over("write size", decoded_size(op.bytes_b64, "content"), lim.max_bytes_out)
-    if kind == "fs.list":
-        return _over("list depth", op.depth, lim.max_depth)
-    if kind == "net.http":
-        return _over("request body size", (rv.size or 0) if rv else 0, lim.max_bytes_out)
-    if kind == "browser.screenshot":
-        return (_over("screenshot width", op.width, lim.max_screenshot_width)
-                or _over("screenshot height", op.height, lim.max_screenshot_height))
-    if kind == "proc.exec":
-        return _over("timeout_ms", op.timeout_ms, lim.timeout_ms) if op.timeout_ms else None
-    if kind == "tmp.alloc":
-        # temp space is bounded by the tmp.use capability's size, not by bytes_out (that limit
-        # is about data leaving the sandbox)
-        return _over("tmp size", op.size_bytes, lim.tmp_max_bytes)
-    return None
+    check = _LIMITS.get(kind)
+    return check(op, lim, rv) if check is not None else None
+
+
+def _fs_read(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
+    return _over("read length", op.len, lim.max_bytes_in) if op.len is not None else None
+
+
+def _fs_write(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
+    return _over("write size", decoded_size(op.bytes_b64, "content"), lim.max_bytes_out)
+
+
+def _fs_list(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
+    return _over("list depth", op.depth, lim.max_depth)
+
+
+def _net(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
+    return _over("request body size", (rv.size or 0) if rv else 0, lim.max_bytes_out)
+
+
+def _screenshot(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
+    return (_over("screenshot width", op.width, lim.max_screenshot_width)
+            or _over("screenshot height", op.height, lim.max_screenshot_height))
+
+
+def _proc(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
+    return _over("timeout_ms", op.timeout_ms, lim.timeout_ms) if op.timeout_ms else None
+
+
+def _tmp(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
+    # temp space is bounded by the tmp.use capability's size, not by bytes_out (that limit is
+    # about data leaving the sandbox)
+    return _over("tmp size", op.size_bytes, lim.tmp_max_bytes)
+
+
+_LIMITS: dict[str, Callable[[Any, EffLimits, Resolved | None], str | None]] = {
+    "fs.read": _fs_read, "fs.write": _fs_write, "fs.list": _fs_list, "net.http": _net,
+    "browser.screenshot": _screenshot, "proc.exec": _proc, "tmp.alloc": _tmp,
+}
+"""Per op kind, the limits it is checked against (browser.nav carries none)."""
 
 
 def consent_needed(

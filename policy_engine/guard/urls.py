@@ -38,7 +38,8 @@ _PATH_SAFE = frozenset(
 _QUERY_SAFE = _PATH_SAFE | frozenset("?")
 
 # The common case, read by one regex (see parse_fast): a lowercase http(s) URL whose host is a
-# name of LDH labels ending in a label that starts with a letter (so never an IPv4 number), an
+# name of ASCII LDH labels (any case, one trailing dot: lowered and dropped as the full parser
+# does) ending in a label that starts with a letter (so never an IPv4 number), an
 # optional decimal port, and a path and query of characters that need no encoding, no `%`
 # (no percent-encoded dot or host) and no `@`; no fragment, userinfo, backslash or whitespace.
 # A host may also be an IPv4 address in canonical dotted decimal (no leading zero, each part at
@@ -46,7 +47,8 @@ _QUERY_SAFE = _PATH_SAFE | frozenset("?")
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _FAST = re.compile(
     r"(https?)://"
-    r"((?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+    r"((?:[a-zA-Z0-9_](?:[a-zA-Z0-9_-]{0,61}[a-zA-Z0-9_])?\.)*"
+    r"[a-zA-Z](?:[a-zA-Z0-9_-]{0,61}[a-zA-Z0-9_])?\.?"
     rf"|{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET})"
     r"(?::([0-9]{1,5}))?"
     r"(/[A-Za-z0-9._~!$&'()*+,;=:/-]*)?"
@@ -140,8 +142,13 @@ def parse_fast(url: str) -> ParsedUrl | None:
     ip: IPAddress | None = None
     if a is not None:
         ip = IPv4Address((int(a) << 24) | (int(b) << 16) | (int(c) << 8) | int(d))
-    elif len(host) > 253 or "xn--" in host:  # too long, or punycode to verify: the full path
-        return None
+    else:
+        if host[-1] == ".":
+            host = host[:-1]
+        if not host.islower():
+            host = host.lower()
+        if len(host) > 253 or "xn--" in host:  # too long, or punycode to verify: the full path
+            return None
     if path is None:
         path = "/"
     elif "/." in path:  # possibly a dot segment to remove: the full path

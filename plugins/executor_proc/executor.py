@@ -24,8 +24,9 @@ from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import HeadTail, Outcome, pump
 from plugins.executor_proc.spec import Limits, Plan, build_plan
+from plugins.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine import ErrorCode, PolicyEngineError
-from policy_engine.executor import ExecContext, ExecutorCapabilities
+from policy_engine.executor import Decider, ExecContext, ExecutorCapabilities
 from policy_engine.model import (
     Digest,
     ExecOp,
@@ -114,18 +115,25 @@ class ProcExecutor:
 
     ``enforces_deadline``: the wait kills the process group at ``ctx.deadline`` or on
     ``ctx.cancel`` and raises ``LLM.TIMEOUT`` itself, so the orchestrator may call it inline.
+
+    Network ``restricted`` (bwrap only): a per-call ``plugins.netproxy`` proxy decided by
+    ``ctx.guard`` (``guard`` here only when the context has none), reached through its bridge,
+    which runs first in the sandbox's empty network namespace. A ``network_hook`` replaces it.
+    The Landlock-only backend has no namespace, and Landlock's TCP rules name ports, not
+    addresses, so it refuses ``restricted`` (``CAPABILITY.BLOCKED``).
     """
 
     enforces_deadline = True
 
     def __init__(self, backend: Backend, options: ProcOptions | None = None, *,
-                 network_hook: NetworkHook | None = None,
+                 network_hook: NetworkHook | None = None, guard: Decider | None = None,
                  mode: Literal["strict", "compat"] = "strict") -> None:
         self.backend = backend
         self.mode = mode
         self.name = f"proc-{backend}"
         self.options = options or ProcOptions()
         self.network_hook = network_hook
+        self.guard = guard
         self.landlock_abi = landlock.abi_version()
         if backend == "bwrap":
             p = bwrap.probe()
@@ -139,7 +147,7 @@ class ProcExecutor:
         self.capabilities = ExecutorCapabilities(
             op_kinds=frozenset({OpKind.PROC_EXEC}),
             network_modes=frozenset({NetworkMode.OFF, NetworkMode.ON}
-                                    | ({NetworkMode.RESTRICTED} if network_hook else set())),
+                                    | ({NetworkMode.RESTRICTED} if backend == "bwrap" else set())),
             bind_mounts=backend == "bwrap", readonly_rootfs=True, resource_limits=True,
             env_filtering=True, streaming_output=False,
         )
@@ -192,25 +200,38 @@ class ProcExecutor:
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
                                     f"{self.name}: {self.unavailable_reason}")
         stdin = _decode_stdin(op)
+        if ctx.profile.network == NetworkMode.RESTRICTED and self.backend == "landlock":
+            raise PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED, "proc-landlock cannot restrict the network to the "
+                "policy proxy (no network namespace; Landlock TCP rules name ports, not hosts); "
+                "use proc-bwrap")
         private_tmp = None if self.backend == "bwrap" else tempfile.mkdtemp(prefix="pe-proc-")
+        net: RestrictedHandle | None = None
         try:
             plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
                               env_base=self.options.env_base,
                               extra_ro=self.options.extra_ro_binds,
                               tmpdir=private_tmp or "/tmp", scan_limit=self.options.scan_limit)
-            network = plan.network
             if plan.network == "restricted" and self.network_hook is None:
-                plan.network = "off"  # stricter than asked, never wider; reported below
-            return self._run(ctx, op, plan, stdin, private_tmp, network)
+                net = RestrictedNetwork(ctx.profile, ctx.guard or self.guard,
+                                        deadline=ctx.deadline).start()
+                plan.env.update(net.env())  # INVARIANT: after the op's allow-listed values
+            return self._run(ctx, op, plan, stdin, private_tmp, plan.network, net)
         finally:
+            if net is not None:
+                _record_proxy(ctx, net)
             if private_tmp is not None:
                 _rmtree(private_tmp)
 
-    def _launcher_spec(self, plan: Plan, private_tmp: str | None) -> dict[str, Any]:
+    def _launcher_spec(self, plan: Plan, private_tmp: str | None,
+                       net: RestrictedHandle | None) -> dict[str, Any]:
         off = plan.network != "on"
         strict = self.backend == "landlock"
         if self.backend == "bwrap":
             extra = [("/tmp", "rw"), ("/dev", "dev"), ("/proc", "ro")]
+            if net is not None:  # the bridge reads its script, then starts the tool's launcher
+                extra += [(net.sandbox_dir, "ro"), (bwrap.NATIVE_PATH, "rox"),
+                          (bwrap.LAUNCHER_DIR, "ro")]
         else:
             # no /proc here: the host's would show every process's environment to root
             extra = [(private_tmp or "/nonexistent", "rw"), ("/dev/null", "dev"),
@@ -218,52 +239,80 @@ class ProcExecutor:
         return {
             "drop_caps": strict and os.geteuid() == 0,
             "landlock": {"rules": plan.landlock_rules(extra, carve_masks=strict),
-                         "deny_tcp": off, "scope": True,
-                         "required": strict},
-            "seccomp": {"deny_inet": off, "deny_setsid": strict, "required": strict},
+                         "deny_tcp": off, "scope": True, "required": strict,
+                         # the bridge binds and dials the proxy port, nothing else
+                         **({"bind": [net.port], "connect": [net.port]} if net else {})},
+            # AF_INET stays usable in restricted mode: the namespace has only loopback
+            "seccomp": {"deny_inet": off and net is None, "deny_setsid": strict,
+                        "required": strict},
+            "keep_status": net is not None,
         }
+
+    @staticmethod
+    def _tool_spec(net: RestrictedHandle) -> dict[str, Any]:
+        """The layer added between the bridge and the tool: no TCP bind at all, connect to the
+        bridge's port only (stacked on the bridge's Landlock domain and seccomp filter).
+        """
+        return {"drop_caps": False, "landlock": {"rules": [], "deny_tcp": True, "scope": True,
+                                                 "required": False, "fs": False,
+                                                 "connect": [net.port]}}
 
     def _inner_args(self, spec: dict[str, Any], status_fd: int) -> list[str]:
         """The native launcher's options for ``spec`` (the Python launcher's JSON, as flags)."""
         args = ["-s", str(status_fd)] + (["-C"] if spec["drop_caps"] else [])
-        ll, sc = spec["landlock"], spec["seccomp"]
+        args += ["-k"] if spec.get("keep_status") else []
+        ll, sc = spec["landlock"], spec.get("seccomp")
         args.append("-L" if ll["required"] else "-l")
         args += (["-t"] if ll["deny_tcp"] else []) + (["-S"] if ll["scope"] else [])
+        args += [] if ll.get("fs", True) else ["-N"]
+        args += [a for p in ll.get("connect", ()) for a in ("-P", str(p))]
+        args += [a for p in ll.get("bind", ()) for a in ("-B", str(p))]
         for path, access in ll["rules"]:
             args += ["-p", f"{landlock.ACCESS[access]}:{path}"]
-        args += ["-F" if sc["required"] else "-f",
-                 _filter_hex(sc["deny_inet"], sc["deny_setsid"])]
+        if sc is not None:
+            args += ["-F" if sc["required"] else "-f",
+                     _filter_hex(sc["deny_inet"], sc["deny_setsid"])]
         return args
 
     def _command(self, plan: Plan, spec: dict[str, Any] | None, status_fd: int,
-                 exe: str | None, host: list[str]) -> list[str]:
+                 exe: str | None, host: list[str], net: RestrictedHandle | None) -> list[str]:
         """The argv to spawn. With the native launcher ``exe``, ``host`` (cgroup fds, rlimits)
         is applied by it on the host; under bwrap a second copy runs inside for layer 2.
+
+        Restricted network: launcher (layer 2, bind/connect the proxy port only, status kept
+        open) → bridge (listens, hands the status pipe on) → launcher (no TCP bind, connect the
+        proxy port only) → tool. Without layer 2: bridge → tool.
         """
-        tail = ["--", *plan.argv]
-        if exe is None:  # Python launcher; cgroups and rlimits come from preexec_fn
-            py = [self.options.python, "-I", "-S", "-B"]
-            if self.backend == "landlock":
-                return [*py, os.path.join(HERE, "launcher.py"), json.dumps(spec),
-                        str(status_fd), *tail]
-            assert self.bwrap_path is not None
-            inner = ([*py, f"{bwrap.LAUNCHER_DIR}/launcher.py", json.dumps(spec),
-                      str(status_fd), *tail] if spec is not None else plan.argv)
-            return bwrap.build_argv(self.bwrap_path, plan, inner=inner,
-                                    launcher_src=HERE if spec is not None else None,
-                                    network_hook=self.network_hook)
+        py = [self.options.python, "-I", "-S", "-B"]
+
+        def layer(s: dict[str, Any], argv: list[str]) -> list[str]:
+            if exe is None:
+                return [*py, f"{bwrap.LAUNCHER_DIR}/launcher.py", json.dumps(s),
+                        str(status_fd), "--", *argv]
+            return [bwrap.NATIVE_PATH, *self._inner_args(s, status_fd), "--", *argv]
+
         if self.backend == "landlock":
             assert spec is not None
-            return [exe, *host, *self._inner_args(spec, status_fd), *tail]
+            if exe is None:  # Python launcher; cgroups and rlimits come from preexec_fn
+                return [*py, os.path.join(HERE, "launcher.py"), json.dumps(spec),
+                        str(status_fd), "--", *plan.argv]
+            return [exe, *host, *self._inner_args(spec, status_fd), "--", *plan.argv]
         assert self.bwrap_path is not None
-        inner = ([bwrap.NATIVE_PATH, *self._inner_args(spec, status_fd), *tail]
-                 if spec is not None else plan.argv)
-        return [exe, *host, "--", *bwrap.build_argv(
-            self.bwrap_path, plan, inner=inner, launcher_src=None, network_hook=self.network_hook,
-            native_launcher=exe if spec is not None else None)]
+        tool = plan.argv
+        if net is not None:
+            tool = net.wrap_argv(layer(self._tool_spec(net), tool), pass_fds=(status_fd,)) \
+                if spec is not None else net.wrap_argv(tool)
+        inner = layer(spec, tool) if spec is not None else tool
+        hook = net.network_hook() if net is not None else self.network_hook
+        argv = bwrap.build_argv(
+            self.bwrap_path, plan, inner=inner, network_hook=hook,
+            launcher_src=HERE if spec is not None and exe is None else None,
+            native_launcher=exe if spec is not None and exe is not None else None)
+        return argv if exe is None else [exe, *host, "--", *argv]
 
     def _run(self, ctx: ExecContext, op: ProcExecOp, plan: Plan, stdin: bytes | None,
-             private_tmp: str | None, asked_network: str) -> ExecResult:
+             private_tmp: str | None, asked_network: str,
+             net: RestrictedHandle | None) -> ExecResult:
         assert plan.limits is not None
         lim = plan.limits
         if stdin is not None and len(stdin) > lim.max_stdin:
@@ -271,7 +320,7 @@ class ProcExecutor:
                                     f"stdin of {len(stdin)} bytes exceeds max_bytes_in")
         layered = self.backend == "landlock" or self.options.layer2
         exe, degraded = self._launcher()
-        spec = self._launcher_spec(plan, private_tmp) if layered else None
+        spec = self._launcher_spec(plan, private_tmp, net) if layered else None
         cg_fds: list[int] = []
         start = time.monotonic()
         deadline = min(ctx.deadline, start + lim.timeout_s)
@@ -284,7 +333,7 @@ class ProcExecutor:
             proc, cg, status_r = held.proc, held.cg, held.status_r
             host = host_rlimits(lim, cg) + ([] if spec is not None else
                                             ["-x", str(held.status_fd)])  # tool must not forge
-            argv = self._command(plan, spec, held.status_fd, exe, host)
+            argv = self._command(plan, spec, held.status_fd, exe, host, net)
             try:
                 held.send(plan.cwd if self.backend == "landlock" else "/",
                           plan.env if self.backend == "landlock" else {}, argv[1:])
@@ -296,7 +345,7 @@ class ProcExecutor:
                 proc.stdin.close()  # EOF at once, as /dev/null would give
                 proc.stdin = None
         else:
-            proc, cg, status_r = self._spawn(plan, spec, stdin, exe, lim, cg_fds)
+            proc, cg, status_r = self._spawn(plan, spec, stdin, exe, lim, cg_fds, net)
         assert proc.stdout is not None
         assert proc.stderr is not None
 
@@ -325,10 +374,10 @@ class ProcExecutor:
         if cg_cpu is not None:
             outcome.rusage_cpu_ms = max(outcome.rusage_cpu_ms, cg_cpu)
         return self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
-                            asked_network, degraded)
+                            asked_network, degraded, chained=net is not None and layered)
 
     def _spawn(self, plan: Plan, spec: dict[str, Any] | None, stdin: bytes | None,
-               exe: str | None, lim: Limits, cg_fds: list[int],
+               exe: str | None, lim: Limits, cg_fds: list[int], net: RestrictedHandle | None,
                ) -> tuple[subprocess.Popen[bytes], cgroups.ExecCgroup | None, int]:
         """Spawn per call: the Python launcher (preexec_fn), or native with ``prespawn: 0``."""
         cg = self._pool.acquire(lim.pids, lim.memory_bytes, lim.cpu_cores) \
@@ -339,7 +388,7 @@ class ProcExecutor:
                 cg_fds += [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in
                            (cg.procs_files if cg else [])]
             host = [a for fd in cg_fds for a in ("-c", str(fd))] + host_rlimits(lim, cg)
-            argv = self._command(plan, spec, status_w, exe, host if exe is not None else [])
+            argv = self._command(plan, spec, status_w, exe, host if exe is not None else [], net)
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -363,11 +412,11 @@ class ProcExecutor:
     def _result(self, ctx: ExecContext, op: ProcExecOp, plan: Plan, oc: Outcome, out: HeadTail,
                 err: HeadTail, start: float, cg: cgroups.ExecCgroup | None,
                 memory_peak: int | None, asked_network: str,
-                degraded: str | None = None) -> ExecResult:
+                degraded: str | None = None, chained: bool = False) -> ExecResult:
         assert plan.limits is not None
         assert oc.status is not None
         duration_ms = int((time.monotonic() - start) * 1000)
-        status = _parse_status(oc.status_json)
+        status = _parse_status(oc.status_json, 2 if chained else 1)
         if status and "error" not in status:
             status.setdefault("launcher", "python")
         code = os.waitstatus_to_exitcode(oc.status)
@@ -433,12 +482,40 @@ def _decode_stdin(op: ProcExecOp) -> bytes | None:
                                 "`stdin_b64` is not valid base64") from None
 
 
-def _parse_status(raw: bytes) -> dict[str, Any]:
+def _parse_status(raw: bytes, expected: int = 1) -> dict[str, Any]:
+    """The launcher's status; with a chain (restricted network) each launcher appended one
+    object, the tool's launcher last, reported as ``tool_layer``. A chain cut short (the bridge
+    could not start the tool) is an error: the tool never ran under its layer.
+    """
+    docs: list[Any] = []
+    text, pos, dec = raw.decode(errors="replace"), 0, json.JSONDecoder()
     try:
-        value = json.loads(raw) if raw else {}
+        while pos < len(text):
+            value, pos = dec.raw_decode(text, pos)
+            docs.append(value)
     except ValueError:
         return {"error": "launcher status unreadable"}
-    return value if isinstance(value, dict) else {"error": "launcher status malformed"}
+    if not all(isinstance(d, dict) for d in docs):
+        return {"error": "launcher status malformed"}
+    errors = [d["error"] for d in docs if "error" in d]
+    if errors:
+        return {"error": errors[0]}
+    if not docs:
+        return {}
+    if len(docs) != expected:
+        return {"error": "the network bridge did not start the tool's launcher"}
+    if expected == 2:  # the tool's layer adds TCP rules only; seccomp is inherited, not re-added
+        return {**docs[0], "tool_layer": {"landlock": docs[1].get("landlock", "off")}}
+    return dict(docs[0])
+
+
+def _record_proxy(ctx: ExecContext, net: RestrictedHandle) -> None:
+    """The proxy's requests and refusals become the call's side effects; then it stops."""
+    try:
+        for rec in net.side_effects(settle=2.0):
+            ctx.record_side_effect(rec)
+    finally:
+        net.close()
 
 
 def _rmtree(path: str) -> None:

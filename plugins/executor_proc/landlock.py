@@ -14,6 +14,7 @@ from collections.abc import Iterable
 _NR = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446)}
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
+_RULE_NET_PORT = 2
 _PR_SET_NO_NEW_PRIVS = 38
 
 # filesystem access rights, by the ABI that introduced them
@@ -34,6 +35,10 @@ RW = (RO | WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_DIR | MAKE_REG | MAKE_SO
 CREATE_ONLY = READ_DIR | MAKE_REG | MAKE_DIR  # a carved rw parent: add files, never remove secrets
 DEV = RO | WRITE_FILE | IOCTL_DEV  # /dev/null, /dev/tty: writes go nowhere harmful
 ACCESS = {"ro": RO, "rox": ROX, "rw": RW, "create": CREATE_ONLY, "dev": DEV, "list": READ_DIR}
+
+
+class _NetPort(ctypes.Structure):
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -69,19 +74,27 @@ class LandlockError(OSError):
     """Landlock could not be applied; the message says which step."""
 
 
-def restrict(rules: Iterable[tuple[str, str]], *, deny_tcp: bool, scope: bool) -> int:
+def restrict(rules: Iterable[tuple[str, str]], *, deny_tcp: bool, scope: bool,
+             connect_ports: Iterable[int] = (), bind_ports: Iterable[int] = (),
+             fs: bool = True) -> int:
     """Restrict this process (and its future children) to ``rules``; returns the ABI used.
 
     :param rules: ``(path, access)`` with access a key of ``ACCESS``; missing paths are skipped.
-    :param deny_tcp: handle TCP bind/connect with no rule, so both are refused (ABI ≥ 4).
+    :param deny_tcp: handle TCP bind/connect, so both are refused but for the ports below
+        (ABI ≥ 4).
+    :param connect_ports: with ``deny_tcp``, TCP ports that may still be connected to.
+    :param bind_ports: with ``deny_tcp``, TCP ports that may still be bound.
     :param scope: refuse signals and abstract Unix sockets leaving the domain (ABI ≥ 6).
+    :param fs: handle filesystem rights; ``False`` makes a network-only layer on top of another.
     :raises LandlockError: when the kernel lacks Landlock or a step fails.
     """
     abi = abi_version()
     nr = _nr()
     if abi <= 0 or nr is None:
         raise LandlockError("landlock is not supported by this kernel")
-    fs_mask = handled_fs(abi)
+    if not fs and not (deny_tcp and abi >= 4):
+        raise LandlockError("landlock TCP rules need ABI 4")
+    fs_mask = handled_fs(abi) if fs else 0
     attr = _RulesetAttr(fs_mask, NET_BIND_TCP | NET_CONNECT_TCP if deny_tcp and abi >= 4 else 0,
                         SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if scope and abi >= 6 else 0)
     size = 24 if abi >= 6 else 16 if abi >= 4 else 8
@@ -89,7 +102,14 @@ def restrict(rules: Iterable[tuple[str, str]], *, deny_tcp: bool, scope: bool) -
     if fd < 0:
         raise LandlockError(ctypes.get_errno(), "landlock_create_ruleset failed")
     try:
-        for path, access in rules:
+        ports = [(p, NET_CONNECT_TCP) for p in connect_ports]
+        ports += [(p, NET_BIND_TCP) for p in bind_ports]
+        for port, right in ports if deny_tcp and abi >= 4 else ():
+            net = _NetPort(right, port)
+            if _libc.syscall(nr[1], fd, _RULE_NET_PORT, ctypes.byref(net),
+                             ctypes.c_uint32(0)) != 0:
+                raise LandlockError(ctypes.get_errno(), "landlock_add_rule failed for a TCP port")
+        for path, access in rules if fs else ():
             _add_rule(nr[1], fd, path, ACCESS[access] & fs_mask)
         if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise LandlockError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")

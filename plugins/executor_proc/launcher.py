@@ -1,9 +1,10 @@
 """In-sandbox launcher: drop capabilities, apply Landlock and seccomp, then exec the tool.
 
 Run as ``python3 -I -S -B launcher.py SPEC_JSON STATUS_FD -- argv...`` (inside bwrap, or directly
-for the Landlock-only backend). Standard library only; its siblings are loaded by path because
-``-I`` keeps the plugin package off ``sys.path``. Exit 126: the isolation could not be applied;
-127: the tool was not found.
+for the Landlock-only backend). Two may be chained (restricted network: one before the bridge,
+one before the tool); the first keeps the status pipe open (``keep_status``) for the second.
+Standard library only; its siblings are loaded by path because ``-I`` keeps the plugin package
+off ``sys.path``. Exit 126: the isolation could not be applied; 127: the tool was not found.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def apply(spec: dict[str, Any]) -> dict[str, Any]:
     if ll is not None:
         try:
             abi = landlock.restrict([tuple(r) for r in ll["rules"]], deny_tcp=ll["deny_tcp"],
-                                    scope=ll["scope"])
+                                    scope=ll["scope"], connect_ports=ll.get("connect", ()),
+                                    bind_ports=ll.get("bind", ()), fs=ll.get("fs", True))
             status["landlock"] = f"enforced (abi {abi})"
         except OSError as err:
             status["landlock"] = f"unavailable: {err}"
@@ -90,7 +92,8 @@ def main(argv: list[str]) -> int:
         os.write(status_fd, json.dumps({"error": str(err)}).encode())
         return 126
     os.write(status_fd, json.dumps(status).encode())
-    os.close(status_fd)
+    if not spec.get("keep_status"):  # else the next launcher in the chain appends its status
+        os.close(status_fd)
     try:
         os.execvp(tool_argv[0], tool_argv)
     except OSError as err:

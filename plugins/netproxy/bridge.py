@@ -3,7 +3,11 @@
 Runs as the sandbox's first process (standard library only: the project is not mounted inside),
 then starts the real command and exits with its status. Usage::
 
-    python3 -I bridge.py --listen 127.0.0.1:3128 --unix /run/policy-engine-net/proxy.sock -- argv…
+    python3 -I bridge.py --listen 127.0.0.1:3128 --unix /run/policy-engine-net/proxy.sock \
+        [--pass-fd N] -- argv…
+
+``--pass-fd`` hands descriptor N to the command and closes it here (the proc executor's status
+pipe, which the launcher before the tool writes to).
 
 Inside a network namespace with no interface but ``lo`` this is the only way out, and it only
 leads to the host-side policy proxy.
@@ -89,12 +93,17 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         sys.stderr.write(f"bridge: cannot listen on {listen}: {exc.strerror}\n")
         return 125
+    passed = tuple(int(fd) for fd in opts.get("--pass-fd", "").split(",") if fd)
     threading.Thread(target=_serve, args=(listener, unix_path), daemon=True).start()
     try:
-        child = subprocess.Popen(command)
+        child = subprocess.Popen(command, pass_fds=passed)
     except OSError as exc:
         sys.stderr.write(f"bridge: cannot run {command[0]}: {exc.strerror}\n")
         return 127
+    finally:
+        for fd in passed:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def forward(signum: int, _frame: object) -> None:
         child.send_signal(signum)

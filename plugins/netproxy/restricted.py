@@ -106,11 +106,16 @@ class RestrictedHandle:
         out["no_proxy"] = out["NO_PROXY"] = ""
         return out
 
-    def wrap_argv(self, argv: list[str]) -> list[str]:
-        """Prefix ``argv`` with the bridge, which listens first, then runs ``argv``."""
+    def wrap_argv(self, argv: list[str], *, pass_fds: tuple[int, ...] = ()) -> list[str]:
+        """Prefix ``argv`` with the bridge, which listens first, then runs ``argv``.
+
+        :param pass_fds: descriptors the bridge inherits and hands to ``argv`` (closing its own
+            copies), e.g. a status pipe the launcher before the tool reports to.
+        """
+        extra = ["--pass-fd", ",".join(map(str, pass_fds))] if pass_fds else []
         return [self.python, "-I", "-S", f"{self.sandbox_dir}/bridge.py",
                 "--listen", f"127.0.0.1:{self.port}",
-                "--unix", f"{self.sandbox_dir}/proxy.sock", "--", *argv]
+                "--unix", f"{self.sandbox_dir}/proxy.sock", *extra, "--", *argv]
 
     def side_effects(self, settle: float = 5.0) -> list[SideEffectRec]:
         """Everything the proxy did or refused, as evidence (metadata only, no query strings).

@@ -8,6 +8,9 @@
  *                                -x FD (close FD before exec: a status pipe nobody inside reports to)
  *   in the sandbox, before tool: -s FD (status)  -C (drop caps)  -l/-L (Landlock, required)
  *                                -t (deny TCP)  -S (scope)  -p MASK:PATH (rule)
+ *                                -P PORT / -B PORT (with -t: allow TCP connect / bind to PORT)
+ *                                -N (Landlock handles no filesystem right: a network-only layer)
+ *                                -k (keep the status FD open for the next launcher in the chain)
  *                                -f HEX / -F HEX (seccomp BPF program, required)
  *
  * Held mode lets the engine spawn launchers ahead of time (each already in its own cgroup: the
@@ -45,6 +48,7 @@ extern char **environ;
 #define NR_RESTRICT_SELF 446
 #define CREATE_RULESET_VERSION 1u
 #define RULE_PATH_BENEATH 1
+#define RULE_NET_PORT 2
 #define FILE_ONLY ((1ull << 0) | (1ull << 1) | (1ull << 2) | (1ull << 14) | (1ull << 15))
 #define NET_BIND_TCP (1ull << 0)
 #define NET_CONNECT_TCP (1ull << 1)
@@ -52,11 +56,17 @@ extern char **environ;
 #define SCOPE_SIGNAL (1ull << 1)
 #define MAX_RULES 4096
 #define MAX_FDS 16
+#define MAX_PORTS 8
 
 struct ruleset_attr { uint64_t fs, net, scoped; };
 struct path_beneath { uint64_t allowed_access; int32_t parent_fd; } __attribute__((packed));
 
+struct net_port { uint64_t allowed_access; uint64_t port; };
+
 struct rule { uint64_t mask; const char *path; };
+
+static uint64_t ports[MAX_PORTS], port_access[MAX_PORTS];
+static int nports, net_only;
 
 static char status[8192];
 static size_t status_len;
@@ -130,13 +140,23 @@ static int landlock_apply(struct rule *rules, int n, int deny_tcp, int scope, in
     int abi = landlock_abi();
     *abi_out = abi;
     if (abi <= 0) { *what = "landlock is not supported by this kernel"; return -EOPNOTSUPP; }
-    uint64_t fs = handled_fs(abi);
+    uint64_t fs = net_only ? 0 : handled_fs(abi);
+    if (net_only && !(deny_tcp && abi >= 4)) { *what = "landlock TCP rules need ABI 4"; return -EOPNOTSUPP; }
     struct ruleset_attr attr = {
         fs, deny_tcp && abi >= 4 ? (NET_BIND_TCP | NET_CONNECT_TCP) : 0,
         scope && abi >= 6 ? (SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL) : 0};
     size_t size = abi >= 6 ? 24 : abi >= 4 ? 16 : 8;
     int rfd = (int)syscall(NR_CREATE_RULESET, &attr, size, 0u);
     if (rfd < 0) { *what = "landlock_create_ruleset failed"; return -errno; }
+    for (int i = 0; deny_tcp && abi >= 4 && i < nports; i++) {
+        struct net_port np = {port_access[i], ports[i]};
+        if (syscall(NR_ADD_RULE, rfd, RULE_NET_PORT, &np, 0u) != 0) {
+            int e = errno;
+            close(rfd);
+            *what = "landlock_add_rule failed for a TCP port";
+            return -e;
+        }
+    }
     for (int i = 0; i < n; i++) {
         int pfd = open(rules[i].path, O_PATH | O_CLOEXEC);
         if (pfd < 0) continue; /* absent inside this sandbox: nothing to allow */
@@ -215,7 +235,7 @@ static int seccomp_apply(const char *hex, int *len_out, const char **what) {
 
 static void usage(void) {
     fprintf(stderr, "usage: sb_launch [-c FD] [-r RES:SOFT:HARD] [-s FD] [-C] [-l|-L] [-t] [-S] "
-                    "[-p MASK:PATH] [-f|-F HEX] -- PROGRAM ARGS...\n");
+                    "[-p MASK:PATH] [-P PORT] [-B PORT] [-N] [-k] [-f|-F HEX] -- PROGRAM ARGS...\n");
     _exit(126);
 }
 
@@ -228,14 +248,14 @@ static unsigned long long num(const char *s, char **end) {
 
 static struct rule rules[MAX_RULES];
 static int nrules, cg_fds[MAX_FDS], ncg, hold_fd = -1;
-static int want_ll, ll_required, deny_tcp, scope, caps, sc_required;
+static int want_ll, ll_required, deny_tcp, scope, caps, sc_required, keep_status;
 static const char *seccomp_hex;
 
 static void parse(int argc, char **argv) {
     int opt;
     char *end;
     optind = 0; /* glibc: full re-initialisation, so held mode can parse a second argv */
-    while ((opt = getopt(argc, argv, "+c:r:s:H:x:ClLtSp:f:F:")) != -1) {
+    while ((opt = getopt(argc, argv, "+c:r:s:H:x:ClLtSp:P:B:Nkf:F:")) != -1) {
         switch (opt) {
         case 'x': close((int)num(optarg, &end)); break;
         case 'H': hold_fd = (int)num(optarg, &end); break;
@@ -265,6 +285,15 @@ static void parse(int argc, char **argv) {
             if (*end != ':') usage();
             rules[nrules++].path = end + 1;
             break;
+        case 'P': /* fall through */
+        case 'B':
+            if (nports == MAX_PORTS) usage();
+            ports[nports] = num(optarg, &end);
+            if (*end != 0 || ports[nports] > 65535) usage();
+            port_access[nports++] = opt == 'P' ? NET_CONNECT_TCP : NET_BIND_TCP;
+            break;
+        case 'N': net_only = 1; break;
+        case 'k': keep_status = 1; break;
         case 'F': sc_required = 1; /* fall through */
         case 'f': seccomp_hex = optarg; break;
         default: usage();
@@ -368,7 +397,7 @@ int main(int argc, char **argv) {
         }
         put("\"}");
         write_all(status_fd, status, status_len);
-        close(status_fd);
+        if (!keep_status) close(status_fd); /* -k: the next launcher appends its own status */
     }
     execvp(argv[optind], argv + optind);
     fprintf(stderr, "policy-engine launcher: cannot execute `%s`: %s\n", argv[optind],

@@ -71,17 +71,19 @@ def test_network_hook_is_the_extension_point_for_restricted_mode(root: Path) -> 
                             network_hook=lambda p: ["--setenv", "HTTPS_PROXY", "unix:/run/p"])
     assert "--share-net" not in argv
     assert "HTTPS_PROXY" in argv
-    hooked = ProcExecutor("bwrap", network_hook=lambda p: [])
-    assert NetworkMode.RESTRICTED in hooked.capabilities.network_modes
-    assert NetworkMode.RESTRICTED not in ProcExecutor("bwrap").capabilities.network_modes
+    assert NetworkMode.RESTRICTED in ProcExecutor("bwrap").capabilities.network_modes
+    assert NetworkMode.RESTRICTED not in ProcExecutor("landlock").capabilities.network_modes
 
 
-def test_restricted_without_a_hook_runs_stricter_and_says_so(root: Path) -> None:
+def test_restricted_runs_behind_the_proxy_and_a_hook_replaces_it(root: Path) -> None:
     ctx = ExecContext(profile=make_profile(root, NetworkMode.RESTRICTED),
                       deadline=time.monotonic() + 60)
-    res = ProcExecutor("bwrap").execute(ctx, ProcExecOp(tool="true"))
-    assert res.out["network"] == "off"
-    assert res.out["network_requested"] == "restricted"
+    res = ProcExecutor("bwrap").execute(ctx, ProcExecOp(tool="printenv", args=("HTTPS_PROXY",)))
+    assert res.out["network"] == res.out["network_requested"] == "restricted"
+    assert res.out["stdout"].strip() == "http://127.0.0.1:3128"
+    hooked = ProcExecutor("bwrap", network_hook=lambda p: ["--setenv", "HTTPS_PROXY", "hook"])
+    res = hooked.execute(ctx, ProcExecOp(tool="printenv", args=("HTTPS_PROXY",)))
+    assert res.out["stdout"].strip() == "hook"
 
 
 def test_landlock_carves_around_masked_paths(root: Path) -> None:
@@ -152,7 +154,8 @@ def test_plugin_validates_options_and_declares_capabilities() -> None:
     bw, ll = (e.capabilities for e in executors)
     assert bw.bind_mounts
     assert not ll.bind_mounts
-    assert bw.network_modes == {NetworkMode.OFF, NetworkMode.ON}
+    assert bw.network_modes == {NetworkMode.OFF, NetworkMode.RESTRICTED, NetworkMode.ON}
+    assert ll.network_modes == {NetworkMode.OFF, NetworkMode.ON}
     assert bw.env_filtering
     assert bw.resource_limits
     for bad in ({"env_allow": "CI"}, {"extra_ro_binds": ["rel"]}, {"layer2": "yes"},

@@ -139,6 +139,7 @@ class ForbidSet:
 
     screen: Callable[[Any], bool] | None
     denies: tuple[CompiledDeny, ...]
+    by_globs: bool = False  # the screen is the fs glob union (traced as one step, as it was)
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,8 +372,11 @@ def _forbids(profile: Profile, conditions: ConditionIndex) -> dict[str, ForbidSe
             None, None, True, "deny-list"))
     out: dict[str, ForbidSet] = {}
     for kind, lst in denies.items():
-        pre = GlobSet(fs_globs[kind], home, forbid=True).match if kind in fs_globs else None
-        out[kind] = ForbidSet(pre or _screen([d.matcher for d in lst]), tuple(lst))
+        if kind in fs_globs:
+            out[kind] = ForbidSet(GlobSet(fs_globs[kind], home, forbid=True).match, tuple(lst),
+                                  by_globs=True)
+        else:
+            out[kind] = ForbidSet(_screen([d.matcher for d in lst]), tuple(lst))
     return out
 
 

@@ -153,9 +153,11 @@ class Guard:
         # step 3: forbids
         fset = cp.forbids.get(cap_kind)
         if fset is not None:
-            if fset.screen is not None and not fset.screen(res):
+            # with a tracer, URL and tool forbids are scanned one by one so the trace names each
+            if fset.screen is not None and (tr is None or fset.by_globs) and \
+                    not fset.screen(res):
                 if tr is not None:
-                    tr.step("forbid", "no-match", detail="no forbid matches")
+                    tr.step("forbid", "no-match", detail="no forbid glob matches")
             else:
                 for d in fset.denies:
                     if not d.matcher.admits(res):

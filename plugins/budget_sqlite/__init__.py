@@ -1,5 +1,5 @@
 """SQLite budget meter (``budget_meter: sqlite``, the default): shared by every process using the
-same state directory; one row per (grant_key, kind), updated inside ``BEGIN IMMEDIATE``.
+same state directory; one row per (grant_key, kind), checked and updated by one guarded UPSERT.
 """
 
 from __future__ import annotations
@@ -21,14 +21,36 @@ CREATE TABLE IF NOT EXISTS budget_usage (
 )
 """
 
+# One statement, so one implicit write transaction (autocommit): SQLite takes the write lock when
+# the statement starts, so the guard and the add cannot interleave with another writer's. The
+# SELECT yields no row when a first charge alone is over the limit; the DO UPDATE's WHERE skips
+# the update when the sum would be; either way RETURNING yields nothing and nothing changed.
+_CHARGE = """
+INSERT INTO budget_usage (grant_key, kind, used)
+  SELECT :key, :kind, :amount WHERE :limit IS NULL OR :amount <= :limit
+ON CONFLICT (grant_key, kind) DO UPDATE SET used = used + excluded.used
+  WHERE :limit IS NULL OR budget_usage.used + excluded.used <= :limit
+RETURNING used
+"""
+_USED = "SELECT used FROM budget_usage WHERE grant_key = ? AND kind = ?"
+
 
 class SqliteBudgetMeter:
-    """Atomic across threads and processes.
+    """Atomic across threads and processes, one statement per charge.
 
-    ``BEGIN IMMEDIATE`` takes SQLite's write lock before the read, so the read-check-write of one
-    caller cannot interleave with another's (a plain ``BEGIN`` would let two readers both see the
-    old value). Each thread gets its own connection because sqlite3 connections are not meant to
-    be shared across threads mid-transaction.
+    The check and the add are one guarded UPSERT (``_CHARGE``) run in autocommit mode: a single
+    write statement holds SQLite's write lock from its start to its commit, so the
+    read-check-write of one caller cannot interleave with another's, with no ``BEGIN IMMEDIATE``
+    / ``COMMIT`` round trips. Each thread keeps its own connection (statements stay prepared in
+    its cache; sqlite3 connections are not meant to be shared across threads).
+
+    ``journal_mode=WAL`` lets ``used()`` readers run beside the writer. ``synchronous=NORMAL``
+    in WAL mode never corrupts the database and loses nothing if the process crashes; only an
+    OS crash or power loss can drop the last few commits. For a budget that means charges made
+    just before the machine died may be forgotten, so a grant could re-spend at most those; the
+    calls themselves were lost with the machine too. That bounded under-count is the price of not
+    fsyncing on every tool call; deployments that cannot accept it can set ``synchronous=FULL``
+    on the database.
     """
 
     name = "sqlite"
@@ -47,7 +69,7 @@ class SqliteBudgetMeter:
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            # isolation_level=None: we issue BEGIN IMMEDIATE/COMMIT ourselves
+            # isolation_level=None: autocommit, each charge is one statement and one transaction
             conn = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None,
                                    check_same_thread=False)
             conn.execute("PRAGMA synchronous=NORMAL")
@@ -59,23 +81,15 @@ class SqliteBudgetMeter:
     def check_and_consume(self, grant_key: str, kind: str, amount: int, limit: int | None) -> int:
         check_amount(kind, amount)
         conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            row = conn.execute(
-                "SELECT used FROM budget_usage WHERE grant_key = ? AND kind = ?",
-                (grant_key, kind)).fetchone()
-            used = int(row[0]) if row else 0
-            if limit is not None and used + amount > limit:
-                raise exceeded(grant_key, kind, limit, used, amount)
-            conn.execute(
-                "INSERT INTO budget_usage (grant_key, kind, used) VALUES (?, ?, ?) "
-                "ON CONFLICT (grant_key, kind) DO UPDATE SET used = excluded.used",
-                (grant_key, kind, used + amount))
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        return used + amount
+        # INVARIANT: fetchall steps the statement to its end, so it is reset and its implicit
+        # transaction commits here (fetchone would leave it open, holding the write lock)
+        rows = conn.execute(_CHARGE, {"key": grant_key, "kind": kind, "amount": amount,
+                                      "limit": limit}).fetchall()
+        if rows:
+            return int(rows[0][0])
+        assert limit is not None  # INVARIANT: an unlimited charge always returns its row
+        row = conn.execute(_USED, (grant_key, kind)).fetchone()  # for the message only
+        raise exceeded(grant_key, kind, limit, int(row[0]) if row else 0, amount)
 
     def used(self, grant_key: str) -> dict[str, int]:
         rows = self._conn().execute(

@@ -126,7 +126,14 @@ class UrlMatcher:
                     return False
             elif url.port != DEFAULT_PORTS.get(url.scheme):
                 return False
-        return self.host_set.matches(url.host, url.ip)
+        hs = self.host_set  # HostSet.matches, inlined: this runs on every URL decision
+        host = url.host
+        if hs.everything or host in hs.exact:
+            return True
+        ip = url.ip
+        if ip is None:
+            return host.endswith(hs.suffixes)
+        return any(ip.version == n.version and ip in n for n in hs.networks)
 
 
 class NetMatcher(UrlMatcher):

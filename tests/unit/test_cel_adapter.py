@@ -16,6 +16,7 @@ from policy_engine.dsl.cel import (
     cel_span,
     check_boolean,
     compile_condition,
+    to_cel_value,
 )
 from policy_engine.errors import Span
 from policy_engine.model import SafetyClass
@@ -159,3 +160,27 @@ def test_agrees_with_cel_python(source: str) -> None:
         ours, why = cond.evaluate(data)
         assert why is None, why
         assert ours == _celpy(source, data), (source, data)
+
+
+def test_variables_are_the_names_the_source_mentions() -> None:
+    cond = _compiled('profile.subject_id.startsWith("agent:") && '
+                     'now > timestamp("2020-01-01T00:00:00Z")')
+    # a superset by design: `subject` occurs inside `subject_id`, so it is built too (harmless)
+    assert cond.variables == {"profile", "now", "subject"}
+    assert _compiled("request.size > 1 || grant.tenant == 'x'").variables == {"request", "grant"}
+
+
+def test_evaluate_plain_agrees_with_evaluate() -> None:
+    cond = _compiled('request.size <= 4 && "a" in request.tags && now.getHours() == 10')
+    at_ten = dt.datetime(2024, 1, 1, 10, tzinfo=dt.UTC)
+    for request in ({"size": 3, "tags": ["a"]}, {"size": 5, "tags": ["a"]}, {"size": 3},
+                    {"size": "x", "tags": []}):
+        context = {"request": request, "now": at_ten}
+        assert cond.evaluate_plain(activation(context)) == cond.evaluate(context)
+
+
+def test_plain_values_are_passed_through_and_the_rest_converted() -> None:
+    plain = {"a": [1, "x", {"b": None, "c": 2.5, "d": True}], "when": dt.datetime(2024, 1, 1)}
+    assert to_cel_value(plain) is plain  # nothing to convert: no copy
+    mixed = {"t": (1, 2), "s": SafetyClass.HIGH, 3: frozenset({"x"}), "l": [("y",)]}
+    assert to_cel_value(mixed) == {"t": [1, 2], "s": "High", "3": ["x"], "l": [["y"]]}

@@ -167,7 +167,7 @@ def test_variables_are_the_names_the_source_mentions() -> None:
                      'now > timestamp("2020-01-01T00:00:00Z")')
     # a superset by design: `subject` occurs inside `subject_id`, so it is built too (harmless)
     assert cond.variables == {"profile", "now", "subject"}
-    assert _compiled("request.size > 1 || grant.tenant == 'x'").variables == {"request", "grant"}
+    assert _compiled("request.size > 1 || grant.call_id == 'x'").variables == {"request", "grant"}
 
 
 def test_evaluate_plain_agrees_with_evaluate() -> None:

@@ -9,6 +9,7 @@ verified for one name is never reused for another.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import ssl
 import threading
@@ -37,8 +38,7 @@ class PinnedTransport:
     """
 
     def __init__(self, verify: ssl.SSLContext | bool = True, max_tls_pools: int = 64) -> None:
-        self._ssl = verify if isinstance(verify, ssl.SSLContext) else httpx.create_ssl_context(
-            verify=verify)
+        self._ssl = verify if isinstance(verify, ssl.SSLContext) else _shared_ssl_context(verify)
         self._limits = httpx.Limits(max_connections=32, max_keepalive_connections=16,
                                     keepalive_expiry=5.0)
         self._http = self._new()
@@ -112,3 +112,11 @@ def _is_literal(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+@functools.lru_cache(maxsize=2)
+def _shared_ssl_context(verify: bool) -> ssl.SSLContext:
+    """One context per verify setting for the whole process: loading the system CA store
+    costs ~20 ms, and an SSLContext is safe to share between connections and threads.
+    """
+    return httpx.create_ssl_context(verify=verify)

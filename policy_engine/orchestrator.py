@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Literal, Protocol
 
 from policy_engine.budget import BudgetMeter, grant_key, limit_of
 from policy_engine.config import EngineConfig
@@ -23,6 +22,7 @@ from policy_engine.evidence import (
 )
 from policy_engine.executor import CancelToken, ExecContext
 from policy_engine.graph.policyset import PolicySet
+from policy_engine.guard import Guard
 from policy_engine.model import (
     Decision,
     EvidenceBegin,
@@ -47,6 +47,7 @@ from policy_engine.orchestration.revocation import (
 from policy_engine.orchestration.running import Attempt, run_with_deadline
 from policy_engine.orchestration.selection import select
 from policy_engine.plugin_manager import PluginManager
+from policy_engine.profile import ProfileBuilder
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +97,6 @@ def _wall_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _default(module: str, attr: str, policyset: PolicySet) -> Any:
-    # imported at first use so the orchestrator depends only on the two-method protocols above
-    return getattr(importlib.import_module(module), attr)(policyset)
-
-
 class Orchestrator:
     """Runs tool calls end to end and leaves begin/end evidence for every one, allowed or not.
 
@@ -123,10 +119,8 @@ class Orchestrator:
         self.metrics = metrics or Metrics()
         self._clock = clock or _wall_ms
         self._ids = ids or (lambda: uuid.uuid4().hex)
-        self.builder: ProfileBuilderLike = profile_builder or cast(
-            ProfileBuilderLike, _default("policy_engine.profile", "ProfileBuilder", policyset))
-        self.guard: GuardLike = guard or cast(
-            GuardLike, _default("policy_engine.guard", "Guard", policyset))
+        self.builder: ProfileBuilderLike = profile_builder or ProfileBuilder(policyset)
+        self.guard: GuardLike = guard or Guard(policyset)
         self.plugins.configure(config)
         self.components = self.plugins.components(config)
         missing = [s for s in config.evidence_sinks if s not in self.components.sinks]

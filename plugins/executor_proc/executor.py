@@ -356,10 +356,17 @@ class ProcExecutor:
                 cg.kill_all()
 
         out, err = HeadTail(lim.max_stdout), HeadTail(lim.max_stderr)
+        # pump owns (and closes) the stdin descriptor it is given: hand it a duplicate and close
+        # the file object now, so the number is never closed twice (a second close could hit
+        # a descriptor reused meanwhile, e.g. a held launcher's control pipe)
+        stdin_fd: int | None = None
+        if proc.stdin is not None:
+            stdin_fd = os.dup(proc.stdin.fileno())
+            proc.stdin.close()
+            proc.stdin = None
         try:
             outcome = pump(proc.pid, proc.stdout.fileno(), proc.stderr.fileno(), status_r,
-                           proc.stdin.fileno() if proc.stdin else None, stdin or b"", out, err,
-                           deadline, ctx.cancel, kill, kill)
+                           stdin_fd, stdin or b"", out, err, deadline, ctx.cancel, kill, kill)
         finally:
             proc.returncode = -1  # reaped by pump's wait4; keep Popen from waiting again
             for fh in (proc.stdout, proc.stderr):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import os
 import socket
 import sys
@@ -314,3 +316,45 @@ def test_cwd_outside_root_is_blocked(executors: dict[str, ProcExecutor], root: P
         with pytest.raises(PolicyEngineError) as exc:
             run(executors[backend], root, "pass", cwd=cwd)
         assert exc.value.code == ErrorCode.CAPABILITY_BLOCKED
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stdin_descriptor_is_closed_exactly_once(executors: dict[str, ProcExecutor], root: Path,
+                                                 backend: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # pump closes the stdin descriptor it is given. If a file object still owned that number,
+    # it would close it a second time when the Popen is released, hitting whatever reused the
+    # number meanwhile. POSIX hands out the lowest free descriptor, so a pipe opened right
+    # after pump returns takes the stdin number; it must survive the call.
+    import plugins.executor_proc.executor as executor_module
+
+    real_pump = executor_module.pump
+    reused: list[int] = []
+    given: list[int] = []
+
+    def pump_then_reuse(*args: Any, **kwargs: Any) -> Any:
+        outcome = real_pump(*args, **kwargs)
+        given.append(args[4])
+        fillers = []
+        while True:  # take every lower free number so the next open gets the stdin one
+            fd = os.open(os.devnull, os.O_RDONLY)
+            if fd >= args[4]:
+                reused.append(fd)
+                break
+            fillers.append(fd)
+        for fd in fillers:
+            os.close(fd)
+        return outcome
+
+    monkeypatch.setattr(executor_module, "pump", pump_then_reuse)
+    result = run(executors[backend], root, "import sys; sys.stdin.read()",
+                 stdin_b64=base64.b64encode(b"data").decode(), cwd=str(root / "proj"))
+    assert result.out["exit_code"] == 0
+    assert reused == given  # the descriptor pump closed was taken again by our open
+    try:
+        for fd in reused:
+            os.fstat(fd)  # EBADF here = the stdin number was closed twice
+    finally:
+        for fd in reused:
+            with contextlib.suppress(OSError):
+                os.close(fd)

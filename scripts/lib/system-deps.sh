@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Debian packages the project needs at run/test time, installed only when missing.
-SYSTEM_PACKAGES=(bubblewrap docker.io chromium fonts-dejavu-core)
+# bubblewrap: proc sandbox; gcc + libc6-dev: the native sandbox launcher; python3 (Debian's
+# /usr/bin/python3): the in-sandbox network bridge and the docker image's interpreter;
+# docker.io: docker backend; chromium + fonts: browser backend; curl and git: tools the
+# examples and sandbox tests run
+SYSTEM_PACKAGES=(bubblewrap gcc libc6-dev python3 docker.io chromium fonts-dejavu-core curl git)
 
 ensure_system_packages() {
   local missing=()

@@ -54,7 +54,7 @@ def test_grammar_symlink_points_at_the_canonical_copy() -> None:
     assert grammar_text() == (ROOT / "dsl" / "sbpolicy.lark").read_text()
 
 
-def test_wheel_ships_the_grammar(tmp_path: Path) -> None:
+def test_wheel_ships_the_grammar_and_every_data_file(tmp_path: Path) -> None:
     # build from a copy (symlinks kept as symlinks) so the checkout gets no build/ directory
     src = tmp_path / "src"
     src.mkdir()
@@ -73,4 +73,12 @@ def test_wheel_ships_the_grammar(tmp_path: Path) -> None:
     (wheel,) = out.glob("policy_engine-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         shipped = zf.read("policy_engine/dsl/grammar/sbpolicy.lark")
+        names = set(zf.namelist())
     assert shipped == (ROOT / "dsl" / "sbpolicy.lark").read_bytes()
+    # every non-Python file of the two packages (the native launcher's C source, py.typed …)
+    # must be in the wheel: a plain `pip install .` has nothing else to read them from
+    data = {str(p.relative_to(ROOT)) for pkg in ("policy_engine", "plugins")
+            for p in (ROOT / pkg).rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")
+            and "__pycache__" not in p.parts}
+    assert data
+    assert data - names == set()

@@ -17,8 +17,8 @@ import threading
 import time
 from pathlib import Path
 
-from plugins.executor_docker.capture import HeadTail
 from plugins.executor_docker.runner import Outcome
+from policy_engine.capture import HeadTail
 from policy_engine.errors import ErrorCode, PolicyEngineError
 
 CONTROL_DIR = "/run/policy-engine-ctl"

@@ -19,8 +19,8 @@ import docker.errors
 import requests.exceptions
 from docker.types import Mount
 
-from plugins.executor_docker.capture import HeadTail
 from plugins.executor_docker.engine import SANDBOX_USER, Hardening, map_error
+from policy_engine.capture import HeadTail
 
 KILL_ALL = ("/bin/kill", "-9", "-1")
 

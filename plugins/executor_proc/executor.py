@@ -22,10 +22,11 @@ from typing import Any, Literal
 from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, seccomp
 from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
-from plugins.executor_proc.output import HeadTail, Outcome, pump
+from plugins.executor_proc.output import Outcome, pump
 from plugins.executor_proc.spec import Limits, Plan, build_plan
 from plugins.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine import ErrorCode, PolicyEngineError
+from policy_engine.capture import HeadTail
 from policy_engine.executor import Decider, ExecContext, ExecutorCapabilities
 from policy_engine.model import (
     Digest,
@@ -416,6 +417,18 @@ class ProcExecutor:
                 os.close(fd)
         return proc, cg, status_r
 
+    def _isolation(self, status: dict[str, Any] | None) -> dict[str, Any]:
+        """What isolated the tool, as evidence reports it.
+
+        Under bwrap the launcher leaves capabilities alone ("kept" in its report) because
+        bwrap's `--cap-drop ALL` already dropped every one; say so rather than "kept".
+        """
+        report: dict[str, Any] = {"bwrap": self.backend == "bwrap",
+                                  **(status or {"landlock": "off", "seccomp": "off"})}
+        if self.backend == "bwrap" and report.get("caps") in (None, "kept"):
+            report["caps"] = "dropped (bwrap --cap-drop ALL)"
+        return report
+
     def _result(self, ctx: ExecContext, op: ProcExecOp, plan: Plan, oc: Outcome, out: HeadTail,
                 err: HeadTail, start: float, cg: cgroups.ExecCgroup | None,
                 memory_peak: int | None, asked_network: str,
@@ -436,10 +449,10 @@ class ProcExecutor:
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
                                     f"{self.name}: isolation could not be applied: "
                                     f"{status['error']}", audit=audit)
-        if self.backend == "bwrap" and not status and code != 0 and (
-                err.value().startswith(b"bwrap:")):
+        stderr = err.kept(mark=False)
+        if self.backend == "bwrap" and not status and code != 0 and stderr.startswith(b"bwrap:"):
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "bwrap could not set up the "
-                                    "sandbox: " + err.value().decode(errors="replace")[:300],
+                                    "sandbox: " + stderr.decode(errors="replace")[:300],
                                     audit=audit)
         ctx.consume("cpu_ms", oc.rusage_cpu_ms)
         ctx.record_side_effect(SideEffectRec(kind=SideEffect.PROCESS, meta={
@@ -448,14 +461,13 @@ class ProcExecutor:
             "exit_code": code, "backend": self.name}))
         return ExecResult(ok=True, out={
             "exit_code": code, "duration_ms": duration_ms, "cpu_ms": oc.rusage_cpu_ms,
-            "stdout": out.value().decode(errors="replace"),
-            "stderr": err.value().decode(errors="replace"),
+            "stdout": out.kept(mark=False).decode(errors="replace"),
+            "stderr": stderr.decode(errors="replace"),
             "stdout_truncated": out.truncated, "stderr_truncated": err.truncated,
             "stdout_bytes": out.total, "stderr_bytes": err.total,
             "stdout_digest": out.digest().model_dump(), "stderr_digest": err.digest().model_dump(),
             "backend": self.name, "network": plan.network, "network_requested": asked_network,
-            "isolation": {"bwrap": self.backend == "bwrap", **(status or {"landlock": "off",
-                                                                          "seccomp": "off"})},
+            "isolation": self._isolation(status),
             "limits": describe(plan.limits, cg), "memory_peak_bytes": memory_peak,
             "masked": plan.mask_files + plan.mask_dirs,
             **({"degraded": [degraded]} if degraded else {}),

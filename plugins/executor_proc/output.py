@@ -7,61 +7,18 @@ bounded by head + tail whatever it prints.
 
 from __future__ import annotations
 
-import base64
-import collections
 import contextlib
 import errno
-import hashlib
 import os
 import selectors
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from policy_engine.capture import HeadTail
 from policy_engine.executor import CancelToken
-from policy_engine.model import Digest
 
 _CHUNK = 64 * 1024
-
-
-@dataclass(slots=True)
-class HeadTail:
-    """Keeps the first ``limit // 2`` and the last ``limit - limit // 2`` bytes of a stream."""
-
-    limit: int
-    head: bytearray = field(default_factory=bytearray)
-    tail: collections.deque[bytes] = field(default_factory=collections.deque)
-    tail_size: int = 0
-    total: int = 0
-    sha: hashlib._Hash = field(default_factory=hashlib.sha256)
-
-    def feed(self, data: bytes) -> None:
-        self.total += len(data)
-        self.sha.update(data)
-        room = self.limit // 2 - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-        if not data:
-            return
-        keep = self.limit - self.limit // 2
-        self.tail.append(data)
-        self.tail_size += len(data)
-        while self.tail and self.tail_size - len(self.tail[0]) >= keep:
-            self.tail_size -= len(self.tail.popleft())
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > self.limit
-
-    def value(self) -> bytes:
-        tail = b"".join(self.tail)
-        if not self.truncated:
-            return bytes(self.head) + tail
-        return bytes(self.head) + tail[len(tail) - (self.limit - self.limit // 2):]
-
-    def digest(self) -> Digest:
-        return Digest(b64=base64.b64encode(self.sha.digest()).decode(), size=self.total)
 
 
 @dataclass(slots=True)

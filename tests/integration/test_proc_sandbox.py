@@ -358,3 +358,14 @@ def test_stdin_descriptor_is_closed_exactly_once(executors: dict[str, ProcExecut
         for fd in reused:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def test_the_tool_holds_no_capabilities_and_evidence_says_who_dropped_them(
+        executors: dict[str, ProcExecutor], root: Path) -> None:
+    result = run(executors["bwrap"], root,
+                 "print(''.join(l for l in open('/proc/self/status') if l.startswith('Cap')))")
+    caps = {name: int(value, 16) for name, value in
+            (line.split(":") for line in result.out["stdout"].split("\n") if line.strip())}
+    assert set(caps) == {"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"}
+    assert all(v == 0 for v in caps.values()), caps
+    assert result.out["isolation"]["caps"] == "dropped (bwrap --cap-drop ALL)"

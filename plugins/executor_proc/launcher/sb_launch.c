@@ -91,6 +91,22 @@ static void put_escaped(const char *s) {
     }
 }
 
+/* One isolation layer's status: "unavailable: [Errno N] why" (rc < 0), else
+ * "enforced (<label> <value>)" or "enforced (<value> <label>)" as the caller words it. */
+static void put_layer(int rc, const char *what, const char *before, int value, const char *after) {
+    char buf[64];
+    if (rc < 0) {
+        snprintf(buf, sizeof buf, "unavailable: [Errno %d] ", -rc);
+        put(buf);
+        put_escaped(what);
+        return;
+    }
+    snprintf(buf, sizeof buf, "%d", value);
+    put(before);
+    put(buf);
+    put(after);
+}
+
 static void write_all(int fd, const char *p, size_t n) {
     while (n > 0) {
         ssize_t w = write(fd, p, n);
@@ -352,7 +368,6 @@ int main(int argc, char **argv) {
     }
     if (optind >= argc) usage();
     if (status_fd >= 0) {
-        char buf[64];
         const char *what = NULL, *path = NULL;
         put("{\"launcher\": \"native\", \"caps\": \"");
         if (caps) {
@@ -367,15 +382,7 @@ int main(int argc, char **argv) {
         if (want_ll) {
             int abi = 0, rc = landlock_apply(rules, nrules, deny_tcp, scope, &abi, &what, &path);
             if (rc < 0 && ll_required) fail(-rc, what, path);
-            if (rc < 0) {
-                put("unavailable: ");
-                snprintf(buf, sizeof buf, "[Errno %d] ", -rc);
-                put(buf);
-                put_escaped(what);
-            } else {
-                snprintf(buf, sizeof buf, "enforced (abi %d)", abi);
-                put(buf);
-            }
+            put_layer(rc, what, "enforced (abi ", abi, ")");
         } else {
             put("off");
         }
@@ -383,15 +390,7 @@ int main(int argc, char **argv) {
         if (seccomp_hex != NULL) {
             int len = 0, rc = seccomp_apply(seccomp_hex, &len, &what);
             if (rc < 0 && sc_required) fail(-rc, what, NULL);
-            if (rc < 0) {
-                put("unavailable: ");
-                snprintf(buf, sizeof buf, "[Errno %d] ", -rc);
-                put(buf);
-                put_escaped(what);
-            } else {
-                snprintf(buf, sizeof buf, "enforced (%d instructions)", len);
-                put(buf);
-            }
+            put_layer(rc, what, "enforced (", len, " instructions)");
         } else {
             put("off");
         }

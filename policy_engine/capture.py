@@ -1,21 +1,30 @@
-"""Bounded capture of a stream: keep the head and the tail, count the rest, never stop reading.
+"""Bounded capture of an output stream: head and tail kept, everything counted and digested.
 
-Seed 002 §5.1: output beyond the limit is truncated, the process is *not* killed; the stream is
-drained to the end so the process never blocks on a full pipe.
+Executors drain a child's stdout/stderr to the end (so it never blocks on a full pipe) while
+keeping at most ``limit`` bytes in memory: the first half and the last half of the stream.
+Shared by the proc and docker executors; public API for third-party executors.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections import deque
+
+from policy_engine.model import Digest
 
 TRUNCATION_MARK = b"\n[... %d bytes truncated ...]\n"
 
 
 class HeadTail:
-    """Keeps at most ``limit`` bytes: the first half and the last half of everything fed.
+    """Keeps at most ``limit`` bytes: the first ``ceil(limit/2)`` and the last ``floor(limit/2)``.
 
-    :param limit: bytes kept in total (head + tail); 0 keeps nothing.
+    :param limit: bytes kept in total (head + tail); 0 keeps nothing but still counts and
+        digests the stream.
     """
+
+    __slots__ = ("_sha", "_tail", "_tail_len", "head", "head_limit", "limit", "tail_limit",
+                 "total")
 
     def __init__(self, limit: int) -> None:
         self.limit = max(0, limit)
@@ -25,9 +34,11 @@ class HeadTail:
         self._tail: deque[bytes] = deque()
         self._tail_len = 0
         self.total = 0
+        self._sha = hashlib.sha256()
 
     def feed(self, chunk: bytes) -> None:
         self.total += len(chunk)
+        self._sha.update(chunk)
         room = self.head_limit - len(self.head)
         if room > 0:
             self.head += chunk[:room]
@@ -52,9 +63,17 @@ class HeadTail:
         data = b"".join(self._tail)
         return data[-self.tail_limit:] if self.tail_limit else b""
 
-    def kept(self) -> bytes:
-        """Head and tail; when truncated, a one-line marker says how much was dropped."""
+    def kept(self, *, mark: bool = True) -> bytes:
+        """Head and tail; when truncated and ``mark``, a one-line marker says how much was
+        dropped (the marker is not counted against ``limit``).
+        """
         if not self.truncated:
+            return bytes(self.head) + self.tail()
+        if not mark:
             return bytes(self.head) + self.tail()
         dropped = self.total - len(self.head) - len(self.tail())
         return bytes(self.head) + TRUNCATION_MARK % dropped + self.tail()
+
+    def digest(self) -> Digest:
+        """SHA-256 of the whole stream, including what was not kept."""
+        return Digest(b64=base64.b64encode(self._sha.digest()).decode(), size=self.total)

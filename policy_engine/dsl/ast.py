@@ -195,17 +195,27 @@ class ToolDef:
 Item = Header | Import | Defaults | Rule | Consent | ProfileDef | ToolDef
 
 
+@dataclass(frozen=True, slots=True)
+class Comment:
+    """A ``# ...`` or ``// ...`` comment as written (marker included), with its span."""
+
+    text: str
+    span: Span
+
+
 @dataclass(slots=True)
 class PolicyFile:
     """One parsed file.
 
     :param file: the display path used in spans and rule ids (relative paths stay relative).
     :param source: the decoded text, kept for diagnostics and the version hash.
+    :param comments: every comment in source order (empty when the file has a syntax error).
     """
 
     file: str
     source: str
     items: list[Item] = field(default_factory=list)
+    comments: list[Comment] = field(default_factory=list)
 
     @property
     def headers(self) -> list[Header]:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from functools import lru_cache
 from importlib import resources
 
-from lark import Lark
+from lark import Lark, Token
 
 GRAMMAR_PACKAGE = "policy_engine.dsl"
 GRAMMAR_RESOURCE = "grammar/sbpolicy.lark"
@@ -35,12 +36,25 @@ def grammar_text() -> str:
     return resources.files(GRAMMAR_PACKAGE).joinpath(GRAMMAR_RESOURCE).read_text(encoding="utf-8")
 
 
+# Where the lexer puts the comments of the parse under way (None: nobody is collecting).
+# A context variable, because the parser is one shared object and parses may run on many threads.
+comment_sink: ContextVar[list[Token] | None] = ContextVar("sbpolicy_comment_sink", default=None)
+
+
+def _collect_comment(token: Token) -> Token:
+    sink = comment_sink.get()
+    if sink is not None:
+        sink.append(token)
+    return token
+
+
 @lru_cache(maxsize=1)
 def get_parser() -> Lark:
     """The cached parser: LALR(1), contextual lexer, positions propagated onto every tree node.
 
     The contextual lexer matters: keywords such as ``timeout`` are also limit names, and only the
-    parser state tells which one is meant.
+    parser state tells which one is meant. Comments are ignored by the grammar but handed to
+    :data:`comment_sink` so that ``fmt`` can keep them and ``lint`` can read suppressions.
     """
     return Lark(
         grammar_text(),
@@ -48,6 +62,7 @@ def get_parser() -> Lark:
         lexer="contextual",
         propagate_positions=True,
         maybe_placeholders=False,
+        lexer_callbacks={"COMMENT": _collect_comment},
     )
 
 

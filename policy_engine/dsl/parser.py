@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from lark import Token
 from lark.exceptions import (
     LarkError,
     UnexpectedCharacters,
@@ -15,7 +16,7 @@ from lark.exceptions import (
 )
 
 from policy_engine.dsl import ast
-from policy_engine.dsl.grammar import describe_terminal, get_parser
+from policy_engine.dsl.grammar import comment_sink, describe_terminal, get_parser
 from policy_engine.dsl.transform import ToAst
 from policy_engine.errors import Diagnostic, Span
 
@@ -51,12 +52,21 @@ def parse_source(text: str, file: str) -> tuple[ast.PolicyFile, list[Diagnostic]
     if "\x00" in text:
         line = text.count("\n", 0, text.index("\x00")) + 1
         return pf, [Diagnostic.make("SBP102", "unexpected NUL character", Span(file, line, 1))]
+    collected: list[Token] = []
+    reset = comment_sink.set(collected)
     try:
         tree = get_parser().parse(text)
     except UnexpectedInput as exc:
         return pf, [_syntax_diagnostic(exc, text, file)]
     except LarkError as exc:  # pragma: no cover - lark raises UnexpectedInput for bad input
         return pf, [Diagnostic.make("SBP101", f"cannot parse: {exc}", Span(file, 1, 1))]
+    finally:
+        comment_sink.reset(reset)
+    pf.comments = [
+        ast.Comment(str(tok).rstrip("\r"), Span(file, tok.line or 1, tok.column or 1,
+                                                tok.end_line, tok.end_column))
+        for tok in collected
+    ]
     transformer = ToAst(file)
     try:
         pf.items = transformer.transform(tree)

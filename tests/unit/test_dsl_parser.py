@@ -225,3 +225,25 @@ def test_fixture_policy_parses_fast() -> None:
     assert diags == []
     assert per_parse < 0.010
     assert get_parser() is get_parser()
+
+
+def test_comments_are_collected_in_order_with_spans() -> None:
+    text = (
+        '# head\npolicy "p" version "1"  // trailing\n'
+        'permit "r" fs.read paths ["/w/**"]  # sbpolicy: ignore SBP301 reason="x"\n'
+        'permit "s" fs.read paths ["/a#b"]\n'
+    )
+    pf, diags = parse_source(text, "c.sbpolicy")
+    assert diags == []
+    assert [(c.text, c.span.line, c.span.column) for c in pf.comments] == [
+        ("# head", 1, 1),
+        ("// trailing", 2, 24),
+        ('# sbpolicy: ignore SBP301 reason="x"', 3, 37),
+    ]
+
+
+def test_comments_do_not_leak_between_parses() -> None:
+    first, _ = parse_source("# one\n", "a.sbpolicy")
+    second, _ = parse_source('policy "p" version "1"\n', "b.sbpolicy")
+    assert [c.text for c in first.comments] == ["# one"]
+    assert second.comments == []

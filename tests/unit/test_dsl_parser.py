@@ -237,7 +237,7 @@ def test_comments_are_collected_in_order_with_spans() -> None:
     assert diags == []
     assert [(c.text, c.span.line, c.span.column) for c in pf.comments] == [
         ("# head", 1, 1),
-        ("// trailing", 2, 24),
+        ("// trailing", 2, 25),
         ('# sbpolicy: ignore SBP301 reason="x"', 3, 37),
     ]
 

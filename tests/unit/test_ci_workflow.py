@@ -1,0 +1,146 @@
+"""The GitHub Actions example: each `policy-engine` line parses with the real CLI and works."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
+
+import jsonschema
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from policy_engine.cli.main import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOW = ROOT / "examples" / "ci" / "github-workflow.yml"
+SARIF_SCHEMA = ROOT / "tests" / "data" / "sarif-schema-2.1.0.json"
+
+
+def _workflow() -> dict[Any, Any]:
+    data = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data
+
+
+def _steps() -> list[dict[str, Any]]:
+    jobs = _workflow()["jobs"]
+    assert len(jobs) == 1
+    steps = next(iter(jobs.values()))["steps"]
+    assert isinstance(steps, list)
+    return steps
+
+
+def _commands() -> list[list[str]]:
+    """Every `policy-engine ...` command line of the workflow's `run` steps, split like a shell."""
+    out = []
+    for step in _steps():
+        for line in str(step.get("run", "")).splitlines():
+            if line.strip().startswith("policy-engine "):
+                out.append(shlex.split(line)[1:])
+    return out
+
+
+def _step_running(command: str) -> dict[str, Any]:
+    return next(s for s in _steps() if str(s.get("run", "")).startswith(f"policy-engine {command}"))
+
+
+def test_the_workflow_runs_lint_fmt_and_test() -> None:
+    names = [argv[0] for argv in _commands()]
+    assert names == ["lint", "fmt", "test"]
+    lint, fmt, test = _commands()
+    assert lint == ["lint", "--format", "sarif", "--output", "lint.sarif", "policies/"]
+    assert fmt == ["fmt", "--check", "policies/"]
+    assert test == ["test", "--coverage", "--threshold", "90", "--junit", "junit.xml", "policies/"]
+
+
+def test_sarif_is_uploaded_even_when_lint_fails() -> None:
+    workflow = _workflow()
+    triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as true
+    assert "pull_request" in triggers
+    assert workflow["permissions"]["security-events"] == "write"
+    upload = next(s for s in _steps() if "upload-sarif" in str(s.get("uses", "")))
+    assert upload["uses"] == "github/codeql-action/upload-sarif@v3"
+    assert "always()" in upload["if"]
+    lint = _commands()[0]
+    assert upload["with"]["sarif_file"] == lint[lint.index("--output") + 1]
+    steps = _steps()
+    assert steps.index(upload) == steps.index(_step_running("lint")) + 1
+    # the later checks still run after a lint failure, so one push reports everything
+    assert "cancelled()" in _step_running("fmt")["if"]
+    assert "cancelled()" in _step_running("test")["if"]
+
+
+@pytest.mark.parametrize("argv", _commands(), ids=lambda a: a[0])
+def test_every_command_line_parses_with_the_real_cli(argv: list[str]) -> None:
+    name, *args = argv
+    assert name in cli.commands, f"`policy-engine {name}` is not a registered command"
+    ctx = cli.commands[name].make_context(name, list(args), resilient_parsing=False)
+    assert ctx.command.name == name
+
+
+def _repo(tmp_path: Path) -> Path:
+    """A policy repository like the one the workflow expects: policies/ with passing tests."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    for src in (ROOT / "examples" / "policies").glob("*.sbpolicy"):
+        shutil.copy(src, policies / src.name)
+    examples = ROOT / "examples"
+    (policies / "org.sbtest.yaml").write_text(
+        "policy: org.sbpolicy\n"
+        f"manifest: {examples / 'manifests' / 'shell.json'}\n"
+        f"grant: {examples / 'grants' / 'shell-agent.json'}\n"
+        "now_ms: 1795000000000\ncases:\n"
+        "  - name: git status is allowed\n"
+        "    op: {kind: proc.exec, tool: git, args: [status]}\n"
+        "    want_decision: allow\n    want_rule: git-readonly\n"
+        "  - name: force push is refused\n"
+        "    op: {kind: proc.exec, tool: git, args: [push, --force]}\n"
+        "    want_decision: deny\n")
+    return tmp_path
+
+
+def _invoke(argv: list[str], cwd: Path) -> tuple[int, str]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(cwd)
+        result = CliRunner().invoke(cli, argv)
+    assert "Traceback" not in result.output
+    return result.exit_code, result.output
+
+
+def test_the_lint_step_writes_valid_sarif(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    code, output = _invoke(_commands()[0], repo)
+    assert code in (0, 1), output  # 1: findings, which the upload step still reports
+    sarif = json.loads((repo / "lint.sarif").read_text())
+    jsonschema.validate(sarif, json.loads(SARIF_SCHEMA.read_text()))
+    assert sarif["version"] == "2.1.0"
+
+
+def test_the_fmt_step_passes_on_formatted_policies(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    fmt, check, target = _commands()[1]
+    assert (fmt, check) == ("fmt", "--check")
+    _invoke(["fmt", target], repo)  # format in place first, as a developer would
+    code, output = _invoke(_commands()[1], repo)
+    assert code == 0, output
+    (repo / "policies" / "secrets.sbpolicy").write_text(
+        'policy  "acme/secrets"   version "1.0.0"\n\n\n\nforbid   fs.read paths ["/k"]\n')
+    code, output = _invoke(_commands()[1], repo)
+    assert code == 1, output
+    assert "secrets.sbpolicy" in output
+
+
+def test_the_test_step_writes_junit(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    argv = _commands()[2]
+    code, output = _invoke(argv, repo)
+    assert code in (0, 1), output  # 1 only when coverage is under the threshold
+    suite = ElementTree.parse(repo / argv[argv.index("--junit") + 1]).getroot()
+    cases = suite.findall(".//testcase")
+    assert {c.get("name") for c in cases} >= {"git status is allowed", "force push is refused"}
+    assert not suite.findall(".//failure")

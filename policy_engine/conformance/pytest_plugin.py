@@ -1,0 +1,83 @@
+"""pytest plugin (entry point ``pytest11``): ``pytest --pe-executor NAME`` adds one test item
+per conformance check of the installed executor NAME. Inert without ``--pe-executor``.
+
+The suite runs once per executor while pytest collects (the checks share one set of calls
+through the orchestrator); each item then reports its own check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from policy_engine.conformance.harness import SetupError
+from policy_engine.conformance.report import CheckResult
+from policy_engine.conformance.suite import TIMEOUT_MS, run_suite
+
+
+class ConformanceFailure(Exception):
+    """A check failed; its text is the whole failure report (no traceback is useful)."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("policy-engine", "policy-engine executor conformance")
+    group.addoption("--pe-executor", action="append", default=[], metavar="NAME",
+                    help="run the conformance checks against the installed executor NAME "
+                         "(repeatable)")
+    group.addoption("--pe-timeout-ms", type=int, default=TIMEOUT_MS, metavar="MS",
+                    help=f"profile timeout for the timeout check (default {TIMEOUT_MS})")
+
+
+class CheckItem(pytest.Item):
+    """One conformance check of one executor."""
+
+    def __init__(self, *, check: CheckResult | None, setup_error: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.check = check
+        self.setup_error = setup_error
+
+    def runtest(self) -> None:
+        if self.setup_error is not None:
+            raise ConformanceFailure(self.setup_error)
+        assert self.check is not None  # INVARIANT: set whenever setup_error is not
+        if self.check.status == "n/a":
+            pytest.skip(f"not applicable: {self.check.note}")
+        if self.check.status == "fail":
+            raise ConformanceFailure(f"{self.check.id}: {self.check.title}\n"
+                                     + "\n".join(f"- {p}" for p in self.check.problems))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: Any = None) -> str:
+        if isinstance(excinfo.value, ConformanceFailure):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, self.name
+
+
+def _setup_message(name: str, exc: SetupError) -> str:
+    lines = [f"cannot run the conformance suite for `{name}`: {exc}"]
+    if exc.executors:
+        lines.append("installed executors: " + ", ".join(exc.executors))
+    lines.extend(f"plugin `{e.plugin}` failed to {e.stage}: {e.message}"
+                 for e in exc.load_errors)
+    return "\n".join(lines)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    names: list[str] = config.getoption("pe_executor")
+    for name in names:
+        try:
+            report = run_suite(name, timeout_ms=config.getoption("pe_timeout_ms"))
+        except SetupError as exc:
+            items.append(CheckItem.from_parent(session, name=f"conformance[{name}]::setup",
+                                               check=None,
+                                               setup_error=_setup_message(name, exc)))
+            continue
+        for check in report.results:
+            items.append(CheckItem.from_parent(session, name=f"conformance[{name}]::{check.id}",
+                                               check=check))

@@ -1,0 +1,157 @@
+"""Runs the whole executor suite for one installed executor and returns its Report."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from policy_engine.config import EngineConfig
+from policy_engine.conformance import checks
+from policy_engine.conformance.harness import (
+    Harness,
+    Run,
+    SetupError,
+    call_directly,
+    workdir_paths,
+)
+from policy_engine.conformance.probes import Probe, ProbeEnv, default_probes, plugin_probes
+from policy_engine.conformance.report import Report
+from policy_engine.conformance.server import ProbeServer
+from policy_engine.executor import ExecContext
+from policy_engine.model import OpKind
+from policy_engine.plugin_manager import PluginManager
+
+TIMEOUT_MS = 1000
+"""The profile timeout the `timeout.honoured` check runs a slow probe under."""
+CANCEL_AFTER_S = 0.3
+"""When the `cancel.honoured` check cancels a slow probe."""
+GRACE_S = 1.0
+"""How long an executor has to stop after its token fires (the orchestrator's grace)."""
+
+
+def _inspect(name: str, env: ProbeEnv, options: Mapping[str, Mapping[str, Any]]
+             ) -> tuple[list[checks.CheckResult], frozenset[OpKind], list[Probe] | None,
+                        dict[str, Any]]:
+    """Build the executor once through its plugin for the metadata checks and its probes."""
+    manager = PluginManager.default()
+    config = EngineConfig(state_dir=env.workdir / "inspect", options=dict(options))
+    manager.configure(config)
+    comps = manager.components(config)
+    try:
+        executor = comps.executors.get(name)
+        if executor is None:
+            raise SetupError(f"no installed plugin provides an executor named `{name}`",
+                             executors=tuple(sorted(comps.executors)),
+                             load_errors=tuple(manager.load_errors))
+        results = [checks.check_name(executor, name), checks.check_capabilities(executor)]
+        caps = getattr(executor, "capabilities", None)
+        kinds = frozenset(k for k in getattr(caps, "op_kinds", ()) if isinstance(k, OpKind))
+        try:
+            provided = plugin_probes(executor, env)
+        except Exception as exc:  # the author's hook: report it, never a traceback
+            raise SetupError(f"`{name}`.conformance_probes failed: "
+                             f"{type(exc).__name__}: {exc}") from None
+        as_json = caps.to_json() if hasattr(caps, "to_json") else {}
+        return results, kinds, provided, as_json
+    finally:
+        comps.close()
+
+
+def _probes_by_kind(declared: frozenset[OpKind], provided: list[Probe] | None,
+                    env: ProbeEnv) -> dict[OpKind, list[Probe]]:
+    """Plugin probes replace the kit's defaults for the kinds they cover."""
+    by_kind: dict[OpKind, list[Probe]] = {}
+    for probe in provided or ():
+        by_kind.setdefault(probe.kind, []).append(probe)
+    for kind in OpKind:
+        if kind not in by_kind:
+            by_kind[kind] = default_probes(kind, env)
+    return {k: v for k, v in by_kind.items() if v}
+
+
+def run_suite(name: str, *, options: Mapping[str, Mapping[str, Any]] | None = None,
+              timeout_ms: int = TIMEOUT_MS, workdir: Path | None = None) -> Report:
+    """Run every check against the installed executor ``name``.
+
+    :param options: plugin options (``EngineConfig.options``), e.g. ``{"tmp": {...}}``.
+    :raises SetupError: the executor is not installed or the suite cannot start.
+    """
+    base = Path(tempfile.mkdtemp(prefix="policy-engine-conformance-", dir=workdir))
+    secret = "pe-conformance-secret-" + secrets.token_hex(12)
+    try:
+        with ProbeServer(secret) as server:
+            root, tmp = workdir_paths(base)
+            env = ProbeEnv(workdir=base, root=root, tmp_dir=tmp, server=server, secret=secret)
+            return _run(name, env, dict(options or {}), timeout_ms)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _run(name: str, env: ProbeEnv, options: dict[str, Mapping[str, Any]],
+         timeout_ms: int) -> Report:
+    results, declared, provided, caps_json = _inspect(name, env, options)
+    by_kind = _probes_by_kind(declared, provided, env)
+    all_probes = [p for probes in by_kind.values() for p in probes]
+    harness = Harness(name, env, all_probes, options=options)
+    try:
+        report = Report(executor=name, capabilities=caps_json, results=results)
+        report.results.extend(_exercise(harness, declared, by_kind, timeout_ms))
+    finally:
+        closed = checks.check_close(harness)
+    report.results.append(closed)
+    report.runs = len(harness.runs)
+    return report
+
+
+def _exercise(harness: Harness, declared: frozenset[OpKind],
+              by_kind: dict[OpKind, list[Probe]], timeout_ms: int) -> list[checks.CheckResult]:
+    out: list[checks.CheckResult] = []
+    first: dict[OpKind, Probe] = {}
+    for kind in sorted(declared, key=lambda k: k.value):
+        runs: list[Run] = []
+        for probe in by_kind.get(kind, []):
+            if probe.role == "run":
+                first.setdefault(kind, probe)
+                runs.append(harness.run(probe, "run"))
+        out.append(checks.check_runs(kind, runs, harness.target, covered=bool(runs)))
+    for probes in by_kind.values():
+        for probe in probes:
+            if probe.role == "refuse" and probe.kind in declared:
+                harness.run(probe, "refuse")
+    undeclared = [harness.run(next(p for p in by_kind[k] if p.role == "run"), "undeclared",
+                              routed=False)
+                  for k in sorted(by_kind, key=lambda k: k.value)
+                  if k not in declared and any(p.role == "run" for p in by_kind[k])]
+    out.append(checks.check_undeclared(undeclared, declared))
+    out.append(_wrong_kind(harness, undeclared))
+    denials = [harness.run(p, "denial", with_capabilities=False, routed=False)
+               for p in first.values()]
+    out.append(checks.check_denials(denials))
+    slow = next((p for k in sorted(declared, key=lambda k: k.value)
+                 for p in by_kind.get(k, []) if p.role == "slow"), None)
+    timed = harness.run(slow, "timeout", timeout_ms=timeout_ms) if slow else None
+    cancelled = (harness.run(slow, "cancel", timeout_ms=60_000, cancel_after_s=CANCEL_AFTER_S)
+                 if slow else None)
+    out.append(checks.check_registry_codes(harness.runs))
+    out.append(checks.check_evidence(harness.runs, harness.target))
+    out.append(checks.check_secrets(harness.runs, harness.env.secret))
+    out.append(checks.check_timeout(timed, GRACE_S))
+    out.append(checks.check_cancel(cancelled, GRACE_S, CANCEL_AFTER_S))
+    return out
+
+
+def _wrong_kind(harness: Harness, undeclared: list[Run]) -> checks.CheckResult:
+    """Hand the executor an op of a kind it does not declare, bypassing the orchestrator."""
+    profile = next((r.outcome.profile for r in harness.runs if r.outcome.profile is not None),
+                   None)
+    if not undeclared or profile is None:
+        return checks.check_wrong_kind(None, None)
+    op = undeclared[0].probe.exec_op()
+    ctx = ExecContext(profile=profile, deadline=time.monotonic() + 5.0)
+    outcome = call_directly(harness.executor.inner, ctx, op, 5.0)
+    return checks.check_wrong_kind(outcome, OpKind(op.kind))

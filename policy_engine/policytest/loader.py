@@ -56,8 +56,8 @@ def load_test_file(path: str) -> LoadedTestFile:
     :raises DiagnosticsError: SBP100/SBP105 for unreadable or malformed files, SBP401-SBP405
         for problems in the cases; every problem found is reported at once.
     """
-    data, lookup = read_document(path)
     try:
+        data, lookup = read_document(path)
         spec = validate_document(PolicyTestFile, data, lookup, "test file")
     except DiagnosticsError as exc:
         raise DiagnosticsError([_with_help(d) for d in exc.diagnostics]) from None

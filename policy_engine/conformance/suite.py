@@ -62,15 +62,11 @@ def _inspect(name: str, env: ProbeEnv, options: Mapping[str, Mapping[str, Any]]
         comps.close()
 
 
-def _probes_by_kind(declared: frozenset[OpKind], provided: list[Probe] | None,
-                    env: ProbeEnv) -> dict[OpKind, list[Probe]]:
-    """Plugin probes replace the kit's defaults for the kinds they cover."""
-    by_kind: dict[OpKind, list[Probe]] = {}
+def _probes_by_kind(provided: list[Probe] | None, env: ProbeEnv) -> dict[OpKind, list[Probe]]:
+    """The kit's default probes of every kind, then the executor's own probes added to them."""
+    by_kind: dict[OpKind, list[Probe]] = {kind: default_probes(kind, env) for kind in OpKind}
     for probe in provided or ():
-        by_kind.setdefault(probe.kind, []).append(probe)
-    for kind in OpKind:
-        if kind not in by_kind:
-            by_kind[kind] = default_probes(kind, env)
+        by_kind[probe.kind].append(probe)
     return {k: v for k, v in by_kind.items() if v}
 
 
@@ -95,7 +91,7 @@ def run_suite(name: str, *, options: Mapping[str, Mapping[str, Any]] | None = No
 def _run(name: str, env: ProbeEnv, options: dict[str, Mapping[str, Any]],
          timeout_ms: int) -> Report:
     results, declared, provided, caps_json = _inspect(name, env, options)
-    by_kind = _probes_by_kind(declared, provided, env)
+    by_kind = _probes_by_kind(provided, env)
     all_probes = [p for probes in by_kind.values() for p in probes]
     harness = Harness(name, env, all_probes, options=options)
     try:

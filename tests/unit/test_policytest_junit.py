@@ -1,0 +1,50 @@
+"""JUnit XML: parsed back with xml.etree, counts, failure text and file/line attributes."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from policy_engine.policytest import run_tests
+from policy_engine.policytest.junit import classname, write_junit
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "policytest"
+
+
+def test_junit_has_a_suite_per_file_a_case_per_case_and_failure_details(tmp_path: Path) -> None:
+    failing = str(DATA / "failing" / "failing.sbtest.yaml")
+    passing = str(DATA / "small" / "small.sbtest.yaml")
+    broken = str(DATA / "malformed" / "duplicate-names.sbtest.yaml")
+    run = run_tests([failing, passing, broken], jobs=1)
+    out = tmp_path / "junit.xml"
+    write_junit(run, str(out))
+    root = ET.parse(out).getroot()
+    assert root.tag == "testsuites"
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("9", "2", "1")
+    suites = root.findall("testsuite")
+    assert [s.get("name") for s in suites] == [failing, passing, broken]
+    assert [s.get("tests") for s in suites] == ["4", "4", "1"]
+    cases = suites[0].findall("testcase")
+    assert [c.get("name") for c in cases] == [
+        "git status", "push is expected to pass but is blocked", "read blamed on the wrong rule",
+        "curl"]
+    assert {c.get("classname") for c in cases} == {classname(failing)}
+    assert [c.get("line") for c in cases] == ["7", "10", "14", "18"]
+    assert all(c.get("file") == failing for c in cases)
+    assert all(float(c.get("time") or "x") >= 0 for c in cases)
+    failure = cases[1].find("failure")
+    assert failure is not None
+    assert failure.get("message") == ("decision: expected allow, got deny; "
+                                      "rule: expected git-status, got no-push")
+    assert failure.text is not None
+    assert "forbid        match           no-push" in failure.text
+    assert cases[0].find("failure") is None
+    error = suites[2].find("testcase/error")
+    assert error is not None
+    assert (error.get("message") or "").startswith("SBP401 ")
+    assert "duplicate-names.sbtest.yaml:8:5" in (error.text or "")
+
+
+def test_classname_drops_the_suffix_and_uses_dots() -> None:
+    assert classname("examples/policies/org.sbtest.yaml") == "examples.policies.org"
+    assert classname("./a/b.sbtest.json") == "a.b"

@@ -312,6 +312,13 @@ _DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
                    "too)"),
     DiagnosticSpec("SBP410", Severity.ERROR, "unknown rule id in `want_rule`",
                    "`want_rule` is the id of a permit or forbid rule of the tested policy set"),
+    # --- formatter (SBP420-SBP429): `policy-engine fmt` ---
+    DiagnosticSpec("SBP420", Severity.ERROR, "formatter would change the policy (internal error)",
+                   "the file was left as it is; this is a bug in `policy-engine fmt`: please "
+                   "report it with the file attached"),
+    DiagnosticSpec("SBP421", Severity.ERROR, "formatted file cannot be written",
+                   "check the permissions of the file and its directory; the original file is "
+                   "unchanged"),
 )
 
 DIAGNOSTICS: dict[str, DiagnosticSpec] = {d.id: d for d in _DIAGNOSTICS}

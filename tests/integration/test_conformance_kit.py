@@ -1,0 +1,157 @@
+"""The executor conformance kit, as a plugin author runs it: real pip installs of the sample
+packages, `policy-engine conformance` and `pytest --pe-executor` as subprocesses.
+
+The good sample (examples/thirdparty-executor) must pass; the broken one must fail exactly the
+checks its faults break, with messages naming the fault; first-party executors must pass.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).parents[2]
+SAMPLES = {"pe-sample-executor": ROOT / "examples" / "thirdparty-executor",
+           "pe-sample-executor-broken": ROOT / "examples" / "thirdparty-executor-broken"}
+CLI = [sys.executable, "-c", "from policy_engine.cli.main import main; main()"]
+
+
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
+                   check=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    has_backend = all(importlib.util.find_spec(m) for m in ("setuptools", "wheel"))
+    isolation = ["--no-build-isolation"] if has_backend else []
+    build = tmp_path_factory.mktemp("build")
+    try:
+        for dist, src in SAMPLES.items():
+            # build from a copy: an in-tree build would leave build/ and *.egg-info behind
+            copy = build / dist
+            shutil.copytree(src, copy)
+            pip("install", "--no-deps", *isolation, str(copy))
+        yield
+    finally:
+        pip("uninstall", "-y", *SAMPLES)
+
+
+def conformance(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "conformance", *args], capture_output=True, text=True,
+                          timeout=180, cwd=cwd)
+
+
+def checks_of(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+    report = json.loads(proc.stdout)
+    return {c["id"]: c for c in report["checks"]}
+
+
+def test_sample_executor_passes_every_check(installed: None, tmp_path: Path) -> None:
+    junit = tmp_path / "junit.xml"
+    proc = conformance("--executor", "sample-http", "--format", "json", "--junit", str(junit),
+                       cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = checks_of(proc)
+    assert {c["status"] for c in checks.values()} == {"pass"}
+    # the timeout and cancellation checks really ran (the sample has slow probes)
+    assert {"timeout.honoured", "cancel.honoured", "capabilities.runs[net.http]",
+            "evidence.no-secrets", "refusal.wrong-kind"} <= set(checks)
+    assert 'failures="0"' in junit.read_text()
+    assert "Traceback" not in proc.stderr
+
+
+# check id → a phrase its failure message must contain (one per deliberate fault)
+BROKEN = {
+    "capabilities.runs[fs.read]": "raised NotImplementedError: fs.read is not implemented yet",
+    "refusal.registry-codes": "raise PolicyEngineError with a registry code",
+    "refusal.wrong-kind": "accepted a `browser.nav` op it does not declare and returned ok",
+    "evidence.no-secrets": "$.side_effects[0].meta.request_headers.Authorization",
+    "timeout.honoured": "execute() was still running",
+    "cancel.honoured": "it ignores ctx.deadline / ctx.cancel",
+}
+
+
+def test_broken_executor_fails_the_checks_its_faults_break(installed: None,
+                                                           tmp_path: Path) -> None:
+    proc = conformance("--executor", "sample-http-broken", "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    checks = checks_of(proc)
+    failed = {cid for cid, c in checks.items() if c["status"] == "fail"}
+    assert failed == set(BROKEN)
+    for cid, phrase in BROKEN.items():
+        assert any(phrase in p for p in checks[cid]["problems"]), (cid, checks[cid])
+    # what it does right still passes: the kit does not fail everything wholesale
+    assert checks["capabilities.runs[net.http]"]["status"] == "pass"
+    assert checks["evidence.complete"]["status"] == "pass"
+    text = conformance("--executor", "sample-http-broken", cwd=tmp_path)
+    assert text.returncode == 1
+    assert "FAIL timeout.honoured" in text.stdout
+    assert "6 failed" in text.stdout
+    assert "Traceback" not in text.stderr
+
+
+def test_unknown_executor_exits_2_listing_installed_ones(installed: None,
+                                                         tmp_path: Path) -> None:
+    proc = conformance("--executor", "no-such-executor", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "no installed plugin provides an executor named `no-such-executor`" in proc.stderr
+    listed = next(line for line in proc.stderr.splitlines()
+                  if line.startswith("installed executors:"))
+    assert "sample-http" in listed and "fs" in listed
+    assert "Traceback" not in proc.stderr
+
+
+def run_pytest(name: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                           "-rA", "--pe-executor", name, "--rootdir", str(cwd)],
+                          capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_pytest_plugin_items_pass_for_the_sample(installed: None, tmp_path: Path) -> None:
+    proc = run_pytest("sample-http", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "12 passed" in proc.stdout
+    assert "PASSED ::conformance[sample-http]::timeout.honoured" in proc.stdout
+
+
+def test_pytest_plugin_items_fail_for_the_broken_one(installed: None, tmp_path: Path) -> None:
+    proc = run_pytest("sample-http-broken", tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "6 failed, 7 passed" in proc.stdout
+    for cid, phrase in BROKEN.items():
+        assert f"FAILED ::conformance[sample-http-broken]::{cid}" in proc.stdout
+        assert phrase in proc.stdout
+    assert "Traceback" not in proc.stdout
+
+
+def test_pytest_plugin_is_inert_without_the_option(tmp_path: Path) -> None:
+    (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                           "--rootdir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout
+    assert "1 passed" in proc.stdout
+    assert "conformance[" not in proc.stdout
+
+
+@pytest.mark.parametrize("name", ["fs", "tmp", "proc-bwrap", "http"])
+def test_first_party_executors_pass(name: str, tmp_path: Path) -> None:
+    proc = conformance("--executor", name, "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = checks_of(proc)
+    assert [c for c in checks.values() if c["status"] == "fail"] == []
+    assert checks[f"capabilities.runs[{ {'fs': 'fs.read', 'tmp': 'tmp.alloc', 'proc-bwrap': 'proc.exec', 'http': 'net.http'}[name]}]"]["status"] == "pass"  # noqa: E501
+    if name in ("proc-bwrap", "http"):  # the kinds with a slow default probe
+        assert checks["timeout.honoured"]["status"] == "pass"
+        assert checks["cancel.honoured"]["status"] == "pass"

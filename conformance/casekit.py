@@ -25,7 +25,7 @@ from policy_engine.config import EngineConfig
 from policy_engine.dsl.loaders import load_document, load_grant, load_manifest, validate_document
 from policy_engine.errors import REGISTRY, Diagnostic, DiagnosticsError, ErrorCode, Span
 from policy_engine.evidence import EMPTY_DIGEST
-from policy_engine.explain import ExplainRequest, explain
+from policy_engine.explain import ExplainRequest, Explanation, explain
 from policy_engine.graph import PolicySet
 from policy_engine.model import Decision, Grant, Manifest, OpKind, Usage
 from policy_engine.orchestration import MemoryRevocationList
@@ -199,10 +199,11 @@ class Env:
     http_base: str = "http://127.0.0.1:9"
     port: int = 9
     python: str = "/usr/bin/python3"
+    tmp_dir: Path = Path("/tmp/policy-engine")
 
     def substitutions(self) -> dict[str, str]:
-        return {"@WORKSPACE@": str(self.workspace), "@HTTP@": self.http_base,
-                "@PORT@": str(self.port), "@PYTHON@": self.python}
+        return {"@WORKSPACE@": str(self.workspace), "@TMPDIR@": str(self.tmp_dir),
+                "@HTTP@": self.http_base, "@PORT@": str(self.port), "@PYTHON@": self.python}
 
     def bind(self, value: Any) -> Any:
         """``value`` with every placeholder replaced (a port-only string becomes an int)."""
@@ -287,7 +288,7 @@ class Result:
     """What one case produced: the dry-run decision and, when run, the orchestrator's outcome."""
 
     decision: Decision
-    explained: Decision | None = None
+    explained: Explanation | None = None
     outcome: RunOutcome | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
 
@@ -302,14 +303,15 @@ def decide(lc: LoadedCase, case: Case, policies: PolicyCache, state: Path | None
     ps = policies.policyset(case, base)
     manifest, grant = manifest_of(case, base), grant_of(case, base)
     request = case.request.explain_request()
-    explained = None if case.revoked else explain(ps, manifest, grant, request).decision
+    explained = None if case.revoked else explain(ps, manifest, grant, request)
     if not (case.execute or case.revoked):
         assert explained is not None
-        return Result(explained, explained)
+        return Result(explained.decision, explained)
     if state is None:
         raise ValueError(f"{lc.where}: an executed case needs a state directory")
     outcome, records = orchestrate(case, ps, manifest, grant, request, state)
-    return Result(explained or outcome.decision, explained, outcome, records)
+    return Result(explained.decision if explained else outcome.decision, explained, outcome,
+                  records)
 
 
 def orchestrate(case: Case, ps: PolicySet, manifest: Manifest, grant: Grant,
@@ -320,7 +322,9 @@ def orchestrate(case: Case, ps: PolicySet, manifest: Manifest, grant: Grant,
     config = EngineConfig(
         state_dir=state, backends={OpKind(k): v for k, v in opts.backends.items()},
         mode=opts.mode, fallback_to_local=opts.fallback_to_local, evidence_sinks=("jsonl",),
-        budget_meter="memory", revocation="memory")
+        budget_meter="memory", revocation="memory",
+        # plain accounted directories: a tmpfs mount per case would outlive a crashed run
+        options={"tmp": {"quota": "accounting"}})
     revocations = MemoryRevocationList()
     if case.revoked:
         revocations.revoke(grant.call_id)

@@ -1,0 +1,204 @@
+"""Conformance: every data-driven case decides as it says, and its public view is snapshot-pinned.
+
+Each case in ``conformance/cases/`` is explained (a dry run); ``execute: true`` and ``revoked:
+true`` cases also go through a real Orchestrator with the first-party executors, the JSONL
+evidence sink and the memory budget meter. A case's snapshot holds the public decision (code,
+HTTP status, retryable, public message, reason, rule, trace) and, for runs, the result and the
+begin/end evidence with volatile fields normalized. Review and update snapshots on purpose:
+``pytest conformance --snapshot-update`` (docs/conformance.md).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from casekit import (
+    CASES_DIR,
+    Env,
+    LoadedCase,
+    PolicyCache,
+    Result,
+    bound,
+    decide,
+    decision_view,
+    evidence_view,
+    load_all,
+    load_case_file,
+)
+from syrupy.assertion import SnapshotAssertion
+
+from policy_engine.errors import REGISTRY, DiagnosticsError, ErrorCode
+from policy_engine.model import OP_CAPABILITY, CapabilityKind
+
+CASES = load_all()
+BY_NOTE = {lc.case.note: lc for lc in CASES}
+
+# The §12 security regressions (seed 000): each category names the cases that pin it.
+REGRESSIONS: dict[str, tuple[str, ...]] = {
+    "path traversal `..`": ("regressions/traversal-dotdot", "regressions/traversal-dotdot-run"),
+    "encoded traversal `%2e%2e`": ("regressions/traversal-encoded-fs",
+                                   "regressions/traversal-encoded-url"),
+    "NUL byte": ("regressions/nul-in-path", "regressions/nul-in-arg"),
+    "symlink out of the workspace": ("regressions/symlink-dir-to-etc",
+                                     "regressions/symlink-to-shadow",
+                                     "regressions/symlink-relative-escape"),
+    "redirect escape": ("regressions/redirect-to-metadata", "regressions/redirect-to-private"),
+    "command injection": ("regressions/injection-semicolon", "regressions/injection-subshell",
+                          "regressions/injection-backticks", "regressions/injection-and-and",
+                          "regressions/injection-literal-argv"),
+    "sh -c": ("regressions/sh-dash-c", "regressions/shell-string-tool"),
+    "oversize payload": ("regressions/oversize-write", "regressions/oversize-response",
+                         "regressions/oversize-stdout"),
+    "long-running execution": ("regressions/sleeper-timeout", "regressions/slow-http-timeout"),
+    "expired grant": ("grants/expired", "regressions/expired-grant-run"),
+    "revoked grant": ("grants/revoked-call-id",),
+    "budget exhausted": ("budget/exhausted", "regressions/budget-exhausted-run"),
+}
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory: pytest.TempPathFactory) -> PolicyCache:
+    return PolicyCache(tmp_path_factory.mktemp("inline-policies"))
+
+
+def snapshot_view(case_result: Result, env: Env) -> dict[str, Any]:
+    """What a case's snapshot pins: the public decision, the profile's network mode and name,
+    and for runs the public result and the normalized begin/end evidence."""
+    view: dict[str, Any] = decision_view(case_result.decision)
+    explained = case_result.explained
+    if explained is not None and explained.profile is not None:
+        view["profile"] = {"name": explained.profile.name,
+                           "network": explained.profile.network.value}
+    outcome = case_result.outcome
+    if outcome is not None:
+        result = outcome.result
+        view["run"] = {
+            "ok": result.ok, "code": result.code, "message": result.message,
+            "used": result.used.model_dump(exclude={"cpu_ms"}),
+            "evidence": [evidence_view(r, env) for r in case_result.records],
+        }
+    return env.normalize(view)  # type: ignore[no-any-return]
+
+
+# ids use `.` for the note's `/`: syrupy names snapshot files after test ids
+@pytest.mark.parametrize("lc", CASES, ids=[lc.case.note.replace("/", ".") for lc in CASES])
+def test_case(lc: LoadedCase, case_env: Env, policies: PolicyCache, tmp_path: Path,
+              snapshot_json: SnapshotAssertion) -> None:
+    case = bound(lc, case_env)
+    got = decide(lc, case, policies, tmp_path / "state")
+    d = got.decision
+    where = f"{lc.where} ({case.note}): {d.decision} {d.code} — {d.reason}"
+    assert d.decision == case.want_decision, where
+    assert d.code == case.want_code, where
+    if d.code is not None:
+        assert d.http_status == REGISTRY[ErrorCode(d.code)].http_status, where
+    if case.pins_rule:
+        assert (d.rule.id if d.rule else None) == case.want_rule, where
+    if got.outcome is not None:
+        _check_run(lc, got)
+    assert snapshot_view(got, case_env) == snapshot_json
+
+
+def _check_run(lc: LoadedCase, got: Result) -> None:
+    """Begin and end evidence exist for every run (denials too) and agree with the result; a
+    dry-run refusal is never allowed by the real run."""
+    case, outcome = lc.case, got.outcome
+    assert outcome is not None and case.run is not None
+    where = f"{lc.where} ({case.note}): {outcome.end.status} {outcome.end.error_code} — " \
+            f"{outcome.result.message}"
+    assert [r["type"] for r in got.records] == ["begin", "end"], where
+    begin, end = got.records
+    assert begin["envelope_id"] == end["envelope_id"] == outcome.envelope_id
+    assert end["status"] == case.run.status, where
+    assert end["error_code"] == case.run.code == outcome.result.code, where
+    assert outcome.result.ok == (case.run.status == "ok"), where
+    assert begin["tool_name"] and begin["capability"] and begin["policy_version_hash"], where
+    if got.explained is not None and not got.explained.decision.allowed:
+        assert end["status"] == "denied", where
+        assert end["error_code"] == got.explained.decision.code, where
+
+
+# ---- the suite's own coverage -------------------------------------------------------------------
+
+
+def _outcomes() -> Counter[str]:
+    """Every code some case expects, from its decision or its run."""
+    seen: Counter[str] = Counter()
+    for lc in CASES:
+        if lc.case.want_code:
+            seen[lc.case.want_code] += 1
+        if lc.case.run is not None and lc.case.run.code:
+            seen[lc.case.run.code] += 1
+    return seen
+
+
+def test_every_error_code_has_a_case() -> None:
+    seen = _outcomes()
+    missing = [c.value for c in ErrorCode if c.value not in seen]
+    assert not missing, f"error codes without a conformance case: {missing}"
+
+
+def test_every_capability_kind_is_allowed_and_denied_somewhere() -> None:
+    kinds: dict[str, set[str]] = {}
+    for lc in CASES:
+        cap = str(OP_CAPABILITY[lc.case.request.op["kind"]])
+        kinds.setdefault(cap, set()).add(lc.case.want_decision)
+    # sys.gpu has no operation kind: nothing can ask for it, so nothing can be decided on it
+    expected = {str(k) for k in CapabilityKind} - {"sys.gpu"}
+    assert set(kinds) == expected
+    lacking = {k: v for k, v in kinds.items() if v != {"allow", "deny"}}
+    assert not lacking, f"capability kinds missing an allow or a deny case: {lacking}"
+
+
+def test_size_and_spread() -> None:
+    assert len(CASES) >= 150
+    executed = [lc for lc in CASES if lc.case.execute]
+    assert len(executed) >= 25
+    domains = Counter(lc.case.note.split("/", 1)[0] for lc in CASES)
+    for domain in ("fs", "net", "proc", "browser", "tmp", "grants", "budget", "consent",
+                   "overrides", "settings", "profiles", "cel", "regressions"):
+        assert domains[domain] >= 1, f"no case in domain `{domain}`"
+
+
+@pytest.mark.parametrize("category", sorted(REGRESSIONS))
+def test_security_regressions_are_pinned(category: str) -> None:
+    for note in REGRESSIONS[category]:
+        assert note in BY_NOTE, f"§12 regression `{category}`: case `{note}` is missing"
+        assert BY_NOTE[note].case.want_decision == "deny" or BY_NOTE[note].case.run is not None
+
+
+def test_case_notes_are_unique_and_files_are_under_cases() -> None:
+    notes = [lc.case.note for lc in CASES]
+    assert len(notes) == len(set(notes))
+    assert all(lc.file.is_relative_to(CASES_DIR) for lc in CASES)
+
+
+# ---- malformed case files fail with file:line ------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "line", "needle"), [
+    ("cases:\n  - note: fs/x\n    policy: a.sbpolicy\n    manifest: m.json\n    grant: g.json\n"
+     "    request: {op: {kind: fs.read, path: /x}}\n    want_decision: allow\n"
+     "    want_code: null\n    wanted_rule: typo\n", 9, "wanted_rule"),
+    ("cases:\n  - note: fs/x\n    policy: a.sbpolicy\n    manifest: m.json\n    grant: g.json\n"
+     "    request: {op: {kind: fs.read, path: /x}}\n    want_decision: deny\n"
+     "    want_code: SANDBOX.NOT_A_CODE\n", 8, "want_code"),
+    ("cases:\n  - note: fs/x\n    manifest: m.json\n    grant: g.json\n"
+     "    request: {op: {kind: fs.read, path: /x}}\n    want_decision: allow\n"
+     "    want_code: null\n", 2, "policy"),
+    ("cases:\n  - note: fs/x\n    policy: p\n  bad indent: [\n", 4, "invalid YAML"),
+])
+def test_malformed_case_file_names_file_and_line(tmp_path: Path, text: str, line: int,
+                                                  needle: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(DiagnosticsError) as info:
+        load_case_file(path)
+    diag = info.value.diagnostics[0]
+    assert diag.id == "SBP105"
+    assert diag.span is not None
+    assert (diag.span.file, diag.span.line) == (str(path), line)
+    assert needle in diag.message

@@ -10,8 +10,8 @@ import click
 from policy_engine import __version__
 
 # Commands in the order `--help` lists them; each module exposes `command: click.Command`.
-COMMAND_MODULES = ("check", "explain", "run", "schema", "plugins", "stats",
-                   "conformance", "test")
+COMMAND_MODULES = ("check", "lint", "explain", "run", "schema", "plugins", "stats",
+                   "conformance", "test", "fmt")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,0 +1,105 @@
+"""Rules SBP335-SBP339: constant conditions, duplicate rules and unreachable permits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from policy_engine.compiler.context import RuleDraft
+from policy_engine.dsl import ast
+from policy_engine.lint.cover import covers
+from policy_engine.lint.model import FileView, Finding, LintConfig
+from policy_engine.lint.rules.base import drafts, finding, head, label, unconditional
+from policy_engine.model import CapabilityKind
+
+_FS = (CapabilityKind.FS_READ, CapabilityKind.FS_WRITE, CapabilityKind.FS_LIST)
+_FORBID_COVERABLE = (*_FS, CapabilityKind.PROC_EXEC)
+"""Kinds where a forbid's match is the same set test as a permit's (net forbids differ in how
+unset methods/ports are read, so they are left out rather than guessed)."""
+
+
+def check_conditions(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
+    """SBP335/SBP336: a condition that names no context variable is a constant; evaluate it."""
+    for d in drafts(view):
+        cond = d.condition
+        node = next((c for c in d.node.clauses if isinstance(c, ast.Cel)), None)
+        if cond is None or node is None or cond.variables:
+            continue
+        value, error = cond.evaluate_plain({})
+        what = f"the condition of rule {label(d.node, d.id)}"
+        if value:
+            yield finding("SBP335", f"{what} is always true (it reads nothing from the call)",
+                          node.span, d.node.span)
+        else:
+            effect = "permits nothing" if d.node.effect == "permit" else "forbids nothing"
+            why = f"it always fails: {error}" if error else "it is always false"
+            yield finding("SBP336", f"{what} is never true ({why}); the rule {effect}",
+                          node.span, d.node.span)
+
+
+def _key(d: RuleDraft) -> tuple[Any, ...]:
+    caps = tuple(sorted((k.value, c.model_dump_json(by_alias=True))
+                        for k, c in d.capabilities.items()))
+    limits = d.limits.model_dump_json(exclude_none=True) if d.limits else None
+    cond = " ".join(d.condition.source.split()) if d.condition else None
+    return (d.node.effect, d.node.mandatory, caps, limits, cond)
+
+
+def check_duplicates(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
+    """SBP337: the same effect, capabilities, limits and condition as an earlier rule."""
+    first: dict[tuple[Any, ...], RuleDraft] = {}
+    for d in view.policy.rules:
+        if not d.capabilities:
+            continue
+        key = _key(d)
+        earlier = first.setdefault(key, d)
+        if earlier is not d and d.unit.file is view.file:
+            yield finding("SBP337", f"rule {label(d.node, d.id)} duplicates rule "
+                          f"{label(earlier.node, earlier.id)} at {earlier.node.span}",
+                          head(d.node), d.node.span)
+
+
+def _covered(d: RuleDraft, by: list[RuleDraft], home: str,
+             kinds: tuple[CapabilityKind, ...] | None = None) -> dict[CapabilityKind, RuleDraft]:
+    """For each kind of ``d``, a rule of ``by`` covering it; partial when some kind is not."""
+    out: dict[CapabilityKind, RuleDraft] = {}
+    for kind, cap in d.capabilities.items():
+        if kinds is not None and kind not in kinds:
+            continue
+        for other in by:
+            big = other.capabilities.get(kind)
+            if big is not None and covers(big, cap, home):
+                out[kind] = other
+                break
+    return out
+
+
+def check_shadowed(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
+    """SBP338 (every kind of a permit is covered by unconditional forbids) and SBP339 (by
+    earlier unconditional permits, which are matched first)."""
+    rules = view.policy.rules
+    # a mandatory deny over fs permits is the checker's SBP216; do not say it twice
+    usable = [f for f in rules if f.node.effect == "forbid" and unconditional(f.node)
+              and not f.node.mandatory]
+    keys = [_key(d) for d in rules]
+    for i, d in enumerate(rules):
+        if d.unit.file is not view.file or d.node.effect != "permit" or not d.capabilities:
+            continue
+        by_forbid = _covered(d, usable, cfg.home, _FORBID_COVERABLE)
+        if len(by_forbid) == len(d.capabilities):
+            names = ", ".join(sorted({label(f.node, f.id) for f in by_forbid.values()}))
+            yield finding("SBP338", f"permit {label(d.node, d.id)} can never apply: forbid "
+                          f"{names} covers all it permits", head(d.node), d.node.span)
+            continue
+        earlier = [e for j, e in enumerate(rules[:i]) if e.node.effect == "permit"
+                   and unconditional(e.node) and keys[j] != keys[i]]
+        by_permit = _covered(d, earlier, cfg.home)
+        if len(by_permit) == len(d.capabilities):
+            names = ", ".join(sorted({f"{label(e.node, e.id)} at {e.node.span}"
+                                      for e in by_permit.values()}))
+            yield finding("SBP339", f"permit {label(d.node, d.id)} is never the matching rule: "
+                          f"earlier permit {names} admits all it does, so its limits and "
+                          "condition never apply", head(d.node), d.node.span)
+
+
+CHECKS = (check_conditions, check_duplicates, check_shadowed)

@@ -20,9 +20,9 @@ from policy_engine.conformance.harness import (
     workdir_paths,
 )
 from policy_engine.conformance.probes import Probe, ProbeEnv, default_probes, plugin_probes
-from policy_engine.conformance.report import Report
+from policy_engine.conformance.report import CheckResult, Report
 from policy_engine.conformance.server import ProbeServer
-from policy_engine.executor import ExecContext
+from policy_engine.executor import ExecContext, ExecutorCapabilities
 from policy_engine.model import OpKind
 from policy_engine.plugin_manager import PluginManager
 
@@ -35,7 +35,7 @@ GRACE_S = 1.0
 
 
 def _inspect(name: str, env: ProbeEnv, options: Mapping[str, Mapping[str, Any]]
-             ) -> tuple[list[checks.CheckResult], frozenset[OpKind], list[Probe] | None,
+             ) -> tuple[list[CheckResult], frozenset[OpKind], list[Probe] | None,
                         dict[str, Any]]:
     """Build the executor once through its plugin for the metadata checks and its probes."""
     manager = PluginManager.default()
@@ -56,7 +56,7 @@ def _inspect(name: str, env: ProbeEnv, options: Mapping[str, Mapping[str, Any]]
         except Exception as exc:  # the author's hook: report it, never a traceback
             raise SetupError(f"`{name}`.conformance_probes failed: "
                              f"{type(exc).__name__}: {exc}") from None
-        as_json = caps.to_json() if hasattr(caps, "to_json") else {}
+        as_json = caps.to_json() if isinstance(caps, ExecutorCapabilities) else {}
         return results, kinds, provided, as_json
     finally:
         comps.close()
@@ -105,8 +105,8 @@ def _run(name: str, env: ProbeEnv, options: dict[str, Mapping[str, Any]],
 
 
 def _exercise(harness: Harness, declared: frozenset[OpKind],
-              by_kind: dict[OpKind, list[Probe]], timeout_ms: int) -> list[checks.CheckResult]:
-    out: list[checks.CheckResult] = []
+              by_kind: dict[OpKind, list[Probe]], timeout_ms: int) -> list[CheckResult]:
+    out: list[CheckResult] = []
     first: dict[OpKind, Probe] = {}
     for kind in sorted(declared, key=lambda k: k.value):
         runs: list[Run] = []
@@ -141,7 +141,7 @@ def _exercise(harness: Harness, declared: frozenset[OpKind],
     return out
 
 
-def _wrong_kind(harness: Harness, undeclared: list[Run]) -> checks.CheckResult:
+def _wrong_kind(harness: Harness, undeclared: list[Run]) -> CheckResult:
     """Hand the executor an op of a kind it does not declare, bypassing the orchestrator."""
     profile = next((r.outcome.profile for r in harness.runs if r.outcome.profile is not None),
                    None)

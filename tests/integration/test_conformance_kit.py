@@ -108,7 +108,8 @@ def test_unknown_executor_exits_2_listing_installed_ones(installed: None,
     assert "no installed plugin provides an executor named `no-such-executor`" in proc.stderr
     listed = next(line for line in proc.stderr.splitlines()
                   if line.startswith("installed executors:"))
-    assert "sample-http" in listed and "fs" in listed
+    assert "sample-http" in listed
+    assert "fs" in listed
     assert "Traceback" not in proc.stderr
 
 

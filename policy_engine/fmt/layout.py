@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from policy_engine.dsl import ast
@@ -59,27 +60,21 @@ def text_of(comment: ast.Comment) -> str:
 _NAMED = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r", "\0": "\\0"}
 # Invisible or line-breaking characters are written as \uXXXX so a reader sees them (the
 # bidirectional controls are the "trojan source" characters).
-_INVISIBLE = frozenset(
-    [chr(c) for c in range(0x20)] + [chr(c) for c in range(0x7F, 0xA0)]
-    + ["\u2028", "\u2029", "\ufeff", "\u200b", "\u200e", "\u200f"]
-    + [chr(c) for c in range(0x202A, 0x202F)] + [chr(c) for c in range(0x2066, 0x206A)]
-)
+_INVISIBLE = ("\x00-\x1f\x7f-\x9f\u200b\u200e\u200f\u2028\u2029\u202a-\u202e"
+              "\u2066-\u2069\ufeff")
+_ESCAPED = re.compile(f'[\\\\"{_INVISIBLE}]')
 
 
 def quote(value: str) -> str:
     """The canonical string literal for ``value``: the same value, one spelling."""
-    if value.isprintable() and '"' not in value and "\\" not in value \
-            and not any(ch in _INVISIBLE for ch in value):
+    if _ESCAPED.search(value) is None:
         return f'"{value}"'
-    out: list[str] = []
-    for ch in value:
-        if ch in _NAMED:
-            out.append(_NAMED[ch])
-        elif ch in _INVISIBLE:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
+    return '"' + _ESCAPED.sub(_escape, value) + '"'
+
+
+def _escape(match: re.Match[str]) -> str:
+    ch = match.group()
+    return _NAMED.get(ch) or f"\\u{ord(ch):04x}"
 
 
 def regex(body: str) -> str:

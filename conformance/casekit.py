@@ -108,6 +108,10 @@ class Case(BaseModel):
     revoked: bool = False
     run: RunExpect | None = None
     engine: EngineOptions | None = None
+    volatile: list[str] = Field(
+        default_factory=list,
+        description="run fields whose value varies between runs (a streamed amount read before "
+                    "a cut-off); shown as `<set>` in the snapshot")
 
     @field_validator("note")
     @classmethod
@@ -368,34 +372,36 @@ def decision_view(d: Decision) -> dict[str, Any]:
 
 _VOLATILE = frozenset({"envelope_id", "produced_at_ms", "finished_at_ms", "sandbox_latency_ms",
                        "profile_hash", "policy_version_hash", "duration_ms", "elapsed_ms",
-                       "wall_ms", "cpu_ms", "pid", "started_at_ms", "artifacts_path"})
+                       "wall_ms", "cpu_ms", "pid", "started_at_ms", "artifacts_path",
+                       "handle"})
 _DIGEST_KEYS = frozenset({"inputs_digest", "outputs_digest", "digest", "sha256", "body_sha256"})
 
 
-def evidence_view(record: Mapping[str, Any], env: Env) -> dict[str, Any]:
+def evidence_view(record: Mapping[str, Any], env: Env,
+                  volatile: frozenset[str] = frozenset()) -> dict[str, Any]:
     """An evidence record with volatile fields replaced by markers; the contract fields (type,
     status, code, backend, profile label, network mode, side effects, degradations, budget
-    counts) are kept as they are."""
+    counts) are kept as they are. ``volatile`` names more keys to mark (a case's own)."""
     out: dict[str, Any] = {}
     for key, value in record.items():
-        out[key] = _stable(key, value)
+        out[key] = _stable(key, value, _VOLATILE | volatile)
     label = out.get("sandbox_profile")
     if isinstance(label, str) and label.startswith("default:"):
         out["sandbox_profile"] = "default:<hash>"
     return env.normalize(out)  # type: ignore[no-any-return]
 
 
-def _stable(key: str, value: Any) -> Any:
-    if key in _VOLATILE:
+def _stable(key: str, value: Any, volatile: frozenset[str] = _VOLATILE) -> Any:
+    if key in volatile:
         return "<set>" if value not in (None, "", 0) else value
     if key in _DIGEST_KEYS:
         if isinstance(value, dict):
             return "empty" if value.get("b64") == EMPTY_DIGEST.b64 else "<digest>"
         return "<digest>" if value else value
     if isinstance(value, dict):
-        return {k: _stable(k, v) for k, v in value.items()}
+        return {k: _stable(k, v, volatile) for k, v in value.items()}
     if isinstance(value, list):
-        return [_stable(key, v) for v in value]
+        return [_stable(key, v, volatile) for v in value]
     return value
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from casekit import (
     CASES_DIR,
+    Case,
     Env,
     LoadedCase,
     PolicyCache,
@@ -25,13 +27,17 @@ from casekit import (
     decide,
     decision_view,
     evidence_view,
+    grant_of,
     load_all,
     load_case_file,
+    manifest_of,
 )
 from syrupy.assertion import SnapshotAssertion
 
 from policy_engine.errors import REGISTRY, DiagnosticsError, ErrorCode
+from policy_engine.guard import Guard
 from policy_engine.model import OP_CAPABILITY, CapabilityKind
+from policy_engine.profile import ProfileBuilder
 
 CASES = load_all()
 BY_NOTE = {lc.case.note: lc for lc in CASES}
@@ -64,7 +70,7 @@ def policies(tmp_path_factory: pytest.TempPathFactory) -> PolicyCache:
     return PolicyCache(tmp_path_factory.mktemp("inline-policies"))
 
 
-def snapshot_view(case_result: Result, env: Env) -> dict[str, Any]:
+def snapshot_view(case: Case, case_result: Result, env: Env) -> dict[str, Any]:
     """What a case's snapshot pins: the public decision, the profile's network mode and name,
     and for runs the public result and the normalized begin/end evidence."""
     view: dict[str, Any] = decision_view(case_result.decision)
@@ -75,10 +81,11 @@ def snapshot_view(case_result: Result, env: Env) -> dict[str, Any]:
     outcome = case_result.outcome
     if outcome is not None:
         result = outcome.result
+        volatile = frozenset(case.volatile)
         view["run"] = {
             "ok": result.ok, "code": result.code, "message": result.message,
-            "used": result.used.model_dump(exclude={"cpu_ms"}),
-            "evidence": [evidence_view(r, env) for r in case_result.records],
+            "used": evidence_view(result.used.model_dump(), env, volatile),
+            "evidence": [evidence_view(r, env, volatile) for r in case_result.records],
         }
     return env.normalize(view)  # type: ignore[no-any-return]
 
@@ -99,14 +106,15 @@ def test_case(lc: LoadedCase, case_env: Env, policies: PolicyCache, tmp_path: Pa
         assert (d.rule.id if d.rule else None) == case.want_rule, where
     if got.outcome is not None:
         _check_run(lc, got)
-    assert snapshot_view(got, case_env) == snapshot_json
+    assert snapshot_view(case, got, case_env) == snapshot_json
 
 
 def _check_run(lc: LoadedCase, got: Result) -> None:
     """Begin and end evidence exist for every run (denials too) and agree with the result; a
     dry-run refusal is never allowed by the real run."""
     case, outcome = lc.case, got.outcome
-    assert outcome is not None and case.run is not None
+    assert outcome is not None
+    assert case.run is not None
     where = f"{lc.where} ({case.note}): {outcome.end.status} {outcome.end.error_code} — " \
             f"{outcome.result.message}"
     assert [r["type"] for r in got.records] == ["begin", "end"], where
@@ -115,7 +123,8 @@ def _check_run(lc: LoadedCase, got: Result) -> None:
     assert end["status"] == case.run.status, where
     assert end["error_code"] == case.run.code == outcome.result.code, where
     assert outcome.result.ok == (case.run.status == "ok"), where
-    assert begin["tool_name"] and begin["capability"] and begin["policy_version_hash"], where
+    for field in ("tool_name", "capability", "policy_version_hash", "inputs_digest"):
+        assert begin[field], f"{where}: begin record lacks `{field}`"
     if got.explained is not None and not got.explained.decision.allowed:
         assert end["status"] == "denied", where
         assert end["error_code"] == got.explained.decision.code, where
@@ -135,10 +144,40 @@ def _outcomes() -> Counter[str]:
     return seen
 
 
+# Codes no request can produce, each with the test below that pins its public view instead.
+# UNKNOWN.INTERNAL only comes from a crash inside the guard (its catch-all turns any exception
+# into a deny); every well-formed or malformed request is classified before that can happen.
+NOT_REACHABLE_BY_REQUEST = {
+    ErrorCode.UNKNOWN_INTERNAL.value: "test_guard_crash_is_unknown_internal",
+}
+
+
 def test_every_error_code_has_a_case() -> None:
     seen = _outcomes()
-    missing = [c.value for c in ErrorCode if c.value not in seen]
+    missing = [c.value for c in ErrorCode
+               if c.value not in seen and c.value not in NOT_REACHABLE_BY_REQUEST]
     assert not missing, f"error codes without a conformance case: {missing}"
+    # an excluded code that a case does produce belongs in the cases, not in the exclusions
+    assert not set(NOT_REACHABLE_BY_REQUEST) & set(seen)
+    assert all(callable(globals()[t]) for t in NOT_REACHABLE_BY_REQUEST.values())
+
+
+def test_guard_crash_is_unknown_internal(policies: PolicyCache) -> None:
+    """An embedder passing a broken op object (a method that is not a string) crashes the
+    guard's resolver: the call is denied with UNKNOWN.INTERNAL and the public view says nothing
+    about the crash."""
+    lc = BY_NOTE["net/github-api-get"]
+    ps = policies.policyset(lc.case, lc.file.parent)
+    profile = ProfileBuilder(ps).build(grant_of(lc.case, lc.file.parent),
+                                       manifest_of(lc.case, lc.file.parent))
+    broken = SimpleNamespace(kind="net.http", method=None, url="https://api.github.com/zen",
+                             body_b64=None, headers={})
+    view = decision_view(Guard(ps).decide(profile, broken, trace=True))
+    assert view["decision"] == "deny"
+    assert view["code"] == ErrorCode.UNKNOWN_INTERNAL.value
+    assert (view["http_status"], view["retryable"]) == (500, False)
+    assert view["message"] == "internal error"  # no exception text in the public view
+    assert "NoneType" not in view["reason"]
 
 
 def test_every_capability_kind_is_allowed_and_denied_somewhere() -> None:

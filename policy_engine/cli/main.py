@@ -11,7 +11,7 @@ from policy_engine import __version__
 
 # Commands in the order `--help` lists them; each module exposes `command: click.Command`.
 COMMAND_MODULES = ("check", "lint", "explain", "run", "schema", "plugins", "stats",
-                   "conformance", "test")
+                   "conformance", "test", "fmt")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

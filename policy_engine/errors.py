@@ -151,7 +151,8 @@ class PolicyEngineError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
-# Diagnostics about policy files: SBP1xx parse, SBP2xx check, SBP3xx lint
+# Diagnostics about policy files: SBP1xx parse, SBP2xx check, SBP3xx lint, SBP40x-41x policy
+# tests, SBP42x fmt
 # ---------------------------------------------------------------------------------------------
 
 

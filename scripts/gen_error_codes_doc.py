@@ -22,8 +22,10 @@ The public view shows the message template filled with a redacted reason; the au
 DIAG_HEADER = """
 ## Policy-file diagnostics
 
-`SBP1xx` are parse errors, `SBP2xx` check errors and warnings, `SBP3xx` lint findings.
-`policy-engine check` prints each as `file:line:col: SBPnnn message`, the source line, a caret
+`SBP1xx` are parse errors, `SBP2xx` check errors and warnings, `SBP3xx` lint findings
+(catalogue with examples: [lint-rules.md](lint-rules.md)), `SBP40x`–`SBP41x` policy-test file
+problems (`policy-engine test`) and `SBP42x` formatter failures (`policy-engine fmt`).
+Every command prints each as `file:line:col: SBPnnn message`, the source line, a caret
 under the column and a `help:` line.
 
 | id | severity | title | help |

@@ -62,7 +62,7 @@ def test_unknown_internal_public_message_reveals_nothing() -> None:
 
 def test_diagnostic_ids_are_in_their_families() -> None:
     for diag_id, spec in DIAGNOSTICS.items():
-        assert diag_id[:4] in ("SBP1", "SBP2", "SBP3")
+        assert diag_id[:4] in ("SBP1", "SBP2", "SBP3", "SBP4")
         assert spec.help
         assert not spec.title.endswith(".")
 

@@ -135,7 +135,7 @@ def _git(t: Team) -> _BLOCK:
     return [*_comment(t, "Read-only git."),
             f'permit {t.rule("git")} proc.exec  tool "git"',
             '  args ["status" | "log" | "diff" | "show", /^--(oneline|stat|name-only)$/ ...]',
-            f"  limits {{ cpu 1  memory 512MiB  pids 64  timeout {t.rng.choice([20, 30, 45])}s }}"]
+            f"  limits {{ cpu 1  memory 512MiB  pids 64  timeout {t.rng.choice([10, 20, 30])}s }}"]
 
 
 def _api(t: Team) -> _BLOCK:
@@ -148,7 +148,7 @@ def _api(t: Team) -> _BLOCK:
 def _list_logs(t: Team) -> _BLOCK:
     return [*_comment(t, "Logs may be listed, not read."),
             f'permit {t.rule("list-logs")} fs.list  paths ["{t.root}/logs/**"]',
-            f"  limits {{ files {t.rng.choice([200, 500, 1000])}  depth 6 }}"]
+            f"  limits {{ files {t.rng.choice([100, 200, 500])}  depth 6 }}"]
 
 
 def _write_cache(t: Team) -> _BLOCK:
@@ -161,21 +161,21 @@ def _make(t: Team) -> _BLOCK:
     return [*_comment(t, "Build targets."),
             f'permit {t.rule("make")} proc.exec  tool "make"',
             '  args ["build" | "test" | "lint" | "clean", /^[A-Z_]+=[A-Za-z0-9_.-]+$/ ...]',
-            f"  limits {{ cpu 2  memory {t.rng.choice(['1GiB', '2GiB'])}  pids 128  timeout 10m }}"]
+            f"  limits {{ cpu 2  memory {t.rng.choice(['1GiB', '2GiB'])}  pids 128  timeout 30s }}"]
 
 
 def _pytest(t: Team) -> _BLOCK:
     return [*_comment(t, "Unit tests, by path."),
             f'permit {t.rule("pytest")} proc.exec  tool "pytest"',
             '  args [/^-(q|x|v)$/ ..., /^tests\\/[A-Za-z0-9_.\\/-]*$/ ...]',
-            "  limits { timeout 5m }"]
+            "  limits { timeout 25s }"]
 
 
 def _npm(t: Team) -> _BLOCK:
     return [*_comment(t, "Frontend scripts."),
             f'permit {t.rule("npm")} proc.exec  tool "npm"',
             '  args ["ci" | "test" | "run", /^[a-z:-]+$/ ...]',
-            "  limits { timeout 15m  memory 2GiB }"]
+            "  limits { timeout 30s  memory 2GiB }"]
 
 
 def _browser(t: Team) -> _BLOCK:
@@ -211,7 +211,7 @@ def _artifacts(t: Team) -> _BLOCK:
             f'permit {t.rule("artifacts")} net.http  hosts ["artifacts.{t.name}.example.com"]',
             '  schemes ["https"]  methods ["GET", "PUT"]',
             '  when `request.method == "GET" || grant.subject_id.startsWith("agent:ci-")`',
-            f"  limits {{ bytes_out {t.rng.choice(_SIZES)} }}"]
+            f"  limits {{ bytes_out {t.rng.choice(['256KiB', '512KiB', '1MiB'])} }}"]
 
 
 _OPTIONAL: list[Callable[[Team], _BLOCK]] = [
@@ -228,7 +228,7 @@ def _profile_and_tool(t: Team) -> _BLOCK:
         "  network restricted",
         "  fs read-write",
         f'  writable ["{t.root}/out/**", "{t.root}/cache/**"]',
-        f"  timeout {t.rng.choice(['5m', '10m', '20m'])}",
+        f"  timeout {t.rng.choice(['10s', '20s', '30s'])}",
         f"  limits {{ memory {t.rng.choice(['1GiB', '2GiB', '4GiB'])}  pids 128 }}",
         "}",
         "",

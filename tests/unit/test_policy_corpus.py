@@ -115,3 +115,17 @@ def test_every_generated_case_passes_with_the_real_explain(corpus: Path) -> None
                 assert decision.rule.id == case["want_rule"], where
             checked += 1
     assert checked >= 4 * FILES
+
+
+def test_the_corpus_is_lint_clean_and_formatted(corpus: Path) -> None:
+    from click.testing import CliRunner
+
+    from policy_engine.cli.main import cli
+
+    lint = CliRunner().invoke(cli, ["lint", "--deny-warnings", str(corpus)])
+    assert lint.exit_code == 0, lint.output
+    GEN.format_corpus(corpus)  # the generation step the benchmark runs
+    check = CliRunner().invoke(cli, ["fmt", "--check", str(corpus)])
+    assert check.exit_code == 0, check.output
+    tests = CliRunner().invoke(cli, ["test", str(corpus)])
+    assert tests.exit_code == 0, tests.output

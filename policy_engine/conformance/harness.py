@@ -40,6 +40,15 @@ SINK_NAME = "conformance-recorder"
 _NETWORK_CLIENTS = frozenset({OpKind.NET_HTTP, OpKind.BROWSER_NAV, OpKind.BROWSER_SCREENSHOT})
 
 
+def probe_manifest(probe: Probe, timeout_ms: int | None = None) -> Manifest:
+    """The manifest of the probing tool: the probe's capabilities, network on for the kinds
+    whose executor is the network client (the guard's host rules govern those).
+    """
+    network = NetworkMode.ON if probe.kind in _NETWORK_CLIENTS else None
+    return Manifest(name="conformance-probe", version="1.0", permissions=probe.caps(),
+                    limits=Limits(timeout_ms=timeout_ms), network=network)
+
+
 class SetupError(Exception):
     """The suite cannot run: unknown executor, a probe that does not compile, a plugin that
     fails to load. Reported with exit code 2, never as a check failure.
@@ -228,9 +237,7 @@ class Harness:
                      expires_at=int(time.time() * 1000) + 3_600_000)
 
     def manifest(self, probe: Probe, timeout_ms: int | None) -> Manifest:
-        network = NetworkMode.ON if probe.kind in _NETWORK_CLIENTS else None
-        return Manifest(name="conformance-probe", version="1.0", permissions=probe.caps(),
-                        limits=Limits(timeout_ms=timeout_ms), network=network)
+        return probe_manifest(probe, timeout_ms)
 
     def run(self, probe: Probe, purpose: str, *, timeout_ms: int | None = None,
             cancel_after_s: float | None = None, with_capabilities: bool = True,

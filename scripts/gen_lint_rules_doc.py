@@ -1,4 +1,4 @@
-"""Regenerate docs/lint-rules.md from the lint catalogue (tests/unit/test_lint_docs.py checks it)."""
+"""Regenerate docs/lint-rules.md from the lint catalogue (tests/unit/test_lint_docs.py checks)."""
 
 from __future__ import annotations
 

@@ -131,7 +131,10 @@ def _lint_root(root: tuple[str, str], owned: list[tuple[str, str]], cfg: LintCon
                          else ("", 0, 0))
     units = {os.path.realpath(u.file.file): u for u in ctx.units}
     if ctx.has_errors:
-        out.findings.extend(Finding(d, d.span.line if d.span else 0) for d in ctx.diagnostics)
+        # a file that does not parse has no items, so "no header" would only be noise
+        broken = {d.span.file for d in ctx.diagnostics if d.id < "SBP200" and d.span}
+        out.findings.extend(Finding(d, d.span.line if d.span else 0) for d in ctx.diagnostics
+                            if not (d.id == "SBP200" and d.span and d.span.file in broken))
         out.unusable.append(root[0])
         for shown, real in owned[1:]:
             if fallback and real not in units:

@@ -82,8 +82,11 @@ def test_python_inline_code_respects_where_options_end(tmp_path: Path, args: str
 
 
 def test_interpreter_names() -> None:
-    assert interpreter("python3") and interpreter("/usr/bin/node") and interpreter("perl5.36")
-    assert interpreter("git") is None and interpreter("pythonic") is None
+    assert interpreter("python3")
+    assert interpreter("/usr/bin/node")
+    assert interpreter("perl5.36")
+    assert interpreter("git") is None
+    assert interpreter("pythonic") is None
 
 
 @pytest.mark.parametrize("tool", ["bash", "/bin/sh", "env", "xargs", "busybox"])
@@ -98,8 +101,11 @@ def test_shell_in_a_tool_block_is_found_too(tmp_path: Path) -> None:
 
 
 def test_public_suffixes() -> None:
-    assert public_suffix("com") and public_suffix("co.uk") and public_suffix("github.io")
-    assert public_suffix("example.com") is None and public_suffix("githubusercontent.com") is None
+    assert public_suffix("com")
+    assert public_suffix("co.uk")
+    assert public_suffix("github.io")
+    assert public_suffix("example.com") is None
+    assert public_suffix("githubusercontent.com") is None
 
 
 def test_shadowing_is_sound(tmp_path: Path) -> None:

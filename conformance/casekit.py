@@ -272,6 +272,15 @@ class PolicyCache:
         return found
 
 
+    def policyset_of_files(self, files: list[Path]) -> PolicySet:
+        """A policy set from files only (the examples' policies)."""
+        key = (tuple(str(f.resolve()) for f in files), None)
+        found = self._sets.get(key)
+        if found is None:
+            found = self._sets[key] = compile_files([str(f) for f in files], home=HOME)
+        return found
+
+
 def manifest_of(case: Case, base: Path) -> Manifest:
     if isinstance(case.manifest, str):
         return load_manifest(base / case.manifest, home=HOME)

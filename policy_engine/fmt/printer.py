@@ -24,7 +24,8 @@ Render = Callable[[list[ast.Comment], int], Lines]
 
 def format_ast(pf: ast.PolicyFile) -> str:
     """The canonical text of ``pf`` (parsed without errors), ending in one newline."""
-    printer = _Printer(sorted(pf.comments, key=_pos))
+    blank = {i for i, ln in enumerate(pf.source.split("\n"), 1) if not ln.strip(" \t\f\r")}
+    printer = _Printer(sorted(pf.comments, key=_pos), blank)
     entries = [(_span_of(item), printer.item_renderer(item)) for item in pf.items]
     opener, lines = printer.vertical(entries, printer.comments, 0, open_line=None)
     assert not opener  # INVARIANT: with no opener line, every comment becomes a line
@@ -107,8 +108,9 @@ class _Piece:
 
 
 class _Printer:
-    def __init__(self, comments: list[ast.Comment]) -> None:
+    def __init__(self, comments: list[ast.Comment], blank: set[int]) -> None:
         self.comments = comments
+        self.blank = blank  # the source's whitespace-only lines
 
     # ---- vertical sequences: file items, block entries, list items -------------------------
 
@@ -122,7 +124,7 @@ class _Printer:
         prev_end: int | None = None
 
         def gap(start: int) -> None:
-            if prev_end is not None and start > prev_end + 1:
+            if prev_end is not None and any(n in self.blank for n in range(prev_end + 1, start)):
                 out.append(BLANK)
 
         for (span, render), slot in zip(entries, slots, strict=True):

@@ -50,7 +50,7 @@ def _collect_comment(token: Token) -> Token:
 
 @lru_cache(maxsize=1)
 def get_parser() -> Lark:
-    """The cached parser: LALR(1), contextual lexer, positions propagated onto every tree node.
+    """The cached parser: LALR(1), contextual lexer, every token kept for the AST builder.
 
     The contextual lexer matters: keywords such as ``timeout`` are also limit names, and only the
     parser state tells which one is meant. Comments are ignored by the grammar but handed to
@@ -60,7 +60,9 @@ def get_parser() -> Lark:
         grammar_text(),
         parser="lalr",
         lexer="contextual",
-        propagate_positions=True,
+        # positions and keyword tokens are handled by the AST builder in one pass (faster)
+        propagate_positions=False,
+        keep_all_tokens=True,
         maybe_placeholders=False,
         lexer_callbacks={"COMMENT": _collect_comment},
     )

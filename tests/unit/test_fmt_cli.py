@@ -19,7 +19,7 @@ from policy_engine.cli.main import cli
 from policy_engine.dsl import ast
 from policy_engine.dsl.parser import parse_source
 from policy_engine.fmt.printer import format_ast
-from policy_engine.fmt.runner import format_source, write_atomic
+from policy_engine.fmt.runner import Renderer, format_source, write_atomic
 from policy_engine.fmt.soundness import compile_in_memory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,9 +78,9 @@ def _unparsable(pf: ast.PolicyFile) -> str:
 
 
 @pytest.mark.parametrize("render", [_drop_last_path, _bad_cel, _unparsable])
-def test_soundness_refuses_a_broken_printer(render: object) -> None:
+def test_soundness_refuses_a_broken_printer(render: Renderer) -> None:
     text = UGLY + "permit fs.write  paths [\"/w\"]  when `true`\n"
-    result = format_source(text, "p.sbpolicy", render=render)  # type: ignore[arg-type]
+    result = format_source(text, "p.sbpolicy", render=render)
     assert result.formatted is None
     assert [d.id for d in result.diagnostics] == ["SBP420"]
     assert "p.sbpolicy" in result.diagnostics[0].message
@@ -172,7 +172,8 @@ def test_missing_path_and_non_utf8_exit_2(tmp_path: Path) -> None:
     latin.write_bytes(b'policy "caf\xe9" version "1"\n')
     result = CliRunner().invoke(cli, ["fmt", str(tmp_path / "nope"), str(latin)])
     assert result.exit_code == 2
-    assert "SBP100" in result.stderr and "does not exist" in result.stderr
+    assert "SBP100" in result.stderr
+    assert "does not exist" in result.stderr
     assert "not UTF-8" in result.stderr
 
 
@@ -188,7 +189,8 @@ def test_write_failure_keeps_the_original(tmp_path: Path) -> None:
             problem = write_atomic(str(target), PRETTY)
     finally:
         target.parent.chmod(0o700)
-    assert problem is not None and problem.id == "SBP421"
+    assert problem is not None
+    assert problem.id == "SBP421"
     assert target.read_text() == UGLY
     assert [p.name for p in target.parent.iterdir()] == ["p.sbpolicy"]
 
@@ -207,4 +209,5 @@ def test_console_script_check(tmp_path: Path) -> None:
     assert fixed.returncode == 0, fixed.stderr
     again = subprocess.run([exe, "fmt", "--check", str(ugly)], capture_output=True,
                            text=True, timeout=120, check=False)
-    assert again.returncode == 0 and again.stdout == ""
+    assert again.returncode == 0
+    assert again.stdout == ""

@@ -196,3 +196,12 @@ def test_generated_policies(text: str) -> None:
     assert _comments(once) == _comments(text)
     assert ast_shape(parse_source(once, "g")[0]) == ast_shape(official)
     assert all(line == line.rstrip() and "\r" not in line for line in once.split("\n"))
+
+
+def test_docs_style_example_is_canonical() -> None:
+    """The layout shown in docs/fmt.md is exactly what fmt produces."""
+    import re
+
+    doc = (ROOT / "docs" / "fmt.md").read_text(encoding="utf-8")
+    example = re.findall(r"```text\n(.*?)```", doc, re.S)[0]
+    assert _fmt(example) == example

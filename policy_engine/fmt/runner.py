@@ -10,10 +10,10 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from policy_engine.dsl import ast
+from policy_engine.dsl import ast, fastparse
 from policy_engine.dsl.parser import read_source
 from policy_engine.errors import Diagnostic, Span
-from policy_engine.fmt import fastparse, soundness
+from policy_engine.fmt import soundness
 from policy_engine.fmt.printer import format_ast
 
 SUFFIX = ".sbpolicy"

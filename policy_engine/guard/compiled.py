@@ -13,7 +13,7 @@ from typing import Any
 
 from policy_engine.errors import PolicyEngineError
 from policy_engine.graph import CompiledCondition, PolicySet
-from policy_engine.guard.globset import GlobSet
+from policy_engine.guard.globset import shared_globset
 from policy_engine.guard.matchers import (
     FsMatcher,
     HostSet,
@@ -373,8 +373,8 @@ def _forbids(profile: Profile, conditions: ConditionIndex) -> dict[str, ForbidSe
     out: dict[str, ForbidSet] = {}
     for kind, lst in denies.items():
         if kind in fs_globs:
-            out[kind] = ForbidSet(GlobSet(fs_globs[kind], home, forbid=True).match, tuple(lst),
-                                  by_globs=True)
+            globs = shared_globset(tuple(fs_globs[kind]), home, forbid=True)
+            out[kind] = ForbidSet(globs.match, tuple(lst), by_globs=True)
         else:
             out[kind] = ForbidSet(_screen([d.matcher for d in lst]), tuple(lst))
     return out

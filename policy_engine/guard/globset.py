@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from functools import lru_cache
 
 from policy_engine.patterns.paths import expand_home, glob_regex, validate_glob
 
@@ -92,3 +93,10 @@ class GlobSet:
 
 def _always(path: str) -> bool:
     return True
+
+
+@lru_cache(maxsize=4096)
+def shared_globset(patterns: tuple[str, ...], home: str, *, forbid: bool) -> GlobSet:
+    """One immutable :class:`GlobSet` per distinct pattern list: profiles of one policy share
+    their secret denies and most paths, and compiling the regexes dominated profile compiles."""
+    return GlobSet(patterns, home, forbid=forbid)

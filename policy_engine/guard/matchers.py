@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from policy_engine.guard.globset import GlobSet
+from policy_engine.guard.globset import shared_globset
 from policy_engine.guard.ipaddr import IPAddress
 from policy_engine.guard.urls import DEFAULT_PORTS, ParsedUrl
 from policy_engine.model import (
@@ -63,7 +63,7 @@ class FsMatcher:
     __slots__ = ("globs", "admits_path")
 
     def __init__(self, cap: FsCapability, home: str, *, forbid: bool) -> None:
-        self.globs = GlobSet(cap.paths, home, forbid=forbid)
+        self.globs = shared_globset(tuple(cap.paths), home, forbid=forbid)
         self.admits_path = self.globs.match
 
     def admits(self, res: Any) -> bool:

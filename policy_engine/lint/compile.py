@@ -16,7 +16,7 @@ from policy_engine.compiler import STAGES
 from policy_engine.compiler.context import CompileContext, Unit
 from policy_engine.dsl import ast
 from policy_engine.dsl.cel import CelCondition, compile_condition
-from policy_engine.dsl.parser import parse_file
+from policy_engine.dsl.fastparse import parse_file
 from policy_engine.errors import Diagnostic, Span
 
 _ALWAYS = "true"

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from policy_engine.dsl import fastparse
 from policy_engine.dsl.parser import parse_source
-from policy_engine.fmt import fastparse
 from policy_engine.fmt.runner import format_source
 from policy_engine.fmt.soundness import ast_shape
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import click
 
 from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from policy_engine.dsl.parser import decode_source
 from policy_engine.dsl.render import render_diagnostic
 from policy_engine.errors import Diagnostic
 from policy_engine.fmt.runner import (
@@ -77,12 +78,9 @@ def _inputs(paths: tuple[str, ...], stdin_filename: str,
     """Each input formatted in turn, flagged when it is standard input."""
     for path in paths:
         if path == "-":
-            text = sys.stdin.buffer.read()
-            try:
-                decoded = text.decode("utf-8")
-            except UnicodeDecodeError:
-                yield True, Diagnostic.make("SBP100", "standard input is not UTF-8 text", None,
-                                            help="feed the file as UTF-8")
+            decoded = decode_source(sys.stdin.buffer.read(), stdin_filename)
+            if isinstance(decoded, Diagnostic):
+                yield True, decoded
                 continue
             real = stdin_filename if stdin_filename != "<stdin>" else None
             yield True, format_source(decoded, stdin_filename, real_path=real)

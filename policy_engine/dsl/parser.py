@@ -37,6 +37,11 @@ def read_source(path: str | os.PathLike[str], display: str | None = None) -> str
         return Diagnostic.make("SBP100", f"`{shown}` does not exist", None)
     except OSError as exc:
         return Diagnostic.make("SBP100", f"cannot read `{shown}`: {exc.strerror or exc}", None)
+    return decode_source(data, shown)
+
+
+def decode_source(data: bytes, shown: str) -> str | Diagnostic:
+    """``data`` as UTF-8 text, or the SBP100 diagnostic at the first invalid byte."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

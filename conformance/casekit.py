@@ -383,7 +383,10 @@ _VOLATILE = frozenset({"envelope_id", "produced_at_ms", "finished_at_ms", "sandb
                        "profile_hash", "policy_version_hash", "duration_ms", "elapsed_ms",
                        "wall_ms", "cpu_ms", "pid", "started_at_ms", "artifacts_path",
                        "handle"})
-_DIGEST_KEYS = frozenset({"inputs_digest", "outputs_digest", "digest", "sha256", "body_sha256"})
+# argv_digest covers the interpreter's path (`@PYTHON@` is sys.executable: `python` or `python3`
+# depending on how pytest was started), so only its presence is pinned
+_DIGEST_KEYS = frozenset({"inputs_digest", "outputs_digest", "digest", "sha256", "body_sha256",
+                          "argv_digest"})
 
 
 def evidence_view(record: Mapping[str, Any], env: Env,

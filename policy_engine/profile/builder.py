@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.graph import CompiledRule, NamedProfile, PolicySet
 from policy_engine.model import (
     AllowLists,
     BrowserCapability,
+    BrowserScope,
     Capability,
     CapabilityKind,
     DenyLists,
@@ -206,6 +207,34 @@ def _forbid_rules(ps: PolicySet) -> list[CompiledRule]:
     return list(rules.values())
 
 
+_FS_KINDS = frozenset({CapabilityKind.FS_READ, CapabilityKind.FS_WRITE, CapabilityKind.FS_LIST})
+_ALL_SCOPES = frozenset(BrowserScope)
+
+
+def _flatten(caps: Mapping[CapabilityKind, Capability], home: str,
+             paths: set[str], domains: set[str], tools: set[str]) -> None:
+    """Add an unconditional forbid to the flat deny-lists only where it is as broad as they are.
+
+    The lists are kind- and method-agnostic (the guard applies ``paths`` to every fs kind and
+    ``domains`` to every request of net.http and browser.use), so a forbid on ``fs.write`` only,
+    or on POST to a host, stays a rule-scoped deny: flattening it refused reads and GETs the
+    policy allows. Every forbid is also a ProfileDeny, so nothing is lost here.
+    """
+    fs = [c for k, c in caps.items() if k in _FS_KINDS and isinstance(c, FsCapability)]
+    if len(fs) == len(_FS_KINDS) and len({c.paths for c in fs}) == 1:
+        paths.update(expand_home(p, home) for p in fs[0].paths)
+    net = caps.get(CapabilityKind.NET_HTTP)
+    web = caps.get(CapabilityKind.BROWSER_USE)
+    if (isinstance(net, NetHttpCapability) and isinstance(web, BrowserCapability)
+            and net.hosts == web.hosts and not (net.ports or net.schemes or net.methods
+                                                or net.mime or web.ports or web.schemes)
+            and frozenset(web.scopes) == _ALL_SCOPES):
+        domains.update(net.hosts)
+    proc = caps.get(CapabilityKind.PROC_EXEC)
+    if isinstance(proc, ProcCapability) and proc.args is None:
+        tools.add(proc.tool)
+
+
 def _policy_denies(ps: PolicySet) -> tuple[tuple[ProfileDeny, ...], DenyLists]:
     """Every forbid rule as a ProfileDeny (kinds sharing resources grouped) and the deny-lists.
 
@@ -221,14 +250,8 @@ def _policy_denies(ps: PolicySet) -> tuple[tuple[ProfileDeny, ...], DenyLists]:
         for kind, cap in rule.capabilities.items():
             resources = canonical_json(cap.model_dump(mode="json", exclude={"kind"}))
             by_resources.setdefault(resources, []).append((kind, cap))
-            if rule.condition is not None:
-                continue
-            if isinstance(cap, FsCapability):
-                paths.update(expand_home(p, ps.home) for p in cap.paths)
-            elif isinstance(cap, NetHttpCapability | BrowserCapability):
-                domains.update(cap.hosts)
-            elif isinstance(cap, ProcCapability) and cap.args is None:
-                tools.add(cap.tool)
+        if rule.condition is None:
+            _flatten(rule.capabilities, ps.home, paths, domains, tools)
         for group_ in by_resources.values():
             denies.append(ProfileDeny(
                 kinds=tuple(k for k, _ in group_), capability=group_[0][1], rule=rule.ref,

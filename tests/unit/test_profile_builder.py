@@ -8,22 +8,29 @@ import sys
 import threading
 import timeit
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
 import pytest
 
+from policy_engine.compiler import compile_files
+from policy_engine.dsl.loaders import load_grant, load_manifest
 from policy_engine.errors import ErrorCode, PolicyEngineError, Span
 from policy_engine.graph import CompiledRule, ConsentRule, NamedProfile, PolicySet
+from policy_engine.guard import Guard
 from policy_engine.model import (
     ArgAlternative,
     ArgSlot,
     Capability,
     CapabilityKind,
     FsCapability,
+    FsReadOp,
+    FsWriteOp,
     Grant,
     Limits,
     Manifest,
     NetHttpCapability,
+    NetHttpOp,
     NetworkMode,
     Overrides,
     ProcCapability,
@@ -34,6 +41,8 @@ from policy_engine.model import (
     SideEffect,
 )
 from policy_engine.profile import ProfileBuilder
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 K = CapabilityKind
 SPAN = Span("acme.sbpolicy", 1, 1)
@@ -89,7 +98,8 @@ def fs(kind: str, *paths: str) -> FsCapability:
 SECRETS = ("~/.ssh/**", "~/.aws/**", "**/.env", "/etc/shadow")
 ACME = policyset([
     rule("forbid-secrets", "forbid",
-         {K.FS_READ: fs("fs.read", *SECRETS), K.FS_WRITE: fs("fs.write", *SECRETS)},
+         {K.FS_READ: fs("fs.read", *SECRETS), K.FS_WRITE: fs("fs.write", *SECRETS),
+          K.FS_LIST: fs("fs.list", *SECRETS)},
          mandatory=True),
     rule("read-ws", "permit", {K.FS_READ: fs("fs.read", "/workspace/**")}, line=3),
     rule("write-work", "permit", {K.FS_WRITE: fs("fs.write", "/workspace/work/**")}, line=4,
@@ -191,7 +201,7 @@ def test_mandatory_denies_are_always_present() -> None:
                                    overrides=Overrides(profile="safe-readonly"))
     (deny,) = p.denies
     assert deny.mandatory
-    assert deny.kinds == (K.FS_READ, K.FS_WRITE)
+    assert deny.kinds == (K.FS_READ, K.FS_WRITE, K.FS_LIST)
     assert "/root/.ssh/**" in p.deny.paths
     assert "/**/.env" in p.deny.paths
 
@@ -369,3 +379,27 @@ def test_profile_hash_changes_with_inputs_and_round_trips() -> None:
     p2 = b.build(grant(), manifest(limits=Limits(pids=2)))
     assert p1.profile_hash != p2.profile_hash
     assert json.loads(p1.model_dump_json())["profile_hash"] == p1.profile_hash
+
+
+def test_narrow_forbids_stay_out_of_the_flat_deny_lists() -> None:
+    """The deny-lists apply to every fs kind / every request to a host; a forbid on fs.write
+    only, or on POST only, must not refuse reads or GETs (it stays a rule-scoped ProfileDeny)."""
+    ps = compile_files([EXAMPLES / "policies" / "org.sbpolicy"])
+    editor = load_manifest(EXAMPLES / "manifests" / "file-editor.sbpolicy")
+    p = ProfileBuilder(ps).build(load_grant(EXAMPLES / "grants" / "editor-agent.json"), editor)
+    assert "/workspace/work/release/**" not in p.deny.paths
+    assert "/root/.ssh/**" in p.deny.paths
+    assert any(d.rule.id == "no-release-edits" for d in p.denies)
+    guard = Guard(ps)
+    release = "/workspace/work/release/notes.md"
+    assert guard.decide(p, FsReadOp(path=release)).decision == "allow"
+    write = guard.decide(p, FsWriteOp(path=release, bytes_b64="aGk="))
+    assert (write.decision, write.rule.id if write.rule else None) == ("deny", "no-release-edits")
+
+    fetch = ProfileBuilder(ps).build(load_grant(EXAMPLES / "grants" / "fetch-agent.json"),
+                                     load_manifest(EXAMPLES / "manifests" / "http-fetch.yaml"))
+    assert "gist.githubusercontent.com" not in fetch.deny.domains
+    url = "https://gist.githubusercontent.com/acme/1/raw"
+    assert guard.decide(fetch, NetHttpOp(method="GET", url=url)).decision == "allow"
+    post = guard.decide(fetch, NetHttpOp(method="POST", url=url))
+    assert (post.decision, post.rule.id if post.rule else None) == ("deny", "no-gist-writes")

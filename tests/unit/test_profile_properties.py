@@ -75,8 +75,9 @@ PROFILES = {
     "narrow": NamedProfile("narrow", SPAN, writable=("/w/**",), limits=Limits(pids=8)),
 }
 SECRETS = policyset([
-    rule("secrets", "forbid", {K.FS_READ: fs("fs.read", "~/.ssh/**", "**/.env")},
-         mandatory=True),
+    # like the built-in rule: every fs kind, so the paths also enter the flat deny-list
+    rule("secrets", "forbid", {k: fs(k.value, "~/.ssh/**", "**/.env")
+                               for k in (K.FS_READ, K.FS_WRITE, K.FS_LIST)}, mandatory=True),
     rule("maybe", "forbid", {K.FS_WRITE: fs("fs.write", "/x/**")}),
     rule("all", "permit", {K.FS_READ: fs("fs.read", "/**"), K.FS_WRITE: fs("fs.write", "/**")}),
 ], profiles=PROFILES, network=NetworkMode.ON)
@@ -95,6 +96,8 @@ def test_mandatory_denies_survive_everything(
     mandatory = [d for d in profile.denies if d.mandatory]
     assert [d.rule.id for d in mandatory] == ["secrets"]
     assert {"/root/.ssh/**", "/**/.env"} <= set(profile.deny.paths)
+    # a forbid on fs.write alone stays rule-scoped: the flat list applies to every fs kind
+    assert "/x/**" not in profile.deny.paths
 
 
 @PROPS

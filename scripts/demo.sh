@@ -19,6 +19,10 @@ shell=(--manifest "$ex/manifests/shell.json" --grant "$ex/grants/shell-agent.jso
 
 echo "== policy-engine check $ex/policies/*.sbpolicy"
 policy-engine check "$ex"/policies/*.sbpolicy
+echo; echo "== policy-engine lint --deny-warnings $ex/policies"
+policy-engine lint --deny-warnings "$ex/policies"
+echo; echo "== policy-engine test $ex/policies --coverage --threshold 100"
+policy-engine test "$ex/policies" --coverage --threshold 100
 
 for req in read-workspace-file read-private-key git-push metadata-decimal; do
   echo; echo "== policy-engine explain --request $ex/requests/$req.json"

@@ -75,7 +75,7 @@ def test_text_output_names_the_rule_to_change() -> None:
     assert result.output.startswith("DENY  SANDBOX.CAPABILITY_BLOCKED (HTTP 403)")
     assert "rule:     no-force-push at " in result.output
     assert "to change this decision, edit the rule at" in result.output
-    assert "org.sbpolicy:31:1" in result.output
+    assert "org.sbpolicy:32:1" in result.output
 
 
 def test_console_script_runs_explain_end_to_end() -> None:

@@ -43,16 +43,14 @@ def test_every_catalogue_rule_has_fixtures() -> None:
     assert len(IDS) >= 15
 
 
-def test_examples_give_exactly_their_real_findings() -> None:
+def test_examples_are_clean_with_two_reasoned_suppressions() -> None:
     result = lint_paths([str(ROOT / "examples" / "policies"),
                          str(ROOT / "examples" / "manifests" / "file-editor.sbpolicy")], jobs=1)
-    got = {(Path(f.span.file).name, f.id, f.span.line) for f in result.active() if f.span}
-    # each is real: `*` hosts, plain http to the LAN mirror, pytest's 120s capped at the 60s
-    # default, and the redefined high-isolation profile dropping three seed limits
-    assert got == {
-        ("network.sbpolicy", "SBP301", 14), ("network.sbpolicy", "SBP320", 17),
-        ("org.sbpolicy", "SBP331", 29), ("org.sbpolicy", "SBP332", 45),
-    }
+    assert result.active() == []
+    # `*` hosts for public pages and plain http to the LAN mirror are deliberate, and say why
+    suppressed = {(Path(f.span.file).name, f.id) for f in result.findings
+                  if f.span and f.suppressed is not None}
+    assert suppressed == {("network.sbpolicy", "SBP301"), ("network.sbpolicy", "SBP320")}
     assert result.unusable == []
 
 

@@ -18,6 +18,7 @@ from typing import Literal
 
 from policy_engine.dsl import ast
 from policy_engine.dsl.parser import parse_source, read_source
+from policy_engine.dsl.transform import unescape
 from policy_engine.errors import Diagnostic, Span
 
 # The grammar's terminals (dsl/sbpolicy.lark), one alternation. Keywords are NAME tokens told
@@ -35,8 +36,6 @@ _TOKEN = re.compile(r"""
 """, re.VERBOSE)
 # TOOL_BLOCK.2 of the grammar: `tool` opens a manifest block only when this lookahead holds.
 _TOOL_BLOCK = re.compile(r'tool(?=\s+"(?:[^"\\\n]|\\.)*"\s+version\b)')
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "/": "/", "0": "\0"}
-_HEX = frozenset("0123456789abcdefABCDEF")
 _RESOURCES = frozenset({"paths", "hosts", "ports", "schemes", "methods", "mime", "scopes"})
 _SCALARS = frozenset({"max_bytes", "class"})
 _END = ("$END", "", 0, 0, 0, 0)
@@ -410,24 +409,8 @@ class _Reader:
 
 
 def _unescape(body: str) -> str:
-    """The transformer's unescaping; an escape it would report (SBP104) is Unsupported here."""
-    if "\\" not in body:
-        return body
-    out: list[str] = []
-    i = 0
-    while i < len(body):
-        ch = body[i]
-        if ch != "\\":
-            out.append(ch)
-            i += 1
-            continue
-        esc = body[i + 1] if i + 1 < len(body) else ""
-        if esc in _ESCAPES:
-            out.append(_ESCAPES[esc])
-            i += 2
-        elif esc == "u" and len(body) >= i + 6 and all(c in _HEX for c in body[i + 2:i + 6]):
-            out.append(chr(int(body[i + 2:i + 6], 16)))
-            i += 6
-        else:
-            raise Unsupported
-    return "".join(out)
+    """The AST builder's unescaping; an escape it would report (SBP104) is Unsupported here."""
+    text, bad = unescape(body)
+    if bad:
+        raise Unsupported
+    return text

@@ -92,6 +92,11 @@ def _positions(text: str) -> dict[Loc, tuple[int, int]]:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except (yaml.YAMLError, RecursionError):
         return {}
+    return node_positions(root)
+
+
+def node_positions(root: yaml.Node | None) -> dict[Loc, tuple[int, int]]:
+    """1-based line and column of every mapping key and sequence item under a composed node."""
     out: dict[Loc, tuple[int, int]] = {}
     stack: list[tuple[Loc, yaml.Node]] = [((), root)] if root is not None else []
     while stack:

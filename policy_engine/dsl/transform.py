@@ -72,33 +72,15 @@ class ToAst:
         return ast.Str(self._unescape(tok), self._tspan(tok))
 
     def _unescape(self, tok: Token) -> str:
-        body = str(tok)[1:-1]
-        if "\\" not in body:
-            return body
-        out: list[str] = []
-        i = 0
-        while i < len(body):
-            ch = body[i]
-            if ch != "\\":
-                out.append(ch)
-                i += 1
-                continue
-            esc = body[i + 1] if i + 1 < len(body) else ""
-            if esc in _ESCAPES:
-                out.append(_ESCAPES[esc])
-                i += 2
-            elif esc == "u" and _is_hex(body[i + 2:i + 6]):
-                out.append(chr(int(body[i + 2:i + 6], 16)))
-                i += 6
-            else:
-                col = (tok.column or 1) + 1 + i
-                self.diagnostics.append(Diagnostic.make(
-                    "SBP104", f"invalid escape `\\{esc}` in string literal",
-                    Span(self.file, tok.line or 1, col),
-                    help="escapes: \\\" \\\\ \\n \\t \\r \\/ \\0 \\uXXXX",
-                ))
-                i += 2
-        return "".join(out)
+        text, bad = unescape(str(tok)[1:-1])
+        for offset, esc in bad:
+            col = (tok.column or 1) + 1 + offset
+            self.diagnostics.append(Diagnostic.make(
+                "SBP104", f"invalid escape `\\{esc}` in string literal",
+                Span(self.file, tok.line or 1, col),
+                help="escapes: \\\" \\\\ \\n \\t \\r \\/ \\0 \\uXXXX",
+            ))
+        return text
 
     def _value(self, tok: Token) -> ast.Value:
         if tok.type == "STRING":
@@ -237,6 +219,33 @@ class ToAst:
 
     def tool_profile(self, span: Span, c: list[Token]) -> ast.Setting:
         return ast.Setting("profile", self._str(c[0]), span)
+
+
+def unescape(body: str) -> tuple[str, list[tuple[int, str]]]:
+    """A string literal's body unescaped, with the offset and letter of every invalid escape
+    (dropped from the text). Shared by the AST builder and the fast reader."""
+    if "\\" not in body:
+        return body, []
+    out: list[str] = []
+    bad: list[tuple[int, str]] = []
+    i = 0
+    while i < len(body):
+        ch = body[i]
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        esc = body[i + 1] if i + 1 < len(body) else ""
+        if esc in _ESCAPES:
+            out.append(_ESCAPES[esc])
+            i += 2
+        elif esc == "u" and _is_hex(body[i + 2:i + 6]):
+            out.append(chr(int(body[i + 2:i + 6], 16)))
+            i += 6
+        else:
+            bad.append((i, esc))
+            i += 2
+    return "".join(out), bad
 
 
 def _is_hex(s: str) -> bool:

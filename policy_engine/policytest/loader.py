@@ -14,7 +14,12 @@ from typing import Any
 
 import yaml
 
-from policy_engine.dsl.loaders import PositionLookup, load_document, validate_document
+from policy_engine.dsl.loaders import (
+    PositionLookup,
+    load_document,
+    node_positions,
+    validate_document,
+)
 from policy_engine.dsl.parser import read_source
 from policy_engine.errors import Diagnostic, DiagnosticsError, ErrorCode, Span
 from policy_engine.policytest.model import PolicyTestCase, PolicyTestFile
@@ -81,24 +86,7 @@ def read_document(path: str) -> tuple[Any, PositionLookup]:
     except (yaml.YAMLError, ValueError, RecursionError):
         data, lookup = load_document(path)  # raises the usual SBP105 with line:col
         return data, lookup
-    return data, PositionLookup(path, _positions(node))
-
-
-def _positions(root: yaml.Node | None) -> dict[Loc, tuple[int, int]]:
-    out: dict[Loc, tuple[int, int]] = {}
-    stack: list[tuple[Loc, yaml.Node]] = [((), root)] if root is not None else []
-    while stack:
-        loc, node = stack.pop()
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                child = (*loc, str(key.value))
-                out[child] = (key.start_mark.line + 1, key.start_mark.column + 1)
-                stack.append((child, value))
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                out[(*loc, i)] = (item.start_mark.line + 1, item.start_mark.column + 1)
-                stack.append(((*loc, i), item))
-    return out
+    return data, PositionLookup(path, node_positions(node))
 
 
 def _with_help(d: Diagnostic) -> Diagnostic:

@@ -23,16 +23,15 @@ class Expectation(BaseModel):
     rule: str | None = Field(default=None, description="id of the deciding rule, if any")
 
 
-class ExplainRequest(BaseModel):
-    """A request file: the op, optional overrides/settings, CEL context and fixture paths.
+class CallRequest(BaseModel):
+    """What one dry-run decision needs besides the policy: the op and its call context.
 
-    ``manifest`` and ``grant`` are paths relative to the request file, used when the command
-    line does not name them.
+    Shared by request files (:class:`ExplainRequest`) and policy-test cases, so both accept the
+    same fields with the same meaning.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    description: str = ""
     op: ExecOp
     now_ms: int | None = Field(default=None, description="decision time, ms since epoch")
     overrides: Overrides | None = None
@@ -45,6 +44,16 @@ class ExplainRequest(BaseModel):
     )
     manifest: str | None = None
     grant: str | None = None
+
+
+class ExplainRequest(CallRequest):
+    """A request file: the op, optional overrides/settings, CEL context and fixture paths.
+
+    ``manifest`` and ``grant`` are paths relative to the request file, used when the command
+    line does not name them.
+    """
+
+    description: str = ""
     expect: Expectation | None = None
 
 

@@ -2,35 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from policy_engine.model import ExecOp, Overrides, Settings, Usage
+from policy_engine.explain.request import CallRequest
 
 
-class PolicyTestCase(BaseModel):
+class PolicyTestCase(CallRequest):
     """One case: an explain request (without `description`/`expect`) plus what it must decide.
 
     ``want_code`` and ``want_rule`` are checked only when written; an explicit ``null`` asserts
     that there is none (``want_rule: null``: decided without a rule, e.g. the default deny).
+    ``manifest`` and ``grant`` override the file's defaults.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     name: str = Field(min_length=1, description="unique in the file; `-k` filters on it")
-    op: ExecOp
-    now_ms: int | None = Field(default=None, description="decision time, ms since epoch")
-    overrides: Overrides | None = None
-    settings: Settings | None = None
-    context: dict[str, Any] = Field(
-        default_factory=dict, description="extra CEL variables: tenant, subject"
-    )
-    budget_used: Usage | None = Field(
-        default=None, description="what the grant already consumed; a dry run consumes nothing",
-    )
-    manifest: str | None = Field(default=None, description="overrides the file's `manifest`")
-    grant: str | None = Field(default=None, description="overrides the file's `grant`")
     want_decision: Literal["allow", "deny"]
     want_code: str | None = Field(default=None, description="error code of the deny")
     want_rule: str | None = Field(default=None, description="id of the deciding rule")

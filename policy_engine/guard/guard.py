@@ -36,7 +36,7 @@ from policy_engine.guard.compiled import (
     guard_condition,
 )
 from policy_engine.guard.ipaddr import classify, is_address_allowed
-from policy_engine.guard.paths import is_beneath, quote
+from policy_engine.guard.paths import is_beneath, normalize_path, quote
 from policy_engine.guard.resolve import (
     OP_KIND,
     Resolved,
@@ -147,6 +147,12 @@ class Guard:
         else:
             rv = resolve_other(kind, op)
             res = rv.res
+            if kind == "proc.exec" and op.cwd is not None:
+                # the same refusal the proc executors make, so a dry run answers as a run does
+                cwd = normalize_path(op.cwd)
+                if not is_beneath(cp.root_fs, cwd):
+                    return _deny(phash, _BLOCKED, f"cwd {quote(cwd)} is not beneath root_fs",
+                                 None, tr)
         if tr is not None:
             tr.step("resolve", "pass", detail=_describe(rv, path))
         data: dict[str, object] | None = None  # the CEL context, built at the first condition

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from policy_engine.compiler.context import CompileContext
 from policy_engine.dsl import ast
-from policy_engine.dsl.cel import CelCondition, check_boolean, compile_condition
+from policy_engine.dsl.cel import CelCondition, check_boolean
 from policy_engine.errors import Span
 
 ALWAYS = "true"
@@ -44,7 +44,7 @@ def check_types(ctx: CompileContext) -> None:
 
 
 def _compile(ctx: CompileContext, source: str, span: Span) -> CelCondition | None:
-    result = compile_condition(source, span)
+    result = ctx.compile_cel(source, span)
     if isinstance(result, list):
         ctx.diagnostics.extend(result)
         return None

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from policy_engine.dsl import ast
-from policy_engine.dsl.cel import CelCondition
+from policy_engine.dsl.cel import CelCondition, compile_condition
+from policy_engine.dsl.parser import parse_file
 from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.graph import NamedProfile, PolicySet
 from policy_engine.model import Capability, CapabilityKind, Limits, Manifest, NetworkMode
@@ -53,6 +55,11 @@ class CompileContext:
     paths: tuple[str | os.PathLike[str], ...]
     home: str
     require_header: bool = True
+    # How ResolveImports reads a file (real path, display path) and CompileConditions compiles a
+    # condition (source, span). `lint` passes cached equivalents; the stages stay the same.
+    read_policy: Callable[[str, str], tuple[ast.PolicyFile | None, list[Diagnostic]]] = (
+        parse_file)
+    compile_cel: Callable[[str, Span], CelCondition | list[Diagnostic]] = compile_condition
     units: list[Unit] = field(default_factory=list)
     diagnostics: list[Diagnostic] = field(default_factory=list)
     name: str = ""

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 from policy_engine.compiler.context import CompileContext, Unit
 from policy_engine.dsl import ast
-from policy_engine.dsl.parser import parse_file
 from policy_engine.errors import Span
 
 
@@ -54,7 +53,7 @@ def _visit(walk: _Walk, real: str, shown: str, *, root: bool, via: ast.Import | 
                    f"`{shown}`)", via.path.span)
         walk.done.add(real)
         return
-    pf, diags = parse_file(real, display=shown)
+    pf, diags = ctx.read_policy(real, shown)
     ctx.diagnostics.extend(diags)
     walk.done.add(real)
     if pf is None:

@@ -7,9 +7,7 @@ checks its faults break, with messages naming the fault; first-party executors m
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.integration.pip_packages import installed_packages
 
 pytestmark = pytest.mark.integration
 
@@ -26,25 +26,10 @@ SAMPLES = {"pe-sample-executor": ROOT / "examples" / "thirdparty-executor",
 CLI = [sys.executable, "-c", "from policy_engine.cli.main import main; main()"]
 
 
-def pip(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
-                   check=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    has_backend = all(importlib.util.find_spec(m) for m in ("setuptools", "wheel"))
-    isolation = ["--no-build-isolation"] if has_backend else []
-    build = tmp_path_factory.mktemp("build")
-    try:
-        for dist, src in SAMPLES.items():
-            # build from a copy: an in-tree build would leave build/ and *.egg-info behind
-            copy = build / dist
-            shutil.copytree(src, copy)
-            pip("install", "--no-deps", *isolation, str(copy))
+    with installed_packages(SAMPLES, tmp_path_factory.mktemp("build")):
         yield
-    finally:
-        pip("uninstall", "-y", *SAMPLES)
 
 
 def conformance(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

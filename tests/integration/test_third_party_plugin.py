@@ -7,7 +7,6 @@ a misspelt hook. Discovery and use are checked in fresh interpreters, as a user 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,31 +16,18 @@ from typing import Any
 
 import pytest
 
+from tests.integration.pip_packages import installed_packages
+
 pytestmark = pytest.mark.integration
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "thirdparty_plugin"
 DIST = "pe-thirdparty-demo"
 
 
-def pip(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
-                   check=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    # No build isolation when the build backend is already here (nothing to download); setuptools
-    # without `wheel` cannot build one, so then pip fetches the build requirements itself.
-    has_backend = all(importlib.util.find_spec(m) for m in ("setuptools", "wheel"))
-    build = tmp_path_factory.mktemp("build")
-    isolation = ["--no-build-isolation"] if has_backend else []
-    # build from a copy: an in-tree build would leave build/ and *.egg-info in the repository
-    subprocess.run(["cp", "-r", str(FIXTURE), str(build / "src")], check=True)
-    pip("install", "--no-deps", *isolation, str(build / "src"))
-    try:
+    with installed_packages({DIST: FIXTURE}, tmp_path_factory.mktemp("build")):
         yield
-    finally:
-        pip("uninstall", "-y", DIST)
 
 
 def python(code: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from policy_engine.config import EngineConfig
 from policy_engine.evidence import EvidenceSink
@@ -113,6 +115,30 @@ class JsonlSink:
                     self.fsyncs += 1
                 os.close(self._fd)
                 self._fd = None
+
+
+    def read_records(self) -> Iterator[dict[str, Any]]:
+        """The records stored so far, in order (the conformance kit reads them back); a line
+        that does not parse is skipped here and reported by `policy-engine stats`.
+        """
+        try:  # each record is one os.write: nothing is buffered in this process
+            lines = self.path.read_bytes().splitlines()
+        except FileNotFoundError:
+            return
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                yield record
+
+    def stored_text(self) -> Iterator[str]:
+        """Every stored line, raw: what the kit greps for planted secrets."""
+        try:
+            yield from self.path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except FileNotFoundError:
+            return
 
 
 def _validated(config: EngineConfig) -> tuple[Path, FsyncPolicy, float]:

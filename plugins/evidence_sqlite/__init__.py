@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,28 @@ class SqliteSink:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+    def read_records(self) -> Iterator[dict[str, Any]]:
+        """The begin/end records in insertion order (the conformance kit reads them back)."""
+        with self._lock:
+            rows = self._db().execute(
+                "SELECT record FROM evidence_records ORDER BY seq").fetchall()
+        for (text,) in rows:
+            record = json.loads(text)
+            if isinstance(record, dict):
+                yield record
+
+    def stored_text(self) -> Iterator[str]:
+        """Every row of every table as JSON: what the kit greps for planted secrets."""
+        with self._lock:
+            db = self._db()
+            tables = [t for (t,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")]
+            rows = [(t, r) for t in tables
+                    for r in db.execute(f'SELECT * FROM "{t}"').fetchall()]  # noqa: S608 — names from sqlite_master
+        for table, row in rows:
+            yield json.dumps({"table": table, "row": list(row)}, default=str)
 
 
 def _validated_path(config: EngineConfig) -> Path:

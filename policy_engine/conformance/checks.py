@@ -17,6 +17,7 @@ from policy_engine.conformance.report import CheckResult
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecutorCapabilities
 from policy_engine.model import EvidenceBegin, EvidenceEnd, ExecResult, NetworkMode, OpKind
+from policy_engine.orchestration.selection import missing_capabilities
 
 _CODES = frozenset(c.value for c in ErrorCode)
 _DENIALS = frozenset({ErrorCode.PERMISSION_DENY.value, ErrorCode.DENY_TOOL.value,
@@ -40,6 +41,16 @@ CATALOG: tuple[tuple[str, str], ...] = (
                          "the grace period"),
     ("cancel.honoured", "a cancelled call ends promptly with TOOL.EXECUTION_FAILED"),
     ("lifecycle.close", "close() releases the executor without raising"),
+    ("claims.network-off", "a network-off sandbox cannot reach a loopback canary listener"),
+    ("claims.writes-confined", "a sandbox writes only the profile's writable paths"),
+    ("claims.no-setid-plant", "nothing written to a writable bind carries set-id bits or is "
+                              "a device node usable on the host"),
+    ("claims.not-host-root", "the sandboxed process does not run as host uid 0"),
+    ("claims.no-orphans", "no process of a call outlives it (timeout included)"),
+    ("claims.ipc-isolated", "no /dev/shm file or SysV segment of one call is visible to the "
+                            "next or to the host"),
+    ("compat.degraded-recorded", "in compat mode every run on a backend lacking what the "
+                                 "profile needs records degraded=true and why"),
 )
 TITLES = dict(CATALOG)
 
@@ -400,3 +411,31 @@ def check_close(harness: Harness) -> CheckResult:
         return result("lifecycle.close", ())
     return result("lifecycle.close", [f"close() raised {type(error).__name__}: {error}; it must "
                                       "release pools and temp spaces without raising"])
+
+
+# -- compat mode ------------------------------------------------------------------------------
+
+
+def check_degraded(runs: list[Run], caps: ExecutorCapabilities | None, mode: str) -> CheckResult:
+    if mode != "compat":
+        return result("compat.degraded-recorded", (), na="strict mode: a backend lacking what "
+                      "the profile needs is refused, never run degraded")
+    if caps is None:
+        return result("compat.degraded-recorded", (), na="no capabilities to compare with")
+    problems = []
+    for run in runs:
+        profile = run.outcome.profile
+        if not run.calls or profile is None:
+            continue
+        missing = missing_capabilities(caps, profile, run.probe.kind)
+        end = run.outcome.end
+        reason = end.sandbox_degrade_reason or ""
+        if missing and not end.sandbox_degraded:
+            problems.append(f"{run.probe.label()}: ran on a backend lacking "
+                            f"{', '.join(m.capability for m in missing)} but the evidence says "
+                            "degraded=false")
+        for m in missing:
+            if end.sandbox_degraded and m.capability not in reason:
+                problems.append(f"{run.probe.label()}: the degrade reason `{reason}` does not "
+                                f"name `{m.capability}`")
+    return result("compat.degraded-recorded", problems)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig
@@ -190,7 +190,9 @@ class Harness:
     """One orchestrator over every installed plugin, routing every op kind to ``target``."""
 
     def __init__(self, target: str, env: ProbeEnv, probes: list[Probe], *,
-                 options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 options: Mapping[str, Mapping[str, Any]] | None = None,
+                 mode: Literal["strict", "compat"] = "strict",
+                 extra_plugins: Sequence[object] = ()) -> None:
         self.target = target
         self.env = env
         self.sink = RecordingSink()
@@ -203,9 +205,11 @@ class Harness:
         self.config = EngineConfig(
             state_dir=env.workdir / "state", backends=dict.fromkeys(OpKind, target),
             evidence_sinks=(SINK_NAME,), budget_meter="memory", revocation="memory",
-            options=dict(options or {}))
+            options=dict(options or {}), mode=mode)
         self.plugins = _ObservedPlugins(target)
         self.plugins.load_entrypoints()
+        for i, plugin in enumerate(extra_plugins):
+            self.plugins.register(plugin, f"policy_engine_conformance_extra_{i}")
         self.plugins.register(_RecorderPlugin(self.sink), "policy_engine_conformance")
         try:
             self.orch = Orchestrator(self.policyset, config=self.config, plugins=self.plugins)

@@ -7,12 +7,15 @@ through the orchestrator); each item then reports its own check.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from policy_engine.config import load_config
 from policy_engine.conformance.harness import SetupError
 from policy_engine.conformance.report import CheckResult
+from policy_engine.conformance.sinks import run_sink_suite
 from policy_engine.conformance.suite import TIMEOUT_MS, run_suite
 
 
@@ -27,6 +30,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(repeatable)")
     group.addoption("--pe-timeout-ms", type=int, default=TIMEOUT_MS, metavar="MS",
                     help=f"profile timeout for the timeout check (default {TIMEOUT_MS})")
+    group.addoption("--pe-sink", action="append", default=[], metavar="NAME",
+                    help="run the evidence-sink checks against the installed sink NAME "
+                         "(repeatable)")
+    group.addoption("--pe-config", default=None, metavar="FILE",
+                    help="engine configuration whose plugin `options` (and `mode`) the "
+                         "executor is built with")
+    group.addoption("--pe-mode", choices=("strict", "compat"), default=None,
+                    help="strict (default) or compat: run probes degraded on a backend lacking "
+                         "what their profile needs and check the evidence records it")
 
 
 class CheckItem(pytest.Item):
@@ -70,9 +82,23 @@ def _setup_message(name: str, exc: SetupError) -> str:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
     names: list[str] = config.getoption("pe_executor")
+    sinks: list[str] = config.getoption("pe_sink")
+    if not names and not sinks:
+        return
+    options: dict[str, Any] = {}
+    mode = config.getoption("pe_mode")
+    path = config.getoption("pe_config")
+    if path is not None:
+        try:
+            engine = load_config(Path(path))
+        except ValueError as exc:
+            raise pytest.UsageError(f"--pe-config {path}: {exc}") from None
+        options = dict(engine.options)
+        mode = mode or engine.mode
     for name in names:
         try:
-            report = run_suite(name, timeout_ms=config.getoption("pe_timeout_ms"))
+            report = run_suite(name, timeout_ms=config.getoption("pe_timeout_ms"),
+                               options=options, mode="compat" if mode == "compat" else "strict")
         except SetupError as exc:
             items.append(CheckItem.from_parent(session, name=f"conformance[{name}]::setup",
                                                check=None,
@@ -81,3 +107,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         for check in report.results:
             items.append(CheckItem.from_parent(session, name=f"conformance[{name}]::{check.id}",
                                                check=check))
+    for sink in sinks:
+        try:
+            sink_report = run_sink_suite(sink, options=options)
+        except ValueError as exc:
+            items.append(CheckItem.from_parent(session, name=f"conformance[sink:{sink}]::setup",
+                                               check=None, setup_error=str(exc)))
+            continue
+        for check in sink_report.results:
+            items.append(CheckItem.from_parent(
+                session, name=f"conformance[sink:{sink}]::{check.id}", check=check))

@@ -66,7 +66,8 @@ class Report:
     def to_text(self) -> str:
         lines = [f"conformance of executor `{self.executor}` "
                  f"(ops {', '.join(self.capabilities.get('op_kinds', []))}; "
-                 f"{self.runs} calls through the orchestrator)"]
+                 f"{self.runs} calls through the orchestrator)" if self.capabilities
+                 else f"conformance of `{self.executor}`"]
         for r in self.results:
             mark = {"pass": "PASS", "fail": "FAIL", "n/a": "N/A "}[r.status]
             lines.append(f"{mark} {r.id}: {r.title}")

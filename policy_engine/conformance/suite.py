@@ -6,12 +6,13 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from policy_engine.config import EngineConfig
 from policy_engine.conformance import checks
+from policy_engine.conformance.claims import Canary, ClaimEnv, claim_probes, claim_results
 from policy_engine.conformance.harness import (
     Harness,
     Run,
@@ -34,11 +35,14 @@ GRACE_S = 1.0
 """How long an executor has to stop after its token fires (the orchestrator's grace)."""
 
 
-def _inspect(name: str, env: ProbeEnv, options: Mapping[str, Mapping[str, Any]]
+def _inspect(name: str, env: ProbeEnv, options: Mapping[str, Mapping[str, Any]],
+             extra_plugins: Sequence[object] = ()
              ) -> tuple[list[CheckResult], frozenset[OpKind], list[Probe] | None,
-                        dict[str, Any]]:
+                        ExecutorCapabilities | None]:
     """Build the executor once through its plugin for the metadata checks and its probes."""
     manager = PluginManager.default()
+    for i, plugin in enumerate(extra_plugins):
+        manager.register(plugin, f"policy_engine_conformance_extra_{i}")
     config = EngineConfig(state_dir=env.workdir / "inspect", options=dict(options))
     manager.configure(config)
     comps = manager.components(config)
@@ -56,8 +60,7 @@ def _inspect(name: str, env: ProbeEnv, options: Mapping[str, Mapping[str, Any]]
         except Exception as exc:  # the author's hook: report it, never a traceback
             raise SetupError(f"`{name}`.conformance_probes failed: "
                              f"{type(exc).__name__}: {exc}") from None
-        as_json = caps.to_json() if isinstance(caps, ExecutorCapabilities) else {}
-        return results, kinds, provided, as_json
+        return results, kinds, provided, caps if isinstance(caps, ExecutorCapabilities) else None
     finally:
         comps.close()
 
@@ -71,10 +74,16 @@ def _probes_by_kind(provided: list[Probe] | None, env: ProbeEnv) -> dict[OpKind,
 
 
 def run_suite(name: str, *, options: Mapping[str, Mapping[str, Any]] | None = None,
-              timeout_ms: int = TIMEOUT_MS, workdir: Path | None = None) -> Report:
+              timeout_ms: int = TIMEOUT_MS, workdir: Path | None = None,
+              mode: Literal["strict", "compat"] = "strict",
+              extra_plugins: Sequence[object] = ()) -> Report:
     """Run every check against the installed executor ``name``.
 
     :param options: plugin options (``EngineConfig.options``), e.g. ``{"tmp": {...}}``.
+    :param mode: ``compat`` runs a backend that lacks what a probe's profile needs degraded
+        (and checks the evidence says so) instead of refusing it: for honest weak backends.
+    :param extra_plugins: plugin objects registered besides the installed entry points (an
+        embedding host's own executors).
     :raises SetupError: the executor is not installed or the suite cannot start.
     """
     base = Path(tempfile.mkdtemp(prefix="policy-engine-conformance-", dir=workdir))
@@ -83,22 +92,34 @@ def run_suite(name: str, *, options: Mapping[str, Mapping[str, Any]] | None = No
         with ProbeServer(secret) as server:
             root, tmp = workdir_paths(base)
             env = ProbeEnv(workdir=base, root=root, tmp_dir=tmp, server=server, secret=secret)
-            return _run(name, env, dict(options or {}), timeout_ms)
+            return _run(name, env, dict(options or {}), timeout_ms, mode, extra_plugins)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
 def _run(name: str, env: ProbeEnv, options: dict[str, Mapping[str, Any]],
-         timeout_ms: int) -> Report:
-    results, declared, provided, caps_json = _inspect(name, env, options)
+         timeout_ms: int, mode: Literal["strict", "compat"],
+         extra_plugins: Sequence[object]) -> Report:
+    results, declared, provided, caps = _inspect(name, env, options, extra_plugins)
     by_kind = _probes_by_kind(provided, env)
     all_probes = [p for probes in by_kind.values() for p in probes]
-    harness = Harness(name, env, all_probes, options=options)
+    claim_env = (ClaimEnv(env, secrets.token_hex(8), Canary())
+                 if OpKind.PROC_EXEC in declared else None)
+    attacks = claim_probes(claim_env) if claim_env is not None else {}
+    harness = Harness(name, env, all_probes + list(attacks.values()), options=options,
+                      mode=mode, extra_plugins=extra_plugins)
     try:
-        report = Report(executor=name, capabilities=caps_json, results=results)
+        report = Report(executor=name, capabilities=caps.to_json() if caps else {},
+                        results=results)
+        # the attacks run first so the evidence checks of _exercise cover their records too
+        claimed = _claims(harness, caps, claim_env, attacks, timeout_ms)
         report.results.extend(_exercise(harness, declared, by_kind, timeout_ms))
+        report.results.extend(claimed)
+        report.results.append(checks.check_degraded(harness.runs, caps, mode))
     finally:
         closed = checks.check_close(harness)
+        if claim_env is not None:
+            claim_env.canary.close()
     report.results.append(closed)
     report.runs = len(harness.runs)
     return report
@@ -151,3 +172,15 @@ def _wrong_kind(harness: Harness, undeclared: list[Run]) -> CheckResult:
     ctx = ExecContext(profile=profile, deadline=time.monotonic() + 5.0)
     outcome = call_directly(harness.executor.inner, ctx, op, 5.0)
     return checks.check_wrong_kind(outcome, OpKind(op.kind))
+
+
+def _claims(harness: Harness, caps: ExecutorCapabilities | None, claim_env: ClaimEnv | None,
+            attacks: dict[str, Probe], timeout_ms: int) -> list[CheckResult]:
+    """Attack what a proc.exec executor declares (claims.* checks); n/a for other executors."""
+    if claim_env is None or caps is None:
+        return [checks.result(cid, (), na="the executor does not serve proc.exec")
+                for cid, _t in checks.CATALOG if cid.startswith("claims.")]
+    runs = {key: harness.run(probe, f"claims:{key}",
+                             timeout_ms=timeout_ms if probe.role == "slow" else None)
+            for key, probe in attacks.items()}
+    return claim_results(claim_env, caps, runs)

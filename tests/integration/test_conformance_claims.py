@@ -1,0 +1,173 @@
+"""The conformance kit tests what an executor claims, not only its codes: a plain-subprocess
+executor that *declares* network off, bind mounts and a read-only root must fail the claim
+checks its lies break; the same subprocess executor declaring honestly what it is must pass in
+compat mode (run degraded, recorded) and is refused in strict mode.
+
+Both executors are real: they run real processes on this host (that is the point: the kit's
+attacks must land on the lying one).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from policy_engine.config import EngineConfig
+from policy_engine.conformance.suite import run_suite
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.executor import ExecContext, ExecutorCapabilities
+from policy_engine.hookspecs import hookimpl
+from policy_engine.model import ExecResult, NetworkMode, OpKind, ProcExecOp, Usage
+
+pytestmark = pytest.mark.integration
+
+
+class SubprocessExecutor:
+    """Runs argv with plain ``subprocess`` on the host: no isolation at all. Honours the
+    deadline and cancellation (kills its process group) so only the claims can fail.
+    """
+
+    def __init__(self, name: str, caps: ExecutorCapabilities) -> None:
+        self.name = name
+        self.capabilities = caps
+
+    def execute(self, ctx: ExecContext, op: Any) -> ExecResult:
+        if not isinstance(op, ProcExecOp):
+            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
+                                    f"{self.name} cannot run `{op.kind}`")
+        stdin = base64.b64decode(op.stdin_b64) if op.stdin_b64 else b""
+        proc = subprocess.Popen([op.tool, *op.args], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        assert proc.stdin is not None
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+        while proc.poll() is None:
+            if ctx.cancel.cancelled or time.monotonic() >= ctx.deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                code = (ErrorCode.EXECUTION_FAILED if ctx.cancel.cancelled
+                        else ErrorCode.TIMEOUT)
+                raise PolicyEngineError(code, "killed")
+            time.sleep(0.02)
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        return ExecResult(ok=True, out={"exit_code": proc.returncode,
+                                        "stdout": out.decode(errors="replace")},
+                          used=Usage(calls=1))
+
+    def close(self) -> None:
+        """Nothing pooled."""
+
+
+class Plugin:
+    def __init__(self, executor: SubprocessExecutor) -> None:
+        self.executor = executor
+
+    @hookimpl
+    def policy_engine_executors(self, config: EngineConfig) -> list[SubprocessExecutor]:
+        return [self.executor]
+
+
+LIAR = SubprocessExecutor("liar-proc", ExecutorCapabilities(
+    op_kinds=frozenset({OpKind.PROC_EXEC}), network_modes=frozenset(NetworkMode),
+    bind_mounts=True, readonly_rootfs=True, resource_limits=True, env_filtering=True))
+HONEST = SubprocessExecutor("weak-proc", ExecutorCapabilities(
+    op_kinds=frozenset({OpKind.PROC_EXEC}), network_modes=frozenset({NetworkMode.ON})))
+
+
+def statuses(name: str, executor: SubprocessExecutor, mode: str) -> dict[str, Any]:
+    report = run_suite(name, extra_plugins=(Plugin(executor),),
+                       mode=mode)  # type: ignore[arg-type]
+    return {r.id: r for r in report.results}
+
+
+def test_an_executor_lying_about_isolation_fails_the_claims_it_breaks() -> None:
+    results = statuses("liar-proc", LIAR, "strict")
+    failed = {cid for cid, r in results.items() if r.status == "fail"}
+    assert {"claims.network-off", "claims.writes-confined", "claims.no-setid-plant",
+            "claims.not-host-root", "claims.no-orphans", "claims.ipc-isolated"} <= failed
+    assert "canary" in results["claims.network-off"].message
+    assert "outside the profile's writable paths" in results["claims.writes-confined"].message
+    assert "host uid 0" in results["claims.not-host-root"].message
+    # what it does honestly still passes: it runs, honours timeouts and cancellation
+    for cid in ("capabilities.runs[proc.exec]", "timeout.honoured", "cancel.honoured",
+                "evidence.complete", "refusal.registry-codes"):
+        assert results[cid].status == "pass", results[cid].message
+
+
+def test_an_honest_weak_executor_passes_in_compat_mode_and_is_refused_in_strict() -> None:
+    compat = statuses("weak-proc", HONEST, "compat")
+    not_passing = {cid: r.message for cid, r in compat.items() if r.status == "fail"}
+    # evidence.no-secrets is the engine's own duty (argv summaries), not the executor's
+    not_passing.pop("evidence.no-secrets", None)
+    assert not_passing == {}
+    assert compat["compat.degraded-recorded"].status == "pass"
+    assert {compat[c].status for c in ("claims.network-off", "claims.writes-confined",
+                                       "claims.not-host-root")} == {"n/a"}
+    strict = statuses("weak-proc", HONEST, "strict")
+    assert strict["capabilities.runs[proc.exec]"].status == "fail"
+    assert "lacks" in strict["capabilities.runs[proc.exec]"].message
+
+
+# ---- the evidence-sink kit -------------------------------------------------------------------
+
+
+class ForgetfulSink:
+    """Stores begin records verbatim (with the content they never carry) but drops every end
+    of a failed call: the kit must see both faults in what it reads back.
+    """
+
+    name = "forgetful"
+
+    def __init__(self) -> None:
+        self.stored: list[dict[str, Any]] = []
+
+    def begin(self, ev: Any) -> None:
+        self.stored.append(ev.model_dump(mode="json"))
+
+    def end(self, ev: Any) -> None:
+        if ev.status == "ok" or ev.status == "denied":
+            self.stored.append(ev.model_dump(mode="json"))
+
+    def read_records(self) -> list[dict[str, Any]]:
+        return list(self.stored)
+
+    def stored_text(self) -> list[str]:
+        return [str(r) for r in self.stored]
+
+    def close(self) -> None:
+        """Nothing to flush: the records live in memory (so `sink.durable` fails too)."""
+
+
+class SinkPlugin:
+    @hookimpl
+    def policy_engine_evidence_sinks(self, config: EngineConfig) -> list[ForgetfulSink]:
+        return [ForgetfulSink()] if config.wants_sink("forgetful") else []
+
+
+def test_sink_kit_finds_lost_and_volatile_records() -> None:
+    from policy_engine.conformance.sinks import run_sink_suite
+
+    report = run_sink_suite("forgetful", extra_plugins=(SinkPlugin(),))
+    results = {r.id: r for r in report.results}
+    assert results["sink.readable"].status == "pass"
+    assert results["sink.complete"].status == "fail"
+    assert "one begin then one end required" in results["sink.complete"].message
+    assert results["sink.durable"].status == "fail"
+
+
+@pytest.mark.parametrize("sink", ["jsonl", "sqlite"])
+def test_first_party_sinks_pass_the_sink_kit_through_pytest(sink: str, tmp_path: Any) -> None:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--pe-sink", sink, "-k", "conformance", "--rootdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4 passed" in proc.stdout

@@ -16,10 +16,16 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from policy_engine.dsl.bounded import MAX_DOCUMENT_BYTES, DocumentError, parse_json, parse_yaml
+from policy_engine.dsl.bounded import (
+    MAX_DOCUMENT_BYTES,
+    DocumentError,
+    parse_json,
+    parse_yaml,
+    regex_problem,
+)
 from policy_engine.dsl.parser import parse_file, read_source
 from policy_engine.errors import Diagnostic, DiagnosticsError, Span
-from policy_engine.model import Grant, Manifest
+from policy_engine.model import Capability, Grant, Manifest
 
 Loc = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
@@ -150,7 +156,9 @@ def _lower(msg: str) -> str:
 def load_grant(path: str | os.PathLike[str]) -> Grant:
     """A Grant from JSON or YAML; :class:`DiagnosticsError` (SBP100/SBP105) if unusable."""
     data, lookup = load_document(path)
-    return validate_document(Grant, data, lookup, "grant")
+    grant = validate_document(Grant, data, lookup, "grant")
+    check_patterns(grant.capabilities, "capabilities", lookup, "grant")
+    return grant
 
 
 def load_manifest(path: str | os.PathLike[str], *, home: str | None = None) -> Manifest:
@@ -161,8 +169,38 @@ def load_manifest(path: str | os.PathLike[str], *, home: str | None = None) -> M
     shown = os.fspath(path)
     if Path(shown).suffix.lower() != ".sbpolicy":
         data, lookup = load_document(path)
-        return validate_document(Manifest, data, lookup, "manifest")
+        manifest = validate_document(Manifest, data, lookup, "manifest")
+        check_patterns(manifest.permissions, "permissions", lookup, "manifest")
+        return manifest
     return _manifest_from_policy(shown, home if home is not None else os.path.expanduser("~"))
+
+
+def check_patterns(
+    caps: Sequence[Capability], key: str, lookup: PositionLookup, what: str,
+) -> None:
+    """Refuse host patterns and argument regexes the guard could not use (the policy compiler
+    checks its own; a grant or manifest written as JSON/YAML is checked here): SBP207/SBP208 at
+    the pattern's position, all at once."""
+    from policy_engine.patterns import validate_host_pattern
+
+    diags: list[Diagnostic] = []
+    for i, cap in enumerate(caps):
+        for j, host in enumerate(getattr(cap, "hosts", ())):
+            problem = validate_host_pattern(host)
+            if problem is not None:
+                diags.append(Diagnostic.make(
+                    "SBP207", f"invalid {what} field `{key}[{i}].hosts[{j}]`: {problem}",
+                    lookup.span((key, i, "hosts", j))))
+        for j, slot in enumerate(getattr(cap, "args", None) or ()):
+            for k, alt in enumerate(slot.alternatives):
+                problem = None if alt.regex is None else regex_problem(alt.regex)
+                if problem is not None:
+                    diags.append(Diagnostic.make(
+                        "SBP208", f"invalid {what} field "
+                        f"`{key}[{i}].args[{j}].alternatives[{k}].regex`: {problem}",
+                        lookup.span((key, i, "args", j, "alternatives", k, "regex"))))
+    if diags:
+        raise DiagnosticsError(diags)
 
 
 def _manifest_from_policy(shown: str, home: str) -> Manifest:

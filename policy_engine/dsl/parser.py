@@ -54,12 +54,12 @@ def read_source(
 
 def too_large(shown: str, limit: int) -> Diagnostic:
     """SBP106 for an input over ``limit`` bytes."""
-    what = "policy files" if limit == MAX_POLICY_BYTES else "documents of this kind"
+    policy = limit == MAX_POLICY_BYTES
     return Diagnostic.make(
-        "SBP106", f"`{_printable(shown)}` is larger than {limit:,} bytes, the most {what} may be",
+        "SBP106", f"`{_printable(shown)}` is larger than {limit:,} bytes, the limit for "
+        f"{'policy files' if policy else 'JSON/YAML documents'}",
         Span(shown, 1, 1),
-        help="split a policy into files joined with `import`" if limit == MAX_POLICY_BYTES
-        else None,
+        help="split the policy into files joined with `import`" if policy else None,
     )
 
 

@@ -200,6 +200,9 @@ _DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
                    "close the literal and escape embedded quotes with a backslash"),
     DiagnosticSpec("SBP105", Severity.ERROR, "malformed manifest or grant document",
                    "fix the JSON/YAML structure; `policy-engine schema` prints the expected shape"),
+    DiagnosticSpec("SBP106", Severity.ERROR, "input file too large",
+                   "policy files are at most 1 MiB and JSON/YAML documents at most 4 MiB "
+                   "(docs/operations.md, \"Input limits\"); split the file"),
     # --- check (SBP2xx) ---
     DiagnosticSpec("SBP200", Severity.ERROR, "missing policy header",
                    "start the file with `policy \"name\" version \"x.y.z\"`"),

@@ -34,14 +34,33 @@ def read_logs(paths: Sequence[Path]) -> LogRead:
                     continue
                 try:
                     rec = json.loads(raw)
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: nested too deeply
                     out.unreadable += 1
                     continue
-                if isinstance(rec, dict):
+                if well_formed(rec):
                     out.records.append(rec)
                 else:
                     out.unreadable += 1
     return out
+
+
+_TEXT_FIELDS = ("type", "status", "error_code", "sandbox_backend", "sandbox_degrade_reason")
+_FLAG_FIELDS = ("sandbox_timed_out", "sandbox_degraded")
+
+
+def well_formed(rec: Any) -> bool:
+    """Whether ``rec`` is an object whose fields the summary reads have their evidence types
+    (text or null, flags, a latency number): a line that does not is counted as unreadable, not
+    summarized (a list as a backend name would otherwise break the counting)."""
+    if not isinstance(rec, dict):
+        return False
+    if any(not isinstance(rec.get(k), str | None) for k in _TEXT_FIELDS):
+        return False
+    if any(not isinstance(rec.get(k), bool | None) for k in _FLAG_FIELDS):
+        return False
+    latency = rec.get("sandbox_latency_ms")
+    return latency is None or (isinstance(latency, int | float) and not isinstance(latency, bool)
+                               and math.isfinite(latency))
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:

@@ -35,8 +35,10 @@ def command(
     """
     policyset = load_or_exit(lambda: compile_files(policies))
     request = load_or_exit(lambda: load_request(request_path))
-    manifest_path = manifest or resolve_fixture(request_path, request.manifest, "manifest")
-    grant_path = grant or resolve_fixture(request_path, request.grant, "grant")
+    manifest_path = manifest or load_or_exit(
+        lambda: resolve_fixture(request_path, request.manifest, "manifest"))
+    grant_path = grant or load_or_exit(
+        lambda: resolve_fixture(request_path, request.grant, "grant"))
     tool = load_or_exit(lambda: load_manifest(manifest_path))
     ticket = load_or_exit(lambda: load_grant(grant_path))
     result = explain(policyset, tool, ticket, request)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import click
 
 from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from policy_engine.dsl.parser import decode_source
+from policy_engine.dsl.parser import MAX_POLICY_BYTES, decode_source, too_large
 from policy_engine.dsl.render import render_diagnostic
 from policy_engine.errors import Diagnostic
 from policy_engine.fmt.runner import (
@@ -78,7 +78,9 @@ def _inputs(paths: tuple[str, ...], stdin_filename: str,
     """Each input formatted in turn, flagged when it is standard input."""
     for path in paths:
         if path == "-":
-            decoded = decode_source(sys.stdin.buffer.read(), stdin_filename)
+            data = sys.stdin.buffer.read(MAX_POLICY_BYTES + 1)
+            decoded = too_large(stdin_filename, MAX_POLICY_BYTES) \
+                if len(data) > MAX_POLICY_BYTES else decode_source(data, stdin_filename)
             if isinstance(decoded, Diagnostic):
                 yield True, decoded
                 continue

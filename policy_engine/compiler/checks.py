@@ -32,7 +32,7 @@ def check_headers(ctx: CompileContext) -> None:
         if first is None:
             if headers:
                 first = headers[0]
-            elif ctx.require_header and _is_first_root(ctx, unit):
+            elif ctx.require_header and _is_first_root(ctx, unit) and not _unparsed(ctx, unit):
                 ctx.report("SBP200", f"`{unit.file.file}` has no `policy` header",
                            Span(unit.file.file, 1, 1))
             continue
@@ -53,6 +53,13 @@ def check_headers(ctx: CompileContext) -> None:
             ctx.report("SBP213", "policy name is empty", first.name.span)
         if not first.version.value:
             ctx.report("SBP213", "policy version is empty", first.version.span)
+
+
+def _unparsed(ctx: CompileContext, unit: Unit) -> bool:
+    """Whether the file had a parse error (SBP1xx): its items, header included, are unknown, and
+    "no header" would be a false second error."""
+    return any(d.id < "SBP200" and d.span is not None and d.span.file == unit.file.file
+               for d in ctx.diagnostics)
 
 
 def _is_first_root(ctx: CompileContext, unit: Unit) -> bool:

@@ -24,6 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 from policy_engine.compiler.context import CompileContext
 from policy_engine.compiler.values import ValueProblem, build_limits, parse_int, parse_size
 from policy_engine.dsl import ast
+from policy_engine.dsl.bounded import regex_problem
 from policy_engine.errors import Diagnostic, Span
 from policy_engine.model import ArgAlternative, ArgSlot, BrowserScope, Capability, CapabilityKind
 from policy_engine.patterns import validate_glob, validate_host_pattern
@@ -171,11 +172,11 @@ def _slot(slot: ast.ArgSlotNode, diags: list[Diagnostic]) -> ArgSlot:
     alts: list[ArgAlternative] = []
     for alt in slot.alternatives:
         if alt.regex is not None:
-            try:
-                re.compile(alt.regex)
-            except re.error as exc:
+            problem = regex_problem(alt.regex)
+            if problem is not None:
+                shown = alt.regex if len(alt.regex) <= 60 else alt.regex[:57] + "..."
                 diags.append(Diagnostic.make(
-                    "SBP208", f"invalid regex `/{alt.regex}/`: {exc.msg}", alt.span))
+                    "SBP208", f"invalid regex `/{shown}/`: {problem}", alt.span))
                 continue
             alts.append(ArgAlternative(regex=alt.regex))
         else:

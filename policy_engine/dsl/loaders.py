@@ -16,9 +16,16 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from policy_engine.dsl.bounded import (
+    MAX_DOCUMENT_BYTES,
+    DocumentError,
+    parse_json,
+    parse_yaml,
+    regex_problem,
+)
 from policy_engine.dsl.parser import parse_file, read_source
 from policy_engine.errors import Diagnostic, DiagnosticsError, Span
-from policy_engine.model import Grant, Manifest
+from policy_engine.model import Capability, Grant, Manifest
 
 Loc = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
@@ -44,73 +51,58 @@ class PositionLookup:
 
 
 def load_document(path: str | os.PathLike[str]) -> tuple[Any, PositionLookup]:
-    """Parse a JSON or YAML file (by suffix; otherwise JSON if it looks like JSON).
+    """Parse a JSON or YAML file (by suffix; otherwise JSON if it looks like JSON), within the
+    bounds of :mod:`policy_engine.dsl.bounded` (size, depth, aliases, integer length) and
+    refusing duplicate keys.
 
-    :raises DiagnosticsError: SBP100 if unreadable, SBP105 with the parser's position if
-        malformed.
+    :raises DiagnosticsError: SBP100 if unreadable, SBP106 if larger than
+        :data:`MAX_DOCUMENT_BYTES`, SBP105 with the position if malformed or out of bounds.
     """
     shown = os.fspath(path)
-    text = read_source(path, shown)
+    text = read_source(path, shown, max_bytes=MAX_DOCUMENT_BYTES)
     if isinstance(text, Diagnostic):
         raise DiagnosticsError([text])
-    is_yaml = Path(shown).suffix.lower() in _YAML_SUFFIXES or (
-        Path(shown).suffix.lower() != ".json" and not text.lstrip().startswith(("{", "[")))
-    data = _parse_yaml(text, shown) if is_yaml else _parse_json(text, shown)
-    return data, PositionLookup(shown, _positions(text))
+    return parse_document(text, shown)
 
 
-def _parse_json(text: str, shown: str) -> Any:
+def parse_document(text: str, shown: str) -> tuple[Any, PositionLookup]:
+    """Parse document ``text`` (shown as ``shown``): YAML by suffix, JSON if it looks like it."""
+    suffix = Path(shown).suffix.lower()
+    is_yaml = suffix in _YAML_SUFFIXES or (
+        suffix != ".json" and not text.lstrip().startswith(("{", "[")))
+    kind = "YAML" if is_yaml else "JSON"
     try:
-        return json.loads(text)
+        data, positions = parse_yaml(text) if is_yaml else parse_json(text)
+    except DocumentError as exc:
+        raise _invalid(kind, exc.message, Span(shown, exc.line, exc.column)) from None
     except json.JSONDecodeError as exc:
-        raise DiagnosticsError([Diagnostic.make(
-            "SBP105", f"invalid JSON: {exc.msg[:1].lower()}{exc.msg[1:]}",
-            Span(shown, exc.lineno, exc.colno),
-        )]) from None
-    except RecursionError:
-        raise DiagnosticsError([Diagnostic.make(
-            "SBP105", "invalid JSON: nested too deeply", Span(shown, 1, 1))]) from None
-
-
-def _parse_yaml(text: str, shown: str) -> Any:
-    try:
-        return yaml.safe_load(text)
+        raise _invalid(kind, _lower(exc.msg), Span(shown, exc.lineno, exc.colno)) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         span = Span(shown, mark.line + 1, mark.column + 1) if mark else Span(shown, 1, 1)
-        problem = exc.problem or exc.context or "cannot parse"
-        raise DiagnosticsError([Diagnostic.make("SBP105", f"invalid YAML: {problem}", span)]) \
+        raise _invalid(kind, exc.problem or exc.context or "cannot parse", span) from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        # a reader error (a control character) or what the bounded scan let through
+        raise _invalid(kind, _first_line(exc), Span(shown, *_reader_position(exc, text))) \
             from None
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise DiagnosticsError([Diagnostic.make(
-            "SBP105", f"invalid YAML: {exc}", Span(shown, 1, 1))]) from None
+    return data, PositionLookup(shown, positions)
 
 
-def _positions(text: str) -> dict[Loc, tuple[int, int]]:
-    """Key positions from PyYAML's node marks (JSON is close enough to YAML for positions)."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except (yaml.YAMLError, RecursionError):
-        return {}
-    return node_positions(root)
+def _invalid(kind: str, problem: str, span: Span) -> DiagnosticsError:
+    return DiagnosticsError([Diagnostic.make("SBP105", f"invalid {kind}: {problem}", span)])
 
 
-def node_positions(root: yaml.Node | None) -> dict[Loc, tuple[int, int]]:
-    """1-based line and column of every mapping key and sequence item under a composed node."""
-    out: dict[Loc, tuple[int, int]] = {}
-    stack: list[tuple[Loc, yaml.Node]] = [((), root)] if root is not None else []
-    while stack:
-        loc, node = stack.pop()
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                child = (*loc, str(key.value))
-                out[child] = (key.start_mark.line + 1, key.start_mark.column + 1)
-                stack.append((child, value))
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                out[(*loc, i)] = (item.start_mark.line + 1, item.start_mark.column + 1)
-                stack.append(((*loc, i), item))
-    return out
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().split("\n", 1)[0] or type(exc).__name__
+    return text[:200]
+
+
+def _reader_position(exc: BaseException, text: str) -> tuple[int, int]:
+    """1-based line and column of a PyYAML ReaderError (it has a character offset only)."""
+    if isinstance(exc, yaml.reader.ReaderError):
+        offset = min(max(exc.position, 0), len(text))
+        return text.count("\n", 0, offset) + 1, offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return 1, 1
 
 
 def validate_document(model: type[M], data: Any, lookup: PositionLookup, what: str) -> M:
@@ -164,7 +156,9 @@ def _lower(msg: str) -> str:
 def load_grant(path: str | os.PathLike[str]) -> Grant:
     """A Grant from JSON or YAML; :class:`DiagnosticsError` (SBP100/SBP105) if unusable."""
     data, lookup = load_document(path)
-    return validate_document(Grant, data, lookup, "grant")
+    grant = validate_document(Grant, data, lookup, "grant")
+    check_patterns(grant.capabilities, "capabilities", lookup, "grant")
+    return grant
 
 
 def load_manifest(path: str | os.PathLike[str], *, home: str | None = None) -> Manifest:
@@ -175,8 +169,38 @@ def load_manifest(path: str | os.PathLike[str], *, home: str | None = None) -> M
     shown = os.fspath(path)
     if Path(shown).suffix.lower() != ".sbpolicy":
         data, lookup = load_document(path)
-        return validate_document(Manifest, data, lookup, "manifest")
+        manifest = validate_document(Manifest, data, lookup, "manifest")
+        check_patterns(manifest.permissions, "permissions", lookup, "manifest")
+        return manifest
     return _manifest_from_policy(shown, home if home is not None else os.path.expanduser("~"))
+
+
+def check_patterns(
+    caps: Sequence[Capability], key: str, lookup: PositionLookup, what: str,
+) -> None:
+    """Refuse host patterns and argument regexes the guard could not use (the policy compiler
+    checks its own; a grant or manifest written as JSON/YAML is checked here): SBP207/SBP208 at
+    the pattern's position, all at once."""
+    from policy_engine.patterns import validate_host_pattern
+
+    diags: list[Diagnostic] = []
+    for i, cap in enumerate(caps):
+        for j, host in enumerate(getattr(cap, "hosts", ())):
+            problem = validate_host_pattern(host)
+            if problem is not None:
+                diags.append(Diagnostic.make(
+                    "SBP207", f"invalid {what} field `{key}[{i}].hosts[{j}]`: {problem}",
+                    lookup.span((key, i, "hosts", j))))
+        for j, slot in enumerate(getattr(cap, "args", None) or ()):
+            for k, alt in enumerate(slot.alternatives):
+                problem = None if alt.regex is None else regex_problem(alt.regex)
+                if problem is not None:
+                    diags.append(Diagnostic.make(
+                        "SBP208", f"invalid {what} field "
+                        f"`{key}[{i}].args[{j}].alternatives[{k}].regex`: {problem}",
+                        lookup.span((key, i, "args", j, "alternatives", k, "regex"))))
+    if diags:
+        raise DiagnosticsError(diags)
 
 
 def _manifest_from_policy(shown: str, home: str) -> Manifest:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from pathlib import Path
 
 from lark import Token
 from lark.exceptions import (
@@ -23,21 +22,59 @@ from policy_engine.dsl.transform import ToAst
 from policy_engine.errors import Diagnostic, Span
 
 _MAX_EXPECTED = 10
+MAX_POLICY_BYTES = 1024 * 1024
+"""The largest `.sbpolicy` file any command reads (docs/operations.md, "Input limits")."""
 _OPENERS = {'"': "string literal", "`": "CEL condition", "/": "regex literal"}
 
 
-def read_source(path: str | os.PathLike[str], display: str | None = None) -> str | Diagnostic:
-    """Read ``path`` as UTF-8 text, or return the SBP100 diagnostic saying why it cannot be."""
+def read_source(
+    path: str | os.PathLike[str], display: str | None = None, *, max_bytes: int | None = None,
+) -> str | Diagnostic:
+    """Read ``path`` as UTF-8 text, or return the diagnostic saying why it cannot be: SBP100
+    (unreadable, not UTF-8) or SBP106 (more than ``max_bytes``, default
+    :data:`MAX_POLICY_BYTES`; only that much plus one byte is ever read)."""
     shown = display if display is not None else os.fspath(path)
+    limit = MAX_POLICY_BYTES if max_bytes is None else max_bytes
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
     except IsADirectoryError:
         return Diagnostic.make("SBP100", f"`{shown}` is a directory, not a file", Span(shown, 1, 1))
     except FileNotFoundError:
         return Diagnostic.make("SBP100", f"`{shown}` does not exist", None)
     except OSError as exc:
         return Diagnostic.make("SBP100", f"cannot read `{shown}`: {exc.strerror or exc}", None)
+    except ValueError:  # open() refuses a NUL in the path before the OS sees it
+        return Diagnostic.make("SBP100", f"cannot read `{_printable(shown)}`: the path contains "
+                               "a NUL byte", None)
+    if len(data) > limit:
+        return too_large(shown, limit)
     return decode_source(data, shown)
+
+
+def too_large(shown: str, limit: int) -> Diagnostic:
+    """SBP106 for an input over ``limit`` bytes."""
+    policy = limit == MAX_POLICY_BYTES
+    return Diagnostic.make(
+        "SBP106", f"`{_printable(shown)}` is larger than {limit:,} bytes, the limit for "
+        f"{'policy files' if policy else 'JSON/YAML documents'}",
+        Span(shown, 1, 1),
+        help="split the policy into files joined with `import`" if policy else None,
+    )
+
+
+def _printable(text: str) -> str:
+    return text.replace("\x00", "\\0")
+
+
+def policy_too_large(text: str, file: str) -> Diagnostic | None:
+    """SBP106 when policy ``text`` is over :data:`MAX_POLICY_BYTES` in UTF-8 (checked before any
+    parser allocates per-token memory)."""
+    if len(text) * 4 <= MAX_POLICY_BYTES:  # a character is at most four bytes
+        return None
+    if len(text.encode("utf-8", errors="surrogatepass")) <= MAX_POLICY_BYTES:
+        return None
+    return too_large(file, MAX_POLICY_BYTES)
 
 
 def decode_source(data: bytes, shown: str) -> str | Diagnostic:
@@ -80,6 +117,9 @@ def parse_source(text: str, file: str) -> tuple[ast.PolicyFile, list[Diagnostic]
 
 def _parse_uncached(text: str, file: str) -> tuple[ast.PolicyFile, list[Diagnostic]]:
     pf = ast.PolicyFile(file=file, source=text)
+    large = policy_too_large(text, file)
+    if large is not None:
+        return pf, [large]
     if "\x00" in text:
         line = text.count("\n", 0, text.index("\x00")) + 1
         return pf, [Diagnostic.make("SBP102", "unexpected NUL character", Span(file, line, 1))]

@@ -12,6 +12,11 @@ _BOLD = "\x1b[1m"
 _COLORS = {Severity.ERROR: "\x1b[31m", Severity.WARNING: "\x1b[33m", Severity.NOTE: "\x1b[36m"}
 _CYAN = "\x1b[36m"
 _MAX_CARETS = 80
+# A one-line 4 MB file would otherwise be printed whole: show a window around the column.
+_MAX_SHOWN = 120
+_CONTEXT = 40
+# Files over this are not read back for a snippet (the diagnostic may be that they are too big).
+_MAX_SNIPPET_FILE = 8 * 1024 * 1024
 
 
 def render_diagnostic(d: Diagnostic, *, color: bool = False, source: str | None = None) -> str:
@@ -58,9 +63,18 @@ def _snippet(d: Diagnostic, source: str | None) -> tuple[str, str] | None:
         return None
     line = all_lines[span.line - 1].rstrip("\r")
     col = max(1, min(span.column, len(line) + 1))
+    shift = 0
+    if len(line) > _MAX_SHOWN:
+        start = max(0, col - 1 - _CONTEXT)
+        window = line[start:start + _MAX_SHOWN]
+        prefix = "..." if start else ""
+        suffix = "..." if start + _MAX_SHOWN < len(line) else ""
+        shift = start - len(prefix)
+        line, col = prefix + window + suffix, col - shift
     width = 1
-    if span.end_line == span.line and span.end_column is not None and span.end_column > col:
-        width = min(span.end_column - col, _MAX_CARETS)
+    end = None if span.end_column is None else span.end_column - shift
+    if span.end_line == span.line and end is not None and end > col:
+        width = min(end - col, _MAX_CARETS, len(line) + 1 - col)
     # keep tabs so the caret lines up under the same character in any terminal
     pad = "".join("\t" if ch == "\t" else " " for ch in line[:col - 1])
     return line, pad + "^" * width
@@ -76,7 +90,10 @@ def _read_cached(path: str, mtime_ns: int) -> str | None:
 
 def _read(path: str) -> str | None:
     try:
-        mtime = Path(path).stat().st_mtime_ns
-    except OSError:
+        stat = Path(path).stat()
+    except (OSError, ValueError):
         return None
+    if stat.st_size > _MAX_SNIPPET_FILE:
+        return None
+    mtime = stat.st_mtime_ns
     return _read_cached(path, mtime)

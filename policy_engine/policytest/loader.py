@@ -1,30 +1,20 @@
 """Load one test file: parse it with positions, validate it, check what pydantic cannot.
 
-Parsing uses libyaml once per file (the generic ``load_document`` parses YAML twice, in pure
-Python, to get positions: ~3 ms against ~0.2 ms, which matters for a thousand test files). Any
-file libyaml rejects goes through ``load_document`` so its SBP105 diagnostic is the usual one.
+Parsing is the generic bounded one (:mod:`policy_engine.dsl.bounded`: libyaml's event stream for
+positions and bounds, then libyaml builds the values), so a test file is held to the same limits
+on size, depth, aliases, integers and duplicate keys as a grant or a request.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
-from policy_engine.dsl.loaders import (
-    PositionLookup,
-    load_document,
-    node_positions,
-    validate_document,
-)
-from policy_engine.dsl.parser import read_source
+from policy_engine.dsl.loaders import PositionLookup, load_document, validate_document
 from policy_engine.errors import Diagnostic, DiagnosticsError, ErrorCode, Span
 from policy_engine.policytest.model import PolicyTestCase, PolicyTestFile
 
-_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _CODES = frozenset(code.value for code in ErrorCode)
 FORMAT_HELP = "see docs/policy-tests.md for the test-file format"
 Loc = tuple[str | int, ...]
@@ -71,22 +61,7 @@ def load_test_file(path: str) -> LoadedTestFile:
 
 def read_document(path: str) -> tuple[Any, PositionLookup]:
     """The parsed JSON/YAML document and the position of every key and list item."""
-    text = read_source(path)
-    if isinstance(text, Diagnostic):
-        raise DiagnosticsError([text])
-    try:
-        loader = _Loader(text)
-        try:
-            node = loader.get_single_node()
-            data = None if node is None else loader.construct_document(node)
-        finally:
-            loader.dispose()
-        if path.lower().endswith(".json"):
-            data = json.loads(text)  # JSON's own rules (YAML would accept more)
-    except (yaml.YAMLError, ValueError, RecursionError):
-        data, lookup = load_document(path)  # raises the usual SBP105 with line:col
-        return data, lookup
-    return data, PositionLookup(path, node_positions(node))
+    return load_document(path)
 
 
 def _with_help(d: Diagnostic) -> Diagnostic:

@@ -10,12 +10,11 @@ import threading
 from pathlib import Path
 from typing import Literal
 
+from plugins.evidence_jsonl.repair import TornRecord, remove_torn, trim_torn_tail
 from policy_engine.config import EngineConfig
 from policy_engine.evidence import EvidenceSink
 from policy_engine.hookspecs import hookimpl
 from policy_engine.model import EvidenceBegin, EvidenceEnd
-
-from plugins.evidence_jsonl.repair import TornRecord, remove_torn, trim_torn_tail
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +69,12 @@ class JsonlSink:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fd: int | None = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         except OSError as exc:
-            raise OSError(exc.errno, f"cannot open evidence log `{path}`: "
-                          f"{exc.strerror or exc}") from exc
+            raise OSError(f"cannot open evidence log `{path}`: {exc.strerror or exc}") from exc
         try:
             trim_torn_tail(self._fd, path)
         except OSError as exc:
             os.close(self._fd)
-            raise OSError(exc.errno, f"cannot repair evidence log `{path}`: "
-                          f"{exc.strerror or exc}") from exc
+            raise OSError(f"cannot repair evidence log `{path}`: {exc.strerror or exc}") from exc
         self._flusher: threading.Thread | None = None
         if self.fsync == "interval":
             self._flusher = threading.Thread(target=self._flush_loop, daemon=True,

@@ -69,8 +69,9 @@ REGISTRY: dict[ErrorCode, ErrorSpec] = {
         ErrorSpec(
             ErrorCode.PROVIDER_UNAVAILABLE, 503, True,
             "provider unavailable: {reason}",
-            "backend name, endpoint and the transport error",
-            "outbound network or execution backend unavailable",
+            "backend name, endpoint and the transport error (a state store: its path and error)",
+            "outbound network, execution backend or a state store (budget, revocations) "
+            "unavailable",
         ),
         ErrorSpec(
             ErrorCode.TIMEOUT, 504, True,

@@ -104,8 +104,11 @@ class Orchestrator:
     :param clock: wall clock in ms since the epoch (injected for deterministic tests).
     :param profile_builder, guard: default to ``ProfileBuilder``/``Guard`` over ``policyset``.
     :param revocations: defaults to the list ``config.revocation`` names.
-    :raises ValueError: a configured evidence sink or budget meter is provided by no plugin —
-        running without the evidence or budget the operator asked for is never silent.
+    :raises ValueError: a configured evidence sink or budget meter is provided by no plugin, or
+        its plugin failed to build it (e.g. the evidence log cannot be opened: the message names
+        the path and the cause) — running without the evidence or budget the operator asked
+        for is never silent. A budget or revocation store that is merely broken does not
+        raise here: it denies each call with ``PROVIDER.UNAVAILABLE`` (docs/operations.md).
     """
 
     def __init__(self, policyset: PolicySet, *, config: EngineConfig,
@@ -126,9 +129,9 @@ class Orchestrator:
         missing = [s for s in config.evidence_sinks if s not in self.components.sinks]
         if missing or self.components.meter is None:
             self.components.close()
-            what = (f"evidence sink `{missing[0]}`" if missing
-                    else f"budget meter `{config.budget_meter}`")
-            raise ValueError(f"{what} is not provided by any loaded plugin")
+            what, stage = ((f"evidence sink `{missing[0]}`", "evidence_sinks") if missing
+                           else (f"budget meter `{config.budget_meter}`", "budget_meter"))
+            raise ValueError(self.components.unavailable(what, stage))
         self.meter: BudgetMeter = self.components.meter
         spool = config.state_dir / "spool"
         self.sinks = [SpoolingSink(self.components.sinks[n], spool,
@@ -237,7 +240,11 @@ class Orchestrator:
         if grant.expires_at <= now:
             return PolicyEngineError(ErrorCode.PERMISSION_DENY, "grant expired",
                                      audit={"expires_at": grant.expires_at, "now": now})
-        if self.revocations is not None and self.revocations.is_revoked(grant):
+        try:
+            revoked = self.revocations is not None and self.revocations.is_revoked(grant)
+        except PolicyEngineError as exc:  # a list that cannot be read fails closed
+            return exc
+        if revoked:
             return PolicyEngineError(ErrorCode.PERMISSION_DENY, "grant revoked",
                                      audit={"call_id": grant.call_id})
         return None

@@ -68,6 +68,16 @@ class Components:
     meter: BudgetMeter | None = None
     meters: dict[str, BudgetMeter] = field(default_factory=dict)
     owners: dict[str, str] = field(default_factory=dict)  # "executor:<name>" → plugin name
+    # hook stage ("evidence_sinks", "budget_meter", ...) → "plugin `X`: <exception>" for each
+    # plugin that raised while building them: the real cause when a configured one is missing
+    failures: dict[str, list[str]] = field(default_factory=dict)
+
+    def unavailable(self, what: str, stage: str) -> str:
+        """Why ``what`` (e.g. "evidence sink `jsonl`") is missing, with the causes if known."""
+        causes = self.failures.get(stage)
+        if not causes:
+            return f"{what} is not provided by any loaded plugin"
+        return f"{what} could not be started: " + "; ".join(causes)
 
     def close(self) -> None:
         """Close everything; one failing close does not stop the others."""
@@ -162,7 +172,8 @@ class PluginManager:
         caller = getattr(self.pm.hook, hook)
         return list(caller.get_hookimpls())  # registration order (pluggy calls them LIFO)
 
-    def _call_each(self, hook: str, **kwargs: Any) -> Iterable[tuple[str, Any]]:
+    def _call_each(self, hook: str, failures: dict[str, list[str]] | None = None,
+                   **kwargs: Any) -> Iterable[tuple[str, Any]]:
         """Call each implementation separately so one raising plugin is reported by name and
         the others still contribute (a plain ``pm.hook.X()`` aborts on the first exception).
         """
@@ -171,8 +182,12 @@ class PluginManager:
             try:
                 yield impl.plugin_name, impl.function(**args)
             except Exception as exc:
-                self._fail(impl.plugin_name, hook.removeprefix("policy_engine_"),
-                           f"{type(exc).__name__}: {exc}")
+                stage = hook.removeprefix("policy_engine_")
+                message = f"{type(exc).__name__}: {exc}"
+                self._fail(impl.plugin_name, stage, message)
+                if failures is not None:
+                    failures.setdefault(stage, []).append(
+                        f"plugin `{impl.plugin_name}`: {message}")
 
     def _configure_one(self, name: str, config: EngineConfig) -> None:
         for impl in self._impls("policy_engine_configure"):
@@ -191,7 +206,8 @@ class PluginManager:
     def components(self, config: EngineConfig) -> Components:
         """Build the executors, the configured sinks and the configured budget meter."""
         out = Components()
-        for plugin, executors in self._call_each("policy_engine_executors", config=config):
+        for plugin, executors in self._call_each("policy_engine_executors", out.failures,
+                                                  config=config):
             for ex in executors or ():
                 if not isinstance(ex, Executor):
                     self._fail(plugin, "executors", f"{ex!r} does not implement Executor")
@@ -201,7 +217,8 @@ class PluginManager:
                 else:
                     out.executors[ex.name] = ex
                     out.owners["executor:" + ex.name] = plugin
-        for plugin, sinks in self._call_each("policy_engine_evidence_sinks", config=config):
+        for plugin, sinks in self._call_each("policy_engine_evidence_sinks", out.failures,
+                                             config=config):
             for sink in sinks or ():
                 if not isinstance(sink, EvidenceSink):
                     self._fail(plugin, "evidence_sinks", f"{sink!r} does not implement "
@@ -212,7 +229,8 @@ class PluginManager:
                 else:
                     out.sinks[sink.name] = sink
                     out.owners["sink:" + sink.name] = plugin
-        for plugin, meter in self._call_each("policy_engine_budget_meter", config=config):
+        for plugin, meter in self._call_each("policy_engine_budget_meter", out.failures,
+                                             config=config):
             if meter is None:
                 continue
             if not isinstance(meter, BudgetMeter):

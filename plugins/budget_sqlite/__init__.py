@@ -4,13 +4,19 @@ same state directory; one row per (grant_key, kind), checked and updated by one 
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 from policy_engine.budget import BudgetMeter, check_amount, exceeded
 from policy_engine.config import EngineConfig
+from policy_engine.errors import PolicyEngineError
 from policy_engine.hookspecs import hookimpl
+from policy_engine.orchestration.store_errors import store_error
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS budget_usage (
@@ -51,6 +57,11 @@ class SqliteBudgetMeter:
     calls themselves were lost with the machine too. That bounded under-count is the price of not
     fsyncing on every tool call; deployments that cannot accept it can set ``synchronous=FULL``
     on the database.
+
+    A store that cannot be used (unwritable, corrupted, on a full or read-only disk) fails
+    closed: construction logs the cause and succeeds, and every charge raises
+    ``PROVIDER.UNAVAILABLE`` naming the file and the cause until the store works again (each
+    charge retries; nothing is charged or granted in between).
     """
 
     name = "sqlite"
@@ -61,10 +72,12 @@ class SqliteBudgetMeter:
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        conn = self._conn()
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(_SCHEMA)
+        self._ready = False  # directory, WAL mode and table are in place
+        try:
+            self._db()
+        except PolicyEngineError as exc:
+            log.error("%s; calls that charge this budget store are denied (%s) until it works",
+                      exc.reason, exc.code.value)
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -72,28 +85,60 @@ class SqliteBudgetMeter:
             # isolation_level=None: autocommit, each charge is one statement and one transaction
             conn = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None,
                                    check_same_thread=False)
-            conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn
             with self._conns_lock:
                 self._conns.append(conn)
+            conn.execute("PRAGMA synchronous=NORMAL")
         return conn
+
+    def _db(self) -> sqlite3.Connection:
+        """This thread's connection, the store set up on first use."""
+        try:
+            if not self._ready:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = self._conn()
+            if not self._ready:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(_SCHEMA)
+                self._ready = True
+            return conn
+        except (sqlite3.Error, OSError) as exc:
+            raise self._failed(exc) from exc
+
+    def _failed(self, exc: BaseException) -> PolicyEngineError:
+        """Drop this thread's connection (the next call reconnects: a replaced or repaired
+        file is picked up) and describe the failure.
+        """
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            self._local.conn = None
+            with self._conns_lock:
+                if conn in self._conns:
+                    self._conns.remove(conn)
+            conn.close()
+        return store_error("budget store", self.path, exc)
+
+    def _query(self, sql: str, params: Any) -> list[Any]:
+        try:
+            # INVARIANT: fetchall steps the statement to its end, so it is reset and its
+            # implicit transaction commits here (fetchone would leave it open, holding the lock)
+            return self._db().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise self._failed(exc) from exc
 
     def check_and_consume(self, grant_key: str, kind: str, amount: int, limit: int | None) -> int:
         check_amount(kind, amount)
-        conn = self._conn()
-        # INVARIANT: fetchall steps the statement to its end, so it is reset and its implicit
-        # transaction commits here (fetchone would leave it open, holding the write lock)
-        rows = conn.execute(_CHARGE, {"key": grant_key, "kind": kind, "amount": amount,
-                                      "limit": limit}).fetchall()
+        rows = self._query(_CHARGE, {"key": grant_key, "kind": kind, "amount": amount,
+                                     "limit": limit})
         if rows:
             return int(rows[0][0])
         assert limit is not None  # INVARIANT: an unlimited charge always returns its row
-        row = conn.execute(_USED, (grant_key, kind)).fetchone()  # for the message only
-        raise exceeded(grant_key, kind, limit, int(row[0]) if row else 0, amount)
+        row = self._query(_USED, (grant_key, kind))  # for the message only
+        raise exceeded(grant_key, kind, limit, int(row[0][0]) if row else 0, amount)
 
     def used(self, grant_key: str) -> dict[str, int]:
-        rows = self._conn().execute(
-            "SELECT kind, used FROM budget_usage WHERE grant_key = ?", (grant_key,)).fetchall()
+        rows = self._query("SELECT kind, used FROM budget_usage WHERE grant_key = ?",
+                           (grant_key,))
         return {str(kind): int(used) for kind, used in rows}
 
     def close(self) -> None:

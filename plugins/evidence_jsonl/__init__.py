@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import logging
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from plugins.evidence_jsonl.repair import TornRecord, remove_torn, trim_torn_tail
 from policy_engine.config import EngineConfig
 from policy_engine.evidence import EvidenceSink
 from policy_engine.hookspecs import hookimpl
 from policy_engine.model import EvidenceBegin, EvidenceEnd
+
+log = logging.getLogger(__name__)
 
 FsyncPolicy = Literal["always", "interval", "never"]
 FSYNC_POLICIES: tuple[FsyncPolicy, ...] = ("always", "interval", "never")
@@ -26,6 +32,11 @@ class JsonlSink:
     killed (SIGKILL, OOM, a crash) because the kernel, not the process, holds it, and a crash can
     at worst leave the one record being written torn at the very end, never lose or damage a
     completed one. ``O_APPEND`` also keeps concurrent processes' lines whole.
+
+    A short write (a full disk) is taken back out of the file before ``begin``/``end`` raises
+    (see :mod:`plugins.evidence_jsonl.repair`), so the record the spool later retries starts on
+    a fresh line; if even that fails, nothing more is appended until it succeeds. An
+    unterminated last line left by a crash is trimmed when the log is opened.
 
     ``fsync`` only adds protection against losing the machine (power loss, kernel panic), and
     costs ~1–3 ms per record on ordinary disks. The trade-off is configurable:
@@ -55,8 +66,17 @@ class JsonlSink:
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self.fsyncs = 0  # how many fsyncs ran (for tests and the operations guide)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._torn: TornRecord | None = None  # a short write not yet taken back out
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd: int | None = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise OSError(f"cannot open evidence log `{path}`: {exc.strerror or exc}") from exc
+        try:
+            trim_torn_tail(self._fd, path)
+        except OSError as exc:
+            os.close(self._fd)
+            raise OSError(f"cannot repair evidence log `{path}`: {exc.strerror or exc}") from exc
         self._flusher: threading.Thread | None = None
         if self.fsync == "interval":
             self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
@@ -73,15 +93,38 @@ class JsonlSink:
         with self._lock:
             if self._fd is None:
                 raise RuntimeError(f"evidence log `{self.path}` is closed")
-            view = memoryview(line)
-            while view:  # a regular-file write is whole in practice; loop for the rare short one
-                written = os.write(self._fd, view)
-                view = view[written:]
+            if self._torn is not None:  # never append behind a fragment still in the file
+                remove_torn(self._fd, self._torn, self.path)
+                self._torn = None
+            self._append(self._fd, line)
             if self.fsync == "always":
                 os.fsync(self._fd)
                 self.fsyncs += 1
         if self.fsync == "interval":
             self._dirty.set()
+
+    def _append(self, fd: int, line: bytes) -> None:
+        """One ``write`` under a shared lock (the repair takes it exclusively). A short write is
+        not continued (another process may have appended meanwhile) but taken back out.
+        """
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            written = os.write(fd, line)
+            if written < len(line):
+                # INVARIANT: on an O_APPEND descriptor the offset is now the end of our bytes
+                end = os.lseek(fd, 0, os.SEEK_CUR)
+                self._torn = TornRecord(end - written, line[:written])
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        if self._torn is not None:
+            try:
+                remove_torn(fd, self._torn, self.path)
+                self._torn = None
+            except OSError:
+                log.exception("evidence log `%s`: a torn record could not be removed yet",
+                              self.path)
+            raise OSError(errno.ENOSPC, f"short write to evidence log `{self.path}` "
+                          f"({written} of {len(line)} bytes; the disk is probably full)")
 
     def _flush_loop(self) -> None:
         while not self._stop.is_set():

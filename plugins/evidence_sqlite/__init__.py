@@ -6,6 +6,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from policy_engine.config import EngineConfig
 from policy_engine.evidence import EvidenceSink
 from policy_engine.hookspecs import hookimpl
 from policy_engine.model import EvidenceBegin, EvidenceEnd, SideEffect
+from policy_engine.orchestration.store_errors import cause_of
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS evidence_records (
@@ -56,6 +58,26 @@ def _process_meta(ev: EvidenceEnd) -> dict[str, Any]:
     return meta
 
 
+def _rollback(db: sqlite3.Connection) -> None:
+    """Roll back if SQLite has not already (it does itself on a full disk or I/O error); a
+    failing rollback must not hide the error that caused it.
+    """
+    if db.in_transaction:
+        with suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+
+
+def _commit(db: sqlite3.Connection) -> None:
+    """COMMIT; when it fails (disk full) the transaction is rolled back so the next record can
+    begin its own instead of failing forever with "transaction within a transaction".
+    """
+    try:
+        db.execute("COMMIT")
+    except sqlite3.Error:
+        _rollback(db)
+        raise
+
+
 class SqliteSink:
     """Evidence in SQLite (WAL mode so readers never block the writer).
 
@@ -70,11 +92,22 @@ class SqliteSink:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn: sqlite3.Connection | None = sqlite3.connect(
-            path, timeout=30.0, isolation_level=None, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.executescript(_SCHEMA)
+        self._conn: sqlite3.Connection | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, timeout=30.0, isolation_level=None,
+                                   check_same_thread=False)
+        except (sqlite3.Error, OSError) as exc:
+            raise OSError(f"cannot open evidence database `{path}`: "
+                          f"{cause_of(exc, path)}") from exc
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise OSError(f"cannot open evidence database `{path}`: "
+                          f"{cause_of(exc, path)}") from exc
+        self._conn = conn
 
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -82,7 +115,7 @@ class SqliteSink:
         return self._conn
 
     def begin(self, ev: EvidenceBegin) -> None:
-        with self._lock:
+        with self._lock, self._named_errors():
             db = self._db()
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -98,14 +131,14 @@ class SqliteSink:
                                  "capability": ev.capability}),
                      ev.produced_at_ms))
             except BaseException:
-                db.execute("ROLLBACK")
+                _rollback(db)
                 raise
-            db.execute("COMMIT")
+            _commit(db)
 
     def end(self, ev: EvidenceEnd) -> None:
         meta = _process_meta(ev)
         exit_code = meta.get("exit_code")
-        with self._lock:
+        with self._lock, self._named_errors():
             db = self._db()
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -129,9 +162,18 @@ class SqliteSink:
                      int(bool(meta.get("stdout_truncated", False))),
                      int(bool(meta.get("stderr_truncated", False))), ev.envelope_id))
             except BaseException:
-                db.execute("ROLLBACK")
+                _rollback(db)
                 raise
-            db.execute("COMMIT")
+            _commit(db)
+
+    @contextmanager
+    def _named_errors(self) -> Iterator[None]:
+        """A failing write names the database and the cause (the spool logs it)."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise OSError(f"evidence database `{self.path}`: "
+                          f"{cause_of(exc, self.path)}") from exc
 
     def close(self) -> None:
         with self._lock:

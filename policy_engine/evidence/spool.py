@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -25,6 +26,10 @@ class SpoolingSink:
     ``<spool_dir>/<sink>.jsonl``; the spool is replayed (in order) before the next record and on
     close, so records reach the sink in the order they were produced.
 
+    Never raises into the call: when the spool cannot take a record either (a read-only or full
+    state directory), the record is logged as lost with both causes and counted, and the call
+    goes on.
+
     :param on_failure: called with the sink name for every failed delivery (the metric).
     """
 
@@ -35,8 +40,8 @@ class SpoolingSink:
         self.spool_path = spool_dir / f"{inner.name}.jsonl"
         self.failures = 0
         self._on_failure = on_failure
+        self.lost = 0  # records neither the sink nor the spool could take
         self._lock = threading.Lock()
-        spool_dir.mkdir(parents=True, exist_ok=True)
 
     # -- the sink protocol --------------------------------------------------------------------
 
@@ -48,7 +53,11 @@ class SpoolingSink:
 
     def close(self) -> None:
         with self._lock:
-            self._replay()
+            try:
+                self._replay()
+            except OSError as exc:
+                log.error("evidence spool `%s` cannot be replayed (%s); its records stay there "
+                          "for the next start", self.spool_path, _cause(exc))
         try:
             self.inner.close()
         except Exception:  # a sink's close must not hide the others' close
@@ -68,9 +77,24 @@ class SpoolingSink:
         with self._lock:
             # INVARIANT: a record is written directly only when the spool is empty, else order
             # would break; so replay first and spool the new record too if replay stops early.
-            if self._replay() and self._send(ev):
+            try:
+                replayed = self._replay()
+            except OSError as exc:
+                log.error("evidence spool `%s` cannot be replayed (%s)", self.spool_path,
+                          _cause(exc))
+                replayed = False
+            if replayed and self._send(ev):
                 return
-            self._spool(ev)
+            try:
+                self._spool(ev)
+            except OSError as exc:
+                self.lost += 1
+                if self._on_failure is not None:
+                    self._on_failure(self.name)
+                log.error("evidence record %s (%s) for sink `%s` is LOST: the sink refused it "
+                          "and the spool `%s` cannot take it: %s", ev.envelope_id,
+                          "begin" if isinstance(ev, EvidenceBegin) else "end", self.name,
+                          self.spool_path, _cause(exc))
 
     def _send(self, ev: Record) -> bool:
         try:
@@ -84,15 +108,23 @@ class SpoolingSink:
                 self._on_failure(self.name)
             log.warning("evidence sink `%s` failed (%s: %s); record %s spooled for retry",
                         self.name, type(exc).__name__, exc, ev.envelope_id)
+            # (when the spool cannot take it either, an error saying it is lost follows)
             return False
         return True
 
     def _spool(self, ev: Record) -> None:
         line = ev.model_dump_json().encode() + b"\n"
+        self.spool_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.spool_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # other engine processes may share the state dir
-            os.write(fd, line)
+            end = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                if os.write(fd, line) < len(line):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.spool_path))
+            except OSError:
+                os.ftruncate(fd, end)  # a torn spool line would be dropped as unreadable
+                raise
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -119,10 +151,19 @@ class SpoolingSink:
                 sent += 1
             if sent:
                 rest = b"".join(ln + b"\n" for ln in lines[sent:])
-                os.ftruncate(fd, 0)
-                os.lseek(fd, 0, os.SEEK_SET)
-                os.write(fd, rest)
+                # overwrite in place, then shorten: needs no free space on a full disk
+                view, at = memoryview(rest), 0
+                while view:
+                    n = os.pwrite(fd, view, at)
+                    view, at = view[n:], at + n
+                os.ftruncate(fd, len(rest))
                 os.fsync(fd)
             return sent == len(lines)
         finally:
             os.close(fd)
+
+
+def _cause(exc: OSError) -> str:
+    """``strerror: path`` without the ``[Errno N]`` noise."""
+    where = f" `{exc.filename}`" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"

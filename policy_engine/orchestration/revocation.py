@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from policy_engine.errors import PolicyEngineError
 from policy_engine.model import Grant
+from policy_engine.orchestration.store_errors import store_error
+
+log = logging.getLogger(__name__)
 
 
 def revocation_keys(grant: Grant) -> tuple[str, ...]:
@@ -23,7 +28,9 @@ def revocation_keys(grant: Grant) -> tuple[str, ...]:
 
 @runtime_checkable
 class RevocationWatcher(Protocol):
-    """Answers "has this grant been revoked?" right before a call runs."""
+    """Answers "has this grant been revoked?" right before a call runs; raises
+    ``PolicyEngineError`` when it cannot tell (the call is then denied with that code).
+    """
 
     def is_revoked(self, grant: Grant) -> bool:
         ...
@@ -51,34 +58,74 @@ class MemoryRevocationList:
 class SqliteRevocationList:
     """Revocations in ``state_dir/revocations.sqlite``: visible to every engine process sharing
     the state directory as soon as ``revoke`` returns (WAL, committed per call).
+
+    A list that cannot be read (corrupted, unreadable, on a broken disk) fails closed:
+    construction logs the cause and succeeds, and ``is_revoked`` raises ``PROVIDER.UNAVAILABLE``
+    naming the file and the cause, so the call is denied, until the file works again (every
+    check retries).
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._conn: sqlite3.Connection = sqlite3.connect(
-            path, timeout=30.0, isolation_level=None, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("CREATE TABLE IF NOT EXISTS revocations "
-                           "(key TEXT PRIMARY KEY, revoked_at_ms INTEGER NOT NULL)")
+        self._conn: sqlite3.Connection | None = None
+        try:
+            with self._lock:
+                self._db()
+        except PolicyEngineError as exc:
+            log.error("%s; every call is denied (%s) until it can be read", exc.reason,
+                      exc.code.value)
+
+    def _db(self) -> sqlite3.Connection:
+        """The open connection (opened and set up on first use); call with the lock held."""
+        if self._conn is not None:
+            return self._conn
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
+                                   check_same_thread=False)
+        except (sqlite3.Error, OSError) as exc:
+            raise store_error("revocation list", self.path, exc) from exc
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("CREATE TABLE IF NOT EXISTS revocations "
+                         "(key TEXT PRIMARY KEY, revoked_at_ms INTEGER NOT NULL)")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise store_error("revocation list", self.path, exc) from exc
+        self._conn = conn
+        return conn
+
+    def _execute(self, sql: str, params: tuple[object, ...]) -> list[object]:
+        with self._lock:
+            db = self._db()
+            try:
+                return db.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                # reconnect next time: a replaced or repaired file is picked up
+                self._conn = None
+                db.close()
+                raise store_error("revocation list", self.path, exc) from exc
 
     def revoke(self, key: str, *, now_ms: int | None = None) -> None:
+        """:raises PolicyEngineError: ``PROVIDER.UNAVAILABLE`` when the list cannot be written."""
         if not key:
             raise ValueError("revocation key must not be empty")
         at = now_ms if now_ms is not None else int(time.time() * 1000)
-        with self._lock:
-            self._conn.execute(
-                "INSERT OR IGNORE INTO revocations (key, revoked_at_ms) VALUES (?, ?)", (key, at))
+        self._execute("INSERT OR IGNORE INTO revocations (key, revoked_at_ms) VALUES (?, ?)",
+                      (key, at))
 
     def is_revoked(self, grant: Grant) -> bool:
+        """:raises PolicyEngineError: ``PROVIDER.UNAVAILABLE`` when the list cannot be read:
+        the caller must deny (an unreadable list never means "not revoked").
+        """
         keys = revocation_keys(grant)
         marks = ",".join("?" * len(keys))
-        with self._lock:
-            row = self._conn.execute(
-                f"SELECT 1 FROM revocations WHERE key IN ({marks}) LIMIT 1", keys).fetchone()
-        return row is not None
+        rows = self._execute(f"SELECT 1 FROM revocations WHERE key IN ({marks}) LIMIT 1", keys)
+        return bool(rows)
 
     def close(self) -> None:
         with self._lock:
-            self._conn.close()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

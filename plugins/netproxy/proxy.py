@@ -48,19 +48,32 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfe
 
 class Meter:
     """The bytes the whole run moved through the proxy, each way: one call's ``bytes_in`` and
-    ``bytes_out`` are totals over all its requests and tunnels, not per connection."""
+    ``bytes_out`` are totals over all its requests and tunnels, not per connection.
 
-    def __init__(self) -> None:
+    :param consume: the call's budget charge (``ExecContext.consume``), called for every chunk
+        let through, so the call's usage and its grant's budget count proxied traffic too.
+    """
+
+    def __init__(self, consume: Callable[[str, int], None] | None = None) -> None:
         self.bytes_in = 0
         self.bytes_out = 0
+        self.refusal: PolicyEngineError | None = None
+        self._consume = consume
         self._lock = threading.Lock()
 
     def take(self, direction: str, amount: int, limit: int | None) -> bool:
-        """Charge ``amount`` bytes ``"in"`` or ``"out"`` unless that would pass ``limit``."""
+        """Charge ``amount`` bytes ``"in"`` or ``"out"`` unless that would pass ``limit`` or
+        the budget refuses (kept in ``refusal``)."""
         with self._lock:
             used = self.bytes_in if direction == "in" else self.bytes_out
             if limit is not None and used + amount > limit:
                 return False
+            if self._consume is not None and amount:
+                try:
+                    self._consume(f"bytes_{direction}", amount)
+                except PolicyEngineError as exc:
+                    self.refusal = exc
+                    return False
             if direction == "in":
                 self.bytes_in += amount
             else:
@@ -195,7 +208,7 @@ class ProxyHandler(socketserver.StreamRequestHandler):
         except PolicyEngineError as exc:
             raise _Refused(exc) from None
         if not policy.meter.take("out", len(body), vetted.max_bytes_out):
-            raise _Refused(PolicyEngineError(
+            raise _Refused(policy.meter.refusal or PolicyEngineError(
                 ErrorCode.CAPABILITY_BLOCKED,
                 f"request body of {len(body)} bytes exceeds what is left of max_bytes_out"))
         u = vetted.url

@@ -142,12 +142,22 @@ def restricted(tmp: Path, port: int, *, methods: tuple[str, ...] = ("GET",),
 
 def run(ex: ProcExecutor | DockerExecutor, profile: Profile, guard: Guard, script: str,
         *args: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    ctx = ExecContext(profile=profile, deadline=time.monotonic() + 120, guard=guard)
+    """Run ``script`` in the sandbox; check the budget was charged exactly the bytes the
+    proxy's evidence says went through (what the orchestrator turns into the call's usage)."""
+    charged = {"bytes_in": 0, "bytes_out": 0}
+
+    def consume(kind: str, amount: int) -> None:
+        charged[kind] = charged.get(kind, 0) + amount
+
+    ctx = ExecContext(profile=profile, deadline=time.monotonic() + 120, guard=guard,
+                      consume=consume)
     res = ex.execute(ctx, ProcExecOp(tool="python3", args=("-c", script, *args)))
     assert res.out["exit_code"] == 0, res.out["stderr"]
     effects = [dict(e.meta) for e in ctx.side_effects
                if e.kind == SideEffect.NETWORK and e.meta.get("via") == "proxy"]
     assert MARKER.decode() not in json.dumps(effects)
+    for kind in ("bytes_in", "bytes_out"):
+        assert charged[kind] == sum(int(r.get(kind, 0)) for r in effects), (kind, effects)
     return json.loads(res.out["stdout"]), effects
 
 

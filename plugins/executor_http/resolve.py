@@ -15,7 +15,7 @@ from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import Decider, ExecContext
 from policy_engine.guard.compiled import CompiledCap
 from policy_engine.guard.guard import Guard
-from policy_engine.guard.ipaddr import classify, is_address_allowed
+from policy_engine.guard.ipaddr import check_answer
 from policy_engine.guard.matchers import NetMatcher
 from policy_engine.guard.urls import ParsedUrl, parse_url
 from policy_engine.model import Decision, NetHttpOp, Profile
@@ -146,8 +146,9 @@ def pin(host: str, port: int, ip: IPAddress | None, patterns: Sequence[HostPatte
         resolver: Resolver) -> PinnedTarget:
     """Resolve ``host`` once (unless ``ip`` is its literal) and vet every address.
 
-    Every address must be admitted: a name with one public and one private address is refused,
-    because which one a later connection would pick is not ours to guess.
+    Every address must be admitted (``guard.ipaddr.check_answer``): metadata addresses never
+    through a name, loopback and private only for a name the rule names exactly, and never an
+    answer mixing public and non-public addresses.
 
     :param patterns: the allowing capability's host patterns (see ``Vetted.hosts``).
     :raises PolicyEngineError: ``PROVIDER.UNAVAILABLE`` when the name does not resolve,
@@ -168,15 +169,7 @@ def pin(host: str, port: int, ip: IPAddress | None, patterns: Sequence[HostPatte
                 ErrorCode.PROVIDER_UNAVAILABLE, f"host `{host}` has no address",
                 audit={"host": host},
             )
-    refused = [a for a in addresses if not is_address_allowed(host, a, patterns)]
-    if refused:
-        first = refused[0]
-        raise PolicyEngineError(
-            ErrorCode.CAPABILITY_BLOCKED,
-            f"host `{host}` resolves to a {classify(first)} address `{first}` no rule names",
-            audit={"host": host, "addresses": [str(a) for a in addresses],
-                   "refused": [str(a) for a in refused]},
-        )
+    check_answer(host, addresses, patterns)
     return PinnedTarget(host=host, port=port, addresses=tuple(addresses))
 
 

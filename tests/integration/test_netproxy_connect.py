@@ -3,6 +3,7 @@ through the proxy (tunnels included, both directions) counts against ``bytes_in`
 
 Real sandboxes (proc-bwrap, docker run-once), a real compiled policy, real loopback servers; the
 sandboxed program talks to the proxy with raw sockets, as an attacker would (REPRO.md F2).
+The last test resolves through a real DNS server on a loopback port (REPRO.md F10).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from plugins.executor_docker.engine import DockerOptions
 from plugins.executor_docker.executor import DockerExecutor
 from plugins.executor_proc.executor import ProcExecutor
+from plugins.netproxy import RestrictedNetwork
 from policy_engine.errors import ErrorCode
 from policy_engine.executor import ExecContext
 from policy_engine.guard import Guard
@@ -30,6 +32,8 @@ from tests.integration.servers import (
     send,
     server_tls,
 )
+from tests.integration.test_netproxy import sandboxed
+from tests.unit.loopback_dns import LoopbackDns
 
 pytestmark = pytest.mark.integration
 
@@ -243,3 +247,43 @@ def test_docker_connect_under_a_get_only_rule_is_refused(
     assert out["code"] == ErrorCode.CAPABILITY_BLOCKED.value
     assert server.seen.requests == []
     assert [r["refused"] for r in effects] == [ErrorCode.CAPABILITY_BLOCKED.value]
+
+
+NAMED = r"""
+import json, sys, urllib.request, urllib.error
+out = {}
+for name in sys.argv[2:]:
+    try:
+        out[name] = urllib.request.urlopen(f"http://{name}:{sys.argv[1]}/ok", timeout=10).status
+    except urllib.error.HTTPError as e:
+        out[name] = [e.code, e.headers.get("X-Policy-Engine-Code")]
+print(json.dumps(out))
+"""
+
+
+def test_proxy_over_real_dns_refuses_metadata_and_mixed_answers_for_named_hosts(
+    tmp_path: Path, server: LoopbackServer,
+) -> None:
+    """REPRO F10 in a real sandbox: the proxy resolves with a real DNS server on a loopback
+    port; every name is named exactly by the rule."""
+    zone = {"svc.test": ["127.0.0.1"], "meta.test": ["169.254.169.254"],
+            "v6meta.test": ["fd00:ec2::254"], "mixed.test": ["127.0.0.1", "93.184.216.34"]}
+    hosts = ", ".join(f'"{n}"' for n in zone)
+    rules = (f'permit "named" net.http hosts [{hosts}] schemes ["http"] ports [{server.port}] '
+             'methods ["GET"]')
+    cap = NetHttpCapability(hosts=tuple(zone), schemes=("http",), ports=(server.port,),
+                            methods=("GET",))
+    profile, guard = compiled_profile(tmp_path, rules, (cap,), network="restricted")
+    with LoopbackDns(zone) as dns, \
+            RestrictedNetwork(profile, guard, resolver=dns.resolve).start() as net:
+        run = sandboxed(net, ["python3", "-c", NAMED, str(server.port), *zone])
+        out = json.loads(run.stdout)
+        effects = [dict(e.meta) for e in net.side_effects()]
+    blocked = [403, ErrorCode.CAPABILITY_BLOCKED.value]
+    assert out == {"svc.test": 200, "meta.test": blocked, "v6meta.test": blocked,
+                   "mixed.test": blocked}, run.stderr
+    assert [p for m, p, _h in server.seen.requests] == ["/ok"]
+    assert set(dns.queries) == set(zone)
+    refused = [e for e in effects if "refused" in e]
+    assert len(refused) == 3
+    assert all("address" not in e for e in refused)  # nothing dialed

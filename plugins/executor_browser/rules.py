@@ -5,21 +5,21 @@ operation on that URL (``browser.nav`` needing the ``open`` scope, or ``browser.
 screenshot op): by the call's guard when there is one (the orchestrator's, ``ExecContext.guard``,
 else the executor's configured one), so rule conditions, forbids and deny-lists apply to every
 subrequest; otherwise by the profile's ``browser.use`` capabilities alone. Then the host's
-addresses are resolved and vetted with ``guard.ipaddr``: loopback, private and metadata addresses
-need the hosts of the *policy rule* that allowed the request to name them (with a guard), exactly
-as for ``net.http``.
+addresses are resolved and vetted with ``guard.ipaddr.check_answer``: loopback and private
+addresses need the *policy rule* that allowed the request to name them (the host exactly, or the
+literal's address), metadata addresses are never reached through a name, and an answer mixing
+public and non-public addresses is refused, exactly as for ``net.http``.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import socket
 from collections.abc import Iterable
 from typing import Protocol
 
+from plugins.executor_http.resolve import IPAddress, Resolver, system_resolver
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.guard.guard import Guard
-from policy_engine.guard.ipaddr import is_address_allowed
+from policy_engine.guard.ipaddr import check_answer
 from policy_engine.guard.urls import ParsedUrl, parse_url
 from policy_engine.model import (
     BrowserCapability,
@@ -49,10 +49,13 @@ class RequestRules:
     :param guard: the configured guard, used when a call brings none of its own; when a guard
         decides, the request is a ``browser.nav`` (or ``browser.screenshot``) of its URL; with no
         guard at all the profile's ``browser.use`` capabilities decide.
+    :param resolver: name resolution (``net.http``'s; tests inject a loopback DNS server).
     """
 
-    def __init__(self, guard: DecidesOps | None = None) -> None:
+    def __init__(self, guard: DecidesOps | None = None, *,
+                 resolver: Resolver = system_resolver) -> None:
         self.guard = guard
+        self.resolver = resolver
 
     def check(self, profile: Profile, url: str, guard: DecidesOps | None = None, *,
               screenshot: bool = False) -> ParsedUrl:
@@ -88,24 +91,22 @@ class RequestRules:
         return parsed
 
     def _check_addresses(self, parsed: ParsedUrl, patterns: list[HostPattern]) -> None:
+        """Resolve once and vet the whole answer as ``net.http`` does (``check_answer``)."""
         if parsed.ip is not None:
-            addresses = [parsed.ip]
+            addresses: list[IPAddress] = [parsed.ip]
         else:
             try:
-                infos = socket.getaddrinfo(parsed.host, parsed.port, type=socket.SOCK_STREAM)
-            except OSError as exc:
+                addresses = list(self.resolver(parsed.host, parsed.port))
+            except (OSError, UnicodeError) as exc:
                 raise PolicyEngineError(
                     ErrorCode.PROVIDER_UNAVAILABLE, f"cannot resolve `{parsed.host}`",
-                    audit={"url": parsed.url, "error": str(exc)},
+                    audit={"url": parsed.url, "error": type(exc).__name__},
                 ) from None
-            addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
-        for ip in addresses:
-            if not is_address_allowed(parsed.host, ip, patterns):
-                raise PolicyEngineError(
-                    ErrorCode.CAPABILITY_BLOCKED,
-                    f"`{parsed.host}` resolves to a non-public address no rule names",
-                    audit={"url": parsed.url, "ip": str(ip)},
-                )
+            if not addresses:
+                raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                        f"`{parsed.host}` has no address",
+                                        audit={"url": parsed.url})
+        check_answer(parsed.host, addresses, patterns)
 
 
 def _named_hosts(guard: DecidesOps, profile: Profile, decision: Decision,

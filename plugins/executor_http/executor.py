@@ -53,7 +53,9 @@ HOP_BY_HOP = frozenset({
 """Request headers never forwarded (RFC 9110 §7.6.1), besides those ``Connection`` names."""
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# Only visible ASCII, space and tab: a control character could split the header, and anything
+# non-ASCII (U+0085, U+2028, U+00FF) is encoded differently by each client, or not at all
+_BAD_VALUE = re.compile(r"[^\x09\x20-\x7e]")
 
 MANAGED = frozenset({"content-length", "accept-encoding"})
 """Request headers the executor sets itself: the length it sends, ``identity`` encoding."""

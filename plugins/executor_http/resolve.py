@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import Decider, ExecContext
+from policy_engine.guard.compiled import CompiledCap
 from policy_engine.guard.guard import Guard
-from policy_engine.guard.ipaddr import classify, is_address_allowed
+from policy_engine.guard.ipaddr import check_answer
 from policy_engine.guard.matchers import NetMatcher
 from policy_engine.guard.urls import ParsedUrl, parse_url
 from policy_engine.model import Decision, NetHttpOp, Profile
@@ -65,6 +66,7 @@ class Vetted:
     max_depth: int | None
     timeout_ms: int | None
     mime: tuple[tuple[str, ...], ...]
+    cap: CompiledCap | None = None
 
 
 def guard_for(ctx: ExecContext, fallback: Decider) -> Decider:
@@ -99,7 +101,42 @@ def vet(guard: Decider, profile: Profile, op: NetHttpOp) -> Vetted:
     lim = chosen.limits
     mime = tuple(m.mime for m in chosen.members if isinstance(m, NetMatcher)) + summary
     return Vetted(url, method, decision, chosen.hosts, lim.max_bytes_in, lim.max_bytes_out,
-                  lim.max_depth, lim.timeout_ms, mime)
+                  lim.max_depth, lim.timeout_ms, mime, chosen)
+
+
+TUNNEL_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+"""The methods a policy can name; a rule must allow all of them before a tunnel is opened."""
+
+
+def tunnel_refusal(guard: Decider, profile: Profile, vetted: Vetted) -> str | None:
+    """Why a CONNECT tunnel to ``vetted.url`` may not be opened, or ``None`` when it may.
+
+    A tunnel's requests are opaque to the proxy (TLS end to end), so it is only opened where no
+    request inside it could be one the policy refuses: the allowing capability admits every
+    method, has no condition (a condition may read the path, the method, the headers) and no
+    MIME list (responses are not seen), and no forbid names the origin for some requests only
+    (one that names it for all was already applied by the decision). Byte limits still apply,
+    counted on the tunnel (``plugins.netproxy.proxy``).
+    """
+    cap = vetted.cap
+    if cap is None or not isinstance(guard, Guard):
+        return "no compiled policy rule says the tunnel may carry every request"
+    rule = f"`{cap.rule.id}`" if cap.rule is not None else "allowing this origin"
+    url = vetted.url
+    if cap.condition is not None:
+        return (f"the rule {rule} has a condition, which requests inside a tunnel cannot be "
+                "checked against; use plain http through the proxy")
+    missing = [m for m in TUNNEL_METHODS if not cap.admits((url, m))]
+    if missing:
+        return (f"the rule {rule} does not allow {', '.join(missing)}, and a tunnel could "
+                "carry any method")
+    if any(vetted.mime):
+        return f"the rule {rule} constrains response types, which a tunnel hides"
+    forbids = guard.compiled(profile).forbids.get("net.http")
+    if forbids is not None and any(d.matcher.admits((url, m))
+                                   for d in forbids.denies for m in TUNNEL_METHODS):
+        return "a forbid names this origin for some requests, which a tunnel cannot tell apart"
+    return None
 
 
 _CODES = frozenset(c.value for c in ErrorCode)
@@ -109,8 +146,9 @@ def pin(host: str, port: int, ip: IPAddress | None, patterns: Sequence[HostPatte
         resolver: Resolver) -> PinnedTarget:
     """Resolve ``host`` once (unless ``ip`` is its literal) and vet every address.
 
-    Every address must be admitted: a name with one public and one private address is refused,
-    because which one a later connection would pick is not ours to guess.
+    Every address must be admitted (``guard.ipaddr.check_answer``): metadata addresses never
+    through a name, loopback and private only for a name the rule names exactly, and never an
+    answer mixing public and non-public addresses.
 
     :param patterns: the allowing capability's host patterns (see ``Vetted.hosts``).
     :raises PolicyEngineError: ``PROVIDER.UNAVAILABLE`` when the name does not resolve,
@@ -131,15 +169,7 @@ def pin(host: str, port: int, ip: IPAddress | None, patterns: Sequence[HostPatte
                 ErrorCode.PROVIDER_UNAVAILABLE, f"host `{host}` has no address",
                 audit={"host": host},
             )
-    refused = [a for a in addresses if not is_address_allowed(host, a, patterns)]
-    if refused:
-        first = refused[0]
-        raise PolicyEngineError(
-            ErrorCode.CAPABILITY_BLOCKED,
-            f"host `{host}` resolves to a {classify(first)} address `{first}` no rule names",
-            audit={"host": host, "addresses": [str(a) for a in addresses],
-                   "refused": [str(a) for a in refused]},
-        )
+    check_answer(host, addresses, patterns)
     return PinnedTarget(host=host, port=port, addresses=tuple(addresses))
 
 

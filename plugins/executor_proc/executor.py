@@ -215,7 +215,7 @@ class ProcExecutor:
                               tmpdir=private_tmp or "/tmp", scan_limit=self.options.scan_limit)
             if plan.network == "restricted" and self.network_hook is None:
                 net = RestrictedNetwork(ctx.profile, ctx.guard or self.guard,
-                                        deadline=ctx.deadline).start()
+                                        deadline=ctx.deadline, consume=ctx.consume).start()
                 plan.env.update(net.env())  # INVARIANT: after the op's allow-listed values
             return self._run(ctx, op, plan, stdin, private_tmp, plan.network, net)
         finally:

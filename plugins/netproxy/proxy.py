@@ -2,6 +2,11 @@
 
 Every name is resolved once and only vetted addresses are dialed (``plugins.executor_http``'s
 ``vet`` and ``pin``); refusals answer 403/503/504 with the registry code and are recorded.
+One request per connection (answered ``Connection: close``): a second request pipelined behind
+the first is never read, so each plain-HTTP request is vetted on its own. A CONNECT tunnel is
+opened only where the allowing rule admits every request (``tunnel_refusal``), carries TLS only,
+and every byte through the proxy, both ways and tunnels included, counts against the call's
+``bytes_in``/``bytes_out`` (``Meter``); a tunnel closes when they run out.
 """
 
 from __future__ import annotations
@@ -14,13 +19,20 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import closing, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
 from plugins.executor_http.body import check_mime
 from plugins.executor_http.executor import clean_request_headers, redacted_url
-from plugins.executor_http.resolve import IPAddress, Resolver, Vetted, pin, vet
+from plugins.executor_http.resolve import (
+    IPAddress,
+    Resolver,
+    Vetted,
+    pin,
+    tunnel_refusal,
+    vet,
+)
 from plugins.executor_http.transport import PinnedTransport
 from policy_engine.errors import REGISTRY, ErrorCode, PolicyEngineError
 from policy_engine.executor import Decider
@@ -34,6 +46,47 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfe
                         "te", "trailer", "upgrade", "proxy-authenticate", "proxy-authorization"})
 
 
+class Meter:
+    """The bytes the whole run moved through the proxy, each way: one call's ``bytes_in`` and
+    ``bytes_out`` are totals over all its requests and tunnels, not per connection.
+
+    :param consume: the call's budget charge (``ExecContext.consume``), called for every chunk
+        let through, so the call's usage and its grant's budget count proxied traffic too.
+    """
+
+    def __init__(self, consume: Callable[[str, int], None] | None = None) -> None:
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.refusal: PolicyEngineError | None = None
+        self._consume = consume
+        self._lock = threading.Lock()
+
+    def take(self, direction: str, amount: int, limit: int | None) -> bool:
+        """Charge ``amount`` bytes ``"in"`` or ``"out"`` unless that would pass ``limit`` or
+        the budget refuses (kept in ``refusal``)."""
+        with self._lock:
+            used = self.bytes_in if direction == "in" else self.bytes_out
+            if limit is not None and used + amount > limit:
+                return False
+            if self._consume is not None and amount:
+                try:
+                    self._consume(f"bytes_{direction}", amount)
+                except PolicyEngineError as exc:
+                    self.refusal = exc
+                    return False
+            if direction == "in":
+                self.bytes_in += amount
+            else:
+                self.bytes_out += amount
+            return True
+
+    def left(self, direction: str, limit: int | None) -> int | None:
+        """What remains of ``limit`` in ``direction`` (``None``: unlimited)."""
+        with self._lock:
+            used = self.bytes_in if direction == "in" else self.bytes_out
+        return None if limit is None else max(limit - used, 0)
+
+
 @dataclass(slots=True)
 class ProxyPolicy:
     """What the proxy enforces for one run: the profile, the guard, DNS and TLS settings."""
@@ -44,6 +97,7 @@ class ProxyPolicy:
     transport: PinnedTransport
     record: Callable[[SideEffectRec], None]
     deadline: float
+    meter: Meter = field(default_factory=Meter)
 
 
 class _Refused(Exception):
@@ -137,24 +191,33 @@ class ProxyHandler(socketserver.StreamRequestHandler):
             meta["url"] = _shown(target)
             raise _Refused(PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                              "request bodies need a Content-Length"))
-        cap = self.server.policy.profile.limits.max_bytes_out
+        policy = self.server.policy
+        cap = policy.meter.left("out", policy.profile.limits.max_bytes_out)
         if cap is not None and int(length) > cap:  # checked before reading: never buffered
             meta["url"] = _shown(target)
             raise _Refused(PolicyEngineError(
                 ErrorCode.CAPABILITY_BLOCKED,
-                f"request body of {length} bytes exceeds max_bytes_out ({cap} bytes)"))
+                f"request body of {length} bytes exceeds what is left of max_bytes_out "
+                f"({cap} bytes)"))
         body = self.rfile.read(int(length)) if int(length) else b""
         op = NetHttpOp(method=method, url=target, headers=kept,
                        body_b64=base64.b64encode(body).decode() if body else None)
         vetted, addresses = self._vet(op, meta)
-        policy = self.server.policy
+        try:
+            sent_headers = clean_request_headers(kept)
+        except PolicyEngineError as exc:
+            raise _Refused(exc) from None
+        if not policy.meter.take("out", len(body), vetted.max_bytes_out):
+            raise _Refused(policy.meter.refusal or PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED,
+                f"request body of {len(body)} bytes exceeds what is left of max_bytes_out"))
         u = vetted.url
         remaining = min(policy.deadline - time.monotonic(),
                         (vetted.timeout_ms or 60_000) / 1000)
         try:
             response, address = policy.transport.open(
                 method, u.scheme, u.host, u.port, u.path + (f"?{u.query}" if u.query else ""),
-                addresses, clean_request_headers(kept), body, remaining)
+                addresses, sent_headers, body, remaining)
         except httpx.HTTPError as exc:
             code = ErrorCode.TIMEOUT if isinstance(exc, httpx.TimeoutException) \
                 else ErrorCode.PROVIDER_UNAVAILABLE
@@ -172,20 +235,26 @@ class ProxyHandler(socketserver.StreamRequestHandler):
             head.append("Connection: close\r\n\r\n")
             self.wfile.write("".join(head).encode("latin-1"))
             sent = 0
-            limit = vetted.max_bytes_in
             for chunk in response.iter_raw():
-                sent += len(chunk)
-                if (limit is not None and sent > limit) or time.monotonic() > policy.deadline:
+                if (not policy.meter.take("in", len(chunk), vetted.max_bytes_in)
+                        or time.monotonic() > policy.deadline):
                     meta["cut_off"] = True
                     break
+                sent += len(chunk)
                 self.wfile.write(chunk)
-            meta["bytes_in"] = min(sent, limit) if limit is not None else sent
+            meta["bytes_in"] = sent
 
     def _tunnel(self, target: str, meta: dict[str, object]) -> None:
-        """CONNECT: decided as an https GET of the authority; the tunnel's content is opaque."""
+        """CONNECT: decided as an https GET of the authority, then opened only where the rule
+        admits every request (the tunnel's content is opaque), carrying TLS only, within the
+        call's byte limits."""
         op = NetHttpOp(method="GET", url=f"https://{target}/")
         vetted, addresses = self._vet(op, meta)
         policy = self.server.policy
+        why = tunnel_refusal(policy.guard, policy.profile, vetted)
+        if why is not None:
+            raise _Refused(PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                             f"CONNECT to `{meta['url']}` refused: {why}"))
         port = vetted.url.port
         upstream: socket.socket | None = None
         for a in addresses:
@@ -200,9 +269,21 @@ class ProxyHandler(socketserver.StreamRequestHandler):
                                              f"`{meta['url']}` is unreachable"))
         meta["status"] = 200
         self.wfile.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        meter = policy.meter
+
+        def charge(outbound: bool, amount: int) -> bool:
+            if outbound:
+                return meter.take("out", amount, vetted.max_bytes_out)
+            return meter.take("in", amount, vetted.max_bytes_in)
+
         with upstream:
-            up, down = _splice(self.connection, upstream, policy.deadline, vetted.max_bytes_in)
+            up, down, stop = _splice(self.connection, upstream, policy.deadline, charge)
         meta.update(bytes_out=up, bytes_in=down)
+        if stop == "limit":
+            meta["cut_off"] = True
+        elif stop == "not-tls":
+            # recorded like any refusal; the client already had its 200, so it sees a close
+            meta["refused"] = ErrorCode.CAPABILITY_BLOCKED.value
 
     def _fail(self, exc: PolicyEngineError) -> None:
         status = REGISTRY[exc.code].http_status
@@ -215,14 +296,23 @@ class ProxyHandler(socketserver.StreamRequestHandler):
 
 
 def _splice(a: socket.socket, b: socket.socket, deadline: float,
-            max_in: int | None) -> tuple[int, int]:
-    """Copy both ways until both sides close, the deadline passes, ``max_in`` bytes came in
-    from ``b``, nothing moves for ``IDLE_SECONDS``, or one side closed ``LINGER_SECONDS`` ago."""
+            charge: Callable[[bool, int], bool]) -> tuple[int, int, str | None]:
+    """Copy both ways until both sides close, the deadline passes, nothing moves for
+    ``IDLE_SECONDS``, one side closed ``LINGER_SECONDS`` ago, or ``charge`` refuses a chunk
+    (``charge(outbound, size)``: the byte limits; the refused chunk is not forwarded).
+
+    The client's first bytes must open a TLS handshake: a tunnel is decided as ``https``, so
+    plain HTTP inside it (whose method and path the proxy would otherwise never see) is cut.
+
+    :return: bytes forwarded from ``a`` to ``b`` and back, and why it stopped early
+        (``"limit"``, ``"not-tls"``) or ``None``.
+    """
     counts = {a: 0, b: 0}
     peer = {a: b, b: a}
     open_ = [a, b]
     last = time.monotonic()
     end = deadline
+    first = True
     while open_:
         now = time.monotonic()
         if now >= end or now - last > IDLE_SECONDS:
@@ -239,12 +329,21 @@ def _splice(a: socket.socket, b: socket.socket, deadline: float,
                 with suppress(OSError):
                     peer[s].shutdown(socket.SHUT_WR)
                 continue
+            if s is a and first:
+                first = False
+                if not _tls_handshake(data):
+                    return counts[a], counts[b], "not-tls"
+            if not charge(s is a, len(data)):
+                return counts[a], counts[b], "limit"
             last = time.monotonic()
             counts[s] += len(data)
             peer[s].sendall(data)
-        if max_in is not None and counts[b] > max_in:
-            break
-    return counts[a], counts[b]
+    return counts[a], counts[b], None
+
+
+def _tls_handshake(data: bytes) -> bool:
+    """The first bytes of a TLS handshake record: content type 22, version major 3."""
+    return data[0] == 0x16 and (len(data) < 2 or data[1] == 0x03)
 
 
 def _shown(url: str) -> str:

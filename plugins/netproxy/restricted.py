@@ -32,7 +32,7 @@ from typing import Any
 
 from plugins.executor_http.resolve import Resolver, system_resolver
 from plugins.executor_http.transport import PinnedTransport
-from plugins.netproxy.proxy import ProxyPolicy, ProxyServer, serve_in_thread
+from plugins.netproxy.proxy import Meter, ProxyPolicy, ProxyServer, serve_in_thread
 from policy_engine.executor import Decider
 from policy_engine.guard.guard import Guard
 from policy_engine.model import Profile, SideEffectRec
@@ -128,6 +128,11 @@ class RestrictedHandle:
         with self._lock:
             return list(self._effects)
 
+    def traffic(self) -> tuple[int, int]:
+        """``(bytes_in, bytes_out)`` the proxy let through so far, tunnels included."""
+        meter = self._server.policy.meter
+        return meter.bytes_in, meter.bytes_out
+
     def refusals(self, settle: float = 5.0) -> list[SideEffectRec]:
         """The refused requests and tunnels only (see ``side_effects``)."""
         return [e for e in self.side_effects(settle) if "refused" in e.meta]
@@ -163,6 +168,8 @@ class RestrictedNetwork:
         tunnels are end-to-end between the child and the server.
     :param deadline: ``time.monotonic()`` value after which transfers are cut (default 1 h).
     :param port: the bridge's port inside the namespace.
+    :param consume: the call's budget charge (``ExecContext.consume``): every byte through the
+        proxy is charged as ``bytes_in``/``bytes_out`` when it passes.
     :param python: the interpreter that runs the bridge inside the sandbox.
     :param sandbox_dir: where the runtime directory appears inside the sandbox.
     :param runtime_parent: host directory the runtime directory is created in (default the
@@ -177,7 +184,7 @@ class RestrictedNetwork:
         resolver: Resolver = system_resolver, verify: ssl.SSLContext | bool = True,
         deadline: float | None = None, port: int = DEFAULT_PORT, python: str | None = None,
         sandbox_dir: str = SANDBOX_DIR, runtime_parent: str | None = None,
-        parent_mounted: bool = False,
+        parent_mounted: bool = False, consume: Callable[[str, int], None] | None = None,
     ) -> None:
         if parent_mounted and runtime_parent is None:
             raise ValueError("parent_mounted needs runtime_parent")
@@ -191,6 +198,7 @@ class RestrictedNetwork:
         self.sandbox_dir = sandbox_dir
         self.runtime_parent = runtime_parent
         self.parent_mounted = parent_mounted
+        self.consume = consume
 
     def start(self) -> RestrictedHandle:
         """Create the runtime directory, copy the bridge, listen on the socket, serve."""
@@ -208,7 +216,7 @@ class RestrictedNetwork:
 
             policy = ProxyPolicy(profile=self.profile, guard=self.guard, resolver=self.resolver,
                                  transport=PinnedTransport(verify=self.verify), record=record,
-                                 deadline=self.deadline)
+                                 deadline=self.deadline, meter=Meter(self.consume))
             server = ProxyServer(str(runtime / "proxy.sock"), policy)
             (runtime / "proxy.sock").chmod(0o666)  # a container's uid 1000 must connect
         except BaseException:

@@ -1,14 +1,23 @@
 """IP addresses: every IPv4 notation parsed, and addresses classified as private, metadata, ….
 
-Executors call :func:`classify` / :func:`check_address` again on each address DNS returns, so
-the address that is dialed is the one that was vetted (DESIGN.md §3).
+Executors call :func:`check_answer` (or :func:`check_address`) on the addresses DNS returns, so
+the address that is dialed is the one that was vetted (DESIGN.md §3). What may be reached:
+
+- a public address: whatever the host patterns allow;
+- a metadata address (``METADATA_ADDRESSES``): only as the URL's own IP literal, named by an
+  IP-literal pattern of the allowing rule; never through a name, whatever the rule names;
+- any other non-public address through a name (DNS): loopback and private only, and only when
+  the allowing rule names that host exactly (never ``*``, ``*.suffix``, nor an IP or CIDR
+  pattern, which would let any name the rule admits rebind into the range);
+- any other non-public address as the URL's IP literal: when an IP or CIDR pattern contains it;
+- a DNS answer mixing public and non-public addresses: never.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.patterns.hosts import HostPattern
@@ -27,10 +36,16 @@ METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
         "100.100.100.200",  # Alibaba Cloud metadata
         "168.63.129.16",  # Azure wire server: public space, but a platform endpoint
         "192.0.0.192",  # Oracle Cloud (classic) metadata
+        "169.254.170.23",  # AWS EKS pod identity agent
         "fd00:ec2::254",  # AWS IMDS over IPv6
         "fd00:ec2::23",  # AWS DNS over IPv6
+        "fe80::a9fe:a9fe",  # OpenStack / AWS metadata on an IPv6 link-local address
+        "fd20:ce::254",  # Google Compute Engine metadata over IPv6
     )
 )
+
+NAME_REACHABLE: frozenset[str] = frozenset({"loopback", "private"})
+"""Non-public classes a name (resolved by DNS) may reach, when the rule names it exactly."""
 
 # Ordered: the first containing network names the class. Specific ranges come before the
 # broad ones that contain them (CGNAT before "reserved", link-local before "private").
@@ -122,20 +137,29 @@ def classify(ip: IPAddress | str) -> str | None:
 def is_address_allowed(
     host: str, ip: IPAddress, patterns: Iterable[HostPattern | str]
 ) -> bool:
-    """Whether ``ip`` (reached as ``host``) may be dialed under ``patterns``.
-
-    Public addresses are allowed here (the host patterns decide elsewhere); loopback, private,
-    link-local, metadata and the other special classes only when a pattern names the address
-    or host explicitly (exact host, IP literal or CIDR block: never ``*`` or ``*.suffix``).
-    """
-    if classify(ip) is None:
+    """Whether ``ip`` (reached as ``host``: a name, or the address's own literal) may be dialed
+    under ``patterns`` (the allowing rule's hosts); see the module docstring."""
+    cls = classify(ip)
+    if cls is None:
         return True
+    hps = [p if isinstance(p, HostPattern) else HostPattern.of(p) for p in patterns]
     inner = embedded_ipv4(ip)
-    for pat in patterns:
-        hp = pat if isinstance(pat, HostPattern) else HostPattern.of(pat)
-        if hp.names_address(host, ip) or (inner is not None and hp.names_address(host, inner)):
-            return True
-    return False
+    targets = (ip,) if inner is None else (ip, inner)
+    if not _is_literal(host):  # through DNS: an exact name, loopback or private only
+        return cls in NAME_REACHABLE and any(p.kind == "exact" and p.value == host for p in hps)
+    if cls == "metadata":  # only the address itself, named as a literal
+        return any(p.kind == "ip" and p.network is not None and t.version == p.network.version
+                   and t in p.network for p in hps for t in targets)
+    return any(p.kind in ("ip", "cidr") and p.names_address(host, t)
+               for p in hps for t in targets)
+
+
+def _is_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def check_address(host: str, ip: IPAddress, patterns: Iterable[HostPattern | str]) -> None:
@@ -146,6 +170,31 @@ def check_address(host: str, ip: IPAddress, patterns: Iterable[HostPattern | str
             f"{classify(ip)} address of `{host}` is not named by any rule",
             audit={"host": host, "ip": str(ip)},
         )
+
+
+def check_answer(host: str, addresses: Sequence[IPAddress],
+                 patterns: Sequence[HostPattern]) -> None:
+    """Vet every address DNS gave for ``host`` before any is dialed.
+
+    :raises PolicyEngineError: ``CAPABILITY_BLOCKED`` when the answer mixes public and
+        non-public addresses (which one a client picks, or a rebinding resolver serves next, is
+        not ours to guess), or when one address is not allowed (:func:`is_address_allowed`).
+    """
+    audit = {"host": host, "addresses": [str(a) for a in addresses]}
+    public = [classify(a) is None for a in addresses]
+    if any(public) and not all(public):
+        raise PolicyEngineError(
+            ErrorCode.CAPABILITY_BLOCKED,
+            f"host `{host}` resolves to both public and non-public addresses", audit=audit)
+    refused = [a for a in addresses if not is_address_allowed(host, a, patterns)]
+    if refused:
+        first = refused[0]
+        why = "never reachable through a name" if classify(first) == "metadata" \
+            else "not named by the rule"
+        raise PolicyEngineError(
+            ErrorCode.CAPABILITY_BLOCKED,
+            f"host `{host}` resolves to a {classify(first)} address `{first}` ({why})",
+            audit={**audit, "refused": [str(a) for a in refused]})
 
 
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address
 from urllib.parse import unquote_to_bytes
 
-import idna
-
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.guard.ipaddr import IPAddress, parse_ipv4
 from policy_engine.guard.paths import quote
+from policy_engine.patterns.hosts import to_ascii
 
 DEFAULT_PORTS: dict[str, int] = {"http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21}
 HTTP_SCHEMES: frozenset[str] = frozenset({"http", "https"})
@@ -251,18 +250,10 @@ def _split_authority(authority: str, url: str) -> tuple[str, IPAddress | None, s
 
 
 def _canonical_host(raw: str, url: str) -> str:
-    if raw.isascii():
-        host = raw.lower()
-        if "xn--" in host:
-            try:  # WHATWG refuses invalid punycode; so do we, rather than dial it verbatim
-                idna.decode(host)
-            except (idna.IDNAError, UnicodeError):
-                raise _blocked(f"invalid international host {quote(raw)}", url) from None
-    else:
-        try:
-            host = idna.encode(raw, uts46=True).decode("ascii")
-        except (idna.IDNAError, UnicodeError):
-            raise _blocked(f"invalid international host {quote(raw)}", url) from None
+    try:  # the mapping host patterns use too (UTS-46 non-transitional, IDNA 2008)
+        host = to_ascii(raw)
+    except ValueError:
+        raise _blocked(f"invalid international host {quote(raw)}", url) from None
     if host.endswith("."):
         host = host[:-1]
     if not host or len(host) > 253:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import unicodedata
 from dataclasses import dataclass
 from typing import Literal
+
+import idna
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -13,13 +16,44 @@ HostKind = Literal["exact", "suffix", "any", "ip", "cidr"]
 
 
 def canonical_hostname(host: str) -> str:
-    """Lowercase, strip one trailing dot, IDNA-encode non-ASCII labels."""
-    h = host.strip().rstrip(".").lower()
+    """Lowercase, strip one trailing dot and brackets, map to ASCII with :func:`to_ascii`.
+
+    :raises ValueError: an invisible character or a name UTS-46 refuses.
+    """
+    h = host.strip()
     if h.startswith("[") and h.endswith("]"):
         h = h[1:-1]
-    if not h.isascii():
-        h = h.encode("idna").decode("ascii")
-    return h
+    if h.endswith("."):
+        h = h[:-1]
+    return to_ascii(h)
+
+
+def to_ascii(name: str) -> str:
+    """The one internationalized-name mapping of the project: UTS-46 non-transitional
+    processing, then IDNA 2008 ToASCII (the ``idna`` package), as WHATWG URL and httpx do.
+
+    Python's ``"idna"`` codec is IDNA 2003 (transitional): it folds ``ß`` into ``ss`` and
+    ``ς`` into ``σ`` and drops joiners, so a pattern would name another host than the URL
+    parser (``policy_engine.guard.urls``) and the client dial. ASCII names are lowercased and
+    their ``xn--`` labels must decode. Invisible characters (joiners, soft hyphens, format
+    and separator characters) are refused, as URLs refuse them.
+
+    :raises ValueError: why ``name`` has no ASCII form.
+    """
+    if name.isascii():
+        ascii_name = name.lower()
+        if "xn--" in ascii_name:
+            try:
+                idna.decode(ascii_name)
+            except (idna.IDNAError, UnicodeError) as exc:
+                raise ValueError(f"invalid international name `{name}`: {exc}") from None
+        return ascii_name
+    if any(unicodedata.category(c)[0] in "CZ" for c in name):
+        raise ValueError(f"invisible or whitespace character in `{name}`")
+    try:
+        return idna.encode(name, uts46=True, transitional=False).decode("ascii")
+    except (idna.IDNAError, UnicodeError) as exc:
+        raise ValueError(f"invalid international name `{name}`: {exc}") from None
 
 
 def validate_host_pattern(pattern: str) -> str | None:

@@ -265,9 +265,13 @@ def test_header_injection_is_a_validation_error(
     server: LoopbackServer, executor: HttpExecutor
 ) -> None:
     profile = http_profile("127.0.0.1", ports=(server.port,))
-    for headers in ({"X-A": "v\r\nX-Injected: 1"}, {"Bad Name": "v"}):
+    # U+0085 (NEL), U+2028 (line separator) and U+00FF: a client would encode them some way
+    # (or crash, which was TOOL.EXECUTION_FAILED); the executor refuses them as invalid input
+    bad = ({"X-A": "v\r\nX-Injected: 1"}, {"Bad Name": "v"}, {"X-A": "a\u0085b"},
+           {"X-A": "a\u2028b"}, {"X-A": "caf\u00ff"}, {"X-\u00ff": "v"})
+    for headers in bad:
         code, _ = refused(executor, profile, NetHttpOp(url=server.url("/ok"), headers=headers))
-        assert code is ErrorCode.SCHEMA_VALIDATION_FAILED
+        assert code is ErrorCode.SCHEMA_VALIDATION_FAILED, headers
     assert server.seen.requests == []
 
 

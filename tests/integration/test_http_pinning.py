@@ -161,9 +161,11 @@ def _same_port_pair() -> tuple[LoopbackServer, LoopbackServer]:
 
 def test_dns_rebinding_cannot_switch_the_dialed_address() -> None:
     """A resolver stub stands in for DNS (no DNS server runs here): it answers an allowed
-    address (127.0.0.2, named by the rule) the first time and 127.0.0.1 (not named) after.
-    Both addresses serve the same port, so a second lookup by the HTTP client would reach the
-    wrong server; the executor resolves once and dials the vetted address."""
+    address (127.0.0.2: loopback, the name is named exactly by the rule) the first time and
+    the metadata address after. 127.0.0.1 serves the same port, so a client dialing anything
+    but the vetted address would reach the wrong server; the executor resolves once and dials
+    the vetted address, and the next hop's answer is vetted again (metadata: never through a
+    name, so it is refused before any connection)."""
     calls: list[str] = []
     lock = threading.Lock()
 
@@ -171,14 +173,14 @@ def test_dns_rebinding_cannot_switch_the_dialed_address() -> None:
         with lock:
             calls.append(host)
             first = len(calls) == 1
-        return [ipaddress.ip_address("127.0.0.2" if first else "127.0.0.1")]
+        return [ipaddress.ip_address("127.0.0.2" if first else "169.254.169.254")]
 
     good, bad = _same_port_pair()
     ex = HttpExecutor(resolver=rebinding)
     try:
         with good, bad:
             good.httpd.routes["/again"] = redirect("/who")
-            profile = http_profile("*.rebind.test", "127.0.0.2", ports=(good.port,))
+            profile = http_profile("www.rebind.test", ports=(good.port,))
             url = f"http://www.rebind.test:{good.port}"
             result, ctx = execute(ex, profile, NetHttpOp(url=url + "/who"))
             assert base64.b64decode(result.out["body"]["head_b64"]) == b"vetted"
@@ -188,7 +190,7 @@ def test_dns_rebinding_cannot_switch_the_dialed_address() -> None:
             # each redirect hop resolves again, and that answer is vetted again: refused
             err, _ = refusal(ex, profile, NetHttpOp(url=url + "/again"))
             assert err.code is ErrorCode.CAPABILITY_BLOCKED
-            assert "loopback" in err.reason
+            assert "metadata" in err.reason
             assert bad.seen.requests == []
     finally:
         ex.close()
@@ -203,7 +205,7 @@ def test_a_name_with_one_forbidden_address_among_several_is_refused() -> None:
         err, _ = refusal(ex, http_profile("*.example.test", ports=(80,)),
                          NetHttpOp(url="http://a.example.test/"))
         assert err.code is ErrorCode.CAPABILITY_BLOCKED
-        assert "private" in err.reason
+        assert "public and non-public" in err.reason
     finally:
         ex.close()
 

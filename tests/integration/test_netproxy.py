@@ -165,7 +165,10 @@ def test_connect_tunnel_allowed_and_refused_by_host_and_port(tmp_path: Path) -> 
 
     with LoopbackServer(ROUTES, tls=server_tls(cert, key)) as tls_srv, \
             LoopbackServer(ROUTES, tls=server_tls(cert, key)) as other:
-        profile = http_profile("127.0.0.1", "*", ports=(tls_srv.port,), network="restricted")
+        # a tunnel needs a rule admitting every method (test_netproxy_connect.py)
+        profile = http_profile("127.0.0.1", "*", ports=(tls_srv.port,), network="restricted",
+                               methods=("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE",
+                                        "OPTIONS"))
         with RestrictedNetwork(profile, resolver=stub_dns).start() as net:
             ok = sandboxed(net, curl("--cacert", str(cert), tls_srv.url("/ok")), str(tmp_path))
             assert ok.stdout.splitlines() == ["through the proxy", "200"], ok.stderr

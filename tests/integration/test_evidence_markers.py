@@ -4,8 +4,8 @@ CLI), then looked for in the JSONL, every SQLite table and column, every file of
 directory (spool and WAL included), the log records and the CLI's stdout and stderr.
 
 Exempt, and only there: what an allowed op returns to its caller as content in its own
-``result.out`` — the process's stdout (``out.stdout``), the response body (``out.body_b64``,
-base64), the file's bytes (``out.bytes_b64``, base64), the page's text and its own address
+``result.out`` — the process's stdout (``out.stdout``), the response body's head
+(``out.body.head_b64``, base64), the file's bytes (``out.bytes_b64``, base64), the page's text and its own address
 (``out.text``, ``out.url`` of browser.nav). The same markers must not appear anywhere else.
 """
 
@@ -43,7 +43,7 @@ from tests.integration.servers import LoopbackServer, send
 pytestmark = pytest.mark.integration
 
 _OPTIONS: dict[str, Any] = {"proc": {"env_allow": ["API_TOKEN"]}}
-_EXEMPT_OUT = {"proc.exec": ("stdout",), "net.http": ("body_b64",), "fs.read": ("bytes_b64",),
+_EXEMPT_OUT = {"proc.exec": ("stdout",), "net.http": ("body",), "fs.read": ("bytes_b64",),
                "browser.nav": ("text", "url")}
 
 
@@ -58,17 +58,18 @@ class Markers:
             self.values[field] = f"MK{field.upper()}{secrets.token_hex(5)}"
         return self.values[field]
 
-    def needles(self) -> dict[str, bytes]:
-        """Each marker as bytes (payloads are planted whole, so base64 never hides one that is
-        stored decoded; a stored base64 payload is a copy the decoded check cannot see, and the
-        op views keep none: they keep digests)."""
-        return {name: value.encode() for name, value in self.values.items()}
+    def needles(self) -> list[tuple[str, bytes]]:
+        """Each marker as bytes and as base64: payloads (stdin, bodies, file bytes) travel
+        base64-encoded, and each payload is exactly one marker, so a stored copy shows either way.
+        """
+        return [(name, form) for name, value in self.values.items()
+                for form in (value.encode(), base64.b64encode(value.encode()))]
 
 
 def _find(markers: Markers, blob: bytes, where: str,
           allowed: frozenset[str] = frozenset()) -> list[str]:
-    return [f"{name} in {where}" for name, needle in markers.needles().items()
-            if name not in allowed and needle in blob]
+    return sorted({f"{name} in {where}" for name, needle in markers.needles()
+                   if name not in allowed and needle in blob})
 
 
 @pytest.fixture

@@ -18,12 +18,15 @@ from policy_engine.evidence import (
     capability_string,
     digest_json,
     inputs_digest,
+    load_or_create_key,
+    redact_audit,
     request_summary,
 )
 from policy_engine.executor import CancelToken, ExecContext
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.guard import Guard
 from policy_engine.model import (
+    ArgSlot,
     Decision,
     EvidenceBegin,
     EvidenceEnd,
@@ -33,6 +36,7 @@ from policy_engine.model import (
     Manifest,
     OpKind,
     Overrides,
+    ProcCapability,
     Profile,
     Settings,
     SideEffectRec,
@@ -133,6 +137,8 @@ class Orchestrator:
                            else (f"budget meter `{config.budget_meter}`", "budget_meter"))
             raise ValueError(self.components.unavailable(what, stage))
         self.meter: BudgetMeter = self.components.meter
+        # keys the per-argument and URL digests of the evidence (evidence/redact.py says why)
+        self.evidence_key = load_or_create_key(config.state_dir)
         spool = config.state_dir / "spool"
         self.sinks = [SpoolingSink(self.components.sinks[n], spool,
                                    on_failure=self._count_sink_failure)
@@ -255,7 +261,8 @@ class Orchestrator:
             envelope_id=envelope, tenant=grant.tenant, subject_id=grant.subject_id,
             tool_name=grant.tool_name, call_id=grant.call_id,
             profile_hash=profile.profile_hash if profile else "",
-            capability=capability_string(op), inputs_digest=inputs_digest(op),
+            capability=capability_string(op),
+            inputs_digest=inputs_digest(op, self.evidence_key),
             produced_at_ms=now,
             policy_version_hash=(profile.policy_version_hash if profile
                                  else self.policyset.version_hash))
@@ -310,7 +317,8 @@ class Orchestrator:
         latency_ms = (time.perf_counter() - started) * 1000
         ok = status == "ok" and attempt is not None and attempt.result is not None
         out = attempt.result.out if ok and attempt and attempt.result else {}
-        effects = self._side_effects(op, out, side_effects or [])
+        effects = self._side_effects(op, out, side_effects or [], self.evidence_key,
+                                     _template(profile, decision))
         if err is not None and error_kind is None:
             error_kind = attempt.error_kind if attempt else _denial_kind(err.code)
         end = EvidenceEnd(
@@ -329,7 +337,7 @@ class Orchestrator:
         self._observe(op, status, err, usage, latency_ms)
         if err is not None:
             log.info("call %s %s: %s (audit: %s)", begin.envelope_id, status, err.code.value,
-                     err.audit)
+                     redact_audit(err.audit))
             result = ExecResult(ok=False, code=err.code.value, message=err.public_message(),
                                 used=usage)
         else:
@@ -338,9 +346,9 @@ class Orchestrator:
                           profile=profile)
 
     @staticmethod
-    def _side_effects(op: ExecOp, out: Mapping[str, Any],
-                      recorded: list[SideEffectRec]) -> list[SideEffectRec]:
-        summary = request_summary(op)
+    def _side_effects(op: ExecOp, out: Mapping[str, Any], recorded: list[SideEffectRec],
+                      key: bytes, template: tuple[ArgSlot, ...] | None) -> list[SideEffectRec]:
+        summary = request_summary(op, key, template)
         if summary is None:
             return recorded
         meta = dict(summary.meta)
@@ -370,6 +378,19 @@ def _reported_degradations(attempt: Attempt) -> tuple[str, ...]:
     if not isinstance(reported, list):
         return ()
     return tuple(str(r) for r in reported)
+
+
+def _template(profile: Profile | None, decision: Decision) -> tuple[ArgSlot, ...] | None:
+    """The argument template of the capability that allowed a process call (``None`` for a
+    denial): arguments that match one of its literals are recorded as that literal."""
+    if profile is None or not decision.allowed or decision.rule is None:
+        return None
+    for cap in profile.capabilities:
+        if cap.rule == decision.rule:
+            for member in cap.all_of:
+                if isinstance(member, ProcCapability) and member.args is not None:
+                    return member.args
+    return None
 
 
 def _profile_label(profile: Profile | None) -> str | None:

@@ -24,6 +24,7 @@ from plugins.executor_browser.host import BrowserHost, Session
 from plugins.executor_browser.navigate import RequestGate, navigate
 from plugins.executor_browser.rules import DecidesOps, RequestRules
 from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.evidence import redact_url
 from policy_engine.executor import ExecContext, ExecutorCapabilities
 from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
@@ -151,7 +152,9 @@ class BrowserExecutor:
         used = Usage(calls=1, bytes_in=int(out.pop("_bytes_in")))
         ctx.consume("bytes_in", used.bytes_in)
         ctx.record_side_effect(SideEffectRec(kind=SideEffect.BROWSER, meta={
-            "op": op.kind, "url": out.get("url"), "requests": out.get("requests"),
+            # redacted: the page URL's user info, query and fragment may carry tokens
+            "op": op.kind, "url": redact_url(str(out.get("url") or "")),
+            "requests": out.get("requests"),
             "blocked": len(out.get("blocked", ())),
         }))
         return ExecResult(ok=True, out=out, used=used)

@@ -9,10 +9,10 @@ import hashlib
 import os
 import secrets
 import stat
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from plugins.executor_fs.listing import EntryFilter, Lister, check_time, mandatory_denied
 from plugins.executor_fs.resolve import BeneathOpener, open_root, rename_noreplace, split_relative
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, ExecutorCapabilities
@@ -30,7 +30,6 @@ from policy_engine.model import (
     SideEffectRec,
     Usage,
 )
-from policy_engine.patterns.paths import PathGlob
 
 _CHUNK = 64 * 1024
 
@@ -42,15 +41,20 @@ class FsOptions:
     :param preview_bytes: how many leading bytes of a read are returned base64 (seed 000:
         "hash + first N bytes"); the rest is represented by the digest only.
     :param use_openat2: ``None`` probes the kernel, ``False`` forces the openat walk.
+    :param allow_hardlinks: read regular files that have more than one hard link. Off by
+        default: a link made on the host to a file outside the root (``ln /root/.ssh/id
+        /workspace/work/x``) has the name of an allowed path and the content of a denied one,
+        and no path check can tell them apart.
     """
 
     preview_bytes: int = 64 * 1024
     use_openat2: bool | None = None
+    allow_hardlinks: bool = False
 
     @staticmethod
     def parse(raw: Any) -> FsOptions:
         opts = dict(raw or {})
-        unknown = set(opts) - {"preview_bytes", "use_openat2"}
+        unknown = set(opts) - {"preview_bytes", "use_openat2", "allow_hardlinks"}
         if unknown:
             raise ValueError(f"fs: unknown options {sorted(unknown)}")
         preview = opts.get("preview_bytes", 64 * 1024)
@@ -59,19 +63,15 @@ class FsOptions:
         use = opts.get("use_openat2")
         if use is not None and not isinstance(use, bool):
             raise ValueError("fs: `use_openat2` must be a boolean or null")
-        return FsOptions(preview_bytes=preview, use_openat2=use)
+        links = opts.get("allow_hardlinks", False)
+        if not isinstance(links, bool):
+            raise ValueError("fs: `allow_hardlinks` must be a boolean")
+        return FsOptions(preview_bytes=preview, use_openat2=use, allow_hardlinks=links)
 
 
 def _limit(profile: Profile, name: str) -> int:
     value = getattr(profile.limits, name)
     return int(value if value is not None else getattr(SYSTEM_DEFAULT_LIMITS, name))
-
-
-def _check_time(ctx: ExecContext) -> None:
-    if ctx.cancel.cancelled:
-        raise PolicyEngineError(ErrorCode.TIMEOUT, ctx.cancel.reason or "cancelled")
-    if time.monotonic() > ctx.deadline:
-        raise PolicyEngineError(ErrorCode.TIMEOUT, "file operation exceeded its deadline")
 
 
 class FsExecutor:
@@ -104,14 +104,11 @@ class FsExecutor:
     def _parts(self, ctx: ExecContext, path: str) -> list[str]:
         """Relative components; a mandatory deny is re-checked here as a second line."""
         parts = split_relative(path, ctx.profile.mappings.root_fs)
-        normalized = "/" + "/".join([*ctx.profile.mappings.root_fs.strip("/").split("/"), *parts])
-        for deny in ctx.profile.denies:
-            paths = getattr(deny.capability, "paths", ())
-            if deny.mandatory and any(
-                    PathGlob.of(p, ctx.profile.mappings.home).matches(normalized) for p in paths):
-                raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                        f"path `{path}` is under a mandatory deny",
-                                        audit={"rule": deny.rule.id})
+        rule = mandatory_denied(ctx.profile, _normalized(ctx, parts))
+        if rule is not None:
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                    f"path `{path}` is under a mandatory deny",
+                                    audit={"rule": rule})
         return parts
 
     def _open(self, ctx: ExecContext, parts: list[str], flags: int, shown: str) -> int:
@@ -132,14 +129,22 @@ class FsExecutor:
         # O_NONBLOCK: a FIFO swapped in must not hang the call before fstat refuses it
         fd = self._open(ctx, self._parts(ctx, op.path), os.O_RDONLY | os.O_NONBLOCK, op.path)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                         f"`{op.path}` is not a regular file")
+            # fstat of the opened descriptor: a link added after the open is seen too
+            if st.st_nlink > 1 and not self.options.allow_hardlinks:
+                raise PolicyEngineError(
+                    ErrorCode.CAPABILITY_BLOCKED,
+                    f"`{op.path}` has {st.st_nlink} hard links: its content may belong to a "
+                    "path outside the policy (the operator can set `options.fs.allow_hardlinks`)",
+                    audit={"nlink": st.st_nlink})
             offset, sha, head, total = op.offset or 0, hashlib.sha256(), bytearray(), 0
             # read one byte past the cap when no length was asked: it tells "too big" apart
             budget = want if op.len is not None else cap + 1
             while total < budget:
-                _check_time(ctx)
+                check_time(ctx)
                 chunk = os.pread(fd, min(_CHUNK, budget - total), offset + total)
                 if not chunk:
                     break
@@ -188,7 +193,7 @@ class FsExecutor:
                     fh.write(data)
                     fh.flush()
                     os.fsync(fh.fileno())
-                _check_time(ctx)
+                check_time(ctx)
                 if op.overwrite:
                     os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
                 else:
@@ -231,9 +236,11 @@ class FsExecutor:
     def _list(self, ctx: ExecContext, op: FsListOp) -> ExecResult:
         depth = min(op.depth, _limit(ctx.profile, "max_depth"))
         max_files = _limit(ctx.profile, "max_files")
-        fd = self._open(ctx, self._parts(ctx, op.path), os.O_RDONLY | os.O_DIRECTORY, op.path)
-        entries: list[dict[str, Any]] = []
-        truncated = self._walk(ctx, fd, "", depth, max_files, entries)
+        parts = self._parts(ctx, op.path)
+        fd = self._open(ctx, parts, os.O_RDONLY | os.O_DIRECTORY, op.path)
+        lister = Lister(ctx, _normalized(ctx, parts), max_files, EntryFilter(ctx).shown)
+        truncated = lister.walk(fd, "", depth)
+        entries = lister.out
         listing = "\n".join(f"{e['type']} {e['path']} {e['size']}" for e in entries).encode()
         ctx.record_side_effect(SideEffectRec(kind=SideEffect.READ, meta={
             "op": "fs.list", "path": op.path, "entries": len(entries)}))
@@ -243,33 +250,11 @@ class FsExecutor:
             "resolver": self.opener.method,
         }, used=Usage(file_count=len(entries)))
 
-    def _walk(self, ctx: ExecContext, fd: int, prefix: str, depth: int, max_files: int,
-              out: list[dict[str, Any]]) -> bool:
-        """Depth-first listing that owns and closes ``fd``; returns whether it was cut short."""
-        try:
-            if depth <= 0:
-                return False
-            with os.scandir(fd) as it:
-                names = sorted((e.name, e.stat(follow_symlinks=False)) for e in it)
-            for entry_name, st in names:
-                _check_time(ctx)
-                if len(out) >= max_files:
-                    return True
-                kind = ("dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
-                        else "symlink" if stat.S_ISLNK(st.st_mode) else "other")
-                rel = f"{prefix}{entry_name}"
-                out.append({"path": rel, "type": kind, "size": st.st_size})
-                if kind == "dir" and depth > 1:
-                    try:
-                        sub = os.open(entry_name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                                      | os.O_CLOEXEC, dir_fd=fd)
-                    except OSError:
-                        continue  # swapped for a symlink or removed meanwhile: not followed
-                    if self._walk(ctx, sub, rel + "/", depth - 1, max_files, out):
-                        return True
-            return False
-        finally:
-            os.close(fd)
+
+def _normalized(ctx: ExecContext, parts: list[str]) -> str:
+    """The absolute path of ``parts`` beneath the root, as the policy's globs see it."""
+    root = [p for p in ctx.profile.mappings.root_fs.split("/") if p]
+    return "/" + "/".join([*root, *parts])
 
 
 def _unlink_quiet(dir_fd: int, name: str) -> None:

@@ -9,7 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from policy_engine.evidence.redact import key_id, keyed_digest, redact_url, summarize_args
 from policy_engine.model import (
+    ArgSlot,
     BrowserNavOp,
     BrowserScreenshotOp,
     Digest,
@@ -48,11 +50,14 @@ def _b64_digest(data_b64: str | None) -> dict[str, Any] | None:
     return Digest.of(raw).model_dump(mode="json")
 
 
-def redacted_op(op: ExecOp) -> dict[str, Any]:
-    """The op as evidence may see it: payloads replaced by their digest, env values dropped.
+def redacted_op(op: ExecOp, key: bytes | None = None) -> dict[str, Any]:
+    """The op as evidence may see it: no payload, env value, header value, argument or URL
+    secret in the clear.
 
-    Why not hash the raw op: a digest of a low-entropy secret (an env token, a short file) can be
-    brute-forced, so the inputs digest binds only the payloads' own digests and the env keys.
+    Payloads become their digest, env and headers their sorted names, each argument its size
+    and keyed digest (``redact.summarize_args``), a URL its redacted form plus the keyed digest
+    of the whole URL. Why keyed: a plain digest of a low-entropy value (a token in a query, a
+    short argument) can be brute-forced; ``key=None`` (``explain``, no state) keeps sizes only.
     """
     data = op.model_dump(mode="json")
     if isinstance(op, FsWriteOp):
@@ -60,30 +65,42 @@ def redacted_op(op: ExecOp) -> dict[str, Any]:
     elif isinstance(op, NetHttpOp):
         data["body_b64"] = _b64_digest(op.body_b64)
         data["headers"] = sorted(op.headers)
+        data.update(_url_view(op.url, key))
+    elif isinstance(op, BrowserNavOp | BrowserScreenshotOp) and op.url is not None:
+        data.update(_url_view(op.url, key))
     elif isinstance(op, ProcExecOp):
+        data["args"] = summarize_args(op.args, key)
         data["env"] = sorted(op.env)
         data["stdin_b64"] = _b64_digest(op.stdin_b64)
     return data
 
 
-def inputs_digest(op: ExecOp) -> Digest:
+def _url_view(url: str, key: bytes | None) -> dict[str, Any]:
+    view: dict[str, Any] = {"url": redact_url(url)}
+    if key is not None:
+        view["url_hmac"] = keyed_digest(key, url)
+    return view
+
+
+def inputs_digest(op: ExecOp, key: bytes | None = None) -> Digest:
     """``inputs_digest`` of ``EvidenceBegin``: the digest of the canonical redacted op JSON."""
-    return digest_json(redacted_op(op))
+    return digest_json(redacted_op(op, key))
 
 
 def capability_string(op: ExecOp) -> str:
     """The ``capability`` field of ``EvidenceBegin`` (``"net.http:GET:https://example.com"``).
 
-    Only the resource and action: query strings are kept out because they often carry tokens.
+    Only the resource and action: user info, query strings and fragments are kept out because
+    they often carry credentials and tokens; a process call names its tool only.
     """
     if isinstance(op, FsReadOp | FsWriteOp | FsListOp):
         return f"{op.kind}:{op.path}"
     if isinstance(op, NetHttpOp):
-        return f"{op.kind}:{op.method.upper()}:{op.url.split('?', 1)[0]}"
+        return f"{op.kind}:{op.method.upper()}:{redact_url(op.url)}"
     if isinstance(op, BrowserNavOp):
-        return f"{op.kind}:{op.url.split('?', 1)[0]}"
+        return f"{op.kind}:{redact_url(op.url)}"
     if isinstance(op, BrowserScreenshotOp):
-        return f"{op.kind}:{(op.url or '').split('?', 1)[0]}"
+        return f"{op.kind}:{redact_url(op.url) if op.url else ''}"
     if isinstance(op, ProcExecOp):
         return f"{op.kind}:{op.tool}"
     if isinstance(op, TmpAllocOp):
@@ -91,11 +108,17 @@ def capability_string(op: ExecOp) -> str:
     raise TypeError(f"unknown op {type(op).__name__}")  # pragma: no cover - closed union
 
 
-def request_summary(op: ExecOp) -> SideEffectRec | None:
-    """Metadata the exec-record table needs (seed 002 §6) for process calls: env keys only."""
+def request_summary(op: ExecOp, key: bytes | None = None,
+                    template: tuple[ArgSlot, ...] | None = None) -> SideEffectRec | None:
+    """Metadata the exec-record table needs (seed 002 §6) for process calls: the tool, argc,
+    one summary per argument (``redact.summarize_args``: the template slot it matched and the
+    literal, or its size and keyed digest), cwd and env keys — never an argument or env value.
+    """
     if not isinstance(op, ProcExecOp):
         return None
-    return SideEffectRec(
-        kind=SideEffect.PROCESS,
-        meta={"cmd": op.tool, "args": list(op.args), "cwd": op.cwd, "env_keys": sorted(op.env)},
-    )
+    meta: dict[str, Any] = {"cmd": op.tool, "argc": len(op.args),
+                            "args": summarize_args(op.args, key, template), "cwd": op.cwd,
+                            "env_keys": sorted(op.env)}
+    if key is not None:
+        meta["hmac_key"] = key_id(key)
+    return SideEffectRec(kind=SideEffect.PROCESS, meta=meta)

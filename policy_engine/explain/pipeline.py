@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policy_engine.errors import ErrorCode, PolicyEngineError, spec_of
+from policy_engine.evidence import redacted_op
 from policy_engine.explain.request import ExplainRequest
 from policy_engine.graph import PolicySet
 from policy_engine.guard import Guard
@@ -35,7 +36,8 @@ class Explanation:
             "rule": d.rule.model_dump(mode="json") if d.rule else None,
             "profile": self.profile.model_dump(mode="json") if self.profile else None,
             "trace": [step.model_dump(mode="json") for step in d.trace or ()],
-            "op": self.request.op.model_dump(mode="json"),
+            # the redacted view evidence uses: explain output is logged and pasted around too
+            "op": redacted_op(self.request.op),
             "policy": {
                 "name": self.policyset.name,
                 "version": self.policyset.version,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from policy_engine.evidence import redact_url
 from policy_engine.explain.pipeline import Explanation
 from policy_engine.model import (
     BrowserNavOp,
@@ -19,18 +20,20 @@ from policy_engine.model import (
 
 
 def describe_op(op: ExecOp) -> str:
-    """A one-line, secret-free summary of an operation (no file content, no env values)."""
+    """A one-line, secret-free summary of an operation: no file content, env value, argument
+    value or URL user info/query/fragment (arguments are counted, see ``policy-engine run``'s
+    evidence for their digests)."""
     match op:
         case FsReadOp() | FsWriteOp() | FsListOp():
             return f"{op.kind} {op.path}"
         case NetHttpOp():
-            return f"net.http {op.method} {op.url}"
+            return f"net.http {op.method} {redact_url(op.url)}"
         case BrowserNavOp():
-            return f"browser.nav {op.url}"
+            return f"browser.nav {redact_url(op.url)}"
         case BrowserScreenshotOp():
-            return f"browser.screenshot {op.url or '(current page)'}"
+            return f"browser.screenshot {redact_url(op.url) if op.url else '(current page)'}"
         case ProcExecOp():
-            return "proc.exec " + " ".join([op.tool, *op.args])
+            return f"proc.exec {op.tool} ({len(op.args)} arguments)"
         case TmpAllocOp():
             return f"tmp.alloc {op.size_bytes} bytes"
     return op.kind

@@ -55,4 +55,7 @@ def describe_mismatch(slots: tuple[CompiledSlot, ...], args: tuple[str, ...]) ->
         return None
     if bad >= len(args):
         return f"argument {bad + 1} is missing: the template expects more arguments"
-    return f"argument {bad + 1} {quote(args[bad])} is not allowed by the template"
+    # the value itself is not quoted: reasons reach logs and printed results, and an argument
+    # may be a secret (`--token=...`)
+    return (f"argument {bad + 1} ({len(args[bad])} characters) is not allowed by the "
+            "template")

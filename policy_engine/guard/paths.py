@@ -140,7 +140,13 @@ def _walk(root: str, path: str) -> str:
         links += 1
         if links > MAX_SYMLINKS:
             raise _blocked(f"too many symlinks in {quote(path)}", path)
-        target = os.readlink(current)
+        try:
+            target = os.readlink(current)
+        except OSError as exc:
+            # swapped between lstat and readlink (EINVAL: no longer a link, ENOENT: gone):
+            # what the path means changed under us, so refuse rather than guess
+            raise _blocked(f"path {quote(path)} changed while it was being resolved",
+                           path) from exc
         if "\x00" in target or not target:
             raise _blocked(f"symlink in {quote(path)} is invalid", path)
         parts = [s for s in target.split("/") if s]

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.guard.paths import quote
 
 TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 """RFC 9110 §5.6.2 token: a header name or a method."""
@@ -35,9 +36,8 @@ def check_method(raw: object) -> str:
     """The method upper-cased, after checking it is a token (ASCII, no space or control)."""
     if not isinstance(raw, str) or not raw.isascii() or TOKEN.fullmatch(raw) is None \
             or len(raw) > 16:
-        shown = repr(raw)[:40]
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
-                                f"invalid http method {shown}: a method is a token")
+                                f"invalid http method {quote(str(raw)[:40])}")
     return raw.upper()
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.model import SYSTEM_DEFAULT_LIMITS, FsCapability, ProcExecOp, Profile
+from policy_engine.guard.env import profile_env_refusal
 from policy_engine.patterns.paths import PathGlob, expand_home, is_literal, literal_prefix
 
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc")
@@ -186,12 +187,15 @@ def build_env(profile: Profile, op: ProcExecOp, allowed: Iterable[str], base: Ma
            **base, "HOME": profile.mappings.home, "TMPDIR": tmpdir}
     allowed_set = set(allowed)
     for key, value in op.env.items():
-        if key not in allowed_set:
-            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                    f"environment variable `{key}` is not allowed")
         if "\x00" in key or "\x00" in value or "=" in key:
             raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                     f"environment variable `{key}` is malformed")
+        # second line: the guard decided the env against the policy's allow-lists; the
+        # profile's capabilities carry those lists (the operator's env_allow adds keys)
+        if key not in allowed_set:
+            why = profile_env_refusal(profile, op.tool, {key: value})
+            if why is not None:
+                raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, why)
         env[key] = value
     return env
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from policy_engine.compiler.context import CompileContext
 from policy_engine.dsl import ast
-from policy_engine.dsl.cel import CelCondition, check_boolean
+from policy_engine.dsl.cel import CelCondition, check_boolean, check_fields
 from policy_engine.errors import Span
 
 ALWAYS = "true"
@@ -12,7 +12,8 @@ ALWAYS = "true"
 
 
 def compile_conditions(ctx: CompileContext) -> None:
-    """Compile the `when` of each rule and consent statement (SBP209 syntax, SBP210 types).
+    """Compile the `when` of each rule and consent statement (SBP209 syntax, SBP210 types and
+    fields the closed schemas of the context do not have).
 
     cel-expr-python checks names and overloads while compiling; the result is kept on the draft
     so it is never compiled again.
@@ -47,5 +48,9 @@ def _compile(ctx: CompileContext, source: str, span: Span) -> CelCondition | Non
     result = ctx.compile_cel(source, span)
     if isinstance(result, list):
         ctx.diagnostics.extend(result)
+        return None
+    unknown = check_fields(result)
+    if unknown:  # a field the schema lacks is never there: the condition could never hold
+        ctx.diagnostics.extend(unknown)
         return None
     return result

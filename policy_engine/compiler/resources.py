@@ -8,7 +8,7 @@ kind           resources                                    required
 fs.*           paths                                        paths
 net.http       hosts ports schemes methods mime             hosts
 browser.use    hosts scopes schemes ports                   hosts
-proc.exec      tool (with args)                             tool
+proc.exec      tool (with args) env                         tool
 tmp.use        max_bytes                                    -
 sys.gpu        class                                        -
 =============  ===========================================  ===========
@@ -36,7 +36,7 @@ ACCEPTS: dict[CapabilityKind, tuple[str, ...]] = {
     CapabilityKind.FS_LIST: _FS,
     CapabilityKind.NET_HTTP: ("hosts", "ports", "schemes", "methods", "mime"),
     CapabilityKind.BROWSER_USE: ("hosts", "scopes", "schemes", "ports"),
-    CapabilityKind.PROC_EXEC: ("tool",),
+    CapabilityKind.PROC_EXEC: ("tool", "env"),
     CapabilityKind.TMP_USE: ("max_bytes",),
     CapabilityKind.SYS_GPU: ("class",),
 }
@@ -47,6 +47,7 @@ REQUIRES: dict[CapabilityKind, tuple[str, ...]] = {
 }
 SCHEMES = ("http", "https")
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MIME = re.compile(r"^(\*/\*|[a-z0-9][a-z0-9.+-]*/(\*|[a-z0-9][a-z0-9.+-]*))$")
 _CAPABILITY: TypeAdapter[Capability] = TypeAdapter(Capability)
 
@@ -65,6 +66,10 @@ def validate_resources(ctx: CompileContext) -> None:
             ctx.report("SBP201", "`limits` given twice in one rule", blocks[1].span)
         elif blocks:
             draft.limits = build_limits(blocks, ctx.diagnostics)
+        env = [c for c in rule.clauses if isinstance(c, ast.EnvClause)]
+        if env and rule.effect == "forbid":
+            ctx.report("SBP212", "`env` applies to `permit` rules only", env[0].span,
+                       help="a forbid refuses the tool whatever its environment")
         conditions = [c for c in rule.clauses if isinstance(c, ast.Cel)]
         if len(conditions) > 1:
             ctx.report("SBP201", "`when` given twice in one rule", conditions[1].span,
@@ -129,6 +134,8 @@ def _clause_name(clause: ast.Clause) -> str | None:
         return clause.name
     if isinstance(clause, ast.ToolClause):
         return "tool"
+    if isinstance(clause, ast.EnvClause):
+        return "env"
     if isinstance(clause, ast.Scalar):
         return clause.name
     return None
@@ -157,6 +164,9 @@ def _clause_fields(clause: ast.Clause, diags: list[Diagnostic]) -> dict[str, Any
         if clause.args is not None:
             out["args"] = tuple(_slot(s, diags) for s in clause.args)
         return out
+    if isinstance(clause, ast.EnvClause):
+        return {"env": tuple(a for a in (_env_name(n, diags) for n in clause.names)
+                             if a is not None)}
     if isinstance(clause, ast.Scalar):
         return _scalar(clause, diags)
     if isinstance(clause, ast.Resource):
@@ -166,6 +176,25 @@ def _clause_fields(clause: ast.Clause, diags: list[Diagnostic]) -> dict[str, Any
         return {clause.name: tuple(v for v in (_item(clause.name, x, diags)
                                                for x in clause.values) if v is not None)}
     return {}
+
+
+def _env_name(alt: ast.ArgAlt, diags: list[Diagnostic]) -> ArgAlternative | None:
+    """One entry of an ``env`` list: a variable name, or a regex searched in the name."""
+    if alt.regex is not None:
+        try:
+            re.compile(alt.regex)
+        except re.error as exc:
+            diags.append(Diagnostic.make(
+                "SBP208", f"invalid regex `/{alt.regex}/`: {exc.msg}", alt.span))
+            return None
+        return ArgAlternative(regex=alt.regex)
+    name = alt.literal or ""
+    if _ENV_NAME.fullmatch(name) is None:
+        diags.append(Diagnostic.make(
+            "SBP213", f"invalid environment variable name {name!r}", alt.span,
+            help="a name is letters, digits and `_`, not starting with a digit"))
+        return None
+    return ArgAlternative(literal=name)
 
 
 def _slot(slot: ast.ArgSlotNode, diags: list[Diagnostic]) -> ArgSlot:

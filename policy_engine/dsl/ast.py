@@ -130,6 +130,15 @@ class ToolClause:
 
 
 @dataclass(frozen=True, slots=True)
+class EnvClause:
+    """``env ["LANG", /^LC_/]`` of a proc.exec rule: the variables a call may set (a literal is
+    an exact name, a regex is searched in the name)."""
+
+    names: tuple[ArgAlt, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
 class Scalar:
     """``max_bytes 64MiB`` (tmp.use) or ``class "a100"`` (sys.gpu)."""
 
@@ -149,7 +158,7 @@ class Cel:
     span: Span
 
 
-Clause = Resource | ToolClause | Scalar | LimitsBlock | Cel
+Clause = Resource | ToolClause | EnvClause | Scalar | LimitsBlock | Cel
 
 
 @dataclass(frozen=True, slots=True)

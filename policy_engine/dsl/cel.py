@@ -18,6 +18,7 @@ from typing import Any
 from cel_expr_python import cel
 from pydantic import BaseModel
 
+from policy_engine.dsl.cel_schema import unknown_fields
 from policy_engine.errors import Diagnostic, Span
 
 CONTEXT_VARIABLES: tuple[str, ...] = (
@@ -156,6 +157,23 @@ def compile_condition(source: str, span: Span) -> CelCondition | list[Diagnostic
     except Exception as exc:  # noqa: BLE001 - the library raises RuntimeError; map any failure
         return _compile_errors(str(exc), span)
     return CelCondition(source, span, expr)
+
+
+def check_fields(condition: CelCondition) -> list[Diagnostic]:
+    """SBP210 for every field the condition names that the context's closed schemas do not
+    have (``grant.subjectid``): the library sees ``map(string, dyn)`` and cannot tell."""
+    source, span = condition.source, condition.span
+    return [Diagnostic.make("SBP210", f"unknown field in CEL condition: {message}",
+                            _offset_span(span, source, offset),
+                            help="conditions read the closed schemas of request, grant, "
+                                 "manifest and profile; see docs/language.md")
+            for offset, message in unknown_fields(source)]
+
+
+def _offset_span(span: Span, source: str, offset: int) -> Span:
+    line = source.count("\n", 0, offset) + 1
+    column = offset - (source.rfind("\n", 0, offset) + 1) + 1
+    return cel_span(span, line, column)
 
 
 def check_boolean(condition: CelCondition) -> Diagnostic | None:

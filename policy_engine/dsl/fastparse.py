@@ -295,6 +295,8 @@ class _Reader:
             return ast.Resource(word, values, self.span(tok, self.last()))
         if word == "tool":
             return self.tool_clause()
+        if word == "env":
+            return self.env_clause()
         if word in _SCALARS:
             self.next()
             value_tok = self.next()
@@ -328,6 +330,19 @@ class _Reader:
             self.next()
             args = tuple(slots)
         return ast.ToolClause(tool, args, self.span(first, self.last()))
+
+    def env_clause(self) -> ast.EnvClause:
+        first = self.next()
+        self.expect("[")
+        names: list[ast.ArgAlt] = []
+        while self.peek()[0] != "]":
+            names.append(self.alt())
+            if self.peek()[0] == ",":
+                self.next()
+            elif self.peek()[0] != "]":
+                raise Unsupported
+        self.next()
+        return ast.EnvClause(tuple(names), self.span(first, self.last()))
 
     def slot(self) -> ast.ArgSlotNode:
         first = self.peek()

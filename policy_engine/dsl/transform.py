@@ -166,14 +166,16 @@ class ToAst:
 
     def slot(self, span: Span, c: list[Token]) -> ast.ArgSlotNode:
         repeat = bool(c) and c[-1].type == "ELLIPSIS"
-        alts: list[ast.ArgAlt] = []
-        for tok in c[:-1] if repeat else c:
-            if tok.type == "REGEX":
-                rx = str(tok)[1:-1].replace("\\/", "/")
-                alts.append(ast.ArgAlt(None, rx, self._tspan(tok)))
-            else:
-                alts.append(ast.ArgAlt(self._unescape(tok), None, self._tspan(tok)))
+        alts = [self._alt(tok) for tok in (c[:-1] if repeat else c)]
         return ast.ArgSlotNode(tuple(alts), repeat, span)
+
+    def _alt(self, tok: Token) -> ast.ArgAlt:
+        if tok.type == "REGEX":
+            return ast.ArgAlt(None, str(tok)[1:-1].replace("\\/", "/"), self._tspan(tok))
+        return ast.ArgAlt(self._unescape(tok), None, self._tspan(tok))
+
+    def env(self, span: Span, c: list[Token]) -> ast.EnvClause:
+        return ast.EnvClause(tuple(self._alt(tok) for tok in c[1:]), span)
 
     def scalar(self, span: Span, c: list[Token]) -> ast.Scalar:
         return ast.Scalar(str(c[0]), self._value(c[1]), span)

@@ -263,6 +263,8 @@ class _Printer:
             return self.values_piece(clause.name, clause.span, clause.values, cs)
         if isinstance(clause, ast.ToolClause):
             return self.tool_piece(clause, cs)
+        if isinstance(clause, ast.EnvClause):
+            return self.env_piece(clause, cs)
         if isinstance(clause, ast.LimitsBlock):
             piece = self.limits_piece(clause, cs)
             piece.own_line = True
@@ -296,6 +298,14 @@ class _Printer:
                                                                    strict=True)]
         return _Piece(flat, lambda ind: self.bracketed(f"{head}{SEP}args [", "]", clause.span,
                                                        entries, cs, ind), [])
+
+    def env_piece(self, clause: ast.EnvClause, cs: list[ast.Comment]) -> _Piece:
+        """``env ["LANG", /^LC_/]``, or one name a line with a trailing comma."""
+        texts = [_alt_text(a) for a in clause.names]
+        flat = None if cs else f"env [{', '.join(texts)}]"
+        entries = [(a.span, _atom(t + ",")) for a, t in zip(clause.names, texts, strict=True)]
+        return _Piece(flat, lambda ind: self.bracketed("env [", "]", clause.span, entries, cs,
+                                                       ind), [])
 
     def slot_renderer(self, text: str) -> Render:
         def render(cs: list[ast.Comment], ind: int) -> Lines:
@@ -383,7 +393,9 @@ def _flat(render: Render, ind: int) -> str | None:
     return None
 
 
+def _alt_text(alt: ast.ArgAlt) -> str:
+    return layout.quote(alt.literal) if alt.literal is not None else layout.regex(alt.regex or "")
+
+
 def _slot_text(slot: ast.ArgSlotNode) -> str:
-    alts = [layout.quote(a.literal) if a.literal is not None else layout.regex(a.regex or "")
-            for a in slot.alternatives]
-    return " | ".join(alts) + (" ..." if slot.repeat else "")
+    return " | ".join(_alt_text(a) for a in slot.alternatives) + (" ..." if slot.repeat else "")

@@ -13,6 +13,7 @@ from typing import Any
 
 from policy_engine.errors import PolicyEngineError
 from policy_engine.graph import CompiledCondition, PolicySet
+from policy_engine.guard.env import EnvAllow, env_allow
 from policy_engine.guard.globset import shared_globset
 from policy_engine.guard.matchers import (
     FsMatcher,
@@ -27,6 +28,7 @@ from policy_engine.guard.matchers import (
 )
 from policy_engine.guard.paths import normalize_path
 from policy_engine.model import (
+    ArgAlternative,
     BrowserCapability,
     Decision,
     FsCapability,
@@ -116,6 +118,7 @@ class CompiledCap:
     condition: GuardCondition | None
     limits: EffLimits
     hosts: tuple[HostPattern, ...]
+    env: EnvAllow | None  # proc.exec only: which variables a call may set
     allow: Decision  # prebuilt: an allow without trace is the same immutable answer every time
 
     def admits(self, res: object) -> bool:
@@ -189,12 +192,15 @@ class ConditionIndex:
         self.by_id: dict[str, CompiledCondition] = {}
         self.has_policy = policyset is not None
         self.rule_hosts: dict[tuple[str, str], tuple[HostPattern, ...]] = {}
+        self.rule_env: dict[str, tuple[ArgAlternative, ...] | None] = {}
         if policyset is not None:
             for rule in policyset.rules:
                 for cap_kind, cap in rule.capabilities.items():
                     if isinstance(cap, NetHttpCapability | BrowserCapability):
                         self.rule_hosts[(rule.ref.id, str(cap_kind))] = tuple(
                             HostPattern.of(h) for h in cap.hosts)
+                    elif isinstance(cap, ProcCapability) and rule.effect == "permit":
+                        self.rule_env[rule.ref.id] = cap.env
                 if rule.condition is not None:
                     self.by_source.setdefault(rule.condition.source, rule.condition)
                     self.by_id.setdefault(rule.id, rule.condition)
@@ -213,6 +219,14 @@ class ConditionIndex:
         if rule is None:
             return ()
         return self.rule_hosts.get((rule.id, kind), ())
+
+    def env(self, rule: RuleRef | None, caps: tuple[Any, ...]) -> EnvAllow:
+        """The env allow-list of a proc.exec capability: the policy rule's own list must exist
+        (none: no variable at all), and every member's list must admit too."""
+        members = [c.env for c in caps if isinstance(c, ProcCapability)]
+        source = f"rule `{rule.id}`" if rule is not None else "the capability"
+        return env_allow(self.rule_env.get(rule.id) if rule is not None else None,
+                         self.has_policy, members, source)
 
     def find(self, source: str | None, rule: RuleRef | None) -> GuardCondition | None:
         if source is None:
@@ -247,6 +261,7 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
             condition=conditions.find(pc.condition, pc.rule),
             limits=_limits(pc.limits, profile.limits, profile.timeout_ms, tmp_max),
             hosts=conditions.named_hosts(pc.rule, kind, members),
+            env=conditions.env(pc.rule, pc.all_of) if kind == "proc.exec" else None,
             allow=Decision.model_construct(
                 decision="allow", code=None, http_status=200, reason="", rule=pc.rule,
                 profile_hash=phash, trace=None),
@@ -412,3 +427,6 @@ class _AnyUrl:
     def admits(self, res: Any) -> bool:
         url = res[0]
         return url is not None and self.host_set.matches(url.host, url.ip)
+
+    def why_not(self, res: Any) -> str:
+        return "host is not on the deny-list"

@@ -45,7 +45,7 @@ from policy_engine.guard.resolve import (
     resolve_other,
     resolve_path,
 )
-from policy_engine.guard.steps import consent_needed, diagnose, limit_violation
+from policy_engine.guard.steps import consent_needed, diagnose, limit_violation, why_not
 from policy_engine.guard.tracer import Tracer
 from policy_engine.model import Decision, Profile, RuleRef, TraceStep
 
@@ -200,11 +200,20 @@ class Guard:
         chosen: CompiledCap | None = None
         unnamed: CompiledCap | None = None
         refused: list[tuple[CompiledCap, str | None]] = _NONE_REFUSED
+        env = op.env if kind == "proc.exec" and op.env else None
+        env_refused: tuple[str, RuleRef | None] | None = None
         for c in cp.caps.get(cap_kind, ()):
             if not c.test(res):
                 if tr is not None:
-                    tr.step("permit", "no-match", c.rule)
+                    tr.step("permit", "no-match", c.rule, why_not(c, res))
                 continue
+            if env is not None and c.env is not None:
+                why_env = c.env.refusal(env)
+                if why_env is not None:
+                    env_refused = env_refused or (why_env, c.rule)
+                    if tr is not None:
+                        tr.step("permit", "no-match", c.rule, why_env)
+                    continue
             if c.condition is not None:
                 if data is None:
                     data = build_context(cp, op, kind, path, rv, now, extra)
@@ -232,7 +241,8 @@ class Guard:
             if unnamed is not None:
                 return _deny(phash, _BLOCKED, f"{special} address {quote(url.host if url else '')}"
                              " is not named by any rule", unnamed.rule, tr)
-            code, reason, rule = diagnose(cp, cap_kind, res, _describe(rv, path), refused, tr)
+            code, reason, rule = diagnose(cp, cap_kind, res, _describe(rv, path), refused, tr,
+                                          env_refused)
             return _deny(phash, code, reason, rule, tr)
         # step 7: limits
         violation = limit_violation(kind, op, chosen.limits, rv, path)

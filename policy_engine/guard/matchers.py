@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from policy_engine.guard.argv import describe_mismatch
 from policy_engine.guard.globset import shared_globset
 from policy_engine.guard.ipaddr import IPAddress
 from policy_engine.guard.urls import DEFAULT_PORTS, ParsedUrl
@@ -37,6 +38,16 @@ _NOTHING = re.compile(r"(?!)")
 
 class Matcher(Protocol):
     def admits(self, res: Any) -> bool: ...
+
+    def why_not(self, res: Any) -> str:
+        """Which dimension refuses ``res`` and the value it refuses (traces only; called when
+        ``admits`` is false)."""
+        ...
+
+
+def _listed(values: Iterable[object]) -> str:
+    shown = [str(v) for v in values]
+    return "[" + ", ".join(shown[:8]) + (", ..." if len(shown) > 8 else "") + "]"
 
 
 def path_regex(patterns: Iterable[str], home: str, *, forbid: bool) -> re.Pattern[str]:
@@ -60,14 +71,18 @@ def path_regex(patterns: Iterable[str], home: str, *, forbid: bool) -> re.Patter
 class FsMatcher:
     """Path globs; ``admits_path`` is the bound test (a normalized path → bool)."""
 
-    __slots__ = ("globs", "admits_path")
+    __slots__ = ("globs", "admits_path", "paths")
 
     def __init__(self, cap: FsCapability, home: str, *, forbid: bool) -> None:
+        self.paths = cap.paths
         self.globs = shared_globset(tuple(cap.paths), home, forbid=forbid)
         self.admits_path = self.globs.match
 
     def admits(self, res: Any) -> bool:
         return self.admits_path(res)
+
+    def why_not(self, res: Any) -> str:
+        return f"path `{res}` is not under paths {_listed(self.paths)}"
 
 
 def _hosts(patterns: Iterable[str], *, forbid: bool) -> tuple[HostPattern, ...]:
@@ -117,6 +132,17 @@ class UrlMatcher:
         # None = any port (forbid); empty = only the scheme's default port (permit)
         self.ports: frozenset[int] | None = p or (None if forbid else frozenset())
 
+    def url_why_not(self, url: ParsedUrl) -> str:
+        if self.schemes is not None and url.scheme not in self.schemes:
+            return f"scheme `{url.scheme}` is not in schemes {_listed(sorted(self.schemes))}"
+        if self.ports is not None:
+            if self.ports and url.port not in self.ports:
+                return f"port {url.port} is not in ports {_listed(sorted(self.ports))}"
+            if not self.ports and url.port != DEFAULT_PORTS.get(url.scheme):
+                return (f"port {url.port} is not the default port of `{url.scheme}` (the rule "
+                        "names no ports)")
+        return f"host `{url.host}` is not in hosts {_listed(p.pattern for p in self.hosts)}"
+
     def admits_url(self, url: ParsedUrl) -> bool:
         if self.schemes is not None and url.scheme not in self.schemes:
             return False
@@ -151,6 +177,12 @@ class NetMatcher(UrlMatcher):
             return False
         return self.admits_url(url)
 
+    def why_not(self, res: Any) -> str:
+        url, method = res
+        if self.methods is not None and method not in self.methods:
+            return f"method `{method}` is not in methods {_listed(sorted(self.methods))}"
+        return self.url_why_not(url)
+
 
 class BrowserMatcher(UrlMatcher):
     __slots__ = ("scopes", "forbid")
@@ -168,6 +200,13 @@ class BrowserMatcher(UrlMatcher):
             return True
         return self.admits_url(url)
 
+    def why_not(self, res: Any) -> str:
+        url, needed = res
+        if not self.forbid and not needed <= self.scopes:
+            missing = sorted(needed - self.scopes)
+            return f"scope `{missing[0]}` is not in scopes {_listed(sorted(self.scopes))}"
+        return self.url_why_not(url) if url is not None else "not admitted"
+
 
 class ProcMatcher:
     __slots__ = ("tool", "slots")
@@ -184,6 +223,13 @@ class ProcMatcher:
             return False
         return self.slots is None or first_mismatch(self.slots, args) is None
 
+    def why_not(self, res: Any) -> str:
+        tool, args = res
+        if tool != self.tool:
+            return f"tool `{tool}` is not `{self.tool}`"
+        why = describe_mismatch(self.slots, args) if self.slots is not None else None
+        return why or "not admitted"
+
 
 class KindMatcher:
     """tmp.use and sys.gpu: the kind alone matches; :attr:`max_bytes` is checked as a limit."""
@@ -196,6 +242,9 @@ class KindMatcher:
     def admits(self, res: Any) -> bool:
         return True
 
+    def why_not(self, res: Any) -> str:
+        return "not admitted"
+
 
 class NeverMatcher:
     """A capability of another domain listed under this kind: it admits nothing."""
@@ -204,6 +253,9 @@ class NeverMatcher:
 
     def admits(self, res: Any) -> bool:
         return False
+
+    def why_not(self, res: Any) -> str:
+        return "a capability of another kind"
 
 
 def compile_matcher(cap: Capability, kind: str, home: str, *, forbid: bool = False) -> Matcher:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import binascii
 import datetime as _dt
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,8 @@ from policy_engine.dsl.cel import to_cel_value
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.guard.argv import check_argv_shape
 from policy_engine.guard.compiled import STATIC_VIEWS, CompiledProfile
+from policy_engine.guard.env import check_env_shape
+from policy_engine.guard.fields import check_headers, check_method, check_selector
 from policy_engine.guard.paths import is_beneath, normalize_path, quote, resolve_normalized
 from policy_engine.guard.urls import ParsedUrl, parse_url
 from policy_engine.model import OP_CAPABILITY, ExecOp
@@ -28,8 +29,6 @@ OP_KIND: dict[str, str] = {str(k): str(v) for k, v in OP_CAPABILITY.items()}
 """Op kind → capability kind, as plain strings for the hot path."""
 
 _OP_ADAPTER: TypeAdapter[Any] = TypeAdapter(ExecOp)
-_METHOD = re.compile(r"[A-Z]{1,16}")
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def coerce_op(op: object) -> Any:
@@ -108,11 +107,10 @@ _SCREENSHOT = frozenset({"screenshot"})
 def resolve_other(kind: str, op: Any) -> Resolved:
     """Resolve a net, browser, proc or tmp operation."""
     if kind == "net.http":
-        method = op.method.upper()
-        if method not in _METHODS and _METHOD.fullmatch(method) is None:
-            raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
-                                    f"invalid http method {quote(op.method)}")
+        method = check_method(op.method)
         url = parse_url(op.url)
+        if op.headers:
+            check_headers(op.headers)
         body = op.body_b64
         return Resolved(kind, (url, method), url, decoded_size(body, "body") if body else 0,
                         method)
@@ -121,10 +119,15 @@ def resolve_other(kind: str, op: Any) -> Resolved:
         return Resolved(kind, (url, _OPEN_EXTRACT if op.extract != "none" else _OPEN), url,
                         None, "open")
     if kind == "browser.screenshot":
+        check_selector(op.selector)
         shot_url = parse_url(op.url) if op.url else None
         return Resolved(kind, (shot_url, _SCREENSHOT), shot_url, None, "screenshot")
     if kind == "proc.exec":
         check_argv_shape(op.tool, op.args)
+        if op.env:
+            check_env_shape(op.env)
+        if op.stdin_b64:
+            decoded_size(op.stdin_b64, "stdin_b64")
         return Resolved(kind, (op.tool, tuple(op.args)), None, None, op.tool)
     if kind == "tmp.alloc":
         return Resolved(kind, op.size_bytes, None, op.size_bytes)
@@ -172,7 +175,7 @@ def _request(op: Any, kind: str, path: str | None, rv: Resolved | None) -> dict[
             request.update(scheme=u.scheme, host=u.host, port=u.port, path=u.path,
                            query=u.query or "")
         if kind == "net.http":
-            request["method"] = str(op.method).upper()
+            request["method"] = rv.label
             request["size"] = rv.size or 0
         if kind == "proc.exec":
             request["tool"] = op.tool

@@ -16,15 +16,24 @@ from policy_engine.guard.matchers import Matcher, ProcMatcher
 from policy_engine.guard.paths import quote
 from policy_engine.guard.resolve import Resolved, decoded_size
 from policy_engine.guard.tracer import Tracer
-from policy_engine.model import RuleRef
+from policy_engine.model import SYSTEM_DEFAULT_LIMITS, RuleRef
+
+
+def why_not(cap: CompiledCap, res: object) -> str:
+    """Which dimension of ``cap`` refuses ``res``, and the value it refuses (trace only)."""
+    for m in cap.members:
+        if not m.admits(res):
+            return m.why_not(res)
+    return "not admitted"
 
 
 def diagnose(
     cp: CompiledProfile, cap_kind: str, res: object, desc: str,
     refused: list[tuple[CompiledCap, str | None]], tr: Tracer | None,
+    env_refused: tuple[str, RuleRef | None] | None = None,
 ) -> tuple[ErrorCode, str, RuleRef | None]:
-    """Name the layer that refused when no capability admits: grant, manifest, a permit's
-    condition, else the default deny."""
+    """Name the layer that refused when no capability admits: grant, manifest, the env
+    allow-list, a permit's condition, else the default deny."""
     if not _any_admits(cp.granted.get(cap_kind, ()), res):
         if tr is not None:
             tr.step("grant", "fail", detail="no granted capability admits it")
@@ -48,6 +57,10 @@ def diagnose(
                                     "tool manifest", None
     if tr is not None:
         tr.step("manifest", "pass")
+    if env_refused is not None:
+        if tr is not None:
+            tr.step("env", "fail", env_refused[1], env_refused[0])
+        return ErrorCode.CAPABILITY_BLOCKED, env_refused[0], env_refused[1]
     if refused:
         cap, err = refused[0]
         rid = cap.rule.id if cap.rule is not None else "?"
@@ -102,7 +115,13 @@ def _screenshot(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
 
 
 def _proc(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
-    return _over("timeout_ms", op.timeout_ms, lim.timeout_ms) if op.timeout_ms else None
+    timeout = _over("timeout_ms", op.timeout_ms, lim.timeout_ms) if op.timeout_ms else None
+    if timeout is not None or not op.stdin_b64:
+        return timeout
+    # the proc executors refuse stdin above max_bytes_in (the built-in default when unset)
+    bound = lim.max_bytes_in if lim.max_bytes_in is not None else \
+        SYSTEM_DEFAULT_LIMITS.max_bytes_in
+    return _over("stdin size", decoded_size(op.stdin_b64, "stdin_b64"), bound)
 
 
 def _tmp(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:

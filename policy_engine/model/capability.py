@@ -8,9 +8,9 @@ unbounded.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from policy_engine.model.enums import BrowserScope
 
@@ -66,15 +66,29 @@ class ArgSlot(_Cap):
 
 
 class ProcCapability(_Cap):
-    """A whitelisted executable (never a shell string) and its argument template.
+    """A whitelisted executable (never a shell string), its argument template and the
+    environment variables a call may set.
 
     ``args`` is ``None`` when no template constrains the arguments of this source; the meet with a
     source that has a template keeps the template. An empty tuple means "no arguments at all".
+    ``env`` is the allow-list of variable names (a literal is an exact name, a regex is searched
+    in the name); ``None`` when this source does not constrain the environment. A policy rule
+    without ``env`` lets a call set no variable at all (``policy_engine.guard.env``).
     """
 
     kind: Literal["proc.exec"] = "proc.exec"
     tool: str = Field(min_length=1)
     args: tuple[ArgSlot, ...] | None = None
+    env: tuple[ArgAlternative, ...] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_env(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # an unconstrained env is left out, so the JSON (and every hash taken of it) of a
+        # capability written before env existed is unchanged
+        data: dict[str, Any] = handler(self)
+        if data.get("env", 0) is None:
+            del data["env"]
+        return data
 
 
 class TmpCapability(_Cap):

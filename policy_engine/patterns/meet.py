@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from policy_engine.model import (
+    ArgAlternative,
     ArgSlot,
     BrowserCapability,
     BrowserScope,
@@ -78,6 +79,8 @@ class ProcAtom:
     tool: str
     templates: tuple[tuple[ArgSlot, ...], ...]
     """Conjunction of argument templates; ``()`` = no template constrains the arguments."""
+    envs: tuple[tuple[ArgAlternative, ...], ...] = ()
+    """Conjunction of environment allow-lists; ``()`` = no source constrains the environment."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +117,8 @@ def decompose(cap: Capability, home: str = "/root") -> tuple[Atom, ...]:
         ports = tuple(sorted(set(cap.ports)))
         return tuple(BrowserAtom(simplify_hosts([h]), scopes, schemes, ports) for h in cap.hosts)
     if isinstance(cap, ProcCapability):
-        return (ProcAtom(cap.tool, () if cap.args is None else (cap.args,)),)
+        return (ProcAtom(cap.tool, () if cap.args is None else (cap.args,),
+                         () if cap.env is None else (cap.env,)),)
     if isinstance(cap, TmpCapability):
         return (TmpAtom(cap.max_bytes),)
     return (GpuAtom(cap.gpu_class),)
@@ -193,7 +197,8 @@ def meet_atoms(a: Atom, b: Atom) -> Atom | None:
         if a.tool != b.tool:
             return None
         # equal templates fold; different ones stay a conjunction (argv must fit each)
-        return ProcAtom(a.tool, tuple(sorted(set(a.templates + b.templates), key=repr)))
+        return ProcAtom(a.tool, tuple(sorted(set(a.templates + b.templates), key=repr)),
+                        tuple(sorted(set(a.envs + b.envs), key=repr)))
     if isinstance(a, TmpAtom) and isinstance(b, TmpAtom):
         sizes = [s for s in (a.max_bytes, b.max_bytes) if s is not None]
         return TmpAtom(min(sizes) if sizes else None)
@@ -252,9 +257,11 @@ def atom_capabilities(atom: Atom) -> tuple[Capability, ...]:
             for h in atom.hosts
         )
     if isinstance(atom, ProcAtom):
-        if not atom.templates:
+        if not atom.templates and not atom.envs:
             return (ProcCapability(tool=atom.tool),)
-        return tuple(ProcCapability(tool=atom.tool, args=t) for t in atom.templates)
+        # one member per template and per env allow-list: the call must fit every one
+        return (tuple(ProcCapability(tool=atom.tool, args=t) for t in atom.templates)
+                + tuple(ProcCapability(tool=atom.tool, env=e) for e in atom.envs))
     if isinstance(atom, TmpAtom):
         return (TmpCapability(max_bytes=atom.max_bytes),)
     return (GpuCapability(gpu_class=atom.gpu_class),)

@@ -134,7 +134,9 @@ def _list(draw: st.DrawFn, item: st.SearchStrategy[str]) -> list[str]:
 @st.composite
 def _clause(draw: st.DrawFn) -> list[str]:
     kind = draw(st.sampled_from(["paths", "hosts", "ports", "scopes", "tool", "max_bytes",
-                                 "limits", "when"]))
+                                 "limits", "when", "env"]))
+    if kind == "env":
+        return ["env", *draw(_list(st.one_of(_str, st.sampled_from(["/^LC_/", "/a\\/b/"]))))]
     if kind == "tool":
         slot = st.builds(lambda alts, rep: " | ".join(alts) + (" ..." if rep else ""),
                          st.lists(st.one_of(_str, st.sampled_from(["/a/", "/b\\/c/"])),
@@ -171,7 +173,10 @@ def _item(draw: st.DrawFn) -> list[str]:
         return ["require", "consent", *(["when", "`a\n  && b`"] if draw(st.booleans()) else [])]
     if kind == "tool":
         return ["tool", draw(_str), "version", '"1"', "{", "description", draw(_str),
-                "permit", "fs.read", "paths", *draw(_list(_str)), "safety", "Low", "}"]
+                "permit", "fs.read", "paths", *draw(_list(_str)),
+                *(["permit", "proc.exec", "tool", draw(_str), "env", *draw(_list(_str))]
+                  if draw(st.booleans()) else []),
+                "safety", "Low", "}"]
     return ["import", draw(_str)]
 
 

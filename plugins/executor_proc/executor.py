@@ -54,7 +54,6 @@ class ProcOptions:
     :param layer2: inside bwrap, also apply Landlock + seccomp through the launcher.
     :param python: interpreter that runs the launcher (its prefix is bound read-only).
     :param cgroups: make a per-exec cgroup when possible (else rlimits only).
-    :param scan_limit: entries walked to find glob mandatory denies inside the binds.
     :param launcher: ``native`` (the C launcher, built once with gcc and cached) or ``python``
         (the reference launcher: same rules, ~60 ms slower per call). Without gcc, ``native``
         refuses calls in strict mode and runs the Python launcher, recorded as degraded, in
@@ -70,7 +69,6 @@ class ProcOptions:
     layer2: bool = True
     python: str = sys.executable
     cgroups: bool = True
-    scan_limit: int = 20_000
     launcher: Literal["native", "python"] = "native"
     launcher_cache: str | None = None
     prespawn: int = 2
@@ -79,7 +77,7 @@ class ProcOptions:
     def parse(raw: Any) -> ProcOptions:
         opts = dict(raw or {})
         known = {"env_allow", "env_base", "extra_ro_binds", "layer2", "python", "cgroups",
-                 "scan_limit", "launcher", "launcher_cache", "prespawn"}
+                 "launcher", "launcher_cache", "prespawn"}
         if set(opts) - known:
             raise ValueError(f"proc: unknown options {sorted(set(opts) - known)}")
         for key in ("env_allow", "extra_ro_binds"):
@@ -95,8 +93,6 @@ class ProcOptions:
         for key in ("layer2", "cgroups"):
             if not isinstance(opts.get(key, True), bool):
                 raise ValueError(f"proc: `{key}` must be a boolean")
-        if not isinstance(opts.get("scan_limit", 1), int) or opts.get("scan_limit", 1) < 1:
-            raise ValueError("proc: `scan_limit` must be a positive integer")
         if not os.path.isabs(str(opts.get("python", sys.executable))):
             raise ValueError("proc: `python` must be an absolute path")
         if opts.get("launcher", "native") not in ("native", "python"):
@@ -212,7 +208,7 @@ class ProcExecutor:
             plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
                               env_base=self.options.env_base,
                               extra_ro=self.options.extra_ro_binds,
-                              tmpdir=private_tmp or "/tmp", scan_limit=self.options.scan_limit)
+                              tmpdir=private_tmp or "/tmp")
             if plan.network == "restricted" and self.network_hook is None:
                 net = RestrictedNetwork(ctx.profile, ctx.guard or self.guard,
                                         deadline=ctx.deadline).start()

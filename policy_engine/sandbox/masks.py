@@ -81,12 +81,15 @@ class DirCache:
             st = os.lstat(path)
         except OSError:
             return None, False
-        if not stat.S_ISDIR(st.st_mode):
-            return None, False
-        key = (st.st_dev, st.st_ino, st.st_ctime_ns)
         got = self._data.get(path)
-        if got is not None and got.trusted and got.key == key:
+        if got is not None and got.trusted and got.key == (st.st_dev, st.st_ino, st.st_ctime_ns):
             return got, False
+        return self.relist(path, st), True
+
+    def relist(self, path: str, st: os.stat_result) -> _Listing | None:
+        """List ``path`` (whose ``lstat`` is ``st``) and remember it."""
+        if not stat.S_ISDIR(st.st_mode):
+            return None
         names: list[str] = []
         subdirs: list[str] = []
         try:
@@ -96,14 +99,14 @@ class DirCache:
                     if e.is_dir(follow_symlinks=False):
                         subdirs.append(e.name)
         except OSError:
-            return None, True
-        fresh = _Listing(key, frozenset(names), tuple(subdirs),
-                         time.time_ns() - st.st_ctime_ns > RACY_NS)
+            return None
+        fresh = _Listing((st.st_dev, st.st_ino, st.st_ctime_ns), frozenset(names),
+                         tuple(subdirs), time.time_ns() - st.st_ctime_ns > RACY_NS)
         with self._lock:
             if len(self._data) >= self.max_dirs:
                 self._data.clear()
             self._data[path] = fresh
-        return fresh, True
+        return fresh
 
 
 DEFAULT_CACHE = DirCache()
@@ -161,37 +164,73 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
     return MaskPlan(tuple(files), tuple(dirs), visited, listed)
 
 
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """The globs active in a directory, pre-split (computed once per distinct set)."""
+
+    active: tuple[_Glob, ...]
+    fast: frozenset[str]
+    slow: tuple[_Glob, ...]
+    bounded: bool  # some glob stops at a depth: the children's frame must be recomputed
+
+
+def _frame(active: tuple[_Glob, ...], memo: dict[tuple[_Glob, ...], _Frame]) -> _Frame:
+    got = memo.get(active)
+    if got is None:
+        got = memo[active] = _Frame(
+            active, frozenset(g.name for g in active if g.name is not None),
+            tuple(g for g in active if g.name is None),
+            any(g.max_depth is not None for g in active))
+    return got
+
+
 def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str]) -> tuple[int, int]:
-    """One depth-first walk from the outermost start roots; nested starts join on the way."""
+    """One depth-first walk from the outermost start roots; nested starts join on the way.
+
+    INVARIANT: a glob is active only at or beneath one of its start roots, and every start root
+    lies at or beneath the glob's literal prefix, so no per-directory prefix test is needed.
+    """
     tops = [r for r in starts if not any(q != r and beneath(r, q) for q in starts)]
     ancestors = {a for r in starts for a in _ancestors(r)}
+    memo: dict[tuple[_Glob, ...], _Frame] = {}
+    empty = _frame((), memo)
     visited = listed = 0
-    stack: list[tuple[str, tuple[_Glob, ...]]] = [(r, ()) for r in tops]
+    stack: list[tuple[str, _Frame]] = [(r, empty) for r in tops]
+    data, lstat = cache._data, os.lstat  # the warm path inlined: one lstat per directory
     while stack:
-        d, inherited = stack.pop()
-        active = inherited + tuple(starts.get(d, ()))
-        got, relisted = cache.listing(d)
+        d, frame = stack.pop()
+        extra = starts.get(d)
+        if extra:
+            frame = _frame(frame.active + tuple(extra), memo)
         visited += 1
-        listed += relisted
-        if got is None:
+        try:
+            st = lstat(d)
+        except OSError:
             continue
+        got = data.get(d)
+        if got is None or not got.trusted or got.key != (st.st_dev, st.st_ino, st.st_ctime_ns):
+            listed += 1
+            got = cache.relist(d, st)
+            if got is None:
+                continue
         base = d.rstrip("/")
-        hit_names: set[str] = set()
-        fast = {g.name for g in active if g.name is not None and beneath(d, g.prefix)}
-        if fast and not fast.isdisjoint(got.names):
-            hit_names |= fast & got.names
-        slow = [g for g in active if g.name is None]
-        for g in slow:
-            hit_names.update(n for n in got.names if g.glob.matches(f"{base}/{n}"))
-        found.update(f"{base}/{n}" for n in hit_names)
+        names = got.names
+        hits = frame.fast & names if frame.fast and not frame.fast.isdisjoint(names) else set()
+        for g in frame.slow:
+            hits = set(hits) | {n for n in names if g.glob.matches(f"{base}/{n}")}
+        if hits:
+            found.update(f"{base}/{n}" for n in hits)
         for sub in got.subdirs:
-            if sub in hit_names:
+            if sub in hits:
                 continue  # masked whole: nothing beneath it needs its own mask
             path = f"{base}/{sub}"
-            keep = tuple(g for g in active if g.max_depth is None
-                         or path.count("/") - g.prefix.rstrip("/").count("/") < g.max_depth)
-            if keep or path in ancestors or path in starts:
-                stack.append((path, keep))
+            child = frame
+            if frame.bounded:
+                depth = path.count("/")
+                child = _frame(tuple(g for g in frame.active if g.max_depth is None or depth
+                                     - g.prefix.rstrip("/").count("/") < g.max_depth), memo)
+            if child.active or path in ancestors or path in starts:
+                stack.append((path, child))
     return visited, listed
 
 

@@ -146,7 +146,7 @@ class ProcExecutor:
             network_modes=frozenset({NetworkMode.OFF, NetworkMode.ON}
                                     | ({NetworkMode.RESTRICTED} if backend == "bwrap" else set())),
             bind_mounts=backend == "bwrap", readonly_rootfs=True, resource_limits=True,
-            env_filtering=True, streaming_output=False,
+            env_filtering=True, streaming_output=False, mandatory_denies=True,
         )
         self._pool = cgroups.CgroupPool(max(1, self.options.prespawn)) \
             if self.options.cgroups else None
@@ -241,7 +241,7 @@ class ProcExecutor:
                          **({"bind": [net.port], "connect": [net.port]} if net else {})},
             # AF_INET stays usable in restricted mode: the namespace has only loopback
             "seccomp": {"deny_inet": off and net is None, "deny_setsid": strict,
-                        "required": strict},
+                        "deny_unix": strict, "required": strict},
             "keep_status": net is not None,
         }
 
@@ -268,7 +268,7 @@ class ProcExecutor:
             args += ["-p", f"{landlock.ACCESS[access]}:{path}"]
         if sc is not None:
             args += ["-F" if sc["required"] else "-f",
-                     _filter_hex(sc["deny_inet"], sc["deny_setsid"])]
+                     _filter_hex(sc["deny_inet"], sc["deny_setsid"], sc["deny_unix"])]
         return args
 
     def _command(self, plan: Plan, spec: dict[str, Any] | None, status_fd: int,
@@ -483,8 +483,9 @@ def host_rlimits(lim: Limits, cg: cgroups.ExecCgroup | None) -> list[str]:
 
 
 @functools.lru_cache(maxsize=8)
-def _filter_hex(deny_inet: bool, deny_setsid: bool) -> str:
-    return seccomp.build_filter(deny_inet=deny_inet, deny_setsid=deny_setsid).hex()
+def _filter_hex(deny_inet: bool, deny_setsid: bool, deny_unix: bool) -> str:
+    return seccomp.build_filter(deny_inet=deny_inet, deny_setsid=deny_setsid,
+                                deny_unix=deny_unix).hex()
 
 
 def _decode_stdin(op: ProcExecOp) -> bytes | None:

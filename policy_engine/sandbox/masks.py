@@ -154,7 +154,8 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
         for r in roots:
             starts.setdefault(r, []).append(g)
     visited, listed = _walk(starts, cache, found)
-    files, dirs = [], []
+    files: list[str] = []
+    dirs: list[str] = []
     for p in sorted(found):
         try:
             mode = os.lstat(p).st_mode

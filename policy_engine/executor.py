@@ -39,6 +39,10 @@ class ExecutorCapabilities:
     resource_limits: bool = False
     env_filtering: bool = False
     streaming_output: bool = False
+    mandatory_denies: bool = False
+    """proc.exec: the process can reach no path under a mandatory deny (the policy's and the
+    built-in secrets, masked) and no host control socket (docker, containerd, dbus, systemd,
+    podman, another call's policy proxy). Never degraded: a backend without it is refused."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,6 +53,7 @@ class ExecutorCapabilities:
             "resource_limits": self.resource_limits,
             "env_filtering": self.env_filtering,
             "streaming_output": self.streaming_output,
+            "mandatory_denies": self.mandatory_denies,
         }
 
 

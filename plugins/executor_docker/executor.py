@@ -18,7 +18,7 @@ from typing import Any
 
 import docker
 
-from plugins.executor_docker import engine, network, transfer
+from plugins.executor_docker import engine, masks, network, transfer
 from plugins.executor_docker.engine import DockerOptions, Hardening
 from plugins.executor_docker.pool import WarmPool
 from plugins.executor_docker.runner import Outcome, bind_mounts, exec_in, run_once, run_quiet
@@ -85,7 +85,7 @@ class DockerExecutor:
         op_kinds=frozenset({OpKind.PROC_EXEC}),
         network_modes=frozenset({NetworkMode.OFF, NetworkMode.RESTRICTED}),
         bind_mounts=True, readonly_rootfs=False, resource_limits=True, env_filtering=True,
-        streaming_output=True,
+        streaming_output=True, mandatory_denies=True,
     )
 
     def __init__(self, options: DockerOptions | None = None) -> None:
@@ -219,6 +219,8 @@ class DockerExecutor:
                   ) -> tuple[Outcome, list[dict[str, Any]], dict[str, int] | None]:
         client, streams = self.client()
         mounts = bind_mounts(self.options.system_binds, ws.mounts())
+        mounts += masks.mask_mounts(ctx.profile, [m for m in ws.mounts() if "/artifacts" not in
+                                                  m[1]])
         net: RestrictedHandle | None = None
         if network.needs_proxy(ctx):
             net = network.start_proxy(ctx, deadline)
@@ -232,13 +234,14 @@ class DockerExecutor:
             if net is not None:
                 proxied = network.record_effects(ctx, net)
                 net.close()
-        shown = [{"source": m["Source"], "target": m["Target"], "read_only": m["ReadOnly"]}
+        shown = [{"source": m.get("Source"), "target": m["Target"], "read_only": m["ReadOnly"]}
                  for m in mounts]
         return out, shown, proxied
 
     def _pooled(self, ctx: ExecContext, ws: ExecWorkspace, hard: Hardening, argv: list[str],
                 env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float
                 ) -> tuple[Outcome, list[dict[str, Any]], list[str], dict[str, int] | None]:
+        masks.refuse_masked_inputs(ctx.profile, str(ws.inputs))
         pool = self.pool()
         client, streams = self.client()
         slot = pool.acquire(session_key(ctx.profile), max(0.0, deadline - time.monotonic()))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,6 +16,15 @@ NetworkHook = Callable[[Plan], list[str]]
 """Extension point for network modes beyond off/on: given the plan, return extra bwrap args
 (e.g. ``--bind /run/pe-proxy.sock /run/proxy.sock`` plus ``--setenv HTTPS_PROXY …`` for the
 "restricted" mode's host-side proxy). The namespace itself stays unshared."""
+
+SYNTHETIC_ETC = {
+    "/etc/passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+                   "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    "/etc/group": "root:x:0:\nnogroup:x:65534:\n",
+}
+"""What a sandbox sees instead of the host's account lists (seed 003: /etc/passwd is secret)."""
+_synthetic_lock = threading.Lock()
+_synthetic: dict[str, str] = {}
 
 LAUNCHER_DIR = "/run/policy-engine/launcher"
 NATIVE_PATH = "/run/policy-engine/sb_launch"
@@ -59,6 +70,21 @@ def _system_args(paths: list[str]) -> list[str]:
     return args
 
 
+def synthetic_etc() -> dict[str, str]:
+    """Host copies of ``SYNTHETIC_ETC`` (written once per process, read-only, root-owned)."""
+    with _synthetic_lock:
+        if not _synthetic:
+            where = tempfile.mkdtemp(prefix="pe-etc-")
+            os.chmod(where, 0o755)
+            for path, text in SYNTHETIC_ETC.items():
+                host = os.path.join(where, os.path.basename(path))
+                with open(host, "w", encoding="ascii") as fh:
+                    fh.write(text)
+                os.chmod(host, 0o444)
+                _synthetic[path] = host
+        return dict(_synthetic)
+
+
 def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | None,
                network_hook: NetworkHook | None = None,
                native_launcher: str | None = None) -> list[str]:
@@ -83,8 +109,9 @@ def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | 
     binds = [(p, "--ro-bind") for p in plan.readable] + [(p, "--bind") for p in plan.writable]
     for path, flag in sorted(binds, key=lambda b: (b[0].count("/"), b[0])):
         args += [flag, path, path]
+    fake = synthetic_etc()
     for path in plan.mask_files:
-        args += ["--ro-bind", "/dev/null", path]
+        args += ["--ro-bind", fake.get(path, "/dev/null"), path]
     for path in plan.mask_dirs:
         args += ["--tmpfs", path, "--remount-ro", path]
     if network_hook is not None:

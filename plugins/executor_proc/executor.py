@@ -54,7 +54,6 @@ class ProcOptions:
     :param layer2: inside bwrap, also apply Landlock + seccomp through the launcher.
     :param python: interpreter that runs the launcher (its prefix is bound read-only).
     :param cgroups: make a per-exec cgroup when possible (else rlimits only).
-    :param scan_limit: entries walked to find glob mandatory denies inside the binds.
     :param launcher: ``native`` (the C launcher, built once with gcc and cached) or ``python``
         (the reference launcher: same rules, ~60 ms slower per call). Without gcc, ``native``
         refuses calls in strict mode and runs the Python launcher, recorded as degraded, in
@@ -70,7 +69,6 @@ class ProcOptions:
     layer2: bool = True
     python: str = sys.executable
     cgroups: bool = True
-    scan_limit: int = 20_000
     launcher: Literal["native", "python"] = "native"
     launcher_cache: str | None = None
     prespawn: int = 2
@@ -79,7 +77,7 @@ class ProcOptions:
     def parse(raw: Any) -> ProcOptions:
         opts = dict(raw or {})
         known = {"env_allow", "env_base", "extra_ro_binds", "layer2", "python", "cgroups",
-                 "scan_limit", "launcher", "launcher_cache", "prespawn"}
+                 "launcher", "launcher_cache", "prespawn"}
         if set(opts) - known:
             raise ValueError(f"proc: unknown options {sorted(set(opts) - known)}")
         for key in ("env_allow", "extra_ro_binds"):
@@ -95,8 +93,6 @@ class ProcOptions:
         for key in ("layer2", "cgroups"):
             if not isinstance(opts.get(key, True), bool):
                 raise ValueError(f"proc: `{key}` must be a boolean")
-        if not isinstance(opts.get("scan_limit", 1), int) or opts.get("scan_limit", 1) < 1:
-            raise ValueError("proc: `scan_limit` must be a positive integer")
         if not os.path.isabs(str(opts.get("python", sys.executable))):
             raise ValueError("proc: `python` must be an absolute path")
         if opts.get("launcher", "native") not in ("native", "python"):
@@ -150,7 +146,7 @@ class ProcExecutor:
             network_modes=frozenset({NetworkMode.OFF, NetworkMode.ON}
                                     | ({NetworkMode.RESTRICTED} if backend == "bwrap" else set())),
             bind_mounts=backend == "bwrap", readonly_rootfs=True, resource_limits=True,
-            env_filtering=True, streaming_output=False,
+            env_filtering=True, streaming_output=False, mandatory_denies=True,
         )
         self._pool = cgroups.CgroupPool(max(1, self.options.prespawn)) \
             if self.options.cgroups else None
@@ -212,7 +208,7 @@ class ProcExecutor:
             plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
                               env_base=self.options.env_base,
                               extra_ro=self.options.extra_ro_binds,
-                              tmpdir=private_tmp or "/tmp", scan_limit=self.options.scan_limit)
+                              tmpdir=private_tmp or "/tmp")
             if plan.network == "restricted" and self.network_hook is None:
                 net = RestrictedNetwork(ctx.profile, ctx.guard or self.guard,
                                         deadline=ctx.deadline, consume=ctx.consume).start()
@@ -245,7 +241,7 @@ class ProcExecutor:
                          **({"bind": [net.port], "connect": [net.port]} if net else {})},
             # AF_INET stays usable in restricted mode: the namespace has only loopback
             "seccomp": {"deny_inet": off and net is None, "deny_setsid": strict,
-                        "required": strict},
+                        "deny_unix": strict, "required": strict},
             "keep_status": net is not None,
         }
 
@@ -272,7 +268,7 @@ class ProcExecutor:
             args += ["-p", f"{landlock.ACCESS[access]}:{path}"]
         if sc is not None:
             args += ["-F" if sc["required"] else "-f",
-                     _filter_hex(sc["deny_inet"], sc["deny_setsid"])]
+                     _filter_hex(sc["deny_inet"], sc["deny_setsid"], sc["deny_unix"])]
         return args
 
     def _command(self, plan: Plan, spec: dict[str, Any] | None, status_fd: int,
@@ -487,8 +483,9 @@ def host_rlimits(lim: Limits, cg: cgroups.ExecCgroup | None) -> list[str]:
 
 
 @functools.lru_cache(maxsize=8)
-def _filter_hex(deny_inet: bool, deny_setsid: bool) -> str:
-    return seccomp.build_filter(deny_inet=deny_inet, deny_setsid=deny_setsid).hex()
+def _filter_hex(deny_inet: bool, deny_setsid: bool, deny_unix: bool) -> str:
+    return seccomp.build_filter(deny_inet=deny_inet, deny_setsid=deny_setsid,
+                                deny_unix=deny_unix).hex()
 
 
 def _decode_stdin(op: ProcExecOp) -> bytes | None:

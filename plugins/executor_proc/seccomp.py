@@ -25,6 +25,7 @@ _RET_K = 0x06
 _RET_ALLOW = 0x7FFF0000
 _RET_ERRNO = 0x00050000
 _RET_KILL_PROCESS = 0x80000000
+_ALU_AND_K = 0x54
 _OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # struct seccomp_data, little-endian low word of args[0]
 
 # syscalls no agent tool needs and every container escape wants (x86_64 numbers)
@@ -45,6 +46,24 @@ _CLONE_NS_FLAGS = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x1000000
                    | 0x40000000 | 0x00000080)  # NEWNS UTS IPC USER PID NET CGROUP TIME
 _PERSONALITY_OK = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)  # Docker's list; no ADDR_NO_RANDOMIZE
 _AF_UNIX = 1
+_NR_SOCKETPAIR, _SOCK_TYPE_MASK, _SOCK_DGRAM = 53, 0xF, 2
+_NR_OPENAT2 = 437
+_S_ISUID_GID = 0o6000
+_S_IFCHR_BIT = 0o020000  # set in S_IFCHR and S_IFBLK only
+_O_CREAT_TMPFILE = 0o100 | 0o20000000
+# (syscall, [(argument index, bits that must all be tested set)]) -> EPERM: nothing a sandbox
+# writes may carry setuid/setgid bits (the host could run it) or be a device node
+_MODE_RULES: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] = (
+    (90, ((1, _S_ISUID_GID),)),                          # chmod(path, mode)
+    (91, ((1, _S_ISUID_GID),)),                          # fchmod(fd, mode)
+    (268, ((2, _S_ISUID_GID),)),                         # fchmodat(dfd, path, mode)
+    (452, ((2, _S_ISUID_GID),)),                         # fchmodat2(dfd, path, mode, flags)
+    (85, ((1, _S_ISUID_GID),)),                          # creat(path, mode)
+    (2, ((1, _O_CREAT_TMPFILE), (2, _S_ISUID_GID))),     # open(path, flags, mode)
+    (257, ((2, _O_CREAT_TMPFILE), (3, _S_ISUID_GID))),   # openat(dfd, path, flags, mode)
+    (133, ((1, _S_IFCHR_BIT),)), (133, ((1, _S_ISUID_GID),)),    # mknod(path, mode, dev)
+    (259, ((2, _S_IFCHR_BIT),)), (259, ((2, _S_ISUID_GID),)),    # mknodat(dfd, path, mode, dev)
+)
 
 
 def supported() -> bool:
@@ -59,9 +78,24 @@ def _ret(value: int) -> bytes:
     return _ins(_RET_K, value)
 
 
-def build_filter(*, deny_inet: bool, deny_setsid: bool) -> bytes:
-    """The BPF program: EPERM for denied calls, ENOSYS for clone3 (so libc falls back to clone,
-    whose flags we can inspect), namespace flags on clone refused, optional socket filter.
+def _arg_rule(nr: int, conds: tuple[tuple[int, int], ...], eperm: bytes) -> list[bytes]:
+    """EPERM when syscall ``nr`` has every ``(arg, bits)`` with some of ``bits`` set."""
+    k = len(conds)
+    out = [_ins(_JEQ_K, nr, 0, 2 * k + 2)]
+    for i, (arg, bits) in enumerate(conds):
+        out += [_ins(_LD_W_ABS, _OFF_ARG0 + 8 * arg),
+                _ins(_JSET_K, bits, 0, 2 * (k - 1 - i) + 1)]
+    return [*out, eperm, _ins(_LD_W_ABS, _OFF_NR)]
+
+
+def build_filter(*, deny_inet: bool, deny_setsid: bool, deny_unix: bool = False) -> bytes:
+    """The BPF program: EPERM for denied calls, ENOSYS for clone3 and openat2 (so libc falls
+    back to clone and openat, whose arguments we can inspect), namespace flags on clone refused,
+    setuid/setgid modes and device nodes refused, optional socket filters.
+
+    ``deny_unix``: no ``AF_UNIX`` socket and no datagram socketpair (a datagram socket can be
+    pointed at any path): the only way to keep a process without a mount namespace away from
+    the host's control sockets (Landlock does not govern ``connect`` to a socket file).
     """
     eperm = _ret(_RET_ERRNO | errno.EPERM)
     prog = [_ins(_LD_W_ABS, _OFF_ARCH), _ins(_JEQ_K, _AUDIT_ARCH_X86_64, 1, 0),
@@ -71,6 +105,9 @@ def build_filter(*, deny_inet: bool, deny_setsid: bool) -> bytes:
     for nr in denied:
         prog += [_ins(_JEQ_K, nr, 0, 1), eperm]
     prog += [_ins(_JEQ_K, _NR_CLONE3, 0, 1), _ret(_RET_ERRNO | errno.ENOSYS)]
+    prog += [_ins(_JEQ_K, _NR_OPENAT2, 0, 1), _ret(_RET_ERRNO | errno.ENOSYS)]
+    for nr, conds in _MODE_RULES:
+        prog += _arg_rule(nr, conds, eperm)
     # INVARIANT: every argument check ends by reloading nr, so later checks still see it
     prog += [_ins(_JEQ_K, _NR_CLONE, 0, 4), _ins(_LD_W_ABS, _OFF_ARG0),
              _ins(_JSET_K, _CLONE_NS_FLAGS, 0, 1), eperm, _ins(_LD_W_ABS, _OFF_NR)]
@@ -82,6 +119,12 @@ def build_filter(*, deny_inet: bool, deny_setsid: bool) -> bytes:
         prog += [_ins(_JEQ_K, _NR_SOCKET, 0, 4), _ins(_LD_W_ABS, _OFF_ARG0),
                  _ins(_JEQ_K, _AF_UNIX, 1, 0), _ret(_RET_ERRNO | errno.EAFNOSUPPORT),
                  _ins(_LD_W_ABS, _OFF_NR)]
+    if deny_unix:
+        prog += [_ins(_JEQ_K, _NR_SOCKET, 0, 3), _ins(_LD_W_ABS, _OFF_ARG0),
+                 _ins(_JEQ_K, _AF_UNIX, 0, 1), eperm, _ins(_LD_W_ABS, _OFF_NR)]
+        prog += [_ins(_JEQ_K, _NR_SOCKETPAIR, 0, 4), _ins(_LD_W_ABS, _OFF_ARG0 + 8),
+                 _ins(_ALU_AND_K, _SOCK_TYPE_MASK), _ins(_JEQ_K, _SOCK_DGRAM, 0, 1), eperm,
+                 _ins(_LD_W_ABS, _OFF_NR)]
     prog.append(_ret(_RET_ALLOW))
     return b"".join(prog)
 
@@ -90,14 +133,14 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def install(*, deny_inet: bool, deny_setsid: bool = False) -> int:
+def install(*, deny_inet: bool, deny_setsid: bool = False, deny_unix: bool = False) -> int:
     """Install the filter on this thread (inherited across fork and exec); returns its length.
 
     :raises OSError: when seccomp is unsupported here or prctl fails.
     """
     if not supported():
         raise OSError(errno.ENOSYS, f"seccomp filter has no table for {platform.machine()}")
-    code = build_filter(deny_inet=deny_inet, deny_setsid=deny_setsid)
+    code = build_filter(deny_inet=deny_inet, deny_setsid=deny_setsid, deny_unix=deny_unix)
     buf = ctypes.create_string_buffer(code, len(code))
     prog = _SockFprog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p).value)
     libc = ctypes.CDLL(None, use_errno=True)

@@ -8,20 +8,23 @@ glob of fs ops, the sandbox only bounds what a process can reach.
 from __future__ import annotations
 
 import os
-import stat
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from policy_engine import ErrorCode, PolicyEngineError
-from policy_engine.model import SYSTEM_DEFAULT_LIMITS, FsCapability, ProcExecOp, Profile
 from policy_engine.guard.env import profile_env_refusal
-from policy_engine.patterns.paths import PathGlob, expand_home, is_literal, literal_prefix
+from policy_engine.model import SYSTEM_DEFAULT_LIMITS, FsCapability, ProcExecOp, Profile
+from policy_engine.patterns.paths import expand_home, literal_prefix
+from policy_engine.sandbox.masks import RUNTIME_DIRS, RUNTIME_GLOBS, plan_masks, under_runtime
 
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc")
-# never readable in a sandbox, whatever the profile says (seed 003 mandatory list, /etc part)
+# never readable in a sandbox, whatever the profile says (seed 003 mandatory list, /etc part);
+# /etc/passwd and /etc/group are replaced by synthetic ones under bwrap (SYNTHETIC_ETC), hidden
+# under Landlock
 BUILTIN_MASKS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers",
-                 "/etc/ssh/ssh_host_*_key")
+                 "/etc/ssh/ssh_host_*_key", "/etc/passwd", "/etc/group", "/etc/passwd-",
+                 "/etc/group-")
 BASE_ENV_KEYS = ("PATH", "LANG", "HOME", "TZ", "TMPDIR")
 
 
@@ -109,58 +112,22 @@ def _prefixes(profile: Profile, kinds: set[str]) -> list[str]:
     return sorted(p for p in out if not any(q != p and beneath(p, q) for q in out))
 
 
-def _masks(profile: Profile, bound: list[str], system: list[str],
-           scan_limit: int) -> tuple[list[str], list[str]]:
-    """Existing paths under mandatory denies (and the built-ins) that a bind would expose.
+def _masks(profile: Profile, bound: list[str], system: list[str]) -> tuple[list[str], list[str]]:
+    """Existing paths under mandatory denies, the built-ins and the host runtime directories
+    that a bind would expose (one pruned, cached walk: ``policy_engine.sandbox.masks``).
 
-    ``**/x`` globs are searched in the profile's binds only; system trees are scanned only for a
-    glob whose literal prefix lies inside them (``/etc/ssh/ssh_host_*_key``).
+    ``**/x`` globs are searched in the profile's binds only; system trees are searched only for
+    a glob whose literal prefix lies inside them (``/etc/ssh/ssh_host_*_key``).
     """
-    visible = bound + system
     home = profile.mappings.home
-    patterns = list(BUILTIN_MASKS)
+    patterns = [*BUILTIN_MASKS, *(f"{d}/**" for d in RUNTIME_DIRS), *RUNTIME_GLOBS]
     for deny in profile.denies:
         if deny.mandatory and isinstance(deny.capability, FsCapability):
             patterns += [expand_home(p, home) for p in deny.capability.paths]
-    found: set[str] = set()
-    budget = [scan_limit]
-    for pattern in patterns:
-        trimmed = pattern[:-3] if pattern.endswith("/**") else pattern
-        if is_literal(trimmed):
-            if any(beneath(trimmed, b) for b in visible) and os.path.lexists(trimmed):
-                found.add(trimmed)
-            continue
-        glob, prefix = PathGlob.of(pattern, home), literal_prefix(pattern)
-        roots = [b for b in bound if beneath(b, prefix)]
-        roots += [prefix] if prefix != "/" and any(beneath(prefix, b) for b in visible) else []
-        for r in roots:
-            found.update(_scan(r, glob, budget))
-    files = sorted(p for p in found if not stat.S_ISDIR(os.lstat(p).st_mode))
-    dirs = sorted(p for p in found if stat.S_ISDIR(os.lstat(p).st_mode))
-    return files, dirs
-
-
-def _scan(root: str, glob: PathGlob, budget: list[int]) -> list[str]:
-    """Bounded no-follow walk for a glob deny; refuses to guess when the tree is too large."""
-    hits, stack = [], [root]
-    while stack:
-        d = stack.pop()
-        try:
-            entries = list(os.scandir(d))
-        except OSError:
-            continue
-        for e in entries:
-            budget[0] -= 1
-            if budget[0] < 0:
-                raise PolicyEngineError(
-                    ErrorCode.CAPABILITY_BLOCKED,
-                    "too many files to verify mandatory denies inside the sandbox binds",
-                    audit={"root": root, "pattern": glob.pattern})
-            if glob.matches(e.path):
-                hits.append(e.path)
-            elif e.is_dir(follow_symlinks=False):
-                stack.append(e.path)
-    return hits
+    plan = plan_masks(bound, system, patterns, home)
+    # /var/run -> /run: the link's target is masked itself, and a file bind would follow it
+    files = [p for p in plan.files if not (os.path.islink(p) and under_runtime(p))]
+    return files, list(plan.dirs)
 
 
 def resolve_limits(profile: Profile, op: ProcExecOp) -> Limits:
@@ -202,7 +169,7 @@ def build_env(profile: Profile, op: ProcExecOp, allowed: Iterable[str], base: Ma
 
 def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (),
                env_base: Mapping[str, str] | None = None, extra_ro: Iterable[str] = (),
-               tmpdir: str = "/tmp", scan_limit: int = 20_000) -> Plan:
+               tmpdir: str = "/tmp") -> Plan:
     """Compute the plan; refuses a cwd outside root_fs or outside every bound path."""
     if any("\x00" in a for a in (op.tool, *op.args)):
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "argv contains a NUL byte")
@@ -210,6 +177,9 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
     writable = _prefixes(profile, {"fs.write"})
     readable = [p for p in _prefixes(profile, {"fs.read", "fs.list"})
                 if not any(beneath(p, w) for w in writable)]
+    # host control sockets are a mandatory deny no policy lifts: never bind a runtime dir
+    writable = [p for p in writable if not under_runtime(p)]
+    readable = [p for p in readable if not under_runtime(p)]
     interp = os.path.realpath(sys.base_prefix)
     system = [p for p in SYSTEM_RO if os.path.exists(p)]
     system += [p for p in (interp, *extra_ro)
@@ -223,7 +193,7 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
         if not any(beneath(cwd, b) for b in bound):
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"cwd `{cwd}` is not a readable path of the profile")
-    files, dirs = _masks(profile, bound, system, scan_limit)
+    files, dirs = _masks(profile, bound, system)
     return Plan(
         argv=[op.tool, *op.args], cwd=cwd, readable=readable, writable=writable, system=system,
         env=build_env(profile, op, env_allow, env_base or {}, tmpdir), mask_files=files,

@@ -21,6 +21,10 @@ from policy_engine.model import CapabilityKind, NetworkMode, OpKind, Profile
 _NETWORK_CLIENT_OPS = frozenset({OpKind.NET_HTTP, OpKind.BROWSER_NAV, OpKind.BROWSER_SCREENSHOT})
 
 
+NEVER_DEGRADED = frozenset({"mandatory_denies"})
+"""Requirements compat mode does not lift: mandatory denies never degrade."""
+
+
 @dataclass(frozen=True, slots=True)
 class Requirement:
     """One capability a profile needs from its backend, and why (shown in refusals)."""
@@ -53,6 +57,9 @@ def required_capabilities(profile: Profile, op_kind: OpKind) -> list[Requirement
                                 f"the profile's network mode is `{profile.network.value}`"))
     if op_kind == OpKind.PROC_EXEC:
         writable = any(c.kind == CapabilityKind.FS_WRITE for c in profile.capabilities)
+        reqs.append(Requirement("mandatory_denies", "secrets such as ~/.ssh and **/.env, and "
+                                "host control sockets such as /run/docker.sock and "
+                                "containerd.sock, must be unreachable"))
         reqs.append(Requirement("resource_limits", "the profile limits cpu, memory and pids"))
         reqs.append(Requirement("env_filtering", "a process gets an allow-listed environment"))
         reqs.append(Requirement("bind_mounts", "the process may see only the profile's paths"))
@@ -133,6 +140,14 @@ def select(executors: Mapping[str, Executor], config: EngineConfig, profile: Pro
         chosen = local
     assert chosen is not None  # narrowed above: either found or replaced by the local one
     missing = missing_capabilities(chosen.capabilities, profile, op_kind)
+    hard = [m for m in missing if m.capability in NEVER_DEGRADED]
+    if hard:
+        return Selection(None, chosen.name, error=PolicyEngineError(
+            ErrorCode.CAPABILITY_BLOCKED,
+            f"backend `{chosen.name}` cannot enforce the mandatory denies: {hard[0].why} "
+            "(mandatory denies never degrade, in strict or compat mode)",
+            audit={"backend": chosen.name, "missing": [m.capability for m in hard],
+                   "why": [m.why for m in hard]}))
     if missing and config.mode == "strict":
         names = ", ".join(f"`{m.capability}`" for m in missing)
         return Selection(None, chosen.name, error=PolicyEngineError(

@@ -20,14 +20,14 @@ from policy_engine.model import (
 from policy_engine.orchestration import required_capabilities, select
 
 FULL = {"resource_limits": True, "env_filtering": True, "bind_mounts": True,
-        "readonly_rootfs": True}
+        "readonly_rootfs": True, "mandatory_denies": True}
 PROC = frozenset({OpKind.PROC_EXEC})
 
 
 def test_proc_profile_requirements_depend_on_writable_paths() -> None:
     ro = [r.capability for r in required_capabilities(profile(), OpKind.PROC_EXEC)]
-    assert ro == ["network_modes:off", "resource_limits", "env_filtering", "bind_mounts",
-                  "readonly_rootfs"]
+    assert ro == ["network_modes:off", "mandatory_denies", "resource_limits", "env_filtering",
+                  "bind_mounts", "readonly_rootfs"]
     writable = profile(capabilities=(ProfileCapability(
         kind=CapabilityKind.FS_WRITE,
         all_of=(FsCapability(kind="fs.write", paths=("/workspace/**",)),)),))
@@ -52,7 +52,8 @@ def test_network_mode_may_be_stricter_but_never_looser() -> None:
 
 
 def test_strict_mode_refuses_naming_capability_and_backend(tmp_path: Path) -> None:
-    weak = ScriptedExecutor("local-proc", kinds=PROC, caps={"env_filtering": True})
+    weak = ScriptedExecutor("local-proc", kinds=PROC, caps={"env_filtering": True,
+                                                              "mandatory_denies": True})
     with orchestrator(tmp_path, weak) as orch:
         out = orch.run(grant(), MANIFEST, ProcExecOp(tool="ls"))
     assert out.result.code == "SANDBOX.CAPABILITY_BLOCKED"
@@ -67,8 +68,8 @@ def test_strict_mode_refuses_naming_capability_and_backend(tmp_path: Path) -> No
 
 
 def test_compat_mode_runs_degraded_and_records_why(tmp_path: Path) -> None:
-    weak = ScriptedExecutor("local-proc", kinds=PROC, caps={"env_filtering": True,
-                                                              "bind_mounts": True})
+    weak = ScriptedExecutor("local-proc", kinds=PROC, caps={
+        "env_filtering": True, "bind_mounts": True, "mandatory_denies": True})
     with orchestrator(tmp_path, weak, mode="compat") as orch:
         out = orch.run(grant(), MANIFEST, ProcExecOp(tool="ls"))
     assert out.result.ok
@@ -77,6 +78,18 @@ def test_compat_mode_runs_degraded_and_records_why(tmp_path: Path) -> None:
     assert out.end.sandbox_degrade_reason == (
         "backend `local-proc` lacks `resource_limits` (the profile limits cpu, memory and "
         "pids); backend `local-proc` lacks `readonly_rootfs` (the profile grants no fs.write)")
+
+
+def test_mandatory_denies_never_degrade_even_in_compat_mode(tmp_path: Path) -> None:
+    weak = ScriptedExecutor("local-proc", kinds=PROC, caps={**FULL, "mandatory_denies": False})
+    with orchestrator(tmp_path, weak, mode="compat") as orch:
+        out = orch.run(grant(), MANIFEST, ProcExecOp(tool="ls"))
+    assert out.result.code == "SANDBOX.CAPABILITY_BLOCKED"
+    assert weak.calls == 0
+    assert "cannot enforce the mandatory denies" in out.result.message
+    assert "/run/docker.sock" in out.result.message
+    assert "never degrade" in out.result.message
+    assert orch.meter.used("acme/agent:1/c1") == {}
 
 
 def test_unavailable_backend_fails_unless_fallback_to_local(tmp_path: Path) -> None:

@@ -1,0 +1,52 @@
+"""Mandatory denies inside a container's workspace mounts (the image's own root holds no host file).
+
+A run-once container bind-mounts ``inputs`` and ``work``: every existing path under a mandatory
+deny there is hidden, a file under ``/dev/null`` and a directory under an empty read-only tmpfs
+(planned by ``policy_engine.sandbox.masks``, the proc executors' planner). A warm container gets
+its inputs copied in, where nothing can be mounted over them: inputs holding such a path are
+refused instead.
+"""
+
+from __future__ import annotations
+
+from docker.types import Mount
+
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.model import FsCapability, Profile
+from policy_engine.patterns.paths import expand_home
+from policy_engine.sandbox.masks import MaskPlan, plan_masks
+
+
+def _plan(profile: Profile, sources: list[str]) -> MaskPlan:
+    home = profile.mappings.home
+    patterns = [expand_home(p, home) for d in profile.denies
+                if d.mandatory and isinstance(d.capability, FsCapability)
+                for p in d.capability.paths]
+    return plan_masks(sources, [], patterns, home)
+
+
+def mask_mounts(profile: Profile, binds: list[tuple[str, str, bool]]) -> list[Mount]:
+    """Mounts hiding every mandatory-denied path inside the ``(source, target, ro)`` binds."""
+    plan = _plan(profile, [s for s, _, _ in binds])
+    out: list[Mount] = []
+    for paths, is_dir in ((plan.files, False), (plan.dirs, True)):
+        for host in paths:
+            source, target = next((s, t) for s, t, _ in binds
+                                  if host == s or host.startswith(s.rstrip("/") + "/"))
+            inside = target + host[len(source):]
+            out.append(Mount(target=inside, source=None, type="tmpfs", read_only=True)
+                       if is_dir else
+                       Mount(target=inside, source="/dev/null", type="bind", read_only=True))
+    return out
+
+
+def refuse_masked_inputs(profile: Profile, inputs: str) -> None:
+    """Warm pool: inputs are copied in, so a mandatory-denied path there cannot be hidden."""
+    plan = _plan(profile, [inputs])
+    hits = plan.files + plan.dirs
+    if hits:
+        raise PolicyEngineError(
+            ErrorCode.CAPABILITY_BLOCKED,
+            f"inputs hold {len(hits)} path(s) under a mandatory deny (first: `{hits[0]}`); a "
+            "warm container copies its inputs and cannot hide them: remove them or use "
+            "`mode: run-once`", audit={"paths": list(hits[:20])})

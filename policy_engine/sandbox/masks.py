@@ -1,0 +1,240 @@
+"""Mask planning: which existing paths under mandatory denies a sandbox's binds would expose.
+
+One walk serves every glob at once. It starts only where a glob can match (its literal prefix,
+or a bind beneath it), never descends past the depth a ``**``-free glob can reach, and never
+follows a symlink. ``<prefix>/**/<name>`` globs (the seed 003 list: ``**/.env``…) are matched
+as one set intersection per directory, not one regex per entry.
+
+A directory's listing is cached by ``(st_dev, st_ino, st_ctime_ns)``: adding, removing or
+renaming an entry changes the directory's ctime, and a process cannot set ctime back (that needs
+the clock, ``CAP_SYS_TIME``), so a warm plan costs one ``lstat`` per directory instead of a
+``getdents`` of every entry. A listing taken less than ``RACY_NS`` after the directory changed
+is not trusted next time (a change within the same clock tick would keep the same ctime).
+
+There is no entry cap: a large tree costs time once (a cold walk), never a refusal.
+Pure standard library; ``plugins/executor_proc`` and ``plugins/executor_docker`` both call it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from policy_engine.patterns.paths import PathGlob, expand_home, is_literal, literal_prefix
+
+RACY_NS = 2_000_000_000
+RUNTIME_DIRS: tuple[str, ...] = ("/run", "/var/run", "/var/lib/docker", "/var/lib/containerd",
+                                 "/var/lib/containers", "/var/lib/kubelet")
+"""Host control sockets (docker, containerd, dbus, systemd, podman, the user's runtime dir) live
+here: never bound into a sandbox, and hidden under an empty read-only tmpfs when a bind contains
+them, whatever the policy or ``root_fs`` says."""
+RUNTIME_GLOBS: tuple[str, ...] = ("/tmp/pe-net-*", "/tmp/pe-proc-*", "/tmp/pe-docker-*",
+                                  "/tmp/.X11-unix", "/tmp/.ICE-unix", "/tmp/dbus-*",
+                                  "/tmp/tmux-*", "/tmp/ssh-*")
+"""Other calls' policy proxies and private dirs, and the usual socket dirs under /tmp."""
+
+
+def beneath(path: str, root: str) -> bool:
+    """Segment-wise containment (``/w`` contains ``/w/x`` but never ``/w-evil``)."""
+    return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def under_runtime(path: str) -> bool:
+    """Whether ``path`` (resolved) is a host runtime directory or lies beneath one."""
+    real = os.path.realpath(path)
+    return any(beneath(p, r) for p in (path, real) for r in RUNTIME_DIRS)
+
+
+@dataclass(frozen=True, slots=True)
+class MaskPlan:
+    """Existing paths to hide (files under ``/dev/null``, directories under an empty tmpfs)."""
+
+    files: tuple[str, ...]
+    dirs: tuple[str, ...]
+    dirs_visited: int
+    dirs_listed: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Listing:
+    key: tuple[int, int, int]
+    names: frozenset[str]
+    subdirs: tuple[str, ...]
+    trusted: bool
+
+
+class DirCache:
+    """Directory listings keyed by ctime; thread-safe enough (a race stores a fresh listing)."""
+
+    def __init__(self, max_dirs: int = 500_000) -> None:
+        self.max_dirs = max_dirs
+        self._data: dict[str, _Listing] = {}
+        self._lock = threading.Lock()
+
+    def listing(self, path: str) -> tuple[_Listing | None, bool]:
+        """(listing or None when ``path`` is no longer a directory, whether it was re-listed)."""
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None, False
+        got = self._data.get(path)
+        if got is not None and got.trusted and got.key == (st.st_dev, st.st_ino, st.st_ctime_ns):
+            return got, False
+        return self.relist(path, st), True
+
+    def relist(self, path: str, st: os.stat_result) -> _Listing | None:
+        """List ``path`` (whose ``lstat`` is ``st``) and remember it."""
+        if not stat.S_ISDIR(st.st_mode):
+            return None
+        names: list[str] = []
+        subdirs: list[str] = []
+        try:
+            with os.scandir(path) as it:
+                for e in it:
+                    names.append(e.name)
+                    if e.is_dir(follow_symlinks=False):
+                        subdirs.append(e.name)
+        except OSError:
+            return None
+        fresh = _Listing((st.st_dev, st.st_ino, st.st_ctime_ns), frozenset(names),
+                         tuple(subdirs), time.time_ns() - st.st_ctime_ns > RACY_NS)
+        with self._lock:
+            if len(self._data) >= self.max_dirs:
+                self._data.clear()
+            self._data[path] = fresh
+        return fresh
+
+
+DEFAULT_CACHE = DirCache()
+
+
+@dataclass(frozen=True, slots=True)
+class _Glob:
+    glob: PathGlob
+    prefix: str
+    name: str | None  # `<prefix>/**/<name>`: matched by set intersection
+    max_depth: int | None  # segments below the prefix a `**`-free glob can reach
+
+
+def _compile(pattern: str, home: str) -> _Glob:
+    expanded = expand_home(pattern, home)
+    trimmed = expanded[:-3] if expanded.endswith("/**") else expanded
+    prefix = literal_prefix(trimmed)
+    segs = [s for s in trimmed.split("/") if s]
+    rest = segs[len([s for s in prefix.split("/") if s]):]
+    name = rest[1] if len(rest) == 2 and rest[0] == "**" and is_literal(rest[1]) else None
+    depth = None if "**" in trimmed else len(rest)
+    return _Glob(PathGlob.of(expanded, home), prefix, name, depth)
+
+
+def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[str], home: str,
+               cache: DirCache | None = None) -> MaskPlan:
+    """Existing paths matching ``patterns`` that the binds ``bound`` (searched for every glob)
+    or ``system`` (searched only for a glob whose literal prefix lies inside it) would expose.
+    """
+    cache = cache or DEFAULT_CACHE
+    visible = [*bound, *system]
+    found: set[str] = set()
+    starts: dict[str, list[_Glob]] = {}
+    for pattern in patterns:
+        expanded = expand_home(pattern, home)
+        trimmed = expanded[:-3] if expanded.endswith("/**") else expanded
+        if is_literal(trimmed):
+            if any(beneath(trimmed, b) for b in visible) and os.path.lexists(trimmed):
+                found.add(trimmed)
+            continue
+        g = _compile(pattern, home)
+        roots = [b for b in bound if beneath(b, g.prefix)]
+        if g.prefix != "/" and any(beneath(g.prefix, b) for b in visible):
+            roots.append(g.prefix)
+        for r in roots:
+            starts.setdefault(r, []).append(g)
+    visited, listed = _walk(starts, cache, found)
+    files: list[str] = []
+    dirs: list[str] = []
+    for p in sorted(found):
+        try:
+            mode = os.lstat(p).st_mode
+        except OSError:
+            continue
+        (dirs if stat.S_ISDIR(mode) else files).append(p)
+    return MaskPlan(tuple(files), tuple(dirs), visited, listed)
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """The globs active in a directory, pre-split (computed once per distinct set)."""
+
+    active: tuple[_Glob, ...]
+    fast: frozenset[str]
+    slow: tuple[_Glob, ...]
+    bounded: bool  # some glob stops at a depth: the children's frame must be recomputed
+
+
+def _frame(active: tuple[_Glob, ...], memo: dict[tuple[_Glob, ...], _Frame]) -> _Frame:
+    got = memo.get(active)
+    if got is None:
+        got = memo[active] = _Frame(
+            active, frozenset(g.name for g in active if g.name is not None),
+            tuple(g for g in active if g.name is None),
+            any(g.max_depth is not None for g in active))
+    return got
+
+
+def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str]) -> tuple[int, int]:
+    """One depth-first walk from the outermost start roots; nested starts join on the way.
+
+    INVARIANT: a glob is active only at or beneath one of its start roots, and every start root
+    lies at or beneath the glob's literal prefix, so no per-directory prefix test is needed.
+    """
+    tops = [r for r in starts if not any(q != r and beneath(r, q) for q in starts)]
+    ancestors = {a for r in starts for a in _ancestors(r)}
+    memo: dict[tuple[_Glob, ...], _Frame] = {}
+    empty = _frame((), memo)
+    visited = listed = 0
+    stack: list[tuple[str, _Frame]] = [(r, empty) for r in tops]
+    data, lstat = cache._data, os.lstat  # the warm path inlined: one lstat per directory
+    while stack:
+        d, frame = stack.pop()
+        extra = starts.get(d)
+        if extra:
+            frame = _frame(frame.active + tuple(extra), memo)
+        visited += 1
+        try:
+            st = lstat(d)
+        except OSError:
+            continue
+        got = data.get(d)
+        if got is None or not got.trusted or got.key != (st.st_dev, st.st_ino, st.st_ctime_ns):
+            listed += 1
+            got = cache.relist(d, st)
+            if got is None:
+                continue
+        base = d.rstrip("/")
+        names = got.names
+        hits = frame.fast & names if frame.fast and not frame.fast.isdisjoint(names) else set()
+        for g in frame.slow:
+            hits = set(hits) | {n for n in names if g.glob.matches(f"{base}/{n}")}
+        if hits:
+            found.update(f"{base}/{n}" for n in hits)
+        for sub in got.subdirs:
+            if sub in hits:
+                continue  # masked whole: nothing beneath it needs its own mask
+            path = f"{base}/{sub}"
+            child = frame
+            if frame.bounded:
+                depth = path.count("/")
+                child = _frame(tuple(g for g in frame.active if g.max_depth is None or depth
+                                     - g.prefix.rstrip("/").count("/") < g.max_depth), memo)
+            if child.active or path in ancestors or path in starts:
+                stack.append((path, child))
+    return visited, listed
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = [p for p in path.split("/") if p]
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts))]

@@ -1,0 +1,101 @@
+"""Mandatory-deny masking on a real-sized repository (issue 10 item 6): no refusal, no cap,
+secrets deep in ``node_modules`` masked inside the sandbox, and a warm plan lists nothing."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from benchmarks.repo_tree import make_repo
+from plugins.executor_proc.executor import ProcExecutor, ProcOptions
+from plugins.executor_proc.spec import build_plan
+from policy_engine.executor import ExecContext
+from policy_engine.model import ProcExecOp
+from policy_engine.sandbox import masks
+from policy_engine.sandbox.masks import DirCache, plan_masks
+from tests.integration.test_proc_sandbox import make_profile
+
+PATTERNS = ("/**/.env", "/**/.envrc", "/**/credentials.json", "/**/secrets.json",
+            "/etc/ssh/ssh_host_*_key")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = make_repo(tmp_path_factory.mktemp("big") / "root")
+    (root / "out").mkdir()
+    (root / "home").mkdir()
+    (root / "node_modules" / "pkg700" / "lib" / "util" / ".env").write_text("TOKEN=deep-secret")
+    (root / ".git" / "credentials.json").write_text("{\"token\": \"git-secret\"}")
+    time.sleep(masks.RACY_NS / 1e9 + 0.2)  # listings of just-changed directories are not trusted
+    return root
+
+
+@pytest.fixture(scope="module")
+def executors() -> Iterator[dict[str, ProcExecutor]]:
+    made = {b: ProcExecutor(b, ProcOptions()) for b in ("bwrap", "landlock")}
+    yield made
+    for ex in made.values():
+        ex.close()
+
+
+def test_plan_on_a_170k_entry_repository_is_not_refused_and_finds_deep_secrets(
+        repo: Path) -> None:
+    plan = build_plan(make_profile(repo), ProcExecOp(tool="true"))
+    assert str(repo / "node_modules" / "pkg700" / "lib" / "util" / ".env") in plan.mask_files
+    assert str(repo) in plan.readable
+
+
+def test_a_warm_plan_lists_no_directory_and_sees_a_new_secret(repo: Path) -> None:
+    cache = DirCache()
+    cold = plan_masks([str(repo)], ["/etc"], PATTERNS, str(repo / "home"), cache)
+    assert cold.dirs_listed == cold.dirs_visited > 15_000
+    warm = plan_masks([str(repo)], ["/etc"], PATTERNS, str(repo / "home"), cache)
+    assert warm.dirs_listed == 0
+    assert warm.files == cold.files
+    planted = repo / "node_modules" / "pkg3" / "dist" / "esm" / ".envrc"
+    d = planted.parent
+    before = os.stat(d)
+    try:
+        planted.write_text("export X=1")
+        # a process may set mtime back; ctime follows the clock, which it cannot set
+        os.utime(d, ns=(before.st_atime_ns, before.st_mtime_ns))
+        again = plan_masks([str(repo)], ["/etc"], PATTERNS, str(repo / "home"), cache)
+        assert str(planted) in again.files
+        assert again.dirs_listed >= 1
+        assert again.dirs_listed < 10
+    finally:
+        planted.unlink()
+
+
+def test_globs_without_doublestar_are_pruned_by_depth(tmp_path: Path) -> None:
+    (tmp_path / "keys" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "keys" / "x.pem").write_text("k")
+    (tmp_path / "keys" / "a" / "b" / "y.pem").write_text("k")
+    plan = plan_masks([str(tmp_path)], [], [f"{tmp_path}/keys/*.pem"], "/root", DirCache())
+    assert plan.files == (str(tmp_path / "keys" / "x.pem"),)
+    assert plan.dirs_visited == 1  # only keys/: the glob cannot match deeper, nor above it
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "landlock"])
+def test_sandbox_on_the_big_repository_runs_and_cannot_read_the_deep_secret(
+        executors: dict[str, ProcExecutor], repo: Path, backend: str) -> None:
+    code = ("import sys\n"
+            "for p in sys.argv[1:]:\n"
+            "    try:\n"
+            "        print(p.rsplit('/', 1)[1], repr(open(p).read()))\n"
+            "    except OSError as e:\n"
+            "        print(p.rsplit('/', 1)[1], 'blocked', e.errno)\n")
+    secret = repo / "node_modules" / "pkg700" / "lib" / "util" / ".env"
+    ctx = ExecContext(profile=make_profile(repo), deadline=time.monotonic() + 60)
+    res = executors[backend].execute(ctx, ProcExecOp(
+        tool=sys.executable, args=("-c", code, str(secret), str(repo / "src" / "main.py"))))
+    out = res.out["stdout"]
+    assert res.out["exit_code"] == 0, res.out["stderr"]
+    assert "deep-secret" not in out
+    assert "hello" in out
+    assert str(secret) in res.out["masked"]

@@ -7,6 +7,9 @@ in its warm container; tenant B, served by the same one-container pool right aft
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +19,7 @@ import pytest
 
 from plugins.executor_docker.engine import DockerOptions
 from plugins.executor_docker.executor import DockerExecutor, session_key
+from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext
 from policy_engine.model import (
     AllowLists,
@@ -126,3 +130,131 @@ def test_the_next_tenant_finds_nothing_of_the_last(one_box: DockerExecutor,
     assert one_box.pool().recycled == 1
     assert seen == {"shm": [], "sysv": False, "sysv_table": [], "mq": False, "sleeper": False,
                     "rootfs": []}
+
+
+# --- tenants and subjects map to distinct projects (item 8) ------------------------------------
+
+COLLIDING = [
+    [("acme", "x--y"), ("acme--x", "y")],
+    [("acme", "agent:alice"), ("acme", "agent/alice"), ("acme", "agent_alice")],
+]
+WRITE = ("import os, pathlib; w = pathlib.Path('/workspace/work')\n"
+         "seen = sorted(os.listdir(w))\n"
+         "(w / ('mark-' + os.environ['WHO'])).write_text('x')\n"
+         "print(__import__('json').dumps(seen))")
+
+
+@pytest.mark.parametrize("group", COLLIDING, ids=["double-dash", "separators"])
+def test_colliding_names_get_separate_work_dirs(tmp_path: Path,
+                                                group: list[tuple[str, str]]) -> None:
+    ex = DockerExecutor(DockerOptions(workspace_root=str(tmp_path / "docker")))
+    try:
+        for n, (tenant, subject) in enumerate(group):
+            prof = make_profile(tmp_path, tenant, subject)
+            ctx = ExecContext(profile=prof, deadline=time.monotonic() + 90)
+            out = ex.execute(ctx, ProcExecOp(tool="python3", args=("-c", WRITE),
+                                             env={"WHO": str(n)})).out
+            assert out["exit_code"] == 0, out["stderr"]
+            assert json.loads(out["stdout"]) == [], f"{tenant}/{subject} saw another's work/"
+    finally:
+        ex.close()
+    ids = sorted(p.name for p in (tmp_path / "docker" / "projects").iterdir())
+    assert len(ids) == len(group)
+    assert all(i.startswith("acme--") for i in ids)  # still readable
+
+
+def test_projects_default_to_the_state_dir_outside_root_fs(tmp_path: Path) -> None:
+    fs_root = tmp_path / "workspace"
+    fs_root.mkdir()
+    prof = make_profile(fs_root, "acme", "agent:alice")
+    ex = DockerExecutor(DockerOptions(), state_dir=tmp_path / "state")
+    try:
+        ctx = ExecContext(profile=prof, deadline=time.monotonic() + 90)
+        out = ex.execute(ctx, ProcExecOp(tool="python3", args=("-c", "print(1)"))).out
+        assert Path(out["artifacts_dir"]).is_relative_to(tmp_path / "state" / "docker")
+        assert list(fs_root.iterdir()) == []
+        inside = DockerExecutor(DockerOptions(), state_dir=fs_root / "var")
+        with pytest.raises(PolicyEngineError) as exc:
+            inside.execute(ExecContext(profile=prof, deadline=time.monotonic() + 90),
+                           ProcExecOp(tool="python3", args=("-c", "print(1)")))
+        assert exc.value.code is ErrorCode.CAPABILITY_BLOCKED
+        assert "root_fs" in exc.value.reason
+        assert not (fs_root / "var").exists()
+    finally:
+        ex.close()
+
+
+# --- REPRO F9 through the CLI with the shipped example policy ----------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+RED_POLICY = """policy "redteam/proc" version "1.0.0"
+defaults { timeout 20s  network off }
+permit "read-ws" fs.read, fs.list paths ["/workspace/**"]
+permit "write-work" fs.write paths ["/workspace/work/**"]
+permit "py" proc.exec tool "python3"
+require consent when `false`
+"""
+
+
+def _cli(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "policy_engine.cli", "run", "--state-dir", str(state),
+         "--format", "json", *args],
+        capture_output=True, text=True, timeout=180, check=False, cwd=REPO,
+        env={**os.environ, "POLICY_ENGINE_STATE": str(state)})
+
+
+def test_cli_other_tenant_cannot_read_or_list_a_docker_project(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    marker = f"TENANTRED-MARKER-{os.getpid()}-{time.time_ns()}"
+    cap = [{"kind": "proc.exec", "tool": "python3"},
+           {"kind": "fs.read", "paths": ["/workspace/**"]},
+           {"kind": "fs.write", "paths": ["/workspace/work/**"]}]
+    (tmp_path / "red.sbpolicy").write_text(RED_POLICY)
+    (tmp_path / "red-manifest.json").write_text(json.dumps({
+        "name": "rt", "version": "1.0.0", "permissions": cap,
+        "side_effects": ["Process", "Read", "Write"], "safety_class": "Medium"}))
+    (tmp_path / "red-grant.json").write_text(json.dumps({
+        "tenant": "red", "subject_id": "agent:rt-1", "tool_name": "rt", "call_id": "c-red",
+        "capabilities": cap, "expires_at": 4102444800000}))
+    (tmp_path / "docker.yaml").write_text(
+        "backends:\n  proc.exec: docker\noptions:\n  docker: {mode: run-once}\n")
+    red = _cli("--config", str(tmp_path / "docker.yaml"), "--policy",
+               str(tmp_path / "red.sbpolicy"), "--manifest", str(tmp_path / "red-manifest.json"),
+               "--grant", str(tmp_path / "red-grant.json"), "--", "python3", "-c",
+               f"open('/workspace/work/tenant-secret.txt', 'w').write('{marker}')", state=state)
+    assert red.returncode == 0, red.stdout + red.stderr
+    artifacts = Path(json.loads(red.stdout)["result"]["out"]["artifacts_dir"])
+    secret = artifacts.parents[1] / "work" / "tenant-secret.txt"
+    assert secret.read_text() == marker
+    assert not secret.is_relative_to("/workspace")
+    project = artifacts.parents[1].name
+    legacy = Path("/workspace/projects/red--agent_rt-1/work/tenant-secret.txt")
+    # tenant acme, the shipped example policy (fs.read/fs.list on /workspace/** by the rule
+    # `read-workspace`), its grant and manifest plus fs.list
+    listing = {"kind": "fs.list", "paths": ["/workspace/**"]}
+    grant = json.loads((REPO / "examples/grants/shell-agent.json").read_text())
+    grant["capabilities"].append(listing)
+    (tmp_path / "acme-grant.json").write_text(json.dumps(grant))
+    manifest = json.loads((REPO / "examples/manifests/shell.json").read_text())
+    manifest["permissions"].append(listing)
+    (tmp_path / "acme-manifest.json").write_text(json.dumps(manifest))
+    Path("/workspace").mkdir(exist_ok=True)
+    ops: list[dict[str, Any]] = [
+        {"kind": "fs.read", "path": str(secret)}, {"kind": "fs.read", "path": str(legacy)},
+        {"kind": "fs.list", "path": "/workspace", "depth": 3}]
+    for i, op in enumerate(ops):
+        (tmp_path / f"req{i}.json").write_text(json.dumps({
+            "op": op, "manifest": str(tmp_path / "acme-manifest.json"),
+            "grant": str(tmp_path / "acme-grant.json")}))
+        acme = _cli("--policy", str(REPO / "examples/policies/org.sbpolicy"), "--request",
+                    str(tmp_path / f"req{i}.json"), state=state)
+        assert marker not in acme.stdout + acme.stderr
+        assert "Traceback" not in acme.stderr
+        result = json.loads(acme.stdout)["result"]
+        if op["kind"] == "fs.read":  # refused (outside root_fs) or absent, never read
+            assert not result["ok"]
+            assert acme.returncode == 1
+        else:
+            assert result["ok"], result
+            assert project not in json.dumps(result["out"])

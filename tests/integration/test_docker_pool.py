@@ -12,6 +12,7 @@ import pytest
 
 from plugins.executor_docker.engine import DockerOptions
 from plugins.executor_docker.executor import DockerExecutor, session_key
+from plugins.executor_docker.workspace import project_id_of
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext
 from policy_engine.model import (
@@ -129,7 +130,7 @@ def test_pool_timeout_kills_processes_and_the_box_is_reused(pooled: DockerExecut
 
 def test_pool_copies_inputs_in_and_artifacts_out(pooled: DockerExecutor, tmp_path: Path) -> None:
     prof = make_profile(tmp_path)
-    inputs = tmp_path / "projects" / "t--agent_p" / "inputs"
+    inputs = tmp_path / "projects" / project_id_of(prof) / "inputs"
     inputs.mkdir(parents=True)
     (inputs / "in.txt").write_text("from host")
     out = run(pooled, prof, "import pathlib\n"

@@ -8,6 +8,7 @@ vetted by the host rules (``rules.RequestRules``) before it is fetched.
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
 import secrets
 import time
@@ -16,13 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from playwright.sync_api import Browser, BrowserContext, Request, Route, WebSocketRoute
+from playwright.sync_api import Browser, BrowserContext, Page, Request, Route, WebSocketRoute
 from playwright.sync_api import Error as PlaywrightError
 
-from plugins.executor_browser import capture
+from plugins.executor_browser import capture, lockdown
 from plugins.executor_browser.host import BrowserHost, Session
 from plugins.executor_browser.navigate import RequestGate, navigate
 from plugins.executor_browser.rules import DecidesOps, RequestRules
+from plugins.executor_browser.sink import RefusingProxy
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.evidence import redact_url
 from policy_engine.executor import ExecContext, ExecutorCapabilities
@@ -118,10 +120,25 @@ class BrowserExecutor:
     def __init__(self, options: BrowserOptions | None = None) -> None:
         self.options = options or BrowserOptions()
         self.rules = RequestRules(self.options.guard)
-        self.host = BrowserHost(self.options.executable, self.options.session_idle_s)
+        # what Chromium dials by itself goes to this refusing proxy, reported to the op's gate
+        self.sink = RefusingProxy(self._report_stray)
+        self.host = BrowserHost(self.options.executable, self.options.session_idle_s,
+                                proxy_server=self.sink.url)
+        self._active: RequestGate | None = None
 
     def close(self) -> None:
         self.host.close()
+        self.sink.close()
+
+    def _report_stray(self, target: str, method: str) -> None:
+        """A connection Chromium opened outside the gate (refused by the sink)."""
+        gate = self._active
+        if gate is None:
+            return
+        # the browser is shared: with other sessions open the source page is unknown, and
+        # another tenant's target must not show up in this op's result
+        shown = target if len(self.host.sessions) == 1 else "(a page of another session?)"
+        gate.record(shown, "socket", f"`{method}` outside the request gate is refused")
 
     def end_session(self, profile: Profile) -> None:
         """Close the caller's session now (its context, cookies and page)."""
@@ -184,11 +201,13 @@ class BrowserExecutor:
             viewport={"width": 1280, "height": 720}, permissions=[],
         )
         holder["gate"] = None
+        # before any page script: no peer-to-peer or QUIC API the request gate cannot see
+        context.add_init_script(script=lockdown.INIT_SCRIPT)
 
         def route(route: Route, request: Request) -> None:
             gate = holder["gate"]
             if gate is None:
-                route.abort("blockedbyclient")
+                lockdown.abort_quietly(route)
             else:
                 gate.handle(route, request)
 
@@ -196,12 +215,17 @@ class BrowserExecutor:
             gate = holder["gate"]
             if gate is not None:
                 gate.record(ws.url, "websocket", "websockets are refused")
-            ws.close(code=1008, reason="refused by policy")
+            with contextlib.suppress(PlaywrightError):
+                ws.close(code=1008, reason="refused by policy")
+
+        def on_page(page: Page) -> None:
+            page.on("download", lambda d: holder["gate"].on_download(d)
+                    if holder["gate"] else None)
+            page.on("popup", lambda popup: lockdown.close_popup(popup, holder["gate"]))
 
         context.route("**/*", route)
         context.route_web_socket(re.compile(".*"), refuse_socket)
-        context.on("page", lambda page: page.on(
-            "download", lambda d: holder["gate"].on_download(d) if holder["gate"] else None))
+        context.on("page", on_page)
         return context
 
     def _run_op(self, sess: Session, ctx: ExecContext,
@@ -214,7 +238,7 @@ class BrowserExecutor:
             deadline=ctx.deadline, guard=ctx.guard,
             screenshot=isinstance(op, BrowserScreenshotOp),
         )
-        holder["gate"] = gate
+        holder["gate"] = self._active = gate
         sess.page.set_default_timeout(gate.remaining_ms())
         try:
             try:
@@ -238,7 +262,7 @@ class BrowserExecutor:
                 out.update(self._screenshot(sess, ctx, op, gate))
         finally:
             gate.active = False
-            holder["gate"] = None
+            holder["gate"] = self._active = None
         out.update(requests=gate.requests, navigations=gate.navigations, hops=gate.hops,
                    blocked=list(gate.blocked), _bytes_in=gate.bytes_in)
         return out

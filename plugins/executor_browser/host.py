@@ -20,20 +20,22 @@ from typing import Any, Generic, TypeVar
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
+from plugins.executor_browser.lockdown import WEBRTC_ARGS
+from plugins.executor_browser.sink import SINK_HOST
 from policy_engine.errors import ErrorCode, PolicyEngineError
 
 T = TypeVar("T")
 
 # Chromium's own network stack is dead-ended: every request is served by the route handler
 # (which vets it first), so anything Chromium would fetch by itself (preconnect, DNS prefetch,
-# a redirect it follows internally) goes to a closed proxy port and resolves nothing.
-DEAD_PROXY = "http://127.0.0.1:9"
+# a WebSocket from a worker) goes to the proxy given to BrowserHost (the executor's refusing
+# sink, loopback not bypassed) and resolves nothing. WebRTC is held to proxied connections.
 CHROMIUM_ARGS: tuple[str, ...] = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
     "--disable-extensions", "--disable-default-apps", "--mute-audio", "--no-pings",
-    "--dns-prefetch-disable", f"--proxy-server={DEAD_PROXY}", "--proxy-bypass-list=<-loopback>",
-    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--dns-prefetch-disable", "--proxy-bypass-list=<-loopback>",
+    f"--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE {SINK_HOST}", *WEBRTC_ARGS,
 )
 
 
@@ -61,11 +63,13 @@ class BrowserHost:
 
     :param executable: the Chromium binary (Debian ``chromium``).
     :param session_idle_s: sessions unused for this long are closed.
+    :param proxy_server: every connection Chromium opens itself goes there (a refusing sink).
     """
 
     def __init__(self, executable: str, session_idle_s: float = 300.0,
-                 launch_timeout_s: float = 60.0) -> None:
+                 launch_timeout_s: float = 60.0, *, proxy_server: str) -> None:
         self.executable = executable
+        self.proxy_server = proxy_server
         self.session_idle_s = session_idle_s
         self.launch_timeout_s = launch_timeout_s
         self.generation = 0
@@ -120,7 +124,8 @@ class BrowserHost:
             self._pw = sync_playwright().start()
         try:
             self._browser = self._pw.chromium.launch(
-                executable_path=self.executable, args=list(CHROMIUM_ARGS), headless=True,
+                executable_path=self.executable,
+                args=[*CHROMIUM_ARGS, f"--proxy-server={self.proxy_server}"], headless=True,
                 timeout=self.launch_timeout_s * 1000, chromium_sandbox=False,
             )
         except PlaywrightError as exc:

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urljoin
 
-from playwright.sync_api import APIResponse, Page, Request, Route
+from playwright.sync_api import APIResponse, Frame, Page, Request, Route
 from playwright.sync_api import Error as PlaywrightError
 
+from plugins.executor_browser.lockdown import abort_quietly
 from plugins.executor_browser.rules import DecidesOps, RequestRules
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.model import Profile
@@ -76,12 +77,32 @@ class RequestGate:
         self.record(str(download.url), "download", "downloads are refused")
 
     def handle(self, route: Route, request: Request) -> None:
-        """The ``**/*`` route handler."""
+        """The ``**/*`` route handler; never raises (Playwright would print a traceback)."""
+        try:
+            self._handle(route, request)
+        except PlaywrightError:
+            # the page or context went away under the request (a popup closed, a crash)
+            self.record(request.url, "request", "the request's page is gone")
+            abort_quietly(route)
+
+    def _handle(self, route: Route, request: Request) -> None:
         url = request.url
         if not self.active:  # a page-initiated request after the op ended
             route.abort("blockedbyclient")
             return
-        main = request.is_navigation_request() and request.frame.parent_frame is None
+        if request.is_navigation_request():
+            try:
+                frame: Frame | None = request.frame
+            except PlaywrightError:
+                frame = None  # issued before its frame exists: a new window (window.open)
+            if frame is None or frame.page is not self.page:
+                self.requests += 1
+                self.record(url, "popup", "popups are refused")
+                route.abort("blockedbyclient")
+                return
+            main = frame.parent_frame is None
+        else:
+            main = False
         kind = "navigation" if main else "subresource"
         self.requests += 1
         if main:

@@ -29,8 +29,8 @@ _KEYS = frozenset({"image", "base_url", "client_timeout_s", "workspace_root", "m
 class DockerOptions:
     """Validated ``docker`` plugin options.
 
-    :param workspace_root: host directory holding ``projects/``; default the profile's
-        ``mappings.root_fs``.
+    :param workspace_root: host directory holding ``projects/``; default
+        ``<state_dir>/docker``, outside ``root_fs`` (``workspace.default_root``).
     :param mode: ``run-once`` (create, start, wait, remove) or ``pool`` (warm containers).
     :param system_binds: host directories bound read-only at the same path for interpreters
         (the image is a minimal root; ``/usr`` comes from the host).

@@ -25,10 +25,12 @@ from plugins.executor_docker.runner import Outcome, bind_mounts, exec_in, run_on
 from plugins.executor_docker.workspace import (
     ExecWorkspace,
     collect_artifacts,
+    default_root,
     prepare,
     write_record,
 )
 from plugins.netproxy import SANDBOX_DIR, RestrictedHandle
+from policy_engine.config import default_state_dir
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, ExecutorCapabilities
 from policy_engine.model import (
@@ -88,8 +90,12 @@ class DockerExecutor:
         streaming_output=True, mandatory_denies=True,
     )
 
-    def __init__(self, options: DockerOptions | None = None) -> None:
+    def __init__(self, options: DockerOptions | None = None,
+                 state_dir: Path | None = None) -> None:
+        """:param state_dir: holds ``docker/projects/`` unless ``options.workspace_root`` is
+        set (default ``$POLICY_ENGINE_STATE`` or ``./var``)."""
         self.options = options or DockerOptions()
+        self.state_dir = state_dir if state_dir is not None else default_state_dir()
         self._lock = threading.Lock()
         self._client: docker.DockerClient | None = None
         self._streams: docker.APIClient | None = None
@@ -165,7 +171,8 @@ class DockerExecutor:
         timeout_s = (op.timeout_ms or profile.timeout_ms) / 1000
         deadline = min(ctx.deadline, time.monotonic() + timeout_s)
         client, streams = self.client()
-        root = Path(self.options.workspace_root or profile.mappings.root_fs)
+        root = (Path(self.options.workspace_root) if self.options.workspace_root
+                else default_root(self.state_dir, profile))
         ws = prepare(root, profile)
         argv = [op.tool, *op.args]
         limits = (_limit(profile, "max_stdout_bytes"), _limit(profile, "max_stderr_bytes"))

@@ -1,10 +1,16 @@
-"""A warm pool of idle sandbox containers handed to one session at a time (seed 001 §4.4).
+"""A warm pool of idle sandbox containers, each handed to one session and then discarded.
+
+Seed 001 §4.4 asks that a pooled container carry nothing from one session to the next. A reset in
+place cannot promise that: the container's IPC namespace (``/dev/shm``, SysV segments, POSIX
+message queues), its network namespace (abstract sockets) and its writable layer outlive any
+wipe a process without capabilities can do, and a fresh IPC namespace cannot be entered from
+inside (``unshare`` needs CAP_SYS_ADMIN, which the sandbox never has). So on release the
+container is removed and a fresh one is created in the background: the next session waits only
+when every container is still being replaced (one container create, ≈ 0.3–0.6 s).
 
 TOCTOU-safe: a slot changes state only under the pool lock (``IDLE → ACQUIRING`` is claimed
 there, so two sessions can never take the same container); slow work (limit updates, copying
-inputs, resets, replacements) happens outside the lock on a slot nobody else can claim. On
-release the slot is reset (every sandbox process killed, work, artifacts and /tmp wiped, checked
-empty); a slot whose reset or health check fails is removed and replaced by a fresh container.
+inputs, replacements) happens outside the lock on a slot nobody else can claim.
 
 Each container is created with its own empty host directory mounted read-only at the netproxy's
 ``SANDBOX_DIR``: a restricted-network call starts its proxy in there (mounts cannot be added to a
@@ -28,16 +34,9 @@ import requests.exceptions
 
 from plugins.executor_docker.control import CONTROL_DIR, Control, launcher_argv
 from plugins.executor_docker.engine import Hardening, map_error
-from plugins.executor_docker.runner import run_quiet
 from plugins.netproxy import SANDBOX_DIR
 from policy_engine.errors import ErrorCode, PolicyEngineError
 
-RESET_SCRIPT = (
-    "kill -9 -1 2>/dev/null; "
-    "chmod -R u+rwX /workspace/work /workspace/artifacts /tmp 2>/dev/null; "
-    "find /workspace/work /workspace/artifacts /tmp -mindepth 1 -delete 2>/dev/null; "
-    'test -z "$(find /workspace/work /workspace/artifacts /tmp -mindepth 1 | head -n 1)"'
-)
 POOL_LABEL = "io.policy-engine.pool"
 
 
@@ -58,7 +57,7 @@ class Slot:
     control: Control | None = None
     state: SlotState = SlotState.IDLE
     session: str | None = None
-    dirty_inputs: bool = False
+    dirty_inputs: bool = False  # the session's inputs were copied in
 
 
 class WarmPool:
@@ -80,7 +79,10 @@ class WarmPool:
         self.mounts = system_mounts
         self.pool_id = pool_id
         self.launcher = launcher
-        self.replaced = 0
+        self.replaced = 0  # unhealthy containers replaced
+        self.recycled = 0  # containers discarded after their session and created afresh
+        self.recycle_s: list[float] = []  # how long each discard-and-create took
+        self._recyclers: list[threading.Thread] = []
         self._cond = threading.Condition()
         self._slots: list[Slot] = []
         self._by_session: dict[str, Slot] = {}
@@ -160,24 +162,29 @@ class WarmPool:
                 self._cond.wait(left)
         # INVARIANT: only this thread touches ``idle`` until it is BUSY (claimed under the lock)
         if not self._healthy(idle):
-            idle = self._replace(idle, keep_session=True)
+            try:
+                idle = self._replace(idle)
+            except BaseException:
+                with self._cond:  # the slot stays unhealthy: a later acquire tries again
+                    idle.state, idle.session = SlotState.IDLE, None
+                    self._by_session.pop(session, None)
+                    self._cond.notify_all()
+                raise
         with self._cond:
             idle.state = SlotState.BUSY
         return idle
 
     def release(self, session: str) -> None:
-        """Reset the session's container and return it to the pool (or replace it)."""
+        """Discard the session's container; a fresh one takes its place in the background."""
         with self._cond:
             slot = self._by_session.pop(session, None)
             if slot is None:
                 return
             slot.state = SlotState.RESETTING
-        ok = not slot.dirty_inputs and self._reset(slot)
-        if not ok:
-            slot = self._replace(slot, keep_session=False)
-        with self._cond:
-            slot.state, slot.session, slot.dirty_inputs = SlotState.IDLE, None, False
-            self._cond.notify_all()
+            worker = threading.Thread(target=self._recycle, args=(slot,),
+                                      name="policy-engine-pool-recycle", daemon=True)
+            self._recyclers = [t for t in self._recyclers if t.is_alive()] + [worker]
+        worker.start()
 
     def update_limits(self, slot: Slot, hard: Hardening) -> None:
         """Apply a session's memory, cpu and pids limits to its container."""
@@ -202,24 +209,36 @@ class WarmPool:
             return False
         return bool(info.get("State", {}).get("Running"))
 
-    def _reset(self, slot: Slot) -> bool:
-        try:
-            code = run_quiet(self.client, slot.container_id, ["/bin/sh", "-c", RESET_SCRIPT])
-            if code != 0 or not self._healthy(slot):
-                return False
-            self.update_limits(slot, self.hard)
-        except (docker.errors.DockerException, requests.exceptions.RequestException):
-            return False
-        return True
+    def _recycle(self, old: Slot) -> None:
+        """Remove a released container and put a fresh one in its slot (never reused)."""
+        started = time.monotonic()
+        self._remove(old)
+        fresh: Slot | None = None
+        with contextlib.suppress(PolicyEngineError):
+            fresh = self._create(self.hard)
+        orphan: Slot | None = None
+        with self._cond:
+            if self._closed or old not in self._slots:
+                orphan = fresh
+            elif fresh is None:
+                # the engine failed: the removed container reads unhealthy, so the next
+                # acquire replaces it (or reports the engine's error to that caller)
+                old.state, old.session, old.dirty_inputs = SlotState.IDLE, None, False
+            else:
+                self._slots[self._slots.index(old)] = fresh
+                self.recycled += 1
+                self.recycle_s.append(time.monotonic() - started)
+            self._cond.notify_all()
+        if orphan is not None:
+            self._remove(orphan)
 
-    def _replace(self, slot: Slot, keep_session: bool) -> Slot:
+    def _replace(self, slot: Slot) -> Slot:
+        """A fresh container for an unhealthy one, kept by the same session."""
         self._remove(slot)
-        fresh = self._create(self.hard,
-                             state=slot.state if keep_session else SlotState.RESETTING,
-                             session=slot.session if keep_session else None)
+        fresh = self._create(self.hard, state=slot.state, session=slot.session)
         with self._cond:
             self._slots[self._slots.index(slot)] = fresh
-            if keep_session and fresh.session is not None:
+            if fresh.session is not None:
                 self._by_session[fresh.session] = fresh
         self.replaced += 1
         return fresh
@@ -239,8 +258,11 @@ class WarmPool:
         with self._cond:
             self._closed = True
             slots, self._slots = list(self._slots), []
+            recyclers, self._recyclers = self._recyclers, []
             self._by_session.clear()
             self._cond.notify_all()
         for s in slots:
             self._remove(s)
+        for worker in recyclers:  # each removes what it created once it sees the pool closed
+            worker.join(timeout=60)
         shutil.rmtree(self._net_root, ignore_errors=True)

@@ -1,5 +1,9 @@
 """The seed 002 workspace: ``projects/<project_id>/{inputs,work,artifacts/<exec_id>}`` on the host.
 
+The host root defaults to ``<state_dir>/docker`` (``default_root``), outside the tree fs rules
+apply to (``mappings.root_fs``): one tenant's fs.read or fs.list never reaches another tenant's
+project, whatever the policy's paths.
+
 Only these three template paths are ever mount sources; each is checked to resolve exactly to
 its template (no symlink anywhere on the way) before it is handed to Docker. After a run the
 per-exec directory gets ``stdout.txt``, ``stderr.txt``, ``manifest.json`` and ``meta.json``,
@@ -35,8 +39,29 @@ def slug(text: str, limit: int = 64) -> str:
 
 
 def project_id_of(profile: Profile) -> str:
-    """Seed 002 §2: without a project concept, one project per tenant and subject."""
-    return f"{slug(profile.tenant, 40)}--{slug(profile.subject_id, 80)}"
+    """Seed 002 §2: without a project concept, one project per tenant and subject.
+
+    A readable prefix (the slugged pair) and a digest of the exact pair: slugging alone is not
+    injective (``acme`` + ``x--y`` and ``acme--x`` + ``y``; ``agent:alice`` and
+    ``agent_alice``), the digest (128 bits of SHA-256 over an unambiguous encoding) is.
+    """
+    exact = json.dumps([profile.tenant, profile.subject_id], ensure_ascii=True)
+    digest = hashlib.sha256(exact.encode("ascii")).hexdigest()[:32]
+    return f"{slug(profile.tenant, 40)}--{slug(profile.subject_id, 80)}--{digest}"
+
+
+def default_root(state_dir: Path, profile: Profile) -> Path:
+    """``<state_dir>/docker``, refused when it lies beneath the profile's ``root_fs``."""
+    root = (state_dir / "docker").absolute()
+    fs_root = Path(os.path.normpath(profile.mappings.root_fs))
+    if root == fs_root or fs_root in root.parents:
+        raise PolicyEngineError(
+            ErrorCode.CAPABILITY_BLOCKED,
+            f"the docker workspace `{root}` would lie beneath root_fs `{fs_root}`, where fs "
+            "rules could expose one tenant's project to another: set the state directory "
+            "(POLICY_ENGINE_STATE / state_dir) or options.docker.workspace_root outside it",
+            audit={"workspace_root": str(root), "root_fs": str(fs_root)})
+    return root
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import pytest
 from plugins.executor_docker.engine import DockerOptions
 from plugins.executor_docker.executor import DockerExecutor
 from plugins.executor_docker.plugin import policy_engine_executors
-from plugins.executor_docker.workspace import check_mounts, prepare
+from plugins.executor_docker.workspace import check_mounts, prepare, project_id_of
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.config import EngineConfig
 from policy_engine.executor import ExecContext, Executor
@@ -54,8 +54,9 @@ def py(code: str, **kw: Any) -> ProcExecOp:
 
 
 @pytest.fixture(scope="module")
-def docker_ex() -> Iterator[DockerExecutor]:
-    ex = DockerExecutor(DockerOptions(max_artifacts_bytes=1536 * 1024))
+def docker_ex(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerExecutor]:
+    ex = DockerExecutor(DockerOptions(max_artifacts_bytes=1536 * 1024),
+                        state_dir=tmp_path_factory.mktemp("state"))
     yield ex
     ex.close()
 
@@ -102,8 +103,8 @@ def test_container_has_the_seed_002_hardening(docker_ex: DockerExecutor, tmp_pat
 
 
 def test_workspace_mounts_and_per_exec_record(docker_ex: DockerExecutor, tmp_path: Path) -> None:
-    project = tmp_path / "projects" / "t--agent_d"
-    (project / "inputs").mkdir(parents=True)
+    project = docker_ex.state_dir / "docker" / "projects" / project_id_of(make_profile(tmp_path))
+    (project / "inputs").mkdir(parents=True, exist_ok=True)
     (project / "inputs" / "data.txt").write_text("input data")
     code = (
         "import os\n"

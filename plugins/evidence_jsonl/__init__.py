@@ -111,7 +111,7 @@ class JsonlSink:
             if written < len(line):
                 # INVARIANT: on an O_APPEND descriptor the offset is now the end of our bytes
                 end = os.lseek(fd, 0, os.SEEK_CUR)
-                self._torn = TornRecord(end - written, line[:written])
+                self._torn = TornRecord(end - written, line[:written], line)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         if self._torn is not None:

@@ -296,7 +296,7 @@ def test_api_sink_and_spool_both_failing_never_raise_into_the_call(
         with fx.orchestrator(state) as orch:
             first = fx.run(orch)
             fill(state / "evidence")
-            outcomes = [fx.run(orch) for _ in range(3)]
+            outcomes = [fx.run(orch) for _ in range(5)]
             sink = next(s for s in orch.sinks if s.name == "jsonl")
         assert all(o.result.ok for o in [first, *outcomes])
         assert sink.lost >= 1

@@ -250,6 +250,9 @@ class Orchestrator:
             revoked = self.revocations is not None and self.revocations.is_revoked(grant)
         except PolicyEngineError as exc:  # a list that cannot be read fails closed
             return exc
+        except Exception as exc:  # so does a third-party watcher that raises anything else
+            return PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "revocation list cannot "
+                                     f"be read: {type(exc).__name__}: {exc}")
         if revoked:
             return PolicyEngineError(ErrorCode.PERMISSION_DENY, "grant revoked",
                                      audit={"call_id": grant.call_id})

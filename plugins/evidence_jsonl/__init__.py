@@ -113,16 +113,16 @@ class JsonlSink:
             if written < len(line):
                 # INVARIANT: on an O_APPEND descriptor the offset is now the end of our bytes
                 end = os.lseek(fd, 0, os.SEEK_CUR)
-                self._torn = TornRecord(end - written, line[:written])
+                self._torn = TornRecord(end - written, line[:written], line)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         if self._torn is not None:
             try:
                 remove_torn(fd, self._torn, self.path)
                 self._torn = None
-            except OSError:
-                log.exception("evidence log `%s`: a torn record could not be removed yet",
-                              self.path)
+            except OSError as exc:  # kept pending: removed before anything else is appended
+                log.error("evidence log `%s`: a torn record could not be removed yet: %s",
+                          self.path, exc.strerror or exc)
             raise OSError(errno.ENOSPC, f"short write to evidence log `{self.path}` "
                           f"({written} of {len(line)} bytes; the disk is probably full)")
 
@@ -132,7 +132,10 @@ class JsonlSink:
             if self._stop.is_set():
                 return
             self._dirty.clear()
-            self.flush()
+            try:
+                self.flush()
+            except OSError as exc:  # the records are written; only their durability is late
+                log.error("evidence log `%s`: fsync failed: %s", self.path, exc.strerror or exc)
             self._stop.wait(self.interval_s)  # at most one fsync per interval
 
     def flush(self) -> None:
@@ -153,11 +156,13 @@ class JsonlSink:
             self._flusher.join(5)
         with self._lock:
             if self._fd is not None:
-                if self.fsync != "never":
-                    os.fsync(self._fd)
-                    self.fsyncs += 1
-                os.close(self._fd)
-                self._fd = None
+                try:
+                    if self.fsync != "never":
+                        os.fsync(self._fd)
+                        self.fsyncs += 1
+                finally:
+                    os.close(self._fd)
+                    self._fd = None
 
 
     def read_records(self) -> Iterator[dict[str, Any]]:

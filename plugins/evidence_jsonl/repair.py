@@ -17,16 +17,18 @@ log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
 _SEARCH = 4 << 20  # how far back from the end a fragment moved by others' repairs is looked for
+_UNIQUE = 96  # bytes from which a record's start holds its envelope id (searching is safe)
 
 
 class TornRecord:
-    """The bytes of one short write and where they landed."""
+    """The bytes of one short write, where they landed, and the whole line they began."""
 
-    __slots__ = ("fragment", "start")
+    __slots__ = ("fragment", "line", "start")
 
-    def __init__(self, start: int, fragment: bytes) -> None:
+    def __init__(self, start: int, fragment: bytes, line: bytes) -> None:
         self.start = start
         self.fragment = fragment
+        self.line = line
 
 
 def _read(fd: int, size: int, offset: int) -> bytes:
@@ -60,21 +62,33 @@ def _cut(fd: int, start: int, length: int, size: int) -> None:
 
 
 def _find(fd: int, torn: TornRecord, size: int) -> int | None:
-    """Where the fragment is now: where it was written, or (moved by another writer's repair)
-    the last place in the file's tail where it starts a line.
+    """Where the fragment is now: where it was written, or (moved when another process took
+    out its own torn record) the oldest place in the file's tail where it starts a line. A
+    complete copy of the record (replayed from the spool) is never taken for the fragment.
     """
     n = len(torn.fragment)
-    if torn.start + n <= size and os.pread(fd, n, torn.start) == torn.fragment:
+    if torn.start + n <= size and _fragment_at(fd, torn, torn.start, size):
         return torn.start
+    if n < _UNIQUE:
+        # too short to carry the envelope id: it could match the start of another, whole
+        # record, and cutting that would damage a completed one
+        return None
     base = max(0, size - _SEARCH)
     window = _read(fd, size - base, base)
-    at = window.rfind(torn.fragment)
+    at = window.find(torn.fragment)  # the oldest: the fragment precedes any replayed copy
     while at >= 0:
-        before = window[at - 1:at] if at else (os.pread(fd, 1, base - 1) if base else b"\n")
-        if before == b"\n":
+        if _fragment_at(fd, torn, base + at, size):
             return base + at
-        at = window.rfind(torn.fragment, 0, at)
+        at = window.find(torn.fragment, at + 1)
     return None
+
+
+def _fragment_at(fd: int, torn: TornRecord, at: int, size: int) -> bool:
+    """The fragment starts a line at ``at`` and is not the start of a complete copy."""
+    if at and os.pread(fd, 1, at - 1) != b"\n":
+        return False
+    here = os.pread(fd, min(len(torn.line), size - at), at)
+    return here.startswith(torn.fragment) and here != torn.line
 
 
 def remove_torn(fd: int, torn: TornRecord, path: object) -> None:

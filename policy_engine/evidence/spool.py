@@ -60,8 +60,9 @@ class SpoolingSink:
                           "for the next start", self.spool_path, _cause(exc))
         try:
             self.inner.close()
-        except Exception:  # a sink's close must not hide the others' close
-            log.exception("evidence sink `%s` failed to close", self.name)
+        except Exception as exc:  # a sink's close must not hide the others' close
+            log.error("evidence sink `%s` failed to close: %s: %s", self.name,
+                      type(exc).__name__, exc)
 
     # -- internals ------------------------------------------------------------------------------
 

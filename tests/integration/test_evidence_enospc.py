@@ -103,7 +103,7 @@ def test_a_record_glued_behind_a_torn_one_is_kept_on_its_own_line(tmp_path: Path
     log.write_bytes(whole + fragment + other)
     fd = os.open(log, os.O_RDWR | os.O_APPEND)
     try:
-        remove_torn(fd, TornRecord(len(whole), fragment), log)
+        remove_torn(fd, TornRecord(len(whole), fragment, fragment + b'tus":"ok"}\n'), log)
     finally:
         os.close(fd)
     assert log.read_bytes() == whole + other
@@ -117,3 +117,20 @@ def test_opening_a_log_trims_the_unterminated_line_a_crash_left(tmp_path: Path) 
     sink = JsonlSink(log, fsync="never")
     sink.close()
     assert log.read_bytes() == whole
+
+
+def test_a_complete_replayed_copy_is_never_taken_for_the_fragment(tmp_path: Path) -> None:
+    """The fragment was already trimmed (another process opened the log) and the spooled copy
+    replayed at the very same offset: the repair must leave that whole record alone.
+    """
+    log = tmp_path / "evidence.jsonl"
+    whole = b'{"type":"begin","envelope_id":"a"}\n'
+    line = json.dumps({"type": "end", "envelope_id": "b" * 32, "status": "ok",
+                       "pad": "x" * 100}).encode() + b"\n"
+    log.write_bytes(whole + line)
+    fd = os.open(log, os.O_RDWR | os.O_APPEND)
+    try:
+        remove_torn(fd, TornRecord(len(whole), line[:120], line), log)
+    finally:
+        os.close(fd)
+    assert log.read_bytes() == whole + line

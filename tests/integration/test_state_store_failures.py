@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from policy_engine.compiler import compile_files
+from policy_engine.config import EngineConfig
 from policy_engine.orchestration.revocation import SqliteRevocationList
-from policy_engine.orchestrator import RunOutcome
+from policy_engine.orchestrator import Orchestrator, RunOutcome
 from tests.integration.store_fixtures import (
     Fixture,
     envelopes,
@@ -294,7 +296,7 @@ def test_api_sink_and_spool_both_failing_never_raise_into_the_call(
         with fx.orchestrator(state) as orch:
             first = fx.run(orch)
             fill(state / "evidence")
-            outcomes = [fx.run(orch) for _ in range(3)]
+            outcomes = [fx.run(orch) for _ in range(5)]
             sink = next(s for s in orch.sinks if s.name == "jsonl")
         assert all(o.result.ok for o in [first, *outcomes])
         assert sink.lost >= 1
@@ -302,3 +304,21 @@ def test_api_sink_and_spool_both_failing_never_raise_into_the_call(
         kinds, bad = envelopes(state / "evidence" / "evidence.jsonl")
     assert bad == []  # what did reach the log is whole
     assert kinds[first.envelope_id] == ["begin", "end"]
+
+
+class BrokenWatcher:
+    """A third-party revocation watcher whose backend is down."""
+
+    def is_revoked(self, grant: object) -> bool:
+        raise ConnectionError("revocation service at 127.0.0.1:1 refused the connection")
+
+
+def test_api_a_watcher_raising_anything_fails_closed(fx: Fixture, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    orch = Orchestrator(compile_files([fx.policy]), config=EngineConfig(state_dir=state),
+                        revocations=BrokenWatcher())
+    with orch:
+        denied = fx.run(orch)
+    assert denied.decision.code == UNAVAILABLE
+    assert "ConnectionError: revocation service" in (denied.result.message or "")
+    assert_denied_with_evidence(state, denied.envelope_id)

@@ -240,6 +240,7 @@ class BrowserExecutor:
         )
         holder["gate"] = self._active = gate
         sess.page.set_default_timeout(gate.remaining_ms())
+        lockdown.close_other_pages(sess.context, sess.page, None)  # opened after the last op
         try:
             try:
                 status = navigate(gate, op.url) if op.url is not None else None
@@ -261,6 +262,7 @@ class BrowserExecutor:
             else:
                 out.update(self._screenshot(sess, ctx, op, gate))
         finally:
+            lockdown.close_other_pages(sess.context, sess.page, gate)
             gate.active = False
             holder["gate"] = self._active = None
         out.update(requests=gate.requests, navigations=gate.navigations, hops=gate.hops,

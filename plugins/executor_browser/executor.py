@@ -46,6 +46,8 @@ from policy_engine.model import (
 _OPTION_KEYS = frozenset({"executable", "screenshot_dir", "javascript", "max_text_bytes",
                           "max_links", "session_idle_s", "guard"})
 _GRACE_S = 10.0
+# Chromium calls these by itself (component updates, sign-in) whatever the page does
+_BROWSER_SERVICE_SUFFIXES = (".google.com", ".googleapis.com", ".gvt1.com", ".gstatic.com")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +135,9 @@ class BrowserExecutor:
     def _report_stray(self, target: str, method: str) -> None:
         """A connection Chromium opened outside the gate (refused by the sink)."""
         gate = self._active
-        if gate is None:
-            return
+        host = target.split("://", 1)[-1].split("/", 1)[0].rpartition(":")[0] or target
+        if gate is None or host.endswith(_BROWSER_SERVICE_SUFFIXES):
+            return  # Chromium's own update and sign-in calls (refused too) are not the page's
         # the browser is shared: with other sessions open the source page is unknown, and
         # another tenant's target must not show up in this op's result
         shown = target if len(self.host.sessions) == 1 else "(a page of another session?)"
@@ -240,6 +243,7 @@ class BrowserExecutor:
         )
         holder["gate"] = self._active = gate
         sess.page.set_default_timeout(gate.remaining_ms())
+        lockdown.close_other_pages(sess.context, sess.page, None)  # opened after the last op
         try:
             try:
                 status = navigate(gate, op.url) if op.url is not None else None
@@ -261,6 +265,7 @@ class BrowserExecutor:
             else:
                 out.update(self._screenshot(sess, ctx, op, gate))
         finally:
+            lockdown.close_other_pages(sess.context, sess.page, gate)
             gate.active = False
             holder["gate"] = self._active = None
         out.update(requests=gate.requests, navigations=gate.navigations, hops=gate.hops,

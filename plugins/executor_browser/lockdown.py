@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 from typing import Protocol
 
+from playwright.sync_api import BrowserContext, Page, Route
 from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import Page, Route
 
 # `webrtc-ip-handling-policy` is the command-line form of the WebRtcIPHandling policy (current
 # Chromium); `force-webrtc-ip-handling-policy` is its older name, ignored where unknown.
@@ -52,3 +52,10 @@ def close_popup(popup: Page, gate: Records | None) -> None:
         gate.record(popup.url or "about:blank", "popup", "popups are refused")
     with contextlib.suppress(PlaywrightError):
         popup.close()
+
+
+def close_other_pages(context: BrowserContext, keep: Page, gate: Records | None) -> None:
+    """Close every window of the session but its own page (a popup whose event came late)."""
+    for page in context.pages:
+        if page is not keep:
+            close_popup(page, gate)

@@ -141,7 +141,7 @@ class DockerExecutor:
             return self._pool
 
     def end_session(self, profile: Profile) -> None:
-        """Release the caller's warm container (reset, or replaced if the reset fails)."""
+        """Release the caller's warm container: it is discarded, a fresh one takes its slot."""
         if self._pool is not None:
             self._pool.release(session_key(profile))
 

@@ -198,7 +198,7 @@ class WarmPool:
         api._raise_for_status(resp)
         slot.hard = hard
 
-    # --- health, reset, replacement ----------------------------------------------------------
+    # --- health, recycling, replacement -----------------------------------------------------
 
     def _healthy(self, slot: Slot) -> bool:
         if slot.control is not None and not slot.control.alive:

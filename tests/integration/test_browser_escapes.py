@@ -226,6 +226,14 @@ def test_sockets_and_fetches_to_other_ports_are_blocked_and_reported(
     assert urls[f"127.0.0.1:{listener.tcp_port}"] == "socket"
 
 
+def _pages_per_session(host: BrowserHost) -> list[int]:
+    counts = []
+    for sess in host.sessions.values():
+        sess.page.wait_for_timeout(300)  # let late popup events be dispatched first
+        counts.append(len(sess.context.pages))
+    return counts
+
+
 def test_window_open_is_refused_cleanly(browser: BrowserExecutor, tmp_path: Path,
                                         site: LoopbackServer, other: LoopbackServer,
                                         capfd: pytest.CaptureFixture[str]) -> None:
@@ -239,8 +247,7 @@ def test_window_open_is_refused_cleanly(browser: BrowserExecutor, tmp_path: Path
     assert "/popup-self" not in [p for _m, p, _h in site.seen.requests][len(site_before):]
     # the session still has exactly its own page, and Playwright printed nothing
     assert len(browser.host.sessions) >= 1
-    pages_open = browser.host.run(
-        lambda h: [len(s.context.pages) for s in h.sessions.values()], timeout_s=30)
+    pages_open = browser.host.run(_pages_per_session, timeout_s=30)
     assert all(n == 1 for n in pages_open), pages_open
     err = capfd.readouterr().err
     assert "Traceback" not in err

@@ -48,8 +48,9 @@ def to_ascii(name: str) -> str:
             except (idna.IDNAError, UnicodeError) as exc:
                 raise ValueError(f"invalid international name `{name}`: {exc}") from None
         return ascii_name
-    if any(unicodedata.category(c)[0] in "CZ" for c in name):
-        raise ValueError(f"invisible or whitespace character in `{name}`")
+    hidden = next((c for c in name if unicodedata.category(c)[0] in "CZ"), None)
+    if hidden is not None:
+        raise ValueError(f"invisible or whitespace character U+{ord(hidden):04X} in a host name")
     try:
         return idna.encode(name, uts46=True, transitional=False).decode("ascii")
     except (idna.IDNAError, UnicodeError) as exc:

@@ -76,7 +76,10 @@ def test_sharp_s_and_final_sigma_are_not_folded_into_ss_and_sigma() -> None:
     "xn--zz-zzz-invalid.de",  # not valid punycode
 ])
 def test_invisible_or_invalid_international_patterns_are_refused(pattern: str) -> None:
-    assert validate_host_pattern(pattern) is not None
+    problem = validate_host_pattern(pattern)
+    assert problem is not None
+    if not pattern.isascii() and ".." not in pattern:  # the hidden code point is named
+        assert "U+" in problem, problem
     with pytest.raises(PolicyEngineError) as info:
         parse_url(f"https://{pattern}/")
     assert info.value.code is ErrorCode.CAPABILITY_BLOCKED

@@ -158,3 +158,21 @@ def test_cli_explain_denies_the_international_spelling(tmp_path: Path) -> None:
         assert run.returncode == 0, run.stderr
         answers[url] = json.loads(run.stdout)["decision"]
     assert answers == {"https://www.faß.de/": "deny", "https://www.fass.de/": "allow"}
+
+
+def test_a_pattern_that_maps_to_an_ip_address_is_that_address() -> None:
+    """Full-width digits fold to ASCII: the pattern is the IP literal URLs read, not a name."""
+    written = "\uff11\uff12\uff17.\uff10.\uff10.\uff11"  # １２７.０.０.１
+    hp = HostPattern.of(written)
+    assert (hp.kind, hp.value) == ("ip", "127.0.0.1")
+    u = parse_url(f"http://{written}/")
+    assert u.ip is not None
+    assert hp.matches(u.host, u.ip)
+
+
+@pytest.mark.parametrize("pattern", ["0x7f.1", "127.1", "2130706433", "*.1.2.3", "a.0x10"])
+def test_a_pattern_ending_in_a_number_must_be_a_dotted_address(pattern: str) -> None:
+    # URLs read such hosts as IPv4 addresses (WHATWG), so as a name the pattern never matches
+    problem = validate_host_pattern(pattern)
+    assert problem is not None
+    assert "number" in problem

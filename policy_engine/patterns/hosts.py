@@ -48,8 +48,9 @@ def to_ascii(name: str) -> str:
             except (idna.IDNAError, UnicodeError) as exc:
                 raise ValueError(f"invalid international name `{name}`: {exc}") from None
         return ascii_name
-    if any(unicodedata.category(c)[0] in "CZ" for c in name):
-        raise ValueError(f"invisible or whitespace character in `{name}`")
+    hidden = next((c for c in name if unicodedata.category(c)[0] in "CZ"), None)
+    if hidden is not None:
+        raise ValueError(f"invisible or whitespace character U+{ord(hidden):04X} in a host name")
     try:
         return idna.encode(name, uts46=True, transitional=False).decode("ascii")
     except (idna.IDNAError, UnicodeError) as exc:
@@ -96,11 +97,22 @@ class HostPattern:
         if raw.startswith("*."):
             suffix = canonical_hostname(raw[2:])
             _check_labels(raw, suffix)
+            if _ends_in_number(suffix):
+                raise ValueError(f"`{raw}` ends in a number: URLs read such a host as an IPv4 "
+                                 "address, so a suffix of it matches nothing; use a CIDR block")
             return HostPattern(raw, "suffix", suffix)
         if "*" in raw:
             raise ValueError(f"`*` is only allowed as a whole leading label in `{raw}`")
         name = canonical_hostname(raw)
         _check_labels(raw, name)
+        if _ends_in_number(name):  # e.g. full-width digits, folded: the address URLs read
+            try:
+                ip4 = ipaddress.IPv4Address(name)
+            except ValueError:
+                raise ValueError(
+                    f"`{raw}` ends in a number but is not a dotted-decimal IPv4 address: URLs "
+                    "read such a host as an address; write the address as a.b.c.d") from None
+            return HostPattern(raw, "ip", str(ip4), ipaddress.ip_network(ip4))
         return HostPattern(raw, "exact", name)
 
     def matches(self, host: str, ip: IPAddress | None = None) -> bool:
@@ -123,6 +135,14 @@ class HostPattern:
         if self.kind in ("ip", "cidr") and self.network is not None:
             return ip.version == self.network.version and ip in self.network
         return False
+
+
+def _ends_in_number(name: str) -> bool:
+    """WHATWG's "ends in a number": the last label is decimal digits or ``0x`` hex."""
+    last = name.rsplit(".", 1)[-1].lower()
+    if last.isdigit():
+        return True
+    return last.startswith("0x") and all(c in "0123456789abcdef" for c in last[2:])
 
 
 def _check_labels(raw: str, name: str) -> None:

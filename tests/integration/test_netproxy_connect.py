@@ -112,6 +112,10 @@ while True:
         break
     got += d
 out["pipelined"] = got.count(b"HTTP/1.1 ")
+s = socket.create_connection((phost, int(pport)), timeout=10)
+s.sendall(f"GET {base}/ok HTTP/1.1\r\nHost: x\r\n".encode() + b"X-A: caf\xff\r\n\r\n")
+out["non_ascii_header"] = s.recv(4096).split(b"\r\n")[:3][0::2]
+out["non_ascii_header"] = [x.decode() for x in out["non_ascii_header"]]
 print(json.dumps(out))
 """
 
@@ -224,10 +228,15 @@ def test_forward_requests_share_the_calls_bytes_out_and_are_vetted_one_by_one(
     assert out["first"] == 200
     assert out["second"] == [403, ErrorCode.CAPABILITY_BLOCKED.value]
     assert out["pipelined"] == 1  # one answer, then the connection closes: DELETE never ran
+    # a header value a client cannot send as it is: a clean refusal, not a dropped connection
+    assert out["non_ascii_header"] == [
+        "HTTP/1.1 422 Unprocessable Content",
+        f"X-Policy-Engine-Code: {ErrorCode.SCHEMA_VALIDATION_FAILED.value}"]
     methods = [m for m, _p, _h in server.seen.requests if m != "BODY"]
     assert methods == ["POST", "GET"]
-    assert [r.get("refused") for r in effects] == [None, ErrorCode.CAPABILITY_BLOCKED.value,
-                                                   None]
+    assert [r.get("refused") for r in effects] == [
+        None, ErrorCode.CAPABILITY_BLOCKED.value, None,
+        ErrorCode.SCHEMA_VALIDATION_FAILED.value]
     assert sum(int(r.get("bytes_out", 0)) for r in effects) == 600
 
 

@@ -76,7 +76,10 @@ def test_sharp_s_and_final_sigma_are_not_folded_into_ss_and_sigma() -> None:
     "xn--zz-zzz-invalid.de",  # not valid punycode
 ])
 def test_invisible_or_invalid_international_patterns_are_refused(pattern: str) -> None:
-    assert validate_host_pattern(pattern) is not None
+    problem = validate_host_pattern(pattern)
+    assert problem is not None
+    if not pattern.isascii() and ".." not in pattern:  # the hidden code point is named
+        assert "U+" in problem, problem
     with pytest.raises(PolicyEngineError) as info:
         parse_url(f"https://{pattern}/")
     assert info.value.code is ErrorCode.CAPABILITY_BLOCKED
@@ -155,3 +158,21 @@ def test_cli_explain_denies_the_international_spelling(tmp_path: Path) -> None:
         assert run.returncode == 0, run.stderr
         answers[url] = json.loads(run.stdout)["decision"]
     assert answers == {"https://www.faß.de/": "deny", "https://www.fass.de/": "allow"}
+
+
+def test_a_pattern_that_maps_to_an_ip_address_is_that_address() -> None:
+    """Full-width digits fold to ASCII: the pattern is the IP literal URLs read, not a name."""
+    written = "\uff11\uff12\uff17.\uff10.\uff10.\uff11"  # １２７.０.０.１
+    hp = HostPattern.of(written)
+    assert (hp.kind, hp.value) == ("ip", "127.0.0.1")
+    u = parse_url(f"http://{written}/")
+    assert u.ip is not None
+    assert hp.matches(u.host, u.ip)
+
+
+@pytest.mark.parametrize("pattern", ["0x7f.1", "127.1", "2130706433", "*.1.2.3", "a.0x10"])
+def test_a_pattern_ending_in_a_number_must_be_a_dotted_address(pattern: str) -> None:
+    # URLs read such hosts as IPv4 addresses (WHATWG), so as a name the pattern never matches
+    problem = validate_host_pattern(pattern)
+    assert problem is not None
+    assert "number" in problem

@@ -5,8 +5,9 @@ directory (spool and WAL included), the log records and the CLI's stdout and std
 
 Exempt, and only there: what an allowed op returns to its caller as content in its own
 ``result.out`` — the process's stdout (``out.stdout``), the response body's head
-(``out.body.head_b64``, base64), the file's bytes (``out.bytes_b64``, base64), the page's text and its own address
-(``out.text``, ``out.url`` of browser.nav). The same markers must not appear anywhere else.
+(``out.body.head_b64``, base64), the file's bytes (``out.bytes_b64``, base64), the page's text
+and its own address (``out.text``, ``out.url`` of browser.nav). The same markers must not
+appear anywhere else.
 """
 
 from __future__ import annotations

@@ -206,6 +206,12 @@ def _run_all(tmp: Path, ops: list[tuple[ExecOp, bool]], settings: Settings, gran
             assert out.decision.allowed is allowed, (op.kind, out.decision)
             if allowed:
                 assert out.result.ok, (op.kind, out.result)
+                # the content the call returns is really there, where it is exempt
+                returned = json.dumps(out.result.out)
+                expected = {"proc.exec": m["stdout"], "browser.nav": m["pagetext"],
+                            "fs.read": base64.b64encode(m["fileread"].encode()).decode(),
+                            "net.http": base64.b64encode(m["respbody"].encode()).decode()}
+                assert expected.get(op.kind, "") in returned, (op.kind, returned[:500])
             leaks += _outcome_leaks(m, op, out)
     return leaks
 
@@ -276,6 +282,14 @@ def test_no_marker_in_cli_run_explain_and_stats(
                              "--format", fmt)
             assert explained.returncode == 0, explained.stderr.decode()[-2000:]
             leaks += _find(m, explained.stdout + explained.stderr, f"explain {op.kind}")
+    # the `-- TOOL ARGS...` form: argv straight from the command line, allowed and denied
+    for args, code in ((("-c", "print(1)", f"--token={m['argv_cli']}"), 0),
+                       (("-X", f"--token={m['argv_cli_denied']}"), 1)):
+        ran = _cli("run", "--policy", str(policy), "--config", str(config),
+                   "--manifest", str(tmp_path / "manifest.json"),
+                   "--grant", str(tmp_path / "grant.json"), "--", "python3", *args)
+        assert ran.returncode == code, (ran.stdout + ran.stderr).decode()[:1500]
+        leaks += _find(m, ran.stdout + ran.stderr, "run -- python3")
     for fmt in ("text", "json"):
         stats = _cli("stats", str(tmp_path / "state" / "evidence" / "evidence.jsonl"),
                      "--format", fmt)

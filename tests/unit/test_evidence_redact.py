@@ -117,3 +117,10 @@ def test_redact_audit_keeps_engine_values_and_sizes_the_rest() -> None:
     assert got["removed"] == ["a", "http://h/"]
     assert "SECRET" not in repr(got)
     assert got["message"].startswith("<str, 11 chars")
+
+
+def test_a_state_dir_that_cannot_hold_the_key_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state directory should be")
+    with pytest.raises(ValueError, match="evidence key .* cannot be created or read"):
+        load_or_create_key(blocker)

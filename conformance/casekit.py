@@ -382,11 +382,12 @@ def decision_view(d: Decision) -> dict[str, Any]:
 _VOLATILE = frozenset({"envelope_id", "produced_at_ms", "finished_at_ms", "sandbox_latency_ms",
                        "profile_hash", "policy_version_hash", "duration_ms", "elapsed_ms",
                        "wall_ms", "cpu_ms", "pid", "started_at_ms", "artifacts_path",
-                       "handle"})
+                       "handle", "hmac_key"})
 # argv_digest covers the interpreter's path (`@PYTHON@` is sys.executable: `python` or `python3`
 # depending on how pytest was started), so only its presence is pinned
+# `hmac`: per-argument digests keyed with the state directory's own key (evidence/redact.py)
 _DIGEST_KEYS = frozenset({"inputs_digest", "outputs_digest", "digest", "sha256", "body_sha256",
-                          "argv_digest"})
+                          "argv_digest", "hmac"})
 
 
 def evidence_view(record: Mapping[str, Any], env: Env,

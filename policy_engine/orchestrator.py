@@ -15,6 +15,7 @@ from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.evidence import (
     EMPTY_DIGEST,
     SpoolingSink,
+    allowing_template,
     capability_string,
     digest_json,
     inputs_digest,
@@ -36,7 +37,6 @@ from policy_engine.model import (
     Manifest,
     OpKind,
     Overrides,
-    ProcCapability,
     Profile,
     Settings,
     SideEffectRec,
@@ -128,6 +128,9 @@ class Orchestrator:
         self._ids = ids or (lambda: uuid.uuid4().hex)
         self.builder: ProfileBuilderLike = profile_builder or ProfileBuilder(policyset)
         self.guard: GuardLike = guard or Guard(policyset)
+        # keys the per-argument and URL digests of the evidence (evidence/redact.py says why);
+        # loaded before any plugin opens something that would need closing on failure
+        self.evidence_key = load_or_create_key(config.state_dir)
         self.plugins.configure(config)
         self.components = self.plugins.components(config)
         missing = [s for s in config.evidence_sinks if s not in self.components.sinks]
@@ -137,8 +140,6 @@ class Orchestrator:
                            else (f"budget meter `{config.budget_meter}`", "budget_meter"))
             raise ValueError(self.components.unavailable(what, stage))
         self.meter: BudgetMeter = self.components.meter
-        # keys the per-argument and URL digests of the evidence (evidence/redact.py says why)
-        self.evidence_key = load_or_create_key(config.state_dir)
         spool = config.state_dir / "spool"
         self.sinks = [SpoolingSink(self.components.sinks[n], spool,
                                    on_failure=self._count_sink_failure)
@@ -321,7 +322,7 @@ class Orchestrator:
         ok = status == "ok" and attempt is not None and attempt.result is not None
         out = attempt.result.out if ok and attempt and attempt.result else {}
         effects = self._side_effects(op, out, side_effects or [], self.evidence_key,
-                                     _template(profile, decision))
+                                     allowing_template(profile, decision))
         if err is not None and error_kind is None:
             error_kind = attempt.error_kind if attempt else _denial_kind(err.code)
         end = EvidenceEnd(
@@ -381,19 +382,6 @@ def _reported_degradations(attempt: Attempt) -> tuple[str, ...]:
     if not isinstance(reported, list):
         return ()
     return tuple(str(r) for r in reported)
-
-
-def _template(profile: Profile | None, decision: Decision) -> tuple[ArgSlot, ...] | None:
-    """The argument template of the capability that allowed a process call (``None`` for a
-    denial): arguments that match one of its literals are recorded as that literal."""
-    if profile is None or not decision.allowed or decision.rule is None:
-        return None
-    for cap in profile.capabilities:
-        if cap.rule == decision.rule:
-            for member in cap.all_of:
-                if isinstance(member, ProcCapability) and member.args is not None:
-                    return member.args
-    return None
 
 
 def _profile_label(profile: Profile | None) -> str | None:

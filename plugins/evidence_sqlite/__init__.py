@@ -83,7 +83,9 @@ class SqliteSink:
 
     Column mapping for ``sandbox_execs`` (seed 002 §6): exec_id = envelope_id, project_id =
     tenant, task_id = call_id, conversation_id = subject_id, skill_id = tool_name, image =
-    sandbox backend, cmd/args/cwd/env_keys from the process summary (env keys, never values),
+    sandbox backend, cmd/args/cwd/env_keys from the process summary (``args`` is the JSON list
+    of per-argument summaries — template literal or size + keyed digest, never an argument
+    value; env keys, never values),
     policy_snapshot = profile hash + policy version hash, error_reason = error code.
     """
 

@@ -2,6 +2,7 @@
 
 from policy_engine.evidence.digest import (
     EMPTY_DIGEST,
+    allowing_template,
     canonical_json,
     capability_string,
     digest_json,
@@ -20,7 +21,8 @@ from policy_engine.evidence.sink import EvidenceSink
 from policy_engine.evidence.spool import SpoolingSink
 
 __all__ = [
-    "EMPTY_DIGEST", "EvidenceSink", "SpoolingSink", "canonical_json", "capability_string",
+    "EMPTY_DIGEST", "EvidenceSink", "SpoolingSink", "allowing_template", "canonical_json",
+    "capability_string",
     "digest_json", "inputs_digest", "load_or_create_key", "redact_audit", "redact_text",
     "redact_url", "redacted_op", "request_summary", "summarize_args",
 ]

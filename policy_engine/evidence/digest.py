@@ -14,13 +14,16 @@ from policy_engine.model import (
     ArgSlot,
     BrowserNavOp,
     BrowserScreenshotOp,
+    Decision,
     Digest,
     ExecOp,
     FsListOp,
     FsReadOp,
     FsWriteOp,
     NetHttpOp,
+    ProcCapability,
     ProcExecOp,
+    Profile,
     SideEffect,
     SideEffectRec,
     TmpAllocOp,
@@ -122,3 +125,17 @@ def request_summary(op: ExecOp, key: bytes | None = None,
     if key is not None:
         meta["hmac_key"] = key_id(key)
     return SideEffectRec(kind=SideEffect.PROCESS, meta=meta)
+
+
+def allowing_template(profile: Profile | None, decision: Decision) -> tuple[ArgSlot, ...] | None:
+    """The argument template of the capability that allowed a process call (``None`` for a
+    denial or no template): arguments equal to one of its literals are recorded as that literal.
+    """
+    if profile is None or not decision.allowed or decision.rule is None:
+        return None
+    for cap in profile.capabilities:
+        if cap.rule == decision.rule:
+            for member in cap.all_of:
+                if isinstance(member, ProcCapability) and member.args is not None:
+                    return member.args
+    return None

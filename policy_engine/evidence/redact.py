@@ -10,6 +10,7 @@ digests within one installation, and whoever holds the key can confirm a candida
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import os
@@ -34,24 +35,40 @@ _URLISH = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"`<>]*")
 
 
 def load_or_create_key(state_dir: Path) -> bytes:
-    """The installation's evidence key, created (0600, in a 0700 dir) on first use."""
+    """The installation's evidence key, created (0600, in a 0700 dir) on first use.
+
+    Created as a private temporary file and hard-linked into place, so a concurrent engine
+    process either wins or reads the complete key of the one that did, never a partial file.
+
+    :raises ValueError: the key cannot be read or created, or is too short.
+    """
     path = state_dir / KEY_FILE
     try:
+        if not path.exists():
+            _create_key(path)
         data = path.read_bytes()
-    except FileNotFoundError:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fresh = secrets.token_bytes(_KEY_BYTES)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except FileExistsError:  # another engine process created it meanwhile
-            data = path.read_bytes()
-        else:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(fresh)
-            data = fresh
+    except OSError as exc:
+        raise ValueError(f"evidence key `{path}` cannot be created or read: "
+                         f"{exc.strerror or exc}") from None
     if len(data) < _KEY_BYTES:
         raise ValueError(f"evidence key `{path}` is shorter than {_KEY_BYTES} bytes")
     return data
+
+
+def _create_key(path: Path) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(secrets.token_bytes(_KEY_BYTES))
+            fh.flush()
+            os.fsync(fh.fileno())
+        # FileExistsError: another process created it first, and theirs is the key
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def key_id(key: bytes) -> str:

@@ -5,8 +5,9 @@ directory (spool and WAL included), the log records and the CLI's stdout and std
 
 Exempt, and only there: what an allowed op returns to its caller as content in its own
 ``result.out`` — the process's stdout (``out.stdout``), the response body's head
-(``out.body.head_b64``, base64), the file's bytes (``out.bytes_b64``, base64), the page's text and its own address
-(``out.text``, ``out.url`` of browser.nav). The same markers must not appear anywhere else.
+(``out.body.head_b64``, base64), the file's bytes (``out.bytes_b64``, base64), the page's text
+and its own address (``out.text``, ``out.url`` of browser.nav). The same markers must not
+appear anywhere else.
 """
 
 from __future__ import annotations
@@ -205,6 +206,12 @@ def _run_all(tmp: Path, ops: list[tuple[ExecOp, bool]], settings: Settings, gran
             assert out.decision.allowed is allowed, (op.kind, out.decision)
             if allowed:
                 assert out.result.ok, (op.kind, out.result)
+                # the content the call returns is really there, where it is exempt
+                returned = json.dumps(out.result.out)
+                expected = {"proc.exec": m["stdout"], "browser.nav": m["pagetext"],
+                            "fs.read": base64.b64encode(m["fileread"].encode()).decode(),
+                            "net.http": base64.b64encode(m["respbody"].encode()).decode()}
+                assert expected.get(op.kind, "") in returned, (op.kind, returned[:500])
             leaks += _outcome_leaks(m, op, out)
     return leaks
 
@@ -275,6 +282,14 @@ def test_no_marker_in_cli_run_explain_and_stats(
                              "--format", fmt)
             assert explained.returncode == 0, explained.stderr.decode()[-2000:]
             leaks += _find(m, explained.stdout + explained.stderr, f"explain {op.kind}")
+    # the `-- TOOL ARGS...` form: argv straight from the command line, allowed and denied
+    for args, code in ((("-c", "print(1)", f"--token={m['argv_cli']}"), 0),
+                       (("-X", f"--token={m['argv_cli_denied']}"), 1)):
+        ran = _cli("run", "--policy", str(policy), "--config", str(config),
+                   "--manifest", str(tmp_path / "manifest.json"),
+                   "--grant", str(tmp_path / "grant.json"), "--", "python3", *args)
+        assert ran.returncode == code, (ran.stdout + ran.stderr).decode()[:1500]
+        leaks += _find(m, ran.stdout + ran.stderr, "run -- python3")
     for fmt in ("text", "json"):
         stats = _cli("stats", str(tmp_path / "state" / "evidence" / "evidence.jsonl"),
                      "--format", fmt)

@@ -341,10 +341,11 @@ def test_argv_template() -> None:
         ProcCapability(tool="git"),))
     assert decide(prof, ProcExecOp(tool="git", args=("push", "origin"))).allowed
     d = decide(prof, ProcExecOp(tool="git", args=("push", "--force")))
-    assert (d.code, d.reason) == (TOOL, "argument 2 `--force` is not allowed by the template")
+    assert (d.code, d.reason) == (TOOL,
+                                  "argument 2 (7 characters) is not allowed by the template")
     d = decide(prof, ProcExecOp(tool="git", args=("rebase",)))
     assert d.code == TOOL
-    assert "argument 1 `rebase`" in d.reason
+    assert "argument 1 (6 characters)" in d.reason
     d = decide(prof, ProcExecOp(tool="rm", args=("-rf", "/")))
     assert d.code == PERM  # not granted comes before the manifest
 

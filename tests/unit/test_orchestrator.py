@@ -20,7 +20,8 @@ from orchestrator_fixtures import (
 )
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
-from policy_engine.evidence import inputs_digest
+from policy_engine.evidence import inputs_digest, load_or_create_key
+from policy_engine.evidence.redact import key_id, keyed_digest
 from policy_engine.executor import CancelToken
 from policy_engine.model import Budget, FsReadOp, FsWriteOp, ProcExecOp, TmpAllocOp, Usage
 from policy_engine.orchestration import MemoryRevocationList
@@ -190,7 +191,11 @@ def test_evidence_never_holds_written_content_or_env_values(tmp_path: Path) -> N
     assert "API_TOKEN" in text
     proc_end = records(tmp_path)[-1]
     meta = proc_end["side_effects"][0]["meta"]
-    assert meta == {"cmd": "git", "args": ["status"], "cwd": None, "env_keys": ["API_TOKEN"],
+    # no template allowed this call here, so the argument is a size and a keyed digest only
+    key = load_or_create_key(tmp_path)
+    assert meta == {"cmd": "git", "argc": 1, "args": [{"size": 6,
+                                                        "hmac": keyed_digest(key, "status")}],
+                    "cwd": None, "env_keys": ["API_TOKEN"], "hmac_key": key_id(key),
                     "exit_code": 0, "stdout_truncated": True}
 
 

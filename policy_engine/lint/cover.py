@@ -7,6 +7,8 @@ after the meet resolves defaults: see :mod:`policy_engine.patterns.meet`). When 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from policy_engine.model import Capability, FsCapability, ProcCapability
 from policy_engine.patterns.host_meet import host_contains
 from policy_engine.patterns.meet import (
@@ -82,7 +84,9 @@ def _ports(a: tuple[int, ...], b: tuple[int, ...], schemes: tuple[str, ...]) -> 
     return set(b) <= set(a)
 
 
+@lru_cache(maxsize=1 << 16)
 def _segs(glob: str) -> tuple[str, ...]:
+    # called for every pair of rules the shadowing checks compare: computed once per glob
     return tuple(s for s in literal_prefix(glob).split("/") if s)
 
 

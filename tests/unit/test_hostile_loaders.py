@@ -24,6 +24,7 @@ from hostile_cli import (
     run_cli,
 )
 
+from policy_engine.config import load_config
 from policy_engine.dsl.bounded import (
     MAX_ALIAS_NODES,
     MAX_DEPTH,
@@ -230,3 +231,15 @@ def test_yaml_values_a_tag_cannot_hold_are_diagnostics(tmp_path: Path, text: str
     assert message in d.message
     assert d.span is not None
     assert re.fullmatch(r"\d+", str(d.span.line))
+
+
+def test_the_engine_configuration_is_bounded_and_refuses_duplicate_keys(tmp_path: Path) -> None:
+    (tmp_path / "cyclic.yaml").write_text("&a\nmode: *a\n")
+    with pytest.raises(ValueError, match=r"cyclic.yaml`:2:7: alias `\*a` refers to a node that "
+                                         "contains it"):
+        load_config(tmp_path / "cyclic.yaml")
+    (tmp_path / "twice.yaml").write_text("mode: strict\nmode: compat\n")
+    with pytest.raises(ValueError, match=r"twice.yaml`:2:1: duplicate key `mode`"):
+        load_config(tmp_path / "twice.yaml")
+    (tmp_path / "ok.yaml").write_text("mode: compat\n")
+    assert load_config(tmp_path / "ok.yaml").mode == "compat"

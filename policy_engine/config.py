@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -11,6 +10,7 @@ from typing import Any, Literal
 
 import yaml
 
+from policy_engine.dsl.bounded import MAX_DOCUMENT_BYTES, DocumentError, parse_json, parse_yaml
 from policy_engine.model import OpKind
 
 DEFAULT_BACKENDS: Mapping[OpKind, str] = {
@@ -131,12 +131,21 @@ def load_config(path: Path) -> EngineConfig:
     :raises ValueError: the file is unreadable, not a mapping, or has a bad key or value.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_DOCUMENT_BYTES + 1)
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise ValueError(f"cannot read config `{path}`: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"config `{path}` is not UTF-8 text") from None
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise ValueError(f"config `{path}` is larger than {MAX_DOCUMENT_BYTES:,} bytes")
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        # bounded like every other document: depth, aliases, integers, duplicate keys
+        data = (parse_json if path.suffix == ".json" else parse_yaml)(text)[0]
+    except DocumentError as exc:
+        raise ValueError(f"config `{path}`:{exc.line}:{exc.column}: {exc.message}") from None
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:
         raise ValueError(f"config `{path}` is not valid YAML/JSON: {exc}") from None
     if data is None:
         data = {}

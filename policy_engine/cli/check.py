@@ -13,7 +13,7 @@ from policy_engine.dsl.render import render_diagnostic
 from policy_engine.errors import Diagnostic, Severity
 
 # A file that cannot be read at all is unusable input (exit 2), not a policy error (exit 1).
-_UNUSABLE = {"SBP100"}
+_UNUSABLE = {"SBP100", "SBP106"}
 
 
 @click.command("check")

@@ -198,54 +198,48 @@ def _scan_yaml(text: str) -> Positions:
     anchors: dict[str, int] = {}
     aliased = 0
     documents = 0
-    loader = _CLoader(text)
-    try:
-        while (event := loader.get_event()) is not None:
-            if isinstance(event, yaml.StreamEndEvent):
-                break
-            mark = event.start_mark
-            line, col = mark.line + 1, mark.column + 1
-            if isinstance(event, yaml.DocumentStartEvent):
-                documents += 1
-                if documents > 1:
-                    raise DocumentError("a file holds one YAML document; remove the second "
-                                        "`---` and what follows", line, col)
-            elif isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
-                scan.open(isinstance(event, yaml.MappingStartEvent), line, col, event.anchor)
-            elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
-                done = scan.stack.pop()
-                if done.anchor is not None:
-                    anchors[done.anchor] = done.nodes
-                scan.done(done.nodes)
-            elif isinstance(event, yaml.AliasEvent):
-                name = event.anchor or ""
-                if any(f.anchor == name for f in scan.stack):
-                    raise DocumentError(f"alias `*{name}` refers to a node that contains it",
-                                        line, col)
-                if name not in anchors:
-                    raise DocumentError(f"alias `*{name}` names no anchor defined before it",
-                                        line, col)
-                aliased += anchors[name]
-                if aliased > MAX_ALIAS_NODES:
-                    raise DocumentError(
-                        f"aliases expand the document by more than {MAX_ALIAS_NODES} nodes",
-                        line, col)
-                _scalar_or_alias(scan, line, col)
-                scan.done(anchors[name])
-            elif isinstance(event, yaml.ScalarEvent):
-                tag = _tag(event)
-                if tag not in _PLAIN:
-                    _check_scalar(event, tag, line, col)
-                top = scan.stack[-1] if scan.stack else None
-                if top is not None and top.mapping and top.expect_key:
-                    scan.key((tag, event.value), str(event.value), line, col)
-                else:
-                    scan.child_loc(line, col)
-                if event.anchor is not None:
-                    anchors[event.anchor] = 1
-                scan.done(1)
-    finally:
-        loader.dispose()
+    for event in yaml.parse(text, Loader=_CLoader):  # a generator: disposes the parser
+        mark = event.start_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+        if isinstance(event, yaml.DocumentStartEvent):
+            documents += 1
+            if documents > 1:
+                raise DocumentError("a file holds one YAML document; remove the second "
+                                    "`---` and what follows", line, col)
+        elif isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+            scan.open(isinstance(event, yaml.MappingStartEvent), line, col, event.anchor)
+        elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+            done = scan.stack.pop()
+            if done.anchor is not None:
+                anchors[done.anchor] = done.nodes
+            scan.done(done.nodes)
+        elif isinstance(event, yaml.AliasEvent):
+            name = event.anchor or ""
+            if any(f.anchor == name for f in scan.stack):
+                raise DocumentError(f"alias `*{name}` refers to a node that contains it",
+                                    line, col)
+            if name not in anchors:
+                raise DocumentError(f"alias `*{name}` names no anchor defined before it",
+                                    line, col)
+            aliased += anchors[name]
+            if aliased > MAX_ALIAS_NODES:
+                raise DocumentError(
+                    f"aliases expand the document by more than {MAX_ALIAS_NODES} nodes",
+                    line, col)
+            _scalar_or_alias(scan, line, col)
+            scan.done(anchors[name])
+        elif isinstance(event, yaml.ScalarEvent):
+            tag = _tag(event)
+            if tag not in _PLAIN:
+                _check_scalar(event, tag, line, col)
+            top = scan.stack[-1] if scan.stack else None
+            if top is not None and top.mapping and top.expect_key:
+                scan.key((tag, event.value), str(event.value), line, col)
+            else:
+                scan.child_loc(line, col)
+            if event.anchor is not None:
+                anchors[event.anchor] = 1
+            scan.done(1)
     return scan.positions
 
 
@@ -260,7 +254,9 @@ def _tag(event: yaml.ScalarEvent) -> str:
         return str(event.tag)
     if event.tag == "!" or not event.implicit[0]:
         return _STR
-    return str(_RESOLVER.resolve(yaml.ScalarNode, event.value, event.implicit))
+    resolved = _RESOLVER.resolve(  # type: ignore[no-untyped-call]  # untyped in the stubs
+        yaml.ScalarNode, event.value, event.implicit)
+    return str(resolved)
 
 
 def _check_scalar(event: yaml.ScalarEvent, tag: str, line: int, col: int) -> None:
@@ -268,15 +264,20 @@ def _check_scalar(event: yaml.ScalarEvent, tag: str, line: int, col: int) -> Non
     with its position, instead of as an exception out of the constructor."""
     if tag == _INT:
         _check_int(event.value, line, col)
-    node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark)
+    node = yaml.ScalarNode(tag, event.value)
     try:
-        yaml.SafeLoader("").construct_object(node)
-    except yaml.YAMLError:
-        raise
-    except (ValueError, TypeError, AttributeError, KeyError, OverflowError) as exc:
+        yaml.constructor.SafeConstructor().construct_object(node)
+    except yaml.MarkedYAMLError as exc:  # an unknown tag: the constructor's own words
+        raise DocumentError(str(exc.problem or exc.context or exc), line, col) from None
+    except (yaml.YAMLError, ValueError, TypeError, AttributeError, KeyError,
+            OverflowError) as exc:
         short = tag.rsplit(":", 1)[-1]
-        raise DocumentError(f"`{event.value[:40]}` is not a valid `!!{short}` ({exc})",
-                            line, col) from None
+        raise DocumentError(f"`{event.value[:40]}` is not a valid `!!{short}` "
+                            f"({_first_line(exc)})", line, col) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().split("\n", 1)[0] or type(exc).__name__)[:120]
 
 
 # ---- regular expressions ------------------------------------------------------------------------

@@ -14,6 +14,8 @@ generated policies.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from itertools import islice
 from typing import Literal
 
 from policy_engine.dsl import ast
@@ -39,6 +41,7 @@ _TOOL_BLOCK = re.compile(r'tool(?=\s+"(?:[^"\\\n]|\\.)*"\s+version\b)')
 _RESOURCES = frozenset({"paths", "hosts", "ports", "schemes", "methods", "mime", "scopes"})
 _SCALARS = frozenset({"max_bytes", "class"})
 _END = ("$END", "", 0, 0, 0, 0)
+_CHUNK = 4096
 
 # (type, text, line, column, end_line, end_column); type is a terminal name or the punctuation
 Tok = tuple[str, str, int, int, int, int]
@@ -67,11 +70,12 @@ def parse_file(
     return parse(text, shown)
 
 
-def _tokens(text: str, file: str) -> tuple[list[Tok], list[ast.Comment]]:
+def _tokens(text: str, file: str, comments: list[ast.Comment]) -> Iterator[Tok]:
+    """The tokens of ``text``, lazily: garbage (a megabyte of `{`) is refused at its first
+    tokens instead of after a list of a million of them is built (the Lark fallback then
+    reports it)."""
     if "\x00" in text:
         raise Unsupported
-    toks: list[Tok] = []
-    comments: list[ast.Comment] = []
     line, line_start, pos, size = 1, 0, 0, len(text)
     match = _TOKEN.match
     while pos < size:
@@ -89,9 +93,9 @@ def _tokens(text: str, file: str) -> tuple[list[Tok], list[ast.Comment]]:
                 line += newlines
                 line_start = pos + value.rindex("\n") + 1
                 if kind == "CEL":
-                    toks.append(("CEL", value, start_line, col, line, end - line_start + 1))
+                    yield ("CEL", value, start_line, col, line, end - line_start + 1)
             elif kind == "CEL":
-                toks.append(("CEL", value, line, col, line, col + len(value)))
+                yield (("CEL", value, line, col, line, col + len(value)))
         elif kind == "COMMENT":
             comments.append(ast.Comment(value.rstrip("\r"),
                                         Span(file, line, col, line, col + len(value))))
@@ -100,10 +104,9 @@ def _tokens(text: str, file: str) -> tuple[list[Tok], list[ast.Comment]]:
                 kind = value
             elif kind == "NAME" and value == "tool" and _TOOL_BLOCK.match(text, pos):
                 kind = "TOOL_BLOCK"
-            toks.append((kind, value, line, col, line, col + len(value)))
+            yield ((kind, value, line, col, line, col + len(value)))
         pos = end
-    toks.append(_END)
-    return toks, comments
+    yield _END
 
 
 class _Reader:
@@ -112,35 +115,47 @@ class _Reader:
     def __init__(self, text: str, file: str) -> None:
         self.text = text
         self.file = file
-        self.toks, self.comments = _tokens(text, file)
+        self.comments: list[ast.Comment] = []
+        self.stream = _tokens(text, file, self.comments)
+        self.toks: list[Tok] = []
         self.i = 0
+
+    def _tok(self) -> Tok:
+        """The token at ``self.i``, tokenizing the next chunk when it is not read yet."""
+        try:
+            return self.toks[self.i]
+        except IndexError:
+            self.toks.extend(islice(self.stream, _CHUNK))
+            if self.i >= len(self.toks):
+                raise Unsupported from None  # read past $END: cannot happen on valid input
+            return self.toks[self.i]
 
     # ---- token helpers ---------------------------------------------------------------------
 
     def peek(self) -> Tok:
-        return self.toks[self.i]
+        return self._tok()
 
     def next(self) -> Tok:
-        tok = self.toks[self.i]
+        tok = self._tok()
         self.i += 1
         return tok
 
     def expect(self, kind: str) -> Tok:
-        tok = self.toks[self.i]
+        tok = self._tok()
         if tok[0] != kind:
             raise Unsupported
         self.i += 1
         return tok
 
     def keyword(self, word: str) -> Tok:
-        tok = self.toks[self.i]
+        tok = self._tok()
         if tok[0] != "NAME" or tok[1] != word:
             raise Unsupported
         self.i += 1
         return tok
 
     def at_keyword(self, *words: str) -> bool:
-        tok = self.toks[self.i]
+        tok = self._tok()
         return tok[0] == "NAME" and tok[1] in words
 
     def tspan(self, tok: Tok) -> Span:

@@ -7,6 +7,8 @@ after the meet resolves defaults: see :mod:`policy_engine.patterns.meet`). When 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from policy_engine.model import Capability, FsCapability, ProcCapability
 from policy_engine.patterns.host_meet import host_contains
 from policy_engine.patterns.meet import (
@@ -82,7 +84,10 @@ def _ports(a: tuple[int, ...], b: tuple[int, ...], schemes: tuple[str, ...]) -> 
     return set(b) <= set(a)
 
 
-def _segs(glob: str) -> tuple[str, ...]:
+@lru_cache(maxsize=1 << 16)
+def segments(glob: str) -> tuple[str, ...]:
+    """The literal leading segments of ``glob`` (`/a/b/*.py` → `("a", "b")`), cached: the
+    shadowing checks ask for every rule they compare."""
     return tuple(s for s in literal_prefix(glob).split("/") if s)
 
 
@@ -90,13 +95,13 @@ def may_contain(a: str, b: str) -> bool:
     """Cheap necessary condition for :func:`contains` on expanded globs: ``a``'s literal prefix
     is a segment prefix of ``b``'s (a wildcard segment of ``b`` always admits names ``a``'s
     literal segment does not)."""
-    pa, pb = _segs(a), _segs(b)
+    pa, pb = segments(a), segments(b)
     return pb[:len(pa)] == pa
 
 
 def may_meet(a: str, b: str) -> bool:
     """Cheap necessary condition for two expanded globs to intersect: literal prefixes agree."""
-    pa, pb = _segs(a), _segs(b)
+    pa, pb = segments(a), segments(b)
     n = min(len(pa), len(pb))
     return pa[:n] == pb[:n]
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from policy_engine.compiler.context import RuleDraft
 from policy_engine.dsl import ast
-from policy_engine.lint.cover import covers
+from policy_engine.lint.cover import covers, segments
 from policy_engine.lint.model import FileView, Finding, LintConfig
 from policy_engine.lint.rules.base import drafts, finding, head, label, unconditional
-from policy_engine.model import CapabilityKind
+from policy_engine.model import Capability, CapabilityKind, FsCapability, ProcCapability
 
 _FS = (CapabilityKind.FS_READ, CapabilityKind.FS_WRITE, CapabilityKind.FS_LIST)
 _FORBID_COVERABLE = (*_FS, CapabilityKind.PROC_EXEC)
@@ -59,15 +59,58 @@ def check_duplicates(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
                           head(d.node), d.node.span)
 
 
-def _covered(d: RuleDraft, by: list[RuleDraft], home: str,
-             kinds: tuple[CapabilityKind, ...] | None = None) -> dict[CapabilityKind, RuleDraft]:
-    """For each kind of ``d``, a rule of ``by`` covering it; partial when some kind is not."""
+class _Index:
+    """Rules by what a capability of theirs could cover, so a lookup tries only the rules that
+    pass :func:`~policy_engine.lint.cover.fs_prefilter` (comparing every pair made `lint` take
+    minutes on a policy of a few thousand rules)."""
+
+    def __init__(self) -> None:
+        self.rules: list[RuleDraft] = []
+        self.keys: list[tuple[Any, ...]] = []
+        self.fs: dict[tuple[CapabilityKind, tuple[str, ...]], list[int]] = {}
+        self.tools: dict[tuple[CapabilityKind, str], list[int]] = {}
+        self.other: dict[CapabilityKind, list[int]] = {}
+        """Every rule by kind: the candidates of kinds with no finer index."""
+
+    def add(self, d: RuleDraft, key: tuple[Any, ...]) -> None:
+        n = len(self.rules)
+        self.rules.append(d)
+        self.keys.append(key)
+        for kind, cap in d.capabilities.items():
+            self.other.setdefault(kind, []).append(n)
+            if isinstance(cap, FsCapability):
+                for prefix in {segments(x) for x in cap.paths}:
+                    self.fs.setdefault((kind, prefix), []).append(n)
+            elif isinstance(cap, ProcCapability):
+                self.tools.setdefault((kind, cap.tool), []).append(n)
+
+    def candidates(self, kind: CapabilityKind, cap: Capability) -> list[int]:
+        """Rules (in order) that may cover ``cap``: for fs, those with a path whose literal
+        segments are a prefix of the first path's (a necessary condition of containment)."""
+        if isinstance(cap, FsCapability) and cap.paths:
+            segs = segments(cap.paths[0])
+            found: set[int] = set()
+            for k in range(len(segs) + 1):
+                found.update(self.fs.get((kind, segs[:k]), ()))
+            return sorted(found)
+        if isinstance(cap, ProcCapability):
+            return self.tools.get((kind, cap.tool), [])
+        return self.other.get(kind, [])
+
+
+def _covered(d: RuleDraft, by: _Index, home: str, kinds: tuple[CapabilityKind, ...] | None = None,
+             skip_key: tuple[Any, ...] | None = None) -> dict[CapabilityKind, RuleDraft]:
+    """For each kind of ``d``, the first rule of ``by`` covering it (rules with the key
+    ``skip_key`` left out); partial when some kind is not covered."""
     out: dict[CapabilityKind, RuleDraft] = {}
     for kind, cap in d.capabilities.items():
         if kinds is not None and kind not in kinds:
             continue
-        for other in by:
+        for n in by.candidates(kind, cap):
+            other = by.rules[n]
             big = other.capabilities.get(kind)
+            if skip_key is not None and by.keys[n] == skip_key:
+                continue
             if big is not None and covers(big, cap, home):
                 out[kind] = other
                 break
@@ -79,27 +122,34 @@ def check_shadowed(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
     earlier unconditional permits, which are matched first)."""
     rules = view.policy.rules
     # a mandatory deny over fs permits is the checker's SBP216; do not say it twice
-    usable = [f for f in rules if f.node.effect == "forbid" and unconditional(f.node)
-              and not f.node.mandatory]
-    keys = [_key(d) for d in rules]
-    for i, d in enumerate(rules):
-        if d.unit.file is not view.file or d.node.effect != "permit" or not d.capabilities:
-            continue
-        by_forbid = _covered(d, usable, cfg.home, _FORBID_COVERABLE)
-        if len(by_forbid) == len(d.capabilities):
-            names = ", ".join(sorted({label(f.node, f.id) for f in by_forbid.values()}))
-            yield finding("SBP338", f"permit {label(d.node, d.id)} can never apply: forbid "
-                          f"{names} covers all it permits", head(d.node), d.node.span)
-            continue
-        earlier = [e for j, e in enumerate(rules[:i]) if e.node.effect == "permit"
-                   and unconditional(e.node) and keys[j] != keys[i]]
-        by_permit = _covered(d, earlier, cfg.home)
-        if len(by_permit) == len(d.capabilities):
-            names = ", ".join(sorted({f"{label(e.node, e.id)} at {e.node.span}"
-                                      for e in by_permit.values()}))
-            yield finding("SBP339", f"permit {label(d.node, d.id)} is never the matching rule: "
-                          f"earlier permit {names} admits all it does, so its limits and "
-                          "condition never apply", head(d.node), d.node.span)
+    forbids = _Index()
+    for f in rules:
+        if f.node.effect == "forbid" and unconditional(f.node) and not f.node.mandatory:
+            forbids.add(f, ())
+    earlier = _Index()
+    for d in rules:
+        key = _key(d)
+        if (d.unit.file is view.file and d.node.effect == "permit" and d.capabilities):
+            yield from _shadowed(d, key, forbids, earlier, cfg.home)
+        if d.node.effect == "permit" and unconditional(d.node):
+            earlier.add(d, key)
+
+
+def _shadowed(d: RuleDraft, key: tuple[Any, ...], forbids: _Index, earlier: _Index,
+              home: str) -> Iterator[Finding]:
+    by_forbid = _covered(d, forbids, home, _FORBID_COVERABLE)
+    if len(by_forbid) == len(d.capabilities):
+        names = ", ".join(sorted({label(f.node, f.id) for f in by_forbid.values()}))
+        yield finding("SBP338", f"permit {label(d.node, d.id)} can never apply: forbid "
+                      f"{names} covers all it permits", head(d.node), d.node.span)
+        return
+    by_permit = _covered(d, earlier, home, skip_key=key)
+    if len(by_permit) == len(d.capabilities):
+        names = ", ".join(sorted({f"{label(e.node, e.id)} at {e.node.span}"
+                                  for e in by_permit.values()}))
+        yield finding("SBP339", f"permit {label(d.node, d.id)} is never the matching rule: "
+                      f"earlier permit {names} admits all it does, so its limits and "
+                      "condition never apply", head(d.node), d.node.span)
 
 
 CHECKS = (check_conditions, check_duplicates, check_shadowed)

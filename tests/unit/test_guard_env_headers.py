@@ -207,4 +207,7 @@ def test_cli_explain_refuses_the_hijack_env(tmp_path: Path, env: dict[str, str])
     assert out["decision"] == "deny"
     assert out["code"] == "SANDBOX.CAPABILITY_BLOCKED"
     assert f"`{next(iter(env))}` can hijack" in out["reason"]
-    assert out["trace"][-2]["node"] == "env"
+    env_step = next(s for s in out["trace"] if s["node"] == "env")
+    assert env_step["outcome"] == "fail"
+    assert env_step["rule"]["id"] == "git-ro"
+    assert out["refused_by"] == ["policy"]

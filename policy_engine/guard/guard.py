@@ -36,6 +36,7 @@ from policy_engine.guard.compiled import (
     guard_condition,
 )
 from policy_engine.guard.ipaddr import classify, is_address_allowed
+from policy_engine.guard.layers import PolicyPermits, consent_for, layer_steps
 from policy_engine.guard.paths import is_beneath, normalize_path, quote
 from policy_engine.guard.resolve import (
     OP_KIND,
@@ -45,7 +46,6 @@ from policy_engine.guard.resolve import (
     resolve_other,
     resolve_path,
 )
-from policy_engine.guard.layers import PolicyPermits, consent_for, layer_steps
 from policy_engine.guard.steps import consent_needed, diagnose, limit_violation, why_not
 from policy_engine.guard.tracer import Tracer
 from policy_engine.model import Decision, Profile, RuleRef, TraceStep

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from policy_engine import ErrorCode, PolicyEngineError
-from policy_engine.model import SYSTEM_DEFAULT_LIMITS, FsCapability, ProcExecOp, Profile
 from policy_engine.guard.env import profile_env_refusal
+from policy_engine.model import SYSTEM_DEFAULT_LIMITS, FsCapability, ProcExecOp, Profile
 from policy_engine.patterns.paths import PathGlob, expand_home, is_literal, literal_prefix
 
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc")

@@ -45,7 +45,7 @@ def _where(rule: RuleRef) -> str:
 def _step_line(index: int, step: TraceStep) -> str:
     rule = f" {step.rule.id} ({_where(step.rule)})" if step.rule else ""
     detail = f" — {step.detail}" if step.detail else ""
-    return f"  {index:>2}. {step.node:<14} {step.outcome:<15}{rule}{detail}"
+    return f"  {index:>2}. {step.node:<13} {step.outcome:<15}{rule}{detail}"
 
 
 def refused_by(trace: tuple[TraceStep, ...] | None) -> list[str]:

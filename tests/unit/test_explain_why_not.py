@@ -138,5 +138,5 @@ def test_cli_explain_text_shows_the_layers(tmp_path: Path) -> None:
         "--manifest", str(tmp_path / "m.json"), "--request", str(tmp_path / "r.json")])
     assert result.exit_code == 0, result.output
     assert "refused:  by policy, manifest, grant" in result.output
-    assert "permit         no-match        ws (" in result.output
+    assert "permit        no-match        ws (" in result.output
     assert "path `/srv/x` is not under paths [/workspace/**]" in result.output

@@ -164,8 +164,8 @@ def test_every_error_code_has_a_case() -> None:
 
 def test_guard_crash_is_unknown_internal(policies: PolicyCache) -> None:
     """An embedder passing a broken op object (a body that is not a string; a method that is not
-    one is now refused as malformed) crashes the guard's resolver: the call is denied with UNKNOWN.INTERNAL and the public view says nothing
-    about the crash."""
+    one is refused as malformed) crashes the guard's resolver: the call is denied with
+    UNKNOWN.INTERNAL and the public view says nothing about the crash."""
     lc = BY_NOTE["net/github-api-get"]
     ps = policies.policyset(lc.case, lc.file.parent)
     profile = ProfileBuilder(ps).build(grant_of(lc.case, lc.file.parent),

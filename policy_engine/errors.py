@@ -64,7 +64,9 @@ REGISTRY: dict[ErrorCode, ErrorSpec] = {
             "blocked by sandbox policy: {reason}",
             "the blocking rule (id, file, line, column), the resolved resource and limit",
             "a policy rule blocks it: deny-list, size, path, method, traversal, symlink, "
-            "out-of-root write",
+            "out-of-root write; an env variable the rule's `env` list does not admit (or a "
+            "hijack variable it does not name exactly); a `Host`, hop-by-hop or "
+            "`Content-Length` request header",
         ),
         ErrorSpec(
             ErrorCode.PROVIDER_UNAVAILABLE, 503, True,
@@ -89,7 +91,8 @@ REGISTRY: dict[ErrorCode, ErrorSpec] = {
             ErrorCode.SCHEMA_VALIDATION_FAILED, 422, False,
             "invalid input: {reason}",
             "the validation errors with their locations",
-            "malformed JSON or input structure",
+            "malformed JSON or input structure; a malformed env name or value, header name "
+            "or value (CR, LF, NUL, control or non-ASCII), method or stdin",
         ),
         ErrorSpec(
             ErrorCode.EXECUTION_FAILED, 500, True,
@@ -255,6 +258,8 @@ _DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
                    "pin the first arguments: `args [\"-m\", \"pytest\", ...]` or a script path"),
     DiagnosticSpec("SBP312", Severity.WARNING, "proc.exec permit does not constrain the arguments",
                    "add an argument template: `args [\"status\" | \"log\", /--oneline/ ...]`"),
+    DiagnosticSpec("SBP313", Severity.WARNING, "env allow-list names a hijack variable",
+                   "drop the variable, or suppress with the reason the tool needs it"),
     DiagnosticSpec("SBP320", Severity.WARNING, "network permit over plain http",
                    "use `schemes [\"https\"]`; for a LAN host without TLS, suppress with a reason"),
     DiagnosticSpec("SBP321", Severity.ERROR, "permit sends data to any host",

@@ -33,6 +33,7 @@ from plugins.netproxy import SANDBOX_DIR, RestrictedHandle
 from policy_engine.config import default_state_dir
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, ExecutorCapabilities
+from policy_engine.guard.env import profile_env_refusal
 from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
     ExecOp,
@@ -71,11 +72,16 @@ def _cwd(raw: str | None) -> str:
     return norm
 
 
-def _env(extra: dict[str, str]) -> dict[str, str]:
+def _env(extra: dict[str, str], profile: Profile, tool: str) -> dict[str, str]:
     for key, value in extra.items():
         if not key or "=" in key or "\0" in key or "\0" in value:
             raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                     f"invalid environment variable `{key[:100]}`")
+    # second line: the guard decided the env against the policy's allow-lists, which the
+    # profile's capabilities carry
+    why = profile_env_refusal(profile, tool, extra) if extra else None
+    if why is not None:
+        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, why)
     return {**BASE_ENV, **extra}
 
 
@@ -167,7 +173,7 @@ class DockerExecutor:
                                     "stdin is not offered by the docker executor")
         profile = ctx.profile
         hard = engine.hardening(profile, self.options)
-        cwd, env = _cwd(op.cwd), _env(op.env)
+        cwd, env = _cwd(op.cwd), _env(op.env, profile, op.tool)
         timeout_s = (op.timeout_ms or profile.timeout_ms) / 1000
         deadline = min(ctx.deadline, time.monotonic() + timeout_s)
         client, streams = self.client()

@@ -185,7 +185,10 @@ class ProxyHandler(socketserver.StreamRequestHandler):
             raise _Refused(PolicyEngineError(
                 ErrorCode.CAPABILITY_BLOCKED, "only absolute http:// targets are proxied; "
                 "https goes through CONNECT"))
-        kept = {k: v for k, v in headers if k.lower() not in HOP_BY_HOP and k.lower() != "host"}
+        # hop-by-hop headers belong to the client's connection to the proxy; Host and the
+        # length are the URL's and the body's (the guard refuses a call that sets them)
+        kept = {k: v for k, v in headers
+                if k.lower() not in HOP_BY_HOP and k.lower() not in ("host", "content-length")}
         length = next((v for k, v in headers if k.lower() == "content-length"), "0")
         if any(k.lower() == "transfer-encoding" for k, _ in headers) or not length.isdigit():
             meta["url"] = _shown(target)

@@ -36,6 +36,8 @@ class Explanation:
             "rule": d.rule.model_dump(mode="json") if d.rule else None,
             "profile": self.profile.model_dump(mode="json") if self.profile else None,
             "trace": [step.model_dump(mode="json") for step in d.trace or ()],
+            "refused_by": [s.node.removeprefix("layer:") for s in d.trace or ()
+                           if s.node.startswith("layer:") and s.outcome == "fail"],
             # the redacted view evidence uses: explain output is logged and pasted around too
             "op": redacted_op(self.request.op),
             "policy": {

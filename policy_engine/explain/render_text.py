@@ -51,6 +51,12 @@ def _step_line(index: int, step: TraceStep) -> str:
     return f"  {index:>2}. {step.node:<13} {step.outcome:<15}{rule}{detail}"
 
 
+def refused_by(trace: tuple[TraceStep, ...] | None) -> list[str]:
+    """The layers that would each refuse the op on their own (the ``layer:*`` steps)."""
+    return [s.node.removeprefix("layer:") for s in trace or ()
+            if s.node.startswith("layer:") and s.outcome == "fail"]
+
+
 def render_text(exp: Explanation) -> str:
     """Render for a security engineer: the verdict, the deciding rule, the trace, what to edit."""
     d = exp.decision
@@ -62,6 +68,9 @@ def render_text(exp: Explanation) -> str:
     lines.append(f"  op:       {describe_op(exp.request.op)}")
     if d.reason:
         lines.append(f"  reason:   {d.reason}")
+    layers = refused_by(d.trace)
+    if layers:
+        lines.append(f"  refused:  by {', '.join(layers)}")
     if d.rule is not None:
         lines.append(f"  rule:     {d.rule.id} at {_where(d.rule)}")
     elif d.code == "SANDBOX.PERMISSION_DENY":

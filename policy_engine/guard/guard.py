@@ -36,6 +36,7 @@ from policy_engine.guard.compiled import (
     guard_condition,
 )
 from policy_engine.guard.ipaddr import classify, is_address_allowed
+from policy_engine.guard.layers import PolicyPermits, consent_for, layer_steps
 from policy_engine.guard.paths import is_beneath, normalize_path, quote
 from policy_engine.guard.resolve import (
     OP_KIND,
@@ -77,7 +78,11 @@ class Guard:
         self._builtin_consent = any(r.condition is None for r in rules)
         self._consent_rules = tuple(guard_condition(r.condition) for r in rules
                                     if r.condition is not None)
+        self._consent_refs: tuple[RuleRef | None, ...] = tuple(
+            r.ref for r in rules if r.condition is not None)
+        self._builtin_ref = next((r.ref for r in rules if r.condition is None), None)
         self._cache: dict[object, CompiledProfile] = {}
+        self._permits = PolicyPermits(policyset)
         self._cache_size = cache_size
 
     def compiled(self, profile: Profile) -> CompiledProfile:
@@ -98,7 +103,10 @@ class Guard:
         """Decide ``op`` under ``profile``; never raises for bad input (it is a deny)."""
         tr = Tracer() if trace else None
         try:
-            return self._decide(profile, op, context, now_ms, tr)
+            decision = self._decide(profile, op, context, now_ms, tr)
+            if tr is not None and decision.decision == "deny":
+                return self._with_layers(profile, op, context, now_ms, decision)
+            return decision
         except PolicyEngineError as exc:
             if tr is not None:
                 tr.step("resolve", "fail", detail=exc.reason)
@@ -108,6 +116,34 @@ class Guard:
                 tr.step("decision", "fail", detail=type(exc).__name__)
             return _deny(_hash_of(profile), ErrorCode.UNKNOWN_INTERNAL,
                          "internal error in the guard", None, tr)
+
+    def _with_layers(self, profile: Profile, op: Any, extra: Mapping[str, object] | None,
+                     now_ms: int | None, decision: Decision) -> Decision:
+        """``decision`` (a traced deny) with every layer's own verdict added before its last
+        step, so explain lists all that would refuse, not only the first."""
+        try:
+            if not isinstance(getattr(op, "kind", None), str) or op.kind not in OP_KIND:
+                op = coerce_op(op)
+            kind = op.kind
+            cap_kind = OP_KIND[kind]
+            cp = self.compiled(profile)
+            now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+            rv: Resolved | None = None
+            path: str | None = None
+            if kind in _FS_OPS:
+                path = resolve_path(cp, op.path, self.resolve_symlinks)
+                res: object = path
+            else:
+                rv = resolve_other(kind, op)
+                res = rv.res
+            consent = consent_for(self._consent_rules, self._consent_refs, self._builtin_ref, cp,
+                                  now)
+            steps = layer_steps(self._permits, cp, kind, cap_kind, op, res, rv, path, now,
+                                extra, consent)
+        except Exception:  # noqa: BLE001 — the report is an aid: the decision stands without it
+            return decision
+        trace = decision.trace or ()
+        return decision.model_copy(update={"trace": (*trace[:-1], *steps, *trace[-1:])})
 
     # ------------------------------------------------------------------------------------------
 
@@ -265,7 +301,8 @@ class Guard:
                     box.append(build_context(cp, op, kind, path, rv, now, extra))
                 return box[0]
 
-            why = consent_needed(cp, self._consent_rules, ctx, now, tr)
+            why = consent_needed(cp, self._consent_rules, ctx, now, tr, self._consent_refs,
+                                 self._builtin_ref)
             if why is not None:
                 return _deny(phash, _PERM, why, chosen.rule, tr)
         elif tr is not None:

@@ -137,22 +137,35 @@ _LIMITS: dict[str, Callable[[Any, EffLimits, Resolved | None], str | None]] = {
 """Per op kind, the limits it is checked against (browser.nav carries none)."""
 
 
+BUILTIN_CONSENT = "the built-in consent rule (High safety, or Write/Process side effects)"
+
+
 def consent_needed(
     cp: CompiledProfile, rules: tuple[GuardCondition, ...],
     ctx: Callable[[], Mapping[str, object]], now: int, tr: Tracer | None,
+    refs: tuple[RuleRef | None, ...] = (), builtin: RuleRef | None = None,
 ) -> str | None:
     """Why consent blocks the call (``None`` if it does not): required and absent or stale.
+    The reason and the trace name the rule that required it.
 
     :param rules: the conditions of the policy's conditional consent rules.
+    :param refs: where each of ``rules`` is written (same order).
+    :param builtin: where the built-in rule is (``<builtin>`` unless a policy restates it).
 
     A consent rule whose condition errors counts as requiring consent (fail closed).
     """
+    by: RuleRef | None = builtin
+    label = BUILTIN_CONSENT if builtin is not None else "the profile (`consent_required`)"
     required = cp.consent_required
     if not required:
-        for rule in rules:
+        for i, rule in enumerate(rules):
             val, err = rule.run(ctx())
             if err is not None or val:
                 required = True
+                by = refs[i] if i < len(refs) else None
+                label = f"consent rule `{by.id}`" if by is not None else "a consent rule"
+                if err is not None:
+                    label += " (its condition could not be evaluated)"
                 break
     if not required:
         if tr is not None:
@@ -160,13 +173,14 @@ def consent_needed(
         return None
     window = cp.consent_window
     if window is None:
-        why = "consent required"
+        why = f"consent required by {label}"
     elif not window[0] <= now < window[1]:
-        why = "consent required: the recorded consent is expired or not yet valid"
+        why = f"consent required by {label}: the recorded consent is expired or not yet valid"
     else:
         if tr is not None:
-            tr.step("consent", "pass")
+            tr.step("consent", "pass", by, f"required by {label}; the recorded consent is "
+                                           "current")
         return None
     if tr is not None:
-        tr.step("consent", "fail", detail=why)
+        tr.step("consent", "fail", by, why)
     return why

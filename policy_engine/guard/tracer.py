@@ -15,9 +15,11 @@ Outcome = Literal["match", "no-match", "condition-false", "condition-error", "al
 
 NODES: tuple[str, ...] = (
     "kind", "expiry", "resolve", "forbid", "network", "permit", "grant", "manifest",
-    "default-deny", "address", "limits", "consent", "decision",
+    "default-deny", "env", "address", "limits", "consent", "layer:network", "layer:policy",
+    "layer:manifest", "layer:grant", "layer:limits", "layer:consent", "decision",
 )
-"""Node names in the order the guard visits them (see ``policy_engine.guard.guard``)."""
+"""Node names in the order the guard visits them (see ``policy_engine.guard.guard``); the
+``layer:*`` steps are added to a traced deny only (``policy_engine.guard.layers``)."""
 
 
 class Tracer:

@@ -121,6 +121,17 @@ CATALOGUE: tuple[RuleSpec, ...] = (
         _H + 'permit proc.exec tool "git"\n', _H + 'permit proc.exec tool "git" args ["status"]\n',
         5.0,
     ),
+    RuleSpec(
+        "SBP313", "env-hijack-variable", "process", _W,
+        "env allow-list names a hijack variable",
+        "A variable such as `LD_PRELOAD`, `PYTHONPATH`, `PATH`, `GIT_CONFIG_PARAMETERS` or "
+        "`GIT_SSH_COMMAND` makes the loader, an interpreter or the tool run code of the caller's "
+        "choosing. The guard refuses them unless a rule's `env` names them exactly; naming one "
+        "lets every call of the rule set it.",
+        "drop the variable, or suppress with the reason the tool needs it",
+        _H + 'permit proc.exec tool "git" args ["status"] env ["LANG", "GIT_SSH_COMMAND"]\n',
+        _H + 'permit proc.exec tool "git" args ["status"] env ["LANG", /^LC_/]\n', 7.0,
+    ),
     # ---- network ---------------------------------------------------------------------------
     RuleSpec(
         "SBP320", "plain-http", "network", _W,

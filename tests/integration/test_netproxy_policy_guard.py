@@ -82,3 +82,27 @@ def test_proxy_without_the_policy_guard_fails_closed(
         assert status == 403
         assert headers["X-Policy-Engine-Code"] == ErrorCode.PERMISSION_DENY.value
     assert server.seen.requests == []
+
+
+def test_a_proxied_post_with_a_body_passes_the_header_checks(
+    tmp_path: Path, server: LoopbackServer
+) -> None:
+    """The client's Content-Length (and Host, Connection) belong to its hop to the proxy: the
+    op the guard decides carries the body, not those headers, so the header refusal of
+    `Content-Length` does not refuse every proxied request with a body."""
+    rules = (f'permit "post" net.http hosts ["127.0.0.1"] schemes ["http"] ports [{server.port}]'
+             '  methods ["POST"]')
+    cap = NetHttpCapability(hosts=("127.0.0.1",), schemes=("http",), ports=(server.port,),
+                            methods=("POST",))
+    profile, guard = compiled_profile(tmp_path, rules, (cap,), network="restricted")
+    with RestrictedNetwork(profile, guard).start() as net, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(str(net.socket_path))
+        s.sendall((f"POST {server.url('/ok/page')} HTTP/1.1\r\nHost: x\r\n"
+                   "Content-Length: 5\r\nConnection: close\r\n\r\nhello").encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert data.split(b" ", 2)[1] == b"200", data[:200]
+    assert [m for m, _p, _h in server.seen.requests] == ["POST"]

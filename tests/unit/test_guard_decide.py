@@ -431,7 +431,7 @@ def test_consent() -> None:
     base: dict[str, Any] = {"capabilities": (permit("fs.read", fs("fs.read", "/workspace/**")),)}
     op = FsReadOp(path="/workspace/a")
     d = decide(make_profile(consent_required=True, **base), op)
-    assert (d.code, d.reason) == (PERM, "consent required")
+    assert (d.code, d.reason) == (PERM, "consent required by the profile (`consent_required`)")
     stale = valid_consent().model_copy(update={"expires_at": NOW})
     d = decide(make_profile(consent_required=True, consent=stale, **base), op)
     assert d.code == PERM
@@ -468,7 +468,9 @@ def test_trace_lists_visited_nodes_in_order() -> None:
                             declared=(fs("fs.read", "/**"),)),
                FsReadOp(path="/x"), trace=True)
     assert d.trace is not None
-    assert [s.node for s in d.trace][-4:] == ["grant", "manifest", "default-deny", "decision"]
+    assert [s.node for s in d.trace] == [
+        "kind", "resolve", "grant", "manifest", "default-deny", "layer:policy", "layer:manifest",
+        "layer:grant", "layer:consent", "decision"]
 
 
 def test_no_tracer_is_built_without_trace(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -207,4 +207,30 @@ def test_cli_explain_refuses_the_hijack_env(tmp_path: Path, env: dict[str, str])
     assert out["decision"] == "deny"
     assert out["code"] == "SANDBOX.CAPABILITY_BLOCKED"
     assert f"`{next(iter(env))}` can hijack" in out["reason"]
-    assert out["trace"][-2]["node"] == "env"
+    env_step = next(s for s in out["trace"] if s["node"] == "env")
+    assert env_step["outcome"] == "fail"
+    assert env_step["rule"]["id"] == "git-ro"
+    assert out["refused_by"] == ["policy"]
+
+
+def test_executors_second_line_reads_the_profile_env_lists(tmp_path: Path) -> None:
+    from plugins.executor_docker.executor import _env as docker_env
+    from plugins.executor_proc.spec import build_env
+    from policy_engine import PolicyEngineError
+    from policy_engine.model import ProcExecOp
+
+    manifest, grant = tools(ProcCapability(tool="git"))
+    exp = explain(compile_text(tmp_path), manifest, grant,
+                  ExplainRequest.model_validate({"op": git({"LANG": "C"}), "now_ms": NOW}))
+    profile = exp.profile
+    assert profile is not None
+    assert docker_env({"LANG": "C"}, profile, "git")["LANG"] == "C"
+    op = ProcExecOp(tool="git", args=("status",), env={"LANG": "C"})
+    assert build_env(profile, op, (), {}, "/tmp")["LANG"] == "C"
+    for bad in ({"LD_PRELOAD": "/x.so"}, {"FOO": "1"}):
+        with pytest.raises(PolicyEngineError) as exc:
+            docker_env(bad, profile, "git")
+        assert exc.value.code.value == "SANDBOX.CAPABILITY_BLOCKED"
+        with pytest.raises(PolicyEngineError) as exc:
+            build_env(profile, op.model_copy(update={"env": bad}), (), {}, "/tmp")
+        assert exc.value.code.value == "SANDBOX.CAPABILITY_BLOCKED"

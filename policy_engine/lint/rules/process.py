@@ -1,10 +1,13 @@
-"""Rules SBP310-SBP312: proc.exec permits that run shells, inline code or any arguments."""
+"""Rules SBP310-SBP313: proc.exec permits that run shells, inline code or any arguments, or
+let a call set a loader/interpreter/tool-hijack environment variable."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
 
+from policy_engine.dsl import ast
+from policy_engine.guard.env import is_hijack
 from policy_engine.lint.model import FileView, Finding, LintConfig
 from policy_engine.lint.rules.base import RuleView, finding, rule_views, where
 from policy_engine.model import CapabilityKind, ProcCapability
@@ -122,4 +125,17 @@ def check_process(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
                           span, rv.anchor)
 
 
-CHECKS = (check_process,)
+def check_env(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
+    """SBP313: an `env` list naming a variable the guard would otherwise refuse."""
+    for rv, _cap in _procs(view):
+        for clause in rv.node.clauses:
+            if not isinstance(clause, ast.EnvClause):
+                continue
+            for alt in clause.names:
+                if alt.literal is not None and is_hijack(alt.literal):
+                    yield finding("SBP313", f"{where(rv)} lets a call set `{alt.literal}`, which "
+                                  "can make the loader, an interpreter or the tool run other "
+                                  "code", alt.span, rv.anchor)
+
+
+CHECKS = (check_process, check_env)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, seccomp
+from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, sanitize, seccomp
 from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import Outcome, pump
@@ -377,6 +377,8 @@ class ProcExecutor:
                 self._held.refill()
         if cg_cpu is not None:
             outcome.rusage_cpu_ms = max(outcome.rusage_cpu_ms, cg_cpu)
+        if spec is None:  # no seccomp layer refused setuid bits or device nodes: undo them
+            sanitize.sanitize(plan.writable)
         return self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
                             asked_network, degraded, chained=net is not None and layered)
 

@@ -23,6 +23,7 @@ import pytest
 
 from plugins.executor_proc.bwrap import SYNTHETIC_ETC
 from plugins.executor_proc.executor import ProcExecutor, ProcOptions
+from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext
 from policy_engine.model import FsCapability, Mappings, ProcExecOp, Profile, ProfileCapability
 from tests.integration.test_proc_sandbox import make_profile
@@ -216,3 +217,31 @@ def test_the_hosts_passwd_and_group_are_not_shown(
             assert content == SYNTHETIC_ETC[path]
         else:
             assert isinstance(content, int)  # hidden under Landlock (no mount namespace)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_writing_2_gib_in_one_call_fails_with_a_clean_code(world_root: Path,
+                                                           backend: str) -> None:
+    quota = 64 << 20
+    ex = ProcExecutor(backend, ProcOptions(max_file_bytes=quota))
+    big = world_root / "out" / "big.bin"
+    ctx = ExecContext(profile=make_profile(world_root), deadline=time.monotonic() + 60)
+    try:
+        with pytest.raises(PolicyEngineError) as exc:  # dd is killed by SIGXFSZ
+            ex.execute(ctx, ProcExecOp(tool="/bin/dd", args=(
+                "if=/dev/zero", f"of={big}", "bs=1M", "count=2048")))
+        assert big.stat().st_size <= quota
+        # Python ignores SIGXFSZ: its write fails with EFBIG instead, the file still capped
+        out = _run(ex, make_profile(world_root), textwrap.dedent("""
+            import sys
+            with open(sys.argv[1], "wb") as fh:
+                for _ in range(2048):
+                    fh.write(b"\\0" * (1 << 20))
+        """), str(world_root / "out" / "big2.bin"))
+    finally:
+        ex.close()
+    assert exc.value.code == ErrorCode.BUDGET_EXCEEDED
+    assert "max_file_bytes" in exc.value.reason
+    assert out["exit_code"] != 0
+    assert "File too large" in str(out["stderr"])
+    assert (world_root / "out" / "big2.bin").stat().st_size <= quota

@@ -4,6 +4,7 @@ host control sockets behind a real listener, the host's /etc/passwd (items 1, 2 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -21,11 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from plugins.executor_docker.engine import DockerOptions
+from plugins.executor_docker.executor import DockerExecutor
+from plugins.executor_docker.workspace import SANDBOX_UID
 from plugins.executor_proc.bwrap import SYNTHETIC_ETC
 from plugins.executor_proc.executor import ProcExecutor, ProcOptions
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext
 from policy_engine.model import FsCapability, Mappings, ProcExecOp, Profile, ProfileCapability
+from tests.integration.test_docker_executor import make_profile as docker_profile
 from tests.integration.test_proc_sandbox import make_profile
 
 BACKENDS = ["bwrap", "landlock"]
@@ -245,3 +250,61 @@ def test_writing_2_gib_in_one_call_fails_with_a_clean_code(world_root: Path,
     assert out["exit_code"] != 0
     assert "File too large" in str(out["stderr"])
     assert (world_root / "out" / "big2.bin").stat().st_size <= quota
+
+
+# --- docker: the same attacks against containers ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def docker_ex() -> Iterator[DockerExecutor]:
+    ex = DockerExecutor(DockerOptions(max_file_bytes=64 << 20))
+    yield ex
+    ex.close()
+
+
+def _docker_ctx(root: Path) -> ExecContext:
+    base = docker_profile(root)
+    denies = make_profile(root).denies  # the mandatory `**/.env`, `~/.ssh/**`…
+    return ExecContext(profile=base.model_copy(update={"denies": denies}),
+                       deadline=time.monotonic() + 90)
+
+
+def test_docker_refuses_io_uring(docker_ex: DockerExecutor, world_root: Path) -> None:
+    code = textwrap.dedent("""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        params = ctypes.create_string_buffer(120)
+        fd = libc.syscall(425, 8, params)
+        print(fd, ctypes.get_errno())
+    """)
+    res = docker_ex.execute(_docker_ctx(world_root), ProcExecOp(tool="python3",
+                                                                 args=("-c", code)))
+    assert res.out["stdout"].split() == ["-1", str(errno.EPERM)]
+
+
+def test_docker_plant_is_not_setuid_root_on_the_host(docker_ex: DockerExecutor,
+                                                     world_root: Path) -> None:
+    res = docker_ex.execute(_docker_ctx(world_root), ProcExecOp(tool="/bin/sh", args=(
+        "-c", f"cp {SYSTEM_PYTHON} /workspace/work/rootpy; chmod 4755 /workspace/work/rootpy; "
+        "echo chmod=$?")))
+    assert "chmod=1" in res.out["stdout"]  # refused by the profile's seccomp rules
+    planted = next(world_root.glob("projects/*/work/rootpy"))
+    st = planted.stat()
+    assert st.st_uid == SANDBOX_UID
+    assert not st.st_mode & stat.S_ISUID
+    assert _as_nobody(planted).stdout.split()[1] != "0"
+
+
+def test_docker_disk_quota_and_masks(docker_ex: DockerExecutor, world_root: Path) -> None:
+    ctx = _docker_ctx(world_root)
+    docker_ex.execute(ctx, ProcExecOp(tool="true"))  # creates the project's directories
+    work = next(world_root.glob("projects/*/work"))
+    (work / ".env").write_text("TOKEN=docker-env-secret")
+    res = docker_ex.execute(_docker_ctx(world_root), ProcExecOp(tool="/bin/sh", args=(
+        "-c", "cat /workspace/work/.env; echo rc=$?")))
+    assert "docker-env-secret" not in res.out["stdout"]
+    with pytest.raises(PolicyEngineError) as exc:
+        # not as PID 1, which ignores SIGXFSZ (it then gets EFBIG, the file capped alike)
+        docker_ex.execute(_docker_ctx(world_root), ProcExecOp(tool="/bin/sh", args=(
+            "-c", "dd if=/dev/zero of=/workspace/work/big bs=1M count=2048; exit $?")))
+    assert exc.value.code == ErrorCode.BUDGET_EXCEEDED
+    assert (work / "big").stat().st_size <= 64 << 20

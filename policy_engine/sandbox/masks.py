@@ -32,6 +32,9 @@ RUNTIME_DIRS: tuple[str, ...] = ("/run", "/var/run", "/var/lib/docker", "/var/li
 """Host control sockets (docker, containerd, dbus, systemd, podman, the user's runtime dir) live
 here: never bound into a sandbox, and hidden under an empty read-only tmpfs when a bind contains
 them, whatever the policy or ``root_fs`` says."""
+NEVER_WALKED = frozenset({"/proc", "/sys", "/dev"})
+"""Kernel filesystems: a sandbox gets its own /proc and /dev, and nothing there is a secret file
+a glob could name (walking /proc would also never end the same way twice)."""
 RUNTIME_GLOBS: tuple[str, ...] = ("/tmp/pe-net-*", "/tmp/pe-proc-*", "/tmp/pe-docker-*",
                                   "/tmp/.X11-unix", "/tmp/.ICE-unix", "/tmp/dbus-*",
                                   "/tmp/tmux-*", "/tmp/ssh-*")
@@ -64,6 +67,7 @@ class _Listing:
     key: tuple[int, int, int]
     names: frozenset[str]
     subdirs: tuple[str, ...]
+    subpaths: tuple[str, ...]  # the subdirectories' full paths, so a warm walk builds none
     trusted: bool
 
 
@@ -100,8 +104,10 @@ class DirCache:
                         subdirs.append(e.name)
         except OSError:
             return None
+        base = path.rstrip("/")
         fresh = _Listing((st.st_dev, st.st_ino, st.st_ctime_ns), frozenset(names),
-                         tuple(subdirs), time.time_ns() - st.st_ctime_ns > RACY_NS)
+                         tuple(subdirs), tuple(f"{base}/{n}" for n in subdirs),
+                         time.time_ns() - st.st_ctime_ns > RACY_NS)
         with self._lock:
             if len(self._data) >= self.max_dirs:
                 self._data.clear()
@@ -200,6 +206,8 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str]) -> t
     data, lstat = cache._data, os.lstat  # the warm path inlined: one lstat per directory
     while stack:
         d, frame = stack.pop()
+        if d in NEVER_WALKED:
+            continue
         extra = starts.get(d)
         if extra:
             frame = _frame(frame.active + tuple(extra), memo)
@@ -221,10 +229,12 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str]) -> t
             hits = set(hits) | {n for n in names if g.glob.matches(f"{base}/{n}")}
         if hits:
             found.update(f"{base}/{n}" for n in hits)
-        for sub in got.subdirs:
+        if not hits and not frame.bounded and frame.active:
+            stack.extend([(p, frame) for p in got.subpaths])  # the common case, no test each
+            continue
+        for sub, path in zip(got.subdirs, got.subpaths, strict=True):
             if sub in hits:
                 continue  # masked whole: nothing beneath it needs its own mask
-            path = f"{base}/{sub}"
             child = frame
             if frame.bounded:
                 depth = path.count("/")

@@ -126,14 +126,11 @@ def test_the_red_team_shell_plant_fails_inside_the_sandbox(
 
 @contextlib.contextmanager
 def listener() -> Iterator[tuple[str, list[bytes]]]:
-    """A real unix listener at a control-socket path (containerd's when free)."""
-    path = "/run/containerd/containerd.sock"
-    made_dir = None
-    if os.path.exists(path):
-        made_dir = f"/run/docker/pe-test-{uuid.uuid4().hex[:8]}"
-        os.mkdir(made_dir, 0o755)
-        path = f"{made_dir}/api.sock"
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    """A real unix listener where docker keeps containerd's socket (/run/docker/containerd/),
+    inside the `/run/docker/**` the policy allows; the real /run/docker.sock is probed too."""
+    made_dir = f"/run/docker/pe-test-{uuid.uuid4().hex[:8]}"
+    os.makedirs(made_dir, 0o755)
+    path = f"{made_dir}/containerd.sock"
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     os.chmod(path, 0o666)
@@ -156,8 +153,7 @@ def listener() -> Iterator[tuple[str, list[bytes]]]:
     finally:
         srv.close()
         os.unlink(path)
-        if made_dir:
-            os.rmdir(made_dir)
+        os.rmdir(made_dir)
 
 
 PROBE = textwrap.dedent("""

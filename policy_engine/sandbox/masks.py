@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from policy_engine.patterns.paths import PathGlob, expand_home, is_literal, literal_prefix
+from policy_engine.sandbox.watch import Watcher
 
 RACY_NS = 2_000_000_000
 RUNTIME_DIRS: tuple[str, ...] = ("/run", "/var/run", "/var/lib/docker", "/var/lib/containerd",
@@ -74,10 +75,13 @@ class _Listing:
 class DirCache:
     """Directory listings keyed by ctime; thread-safe enough (a race stores a fresh listing)."""
 
-    def __init__(self, max_dirs: int = 500_000) -> None:
+    def __init__(self, max_dirs: int = 500_000, watch: bool = True) -> None:
         self.max_dirs = max_dirs
         self._data: dict[str, _Listing] = {}
         self._lock = threading.Lock()
+        self.watcher = Watcher() if watch else None
+        # walk key -> (generation it ran at, hits, directories visited)
+        self.walks: dict[object, tuple[int, frozenset[str], int]] = {}
 
     def listing(self, path: str) -> tuple[_Listing | None, bool]:
         """(listing or None when ``path`` is no longer a directory, whether it was re-listed)."""
@@ -94,6 +98,8 @@ class DirCache:
         """List ``path`` (whose ``lstat`` is ``st``) and remember it."""
         if not stat.S_ISDIR(st.st_mode):
             return None
+        if self.watcher is not None:
+            self.watcher.watch(path)  # INVARIANT: before listing, so no later change is missed
         names: list[str] = []
         subdirs: list[str] = []
         try:
@@ -159,7 +165,7 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
             roots.append(g.prefix)
         for r in roots:
             starts.setdefault(r, []).append(g)
-    visited, listed = _walk(starts, cache, found)
+    visited, listed = _walk_or_reuse(starts, cache, found)
     files: list[str] = []
     dirs: list[str] = []
     for p in sorted(found):
@@ -189,6 +195,28 @@ def _frame(active: tuple[_Glob, ...], memo: dict[tuple[_Glob, ...], _Frame]) -> 
             tuple(g for g in active if g.name is None),
             any(g.max_depth is not None for g in active))
     return got
+
+
+def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache,
+                   found: set[str]) -> tuple[int, int]:
+    """The last walk of the same starts when no watched directory changed since it began."""
+    watcher = cache.watcher
+    if watcher is None or not watcher.usable:
+        return _walk(starts, cache, found)
+    key = tuple(sorted((r, tuple(g.glob.pattern for g in gs)) for r, gs in starts.items()))
+    generation = watcher.changed()
+    last = cache.walks.get(key)
+    if last is not None and last[0] == generation:
+        found.update(last[1])
+        return last[2], 0
+    mine: set[str] = set()
+    visited, listed = _walk(starts, cache, mine)
+    found.update(mine)
+    if watcher.usable and len(cache.walks) < 1024:
+        # stamped with the generation drained *before* the walk: a change during it is
+        # still queued and makes the next plan walk again
+        cache.walks[key] = (generation, frozenset(mine), visited)
+    return visited, listed
 
 
 def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str]) -> tuple[int, int]:

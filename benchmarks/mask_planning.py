@@ -8,7 +8,10 @@ Usage::
 Two workspaces: the demo (``examples/workspace``) and a synthetic repository of a
 150,000-file ``node_modules`` plus a 20,000-object ``.git`` (``benchmarks/repo_tree.py``, built
 in a temporary directory). "cold" is the first plan of a fresh directory cache (every directory
-listed); "warm" is the steady state of a long-running engine (one ``lstat`` per directory).
+listed and watched); "warm" is the steady state of a long-running engine on an unchanged tree
+(inotify reports no change: the last walk is reused); "changed" adds and removes one file deep
+in the tree before each plan (the walk runs again, one ``lstat`` per directory, only the changed
+directory listed).
 The planned patterns are exactly the proc executor's: the built-in masks, the host runtime
 directories and the seed 003 mandatory denies (``build_plan`` of a profile reading the tree).
 """
@@ -16,6 +19,7 @@ directories and the seed 003 mandatory denies (``build_plan`` of a profile readi
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -40,15 +44,20 @@ def _patterns() -> list[str]:
             *masks.RUNTIME_GLOBS, *MANDATORY_DENY_PATHS]
 
 
-def _time(root: Path, rounds: int, *, cold: bool) -> tuple[float, int, int]:
-    """Median milliseconds of ``rounds`` plans, with the files and dirs masked."""
+def _time(root: Path, rounds: int, mode: str) -> tuple[float, int, int]:
+    """Median milliseconds of ``rounds`` plans, with the files masked and the dirs visited."""
     cache = masks.DirCache()
     home = str(root / "home")
     plan = masks.plan_masks([str(root)], _SYSTEM, _patterns(), home, cache)
+    deepest = max((d for d, _, _ in os.walk(root)), key=lambda d: d.count("/"))
     samples = []
-    for _ in range(rounds):
-        if cold:
+    for i in range(rounds):
+        if mode == "cold":
             cache = masks.DirCache()
+        elif mode == "changed":
+            touched = Path(deepest) / f".bench-{i}"
+            touched.write_text("x")
+            touched.unlink()
         t0 = time.perf_counter()
         plan = masks.plan_masks([str(root)], _SYSTEM, _patterns(), home, cache)
         samples.append((time.perf_counter() - t0) * 1000)
@@ -68,9 +77,9 @@ def main() -> None:
         print("|---|---|---:|---:|---:|")
         for label, root in (("demo (examples/workspace)", demo),
                             ("150k node_modules + 20k .git", big)):
-            for cold in (True, False):
-                ms, found, dirs = _time(root, args.rounds, cold=cold)
-                print(f"| {label} | {'cold' if cold else 'warm'} | {ms:.2f} | {dirs} | {found} |")
+            for mode in ("cold", "warm", "changed"):
+                ms, found, dirs = _time(root, args.rounds, mode)
+                print(f"| {label} | {mode} | {ms:.2f} | {dirs} | {found} |")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

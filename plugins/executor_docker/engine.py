@@ -14,7 +14,9 @@ from typing import Any
 import docker
 import docker.errors
 import requests.exceptions
+from docker.types import Ulimit
 
+from plugins.executor_docker.seccomp_profile import profile_json
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.model import SYSTEM_DEFAULT_LIMITS, NetworkMode, Profile
 
@@ -22,7 +24,7 @@ DEFAULT_IMAGE = "policy-engine/sandbox:1"
 SANDBOX_USER = "1000:1000"
 _KEYS = frozenset({"image", "base_url", "client_timeout_s", "workspace_root", "mode",
                    "pool_size", "system_binds", "max_artifacts_bytes", "restricted_network",
-                   "pool_launcher"})
+                   "pool_launcher", "max_file_bytes"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,9 @@ class DockerOptions:
         ``plugins.executor_docker.network``); ``False`` refuses that mode.
     :param pool_launcher: warm containers run the in-container launcher as PID 1 and commands
         are forked by it (``control.py``); ``False``: ``sleep infinity`` and ``docker exec``.
+    :param max_file_bytes: disk quota of a call: no file written grows past this many bytes
+        (``RLIMIT_FSIZE`` through ``--ulimit fsize``; the writable ``work`` is a host bind,
+        where ``--storage-opt size`` does not apply).
     """
 
     image: str = DEFAULT_IMAGE
@@ -50,6 +55,7 @@ class DockerOptions:
     max_artifacts_bytes: int = 50 * 1024 * 1024
     restricted_network: bool = True
     pool_launcher: bool = True
+    max_file_bytes: int = 1 << 30
 
     @staticmethod
     def parse(raw: Mapping[str, Any] | None) -> DockerOptions:
@@ -60,7 +66,7 @@ class DockerOptions:
         mode = opts.get("mode", "run-once")
         if mode not in ("run-once", "pool"):
             raise ValueError("docker: `mode` must be `run-once` or `pool`")
-        for key in ("pool_size", "max_artifacts_bytes"):
+        for key in ("pool_size", "max_artifacts_bytes", "max_file_bytes"):
             v = opts.get(key, 1)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"docker: `{key}` must be a positive integer")
@@ -85,6 +91,7 @@ class DockerOptions:
             pool_size=opts.get("pool_size", 2), system_binds=binds,
             max_artifacts_bytes=opts.get("max_artifacts_bytes", 50 * 1024 * 1024),
             restricted_network=restricted, pool_launcher=launcher,
+            max_file_bytes=opts.get("max_file_bytes", 1 << 30),
         )
 
 
@@ -97,11 +104,15 @@ class Hardening:
     mem_limit: int
     nano_cpus: int
     extra_env: dict[str, str] = field(default_factory=dict)
+    max_file_bytes: int = 1 << 30
 
     def create_kwargs(self) -> dict[str, Any]:
         return {
             "network_mode": self.network_mode, "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges"], "pids_limit": self.pids_limit,
+            "security_opt": ["no-new-privileges", f"seccomp={profile_json()}"],
+            "ulimits": [Ulimit(name="fsize", soft=self.max_file_bytes,
+                               hard=self.max_file_bytes)],
+            "pids_limit": self.pids_limit,
             "mem_limit": self.mem_limit, "memswap_limit": self.mem_limit,
             "nano_cpus": self.nano_cpus, "user": SANDBOX_USER,
             "working_dir": "/workspace/work", "log_config": {"type": "none"},
@@ -110,7 +121,9 @@ class Hardening:
 
     def snapshot(self) -> dict[str, Any]:
         return {"network_mode": self.network_mode, "cap_drop": ["ALL"],
-                "security_opt": ["no-new-privileges"], "pids_limit": self.pids_limit,
+                "security_opt": ["no-new-privileges", "seccomp=policy-engine (io_uring, "
+                                 "namespaces, setuid modes refused)"],
+                "max_file_bytes": self.max_file_bytes, "pids_limit": self.pids_limit,
                 "memory_bytes": self.mem_limit, "nano_cpus": self.nano_cpus,
                 "user": SANDBOX_USER}
 
@@ -134,6 +147,7 @@ def hardening(profile: Profile, options: DockerOptions) -> Hardening:
         network_mode="none", pids_limit=int(_limit(profile, "pids")),
         mem_limit=int(_limit(profile, "memory_bytes")),
         nano_cpus=int(float(_limit(profile, "cpu_cores")) * 1e9),
+        max_file_bytes=options.max_file_bytes,
     )
 
 

@@ -11,6 +11,7 @@ proxy through an in-container bridge (``network.py``), in both modes; ``on`` is 
 from __future__ import annotations
 
 import posixpath
+import signal
 import threading
 import time
 from pathlib import Path
@@ -206,6 +207,11 @@ class DockerExecutor:
         ctx.record_side_effect(SideEffectRec(kind=SideEffect.PROCESS, meta={
             "backend": "docker", "tool": op.tool, "exit_code": out.exit_code,
             "exec_id": ws.exec_id, "artifacts": len(manifest)}))
+        if out.exit_code == 128 + signal.SIGXFSZ:
+            raise PolicyEngineError(
+                ErrorCode.BUDGET_EXCEEDED, "disk quota exceeded: a file written reached the "
+                f"{self.options.max_file_bytes}-byte limit (docker option `max_file_bytes`)",
+                audit=audit)
         if out.timed_out:
             raise PolicyEngineError(ErrorCode.TIMEOUT,
                                     f"process exceeded its {timeout_s:g}s wall time and was "

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plugins.executor_proc.spec import Plan, beneath
+from policy_engine.sandbox.masks import RUNTIME_DIRS
 
 NetworkHook = Callable[[Plan], list[str]]
 """Extension point for network modes beyond off/on: given the plan, return extra bwrap args
@@ -59,12 +60,13 @@ def probe(timeout: float = 10.0) -> BwrapProbe:
     return BwrapProbe(path, True, "ok")
 
 
-def _system_args(paths: list[str]) -> list[str]:
-    """Merged-/usr systems have /bin → usr/bin: recreate the symlink rather than bind twice."""
+def _system_args(paths: list[str], root_bound: bool = False) -> list[str]:
+    """Merged-/usr systems have /bin → usr/bin: recreate the symlink rather than bind twice
+    (a bound ``/`` already holds it)."""
     args: list[str] = []
     for p in paths:
         if os.path.islink(p) and p.count("/") == 1:
-            args += ["--symlink", os.readlink(p), p]
+            args += [] if root_bound else ["--symlink", os.readlink(p), p]
         else:
             args += ["--ro-bind", p, p]
     return args
@@ -90,9 +92,13 @@ def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | 
                native_launcher: str | None = None) -> list[str]:
     """The full bwrap command; ``inner`` runs inside (the launcher or the tool itself).
 
-    Order matters: bwrap applies mounts in argv order, so system trees come first, then the
-    profile's read-only and writable binds from shallow to deep (a writable ``/w/out`` inside a
-    read-only ``/w``), then the masks last so nothing can re-expose a secret.
+    Order matters: bwrap applies mounts in argv order. A bind of ``/`` itself (``root_fs "/"``
+    with a ``/**`` rule) goes first, so the private /proc, /dev and /tmp cover the host's; then
+    the system trees, the profile's read-only and writable binds from shallow to deep (a
+    writable ``/w/out`` inside a read-only ``/w``), then the masks so nothing can re-expose a
+    secret, then the launcher (its mount point lies under /run, which a mask may have replaced).
+    Host runtime directories (/run…) are masked by a writable empty tmpfs: private to this
+    sandbox, and the launcher and the network hook need mount points in it.
     """
     args = [bwrap, "--unshare-all", "--unshare-pid", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL", "--hostname", "sandbox", "--clearenv"]
@@ -100,20 +106,24 @@ def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | 
         args.append("--share-net")
     for key, value in sorted(plan.env.items()):
         args += ["--setenv", key, value]
-    args += _system_args(plan.system)
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    if launcher_src is not None:
-        args += ["--ro-bind", launcher_src, LAUNCHER_DIR]
-    if native_launcher is not None:
-        args += ["--ro-bind", native_launcher, NATIVE_PATH]
     binds = [(p, "--ro-bind") for p in plan.readable] + [(p, "--bind") for p in plan.writable]
+    for path, flag in binds:
+        if path == "/":
+            args += [flag, "/", "/"]
+    args += _system_args(plan.system, root_bound=any(p == "/" for p, _ in binds))
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path, flag in sorted(binds, key=lambda b: (b[0].count("/"), b[0])):
-        args += [flag, path, path]
+        if path != "/":
+            args += [flag, path, path]
     fake = synthetic_etc()
     for path in plan.mask_files:
         args += ["--ro-bind", fake.get(path, "/dev/null"), path]
     for path in plan.mask_dirs:
-        args += ["--tmpfs", path, "--remount-ro", path]
+        args += ["--tmpfs", path] + ([] if path in RUNTIME_DIRS else ["--remount-ro", path])
+    if launcher_src is not None:
+        args += ["--ro-bind", launcher_src, LAUNCHER_DIR]
+    if native_launcher is not None:
+        args += ["--ro-bind", native_launcher, NATIVE_PATH]
     if network_hook is not None:
         args += network_hook(plan)
     args += ["--chdir", plan.cwd, "--", *inner]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, seccomp
+from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, sanitize, seccomp
 from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import Outcome, pump
@@ -59,6 +59,8 @@ class ProcOptions:
         refuses calls in strict mode and runs the Python launcher, recorded as degraded, in
         compat mode.
     :param launcher_cache: where the native launcher is cached (default: ``native.py``).
+    :param max_file_bytes: disk quota of a call: no file it writes grows past this many bytes
+        (RLIMIT_FSIZE; a process killed for it ends the call with ``QUOTA.BUDGET_EXCEEDED``).
     :param prespawn: native launchers spawned ahead of time, each already in its own fresh
         cgroup (``prespawn.py``); 0 spawns one per call.
     """
@@ -72,12 +74,13 @@ class ProcOptions:
     launcher: Literal["native", "python"] = "native"
     launcher_cache: str | None = None
     prespawn: int = 2
+    max_file_bytes: int = 1 << 30
 
     @staticmethod
     def parse(raw: Any) -> ProcOptions:
         opts = dict(raw or {})
         known = {"env_allow", "env_base", "extra_ro_binds", "layer2", "python", "cgroups",
-                 "launcher", "launcher_cache", "prespawn"}
+                 "launcher", "launcher_cache", "prespawn", "max_file_bytes"}
         if set(opts) - known:
             raise ValueError(f"proc: unknown options {sorted(set(opts) - known)}")
         for key in ("env_allow", "extra_ro_binds"):
@@ -103,6 +106,9 @@ class ProcOptions:
         pool = opts.get("prespawn", 2)
         if not isinstance(pool, int) or isinstance(pool, bool) or not 0 <= pool <= 64:
             raise ValueError("proc: `prespawn` must be an integer from 0 to 64")
+        fsize = opts.get("max_file_bytes", 1 << 30)
+        if not isinstance(fsize, int) or isinstance(fsize, bool) or fsize < 1:
+            raise ValueError("proc: `max_file_bytes` must be a positive integer")
         return ProcOptions(**opts)
 
 
@@ -328,7 +334,7 @@ class ProcExecutor:
                 raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
                                         f"cannot start the sandbox: {exc.strerror}") from None
             proc, cg, status_r = held.proc, held.cg, held.status_r
-            host = host_rlimits(lim, cg) + ([] if spec is not None else
+            host = host_rlimits(lim, cg, self.options.max_file_bytes) + ([] if spec is not None else
                                             ["-x", str(held.status_fd)])  # tool must not forge
             argv = self._command(plan, spec, held.status_fd, exe, host, net)
             try:
@@ -377,6 +383,8 @@ class ProcExecutor:
                 self._held.refill()
         if cg_cpu is not None:
             outcome.rusage_cpu_ms = max(outcome.rusage_cpu_ms, cg_cpu)
+        if spec is None:  # no seccomp layer refused setuid bits or device nodes: undo them
+            sanitize.sanitize(plan.writable)
         return self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
                             asked_network, degraded, chained=net is not None and layered)
 
@@ -391,14 +399,15 @@ class ProcExecutor:
             if exe is not None:  # no preexec_fn: Popen can vfork, the launcher does the rest
                 cg_fds += [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in
                            (cg.procs_files if cg else [])]
-            host = [a for fd in cg_fds for a in ("-c", str(fd))] + host_rlimits(lim, cg)
+            host = [a for fd in cg_fds for a in ("-c", str(fd))] + host_rlimits(
+                lim, cg, self.options.max_file_bytes)
             argv = self._command(plan, spec, status_w, exe, host if exe is not None else [], net)
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=plan.env if self.backend == "landlock" else {},
                 cwd=plan.cwd if self.backend == "landlock" else "/", start_new_session=True,
-                preexec_fn=preexec(lim, cg) if exe is None else None,
+                preexec_fn=preexec(lim, cg, self.options.max_file_bytes) if exe is None else None,
                 pass_fds=((status_w,) if spec is not None else ()) + tuple(cg_fds),
                 close_fds=True)  # no launcher inside: the tool gets no status pipe to forge
         except OSError as exc:
@@ -445,6 +454,11 @@ class ProcExecutor:
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
                                     f"{self.name}: isolation could not be applied: "
                                     f"{status['error']}", audit=audit)
+        if code == -signal.SIGXFSZ or code == 128 + signal.SIGXFSZ:
+            raise PolicyEngineError(
+                ErrorCode.BUDGET_EXCEEDED, "disk quota exceeded: a file written reached the "
+                f"{self.options.max_file_bytes}-byte limit (proc option `max_file_bytes`)",
+                audit=audit)
         stderr = err.kept(mark=False)
         if self.backend == "bwrap" and not status and code != 0 and stderr.startswith(b"bwrap:"):
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "bwrap could not set up the "
@@ -470,11 +484,14 @@ class ProcExecutor:
         }, used=Usage(cpu_ms=oc.rusage_cpu_ms))
 
 
-def host_rlimits(lim: Limits, cg: cgroups.ExecCgroup | None) -> list[str]:
+def host_rlimits(lim: Limits, cg: cgroups.ExecCgroup | None,
+                 max_file_bytes: int | None = None) -> list[str]:
     """The native launcher's ``-r`` options: what ``limits.preexec`` sets, as flags."""
     ctrls = cg.controllers if cg else []
     cpu = cpu_seconds(lim)
     out = [(resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_CPU, cpu, cpu + 1)]
+    if max_file_bytes is not None:
+        out.append((resource.RLIMIT_FSIZE, max_file_bytes, max_file_bytes))
     if "memory" not in ctrls:
         out.append((resource.RLIMIT_AS, lim.memory_bytes, lim.memory_bytes))
     if "pids" not in ctrls:

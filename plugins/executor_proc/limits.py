@@ -3,7 +3,8 @@
 Which mechanism holds which limit is reported in ``out["limits"]``:
 pids — the per-exec pids cgroup when one can be made, else RLIMIT_NPROC (per user, and ignored
 for root, so the report says ``unenforced``); memory — the memory cgroup, else RLIMIT_AS;
-cpu — RLIMIT_CPU always (CPU seconds = timeout × cores, a backstop) plus the cpu cgroup quota.
+cpu — RLIMIT_CPU always (CPU seconds = timeout × cores, a backstop) plus the cpu cgroup quota;
+disk — RLIMIT_FSIZE (the proc option ``max_file_bytes``): no file written grows past it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def cpu_seconds(limits: Limits) -> int:
     return max(1, math.ceil(limits.timeout_s * limits.cpu_cores) + 1)
 
 
-def preexec(limits: Limits, cg: ExecCgroup | None) -> Callable[[], None]:
+def preexec(limits: Limits, cg: ExecCgroup | None,
+            max_file_bytes: int | None = None) -> Callable[[], None]:
     """The function Popen runs in the child. Only async-signal-tolerant work: raw os calls, no
     imports, no locks (the parent may have other threads).
     """
@@ -56,6 +58,8 @@ def preexec(limits: Limits, cg: ExecCgroup | None) -> Callable[[], None]:
                 os.close(fd)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        if max_file_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
         if "memory" not in ctrls:
             resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
         if "pids" not in ctrls:

@@ -31,6 +31,8 @@ MANDATORY_DENY_PATHS: tuple[str, ...] = (
     "~/.azure/**",
     "/etc/shadow",
     "/etc/gshadow",
+    "/etc/passwd",
+    "/etc/group",
     "**/.env",
     "**/.envrc",
     "**/.env.local",
@@ -38,8 +40,13 @@ MANDATORY_DENY_PATHS: tuple[str, ...] = (
     "**/secrets.json",
     "/var/run/docker.sock",
     "/run/docker.sock",
+    "/run/**",
+    "/var/run/**",
 )
-"""Seed 003's secrets: unexpanded (``~`` is the compile's ``home``)."""
+"""Seed 003's secrets: unexpanded (``~`` is the compile's ``home``). ``/run/**`` and
+``/var/run/**`` hold every host control socket (docker, containerd, dbus, systemd, podman, the
+user's runtime dir); the sandboxes hide those trees whatever a policy says
+(``policy_engine.sandbox.masks.RUNTIME_DIRS``)."""
 
 MANDATORY_DENY_KINDS: tuple[CapabilityKind, ...] = (
     CapabilityKind.FS_READ, CapabilityKind.FS_WRITE, CapabilityKind.FS_LIST,

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from policy_engine.patterns.paths import PathGlob, expand_home, is_literal, literal_prefix
+from policy_engine.sandbox.watch import Watcher
 
 RACY_NS = 2_000_000_000
 RUNTIME_DIRS: tuple[str, ...] = ("/run", "/var/run", "/var/lib/docker", "/var/lib/containerd",
@@ -32,6 +33,9 @@ RUNTIME_DIRS: tuple[str, ...] = ("/run", "/var/run", "/var/lib/docker", "/var/li
 """Host control sockets (docker, containerd, dbus, systemd, podman, the user's runtime dir) live
 here: never bound into a sandbox, and hidden under an empty read-only tmpfs when a bind contains
 them, whatever the policy or ``root_fs`` says."""
+NEVER_WALKED = frozenset({"/proc", "/sys", "/dev"})
+"""Kernel filesystems: a sandbox gets its own /proc and /dev, and nothing there is a secret file
+a glob could name (walking /proc would also never end the same way twice)."""
 RUNTIME_GLOBS: tuple[str, ...] = ("/tmp/pe-net-*", "/tmp/pe-proc-*", "/tmp/pe-docker-*",
                                   "/tmp/.X11-unix", "/tmp/.ICE-unix", "/tmp/dbus-*",
                                   "/tmp/tmux-*", "/tmp/ssh-*")
@@ -64,16 +68,20 @@ class _Listing:
     key: tuple[int, int, int]
     names: frozenset[str]
     subdirs: tuple[str, ...]
+    subpaths: tuple[str, ...]  # the subdirectories' full paths, so a warm walk builds none
     trusted: bool
 
 
 class DirCache:
     """Directory listings keyed by ctime; thread-safe enough (a race stores a fresh listing)."""
 
-    def __init__(self, max_dirs: int = 500_000) -> None:
+    def __init__(self, max_dirs: int = 500_000, watch: bool = True) -> None:
         self.max_dirs = max_dirs
         self._data: dict[str, _Listing] = {}
         self._lock = threading.Lock()
+        self.watcher = Watcher() if watch else None
+        # walk key -> (generation it ran at, hits, directories visited)
+        self.walks: dict[object, tuple[int, frozenset[str], int]] = {}
 
     def listing(self, path: str) -> tuple[_Listing | None, bool]:
         """(listing or None when ``path`` is no longer a directory, whether it was re-listed)."""
@@ -90,6 +98,8 @@ class DirCache:
         """List ``path`` (whose ``lstat`` is ``st``) and remember it."""
         if not stat.S_ISDIR(st.st_mode):
             return None
+        if self.watcher is not None:
+            self.watcher.watch(path)  # INVARIANT: before listing, so no later change is missed
         names: list[str] = []
         subdirs: list[str] = []
         try:
@@ -100,8 +110,10 @@ class DirCache:
                         subdirs.append(e.name)
         except OSError:
             return None
+        base = path.rstrip("/")
         fresh = _Listing((st.st_dev, st.st_ino, st.st_ctime_ns), frozenset(names),
-                         tuple(subdirs), time.time_ns() - st.st_ctime_ns > RACY_NS)
+                         tuple(subdirs), tuple(f"{base}/{n}" for n in subdirs),
+                         time.time_ns() - st.st_ctime_ns > RACY_NS)
         with self._lock:
             if len(self._data) >= self.max_dirs:
                 self._data.clear()
@@ -153,7 +165,7 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
             roots.append(g.prefix)
         for r in roots:
             starts.setdefault(r, []).append(g)
-    visited, listed = _walk(starts, cache, found)
+    visited, listed = _walk_or_reuse(starts, cache, found)
     files: list[str] = []
     dirs: list[str] = []
     for p in sorted(found):
@@ -185,6 +197,28 @@ def _frame(active: tuple[_Glob, ...], memo: dict[tuple[_Glob, ...], _Frame]) -> 
     return got
 
 
+def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache,
+                   found: set[str]) -> tuple[int, int]:
+    """The last walk of the same starts when no watched directory changed since it began."""
+    watcher = cache.watcher
+    if watcher is None or not watcher.usable:
+        return _walk(starts, cache, found)
+    key = tuple(sorted((r, tuple(g.glob.pattern for g in gs)) for r, gs in starts.items()))
+    generation = watcher.changed()
+    last = cache.walks.get(key)
+    if last is not None and last[0] == generation:
+        found.update(last[1])
+        return last[2], 0
+    mine: set[str] = set()
+    visited, listed = _walk(starts, cache, mine)
+    found.update(mine)
+    if watcher.usable and len(cache.walks) < 1024:
+        # stamped with the generation drained *before* the walk: a change during it is
+        # still queued and makes the next plan walk again
+        cache.walks[key] = (generation, frozenset(mine), visited)
+    return visited, listed
+
+
 def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str]) -> tuple[int, int]:
     """One depth-first walk from the outermost start roots; nested starts join on the way.
 
@@ -200,6 +234,8 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str]) -> t
     data, lstat = cache._data, os.lstat  # the warm path inlined: one lstat per directory
     while stack:
         d, frame = stack.pop()
+        if d in NEVER_WALKED:
+            continue
         extra = starts.get(d)
         if extra:
             frame = _frame(frame.active + tuple(extra), memo)
@@ -221,10 +257,12 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str]) -> t
             hits = set(hits) | {n for n in names if g.glob.matches(f"{base}/{n}")}
         if hits:
             found.update(f"{base}/{n}" for n in hits)
-        for sub in got.subdirs:
+        if not hits and not frame.bounded and frame.active:
+            stack.extend([(p, frame) for p in got.subpaths])  # the common case, no test each
+            continue
+        for sub, path in zip(got.subdirs, got.subpaths, strict=True):
             if sub in hits:
                 continue  # masked whole: nothing beneath it needs its own mask
-            path = f"{base}/{sub}"
             child = frame
             if frame.bounded:
                 depth = path.count("/")

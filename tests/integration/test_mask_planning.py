@@ -50,14 +50,17 @@ def test_plan_on_a_170k_entry_repository_is_not_refused_and_finds_deep_secrets(
     assert str(repo) in plan.readable
 
 
-def test_a_warm_plan_lists_no_directory_and_sees_a_new_secret(repo: Path) -> None:
-    cache = DirCache()
+@pytest.mark.parametrize("watch", [True, False], ids=["inotify", "ctime-only"])
+def test_a_warm_plan_lists_no_directory_and_sees_a_new_secret(repo: Path, watch: bool) -> None:
+    cache = DirCache(watch=watch)
     cold = plan_masks([str(repo)], ["/etc"], PATTERNS, str(repo / "home"), cache)
-    assert cold.dirs_listed == cold.dirs_visited > 15_000
+    assert cold.dirs_listed == cold.dirs_visited
+    assert cold.dirs_visited > 15_000
     warm = plan_masks([str(repo)], ["/etc"], PATTERNS, str(repo / "home"), cache)
     assert warm.dirs_listed == 0
     assert warm.files == cold.files
-    planted = repo / "node_modules" / "pkg3" / "dist" / "esm" / ".envrc"
+    # each variant its own directory: a change younger than RACY_NS is re-listed on purpose
+    planted = repo / "node_modules" / f"pkg{3 if watch else 4}" / "dist" / "esm" / ".envrc"
     d = planted.parent
     before = os.stat(d)
     try:
@@ -70,6 +73,22 @@ def test_a_warm_plan_lists_no_directory_and_sees_a_new_secret(repo: Path) -> Non
         assert again.dirs_listed < 10
     finally:
         planted.unlink()
+        time.sleep(masks.RACY_NS / 1e9 + 0.2)  # the shared tree is settled for the next test
+
+
+def test_an_unchanged_tree_is_not_walked_again_and_a_change_right_after_is_seen(
+        tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    cache = DirCache()
+    first = plan_masks([str(tmp_path)], [], PATTERNS, "/root", cache)
+    assert first.files == ()
+    # no sleep: the listing of `b` is too recent for ctime alone, inotify sees the change
+    (tmp_path / "a" / "b" / "secrets.json").write_text("{}")
+    second = plan_masks([str(tmp_path)], [], PATTERNS, "/root", cache)
+    assert second.files == (str(tmp_path / "a" / "b" / "secrets.json"),)
+    third = plan_masks([str(tmp_path)], [], PATTERNS, "/root", cache)
+    assert third.files == second.files
+    assert third.dirs_listed == 0
 
 
 def test_globs_without_doublestar_are_pruned_by_depth(tmp_path: Path) -> None:

@@ -176,7 +176,8 @@ def test_streamed_and_reported_usage_are_charged_against_the_budget(tmp_path: Pa
 
 def test_evidence_never_holds_written_content_or_env_values(tmp_path: Path) -> None:
     ex = ScriptedExecutor(caps={"resource_limits": True, "env_filtering": True,
-                                "bind_mounts": True, "readonly_rootfs": True})
+                                "bind_mounts": True, "readonly_rootfs": True,
+                                "mandatory_denies": True})
     ex.out = {"exit_code": 0, "stdout_truncated": True}
     secret = b"PASSWORD=hunter2-correct-horse"
     with orchestrator(tmp_path, ex) as orch:

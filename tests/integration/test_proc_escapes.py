@@ -1,0 +1,306 @@
+"""Sandbox escapes of issue 11, run for real: setuid plants checked from the host as uid 65534,
+host control sockets behind a real listener, the host's /etc/passwd (items 1, 2 and 11)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from plugins.executor_docker.engine import DockerOptions
+from plugins.executor_docker.executor import DockerExecutor
+from plugins.executor_docker.workspace import SANDBOX_UID
+from plugins.executor_proc.bwrap import SYNTHETIC_ETC
+from plugins.executor_proc.executor import ProcExecutor, ProcOptions
+from policy_engine import ErrorCode, PolicyEngineError
+from policy_engine.executor import ExecContext
+from policy_engine.model import FsCapability, Mappings, ProcExecOp, Profile, ProfileCapability
+from tests.integration.test_docker_executor import make_profile as docker_profile
+from tests.integration.test_proc_sandbox import make_profile
+
+BACKENDS = ["bwrap", "landlock"]
+PYTHON = os.path.realpath(sys.executable)
+SYSTEM_PYTHON = "/usr/bin/python3.11"  # runs as uid 65534 (the test's own lives under /root)
+PLANT = textwrap.dedent("""
+    import json, os, shutil, stat, sys
+    out, src, res = sys.argv[1], sys.argv[2], {}
+    def plant(how, p):
+        if how == "chmod":
+            shutil.copyfile(src, p); os.chmod(p, 0o755); os.chmod(p, 0o4755)
+        elif how == "fchmod":
+            shutil.copyfile(src, p); fd = os.open(p, os.O_RDONLY); os.fchmod(fd, 0o6755)
+        elif how == "open-create":
+            fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o4755)
+            os.write(fd, open(src, "rb").read()); os.close(fd)
+        elif how == "mknod-suid":
+            os.mknod(p, stat.S_IFREG | 0o4755)
+        elif how == "mknod-char":
+            os.mknod(p, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    for how in ("chmod", "fchmod", "open-create", "mknod-suid", "mknod-char"):
+        try:
+            plant(how, f"{out}/{how}")
+            res[how] = "ok"
+        except OSError as e:
+            res[how] = e.errno
+    print(json.dumps(res))
+""")
+
+
+@pytest.fixture(scope="module")
+def executors() -> Iterator[dict[str, ProcExecutor]]:
+    made = {b: ProcExecutor(b) for b in BACKENDS}
+    made["bwrap-no-layer2"] = ProcExecutor("bwrap", ProcOptions(layer2=False))
+    yield made
+    for ex in made.values():
+        ex.close()
+
+
+@pytest.fixture
+def world_root() -> Iterator[Path]:
+    """A root uid 65534 can traverse (pytest's tmp dirs are 0700)."""
+    r = Path(tempfile.mkdtemp(prefix="pe-escape-", dir="/tmp"))
+    r.chmod(0o755)
+    (r / "out").mkdir(mode=0o755)
+    (r / "home").mkdir()
+    yield r
+    shutil.rmtree(r, ignore_errors=True)
+
+
+def _run(ex: ProcExecutor, profile: Profile, code: str, *args: str) -> dict[str, object]:
+    ctx = ExecContext(profile=profile, deadline=time.monotonic() + 60)
+    return ex.execute(ctx, ProcExecOp(tool=PYTHON, args=("-c", code, *args))).out
+
+
+def _as_nobody(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(path), "-c",
+         "import os; print(os.getuid(), os.geteuid())"],
+        capture_output=True, text=True, timeout=30, check=False)
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "bwrap-no-layer2"])
+def test_nothing_planted_in_a_writable_bind_is_setuid_or_a_device_on_the_host(
+        executors: dict[str, ProcExecutor], world_root: Path, backend: str) -> None:
+    out = _run(executors[backend], make_profile(world_root), PLANT, str(world_root / "out"),
+               SYSTEM_PYTHON)
+    assert out["exit_code"] == 0, out["stderr"]
+    planted = list((world_root / "out").iterdir())
+    for p in planted:
+        mode = os.lstat(p).st_mode
+        assert not mode & (stat.S_ISUID | stat.S_ISGID), (p.name, oct(mode), out["stdout"])
+        assert not stat.S_ISCHR(mode), p.name
+        assert not stat.S_ISBLK(mode), p.name
+    copy = world_root / "out" / "chmod"
+    assert copy.exists()  # the copy itself is allowed, only the setuid bit is not
+    ran = _as_nobody(copy)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["65534", "65534"]  # euid is not 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_red_team_shell_plant_fails_inside_the_sandbox(
+        executors: dict[str, ProcExecutor], world_root: Path, backend: str) -> None:
+    target = world_root / "out" / "rootpy"
+    ctx = ExecContext(profile=make_profile(world_root), deadline=time.monotonic() + 60)
+    out = executors[backend].execute(ctx, ProcExecOp(tool="/bin/sh", args=(
+        "-c", f"cp {SYSTEM_PYTHON} {target} && chmod 4755 {target}"))).out
+    assert out["exit_code"] != 0
+    assert not os.stat(target).st_mode & stat.S_ISUID
+    assert _as_nobody(target).stdout.split()[1] == "65534"
+
+
+@contextlib.contextmanager
+def listener() -> Iterator[tuple[str, list[bytes]]]:
+    """A real unix listener where docker keeps containerd's socket (/run/docker/containerd/),
+    inside the `/run/docker/**` the policy allows; the real /run/docker.sock is probed too."""
+    made_dir = f"/run/docker/pe-test-{uuid.uuid4().hex[:8]}"
+    os.makedirs(made_dir, 0o755)
+    path = f"{made_dir}/containerd.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    os.chmod(path, 0o666)
+    srv.listen(8)
+    got: list[bytes] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                got.append(conn.recv(100))
+                conn.sendall(b"HTTP/1.0 200 OK\r\n\r\nversion")
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield path, got
+    finally:
+        srv.close()
+        os.unlink(path)
+        os.rmdir(made_dir)
+
+
+PROBE = textwrap.dedent("""
+    import socket, sys
+    for p in sys.argv[1:]:
+        try:
+            s = socket.socket(socket.AF_UNIX); s.settimeout(2); s.connect(p)
+            s.sendall(b"GET /version HTTP/1.0\\r\\n\\r\\n"); print("CONNECTED", p, s.recv(40))
+        except Exception as e:
+            print("blocked", p, type(e).__name__)
+""")
+
+
+def _root_profile(globs: tuple[str, ...]) -> Profile:
+    base = make_profile(Path("/tmp"))
+    caps = tuple(ProfileCapability(kind=k, all_of=(FsCapability(kind=k, paths=globs),))
+                 for k in ("fs.read", "fs.list"))
+    return base.model_copy(update={"capabilities": caps, "mappings": Mappings(
+        root_fs="/", tmp_dir="/tmp", home="/root")})
+
+
+@pytest.mark.parametrize(("backend", "globs"), [
+    ("bwrap", ("/run/docker/**", "/run/**", "/var/run/**")),
+    ("bwrap", ("/**",)),
+    ("landlock", ("/**",)),
+])
+def test_no_host_control_socket_is_reachable_whatever_root_fs_and_rules_say(
+        executors: dict[str, ProcExecutor], backend: str, globs: tuple[str, ...]) -> None:
+    with listener() as (path, got):
+        # the listener is real: the host connects
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            s.sendall(b"ping")
+            assert s.recv(20).startswith(b"HTTP/1.0 200")
+        out = _run(executors[backend], _root_profile(globs), PROBE, path,
+                   "/run/docker.sock", "/var/run/docker.sock")
+        assert out["exit_code"] == 0, out["stderr"]
+        assert "CONNECTED" not in str(out["stdout"]), out["stdout"]
+        assert str(out["stdout"]).count("blocked") == 3
+        assert got == [b"ping"]  # only the host's own connection arrived
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_hosts_passwd_and_group_are_not_shown(
+        executors: dict[str, ProcExecutor], backend: str) -> None:
+    code = textwrap.dedent("""
+        import json
+        out = {}
+        for p in ("/etc/passwd", "/etc/group"):
+            try:
+                out[p] = open(p).read()
+            except OSError as e:
+                out[p] = e.errno
+        print(json.dumps(out))
+    """)
+    out = _run(executors[backend], _root_profile(("/etc/**", "/usr/**")), code)
+    seen = json.loads(str(out["stdout"]))
+    host = Path("/etc/passwd").read_text()
+    assert "daemon:" in host  # the host list has more than the synthetic one
+    for path, content in seen.items():
+        if backend == "bwrap":
+            assert content == SYNTHETIC_ETC[path]
+        else:
+            assert isinstance(content, int)  # hidden under Landlock (no mount namespace)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_writing_2_gib_in_one_call_fails_with_a_clean_code(world_root: Path,
+                                                           backend: str) -> None:
+    quota = 64 << 20
+    ex = ProcExecutor(backend, ProcOptions(max_file_bytes=quota))
+    big = world_root / "out" / "big.bin"
+    ctx = ExecContext(profile=make_profile(world_root), deadline=time.monotonic() + 60)
+    try:
+        with pytest.raises(PolicyEngineError) as exc:  # dd is killed by SIGXFSZ
+            ex.execute(ctx, ProcExecOp(tool="/bin/dd", args=(
+                "if=/dev/zero", f"of={big}", "bs=1M", "count=2048")))
+        assert big.stat().st_size <= quota
+        # Python ignores SIGXFSZ: its write fails with EFBIG instead, the file still capped
+        out = _run(ex, make_profile(world_root), textwrap.dedent("""
+            import sys
+            with open(sys.argv[1], "wb") as fh:
+                for _ in range(2048):
+                    fh.write(b"\\0" * (1 << 20))
+        """), str(world_root / "out" / "big2.bin"))
+    finally:
+        ex.close()
+    assert exc.value.code == ErrorCode.BUDGET_EXCEEDED
+    assert "max_file_bytes" in exc.value.reason
+    assert out["exit_code"] != 0
+    assert "File too large" in str(out["stderr"])
+    assert (world_root / "out" / "big2.bin").stat().st_size <= quota
+
+
+# --- docker: the same attacks against containers ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def docker_ex() -> Iterator[DockerExecutor]:
+    ex = DockerExecutor(DockerOptions(max_file_bytes=64 << 20))
+    yield ex
+    ex.close()
+
+
+def _docker_ctx(root: Path) -> ExecContext:
+    base = docker_profile(root)
+    denies = make_profile(root).denies  # the mandatory `**/.env`, `~/.ssh/**`…
+    return ExecContext(profile=base.model_copy(update={"denies": denies}),
+                       deadline=time.monotonic() + 90)
+
+
+def test_docker_refuses_io_uring(docker_ex: DockerExecutor, world_root: Path) -> None:
+    code = textwrap.dedent("""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        params = ctypes.create_string_buffer(120)
+        fd = libc.syscall(425, 8, params)
+        print(fd, ctypes.get_errno())
+    """)
+    res = docker_ex.execute(_docker_ctx(world_root), ProcExecOp(tool="python3",
+                                                                 args=("-c", code)))
+    assert res.out["stdout"].split() == ["-1", str(errno.EPERM)]
+
+
+def test_docker_plant_is_not_setuid_root_on_the_host(docker_ex: DockerExecutor,
+                                                     world_root: Path) -> None:
+    res = docker_ex.execute(_docker_ctx(world_root), ProcExecOp(tool="/bin/sh", args=(
+        "-c", f"cp {SYSTEM_PYTHON} /workspace/work/rootpy; chmod 4755 /workspace/work/rootpy; "
+        "echo chmod=$?")))
+    assert "chmod=1" in res.out["stdout"]  # refused by the profile's seccomp rules
+    planted = next(world_root.glob("projects/*/work/rootpy"))
+    st = planted.stat()
+    assert st.st_uid == SANDBOX_UID
+    assert not st.st_mode & stat.S_ISUID
+    assert _as_nobody(planted).stdout.split()[1] != "0"
+
+
+def test_docker_disk_quota_and_masks(docker_ex: DockerExecutor, world_root: Path) -> None:
+    ctx = _docker_ctx(world_root)
+    docker_ex.execute(ctx, ProcExecOp(tool="true"))  # creates the project's directories
+    work = next(world_root.glob("projects/*/work"))
+    (work / ".env").write_text("TOKEN=docker-env-secret")
+    res = docker_ex.execute(_docker_ctx(world_root), ProcExecOp(tool="/bin/sh", args=(
+        "-c", "cat /workspace/work/.env; echo rc=$?")))
+    assert "docker-env-secret" not in res.out["stdout"]
+    with pytest.raises(PolicyEngineError) as exc:
+        # not as PID 1, which ignores SIGXFSZ (it then gets EFBIG, the file capped alike)
+        docker_ex.execute(_docker_ctx(world_root), ProcExecOp(tool="/bin/sh", args=(
+            "-c", "dd if=/dev/zero of=/workspace/work/big bs=1M count=2048; exit $?")))
+    assert exc.value.code == ErrorCode.BUDGET_EXCEEDED
+    assert (work / "big").stat().st_size <= 64 << 20

@@ -33,6 +33,8 @@ from policy_engine.config import EngineConfig
 from policy_engine.explain import explain
 from policy_engine.explain.request import ExplainRequest
 from policy_engine.model import (
+    BrowserCapability,
+    BrowserNavOp,
     Budget,
     Consent,
     FsCapability,
@@ -56,7 +58,7 @@ pytestmark = pytest.mark.integration
 
 POLICY_CODES = frozenset({"SANDBOX.CAPABILITY_BLOCKED", "POLICY.DENY_TOOL",
                           "SANDBOX.PERMISSION_DENY"})
-EXAMPLES = int(os.environ.get("PE_DIFF_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("PE_DIFF_EXAMPLES", "60"))
 REPORT = os.environ.get("PE_DIFF_REPORT")  # survey mode: append disagreements to this file
 NOW = 1_795_000_000_000
 
@@ -142,13 +144,18 @@ def policies(draw: st.DrawFn, root: str, port: int) -> str:
                  f' methods [{", ".join(map(repr_str, methods))}]{mime}'
                  + _limits(draw, ["bytes_in", "timeout"]))
     args = draw(st.sampled_from(['args [/[a-z]+/ ...]', 'args ["hello"]', '']))
-    rules.append(f'permit "echo" proc.exec tool "echo" {args}'
+    env = draw(st.sampled_from(['', ' env ["LANG"]', ' env [/^LC_/, "LANG"]',
+                                ' env ["GIT_DIR", "LANG"]']))
+    rules.append(f'permit "echo" proc.exec tool "echo" {args}{env}'
                  + _limits(draw, ["timeout", "memory", "pids"]))
     rules.append('permit "sleep" proc.exec tool "sleep" args [/[0-9.]+/]'
                  + _limits(draw, ["timeout"]))
     if draw(st.booleans()):
         rules.append('forbid "no-secret-word" proc.exec tool "echo" args ["secret", /.*/ ...]')
     rules.append(f'permit "scratch" tmp.use max_bytes {draw(st.sampled_from(SIZES))}')
+    if draw(st.booleans()):
+        rules.append(f'permit "browse" browser.use hosts ["127.0.0.1"] schemes ["http"] '
+                     f'ports [{port}] scopes [{draw(st.sampled_from(["open", "open, extract"]))}]')
     if draw(st.booleans()):
         rules.append('require consent when `"Write" in profile.side_effects`')
     return "\n".join(lines + [""] + rules) + "\n"
@@ -168,7 +175,7 @@ def ops(root: str, port: int) -> st.SearchStrategy[object]:
                     st.sampled_from(["", "?q=1"]))
     headers = st.sampled_from([{}, {"Accept": "text/plain"}, {"Host": "evil.example"},
                                {"X-Bad": "a\r\nInjected: 1"}, {"Content-Length": "5"}])
-    env = st.sampled_from([{}, {"LANG": "C"}, {"LD_PRELOAD": "/tmp/x.so"},
+    env = st.sampled_from([{}, {"LANG": "C"}, {"LC_ALL": "C"}, {"LD_PRELOAD": "/tmp/x.so"},
                            {"GIT_DIR": "/tmp/x"}, {"PATH": "/tmp"}])
     return st.one_of(
         st.builds(FsReadOp, path=paths, len=st.sampled_from([None, 8, 5000])),
@@ -185,6 +192,7 @@ def ops(root: str, port: int) -> st.SearchStrategy[object]:
                   timeout_ms=st.sampled_from([None, 2000])),
         st.builds(ProcExecOp, tool=st.just("sleep"), args=st.sampled_from([("0.1",), ("2",)])),
         st.builds(TmpAllocOp, size_bytes=st.sampled_from([10, 50_000, 5_000_000])),
+        st.builds(BrowserNavOp, url=url, extract=st.sampled_from(["text", "none"])),
     )
 
 
@@ -195,6 +203,7 @@ def fixtures(root: str, port: int, consent: bool) -> tuple[Manifest, Grant]:
             NetHttpCapability(hosts=("127.0.0.1",), ports=(port,), schemes=("http",),
                               methods=("GET", "HEAD", "POST")),
             ProcCapability(tool="echo"), ProcCapability(tool="sleep"),
+            BrowserCapability(hosts=("127.0.0.1",), schemes=("http",), ports=(port,)),
             TmpCapability(max_bytes=64 * 1024 * 1024))
     manifest = Manifest(name="diff-tool", version="1", permissions=caps,
                         side_effects=("Read", "Write", "Network", "Process"),  # type: ignore[arg-type]
@@ -211,10 +220,19 @@ def fixtures(root: str, port: int, consent: bool) -> tuple[Manifest, Grant]:
 STATS: Counter[str] = Counter()
 
 
-def runtime_fact(op: object, world: World) -> bool:
-    """A refusal a dry run cannot foresee: the file the op names does not exist (yet)."""
+# What the server answers is a runtime fact (docs/cli.md, "Dry run equals run"): the response's
+# content type against a rule's `mime`, and its size against `bytes_in`.
+RESPONSE_FACTS = ("response content type", "declared body of", "response body")
+
+
+def runtime_fact(op: object, message: str | None) -> bool:
+    """A refusal a dry run cannot foresee: the file the op names does not exist (yet), or the
+    server's response (type, size) is refused.
+    """
     path = getattr(op, "path", None)
-    return isinstance(op, FsReadOp | FsListOp) and path is not None and not os.path.exists(path)
+    if isinstance(op, FsReadOp | FsListOp) and path is not None and not os.path.exists(path):
+        return True
+    return isinstance(op, NetHttpOp) and any(f in (message or "") for f in RESPONSE_FACTS)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
@@ -242,10 +260,13 @@ def test_explain_agrees_with_the_run(world: World, tmp_path_factory: pytest.Temp
             ran = orch.run(grant, manifest, op, settings=settings_, now_ms=NOW)  # type: ignore[arg-type]
             STATS["ops"] += 1
             STATS[f"explain-{dry.decision}"] += 1
+            STATS[f"{op.kind}:{dry.decision}"] += 1
             if dry.allowed:
                 code = ran.result.code
-                if code in POLICY_CODES and not runtime_fact(op, world):
+                if code in POLICY_CODES and not runtime_fact(op, ran.result.message):
                     disagreements.append((op, "explain allowed", code, ran.result.message))
+                elif code in POLICY_CODES:
+                    STATS["runtime-facts"] += 1
             else:
                 if ran.result.ok or ran.result.code != dry.code:
                     disagreements.append((op, f"explain denied {dry.code}: {dry.reason}",

@@ -16,6 +16,7 @@ from policy_engine.model import (
     Decision,
     ExecOp,
     ExecResult,
+    Limits,
     NetworkMode,
     OpKind,
     Profile,
@@ -82,12 +83,21 @@ class Decider(Protocol):
         ...
 
 
+_PROFILE_LIMITS = Limits()
+"""Sentinel default of ``ExecContext.limits``: "not given, use the profile's"."""
+
+
 @dataclass(slots=True)
 class ExecContext:
     """Everything an executor may use for one call.
 
-    :param profile: the call's profile (limits, mappings, network mode, capabilities).
-    :param deadline: ``time.monotonic()`` value by which the call must end.
+    :param profile: the call's profile (mappings, network mode, capabilities).
+    :param deadline: ``time.monotonic()`` value by which the call must end: the orchestrator
+        sets it from ``limits.timeout_ms``.
+    :param limits: the call's effective limits (``Decision.limits``: the profile's met with
+        the permitting rule's and the op's own), every field set. An executor enforces these,
+        never ``profile.limits`` (a rule's narrower limits are only here); docs/plugins.md
+        lists which ones each op kind must enforce. Left out, it is the profile's.
     :param degraded: reasons the orchestrator chose to run degraded (compat mode).
     :param record_side_effect: append a side-effect summary (metadata only, never content).
     :param guard: the orchestrator's guard for this call's policy; executors that decide again
@@ -104,6 +114,11 @@ class ExecContext:
     usage: Usage = field(default_factory=Usage)
     consume: Callable[[str, int], None] = field(default=lambda kind, amount: None)
     guard: Decider | None = None
+    limits: Limits = _PROFILE_LIMITS
+
+    def __post_init__(self) -> None:
+        if self.limits is _PROFILE_LIMITS:
+            self.limits = self.profile.limits
 
     def record_side_effect(self, rec: SideEffectRec) -> None:
         self.side_effects.append(rec)

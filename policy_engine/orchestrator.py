@@ -217,9 +217,16 @@ class Orchestrator:
             charged[kind_] = charged.get(kind_, 0) + amount
 
         # executors that decide again mid-operation (redirects, subrequests, the restricted
-        # proxy) must use this call's policy-aware guard, never a policy-less one
-        ctx = ExecContext(profile=profile, deadline=time.monotonic() + profile.timeout_ms / 1000,
-                          degraded=sel.degraded, consume=consume, guard=self.guard)
+        # proxy) must use this call's policy-aware guard, never a policy-less one; they run
+        # under the decision's limits (profile ⊓ permitting rule ⊓ op), not the profile's
+        limits = decision.limits
+        if limits is None:  # a guard that does not say: the profile's, as before
+            limits = profile.limits.model_copy(update={"timeout_ms": min(
+                (t for t in (profile.limits.timeout_ms, profile.timeout_ms) if t), default=None)})
+        timeout_ms = limits.timeout_ms or profile.timeout_ms
+        ctx = ExecContext(profile=profile, deadline=time.monotonic() + timeout_ms / 1000,
+                          degraded=sel.degraded, consume=consume, guard=self.guard,
+                          limits=limits)
         self.metrics.observe_exec(kind, profile)
         attempt = run_with_deadline(sel.executor, ctx, op, cancel)
         attempt = self._reconcile(attempt, key, profile, charged)

@@ -53,8 +53,9 @@ def session_key(profile: Profile) -> str:
     return f"{profile.tenant}\x1f{profile.subject_id}\x1f{profile.tool_name}"
 
 
-def _limit(profile: Profile, name: str) -> int:
-    value = getattr(profile.limits, name)
+def _limit(ctx: ExecContext, name: str) -> int:
+    """The call's effective limit ``name`` (``ctx.limits``: the permitting rule's included)."""
+    value = getattr(ctx.limits, name)
     return int(value if value is not None else getattr(SYSTEM_DEFAULT_LIMITS, name))
 
 
@@ -160,15 +161,16 @@ class DockerExecutor:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     "stdin is not offered by the docker executor")
         profile = ctx.profile
-        hard = engine.hardening(profile, self.options)
+        hard = engine.hardening(profile, self.options, ctx.limits)
         cwd, env = _cwd(op.cwd), _env(op.env)
-        timeout_s = (op.timeout_ms or profile.timeout_ms) / 1000
+        timeout_s = min(t for t in (op.timeout_ms, ctx.limits.timeout_ms, profile.timeout_ms)
+                        if t) / 1000
         deadline = min(ctx.deadline, time.monotonic() + timeout_s)
         client, streams = self.client()
         root = Path(self.options.workspace_root or profile.mappings.root_fs)
         ws = prepare(root, profile)
         argv = [op.tool, *op.args]
-        limits = (_limit(profile, "max_stdout_bytes"), _limit(profile, "max_stderr_bytes"))
+        limits = (_limit(ctx, "max_stdout_bytes"), _limit(ctx, "max_stderr_bytes"))
         art_limit = self.options.max_artifacts_bytes
         removed: list[str] = []
         proxied: dict[str, int] | None = None
@@ -185,7 +187,7 @@ class DockerExecutor:
             raise engine.map_error(exc) from None
         manifest, over = collect_artifacts(ws, art_limit)
         removed += over
-        meta = self._meta(profile, hard, ws, out, argv, cwd, env, mounts, removed)
+        meta = self._meta(profile, ctx, hard, ws, out, argv, cwd, env, mounts, removed)
         if proxied is not None:
             meta["network_proxy"] = proxied
         write_record(ws, out.stdout.kept(), out.stderr.kept(), manifest, meta)
@@ -277,16 +279,16 @@ class DockerExecutor:
                            "read_only": True})
         return out, mounts, removed, proxied
 
-    def _meta(self, profile: Profile, hard: Hardening, ws: ExecWorkspace, out: Outcome,
-              argv: list[str], cwd: str, env: dict[str, str], mounts: list[dict[str, Any]],
-              removed: list[str]) -> dict[str, Any]:
+    def _meta(self, profile: Profile, ctx: ExecContext, hard: Hardening, ws: ExecWorkspace,
+              out: Outcome, argv: list[str], cwd: str, env: dict[str, str],
+              mounts: list[dict[str, Any]], removed: list[str]) -> dict[str, Any]:
         return {
             "exec_id": ws.exec_id, "project_id": ws.project_id, "image": self.options.image,
             "mode": self.options.mode, "argv": argv, "cwd": cwd, "env_keys": sorted(env),
             "policy_snapshot": {
                 "profile_hash": profile.profile_hash, "policy": profile.policy_name,
                 "policy_version": profile.policy_version, "network": profile.network.value,
-                "limits": profile.limits.model_dump(exclude_none=True),
+                "limits": ctx.limits.model_dump(exclude_none=True),
                 "container": hard.snapshot(),
             },
             "exit_code": out.exit_code, "timed_out": out.timed_out,

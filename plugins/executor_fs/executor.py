@@ -25,7 +25,6 @@ from policy_engine.model import (
     FsReadOp,
     FsWriteOp,
     OpKind,
-    Profile,
     SideEffect,
     SideEffectRec,
     Usage,
@@ -62,8 +61,9 @@ class FsOptions:
         return FsOptions(preview_bytes=preview, use_openat2=use)
 
 
-def _limit(profile: Profile, name: str) -> int:
-    value = getattr(profile.limits, name)
+def _limit(ctx: ExecContext, name: str) -> int:
+    """The call's effective limit ``name`` (``ctx.limits``: the permitting rule's included)."""
+    value = getattr(ctx.limits, name)
     return int(value if value is not None else getattr(SYSTEM_DEFAULT_LIMITS, name))
 
 
@@ -124,7 +124,7 @@ class FsExecutor:
     # -- fs.read --------------------------------------------------------------------------
 
     def _read(self, ctx: ExecContext, op: FsReadOp) -> ExecResult:
-        cap = _limit(ctx.profile, "max_bytes_in")
+        cap = _limit(ctx, "max_bytes_in")
         want = cap if op.len is None else op.len
         if want > cap:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
@@ -170,7 +170,7 @@ class FsExecutor:
         except (binascii.Error, ValueError):
             raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                     "`bytes_b64` is not valid base64") from None
-        cap = _limit(ctx.profile, "max_bytes_out")
+        cap = _limit(ctx, "max_bytes_out")
         if len(data) > cap:  # refused before a single byte touches the disk
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"write of {len(data)} bytes exceeds max_bytes_out {cap}")
@@ -229,8 +229,8 @@ class FsExecutor:
     # -- fs.list --------------------------------------------------------------------------
 
     def _list(self, ctx: ExecContext, op: FsListOp) -> ExecResult:
-        depth = min(op.depth, _limit(ctx.profile, "max_depth"))
-        max_files = _limit(ctx.profile, "max_files")
+        depth = min(op.depth, _limit(ctx, "max_depth"))
+        max_files = _limit(ctx, "max_files")
         fd = self._open(ctx, self._parts(ctx, op.path), os.O_RDONLY | os.O_DIRECTORY, op.path)
         entries: list[dict[str, Any]] = []
         truncated = self._walk(ctx, fd, "", depth, max_files, entries)

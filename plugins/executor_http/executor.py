@@ -23,6 +23,7 @@ from plugins.executor_http.resolve import (
     Resolver,
     Vetted,
     addresses_text,
+    bounded,
     guard_for,
     pin,
     system_resolver,
@@ -147,7 +148,7 @@ class HttpExecutor:
                                     f"the http executor does not serve `{op.kind}`")
         profile = ctx.profile
         guard = guard_for(ctx, self.guard)
-        vetted = first = vet(guard, profile, op)
+        vetted = first = bounded(vet(guard, profile, op), ctx.limits)
         deadline = ctx.deadline
         if first.timeout_ms:
             deadline = min(deadline, time.monotonic() + first.timeout_ms / 1000)
@@ -191,7 +192,7 @@ class HttpExecutor:
         op = NetHttpOp(method=hop.method, url=hop.url, headers=dict(hop.headers),
                        body_b64=base64.b64encode(hop.body).decode() if hop.body else None)
         try:
-            return vet(guard, profile, op)
+            return vet(guard, profile, op)  # _send keeps each hop within ``first``
         except PolicyEngineError as exc:
             raise PolicyEngineError(
                 exc.code, f"redirect to `{_redacted_text(hop.url)}` refused: {exc.reason}",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import Decider, ExecContext
@@ -17,7 +17,7 @@ from policy_engine.guard.guard import Guard
 from policy_engine.guard.ipaddr import classify, is_address_allowed
 from policy_engine.guard.matchers import NetMatcher
 from policy_engine.guard.urls import ParsedUrl, parse_url
-from policy_engine.model import Decision, NetHttpOp, Profile
+from policy_engine.model import Decision, Limits, NetHttpOp, Profile
 from policy_engine.patterns.hosts import HostPattern
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -92,7 +92,7 @@ def vet(guard: Decider, profile: Profile, op: NetHttpOp) -> Vetted:
     chosen = next((c for c in caps if c.rule == decision.rule and c.admits((url, method))), None)
     summary = (profile.allow.mime_allow,) if profile.allow.mime_allow else ()
     if chosen is None:  # INVARIANT: the guard allowed through one of these; fail closed if not
-        limits = profile.limits
+        limits = decision.limits if decision.limits is not None else profile.limits
         return Vetted(url, method, decision, (), limits.max_bytes_in, limits.max_bytes_out,
                       limits.max_depth, min(profile.timeout_ms, limits.timeout_ms or 10**9),
                       summary)
@@ -100,6 +100,18 @@ def vet(guard: Decider, profile: Profile, op: NetHttpOp) -> Vetted:
     mime = tuple(m.mime for m in chosen.members if isinstance(m, NetMatcher)) + summary
     return Vetted(url, method, decision, chosen.hosts, lim.max_bytes_in, lim.max_bytes_out,
                   lim.max_depth, lim.timeout_ms, mime)
+
+
+def bounded(vetted: Vetted, limits: Limits) -> Vetted:
+    """``vetted`` with no byte, depth or time allowance above the call's ``limits``
+    (``ExecContext.limits``): a redirect to another rule's host never lifts them."""
+    def tighter(a: int | None, b: int | None) -> int | None:
+        return b if a is None else a if b is None else min(a, b)
+
+    return replace(vetted, max_bytes_in=tighter(vetted.max_bytes_in, limits.max_bytes_in),
+                   max_bytes_out=tighter(vetted.max_bytes_out, limits.max_bytes_out),
+                   max_depth=tighter(vetted.max_depth, limits.max_depth),
+                   timeout_ms=tighter(vetted.timeout_ms, limits.timeout_ms))
 
 
 _CODES = frozenset(c.value for c in ErrorCode)

@@ -23,7 +23,7 @@ from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, se
 from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import Outcome, pump
-from plugins.executor_proc.spec import Limits, Plan, build_plan
+from plugins.executor_proc.spec import Limits, Plan, build_plan, resolve_limits
 from plugins.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
@@ -213,9 +213,10 @@ class ProcExecutor:
                               env_base=self.options.env_base,
                               extra_ro=self.options.extra_ro_binds,
                               tmpdir=private_tmp or "/tmp", scan_limit=self.options.scan_limit)
+            plan.limits = resolve_limits(ctx.profile, op, ctx.limits)  # the rule's included
             if plan.network == "restricted" and self.network_hook is None:
                 net = RestrictedNetwork(ctx.profile, ctx.guard or self.guard,
-                                        deadline=ctx.deadline).start()
+                                        deadline=ctx.deadline, limits=ctx.limits).start()
                 plan.env.update(net.env())  # INVARIANT: after the op's allow-listed values
             return self._run(ctx, op, plan, stdin, private_tmp, plan.network, net)
         finally:

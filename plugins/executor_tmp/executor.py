@@ -7,6 +7,7 @@ import os
 import secrets
 import stat
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -111,6 +112,8 @@ class TmpExecutor:
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         if not isinstance(op, TmpAllocOp):
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, f"tmp cannot run `{op.kind}`")
+        if ctx.cancel.cancelled or time.monotonic() > ctx.deadline:  # ctx.limits.timeout_ms
+            raise PolicyEngineError(ErrorCode.TIMEOUT, "no time left to allocate a tmp space")
         space = self.allocate(ctx.profile, op.size_bytes)
         ctx.record_side_effect(SideEffectRec(kind=SideEffect.FILESYSTEM, meta={
             "op": "tmp.alloc", "handle": space.handle, "bytes": space.size_bytes,

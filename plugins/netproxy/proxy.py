@@ -24,7 +24,7 @@ from plugins.executor_http.resolve import IPAddress, Resolver, Vetted, pin, vet
 from plugins.executor_http.transport import PinnedTransport
 from policy_engine.errors import REGISTRY, ErrorCode, PolicyEngineError
 from policy_engine.executor import Decider
-from policy_engine.model import NetHttpOp, Profile, SideEffect, SideEffectRec
+from policy_engine.model import Limits, NetHttpOp, Profile, SideEffect, SideEffectRec
 
 MAX_LINE = 8192
 MAX_HEADERS = 100
@@ -44,6 +44,13 @@ class ProxyPolicy:
     transport: PinnedTransport
     record: Callable[[SideEffectRec], None]
     deadline: float
+    limits: Limits | None = None  # the call's effective limits (ExecContext.limits)
+
+    def cap(self, name: str, per_request: int | None) -> int | None:
+        """The tighter of the call's limit ``name`` and a proxied request's own."""
+        lim = self.limits if self.limits is not None else self.profile.limits
+        values = [v for v in (getattr(lim, name), per_request) if v is not None]
+        return min(values) if values else None
 
 
 class _Refused(Exception):
@@ -137,7 +144,7 @@ class ProxyHandler(socketserver.StreamRequestHandler):
             meta["url"] = _shown(target)
             raise _Refused(PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                              "request bodies need a Content-Length"))
-        cap = self.server.policy.profile.limits.max_bytes_out
+        cap = self.server.policy.cap("max_bytes_out", None)
         if cap is not None and int(length) > cap:  # checked before reading: never buffered
             meta["url"] = _shown(target)
             raise _Refused(PolicyEngineError(
@@ -172,7 +179,7 @@ class ProxyHandler(socketserver.StreamRequestHandler):
             head.append("Connection: close\r\n\r\n")
             self.wfile.write("".join(head).encode("latin-1"))
             sent = 0
-            limit = vetted.max_bytes_in
+            limit = policy.cap("max_bytes_in", vetted.max_bytes_in)
             for chunk in response.iter_raw():
                 sent += len(chunk)
                 if (limit is not None and sent > limit) or time.monotonic() > policy.deadline:
@@ -201,7 +208,8 @@ class ProxyHandler(socketserver.StreamRequestHandler):
         meta["status"] = 200
         self.wfile.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         with upstream:
-            up, down = _splice(self.connection, upstream, policy.deadline, vetted.max_bytes_in)
+            up, down = _splice(self.connection, upstream, policy.deadline,
+                               policy.cap("max_bytes_in", vetted.max_bytes_in))
         meta.update(bytes_out=up, bytes_in=down)
 
     def _fail(self, exc: PolicyEngineError) -> None:

@@ -104,6 +104,8 @@ class ExecContext:
         mid-operation (redirects, subrequests, proxied connections) must use it.
     :param consume: charge a budget kind while running (``"bytes_in"``, ``"cpu_ms"`` …); raises
         ``PolicyEngineError(QUOTA.BUDGET_EXCEEDED)`` when over budget.
+    :param on_start: what ``started()`` runs once: for an executor declaring
+        ``charges_at_start``, the orchestrator charges the grant's ``calls`` budget there.
     """
 
     profile: Profile
@@ -115,10 +117,20 @@ class ExecContext:
     consume: Callable[[str, int], None] = field(default=lambda kind, amount: None)
     guard: Decider | None = None
     limits: Limits = _PROFILE_LIMITS
+    on_start: Callable[[], None] = field(default=lambda: None)
+    has_started: bool = False
 
     def __post_init__(self) -> None:
         if self.limits is _PROFILE_LIMITS:
             self.limits = self.profile.limits
+
+    def started(self) -> None:
+        """Say "the first side effect comes now" (a process spawned, a file opened, a socket
+        connected): refusals raised before it cost the caller no ``calls`` budget. Idempotent;
+        may raise ``QUOTA.BUDGET_EXCEEDED``, and then nothing may start."""
+        if not self.has_started:
+            self.on_start()
+            self.has_started = True
 
     def record_side_effect(self, rec: SideEffectRec) -> None:
         self.side_effects.append(rec)
@@ -131,7 +143,10 @@ class Executor(Protocol):
 
     Optional members the orchestrator looks for (not part of the structural check):
     ``local: bool`` — runs on the host without extra isolation; the only kind of executor
-    ``fallback_to_local`` may fall back to. ``available() -> bool | str`` — ``True`` when the
+    ``fallback_to_local`` may fall back to. ``charges_at_start: bool`` — it calls
+    ``ctx.started()`` before its first side effect, so the orchestrator charges ``calls`` there
+    and a refusal before it is free (without it, ``calls`` is charged before ``execute``).
+    ``available() -> bool | str`` — ``True`` when the
     backend can take calls now, else ``False`` or the reason (``PROVIDER.UNAVAILABLE``).
     """
 

@@ -202,13 +202,20 @@ class Orchestrator:
             return self._finish(begin, decision, profile, op, started, err=err, status=status,
                                 backend=sel.backend, error_kind=("capability" if status ==
                                                                  "denied" else "provider"))
-        # 5) budget: one call
+        # 5) budget: one call, charged when the executor starts its first side effect (one
+        # declaring ``charges_at_start``), else now; a refusal before the start costs nothing
         key = grant_key(grant)
-        try:
+
+        def charge_call() -> None:
             self.meter.check_and_consume(key, "calls", 1, profile.budget.calls)
-        except PolicyEngineError as exc:
-            return self._finish(begin, decision, profile, op, started, err=exc,
-                                status="denied", backend=sel.backend, degraded=sel.degraded)
+
+        at_start = getattr(sel.executor, "charges_at_start", False) is True
+        if not at_start:
+            try:
+                charge_call()
+            except PolicyEngineError as exc:
+                return self._finish(begin, decision, profile, op, started, err=exc,
+                                    status="denied", backend=sel.backend, degraded=sel.degraded)
         # 6) execute, charging streamed usage as it happens
         charged: dict[str, int] = dict.fromkeys(_METERED, 0)
 
@@ -226,14 +233,21 @@ class Orchestrator:
         timeout_ms = limits.timeout_ms or profile.timeout_ms
         ctx = ExecContext(profile=profile, deadline=time.monotonic() + timeout_ms / 1000,
                           degraded=sel.degraded, consume=consume, guard=self.guard,
-                          limits=limits)
+                          limits=limits, on_start=charge_call if at_start else _nothing,
+                          has_started=not at_start)
         self.metrics.observe_exec(kind, profile)
         attempt = run_with_deadline(sel.executor, ctx, op, cancel)
+        ran = ctx.has_started or attempt.result is not None
+        if not ctx.has_started and attempt.error is None:
+            # it returned without saying it started: charge now, withholding the output
+            attempt = _charged_late(attempt, charge_call)
         attempt = self._reconcile(attempt, key, profile, charged)
-        usage = self._usage(attempt, charged)
+        usage = self._usage(attempt, charged, calls=int(ran))
         side_effects = list(ctx.side_effects)
+        over = attempt.error is not None and attempt.error.code == ErrorCode.BUDGET_EXCEEDED
         return self._finish(begin, decision, profile, op, started, attempt=attempt,
-                            status="ok" if attempt.error is None else "error",
+                            status="ok" if attempt.error is None else
+                            "denied" if over and not ran else "error",
                             err=attempt.error, backend=sel.backend,
                             degraded=sel.degraded + _reported_degradations(attempt),
                             usage=usage, side_effects=side_effects)
@@ -295,9 +309,10 @@ class Orchestrator:
         return attempt
 
     @staticmethod
-    def _usage(attempt: Attempt, charged: dict[str, int]) -> Usage:
+    def _usage(attempt: Attempt, charged: dict[str, int], *, calls: int = 1) -> Usage:
         reported = attempt.result.used if attempt.result is not None else Usage()
-        return Usage(calls=1, **{k: max(getattr(reported, k), charged[k]) for k in _METERED})
+        return Usage(calls=calls,
+                     **{k: max(getattr(reported, k), charged[k]) for k in _METERED})
 
     def _finish(self, begin: EvidenceBegin, decision: Decision, profile: Profile | None,
                 op: ExecOp, started: float, *, status: Status, err: PolicyEngineError | None = None,
@@ -359,6 +374,19 @@ class Orchestrator:
         m.cpu_ms.inc(usage.cpu_ms)
         m.gpu_ms.inc(usage.gpu_ms)
         m.latency_ms.labels(domain=domain_of(op.kind)).observe(latency_ms)
+
+
+def _nothing() -> None:
+    """``on_start`` of an executor charged before it runs."""
+
+
+def _charged_late(attempt: Attempt, charge_call: Callable[[], None]) -> Attempt:
+    """Charge ``calls`` for an executor that ran without calling ``ctx.started()``."""
+    try:
+        charge_call()
+    except PolicyEngineError as exc:
+        return Attempt(None, exc, "quota")
+    return attempt
 
 
 def _reported_degradations(attempt: Attempt) -> tuple[str, ...]:

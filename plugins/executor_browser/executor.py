@@ -114,6 +114,7 @@ class BrowserExecutor:
         network_modes=frozenset({NetworkMode.ON, NetworkMode.RESTRICTED}),
         resource_limits=True,
     )
+    charges_at_start = True  # ctx.started() before the browser is asked for anything
 
     def __init__(self, options: BrowserOptions | None = None) -> None:
         self.options = options or BrowserOptions()
@@ -143,6 +144,7 @@ class BrowserExecutor:
         remaining = ctx.deadline - time.monotonic()
         if remaining <= 0:
             raise PolicyEngineError(ErrorCode.TIMEOUT, "no time left for the browser operation")
+        ctx.started()  # refusals above touched no browser
         try:
             out = self.host.run(lambda h: self._on_browser(h, ctx, op), remaining + _GRACE_S)
         except PolicyEngineError as err:

@@ -88,6 +88,7 @@ class DockerExecutor:
         bind_mounts=True, readonly_rootfs=False, resource_limits=True, env_filtering=True,
         streaming_output=True,
     )
+    charges_at_start = True  # ctx.started() before a workspace or container is made
 
     def __init__(self, options: DockerOptions | None = None) -> None:
         self.options = options or DockerOptions()
@@ -163,9 +164,13 @@ class DockerExecutor:
         profile = ctx.profile
         hard = engine.hardening(profile, self.options, ctx.limits)
         cwd, env = _cwd(op.cwd), _env(op.env)
-        timeout_s = min(t for t in (op.timeout_ms, ctx.limits.timeout_ms, profile.timeout_ms)
-                        if t) / 1000
+        # ctx.limits.timeout_ms already holds the profile's (or a rule's replacing a built-in)
+        timeout_s = min((t for t in (op.timeout_ms, ctx.limits.timeout_ms) if t),
+                        default=profile.timeout_ms) / 1000
         deadline = min(ctx.deadline, time.monotonic() + timeout_s)
+        if network.needs_proxy(ctx):
+            network.check_bridge_binds(self.options.system_binds)
+        ctx.started()  # refusals above (stdin, cwd, env, network mode) created nothing
         client, streams = self.client()
         root = Path(self.options.workspace_root or profile.mappings.root_fs)
         ws = prepare(root, profile)
@@ -174,8 +179,6 @@ class DockerExecutor:
         art_limit = self.options.max_artifacts_bytes
         removed: list[str] = []
         proxied: dict[str, int] | None = None
-        if network.needs_proxy(ctx):
-            network.check_bridge_binds(self.options.system_binds)
         try:
             if self.options.mode == "pool":
                 out, mounts, removed, proxied = self._pooled(ctx, ws, hard, argv, env, cwd,

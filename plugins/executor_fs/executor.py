@@ -82,6 +82,7 @@ class FsExecutor:
         op_kinds=frozenset({OpKind.FS_READ, OpKind.FS_WRITE, OpKind.FS_LIST}),
         readonly_rootfs=False, resource_limits=True,
     )
+    charges_at_start = True  # ctx.started() before the first open beneath the root
 
     def __init__(self, options: FsOptions | None = None) -> None:
         self.options = options or FsOptions()
@@ -129,8 +130,10 @@ class FsExecutor:
         if want > cap:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"read of {want} bytes exceeds max_bytes_in {cap}")
+        parts = self._parts(ctx, op.path)
+        ctx.started()  # refusals above this line cost no `calls` budget
         # O_NONBLOCK: a FIFO swapped in must not hang the call before fstat refuses it
-        fd = self._open(ctx, self._parts(ctx, op.path), os.O_RDONLY | os.O_NONBLOCK, op.path)
+        fd = self._open(ctx, parts, os.O_RDONLY | os.O_NONBLOCK, op.path)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
@@ -177,6 +180,7 @@ class FsExecutor:
         parts = self._parts(ctx, op.path)
         if not parts:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "cannot write the root itself")
+        ctx.started()
         dir_fd = self._open(ctx, parts[:-1], os.O_RDONLY | os.O_DIRECTORY, op.path)
         name, tmp = parts[-1], f".{parts[-1]}.pe-{secrets.token_hex(6)}.tmp"
         try:
@@ -231,7 +235,9 @@ class FsExecutor:
     def _list(self, ctx: ExecContext, op: FsListOp) -> ExecResult:
         depth = min(op.depth, _limit(ctx, "max_depth"))
         max_files = _limit(ctx, "max_files")
-        fd = self._open(ctx, self._parts(ctx, op.path), os.O_RDONLY | os.O_DIRECTORY, op.path)
+        parts = self._parts(ctx, op.path)
+        ctx.started()
+        fd = self._open(ctx, parts, os.O_RDONLY | os.O_DIRECTORY, op.path)
         entries: list[dict[str, Any]] = []
         truncated = self._walk(ctx, fd, "", depth, max_files, entries)
         listing = "\n".join(f"{e['type']} {e['path']} {e['size']}" for e in entries).encode()

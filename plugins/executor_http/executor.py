@@ -126,6 +126,7 @@ class HttpExecutor:
         network_modes=frozenset({NetworkMode.ON, NetworkMode.RESTRICTED}),
         streaming_output=True,
     )
+    charges_at_start = True  # ctx.started() before the first connection
 
     def __init__(
         self, guard: Decider | None = None, *, resolver: Resolver = system_resolver,
@@ -214,6 +215,7 @@ class HttpExecutor:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise PolicyEngineError(ErrorCode.TIMEOUT, "deadline passed before sending")
+        ctx.started()  # the first connection: a refused or unresolvable target cost nothing
         if hop.body:
             ctx.consume("bytes_out", len(hop.body))
         try:

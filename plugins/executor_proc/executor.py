@@ -125,6 +125,7 @@ class ProcExecutor:
     """
 
     enforces_deadline = True
+    charges_at_start = True  # ctx.started() right before the spawn
 
     def __init__(self, backend: Backend, options: ProcOptions | None = None, *,
                  network_hook: NetworkHook | None = None, guard: Decider | None = None,
@@ -320,6 +321,7 @@ class ProcExecutor:
         if stdin is not None and len(stdin) > lim.max_stdin:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"stdin of {len(stdin)} bytes exceeds max_bytes_in")
+        ctx.started()  # every refusal above was free: nothing has been spawned yet
         layered = self.backend == "landlock" or self.options.layer2
         exe, degraded = self._launcher()
         spec = self._launcher_spec(plan, private_tmp, net) if layered else None

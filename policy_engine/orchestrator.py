@@ -9,7 +9,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from policy_engine.budget import BudgetMeter, grant_key, limit_of
+from policy_engine.budget import (
+    PROCESS_SLOTS,
+    BudgetMeter,
+    ConcurrencyMeter,
+    grant_key,
+    limit_of,
+)
 from policy_engine.config import EngineConfig
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.evidence import (
@@ -30,6 +36,7 @@ from policy_engine.model import (
     ExecOp,
     ExecResult,
     Grant,
+    Limits,
     Manifest,
     OpKind,
     Overrides,
@@ -45,7 +52,7 @@ from policy_engine.orchestration.revocation import (
     SqliteRevocationList,
 )
 from policy_engine.orchestration.running import Attempt, run_with_deadline
-from policy_engine.orchestration.selection import select
+from policy_engine.orchestration.selection import Selection, select
 from policy_engine.plugin_manager import PluginManager
 from policy_engine.profile import ProfileBuilder
 
@@ -202,13 +209,41 @@ class Orchestrator:
             return self._finish(begin, decision, profile, op, started, err=err, status=status,
                                 backend=sel.backend, error_kind=("capability" if status ==
                                                                  "denied" else "provider"))
-        # 5) budget: one call, charged when the executor starts its first side effect (one
-        # declaring ``charges_at_start``), else now; a refusal before the start costs nothing
         key = grant_key(grant)
+        limits = _call_limits(decision, profile)
+        # 5) concurrency: one of the grant's `max_concurrency` slots, held until the call ends
+        # (released on every path; a crashed process's lease expires or dies with it)
+        slots = self.meter if isinstance(self.meter, ConcurrencyMeter) else PROCESS_SLOTS
+        lease: str | None = None
+        if limits.max_concurrency is not None:
+            hold_s = (limits.timeout_ms or profile.timeout_ms) / 1000 + _LEASE_GRACE_S
+            try:
+                lease = slots.acquire(key, limits.max_concurrency, hold_s=hold_s)
+            except PolicyEngineError as exc:
+                return self._finish(begin, decision, profile, op, started, err=exc,
+                                    status="denied", backend=sel.backend, degraded=sel.degraded)
+        try:
+            return self._execute(begin, decision, profile, op, started, sel, key, limits,
+                                 cancel)
+        finally:
+            if lease is not None:
+                try:
+                    slots.release(key, lease)
+                except Exception:  # noqa: BLE001 — the lease expires; the call's answer stands
+                    log.exception("releasing a concurrency slot of %s failed", key)
+
+    def _execute(self, begin: EvidenceBegin, decision: Decision, profile: Profile, op: ExecOp,
+                 started: float, sel: Selection, key: str, limits: Limits,
+                 cancel: CancelToken | None) -> RunOutcome:
+        """Steps 6 and 7: charge the call (before, or when the executor starts), run, end."""
+        assert sel.executor is not None  # INVARIANT: run() returned on a failed selection
+        kind = OpKind(op.kind)
 
         def charge_call() -> None:
             self.meter.check_and_consume(key, "calls", 1, profile.budget.calls)
 
+        # 6) budget: one call, charged when the executor starts its first side effect (one
+        # declaring ``charges_at_start``), else now; a refusal before the start costs nothing
         at_start = getattr(sel.executor, "charges_at_start", False) is True
         if not at_start:
             try:
@@ -216,7 +251,7 @@ class Orchestrator:
             except PolicyEngineError as exc:
                 return self._finish(begin, decision, profile, op, started, err=exc,
                                     status="denied", backend=sel.backend, degraded=sel.degraded)
-        # 6) execute, charging streamed usage as it happens
+        # 7) execute, charging streamed usage as it happens
         charged: dict[str, int] = dict.fromkeys(_METERED, 0)
 
         def consume(kind_: str, amount: int) -> None:
@@ -226,10 +261,6 @@ class Orchestrator:
         # executors that decide again mid-operation (redirects, subrequests, the restricted
         # proxy) must use this call's policy-aware guard, never a policy-less one; they run
         # under the decision's limits (profile ⊓ permitting rule ⊓ op), not the profile's
-        limits = decision.limits
-        if limits is None:  # a guard that does not say: the profile's, as before
-            limits = profile.limits.model_copy(update={"timeout_ms": min(
-                (t for t in (profile.limits.timeout_ms, profile.timeout_ms) if t), default=None)})
         timeout_ms = limits.timeout_ms or profile.timeout_ms
         ctx = ExecContext(profile=profile, deadline=time.monotonic() + timeout_ms / 1000,
                           degraded=sel.degraded, consume=consume, guard=self.guard,
@@ -374,6 +405,21 @@ class Orchestrator:
         m.cpu_ms.inc(usage.cpu_ms)
         m.gpu_ms.inc(usage.gpu_ms)
         m.latency_ms.labels(domain=domain_of(op.kind)).observe(latency_ms)
+
+
+_LEASE_GRACE_S = 60.0
+"""How long past its timeout a call's concurrency lease outlives a process that never released
+it (killed on another host; on the same host a dead holder's lease is dropped at once)."""
+
+
+def _call_limits(decision: Decision, profile: Profile) -> Limits:
+    """The limits the call runs under: the decision's (profile ⊓ permitting rule ⊓ op); for a
+    guard that does not say, the profile's with its ``timeout_ms``."""
+    if decision.limits is not None:
+        return decision.limits
+    timeout = min((t for t in (profile.limits.timeout_ms, profile.timeout_ms) if t),
+                  default=None)
+    return profile.limits.model_copy(update={"timeout_ms": timeout})
 
 
 def _nothing() -> None:

@@ -8,6 +8,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from plugins.budget_sqlite.leases import SqliteLeases
 from policy_engine.budget import BudgetMeter, check_amount, exceeded
 from policy_engine.config import EngineConfig
 from policy_engine.hookspecs import hookimpl
@@ -65,6 +66,7 @@ class SqliteBudgetMeter:
         conn = self._conn()
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(_SCHEMA)
+        self._leases = SqliteLeases(path, busy_timeout_s=busy_timeout_s)
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -96,7 +98,15 @@ class SqliteBudgetMeter:
             "SELECT kind, used FROM budget_usage WHERE grant_key = ?", (grant_key,)).fetchall()
         return {str(kind): int(used) for kind, used in rows}
 
+    # concurrency slots (ConcurrencyMeter): lease rows in the same database, see leases.py
+    def acquire(self, grant_key: str, limit: int, *, hold_s: float) -> str:
+        return self._leases.acquire(grant_key, limit, hold_s=hold_s)
+
+    def release(self, grant_key: str, lease: str) -> None:
+        self._leases.release(grant_key, lease)
+
     def close(self) -> None:
+        self._leases.close()
         with self._conns_lock:
             for conn in self._conns:
                 conn.close()

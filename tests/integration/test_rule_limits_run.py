@@ -113,7 +113,8 @@ def proc_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
     e.close()
 
 
-ALLOC = ("import sys\ntry:\n    b = bytearray(600 * 1024 * 1024)\n    b[::4096] = b'x' * len(b[::4096])\n"
+ALLOC = ("import sys\ntry:\n    b = bytearray(600 * 1024 * 1024)\n"
+         "    b[::4096] = b'x' * len(b[::4096])\n"
          "    print('allocated', len(b))\nexcept MemoryError:\n    print('MemoryError')\n")
 SPAWN = ("import subprocess\nps = []\ntry:\n    for _ in range(40):\n"
          "        ps.append(subprocess.Popen(['sleep', '3']))\n    print('spawned', len(ps))\n"
@@ -128,7 +129,8 @@ def test_rule_timeout_kills_sleep(proc_env: Env) -> None:
     assert out.decision.allowed
     assert out.result.code == "LLM.TIMEOUT", out.result
     assert elapsed < 2.8, elapsed
-    assert out.decision.limits is not None and out.decision.limits.timeout_ms == 1000
+    assert out.decision.limits is not None
+    assert out.decision.limits.timeout_ms == 1000
     assert out.decision.limit_layers is not None
     assert out.decision.limit_layers["timeout_ms"] == "rule"
 
@@ -187,7 +189,8 @@ def test_rule_bytes_in_limits_an_http_response(tmp_path: Path, server: LoopbackS
     finally:
         e.close()
     assert out.decision.allowed
-    assert out.decision.limits is not None and out.decision.limits.max_bytes_in == 16
+    assert out.decision.limits is not None
+    assert out.decision.limits.max_bytes_in == 16
     assert out.result.code == "SANDBOX.CAPABILITY_BLOCKED", out.result
     assert "16" in (out.result.message or "")
 

@@ -65,7 +65,8 @@ def test_an_executor_that_never_says_it_started_is_charged_after(tmp_path: Path)
     with orchestrator(tmp_path, ex) as orch:
         first = orch.run(g, MANIFEST, TmpAllocOp(size_bytes=1))
         second = orch.run(g, MANIFEST, TmpAllocOp(size_bytes=1))
-    assert first.result.ok and first.result.used.calls == 1
+    assert first.result.ok
+    assert first.result.used.calls == 1
     assert second.result.code == "QUOTA.BUDGET_EXCEEDED"  # its output is withheld
 
 

@@ -70,7 +70,8 @@ def test_policy_defaults_above_the_built_ins_are_honoured(tmp_path: Path) -> Non
     assert profile.limit_layers["max_files"] == "built-in"
     d = Guard(ps).decide(profile, FsListOp(path="/w", depth=15), now_ms=0)
     assert d.allowed, d.reason
-    assert d.limits is not None and d.limits.max_depth == 20
+    assert d.limits is not None
+    assert d.limits.max_depth == 20
     assert set(d.limits.model_dump(exclude_none=True)) == set(LIMIT_FIELDS)
 
 
@@ -80,14 +81,19 @@ def test_a_rule_replaces_a_built_in_but_meets_a_policy_default(tmp_path: Path) -
     profile = ProfileBuilder(ps).build(grant, manifest)
     guard = Guard(ps)
     long = guard.decide(profile, ProcExecOp(tool="make"), now_ms=0)
-    assert long.limits is not None and long.limit_layers is not None
-    assert long.limits.timeout_ms == 300_000 and long.limit_layers["timeout_ms"] == "rule"
+    assert long.limits is not None
+    assert long.limit_layers is not None
+    assert long.limits.timeout_ms == 300_000
+    assert long.limit_layers["timeout_ms"] == "rule"
     assert long.limits.memory_bytes == 2 * 1024**3
     # the policy default depth 5 is a ceiling for rules: depth 9 is met down to 5
     deep = guard.decide(profile, FsListOp(path="/w/deep/x", depth=2), now_ms=0)
-    assert deep.limits is not None and deep.limit_layers is not None
-    assert deep.limits.max_depth == 5 and deep.limit_layers["max_depth"] == "policy default"
-    assert deep.limits.max_files == 7 and deep.limit_layers["max_files"] == "rule"
+    assert deep.limits is not None
+    assert deep.limit_layers is not None
+    assert deep.limits.max_depth == 5
+    assert deep.limit_layers["max_depth"] == "policy default"
+    assert deep.limits.max_files == 7
+    assert deep.limit_layers["max_files"] == "rule"
     assert set((deep.limit_layers or {}).values()) <= set(LIMIT_LAYERS)
 
 
@@ -96,12 +102,17 @@ def test_narrowing_layers_and_the_op_are_named(tmp_path: Path) -> None:
     manifest, grant = tool(Limits(timeout_ms=120_000), Limits(memory_bytes=1024**3))
     profile = ProfileBuilder(ps).build(grant, manifest)
     d = Guard(ps).decide(profile, ProcExecOp(tool="make", timeout_ms=5_000), now_ms=0)
-    assert d.limits is not None and d.limit_layers is not None
-    assert d.limits.timeout_ms == 5_000 and d.limit_layers["timeout_ms"] == "request"
-    assert d.limits.memory_bytes == 1024**3 and d.limit_layers["memory_bytes"] == "grant"
+    assert d.limits is not None
+    assert d.limit_layers is not None
+    assert d.limits.timeout_ms == 5_000
+    assert d.limit_layers["timeout_ms"] == "request"
+    assert d.limits.memory_bytes == 1024**3
+    assert d.limit_layers["memory_bytes"] == "grant"
     plain = Guard(ps).decide(profile, ProcExecOp(tool="make"), now_ms=0)
-    assert plain.limits is not None and plain.limit_layers is not None
-    assert plain.limits.timeout_ms == 120_000 and plain.limit_layers["timeout_ms"] == "manifest"
+    assert plain.limits is not None
+    assert plain.limit_layers is not None
+    assert plain.limits.timeout_ms == 120_000
+    assert plain.limit_layers["timeout_ms"] == "manifest"
 
 
 def test_widening_settings_or_override_is_refused_naming_the_field(tmp_path: Path) -> None:

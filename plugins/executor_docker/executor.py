@@ -18,7 +18,7 @@ from typing import Any
 
 import docker
 
-from plugins.executor_docker import engine, network, transfer
+from plugins.executor_docker import cpu, engine, network, transfer
 from plugins.executor_docker.engine import DockerOptions, Hardening
 from plugins.executor_docker.pool import WarmPool
 from plugins.executor_docker.runner import Outcome, bind_mounts, exec_in, run_once, run_quiet
@@ -57,6 +57,14 @@ def _limit(ctx: ExecContext, name: str) -> int:
     """The call's effective limit ``name`` (``ctx.limits``: the permitting rule's included)."""
     value = getattr(ctx.limits, name)
     return int(value if value is not None else getattr(SYSTEM_DEFAULT_LIMITS, name))
+
+
+def _cpu_ms(out: Outcome, hard: Hardening) -> tuple[int, str]:
+    """CPU time to charge: the cgroup's figure, else wall time times the CPU quota (an upper
+    bound, reported as such)."""
+    if out.cpu_ns is not None:
+        return out.cpu_ns // 1_000_000, "cgroup"
+    return int(out.duration_ms * max(hard.nano_cpus / 1e9, 1.0)), "wall-time bound"
 
 
 def _cwd(raw: str | None) -> str:
@@ -207,8 +215,8 @@ class DockerExecutor:
                 ErrorCode.CAPABILITY_BLOCKED,
                 f"artifacts exceed the {art_limit}-byte limit; {len(removed)} removed",
                 audit={**audit, "removed": removed[:100]})
-        used = Usage(calls=1, cpu_ms=int(out.duration_ms),
-                     bytes_out=sum(int(e["size"]) for e in manifest))
+        cpu_ms, cpu_source = _cpu_ms(out, hard)
+        used = Usage(calls=1, cpu_ms=cpu_ms, bytes_out=sum(int(e["size"]) for e in manifest))
         return ExecResult(ok=True, out={
             "exit_code": out.exit_code, "exec_id": ws.exec_id,
             "stdout": out.stdout.kept().decode("utf-8", "replace"),
@@ -217,6 +225,7 @@ class DockerExecutor:
             "stdout_bytes": out.stdout.total, "stderr_bytes": out.stderr.total,
             "artifacts_dir": str(ws.artifacts), "artifacts": manifest,
             "duration_ms": out.duration_ms, "mode": self.options.mode,
+            "cpu_ms": cpu_ms, "cpu_source": cpu_source,
         }, used=used)
 
     def _run_once(self, ctx: ExecContext, ws: ExecWorkspace, hard: Hardening, argv: list[str],
@@ -232,7 +241,7 @@ class DockerExecutor:
         proxied: dict[str, int] | None = None
         try:
             out = run_once(client, streams, self.options.image, argv, env, cwd, hard, mounts,
-                           limits, deadline)
+                           limits, deadline, cgroup_parent=cpu.parent_for(ws.exec_id))
         finally:
             if net is not None:
                 proxied = network.record_effects(ctx, net)
@@ -255,6 +264,8 @@ class DockerExecutor:
             net = network.start_proxy(ctx, deadline, slot_dir=slot.net_dir, pooled=True)
             env, argv = {**env, **net.env()}, net.wrap_argv(argv)
         proxied: dict[str, int] | None = None
+        cgroup = self._cgroup_of(slot.container_id)
+        before = cpu.usage_ns(cgroup) if cgroup else None
         try:
             if slot.control is not None:
                 out, changed = slot.control.run(argv, env, cwd, limits, deadline)
@@ -266,6 +277,9 @@ class DockerExecutor:
             if net is not None:
                 proxied = network.record_effects(ctx, net)
                 net.close()
+        after = cpu.usage_ns(cgroup) if cgroup else None
+        if before is not None and after is not None:
+            out.cpu_ns = max(0, after - before)  # one command at a time per warm container
         removed: list[str] = []
         if changed:
             removed = transfer.fetch_artifacts(client, slot.container_id, ws.artifacts,
@@ -281,6 +295,14 @@ class DockerExecutor:
             mounts.append({"source": slot.net_dir, "target": SANDBOX_DIR,
                            "read_only": True})
         return out, mounts, removed, proxied
+
+    def _cgroup_of(self, container_id: str) -> str | None:
+        """The cgroup a warm container's CPU time is charged to (``None``: not readable)."""
+        try:
+            pid = int(self.client()[0].api.inspect_container(container_id)["State"]["Pid"])
+        except Exception:  # noqa: BLE001 — no CPU figure is not a reason to fail the call
+            return None
+        return cpu.of_process(pid) if pid > 0 else None
 
     def _meta(self, profile: Profile, ctx: ExecContext, hard: Hardening, ws: ExecWorkspace,
               out: Outcome, argv: list[str], cwd: str, env: dict[str, str],

@@ -243,14 +243,14 @@ class Guard:
         violation = limit_violation(kind, op, chosen.limits, rv, path)
         if violation is not None:
             # blame the permit rule only when its own limits set the one exceeded
-            field, why = violation
+            field, over = violation
             layer = ("tmp.use size" if field == "tmp_max_bytes"
                      else chosen.layers.get(field, "profile"))
             blamed = chosen.rule if layer in ("rule", "tmp.use size") else None
-            why = f"{why} (set by {layer})"
+            over = f"{over} (set by {layer})"
             if tr is not None:
-                tr.step("limits", "fail", blamed, why)
-            return _deny(phash, _BLOCKED, why, blamed, tr)
+                tr.step("limits", "fail", blamed, over)
+            return _deny(phash, _BLOCKED, over, blamed, tr)
         if tr is not None:
             tr.step("limits", "pass", chosen.rule)
         # step 8: consent

@@ -285,3 +285,31 @@ def test_fs_write_rule_bytes_out(tmp_path: Path) -> None:
     assert out.result.code == "SANDBOX.CAPABILITY_BLOCKED", out.result
     assert "(set by rule)" in out.result.message or "8" in (out.result.message or "")
     assert not (root / "f").exists()
+
+
+def test_proxied_responses_are_cut_at_the_proc_rules_bytes_in(
+        tmp_path: Path, server: LoopbackServer) -> None:
+    """Network `restricted`: the policy proxy cuts what flows into the sandbox at the call's
+    `bytes_in` (the proc.exec rule's 16B), though the net.http rule itself sets none."""
+    policy = tmp_path / "p.sbpolicy"
+    policy.write_text(
+        'policy "t/proxy-limits" version "1.0.0"\ndefaults { network restricted }\n'
+        f'permit "web" net.http hosts ["127.0.0.1"] schemes ["http"] ports [{server.port}]\n'
+        'permit "curl" proc.exec tool "curl" limits { bytes_in 16B }\n')
+    caps: list[dict[str, Any]] = [
+        {"kind": "net.http", "hosts": ["127.0.0.1"], "schemes": ["http"],
+         "ports": [server.port]}, {"kind": "proc.exec", "tool": "curl"}]
+    grant = Grant.model_validate({
+        "tenant": "t", "subject_id": "agent:a", "tool_name": "tool", "call_id": "c1",
+        "capabilities": caps, "expires_at": 4_102_444_800_000,
+        "consent": {"granted_by": "user:u", "granted_at": 1, "expires_at": 4_102_444_800_000}})
+    manifest = Manifest.model_validate({
+        "name": "tool", "version": "1", "permissions": caps, "network": "restricted",
+        "side_effects": ["Process", "Network"], "safety_class": "Low"})
+    config = EngineConfig(state_dir=tmp_path / "state", revocation="memory")
+    with Orchestrator(compile_files([policy]), config=config) as orch:
+        out = orch.run(grant, manifest, ProcExecOp(tool="curl", args=(
+            "-s", "--max-time", "20", "-o", "/dev/null", "-w", "%{size_download}",
+            server.url("/big"))))
+    assert out.result.ok, out.result
+    assert int(out.result.out["stdout"]) <= 16, out.result.out

@@ -9,13 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from policy_engine.budget import (
-    PROCESS_SLOTS,
-    BudgetMeter,
-    ConcurrencyMeter,
-    grant_key,
-    limit_of,
-)
+from policy_engine.budget import BudgetMeter, grant_key, limit_of
 from policy_engine.config import EngineConfig
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.evidence import (
@@ -46,6 +40,12 @@ from policy_engine.model import (
     Usage,
 )
 from policy_engine.observe import Metrics, domain_of
+from policy_engine.orchestration.budgeting import (
+    Slot,
+    call_limits,
+    charged_late,
+    nothing,
+)
 from policy_engine.orchestration.revocation import (
     MemoryRevocationList,
     RevocationWatcher,
@@ -210,27 +210,20 @@ class Orchestrator:
                                 backend=sel.backend, error_kind=("capability" if status ==
                                                                  "denied" else "provider"))
         key = grant_key(grant)
-        limits = _call_limits(decision, profile)
+        limits = call_limits(decision, profile)
         # 5) concurrency: one of the grant's `max_concurrency` slots, held until the call ends
         # (released on every path; a crashed process's lease expires or dies with it)
-        slots = self.meter if isinstance(self.meter, ConcurrencyMeter) else PROCESS_SLOTS
-        lease: str | None = None
-        if limits.max_concurrency is not None:
-            hold_s = (limits.timeout_ms or profile.timeout_ms) / 1000 + _LEASE_GRACE_S
-            try:
-                lease = slots.acquire(key, limits.max_concurrency, hold_s=hold_s)
-            except PolicyEngineError as exc:
-                return self._finish(begin, decision, profile, op, started, err=exc,
-                                    status="denied", backend=sel.backend, degraded=sel.degraded)
+        slot = Slot(self.meter, key, limits, profile.timeout_ms)
+        try:
+            slot.take()
+        except PolicyEngineError as exc:
+            return self._finish(begin, decision, profile, op, started, err=exc,
+                                status="denied", backend=sel.backend, degraded=sel.degraded)
         try:
             return self._execute(begin, decision, profile, op, started, sel, key, limits,
                                  cancel)
         finally:
-            if lease is not None:
-                try:
-                    slots.release(key, lease)
-                except Exception:  # noqa: BLE001 — the lease expires; the call's answer stands
-                    log.exception("releasing a concurrency slot of %s failed", key)
+            slot.release()
 
     def _execute(self, begin: EvidenceBegin, decision: Decision, profile: Profile, op: ExecOp,
                  started: float, sel: Selection, key: str, limits: Limits,
@@ -264,14 +257,14 @@ class Orchestrator:
         timeout_ms = limits.timeout_ms or profile.timeout_ms
         ctx = ExecContext(profile=profile, deadline=time.monotonic() + timeout_ms / 1000,
                           degraded=sel.degraded, consume=consume, guard=self.guard,
-                          limits=limits, on_start=charge_call if at_start else _nothing,
+                          limits=limits, on_start=charge_call if at_start else nothing,
                           has_started=not at_start)
         self.metrics.observe_exec(kind, profile)
         attempt = run_with_deadline(sel.executor, ctx, op, cancel)
         ran = ctx.has_started or attempt.result is not None
         if not ctx.has_started and attempt.error is None:
             # it returned without saying it started: charge now, withholding the output
-            attempt = _charged_late(attempt, charge_call)
+            attempt = charged_late(attempt, charge_call)
         attempt = self._reconcile(attempt, key, profile, charged)
         usage = self._usage(attempt, charged, calls=int(ran))
         side_effects = list(ctx.side_effects)
@@ -405,34 +398,6 @@ class Orchestrator:
         m.cpu_ms.inc(usage.cpu_ms)
         m.gpu_ms.inc(usage.gpu_ms)
         m.latency_ms.labels(domain=domain_of(op.kind)).observe(latency_ms)
-
-
-_LEASE_GRACE_S = 60.0
-"""How long past its timeout a call's concurrency lease outlives a process that never released
-it (killed on another host; on the same host a dead holder's lease is dropped at once)."""
-
-
-def _call_limits(decision: Decision, profile: Profile) -> Limits:
-    """The limits the call runs under: the decision's (profile ⊓ permitting rule ⊓ op); for a
-    guard that does not say, the profile's with its ``timeout_ms``."""
-    if decision.limits is not None:
-        return decision.limits
-    timeout = min((t for t in (profile.limits.timeout_ms, profile.timeout_ms) if t),
-                  default=None)
-    return profile.limits.model_copy(update={"timeout_ms": timeout})
-
-
-def _nothing() -> None:
-    """``on_start`` of an executor charged before it runs."""
-
-
-def _charged_late(attempt: Attempt, charge_call: Callable[[], None]) -> Attempt:
-    """Charge ``calls`` for an executor that ran without calling ``ctx.started()``."""
-    try:
-        charge_call()
-    except PolicyEngineError as exc:
-        return Attempt(None, exc, "quota")
-    return attempt
 
 
 def _reported_degradations(attempt: Attempt) -> tuple[str, ...]:

@@ -67,6 +67,8 @@ class SqliteLeases:
                 self._pid, self._start = os.getpid(), process_start(os.getpid()) or "?"
             conn = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None,
                                    check_same_thread=False)
+            # as the meter's: a lease lost to an OS crash died with the call anyway
+            conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn
             with self._conns_lock:
                 self._conns.append(conn)

@@ -24,7 +24,7 @@ _V1_DIRS = ("cpuacct", "cpu,cpuacct", "cpuacct,cpu")
 def parent_for(exec_id: str) -> str:
     """The cgroup parent of one run-once execution (a name docker creates on demand)."""
     safe = "".join(c for c in exec_id if c.isalnum() or c in "-_")
-    return f"/policy-engine-{safe}"
+    return f"/policy-engine-docker-{safe}"
 
 
 def usage_ns(cgroup: str) -> int | None:
@@ -45,7 +45,7 @@ def usage_ns(cgroup: str) -> int | None:
 def remove_parent(cgroup: str) -> None:
     """Remove a run-once parent from every hierarchy (its child is gone with the container)."""
     rel = cgroup.strip("/")
-    if not rel.startswith("policy-engine-"):
+    if not rel.startswith("policy-engine-docker-"):
         return  # INVARIANT: only ever remove what ``parent_for`` named
     with contextlib.suppress(OSError):
         for controller in os.listdir(ROOT):

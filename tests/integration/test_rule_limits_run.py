@@ -154,6 +154,16 @@ def test_rule_pids_refuses_a_fork_bomb(proc_env: Env) -> None:
     assert "12" in out.result.out["limits"]["pids"]
 
 
+def test_rule_stdout_keeps_64_kib(proc_env: Env) -> None:
+    out = proc_env.run(ProcExecOp(tool="python3", args=(
+        "-c", "import sys; sys.stdout.write('x' * 200_000)")))
+    assert out.result.ok, out.result
+    assert out.result.out["stdout_truncated"] is True
+    assert len(out.result.out["stdout"]) <= 64 * 1024
+    assert out.decision.limit_layers is not None
+    assert out.decision.limit_layers["max_stdout_bytes"] == "rule"
+
+
 def test_rule_bytes_in_refuses_a_1000_byte_read(env: Env) -> None:
     small = env.run(FsReadOp(path=str(env.root / "small" / "big.txt")))
     assert small.decision.allowed

@@ -104,6 +104,7 @@ class DockerExecutor:
         self._client: docker.DockerClient | None = None
         self._streams: docker.APIClient | None = None
         self._pool: WarmPool | None = None
+        self._cgroups: dict[str, str | None] = {}  # warm container id -> its cgroup (cpu.py)
 
     # --- engine and pool ---------------------------------------------------------------------
 
@@ -297,12 +298,19 @@ class DockerExecutor:
         return out, mounts, removed, proxied
 
     def _cgroup_of(self, container_id: str) -> str | None:
-        """The cgroup a warm container's CPU time is charged to (``None``: not readable)."""
+        """The cgroup a warm container's CPU time is charged to (``None``: not readable);
+        looked up once per container (an inspect costs milliseconds on the warm path)."""
+        if container_id in self._cgroups:
+            return self._cgroups[container_id]
         try:
             pid = int(self.client()[0].api.inspect_container(container_id)["State"]["Pid"])
         except Exception:  # noqa: BLE001 — no CPU figure is not a reason to fail the call
             return None
-        return cpu.of_process(pid) if pid > 0 else None
+        found = cpu.of_process(pid) if pid > 0 else None
+        if len(self._cgroups) > 256:  # containers are replaced over time: forget old ones
+            self._cgroups.clear()
+        self._cgroups[container_id] = found
+        return found
 
     def _meta(self, profile: Profile, ctx: ExecContext, hard: Hardening, ws: ExecWorkspace,
               out: Outcome, argv: list[str], cwd: str, env: dict[str, str],

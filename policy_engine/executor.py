@@ -16,6 +16,7 @@ from policy_engine.model import (
     Decision,
     ExecOp,
     ExecResult,
+    Limits,
     NetworkMode,
     OpKind,
     Profile,
@@ -87,18 +88,29 @@ class Decider(Protocol):
         ...
 
 
+_PROFILE_LIMITS = Limits()
+"""Sentinel default of ``ExecContext.limits``: "not given, use the profile's"."""
+
+
 @dataclass(slots=True)
 class ExecContext:
     """Everything an executor may use for one call.
 
-    :param profile: the call's profile (limits, mappings, network mode, capabilities).
-    :param deadline: ``time.monotonic()`` value by which the call must end.
+    :param profile: the call's profile (mappings, network mode, capabilities).
+    :param deadline: ``time.monotonic()`` value by which the call must end: the orchestrator
+        sets it from ``limits.timeout_ms``.
+    :param limits: the call's effective limits (``Decision.limits``: the profile's met with
+        the permitting rule's and the op's own), every field set. An executor enforces these,
+        never ``profile.limits`` (a rule's narrower limits are only here); docs/plugins.md
+        lists which ones each op kind must enforce. Left out, it is the profile's.
     :param degraded: reasons the orchestrator chose to run degraded (compat mode).
     :param record_side_effect: append a side-effect summary (metadata only, never content).
     :param guard: the orchestrator's guard for this call's policy; executors that decide again
         mid-operation (redirects, subrequests, proxied connections) must use it.
     :param consume: charge a budget kind while running (``"bytes_in"``, ``"cpu_ms"`` …); raises
         ``PolicyEngineError(QUOTA.BUDGET_EXCEEDED)`` when over budget.
+    :param on_start: what ``started()`` runs once: for an executor declaring
+        ``charges_at_start``, the orchestrator charges the grant's ``calls`` budget there.
     """
 
     profile: Profile
@@ -109,6 +121,21 @@ class ExecContext:
     usage: Usage = field(default_factory=Usage)
     consume: Callable[[str, int], None] = field(default=lambda kind, amount: None)
     guard: Decider | None = None
+    limits: Limits = _PROFILE_LIMITS
+    on_start: Callable[[], None] = field(default=lambda: None)
+    has_started: bool = False
+
+    def __post_init__(self) -> None:
+        if self.limits is _PROFILE_LIMITS:
+            self.limits = self.profile.limits
+
+    def started(self) -> None:
+        """Say "the first side effect comes now" (a process spawned, a file opened, a socket
+        connected): refusals raised before it cost the caller no ``calls`` budget. Idempotent;
+        may raise ``QUOTA.BUDGET_EXCEEDED``, and then nothing may start."""
+        if not self.has_started:
+            self.on_start()
+            self.has_started = True
 
     def record_side_effect(self, rec: SideEffectRec) -> None:
         self.side_effects.append(rec)
@@ -121,7 +148,10 @@ class Executor(Protocol):
 
     Optional members the orchestrator looks for (not part of the structural check):
     ``local: bool`` — runs on the host without extra isolation; the only kind of executor
-    ``fallback_to_local`` may fall back to. ``available() -> bool | str`` — ``True`` when the
+    ``fallback_to_local`` may fall back to. ``charges_at_start: bool`` — it calls
+    ``ctx.started()`` before its first side effect, so the orchestrator charges ``calls`` there
+    and a refusal before it is free (without it, ``calls`` is charged before ``execute``).
+    ``available() -> bool | str`` — ``True`` when the
     backend can take calls now, else ``False`` or the reason (``PROVIDER.UNAVAILABLE``).
     """
 

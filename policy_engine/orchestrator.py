@@ -34,6 +34,7 @@ from policy_engine.model import (
     ExecOp,
     ExecResult,
     Grant,
+    Limits,
     Manifest,
     OpKind,
     Overrides,
@@ -43,13 +44,19 @@ from policy_engine.model import (
     Usage,
 )
 from policy_engine.observe import Metrics, domain_of
+from policy_engine.orchestration.budgeting import (
+    Slot,
+    call_limits,
+    charged_late,
+    nothing,
+)
 from policy_engine.orchestration.revocation import (
     MemoryRevocationList,
     RevocationWatcher,
     SqliteRevocationList,
 )
 from policy_engine.orchestration.running import Attempt, run_with_deadline
-from policy_engine.orchestration.selection import select
+from policy_engine.orchestration.selection import Selection, select
 from policy_engine.plugin_manager import PluginManager
 from policy_engine.profile import ProfileBuilder
 
@@ -212,14 +219,42 @@ class Orchestrator:
             return self._finish(begin, decision, profile, op, started, err=err, status=status,
                                 backend=sel.backend, error_kind=("capability" if status ==
                                                                  "denied" else "provider"))
-        # 5) budget: one call
         key = grant_key(grant)
+        limits = call_limits(decision, profile)
+        # 5) concurrency: one of the grant's `max_concurrency` slots, held until the call ends
+        # (released on every path; a crashed process's lease expires or dies with it)
+        slot = Slot(self.meter, key, limits, profile.timeout_ms)
         try:
-            self.meter.check_and_consume(key, "calls", 1, profile.budget.calls)
+            slot.take()
         except PolicyEngineError as exc:
             return self._finish(begin, decision, profile, op, started, err=exc,
                                 status="denied", backend=sel.backend, degraded=sel.degraded)
-        # 6) execute, charging streamed usage as it happens
+        try:
+            return self._execute(begin, decision, profile, op, started, sel, key, limits,
+                                 cancel)
+        finally:
+            slot.release()
+
+    def _execute(self, begin: EvidenceBegin, decision: Decision, profile: Profile, op: ExecOp,
+                 started: float, sel: Selection, key: str, limits: Limits,
+                 cancel: CancelToken | None) -> RunOutcome:
+        """Steps 6 and 7: charge the call (before, or when the executor starts), run, end."""
+        assert sel.executor is not None  # INVARIANT: run() returned on a failed selection
+        kind = OpKind(op.kind)
+
+        def charge_call() -> None:
+            self.meter.check_and_consume(key, "calls", 1, profile.budget.calls)
+
+        # 6) budget: one call, charged when the executor starts its first side effect (one
+        # declaring ``charges_at_start``), else now; a refusal before the start costs nothing
+        at_start = getattr(sel.executor, "charges_at_start", False) is True
+        if not at_start:
+            try:
+                charge_call()
+            except PolicyEngineError as exc:
+                return self._finish(begin, decision, profile, op, started, err=exc,
+                                    status="denied", backend=sel.backend, degraded=sel.degraded)
+        # 7) execute, charging streamed usage as it happens
         charged: dict[str, int] = dict.fromkeys(_METERED, 0)
 
         def consume(kind_: str, amount: int) -> None:
@@ -227,16 +262,26 @@ class Orchestrator:
             charged[kind_] = charged.get(kind_, 0) + amount
 
         # executors that decide again mid-operation (redirects, subrequests, the restricted
-        # proxy) must use this call's policy-aware guard, never a policy-less one
-        ctx = ExecContext(profile=profile, deadline=time.monotonic() + profile.timeout_ms / 1000,
-                          degraded=sel.degraded, consume=consume, guard=self.guard)
+        # proxy) must use this call's policy-aware guard, never a policy-less one; they run
+        # under the decision's limits (profile ⊓ permitting rule ⊓ op), not the profile's
+        timeout_ms = limits.timeout_ms or profile.timeout_ms
+        ctx = ExecContext(profile=profile, deadline=time.monotonic() + timeout_ms / 1000,
+                          degraded=sel.degraded, consume=consume, guard=self.guard,
+                          limits=limits, on_start=charge_call if at_start else nothing,
+                          has_started=not at_start)
         self.metrics.observe_exec(kind, profile)
         attempt = run_with_deadline(sel.executor, ctx, op, cancel)
+        ran = ctx.has_started or attempt.result is not None
+        if not ctx.has_started and attempt.error is None:
+            # it returned without saying it started: charge now, withholding the output
+            attempt = charged_late(attempt, charge_call)
         attempt = self._reconcile(attempt, key, profile, charged)
-        usage = self._usage(attempt, charged)
+        usage = self._usage(attempt, charged, calls=int(ran))
         side_effects = list(ctx.side_effects)
+        over = attempt.error is not None and attempt.error.code == ErrorCode.BUDGET_EXCEEDED
         return self._finish(begin, decision, profile, op, started, attempt=attempt,
-                            status="ok" if attempt.error is None else "error",
+                            status="ok" if attempt.error is None else
+                            "denied" if over and not ran else "error",
                             err=attempt.error, backend=sel.backend,
                             degraded=sel.degraded + _reported_degradations(attempt),
                             usage=usage, side_effects=side_effects)
@@ -306,9 +351,10 @@ class Orchestrator:
         return attempt
 
     @staticmethod
-    def _usage(attempt: Attempt, charged: dict[str, int]) -> Usage:
+    def _usage(attempt: Attempt, charged: dict[str, int], *, calls: int = 1) -> Usage:
         reported = attempt.result.used if attempt.result is not None else Usage()
-        return Usage(calls=1, **{k: max(getattr(reported, k), charged[k]) for k in _METERED})
+        return Usage(calls=calls,
+                     **{k: max(getattr(reported, k), charged[k]) for k in _METERED})
 
     def _finish(self, begin: EvidenceBegin, decision: Decision, profile: Profile | None,
                 op: ExecOp, started: float, *, status: Status, err: PolicyEngineError | None = None,

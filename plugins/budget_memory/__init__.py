@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
-from policy_engine.budget import BudgetMeter, check_amount, exceeded
+from policy_engine.budget import BudgetMeter, ProcessSlots, check_amount, exceeded
 from policy_engine.config import EngineConfig
 from policy_engine.hookspecs import hookimpl
 
 
-class MemoryBudgetMeter:
+class MemoryBudgetMeter(ProcessSlots):
     """Counters in a dict guarded by one lock: the check and the add happen under it, so no two
     threads can both pass a check that only one of them fits in.
     """
@@ -18,6 +18,7 @@ class MemoryBudgetMeter:
     name = "memory"
 
     def __init__(self) -> None:
+        super().__init__()  # concurrency slots (ConcurrencyMeter): this process's calls
         self._lock = threading.Lock()
         self._used: dict[str, dict[str, int]] = defaultdict(dict)
 

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from plugins.budget_sqlite.leases import SqliteLeases
 from policy_engine.budget import BudgetMeter, check_amount, exceeded
 from policy_engine.config import EngineConfig
 from policy_engine.errors import PolicyEngineError
@@ -73,6 +74,8 @@ class SqliteBudgetMeter:
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
         self._ready = False  # directory, WAL mode and table are in place
+        self._leases: SqliteLeases | None = None  # opened on the first acquire
+        self._leases_lock = threading.Lock()
         try:
             self._db()
         except PolicyEngineError as exc:
@@ -141,7 +144,37 @@ class SqliteBudgetMeter:
                            (grant_key,))
         return {str(kind): int(used) for kind, used in rows}
 
+    # concurrency slots (ConcurrencyMeter): lease rows in the same database, see leases.py
+    def _lease_store(self) -> SqliteLeases:
+        """The lease table, opened on first use; a store that cannot be used fails closed
+        (``PROVIDER.UNAVAILABLE`` naming the file and cause), like a charge."""
+        with self._leases_lock:
+            if self._leases is None:
+                self._db()  # the directory and WAL mode first; raises the store error
+                try:
+                    self._leases = SqliteLeases(self.path, busy_timeout_s=self._timeout)
+                except (sqlite3.Error, OSError) as exc:
+                    raise store_error("budget store", self.path, exc) from exc
+            return self._leases
+
+    def acquire(self, grant_key: str, limit: int, *, hold_s: float) -> str:
+        try:
+            return self._lease_store().acquire(grant_key, limit, hold_s=hold_s)
+        except sqlite3.Error as exc:
+            raise store_error("budget store", self.path, exc) from exc
+
+    def release(self, grant_key: str, lease: str) -> None:
+        if self._leases is None:
+            return
+        try:
+            self._leases.release(grant_key, lease)
+        except sqlite3.Error as exc:  # the row expires on its own (hold_s); never fail a call
+            log.error("cannot release a concurrency slot in `%s`: %s (it expires by itself)",
+                      self.path, exc)
+
     def close(self) -> None:
+        if self._leases is not None:
+            self._leases.close()
         with self._conns_lock:
             for conn in self._conns:
                 conn.close()

@@ -98,8 +98,9 @@ class BrowserOptions:
         )
 
 
-def _limit(profile: Profile, name: str) -> int:
-    value = getattr(profile.limits, name)
+def _limit(ctx: ExecContext, name: str) -> int:
+    """The call's effective limit ``name`` (``ctx.limits``: the permitting rule's included)."""
+    value = getattr(ctx.limits, name)
     return int(value if value is not None else getattr(SYSTEM_DEFAULT_LIMITS, name))
 
 
@@ -118,6 +119,7 @@ class BrowserExecutor:
         network_modes=frozenset({NetworkMode.ON, NetworkMode.RESTRICTED}),
         resource_limits=True,
     )
+    charges_at_start = True  # ctx.started() before the browser is asked for anything
 
     def __init__(self, options: BrowserOptions | None = None) -> None:
         self.options = options or BrowserOptions()
@@ -154,8 +156,8 @@ class BrowserExecutor:
                                     f"the browser executor does not serve `{op.kind}`")
         profile = ctx.profile
         if isinstance(op, BrowserScreenshotOp):
-            capture.check_bounds(op, _limit(profile, "max_screenshot_width"),
-                                 _limit(profile, "max_screenshot_height"))
+            capture.check_bounds(op, _limit(ctx, "max_screenshot_width"),
+                                 _limit(ctx, "max_screenshot_height"))
         if op.url is not None:
             # refuse early, before touching the browser
             self.rules.check(profile, op.url, ctx.guard,
@@ -163,6 +165,7 @@ class BrowserExecutor:
         remaining = ctx.deadline - time.monotonic()
         if remaining <= 0:
             raise PolicyEngineError(ErrorCode.TIMEOUT, "no time left for the browser operation")
+        ctx.started()  # refusals above touched no browser
         try:
             out = self.host.run(lambda h: self._on_browser(h, ctx, op), remaining + _GRACE_S)
         except PolicyEngineError as err:
@@ -237,7 +240,7 @@ class BrowserExecutor:
         holder = sess.slot
         gate = RequestGate(
             page=sess.page, profile=profile, rules=self.rules,
-            max_depth=_limit(profile, "max_depth"), max_bytes_in=_limit(profile, "max_bytes_in"),
+            max_depth=_limit(ctx, "max_depth"), max_bytes_in=_limit(ctx, "max_bytes_in"),
             deadline=ctx.deadline, guard=ctx.guard,
             screenshot=isinstance(op, BrowserScreenshotOp),
         )
@@ -274,8 +277,8 @@ class BrowserExecutor:
 
     def _screenshot(self, sess: Session, ctx: ExecContext, op: BrowserScreenshotOp,
                     gate: RequestGate) -> dict[str, Any]:
-        max_w = _limit(ctx.profile, "max_screenshot_width")
-        max_h = _limit(ctx.profile, "max_screenshot_height")
+        max_w = _limit(ctx, "max_screenshot_width")
+        max_h = _limit(ctx, "max_screenshot_height")
         png, clipped = capture.screenshot(sess.page, op, max_w, max_h, gate.remaining_ms())
         width, height = capture.png_size(png)
         path = self._save(ctx.profile, png)

@@ -18,7 +18,7 @@ from docker.types import Ulimit
 
 from plugins.executor_docker.seccomp_profile import profile_json
 from policy_engine.errors import ErrorCode, PolicyEngineError
-from policy_engine.model import SYSTEM_DEFAULT_LIMITS, NetworkMode, Profile
+from policy_engine.model import SYSTEM_DEFAULT_LIMITS, Limits, NetworkMode, Profile
 
 DEFAULT_IMAGE = "policy-engine/sandbox:1"
 SANDBOX_USER = "1000:1000"
@@ -128,14 +128,17 @@ class Hardening:
                 "user": SANDBOX_USER}
 
 
-def _limit(profile: Profile, name: str) -> Any:
-    value = getattr(profile.limits, name)
+def _limit(limits: Limits, name: str) -> Any:
+    value = getattr(limits, name)
     return value if value is not None else getattr(SYSTEM_DEFAULT_LIMITS, name)
 
 
-def hardening(profile: Profile, options: DockerOptions) -> Hardening:
-    """Flags from the profile. The container never has a network interface: ``restricted`` is
-    served by the host-side proxy through a bridge (``network.py``); ``on`` is refused."""
+def hardening(profile: Profile, options: DockerOptions,
+              limits: Limits | None = None) -> Hardening:
+    """Flags from the call's effective ``limits`` (``ExecContext.limits``; the profile's when
+    not given). The container never has a network interface: ``restricted`` is served by the
+    host-side proxy through a bridge (``network.py``); ``on`` is refused."""
+    lim = limits if limits is not None else profile.limits
     if profile.network is NetworkMode.RESTRICTED and not options.restricted_network:
         raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                 "restricted network is turned off for docker "
@@ -144,9 +147,9 @@ def hardening(profile: Profile, options: DockerOptions) -> Hardening:
         raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                 "network `on` is not offered by the docker executor")
     return Hardening(
-        network_mode="none", pids_limit=int(_limit(profile, "pids")),
-        mem_limit=int(_limit(profile, "memory_bytes")),
-        nano_cpus=int(float(_limit(profile, "cpu_cores")) * 1e9),
+        network_mode="none", pids_limit=int(_limit(lim, "pids")),
+        mem_limit=int(_limit(lim, "memory_bytes")),
+        nano_cpus=int(float(_limit(lim, "cpu_cores")) * 1e9),
         max_file_bytes=options.max_file_bytes,
     )
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import docker
 
-from plugins.executor_docker import engine, masks, network, transfer
+from plugins.executor_docker import cpu, engine, masks, network, transfer
 from plugins.executor_docker.engine import DockerOptions, Hardening
 from plugins.executor_docker.pool import WarmPool
 from plugins.executor_docker.runner import Outcome, bind_mounts, exec_in, run_once, run_quiet
@@ -57,9 +57,18 @@ def session_key(profile: Profile) -> str:
     return f"{profile.tenant}\x1f{profile.subject_id}\x1f{profile.tool_name}"
 
 
-def _limit(profile: Profile, name: str) -> int:
-    value = getattr(profile.limits, name)
+def _limit(ctx: ExecContext, name: str) -> int:
+    """The call's effective limit ``name`` (``ctx.limits``: the permitting rule's included)."""
+    value = getattr(ctx.limits, name)
     return int(value if value is not None else getattr(SYSTEM_DEFAULT_LIMITS, name))
+
+
+def _cpu_ms(out: Outcome, hard: Hardening) -> tuple[int, str]:
+    """CPU time to charge: the cgroup's figure, else wall time times the CPU quota (an upper
+    bound, reported as such)."""
+    if out.cpu_ns is not None:
+        return out.cpu_ns // 1_000_000, "cgroup"
+    return int(out.duration_ms * max(hard.nano_cpus / 1e9, 1.0)), "wall-time bound"
 
 
 def _cwd(raw: str | None) -> str:
@@ -96,6 +105,7 @@ class DockerExecutor:
         bind_mounts=True, readonly_rootfs=False, resource_limits=True, env_filtering=True,
         streaming_output=True, mandatory_denies=True,
     )
+    charges_at_start = True  # ctx.started() before a workspace or container is made
 
     def __init__(self, options: DockerOptions | None = None,
                  state_dir: Path | None = None) -> None:
@@ -107,6 +117,7 @@ class DockerExecutor:
         self._client: docker.DockerClient | None = None
         self._streams: docker.APIClient | None = None
         self._pool: WarmPool | None = None
+        self._cgroups: dict[str, str | None] = {}  # warm container id -> its cgroup (cpu.py)
 
     # --- engine and pool ---------------------------------------------------------------------
 
@@ -173,21 +184,24 @@ class DockerExecutor:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     "stdin is not offered by the docker executor")
         profile = ctx.profile
-        hard = engine.hardening(profile, self.options)
+        hard = engine.hardening(profile, self.options, ctx.limits)
         cwd, env = _cwd(op.cwd), _env(op.env, profile, op.tool)
-        timeout_s = (op.timeout_ms or profile.timeout_ms) / 1000
+        # ctx.limits.timeout_ms already holds the profile's (or a rule's replacing a built-in)
+        timeout_s = min((t for t in (op.timeout_ms, ctx.limits.timeout_ms) if t),
+                        default=profile.timeout_ms) / 1000
         deadline = min(ctx.deadline, time.monotonic() + timeout_s)
+        if network.needs_proxy(ctx):
+            network.check_bridge_binds(self.options.system_binds)
+        ctx.started()  # refusals above (stdin, cwd, env, network mode) created nothing
         client, streams = self.client()
         root = (Path(self.options.workspace_root) if self.options.workspace_root
                 else default_root(self.state_dir, profile))
         ws = prepare(root, profile)
         argv = [op.tool, *op.args]
-        limits = (_limit(profile, "max_stdout_bytes"), _limit(profile, "max_stderr_bytes"))
+        limits = (_limit(ctx, "max_stdout_bytes"), _limit(ctx, "max_stderr_bytes"))
         art_limit = self.options.max_artifacts_bytes
         removed: list[str] = []
         proxied: dict[str, int] | None = None
-        if network.needs_proxy(ctx):
-            network.check_bridge_binds(self.options.system_binds)
         try:
             if self.options.mode == "pool":
                 out, mounts, removed, proxied = self._pooled(ctx, ws, hard, argv, env, cwd,
@@ -199,7 +213,7 @@ class DockerExecutor:
             raise engine.map_error(exc) from None
         manifest, over = collect_artifacts(ws, art_limit)
         removed += over
-        meta = self._meta(profile, hard, ws, out, argv, cwd, env, mounts, removed)
+        meta = self._meta(profile, ctx, hard, ws, out, argv, cwd, env, mounts, removed)
         if proxied is not None:
             meta["network_proxy"] = proxied
         write_record(ws, out.stdout.kept(), out.stderr.kept(), manifest, meta)
@@ -221,8 +235,8 @@ class DockerExecutor:
                 ErrorCode.CAPABILITY_BLOCKED,
                 f"artifacts exceed the {art_limit}-byte limit; {len(removed)} removed",
                 audit={**audit, "removed": removed[:100]})
-        used = Usage(calls=1, cpu_ms=int(out.duration_ms),
-                     bytes_out=sum(int(e["size"]) for e in manifest))
+        cpu_ms, cpu_source = _cpu_ms(out, hard)
+        used = Usage(calls=1, cpu_ms=cpu_ms, bytes_out=sum(int(e["size"]) for e in manifest))
         return ExecResult(ok=True, out={
             "exit_code": out.exit_code, "exec_id": ws.exec_id,
             "stdout": out.stdout.kept().decode("utf-8", "replace"),
@@ -231,6 +245,7 @@ class DockerExecutor:
             "stdout_bytes": out.stdout.total, "stderr_bytes": out.stderr.total,
             "artifacts_dir": str(ws.artifacts), "artifacts": manifest,
             "duration_ms": out.duration_ms, "mode": self.options.mode,
+            "cpu_ms": cpu_ms, "cpu_source": cpu_source,
         }, used=used)
 
     def _run_once(self, ctx: ExecContext, ws: ExecWorkspace, hard: Hardening, argv: list[str],
@@ -248,7 +263,7 @@ class DockerExecutor:
         proxied: dict[str, int] | None = None
         try:
             out = run_once(client, streams, self.options.image, argv, env, cwd, hard, mounts,
-                           limits, deadline)
+                           limits, deadline, cgroup_parent=cpu.parent_for(ws.exec_id))
         finally:
             if net is not None:
                 proxied = network.record_effects(ctx, net)
@@ -272,6 +287,8 @@ class DockerExecutor:
             net = network.start_proxy(ctx, deadline, slot_dir=slot.net_dir, pooled=True)
             env, argv = {**env, **net.env()}, net.wrap_argv(argv)
         proxied: dict[str, int] | None = None
+        cgroup = self._cgroup_of(slot.container_id)
+        before = cpu.usage_ns(cgroup) if cgroup else None
         try:
             if slot.control is not None:
                 out, changed = slot.control.run(argv, env, cwd, limits, deadline)
@@ -283,6 +300,9 @@ class DockerExecutor:
             if net is not None:
                 proxied = network.record_effects(ctx, net)
                 net.close()
+        after = cpu.usage_ns(cgroup) if cgroup else None
+        if before is not None and after is not None:
+            out.cpu_ns = max(0, after - before)  # one command at a time per warm container
         removed: list[str] = []
         if changed:
             removed = transfer.fetch_artifacts(client, slot.container_id, ws.artifacts,
@@ -299,16 +319,31 @@ class DockerExecutor:
                            "read_only": True})
         return out, mounts, removed, proxied
 
-    def _meta(self, profile: Profile, hard: Hardening, ws: ExecWorkspace, out: Outcome,
-              argv: list[str], cwd: str, env: dict[str, str], mounts: list[dict[str, Any]],
-              removed: list[str]) -> dict[str, Any]:
+    def _cgroup_of(self, container_id: str) -> str | None:
+        """The cgroup a warm container's CPU time is charged to (``None``: not readable);
+        looked up once per container (an inspect costs milliseconds on the warm path)."""
+        if container_id in self._cgroups:
+            return self._cgroups[container_id]
+        try:
+            pid = int(self.client()[0].api.inspect_container(container_id)["State"]["Pid"])
+        except Exception:  # noqa: BLE001 — no CPU figure is not a reason to fail the call
+            return None
+        found = cpu.of_process(pid) if pid > 0 else None
+        if len(self._cgroups) > 256:  # containers are replaced over time: forget old ones
+            self._cgroups.clear()
+        self._cgroups[container_id] = found
+        return found
+
+    def _meta(self, profile: Profile, ctx: ExecContext, hard: Hardening, ws: ExecWorkspace,
+              out: Outcome, argv: list[str], cwd: str, env: dict[str, str],
+              mounts: list[dict[str, Any]], removed: list[str]) -> dict[str, Any]:
         return {
             "exec_id": ws.exec_id, "project_id": ws.project_id, "image": self.options.image,
             "mode": self.options.mode, "argv": argv, "cwd": cwd, "env_keys": sorted(env),
             "policy_snapshot": {
                 "profile_hash": profile.profile_hash, "policy": profile.policy_name,
                 "policy_version": profile.policy_version, "network": profile.network.value,
-                "limits": profile.limits.model_dump(exclude_none=True),
+                "limits": ctx.limits.model_dump(exclude_none=True),
                 "container": hard.snapshot(),
             },
             "exit_code": out.exit_code, "timed_out": out.timed_out,

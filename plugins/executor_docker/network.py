@@ -62,6 +62,7 @@ def start_proxy(ctx: ExecContext, deadline: float, *, slot_dir: str | None = Non
         ctx.profile, ctx.guard, deadline=deadline, port=port, python=SANDBOX_PYTHON,
         sandbox_dir=SANDBOX_DIR, runtime_parent=slot_dir, parent_mounted=slot_dir is not None,
         consume=ctx.consume,
+        limits=ctx.limits,
     ).start()
 
 

@@ -19,6 +19,7 @@ import docker.errors
 import requests.exceptions
 from docker.types import Mount
 
+from plugins.executor_docker import cpu
 from plugins.executor_docker.engine import SANDBOX_USER, Hardening, map_error
 from policy_engine.capture import HeadTail
 
@@ -35,6 +36,7 @@ class Outcome:
     timed_out: bool = False
     started: float = field(default_factory=time.time)
     ended: float = 0.0
+    cpu_ns: int | None = None  # from the cgroup (cpu.py); None where it cannot be read
 
     @property
     def duration_ms(self) -> float:
@@ -71,12 +73,15 @@ def bind_mounts(system_binds: Iterable[str], ws_mounts: Iterable[tuple[str, str,
 
 def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
              argv: list[str], env: dict[str, str], cwd: str, hard: Hardening,
-             mounts: list[Mount], limits: tuple[int, int], deadline: float) -> Outcome:
-    """Create, attach, start, wait (until ``deadline``), remove."""
+             mounts: list[Mount], limits: tuple[int, int], deadline: float,
+             cgroup_parent: str | None = None) -> Outcome:
+    """Create, attach, start, wait (until ``deadline``), remove; with ``cgroup_parent``, the
+    CPU time the container used is read from it (``cpu.py``) and the parent removed."""
     out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]))
+    extra = {"cgroup_parent": cgroup_parent} if cgroup_parent else {}
     container = client.containers.create(
         image, argv, environment=env, mounts=mounts, detach=True,
-        **{**hard.create_kwargs(), "working_dir": cwd},
+        **{**hard.create_kwargs(), "working_dir": cwd, **extra},
     )
     try:
         stream = streams.attach(container.id, stdout=True, stderr=True, stream=True, demux=True)
@@ -102,6 +107,9 @@ def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
         # never mask the result: a leftover container is visible in `docker ps -a`
         with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):
             container.remove(force=True)
+        if cgroup_parent:
+            out.cpu_ns = cpu.usage_ns(cgroup_parent)  # the exited child's usage stays here
+            cpu.remove_parent(cgroup_parent)
 
 
 def exec_in(client: docker.DockerClient, streams: docker.APIClient, container_id: str,

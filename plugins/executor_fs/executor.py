@@ -25,7 +25,6 @@ from policy_engine.model import (
     FsReadOp,
     FsWriteOp,
     OpKind,
-    Profile,
     SideEffect,
     SideEffectRec,
     Usage,
@@ -69,8 +68,9 @@ class FsOptions:
         return FsOptions(preview_bytes=preview, use_openat2=use, allow_hardlinks=links)
 
 
-def _limit(profile: Profile, name: str) -> int:
-    value = getattr(profile.limits, name)
+def _limit(ctx: ExecContext, name: str) -> int:
+    """The call's effective limit ``name`` (``ctx.limits``: the permitting rule's included)."""
+    value = getattr(ctx.limits, name)
     return int(value if value is not None else getattr(SYSTEM_DEFAULT_LIMITS, name))
 
 
@@ -82,6 +82,7 @@ class FsExecutor:
         op_kinds=frozenset({OpKind.FS_READ, OpKind.FS_WRITE, OpKind.FS_LIST}),
         readonly_rootfs=False, resource_limits=True,
     )
+    charges_at_start = True  # ctx.started() before the first open beneath the root
 
     def __init__(self, options: FsOptions | None = None) -> None:
         self.options = options or FsOptions()
@@ -121,13 +122,15 @@ class FsExecutor:
     # -- fs.read --------------------------------------------------------------------------
 
     def _read(self, ctx: ExecContext, op: FsReadOp) -> ExecResult:
-        cap = _limit(ctx.profile, "max_bytes_in")
+        cap = _limit(ctx, "max_bytes_in")
         want = cap if op.len is None else op.len
         if want > cap:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"read of {want} bytes exceeds max_bytes_in {cap}")
+        parts = self._parts(ctx, op.path)
+        ctx.started()  # refusals above this line cost no `calls` budget
         # O_NONBLOCK: a FIFO swapped in must not hang the call before fstat refuses it
-        fd = self._open(ctx, self._parts(ctx, op.path), os.O_RDONLY | os.O_NONBLOCK, op.path)
+        fd = self._open(ctx, parts, os.O_RDONLY | os.O_NONBLOCK, op.path)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -175,13 +178,14 @@ class FsExecutor:
         except (binascii.Error, ValueError):
             raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                     "`bytes_b64` is not valid base64") from None
-        cap = _limit(ctx.profile, "max_bytes_out")
+        cap = _limit(ctx, "max_bytes_out")
         if len(data) > cap:  # refused before a single byte touches the disk
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"write of {len(data)} bytes exceeds max_bytes_out {cap}")
         parts = self._parts(ctx, op.path)
         if not parts:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "cannot write the root itself")
+        ctx.started()
         dir_fd = self._open(ctx, parts[:-1], os.O_RDONLY | os.O_DIRECTORY, op.path)
         name, tmp = parts[-1], f".{parts[-1]}.pe-{secrets.token_hex(6)}.tmp"
         try:
@@ -234,9 +238,10 @@ class FsExecutor:
     # -- fs.list --------------------------------------------------------------------------
 
     def _list(self, ctx: ExecContext, op: FsListOp) -> ExecResult:
-        depth = min(op.depth, _limit(ctx.profile, "max_depth"))
-        max_files = _limit(ctx.profile, "max_files")
+        depth = min(op.depth, _limit(ctx, "max_depth"))
+        max_files = _limit(ctx, "max_files")
         parts = self._parts(ctx, op.path)
+        ctx.started()
         fd = self._open(ctx, parts, os.O_RDONLY | os.O_DIRECTORY, op.path)
         lister = Lister(ctx, _normalized(ctx, parts), max_files, EntryFilter(ctx).shown)
         truncated = lister.walk(fd, "", depth)

@@ -23,6 +23,7 @@ from plugins.executor_http.resolve import (
     Resolver,
     Vetted,
     addresses_text,
+    bounded,
     guard_for,
     pin,
     system_resolver,
@@ -127,6 +128,7 @@ class HttpExecutor:
         network_modes=frozenset({NetworkMode.ON, NetworkMode.RESTRICTED}),
         streaming_output=True,
     )
+    charges_at_start = True  # ctx.started() before the first connection
 
     def __init__(
         self, guard: Decider | None = None, *, resolver: Resolver = system_resolver,
@@ -149,7 +151,7 @@ class HttpExecutor:
                                     f"the http executor does not serve `{op.kind}`")
         profile = ctx.profile
         guard = guard_for(ctx, self.guard)
-        vetted = first = vet(guard, profile, op)
+        vetted = first = bounded(vet(guard, profile, op), ctx.limits)
         deadline = ctx.deadline
         if first.timeout_ms:
             deadline = min(deadline, time.monotonic() + first.timeout_ms / 1000)
@@ -193,7 +195,7 @@ class HttpExecutor:
         op = NetHttpOp(method=hop.method, url=hop.url, headers=dict(hop.headers),
                        body_b64=base64.b64encode(hop.body).decode() if hop.body else None)
         try:
-            return vet(guard, profile, op)
+            return vet(guard, profile, op)  # _send keeps each hop within ``first``
         except PolicyEngineError as exc:
             raise PolicyEngineError(
                 exc.code, f"redirect to `{_redacted_text(hop.url)}` refused: {exc.reason}",
@@ -215,6 +217,7 @@ class HttpExecutor:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise PolicyEngineError(ErrorCode.TIMEOUT, "deadline passed before sending")
+        ctx.started()  # the first connection: a refused or unresolvable target cost nothing
         if hop.body:
             ctx.consume("bytes_out", len(hop.body))
         try:

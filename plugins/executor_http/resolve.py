@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import Decider, ExecContext
@@ -18,7 +18,7 @@ from policy_engine.guard.guard import Guard
 from policy_engine.guard.ipaddr import check_answer
 from policy_engine.guard.matchers import NetMatcher
 from policy_engine.guard.urls import ParsedUrl, parse_url
-from policy_engine.model import Decision, NetHttpOp, Profile
+from policy_engine.model import Decision, Limits, NetHttpOp, Profile
 from policy_engine.patterns.hosts import HostPattern
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -94,7 +94,7 @@ def vet(guard: Decider, profile: Profile, op: NetHttpOp) -> Vetted:
     chosen = next((c for c in caps if c.rule == decision.rule and c.admits((url, method))), None)
     summary = (profile.allow.mime_allow,) if profile.allow.mime_allow else ()
     if chosen is None:  # INVARIANT: the guard allowed through one of these; fail closed if not
-        limits = profile.limits
+        limits = decision.limits if decision.limits is not None else profile.limits
         return Vetted(url, method, decision, (), limits.max_bytes_in, limits.max_bytes_out,
                       limits.max_depth, min(profile.timeout_ms, limits.timeout_ms or 10**9),
                       summary)
@@ -137,6 +137,18 @@ def tunnel_refusal(guard: Decider, profile: Profile, vetted: Vetted) -> str | No
                                    for d in forbids.denies for m in TUNNEL_METHODS):
         return "a forbid names this origin for some requests, which a tunnel cannot tell apart"
     return None
+
+
+def bounded(vetted: Vetted, limits: Limits) -> Vetted:
+    """``vetted`` with no byte, depth or time allowance above the call's ``limits``
+    (``ExecContext.limits``): a redirect to another rule's host never lifts them."""
+    def tighter(a: int | None, b: int | None) -> int | None:
+        return b if a is None else a if b is None else min(a, b)
+
+    return replace(vetted, max_bytes_in=tighter(vetted.max_bytes_in, limits.max_bytes_in),
+                   max_bytes_out=tighter(vetted.max_bytes_out, limits.max_bytes_out),
+                   max_depth=tighter(vetted.max_depth, limits.max_depth),
+                   timeout_ms=tighter(vetted.timeout_ms, limits.timeout_ms))
 
 
 _CODES = frozenset(c.value for c in ErrorCode)

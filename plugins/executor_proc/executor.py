@@ -23,7 +23,7 @@ from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, sa
 from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import Outcome, pump
-from plugins.executor_proc.spec import Limits, Plan, build_plan
+from plugins.executor_proc.spec import Limits, Plan, build_plan, resolve_limits
 from plugins.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
@@ -127,6 +127,7 @@ class ProcExecutor:
     """
 
     enforces_deadline = True
+    charges_at_start = True  # ctx.started() right before the spawn
 
     def __init__(self, backend: Backend, options: ProcOptions | None = None, *,
                  network_hook: NetworkHook | None = None, guard: Decider | None = None,
@@ -215,9 +216,11 @@ class ProcExecutor:
                               env_base=self.options.env_base,
                               extra_ro=self.options.extra_ro_binds,
                               tmpdir=private_tmp or "/tmp")
+            plan.limits = resolve_limits(ctx.profile, op, ctx.limits)  # the rule's included
             if plan.network == "restricted" and self.network_hook is None:
                 net = RestrictedNetwork(ctx.profile, ctx.guard or self.guard,
-                                        deadline=ctx.deadline, consume=ctx.consume).start()
+                                        deadline=ctx.deadline, consume=ctx.consume,
+                                        limits=ctx.limits).start()
                 plan.env.update(net.env())  # INVARIANT: after the op's allow-listed values
             return self._run(ctx, op, plan, stdin, private_tmp, plan.network, net)
         finally:
@@ -321,6 +324,7 @@ class ProcExecutor:
         if stdin is not None and len(stdin) > lim.max_stdin:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"stdin of {len(stdin)} bytes exceeds max_bytes_in")
+        ctx.started()  # every refusal above was free: nothing has been spawned yet
         layered = self.backend == "landlock" or self.options.layer2
         exe, degraded = self._launcher()
         spec = self._launcher_spec(plan, private_tmp, net) if layered else None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.guard.env import profile_env_refusal
 from policy_engine.model import SYSTEM_DEFAULT_LIMITS, FsCapability, ProcExecOp, Profile
+from policy_engine.model import Limits as ModelLimits
 from policy_engine.patterns.paths import expand_home, literal_prefix
 from policy_engine.sandbox.masks import RUNTIME_DIRS, RUNTIME_GLOBS, plan_masks, under_runtime
 
@@ -130,14 +131,18 @@ def _masks(profile: Profile, bound: list[str], system: list[str]) -> tuple[list[
     return files, list(plan.dirs)
 
 
-def resolve_limits(profile: Profile, op: ProcExecOp) -> Limits:
-    lim, dflt = profile.limits, SYSTEM_DEFAULT_LIMITS
+def resolve_limits(profile: Profile, op: ProcExecOp, limits: ModelLimits | None = None) -> Limits:
+    """The exec's limits: the call's effective ``limits`` (``ExecContext.limits``: the
+    permitting rule's included) when given, else the profile's; the op's timeout narrows."""
+    lim, dflt = limits or profile.limits, SYSTEM_DEFAULT_LIMITS
 
     def pick(name: str) -> int:
         v = getattr(lim, name)
         return int(v if v is not None else getattr(dflt, name))
 
-    timeouts = [t for t in (op.timeout_ms, profile.timeout_ms, lim.timeout_ms) if t]
+    # the effective limits already hold profile.timeout_ms (or a rule's value replacing it)
+    own = (lim.timeout_ms,) if limits is not None else (profile.timeout_ms, lim.timeout_ms)
+    timeouts = [t for t in (op.timeout_ms, *own) if t]
     return Limits(
         timeout_s=min(timeouts or [pick("timeout_ms")]) / 1000,
         cpu_cores=float(lim.cpu_cores or dflt.cpu_cores or 1.0),

@@ -7,6 +7,7 @@ import os
 import secrets
 import stat
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -98,6 +99,7 @@ class TmpExecutor:
     name = "tmp"
     capabilities = ExecutorCapabilities(op_kinds=frozenset({OpKind.TMP_ALLOC}),
                                         resource_limits=True)
+    charges_at_start = True  # ctx.started() before the space is created
 
     def __init__(self, options: TmpOptions | None = None) -> None:
         self.options = options or TmpOptions()
@@ -111,6 +113,13 @@ class TmpExecutor:
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         if not isinstance(op, TmpAllocOp):
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, f"tmp cannot run `{op.kind}`")
+        if ctx.cancel.cancelled or time.monotonic() > ctx.deadline:  # ctx.limits.timeout_ms
+            raise PolicyEngineError(ErrorCode.TIMEOUT, "no time left to allocate a tmp space")
+        allowed = _allowed_size(ctx.profile, self.options.max_bytes)
+        if op.size_bytes > allowed:
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                    f"tmp space of {op.size_bytes} bytes exceeds {allowed}")
+        ctx.started()  # nothing created yet
         space = self.allocate(ctx.profile, op.size_bytes)
         ctx.record_side_effect(SideEffectRec(kind=SideEffect.FILESYSTEM, meta={
             "op": "tmp.alloc", "handle": space.handle, "bytes": space.size_bytes,

@@ -36,7 +36,7 @@ from plugins.executor_http.resolve import (
 from plugins.executor_http.transport import PinnedTransport
 from policy_engine.errors import REGISTRY, ErrorCode, PolicyEngineError
 from policy_engine.executor import Decider
-from policy_engine.model import NetHttpOp, Profile, SideEffect, SideEffectRec
+from policy_engine.model import Limits, NetHttpOp, Profile, SideEffect, SideEffectRec
 
 MAX_LINE = 8192
 MAX_HEADERS = 100
@@ -98,6 +98,13 @@ class ProxyPolicy:
     record: Callable[[SideEffectRec], None]
     deadline: float
     meter: Meter = field(default_factory=Meter)
+    limits: Limits | None = None  # the call's effective limits (ExecContext.limits)
+
+    def cap(self, name: str, per_request: int | None) -> int | None:
+        """The tighter of the call's limit ``name`` and a proxied request's own."""
+        lim = self.limits if self.limits is not None else self.profile.limits
+        values = [v for v in (getattr(lim, name), per_request) if v is not None]
+        return min(values) if values else None
 
 
 class _Refused(Exception):
@@ -195,7 +202,7 @@ class ProxyHandler(socketserver.StreamRequestHandler):
             raise _Refused(PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                              "request bodies need a Content-Length"))
         policy = self.server.policy
-        cap = policy.meter.left("out", policy.profile.limits.max_bytes_out)
+        cap = policy.meter.left("out", policy.cap("max_bytes_out", None))
         if cap is not None and int(length) > cap:  # checked before reading: never buffered
             meta["url"] = _shown(target)
             raise _Refused(PolicyEngineError(
@@ -210,7 +217,8 @@ class ProxyHandler(socketserver.StreamRequestHandler):
             sent_headers = clean_request_headers(kept)
         except PolicyEngineError as exc:
             raise _Refused(exc) from None
-        if not policy.meter.take("out", len(body), vetted.max_bytes_out):
+        if not policy.meter.take("out", len(body), policy.cap("max_bytes_out",
+                                                              vetted.max_bytes_out)):
             raise _Refused(policy.meter.refusal or PolicyEngineError(
                 ErrorCode.CAPABILITY_BLOCKED,
                 f"request body of {len(body)} bytes exceeds what is left of max_bytes_out"))
@@ -238,8 +246,9 @@ class ProxyHandler(socketserver.StreamRequestHandler):
             head.append("Connection: close\r\n\r\n")
             self.wfile.write("".join(head).encode("latin-1"))
             sent = 0
+            limit = policy.cap("max_bytes_in", vetted.max_bytes_in)
             for chunk in response.iter_raw():
-                if (not policy.meter.take("in", len(chunk), vetted.max_bytes_in)
+                if (not policy.meter.take("in", len(chunk), limit)
                         or time.monotonic() > policy.deadline):
                     meta["cut_off"] = True
                     break
@@ -273,11 +282,12 @@ class ProxyHandler(socketserver.StreamRequestHandler):
         meta["status"] = 200
         self.wfile.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         meter = policy.meter
+        out_cap = policy.cap("max_bytes_out", vetted.max_bytes_out)
+        in_cap = policy.cap("max_bytes_in", vetted.max_bytes_in)
 
         def charge(outbound: bool, amount: int) -> bool:
-            if outbound:
-                return meter.take("out", amount, vetted.max_bytes_out)
-            return meter.take("in", amount, vetted.max_bytes_in)
+            return meter.take("out" if outbound else "in", amount, out_cap if outbound
+                              else in_cap)
 
         with upstream:
             up, down, stop = _splice(self.connection, upstream, policy.deadline, charge)

@@ -35,7 +35,7 @@ from plugins.executor_http.transport import PinnedTransport
 from plugins.netproxy.proxy import Meter, ProxyPolicy, ProxyServer, serve_in_thread
 from policy_engine.executor import Decider
 from policy_engine.guard.guard import Guard
-from policy_engine.model import Profile, SideEffectRec
+from policy_engine.model import Limits, Profile, SideEffectRec
 
 SANDBOX_DIR = "/run/policy-engine-net"
 """Where the runtime directory (``proxy.sock``, ``bridge.py``) appears inside the sandbox."""
@@ -177,6 +177,9 @@ class RestrictedNetwork:
     :param parent_mounted: ``runtime_parent`` is already mounted at ``sandbox_dir`` (a warm
         container, whose mounts are fixed at creation): the runtime directory then appears at
         ``sandbox_dir/<its name>`` and the handle's paths say so.
+    :param limits: the call's effective limits (``ExecContext.limits``); the byte caps of each
+        proxied request are the tighter of these and the request's own rule's. Default: the
+        profile's.
     """
 
     def __init__(
@@ -185,6 +188,7 @@ class RestrictedNetwork:
         deadline: float | None = None, port: int = DEFAULT_PORT, python: str | None = None,
         sandbox_dir: str = SANDBOX_DIR, runtime_parent: str | None = None,
         parent_mounted: bool = False, consume: Callable[[str, int], None] | None = None,
+        limits: Limits | None = None,
     ) -> None:
         if parent_mounted and runtime_parent is None:
             raise ValueError("parent_mounted needs runtime_parent")
@@ -199,6 +203,7 @@ class RestrictedNetwork:
         self.runtime_parent = runtime_parent
         self.parent_mounted = parent_mounted
         self.consume = consume
+        self.limits = limits
 
     def start(self) -> RestrictedHandle:
         """Create the runtime directory, copy the bridge, listen on the socket, serve."""
@@ -216,7 +221,8 @@ class RestrictedNetwork:
 
             policy = ProxyPolicy(profile=self.profile, guard=self.guard, resolver=self.resolver,
                                  transport=PinnedTransport(verify=self.verify), record=record,
-                                 deadline=self.deadline, meter=Meter(self.consume))
+                                 deadline=self.deadline, meter=Meter(self.consume),
+                                 limits=self.limits)
             server = ProxyServer(str(runtime / "proxy.sock"), policy)
             (runtime / "proxy.sock").chmod(0o666)  # a container's uid 1000 must connect
         except BaseException:

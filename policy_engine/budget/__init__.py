@@ -1,5 +1,12 @@
 """Budget metering: the meter protocol and its helpers; implementations are plugins."""
 
+from policy_engine.budget.concurrency import (
+    PROCESS_SLOTS,
+    ConcurrencyMeter,
+    ProcessSlots,
+    new_lease,
+    too_many,
+)
 from policy_engine.budget.meter import (
     BudgetMeter,
     check_amount,
@@ -9,4 +16,7 @@ from policy_engine.budget.meter import (
     limit_of,
 )
 
-__all__ = ["BudgetMeter", "check_amount", "check_kind", "exceeded", "grant_key", "limit_of"]
+__all__ = [
+    "PROCESS_SLOTS", "BudgetMeter", "ConcurrencyMeter", "ProcessSlots", "check_amount",
+    "check_kind", "exceeded", "grant_key", "limit_of", "new_lease", "too_many",
+]

@@ -40,6 +40,8 @@ CATALOG: tuple[tuple[str, str], ...] = (
     ("timeout.honoured", "a call outliving the profile timeout ends with LLM.TIMEOUT within "
                          "the grace period"),
     ("cancel.honoured", "a cancelled call ends promptly with TOOL.EXECUTION_FAILED"),
+    ("limits.timeout", "a call runs under ExecContext.limits: a 1 s timeout there ends it "
+                       "with LLM.TIMEOUT although the profile says 60 s"),
     ("lifecycle.close", "close() releases the executor without raising"),
     ("claims.network-off", "a network-off sandbox cannot reach a loopback canary listener"),
     ("claims.writes-confined", "a sandbox writes only the profile's writable paths"),
@@ -403,6 +405,31 @@ def check_cancel(run: Run | None, grace_s: float, after_s: float) -> CheckResult
         problems.append(f"{run.probe.label()}: evidence sandbox_error_kind="
                         f"{end.sandbox_error_kind}; it must record `cancelled`")
     return result("cancel.honoured", problems)
+
+
+def check_limits_timeout(outcome: tuple[str, object] | None, elapsed_s: float,
+                         timeout_s: float, grace_s: float, label: str) -> CheckResult:
+    """The executor, called with ``ctx.limits.timeout_ms`` (and the deadline set from it, as
+    the orchestrator does) far below ``profile.limits`` / ``profile.timeout_ms``, stops at the
+    former: the permitting rule's limits reach executors only through ``ctx.limits``."""
+    if outcome is None:
+        return result("limits.timeout", (), na="no `slow` probe for the declared kinds: "
+                      "provide one with conformance_probes (role=\"slow\") to exercise it")
+    how, value = outcome
+    code = (value.code.value if how == "raised" and isinstance(value, PolicyEngineError) else
+            value.code if how == "returned" and isinstance(value, ExecResult) else None)
+    problems = []
+    if how == "hung" or elapsed_s > timeout_s + grace_s + 0.5:
+        problems.append(f"{label}: still running {elapsed_s:.2f} s after a call whose "
+                        f"ctx.limits.timeout_ms is {timeout_s * 1000:.0f}; it follows "
+                        "profile.limits / profile.timeout_ms (60 s here). Stop at ctx.deadline "
+                        f"and read every limit from ctx.limits; see {SPI} ExecContext and "
+                        "docs/plugins.md \"Limits an executor enforces\"")
+    elif code != ErrorCode.TIMEOUT.value:
+        problems.append(f"{label}: ended with {how} {code or type(value).__name__}; the "
+                        f"contract requires {ErrorCode.TIMEOUT.value} when ctx.limits' "
+                        "timeout passes")
+    return result("limits.timeout", problems)
 
 
 def check_close(harness: Harness) -> CheckResult:

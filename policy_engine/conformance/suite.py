@@ -31,6 +31,8 @@ TIMEOUT_MS = 1000
 """The profile timeout the `timeout.honoured` check runs a slow probe under."""
 CANCEL_AFTER_S = 0.3
 """When the `cancel.honoured` check cancels a slow probe."""
+LIMITS_TIMEOUT_MS = 1000
+"""The ``ctx.limits`` timeout the `limits.timeout` check hands the executor directly."""
 GRACE_S = 1.0
 """How long an executor has to stop after its token fires (the orchestrator's grace)."""
 
@@ -159,7 +161,26 @@ def _exercise(harness: Harness, declared: frozenset[OpKind],
     out.append(checks.check_secrets(harness.runs, harness.env.secret))
     out.append(checks.check_timeout(timed, GRACE_S))
     out.append(checks.check_cancel(cancelled, GRACE_S, CANCEL_AFTER_S))
+    out.append(_limits_timeout(harness, timed))
     return out
+
+
+def _limits_timeout(harness: Harness, timed: Run | None) -> CheckResult:
+    """Call the executor directly on the slow probe with ``ctx.limits.timeout_ms`` 1 s under a
+    profile saying 60 s: what a permit rule's `limits { timeout 1s }` hands it."""
+    profile = timed.outcome.profile if timed is not None else None
+    if timed is None or profile is None:
+        return checks.check_limits_timeout(None, 0.0, 0.0, GRACE_S, "")
+    slack = profile.limits.model_copy(update={"timeout_ms": 60_000})
+    profile = profile.model_copy(update={"limits": slack, "timeout_ms": 60_000})
+    timeout_s = LIMITS_TIMEOUT_MS / 1000
+    ctx = ExecContext(profile=profile, deadline=time.monotonic() + timeout_s,
+                      limits=slack.model_copy(update={"timeout_ms": LIMITS_TIMEOUT_MS}))
+    started = time.monotonic()
+    outcome = call_directly(harness.executor.inner, ctx, timed.probe.exec_op(),
+                            timeout_s + GRACE_S + 2.0)
+    return checks.check_limits_timeout(outcome, time.monotonic() - started, timeout_s, GRACE_S,
+                                       timed.probe.label())
 
 
 def _wrong_kind(harness: Harness, undeclared: list[Run]) -> CheckResult:

@@ -11,7 +11,15 @@ from policy_engine.evidence import redacted_op
 from policy_engine.explain.request import ExplainRequest
 from policy_engine.graph import PolicySet
 from policy_engine.guard import Guard
-from policy_engine.model import Decision, Grant, Manifest, Profile, TraceStep, Usage
+from policy_engine.model import (
+    LIMIT_FIELDS,
+    Decision,
+    Grant,
+    Manifest,
+    Profile,
+    TraceStep,
+    Usage,
+)
 from policy_engine.profile import ProfileBuilder
 
 
@@ -38,6 +46,8 @@ class Explanation:
             "trace": [step.model_dump(mode="json") for step in d.trace or ()],
             "refused_by": [s.node.removeprefix("layer:") for s in d.trace or ()
                            if s.node.startswith("layer:") and s.outcome == "fail"],
+            "limits": {field: {"value": value, "layer": layer}
+                       for field, (value, layer) in self.limits().items()},
             # the redacted view evidence uses: explain output is logged and pasted around too
             "op": redacted_op(self.request.op),
             "policy": {
@@ -47,6 +57,19 @@ class Explanation:
             },
             "tool": {"name": self.manifest.name, "version": self.manifest.version},
         }
+
+
+    def limits(self) -> dict[str, tuple[int | float | None, str]]:
+        """Each effective limit and the layer that set it: the decision's (the permitting rule
+        and the op included) on an allow, else the profile's; empty without a profile."""
+        d = self.decision
+        if d.limits is not None:
+            values, layers = d.limits, d.limit_layers or {}
+        elif self.profile is not None:
+            values, layers = self.profile.limits, self.profile.limit_layers
+        else:
+            return {}
+        return {f: (getattr(values, f), layers.get(f, "profile")) for f in LIMIT_FIELDS}
 
 
 def explain(

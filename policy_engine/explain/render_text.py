@@ -91,11 +91,33 @@ def render_text(exp: Explanation) -> str:
             f"  profile:  {named}network={p.network.value} safety={p.safety.value} "
             f"hash={p.profile_hash[:16]}"
         )
+    lines.extend(_limit_lines(exp))
     if d.trace:
         lines.append("trace:")
         lines.extend(_step_line(i, step) for i, step in enumerate(d.trace, 1))
     lines.append(_advice(exp))
     return "\n".join(lines)
+
+
+_UNITS = {"timeout_ms": " ms", "max_bytes_in": " bytes", "max_bytes_out": " bytes",
+          "memory_bytes": " bytes", "max_stdout_bytes": " bytes", "max_stderr_bytes": " bytes",
+          "cpu_cores": " cores"}
+
+
+def _limit_lines(exp: Explanation) -> list[str]:
+    """One line per effective limit: value and the layer that set it (a rule by its id)."""
+    limits = exp.limits()
+    if not limits:
+        return []
+    rule = exp.decision.rule
+    head = "limits (effective, set by):" if exp.decision.limits is not None \
+        else "limits (profile, set by):"
+    out = [head]
+    for field, (value, layer) in limits.items():
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        who = f"rule {rule.id}" if layer == "rule" and rule is not None else layer
+        out.append(f"  {field:<22} {shown}{_UNITS.get(field, '')}  ({who})")
+    return out
 
 
 def _advice(exp: Explanation) -> str:
@@ -107,6 +129,11 @@ def _advice(exp: Explanation) -> str:
         return "this is a mandatory deny: no grant, manifest or policy can lift it"
     if d.rule is not None:
         return f"to change this decision, edit the rule at {_where(d.rule)}"
+    failed = [s for s in d.trace or () if s.node == "limits" and s.outcome == "fail"]
+    if failed and "(set by " in failed[0].detail:
+        layer = failed[0].detail.rsplit("(set by ", 1)[1].rstrip(")")
+        return (f"the limit comes from the {layer} layer: ask for less, or raise it there "
+                "(docs/language.md, Limits)")
     return _ADVICE.get(d.code or "", "see docs/error-codes.md for this code")
 
 

@@ -28,6 +28,8 @@ from policy_engine.guard.matchers import (
 )
 from policy_engine.guard.paths import normalize_path
 from policy_engine.model import (
+    LIMIT_FIELDS,
+    SYSTEM_DEFAULT_LIMITS,
     ArgAlternative,
     BrowserCapability,
     Decision,
@@ -95,7 +97,7 @@ def guard_condition(cond: Condition) -> GuardCondition:
 
 @dataclass(frozen=True, slots=True)
 class EffLimits:
-    """The limits a decision checks: the capability's own, met with the profile's (minimum)."""
+    """The limits a decision checks: the capability's effective limits (``effective_limits``)."""
 
     max_bytes_in: int | None
     max_bytes_out: int | None
@@ -117,6 +119,7 @@ class CompiledCap:
     rule: RuleRef | None
     condition: GuardCondition | None
     limits: EffLimits
+    layers: Mapping[str, str]  # per limit field, the layer that set it (LIMIT_LAYERS)
     hosts: tuple[HostPattern, ...]
     env: EnvAllow | None  # proc.exec only: which variables a call may set
     allow: Decision  # prebuilt: an allow without trace is the same immutable answer every time
@@ -168,17 +171,40 @@ def _min(*values: int | None) -> int | None:
     return min(present) if present else None
 
 
-def _limits(own: Limits | None, prof: Limits, timeout: int, tmp_max: int | None) -> EffLimits:
-    o = own or Limits()
+def effective_limits(own: Limits | None, own_layers: Mapping[str, str] | None,
+                     profile: Profile) -> tuple[Limits, dict[str, str]]:
+    """The limits a call permitted by a capability runs under, every field set, and per field
+    the layer that set it.
+
+    ``own`` (the rule's limits, already resolved against every layer by the profile builder)
+    wins where set; the profile's fill the rest; a hand-built profile missing a field gets the
+    built-in default. ``profile.timeout_ms`` bounds a timeout the rule does not set (it is the
+    same value on a built profile; a rule's own may replace a built-in one above it).
+    """
+    values: dict[str, int | float] = {}
+    layers: dict[str, str] = {}
+    for field in LIMIT_FIELDS:
+        value = getattr(own, field) if own is not None else None
+        layer = (own_layers or {}).get(field, "rule")
+        if value is None:
+            value = getattr(profile.limits, field)
+            layer = profile.limit_layers.get(field, "profile")
+        if value is None:
+            value, layer = getattr(SYSTEM_DEFAULT_LIMITS, field), "built-in"
+        values[field], layers[field] = value, layer
+    if (own is None or own.timeout_ms is None) and profile.timeout_ms and \
+            profile.timeout_ms < values["timeout_ms"]:
+        values["timeout_ms"] = profile.timeout_ms
+        layers["timeout_ms"] = profile.limit_layers.get("timeout_ms", "profile")
+    return Limits(**values), layers
+
+
+def _limits(lim: Limits, tmp_max: int | None) -> EffLimits:
     return EffLimits(
-        max_bytes_in=_min(o.max_bytes_in, prof.max_bytes_in),
-        max_bytes_out=_min(o.max_bytes_out, prof.max_bytes_out),
-        max_depth=_min(o.max_depth, prof.max_depth),
-        max_files=_min(o.max_files, prof.max_files),
-        timeout_ms=_min(o.timeout_ms, prof.timeout_ms, timeout),
-        max_screenshot_width=_min(o.max_screenshot_width, prof.max_screenshot_width),
-        max_screenshot_height=_min(o.max_screenshot_height, prof.max_screenshot_height),
-        tmp_max_bytes=tmp_max,
+        max_bytes_in=lim.max_bytes_in, max_bytes_out=lim.max_bytes_out,
+        max_depth=lim.max_depth, max_files=lim.max_files, timeout_ms=lim.timeout_ms,
+        max_screenshot_width=lim.max_screenshot_width,
+        max_screenshot_height=lim.max_screenshot_height, tmp_max_bytes=tmp_max,
     )
 
 
@@ -256,15 +282,16 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
         kind = str(pc.kind)
         members = tuple(compile_matcher(c, kind, home) for c in pc.all_of)
         tmp_max = _min(*(m.max_bytes for m in members if isinstance(m, KindMatcher)))
+        lim, layers = effective_limits(pc.limits, pc.limit_layers, profile)
         caps.setdefault(kind, []).append(CompiledCap(
             kind=kind, members=members, test=_member_test(members), rule=pc.rule,
             condition=conditions.find(pc.condition, pc.rule),
-            limits=_limits(pc.limits, profile.limits, profile.timeout_ms, tmp_max),
+            limits=_limits(lim, tmp_max), layers=layers,
             hosts=conditions.named_hosts(pc.rule, kind, members),
             env=conditions.env(pc.rule, pc.all_of) if kind == "proc.exec" else None,
             allow=Decision.model_construct(
                 decision="allow", code=None, http_status=200, reason="", rule=pc.rule,
-                profile_hash=phash, trace=None),
+                profile_hash=phash, trace=None, limits=lim, limit_layers=layers),
         ))
     forbids = _forbids(profile, conditions)
     used = [c.condition for lst in caps.values() for c in lst if c.condition is not None]

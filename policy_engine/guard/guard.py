@@ -46,7 +46,13 @@ from policy_engine.guard.resolve import (
     resolve_other,
     resolve_path,
 )
-from policy_engine.guard.steps import consent_needed, diagnose, limit_violation, why_not
+from policy_engine.guard.steps import (
+    consent_needed,
+    diagnose,
+    limit_violation,
+    why_not,
+    with_request_timeout,
+)
 from policy_engine.guard.tracer import Tracer
 from policy_engine.model import Decision, Profile, RuleRef, TraceStep
 
@@ -283,16 +289,22 @@ class Guard:
         # step 7: limits
         violation = limit_violation(kind, op, chosen.limits, rv, path)
         if violation is not None:
+            # blame the permit rule only when its own limits set the one exceeded
+            field, over = violation
+            layer = ("tmp.use size" if field == "tmp_max_bytes"
+                     else chosen.layers.get(field, "profile"))
+            blamed = chosen.rule if layer in ("rule", "tmp.use size") else None
+            over = f"{over} (set by {layer})"
             if tr is not None:
-                tr.step("limits", "fail", chosen.rule, violation)
-            return _deny(phash, _BLOCKED, violation, chosen.rule, tr)
+                tr.step("limits", "fail", blamed, over)
+            return _deny(phash, _BLOCKED, over, blamed, tr)
         if tr is not None:
             tr.step("limits", "pass", chosen.rule)
         # step 8: consent
         window = cp.consent_window
         if cp.consent_required and tr is None and window is not None and \
                 window[0] <= now < window[1]:
-            return chosen.allow  # required and current: consent_needed would answer None
+            return _allow(chosen, kind, op)  # required and current: consent_needed says None
         if cp.consent_required or self._consent_rules:
             box: list[dict[str, object]] = [] if data is None else [data]
 
@@ -308,11 +320,22 @@ class Guard:
         elif tr is not None:
             tr.step("consent", "skip", detail="consent not required")
         # step 9
+        allow = _allow(chosen, kind, op)
         if tr is None:
-            return chosen.allow
+            return allow
         tr.step("decision", "allow", chosen.rule)
         return Decision(decision="allow", code=None, http_status=200, reason="",
-                        rule=chosen.rule, profile_hash=phash, trace=tr.freeze())
+                        rule=chosen.rule, profile_hash=phash, trace=tr.freeze(),
+                        limits=allow.limits, limit_layers=allow.limit_layers)
+
+
+def _allow(chosen: CompiledCap, kind: str, op: Any) -> Decision:
+    """The prebuilt allow, or a copy whose timeout is the op's own when that is narrower."""
+    allow = chosen.allow
+    if kind == "proc.exec" and op.timeout_ms and allow.limits is not None and \
+            op.timeout_ms < (allow.limits.timeout_ms or op.timeout_ms + 1):
+        return with_request_timeout(allow, op.timeout_ms)
+    return allow
 
 
 def _describe(rv: Resolved | None, path: str | None) -> str:
@@ -344,7 +367,7 @@ def _deny(phash: str, code: ErrorCode, reason: str, rule: RuleRef | None,
     value, status = _STATUS[code]
     d = _NEW(Decision)
     d.__dict__.update(decision="deny", code=value, http_status=status, reason=reason, rule=rule,
-                      profile_hash=phash, trace=trace)
+                      profile_hash=phash, trace=trace, limits=None, limit_layers=None)
     _SET(d, "__pydantic_fields_set__", set(_FIELDS))
     _SET(d, "__pydantic_extra__", None)
     _SET(d, "__pydantic_private__", None)

@@ -17,6 +17,7 @@ from policy_engine.guard.compiled import (
     CompiledProfile,
     GuardCondition,
     _limits,
+    effective_limits,
     guard_condition,
 )
 from policy_engine.guard.env import env_allow
@@ -108,13 +109,12 @@ def layer_steps(
     found = permits.of(cap_kind, cp.profile.mappings.home) or ()
     permit = next((p for p in found if p.matcher.admits(res)), None)
     if cap is not None:
-        step("limits", limit_violation(kind, op, cap.limits, rv, path), "within the limits",
-             cap.rule)
+        over = limit_violation(kind, op, cap.limits, rv, path)
+        step("limits", over[1] if over else None, "within the limits", cap.rule)
     elif permit is not None:
-        prof = cp.profile
-        lim = _limits(permit.limits, prof.limits, prof.timeout_ms, None)
-        step("limits", limit_violation(kind, op, lim, rv, path), "within the limits",
-             permit.rule)
+        lim, _layers = effective_limits(permit.limits, None, cp.profile)
+        over = limit_violation(kind, op, _limits(lim, None), rv, path)
+        step("limits", over[1] if over else None, "within the limits", permit.rule)
     why_consent = consent(ctx)
     step("consent", why_consent, "no consent missing")
     return out

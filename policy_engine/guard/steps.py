@@ -16,7 +16,7 @@ from policy_engine.guard.matchers import Matcher, ProcMatcher
 from policy_engine.guard.paths import quote
 from policy_engine.guard.resolve import Resolved, decoded_size
 from policy_engine.guard.tracer import Tracer
-from policy_engine.model import SYSTEM_DEFAULT_LIMITS, RuleRef
+from policy_engine.model import SYSTEM_DEFAULT_LIMITS, Decision, RuleRef
 
 
 def why_not(cap: CompiledCap, res: object) -> str:
@@ -80,57 +80,76 @@ def _any_admits(matchers: tuple[Matcher, ...], res: object) -> bool:
     return False
 
 
-def _over(what: str, value: int, limit: int | None) -> str | None:
+Violation = tuple[str, str]  # the limit field exceeded, the public reason
+
+
+def _over(what: str, field: str, value: int, limit: int | None) -> Violation | None:
     if limit is not None and value > limit:
-        return f"{what} {value} exceeds the limit {limit}"
+        return field, f"{what} {value} exceeds the limit {limit}"
     return None
 
 
+def with_request_timeout(allow: Decision, timeout_ms: int) -> Decision:
+    """``allow`` with the op's own (narrower) ``timeout_ms`` as its effective timeout."""
+    assert allow.limits is not None  # INVARIANT: callers pass an allow carrying limits
+    layers = dict(allow.limit_layers or {})
+    layers["timeout_ms"] = "request"
+    return allow.model_copy(update={
+        "limits": allow.limits.model_copy(update={"timeout_ms": timeout_ms}),
+        "limit_layers": layers})
+
+
 def limit_violation(kind: str, op: Any, lim: EffLimits, rv: Resolved | None,
-                    path: str | None) -> str | None:
-    """The first limit the op exceeds, as a public reason, or ``None``."""
+                    path: str | None) -> Violation | None:
+    """The first limit the op exceeds (its field and a public reason), or ``None``."""
     check = _LIMITS.get(kind)
     return check(op, lim, rv) if check is not None else None
 
 
-def _fs_read(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
-    return _over("read length", op.len, lim.max_bytes_in) if op.len is not None else None
+def _fs_read(op: Any, lim: EffLimits, rv: Resolved | None) -> Violation | None:
+    return (_over("read length", "max_bytes_in", op.len, lim.max_bytes_in)
+            if op.len is not None else None)
 
 
-def _fs_write(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
-    return _over("write size", decoded_size(op.bytes_b64, "content"), lim.max_bytes_out)
+def _fs_write(op: Any, lim: EffLimits, rv: Resolved | None) -> Violation | None:
+    return _over("write size", "max_bytes_out", decoded_size(op.bytes_b64, "content"),
+                 lim.max_bytes_out)
 
 
-def _fs_list(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
-    return _over("list depth", op.depth, lim.max_depth)
+def _fs_list(op: Any, lim: EffLimits, rv: Resolved | None) -> Violation | None:
+    return _over("list depth", "max_depth", op.depth, lim.max_depth)
 
 
-def _net(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
-    return _over("request body size", (rv.size or 0) if rv else 0, lim.max_bytes_out)
+def _net(op: Any, lim: EffLimits, rv: Resolved | None) -> Violation | None:
+    return _over("request body size", "max_bytes_out", (rv.size or 0) if rv else 0,
+                 lim.max_bytes_out)
 
 
-def _screenshot(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
-    return (_over("screenshot width", op.width, lim.max_screenshot_width)
-            or _over("screenshot height", op.height, lim.max_screenshot_height))
+def _screenshot(op: Any, lim: EffLimits, rv: Resolved | None) -> Violation | None:
+    return (_over("screenshot width", "max_screenshot_width", op.width,
+                  lim.max_screenshot_width)
+            or _over("screenshot height", "max_screenshot_height", op.height,
+                     lim.max_screenshot_height))
 
 
-def _proc(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
-    timeout = _over("timeout_ms", op.timeout_ms, lim.timeout_ms) if op.timeout_ms else None
+def _proc(op: Any, lim: EffLimits, rv: Resolved | None) -> Violation | None:
+    timeout = (_over("timeout_ms", "timeout_ms", op.timeout_ms, lim.timeout_ms)
+               if op.timeout_ms else None)
     if timeout is not None or not op.stdin_b64:
         return timeout
     # the proc executors refuse stdin above max_bytes_in (the built-in default when unset)
     bound = lim.max_bytes_in if lim.max_bytes_in is not None else \
         SYSTEM_DEFAULT_LIMITS.max_bytes_in
-    return _over("stdin size", decoded_size(op.stdin_b64, "stdin_b64"), bound)
+    return _over("stdin size", "max_bytes_in", decoded_size(op.stdin_b64, "stdin_b64"), bound)
 
 
-def _tmp(op: Any, lim: EffLimits, rv: Resolved | None) -> str | None:
+def _tmp(op: Any, lim: EffLimits, rv: Resolved | None) -> Violation | None:
     # temp space is bounded by the tmp.use capability's size, not by bytes_out (that limit is
     # about data leaving the sandbox)
-    return _over("tmp size", op.size_bytes, lim.tmp_max_bytes)
+    return _over("tmp size", "tmp_max_bytes", op.size_bytes, lim.tmp_max_bytes)
 
 
-_LIMITS: dict[str, Callable[[Any, EffLimits, Resolved | None], str | None]] = {
+_LIMITS: dict[str, Callable[[Any, EffLimits, Resolved | None], Violation | None]] = {
     "fs.read": _fs_read, "fs.write": _fs_write, "fs.list": _fs_list, "net.http": _net,
     "browser.screenshot": _screenshot, "proc.exec": _proc, "tmp.alloc": _tmp,
 }

@@ -32,6 +32,7 @@ from policy_engine.model.grant import Consent, Grant, Manifest, Overrides, Setti
 from policy_engine.model.limits import (
     BUDGET_KINDS,
     LIMIT_FIELDS,
+    LIMIT_LAYERS,
     SYSTEM_DEFAULT_LIMITS,
     AllowLists,
     Budget,
@@ -54,7 +55,7 @@ from policy_engine.model.ops import (
 from policy_engine.model.profile import Profile, ProfileCapability, ProfileDeny, RuleRef
 
 __all__ = [
-    "BUDGET_KINDS", "LIMIT_FIELDS", "OP_CAPABILITY", "SYSTEM_DEFAULT_LIMITS",
+    "BUDGET_KINDS", "LIMIT_FIELDS", "LIMIT_LAYERS", "OP_CAPABILITY", "SYSTEM_DEFAULT_LIMITS",
     "AllowLists", "ArgAlternative", "ArgSlot", "BrowserCapability", "BrowserNavOp",
     "BrowserScope", "BrowserScreenshotOp", "Budget", "Capability", "CapabilityKind", "Consent",
     "Decision", "DenyLists", "Digest", "EvidenceBegin", "EvidenceEnd", "ExecOp", "ExecResult",

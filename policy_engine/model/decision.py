@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from policy_engine.model.limits import Limits
 from policy_engine.model.profile import RuleRef
 
 
@@ -33,6 +34,11 @@ class Decision(BaseModel):
     rule: RuleRef | None = None
     profile_hash: str = ""
     trace: tuple[TraceStep, ...] | None = None
+    limits: Limits | None = None
+    """On an allow: the call's effective limits (profile ⊓ permitting rule ⊓ op-declared values),
+    every field set; what the orchestrator hands the executor (``ExecContext.limits``)."""
+    limit_layers: dict[str, str] | None = None
+    """On an allow: per limit field, the layer that set it (``LIMIT_LAYERS``)."""
 
     @property
     def allowed(self) -> bool:

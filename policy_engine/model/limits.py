@@ -44,7 +44,15 @@ SYSTEM_DEFAULT_LIMITS = Limits(
     max_screenshot_width=1920,
     max_screenshot_height=1080,
 )
-"""Seed 002 §5.2 system defaults; every layer may only narrow these."""
+"""Seed 002 §5.2 built-in defaults: the value of a field no policy sets. They are defaults, not
+ceilings: a policy's ``defaults`` or a permit rule may set any field above them (docs/language.md
+"Limits"); the manifest, grant, settings, named profiles and overrides may only narrow."""
+
+LIMIT_LAYERS: tuple[str, ...] = (
+    "built-in", "policy default", "settings", "manifest", "grant", "named profile", "override",
+    "rule", "request")
+"""The layers that can set an effective limit, in the order they apply (``Decision.limit_layers``).
+``request`` is a value the operation itself declares (``timeout_ms``)."""
 
 
 class Budget(BaseModel):

@@ -36,6 +36,8 @@ class ProfileCapability(BaseModel):
     rule: RuleRef | None = None
     condition: str | None = Field(default=None, description="CEL source of the rule's `when`")
     limits: Limits | None = Field(default=None, description="per-rule limits, already met")
+    limit_layers: dict[str, str] | None = Field(
+        default=None, description="with `limits`: per field, the layer that set it")
 
 
 class ProfileDeny(BaseModel):
@@ -67,6 +69,8 @@ class Profile(BaseModel):
     safety: SafetyClass
     side_effects: tuple[SideEffect, ...]
     limits: Limits
+    limit_layers: dict[str, str] = Field(
+        default_factory=dict, description="per limit field, the layer that set it")
     budget: Budget
     allow: AllowLists
     deny: DenyLists

@@ -109,6 +109,10 @@ def run_with_deadline(executor: Executor, ctx: ExecContext, op: ExecOp,
                             grace_s)
             break
         done.wait(min(_POLL_S, remaining) if cancel is not None else remaining)
+    own = box.get("exc")
+    if timed_out and isinstance(own, PolicyEngineError) and own.code == ErrorCode.TIMEOUT:
+        # the executor's own timeout fired at the same deadline: its message says which part
+        timed_out = False
     if timed_out:
         return Attempt(None, PolicyEngineError(
             ErrorCode.TIMEOUT, "the call exceeded its time limit",

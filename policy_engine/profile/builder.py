@@ -33,10 +33,10 @@ from policy_engine.patterns.paths import expand_home
 from policy_engine.profile.cache import ProfileCache
 from policy_engine.profile.hashing import canonical_json, fingerprint, profile_hash
 from policy_engine.profile.layers import (
+    LimitResolution,
     LimitsLayer,
     NetworkLayer,
     call_network,
-    meet_limits,
     resolve_limits,
     resolve_network,
 )
@@ -92,20 +92,20 @@ class ProfileBuilder:
                 f"grant is for tool `{grant.tool_name}` but the manifest is `{manifest.name}`",
             )
         named = self._named(manifest, overrides)
-        limits = resolve_limits([
-            LimitsLayer("policy", ps.defaults),
+        resolution = resolve_limits(ps.defaults, [
             LimitsLayer("settings", settings.limits if settings else Limits(), strict=True),
             LimitsLayer("manifest", manifest.limits),
             LimitsLayer("grant", grant.limits),
-            *(LimitsLayer(f"profile {p.name}", p.limits) for p in named),
+            *(LimitsLayer(f"profile {p.name}", p.limits, layer="named profile") for p in named),
             LimitsLayer("override", overrides.limits if overrides else Limits(), strict=True),
         ])
+        limits, limit_layers = resolution.effective()
         network = resolve_network(call_network(ps.network, manifest.network), [
             NetworkLayer("settings", settings.network if settings else None),
             *(NetworkLayer(f"profile {p.name}", p.network) for p in named),
             NetworkLayer("override", overrides.network if overrides else None, strict=True),
         ])
-        capabilities = tuple(self._capabilities(grant, manifest, named, limits))
+        capabilities = tuple(self._capabilities(grant, manifest, named, resolution))
         side_effects = tuple(sorted(set(manifest.side_effects), key=lambda e: e.value))
         safety = manifest.safety_class  # the only source with a class; the max of one
         profile = Profile(
@@ -119,6 +119,7 @@ class ProfileBuilder:
             safety=safety,
             side_effects=side_effects,
             limits=limits,
+            limit_layers=limit_layers,
             budget=grant.budget,
             allow=_allow_lists(capabilities),
             deny=self._deny_lists,
@@ -159,7 +160,8 @@ class ProfileBuilder:
         return out
 
     def _capabilities(
-        self, grant: Grant, manifest: Manifest, named: Sequence[NamedProfile], limits: Limits
+        self, grant: Grant, manifest: Manifest, named: Sequence[NamedProfile],
+        resolution: LimitResolution,
     ) -> Iterable[ProfileCapability]:
         ps, home = self.policyset, self.policyset.home
         for kind in CapabilityKind:
@@ -180,11 +182,13 @@ class ProfileBuilder:
                 continue
             for rule in rules:
                 atoms = meet_atom_sets(base, decompose(rule.capabilities[kind], home))
+                # a rule without limits runs under the profile's (``limits`` None)
+                own, layers = resolution.effective(rule.limits) if rule.limits else (None, None)
                 for conjunction in group(atoms):
                     yield ProfileCapability(
                         kind=kind, all_of=conjunction, rule=rule.ref,
                         condition=rule.condition.source if rule.condition else None,
-                        limits=meet_limits(limits, rule.limits) if rule.limits else None,
+                        limits=own, limit_layers=layers,
                     )
 
     def _consent_required(self, safety: SafetyClass, side_effects: Sequence[SideEffect]) -> bool:

@@ -28,9 +28,17 @@ def _dump(model: BaseModel | None) -> Any:
     return None if model is None else model.model_dump(mode="json")
 
 
+_EXPLANATORY: dict[str, Any] = {"limit_layers": True,
+                                "capabilities": {"__all__": {"limit_layers"}}}
+
+
 def profile_hash(profile: Profile, policy_version_hash: str, manifest_version: str) -> str:
-    """SHA-256 of the profile (with an empty ``profile_hash``) plus policy and manifest versions."""
-    body = profile.model_dump(mode="json")
+    """SHA-256 of the profile (with an empty ``profile_hash``) plus policy and manifest versions.
+
+    ``limit_layers`` is left out: it explains where a limit came from and decides nothing, so
+    the hash (and every pinned evidence record) depends on the values alone.
+    """
+    body = profile.model_dump(mode="json", exclude=_EXPLANATORY)
     body["profile_hash"] = ""
     return sha256_hex(canonical_json({
         "profile": body,

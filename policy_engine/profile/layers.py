@@ -1,7 +1,9 @@
-"""The layered chain (seed 002): system default ← policy ← settings ← manifest ← grant ← overrides.
+"""The layered chain (seed 002): built-in ← policy (defaults, rule) ← settings ← manifest ← grant
+← named profiles ← overrides.
 
-Every layer may only narrow. Policy, manifest, grant and named profiles asking for more than the
-layer below are clipped silently (a manifest cannot know the org policy); ``settings`` and request
+Built-in defaults are only defaults: the policy's own values replace them. Every later layer may
+only narrow. Manifest, grant and named profiles asking for more are clipped (a manifest cannot
+know the org policy; ``explain`` shows which layer set each limit); ``settings`` and request
 ``overrides`` are explicit operator/caller intent, so a widening value there is refused with an
 error naming the field rather than quietly ignored.
 """
@@ -9,6 +11,7 @@ error naming the field rather than quietly ignored.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
@@ -16,11 +19,52 @@ from policy_engine.model import LIMIT_FIELDS, SYSTEM_DEFAULT_LIMITS, Limits, Net
 
 
 class LimitsLayer(NamedTuple):
-    """One layer of limits; ``strict`` layers raise instead of clipping a widening value."""
+    """One narrowing layer of limits; ``strict`` layers raise instead of clipping a widening
+    value. ``layer`` is its ``LIMIT_LAYERS`` token (``name`` is what an error message shows)."""
 
     name: str
     limits: Limits
     strict: bool = False
+    layer: str = ""
+
+
+Setting = tuple[int | float, str]  # a value and the LIMIT_LAYERS token of the layer that set it
+
+
+@dataclass(frozen=True, slots=True)
+class LimitResolution:
+    """Where every limit of a profile comes from.
+
+    :attr base: per field, the policy's own value: its ``defaults`` when they set the field,
+        else the built-in default (``SYSTEM_DEFAULT_LIMITS``).
+    :attr caps: per field, the narrowest value the narrowing layers (settings, manifest, grant,
+        named profiles, override) set, if any set one.
+    """
+
+    base: dict[str, Setting]
+    caps: dict[str, Setting]
+
+    def effective(self, rule: Limits | None = None) -> tuple[Limits, dict[str, str]]:
+        """The limits of a call permitted by a rule with ``rule`` limits, and their layers.
+
+        A rule's value meets the policy default (minimum) but replaces a built-in one: a
+        built-in is only a default, so `permit ... limits { timeout 5m }` runs for 5 minutes
+        when the policy sets no default timeout. The narrowing layers then take the minimum.
+        A layer counts as having set a value only when it is strictly narrower (ties keep the
+        lower layer), so ``limit_layers`` names the layer one would have to change.
+        """
+        values: dict[str, int | float] = {}
+        layers: dict[str, str] = {}
+        for field in LIMIT_FIELDS:
+            value, layer = self.base[field]
+            wanted = getattr(rule, field) if rule is not None else None
+            if wanted is not None and (layer == "built-in" or wanted < value):
+                value, layer = wanted, "rule"
+            cap = self.caps.get(field)
+            if cap is not None and cap[0] < value:
+                value, layer = cap
+            values[field], layers[field] = value, layer
+        return Limits(**values), layers
 
 
 class NetworkLayer(NamedTuple):
@@ -37,16 +81,24 @@ def _widen(layer: str, field: str, current: object, wanted: object) -> PolicyEng
     )
 
 
-def resolve_limits(layers: Sequence[LimitsLayer], base: Limits = SYSTEM_DEFAULT_LIMITS) -> Limits:
-    """Fold ``layers`` over ``base`` (which must be concrete) keeping the minimum of each field.
+def resolve_limits(policy: Limits, layers: Sequence[LimitsLayer],
+                   builtin: Limits = SYSTEM_DEFAULT_LIMITS) -> LimitResolution:
+    """Resolve the policy's ``defaults`` over the built-ins, then the narrowing ``layers``.
+
+    The policy's value replaces the built-in one (higher or lower); each narrowing layer may
+    only narrow: a non-strict layer asking for more than the value so far is clipped (a
+    manifest cannot know the org policy), a strict one raises.
 
     :raises PolicyEngineError: ``PERMISSION_DENY`` when a strict layer would widen a field.
     """
+    base: dict[str, Setting] = {}
     current: dict[str, int | float] = {}
     for field in LIMIT_FIELDS:
-        value = getattr(base, field)
-        assert value is not None  # INVARIANT: the base layer fills every field
-        current[field] = value
+        own, fallback = getattr(policy, field), getattr(builtin, field)
+        assert fallback is not None  # INVARIANT: the built-in layer fills every field
+        base[field] = (own, "policy default") if own is not None else (fallback, "built-in")
+        current[field] = base[field][0]
+    caps: dict[str, Setting] = {}
     for layer in layers:
         for field in LIMIT_FIELDS:
             wanted = getattr(layer.limits, field)
@@ -55,9 +107,13 @@ def resolve_limits(layers: Sequence[LimitsLayer], base: Limits = SYSTEM_DEFAULT_
             if wanted > current[field]:
                 if layer.strict:
                     raise _widen(layer.name, f"limits.{field}", current[field], wanted)
-                continue
-            current[field] = wanted
-    return Limits(**current)
+                # clipped here; kept as a cap, so a rule that raises a built-in is still bounded
+            else:
+                current[field] = wanted
+            cap = caps.get(field)
+            if cap is None or wanted < cap[0]:
+                caps[field] = (wanted, layer.layer or layer.name)
+    return LimitResolution(base, caps)
 
 
 def call_network(policy_default: NetworkMode, manifest_wants: NetworkMode | None) -> NetworkMode:

@@ -50,7 +50,7 @@ def test_sample_executor_passes_every_check(installed: None, tmp_path: Path) -> 
     checks = checks_of(proc)
     assert {c["status"] for c in checks.values()} == {"pass"}
     # the timeout and cancellation checks really ran (the sample has slow probes)
-    assert {"timeout.honoured", "cancel.honoured", "capabilities.runs[net.http]",
+    assert {"timeout.honoured", "cancel.honoured", "limits.timeout", "capabilities.runs[net.http]",
             "evidence.no-secrets", "refusal.wrong-kind"} <= set(checks)
     assert 'failures="0"' in junit.read_text()
     assert "Traceback" not in proc.stderr
@@ -64,6 +64,7 @@ BROKEN = {
     "evidence.no-secrets": "$.side_effects[0].meta.request_headers.Authorization",
     "timeout.honoured": "execute() was still running",
     "cancel.honoured": "it ignores ctx.deadline / ctx.cancel",
+    "limits.timeout": "it follows profile.limits / profile.timeout_ms",
 }
 
 
@@ -82,7 +83,7 @@ def test_broken_executor_fails_the_checks_its_faults_break(installed: None,
     text = conformance("--executor", "sample-http-broken", cwd=tmp_path)
     assert text.returncode == 1
     assert "FAIL timeout.honoured" in text.stdout
-    assert "6 failed" in text.stdout
+    assert "7 failed" in text.stdout
     assert "Traceback" not in text.stderr
 
 
@@ -107,14 +108,14 @@ def run_pytest(name: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_pytest_plugin_items_pass_for_the_sample(installed: None, tmp_path: Path) -> None:
     proc = run_pytest("sample-http", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "12 passed" in proc.stdout
+    assert "13 passed" in proc.stdout
     assert "PASSED ::conformance[sample-http]::timeout.honoured" in proc.stdout
 
 
 def test_pytest_plugin_items_fail_for_the_broken_one(installed: None, tmp_path: Path) -> None:
     proc = run_pytest("sample-http-broken", tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "6 failed, 7 passed" in proc.stdout
+    assert "7 failed, 7 passed" in proc.stdout
     for cid, phrase in BROKEN.items():
         assert f"FAILED ::conformance[sample-http-broken]::{cid}" in proc.stdout
         assert phrase in proc.stdout

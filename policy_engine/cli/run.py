@@ -59,7 +59,8 @@ def _render(outcome: RunOutcome) -> str:
 @click.option("--grant", type=_FILE,
               help="grant for the call (JSON or YAML); default: the request's `grant`")
 @click.option("--request", "request_path", type=_FILE,
-              help='request file: {"op": ..., "overrides", "now_ms", "context"}')
+              help='request file: {"op": ..., "overrides", "context"} (`now_ms` is ignored: a '
+                   'real call is decided at the current time)')
 @click.option("--config", "config_path", type=_FILE, help="engine configuration (YAML/JSON)")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
               help="where evidence, budgets and spools live (overrides the config)")
@@ -96,10 +97,15 @@ def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | Non
     grant_path = grant or load_or_exit(lambda: resolve_fixture(base, request.grant, "grant"))
     tool = load_or_exit(lambda: load_manifest(manifest_path))
     ticket = load_or_exit(lambda: load_grant(grant_path))
+    if request.now_ms is not None:
+        # a real call is decided at the real time: a request file must not be able to backdate
+        # the clock past a grant's or consent's expiry (`explain` and `test` honour it)
+        click.echo("note: `now_ms` in the request is ignored by `run` (decided at the current "
+                   "time)", err=True)
     try:
         outcome = run_once(policyset, ticket, tool, request.op, config=config,
                            settings=request.settings, overrides=request.overrides,
-                           context=request.context or None, now_ms=request.now_ms)
+                           context=request.context or None)
     except ValueError as exc:  # the configuration asks for a sink or meter nobody provides
         _bad_input(str(exc))
         return

@@ -132,7 +132,8 @@ def test_stdin_is_decided_against_max_bytes_in(tmp_path: Path) -> None:
     ps = compile_text(tmp_path, POLICY.replace(
         '"GIT_DIR"]', '"GIT_DIR"] limits { bytes_in 4B }'))
     op = {"kind": "proc.exec", "tool": "git", "args": ["status"], "stdin_b64": "aGVsbG8="}
-    assert decide(ps, op) == ("SANDBOX.CAPABILITY_BLOCKED", "stdin size 5 exceeds the limit 4")
+    assert decide(ps, op) == ("SANDBOX.CAPABILITY_BLOCKED",
+                             "stdin size 5 exceeds the limit 4 (set by rule)")
     op["stdin_b64"] = "not base64!"
     assert decide(ps, op)[0] == "SCHEMA.VALIDATION_FAILED"
 

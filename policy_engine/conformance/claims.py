@@ -28,7 +28,14 @@ from policy_engine.conformance.harness import Run
 from policy_engine.conformance.probes import Probe, ProbeEnv, _proc_cap
 from policy_engine.conformance.report import CheckResult
 from policy_engine.executor import ExecutorCapabilities
-from policy_engine.model import FsCapability, NetworkMode, ProcExecOp
+from policy_engine.model import (
+    ArgAlternative,
+    ArgSlot,
+    FsCapability,
+    NetworkMode,
+    ProcCapability,
+    ProcExecOp,
+)
 
 PYTHON = "/usr/bin/python3"
 """The interpreter the probe programs run with (Debian's python3, present in every sandbox that
@@ -175,10 +182,15 @@ def ipc_look_probe(c: ClaimEnv) -> Probe:
 def marker_probe(c: ClaimEnv) -> Probe:
     """argv, stdin and stdout markers: none may reach the evidence."""
     argv_m, stdin_m, stdout_m = (f"{k}-{c.marker}" for k in ("argv", "stdin", "stdout"))
-    program = f"import sys; sys.stdin.read(); print({stdout_m!r})"
+    # built at run time: the program text is a template literal (public), its output is not
+    program = f"import sys; sys.stdin.read(); print('stdout' + '-' + {c.marker!r})"
+    # the marker argument matches a regex slot, not a literal: a literal the policy author
+    # spelled is public and evidence may name it; an argument only a pattern admits is not
+    slots = (*(_proc_cap(PYTHON, "-c", program).args or ()),
+             ArgSlot(alternatives=(ArgAlternative(regex="argv-[0-9a-f]+"),)))
     return Probe(ProcExecOp(tool=PYTHON, args=("-c", program, argv_m),
                             stdin_b64=base64.b64encode(stdin_m.encode()).decode()),
-                 [_proc_cap(PYTHON, "-c", program, argv_m)],
+                 [ProcCapability(tool=PYTHON, args=slots)],
                  secrets=(argv_m, stdin_m, stdout_m),
                  title="claims: argv, stdin and stdout markers")
 

@@ -24,7 +24,7 @@ import pytest
 
 from plugins.executor_docker.engine import DockerOptions
 from plugins.executor_docker.executor import DockerExecutor
-from plugins.executor_docker.workspace import SANDBOX_UID
+from plugins.executor_docker.workspace import SANDBOX_UID, project_id_of
 from plugins.executor_proc.bwrap import SYNTHETIC_ETC
 from plugins.executor_proc.executor import ProcExecutor, ProcOptions
 from policy_engine import ErrorCode, PolicyEngineError
@@ -352,3 +352,20 @@ def test_cli_landlock_compat_cannot_reach_the_docker_socket(tmp_path: Path) -> N
     assert "backend proc-landlock" in res.stdout, res.stdout + res.stderr
     assert "CONNECTED" not in res.stdout
     assert res.stdout.count("blocked") == 2, res.stdout
+
+
+def test_docker_warm_pool_leaves_mandatory_denied_inputs_out(world_root: Path) -> None:
+    ex = DockerExecutor(DockerOptions(mode="pool", pool_size=1))
+    try:
+        ctx = _docker_ctx(world_root)
+        inputs = world_root / "projects" / project_id_of(ctx.profile) / "inputs"
+        (inputs / "cfg").mkdir(parents=True)
+        (inputs / "cfg" / ".env").write_text("TOKEN=pool-env-secret")
+        (inputs / "cfg" / "ok.txt").write_text("fine")
+        res = ex.execute(ctx, ProcExecOp(tool="/bin/sh", args=(
+            "-c", "ls -a /workspace/inputs/cfg; cat /workspace/inputs/cfg/.env")))
+    finally:
+        ex.close()
+    assert "ok.txt" in res.out["stdout"]
+    assert ".env" not in res.out["stdout"]
+    assert "pool-env-secret" not in res.out["stdout"]

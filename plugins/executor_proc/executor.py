@@ -79,6 +79,9 @@ class ProcOptions:
     @staticmethod
     def parse(raw: Any) -> ProcOptions:
         opts = dict(raw or {})
+        if "scan_limit" in opts:
+            raise ValueError("proc: `scan_limit` was removed: mask planning has no entry cap "
+                             "any more (docs/operations.md, mandatory denies); delete the key")
         known = {"env_allow", "env_base", "extra_ro_binds", "layer2", "python", "cgroups",
                  "launcher", "launcher_cache", "prespawn", "max_file_bytes"}
         if set(opts) - known:

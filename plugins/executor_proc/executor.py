@@ -447,6 +447,8 @@ class ProcExecutor:
         status = _parse_status(oc.status_json, 2 if chained else 1)
         if status and "error" not in status:
             status.setdefault("launcher", "python")
+            if not str(status.get("seccomp", "")).startswith("enforced"):
+                sanitize.sanitize(plan.writable)  # layer 2 ran without its seccomp filter
         code = os.waitstatus_to_exitcode(oc.status)
         audit = {"backend": self.name, "duration_ms": duration_ms, "cpu_ms": oc.rusage_cpu_ms,
                  "stdout": out.digest().model_dump(), "stderr": err.digest().model_dump()}

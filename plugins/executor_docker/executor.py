@@ -275,13 +275,14 @@ class DockerExecutor:
     def _pooled(self, ctx: ExecContext, ws: ExecWorkspace, hard: Hardening, argv: list[str],
                 env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float
                 ) -> tuple[Outcome, list[dict[str, Any]], list[str], dict[str, int] | None]:
-        masks.refuse_masked_inputs(ctx.profile, str(ws.inputs))
         pool = self.pool()
         client, streams = self.client()
         slot = pool.acquire(session_key(ctx.profile), max(0.0, deadline - time.monotonic()))
         pool.update_limits(slot, hard)
         if not slot.dirty_inputs:
-            slot.dirty_inputs = transfer.put_inputs(client, slot.container_id, ws.inputs)
+            slot.dirty_inputs = transfer.put_inputs(
+                client, slot.container_id, ws.inputs,
+                masks.hidden_inputs(ctx.profile, str(ws.inputs)))
         net: RestrictedHandle | None = None
         if network.needs_proxy(ctx):
             net = network.start_proxy(ctx, deadline, slot_dir=slot.net_dir, pooled=True)

@@ -3,15 +3,14 @@
 A run-once container bind-mounts ``inputs`` and ``work``: every existing path under a mandatory
 deny there is hidden, a file under ``/dev/null`` and a directory under an empty read-only tmpfs
 (planned by ``policy_engine.sandbox.masks``, the proc executors' planner). A warm container gets
-its inputs copied in, where nothing can be mounted over them: inputs holding such a path are
-refused instead.
+its inputs copied in, where nothing can be mounted over them: those paths are left out of the
+copy instead.
 """
 
 from __future__ import annotations
 
 from docker.types import Mount
 
-from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.model import FsCapability, Profile
 from policy_engine.patterns.paths import expand_home
 from policy_engine.sandbox.masks import MaskPlan, plan_masks
@@ -40,13 +39,8 @@ def mask_mounts(profile: Profile, binds: list[tuple[str, str, bool]]) -> list[Mo
     return out
 
 
-def refuse_masked_inputs(profile: Profile, inputs: str) -> None:
-    """Warm pool: inputs are copied in, so a mandatory-denied path there cannot be hidden."""
+def hidden_inputs(profile: Profile, inputs: str) -> frozenset[str]:
+    """Warm pool: inputs are copied in, where nothing can be mounted over them, so the paths
+    under a mandatory deny are left out of the copy instead."""
     plan = _plan(profile, [inputs])
-    hits = plan.files + plan.dirs
-    if hits:
-        raise PolicyEngineError(
-            ErrorCode.CAPABILITY_BLOCKED,
-            f"inputs hold {len(hits)} path(s) under a mandatory deny (first: `{hits[0]}`); a "
-            "warm container copies its inputs and cannot hide them: remove them or use "
-            "`mode: run-once`", audit={"paths": list(hits[:20])})
+    return frozenset(plan.files + plan.dirs)

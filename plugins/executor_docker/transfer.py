@@ -40,9 +40,11 @@ class _IterReader(io.RawIOBase):
         return n
 
 
-def tar_inputs(inputs: Path) -> bytes | None:
-    """A tar of the project's inputs (regular files and directories only), or ``None``."""
-    entries = sorted(inputs.rglob("*"))
+def tar_inputs(inputs: Path, skip: frozenset[str] = frozenset()) -> bytes | None:
+    """A tar of the project's inputs (regular files and directories only), or ``None``;
+    ``skip``: host paths left out with everything beneath them (mandatory denies)."""
+    entries = sorted(p for p in inputs.rglob("*")
+                     if not any(str(p) == s or str(p).startswith(s + "/") for s in skip))
     if not entries:
         return None
     buf = io.BytesIO()
@@ -62,9 +64,10 @@ def tar_inputs(inputs: Path) -> bytes | None:
     return buf.getvalue()
 
 
-def put_inputs(client: docker.DockerClient, container_id: str, inputs: Path) -> bool:
+def put_inputs(client: docker.DockerClient, container_id: str, inputs: Path,
+               skip: frozenset[str] = frozenset()) -> bool:
     """Copy the inputs into ``/workspace/inputs``; ``False`` when there was nothing to copy."""
-    data = tar_inputs(inputs)
+    data = tar_inputs(inputs, skip)
     if data is None:
         return False
     client.api.put_archive(container_id, "/workspace/inputs", data)

@@ -79,6 +79,9 @@ class ProcOptions:
     @staticmethod
     def parse(raw: Any) -> ProcOptions:
         opts = dict(raw or {})
+        if "scan_limit" in opts:
+            raise ValueError("proc: `scan_limit` was removed: mask planning has no entry cap "
+                             "any more (docs/operations.md, mandatory denies); delete the key")
         known = {"env_allow", "env_base", "extra_ro_binds", "layer2", "python", "cgroups",
                  "launcher", "launcher_cache", "prespawn", "max_file_bytes"}
         if set(opts) - known:
@@ -448,6 +451,8 @@ class ProcExecutor:
         status = _parse_status(oc.status_json, 2 if chained else 1)
         if status and "error" not in status:
             status.setdefault("launcher", "python")
+            if not str(status.get("seccomp", "")).startswith("enforced"):
+                sanitize.sanitize(plan.writable)  # layer 2 ran without its seccomp filter
         code = os.waitstatus_to_exitcode(oc.status)
         audit = {"backend": self.name, "duration_ms": duration_ms, "cpu_ms": oc.rusage_cpu_ms,
                  "stdout": out.digest().model_dump(), "stderr": err.digest().model_dump()}

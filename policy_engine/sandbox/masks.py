@@ -11,6 +11,11 @@ the clock, ``CAP_SYS_TIME``), so a warm plan costs one ``lstat`` per directory i
 ``getdents`` of every entry. A listing taken less than ``RACY_NS`` after the directory changed
 is not trusted next time (a change within the same clock tick would keep the same ctime).
 
+On top, inotify (``watch.py``) says which directories changed since the last plan of the same
+binds: an unchanged tree reuses that walk, a changed one re-walks only the changed directories
+(each with the globs it had); a moved or deleted watched directory, a queue overflow or more
+than ``MAX_INCREMENTAL`` changed directories walk everything again (cheap: ctime cache).
+
 There is no entry cap: a large tree costs time once (a cold walk), never a refusal.
 Pure standard library; ``plugins/executor_proc`` and ``plugins/executor_docker`` both call it.
 """
@@ -80,8 +85,7 @@ class DirCache:
         self._data: dict[str, _Listing] = {}
         self._lock = threading.Lock()
         self.watcher = Watcher() if watch else None
-        # walk key -> (generation it ran at, hits, directories visited)
-        self.walks: dict[object, tuple[int, frozenset[str], int]] = {}
+        self.walks: dict[object, _WalkRecord] = {}
 
     def listing(self, path: str) -> tuple[_Listing | None, bool]:
         """(listing or None when ``path`` is no longer a directory, whether it was re-listed)."""
@@ -187,6 +191,10 @@ class _Frame:
     bounded: bool  # some glob stops at a depth: the children's frame must be recomputed
 
 
+_MEMO: dict[tuple[_Glob, ...], _Frame] = {}
+"""Frames by glob set, shared by every walk (a record keeps its frames across plans)."""
+
+
 def _frame(active: tuple[_Glob, ...], memo: dict[tuple[_Glob, ...], _Frame]) -> _Frame:
     got = memo.get(active)
     if got is None:
@@ -197,45 +205,75 @@ def _frame(active: tuple[_Glob, ...], memo: dict[tuple[_Glob, ...], _Frame]) -> 
     return got
 
 
+@dataclass(slots=True)
+class _WalkRecord:
+    """What one walk found, per directory, so a change re-walks only the changed directory."""
+
+    synced: int  # the watcher sequence this record reflects
+    inherited: dict[str, _Frame]  # directory -> frame from its parent (before its own starts)
+    hits: dict[str, frozenset[str]]  # directory -> the masked paths in it
+
+
+MAX_INCREMENTAL = 64
+"""More changed directories than this since the last plan: walk everything again."""
+
+
 def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache,
                    found: set[str]) -> tuple[int, int]:
-    """The last walk of the same starts when no watched directory changed since it began."""
+    """Reuse the last walk of the same starts, re-walking only the directories inotify says
+    changed since (each with the frame it had); a full walk when that is not known."""
     watcher = cache.watcher
     if watcher is None or not watcher.usable:
         return _walk(starts, cache, found)
     key = tuple(sorted((r, tuple(g.glob.pattern for g in gs)) for r, gs in starts.items()))
-    generation = watcher.changed()
-    last = cache.walks.get(key)
-    if last is not None and last[0] == generation:
-        found.update(last[1])
-        return last[2], 0
-    mine: set[str] = set()
-    visited, listed = _walk(starts, cache, mine)
-    found.update(mine)
+    watcher.drain()
+    synced = watcher.seq  # INVARIANT: read before walking: a change during it stays in the log
+    rec = cache.walks.get(key)
+    changed = watcher.since(rec.synced) if rec is not None else None
+    listed = 0
+    if rec is None or changed is None or len(set(changed)) > MAX_INCREMENTAL:
+        rec = _WalkRecord(synced, {}, {})
+        _, listed = _walk(starts, cache, set(), rec=rec)
+    else:
+        for d in set(changed):
+            frame = rec.inherited.get(d)
+            if frame is None:
+                continue  # not in this walk, or inside a directory masked whole
+            below = d.rstrip("/") + "/"
+            for p in [p for p in rec.inherited if p == d or p.startswith(below)]:
+                del rec.inherited[p]
+                rec.hits.pop(p, None)
+            listed += _walk(starts, cache, set(), rec=rec, tops=[(d, frame)])[1]
+        rec.synced = synced
     if watcher.usable and len(cache.walks) < 1024:
-        # stamped with the generation drained *before* the walk: a change during it is
-        # still queued and makes the next plan walk again
-        cache.walks[key] = (generation, frozenset(mine), visited)
-    return visited, listed
+        cache.walks[key] = rec
+    for hits in rec.hits.values():
+        found.update(hits)
+    return len(rec.inherited), listed
 
 
-def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str]) -> tuple[int, int]:
+def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
+          rec: _WalkRecord | None = None,
+          tops: list[tuple[str, _Frame]] | None = None) -> tuple[int, int]:
     """One depth-first walk from the outermost start roots; nested starts join on the way.
 
     INVARIANT: a glob is active only at or beneath one of its start roots, and every start root
     lies at or beneath the glob's literal prefix, so no per-directory prefix test is needed.
     """
-    tops = [r for r in starts if not any(q != r and beneath(r, q) for q in starts)]
     ancestors = {a for r in starts for a in _ancestors(r)}
-    memo: dict[tuple[_Glob, ...], _Frame] = {}
-    empty = _frame((), memo)
+    memo = _MEMO
+    if tops is None:
+        empty = _frame((), memo)
+        tops = [(r, empty) for r in starts if not any(q != r and beneath(r, q) for q in starts)]
     visited = listed = 0
-    stack: list[tuple[str, _Frame]] = [(r, empty) for r in tops]
+    stack: list[tuple[str, _Frame]] = list(tops)
     data, lstat = cache._data, os.lstat  # the warm path inlined: one lstat per directory
     while stack:
         d, frame = stack.pop()
         if d in NEVER_WALKED:
             continue
+        if rec is not None:
+            rec.inherited[d] = frame
         extra = starts.get(d)
         if extra:
             frame = _frame(frame.active + tuple(extra), memo)
@@ -256,7 +294,10 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str]) -> t
         for g in frame.slow:
             hits = set(hits) | {n for n in names if g.glob.matches(f"{base}/{n}")}
         if hits:
-            found.update(f"{base}/{n}" for n in hits)
+            mine = frozenset(f"{base}/{n}" for n in hits)
+            found.update(mine)
+            if rec is not None:
+                rec.hits[d] = mine
         if not hits and not frame.bounded and frame.active:
             stack.extend([(p, frame) for p in got.subpaths])  # the common case, no test each
             continue

@@ -1,11 +1,11 @@
-"""inotify over the directories a mask plan listed: an unchanged tree is known without a walk.
+"""inotify over the directories a mask plan listed: which of them changed since a given moment.
 
 Every directory gets its watch *before* it is listed, so a change made after its listing always
-queues an event. ``changed()`` drains the queue: any event (or a queue overflow, or a failed
-watch) bumps the generation, and a plan whose walk ran at an older generation is walked again
-(the ctime-keyed listings still spare unchanged directories their ``getdents``). inotify is
-inode-based, so writes made through a sandbox's bind mounts are seen alike. Linux only, ctypes;
-without inotify (or past ``max_user_watches``) every plan walks.
+queues an event. ``drain()`` reads the queue into a log of changed directories (sequence numbers
+count its entries); a queue overflow, a watched directory moved or deleted, or a failed watch is
+a *full* invalidation: every walk older than it is redone whole. inotify is inode-based, so
+writes made through a sandbox's bind mounts are seen alike. Linux only, ctypes; without inotify
+(or past ``max_user_watches``) every plan walks.
 """
 
 from __future__ import annotations
@@ -14,23 +14,31 @@ import contextlib
 import ctypes
 import errno
 import os
+import struct
 import threading
 
-IN_MODIFY_NAMES = 0x100 | 0x200 | 0x40 | 0x80  # CREATE, DELETE, MOVED_FROM, MOVED_TO
+IN_NAMES = 0x100 | 0x200 | 0x40 | 0x80  # CREATE, DELETE, MOVED_FROM, MOVED_TO
 IN_SELF = 0x400 | 0x800  # DELETE_SELF, MOVE_SELF
+IN_Q_OVERFLOW, IN_IGNORED = 0x4000, 0x8000
 IN_ONLYDIR, IN_DONT_FOLLOW = 0x01000000, 0x02000000
 IN_NONBLOCK, IN_CLOEXEC = 0o4000, 0o2000000
-MASK = IN_MODIFY_NAMES | IN_SELF | IN_ONLYDIR | IN_DONT_FOLLOW
+MASK = IN_NAMES | IN_SELF | IN_ONLYDIR | IN_DONT_FOLLOW
+_EVENT = struct.Struct("iIII")
+MAX_LOG = 100_000
 
 
 class Watcher:
-    """One inotify instance; ``generation`` counts the batches of changes seen."""
+    """One inotify instance and the log of directories changed since it started."""
 
     def __init__(self) -> None:
-        self.generation = 0
         self.usable = False
+        self.seq = 0  # INVARIANT: seq == log_start + len(log)
+        self.full_seq = 0  # the last full invalidation; older walks are redone whole
+        self._log: list[str] = []
+        self._log_start = 0
         self._lock = threading.Lock()
         self._watched: set[str] = set()
+        self._paths: dict[int, str] = {}
         self._fd = -1
         try:
             libc = ctypes.CDLL(None, use_errno=True)
@@ -42,24 +50,33 @@ class Watcher:
         if fd >= 0:
             self._fd, self.usable = fd, True
 
+    def _invalidate(self) -> None:
+        """Caller holds the lock."""
+        self.seq += 1
+        self._log.clear()
+        self._log_start = self.full_seq = self.seq
+        self._watched.clear()  # moved or re-created directories must be watched again
+
     def watch(self, path: str) -> None:
-        """Watch ``path`` (a directory about to be listed); a failure disables the shortcut."""
+        """Watch ``path`` (a directory about to be listed); a failure invalidates every walk."""
         if not self.usable or path in self._watched:
             return
-        if self._add(self._fd, os.fsencode(path), MASK) < 0:
-            if ctypes.get_errno() in (errno.ENOSPC, errno.ENOMEM):
-                self.usable = False  # past max_user_watches: every plan walks from now on
-            self.generation += 1  # gone or unwatchable: never trust an old walk of it
-            return
+        wd = self._add(self._fd, os.fsencode(path), MASK)
         with self._lock:
+            if wd < 0:
+                if ctypes.get_errno() in (errno.ENOSPC, errno.ENOMEM):
+                    self.usable = False  # past max_user_watches: every plan walks from now on
+                self._invalidate()
+                return
+            self._paths[wd] = path
             self._watched.add(path)
 
-    def changed(self) -> int:
-        """Drain pending events; returns the generation after them."""
+    def drain(self) -> None:
+        """Read every pending event into the log."""
         if not self.usable:
-            self.generation += 1
-            return self.generation
-        got = False
+            with self._lock:
+                self._invalidate()
+            return
         with self._lock:
             while True:
                 try:
@@ -68,16 +85,37 @@ class Watcher:
                     break
                 except OSError:
                     self.usable = False
-                    got = True
+                    self._invalidate()
                     break
                 if not data:
                     break
-                got = True
-            if got:
-                self.generation += 1
-                # a moved or deleted directory loses its watch or its path: re-watch on listing
-                self._watched.clear()
-        return self.generation
+                self._parse(data)
+            if len(self._log) > MAX_LOG:
+                self._invalidate()
+
+    def _parse(self, data: bytes) -> None:
+        off = 0
+        while off + _EVENT.size <= len(data):
+            wd, mask, _cookie, length = _EVENT.unpack_from(data, off)
+            off += _EVENT.size + length
+            if mask & IN_IGNORED:
+                gone = self._paths.pop(wd, None)
+                if gone is not None:
+                    self._watched.discard(gone)
+                continue
+            path = self._paths.get(wd)
+            if mask & (IN_Q_OVERFLOW | IN_SELF) or path is None:
+                self._invalidate()
+                continue
+            self._log.append(path)
+            self.seq += 1
+
+    def since(self, synced: int) -> list[str] | None:
+        """Directories changed after sequence ``synced``; ``None``: walk everything again."""
+        with self._lock:
+            if not self.usable or synced < self.full_seq or synced < self._log_start:
+                return None
+            return self._log[synced - self._log_start:]
 
     def __del__(self) -> None:
         self.close()

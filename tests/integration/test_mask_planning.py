@@ -4,6 +4,7 @@ secrets deep in ``node_modules`` masked inside the sandbox, and a warm plan list
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from plugins.executor_proc.spec import build_plan
 from policy_engine.executor import ExecContext
 from policy_engine.model import ProcExecOp
 from policy_engine.sandbox import masks
-from policy_engine.sandbox.masks import DirCache, plan_masks
+from policy_engine.sandbox.masks import DirCache, MaskPlan, plan_masks
 from tests.integration.test_proc_sandbox import make_profile
 
 PATTERNS = ("/**/.env", "/**/.envrc", "/**/credentials.json", "/**/secrets.json",
@@ -89,6 +90,40 @@ def test_an_unchanged_tree_is_not_walked_again_and_a_change_right_after_is_seen(
     third = plan_masks([str(tmp_path)], [], PATTERNS, "/root", cache)
     assert third.files == second.files
     assert third.dirs_listed == 0
+
+
+def test_incremental_plans_follow_creates_deletes_renames_and_bursts(tmp_path: Path) -> None:
+    """Each step is checked against a fresh cold plan of the same tree (the ground truth)."""
+    for i in range(5):
+        (tmp_path / f"p{i}" / "lib" / "deep").mkdir(parents=True)
+    (tmp_path / "keys").mkdir()
+    pats = (*PATTERNS, f"{tmp_path}/keys/*.pem")
+    cache = DirCache()
+
+    def check() -> MaskPlan:
+        warm = plan_masks([str(tmp_path)], [], pats, "/root", cache)
+        cold = plan_masks([str(tmp_path)], [], pats, "/root", DirCache(watch=False))
+        assert (warm.files, warm.dirs) == (cold.files, cold.dirs)
+        return warm
+
+    assert check().files == ()
+    new_dir = tmp_path / "p1" / "lib" / "deep" / "fresh"
+    new_dir.mkdir()
+    (new_dir / ".env").write_text("x")  # a new directory holding a secret
+    (tmp_path / "keys" / "a.pem").write_text("k")  # a nested start's bounded glob
+    assert check().files == (str(tmp_path / "keys" / "a.pem"), str(new_dir / ".env"))
+    (tmp_path / "keys" / "a.pem").unlink()
+    os.rename(tmp_path / "p1", tmp_path / "p1-moved")  # the watched directory moves
+    assert check().files == (str(tmp_path / "p1-moved" / "lib" / "deep" / "fresh" / ".env"),)
+    (tmp_path / "p2" / "secrets.json").mkdir()  # a directory masked whole
+    (tmp_path / "p2" / "secrets.json" / "inner.txt").write_text("y")
+    assert check().dirs == (str(tmp_path / "p2" / "secrets.json"),)
+    for i in range(80):  # more changed directories than an incremental plan takes
+        (tmp_path / "p3" / f"d{i}").mkdir()
+        (tmp_path / "p3" / f"d{i}" / ".envrc").write_text("z")
+    assert len(check().files) == 81
+    shutil.rmtree(tmp_path / "p3")  # watched directories deleted: a full walk
+    assert len(check().files) == 1
 
 
 def test_globs_without_doublestar_are_pruned_by_depth(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ import pytest
 
 from plugins.executor_docker.engine import DockerOptions
 from plugins.executor_docker.executor import DockerExecutor
-from plugins.executor_docker.workspace import SANDBOX_UID
+from plugins.executor_docker.workspace import SANDBOX_UID, project_id_of
 from plugins.executor_proc.bwrap import SYNTHETIC_ETC
 from plugins.executor_proc.executor import ProcExecutor, ProcOptions
 from policy_engine import ErrorCode, PolicyEngineError
@@ -304,3 +304,68 @@ def test_docker_disk_quota_and_masks(docker_ex: DockerExecutor, world_root: Path
             "-c", "dd if=/dev/zero of=/workspace/work/big bs=1M count=2048; exit $?")))
     assert exc.value.code == ErrorCode.BUDGET_EXCEEDED
     assert (work / "big").stat().st_size <= 64 << 20
+
+
+CLI_POLICY = """policy "escape/proc" version "1.0.0"
+defaults {
+  timeout 20s
+  network off
+}
+permit "read-ws" fs.read, fs.list paths ["@ROOT@/**"]
+permit "py" proc.exec tool "python3"
+require consent when `false`
+"""
+
+
+def test_cli_landlock_compat_cannot_reach_the_docker_socket(tmp_path: Path) -> None:
+    """The red team's F6(b) through the CLI: proc-landlock in compat mode, GET /version."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    perms = [{"kind": "proc.exec", "tool": "python3"},
+             {"kind": "fs.read", "paths": [f"{root}/**"]}]
+    (tmp_path / "p.sbpolicy").write_text(CLI_POLICY.replace("@ROOT@", str(root)))
+    (tmp_path / "grant.json").write_text(json.dumps({
+        "tenant": "red", "subject_id": "agent:rt-1", "tool_name": "rt", "call_id": "c-1",
+        "capabilities": perms, "expires_at": 4102444800000, "budget": {"calls": 10}}))
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "name": "rt", "version": "1.0.0", "permissions": perms,
+        "side_effects": ["Process", "Read"], "safety_class": "Medium"}))
+    (tmp_path / "engine.yaml").write_text(
+        f"state_dir: {tmp_path / 'state'}\nbackends:\n  proc.exec: proc-landlock\nmode: compat\n")
+    probe = textwrap.dedent("""
+        import socket
+        for p in ("/var/run/docker.sock", "/run/docker.sock"):
+            try:
+                s = socket.socket(socket.AF_UNIX); s.settimeout(2); s.connect(p)
+                s.sendall(b"GET /version HTTP/1.0\\r\\n\\r\\n"); print("CONNECTED", s.recv(20))
+            except OSError as e:
+                print("blocked", p, e.errno)
+    """)
+    assert os.path.exists("/var/run/docker.sock")  # the real daemon socket is there to reach
+    res = subprocess.run(
+        [sys.executable, "-m", "policy_engine.cli", "run", "--config",
+         str(tmp_path / "engine.yaml"), "--policy", str(tmp_path / "p.sbpolicy"), "--manifest",
+         str(tmp_path / "manifest.json"), "--grant", str(tmp_path / "grant.json"), "--",
+         "python3", "-c", probe],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
+    assert "Traceback" not in res.stderr
+    assert "backend proc-landlock" in res.stdout, res.stdout + res.stderr
+    assert "CONNECTED" not in res.stdout
+    assert res.stdout.count("blocked") == 2, res.stdout
+
+
+def test_docker_warm_pool_leaves_mandatory_denied_inputs_out(world_root: Path) -> None:
+    ex = DockerExecutor(DockerOptions(mode="pool", pool_size=1))
+    try:
+        ctx = _docker_ctx(world_root)
+        inputs = world_root / "projects" / project_id_of(ctx.profile) / "inputs"
+        (inputs / "cfg").mkdir(parents=True)
+        (inputs / "cfg" / ".env").write_text("TOKEN=pool-env-secret")
+        (inputs / "cfg" / "ok.txt").write_text("fine")
+        res = ex.execute(ctx, ProcExecOp(tool="/bin/sh", args=(
+            "-c", "ls -a /workspace/inputs/cfg; cat /workspace/inputs/cfg/.env")))
+    finally:
+        ex.close()
+    assert "ok.txt" in res.out["stdout"]
+    assert ".env" not in res.out["stdout"]
+    assert "pool-env-secret" not in res.out["stdout"]

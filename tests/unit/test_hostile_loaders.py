@@ -243,3 +243,11 @@ def test_the_engine_configuration_is_bounded_and_refuses_duplicate_keys(tmp_path
         load_config(tmp_path / "twice.yaml")
     (tmp_path / "ok.yaml").write_text("mode: compat\n")
     assert load_config(tmp_path / "ok.yaml").mode == "compat"
+
+
+def test_a_nul_byte_in_a_path_given_to_a_loader_is_sbp100() -> None:
+    with pytest.raises(DiagnosticsError) as exc:
+        load_grant("grants/x\x00.json")
+    d = exc.value.diagnostics[0]
+    assert (d.id, d.message) == ("SBP100", "cannot read `grants/x\\0.json`: the path contains "
+                                           "a NUL byte")

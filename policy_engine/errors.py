@@ -286,6 +286,8 @@ _DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
                    "remove the import"),
     DiagnosticSpec("SBP341", Severity.NOTE, "profile is not referenced by any tool block",
                    "reference it from a `tool` block (`profile \"name\"`) or remove it"),
+    DiagnosticSpec("SBP342", Severity.NOTE, "unreachable-permit checks stopped early",
+                   "split the file, or order it so the rules that matter most come first"),
     DiagnosticSpec("SBP345", Severity.WARNING, "malformed suppression comment",
                    "write `# sbpolicy: ignore SBP301 reason=\"why this is fine\"`"),
     DiagnosticSpec("SBP346", Severity.WARNING, "suppression has no reason",

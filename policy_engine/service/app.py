@@ -1,0 +1,243 @@
+"""The ASGI application: every route parses, authenticates, calls the library and renders."""
+
+
+import logging
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from policy_engine import __version__
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.explain import ExplainRequest, explain
+from policy_engine.guard import Guard
+from policy_engine.model import Manifest
+from policy_engine.orchestrator import Orchestrator
+from policy_engine.profile import ProfileBuilder
+from policy_engine.service.config import ServiceConfig
+from policy_engine.service.errors import ServiceError, service_error
+from policy_engine.service.execs import ExecRunner
+from policy_engine.service.execstore import ExecStore
+from policy_engine.service.guards import BodyLimit, authenticate, charge_rate
+from policy_engine.service.health import health_report
+from policy_engine.service.models import (
+    EXEC_ID,
+    ArtifactList,
+    CallBody,
+    DecideBody,
+    ErrorBody,
+    ExecBody,
+    ExecList,
+    ExecRecord,
+    Health,
+)
+from policy_engine.service.tokens import Principal, TokenStore
+from policy_engine.service.workspace import open_artifact
+
+log = logging.getLogger(__name__)
+# context keys the guard takes from the caller over its own views: the service sets them
+_RESERVED_CONTEXT = ("grant", "manifest", "tenant", "subject")
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody} for status in (400, 401, 403, 404, 413, 422, 429, 500, 503)}
+
+
+@dataclass
+class Engine:
+    """What the routes share: the library objects and the service's stores."""
+
+    config: ServiceConfig
+    orch: Orchestrator
+    tokens: TokenStore
+    execs: ExecStore
+    runner: ExecRunner
+    builder: ProfileBuilder
+    guard: Guard
+
+    def close(self) -> None:
+        self.execs.close()
+        self.tokens.close()
+        self.orch.close()
+
+
+def open_engine(config: ServiceConfig) -> Engine:
+    state = config.engine.state_dir
+    orch = Orchestrator(config.policyset, config=config.engine)
+    tokens = TokenStore(state / "tokens.sqlite")
+    execs = ExecStore(state / "service.sqlite")
+    return Engine(config, orch, tokens, execs, ExecRunner(config, orch, execs),
+                  ProfileBuilder(config.policyset), Guard(config.policyset))
+
+
+def _error_response(err: ServiceError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.http_status)
+
+
+def create_app(config: ServiceConfig) -> FastAPI:
+    """The service over ``config``; stores and the orchestrator open at start-up."""
+    engine_box: list[Engine] = []
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine_box.append(open_engine(config))
+        try:
+            yield
+        finally:
+            engine_box.pop().close()
+
+    app = FastAPI(title="policy-engine service", version=__version__, lifespan=lifespan,
+                  description="Decide and run AI agents' tool calls under policy "
+                  "(docs/service.md).", responses=_ERRORS)
+    bearer = HTTPBearer(auto_error=False, description="a token from `policy-engine tokens add`")
+
+    def engine() -> Engine:
+        return engine_box[0]
+
+    def principal(request: Request, eng: Annotated[Engine, Depends(engine)],
+                  _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+                  ) -> Principal:
+        who = authenticate(eng.tokens, request.headers.get("authorization"))
+        charge_rate(eng.orch.meter, who.tenant, config.rate_per_minute)
+        return who
+
+    Who = Annotated[Principal, Depends(principal)]
+    Eng = Annotated[Engine, Depends(engine)]
+    ExecId = Annotated[str, Path(pattern=EXEC_ID, description="32 hex digits")]
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # locations and messages only: pydantic's `input` would echo the body (secrets too)
+        where = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+                          for e in exc.errors()[:5])
+        err = PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, where[:1000])
+        view = err.public_view()
+        # a bad path parameter is a bad request (400), not a bad body
+        if all(e.get("loc", ("",))[0] in ("path", "query") for e in exc.errors()):
+            return _error_response(service_error("SERVICE.BAD_REQUEST", where[:1000]))
+        return _error_response(ServiceError(view["code"], view["http_status"],
+                                            view["message"]))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 405:
+            return _error_response(service_error("SERVICE.METHOD_NOT_ALLOWED", "see /docs"))
+        return _error_response(service_error("SERVICE.NOT_FOUND", "no such endpoint"))
+
+    @app.exception_handler(Exception)
+    async def _crash(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in the service")  # the stack goes to the log only
+        err = PolicyEngineError(ErrorCode.UNKNOWN_INTERNAL, type(exc).__name__)
+        view = err.public_view()
+        return _error_response(ServiceError(view["code"], view["http_status"], view["message"]))
+
+    def manifest_of(body: CallBody) -> Manifest:
+        if isinstance(body.manifest, Manifest):
+            return body.manifest
+        found = config.manifests.get(body.manifest)
+        if found is None:
+            raise service_error("SERVICE.NOT_FOUND", f"no manifest named `{body.manifest}`")
+        return found
+
+    def check_call(who: Principal, body: CallBody) -> dict[str, Any]:
+        if (body.grant.tenant, body.grant.subject_id) != (who.tenant, who.subject):
+            raise ServiceError("SANDBOX.PERMISSION_DENY", 403, "permission denied: the grant "
+                               "is for another tenant or subject than the token")
+        reserved = [k for k in _RESERVED_CONTEXT if k in body.context]
+        if reserved:
+            raise ServiceError("SCHEMA.VALIDATION_FAILED", 422, f"invalid input: context."
+                               f"{reserved[0]} is set by the service from the token")
+        return dict(body.context)
+
+    @app.post("/v1/decide", tags=["decisions"])
+    def decide(body: DecideBody, who: Who, eng: Eng) -> dict[str, Any]:
+        """Decide one op without running it: the `explain --format json` document."""
+        context = check_call(who, body)
+        request = ExplainRequest(op=body.op, now_ms=body.now_ms, overrides=body.overrides,
+                                 settings=config.op_settings, context=context,
+                                 budget_used=body.budget_used)
+        result = explain(config.policyset, manifest_of(body), body.grant, request,
+                         builder=eng.builder, guard=eng.guard)
+        return result.to_json()
+
+    @app.post("/v1/ops", tags=["decisions"])
+    def run_op(body: CallBody, who: Who, eng: Eng) -> JSONResponse:
+        """Run one op through the orchestrator (with begin/end evidence). A refusal or failure
+        answers its code's HTTP status with `error` beside the outcome."""
+        context = check_call(who, body)
+        outcome = eng.orch.run(body.grant, manifest_of(body), body.op,
+                               settings=config.op_settings, overrides=body.overrides,
+                               context=context or None)
+        data = outcome.to_json()
+        if outcome.result.ok:
+            return JSONResponse(data)
+        code = ErrorCode(outcome.result.code) if outcome.result.code else ErrorCode.UNKNOWN_INTERNAL
+        err = PolicyEngineError(code, "")
+        data["error"] = {"code": code.value, "http_status": err.http_status,
+                         "retryable": err.retryable, "message": outcome.result.message}
+        return JSONResponse(data, status_code=err.http_status)
+
+    @app.post("/sandbox/execs", tags=["sandbox"], response_model=ExecRecord)
+    def create_exec(body: ExecBody, who: Who, eng: Eng) -> ExecRecord:
+        """Run a shell or python exec in the caller's project workspace (seed 002 §5)."""
+        return eng.runner.run(who, body)
+
+    @app.get("/sandbox/execs", tags=["sandbox"], response_model=ExecList)
+    def list_execs(who: Who, eng: Eng,
+                   task_id: Annotated[str | None, Query(max_length=128)] = None) -> ExecList:
+        """The caller's tenant's execs, newest first (at most 200)."""
+        return ExecList(execs=eng.execs.list(who.tenant, task_id))
+
+    @app.get("/sandbox/execs/{exec_id}", tags=["sandbox"], response_model=ExecRecord)
+    def get_exec(exec_id: ExecId, who: Who, eng: Eng) -> ExecRecord:
+        record = eng.execs.get(who.tenant, exec_id)
+        if record is None:
+            raise service_error("SERVICE.NOT_FOUND", "no such exec")
+        return record
+
+    @app.get("/sandbox/execs/{exec_id}/artifacts", tags=["sandbox"],
+             response_model=ArtifactList)
+    def list_artifacts(exec_id: ExecId, who: Who, eng: Eng) -> ArtifactList:
+        found = eng.execs.artifacts(who.tenant, exec_id)
+        if found is None:
+            raise service_error("SERVICE.NOT_FOUND", "no such exec")
+        return ArtifactList(exec_id=exec_id, artifacts=found)
+
+    @app.get("/sandbox/execs/{exec_id}/artifacts/{name:path}", tags=["sandbox"],
+             response_class=StreamingResponse,
+             responses={200: {"content": {"application/octet-stream": {}}}})
+    def get_artifact(exec_id: ExecId, name: Annotated[str, Path(max_length=1024)],
+                     who: Who, eng: Eng) -> Response:
+        """One artifact's bytes; only files listed in the exec's manifest are served."""
+        record = eng.execs.get(who.tenant, exec_id)
+        listed = eng.execs.artifacts(who.tenant, exec_id) or []
+        if record is None or name not in {a.path for a in listed}:
+            raise service_error("SERVICE.NOT_FOUND", "no such artifact")
+        fd = open_artifact(eng.config.workspace_root.__class__(record.artifacts_path), name)
+        return StreamingResponse(_chunks(fd), media_type="application/octet-stream")
+
+    @app.get("/sandbox/health", tags=["sandbox"], response_model=Health)
+    def health(eng: Eng) -> Health:
+        """Runtime mode, workspace root and writability, docker CLI and version (no token)."""
+        return health_report(eng.config, eng.orch)
+
+    return app
+
+
+def _chunks(fd: int) -> Iterator[bytes]:
+    with os.fdopen(fd, "rb") as fh:
+        yield from iter(lambda: fh.read(1 << 16), b"")
+
+
+def asgi_app(config: ServiceConfig) -> BodyLimit:
+    """The application wrapped in the body-size limit: what uvicorn serves."""
+    return BodyLimit(create_app(config), config.max_body_bytes)

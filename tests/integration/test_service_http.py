@@ -282,3 +282,42 @@ def test_a_tenant_never_sees_another_tenants_execs(svc: Service, alice: str,
             ).json()
         out = m.get(f"/sandbox/execs/{own['exec_id']}/artifacts/stdout.txt").text
         assert "alice-secret" not in out and out.strip().endswith("1")
+
+
+def test_the_served_openapi_document_is_the_committed_one(svc: Service) -> None:
+    committed = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
+    with svc.client() as c:
+        assert c.get("/openapi.json").json() == json.loads(committed.read_text())
+
+
+def test_a_refused_exec_is_recorded_as_denied_with_its_code(svc: Service, alice: str) -> None:
+    body = {"project_id": "deny", "exec": {"kind": "shell", "script": "echo never"},
+            "policy_overrides": {"network": "on"}}  # an override may only narrow
+    with svc.client(alice) as c:
+        rec = _exec(c, body).json()
+        assert rec["status"] == "denied" and rec["error_code"], rec
+        assert rec["exit_code"] is None
+        assert c.get(f"/sandbox/execs/{rec['exec_id']}").json()["status"] == "denied"
+        assert c.get(f"/sandbox/execs/{rec['exec_id']}/artifacts/stdout.txt").text == ""
+
+
+def test_per_tenant_rate_limit_goes_through_the_budget_meter(tmp_path: Path) -> None:
+    with start(tmp_path, "--rate-per-minute", "5") as limited:
+        busy = add_token(limited.state, "busy", "agent:a")
+        calm = add_token(limited.state, "calm", "agent:b")
+        with limited.client(busy) as c:
+            codes = [c.get("/sandbox/execs").status_code for _ in range(12)]
+            # a minute boundary may fall inside the loop: at most two windows' worth pass
+            assert codes.count(200) <= 10 and 429 in codes, codes
+            refused = c.get("/sandbox/execs")
+            if refused.status_code == 429:  # unless a new minute just began
+                _assert_error(refused, 429, "QUOTA.BUDGET_EXCEEDED")
+        with limited.client(calm) as other:
+            assert other.get("/sandbox/execs").status_code == 200  # its own budget
+        meter = sqlite3.connect(limited.state / "budget.sqlite")
+        rows = meter.execute("SELECT grant_key, used FROM budget_usage "
+                             "WHERE grant_key LIKE 'service-rate/%'").fetchall()
+        meter.close()
+        # the counts live in the configured meter's store, one key per tenant and minute
+        assert {k.split("/")[1] for k, _ in rows} == {"busy", "calm"}
+        assert all(used <= 5 for _, used in rows)

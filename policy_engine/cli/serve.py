@@ -55,8 +55,8 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
     """
     import uvicorn
 
-    from policy_engine.service.app import asgi_app
     from policy_engine.model import Settings
+    from policy_engine.service.app import asgi_app
     from policy_engine.service.config import ServiceConfig
 
     try:

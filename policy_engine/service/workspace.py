@@ -6,6 +6,7 @@ id is only unique within its tenant, so the tenant is part of the path.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import posixpath
@@ -58,10 +59,8 @@ class ProjectDirs:
         fd = os.open(self.inputs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             for part in parts[:-1]:
-                try:
+                with contextlib.suppress(FileExistsError):
                     os.mkdir(part, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
                 nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
                 os.close(fd)
                 fd = nxt

@@ -87,7 +87,8 @@ def start(root: Path, *extra: str) -> Service:
     while match is None:
         match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", log.read_text())
         if match is None:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
     service = Service(match.group(1), root, state, proc)
     while True:  # the socket is bound before uvicorn serves: wait for the first answer

@@ -91,7 +91,9 @@ def create_app(config: ServiceConfig) -> FastAPI:
         finally:
             engine_box.pop().close()
 
+    # no /docs or /redoc: they load scripts from a CDN; /openapi.json is served (no token)
     app = FastAPI(title="policy-engine service", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None,
                   description="Decide and run AI agents' tool calls under policy "
                   "(docs/service.md).", responses=_ERRORS)
     bearer = HTTPBearer(auto_error=False, description="a token from `policy-engine tokens add`")

@@ -36,6 +36,9 @@ def _fail(message: str) -> None:
               help="exec workspace root [default: STATE_DIR/workspace]")
 @click.option("--root-fs", type=click.Path(file_okay=False, path_type=Path),
               help="root of the file system ops of /v1/decide and /v1/ops (operator setting)")
+@click.option("--security-mode", type=click.Choice(["strict", "permissive"]),
+              default="strict", show_default=True,
+              help="run_code: strict sends anything not SAFE to a container")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", default=8787, show_default=True, type=click.IntRange(0, 65535),
               help="port (0 picks a free one; the chosen port is printed)")
@@ -47,7 +50,7 @@ def _fail(message: str) -> None:
               help="sandbox execs running at once (seed 002 §5.1)")
 def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Path | None,
             manifests: tuple[Path, ...], workspace: Path | None,
-            root_fs: Path | None, host: str, port: int,
+            root_fs: Path | None, security_mode: str, host: str, port: int,
             max_body_bytes: int, rate_per_minute: int, max_concurrent_execs: int) -> None:
     """Serve the HTTP API: decide, run ops and sandbox execs for token-holding tenants.
 
@@ -56,6 +59,7 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
     import uvicorn
 
     from policy_engine.model import Settings
+    from policy_engine.runcode.risk import SecurityMode
     from policy_engine.service.app import asgi_app
     from policy_engine.service.config import ServiceConfig
 
@@ -77,7 +81,8 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
                            rate_per_minute=rate_per_minute,
                            max_concurrent_execs=max_concurrent_execs,
                            op_settings=(Settings(root_fs=str(root_fs.absolute()))
-                                        if root_fs is not None else None))
+                                        if root_fs is not None else None),
+                           security_mode=SecurityMode(security_mode))
     try:
         sock = socket.create_server((host, port))
     except OSError as exc:

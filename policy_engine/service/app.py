@@ -21,6 +21,7 @@ from policy_engine.guard import Guard
 from policy_engine.model import Manifest
 from policy_engine.orchestrator import Orchestrator
 from policy_engine.profile import ProfileBuilder
+from policy_engine.runcode.manager import OrchestratorPool, SandboxManager
 from policy_engine.service.config import ServiceConfig
 from policy_engine.service.errors import ServiceError, service_error
 from policy_engine.service.execs import ExecRunner
@@ -37,6 +38,8 @@ from policy_engine.service.models import (
     ExecList,
     ExecRecord,
     Health,
+    RunCodeBody,
+    RunCodeResponse,
 )
 from policy_engine.service.tokens import Principal, TokenStore
 from policy_engine.service.workspace import open_artifact
@@ -61,8 +64,10 @@ class Engine:
     runner: ExecRunner
     builder: ProfileBuilder
     guard: Guard
+    pool: OrchestratorPool
 
     def close(self) -> None:
+        self.pool.close()
         self.execs.close()
         self.tokens.close()
         self.orch.close()
@@ -74,7 +79,8 @@ def open_engine(config: ServiceConfig) -> Engine:
     tokens = TokenStore(state / "tokens.sqlite")
     execs = ExecStore(state / "service.sqlite")
     return Engine(config, orch, tokens, execs, ExecRunner(config, orch, execs),
-                  ProfileBuilder(config.policyset), Guard(config.policyset))
+                  ProfileBuilder(config.policyset), Guard(config.policyset),
+                  OrchestratorPool(config.policyset, config.engine))
 
 
 def _error_response(err: ServiceError) -> JSONResponse:
@@ -192,6 +198,18 @@ def create_app(config: ServiceConfig) -> FastAPI:
         data["error"] = {"code": code.value, "http_status": err.http_status,
                          "retryable": err.retryable, "message": outcome.result.message}
         return JSONResponse(data, status_code=err.http_status)
+
+    @app.post("/v1/run_code", tags=["decisions"], response_model=RunCodeResponse)
+    def run_code(body: RunCodeBody, who: Who, eng: Eng) -> RunCodeResponse:
+        """Run code for a session (seed 001 run_code): the risk hint and the security mode
+        choose bubblewrap or a container; the policy decides the run. `200` with `success`
+        false and `error_code` when it was refused or failed."""
+        manager = SandboxManager(body.session_id, policyset=config.policyset,
+                                 config=config.engine, security_mode=config.security_mode,
+                                 tenant=who.tenant, subject=who.subject,
+                                 workspace_root=config.workspace_root, pool=eng.pool)
+        result = manager.run_code(body.code, body.language, timeout=body.timeout_s)
+        return RunCodeResponse.model_validate(result.to_json())
 
     @app.post("/sandbox/execs", tags=["sandbox"], response_model=ExecRecord)
     def create_exec(body: ExecBody, who: Who, eng: Eng) -> ExecRecord:

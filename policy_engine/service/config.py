@@ -8,6 +8,7 @@ from pathlib import Path
 from policy_engine.config import EngineConfig
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.model import Limits, Manifest, NetworkMode, Settings
+from policy_engine.runcode.risk import SecurityMode
 
 MiB = 1024 * 1024
 
@@ -54,6 +55,7 @@ class ServiceConfig:
     max_artifacts_bytes: int = MAX_ARTIFACTS_BYTES
     exec_settings: Settings | None = None
     op_settings: Settings | None = None
+    security_mode: SecurityMode = SecurityMode.STRICT
 
     def settings_for_exec(self) -> Settings:
         """Operator settings of an exec: root_fs is the workspace, network none (seed 002)."""

@@ -121,6 +121,33 @@ class ArtifactList(_Body):
     artifacts: list[Artifact]
 
 
+class RunCodeBody(_Body):
+    """`POST /v1/run_code` (seed 001 §6): code for a session, run as the mode requires."""
+
+    session_id: str = Field(pattern=PROJECT_ID)
+    code: str = Field(max_length=262_144)
+    language: Literal["python", "shell"] = "python"
+    timeout_s: float = Field(default=30.0, gt=0, le=600)
+
+
+class RiskBody(_Body):
+    level: Literal["SAFE", "LOW", "MEDIUM", "HIGH", "CRITICAL"]
+    patterns: list[str]
+    language: str
+
+
+class RunCodeResponse(_Body):
+    success: bool
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    sandbox_type: str
+    risk: RiskBody
+    error: str | None
+    error_code: str | None
+    exec_id: str = Field(description="the evidence envelope id of the run")
+
+
 class Health(_Body):
     status: Literal["ok", "degraded"]
     runtime_mode: str

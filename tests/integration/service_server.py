@@ -15,8 +15,8 @@ from types import TracebackType
 import httpx
 
 POLICY = """policy "svc/test" version "1.0.0"
-permit "read-data" fs.read, fs.list  paths ["{root}/data/**", "{ws}/**"]
-permit "write-ws" fs.write  paths ["{ws}/**"]
+permit "read-data" fs.read, fs.list  paths ["{root}/data/**", "{ws}/**", "/workspace/work/**"]
+permit "write-ws" fs.write  paths ["{ws}/**", "/workspace/work/**"]
 forbid "no-secret" fs.read  paths ["{root}/data/secret/**"]
 permit "sh" proc.exec  tool "bash"
 permit "py" proc.exec  tool "python3"

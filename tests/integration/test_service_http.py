@@ -48,7 +48,8 @@ def _exec(c: httpx.Client, body: dict[str, object]) -> httpx.Response:
     return c.post("/sandbox/execs", json=body)
 
 
-ENDPOINTS = [("POST", "/v1/decide"), ("POST", "/v1/ops"), ("POST", "/sandbox/execs"),
+ENDPOINTS = [("POST", "/v1/decide"), ("POST", "/v1/ops"), ("POST", "/v1/run_code"),
+             ("POST", "/sandbox/execs"),
              ("GET", "/sandbox/execs"), ("GET", "/sandbox/execs/" + "a" * 32),
              ("GET", "/sandbox/execs/" + "a" * 32 + "/artifacts"),
              ("GET", "/sandbox/execs/" + "a" * 32 + "/artifacts/stdout.txt")]
@@ -337,3 +338,34 @@ def test_per_tenant_rate_limit_goes_through_the_budget_meter(tmp_path: Path) -> 
         # the counts live in the configured meter's store, one key per tenant and minute
         assert {k.split("/")[1] for k, _ in rows} == {"busy", "calm"}
         assert all(used <= 5 for _, used in rows)
+
+
+def test_run_code_over_http_picks_the_sandbox_by_risk(svc: Service, alice: str) -> None:
+    with svc.client(alice) as c:
+        safe = c.post("/v1/run_code", json={"session_id": "s", "code": "print(6 * 7)"}).json()
+        assert safe["success"] is True, safe
+        assert safe["stdout"] == "42\n"
+        assert safe["sandbox_type"] == "proc-bwrap"
+        assert safe["risk"]["level"] == "SAFE"
+        risky = c.post("/v1/run_code", json={"session_id": "s", "timeout_s": 60,
+                                              "code": "import os\nprint(os.getcwd())"}).json()
+        assert risky["sandbox_type"] == "docker", risky
+        assert risky["stdout"] == "/workspace/work\n"
+        _assert_error(c.post("/v1/run_code", json={"session_id": "../x", "code": "1"}), 422,
+                      "SCHEMA.VALIDATION_FAILED")
+
+
+def test_run_code_sessions_are_per_tenant(svc: Service, alice: str, mallory: str) -> None:
+    with svc.client(alice) as c:
+        wrote = c.post("/v1/run_code", json={"session_id": "same", "language": "shell",
+                                              "code": "echo alice-data > notes.txt"}).json()
+        assert wrote["success"] is True, wrote
+        assert wrote["sandbox_type"] == "proc-bwrap"
+        again = c.post("/v1/run_code", json={"session_id": "same", "language": "shell",
+                                              "code": "cat notes.txt"}).json()
+        assert again["stdout"] == "alice-data\n", again
+    with svc.client(mallory) as m:
+        other = m.post("/v1/run_code", json={"session_id": "same", "language": "shell",
+                                              "code": "cat notes.txt"}).json()
+    assert other["success"] is False, other
+    assert "alice-data" not in other["stdout"]

@@ -19,7 +19,7 @@ def test_document_is_openapi_3_1_with_every_endpoint_and_bearer_auth() -> None:
     doc = openapi_document()
     assert doc["openapi"].startswith("3.1")
     assert set(doc["paths"]) == {
-        "/v1/decide", "/v1/ops", "/sandbox/execs", "/sandbox/execs/{exec_id}",
+        "/v1/decide", "/v1/ops", "/v1/run_code", "/sandbox/execs", "/sandbox/execs/{exec_id}",
         "/sandbox/execs/{exec_id}/artifacts", "/sandbox/execs/{exec_id}/artifacts/{name}",
         "/sandbox/health"}
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"

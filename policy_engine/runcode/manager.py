@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from policy_engine.config import EngineConfig
+from policy_engine.confirm.broker import ConsentBroker
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.model import (
     Grant,
@@ -100,6 +101,8 @@ class SandboxManager:
         policy still decides the op either way.
     :param tenant, subject: who the grant is for (``subject`` defaults to ``session:<id>``).
     :param pool: orchestrators to share between managers (one is made, and closed, otherwise).
+    :param broker: asks a confirmation service when consent is needed and missing (none:
+        such a call is denied).
     :raises ValueError: ``session_id`` is not a safe name (it names a directory).
     """
 
@@ -107,7 +110,8 @@ class SandboxManager:
                  config: EngineConfig | None = None,
                  security_mode: SecurityMode = SecurityMode.STRICT, tenant: str = "local",
                  subject: str | None = None, workspace_root: Path | None = None,
-                 manifest: Manifest | None = None, pool: OrchestratorPool | None = None) -> None:
+                 manifest: Manifest | None = None, pool: OrchestratorPool | None = None,
+                 broker: ConsentBroker | None = None) -> None:
         if not _SESSION.fullmatch(session_id):
             raise ValueError(f"session id `{session_id}` must match {_SESSION.pattern}")
         config = config or EngineConfig()
@@ -120,6 +124,7 @@ class SandboxManager:
         self._own_pool = pool is None
         self.pool = pool or OrchestratorPool(policyset, config)
         self.work = self.root / "tenants" / tenant / "sessions" / session_id / "work"
+        self.broker = broker
 
     def close(self) -> None:
         if self._own_pool:
@@ -156,7 +161,12 @@ class SandboxManager:
                             limits=Limits(timeout_ms=timeout_ms, max_stdout_bytes=1 << 20,
                                           max_stderr_bytes=1 << 20))
         op = ProcExecOp(tool=tool, args=(flag, code), cwd=cwd, timeout_ms=timeout_ms)
+        asked = None
+        if self.broker is not None:  # consent needed and missing: ask the approver
+            grant, asked = self.broker.prepare(grant, self.manifest, op, settings=settings)
         outcome = self.pool.get(backend).run(grant, self.manifest, op, settings=settings)
+        if self.broker is not None:
+            self.broker.record(asked, outcome.envelope_id)
         return _result(outcome, backend, risk)
 
 

@@ -15,6 +15,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from policy_engine import __version__
+from policy_engine.confirm.broker import ConsentBroker
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.explain import ExplainRequest, explain
 from policy_engine.guard import Guard
@@ -65,6 +66,7 @@ class Engine:
     builder: ProfileBuilder
     guard: Guard
     pool: OrchestratorPool
+    broker: ConsentBroker
 
     def close(self) -> None:
         self.pool.close()
@@ -78,9 +80,10 @@ def open_engine(config: ServiceConfig) -> Engine:
     orch = Orchestrator(config.policyset, config=config.engine)
     tokens = TokenStore(state / "tokens.sqlite")
     execs = ExecStore(state / "service.sqlite")
-    return Engine(config, orch, tokens, execs, ExecRunner(config, orch, execs),
+    broker = ConsentBroker(config.confirmation, config.policyset, state / "consent.jsonl")
+    return Engine(config, orch, tokens, execs, ExecRunner(config, orch, execs, broker),
                   ProfileBuilder(config.policyset), Guard(config.policyset),
-                  OrchestratorPool(config.policyset, config.engine))
+                  OrchestratorPool(config.policyset, config.engine), broker)
 
 
 def _error_response(err: ServiceError) -> JSONResponse:
@@ -187,10 +190,16 @@ def create_app(config: ServiceConfig) -> FastAPI:
         """Run one op through the orchestrator (with begin/end evidence). A refusal or failure
         answers its code's HTTP status with `error` beside the outcome."""
         context = check_call(who, body)
-        outcome = eng.orch.run(body.grant, manifest_of(body), body.op,
-                               settings=config.op_settings, overrides=body.overrides,
-                               context=context or None)
+        manifest = manifest_of(body)
+        grant, asked = eng.broker.prepare(body.grant, manifest, body.op,
+                                          settings=config.op_settings,
+                                          overrides=body.overrides, context=context)
+        outcome = eng.orch.run(grant, manifest, body.op, settings=config.op_settings,
+                               overrides=body.overrides, context=context or None)
+        eng.broker.record(asked, outcome.envelope_id)
         data = outcome.to_json()
+        if asked is not None:
+            data["consent"] = asked.answer.to_json()
         if outcome.result.ok:
             return JSONResponse(data)
         code = ErrorCode(outcome.result.code) if outcome.result.code else ErrorCode.UNKNOWN_INTERNAL
@@ -207,7 +216,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
         manager = SandboxManager(body.session_id, policyset=config.policyset,
                                  config=config.engine, security_mode=config.security_mode,
                                  tenant=who.tenant, subject=who.subject,
-                                 workspace_root=config.workspace_root, pool=eng.pool)
+                                 workspace_root=config.workspace_root, pool=eng.pool,
+                                 broker=eng.broker)
         result = manager.run_code(body.code, body.language, timeout=body.timeout_s)
         return RunCodeResponse.model_validate(result.to_json())
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from policy_engine.config import EngineConfig
+from policy_engine.confirm.services import ConfirmationService, DenyConfirmation
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.model import Limits, Manifest, NetworkMode, Settings
 from policy_engine.runcode.risk import SecurityMode
@@ -56,6 +57,7 @@ class ServiceConfig:
     exec_settings: Settings | None = None
     op_settings: Settings | None = None
     security_mode: SecurityMode = SecurityMode.STRICT
+    confirmation: ConfirmationService = field(default_factory=DenyConfirmation)
 
     def settings_for_exec(self) -> Settings:
         """Operator settings of an exec: root_fs is the workspace, network none (seed 002)."""

@@ -10,6 +10,7 @@ import time
 import uuid
 from typing import Any
 
+from policy_engine.confirm.broker import ConsentBroker
 from policy_engine.model import Grant, ProcExecOp
 from policy_engine.orchestrator import Orchestrator, RunOutcome
 from policy_engine.service.config import ServiceConfig
@@ -74,10 +75,11 @@ class ExecRunner:
     """Runs execs under a concurrency cap and records them; decides nothing itself."""
 
     def __init__(self, config: ServiceConfig, orchestrator: Orchestrator,
-                 store: ExecStore) -> None:
+                 store: ExecStore, broker: ConsentBroker) -> None:
         self.config = config
         self.orch = orchestrator
         self.store = store
+        self.broker = broker
         self._slots = threading.BoundedSemaphore(config.max_concurrent_execs)
 
     def run(self, who: Principal, body: ExecBody) -> ExecRecord:
@@ -102,10 +104,13 @@ class ExecRunner:
         op = ProcExecOp(tool=tool, args=args, cwd=str(dirs.work),
                         timeout_ms=body.exec.timeout_ms)
         started = time.perf_counter()
+        settings = self.config.settings_for_exec()
+        grant, asked = self.broker.prepare(grant, manifest, op, settings=settings,
+                                           overrides=body.policy_overrides)
         with self._slots:
-            outcome = self.orch.run(grant, manifest, op,
-                                    settings=self.config.settings_for_exec(),
+            outcome = self.orch.run(grant, manifest, op, settings=settings,
                                     overrides=body.policy_overrides)
+        self.broker.record(asked, outcome.envelope_id)
         record, artifacts = self._finish(who, body, exec_id, tool, args, dirs, outcome,
                                          now, started)
         self.store.add(who.tenant, who.subject, record, artifacts)

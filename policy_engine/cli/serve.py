@@ -7,6 +7,7 @@ import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -15,12 +16,40 @@ from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig, load_config
 from policy_engine.dsl.loaders import load_manifest
 
+if TYPE_CHECKING:
+    from policy_engine.confirm.services import ConfirmationService
+
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def _confirmation(mode: str, url: str | None, secret_file: Path | None,
+                  timeout: float) -> ConfirmationService:
+    from policy_engine.confirm.services import (
+        AutoConfirmation,
+        DenyConfirmation,
+        WebhookConfirmation,
+    )
+
+    if mode == "deny":
+        return DenyConfirmation()
+    if mode == "auto":
+        click.echo("WARNING: --confirmation auto approves every consent request "
+                   "(development only); each approval is logged and recorded", err=True)
+        return AutoConfirmation()
+    if not url or secret_file is None:
+        _fail("--confirmation webhook needs --approver-url and --approver-secret-file")
+    try:
+        secret = secret_file.read_bytes().strip()
+        return WebhookConfirmation(url, secret, timeout_s=timeout)
+    except OSError as exc:
+        _fail(f"cannot read {secret_file}: {exc.strerror}")
+    except ValueError as exc:
+        _fail(str(exc))
 
 
 @click.command("serve")
@@ -39,6 +68,13 @@ def _fail(message: str) -> None:
 @click.option("--security-mode", type=click.Choice(["strict", "permissive"]),
               default="strict", show_default=True,
               help="run_code: strict sends anything not SAFE to a container")
+@click.option("--confirmation", type=click.Choice(["deny", "auto", "webhook"]), default="deny",
+              show_default=True, help="who stands in for a missing consent (docs/service.md)")
+@click.option("--approver-url", help="webhook confirmation: where signed requests are POSTed")
+@click.option("--approver-secret-file", type=_FILE,
+              help="webhook confirmation: the shared HMAC secret (at least 16 bytes)")
+@click.option("--approver-timeout", default=30.0, show_default=True,
+              type=click.FloatRange(0.1, 600), help="seconds to wait for the approver")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", default=8787, show_default=True, type=click.IntRange(0, 65535),
               help="port (0 picks a free one; the chosen port is printed)")
@@ -50,7 +86,9 @@ def _fail(message: str) -> None:
               help="sandbox execs running at once (seed 002 §5.1)")
 def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Path | None,
             manifests: tuple[Path, ...], workspace: Path | None,
-            root_fs: Path | None, security_mode: str, host: str, port: int,
+            root_fs: Path | None, security_mode: str, confirmation: str,
+            approver_url: str | None, approver_secret_file: Path | None,
+            approver_timeout: float, host: str, port: int,
             max_body_bytes: int, rate_per_minute: int, max_concurrent_execs: int) -> None:
     """Serve the HTTP API: decide, run ops and sandbox execs for token-holding tenants.
 
@@ -75,6 +113,7 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
     for path in manifests:
         tool = load_or_exit(lambda p=path: load_manifest(p))  # type: ignore[misc]
         named[tool.name] = tool
+    confirm = _confirmation(confirmation, approver_url, approver_secret_file, approver_timeout)
     root = (workspace or engine.state_dir / "workspace").absolute()
     config = ServiceConfig(policyset=policyset, engine=engine, workspace_root=root,
                            manifests=named, max_body_bytes=max_body_bytes,
@@ -82,7 +121,7 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
                            max_concurrent_execs=max_concurrent_execs,
                            op_settings=(Settings(root_fs=str(root_fs.absolute()))
                                         if root_fs is not None else None),
-                           security_mode=SecurityMode(security_mode))
+                           security_mode=SecurityMode(security_mode), confirmation=confirm)
     try:
         sock = socket.create_server((host, port))
     except OSError as exc:

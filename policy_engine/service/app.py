@@ -3,7 +3,7 @@
 
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -86,8 +87,34 @@ def open_engine(config: ServiceConfig) -> Engine:
                   OrchestratorPool(config.policyset, config.engine), broker)
 
 
-def _error_response(err: ServiceError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.http_status)
+def _error_response(err: ServiceError, headers: Mapping[str, str] | None = None
+                    ) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.http_status, headers=headers)
+
+
+def _require_discriminators(doc: dict[str, Any]) -> dict[str, Any]:
+    """Mark each discriminated union's tag as required in its member schemas: the engine's
+    models give ``kind`` a default, but a body without it cannot be told apart (422)."""
+    schemas = doc.get("components", {}).get("schemas", {})
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            disc = node.get("discriminator")
+            if isinstance(disc, dict):
+                for ref in disc.get("mapping", {}).values():
+                    target = schemas.get(str(ref).rsplit("/", 1)[-1])
+                    if target is not None:
+                        required = target.setdefault("required", [])
+                        if disc["propertyName"] not in required:
+                            required.insert(0, disc["propertyName"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(doc)
+    return doc
 
 
 def create_app(config: ServiceConfig) -> FastAPI:
@@ -143,9 +170,15 @@ def create_app(config: ServiceConfig) -> FastAPI:
                                             view["message"]))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 405:
-            return _error_response(service_error("SERVICE.METHOD_NOT_ALLOWED", "see /docs"))
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 405:  # `Allow`: every method of every route of this path
+            allowed: set[str] = set()
+            for route in app.routes:
+                if isinstance(route, APIRoute) and route.path_regex.match(request.url.path):
+                    allowed |= route.methods or set()
+            return _error_response(service_error(
+                "SERVICE.METHOD_NOT_ALLOWED", "see /openapi.json"),
+                {"Allow": ", ".join(sorted(allowed))})
         return _error_response(service_error("SERVICE.NOT_FOUND", "no such endpoint"))
 
     @app.exception_handler(Exception)
@@ -265,6 +298,14 @@ def create_app(config: ServiceConfig) -> FastAPI:
         """Runtime mode, workspace root and writability, docker CLI and version (no token)."""
         return health_report(eng.config, eng.orch)
 
+    plain_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _require_discriminators(plain_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 

@@ -16,7 +16,13 @@ from policy_engine.orchestrator import Orchestrator, RunOutcome
 from policy_engine.service.config import ServiceConfig
 from policy_engine.service.errors import service_error
 from policy_engine.service.execstore import ExecStore
-from policy_engine.service.models import Artifact, ExecBody, ExecRecord
+from policy_engine.service.models import (
+    Artifact,
+    ExecBody,
+    ExecRecord,
+    PythonCodeExec,
+    ShellExec,
+)
 from policy_engine.service.tokens import Principal
 from policy_engine.service.workspace import (
     ProjectDirs,
@@ -57,17 +63,13 @@ def _command(body: ExecBody, dirs: ProjectDirs, inputs: set[str]) -> tuple[str, 
     """seed 002 §5.1: shell → ``bash -lc <script>``; python → ``python3 -c <code>`` or a file
     of ``inputs/``."""
     spec = body.exec
-    if spec.kind == "shell":
-        if spec.script is None or spec.file is not None:
-            raise service_error("SERVICE.BAD_REQUEST", "a shell exec needs `script` only")
+    if isinstance(spec, ShellExec):
         return "bash", ("-lc", spec.script)
-    if (spec.script is None) == (spec.file is None):
-        raise service_error("SERVICE.BAD_REQUEST", "a python exec needs `script` or `file`")
-    if spec.script is not None:
+    if isinstance(spec, PythonCodeExec):
         return "python3", ("-c", spec.script)
-    rel = normalize_input_path(spec.file or "")
+    rel = normalize_input_path(spec.file)
     if rel not in inputs and not (dirs.inputs / rel).is_file():
-        raise service_error("SERVICE.BAD_REQUEST", f"`{rel}` is not a file of inputs/")
+        raise service_error("SERVICE.NOT_FOUND", f"`{rel}` is not a file of inputs/")
     return "python3", (str(dirs.inputs / rel),)
 
 

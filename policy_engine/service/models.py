@@ -11,6 +11,10 @@ from policy_engine.model import ExecOp, Grant, Manifest, Overrides, Usage
 # ids the service hands out; path parameters must match exactly (no traversal)
 EXEC_ID = r"^[0-9a-f]{32}$"
 PROJECT_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+_BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+# a relative path: no leading `/`, no `..` segment, not only `.`/`/`, no NUL or backslash
+# (what the service accepts; `x/./y` and `x//y` are normalized to `x/y`)
+_REL_PATH = r"^(?!/)(?!.*(^|/)\.\.(/|$))(?!(\.?/)*\.?$)[^\x00\\]+$"
 
 
 class _Body(BaseModel):
@@ -48,24 +52,54 @@ class ErrorBody(_Body):
     error: ErrorDetail
 
 
-class InputFile(_Body):
-    """A file written under the project's ``inputs/`` before the exec (seed 002 §5.1)."""
+class TextInput(_Body):
+    """A UTF-8 text file written under the project's ``inputs/`` (seed 002 §5.1)."""
 
-    path: str = Field(min_length=1, max_length=255, description="relative to inputs/")
-    content: str = Field(default="", description="UTF-8 text, or base64 with encoding=base64")
-    encoding: Literal["utf-8", "base64"] = "utf-8"
+    # the pattern is documented, not enforced by the model: the service answers a path that
+    # leaves inputs/ with 400 SERVICE.BAD_REQUEST (seed 002 §5.1), not a generic 422
+    path: str = Field(min_length=1, max_length=255, description="relative to inputs/",
+                      json_schema_extra={"pattern": _REL_PATH})
+    content: str = ""
+    encoding: Literal["utf-8"] = "utf-8"
 
 
-class ExecSpec(_Body):
-    """What to run: ``shell`` → ``bash -lc <script>``; ``python`` → ``python3 -c <code>`` or a
-    file under ``inputs/``."""
+class Base64Input(_Body):
+    """A binary file written under the project's ``inputs/``, base64-encoded (RFC 4648)."""
 
-    kind: Literal["shell", "python"]
-    script: str | None = Field(default=None, max_length=262_144,
-                               description="shell script (shell) or Python code (python)")
-    file: str | None = Field(default=None, max_length=255,
-                             description="python only: a file under inputs/ to run")
+    path: str = Field(min_length=1, max_length=255, description="relative to inputs/",
+                      json_schema_extra={"pattern": _REL_PATH})
+    content: str = Field(pattern=_BASE64)
+    encoding: Literal["base64"]
+
+
+InputFile = TextInput | Base64Input
+
+
+class ShellExec(_Body):
+    """``bash -lc <script>``."""
+
+    kind: Literal["shell"]
+    script: str = Field(max_length=262_144)
     timeout_ms: int | None = Field(default=None, ge=1, le=600_000)
+
+
+class PythonCodeExec(_Body):
+    """``python3 -c <script>``."""
+
+    kind: Literal["python"]
+    script: str = Field(max_length=262_144)
+    timeout_ms: int | None = Field(default=None, ge=1, le=600_000)
+
+
+class PythonFileExec(_Body):
+    """``python3 <inputs>/<file>``: a file of the project's ``inputs/``."""
+
+    kind: Literal["python"]
+    file: str = Field(min_length=1, max_length=255, json_schema_extra={"pattern": _REL_PATH})
+    timeout_ms: int | None = Field(default=None, ge=1, le=600_000)
+
+
+ExecSpec = ShellExec | PythonCodeExec | PythonFileExec
 
 
 class ExecBody(_Body):

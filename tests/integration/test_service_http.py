@@ -220,7 +220,9 @@ def test_python_exec_runs_code_and_input_files(svc: Service, alice: str) -> None
         assert failed["exit_code"] == 3, failed
         _assert_error(_exec(c, {"project_id": "py", "exec": {"kind": "python",
                                                               "file": "missing.py"}}),
-                      400, "SERVICE.BAD_REQUEST")
+                      404, "SERVICE.NOT_FOUND")
+        both = {"project_id": "py", "exec": {"kind": "python", "script": "1", "file": "a.py"}}
+        _assert_error(_exec(c, both), 422, "SCHEMA.VALIDATION_FAILED")
 
 
 def test_exec_cannot_write_outside_its_directories(svc: Service, alice: str) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.integration.service_server import add_token, grant, manifest, start  # noqa: E402
+from tests.integration.service_server import add_token, grant, start  # noqa: E402
 
 SECTION = "## HTTP service (issue 13)"
 
@@ -87,7 +87,7 @@ def main() -> None:
         with start(root, "--rate-per-minute", "100000000") as svc:
             token = add_token(svc.state, "bench", "agent:bench")
             body = {"op": {"kind": "fs.read", "path": f"{root}/data/hello.txt"},
-                    "grant": grant("bench", "agent:bench", root), "manifest": manifest(root)}
+                    "grant": grant("bench", "agent:bench", root), "manifest": "reader"}
             payload = json.dumps(body).encode()
             rows = {}
             for name, path in (("decide", "/v1/decide"), ("ops fs.read", "/v1/ops")):

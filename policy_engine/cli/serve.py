@@ -75,6 +75,9 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
               help="webhook confirmation: the shared HMAC secret (at least 16 bytes)")
 @click.option("--approver-timeout", default=30.0, show_default=True,
               type=click.FloatRange(0.1, 600), help="seconds to wait for the approver")
+@click.option("--allow-inline-manifests", is_flag=True,
+              help="accept manifests in request bodies (they declare the side effects the "
+              "consent rules read); default: only --manifest files, by name")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", default=8787, show_default=True, type=click.IntRange(0, 65535),
               help="port (0 picks a free one; the chosen port is printed)")
@@ -88,7 +91,7 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
             manifests: tuple[Path, ...], workspace: Path | None,
             root_fs: Path | None, security_mode: str, confirmation: str,
             approver_url: str | None, approver_secret_file: Path | None,
-            approver_timeout: float, host: str, port: int,
+            approver_timeout: float, allow_inline_manifests: bool, host: str, port: int,
             max_body_bytes: int, rate_per_minute: int, max_concurrent_execs: int) -> None:
     """Serve the HTTP API: decide, run ops and sandbox execs for token-holding tenants.
 
@@ -121,7 +124,8 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
                            max_concurrent_execs=max_concurrent_execs,
                            op_settings=(Settings(root_fs=str(root_fs.absolute()))
                                         if root_fs is not None else None),
-                           security_mode=SecurityMode(security_mode), confirmation=confirm)
+                           security_mode=SecurityMode(security_mode), confirmation=confirm,
+                           allow_inline_manifests=allow_inline_manifests)
     try:
         sock = socket.create_server((host, port))
     except OSError as exc:

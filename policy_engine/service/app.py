@@ -190,6 +190,10 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
     def manifest_of(body: CallBody) -> Manifest:
         if isinstance(body.manifest, Manifest):
+            if not config.allow_inline_manifests:
+                raise ServiceError("SANDBOX.PERMISSION_DENY", 403, "permission denied: this "
+                                   "service takes manifests by name only (`--manifest`); "
+                                   "inline manifests need `--allow-inline-manifests`")
             return body.manifest
         found = config.manifests.get(body.manifest)
         if found is None:
@@ -200,6 +204,10 @@ def create_app(config: ServiceConfig) -> FastAPI:
         if (body.grant.tenant, body.grant.subject_id) != (who.tenant, who.subject):
             raise ServiceError("SANDBOX.PERMISSION_DENY", 403, "permission denied: the grant "
                                "is for another tenant or subject than the token")
+        if body.grant.consent is not None:  # consent comes from a human, never the caller
+            raise ServiceError("SANDBOX.PERMISSION_DENY", 403, "permission denied: a grant "
+                               "sent to the service cannot carry consent; the confirmation "
+                               "service asks for it")
         reserved = [k for k in _RESERVED_CONTEXT if k in body.context]
         if reserved:
             raise ServiceError("SCHEMA.VALIDATION_FAILED", 422, f"invalid input: context."

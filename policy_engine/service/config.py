@@ -41,6 +41,9 @@ class ServiceConfig:
     :param max_body_bytes: largest request body accepted (413 beyond).
     :param max_input_bytes: largest total size of the ``inputs[]`` of one exec.
     :param rate_per_minute: requests per tenant per minute, counted by the budget meter.
+    :param allow_inline_manifests: accept a manifest in the request body; a manifest declares
+        the side effects and safety class the consent rules read, so by default only the
+        operator's (``manifests``) are used.
     :param op_settings: the operator settings layer of `/v1/decide` and `/v1/ops` (the same
         for both, so a dry run answers as the run does).
     """
@@ -58,6 +61,7 @@ class ServiceConfig:
     op_settings: Settings | None = None
     security_mode: SecurityMode = SecurityMode.STRICT
     confirmation: ConfirmationService = field(default_factory=DenyConfirmation)
+    allow_inline_manifests: bool = False
 
     def settings_for_exec(self) -> Settings:
         """Operator settings of an exec: root_fs is the workspace, network none (seed 002)."""

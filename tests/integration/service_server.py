@@ -75,12 +75,18 @@ def start(root: Path, *extra: str) -> Service:
     (root / "data" / "secret" / "key.txt").write_text("k3y\n")
     policy = root / "svc.sbpolicy"
     policy.write_text(POLICY.format(root=root, ws=ws))
+    tools = []
+    for name, fields in (("reader", {}), ("reader-high", {"safety_class": "High"})):
+        path = root / f"{name}.json"
+        path.write_text(json.dumps({**manifest(root), "name": name, **fields}))
+        tools += ["--manifest", str(path)]
     log = root / "serve.log"
     # stderr goes to a file: a pipe nobody drains would block the server once full
     with log.open("w") as sink:
         proc = subprocess.Popen(
             [sys.executable, "-m", "policy_engine.cli", "serve", "--policy", str(policy),
-             "--state-dir", str(state), "--root-fs", str(root), "--port", "0", *extra],
+             "--state-dir", str(state), "--root-fs", str(root), "--port", "0", *tools,
+             *extra],
             stderr=sink, stdout=subprocess.DEVNULL, text=True, env=os.environ.copy())
     deadline = time.monotonic() + 30
     match = None

@@ -30,7 +30,7 @@ from policy_engine.confirm.services import (
 )
 from policy_engine.model import FsReadOp, Grant, Manifest, Settings
 from policy_engine.orchestrator import Orchestrator
-from tests.integration.service_server import add_token, grant, manifest, start
+from tests.integration.service_server import add_token, grant, start
 
 pytestmark = pytest.mark.integration
 SECRET = b"0123456789abcdef-shared-secret"
@@ -215,8 +215,8 @@ def test_the_service_asks_the_webhook_for_ops(tmp_path: Path, approver: Approver
         policy_needs = svc.root / "svc.sbpolicy"
         assert "High" in policy_needs.read_text()  # the service policy: consent for High only
         body = {"op": {"kind": "fs.read", "path": f"{root}/data/hello.txt"},
-                "grant": grant("acme", "agent:alice", root),
-                "manifest": {**manifest(root), "safety_class": "High"}}
+                "grant": grant("acme", "agent:alice", root, tool_name="reader-high"),
+                "manifest": "reader-high"}
         with httpx.Client(base_url=svc.url, headers={"Authorization": f"Bearer {token}"},
                           timeout=30) as c:
             approved = c.post("/v1/ops", json=body)

@@ -94,7 +94,7 @@ def test_a_revoked_token_is_refused(svc: Service) -> None:
 def test_decide_is_the_explain_contract(svc: Service, alice: str) -> None:
     root = svc.root
     body = {"op": {"kind": "fs.read", "path": f"{root}/data/hello.txt"},
-            "grant": grant("acme", "agent:alice", root), "manifest": manifest(root)}
+            "grant": grant("acme", "agent:alice", root), "manifest": "reader"}
     with svc.client(alice) as c:
         allow = c.post("/v1/decide", json=body).json()
         body["op"] = {"kind": "fs.read", "path": f"{root}/data/secret/key.txt"}
@@ -113,7 +113,7 @@ def test_decide_is_the_explain_contract(svc: Service, alice: str) -> None:
 def test_ops_runs_through_the_orchestrator_with_evidence(svc: Service, alice: str) -> None:
     root = svc.root
     body = {"op": {"kind": "fs.read", "path": f"{root}/data/hello.txt"},
-            "grant": grant("acme", "agent:alice", root), "manifest": manifest(root)}
+            "grant": grant("acme", "agent:alice", root), "manifest": "reader"}
     with svc.client(alice) as c:
         ok = c.post("/v1/ops", json=body)
         body["op"] = {"kind": "fs.read", "path": f"{root}/data/secret/key.txt"}
@@ -134,11 +134,28 @@ def test_a_grant_or_context_for_another_tenant_is_refused(svc: Service, alice: s
     with svc.client(alice) as c:
         for path in ("/v1/decide", "/v1/ops"):
             other = {"op": op, "grant": grant("evil", "agent:alice", root),
-                     "manifest": manifest(root)}
+                     "manifest": "reader"}
             _assert_error(c.post(path, json=other), 403, "SANDBOX.PERMISSION_DENY")
             spoof = {"op": op, "grant": grant("acme", "agent:alice", root),
-                     "manifest": manifest(root), "context": {"tenant": {"id": "evil"}}}
+                     "manifest": "reader", "context": {"tenant": {"id": "evil"}}}
             _assert_error(c.post(path, json=spoof), 422, "SCHEMA.VALIDATION_FAILED")
+
+
+def test_inline_manifests_and_caller_consent_are_refused(svc: Service, alice: str) -> None:
+    root = svc.root
+    op = {"kind": "fs.read", "path": f"{root}/data/hello.txt"}
+    consent = {"granted_by": "agent:alice", "granted_at": 0, "expires_at": 4102444800000}
+    with svc.client(alice) as c:
+        for path in ("/v1/decide", "/v1/ops"):
+            inline = {"op": op, "grant": grant("acme", "agent:alice", root),
+                      "manifest": manifest(root)}
+            _assert_error(c.post(path, json=inline), 403, "SANDBOX.PERMISSION_DENY")
+            self_consented = {"op": op, "manifest": "reader",
+                              "grant": grant("acme", "agent:alice", root, consent=consent)}
+            _assert_error(c.post(path, json=self_consented), 403, "SANDBOX.PERMISSION_DENY")
+            unknown = {"op": op, "grant": grant("acme", "agent:alice", root),
+                       "manifest": "nope"}
+            _assert_error(c.post(path, json=unknown), 404, "SERVICE.NOT_FOUND")
 
 
 def test_malformed_bodies_are_422_without_echoing_input(svc: Service, alice: str) -> None:

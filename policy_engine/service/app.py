@@ -6,6 +6,7 @@ import os
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path as FsPath  # fastapi's `Path` declares path parameters
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request
@@ -298,7 +299,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         listed = eng.execs.artifacts(who.tenant, exec_id) or []
         if record is None or name not in {a.path for a in listed}:
             raise service_error("SERVICE.NOT_FOUND", "no such artifact")
-        fd = open_artifact(eng.config.workspace_root.__class__(record.artifacts_path), name)
+        fd = open_artifact(FsPath(record.artifacts_path), name)
         return StreamingResponse(_chunks(fd), media_type="application/octet-stream")
 
     @app.get("/sandbox/health", tags=["sandbox"], response_model=Health)

@@ -260,7 +260,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
                                  tenant=who.tenant, subject=who.subject,
                                  workspace_root=config.workspace_root, pool=eng.pool,
                                  broker=eng.broker)
-        result = manager.run_code(body.code, body.language, timeout=body.timeout_s)
+        with eng.runner.slots:  # the same cap as execs (--max-concurrent-execs)
+            result = manager.run_code(body.code, body.language, timeout=body.timeout_s)
         return RunCodeResponse.model_validate(result.to_json())
 
     @app.post("/sandbox/execs", tags=["sandbox"], response_model=ExecRecord)

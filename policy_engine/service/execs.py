@@ -82,7 +82,8 @@ class ExecRunner:
         self.orch = orchestrator
         self.store = store
         self.broker = broker
-        self._slots = threading.BoundedSemaphore(config.max_concurrent_execs)
+        # shared with run_code: both start sandboxed processes
+        self.slots = threading.BoundedSemaphore(config.max_concurrent_execs)
 
     def run(self, who: Principal, body: ExecBody) -> ExecRecord:
         exec_id = uuid.uuid4().hex
@@ -109,7 +110,7 @@ class ExecRunner:
         settings = self.config.settings_for_exec()
         grant, asked = self.broker.prepare(grant, manifest, op, settings=settings,
                                            overrides=body.policy_overrides)
-        with self._slots:
+        with self.slots:
             outcome = self.orch.run(grant, manifest, op, settings=settings,
                                     overrides=body.policy_overrides)
         self.broker.record(asked, outcome.envelope_id)

@@ -388,3 +388,29 @@ def test_run_code_sessions_are_per_tenant(svc: Service, alice: str, mallory: str
                                               "code": "cat notes.txt"}).json()
     assert other["success"] is False, other
     assert "alice-data" not in other["stdout"]
+
+
+def test_max_concurrent_execs_serializes_execs(tmp_path: Path) -> None:
+    import threading
+
+    with start(tmp_path, "--max-concurrent-execs", "1") as one:
+        token = add_token(one.state, "acme", "agent:a")
+        spans: list[tuple[float, float]] = []
+
+        def run() -> None:
+            with one.client(token) as c:
+                rec = _exec(c, {"project_id": "slots", "exec": {
+                    "kind": "shell", "script": "date +%s.%N; sleep 0.6; date +%s.%N"}}).json()
+                out = c.get(f"/sandbox/execs/{rec['exec_id']}/artifacts/stdout.txt").text
+                start_s, end_s = (float(x) for x in out.split())
+                spans.append((start_s, end_s))
+
+        threads = [threading.Thread(target=run) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert len(spans) == 3
+    spans.sort()
+    # one at a time: each exec started after the previous one ended
+    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))

@@ -65,6 +65,8 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
               help="exec workspace root [default: STATE_DIR/workspace]")
 @click.option("--root-fs", type=click.Path(file_okay=False, path_type=Path),
               help="root of the file system ops of /v1/decide and /v1/ops (operator setting)")
+@click.option("--max-artifacts-bytes", default=50 * 1024 * 1024, show_default=True,
+              type=click.IntRange(0), help="total size of one exec's artifacts (seed 002 §5.2)")
 @click.option("--security-mode", type=click.Choice(["strict", "permissive"]),
               default="strict", show_default=True,
               help="run_code: strict sends anything not SAFE to a container")
@@ -89,7 +91,7 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
               help="sandbox execs running at once (seed 002 §5.1)")
 def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Path | None,
             manifests: tuple[Path, ...], workspace: Path | None,
-            root_fs: Path | None, security_mode: str, confirmation: str,
+            root_fs: Path | None, max_artifacts_bytes: int, security_mode: str, confirmation: str,
             approver_url: str | None, approver_secret_file: Path | None,
             approver_timeout: float, allow_inline_manifests: bool, host: str, port: int,
             max_body_bytes: int, rate_per_minute: int, max_concurrent_execs: int) -> None:
@@ -125,7 +127,8 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
                            op_settings=(Settings(root_fs=str(root_fs.absolute()))
                                         if root_fs is not None else None),
                            security_mode=SecurityMode(security_mode), confirmation=confirm,
-                           allow_inline_manifests=allow_inline_manifests)
+                           allow_inline_manifests=allow_inline_manifests,
+                           max_artifacts_bytes=max_artifacts_bytes)
     try:
         sock = socket.create_server((host, port))
     except OSError as exc:

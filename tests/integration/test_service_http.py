@@ -414,3 +414,38 @@ def test_max_concurrent_execs_serializes_execs(tmp_path: Path) -> None:
     spans.sort()
     # one at a time: each exec started after the previous one ended
     assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
+
+
+def test_output_over_the_cap_is_truncated_without_killing(svc: Service, alice: str) -> None:
+    body = {"project_id": "big", "policy_overrides": {"limits": {"max_stdout_bytes": 1000}},
+            "exec": {"kind": "shell", "script": "head -c 200000 /dev/zero | tr '\\0' x; "
+                     "echo done >&2"}}
+    with svc.client(alice) as c:
+        rec = _exec(c, body).json()
+        assert rec["status"] == "ok", rec
+        assert rec["stdout_truncated"] is True
+        assert rec["stderr_truncated"] is False
+        out = c.get(f"/sandbox/execs/{rec['exec_id']}/artifacts/stdout.txt").content
+        assert 0 < len(out) <= 1000
+        assert set(out) == {ord("x")}
+        # the process ran to its end: what it wrote after the flood is there
+        err = c.get(f"/sandbox/execs/{rec['exec_id']}/artifacts/stderr.txt").text
+        assert err == "done\n"
+
+
+def test_artifacts_over_the_total_cap_are_removed(tmp_path: Path) -> None:
+    with start(tmp_path, "--max-artifacts-bytes", "4096") as capped:
+        token = add_token(capped.state, "acme", "agent:a")
+        script = ('d="$(ls -d ../artifacts/*/ | head -1)"; head -c 3000 /dev/zero > "$d"a.bin; '
+                  'head -c 3000 /dev/zero > "$d"b.bin; echo wrote')
+        with capped.client(token) as c:
+            rec = _exec(c, {"project_id": "cap", "exec": {"kind": "shell", "script": script}}
+                        ).json()
+            listed = {a["path"] for a in c.get(
+                f"/sandbox/execs/{rec['exec_id']}/artifacts").json()["artifacts"]}
+    assert rec["status"] == "failed", rec
+    assert rec["error_code"] == "QUOTA.BUDGET_EXCEEDED"
+    assert rec["exit_code"] == 0
+    assert not {"a.bin", "b.bin"} & listed
+    assert "stdout.txt" in listed
+    assert not (Path(rec["artifacts_path"]) / "a.bin").exists()

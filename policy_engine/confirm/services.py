@@ -13,9 +13,10 @@ import logging
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 DEFAULT_VALID_MS = 5 * 60 * 1000
@@ -140,6 +141,8 @@ class WebhookConfirmation:
         self.max_skew_ms = max_skew_ms
 
     def confirm(self, request: ConsentRequest) -> ConsentAnswer:
+        import httpx  # only the webhook mode needs an HTTP client
+
         body = json.dumps(request.to_json(), sort_keys=True).encode()
         ts = str(_now())
         headers = {"content-type": "application/json", "x-pe-timestamp": ts,

@@ -43,13 +43,22 @@ class ProjectDirs:
         self.artifacts = self.base / "artifacts"
 
     def create(self, exec_id: str) -> Path:
-        for d in (self.inputs, self.work, self.artifacts):
-            d.mkdir(parents=True, exist_ok=True)
-            if d.is_symlink():  # only the service creates these; refuse a planted link
-                raise ServiceError("SANDBOX.CAPABILITY_BLOCKED", 403,
-                                   "blocked by sandbox policy: workspace directory is a link")
-        out = self.artifacts / exec_id
-        out.mkdir(mode=0o755)
+        """The project's directories and ``artifacts/<exec_id>``.
+
+        :raises ServiceError: ``PROVIDER.UNAVAILABLE`` (503) when the workspace cannot be
+            written (see ``GET /sandbox/health``).
+        """
+        try:
+            for d in (self.inputs, self.work, self.artifacts):
+                d.mkdir(parents=True, exist_ok=True)
+                if d.is_symlink():  # only the service creates these; refuse a planted link
+                    raise ServiceError("SANDBOX.CAPABILITY_BLOCKED", 403, "blocked by sandbox "
+                                       "policy: workspace directory is a link")
+            out = self.artifacts / exec_id
+            out.mkdir(mode=0o755)
+        except OSError as exc:
+            raise ServiceError("PROVIDER.UNAVAILABLE", 503, "provider unavailable: the exec "
+                               f"workspace cannot be written ({exc.strerror})", True) from None
         return out
 
     def write_input(self, rel: str, data: bytes) -> None:

@@ -449,3 +449,18 @@ def test_artifacts_over_the_total_cap_are_removed(tmp_path: Path) -> None:
     assert not {"a.bin", "b.bin"} & listed
     assert "stdout.txt" in listed
     assert not (Path(rec["artifacts_path"]) / "a.bin").exists()
+
+
+def test_health_reports_an_unwritable_workspace(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with start(tmp_path, "--workspace", str(blocker / "ws")) as broken:
+        with broken.client() as c:
+            body = c.get("/sandbox/health").json()
+        token = add_token(broken.state, "acme", "agent:a")
+        with broken.client(token) as c:
+            resp = _exec(c, {"project_id": "p", "exec": {"kind": "shell", "script": "true"}})
+    assert body["status"] == "degraded"
+    assert body["workspace_writable"] is False
+    _assert_error(resp, 503, "PROVIDER.UNAVAILABLE")
+    assert "Traceback" not in broken.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -58,3 +59,25 @@ def test_input_paths_leaving_inputs_are_refused(raw: str) -> None:
         normalize_input_path(raw)
     assert info.value.http_status == 400
     assert info.value.code == "SERVICE.BAD_REQUEST"
+
+
+def test_tokens_cli_exit_codes(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from policy_engine.cli.tokens import command
+
+    runner = CliRunner()
+    state = ["--state-dir", str(tmp_path)]
+    bad = runner.invoke(command, ["add", "--tenant", "../evil", "--subject", "s", *state])
+    assert bad.exit_code == 2
+    assert "tenant" in bad.output
+    assert "Traceback" not in bad.output
+    added = runner.invoke(command, ["add", "--tenant", "acme", "--subject", "s", "--format",
+                                    "json", *state])
+    assert added.exit_code == 0, added.output
+    token_id = json.loads(added.stdout)["token_id"]
+    listed = runner.invoke(command, ["list", *state])
+    assert f"{token_id}  live" in listed.output
+    assert runner.invoke(command, ["revoke", token_id, *state]).exit_code == 0
+    assert runner.invoke(command, ["revoke", token_id, *state]).exit_code == 1
+    assert f"{token_id}  revoked" in runner.invoke(command, ["list", *state]).output

@@ -196,12 +196,17 @@ class ProxyHandler(socketserver.StreamRequestHandler):
             received = meta["bytes_in"] = len(answer)  # INVARIANT: meta = what was charged
             self.wfile.write(answer)
             for chunk in response.iter_raw():
+                left = policy.meter.left("in", limit)
+                part = chunk if left is None else chunk[:left]  # cut at the limit exactly
                 if (time.monotonic() > policy.deadline
-                        or not policy.meter.take("in", len(chunk), limit)):
+                        or not policy.meter.take("in", len(part), limit)):
                     meta["cut_off"] = True
                     break
-                received = meta["bytes_in"] = received + len(chunk)
-                self.wfile.write(chunk)
+                received = meta["bytes_in"] = received + len(part)
+                self.wfile.write(part)
+                if len(part) < len(chunk):
+                    meta["cut_off"] = True
+                    break
 
     def _tunnel(self, head: Head, meta: dict[str, object]) -> None:
         """CONNECT: decided as an https GET of the authority, then opened only where the rule

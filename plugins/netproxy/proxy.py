@@ -108,13 +108,18 @@ class ProxyHandler(socketserver.StreamRequestHandler):
         if "url" in meta:
             self.server.policy.record(SideEffectRec(kind=SideEffect.NETWORK, meta=dict(meta)))
 
-    def _vet(self, op: NetHttpOp,
-             meta: dict[str, object]) -> tuple[Vetted, tuple[IPAddress, ...]]:
+    def _vet(self, op: NetHttpOp, meta: dict[str, object],
+             decided: Callable[[Vetted], None] | None = None,
+             ) -> tuple[Vetted, tuple[IPAddress, ...]]:
+        """Decide ``op``, call ``decided`` (which may refuse) before the name is resolved, then
+        resolve and vet the addresses."""
         policy = self.server.policy
         try:
             vetted = vet(policy.guard, policy.profile, op)
             u = vetted.url
             meta["url"] = redacted_url(u.scheme, u.host, u.port, u.path)
+            if decided is not None:
+                decided(vetted)
             pinned = pin(u.host, u.port, u.ip, vetted.hosts, policy.resolver)
         except PolicyEngineError as exc:
             meta.setdefault("url", _shown(op.url))
@@ -150,19 +155,29 @@ class ProxyHandler(socketserver.StreamRequestHandler):
                 f"request of {out_bytes} bytes (line and headers {head.size}, body {length}) "
                 f"exceeds what is left of max_bytes_out ({cap} bytes)"))
         body = self.rfile.read(int(length)) if int(length) else b""
+        out_bytes = head.size + len(body)
         op = NetHttpOp(method=method, url=target, headers=kept,
                        body_b64=base64.b64encode(body).decode() if body else None)
-        vetted, addresses = self._vet(op, meta)
-        try:
-            sent_headers = clean_request_headers(kept)
-        except PolicyEngineError as exc:
-            raise Refused(exc) from None
-        refusal = policy.meter.charge("out", head.size + len(body),
-                                      policy.cap("max_bytes_out", vetted.max_bytes_out),
-                                      "request (line, headers and body)")
+        sent_headers: list[tuple[str, str]] = []
+        what = "request (line, headers and body)"
+
+        def check(vetted: Vetted) -> None:  # refused here, it costs no DNS lookup
+            sent_headers.extend(clean_request_headers(kept))
+            left = policy.meter.left("out", policy.cap("max_bytes_out", vetted.max_bytes_out))
+            if left is not None and out_bytes > left:
+                raise PolicyEngineError(
+                    ErrorCode.CAPABILITY_BLOCKED,
+                    f"{what} of {out_bytes} bytes exceeds what is left of max_bytes_out "
+                    f"({left} bytes)")
+
+        vetted, addresses = self._vet(op, meta, check)
+        # charged once the addresses are vetted (a refused request costs nothing); the
+        # charge, not the check, is what holds against concurrent requests
+        refusal = policy.meter.charge("out", out_bytes,
+                                      policy.cap("max_bytes_out", vetted.max_bytes_out), what)
         if refusal is not None:
             raise Refused(refusal)
-        meta["bytes_out"] = head.size + len(body)
+        meta["bytes_out"] = out_bytes
         u = vetted.url
         remaining = min(policy.deadline - time.monotonic(),
                         (vetted.timeout_ms or 60_000) / 1000)

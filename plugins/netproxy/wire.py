@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import BinaryIO
+from io import BufferedIOBase
 
 from policy_engine.errors import REGISTRY, ErrorCode, PolicyEngineError
 
@@ -42,7 +42,7 @@ class Head:
     size: int
 
 
-def read_head(rfile: BinaryIO) -> Head:
+def read_head(rfile: BufferedIOBase) -> Head:
     """Read one request head, refusing (``SCHEMA.VALIDATION_FAILED``) one that is malformed,
     has a request line over ``MAX_LINE`` (414), or header lines over ``MAX_LINE``, over
     ``MAX_HEAD`` in all or more than ``MAX_HEADERS`` of them (431)."""

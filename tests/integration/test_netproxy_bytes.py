@@ -9,6 +9,7 @@ received, which the budget charge (what becomes the call's usage) and the eviden
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from plugins.executor_proc.executor import ProcExecutor
+from plugins.netproxy import RestrictedNetwork
 from policy_engine.cli.main import cli
 from policy_engine.errors import ErrorCode
 from policy_engine.executor import ExecContext
@@ -33,6 +35,7 @@ from policy_engine.model import (
     SideEffect,
 )
 from tests.integration.servers import Handler, LoopbackServer, compiled_profile, send
+from tests.integration.test_netproxy import sandboxed as sandboxed_net
 
 pytestmark = pytest.mark.integration
 
@@ -267,3 +270,35 @@ def test_cli_usage_and_evidence_count_header_exfiltration(
     assert sum(m.get("bytes_out", 0) for m in proxied) == used["bytes_out"]
     assert "qqqq" not in result.output
     assert "hhhh" not in result.output
+
+
+def test_a_rules_own_bytes_out_refuses_a_large_head_before_any_lookup(
+    tmp_path: Path, server: LoopbackServer,
+) -> None:
+    """The call allows 1 MiB out, the matched rule 1 KiB: a 2 KB header is refused on the
+    rule's limit before the name is resolved (no DNS query carries the request anywhere)."""
+    lookups: list[str] = []
+
+    def stub_dns(host: str, port: int) -> list[ipaddress.IPv4Address]:
+        lookups.append(host)
+        return [ipaddress.IPv4Address("127.0.0.1")]
+
+    rules = ("defaults {\n  network restricted\n  limits { bytes_out 1MiB }\n}\n"
+             f'permit "svc" net.http hosts ["svc.test"] ports [{server.port}] schemes ["http"]\n'
+             '  methods ["GET"] limits { bytes_out 1KiB }')
+    cap = NetHttpCapability(hosts=("svc.test",), ports=(server.port,), schemes=("http",),
+                            methods=("GET",))
+    profile, guard = compiled_profile(tmp_path, rules, (cap,), network="restricted")
+    base = f"http://svc.test:{server.port}"
+    reqs = [get(base, "/x", f"X-Data: {'h' * 2000}\r\n"), get(base, "/x")]
+    with RestrictedNetwork(profile, guard, resolver=stub_dns).start() as net:
+        run = sandboxed_net(net, ["python3", "-c", RAW, json.dumps(reqs)])
+        effects = [dict(e.meta) for e in net.side_effects()]
+        moved = net.traffic()
+    out = json.loads(run.stdout)
+    assert [o["status_line"].split()[1] for o in out] == ["403", "200"], run.stderr
+    assert out[0]["code"] == BLOCKED
+    assert lookups == ["svc.test"]  # only the small request was resolved
+    assert [p for _m, p, _h in server.seen.requests] == ["/x"]
+    assert moved == (out[1]["received"], out[1]["sent"])
+    assert [e.get("refused") for e in effects] == [BLOCKED, None]

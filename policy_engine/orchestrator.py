@@ -14,6 +14,7 @@ from policy_engine.config import EngineConfig
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.evidence import (
     EMPTY_DIGEST,
+    decision_fields,
     SpoolingSink,
     allowing_template,
     capability_string,
@@ -335,7 +336,8 @@ class Orchestrator:
             sandbox_latency_ms=round(latency_ms, 3),
             sandbox_timed_out=bool(attempt and attempt.timed_out), sandbox_success=ok,
             sandbox_error_kind=error_kind, sandbox_degraded=bool(degraded),
-            sandbox_degrade_reason="; ".join(degraded) or None)
+            sandbox_degrade_reason="; ".join(degraded) or None,
+            **decision_fields(decision, profile, self.policyset.version_hash))
         for sink in self.sinks:
             sink.end(end)
         self._observe(op, status, err, usage, latency_ms)

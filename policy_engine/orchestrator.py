@@ -53,6 +53,7 @@ from policy_engine.orchestration.running import Attempt, run_with_deadline
 from policy_engine.orchestration.selection import select
 from policy_engine.plugin_manager import PluginManager
 from policy_engine.profile import ProfileBuilder
+from policy_engine.replay.record import ReplayRecorder
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,7 @@ class Orchestrator:
         # keys the per-argument and URL digests of the evidence (evidence/redact.py says why);
         # loaded before any plugin opens something that would need closing on failure
         self.evidence_key = load_or_create_key(config.state_dir)
+        self.replay = ReplayRecorder(config.plugin_options("replay"), config.state_dir)
         self.plugins.configure(config)
         self.components = self.plugins.components(config)
         missing = [s for s in config.evidence_sinks if s not in self.components.sinks]
@@ -182,16 +184,21 @@ class Orchestrator:
         now = now_ms if now_ms is not None else self._clock()
         envelope = self._ids()
         kind = OpKind(op.kind)
+
+        def replay(profile: Profile | None) -> dict[str, Any] | None:
+            return self.replay.block(envelope, op, grant, manifest, profile, settings=settings,
+                                     overrides=overrides, context=context, now_ms=now)
+
         # 1) revocation and expiry: checked before anything is derived from the grant
         refusal = self._grant_refusal(grant, now)
         if refusal is not None:
-            return self._refused(envelope, grant, None, op, now, started, refusal)
+            return self._refused(envelope, grant, None, op, now, started, refusal, replay(None))
         # 2) profile
         t0 = time.perf_counter()
         try:
             profile = self.builder.build(grant, manifest, settings=settings, overrides=overrides)
         except PolicyEngineError as exc:
-            return self._refused(envelope, grant, None, op, now, started, exc)
+            return self._refused(envelope, grant, None, op, now, started, exc, replay(None))
         self.metrics.profile_build_ms.observe((time.perf_counter() - t0) * 1000)
         # 3) guard
         t0 = time.perf_counter()
@@ -199,7 +206,7 @@ class Orchestrator:
         self.metrics.guard_validate_ms.observe((time.perf_counter() - t0) * 1000)
         self.plugins.notify_decision(profile, op, decision)
         # 4) evidence.begin — before anything can run, and for a denial too
-        begin = self._begin(envelope, grant, profile, op, now)
+        begin = self._begin(envelope, grant, profile, op, now, replay(profile))
         if not decision.allowed:
             code = ErrorCode(decision.code or ErrorCode.PERMISSION_DENY)
             err = PolicyEngineError(code, decision.reason or "denied")
@@ -261,7 +268,7 @@ class Orchestrator:
         return None
 
     def _begin(self, envelope: str, grant: Grant, profile: Profile | None, op: ExecOp,
-               now: int) -> EvidenceBegin:
+               now: int, replay: dict[str, Any] | None = None) -> EvidenceBegin:
         ev = EvidenceBegin(
             envelope_id=envelope, tenant=grant.tenant, subject_id=grant.subject_id,
             tool_name=grant.tool_name, call_id=grant.call_id,
@@ -270,16 +277,17 @@ class Orchestrator:
             inputs_digest=inputs_digest(op, self.evidence_key),
             produced_at_ms=now,
             policy_version_hash=(profile.policy_version_hash if profile
-                                 else self.policyset.version_hash))
+                                 else self.policyset.version_hash), replay=replay)
         for sink in self.sinks:
             sink.begin(ev)
         return ev
 
     def _refused(self, envelope: str, grant: Grant, profile: Profile | None, op: ExecOp,
-                 now: int, started: float, err: PolicyEngineError) -> RunOutcome:
+                 now: int, started: float, err: PolicyEngineError,
+                 replay: dict[str, Any] | None = None) -> RunOutcome:
         decision = Decision(decision="deny", code=err.code.value, http_status=err.http_status,
                             reason=err.reason)
-        begin = self._begin(envelope, grant, profile, op, now)
+        begin = self._begin(envelope, grant, profile, op, now, replay)
         return self._finish(begin, decision, profile, op, started, err=err, status="denied")
 
     def _reconcile(self, attempt: Attempt, key: str, profile: Profile,

@@ -14,10 +14,10 @@ from policy_engine.config import EngineConfig
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.evidence import (
     EMPTY_DIGEST,
-    decision_fields,
     SpoolingSink,
     allowing_template,
     capability_string,
+    decision_fields,
     digest_json,
     inputs_digest,
     load_or_create_key,

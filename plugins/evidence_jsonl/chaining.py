@@ -10,7 +10,7 @@ import os
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from policy_engine.evidence.chain import checkpoint, chained, line_hash, link_of, next_link
+from policy_engine.evidence.chain import chained, checkpoint, line_hash, link_of, next_link
 
 _CHUNK = 64 << 10
 

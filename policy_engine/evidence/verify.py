@@ -1,4 +1,4 @@
-"""Verifying a hash-chained evidence log: the first edited, deleted, inserted or reordered record."""
+"""Verifying a hash-chained evidence log: the first edited, deleted, inserted or moved record."""
 
 from __future__ import annotations
 

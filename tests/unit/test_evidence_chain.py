@@ -34,7 +34,7 @@ def end(eid: str, status: str = "ok") -> EvidenceEnd:
                        outputs_digest=Digest.of(b""), finished_at_ms=2)
 
 
-@pytest.fixture()
+@pytest.fixture
 def keys(tmp_path: Path) -> tuple[Path, Path]:
     private, public = tmp_path / "sign.pem", tmp_path / "sign.pub"
     generate_key(private, public)

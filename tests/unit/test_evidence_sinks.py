@@ -21,8 +21,8 @@ from policy_engine.evidence import (
     inputs_digest,
     redacted_op,
 )
-from policy_engine.hookspecs import hookimpl
 from policy_engine.evidence.chain import strip_chain
+from policy_engine.hookspecs import hookimpl
 from policy_engine.model import (
     Digest,
     EvidenceBegin,

@@ -13,7 +13,7 @@ from policy_engine.cli.boundary import BoundaryGroup
 
 # Commands in the order `--help` lists them; each module exposes `command: click.Command`.
 COMMAND_MODULES = ("check", "lint", "explain", "run", "schema", "plugins", "stats",
-                   "conformance", "test", "fmt", "evidence", "replay")
+                   "conformance", "test", "fmt", "evidence", "replay", "diff")
 
 
 @click.group(cls=BoundaryGroup, context_settings={"help_option_names": ["-h", "--help"]})

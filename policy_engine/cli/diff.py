@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import click
 
-from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, echo_json, load_or_exit
+from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, load_or_exit
 from policy_engine.cli.replay import seal_key_of
 from policy_engine.compiler import compile_files
 
@@ -31,9 +32,10 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
 @click.option("--all", "show_all", is_flag=True, help="list unchanged requests too")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
               default="text", show_default=True, help="output format (markdown: a PR comment)")
+@click.option("--output", type=_FILE, help="write the report to this file instead of stdout")
 def command(old: Path, new: Path, requests: tuple[Path, ...], tests: tuple[Path, ...],
             logs: tuple[Path, ...], boundary: bool, seal_key: Path | None,
-            state_dir: Path | None, show_all: bool, fmt: str) -> None:
+            state_dir: Path | None, show_all: bool, fmt: str, output: Path | None) -> None:
     """Decide the same requests under policy OLD and policy NEW (each an entry .sbpolicy file,
     imports followed) and list those whose decision or code changes, with both deciding rules.
     Nothing is executed.
@@ -70,9 +72,18 @@ def command(old: Path, new: Path, requests: tuple[Path, ...], tests: tuple[Path,
         probes += boundary_probes(before, after)
     results = compare(before, after, probes)
     if fmt == "json":
-        echo_json({"old": str(old), "new": str(new), **to_json(results, show_all=show_all)})
+        text = json.dumps({"old": str(old), "new": str(new),
+                           **to_json(results, show_all=show_all)}, indent=2, ensure_ascii=False)
     elif fmt == "markdown":
-        click.echo(to_markdown(results, title=f"Policy diff: `{old.name}` → `{new.name}`"))
+        text = to_markdown(results, title=f"Policy diff: `{old.name}` → `{new.name}`")
     else:
-        click.echo(to_text(results, show_all=show_all))
+        text = to_text(results, show_all=show_all)
+    if output is None:
+        click.echo(text)
+    else:
+        try:
+            output.write_text(text + "\n", encoding="utf-8")
+        except OSError as exc:
+            click.echo(f"error: cannot write `{output}`: {exc.strerror or exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
     sys.exit(EXIT_FAILED if any(r.status == "changed" for r in results) else EXIT_OK)

@@ -54,6 +54,7 @@ from policy_engine.orchestration.selection import select
 from policy_engine.plugin_manager import PluginManager
 from policy_engine.profile import ProfileBuilder
 from policy_engine.replay.record import ReplayRecorder
+from policy_engine.replay.shadow import ShadowPolicy
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,8 @@ class Orchestrator:
                  plugins: PluginManager | None = None, clock: Callable[[], int] | None = None,
                  profile_builder: ProfileBuilderLike | None = None,
                  guard: GuardLike | None = None, revocations: RevocationWatcher | None = None,
-                 metrics: Metrics | None = None, ids: Callable[[], str] | None = None) -> None:
+                 metrics: Metrics | None = None, ids: Callable[[], str] | None = None,
+                 shadow: PolicySet | None = None) -> None:
         self.policyset = policyset
         self.config = config
         self.plugins = plugins if plugins is not None else PluginManager.default()
@@ -134,6 +136,8 @@ class Orchestrator:
         # loaded before any plugin opens something that would need closing on failure
         self.evidence_key = load_or_create_key(config.state_dir)
         self.replay = ReplayRecorder(config.plugin_options("replay"), config.state_dir)
+        # an audit-only policy deciding beside the enforcing one (replay/shadow.py)
+        self.shadow = ShadowPolicy(shadow, self.metrics) if shadow is not None else None
         self.plugins.configure(config)
         self.components = self.plugins.components(config)
         missing = [s for s in config.evidence_sinks if s not in self.components.sinks]
@@ -206,7 +210,10 @@ class Orchestrator:
         self.metrics.guard_validate_ms.observe((time.perf_counter() - t0) * 1000)
         self.plugins.notify_decision(profile, op, decision)
         # 4) evidence.begin — before anything can run, and for a denial too
-        begin = self._begin(envelope, grant, profile, op, now, replay(profile))
+        audit = None if self.shadow is None else self.shadow.decide(
+            grant, manifest, op, settings=settings, overrides=overrides, context=context,
+            now_ms=now, enforced=decision)
+        begin = self._begin(envelope, grant, profile, op, now, replay(profile), audit)
         if not decision.allowed:
             code = ErrorCode(decision.code or ErrorCode.PERMISSION_DENY)
             err = PolicyEngineError(code, decision.reason or "denied")
@@ -268,7 +275,8 @@ class Orchestrator:
         return None
 
     def _begin(self, envelope: str, grant: Grant, profile: Profile | None, op: ExecOp,
-               now: int, replay: dict[str, Any] | None = None) -> EvidenceBegin:
+               now: int, replay: dict[str, Any] | None = None,
+               shadow: dict[str, Any] | None = None) -> EvidenceBegin:
         ev = EvidenceBegin(
             envelope_id=envelope, tenant=grant.tenant, subject_id=grant.subject_id,
             tool_name=grant.tool_name, call_id=grant.call_id,
@@ -277,7 +285,8 @@ class Orchestrator:
             inputs_digest=inputs_digest(op, self.evidence_key),
             produced_at_ms=now,
             policy_version_hash=(profile.policy_version_hash if profile
-                                 else self.policyset.version_hash), replay=replay)
+                                 else self.policyset.version_hash), replay=replay,
+            shadow=shadow)
         for sink in self.sinks:
             sink.begin(ev)
         return ev
@@ -409,12 +418,12 @@ def _denial_kind(code: ErrorCode) -> str:
 def run_once(policyset: PolicySet, grant: Grant, manifest: Manifest, op: ExecOp, *,
              config: EngineConfig, settings: Settings | None = None,
              overrides: Overrides | None = None, context: Mapping[str, object] | None = None,
-             now_ms: int | None = None) -> RunOutcome:
+             now_ms: int | None = None, shadow: PolicySet | None = None) -> RunOutcome:
     """Run a single call with a fresh orchestrator and close it (flushing spools): the
     ``policy-engine run`` command.
 
     :raises ValueError: the configuration names a sink or meter no plugin provides.
     """
-    with Orchestrator(policyset, config=config) as orch:
+    with Orchestrator(policyset, config=config, shadow=shadow) as orch:
         return orch.run(grant, manifest, op, settings=settings, overrides=overrides,
                         context=context, now_ms=now_ms)

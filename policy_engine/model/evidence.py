@@ -67,6 +67,9 @@ class EvidenceBegin(BaseModel):
     replay: dict[str, Any] | None = Field(
         default=None, description="what `policy-engine replay` needs to decide the call again "
         "(policy_engine/replay/record.py): the redacted op, grant, manifest, settings")
+    shadow: dict[str, Any] | None = Field(
+        default=None, description="what the shadow (audit) policy would decide, unenforced "
+        "(policy_engine/replay/shadow.py): decision, code, rule, would_deny")
 
 
 class EvidenceEnd(BaseModel):

@@ -132,6 +132,7 @@ class Orchestrator:
         self._ids = ids or (lambda: uuid.uuid4().hex)
         self.builder: ProfileBuilderLike = profile_builder or ProfileBuilder(policyset)
         self.guard: GuardLike = guard or Guard(policyset)
+        self._active: tuple[ProfileBuilderLike, GuardLike] = (self.builder, self.guard)
         # keys the per-argument and URL digests of the evidence (evidence/redact.py says why);
         # loaded before any plugin opens something that would need closing on failure
         self.evidence_key = load_or_create_key(config.state_dir)
@@ -155,6 +156,14 @@ class Orchestrator:
             revocations = (SqliteRevocationList(config.state_dir / "revocations.sqlite")
                            if config.revocation == "sqlite" else MemoryRevocationList())
         self.revocations = revocations if config.revocation != "none" else None
+
+    def swap_policy(self, policyset: PolicySet) -> None:
+        """Make ``policyset`` the policy of every call that starts from now on (hot reload,
+        policy_engine/rollout/reload.py); calls already running finish under the old one.
+        """
+        builder, guard = ProfileBuilder(policyset), Guard(policyset)
+        self._active = (builder, guard)  # one assignment: a call sees the old pair or the new
+        self.policyset, self.builder, self.guard = policyset, builder, guard
 
     def _count_sink_failure(self, sink: str) -> None:
         self.metrics.sink_failures_total.labels(sink=sink).inc()
@@ -188,6 +197,9 @@ class Orchestrator:
         now = now_ms if now_ms is not None else self._clock()
         envelope = self._ids()
         kind = OpKind(op.kind)
+        # one read of the policy this call runs under, start to end: a reload (swap_policy)
+        # between two steps must never mix two policies in one call
+        builder, guard = self._active
 
         def replay(profile: Profile | None) -> dict[str, Any] | None:
             return self.replay.block(envelope, op, grant, manifest, profile, settings=settings,
@@ -200,13 +212,13 @@ class Orchestrator:
         # 2) profile
         t0 = time.perf_counter()
         try:
-            profile = self.builder.build(grant, manifest, settings=settings, overrides=overrides)
+            profile = builder.build(grant, manifest, settings=settings, overrides=overrides)
         except PolicyEngineError as exc:
             return self._refused(envelope, grant, None, op, now, started, exc, replay(None))
         self.metrics.profile_build_ms.observe((time.perf_counter() - t0) * 1000)
         # 3) guard
         t0 = time.perf_counter()
-        decision = self.guard.decide(profile, op, context=context, now_ms=now)
+        decision = guard.decide(profile, op, context=context, now_ms=now)
         self.metrics.guard_validate_ms.observe((time.perf_counter() - t0) * 1000)
         self.plugins.notify_decision(profile, op, decision)
         # 4) evidence.begin — before anything can run, and for a denial too
@@ -244,7 +256,7 @@ class Orchestrator:
         # executors that decide again mid-operation (redirects, subrequests, the restricted
         # proxy) must use this call's policy-aware guard, never a policy-less one
         ctx = ExecContext(profile=profile, deadline=time.monotonic() + profile.timeout_ms / 1000,
-                          degraded=sel.degraded, consume=consume, guard=self.guard)
+                          degraded=sel.degraded, consume=consume, guard=guard)
         self.metrics.observe_exec(kind, profile)
         attempt = run_with_deadline(sel.executor, ctx, op, cancel)
         attempt = self._reconcile(attempt, key, profile, charged)

@@ -130,7 +130,7 @@ class JsonlSink:
                 self._torn = TornRecord(end - written, line[:written], line)
                 self._tail.forget()
             else:
-                self._tail.wrote(fd, line)
+                self._tail.wrote(fd)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         if self._torn is not None:

@@ -218,3 +218,17 @@ def test_unusable_inputs_exit_2_without_a_traceback(tmp_path: Path) -> None:
     code, out = verify(log, "--public-key", str(tmp_path / "bad.pem"))
     assert code == 2
     assert "not a PEM public key" in out
+
+
+def test_a_log_written_before_chaining_continues_and_its_prefix_is_reported(
+        tmp_path: Path) -> None:
+    log = tmp_path / "ev.jsonl"
+    old = [begin("old").model_dump_json().encode(), end("old").model_dump_json().encode()]
+    put(log, old)
+    write_log(log, 1)
+    rows = lines(log)
+    assert rows[:2] == old
+    assert json.loads(rows[2])["chain"] == {"seq": 0, "prev": hashlib.sha256(old[1]).hexdigest()}
+    code, out = verify(log)
+    assert code == 0, out
+    assert "the first 2 line(s) predate chaining" in out

@@ -155,3 +155,23 @@ def test_bad_inputs_exit_2(tmp_path: Path) -> None:
                                       str(tmp_path / "g.json")])
     assert result.exit_code == 2
     assert "shorter than 32 bytes" in result.output
+
+
+def test_sqlite_evidence_replays_and_diff_reads_evidence_too(tmp_path: Path) -> None:
+    common = setup(tmp_path, seal=True)
+    (tmp_path / "cfg.json").write_text(json.dumps(
+        {"evidence_sinks": ["jsonl", "sqlite"], "options": {"replay": {"seal": True}}}))
+    run(tmp_path, common, "git", "push", SECRET)
+    run(tmp_path, common, "git", "status")
+    db = tmp_path / "state" / "evidence" / "evidence.sqlite"
+    result = CliRunner().invoke(cli, ["replay", "--policy", str(tmp_path / "new.sbpolicy"),
+                                      "--state-dir", str(tmp_path / "state"), str(db)])
+    assert result.exit_code == 1, result.output
+    assert "2 call(s): 1 changed, 1 unchanged" in result.output
+    diffed = CliRunner().invoke(cli, [
+        "diff", str(tmp_path / "old.sbpolicy"), str(tmp_path / "new.sbpolicy"),
+        "--no-boundary", "--evidence", str(db), "--state-dir", str(tmp_path / "state")])
+    assert diffed.exit_code == 1, diffed.output
+    assert "before: deny SANDBOX.CAPABILITY_BLOCKED by no-push@old.sbpolicy:4:1" in diffed.output
+    assert "after:  allow by git-read@new.sbpolicy:3:1" in diffed.output
+    assert SECRET not in diffed.output

@@ -27,8 +27,11 @@ def command() -> None:
               help="Ed25519 public key (PEM) the checkpoints must be signed with")
 @click.option("--require-signature", is_flag=True,
               help="fail unless a valid signed checkpoint covers the last record")
+@click.option("--allow-unchained-prefix", is_flag=True,
+              help="accept records written before chaining at the start of the log")
 @format_option
-def verify(log: Path, public_key: Path | None, require_signature: bool, fmt: str) -> None:
+def verify(log: Path, public_key: Path | None, require_signature: bool,
+           allow_unchained_prefix: bool, fmt: str) -> None:
     """Verify the hash chain (and checkpoint signatures) of a JSONL or SQLite evidence LOG.
 
     Exits 0 when intact, 1 at the first edited, deleted, inserted or reordered record (or a bad
@@ -39,8 +42,9 @@ def verify(log: Path, public_key: Path | None, require_signature: bool, fmt: str
 
     try:
         public = load_public_key(public_key) if public_key else None
+        positions: list[int] | None = None
         if is_sqlite(log):
-            raws, external = read_sqlite(log)
+            raws, external, positions = read_sqlite(log)
             unit = "row"
         else:
             raws, external, unit = read_jsonl(log), [], "line"
@@ -50,23 +54,29 @@ def verify(log: Path, public_key: Path | None, require_signature: bool, fmt: str
     except ValueError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
-    report = verify_records(raws, public, external, unit)
-    covered = report.signed_through is not None and report.signed_through >= report.records - (
-        0 if unit == "row" else 1)
-    failed = not report.ok or (require_signature and not covered)
+    report = verify_records(raws, public, external, unit, positions)
+    last = positions[-1] if positions else report.records - (0 if unit == "row" else 1)
+    covered = report.signed_through is not None and report.signed_through >= last
+    # a log whose links were all stripped would look like one written before chaining
+    unchained = bool(report.legacy) and not allow_unchained_prefix
+    failed = not report.ok or (require_signature and not covered) or unchained
     if fmt == "json":
-        echo_json({**report.to_json(), "fully_signed": covered})
+        echo_json({**report.to_json(), "fully_signed": covered,
+                   "ok": report.ok and not unchained})
     else:
-        _render(report, log, unit, covered, require_signature)
+        _render(report, log, unit, covered, require_signature, allow_unchained_prefix)
     sys.exit(EXIT_FAILED if failed else EXIT_OK)
 
 
-def _render(report: Report, log: Path, unit: str, covered: bool, required: bool) -> None:
+def _render(report: Report, log: Path, unit: str, covered: bool, required: bool,
+            allowed: bool) -> None:
     for p in report.problems:
         click.echo(f"{log}:{p.position}: {p.kind}: {p.message}")
     if report.legacy:
-        click.echo(f"note: the first {report.legacy} {unit}(s) predate chaining and are not "
-                   "protected")
+        click.echo(f"{'note' if allowed else 'error'}: the first {report.legacy} {unit}(s) "
+                   "carry no chain link: written before chaining, or their links were "
+                   "stripped" + ("" if allowed else " (--allow-unchained-prefix accepts a log "
+                                 "written before chaining)"))
     if report.unsigned:
         click.echo(f"note: {report.checkpoints} checkpoint(s) not checked: give --public-key")
     elif report.checkpoints and report.signed_through is not None:
@@ -75,7 +85,7 @@ def _render(report: Report, log: Path, unit: str, covered: bool, required: bool)
         click.echo(f"note: the records after the last valid signed checkpoint are protected by "
                    f"the chain only: an edit of the very last {unit} or a cut tail is not "
                    "detectable" + (" (required: failing)" if required else ""))
-    state = "intact" if report.ok else "TAMPERED"
+    state = "intact" if report.ok and (allowed or not report.legacy) else "TAMPERED"
     click.echo(f"{log}: {state} ({report.records} {unit}s, {report.checkpoints} checkpoints)")
 
 

@@ -61,12 +61,14 @@ def _seq(record: dict[str, Any] | None) -> int | None:
 
 def verify_records(raws: list[bytes], public: Ed25519PublicKey | None = None,
                    external_checkpoints: list[dict[str, Any]] | None = None,
-                   unit: str = "line") -> Report:
+                   unit: str = "line", positions: list[int] | None = None) -> Report:
     """Walk the chain; stop at the first break (everything after it is suspect anyway).
 
     Checkpoints are chain members (JSONL) or ``external_checkpoints`` (SQLite's own table).
-    Without ``public`` the signatures are not checked and the report says so.
+    Without ``public`` the signatures are not checked and the report says so. ``positions``
+    names each record where it is stored (SQLite's ``seq`` column); default: its line number.
     """
+    at_ = positions or list(range(1, len(raws) + 1))
     report = Report(records=len(raws))
     parsed = [_parse(r) for r in raws]
     seqs = [_seq(p) for p in parsed]
@@ -79,7 +81,7 @@ def verify_records(raws: list[bytes], public: Ed25519PublicKey | None = None,
     expected_seq = 0
     expected_prev = line_hash(raws[start - 1]) if start else GENESIS
     for i in range(start, len(raws)):
-        pos, rec, seq = i + 1, parsed[i], seqs[i]
+        pos, rec, seq = at_[i], parsed[i], seqs[i]
         where = f"{unit} {pos}"
         if rec is None:
             report.problems.append(Problem(pos, "edited", f"{where} is not a JSON object "
@@ -112,13 +114,14 @@ def verify_records(raws: list[bytes], public: Ed25519PublicKey | None = None,
                        "the log's beginning was removed or edited")
                 report.problems.append(Problem(pos, "deleted" if seq else "edited", msg))
             else:
+                before = at_[i - 1]
                 report.problems.append(Problem(
-                    i, "edited", f"{unit} {i} (record #{seq - 1}) was edited: its hash no "
-                    f"longer matches the link stored in {where}"))
+                    before, "edited", f"{unit} {before} (record #{seq - 1}) was edited: its "
+                    f"hash no longer matches the link stored in {where}"))
             break
         expected_seq, expected_prev = seq + 1, line_hash(raws[i])
         hashes[seq] = (pos, expected_prev)
-    checkpoints = [(i + 1, p) for i, p in enumerate(parsed)
+    checkpoints = [(at_[i], p) for i, p in enumerate(parsed)
                    if p is not None and p.get("type") == "checkpoint"]
     checkpoints += [(0, c) for c in external_checkpoints or []]
     _check_signatures(report, checkpoints, hashes, public, unit)
@@ -161,15 +164,15 @@ def read_jsonl(path: Path) -> list[bytes]:
     return lines
 
 
-def read_sqlite(path: Path) -> tuple[list[bytes], list[dict[str, Any]]]:
-    """Records (in insertion order) and checkpoints of an evidence database, read-only.
+def read_sqlite(path: Path) -> tuple[list[bytes], list[dict[str, Any]], list[int]]:
+    """Records (in insertion order), checkpoints and each record's row ``seq``, read-only.
 
     :raises ValueError: not an evidence database.
     """
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            rows = db.execute("SELECT record FROM evidence_records ORDER BY seq").fetchall()
+            rows = db.execute("SELECT seq, record FROM evidence_records ORDER BY seq").fetchall()
             has_cp = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = "
                                 "'evidence_checkpoints'").fetchone()
             cps = db.execute("SELECT record FROM evidence_checkpoints ORDER BY id").fetchall() \
@@ -178,9 +181,9 @@ def read_sqlite(path: Path) -> tuple[list[bytes], list[dict[str, Any]]]:
             db.close()
     except sqlite3.Error as exc:
         raise ValueError(f"`{path}` is not a readable evidence database: {exc}") from None
-    records = [r.encode() if isinstance(r, str) else bytes(r) for (r,) in rows]
+    records = [r.encode() if isinstance(r, str) else bytes(r) for (_seq, r) in rows]
     checkpoints = [c for c in (_parse(t.encode()) for (t,) in cps) if c is not None]
-    return records, checkpoints
+    return records, checkpoints, [int(seq) for (seq, _r) in rows]
 
 
 def is_sqlite(path: Path) -> bool:

@@ -77,7 +77,7 @@ def load_calls(path: Path) -> list[RecordedCall]:
 
     :raises OSError: unreadable. :raises ValueError: not an evidence log.
     """
-    raws = read_sqlite(path)[0] if is_sqlite(path) else read_jsonl(path)
+    raws = read_sqlite(path)[0] if is_sqlite(path) else read_jsonl(path)  # rows in order
     begins: dict[str, Mapping[str, Any]] = {}
     ends: dict[str, Mapping[str, Any]] = {}
     for raw in raws:

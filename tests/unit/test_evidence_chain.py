@@ -205,7 +205,7 @@ def test_sqlite_rows_are_chained_and_an_edited_row_is_named(tmp_path: Path,
     db.execute("DELETE FROM evidence_records WHERE seq = 2")
     db.commit()
     db.close()
-    assert f"{db_path}:2: deleted" in verify(db_path)[1]
+    assert f"{db_path}:3: deleted" in verify(db_path)[1]  # row seq 3 follows the gap
 
 
 def test_unusable_inputs_exit_2_without_a_traceback(tmp_path: Path) -> None:
@@ -230,5 +230,18 @@ def test_a_log_written_before_chaining_continues_and_its_prefix_is_reported(
     assert rows[:2] == old
     assert json.loads(rows[2])["chain"] == {"seq": 0, "prev": hashlib.sha256(old[1]).hexdigest()}
     code, out = verify(log)
+    assert code == 1  # indistinguishable from a log whose links were stripped ...
+    assert "the first 2 line(s) carry no chain link" in out
+    code, out = verify(log, "--allow-unchained-prefix")  # ... unless the operator says so
     assert code == 0, out
-    assert "the first 2 line(s) predate chaining" in out
+
+
+def test_stripping_every_link_does_not_pass(tmp_path: Path) -> None:
+    log = tmp_path / "ev.jsonl"
+    write_log(log, 2)
+    stripped = [json.dumps({k: v for k, v in json.loads(r).items() if k != "chain"}).encode()
+                for r in lines(log)]
+    put(log, stripped)
+    code, out = verify(log)
+    assert code == 1
+    assert "TAMPERED" in out

@@ -146,6 +146,11 @@ def rule_ops(rule: CompiledRule, home: str) -> Iterator[ExecOp]:
                     yield BrowserNavOp(url=f"https://{h}/", extract="none")
         elif isinstance(cap, ProcCapability):
             yield from _proc_ops(cap)
+            timeout = rule.limits.timeout_ms if rule.limits else None
+            if timeout is not None:  # the rule's timeout and one millisecond more
+                args = next(iter(_proc_ops(cap))).args  # arguments the template admits
+                yield ProcExecOp(tool=cap.tool, args=args, timeout_ms=timeout)
+                yield ProcExecOp(tool=cap.tool, args=args, timeout_ms=timeout + 1)
         elif isinstance(cap, TmpCapability):
             yield TmpAllocOp(size_bytes=1)
             if cap.max_bytes is not None:
@@ -201,6 +206,8 @@ def boundary_probes(old: PolicySet, new: PolicySet) -> list[Probe]:
                 label = f"boundary of `{rule.id}`: {capability_string(op)}"
                 if isinstance(op, ProcExecOp):
                     label += " " + " ".join(op.args)
+                    if op.timeout_ms is not None:
+                        label += f" (timeout {op.timeout_ms} ms)"
                 elif isinstance(op, FsReadOp) and op.len is not None:
                     label += f" (len {op.len})"
                 try:

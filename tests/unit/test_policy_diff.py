@@ -113,6 +113,19 @@ def test_boundary_decisions_match_the_policy_directly(tmp_path: Path) -> None:
     assert "net.http:GET:https://api.example.com:444/" not in allowed
 
 
+def test_a_tightened_timeout_shows_at_its_edge(tmp_path: Path) -> None:
+    project(tmp_path)
+    (tmp_path / "new.sbpolicy").write_text(OLD.replace(
+        'args ["status" | "log"]', 'args ["status" | "log"] limits { timeout 10s }'))
+    (tmp_path / "old.sbpolicy").write_text(OLD.replace(
+        'args ["status" | "log"]', 'args ["status" | "log"] limits { timeout 20s }'))
+    code, out = diff(tmp_path, "--format", "json")
+    assert code == 1, out
+    changed = {c["envelope_id"] for c in json.loads(out)["calls"] if c["status"] == "changed"}
+    assert "boundary of `git`: proc.exec:git status (timeout 20000 ms)" in changed
+    assert "boundary of `git`: proc.exec:git status (timeout 10000 ms)" not in changed
+
+
 def test_bad_policy_exits_2_with_a_diagnostic(tmp_path: Path) -> None:
     project(tmp_path)
     (tmp_path / "new.sbpolicy").write_text("policy oops\n")

@@ -35,7 +35,9 @@ class JsonlSink:
     or ``end`` returns the record is in the kernel's page cache: it survives the engine being
     killed (SIGKILL, OOM, a crash) because the kernel, not the process, holds it, and a crash can
     at worst leave the one record being written torn at the very end, never lose or damage a
-    completed one. ``O_APPEND`` also keeps concurrent processes' lines whole.
+    completed one. ``O_APPEND`` also keeps concurrent processes' lines whole, and each record
+    is hash-chained to the one before it under the log's exclusive ``flock``
+    (:mod:`policy_engine.evidence.chain`; signed checkpoints with ``signing_key``).
 
     A short write (a full disk) is taken back out of the file before ``begin``/``end`` raises
     (see :mod:`plugins.evidence_jsonl.repair`), so the record the spool later retries starts on

@@ -15,6 +15,7 @@ import pytest
 
 from plugins.evidence_jsonl import JsonlSink
 from plugins.evidence_jsonl.repair import TornRecord, remove_torn
+from policy_engine.evidence.verify import verify_records
 from tests.integration.store_fixtures import envelopes, fill, make_fixture, small_tmpfs
 
 pytestmark = pytest.mark.integration
@@ -53,6 +54,10 @@ def test_full_evidence_disk_mid_run_leaves_no_torn_line_and_loses_no_record(
     assert sorted(kinds) == sorted(ids)  # no completed record lost
     assert all(k == ["begin", "end"] for k in kinds.values())
     assert sink.pending() == 0
+    # the repaired log, with the spooled records replayed into it, is one unbroken hash chain
+    chain = verify_records(raw.split(b"\n")[:-1])
+    assert chain.ok, chain.problems
+    assert chain.legacy == 0
 
 
 def test_cli_runs_on_a_full_evidence_disk_repair_the_torn_line(tmp_path: Path) -> None:

@@ -175,3 +175,15 @@ def test_sqlite_evidence_replays_and_diff_reads_evidence_too(tmp_path: Path) -> 
     assert "before: deny SANDBOX.CAPABILITY_BLOCKED by no-push@old.sbpolicy:4:1" in diffed.output
     assert "after:  allow by git-read@new.sbpolicy:3:1" in diffed.output
     assert SECRET not in diffed.output
+
+
+def test_bad_replay_options_stop_the_engine_with_a_clear_message(tmp_path: Path) -> None:
+    common = setup(tmp_path, seal=False)
+    for options, message in (({"seal": "yes"}, "`seal` must be true or false"),
+                             ({"encrypt": True}, "unknown option `encrypt`")):
+        (tmp_path / "cfg.json").write_text(json.dumps({"options": {"replay": options}}))
+        result = CliRunner().invoke(cli, ["run", "--policy", str(tmp_path / "old.sbpolicy"),
+                                          *common, "--", "git", "status"])
+        assert result.exit_code == 2, result.output
+        assert message in result.output
+        assert "Traceback" not in result.output

@@ -17,8 +17,11 @@ def decision_fields(decision: Decision, profile: Profile | None,
     decision carries when the guard reports them, else the profile's (the meet of grant,
     manifest, policy and settings), which is what the executor was held to.
     """
-    carried = getattr(decision, "limits", None)  # the guard may report its own effective limits
-    limits = carried if isinstance(carried, Limits) else (profile.limits if profile else None)
+    # the guard may report its own effective limits (the field is being added to Decision)
+    carried = next((v for v in (getattr(decision, n, None) for n in ("effective_limits",
+                                                                     "limits"))
+                    if isinstance(v, Limits)), None)
+    limits = carried if carried is not None else (profile.limits if profile else None)
     return {
         "decision": decision.decision,
         "rule": decision.rule,

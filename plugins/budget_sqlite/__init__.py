@@ -74,6 +74,10 @@ class SqliteBudgetMeter:
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
         self._ready = False  # directory, WAL mode and table are in place
+        # bumped on every failure: each thread reconnects at its next use, not only the thread
+        # that saw the failure (a connection opened while the file was unwritable stays
+        # read-only for its whole life, in whichever thread holds it)
+        self._generation = 0
         self._leases: SqliteLeases | None = None  # opened on the first acquire
         self._leases_lock = threading.Lock()
         try:
@@ -84,11 +88,14 @@ class SqliteBudgetMeter:
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "generation", 0) != self._generation:
+            self._drop(conn)
+            conn = None
         if conn is None:
             # isolation_level=None: autocommit, each charge is one statement and one transaction
             conn = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None,
                                    check_same_thread=False)
-            self._local.conn = conn
+            self._local.conn, self._local.generation = conn, self._generation
             with self._conns_lock:
                 self._conns.append(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
@@ -112,14 +119,19 @@ class SqliteBudgetMeter:
         """Drop this thread's connection (the next call reconnects: a replaced or repaired
         file is picked up) and describe the failure.
         """
+        self._generation += 1
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None:
-            self._local.conn = None
-            with self._conns_lock:
-                if conn in self._conns:
-                    self._conns.remove(conn)
-            conn.close()
+            self._drop(conn)
         return store_error("budget store", self.path, exc)
+
+    def _drop(self, conn: sqlite3.Connection) -> None:
+        """Close this thread's connection; its next use opens a new one."""
+        self._local.conn = None
+        with self._conns_lock:
+            if conn in self._conns:
+                self._conns.remove(conn)
+        conn.close()
 
     def _query(self, sql: str, params: Any) -> list[Any]:
         try:
@@ -161,6 +173,12 @@ class SqliteBudgetMeter:
         try:
             return self._lease_store().acquire(grant_key, limit, hold_s=hold_s)
         except sqlite3.Error as exc:
+            # reopen on the next acquire: a connection opened while the file was unwritable
+            # would stay read-only after a repair
+            with self._leases_lock:
+                if self._leases is not None:
+                    self._leases.close()
+                    self._leases = None
             raise store_error("budget store", self.path, exc) from exc
 
     def release(self, grant_key: str, lease: str) -> None:

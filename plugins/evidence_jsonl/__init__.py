@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from plugins.evidence_jsonl.chaining import ChainTail
 from plugins.evidence_jsonl.repair import TornRecord, remove_torn, trim_torn_tail
+from plugins.evidence_jsonl.reserve import FULL, SpaceReserve
 from policy_engine.config import EngineConfig
 from policy_engine.evidence import EvidenceSink
 from policy_engine.evidence.chain import signing_options
@@ -75,6 +76,8 @@ class JsonlSink:
         self._stop = threading.Event()
         self.fsyncs = 0  # how many fsyncs ran (for tests and the operations guide)
         self._torn: TornRecord | None = None  # a short write not yet taken back out
+        self._reserve = SpaceReserve(path)
+        self._reserved = False  # whether the reserve is held (retaken at the next record)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fd: int | None = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
@@ -85,6 +88,7 @@ class JsonlSink:
         except OSError as exc:
             os.close(self._fd)
             raise OSError(f"cannot repair evidence log `{path}`: {exc.strerror or exc}") from exc
+        self._reserved = self._reserve.hold()
         self._flusher: threading.Thread | None = None
         if self.fsync == "interval":
             self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
@@ -104,7 +108,20 @@ class JsonlSink:
             if self._torn is not None:  # never append behind a fragment still in the file
                 remove_torn(self._fd, self._torn, self.path)
                 self._torn = None
-            self._append(self._fd, record)
+            if not self._reserved:
+                self._reserved = self._reserve.hold()
+            try:
+                self._append(self._fd, record)
+            except OSError as exc:
+                if exc.errno not in FULL or not self._reserve.give_back():
+                    raise
+                # the record is out of the file again (or pending removal): retry once with
+                # the reserve's space, so a begun call's end is not lost to a full disk
+                self._reserved = False
+                if self._torn is not None:
+                    remove_torn(self._fd, self._torn, self.path)
+                    self._torn = None
+                self._append(self._fd, record)
             if self.fsync == "always":
                 os.fsync(self._fd)
                 self.fsyncs += 1

@@ -225,14 +225,25 @@ def test_cli_read_only_state_dir_names_the_evidence_log_and_the_cause_last(
     assert "Traceback" not in done.stderr
     assert "not provided by any loaded plugin" not in done.stderr
     log = state / "evidence" / "evidence.jsonl"
-    assert last_line(done) == (f"error: evidence sink `jsonl` could not be started: plugin "
-                               f"`evidence_jsonl`: OSError: cannot open evidence log `{log}`: "
-                               "Read-only file system")
+    if seeded:
+        assert last_line(done) == (f"error: evidence sink `jsonl` could not be started: plugin "
+                                   f"`evidence_jsonl`: OSError: cannot open evidence log `{log}`:"
+                                   " Read-only file system")
+    else:  # the first thing a fresh state dir needs is the key that digests arguments
+        key = state / "keys" / "evidence-hmac.key"
+        assert last_line(done) == (f"error: evidence key `{key}` cannot be created or read: "
+                                   "Read-only file system")
 
 
 def test_api_read_only_state_dir_refuses_to_start_with_the_cause(
         fx: Fixture, tmp_path: Path) -> None:
     with read_only(tmp_path / "state") as state, \
+            pytest.raises(ValueError, match=r"evidence key `.*/keys/evidence-hmac\.key` cannot "
+                                            r"be created or read: Read-only file system"):
+        fx.orchestrator(state)
+    seed = tmp_path / "seed"
+    fx.orchestrator(seed).close()  # a used state dir has its key: the sink is what fails
+    with read_only(tmp_path / "state", seed) as state, \
             pytest.raises(ValueError, match=r"could not be started: .*`.*/evidence/evidence"
                                             r"\.jsonl`: Read-only file system"):
         fx.orchestrator(state)

@@ -95,7 +95,9 @@ def test_run_takes_manifest_and_grant_from_the_request_and_writes_evidence(
         "run", "--policy", str(POLICY), "--state-dir", str(tmp_path), "--format", "json",
         "--request", str(EXAMPLES / "requests/read-private-key.json")])
     assert result.exit_code == 1, result.output
-    out = json.loads(result.output)
+    # the request's `now_ms` (for explain) is ignored by run, said on stderr, not in the JSON
+    assert "`now_ms` in the request is ignored" in result.stderr
+    out = json.loads(result.stdout)
     assert out["decision"]["code"] == "SANDBOX.CAPABILITY_BLOCKED"
     records = [json.loads(line) for line in
                (tmp_path / "evidence" / "evidence.jsonl").read_text().splitlines()]

@@ -78,7 +78,8 @@ class Plugin:
 
 LIAR = SubprocessExecutor("liar-proc", ExecutorCapabilities(
     op_kinds=frozenset({OpKind.PROC_EXEC}), network_modes=frozenset(NetworkMode),
-    bind_mounts=True, readonly_rootfs=True, resource_limits=True, env_filtering=True))
+    bind_mounts=True, readonly_rootfs=True, resource_limits=True, env_filtering=True,
+    mandatory_denies=True))
 HONEST = SubprocessExecutor("weak-proc", ExecutorCapabilities(
     op_kinds=frozenset({OpKind.PROC_EXEC}), network_modes=frozenset({NetworkMode.ON})))
 
@@ -103,18 +104,15 @@ def test_an_executor_lying_about_isolation_fails_the_claims_it_breaks() -> None:
         assert results[cid].status == "pass", results[cid].message
 
 
-def test_an_honest_weak_executor_passes_in_compat_mode_and_is_refused_in_strict() -> None:
+def test_an_honest_weak_executor_is_refused_in_compat_mode_too() -> None:
+    """A plain subprocess cannot enforce the mandatory denies (secrets, host control sockets),
+    and those never degrade: compat mode refuses it as strict mode does, naming why."""
     compat = statuses("weak-proc", HONEST, "compat")
-    not_passing = {cid: r.message for cid, r in compat.items() if r.status == "fail"}
-    # evidence.no-secrets is the engine's own duty (argv summaries), not the executor's
-    not_passing.pop("evidence.no-secrets", None)
-    assert not_passing == {}
-    assert compat["compat.degraded-recorded"].status == "pass"
-    assert {compat[c].status for c in ("claims.network-off", "claims.writes-confined",
-                                       "claims.not-host-root")} == {"n/a"}
+    assert compat["capabilities.runs[proc.exec]"].status == "fail"
+    assert "cannot enforce the mandatory denies" in compat["capabilities.runs[proc.exec]"].message
     strict = statuses("weak-proc", HONEST, "strict")
     assert strict["capabilities.runs[proc.exec]"].status == "fail"
-    assert "lacks" in strict["capabilities.runs[proc.exec]"].message
+    assert "cannot enforce the mandatory denies" in strict["capabilities.runs[proc.exec]"].message
 
 
 # ---- the evidence-sink kit -------------------------------------------------------------------

@@ -89,12 +89,18 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
               help="requests per tenant per minute (counted by the budget meter)")
 @click.option("--max-concurrent-execs", default=2, show_default=True, type=click.IntRange(1),
               help="sandbox execs running at once (seed 002 §5.1)")
+@click.option("--reload-interval", default=2.0, show_default=True,
+              type=click.FloatRange(0, 3600),
+              help="seconds between checks of the policy files for changes (hot reload: a "
+              "bundle that compiles is swapped in for new requests; one that does not is "
+              "reported by /sandbox/health and the old policy stays); 0 turns it off")
 def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Path | None,
             manifests: tuple[Path, ...], workspace: Path | None,
             root_fs: Path | None, max_artifacts_bytes: int, security_mode: str, confirmation: str,
             approver_url: str | None, approver_secret_file: Path | None,
             approver_timeout: float, allow_inline_manifests: bool, host: str, port: int,
-            max_body_bytes: int, rate_per_minute: int, max_concurrent_execs: int) -> None:
+            max_body_bytes: int, rate_per_minute: int, max_concurrent_execs: int,
+            reload_interval: float) -> None:
     """Serve the HTTP API: decide, run ops and sandbox execs for token-holding tenants.
 
     Exits 2 on unusable input (policy, config, manifest, address in use).
@@ -128,7 +134,9 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
                                         if root_fs is not None else None),
                            security_mode=SecurityMode(security_mode), confirmation=confirm,
                            allow_inline_manifests=allow_inline_manifests,
-                           max_artifacts_bytes=max_artifacts_bytes)
+                           max_artifacts_bytes=max_artifacts_bytes,
+                           policy_files=tuple(p.absolute() for p in policies),
+                           reload_interval_s=reload_interval)
     try:
         sock = socket.create_server((host, port))
     except OSError as exc:

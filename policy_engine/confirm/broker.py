@@ -42,11 +42,18 @@ class ConsentBroker:
     def __init__(self, service: ConfirmationService, policyset: PolicySet,
                  log_path: Path) -> None:
         self.service = service
-        self.policyset = policyset
-        self.builder = ProfileBuilder(policyset)
-        self.guard = Guard(policyset)
+        self.swap(policyset)
         self.log_path = log_path
         self._lock = threading.Lock()
+
+    def swap(self, policyset: PolicySet) -> None:
+        """Decide with ``policyset`` from now on (hot reload): one assignment, so a question
+        is prepared under the old policy or the new one, never a mix."""
+        self._active = (policyset, ProfileBuilder(policyset), Guard(policyset))
+
+    @property
+    def policyset(self) -> PolicySet:
+        return self._active[0]
 
     def prepare(self, grant: Grant, manifest: Manifest, op: ExecOp, *,
                 settings: Settings | None = None, overrides: Overrides | None = None,
@@ -56,8 +63,9 @@ class ConsentBroker:
             return grant, None  # a recorded consent is checked by the guard as it is
         request = ExplainRequest(op=op, settings=settings, overrides=overrides,
                                  context=dict(context or {}))
-        decision = explain(self.policyset, manifest, grant, request, builder=self.builder,
-                           guard=self.guard).decision
+        policyset, builder, guard = self._active
+        decision = explain(policyset, manifest, grant, request, builder=builder,
+                           guard=guard).decision
         if decision.allowed or not (decision.reason or "").startswith(_CONSENT_REASON):
             return grant, None
         question = ConsentRequest(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +24,25 @@ from prometheus_client import Counter
 
 from policy_engine.compiler import compile_files
 from policy_engine.errors import DiagnosticsError
+from policy_engine.graph.policyset import PolicySet
 from policy_engine.orchestrator import Orchestrator
 
 log = logging.getLogger(__name__)
 
 
 class PolicyReloader:
-    """Watches the policy bundle of ``orchestrator`` (entry files ``entries``) by polling."""
+    """Watches the policy bundle of ``orchestrator`` (entry files ``entries``) by polling.
 
-    def __init__(self, orchestrator: Orchestrator, entries: Sequence[Path]) -> None:
+    :param on_swap: called with each new policy right after the orchestrator took it, for
+        whatever else decides with the policy (the service's `/v1/decide`, its consent broker
+        and per-backend orchestrators).
+    """
+
+    def __init__(self, orchestrator: Orchestrator, entries: Sequence[Path], *,
+                 on_swap: Sequence[Callable[[PolicySet], None]] = ()) -> None:
         self.orchestrator = orchestrator
         self.entries = tuple(Path(e) for e in entries)
+        self.on_swap = tuple(on_swap)
         self._files = self._bundle_files()
         self._loaded = self._fingerprint()
         self._seen: str | None = None  # content seen once, waiting for a second sighting
@@ -87,6 +95,8 @@ class PolicyReloader:
             except Exception as exc:  # an unreadable file, a compiler bug: keep the old one
                 return self._fail(current, f"{type(exc).__name__}: {exc}")
             self.orchestrator.swap_policy(policyset)
+            for listener in self.on_swap:
+                listener(policyset)
             self._files = self._bundle_files()  # imports may have changed
             self._loaded = self._fingerprint()
             self._failed = None

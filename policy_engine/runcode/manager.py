@@ -87,6 +87,14 @@ class OrchestratorPool:
                 self._made[backend] = Orchestrator(self.policyset, config=pinned)
             return self._made[backend]
 
+    def swap(self, policyset: PolicySet) -> None:
+        """Every orchestrator of the pool, and those made later, run ``policyset`` (hot
+        reload; calls already running finish under the old one)."""
+        with self._lock:
+            self.policyset = policyset
+            for orch in self._made.values():
+                orch.swap_policy(policyset)
+
     def close(self) -> None:
         with self._lock:
             for orch in self._made.values():

@@ -20,10 +20,12 @@ from policy_engine import __version__
 from policy_engine.confirm.broker import ConsentBroker
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.explain import ExplainRequest, explain
+from policy_engine.graph.policyset import PolicySet
 from policy_engine.guard import Guard
 from policy_engine.model import Manifest
 from policy_engine.orchestrator import Orchestrator
 from policy_engine.profile import ProfileBuilder
+from policy_engine.rollout.reload import PolicyReloader
 from policy_engine.runcode.manager import OrchestratorPool, SandboxManager
 from policy_engine.service.config import ServiceConfig
 from policy_engine.service.errors import ServiceError, service_error
@@ -56,6 +58,19 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody} for status in (400, 401, 403, 404, 413, 422, 429, 500, 503)}
 
 
+@dataclass(frozen=True)
+class Decider:
+    """The policy `/v1/decide` answers with, and its builder and guard: replaced as one."""
+
+    policyset: PolicySet
+    builder: ProfileBuilder
+    guard: Guard
+
+    @classmethod
+    def of(cls, policyset: PolicySet) -> "Decider":
+        return cls(policyset, ProfileBuilder(policyset), Guard(policyset))
+
+
 @dataclass
 class Engine:
     """What the routes share: the library objects and the service's stores."""
@@ -65,12 +80,21 @@ class Engine:
     tokens: TokenStore
     execs: ExecStore
     runner: ExecRunner
-    builder: ProfileBuilder
-    guard: Guard
+    decider: Decider
     pool: OrchestratorPool
     broker: ConsentBroker
+    reloader: PolicyReloader | None = None
+
+    def swap(self, policyset: PolicySet) -> None:
+        """Hot reload: everything besides ``orch`` (the reloader swaps it first) decides with
+        ``policyset`` for requests that start from now on."""
+        self.decider = Decider.of(policyset)
+        self.pool.swap(policyset)
+        self.broker.swap(policyset)
 
     def close(self) -> None:
+        if self.reloader is not None:
+            self.reloader.stop()
         self.pool.close()
         self.execs.close()
         self.tokens.close()
@@ -83,9 +107,13 @@ def open_engine(config: ServiceConfig) -> Engine:
     tokens = TokenStore(state / "tokens.sqlite")
     execs = ExecStore(state / "service.sqlite")
     broker = ConsentBroker(config.confirmation, config.policyset, state / "consent.jsonl")
-    return Engine(config, orch, tokens, execs, ExecRunner(config, orch, execs, broker),
-                  ProfileBuilder(config.policyset), Guard(config.policyset),
-                  OrchestratorPool(config.policyset, config.engine), broker)
+    eng = Engine(config, orch, tokens, execs, ExecRunner(config, orch, execs, broker),
+                 Decider.of(config.policyset),
+                 OrchestratorPool(config.policyset, config.engine), broker)
+    if config.reload_interval_s > 0 and config.policy_files:
+        eng.reloader = PolicyReloader(orch, config.policy_files, on_swap=(eng.swap,))
+        eng.reloader.start(config.reload_interval_s)
+    return eng
 
 
 def _error_response(err: ServiceError, headers: Mapping[str, str] | None = None
@@ -222,8 +250,9 @@ def create_app(config: ServiceConfig) -> FastAPI:
         request = ExplainRequest(op=body.op, now_ms=body.now_ms, overrides=body.overrides,
                                  settings=config.op_settings, context=context,
                                  budget_used=body.budget_used)
-        result = explain(config.policyset, manifest_of(body), body.grant, request,
-                         builder=eng.builder, guard=eng.guard)
+        now = eng.decider  # one read: a reload mid-request never mixes two policies
+        result = explain(now.policyset, manifest_of(body), body.grant, request,
+                         builder=now.builder, guard=now.guard)
         # rendered directly: FastAPI's generic encoder costs ~8x the decision itself
         return JSONResponse(result.to_json())
 
@@ -255,7 +284,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         """Run code for a session (seed 001 run_code): the risk hint and the security mode
         choose bubblewrap or a container; the policy decides the run. `200` with `success`
         false and `error_code` when it was refused or failed."""
-        manager = SandboxManager(body.session_id, policyset=config.policyset,
+        manager = SandboxManager(body.session_id, policyset=eng.decider.policyset,
                                  config=config.engine, security_mode=config.security_mode,
                                  tenant=who.tenant, subject=who.subject,
                                  workspace_root=config.workspace_root, pool=eng.pool,
@@ -306,7 +335,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     @app.get("/sandbox/health", tags=["sandbox"], response_model=Health)
     def health(eng: Eng) -> Health:
         """Runtime mode, workspace root and writability, docker CLI and version (no token)."""
-        return health_report(eng.config, eng.orch)
+        return health_report(eng.config, eng.orch, eng.reloader)
 
     plain_openapi = app.openapi
 

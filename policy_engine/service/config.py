@@ -46,6 +46,9 @@ class ServiceConfig:
         operator's (``manifests``) are used.
     :param op_settings: the operator settings layer of `/v1/decide` and `/v1/ops` (the same
         for both, so a dry run answers as the run does).
+    :param policy_files: the entry files ``policyset`` was compiled from (hot reload watches
+        them and their imports).
+    :param reload_interval_s: how often hot reload polls the bundle; 0 turns it off.
     """
 
     policyset: PolicySet
@@ -62,6 +65,8 @@ class ServiceConfig:
     security_mode: SecurityMode = SecurityMode.STRICT
     confirmation: ConfirmationService = field(default_factory=DenyConfirmation)
     allow_inline_manifests: bool = False
+    policy_files: tuple[Path, ...] = ()
+    reload_interval_s: float = 0.0
 
     def settings_for_exec(self) -> Settings:
         """Operator settings of an exec: root_fs is the workspace, network none (seed 002)."""

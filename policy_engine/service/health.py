@@ -1,4 +1,5 @@
-"""`GET /sandbox/health` (seed 002 §5): runtime mode, workspace, docker CLI and version."""
+"""`GET /sandbox/health` (seed 002 §5): runtime mode, workspace, docker CLI and version, and
+the policy in force with hot reload's last error."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import time
 
 from policy_engine.model import OpKind
 from policy_engine.orchestrator import Orchestrator
+from policy_engine.rollout.reload import PolicyReloader
 from policy_engine.service.config import ServiceConfig
-from policy_engine.service.models import Health
+from policy_engine.service.models import Health, PolicyHealth
 
 _CACHE_S = 30.0
 _lock = threading.Lock()
@@ -50,7 +52,8 @@ def _writable(root: str) -> bool:
         return False
 
 
-def health_report(config: ServiceConfig, orch: Orchestrator) -> Health:
+def health_report(config: ServiceConfig, orch: Orchestrator,
+                  reloader: PolicyReloader | None = None) -> Health:
     root = str(config.workspace_root)
     cli = shutil.which("docker")
     version, context = _docker_facts(cli)
@@ -58,7 +61,14 @@ def health_report(config: ServiceConfig, orch: Orchestrator) -> Health:
     backends = {str(k.value): config.engine.backends.get(k, "default")
                 for k in (OpKind.PROC_EXEC, OpKind.FS_READ, OpKind.NET_HTTP)}
     backends["loaded"] = ", ".join(sorted(orch.components.executors))
-    return Health(status="ok" if writable else "degraded",
+    ps = orch.policyset
+    reload_error = reloader.last_error if reloader is not None else None
+    policy = PolicyHealth(name=ps.name, version=ps.version, version_hash=ps.version_hash,
+                          reload=reloader is not None,
+                          reloads=reloader.reloads if reloader is not None else 0,
+                          reload_error=reload_error)
+    return Health(status="ok" if writable and reload_error is None else "degraded",
+                  policy=policy,
                   runtime_mode=f"linux/{config.engine.mode}", workspace_root=root,
                   workspace_writable=writable, docker_cli_path=cli, docker_version=version,
                   docker_context=context, backends=backends)

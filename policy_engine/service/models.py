@@ -182,8 +182,22 @@ class RunCodeResponse(_Body):
     exec_id: str = Field(description="the evidence envelope id of the run")
 
 
+class PolicyHealth(_Body):
+    """The policy in force and hot reload's state."""
+
+    name: str
+    version: str
+    version_hash: str
+    reload: bool = Field(description="whether the policy files are watched (--reload-interval)")
+    reloads: int = Field(description="policies swapped in since start-up")
+    reload_error: str | None = Field(
+        description="why the last changed bundle was not loaded (FILE:LINE:COL: ID message); "
+        "the previous policy stays in force")
+
+
 class Health(_Body):
     status: Literal["ok", "degraded"]
+    policy: PolicyHealth
     runtime_mode: str
     workspace_root: str
     workspace_writable: bool

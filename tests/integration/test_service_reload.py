@@ -1,0 +1,133 @@
+"""Hot reload in `policy-engine serve`: a changed policy file reaches `/v1/decide`, `/v1/ops`
+and their evidence for new requests; a broken one keeps the old policy and shows in health.
+The real server in a subprocess on a loopback port; the policy file is edited on disk."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.service_server import POLICY, Service, add_token, grant, start
+
+pytestmark = pytest.mark.integration
+
+FORBID_HELLO = 'forbid "no-hello" fs.read paths ["{root}/data/hello.txt"]\n'
+
+
+@pytest.fixture
+def svc(tmp_path: Path) -> Iterator[Service]:
+    with start(tmp_path, "--reload-interval", "0.1") as service:
+        yield service
+
+
+def policy_text(svc: Service, *, forbid: bool) -> str:
+    base = POLICY.format(root=svc.root, ws=svc.state / "workspace")
+    return base + (FORBID_HELLO.format(root=svc.root) if forbid else "")
+
+
+def write_policy(svc: Service, text: str) -> None:
+    tmp = svc.root / "svc.sbpolicy.tmp"
+    tmp.write_text(text)
+    tmp.replace(svc.root / "svc.sbpolicy")  # one rename, as a deploy would
+
+
+def health(svc: Service) -> dict[str, Any]:
+    return dict(httpx.get(f"{svc.url}/sandbox/health", timeout=10).json())
+
+
+def wait_for(svc: Service, pred: Any, what: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 20
+    while True:
+        body = health(svc)
+        if pred(body):
+            return body
+        assert time.monotonic() < deadline, f"{what}: {json.dumps(body['policy'])}"
+        time.sleep(0.05)
+
+
+def read_hello(svc: Service) -> dict[str, Any]:
+    return {"op": {"kind": "fs.read", "path": f"{svc.root}/data/hello.txt"},
+            "grant": grant("acme", "agent:alice", svc.root), "manifest": "reader"}
+
+
+def test_a_changed_policy_reaches_decide_ops_and_evidence(svc: Service) -> None:
+    token = add_token(svc.state, "acme", "agent:alice")
+    first = health(svc)["policy"]
+    assert first["reload"] is True
+    assert first["reloads"] == 0
+    with svc.client(token) as c:
+        before = c.post("/v1/decide", json=read_hello(svc)).json()
+        assert before["decision"] == "allow"
+        ran = c.post("/v1/ops", json=read_hello(svc))
+        assert ran.status_code == 200, ran.text
+
+        write_policy(svc, policy_text(svc, forbid=True))
+        now = wait_for(svc, lambda b: b["policy"]["reloads"] == 1, "no reload")["policy"]
+        assert now["version_hash"] != first["version_hash"]
+
+        after = c.post("/v1/decide", json=read_hello(svc)).json()
+        assert after["decision"] == "deny"
+        assert after["rule"]["id"] == "no-hello"
+        assert after["policy"]["version_hash"] == now["version_hash"]
+        refused = c.post("/v1/ops", json=read_hello(svc))
+        assert refused.status_code == 403, refused.text
+    ends = [json.loads(line) for line in
+            (svc.state / "evidence" / "evidence.jsonl").read_text().splitlines()
+            if '"type":"end"' in line.replace(" ", "")]
+    assert [e["policy_version_hash"] for e in ends[-2:]] == [first["version_hash"],
+                                                            now["version_hash"]]
+
+
+def test_a_broken_policy_keeps_the_old_one_and_says_where(svc: Service) -> None:
+    token = add_token(svc.state, "acme", "agent:alice")
+    good = health(svc)["policy"]
+    write_policy(svc, policy_text(svc, forbid=False) + 'permit "oops" fs.read paths [\n')
+    body = wait_for(svc, lambda b: b["policy"]["reload_error"] is not None, "no error shown")
+    assert body["status"] == "degraded"
+    assert body["policy"]["version_hash"] == good["version_hash"]
+    error = body["policy"]["reload_error"]
+    assert error.startswith(f"{svc.root / 'svc.sbpolicy'}:9:"), error
+    assert " SBP" in error
+    with svc.client(token) as c:  # still the old policy
+        assert c.post("/v1/decide", json=read_hello(svc)).json()["decision"] == "allow"
+    write_policy(svc, policy_text(svc, forbid=True))  # fixed: loaded, health clears
+    fixed = wait_for(svc, lambda b: b["policy"]["reloads"] == 1, "fix not loaded")
+    assert fixed["status"] == "ok"
+    assert fixed["policy"]["reload_error"] is None
+
+
+def test_no_request_is_decided_by_a_mix_of_two_policies(svc: Service) -> None:
+    """Decisions race with 8 flips between two policies; each answer must be the one its
+    own reported policy version gives (allow under the first, deny under the second)."""
+    token = add_token(svc.state, "acme", "agent:alice")
+    allow_hash = health(svc)["policy"]["version_hash"]
+    seen: list[tuple[str, str]] = []
+    stop = threading.Event()
+
+    def hammer() -> None:
+        with svc.client(token) as c:
+            while not stop.is_set():
+                out = c.post("/v1/decide", json=read_hello(svc)).json()
+                seen.append((out["policy"]["version_hash"], out["decision"]))
+
+    worker = threading.Thread(target=hammer)
+    worker.start()
+    try:
+        for n in range(1, 9):
+            write_policy(svc, policy_text(svc, forbid=n % 2 == 1))
+            wait_for(svc, lambda b, n=n: b["policy"]["reloads"] == n, f"flip {n}")
+    finally:
+        stop.set()
+        worker.join(30)
+    hashes = {h for h, _ in seen}
+    assert allow_hash in hashes
+    assert len(hashes) == 2, hashes  # both versions answered during the run
+    for version, decision in seen:
+        assert decision == ("allow" if version == allow_hash else "deny"), (version, decision)

@@ -196,9 +196,13 @@ class Orchestrator:
     def run(self, grant: Grant, manifest: Manifest, op: ExecOp, *,
             settings: Settings | None = None, overrides: Overrides | None = None,
             context: Mapping[str, object] | None = None, cancel: CancelToken | None = None,
-            now_ms: int | None = None) -> RunOutcome:
+            now_ms: int | None = None,
+            annotations: Mapping[str, Any] | None = None) -> RunOutcome:
         """Run ``op`` for ``grant`` under ``manifest``; never raises for a refusal or failure:
         those come back as ``RunOutcome.result.ok == False`` with a registry code.
+
+        :param annotations: recorded in the begin record as they are (the consent asked for
+            the call, run_code's risk hint); they must hold no secrets and decide nothing.
         """
         started = time.perf_counter()
         now = now_ms if now_ms is not None else self._clock()
@@ -212,16 +216,19 @@ class Orchestrator:
             return self.replay.block(envelope, op, grant, manifest, profile, settings=settings,
                                      overrides=overrides, context=context, now_ms=now)
 
+        notes = dict(annotations) if annotations else None
         # 1) revocation and expiry: checked before anything is derived from the grant
         refusal = self._grant_refusal(grant, now)
         if refusal is not None:
-            return self._refused(envelope, grant, None, op, now, started, refusal, replay(None))
+            return self._refused(envelope, grant, None, op, now, started, refusal, replay(None),
+                                 notes)
         # 2) profile
         t0 = time.perf_counter()
         try:
             profile = builder.build(grant, manifest, settings=settings, overrides=overrides)
         except PolicyEngineError as exc:
-            return self._refused(envelope, grant, None, op, now, started, exc, replay(None))
+            return self._refused(envelope, grant, None, op, now, started, exc, replay(None),
+                                 notes)
         self.metrics.profile_build_ms.observe((time.perf_counter() - t0) * 1000)
         # 3) guard
         t0 = time.perf_counter()
@@ -232,7 +239,7 @@ class Orchestrator:
         audit = None if self.shadow is None else self.shadow.decide(
             grant, manifest, op, settings=settings, overrides=overrides, context=context,
             now_ms=now, enforced=decision)
-        begin = self._begin(envelope, grant, profile, op, now, replay(profile), audit)
+        begin = self._begin(envelope, grant, profile, op, now, replay(profile), audit, notes)
         if not decision.allowed:
             code = ErrorCode(decision.code or ErrorCode.PERMISSION_DENY)
             err = PolicyEngineError(code, decision.reason or "denied")
@@ -333,7 +340,8 @@ class Orchestrator:
 
     def _begin(self, envelope: str, grant: Grant, profile: Profile | None, op: ExecOp,
                now: int, replay: dict[str, Any] | None = None,
-               shadow: dict[str, Any] | None = None) -> EvidenceBegin:
+               shadow: dict[str, Any] | None = None,
+               annotations: dict[str, Any] | None = None) -> EvidenceBegin:
         ev = EvidenceBegin(
             envelope_id=envelope, tenant=grant.tenant, subject_id=grant.subject_id,
             tool_name=grant.tool_name, call_id=grant.call_id,
@@ -343,17 +351,18 @@ class Orchestrator:
             produced_at_ms=now,
             policy_version_hash=(profile.policy_version_hash if profile
                                  else self.policyset.version_hash), replay=replay,
-            shadow=shadow)
+            shadow=shadow, annotations=annotations)
         for sink in self.sinks:
             sink.begin(ev)
         return ev
 
     def _refused(self, envelope: str, grant: Grant, profile: Profile | None, op: ExecOp,
                  now: int, started: float, err: PolicyEngineError,
-                 replay: dict[str, Any] | None = None) -> RunOutcome:
+                 replay: dict[str, Any] | None = None,
+                 annotations: dict[str, Any] | None = None) -> RunOutcome:
         decision = Decision(decision="deny", code=err.code.value, http_status=err.http_status,
                             reason=err.reason)
-        begin = self._begin(envelope, grant, profile, op, now, replay)
+        begin = self._begin(envelope, grant, profile, op, now, replay, None, annotations)
         return self._finish(begin, decision, profile, op, started, err=err, status="denied")
 
     def _reconcile(self, attempt: Attempt, key: str, profile: Profile,
@@ -476,7 +485,8 @@ def _denial_kind(code: ErrorCode) -> str:
 def run_once(policyset: PolicySet, grant: Grant, manifest: Manifest, op: ExecOp, *,
              config: EngineConfig, settings: Settings | None = None,
              overrides: Overrides | None = None, context: Mapping[str, object] | None = None,
-             now_ms: int | None = None, shadow: PolicySet | None = None) -> RunOutcome:
+             now_ms: int | None = None, shadow: PolicySet | None = None,
+             annotations: Mapping[str, Any] | None = None) -> RunOutcome:
     """Run a single call with a fresh orchestrator and close it (flushing spools): the
     ``policy-engine run`` command.
 
@@ -484,4 +494,4 @@ def run_once(policyset: PolicySet, grant: Grant, manifest: Manifest, op: ExecOp,
     """
     with Orchestrator(policyset, config=config, shadow=shadow) as orch:
         return orch.run(grant, manifest, op, settings=settings, overrides=overrides,
-                        context=context, now_ms=now_ms)
+                        context=context, now_ms=now_ms, annotations=annotations)

@@ -19,7 +19,7 @@ from policy_engine.cli.common import (
 )
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig, load_config
-from policy_engine.confirm.broker import ConsentBroker
+from policy_engine.confirm.broker import ConsentBroker, consent_notes
 from policy_engine.confirm.services import (
     AutoConfirmation,
     ConfirmationService,
@@ -138,7 +138,8 @@ def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | Non
     try:
         outcome = run_once(policyset, ticket, tool, request.op, config=config,
                            settings=request.settings, overrides=request.overrides,
-                           context=request.context or None, shadow=shadow)
+                           context=request.context or None, shadow=shadow,
+                           annotations=consent_notes(asked))
     except ValueError as exc:  # the configuration asks for a sink or meter nobody provides
         _bad_input(str(exc))
         return

@@ -37,6 +37,10 @@ class Asked:
     request: ConsentRequest
     answer: ConsentAnswer
 
+    def evidence(self) -> dict[str, Any]:
+        """The question and answer as the call's begin record carries them (`consent`)."""
+        return {"request": self.request.to_json(), "answer": self.answer.to_json()}
+
 
 class ConsentBroker:
     def __init__(self, service: ConfirmationService, policyset: PolicySet,
@@ -87,15 +91,20 @@ class ConsentBroker:
         return grant.model_copy(update={"consent": consent}), asked
 
     def record(self, asked: Asked | None, envelope_id: str) -> None:
-        """Append the question and answer, linked to the call's evidence envelope."""
+        """Append the question and answer to the consent log (for approver audits), linked to
+        the call's evidence envelope, whose begin record carries them too (``annotations``)."""
         if asked is None:
             return
-        line = json.dumps({"envelope_id": envelope_id, "request": asked.request.to_json(),
-                           "answer": asked.answer.to_json()}, sort_keys=True)
+        line = json.dumps({"envelope_id": envelope_id, **asked.evidence()}, sort_keys=True)
         with self._lock:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with self.log_path.open("a", encoding="utf-8") as fh:
                 fh.write(line + "\n")
+
+
+def consent_notes(asked: Asked | None) -> dict[str, Any] | None:
+    """The evidence annotations of a call for which consent was (or was not) asked."""
+    return None if asked is None else {"consent": asked.evidence()}
 
 
 def _now() -> int:

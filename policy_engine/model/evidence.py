@@ -70,6 +70,11 @@ class EvidenceBegin(BaseModel):
     shadow: dict[str, Any] | None = Field(
         default=None, description="what the shadow (audit) policy would decide, unenforced "
         "(policy_engine/replay/shadow.py): decision, code, rule, would_deny")
+    annotations: dict[str, Any] | None = Field(
+        default=None, description="what the caller established before the call, recorded with "
+        "it: `consent` (the confirmation service's question and answer: who, when, for what, "
+        "until when) and `risk` (run_code's static risk hint: level, patterns, language); "
+        "hints only, the decision never reads them from here")
 
 
 class EvidenceEnd(BaseModel):

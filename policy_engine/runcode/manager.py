@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from policy_engine.config import EngineConfig
-from policy_engine.confirm.broker import ConsentBroker
+from policy_engine.confirm.broker import ConsentBroker, consent_notes
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.model import (
     Grant,
@@ -172,7 +172,9 @@ class SandboxManager:
         asked = None
         if self.broker is not None:  # consent needed and missing: ask the approver
             grant, asked = self.broker.prepare(grant, self.manifest, op, settings=settings)
-        outcome = self.pool.get(backend).run(grant, self.manifest, op, settings=settings)
+        notes: dict[str, Any] = {"risk": risk.to_json(), **(consent_notes(asked) or {})}
+        outcome = self.pool.get(backend).run(grant, self.manifest, op, settings=settings,
+                                             annotations=notes)
         if self.broker is not None:
             self.broker.record(asked, outcome.envelope_id)
         return _result(outcome, backend, risk)

@@ -17,7 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from policy_engine import __version__
-from policy_engine.confirm.broker import ConsentBroker
+from policy_engine.confirm.broker import ConsentBroker, consent_notes
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.explain import ExplainRequest, explain
 from policy_engine.graph.policyset import PolicySet
@@ -266,7 +266,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
                                           settings=config.op_settings,
                                           overrides=body.overrides, context=context)
         outcome = eng.orch.run(grant, manifest, body.op, settings=config.op_settings,
-                               overrides=body.overrides, context=context or None)
+                               overrides=body.overrides, context=context or None,
+                               annotations=consent_notes(asked))
         eng.broker.record(asked, outcome.envelope_id)
         data = outcome.to_json()
         if asked is not None:

@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Any
 
-from policy_engine.confirm.broker import ConsentBroker
+from policy_engine.confirm.broker import ConsentBroker, consent_notes
 from policy_engine.model import Grant, ProcExecOp
 from policy_engine.orchestrator import Orchestrator, RunOutcome
 from policy_engine.service.config import ServiceConfig
@@ -112,7 +112,8 @@ class ExecRunner:
                                            overrides=body.policy_overrides)
         with self.slots:
             outcome = self.orch.run(grant, manifest, op, settings=settings,
-                                    overrides=body.policy_overrides)
+                                    overrides=body.policy_overrides,
+                                    annotations=consent_notes(asked))
         self.broker.record(asked, outcome.envelope_id)
         record, artifacts = self._finish(who, body, exec_id, tool, args, dirs, outcome,
                                          now, started)

@@ -18,7 +18,7 @@ import pytest
 
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig
-from policy_engine.confirm.broker import ConsentBroker
+from policy_engine.confirm.broker import ConsentBroker, consent_notes
 from policy_engine.confirm.services import (
     AutoConfirmation,
     ConfirmationService,
@@ -117,8 +117,10 @@ def _call(tmp: Path, service: ConfirmationService, name: str = "notes.private"
     op = FsReadOp(path=f"{tmp}/data/{name}")
     with orch:
         g2, asked = broker.prepare(g, m, op, settings=settings)
-        outcome = orch.run(g2, m, op, settings=settings)
+        outcome = orch.run(g2, m, op, settings=settings, annotations=consent_notes(asked))
         broker.record(asked, outcome.envelope_id)
+    # the evidence of the call carries the same question and answer as the consent log
+    assert outcome.begin.annotations == consent_notes(asked)
     log = tmp / "state" / "consent.jsonl"
     lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
     for line in lines:
@@ -229,3 +231,10 @@ def test_the_service_asks_the_webhook_for_ops(tmp_path: Path, approver: Approver
     assert refused.json()["consent"]["approved"] is False
     records = (svc.state / "consent.jsonl").read_text().splitlines()
     assert len(records) == 2
+    begins = {r["envelope_id"]: r for r in map(json.loads, (
+        svc.state / "evidence" / "evidence.jsonl").read_text().splitlines())
+        if r["type"] == "begin"}
+    for line in map(json.loads, records):  # every answer is in the call's evidence too
+        notes = begins[line["envelope_id"]]["annotations"]
+        assert notes["consent"]["answer"] == line["answer"]
+        assert notes["consent"]["request"]["tenant"] == "acme"

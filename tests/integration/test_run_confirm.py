@@ -54,6 +54,9 @@ def test_interactive_yes_on_a_terminal_runs_the_call(tmp_path: Path) -> None:
     assert record["answer"]["approver"] == "terminal"
     assert record["answer"]["mode"] == "interactive"
     assert record["envelope_id"] == json.loads(done.stdout)["envelope_id"]
+    begin = json.loads((tmp_path / "state" / "evidence" / "evidence.jsonl").read_text()
+                       .splitlines()[0])
+    assert begin["annotations"]["consent"]["answer"] == record["answer"]
 
 
 def test_without_a_confirmation_the_call_stays_denied(tmp_path: Path) -> None:

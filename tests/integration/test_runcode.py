@@ -59,6 +59,9 @@ def test_safe_code_runs_under_bubblewrap_with_evidence(pool: tuple[OrchestratorP
             if result.exec_id in line and '"status"' in line]
     assert ends
     assert ends[0]["sandbox_backend"] == "proc-bwrap"
+    begins = [json.loads(line) for line in evidence.splitlines()
+              if result.exec_id in line and '"type":"begin"' in line.replace(" ", "")]
+    assert begins[0]["annotations"]["risk"] == result.risk.to_json()  # the hint is evidence
 
 
 def test_strict_sends_anything_not_safe_to_a_container(pool: tuple[OrchestratorPool, Path]

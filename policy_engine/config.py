@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 
 from policy_engine.dsl.bounded import MAX_DOCUMENT_BYTES, DocumentError, parse_json, parse_yaml
+from policy_engine.dsl.inputfile import NotRegularFile, read_limited
 from policy_engine.model import OpKind
 
 DEFAULT_BACKENDS: Mapping[OpKind, str] = {
@@ -131,9 +132,11 @@ def load_config(path: Path) -> EngineConfig:
     :raises ValueError: the file is unreadable, not a mapping, or has a bad key or value.
     """
     try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_DOCUMENT_BYTES + 1)
+        raw = read_limited(path, MAX_DOCUMENT_BYTES)  # regular files only: never blocks
         text = raw.decode("utf-8")
+    except NotRegularFile as exc:
+        raise ValueError(f"cannot read config `{path}`: it is {exc.kind}, not a regular "
+                         "file") from None
     except OSError as exc:
         raise ValueError(f"cannot read config `{path}`: {exc.strerror}") from None
     except UnicodeDecodeError:

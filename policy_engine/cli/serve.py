@@ -14,6 +14,7 @@ import click
 from policy_engine.cli.common import EXIT_BAD_INPUT, load_or_exit
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig, load_config
+from policy_engine.dsl.inputfile import read_limited
 from policy_engine.dsl.loaders import load_manifest
 
 if TYPE_CHECKING:
@@ -44,10 +45,10 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
     if not url or secret_file is None:
         _fail("--confirmation webhook needs --approver-url and --approver-secret-file")
     try:
-        secret = secret_file.read_bytes().strip()
+        secret = read_limited(secret_file, 64 * 1024).strip()  # a key, not a stream
         return WebhookConfirmation(url, secret, timeout_s=timeout)
     except OSError as exc:
-        _fail(f"cannot read {secret_file}: {exc.strerror}")
+        _fail(f"cannot read {secret_file}: {exc.strerror or exc}")
     except ValueError as exc:
         _fail(str(exc))
 

@@ -21,7 +21,7 @@ def command(logs: tuple[Path, ...], fmt: str) -> None:
     try:
         read = read_logs(paths)
     except OSError as exc:
-        click.echo(f"error: cannot read `{exc.filename}`: {exc.strerror}", err=True)
+        click.echo(f"error: SBP100 cannot read `{exc.filename}`: {exc.strerror or exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     summary = summarize(read.records)
     if fmt == "json":

@@ -225,7 +225,8 @@ _DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
     DiagnosticSpec("SBP207", Severity.ERROR, "invalid host pattern",
                    "use an exact host, `*.suffix`, an IP literal or a CIDR block"),
     DiagnosticSpec("SBP208", Severity.ERROR, "invalid regular expression",
-                   "fix the pattern; regexes use Python `re` syntax and are anchored"),
+                   "fix the pattern; regexes use RE2 syntax (no backreferences or lookaround) "
+                   "and are anchored"),
     DiagnosticSpec("SBP209", Severity.ERROR, "CEL syntax error",
                    "fix the condition; see https://github.com/google/cel-spec"),
     DiagnosticSpec("SBP210", Severity.ERROR, "CEL type error",

@@ -46,6 +46,12 @@ def _render(outcome: RunOutcome) -> str:
              + (f" — {d.reason}" if d.reason else "")]
     if d.rule is not None:
         lines.append(f"rule: {d.rule.id} at {d.rule.file}:{d.rule.line}:{d.rule.column}")
+    shadow = outcome.begin.shadow
+    if shadow is not None and "decision" in shadow:
+        rule = shadow.get("rule") or {}
+        lines.append(f"shadow (not enforced): {shadow['decision']}"
+                     + (f" ({shadow['code']})" if shadow.get("code") else "")
+                     + (f" by {rule.get('id')}" if rule else ""))
     lines.append("result: ok" if r.ok else f"result: {r.code}: {r.message}")
     for key, value in r.out.items():
         lines.append(f"  {key}: {value}")
@@ -77,6 +83,9 @@ def _broker(mode: str, policyset: PolicySet, config: EngineConfig) -> ConsentBro
 @click.option("--request", "request_path", type=_FILE,
               help='request file: {"op": ..., "overrides", "context"} (`now_ms` is ignored: a '
                    'real call is decided at the current time)')
+@click.option("--shadow-policy", "shadow_policies", multiple=True, type=_FILE,
+              help="an audit-only .sbpolicy decided beside --policy and recorded in the "
+              "evidence (`shadow`), never enforced (repeatable)")
 @click.option("--config", "config_path", type=_FILE, help="engine configuration (YAML/JSON)")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
               help="where evidence, budgets and spools live (overrides the config)")
@@ -87,7 +96,7 @@ def _broker(mode: str, policyset: PolicySet, config: EngineConfig) -> ConsentBro
 @format_option
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | None,
-            request_path: Path | None,
+            request_path: Path | None, shadow_policies: tuple[Path, ...],
             config_path: Path | None, state_dir: Path | None, confirm_mode: str, fmt: str,
             argv: tuple[str, ...]) -> None:
     """Run one operation: from --request FILE, or `-- TOOL ARGS...` as a proc.exec.
@@ -104,6 +113,7 @@ def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | Non
     if state_dir is not None:
         config = replace(config, state_dir=state_dir.absolute())
     policyset = load_or_exit(lambda: compile_files(policies))
+    shadow = load_or_exit(lambda: compile_files(shadow_policies)) if shadow_policies else None
     if request_path is not None:
         request = load_or_exit(lambda: load_request(request_path))
         base = request_path
@@ -128,7 +138,7 @@ def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | Non
     try:
         outcome = run_once(policyset, ticket, tool, request.op, config=config,
                            settings=request.settings, overrides=request.overrides,
-                           context=request.context or None)
+                           context=request.context or None, shadow=shadow)
     except ValueError as exc:  # the configuration asks for a sink or meter nobody provides
         _bad_input(str(exc))
         return

@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from policy_engine.dsl.regex import re2_problem
+
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64
 MAX_ALIAS_NODES = 100_000
@@ -323,10 +325,7 @@ def regex_problem(pattern: str) -> str | None:
             depth = max(0, depth - 1)
     if deepest > MAX_REGEX_DEPTH:
         return f"groups nested {deepest} deep; at most {MAX_REGEX_DEPTH} are allowed"
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        return str(exc.msg)
+    try:  # the guard runs the pattern on RE2: what RE2 refuses is refused here
+        return re2_problem(pattern)
     except (RecursionError, OverflowError, MemoryError) as exc:
         return f"too complex to compile ({type(exc).__name__})"
-    return None

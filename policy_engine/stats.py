@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from policy_engine.dsl.inputfile import open_regular
+from policy_engine.dsl.inputfile import MAX_EVIDENCE_LINE_BYTES, open_regular
 
 
 @dataclass(slots=True)
@@ -24,9 +24,9 @@ class LogRead:
     unreadable: int = 0
 
 
-MAX_LINE_BYTES = 1024 * 1024
-"""An evidence record is a few hundred bytes; a longer line is counted unreadable and skipped
-without being held in memory (a log may be large, a line may not)."""
+MAX_LINE_BYTES = MAX_EVIDENCE_LINE_BYTES
+"""A longer line is counted unreadable and skipped without being held in memory (a log may be
+large, a line may not)."""
 
 
 def read_logs(paths: Sequence[Path]) -> LogRead:

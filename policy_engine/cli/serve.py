@@ -14,7 +14,7 @@ import click
 from policy_engine.cli.common import EXIT_BAD_INPUT, load_or_exit
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig, load_config
-from policy_engine.dsl.inputfile import read_limited
+from policy_engine.dsl.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
 from policy_engine.dsl.loaders import load_manifest
 
 if TYPE_CHECKING:
@@ -45,10 +45,10 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
     if not url or secret_file is None:
         _fail("--confirmation webhook needs --approver-url and --approver-secret-file")
     try:
-        secret = read_limited(secret_file, 64 * 1024).strip()  # a key, not a stream
+        secret = read_bounded(secret_file, MAX_KEY_BYTES).strip()  # a key, not a stream
         return WebhookConfirmation(url, secret, timeout_s=timeout)
     except OSError as exc:
-        _fail(f"cannot read {secret_file}: {exc.strerror or exc}")
+        _fail(cannot_read("approver secret file", secret_file, exc).removeprefix("error: "))
     except ValueError as exc:
         _fail(str(exc))
 

@@ -2,15 +2,28 @@
 
 A size check on ``st_size`` is not enough: `/dev/zero` and a named pipe report 0 bytes and then
 never end (or never start: opening a FIFO without a writer blocks). Every file an engine command
-reads as input goes through here: the path is checked with ``stat`` before it is opened, opened
-with ``O_NONBLOCK`` (a FIFO swapped in between cannot block the open) and checked again with
-``fstat`` on the descriptor actually read.
+reads as input (policies, documents, test files, settings, keys, evidence logs) goes through
+here: the path is checked with ``stat`` before it is opened, opened with ``O_NONBLOCK`` (a FIFO
+swapped in between cannot block the open) and checked again with ``fstat`` on the descriptor
+actually read. At most the limit plus one byte is ever read. The limits are in
+docs/operations.md, "Input limits".
 """
 
 from __future__ import annotations
 
 import os
 import stat
+
+MAX_KEY_BYTES = 64 * 1024
+"""A key or secret file (signing key, public key, seal key, webhook secret): bytes, not a log."""
+MAX_EVIDENCE_BYTES = 1024 * 1024 * 1024
+"""An evidence log read whole (`evidence verify`, `replay`, `diff --evidence`): rotate or split a
+larger log. `stats` streams its logs and holds each line to :data:`MAX_EVIDENCE_LINE_BYTES`."""
+MAX_EVIDENCE_LINE_BYTES = 1024 * 1024
+"""One evidence record is a few hundred bytes; a longer line is unreadable, never held whole."""
+
+REGULAR_ONLY_HELP = "inputs are read from regular files only: pass the file itself, not a " \
+    "device, pipe, socket or directory"
 
 
 class NotRegularFile(OSError):
@@ -23,6 +36,18 @@ class NotRegularFile(OSError):
 
     def __str__(self) -> str:
         return f"it is {self.kind}, not a regular file"
+
+
+class TooLarge(OSError):
+    """The regular file holds more than ``limit`` bytes (only ``limit + 1`` were read)."""
+
+    def __init__(self, path: str, limit: int) -> None:
+        super().__init__(f"it is larger than {limit:,} bytes, the limit for this input")
+        self.filename = path
+        self.limit = limit
+
+    def __str__(self) -> str:
+        return f"it is larger than {self.limit:,} bytes, the limit for this input"
 
 
 def describe(mode: int) -> str:
@@ -46,6 +71,14 @@ def is_regular(path: str | os.PathLike[str]) -> bool:
         return stat.S_ISREG(os.stat(path).st_mode)
     except (OSError, ValueError):
         return False
+
+
+def walk_takes(path: str | os.PathLike[str], suffixes: str | tuple[str, ...]) -> bool:
+    """Whether a directory walk reads ``path``: a regular file whose name and, through links,
+    real path end in one of ``suffixes``. A FIFO would hang the walk, a device never end, and a
+    `x.sbpolicy` link to `/etc/shadow` would have its first line quoted in a parse error."""
+    return (os.fspath(path).lower().endswith(suffixes) and is_regular(path)
+            and os.path.realpath(path).lower().endswith(suffixes))
 
 
 def open_regular(path: str | os.PathLike[str]) -> int:
@@ -77,15 +110,53 @@ def read_limited(path: str | os.PathLike[str], limit: int) -> bytes:
     :raises NotRegularFile, OSError, ValueError: as :func:`open_regular`.
     """
     fd = open_regular(path)
-    chunks: list[bytes] = []
-    total = 0
     try:
-        while total <= limit:
-            chunk = os.read(fd, min(limit + 1 - total, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
+        return _read_fd(fd, limit)
     finally:
         os.close(fd)
+
+
+def read_bounded(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The whole regular file ``path``, refused when over ``limit`` bytes (by its size before
+    anything is read, and by what was read for a file that grows).
+
+    :raises TooLarge: over the limit. :raises NotRegularFile, OSError, ValueError: as
+        :func:`open_regular`.
+    """
+    fd = open_regular(path)
+    try:
+        if os.fstat(fd).st_size > limit:
+            raise TooLarge(os.fspath(path), limit)
+        data = _read_fd(fd, limit)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise TooLarge(os.fspath(path), limit)
+    return data
+
+
+def _read_fd(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while total <= limit:
+        chunk = os.read(fd, min(limit + 1 - total, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
     return b"".join(chunks)
+
+
+def cannot_read(what: str, path: str | os.PathLike[str], exc: OSError | ValueError) -> str:
+    """The one-line CLI refusal for an input that cannot be read: ``SBP100`` (unreadable, not a
+    regular file) or ``SBP106`` (too large), the path, the cause and what to do."""
+    shown = os.fspath(path).replace("\x00", "\\0")
+    if isinstance(exc, TooLarge):
+        return (f"error: SBP106 {what} `{shown}` is larger than {exc.limit:,} bytes, the limit "
+                "for this input (docs/operations.md, \"Input limits\"); split or rotate it")
+    if isinstance(exc, NotRegularFile):
+        return (f"error: SBP100 {what} `{shown}` is {exc.kind}, not a regular file "
+                f"({REGULAR_ONLY_HELP})")
+    if isinstance(exc, ValueError):
+        return f"error: SBP100 {what} `{shown}` cannot be read: the path contains a NUL byte"
+    return f"error: SBP100 {what} `{shown}` cannot be read: {exc.strerror or exc}"

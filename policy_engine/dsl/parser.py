@@ -18,7 +18,7 @@ from lark.exceptions import (
 
 from policy_engine.dsl import ast
 from policy_engine.dsl.grammar import comment_sink, describe_terminal, get_parser
-from policy_engine.dsl.inputfile import NotRegularFile, read_limited
+from policy_engine.dsl.inputfile import REGULAR_ONLY_HELP, NotRegularFile, read_limited
 from policy_engine.dsl.transform import ToAst
 from policy_engine.errors import Diagnostic, Span
 
@@ -44,7 +44,7 @@ def read_source(
                                    Span(shown, 1, 1))
         return Diagnostic.make(
             "SBP100", f"`{_printable(shown)}` is {exc.kind}, not a regular file",
-            Span(shown, 1, 1), help="inputs are read from regular files only")
+            Span(shown, 1, 1), help=REGULAR_ONLY_HELP)
     except FileNotFoundError:
         return Diagnostic.make("SBP100", f"`{shown}` does not exist", None)
     except OSError as exc:

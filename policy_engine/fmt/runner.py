@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from policy_engine.dsl import ast, fastparse
-from policy_engine.dsl.inputfile import is_regular
+from policy_engine.dsl.inputfile import walk_takes
 from policy_engine.dsl.parser import read_source
 from policy_engine.errors import Diagnostic, Span
 from policy_engine.fmt import soundness
@@ -76,7 +76,7 @@ def find_files(paths: Iterable[str]) -> Iterator[str | Diagnostic]:
             for root, dirs, files in os.walk(path):
                 dirs[:] = [d for d in dirs if not d.startswith(".")]
                 found.extend(os.path.normpath(os.path.join(root, f)) for f in files
-                             if f.endswith(SUFFIX) and is_regular(os.path.join(root, f)))
+                             if f.endswith(SUFFIX) and walk_takes(os.path.join(root, f), SUFFIX))
             yield from sorted(found)
         elif os.path.exists(path):
             yield path

@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from policy_engine.dsl.grammar import get_parser
-from policy_engine.dsl.inputfile import is_regular, read_limited
+from policy_engine.dsl.inputfile import read_limited, walk_takes
 from policy_engine.dsl.parser import MAX_POLICY_BYTES
 from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.lint import suppress
@@ -59,7 +59,7 @@ def discover(paths: Sequence[str]) -> tuple[list[tuple[str, str]], list[Finding]
             found = sorted(
                 os.path.join(d, n) for d, subdirs, names in os.walk(path)
                 for n in names if n.endswith(SUFFIX) and not _hidden(d, path, subdirs)
-                and is_regular(os.path.join(d, n))  # a FIFO or device found by a walk: skipped
+                and walk_takes(os.path.join(d, n), SUFFIX)  # no FIFO, device, link elsewhere
             )
             if not found:
                 problems.append(Finding(Diagnostic.make(

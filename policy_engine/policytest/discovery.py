@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from policy_engine.dsl.bounded import MAX_DOCUMENT_BYTES
-from policy_engine.dsl.inputfile import describe, is_regular, read_limited
+from policy_engine.dsl.inputfile import describe, is_regular, read_limited, walk_takes
 from policy_engine.errors import Diagnostic
 
 TEST_SUFFIXES = (".sbtest.yaml", ".sbtest.yml", ".sbtest.json")
@@ -87,7 +87,7 @@ def _walk(top: str) -> list[str]:
     for root, dirs, files in os.walk(top):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
         found.extend(os.path.join(root, f) for f in sorted(files)
-                     if is_test_file(f) and is_regular(os.path.join(root, f)))
+                     if is_test_file(f) and walk_takes(os.path.join(root, f), TEST_SUFFIXES))
     return [os.path.normpath(f) for f in found]
 
 

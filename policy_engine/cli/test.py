@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -19,6 +20,18 @@ from policy_engine.policytest.results import RunResult
 from policy_engine.policytest.runner import run_tests
 
 
+class _Percent(click.FloatRange):
+    """0 to 100; `nan` is refused (every comparison with it is false, so a gate of `nan` could
+    never fail)."""
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number; give a percentage from 0 to 100", param, ctx)
+        return float(number)
+
+
 @click.command("test")
 @click.argument("paths", nargs=-1, metavar="[PATH]...")
 @click.option("-k", "keyword", metavar="SUBSTRING",
@@ -27,7 +40,7 @@ from policy_engine.policytest.runner import run_tests
 @click.option("--junit", "junit_path", metavar="FILE", help="also write JUnit XML to FILE")
 @click.option("--coverage", "with_coverage", is_flag=True,
               help="report, per policy file, the rules that never fired")
-@click.option("--threshold", type=click.FloatRange(0, 100), metavar="N",
+@click.option("--threshold", type=_Percent(0, 100), metavar="N",
               help="fail (exit 1) when rule coverage is below N percent (implies --coverage)")
 @click.option("-v", "--verbose", is_flag=True, help="list passing cases too")
 @click.option("-j", "--jobs", type=click.IntRange(min=0), default=0, show_default=True,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from policy_engine.cli.common import EXIT_BAD_INPUT, load_or_exit
+from policy_engine.cli.common import EXIT_BAD_INPUT, NumberRange, load_or_exit
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig, load_config
 from policy_engine.dsl.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
@@ -77,7 +77,7 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
 @click.option("--approver-secret-file", type=_FILE,
               help="webhook confirmation: the shared HMAC secret (at least 16 bytes)")
 @click.option("--approver-timeout", default=30.0, show_default=True,
-              type=click.FloatRange(0.1, 600), help="seconds to wait for the approver")
+              type=NumberRange(0.1, 600), help="seconds to wait for the approver")
 @click.option("--allow-inline-manifests", is_flag=True,
               help="accept manifests in request bodies (they declare the side effects the "
               "consent rules read); default: only --manifest files, by name")

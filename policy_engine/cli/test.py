@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 
 import click
 
-from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, echo_json, format_option
+from policy_engine.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    NumberRange,
+    echo_json,
+    format_option,
+)
 from policy_engine.dsl.render import render_diagnostic
 from policy_engine.errors import Diagnostic, Severity
 from policy_engine.policytest.coverage import FileCoverage, summarize, total_percent
@@ -20,18 +26,6 @@ from policy_engine.policytest.results import RunResult
 from policy_engine.policytest.runner import run_tests
 
 
-class _Percent(click.FloatRange):
-    """0 to 100; `nan` is refused (every comparison with it is false, so a gate of `nan` could
-    never fail)."""
-
-    def convert(self, value: object, param: click.Parameter | None,
-                ctx: click.Context | None) -> float:
-        number = super().convert(value, param, ctx)
-        if math.isnan(number):
-            self.fail(f"{value!r} is not a number; give a percentage from 0 to 100", param, ctx)
-        return float(number)
-
-
 @click.command("test")
 @click.argument("paths", nargs=-1, metavar="[PATH]...")
 @click.option("-k", "keyword", metavar="SUBSTRING",
@@ -40,7 +34,7 @@ class _Percent(click.FloatRange):
 @click.option("--junit", "junit_path", metavar="FILE", help="also write JUnit XML to FILE")
 @click.option("--coverage", "with_coverage", is_flag=True,
               help="report, per policy file, the rules that never fired")
-@click.option("--threshold", type=_Percent(0, 100), metavar="N",
+@click.option("--threshold", type=NumberRange(0, 100), metavar="N",
               help="fail (exit 1) when rule coverage is below N percent (implies --coverage)")
 @click.option("-v", "--verbose", is_flag=True, help="list passing cases too")
 @click.option("-j", "--jobs", type=click.IntRange(min=0), default=0, show_default=True,

@@ -335,9 +335,8 @@ _DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
     DiagnosticSpec("SBP421", Severity.ERROR, "formatted file cannot be written",
                    "check the permissions of the file and its directory; the original file is "
                    "unchanged"),
-    DiagnosticSpec("SBP422", Severity.ERROR, "policy with check errors not formatted",
-                   "run `policy-engine check` on the file and fix its errors; the file was "
-                   "left as it is"),
+    DiagnosticSpec("SBP422", Severity.NOTE, "policy with check errors formatted by its syntax "
+                   "tree only", "run `policy-engine check` on the file and fix its errors"),
 )
 
 DIAGNOSTICS: dict[str, DiagnosticSpec] = {d.id: d for d in _DIAGNOSTICS}

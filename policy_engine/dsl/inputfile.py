@@ -155,8 +155,8 @@ def cannot_read(what: str, path: str | os.PathLike[str], exc: OSError | ValueErr
         return (f"error: SBP106 {what} `{shown}` is larger than {exc.limit:,} bytes, the limit "
                 "for this input (docs/operations.md, \"Input limits\"); split or rotate it")
     if isinstance(exc, NotRegularFile):
-        return (f"error: SBP100 {what} `{shown}` is {exc.kind}, not a regular file "
-                f"({REGULAR_ONLY_HELP})")
+        return (f"error: SBP100 cannot read {what} `{shown}`: it is {exc.kind}, not a regular "
+                f"file ({REGULAR_ONLY_HELP})")
     if isinstance(exc, ValueError):
-        return f"error: SBP100 {what} `{shown}` cannot be read: the path contains a NUL byte"
-    return f"error: SBP100 {what} `{shown}` cannot be read: {exc.strerror or exc}"
+        return f"error: SBP100 cannot read {what} `{shown}`: the path contains a NUL byte"
+    return f"error: SBP100 cannot read {what} `{shown}`: {exc.strerror or exc}"

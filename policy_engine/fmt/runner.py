@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from policy_engine.dsl import ast, fastparse
 from policy_engine.dsl.inputfile import walk_takes
 from policy_engine.dsl.parser import read_source
-from policy_engine.errors import Diagnostic, Span
+from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.fmt import soundness
 from policy_engine.fmt.printer import format_ast
 
@@ -54,6 +54,8 @@ def format_source(text: str, file: str, *, real_path: str | None = None,
     out = render(pf)
     if out != text:  # identical output is trivially sound: skip the reparse and recompile
         problem = soundness.check(pf, out, real_path)
+        if problem is not None and problem.severity is Severity.NOTE:
+            return Result(file, text, out, [problem])  # sound, with what was not provable
         if problem is not None:
             return Result(file, text, None, [problem])
     return Result(file, text, out)

@@ -34,7 +34,9 @@ _HOME = "/home/fmt-soundness"
 
 
 def check(original: ast.PolicyFile, formatted: str, real_path: str | None) -> Diagnostic | None:
-    """``None`` when ``formatted`` means the same as ``original``, else the SBP420 diagnostic.
+    """``None`` when ``formatted`` means the same as ``original``, else the SBP420 diagnostic;
+    the note SBP422 when the AST proves it but check errors of the file's own leave no decision
+    graph to compare (the output is sound and may be written).
 
     :param real_path: where the file lives, to resolve its imports (``None``: the current
         directory, for standard input).
@@ -53,7 +55,7 @@ def check(original: ast.PolicyFile, formatted: str, real_path: str | None) -> Di
     if isinstance(compiled, list):
         own = [d for d in compiled if d.span is not None and d.span.file == file
                and d.id not in CONTEXT_ERRORS]
-        if own:  # wrong whatever imports it: nothing to prove the output against
+        if own:  # wrong whatever imports it: say that the AST alone was the proof
             return _own_error(file, own[0])
         return None  # a fragment (names from its importer): the AST comparison is the proof
     again = compile_in_memory(reparsed, base)
@@ -66,14 +68,14 @@ def check(original: ast.PolicyFile, formatted: str, real_path: str | None) -> Di
 
 CONTEXT_ERRORS = frozenset({"SBP200", "SBP201", "SBP202", "SBP203", "SBP204", "SBP215"})
 """Errors a file compiled alone may show only because it is a fragment of a larger policy (a
-name its importer defines, a header it does not need): the file may still be formatted."""
+name its importer defines, a header it does not need): no note for those."""
 
 
 def _own_error(file: str, first: Diagnostic) -> Diagnostic:
     where = f":{first.span.line}:{first.span.column}" if first.span else ""
     return Diagnostic.make(
-        "SBP422", f"not formatting `{file}`: it does not compile ({first.id} at "
-        f"{file}{where}: {first.message}), so the output cannot be proven to decide the same",
+        "SBP422", f"`{file}` does not compile ({first.id} at {file}{where}: {first.message}): "
+        "its layout was proven by the syntax tree only, there is no decision graph to compare",
         Span(file, 0, 0))
 
 

@@ -73,12 +73,25 @@ def is_regular(path: str | os.PathLike[str]) -> bool:
         return False
 
 
+DOCUMENT_SUFFIXES = (".json", ".yaml", ".yml")
+"""What a manifest or grant named inside another input (a request, a test file) may be called;
+a manifest may also be a `.sbpolicy` tool block."""
+
+
+def named_like(path: str | os.PathLike[str], suffixes: str | tuple[str, ...]) -> bool:
+    """Whether ``path`` and, through links, its real path end in one of ``suffixes`` (any case).
+
+    A file named by another input is read only when it is named like what it should be: an
+    input under review must not make a command quote `/etc/shadow` in a parse error."""
+    return (os.fspath(path).lower().endswith(suffixes)
+            and os.path.realpath(path).lower().endswith(suffixes))
+
+
 def walk_takes(path: str | os.PathLike[str], suffixes: str | tuple[str, ...]) -> bool:
     """Whether a directory walk reads ``path``: a regular file whose name and, through links,
     real path end in one of ``suffixes``. A FIFO would hang the walk, a device never end, and a
     `x.sbpolicy` link to `/etc/shadow` would have its first line quoted in a parse error."""
-    return (os.fspath(path).lower().endswith(suffixes) and is_regular(path)
-            and os.path.realpath(path).lower().endswith(suffixes))
+    return named_like(path, suffixes) and is_regular(path)
 
 
 def open_regular(path: str | os.PathLike[str]) -> int:

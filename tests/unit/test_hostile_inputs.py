@@ -53,13 +53,20 @@ def test_stats_refuses_dev_zero() -> None:
     _refused(ran, "error: SBP100 cannot read evidence log `/dev/zero`: it is a character device")
 
 
-def test_explain_refuses_a_request_naming_dev_zero_as_manifest(tmp_path: Path) -> None:
+def test_explain_refuses_dev_zero_as_manifest_and_grant() -> None:
+    ran = run_cli(["explain", "--policy", str(ORG), "--request", str(GIT_STATUS),
+                   "--manifest", "/dev/zero", "--grant", "/dev/zero"], timeout=30)
+    _refused(ran, "/dev/zero:1:1: SBP100 `/dev/zero` is a character device")
+
+
+def test_a_request_naming_a_pipe_json_as_its_manifest_is_refused(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "m.json")
     (tmp_path / "req.json").write_text(json.dumps({
         "op": {"kind": "fs.read", "path": "/workspace/x"},
-        "manifest": "/dev/zero", "grant": "/dev/zero"}))
+        "manifest": "m.json", "grant": "m.json"}))
     ran = run_cli(["explain", "--policy", str(ORG), "--request", "req.json"], tmp_path,
-                  timeout=30)
-    _refused(ran, "/dev/zero:1:1: SBP100 `/dev/zero` is a character device")
+                  timeout=20)
+    _refused(ran, "m.json:1:1: SBP100 `m.json` is a named pipe (FIFO)")
 
 
 def _fifo_commands(pipe: str, tmp: Path) -> dict[str, list[str]]:
@@ -203,6 +210,40 @@ def test_a_policy_named_link_to_a_host_file_is_skipped_by_directory_walks(
         assert "Traceback" not in ran.output, ran
         assert MARKER not in ran.output, (args, ran)
         assert "evil" not in ran.output, (args, ran)
+
+
+@pytest.mark.parametrize("target", ["host/shadow", "link.json", "/dev/zero"])
+@pytest.mark.parametrize("what", ["manifest", "grant"])
+def test_a_request_naming_a_host_file_as_a_fixture_is_refused_unread(
+        tmp_path: Path, secret: Path, target: str, what: str) -> None:
+    (tmp_path / "link.json").symlink_to(secret)
+    fixtures = {"manifest": str(EXAMPLES / "manifests" / "shell.json"),
+                "grant": str(EXAMPLES / "grants" / "shell-agent.json"), what: target}
+    (tmp_path / "req.json").write_text(json.dumps({
+        "op": {"kind": "proc.exec", "tool": "git", "args": ["status"]}, **fixtures}))
+    for command in (["explain", "--policy", str(ORG), "--request", "req.json"],
+                    ["diff", str(ORG), str(ORG), "--no-boundary", "--request", "req.json"]):
+        ran = run_cli(command, tmp_path, timeout=30)
+        _refused(ran, f"req.json:1:1: SBP105 the request's `{what}` names `{target}`, which is "
+                      "not a ")
+        assert MARKER not in ran.output, ran
+
+
+@pytest.mark.parametrize("field", ["policy", "manifest", "grant"])
+def test_a_test_file_naming_a_host_file_is_refused_unread(
+        tmp_path: Path, secret: Path, field: str) -> None:
+    shutil.copy(EXAMPLES / "policies" / "network.sbpolicy", tmp_path / "p.sbpolicy")
+    names = {"policy": "p.sbpolicy", "manifest": str(EXAMPLES / "manifests" / "shell.json"),
+             "grant": str(EXAMPLES / "grants" / "shell-agent.json"), field: "host/shadow"}
+    (tmp_path / "t.sbtest.yaml").write_text(
+        "".join(f"{k}: {v}\n" for k, v in names.items())
+        + "cases:\n  - name: c\n    op: {kind: fs.read, path: /workspace/x}\n"
+          "    want_decision: deny\n    want_code: SANDBOX.PERMISSION_DENY\n")
+    ran = run_cli(["test", "t.sbtest.yaml"], tmp_path)
+    assert ran.code == 2, ran
+    assert "is not a " in ran.output, ran
+    assert "it was not read" in ran.output, ran
+    assert MARKER not in ran.output, ran
 
 
 # ---- F13: small robustness gaps ---------------------------------------------------------------

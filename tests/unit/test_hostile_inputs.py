@@ -132,6 +132,15 @@ def test_an_imported_pipe_is_sbp100(tmp_path: Path) -> None:
     assert "named pipe (FIFO)" in ran.output, ran
 
 
+def test_a_pipe_in_place_of_the_state_dirs_evidence_key_is_refused(tmp_path: Path) -> None:
+    keys = tmp_path / "state" / "keys"
+    keys.mkdir(parents=True)
+    os.mkfifo(keys / "evidence-hmac.key")
+    ran = run_cli(["run", "--state-dir", str(tmp_path / "state"), "--policy", str(ORG),
+                   "--request", str(GIT_STATUS)], tmp_path, timeout=30)
+    _refused(ran, "evidence-hmac.key` cannot be created or read: it is a named pipe (FIFO)")
+
+
 # ---- F3: files over a limit, refused by their size before they are read ---------------------
 
 def _sparse(path: Path, size: int) -> Path:

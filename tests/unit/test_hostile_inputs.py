@@ -269,6 +269,17 @@ def test_stats_counts_a_huge_integer_latency_as_unreadable(tmp_path: Path, digit
     assert summary["calls"] == 1, summary
 
 
+def test_stats_skips_an_evidence_line_over_a_mebibyte_without_holding_it(tmp_path: Path) -> None:
+    huge = {"type": "end", "status": "ok", "padding": "x" * (3 << 20)}
+    good = {"type": "end", "status": "ok", "sandbox_latency_ms": 12}
+    (tmp_path / "e.jsonl").write_text(json.dumps(huge) + "\n" + json.dumps(good) + "\n")
+    ran = run_cli(["stats", "--format", "json", "e.jsonl"], tmp_path)
+    assert ran.code == 0, ran
+    summary = json.loads(ran.out)
+    assert summary["unreadable_lines"] == 1, summary
+    assert summary["calls"] == 1, summary
+
+
 @pytest.mark.parametrize("value", ["nan", "NaN", "-nan"])
 def test_test_threshold_nan_is_a_usage_error(value: str) -> None:
     ran = run_cli(["test", "--threshold", value, str(EXAMPLES)])

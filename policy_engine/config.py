@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 
 from policy_engine.dsl.bounded import MAX_DOCUMENT_BYTES, DocumentError, parse_json, parse_yaml
+from policy_engine.dsl.inputfile import cannot_read, read_bounded
 from policy_engine.model import OpKind
 
 DEFAULT_BACKENDS: Mapping[OpKind, str] = {
@@ -131,15 +132,12 @@ def load_config(path: Path) -> EngineConfig:
     :raises ValueError: the file is unreadable, not a mapping, or has a bad key or value.
     """
     try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_DOCUMENT_BYTES + 1)
+        raw = read_bounded(path, MAX_DOCUMENT_BYTES)  # regular files only: never blocks
         text = raw.decode("utf-8")
-    except OSError as exc:
-        raise ValueError(f"cannot read config `{path}`: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"config `{path}` is not UTF-8 text") from None
-    if len(raw) > MAX_DOCUMENT_BYTES:
-        raise ValueError(f"config `{path}` is larger than {MAX_DOCUMENT_BYTES:,} bytes")
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, UnicodeDecodeError):
+            raise ValueError(f"config `{path}` is not UTF-8 text") from None
+        raise ValueError(cannot_read("config", path, exc).removeprefix("error: ")) from None
     try:
         # bounded like every other document: depth, aliases, integers, duplicate keys
         data = (parse_json if path.suffix == ".json" else parse_yaml)(text)[0]

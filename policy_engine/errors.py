@@ -244,6 +244,9 @@ _DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
                    "a file declares its policy name and version once"),
     DiagnosticSpec("SBP216", Severity.WARNING, "rule can never match",
                    "the rule's resources are empty or fully shadowed by a mandatory deny"),
+    DiagnosticSpec("SBP217", Severity.ERROR, "import of a file that is not a policy",
+                   "import only `.sbpolicy` files (the name and, through links, the target); "
+                   "other files are never read"),
     # --- lint (SBP300-SBP349; rationale and examples in policy_engine/lint/registry.py) ---
     DiagnosticSpec("SBP300", Severity.ERROR, "permit is broader than the mandatory denies allow",
                    "narrow the permit to the directories the tool needs, e.g. `/workspace/**`"),
@@ -332,6 +335,8 @@ _DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
     DiagnosticSpec("SBP421", Severity.ERROR, "formatted file cannot be written",
                    "check the permissions of the file and its directory; the original file is "
                    "unchanged"),
+    DiagnosticSpec("SBP422", Severity.NOTE, "policy with check errors formatted by its syntax "
+                   "tree only", "run `policy-engine check` on the file and fix its errors"),
 )
 
 DIAGNOSTICS: dict[str, DiagnosticSpec] = {d.id: d for d in _DIAGNOSTICS}

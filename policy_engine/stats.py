@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+from policy_engine.dsl.inputfile import MAX_EVIDENCE_LINE_BYTES, open_regular
 
 
 @dataclass(slots=True)
@@ -21,15 +24,24 @@ class LogRead:
     unreadable: int = 0
 
 
-def read_logs(paths: Sequence[Path]) -> LogRead:
-    """Read JSONL evidence logs.
+MAX_LINE_BYTES = MAX_EVIDENCE_LINE_BYTES
+"""A longer line is counted unreadable and skipped without being held in memory (a log may be
+large, a line may not)."""
 
-    :raises OSError: a file cannot be opened.
+
+def read_logs(paths: Sequence[Path]) -> LogRead:
+    """Read JSONL evidence logs line by line, keeping only the fields the summary reads.
+
+    :raises OSError: a file cannot be opened, or is not a regular file
+        (:class:`~policy_engine.dsl.inputfile.NotRegularFile`: a device or pipe never ends).
     """
     out = LogRead()
     for path in paths:
-        with path.open("rb") as fh:
-            for raw in fh:
+        with os.fdopen(open_regular(path), "rb") as fh:
+            for raw in _lines(fh):
+                if raw is None:
+                    out.unreadable += 1
+                    continue
                 if not raw.strip():
                     continue
                 try:
@@ -38,14 +50,30 @@ def read_logs(paths: Sequence[Path]) -> LogRead:
                     out.unreadable += 1
                     continue
                 if well_formed(rec):
-                    out.records.append(rec)
+                    out.records.append({k: rec[k] for k in _KEPT if k in rec})
                 else:
                     out.unreadable += 1
     return out
 
 
+def _lines(fh: BinaryIO) -> Iterator[bytes | None]:
+    """Each line of ``fh``; ``None`` for one longer than :data:`MAX_LINE_BYTES` (its rest is
+    read and dropped in bounded pieces)."""
+    while True:
+        raw = fh.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            while (rest := fh.readline(64 * 1024)) and not rest.endswith(b"\n"):
+                pass
+            yield None
+            continue
+        yield raw
+
+
 _TEXT_FIELDS = ("type", "status", "error_code", "sandbox_backend", "sandbox_degrade_reason")
 _FLAG_FIELDS = ("sandbox_timed_out", "sandbox_degraded")
+_KEPT = (*_TEXT_FIELDS, *_FLAG_FIELDS, "sandbox_latency_ms")
 
 
 def well_formed(rec: Any) -> bool:
@@ -59,8 +87,14 @@ def well_formed(rec: Any) -> bool:
     if any(not isinstance(rec.get(k), bool | None) for k in _FLAG_FIELDS):
         return False
     latency = rec.get("sandbox_latency_ms")
-    return latency is None or (isinstance(latency, int | float) and not isinstance(latency, bool)
-                               and math.isfinite(latency))
+    if latency is None:
+        return True
+    if not isinstance(latency, int | float) or isinstance(latency, bool):
+        return False
+    try:  # an integer too large for a float (10**400) is not a latency either
+        return math.isfinite(float(latency))
+    except OverflowError:
+        return False
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:

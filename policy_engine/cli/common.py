@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
@@ -41,6 +42,19 @@ def load_or_exit(loader: Callable[[], T]) -> T:
 
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False))
+
+
+class NumberRange(click.FloatRange):
+    """A float within bounds; `nan` is refused (every comparison with it is false, so it passes
+    `FloatRange` and then a gate of `nan` could never fail, a timeout of `nan` never expire)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number; give one from {self.min:g} to {self.max:g}",
+                      param, ctx)
+        return number
 
 
 format_option = click.option(

@@ -11,6 +11,7 @@ import click
 from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, load_or_exit
 from policy_engine.cli.replay import seal_key_of
 from policy_engine.compiler import compile_files
+from policy_engine.dsl.inputfile import cannot_read
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
@@ -63,7 +64,7 @@ def command(old: Path, new: Path, requests: tuple[Path, ...], tests: tuple[Path,
         try:
             probes += evidence_probes(load_calls(log), key)
         except OSError as exc:
-            click.echo(f"error: cannot read `{log}`: {exc.strerror or exc}", err=True)
+            click.echo(cannot_read("evidence log", log, exc), err=True)
             sys.exit(EXIT_BAD_INPUT)
         except ValueError as exc:
             click.echo(f"error: {exc}", err=True)

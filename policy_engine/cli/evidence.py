@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, echo_json, format_option
+from policy_engine.dsl.inputfile import cannot_read
 
 if TYPE_CHECKING:
     from policy_engine.evidence.verify import Report
@@ -49,7 +50,7 @@ def verify(log: Path, public_key: Path | None, require_signature: bool,
         else:
             raws, external, unit = read_jsonl(log), [], "line"
     except OSError as exc:
-        click.echo(f"error: cannot read `{log}`: {exc.strerror or exc}", err=True)
+        click.echo(cannot_read("evidence log", log, exc), err=True)
         sys.exit(EXIT_BAD_INPUT)
     except ValueError as exc:
         click.echo(f"error: {exc}", err=True)

@@ -49,6 +49,7 @@ def command(paths: tuple[str, ...], check: bool, show_diff: bool, stdin_filename
             _report(item.diagnostics, color, item.source)
             unusable += 1
             continue
+        _report(item.diagnostics, color, item.source)  # notes on a sound output (SBP422)
         if check or show_diff:
             if item.changed:
                 unformatted += 1

@@ -9,6 +9,7 @@ import click
 
 from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, echo_json, load_or_exit
 from policy_engine.compiler import compile_files
+from policy_engine.dsl.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
@@ -21,10 +22,9 @@ def seal_key_of(seal_key: Path | None, state_dir: Path | None) -> bytes | None:
     if path is None:
         return None
     try:
-        data = path.read_bytes()
+        data = read_bounded(path, MAX_KEY_BYTES)
     except OSError as exc:
-        click.echo(f"error: replay seal key `{path}` cannot be read: {exc.strerror or exc}",
-                   err=True)
+        click.echo(cannot_read("replay seal key", path, exc), err=True)
         sys.exit(EXIT_BAD_INPUT)
     if len(data) < 32:
         click.echo(f"error: replay seal key `{path}` is shorter than 32 bytes", err=True)
@@ -59,7 +59,7 @@ def command(policies: tuple[Path, ...], seal_key: Path | None, state_dir: Path |
     try:
         calls = load_calls(evidence)
     except OSError as exc:
-        click.echo(f"error: cannot read `{evidence}`: {exc.strerror or exc}", err=True)
+        click.echo(cannot_read("evidence log", evidence, exc), err=True)
         sys.exit(EXIT_BAD_INPUT)
     except ValueError as exc:
         click.echo(f"error: {exc}", err=True)

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from policy_engine.cli.common import EXIT_BAD_INPUT, load_or_exit
+from policy_engine.cli.common import EXIT_BAD_INPUT, NumberRange, load_or_exit
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig, load_config
+from policy_engine.dsl.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
 from policy_engine.dsl.loaders import load_manifest
 
 if TYPE_CHECKING:
@@ -44,10 +45,10 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
     if not url or secret_file is None:
         _fail("--confirmation webhook needs --approver-url and --approver-secret-file")
     try:
-        secret = secret_file.read_bytes().strip()
+        secret = read_bounded(secret_file, MAX_KEY_BYTES).strip()  # a key, not a stream
         return WebhookConfirmation(url, secret, timeout_s=timeout)
     except OSError as exc:
-        _fail(f"cannot read {secret_file}: {exc.strerror}")
+        _fail(cannot_read("approver secret file", secret_file, exc).removeprefix("error: "))
     except ValueError as exc:
         _fail(str(exc))
 
@@ -76,7 +77,7 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
 @click.option("--approver-secret-file", type=_FILE,
               help="webhook confirmation: the shared HMAC secret (at least 16 bytes)")
 @click.option("--approver-timeout", default=30.0, show_default=True,
-              type=click.FloatRange(0.1, 600), help="seconds to wait for the approver")
+              type=NumberRange(0.1, 600), help="seconds to wait for the approver")
 @click.option("--allow-inline-manifests", is_flag=True,
               help="accept manifests in request bodies (they declare the side effects the "
               "consent rules read); default: only --manifest files, by name")

@@ -9,6 +9,7 @@ import click
 
 from policy_engine.cli.common import EXIT_BAD_INPUT, echo_json, format_option
 from policy_engine.config import default_state_dir
+from policy_engine.dsl.inputfile import cannot_read
 from policy_engine.stats import read_logs, render_text, summarize
 
 
@@ -21,7 +22,7 @@ def command(logs: tuple[Path, ...], fmt: str) -> None:
     try:
         read = read_logs(paths)
     except OSError as exc:
-        click.echo(f"error: cannot read `{exc.filename}`: {exc.strerror}", err=True)
+        click.echo(cannot_read("evidence log", exc.filename or "", exc), err=True)
         sys.exit(EXIT_BAD_INPUT)
     summary = summarize(read.records)
     if fmt == "json":

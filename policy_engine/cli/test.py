@@ -7,7 +7,14 @@ import sys
 
 import click
 
-from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, echo_json, format_option
+from policy_engine.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    NumberRange,
+    echo_json,
+    format_option,
+)
 from policy_engine.dsl.render import render_diagnostic
 from policy_engine.errors import Diagnostic, Severity
 from policy_engine.policytest.coverage import FileCoverage, summarize, total_percent
@@ -27,7 +34,7 @@ from policy_engine.policytest.runner import run_tests
 @click.option("--junit", "junit_path", metavar="FILE", help="also write JUnit XML to FILE")
 @click.option("--coverage", "with_coverage", is_flag=True,
               help="report, per policy file, the rules that never fired")
-@click.option("--threshold", type=click.FloatRange(0, 100), metavar="N",
+@click.option("--threshold", type=NumberRange(0, 100), metavar="N",
               help="fail (exit 1) when rule coverage is below N percent (implies --coverage)")
 @click.option("-v", "--verbose", is_flag=True, help="list passing cases too")
 @click.option("-j", "--jobs", type=click.IntRange(min=0), default=0, show_default=True,

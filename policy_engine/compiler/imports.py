@@ -9,6 +9,9 @@ from policy_engine.compiler.context import CompileContext, Unit
 from policy_engine.dsl import ast
 from policy_engine.errors import Span
 
+POLICY_SUFFIX = ".sbpolicy"
+"""The only files an `import` reads (SBP217 for any other name)."""
+
 
 @dataclass(slots=True)
 class _Walk:
@@ -48,7 +51,18 @@ def _visit(walk: _Walk, real: str, shown: str, *, root: bool, via: ast.Import | 
                 if os.path.realpath(unit.file.file) == real:
                     unit.root = True
         return
-    if via is not None and not os.path.isfile(real):
+    if via is not None and not (via.path.value.endswith(POLICY_SUFFIX)
+                                and real.endswith(POLICY_SUFFIX)):
+        # Checked before the file is opened, even before it is looked for: an `import` of
+        # `/etc/shadow`, or of a `.sbpolicy` symlink to it, must neither quote the secret in a
+        # parse error in a CI log nor tell whether it exists.
+        link = " (a link to a file with another name)" if via.path.value.endswith(
+            POLICY_SUFFIX) else ""
+        ctx.report("SBP217", f"import `{via.path.value}` is not a `{POLICY_SUFFIX}` file{link}; "
+                   "it was not read", via.path.span)
+        walk.done.add(real)
+        return
+    if via is not None and not os.path.exists(real):  # a pipe or directory: SBP100 on read
         ctx.report("SBP204", f"cannot find imported file `{via.path.value}` (looked for "
                    f"`{shown}`)", via.path.span)
         walk.done.add(real)

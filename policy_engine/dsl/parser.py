@@ -18,6 +18,7 @@ from lark.exceptions import (
 
 from policy_engine.dsl import ast
 from policy_engine.dsl.grammar import comment_sink, describe_terminal, get_parser
+from policy_engine.dsl.inputfile import REGULAR_ONLY_HELP, NotRegularFile, read_limited
 from policy_engine.dsl.transform import ToAst
 from policy_engine.errors import Diagnostic, Span
 
@@ -36,10 +37,14 @@ def read_source(
     shown = display if display is not None else os.fspath(path)
     limit = MAX_POLICY_BYTES if max_bytes is None else max_bytes
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
-    except IsADirectoryError:
-        return Diagnostic.make("SBP100", f"`{shown}` is a directory, not a file", Span(shown, 1, 1))
+        data = read_limited(path, limit)
+    except NotRegularFile as exc:
+        if exc.kind == "a directory":
+            return Diagnostic.make("SBP100", f"`{shown}` is a directory, not a file",
+                                   Span(shown, 1, 1))
+        return Diagnostic.make(
+            "SBP100", f"`{_printable(shown)}` is {exc.kind}, not a regular file",
+            Span(shown, 1, 1), help=REGULAR_ONLY_HELP)
     except FileNotFoundError:
         return Diagnostic.make("SBP100", f"`{shown}` does not exist", None)
     except OSError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from policy_engine.dsl.inputfile import read_limited
 from policy_engine.errors import Diagnostic, Severity
 
 _RESET = "\x1b[0m"
@@ -82,10 +83,13 @@ def _snippet(d: Diagnostic, source: str | None) -> tuple[str, str] | None:
 
 @lru_cache(maxsize=64)
 def _read_cached(path: str, mtime_ns: int) -> str | None:
-    try:
-        return Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    try:  # a bounded read of a regular file: the diagnostic may be about a device or a pipe
+        data = read_limited(path, _MAX_SNIPPET_FILE)
+    except (OSError, ValueError):
         return None
+    if len(data) > _MAX_SNIPPET_FILE:
+        return None
+    return data.decode("utf-8", errors="replace")
 
 
 def _read(path: str) -> str | None:

@@ -28,6 +28,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from policy_engine.dsl.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
+
 GENESIS = "0" * 64
 _CONTEXT = b"policy-engine evidence checkpoint v1\0"
 
@@ -91,10 +93,11 @@ def load_signing_key(path: Path) -> Ed25519PrivateKey:
     :raises ValueError: unreadable, not PEM, or not an Ed25519 key (the message names the file).
     """
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        key = serialization.load_pem_private_key(read_bounded(path, MAX_KEY_BYTES),
+                                                 password=None)
     except OSError as exc:
-        raise ValueError(f"evidence signing key `{path}` cannot be read: "
-                         f"{exc.strerror or exc}") from None
+        raise ValueError(cannot_read("evidence signing key", path, exc)
+                         .removeprefix("error: ")) from None
     except (ValueError, TypeError) as exc:
         raise ValueError(f"evidence signing key `{path}` is not an unencrypted PEM private "
                          f"key: {exc}") from None
@@ -109,9 +112,9 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
     :raises ValueError: unreadable or not an Ed25519 key.
     """
     try:
-        data = path.read_bytes()
+        data = read_bounded(path, MAX_KEY_BYTES)
     except OSError as exc:
-        raise ValueError(f"public key `{path}` cannot be read: {exc.strerror or exc}") from None
+        raise ValueError(cannot_read("public key", path, exc).removeprefix("error: ")) from None
     if b"PRIVATE KEY" in data:
         return load_signing_key(path).public_key()
     try:

@@ -11,6 +11,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from policy_engine.dsl.inputfile import MAX_EVIDENCE_BYTES, read_bounded, read_limited
 from policy_engine.evidence.chain import GENESIS, key_id, line_hash, signature_ok
 
 
@@ -157,7 +158,7 @@ def _check_signatures(report: Report, checkpoints: list[tuple[int, dict[str, Any
 
 def read_jsonl(path: Path) -> list[bytes]:
     """The stored records of a JSONL log (an unterminated torn tail is not a record)."""
-    data = path.read_bytes()
+    data = read_bounded(path, MAX_EVIDENCE_BYTES)  # a regular file, read whole: bounded
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
@@ -187,5 +188,8 @@ def read_sqlite(path: Path) -> tuple[list[bytes], list[dict[str, Any]], list[int
 
 
 def is_sqlite(path: Path) -> bool:
-    with path.open("rb") as fh:
-        return fh.read(16) == b"SQLite format 3\x00"
+    """Whether ``path`` starts like a SQLite database.
+
+    :raises NotRegularFile: a device or pipe (opening a FIFO would block, sqlite3 too).
+    """
+    return read_limited(path, 15) == b"SQLite format 3\x00"

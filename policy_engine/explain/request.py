@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from policy_engine.dsl.inputfile import DOCUMENT_SUFFIXES, named_like
 from policy_engine.dsl.loaders import load_document, validate_document
 from policy_engine.errors import Diagnostic, DiagnosticsError, Span
 from policy_engine.model import ExecOp, Overrides, Settings, Usage
@@ -82,4 +83,13 @@ def resolve_fixture(request_path: Path, relative: str | None, what: str) -> Path
             Span(os.fspath(request_path), 1, 1),
             help=f"`{what}` in a request file is a path relative to that file",
         )])
-    return request_path.parent / relative
+    path = request_path.parent / relative
+    kinds = DOCUMENT_SUFFIXES + ((".sbpolicy",) if what == "manifest" else ())
+    if not named_like(path, kinds):  # checked before it is opened: never quoted in an error
+        raise DiagnosticsError([Diagnostic.make(
+            "SBP105", f"the request's `{what}` names `{relative}`, which is not a "
+            f"{'/'.join(kinds)} file (by its name or its link target's); it was not read",
+            Span(os.fspath(request_path), 1, 1),
+            help=f"name a JSON/YAML {what} file, or pass one with `--{what} FILE`",
+        )])
+    return path

@@ -11,8 +11,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from policy_engine.dsl import ast, fastparse
+from policy_engine.dsl.inputfile import walk_takes
 from policy_engine.dsl.parser import read_source
-from policy_engine.errors import Diagnostic, Span
+from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.fmt import soundness
 from policy_engine.fmt.printer import format_ast
 
@@ -53,6 +54,8 @@ def format_source(text: str, file: str, *, real_path: str | None = None,
     out = render(pf)
     if out != text:  # identical output is trivially sound: skip the reparse and recompile
         problem = soundness.check(pf, out, real_path)
+        if problem is not None and problem.severity is Severity.NOTE:
+            return Result(file, text, out, [problem])  # sound, with what was not provable
         if problem is not None:
             return Result(file, text, None, [problem])
     return Result(file, text, out)
@@ -75,7 +78,7 @@ def find_files(paths: Iterable[str]) -> Iterator[str | Diagnostic]:
             for root, dirs, files in os.walk(path):
                 dirs[:] = [d for d in dirs if not d.startswith(".")]
                 found.extend(os.path.normpath(os.path.join(root, f)) for f in files
-                             if f.endswith(SUFFIX))
+                             if f.endswith(SUFFIX) and walk_takes(os.path.join(root, f), SUFFIX))
             yield from sorted(found)
         elif os.path.exists(path):
             yield path

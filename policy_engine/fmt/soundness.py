@@ -25,7 +25,7 @@ from policy_engine.compiler.imports import resolve_imports
 from policy_engine.compiler.pipeline import STAGES
 from policy_engine.dsl import ast
 from policy_engine.dsl.parser import parse_source
-from policy_engine.errors import Diagnostic, Span
+from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.fmt.layout import cel_key
 from policy_engine.graph import PolicySet
 
@@ -34,7 +34,9 @@ _HOME = "/home/fmt-soundness"
 
 
 def check(original: ast.PolicyFile, formatted: str, real_path: str | None) -> Diagnostic | None:
-    """``None`` when ``formatted`` means the same as ``original``, else the SBP420 diagnostic.
+    """``None`` when ``formatted`` means the same as ``original``, else the SBP420 diagnostic;
+    the note SBP422 when the AST proves it but check errors of the file's own leave no decision
+    graph to compare (the output is sound and may be written).
 
     :param real_path: where the file lives, to resolve its imports (``None``: the current
         directory, for standard input).
@@ -50,14 +52,31 @@ def check(original: ast.PolicyFile, formatted: str, real_path: str | None) -> Di
         return _problem(file, f"the parsed policy differs: {_first_difference(before, after)}")
     base = os.path.dirname(os.path.realpath(real_path)) if real_path else os.getcwd()
     compiled = compile_in_memory(original, base)
-    if compiled is None:
-        return None  # does not compile on its own: the AST comparison above is the proof
+    if isinstance(compiled, list):
+        own = [d for d in compiled if d.span is not None and d.span.file == file
+               and d.id not in CONTEXT_ERRORS]
+        if own:  # wrong whatever imports it: say that the AST alone was the proof
+            return _own_error(file, own[0])
+        return None  # a fragment (names from its importer): the AST comparison is the proof
     again = compile_in_memory(reparsed, base)
-    if again is None:
+    if not isinstance(again, str):
         return _problem(file, "its output no longer compiles")
     if compiled != again:
         return _problem(file, "the compiled decision graph differs")
     return None
+
+
+CONTEXT_ERRORS = frozenset({"SBP200", "SBP201", "SBP202", "SBP203", "SBP204", "SBP215"})
+"""Errors a file compiled alone may show only because it is a fragment of a larger policy (a
+name its importer defines, a header it does not need): no note for those."""
+
+
+def _own_error(file: str, first: Diagnostic) -> Diagnostic:
+    where = f":{first.span.line}:{first.span.column}" if first.span else ""
+    return Diagnostic.make(
+        "SBP422", f"`{file}` does not compile ({first.id} at {file}{where}: {first.message}): "
+        "its layout was proven by the syntax tree only, there is no decision graph to compare",
+        Span(file, 0, 0))
 
 
 def _problem(file: str, why: str) -> Diagnostic:
@@ -88,9 +107,9 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str:
     return f"at {path or '/'}: {str(a)[:120]} became {str(b)[:120]}"
 
 
-def compile_in_memory(pf: ast.PolicyFile, base_dir: str) -> str | None:
+def compile_in_memory(pf: ast.PolicyFile, base_dir: str) -> str | list[Diagnostic]:
     """The fingerprint of ``pf`` compiled as a root file (its imports read from ``base_dir``),
-    or ``None`` if it has any error."""
+    or the errors if it has any."""
     targets = [os.path.join(base_dir, i.path.value) for i in pf.imports if i.path.value]
     ctx = CompileContext(paths=tuple(targets), home=_HOME, require_header=False)
     resolve_imports(ctx)
@@ -102,7 +121,7 @@ def compile_in_memory(pf: ast.PolicyFile, base_dir: str) -> str | None:
             break
         stage(ctx)
     if ctx.has_errors or ctx.result is None:
-        return None
+        return [d for d in ctx.diagnostics if d.severity is Severity.ERROR]
     anonymous = {d.id for d in ctx.rules if d.node.name is None}
     return fingerprint(ctx.result, anonymous)
 

@@ -18,6 +18,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from policy_engine.dsl.grammar import get_parser
+from policy_engine.dsl.inputfile import read_limited, walk_takes
+from policy_engine.dsl.parser import MAX_POLICY_BYTES
 from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.lint import suppress
 from policy_engine.lint.compile import Caches, compile_policy
@@ -57,6 +59,7 @@ def discover(paths: Sequence[str]) -> tuple[list[tuple[str, str]], list[Finding]
             found = sorted(
                 os.path.join(d, n) for d, subdirs, names in os.walk(path)
                 for n in names if n.endswith(SUFFIX) and not _hidden(d, path, subdirs)
+                and walk_takes(os.path.join(d, n), SUFFIX)  # no FIFO, device, link elsewhere
             )
             if not found:
                 problems.append(Finding(Diagnostic.make(
@@ -81,11 +84,13 @@ def _hidden(directory: str, top: str, subdirs: list[str]) -> bool:
 
 
 def _scan_imports(real: str) -> list[str]:
-    try:
-        with open(real, encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
-    except OSError:
+    try:  # bounded, regular files only: reading a FIFO would block, a device never end
+        data = read_limited(real, MAX_POLICY_BYTES)
+    except (OSError, ValueError):
         return []
+    if len(data) > MAX_POLICY_BYTES:
+        return []  # the compile reports it (SBP106)
+    text = data.decode("utf-8", errors="replace")
     base = os.path.dirname(real)
     return [os.path.realpath(os.path.join(base, m)) for m in _IMPORT.findall(text)]
 

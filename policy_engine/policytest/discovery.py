@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from policy_engine.dsl.bounded import MAX_DOCUMENT_BYTES
+from policy_engine.dsl.inputfile import describe, is_regular, read_limited, walk_takes
 from policy_engine.errors import Diagnostic
 
 TEST_SUFFIXES = (".sbtest.yaml", ".sbtest.yml", ".sbtest.json")
@@ -67,6 +69,10 @@ def discover(paths: tuple[str, ...]) -> Discovery:
             for found in _walk(os.path.dirname(path) or "."):
                 if _mentions(found, path):
                     add(found, real)
+        elif os.path.exists(path) and not os.path.isdir(path) and not is_regular(path):
+            out.diagnostics.append(Diagnostic.make(
+                "SBP406", f"`{raw}` is {describe(os.stat(path).st_mode)}, not a regular file",
+                None, help="test files are read from regular files only"))
         elif os.path.exists(path):
             out.diagnostics.append(Diagnostic.make(
                 "SBP406", f"`{raw}` is neither a test file, a directory nor a .sbpolicy file",
@@ -80,15 +86,16 @@ def _walk(top: str) -> list[str]:
     found: list[str] = []
     for root, dirs, files in os.walk(top):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
-        found.extend(os.path.join(root, f) for f in sorted(files) if is_test_file(f))
+        found.extend(os.path.join(root, f) for f in sorted(files)
+                     if is_test_file(f) and walk_takes(os.path.join(root, f), TEST_SUFFIXES))
     return [os.path.normpath(f) for f in found]
 
 
 def _mentions(test_file: str, policy: str) -> bool:
     """A cheap pre-filter: the test file's text contains the policy's file name."""
-    try:
-        with open(test_file, encoding="utf-8", errors="replace") as fh:
-            return os.path.basename(policy) in fh.read()
-    except OSError:
+    try:  # bounded, regular files only (the walk already skipped pipes and devices)
+        data = read_limited(test_file, MAX_DOCUMENT_BYTES)
+    except (OSError, ValueError):
         return False
+    return os.path.basename(policy).encode("utf-8", "surrogateescape") in data
 

@@ -11,11 +11,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from policy_engine.dsl.inputfile import DOCUMENT_SUFFIXES, named_like
 from policy_engine.dsl.loaders import PositionLookup, load_document, validate_document
 from policy_engine.errors import Diagnostic, DiagnosticsError, ErrorCode, Span
 from policy_engine.policytest.model import PolicyTestCase, PolicyTestFile
 
 _CODES = frozenset(code.value for code in ErrorCode)
+POLICY_SUFFIX = ".sbpolicy"
 FORMAT_HELP = "see docs/policy-tests.md for the test-file format"
 Loc = tuple[str | int, ...]
 
@@ -80,7 +82,11 @@ def _check(path: str, spec: PolicyTestFile, lookup: PositionLookup) -> LoadedTes
     for i, rel in enumerate(policies):
         where = lookup.span(("policy", i) if isinstance(spec.policy, list) else ("policy",))
         target = os.path.normpath(os.path.join(here, rel))
-        if not rel or not os.path.isfile(target):
+        if rel and not named_like(target, POLICY_SUFFIX):  # never opened, never quoted
+            diags.append(Diagnostic.make(
+                "SBP402", f"`policy` names `{rel}`, which is not a `.sbpolicy` file (by its "
+                "name or its link target's); it was not read", where))
+        elif not rel or not os.path.isfile(target):
             diags.append(Diagnostic.make(
                 "SBP402", f"policy file `{rel}` not found (looked for `{target}`)", where))
         shown.append(target)
@@ -136,7 +142,12 @@ def _check_case(
                 "file or in the case", span))
             continue
         target = os.path.normpath(os.path.join(here, rel))
-        if not os.path.isfile(target):
+        kinds = DOCUMENT_SUFFIXES + ((POLICY_SUFFIX,) if what == "manifest" else ())
+        if not named_like(target, kinds):  # never opened, never quoted in a parse error
+            diags.append(Diagnostic.make(
+                "SBP403", f"{what} `{rel}` is not a {'/'.join(kinds)} file (by its name or its "
+                "link target's); it was not read", lookup.span(key)))
+        elif not os.path.isfile(target):
             diags.append(Diagnostic.make(
                 "SBP403", f"{what} `{rel}` not found (looked for `{target}`)", lookup.span(key)))
         fixtures.append(target)

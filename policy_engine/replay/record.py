@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from policy_engine.dsl.inputfile import MAX_KEY_BYTES, read_bounded
 from policy_engine.evidence.redact import _create_key
 from policy_engine.model import (
     BrowserNavOp,
@@ -58,7 +59,7 @@ def load_or_create_seal_key(state_dir: Path) -> bytes:
     try:
         if not path.exists():
             _create_key(path)
-        data = path.read_bytes()
+        data = read_bounded(path, MAX_KEY_BYTES)  # a regular file: a pipe would hang the run
     except OSError as exc:
         raise ValueError(f"replay seal key `{path}` cannot be created or read: "
                          f"{exc.strerror or exc}") from None

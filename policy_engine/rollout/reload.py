@@ -23,6 +23,8 @@ from typing import Any
 from prometheus_client import Counter
 
 from policy_engine.compiler import compile_files
+from policy_engine.dsl.inputfile import read_limited
+from policy_engine.dsl.parser import MAX_POLICY_BYTES
 from policy_engine.errors import DiagnosticsError
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.orchestrator import Orchestrator
@@ -64,7 +66,8 @@ class PolicyReloader:
         for path in self._files:
             h.update(str(path).encode() + b"\0")
             try:
-                h.update(path.read_bytes())
+                # bounded, regular files only: a FIFO swapped in must not hang the watcher
+                h.update(read_limited(path, MAX_POLICY_BYTES))
             except OSError as exc:  # a file being replaced: its absence is content too
                 h.update(f"<{exc.errno}>".encode())
             h.update(b"\0")

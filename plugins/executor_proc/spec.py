@@ -85,7 +85,11 @@ def carve(root: str, access: str, masked: list[str]) -> list[tuple[str, str]]:
     if root in inside or not os.path.isdir(root) or os.path.islink(root):
         return []
     out: list[tuple[str, str]] = [(root, "create" if access == "rw" else "list")]
-    for name in sorted(os.listdir(root)):
+    with os.scandir(root) as it:
+        names = sorted(e.name for e in it if not e.is_symlink())
+    # a symlink gets no rule of its own: Landlock would grant the link's *target* (/etc,
+    # another tree's .env, anything); opening through the link is checked at the target
+    for name in names:
         out += carve(os.path.join(root, name), access, inside)
     return out
 

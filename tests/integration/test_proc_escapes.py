@@ -65,6 +65,7 @@ PLANT = textwrap.dedent("""
 def executors() -> Iterator[dict[str, ProcExecutor]]:
     made = {b: ProcExecutor(b) for b in BACKENDS}
     made["bwrap-no-layer2"] = ProcExecutor("bwrap", ProcOptions(layer2=False))
+    made["landlock-python"] = ProcExecutor("landlock", ProcOptions(launcher="python"))
     yield made
     for ex in made.values():
         ex.close()
@@ -369,3 +370,44 @@ def test_docker_warm_pool_leaves_mandatory_denied_inputs_out(world_root: Path) -
     assert "ok.txt" in res.out["stdout"]
     assert ".env" not in res.out["stdout"]
     assert "pool-env-secret" not in res.out["stdout"]
+
+
+# --- outsider attack F15: a symlink in a carved tree must not widen the Landlock rules ----------
+
+READ_ALL = textwrap.dedent("""
+    import json, sys
+    out = {}
+    for p in sys.argv[1:]:
+        try:
+            out[p] = open(p).read()
+        except OSError as e:
+            out[p] = e.errno
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "landlock-python"])
+def test_symlinks_planted_in_a_carved_tree_grant_nothing_beyond_the_policy(
+        executors: dict[str, ProcExecutor], world_root: Path, backend: str) -> None:
+    """F15: the tree holding a masked ``.env`` is carved entry by entry; a planted link to /etc,
+    to the ``.env`` or to a directory outside the policy must not become a rule for its target.
+    """
+    outside = Path(tempfile.mkdtemp(prefix="pe-outside-", dir="/tmp"))
+    try:
+        outside.chmod(0o755)
+        (outside / "o.txt").write_text("OUTSIDE_SECRET_15")
+        (outside / "o.txt").chmod(0o644)
+        work = world_root / "out"
+        (work / ".env").write_text("SECRET_ENV=hunter15")  # mandatory deny: carves out/
+        (work / "ok.txt").write_text("fine")
+        for name, target in (("l_outdir", outside), ("l_out", outside / "o.txt"),
+                             ("l_env", work / ".env"), ("l_etc", Path("/etc"))):
+            (work / name).symlink_to(target)
+        targets = [str(work / ".env"), str(outside / "o.txt"), str(work / "ok.txt")]
+        seen = json.loads(str(_run(executors[backend], make_profile(world_root), READ_ALL,
+                                   *targets)["stdout"]))
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
+    assert seen[str(work / "ok.txt")] == "fine"
+    assert isinstance(seen[str(work / ".env")], int), seen
+    assert isinstance(seen[str(outside / "o.txt")], int), seen

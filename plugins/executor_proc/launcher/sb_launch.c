@@ -151,6 +151,22 @@ static uint64_t handled_fs(int abi) {
 }
 
 /* 0 and the ABI on success; -errno and *what set on failure */
+
+/* A rule's path must not cross a symlink: a link planted in a writable tree (by this call or a
+ * concurrent one) would otherwise make the rule grant its target (/etc, a secret, anything).
+ * openat2(RESOLVE_NO_SYMLINKS) refuses a link in any component; kernels before 5.6 get
+ * O_NOFOLLOW (last component only; the plan itself never lists a link). */
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+struct pe_open_how { uint64_t flags, mode, resolve; };
+static int open_nofollow(const char *path) {
+    struct pe_open_how how = {O_PATH | O_CLOEXEC, 0, 0x04 /* RESOLVE_NO_SYMLINKS */};
+    int fd = (int)syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);
+    if (fd >= 0 || (errno != ENOSYS && errno != E2BIG && errno != EINVAL)) return fd;
+    return open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+}
+
 static int landlock_apply(struct rule *rules, int n, int deny_tcp, int scope, int *abi_out,
                           const char **what, const char **path) {
     int abi = landlock_abi();
@@ -174,11 +190,12 @@ static int landlock_apply(struct rule *rules, int n, int deny_tcp, int scope, in
         }
     }
     for (int i = 0; i < n; i++) {
-        int pfd = open(rules[i].path, O_PATH | O_CLOEXEC);
-        if (pfd < 0) continue; /* absent inside this sandbox: nothing to allow */
+        int pfd = open_nofollow(rules[i].path);
+        if (pfd < 0) continue; /* absent, or reached through a symlink: nothing to allow */
         struct stat st;
         uint64_t access = rules[i].mask & fs;
-        if (fstat(pfd, &st) == 0 && !S_ISDIR(st.st_mode)) access &= FILE_ONLY;
+        if (fstat(pfd, &st) != 0 || S_ISLNK(st.st_mode)) access = 0;
+        else if (!S_ISDIR(st.st_mode)) access &= FILE_ONLY;
         if (access != 0) {
             struct path_beneath pb = {access, pfd};
             if (syscall(NR_ADD_RULE, rfd, RULE_PATH_BENEATH, &pb, 0u) != 0) {

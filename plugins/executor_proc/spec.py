@@ -18,6 +18,7 @@ from policy_engine.model import SYSTEM_DEFAULT_LIMITS, FsCapability, ProcExecOp,
 from policy_engine.model import Limits as ModelLimits
 from policy_engine.patterns.paths import expand_home, literal_prefix
 from policy_engine.sandbox.masks import RUNTIME_DIRS, RUNTIME_GLOBS, plan_masks, under_runtime
+from policy_engine.sandbox.unreadable import DEFAULT_SCAN
 
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc")
 # never readable in a sandbox, whatever the profile says (seed 003 mandatory list, /etc part);
@@ -119,7 +120,8 @@ def _prefixes(profile: Profile, kinds: set[str]) -> list[str]:
 
 def _masks(profile: Profile, bound: list[str], system: list[str]) -> tuple[list[str], list[str]]:
     """Existing paths under mandatory denies, the built-ins and the host runtime directories
-    that a bind would expose (one pruned, cached walk: ``policy_engine.sandbox.masks``).
+    that a bind would expose (one pruned, cached walk: ``policy_engine.sandbox.masks``), and
+    whatever in the system trees is not world-readable (``policy_engine.sandbox.unreadable``).
 
     ``**/x`` globs are searched in the profile's binds only; system trees are searched only for
     a glob whose literal prefix lies inside them (``/etc/ssh/ssh_host_*_key``).
@@ -131,8 +133,16 @@ def _masks(profile: Profile, bound: list[str], system: list[str]) -> tuple[list[
             patterns += [expand_home(p, home) for p in deny.capability.paths]
     plan = plan_masks(bound, system, patterns, home)
     # /var/run -> /run: the link's target is masked itself, and a file bind would follow it
-    files = [p for p in plan.files if not (os.path.islink(p) and under_runtime(p))]
-    return files, list(plan.dirs)
+    files = {p for p in plan.files if not (os.path.islink(p) and under_runtime(p))}
+    dirs = set(plan.dirs)
+    # what an unprivileged host user cannot read in a system tree (root-only keys under /etc):
+    # the sandboxed process may be host uid 0, the owner of those files
+    hidden = DEFAULT_SCAN.scan(system)
+    files.update(hidden.files)
+    dirs.update(hidden.dirs)
+    # nothing beneath a masked directory needs its own mask (nor could bwrap mount it)
+    return ([p for p in sorted(files) if not any(beneath(p, d) for d in dirs)],
+            [d for d in sorted(dirs) if not any(q != d and beneath(d, q) for q in dirs)])
 
 
 def resolve_limits(profile: Profile, op: ProcExecOp, limits: ModelLimits | None = None) -> Limits:

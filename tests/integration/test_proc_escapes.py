@@ -411,3 +411,42 @@ def test_symlinks_planted_in_a_carved_tree_grant_nothing_beyond_the_policy(
     assert seen[str(work / "ok.txt")] == "fine"
     assert isinstance(seen[str(work / ".env")], int), seen
     assert isinstance(seen[str(outside / "o.txt")], int), seen
+
+
+# --- outsider attack F2(a): what the host keeps from other users stays out of every sandbox -----
+
+@pytest.fixture
+def root_only_etc() -> Iterator[Path]:
+    """A directory in host /etc holding a 0600 root-only key, a 0700 directory and a
+    world-readable file (the control)."""
+    d = Path(f"/etc/pe-f2-{uuid.uuid4().hex[:8]}")
+    d.mkdir(mode=0o755)
+    (d / "key.json").write_text('{"d":"ROOT_ONLY_KEY_F2"}')
+    (d / "key.json").chmod(0o600)
+    (d / "private").mkdir(mode=0o700)
+    (d / "private" / "inner.txt").write_text("INNER_F2")
+    (d / "private" / "inner.txt").chmod(0o644)
+    (d / "public.txt").write_text("PUBLIC_F2")
+    (d / "public.txt").chmod(0o644)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "bwrap-no-layer2"])
+def test_root_only_host_files_in_system_trees_are_not_readable(
+        executors: dict[str, ProcExecutor], world_root: Path, root_only_etc: Path,
+        backend: str) -> None:
+    d = root_only_etc
+    paths = [str(d / "key.json"), str(d / "private" / "inner.txt"), str(d / "public.txt")]
+    seen = json.loads(str(_run(executors[backend], make_profile(world_root), READ_ALL,
+                               *paths)["stdout"]))
+    assert seen[str(d / "public.txt")] == "PUBLIC_F2"  # /etc itself is still there
+    assert isinstance(seen[str(d / "key.json")], int), seen
+    assert isinstance(seen[str(d / "private" / "inner.txt")], int), seen
+    # a chmod changes only the file's ctime, not its directory's: the next plan still sees it
+    (d / "public.txt").chmod(0o600)
+    again = json.loads(str(_run(executors[backend], make_profile(world_root), READ_ALL,
+                                str(d / "public.txt"))["stdout"]))
+    assert isinstance(again[str(d / "public.txt")], int), again

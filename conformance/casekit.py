@@ -382,7 +382,11 @@ def decision_view(d: Decision) -> dict[str, Any]:
 _VOLATILE = frozenset({"envelope_id", "produced_at_ms", "finished_at_ms", "sandbox_latency_ms",
                        "profile_hash", "policy_version_hash", "duration_ms", "elapsed_ms",
                        "wall_ms", "cpu_ms", "pid", "started_at_ms", "artifacts_path",
-                       "handle", "hmac_key"})
+                       "handle", "hmac_key",
+                       # the hash chain of the log (evidence/chain.py) and the replay block
+                       # (replay/record.py: grant, manifest, op view) differ with every state
+                       # dir and envelope; their shape is pinned by their own tests
+                       "chain", "replay"})
 # argv_digest covers the interpreter's path (`@PYTHON@` is sys.executable: `python` or `python3`
 # depending on how pytest was started), so only its presence is pinned
 # `hmac`: per-argument digests keyed with the state directory's own key (evidence/redact.py)
@@ -398,6 +402,10 @@ def evidence_view(record: Mapping[str, Any], env: Env,
     out: dict[str, Any] = {}
     for key, value in record.items():
         out[key] = _stable(key, value, _VOLATILE | volatile)
+    rule = out.get("rule")
+    if isinstance(rule, dict) and isinstance(rule.get("file"), str):
+        # the deciding rule (end records): its file by name, as decision_view pins it
+        out["rule"] = {**rule, "file": Path(rule["file"]).name}
     label = out.get("sandbox_profile")
     if isinstance(label, str) and label.startswith("default:"):
         out["sandbox_profile"] = "default:<hash>"

@@ -225,7 +225,8 @@ _DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
     DiagnosticSpec("SBP207", Severity.ERROR, "invalid host pattern",
                    "use an exact host, `*.suffix`, an IP literal or a CIDR block"),
     DiagnosticSpec("SBP208", Severity.ERROR, "invalid regular expression",
-                   "fix the pattern; regexes use Python `re` syntax and are anchored"),
+                   "fix the pattern; regexes use RE2 syntax (no backreferences or lookaround) "
+                   "and are anchored"),
     DiagnosticSpec("SBP209", Severity.ERROR, "CEL syntax error",
                    "fix the condition; see https://github.com/google/cel-spec"),
     DiagnosticSpec("SBP210", Severity.ERROR, "CEL type error",
@@ -286,6 +287,8 @@ _DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
                    "remove the import"),
     DiagnosticSpec("SBP341", Severity.NOTE, "profile is not referenced by any tool block",
                    "reference it from a `tool` block (`profile \"name\"`) or remove it"),
+    DiagnosticSpec("SBP342", Severity.NOTE, "unreachable-permit checks stopped early",
+                   "split the file, or order it so the rules that matter most come first"),
     DiagnosticSpec("SBP345", Severity.WARNING, "malformed suppression comment",
                    "write `# sbpolicy: ignore SBP301 reason=\"why this is fine\"`"),
     DiagnosticSpec("SBP346", Severity.WARNING, "suppression has no reason",

@@ -17,6 +17,7 @@ from policy_engine.evidence import (
     SpoolingSink,
     allowing_template,
     capability_string,
+    decision_fields,
     digest_json,
     inputs_digest,
     load_or_create_key,
@@ -59,6 +60,8 @@ from policy_engine.orchestration.running import Attempt, run_with_deadline
 from policy_engine.orchestration.selection import Selection, select
 from policy_engine.plugin_manager import PluginManager
 from policy_engine.profile import ProfileBuilder
+from policy_engine.replay.record import ReplayRecorder
+from policy_engine.replay.shadow import ShadowPolicy
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +129,8 @@ class Orchestrator:
                  plugins: PluginManager | None = None, clock: Callable[[], int] | None = None,
                  profile_builder: ProfileBuilderLike | None = None,
                  guard: GuardLike | None = None, revocations: RevocationWatcher | None = None,
-                 metrics: Metrics | None = None, ids: Callable[[], str] | None = None) -> None:
+                 metrics: Metrics | None = None, ids: Callable[[], str] | None = None,
+                 shadow: PolicySet | None = None) -> None:
         self.policyset = policyset
         self.config = config
         self.plugins = plugins if plugins is not None else PluginManager.default()
@@ -135,9 +139,13 @@ class Orchestrator:
         self._ids = ids or (lambda: uuid.uuid4().hex)
         self.builder: ProfileBuilderLike = profile_builder or ProfileBuilder(policyset)
         self.guard: GuardLike = guard or Guard(policyset)
+        self._active: tuple[ProfileBuilderLike, GuardLike] = (self.builder, self.guard)
         # keys the per-argument and URL digests of the evidence (evidence/redact.py says why);
         # loaded before any plugin opens something that would need closing on failure
         self.evidence_key = load_or_create_key(config.state_dir)
+        self.replay = ReplayRecorder(config.plugin_options("replay"), config.state_dir)
+        # an audit-only policy deciding beside the enforcing one (replay/shadow.py)
+        self.shadow = ShadowPolicy(shadow, self.metrics) if shadow is not None else None
         self.plugins.configure(config)
         self.components = self.plugins.components(config)
         missing = [s for s in config.evidence_sinks if s not in self.components.sinks]
@@ -155,6 +163,14 @@ class Orchestrator:
             revocations = (SqliteRevocationList(config.state_dir / "revocations.sqlite")
                            if config.revocation == "sqlite" else MemoryRevocationList())
         self.revocations = revocations if config.revocation != "none" else None
+
+    def swap_policy(self, policyset: PolicySet) -> None:
+        """Make ``policyset`` the policy of every call that starts from now on (hot reload,
+        policy_engine/rollout/reload.py); calls already running finish under the old one.
+        """
+        builder, guard = ProfileBuilder(policyset), Guard(policyset)
+        self._active = (builder, guard)  # one assignment: a call sees the old pair or the new
+        self.policyset, self.builder, self.guard = policyset, builder, guard
 
     def _count_sink_failure(self, sink: str) -> None:
         self.metrics.sink_failures_total.labels(sink=sink).inc()
@@ -188,24 +204,35 @@ class Orchestrator:
         now = now_ms if now_ms is not None else self._clock()
         envelope = self._ids()
         kind = OpKind(op.kind)
+        # one read of the policy this call runs under, start to end: a reload (swap_policy)
+        # between two steps must never mix two policies in one call
+        builder, guard = self._active
+
+        def replay(profile: Profile | None) -> dict[str, Any] | None:
+            return self.replay.block(envelope, op, grant, manifest, profile, settings=settings,
+                                     overrides=overrides, context=context, now_ms=now)
+
         # 1) revocation and expiry: checked before anything is derived from the grant
         refusal = self._grant_refusal(grant, now)
         if refusal is not None:
-            return self._refused(envelope, grant, None, op, now, started, refusal)
+            return self._refused(envelope, grant, None, op, now, started, refusal, replay(None))
         # 2) profile
         t0 = time.perf_counter()
         try:
-            profile = self.builder.build(grant, manifest, settings=settings, overrides=overrides)
+            profile = builder.build(grant, manifest, settings=settings, overrides=overrides)
         except PolicyEngineError as exc:
-            return self._refused(envelope, grant, None, op, now, started, exc)
+            return self._refused(envelope, grant, None, op, now, started, exc, replay(None))
         self.metrics.profile_build_ms.observe((time.perf_counter() - t0) * 1000)
         # 3) guard
         t0 = time.perf_counter()
-        decision = self.guard.decide(profile, op, context=context, now_ms=now)
+        decision = guard.decide(profile, op, context=context, now_ms=now)
         self.metrics.guard_validate_ms.observe((time.perf_counter() - t0) * 1000)
         self.plugins.notify_decision(profile, op, decision)
         # 4) evidence.begin — before anything can run, and for a denial too
-        begin = self._begin(envelope, grant, profile, op, now)
+        audit = None if self.shadow is None else self.shadow.decide(
+            grant, manifest, op, settings=settings, overrides=overrides, context=context,
+            now_ms=now, enforced=decision)
+        begin = self._begin(envelope, grant, profile, op, now, replay(profile), audit)
         if not decision.allowed:
             code = ErrorCode(decision.code or ErrorCode.PERMISSION_DENY)
             err = PolicyEngineError(code, decision.reason or "denied")
@@ -231,13 +258,13 @@ class Orchestrator:
                                 status="denied", backend=sel.backend, degraded=sel.degraded)
         try:
             return self._execute(begin, decision, profile, op, started, sel, key, limits,
-                                 cancel)
+                                 guard, cancel)
         finally:
             slot.release()
 
     def _execute(self, begin: EvidenceBegin, decision: Decision, profile: Profile, op: ExecOp,
                  started: float, sel: Selection, key: str, limits: Limits,
-                 cancel: CancelToken | None) -> RunOutcome:
+                 guard: GuardLike, cancel: CancelToken | None) -> RunOutcome:
         """Steps 6 and 7: charge the call (before, or when the executor starts), run, end."""
         assert sel.executor is not None  # INVARIANT: run() returned on a failed selection
         kind = OpKind(op.kind)
@@ -266,7 +293,7 @@ class Orchestrator:
         # under the decision's limits (profile ⊓ permitting rule ⊓ op), not the profile's
         timeout_ms = limits.timeout_ms or profile.timeout_ms
         ctx = ExecContext(profile=profile, deadline=time.monotonic() + timeout_ms / 1000,
-                          degraded=sel.degraded, consume=consume, guard=self.guard,
+                          degraded=sel.degraded, consume=consume, guard=guard,
                           limits=limits, on_start=charge_call if at_start else nothing,
                           has_started=not at_start)
         self.metrics.observe_exec(kind, profile)
@@ -305,7 +332,8 @@ class Orchestrator:
         return None
 
     def _begin(self, envelope: str, grant: Grant, profile: Profile | None, op: ExecOp,
-               now: int) -> EvidenceBegin:
+               now: int, replay: dict[str, Any] | None = None,
+               shadow: dict[str, Any] | None = None) -> EvidenceBegin:
         ev = EvidenceBegin(
             envelope_id=envelope, tenant=grant.tenant, subject_id=grant.subject_id,
             tool_name=grant.tool_name, call_id=grant.call_id,
@@ -314,16 +342,18 @@ class Orchestrator:
             inputs_digest=inputs_digest(op, self.evidence_key),
             produced_at_ms=now,
             policy_version_hash=(profile.policy_version_hash if profile
-                                 else self.policyset.version_hash))
+                                 else self.policyset.version_hash), replay=replay,
+            shadow=shadow)
         for sink in self.sinks:
             sink.begin(ev)
         return ev
 
     def _refused(self, envelope: str, grant: Grant, profile: Profile | None, op: ExecOp,
-                 now: int, started: float, err: PolicyEngineError) -> RunOutcome:
+                 now: int, started: float, err: PolicyEngineError,
+                 replay: dict[str, Any] | None = None) -> RunOutcome:
         decision = Decision(decision="deny", code=err.code.value, http_status=err.http_status,
                             reason=err.reason)
-        begin = self._begin(envelope, grant, profile, op, now)
+        begin = self._begin(envelope, grant, profile, op, now, replay)
         return self._finish(begin, decision, profile, op, started, err=err, status="denied")
 
     def _reconcile(self, attempt: Attempt, key: str, profile: Profile,
@@ -381,7 +411,8 @@ class Orchestrator:
             sandbox_latency_ms=round(latency_ms, 3),
             sandbox_timed_out=bool(attempt and attempt.timed_out), sandbox_success=ok,
             sandbox_error_kind=error_kind, sandbox_degraded=bool(degraded),
-            sandbox_degrade_reason="; ".join(degraded) or None)
+            sandbox_degrade_reason="; ".join(degraded) or None,
+            **decision_fields(decision, profile, self.policyset.version_hash))
         for sink in self.sinks:
             sink.end(end)
         self._observe(op, status, err, usage, latency_ms)
@@ -445,12 +476,12 @@ def _denial_kind(code: ErrorCode) -> str:
 def run_once(policyset: PolicySet, grant: Grant, manifest: Manifest, op: ExecOp, *,
              config: EngineConfig, settings: Settings | None = None,
              overrides: Overrides | None = None, context: Mapping[str, object] | None = None,
-             now_ms: int | None = None) -> RunOutcome:
+             now_ms: int | None = None, shadow: PolicySet | None = None) -> RunOutcome:
     """Run a single call with a fresh orchestrator and close it (flushing spools): the
     ``policy-engine run`` command.
 
     :raises ValueError: the configuration names a sink or meter no plugin provides.
     """
-    with Orchestrator(policyset, config=config) as orch:
+    with Orchestrator(policyset, config=config, shadow=shadow) as orch:
         return orch.run(grant, manifest, op, settings=settings, overrides=overrides,
                         context=context, now_ms=now_ms)

@@ -10,11 +10,15 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from plugins.evidence_jsonl.chaining import ChainTail
 from plugins.evidence_jsonl.repair import TornRecord, remove_torn, trim_torn_tail
 from policy_engine.config import EngineConfig
 from policy_engine.evidence import EvidenceSink
+from policy_engine.evidence.chain import signing_options
 from policy_engine.hookspecs import hookimpl
 from policy_engine.model import EvidenceBegin, EvidenceEnd
 
@@ -31,7 +35,9 @@ class JsonlSink:
     or ``end`` returns the record is in the kernel's page cache: it survives the engine being
     killed (SIGKILL, OOM, a crash) because the kernel, not the process, holds it, and a crash can
     at worst leave the one record being written torn at the very end, never lose or damage a
-    completed one. ``O_APPEND`` also keeps concurrent processes' lines whole.
+    completed one. ``O_APPEND`` also keeps concurrent processes' lines whole, and each record
+    is hash-chained to the one before it under the log's exclusive ``flock``
+    (:mod:`policy_engine.evidence.chain`; signed checkpoints with ``signing_key``).
 
     A short write (a full disk) is taken back out of the file before ``begin``/``end`` raises
     (see :mod:`plugins.evidence_jsonl.repair`), so the record the spool later retries starts on
@@ -55,8 +61,10 @@ class JsonlSink:
     name = "jsonl"
 
     def __init__(self, path: Path, *, fsync: FsyncPolicy | bool = "interval",
-                 interval_s: float = 0.2) -> None:
+                 interval_s: float = 0.2, signing_key: Ed25519PrivateKey | None = None,
+                 checkpoint_every: int = 1000) -> None:
         self.path = path
+        self._tail = ChainTail(signing_key, checkpoint_every)
         self.fsync: FsyncPolicy = ("always" if fsync else "never") if isinstance(
             fsync, bool) else fsync
         if self.fsync not in FSYNC_POLICIES:
@@ -84,36 +92,47 @@ class JsonlSink:
             self._flusher.start()
 
     def begin(self, ev: EvidenceBegin) -> None:
-        self._write(ev.model_dump_json().encode() + b"\n")
+        self._write(ev.model_dump_json().encode())
 
     def end(self, ev: EvidenceEnd) -> None:
-        self._write(ev.model_dump_json().encode() + b"\n")
+        self._write(ev.model_dump_json().encode())
 
-    def _write(self, line: bytes) -> None:
+    def _write(self, record: bytes) -> None:
         with self._lock:
             if self._fd is None:
                 raise RuntimeError(f"evidence log `{self.path}` is closed")
             if self._torn is not None:  # never append behind a fragment still in the file
                 remove_torn(self._fd, self._torn, self.path)
                 self._torn = None
-            self._append(self._fd, line)
+            self._append(self._fd, record)
             if self.fsync == "always":
                 os.fsync(self._fd)
                 self.fsyncs += 1
         if self.fsync == "interval":
             self._dirty.set()
 
-    def _append(self, fd: int, line: bytes) -> None:
-        """One ``write`` under a shared lock (the repair takes it exclusively). A short write is
-        not continued (another process may have appended meanwhile) but taken back out.
+    def _append(self, fd: int, record: bytes | None) -> None:
+        """Chain ``record`` to the log's last record and append it (and a signed checkpoint
+        when one is due) in one ``write``, all under an exclusive lock: another process cannot
+        append between reading the last record and writing the next, so the chain never forks.
+        ``record=None`` appends only a checkpoint (at close), if the last record has none.
+
+        A short write is not continued (the lock is released before the repair) but taken
+        back out.
         """
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
+            line = self._tail.render(fd, record)
+            if not line:
+                return
             written = os.write(fd, line)
             if written < len(line):
                 # INVARIANT: on an O_APPEND descriptor the offset is now the end of our bytes
                 end = os.lseek(fd, 0, os.SEEK_CUR)
                 self._torn = TornRecord(end - written, line[:written], line)
+                self._tail.forget()
+            else:
+                self._tail.wrote(fd)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         if self._torn is not None:
@@ -157,6 +176,12 @@ class JsonlSink:
         with self._lock:
             if self._fd is not None:
                 try:
+                    if self._tail.signing and self._torn is None:
+                        try:  # sign what this process leaves behind
+                            self._append(self._fd, None)
+                        except OSError as exc:
+                            log.error("evidence log `%s`: closing checkpoint not written: %s",
+                                      self.path, exc.strerror or exc)
                     if self.fsync != "never":
                         os.fsync(self._fd)
                         self.fsyncs += 1
@@ -189,10 +214,20 @@ class JsonlSink:
             return
 
 
-def _validated(config: EngineConfig) -> tuple[Path, FsyncPolicy, float]:
-    """Validate ``options.evidence_jsonl`` (``path``, ``fsync``, ``fsync_interval_ms``)."""
+class _Options(NamedTuple):
+    path: Path
+    fsync: FsyncPolicy
+    interval_s: float
+    signing_key: Ed25519PrivateKey | None
+    checkpoint_every: int
+
+
+def _validated(config: EngineConfig) -> _Options:
+    """Validate ``options.evidence_jsonl`` (``path``, ``fsync``, ``fsync_interval_ms``,
+    ``signing_key``, ``checkpoint_every``)."""
     options = config.plugin_options("evidence_jsonl")
-    unknown = sorted(set(options) - {"path", "fsync", "fsync_interval_ms"})
+    unknown = sorted(set(options) - {"path", "fsync", "fsync_interval_ms", "signing_key",
+                                     "checkpoint_every"})
     if unknown:
         raise ValueError(f"evidence_jsonl: unknown option `{unknown[0]}`")
     raw = options.get("fsync", "interval")
@@ -204,12 +239,14 @@ def _validated(config: EngineConfig) -> tuple[Path, FsyncPolicy, float]:
     if not isinstance(interval, int) or isinstance(interval, bool) or not 1 <= interval <= 60_000:
         raise ValueError("evidence_jsonl: `fsync_interval_ms` must be an integer from 1 to 60000")
     path = Path(str(options.get("path", config.state_dir / "evidence" / "evidence.jsonl")))
-    return path, raw, interval / 1000
+    key, every = signing_options(config, "evidence_jsonl")
+    return _Options(path, raw, interval / 1000, key, every)
 
 
 @hookimpl
 def policy_engine_evidence_sinks(config: EngineConfig) -> list[EvidenceSink]:
     if not config.wants_sink(JsonlSink.name):
         return []  # construct (and open files) only for sinks the config asks for
-    path, fsync, interval_s = _validated(config)
-    return [JsonlSink(path, fsync=fsync, interval_s=interval_s)]
+    o = _validated(config)
+    return [JsonlSink(o.path, fsync=o.fsync, interval_s=o.interval_s,
+                      signing_key=o.signing_key, checkpoint_every=o.checkpoint_every)]

@@ -3,8 +3,9 @@
 A record is written with one ``write`` on an ``O_APPEND`` descriptor. On a full disk that write
 can be short: the first bytes of the record land and the rest does not. Left alone, the next
 record (or the spooled copy of this one) would be appended to the same line, making one
-unparseable line out of two records. Writers hold a shared ``flock`` while appending; the
-repair takes it exclusively, so no record is half-way through a write while it looks.
+unparseable line out of two records. Writers hold the exclusive ``flock`` while chaining and
+appending and release it before a repair, which takes it again: no record is half-way through
+a write while it looks.
 """
 
 from __future__ import annotations

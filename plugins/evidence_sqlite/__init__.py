@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -10,11 +11,23 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from policy_engine.config import EngineConfig
 from policy_engine.evidence import EvidenceSink
+from policy_engine.evidence.chain import (
+    chained,
+    checkpoint,
+    line_hash,
+    link_of,
+    next_link,
+    signing_options,
+)
 from policy_engine.hookspecs import hookimpl
 from policy_engine.model import EvidenceBegin, EvidenceEnd, SideEffect
 from policy_engine.orchestration.store_errors import cause_of
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS evidence_records (
@@ -24,6 +37,10 @@ CREATE TABLE IF NOT EXISTS evidence_records (
   record      TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS evidence_records_envelope ON evidence_records (envelope_id);
+CREATE TABLE IF NOT EXISTS evidence_checkpoints (
+  id     INTEGER PRIMARY KEY AUTOINCREMENT,
+  record TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS sandbox_execs (
   exec_id          TEXT PRIMARY KEY,
   project_id       TEXT,
@@ -91,8 +108,11 @@ class SqliteSink:
 
     name = "sqlite"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, signing_key: Ed25519PrivateKey | None = None,
+                 checkpoint_every: int = 1000) -> None:
         self.path = path
+        self._key = signing_key
+        self._every = max(1, checkpoint_every)
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         try:
@@ -121,8 +141,7 @@ class SqliteSink:
             db = self._db()
             db.execute("BEGIN IMMEDIATE")
             try:
-                db.execute("INSERT INTO evidence_records (envelope_id, type, record) "
-                           "VALUES (?, 'begin', ?)", (ev.envelope_id, ev.model_dump_json()))
+                self._insert(db, ev.envelope_id, "begin", ev.model_dump_json())
                 db.execute(
                     "INSERT OR REPLACE INTO sandbox_execs (exec_id, project_id, task_id, "
                     "conversation_id, skill_id, policy_snapshot, status, started_at) "
@@ -144,8 +163,7 @@ class SqliteSink:
             db = self._db()
             db.execute("BEGIN IMMEDIATE")
             try:
-                db.execute("INSERT INTO evidence_records (envelope_id, type, record) "
-                           "VALUES (?, 'end', ?)", (ev.envelope_id, ev.model_dump_json()))
+                self._insert(db, ev.envelope_id, "end", ev.model_dump_json())
                 # INSERT OR IGNORE first: an end whose begin went to another sink's spool still
                 # gets its row; the UPDATE then fills the end-side columns either way
                 db.execute("INSERT OR IGNORE INTO sandbox_execs (exec_id, status) VALUES (?, ?)",
@@ -168,6 +186,42 @@ class SqliteSink:
                 raise
             _commit(db)
 
+    def _insert(self, db: sqlite3.Connection, envelope_id: str, kind: str, record: str) -> None:
+        """Insert ``record`` chained to the last stored one (policy_engine/evidence/chain.py)
+        and sign a checkpoint when one is due. Runs inside the caller's ``BEGIN IMMEDIATE``:
+        SQLite's write lock keeps another process from inserting between read and insert.
+        """
+        row = db.execute("SELECT record FROM evidence_records ORDER BY seq DESC LIMIT 1"
+                         ).fetchone()
+        seq, prev = next_link(row[0].encode() if row else None)
+        text = chained(record.encode(), seq, prev)
+        db.execute("INSERT INTO evidence_records (envelope_id, type, record) VALUES (?, ?, ?)",
+                   (envelope_id, kind, text.decode()))
+        if self._key is not None and seq % self._every == self._every - 1:
+            self._checkpoint(db, seq, line_hash(text))
+
+    def _checkpoint(self, db: sqlite3.Connection, seq: int, head: str) -> None:
+        assert self._key is not None
+        db.execute("INSERT INTO evidence_checkpoints (record) VALUES (?)",
+                   (checkpoint(self._key, seq, head).decode(),))
+
+    def _close_checkpoint(self, db: sqlite3.Connection) -> None:
+        """Sign the last record at close unless a checkpoint covers it already."""
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            row = db.execute("SELECT record FROM evidence_records ORDER BY seq DESC LIMIT 1"
+                             ).fetchone()
+            link = link_of(row[0].encode()) if row else None
+            if link is not None:
+                done = db.execute("SELECT 1 FROM evidence_checkpoints WHERE json_extract("
+                                  "record, '$.covers_seq') = ?", (link[0],)).fetchone()
+                if not done:
+                    self._checkpoint(db, link[0], link[1])
+        except BaseException:
+            _rollback(db)
+            raise
+        _commit(db)
+
     @contextmanager
     def _named_errors(self) -> Iterator[None]:
         """A failing write names the database and the cause (the spool logs it)."""
@@ -180,8 +234,15 @@ class SqliteSink:
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+                try:
+                    if self._key is not None:
+                        self._close_checkpoint(self._conn)
+                except sqlite3.Error as exc:
+                    log.error("evidence database `%s`: closing checkpoint not written: %s",
+                              self.path, cause_of(exc, self.path))
+                finally:
+                    self._conn.close()
+                    self._conn = None
 
 
     def read_records(self) -> Iterator[dict[str, Any]]:
@@ -208,7 +269,7 @@ class SqliteSink:
 
 def _validated_path(config: EngineConfig) -> Path:
     options = config.plugin_options("evidence_sqlite")
-    unknown = sorted(set(options) - {"path"})
+    unknown = sorted(set(options) - {"path", "signing_key", "checkpoint_every"})
     if unknown:
         raise ValueError(f"evidence_sqlite: unknown option `{unknown[0]}`")
     return Path(str(options.get("path", config.state_dir / "evidence" / "evidence.sqlite")))
@@ -218,4 +279,6 @@ def _validated_path(config: EngineConfig) -> Path:
 def policy_engine_evidence_sinks(config: EngineConfig) -> list[EvidenceSink]:
     if not config.wants_sink(SqliteSink.name):
         return []
-    return [SqliteSink(_validated_path(config))]
+    path = _validated_path(config)
+    key, every = signing_options(config, "evidence_sqlite")
+    return [SqliteSink(path, signing_key=key, checkpoint_every=every)]

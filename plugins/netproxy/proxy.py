@@ -34,57 +34,18 @@ from plugins.executor_http.resolve import (
     vet,
 )
 from plugins.executor_http.transport import PinnedTransport
-from policy_engine.errors import REGISTRY, ErrorCode, PolicyEngineError
+from plugins.netproxy.wire import Head, Meter, Refused, read_head, reason_phrase
+from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import Decider
 from policy_engine.model import Limits, NetHttpOp, Profile, SideEffect, SideEffectRec
 
-MAX_LINE = 8192
-MAX_HEADERS = 100
 IDLE_SECONDS = 60.0
 LINGER_SECONDS = 10.0
+DRAIN_SECONDS = 1.0
+DRAIN_BYTES = 1 << 20
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding",
                         "te", "trailer", "upgrade", "proxy-authenticate", "proxy-authorization"})
-
-
-class Meter:
-    """The bytes the whole run moved through the proxy, each way: one call's ``bytes_in`` and
-    ``bytes_out`` are totals over all its requests and tunnels, not per connection.
-
-    :param consume: the call's budget charge (``ExecContext.consume``), called for every chunk
-        let through, so the call's usage and its grant's budget count proxied traffic too.
-    """
-
-    def __init__(self, consume: Callable[[str, int], None] | None = None) -> None:
-        self.bytes_in = 0
-        self.bytes_out = 0
-        self.refusal: PolicyEngineError | None = None
-        self._consume = consume
-        self._lock = threading.Lock()
-
-    def take(self, direction: str, amount: int, limit: int | None) -> bool:
-        """Charge ``amount`` bytes ``"in"`` or ``"out"`` unless that would pass ``limit`` or
-        the budget refuses (kept in ``refusal``)."""
-        with self._lock:
-            used = self.bytes_in if direction == "in" else self.bytes_out
-            if limit is not None and used + amount > limit:
-                return False
-            if self._consume is not None and amount:
-                try:
-                    self._consume(f"bytes_{direction}", amount)
-                except PolicyEngineError as exc:
-                    self.refusal = exc
-                    return False
-            if direction == "in":
-                self.bytes_in += amount
-            else:
-                self.bytes_out += amount
-            return True
-
-    def left(self, direction: str, limit: int | None) -> int | None:
-        """What remains of ``limit`` in ``direction`` (``None``: unlimited)."""
-        with self._lock:
-            used = self.bytes_in if direction == "in" else self.bytes_out
-        return None if limit is None else max(limit - used, 0)
+ESTABLISHED = b"HTTP/1.1 200 Connection Established\r\n\r\n"
 
 
 @dataclass(slots=True)
@@ -107,12 +68,6 @@ class ProxyPolicy:
         return min(values) if values else None
 
 
-class _Refused(Exception):
-    def __init__(self, exc: PolicyEngineError) -> None:
-        super().__init__(exc.reason)
-        self.error = exc
-
-
 class ProxyHandler(socketserver.StreamRequestHandler):
     """One client connection: one request (``Connection: close``) or one CONNECT tunnel."""
 
@@ -133,17 +88,17 @@ class ProxyHandler(socketserver.StreamRequestHandler):
         self.connection.settimeout(IDLE_SECONDS)
         meta: dict[str, object] = {"via": "proxy"}
         try:
-            method, target, headers = self._read_head()
-            meta["method"] = method
-            if method == "CONNECT":
-                self._tunnel(target, meta)
+            head = read_head(self.rfile)
+            meta["method"] = head.method
+            if head.method == "CONNECT":
+                self._tunnel(head, meta)
             else:
-                self._forward(method, target, headers, meta)
-        except _Refused as r:
+                self._forward(head, meta)
+        except Refused as r:
             meta["refused"] = r.error.code.value
             meta.setdefault("url", "<unparsed>")
             self._record(meta)  # INVARIANT: recorded before the client can see the refusal
-            self._fail(r.error)
+            self._fail(r)
             return
         except (OSError, ValueError):
             meta["aborted"] = True
@@ -153,43 +108,30 @@ class ProxyHandler(socketserver.StreamRequestHandler):
         if "url" in meta:
             self.server.policy.record(SideEffectRec(kind=SideEffect.NETWORK, meta=dict(meta)))
 
-    def _read_head(self) -> tuple[str, str, list[tuple[str, str]]]:
-        line = self.rfile.readline(MAX_LINE + 1)
-        parts = line.decode("latin-1").split()
-        if len(line) > MAX_LINE or len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            raise _Refused(PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
-                                             "malformed proxy request line"))
-        headers: list[tuple[str, str]] = []
-        while True:
-            raw = self.rfile.readline(MAX_LINE + 1)
-            if raw in (b"\r\n", b"\n", b""):
-                break
-            name, sep, value = raw.decode("latin-1").partition(":")
-            if not sep or len(headers) >= MAX_HEADERS or len(raw) > MAX_LINE:
-                raise _Refused(PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
-                                                 "malformed proxy request header"))
-            headers.append((name.strip(), value.strip()))
-        return parts[0].upper(), parts[1], headers
-
-    def _vet(self, op: NetHttpOp,
-             meta: dict[str, object]) -> tuple[Vetted, tuple[IPAddress, ...]]:
+    def _vet(self, op: NetHttpOp, meta: dict[str, object],
+             decided: Callable[[Vetted], None] | None = None,
+             ) -> tuple[Vetted, tuple[IPAddress, ...]]:
+        """Decide ``op``, call ``decided`` (which may refuse) before the name is resolved, then
+        resolve and vet the addresses."""
         policy = self.server.policy
         try:
             vetted = vet(policy.guard, policy.profile, op)
             u = vetted.url
             meta["url"] = redacted_url(u.scheme, u.host, u.port, u.path)
+            if decided is not None:
+                decided(vetted)
             pinned = pin(u.host, u.port, u.ip, vetted.hosts, policy.resolver)
         except PolicyEngineError as exc:
             meta.setdefault("url", _shown(op.url))
-            raise _Refused(exc) from None
+            raise Refused(exc) from None
         meta["addresses"] = [str(a) for a in pinned.addresses]
         return vetted, pinned.addresses
 
-    def _forward(self, method: str, target: str, headers: list[tuple[str, str]],
-                 meta: dict[str, object]) -> None:
+    def _forward(self, head: Head, meta: dict[str, object]) -> None:
+        method, target, headers = head.method, head.target, head.headers
         if not target.startswith("http://"):
             meta["url"] = _shown(target)
-            raise _Refused(PolicyEngineError(
+            raise Refused(PolicyEngineError(
                 ErrorCode.CAPABILITY_BLOCKED, "only absolute http:// targets are proxied; "
                 "https goes through CONNECT"))
         # hop-by-hop headers belong to the client's connection to the proxy; Host and the
@@ -199,29 +141,43 @@ class ProxyHandler(socketserver.StreamRequestHandler):
         length = next((v for k, v in headers if k.lower() == "content-length"), "0")
         if any(k.lower() == "transfer-encoding" for k, _ in headers) or not length.isdigit():
             meta["url"] = _shown(target)
-            raise _Refused(PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
-                                             "request bodies need a Content-Length"))
+            raise Refused(PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                                            "request bodies need a Content-Length"))
         policy = self.server.policy
+        # the request line and headers leave with the body: checked against what is left
+        # before the body is read (never buffered) and before the name is resolved
+        out_bytes = head.size + int(length)
         cap = policy.meter.left("out", policy.cap("max_bytes_out", None))
-        if cap is not None and int(length) > cap:  # checked before reading: never buffered
+        if cap is not None and out_bytes > cap:
             meta["url"] = _shown(target)
-            raise _Refused(PolicyEngineError(
+            raise Refused(PolicyEngineError(
                 ErrorCode.CAPABILITY_BLOCKED,
-                f"request body of {length} bytes exceeds what is left of max_bytes_out "
-                f"({cap} bytes)"))
+                f"request of {out_bytes} bytes (line and headers {head.size}, body {length}) "
+                f"exceeds what is left of max_bytes_out ({cap} bytes)"))
         body = self.rfile.read(int(length)) if int(length) else b""
+        out_bytes = head.size + len(body)
         op = NetHttpOp(method=method, url=target, headers=kept,
                        body_b64=base64.b64encode(body).decode() if body else None)
-        vetted, addresses = self._vet(op, meta)
-        try:
-            sent_headers = clean_request_headers(kept)
-        except PolicyEngineError as exc:
-            raise _Refused(exc) from None
-        if not policy.meter.take("out", len(body), policy.cap("max_bytes_out",
-                                                              vetted.max_bytes_out)):
-            raise _Refused(policy.meter.refusal or PolicyEngineError(
-                ErrorCode.CAPABILITY_BLOCKED,
-                f"request body of {len(body)} bytes exceeds what is left of max_bytes_out"))
+        sent_headers: list[tuple[str, str]] = []
+        what = "request (line, headers and body)"
+
+        def check(vetted: Vetted) -> None:  # refused here, it costs no DNS lookup
+            sent_headers.extend(clean_request_headers(kept))
+            left = policy.meter.left("out", policy.cap("max_bytes_out", vetted.max_bytes_out))
+            if left is not None and out_bytes > left:
+                raise PolicyEngineError(
+                    ErrorCode.CAPABILITY_BLOCKED,
+                    f"{what} of {out_bytes} bytes exceeds what is left of max_bytes_out "
+                    f"({left} bytes)")
+
+        vetted, addresses = self._vet(op, meta, check)
+        # charged once the addresses are vetted (a refused request costs nothing); the
+        # charge, not the check, is what holds against concurrent requests
+        refusal = policy.meter.charge("out", out_bytes,
+                                      policy.cap("max_bytes_out", vetted.max_bytes_out), what)
+        if refusal is not None:
+            raise Refused(refusal)
+        meta["bytes_out"] = out_bytes
         u = vetted.url
         remaining = min(policy.deadline - time.monotonic(),
                         (vetted.timeout_ms or 60_000) / 1000)
@@ -232,41 +188,60 @@ class ProxyHandler(socketserver.StreamRequestHandler):
         except httpx.HTTPError as exc:
             code = ErrorCode.TIMEOUT if isinstance(exc, httpx.TimeoutException) \
                 else ErrorCode.PROVIDER_UNAVAILABLE
-            raise _Refused(PolicyEngineError(code, f"`{meta['url']}` is unreachable")) from None
-        meta.update(address=str(address), bytes_out=len(body))
+            raise Refused(PolicyEngineError(code, f"`{meta['url']}` is unreachable")) from None
+        meta["address"] = str(address)
         with closing(response):
             meta["status"] = response.status_code
             try:
                 check_mime(vetted.mime, response.headers.get("content-type"))
             except PolicyEngineError as exc:
-                raise _Refused(exc) from None
-            head = [f"HTTP/1.1 {response.status_code} {response.reason_phrase}\r\n"]
-            head += [f"{k}: {v}\r\n" for k, v in response.headers.multi_items()
-                     if k.lower() not in HOP_BY_HOP]
-            head.append("Connection: close\r\n\r\n")
-            self.wfile.write("".join(head).encode("latin-1"))
-            sent = 0
+                raise Refused(exc) from None
+            lines = [f"HTTP/1.1 {response.status_code} {response.reason_phrase}\r\n"]
+            lines += [f"{k}: {v}\r\n" for k, v in response.headers.multi_items()
+                      if k.lower() not in HOP_BY_HOP]
+            lines.append("Connection: close\r\n\r\n")
+            answer = "".join(lines).encode("latin-1")
             limit = policy.cap("max_bytes_in", vetted.max_bytes_in)
+            # the status line and headers come in with the body: nothing of an answer whose
+            # head alone passes the limit reaches the client, so it can still be refused
+            refusal = policy.meter.charge("in", len(answer), limit,
+                                          "response status line and headers")
+            if refusal is not None:
+                raise Refused(refusal)
+            received = meta["bytes_in"] = len(answer)  # INVARIANT: meta = what was charged
+            self.wfile.write(answer)
             for chunk in response.iter_raw():
-                if (not policy.meter.take("in", len(chunk), limit)
-                        or time.monotonic() > policy.deadline):
+                left = policy.meter.left("in", limit)
+                part = chunk if left is None else chunk[:left]  # cut at the limit exactly
+                if (time.monotonic() > policy.deadline
+                        or not policy.meter.take("in", len(part), limit)):
                     meta["cut_off"] = True
                     break
-                sent += len(chunk)
-                self.wfile.write(chunk)
-            meta["bytes_in"] = sent
+                received = meta["bytes_in"] = received + len(part)
+                self.wfile.write(part)
+                if len(part) < len(chunk):
+                    meta["cut_off"] = True
+                    break
 
-    def _tunnel(self, target: str, meta: dict[str, object]) -> None:
+    def _tunnel(self, head: Head, meta: dict[str, object]) -> None:
         """CONNECT: decided as an https GET of the authority, then opened only where the rule
         admits every request (the tunnel's content is opaque), carrying TLS only, within the
-        call's byte limits."""
-        op = NetHttpOp(method="GET", url=f"https://{target}/")
+        call's byte limits (the CONNECT head and the proxy's 200 count too)."""
+        op = NetHttpOp(method="GET", url=f"https://{head.target}/")
         vetted, addresses = self._vet(op, meta)
         policy = self.server.policy
         why = tunnel_refusal(policy.guard, policy.profile, vetted)
         if why is not None:
-            raise _Refused(PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                             f"CONNECT to `{meta['url']}` refused: {why}"))
+            raise Refused(PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                            f"CONNECT to `{meta['url']}` refused: {why}"))
+        meter = policy.meter
+        out_cap = policy.cap("max_bytes_out", vetted.max_bytes_out)
+        in_cap = policy.cap("max_bytes_in", vetted.max_bytes_in)
+        left = meter.left("out", out_cap)
+        if left is not None and head.size > left:  # before dialing: no connection for nothing
+            raise Refused(PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED, f"CONNECT request of {head.size} bytes exceeds "
+                f"what is left of max_bytes_out ({left} bytes)"))
         port = vetted.url.port
         upstream: socket.socket | None = None
         for a in addresses:
@@ -277,35 +252,48 @@ class ProxyHandler(socketserver.StreamRequestHandler):
             except OSError:
                 continue
         if upstream is None:
-            raise _Refused(PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
-                                             f"`{meta['url']}` is unreachable"))
-        meta["status"] = 200
-        self.wfile.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-        meter = policy.meter
-        out_cap = policy.cap("max_bytes_out", vetted.max_bytes_out)
-        in_cap = policy.cap("max_bytes_in", vetted.max_bytes_in)
-
-        def charge(outbound: bool, amount: int) -> bool:
-            return meter.take("out" if outbound else "in", amount, out_cap if outbound
-                              else in_cap)
-
+            raise Refused(PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                            f"`{meta['url']}` is unreachable"))
         with upstream:
+            refusal = meter.charge("out", head.size, out_cap, "CONNECT request")
+            if refusal is None:
+                meta["bytes_out"] = head.size
+                refusal = meter.charge("in", len(ESTABLISHED), in_cap, "CONNECT answer")
+            if refusal is not None:
+                raise Refused(refusal)
+            meta.update(status=200, bytes_in=len(ESTABLISHED))
+            self.wfile.write(ESTABLISHED)
+
+            def charge(outbound: bool, amount: int) -> bool:
+                return meter.take("out" if outbound else "in", amount, out_cap if outbound
+                                  else in_cap)
+
             up, down, stop = _splice(self.connection, upstream, policy.deadline, charge)
-        meta.update(bytes_out=up, bytes_in=down)
+        meta.update(bytes_out=head.size + up, bytes_in=len(ESTABLISHED) + down)
         if stop == "limit":
             meta["cut_off"] = True
         elif stop == "not-tls":
             # recorded like any refusal; the client already had its 200, so it sees a close
             meta["refused"] = ErrorCode.CAPABILITY_BLOCKED.value
 
-    def _fail(self, exc: PolicyEngineError) -> None:
-        status = REGISTRY[exc.code].http_status
+    def _fail(self, refused: Refused) -> None:
+        """Answer the refusal, then read and drop (bounded) what the client is still sending:
+        closing on unread bytes would reset the connection and lose the answer."""
+        exc, status = refused.error, refused.status
         body = f"{exc.public_message()}\n".encode()
-        with suppress(OSError):
+        with suppress(OSError, ValueError):
             self.wfile.write(
-                f"HTTP/1.1 {status} {_reason(status)}\r\nContent-Type: text/plain\r\n"
+                f"HTTP/1.1 {status} {reason_phrase(status)}\r\nContent-Type: text/plain\r\n"
                 f"X-Policy-Engine-Code: {exc.code.value}\r\nContent-Length: {len(body)}\r\n"
                 "Connection: close\r\n\r\n".encode() + body)
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(DRAIN_SECONDS)
+            end, left = time.monotonic() + DRAIN_SECONDS, DRAIN_BYTES
+            while left > 0 and time.monotonic() < end:
+                chunk = self.rfile.read1(min(left, 65536))
+                if not chunk:
+                    break
+                left -= len(chunk)
 
 
 def _splice(a: socket.socket, b: socket.socket, deadline: float,
@@ -365,12 +353,6 @@ def _shown(url: str) -> str:
         return redacted_url(u.scheme, u.host, u.port or 0, u.path)
     except (httpx.InvalidURL, ValueError, TypeError):
         return "<unparsed>"
-
-
-def _reason(status: int) -> str:
-    return {403: "Forbidden", 422: "Unprocessable Content", 429: "Too Many Requests",
-            500: "Internal Server Error", 503: "Service Unavailable",
-            504: "Gateway Timeout"}.get(status, "Error")
 
 
 class ProxyServer(socketserver.ThreadingUnixStreamServer):

@@ -32,7 +32,8 @@ from typing import Any
 
 from plugins.executor_http.resolve import Resolver, system_resolver
 from plugins.executor_http.transport import PinnedTransport
-from plugins.netproxy.proxy import Meter, ProxyPolicy, ProxyServer, serve_in_thread
+from plugins.netproxy.proxy import ProxyPolicy, ProxyServer, serve_in_thread
+from plugins.netproxy.wire import Meter
 from policy_engine.executor import Decider
 from policy_engine.guard.guard import Guard
 from policy_engine.model import Limits, Profile, SideEffectRec

@@ -19,8 +19,16 @@ from policy_engine.cli.common import (
 )
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig, load_config
+from policy_engine.confirm.broker import ConsentBroker
+from policy_engine.confirm.services import (
+    AutoConfirmation,
+    ConfirmationService,
+    DenyConfirmation,
+    InteractiveConfirmation,
+)
 from policy_engine.dsl.loaders import load_grant, load_manifest
 from policy_engine.explain.request import ExplainRequest, load_request, resolve_fixture
+from policy_engine.graph.policyset import PolicySet
 from policy_engine.model import ProcExecOp
 from policy_engine.orchestrator import RunOutcome, run_once
 
@@ -38,6 +46,12 @@ def _render(outcome: RunOutcome) -> str:
              + (f" — {d.reason}" if d.reason else "")]
     if d.rule is not None:
         lines.append(f"rule: {d.rule.id} at {d.rule.file}:{d.rule.line}:{d.rule.column}")
+    shadow = outcome.begin.shadow
+    if shadow is not None and "decision" in shadow:
+        rule = shadow.get("rule") or {}
+        lines.append(f"shadow (not enforced): {shadow['decision']}"
+                     + (f" ({shadow['code']})" if shadow.get("code") else "")
+                     + (f" by {rule.get('id')}" if rule else ""))
     lines.append("result: ok" if r.ok else f"result: {r.code}: {r.message}")
     for key, value in r.out.items():
         lines.append(f"  {key}: {value}")
@@ -51,6 +65,14 @@ def _render(outcome: RunOutcome) -> str:
     return "\n".join(lines)
 
 
+def _broker(mode: str, policyset: PolicySet, config: EngineConfig) -> ConsentBroker:
+    """The confirmation service of ``--confirm`` (docs/service.md, human confirmation)."""
+    service: ConfirmationService = (
+        InteractiveConfirmation() if mode == "interactive"
+        else AutoConfirmation() if mode == "auto" else DenyConfirmation())
+    return ConsentBroker(service, policyset, config.state_dir / "consent.jsonl")
+
+
 @click.command("run", context_settings={"ignore_unknown_options": True})
 @click.option("--policy", "policies", multiple=True, required=True, type=_FILE,
               help="a .sbpolicy file (repeatable; imports are followed)")
@@ -61,14 +83,21 @@ def _render(outcome: RunOutcome) -> str:
 @click.option("--request", "request_path", type=_FILE,
               help='request file: {"op": ..., "overrides", "context"} (`now_ms` is ignored: a '
                    'real call is decided at the current time)')
+@click.option("--shadow-policy", "shadow_policies", multiple=True, type=_FILE,
+              help="an audit-only .sbpolicy decided beside --policy and recorded in the "
+              "evidence (`shadow`), never enforced (repeatable)")
 @click.option("--config", "config_path", type=_FILE, help="engine configuration (YAML/JSON)")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
               help="where evidence, budgets and spools live (overrides the config)")
+@click.option("--confirm", "confirm_mode", type=click.Choice(["deny", "interactive", "auto"]),
+              default="deny", show_default=True,
+              help="when consent is needed and the grant has none: deny, ask on the terminal, "
+              "or approve (development only)")
 @format_option
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | None,
-            request_path: Path | None,
-            config_path: Path | None, state_dir: Path | None, fmt: str,
+            request_path: Path | None, shadow_policies: tuple[Path, ...],
+            config_path: Path | None, state_dir: Path | None, confirm_mode: str, fmt: str,
             argv: tuple[str, ...]) -> None:
     """Run one operation: from --request FILE, or `-- TOOL ARGS...` as a proc.exec.
 
@@ -84,6 +113,7 @@ def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | Non
     if state_dir is not None:
         config = replace(config, state_dir=state_dir.absolute())
     policyset = load_or_exit(lambda: compile_files(policies))
+    shadow = load_or_exit(lambda: compile_files(shadow_policies)) if shadow_policies else None
     if request_path is not None:
         request = load_or_exit(lambda: load_request(request_path))
         base = request_path
@@ -102,13 +132,17 @@ def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | Non
         # the clock past a grant's or consent's expiry (`explain` and `test` honour it)
         click.echo("note: `now_ms` in the request is ignored by `run` (decided at the current "
                    "time)", err=True)
+    broker = _broker(confirm_mode, policyset, config)
+    ticket, asked = broker.prepare(ticket, tool, request.op, settings=request.settings,
+                                   overrides=request.overrides, context=request.context)
     try:
         outcome = run_once(policyset, ticket, tool, request.op, config=config,
                            settings=request.settings, overrides=request.overrides,
-                           context=request.context or None)
+                           context=request.context or None, shadow=shadow)
     except ValueError as exc:  # the configuration asks for a sink or meter nobody provides
         _bad_input(str(exc))
         return
+    broker.record(asked, outcome.envelope_id)
     if fmt == "json":
         echo_json(outcome.to_json())
     else:

@@ -178,14 +178,17 @@ def _clause_fields(clause: ast.Clause, diags: list[Diagnostic]) -> dict[str, Any
     return {}
 
 
+def _shown(regex: str) -> str:
+    return regex if len(regex) <= 60 else regex[:57] + "..."
+
+
 def _env_name(alt: ast.ArgAlt, diags: list[Diagnostic]) -> ArgAlternative | None:
     """One entry of an ``env`` list: a variable name, or a regex searched in the name."""
     if alt.regex is not None:
-        try:
-            re.compile(alt.regex)
-        except re.error as exc:
+        problem = regex_problem(alt.regex)
+        if problem is not None:
             diags.append(Diagnostic.make(
-                "SBP208", f"invalid regex `/{alt.regex}/`: {exc.msg}", alt.span))
+                "SBP208", f"invalid regex `/{_shown(alt.regex)}/`: {problem}", alt.span))
             return None
         return ArgAlternative(regex=alt.regex)
     name = alt.literal or ""
@@ -203,9 +206,8 @@ def _slot(slot: ast.ArgSlotNode, diags: list[Diagnostic]) -> ArgSlot:
         if alt.regex is not None:
             problem = regex_problem(alt.regex)
             if problem is not None:
-                shown = alt.regex if len(alt.regex) <= 60 else alt.regex[:57] + "..."
                 diags.append(Diagnostic.make(
-                    "SBP208", f"invalid regex `/{shown}/`: {problem}", alt.span))
+                    "SBP208", f"invalid regex `/{_shown(alt.regex)}/`: {problem}", alt.span))
                 continue
             alts.append(ArgAlternative(regex=alt.regex))
         else:

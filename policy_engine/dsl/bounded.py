@@ -9,6 +9,8 @@ the engine loop, exhaust memory or crash:
   ~25,000 nested `[`);
 - an alias that refers to a node containing it (a cycle), or aliases that together expand the
   document by more than :data:`MAX_ALIAS_NODES` nodes (the "billion laughs");
+- more than :data:`MAX_NODES` values written in one document (memory grows with the values,
+  not the bytes: a 4 MB list of `1` is two million of them);
 - integers longer than :data:`MAX_INT_DIGITS` digits (Python refuses over 4,300, and no field
   needs more than 64 bits);
 - scalars a YAML tag promises but cannot deliver (`!!int abc`, a timestamp `2001-13-45`);
@@ -27,9 +29,14 @@ from typing import Any
 
 import yaml
 
+from policy_engine.dsl.regex import re2_problem
+
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64
 MAX_ALIAS_NODES = 100_000
+MAX_NODES = 100_000
+"""Values (keys, scalars, lists, mappings) written in one document: a 4 MB list of small
+integers is two million of them, over a gigabyte once built."""
 MAX_INT_DIGITS = 20
 
 Loc = tuple[str | int, ...]
@@ -72,6 +79,14 @@ class _Scan:
     def __init__(self) -> None:
         self.stack: list[_Frame] = []
         self.positions: Positions = {}
+        self.count = 0
+
+    def counted(self, line: int, col: int) -> None:
+        """One more value written; refused past :data:`MAX_NODES`."""
+        self.count += 1
+        if self.count > MAX_NODES:
+            raise DocumentError(f"more than {MAX_NODES:,} values in one document; split it",
+                                line, col)
 
     def child_loc(self, line: int, col: int) -> Loc | None:
         """Where the node starting at ``line:col`` sits (``None`` for a mapping key)."""
@@ -140,6 +155,8 @@ def _scan_json(text: str) -> Positions:
         tok = m.group()
         first = tok[0]
         top = scan.stack[-1] if scan.stack else None
+        if first not in "}]:,":
+            scan.counted(line, col)
         if first in "{[":
             scan.open(first == "{", line, col)
         elif first in "}]":
@@ -201,6 +218,8 @@ def _scan_yaml(text: str) -> Positions:
     for event in yaml.parse(text, Loader=_CLoader):  # a generator: disposes the parser
         mark = event.start_mark
         line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+        if isinstance(event, yaml.NodeEvent):
+            scan.counted(line, col)
         if isinstance(event, yaml.DocumentStartEvent):
             documents += 1
             if documents > 1:
@@ -306,10 +325,7 @@ def regex_problem(pattern: str) -> str | None:
             depth = max(0, depth - 1)
     if deepest > MAX_REGEX_DEPTH:
         return f"groups nested {deepest} deep; at most {MAX_REGEX_DEPTH} are allowed"
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        return str(exc.msg)
+    try:  # the guard runs the pattern on RE2: what RE2 refuses is refused here
+        return re2_problem(pattern)
     except (RecursionError, OverflowError, MemoryError) as exc:
         return f"too complex to compile ({type(exc).__name__})"
-    return None

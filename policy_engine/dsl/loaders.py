@@ -199,6 +199,12 @@ def check_patterns(
                         "SBP208", f"invalid {what} field "
                         f"`{key}[{i}].args[{j}].alternatives[{k}].regex`: {problem}",
                         lookup.span((key, i, "args", j, "alternatives", k, "regex"))))
+        for j, alt in enumerate(getattr(cap, "env", None) or ()):
+            problem = None if alt.regex is None else regex_problem(alt.regex)
+            if problem is not None:
+                diags.append(Diagnostic.make(
+                    "SBP208", f"invalid {what} field `{key}[{i}].env[{j}].regex`: {problem}",
+                    lookup.span((key, i, "env", j, "regex"))))
     if diags:
         raise DiagnosticsError(diags)
 

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from policy_engine.dsl.loaders import load_document, validate_document
 from policy_engine.errors import Diagnostic, DiagnosticsError, Span
@@ -44,6 +44,14 @@ class CallRequest(BaseModel):
     )
     manifest: str | None = None
     grant: str | None = None
+
+    @field_validator("manifest", "grant")
+    @classmethod
+    def _a_usable_path(cls, value: str | None) -> str | None:
+        # the OS cannot open it; said here, the diagnostic points at the field
+        if value is not None and "\x00" in value:
+            raise ValueError("the path contains a NUL byte")
+        return value
 
 
 class ExplainRequest(CallRequest):

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from policy_engine.dsl.regex import PolicyRegex, RegexError, compile_policy_regex
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.model import ArgAlternative, ProcCapability, Profile
 
@@ -92,26 +93,26 @@ class EnvList:
     """One allow-list: exact names and searched regexes."""
 
     names: frozenset[str]
-    regexes: tuple[re.Pattern[str], ...]
+    regexes: tuple[PolicyRegex, ...]  # RE2: linear in the (agent's) name
 
     @classmethod
     def of(cls, alts: Iterable[ArgAlternative]) -> EnvList:
         names: set[str] = set()
-        regexes: list[re.Pattern[str]] = []
+        regexes: list[PolicyRegex] = []
         for a in alts:
             if a.literal is not None:
                 names.add(a.literal)
             elif a.regex is not None:
                 try:
-                    regexes.append(re.compile(a.regex))
-                except re.error:
+                    regexes.append(compile_policy_regex(a.regex))
+                except RegexError:
                     continue  # a pattern that does not compile admits nothing
         return cls(frozenset(names), tuple(regexes))
 
     def admits(self, name: str, hijack: bool) -> bool:
         if name in self.names:
             return True
-        return not hijack and any(rx.search(name) is not None for rx in self.regexes)
+        return not hijack and any(rx.search(name) for rx in self.regexes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -244,6 +244,19 @@ CATALOGUE: tuple[RuleSpec, ...] = (
         _H + 'permit fs.read paths ["/workspace/src/**"] when `grant.tenant == "acme"`\n'
              'permit fs.read paths ["/workspace/**"]\n', 3.0,
     ),
+    RuleSpec(
+        "SBP342", "shadowing-checks-stopped", "logic", _N,
+        "unreachable-permit checks stopped early",
+        "SBP338 and SBP339 compare a permit with the rules that could cover it; when many rules "
+        "share a path prefix (or are network rules) that is every pair, and a file of thousands "
+        "of them would take minutes or hours. The checks stop after 50,000 comparisons in a "
+        "file and say where: the permits from there on were not checked.",
+        "split the file, or order it so the rules that matter most come first",
+        _H + 'permit "r1" fs.read paths ["/workspace/**/d1/**"]\n'
+             'permit "r2" fs.read paths ["/workspace/**/d2/**"]\n'
+             '# ... 316 more rules under /workspace/** (317 rules in all)\n',
+        _H + 'permit "work" fs.read paths ["/workspace/**"]\n', 1.0,
+    ),
     # ---- hygiene ---------------------------------------------------------------------------
     RuleSpec(
         "SBP340", "unused-import", "hygiene", _W,

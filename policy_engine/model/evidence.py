@@ -9,7 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from policy_engine.model.enums import SideEffect
-from policy_engine.model.limits import Usage
+from policy_engine.model.limits import Limits, Usage
+from policy_engine.model.profile import RuleRef
 
 
 class Digest(BaseModel):
@@ -63,6 +64,12 @@ class EvidenceBegin(BaseModel):
     inputs_digest: Digest
     produced_at_ms: int
     policy_version_hash: str
+    replay: dict[str, Any] | None = Field(
+        default=None, description="what `policy-engine replay` needs to decide the call again "
+        "(policy_engine/replay/record.py): the redacted op, grant, manifest, settings")
+    shadow: dict[str, Any] | None = Field(
+        default=None, description="what the shadow (audit) policy would decide, unenforced "
+        "(policy_engine/replay/shadow.py): decision, code, rule, would_deny")
 
 
 class EvidenceEnd(BaseModel):
@@ -87,3 +94,10 @@ class EvidenceEnd(BaseModel):
     sandbox_error_kind: str | None = None
     sandbox_degraded: bool = False
     sandbox_degrade_reason: str | None = None
+    # the decision this call ran under (issue 14): which rule, which policy, why, what limits
+    decision: Literal["allow", "deny"] | None = None
+    rule: RuleRef | None = None
+    policy_version_hash: str | None = None
+    reason: str | None = None
+    limits: Limits | None = None
+    timeout_ms: int | None = None

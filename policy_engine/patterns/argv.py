@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from functools import lru_cache
 
+from policy_engine.dsl.regex import PolicyRegex, compile_policy_regex
 from policy_engine.model import ArgSlot
 
 
-@lru_cache(maxsize=4096)
-def compile_arg_regex(pattern: str) -> re.Pattern[str]:
-    """Compile an argument regex; it must match the whole argument (``fullmatch``)."""
-    return re.compile(pattern)
+def compile_arg_regex(pattern: str) -> PolicyRegex:
+    """Compile an argument regex on RE2 (linear-time: the argument is the agent's); it must
+    match the whole argument (``fullmatch``). ``check`` refuses what RE2 cannot run (SBP208)."""
+    return compile_policy_regex(pattern)
 
 
 @dataclass(frozen=True, slots=True)
 class CompiledSlot:
     literals: frozenset[str]
-    regexes: tuple[re.Pattern[str], ...]
+    regexes: tuple[PolicyRegex, ...]
     repeat: bool
 
     def admits(self, arg: str) -> bool:
         if arg in self.literals:
             return True
-        return any(rx.fullmatch(arg) is not None for rx in self.regexes)
+        return any(rx.fullmatch(arg) for rx in self.regexes)
 
 
 def compile_slots(slots: tuple[ArgSlot, ...]) -> tuple[CompiledSlot, ...]:

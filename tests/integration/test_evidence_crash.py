@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from policy_engine.evidence.verify import verify_records
+
 pytestmark = pytest.mark.integration
 
 UNIT = Path(__file__).parents[1] / "unit"
@@ -59,3 +61,5 @@ def test_sigkill_mid_run_loses_no_completed_record(tmp_path: Path) -> None:
     assert set(completed) <= ends  # every call reported finished has its end on disk
     assert ends <= set(begins)  # and every end has its begin before it
     assert len(begins) - len(ends) <= 1  # at most the one call cut off by the kill
+    chain = verify_records(raw.splitlines())  # and the chain survived the kill unbroken
+    assert chain.ok, chain.problems

@@ -300,12 +300,13 @@ def test_fs_write_rule_bytes_out(tmp_path: Path) -> None:
 def test_proxied_responses_are_cut_at_the_proc_rules_bytes_in(
         tmp_path: Path, server: LoopbackServer) -> None:
     """Network `restricted`: the policy proxy cuts what flows into the sandbox at the call's
-    `bytes_in` (the proc.exec rule's 16B), though the net.http rule itself sets none."""
+    `bytes_in` (the proc.exec rule's 512B), though the net.http rule itself sets none; the
+    response's status line and headers count too, so less than 512B of the body arrives."""
     policy = tmp_path / "p.sbpolicy"
     policy.write_text(
         'policy "t/proxy-limits" version "1.0.0"\ndefaults { network restricted }\n'
         f'permit "web" net.http hosts ["127.0.0.1"] schemes ["http"] ports [{server.port}]\n'
-        'permit "curl" proc.exec tool "curl" limits { bytes_in 16B }\n')
+        'permit "curl" proc.exec tool "curl" limits { bytes_in 512B }\n')
     caps: list[dict[str, Any]] = [
         {"kind": "net.http", "hosts": ["127.0.0.1"], "schemes": ["http"],
          "ports": [server.port]}, {"kind": "proc.exec", "tool": "curl"}]
@@ -322,4 +323,5 @@ def test_proxied_responses_are_cut_at_the_proc_rules_bytes_in(
             "-s", "--max-time", "20", "-o", "/dev/null", "-w", "%{size_download}",
             server.url("/big"))))
     assert out.result.ok, out.result
-    assert int(out.result.out["stdout"]) <= 16, out.result.out
+    assert 0 < int(out.result.out["stdout"]) < 512, out.result.out
+    assert out.result.used.bytes_in == 512  # head and body, cut at the limit exactly

@@ -41,7 +41,8 @@ def _commands() -> list[list[str]]:
     for step in _steps():
         for line in str(step.get("run", "")).splitlines():
             if line.strip().startswith("policy-engine "):
-                out.append(shlex.split(line)[1:])
+                # `|| test $? -eq 1`: the shell's handling of the exit code, not arguments
+                out.append(shlex.split(line.split(" || ")[0])[1:])
     return out
 
 
@@ -51,8 +52,8 @@ def _step_running(command: str) -> dict[str, Any]:
 
 def test_the_workflow_runs_lint_fmt_and_test() -> None:
     names = [argv[0] for argv in _commands()]
-    assert names == ["lint", "fmt", "test"]
-    lint, fmt, test = _commands()
+    assert names == ["lint", "fmt", "test", "diff"]
+    lint, fmt, test, _diff = _commands()
     assert lint == ["lint", "--format", "sarif", "--output", "lint.sarif", "policies/"]
     assert fmt == ["fmt", "--check", "policies/"]
     assert test == ["test", "--coverage", "--threshold", "90", "--junit", "junit.xml", "policies/"]
@@ -144,3 +145,24 @@ def test_the_test_step_writes_junit(tmp_path: Path) -> None:
     cases = suite.findall(".//testcase")
     assert {c.get("name") for c in cases} >= {"git status is allowed", "force push is refused"}
     assert not suite.findall(".//failure")
+
+
+def test_the_diff_step_writes_a_markdown_comment_of_the_changed_decisions(
+        tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    argv = _commands()[3]
+    assert argv[0] == "diff"
+    # the base branch's policies, as `git archive` unpacks them, and a change in the PR
+    shutil.copytree(repo / "policies", repo / "base" / "policies")
+    org = repo / "policies" / "org.sbpolicy"
+    org.write_text(org.read_text().replace('forbid "no-force-push"', '# forbid "no-force-push"'))
+    code, output = _invoke(argv, repo)
+    assert code == 1, output  # 1: some decision changes (the step accepts it)
+    comment = (repo / argv[argv.index("--output") + 1]).read_text()
+    assert comment.startswith("### Policy diff: `org.sbpolicy` → `org.sbpolicy`")
+    assert "force push is refused" in comment
+    assert "no-force-push@org.sbpolicy" in comment
+    step = next(s for s in _steps() if "policy-engine diff" in str(s.get("run", "")))
+    assert "pull_request" in step["if"]
+    post = _steps()[_steps().index(step) + 1]
+    assert post["with"]["path"] == argv[argv.index("--output") + 1]

@@ -21,6 +21,7 @@ from policy_engine.evidence import (
     inputs_digest,
     redacted_op,
 )
+from policy_engine.evidence.chain import strip_chain
 from policy_engine.hookspecs import hookimpl
 from policy_engine.model import (
     Digest,
@@ -85,7 +86,10 @@ def test_jsonl_sink_appends_one_record_per_line(tmp_path: Path) -> None:
     again.close()
     lines = (tmp_path / "ev.jsonl").read_text().splitlines()
     assert [json.loads(ln)["envelope_id"] for ln in lines] == ["e1", "e1", "e2"]
-    assert EvidenceEnd.model_validate_json(lines[1]) == end()
+    # each line is the record plus its chain link (seq across reopenings, prev = hash)
+    stored = json.loads(lines[1])
+    assert [json.loads(ln)["chain"]["seq"] for ln in lines] == [0, 1, 2]
+    assert EvidenceEnd.model_validate(strip_chain(stored)) == end()
     with pytest.raises(RuntimeError, match="closed"):
         again.begin(begin())
 
@@ -128,7 +132,7 @@ def test_jsonl_options_are_validated(tmp_path: Path, options: dict[str, object],
     with pytest.raises(ValueError, match=error):
         _validated(config)
     ok = EngineConfig(state_dir=tmp_path, options={"evidence_jsonl": {"fsync": "never"}})
-    assert _validated(ok)[1:] == ("never", 0.2)
+    assert _validated(ok)[1:] == ("never", 0.2, None, 1000)
 
 
 def test_sqlite_sink_fills_the_exec_record_table(tmp_path: Path) -> None:

@@ -57,7 +57,8 @@ def test_a_nul_byte_in_a_fixture_path_is_a_diagnostic(tmp_path: Path, command: s
     args = (["explain", "--policy", str(ORG), "--request", "nul-path.json"]
             if command == "explain" else _run_args(tmp_path, Path("nul-path.json")))
     ran = run_cli(args, tmp_path)
-    _diagnostic(ran, 2, "SBP100 cannot read `x\\0.json`: the path contains a NUL byte")
+    _diagnostic(ran, 2, "nul-path.json:1:86: SBP105 invalid request field `manifest`: value "
+                        "error, the path contains a NUL byte")
 
 
 @pytest.mark.parametrize("command", ["explain", "run"])

@@ -7,6 +7,7 @@ and 224 MB on a 1 MB one; `check` took 24.5 s and 925 MB on a valid 10 MB policy
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,17 @@ def test_a_policy_of_exactly_the_limit_is_not_refused_for_its_size(tmp_path: Pat
     assert ran.code == 0, ran
     (tmp_path / "over.sbpolicy").write_text(text + "\n")
     _too_large(run_cli(["check", "over.sbpolicy"], tmp_path), "over.sbpolicy")
+
+
+def test_lint_stops_pairwise_shadowing_checks_on_a_budget(tmp_path: Path) -> None:
+    # 1,000 permits under one prefix: every pair is compared (~60 us each); this took 70 s
+    rules = [f'permit "r{i}" fs.read paths ["/workspace/**/d{i}/**"]' for i in range(1000)]
+    (tmp_path / "same.sbpolicy").write_text('policy "same" version "1.0.0"\n'
+                                            + "\n".join(rules) + "\n")
+    ran = run_cli(["lint", "--format", "json", "same.sbpolicy"], tmp_path)
+    assert ran.code == 0, ran  # a note does not fail lint
+    stopped = [f for f in json.loads(ran.out)["findings"] if f["id"] == "SBP342"]
+    assert len(stopped) == 1, ran
+    assert "more than 50,000 rule comparisons" in stopped[0]["message"]
+    assert ran.seconds < MAX_SECONDS, ran
+    assert ran.max_rss_kb < BASE_RSS_KB, ran

@@ -30,6 +30,7 @@ from policy_engine.dsl.bounded import (
     MAX_DEPTH,
     MAX_DOCUMENT_BYTES,
     MAX_INT_DIGITS,
+    MAX_NODES,
     DocumentError,
     parse_json,
     parse_yaml,
@@ -106,6 +107,19 @@ def test_deep_json_is_refused_with_its_position(tmp_path: Path) -> None:
     (tmp_path / "g.json").write_text("[" * 100_000)
     ran = run_cli(_explain(GIT_STATUS, "--grant", "g.json"), tmp_path)
     _refused(ran, "SBP105", f"g.json:1:{MAX_DEPTH + 1}", "nested more than 64 levels deep")
+
+
+@pytest.mark.parametrize("suffix", ["json", "yaml"])
+def test_two_million_values_in_a_4mb_document_are_refused_early(tmp_path: Path,
+                                                                suffix: str) -> None:
+    # before: 2 GB and 54 s (JSON) / 110 s (YAML) building and validating two million ints
+    values = ",".join(["1"] * 1_999_000)
+    text = (f'{{"tenant": [{values}]}}' if suffix == "json" else f"tenant: [{values}]\n")
+    (tmp_path / f"g.{suffix}").write_text(text)
+    ran = run_cli(_explain(GIT_STATUS, "--grant", f"g.{suffix}"), tmp_path)
+    column = 2 * MAX_NODES + (7 if suffix == "json" else 4)
+    _refused(ran, "SBP105", f"g.{suffix}:1:{column}",
+             f"more than {MAX_NODES:,} values in one document; split it")
 
 
 def test_a_document_over_the_size_limit_is_refused_without_reading_it_all(
@@ -243,3 +257,11 @@ def test_the_engine_configuration_is_bounded_and_refuses_duplicate_keys(tmp_path
         load_config(tmp_path / "twice.yaml")
     (tmp_path / "ok.yaml").write_text("mode: compat\n")
     assert load_config(tmp_path / "ok.yaml").mode == "compat"
+
+
+def test_a_nul_byte_in_a_path_given_to_a_loader_is_sbp100() -> None:
+    with pytest.raises(DiagnosticsError) as exc:
+        load_grant("grants/x\x00.json")
+    d = exc.value.diagnostics[0]
+    assert (d.id, d.message) == ("SBP100", "cannot read `grants/x\\0.json`: the path contains "
+                                           "a NUL byte")

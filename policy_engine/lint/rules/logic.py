@@ -1,4 +1,5 @@
-"""Rules SBP335-SBP339: constant conditions, duplicate rules and unreachable permits."""
+"""Rules SBP335-SBP339 and SBP342: constant conditions, duplicate rules, unreachable permits
+(and where those checks stopped on a file too large to compare pairwise)."""
 
 from __future__ import annotations
 
@@ -98,10 +99,21 @@ class _Index:
         return self.other.get(kind, [])
 
 
-def _covered(d: RuleDraft, by: _Index, home: str, kinds: tuple[CapabilityKind, ...] | None = None,
+MAX_COMPARISONS = 50_000
+"""`covers` calls SBP338/SBP339 make in one file before they stop (SBP342): rules sharing a
+prefix are compared pairwise, ~60 µs a pair, so this bounds the checks to a few seconds."""
+
+
+class _OutOfComparisons(Exception):
+    """The file used up :data:`MAX_COMPARISONS`."""
+
+
+def _covered(d: RuleDraft, by: _Index, home: str, spent: list[int],
+             kinds: tuple[CapabilityKind, ...] | None = None,
              skip_key: tuple[Any, ...] | None = None) -> dict[CapabilityKind, RuleDraft]:
     """For each kind of ``d``, the first rule of ``by`` covering it (rules with the key
-    ``skip_key`` left out); partial when some kind is not covered."""
+    ``skip_key`` left out); partial when some kind is not covered. ``spent[0]`` counts the
+    comparisons; :class:`_OutOfComparisons` past the budget."""
     out: dict[CapabilityKind, RuleDraft] = {}
     for kind, cap in d.capabilities.items():
         if kinds is not None and kind not in kinds:
@@ -111,7 +123,12 @@ def _covered(d: RuleDraft, by: _Index, home: str, kinds: tuple[CapabilityKind, .
             big = other.capabilities.get(kind)
             if skip_key is not None and by.keys[n] == skip_key:
                 continue
-            if big is not None and covers(big, cap, home):
+            if big is None:
+                continue
+            spent[0] += 1
+            if spent[0] > MAX_COMPARISONS:
+                raise _OutOfComparisons
+            if covers(big, cap, home):
                 out[kind] = other
                 break
     return out
@@ -127,23 +144,32 @@ def check_shadowed(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
         if f.node.effect == "forbid" and unconditional(f.node) and not f.node.mandatory:
             forbids.add(f, ())
     earlier = _Index()
+    spent = [0]
     for d in rules:
         key = _key(d)
         if (d.unit.file is view.file and d.node.effect == "permit" and d.capabilities):
-            yield from _shadowed(d, key, forbids, earlier, cfg.home)
+            try:
+                found = list(_shadowed(d, key, forbids, earlier, cfg.home, spent))
+            except _OutOfComparisons:
+                yield finding("SBP342", f"SBP338/SBP339 were not checked for permit "
+                              f"{label(d.node, d.id)} and the rules after it: the file needs "
+                              f"more than {MAX_COMPARISONS:,} rule comparisons",
+                              head(d.node), d.node.span)
+                return
+            yield from found
         if d.node.effect == "permit" and unconditional(d.node):
             earlier.add(d, key)
 
 
 def _shadowed(d: RuleDraft, key: tuple[Any, ...], forbids: _Index, earlier: _Index,
-              home: str) -> Iterator[Finding]:
-    by_forbid = _covered(d, forbids, home, _FORBID_COVERABLE)
+              home: str, spent: list[int]) -> Iterator[Finding]:
+    by_forbid = _covered(d, forbids, home, spent, _FORBID_COVERABLE)
     if len(by_forbid) == len(d.capabilities):
         names = ", ".join(sorted({label(f.node, f.id) for f in by_forbid.values()}))
         yield finding("SBP338", f"permit {label(d.node, d.id)} can never apply: forbid "
                       f"{names} covers all it permits", head(d.node), d.node.span)
         return
-    by_permit = _covered(d, earlier, home, skip_key=key)
+    by_permit = _covered(d, earlier, home, spent, skip_key=key)
     if len(by_permit) == len(d.capabilities):
         names = ", ".join(sorted({f"{label(e.node, e.id)} at {e.node.span}"
                                   for e in by_permit.values()}))

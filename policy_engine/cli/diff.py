@@ -1,0 +1,89 @@
+"""`policy-engine diff OLD NEW`: the requests two policy versions decide differently (for PRs)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, load_or_exit
+from policy_engine.cli.replay import seal_key_of
+from policy_engine.compiler import compile_files
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+@click.command("diff")
+@click.argument("old", type=_FILE)
+@click.argument("new", type=_FILE)
+@click.option("--request", "requests", multiple=True, type=_FILE,
+              help="a request file (explain's format; repeatable)")
+@click.option("--tests", "tests", multiple=True, type=_FILE,
+              help="a policy-test file, *.sbtest.yaml (repeatable): every case is a request")
+@click.option("--evidence", "logs", multiple=True, type=_FILE,
+              help="an evidence log (JSONL or SQLite; repeatable): every recorded call")
+@click.option("--boundary/--no-boundary", default=True, show_default=True,
+              help="also decide requests generated at the edges of both versions' rules")
+@click.option("--seal-key", type=_FILE, help="replay seal key for sealed evidence records")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="take the seal key from this state directory")
+@click.option("--all", "show_all", is_flag=True, help="list unchanged requests too")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
+              default="text", show_default=True, help="output format (markdown: a PR comment)")
+@click.option("--output", type=_FILE, help="write the report to this file instead of stdout")
+def command(old: Path, new: Path, requests: tuple[Path, ...], tests: tuple[Path, ...],
+            logs: tuple[Path, ...], boundary: bool, seal_key: Path | None,
+            state_dir: Path | None, show_all: bool, fmt: str, output: Path | None) -> None:
+    """Decide the same requests under policy OLD and policy NEW (each an entry .sbpolicy file,
+    imports followed) and list those whose decision or code changes, with both deciding rules.
+    Nothing is executed.
+
+    Exits 0 when no decision changes, 1 when some does, 2 on unusable input.
+    """
+    from policy_engine.replay.boundary import boundary_probes
+    from policy_engine.replay.diff import (
+        Probe,
+        compare,
+        evidence_probes,
+        request_probes,
+        test_file_probes,
+    )
+    from policy_engine.replay.engine import load_calls
+    from policy_engine.replay.render import to_json, to_markdown, to_text
+
+    before = load_or_exit(lambda: compile_files([old]))
+    after = load_or_exit(lambda: compile_files([new]))
+    probes: list[Probe] = []
+    probes += load_or_exit(lambda: list(request_probes(requests)))
+    probes += load_or_exit(lambda: list(test_file_probes(tests)))
+    key = seal_key_of(seal_key, state_dir)
+    for log in logs:
+        try:
+            probes += evidence_probes(load_calls(log), key)
+        except OSError as exc:
+            click.echo(f"error: cannot read `{log}`: {exc.strerror or exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except ValueError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+    if boundary:
+        probes += boundary_probes(before, after)
+    results = compare(before, after, probes)
+    if fmt == "json":
+        text = json.dumps({"old": str(old), "new": str(new),
+                           **to_json(results, show_all=show_all)}, indent=2, ensure_ascii=False)
+    elif fmt == "markdown":
+        text = to_markdown(results, title=f"Policy diff: `{old.name}` → `{new.name}`")
+    else:
+        text = to_text(results, show_all=show_all)
+    if output is None:
+        click.echo(text)
+    else:
+        try:
+            output.write_text(text + "\n", encoding="utf-8")
+        except OSError as exc:
+            click.echo(f"error: cannot write `{output}`: {exc.strerror or exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+    sys.exit(EXIT_FAILED if any(r.status == "changed" for r in results) else EXIT_OK)

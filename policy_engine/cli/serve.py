@@ -1,0 +1,143 @@
+"""`policy-engine serve`: the HTTP service (docs/service.md) on uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+import click
+
+from policy_engine.cli.common import EXIT_BAD_INPUT, load_or_exit
+from policy_engine.compiler import compile_files
+from policy_engine.config import EngineConfig, load_config
+from policy_engine.dsl.loaders import load_manifest
+
+if TYPE_CHECKING:
+    from policy_engine.confirm.services import ConfirmationService
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _confirmation(mode: str, url: str | None, secret_file: Path | None,
+                  timeout: float) -> ConfirmationService:
+    from policy_engine.confirm.services import (
+        AutoConfirmation,
+        DenyConfirmation,
+        WebhookConfirmation,
+    )
+
+    if mode == "deny":
+        return DenyConfirmation()
+    if mode == "auto":
+        click.echo("WARNING: --confirmation auto approves every consent request "
+                   "(development only); each approval is logged and recorded", err=True)
+        return AutoConfirmation()
+    if not url or secret_file is None:
+        _fail("--confirmation webhook needs --approver-url and --approver-secret-file")
+    try:
+        secret = secret_file.read_bytes().strip()
+        return WebhookConfirmation(url, secret, timeout_s=timeout)
+    except OSError as exc:
+        _fail(f"cannot read {secret_file}: {exc.strerror}")
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+@click.command("serve")
+@click.option("--policy", "policies", multiple=True, required=True, type=_FILE,
+              help="a .sbpolicy file (repeatable; imports are followed)")
+@click.option("--config", "config_path", type=_FILE, help="engine configuration (YAML/JSON)")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="evidence, budgets, tokens and exec records (overrides the config)")
+@click.option("--manifest", "manifests", multiple=True, type=_FILE,
+              help="a tool manifest requests may name instead of sending it (repeatable); "
+              "one named `sandbox.exec` replaces the built-in exec manifest")
+@click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
+              help="exec workspace root [default: STATE_DIR/workspace]")
+@click.option("--root-fs", type=click.Path(file_okay=False, path_type=Path),
+              help="root of the file system ops of /v1/decide and /v1/ops (operator setting)")
+@click.option("--max-artifacts-bytes", default=50 * 1024 * 1024, show_default=True,
+              type=click.IntRange(0), help="total size of one exec's artifacts (seed 002 §5.2)")
+@click.option("--security-mode", type=click.Choice(["strict", "permissive"]),
+              default="strict", show_default=True,
+              help="run_code: strict sends anything not SAFE to a container")
+@click.option("--confirmation", type=click.Choice(["deny", "auto", "webhook"]), default="deny",
+              show_default=True, help="who stands in for a missing consent (docs/service.md)")
+@click.option("--approver-url", help="webhook confirmation: where signed requests are POSTed")
+@click.option("--approver-secret-file", type=_FILE,
+              help="webhook confirmation: the shared HMAC secret (at least 16 bytes)")
+@click.option("--approver-timeout", default=30.0, show_default=True,
+              type=click.FloatRange(0.1, 600), help="seconds to wait for the approver")
+@click.option("--allow-inline-manifests", is_flag=True,
+              help="accept manifests in request bodies (they declare the side effects the "
+              "consent rules read); default: only --manifest files, by name")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", default=8787, show_default=True, type=click.IntRange(0, 65535),
+              help="port (0 picks a free one; the chosen port is printed)")
+@click.option("--max-body-bytes", default=4 * 1024 * 1024, show_default=True,
+              type=click.IntRange(1024), help="largest request body accepted")
+@click.option("--rate-per-minute", default=6000, show_default=True, type=click.IntRange(1),
+              help="requests per tenant per minute (counted by the budget meter)")
+@click.option("--max-concurrent-execs", default=2, show_default=True, type=click.IntRange(1),
+              help="sandbox execs running at once (seed 002 §5.1)")
+def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Path | None,
+            manifests: tuple[Path, ...], workspace: Path | None,
+            root_fs: Path | None, max_artifacts_bytes: int, security_mode: str, confirmation: str,
+            approver_url: str | None, approver_secret_file: Path | None,
+            approver_timeout: float, allow_inline_manifests: bool, host: str, port: int,
+            max_body_bytes: int, rate_per_minute: int, max_concurrent_execs: int) -> None:
+    """Serve the HTTP API: decide, run ops and sandbox execs for token-holding tenants.
+
+    Exits 2 on unusable input (policy, config, manifest, address in use).
+    """
+    import uvicorn
+
+    from policy_engine.model import Settings
+    from policy_engine.runcode.risk import SecurityMode
+    from policy_engine.service.app import asgi_app
+    from policy_engine.service.config import ServiceConfig
+
+    try:
+        engine = load_config(config_path) if config_path else EngineConfig()
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    if state_dir is not None:
+        engine = replace(engine, state_dir=state_dir.absolute())
+    policyset = load_or_exit(lambda: compile_files(policies))
+    named = {}
+    for path in manifests:
+        tool = load_or_exit(lambda p=path: load_manifest(p))  # type: ignore[misc]
+        named[tool.name] = tool
+    confirm = _confirmation(confirmation, approver_url, approver_secret_file, approver_timeout)
+    root = (workspace or engine.state_dir / "workspace").absolute()
+    config = ServiceConfig(policyset=policyset, engine=engine, workspace_root=root,
+                           manifests=named, max_body_bytes=max_body_bytes,
+                           rate_per_minute=rate_per_minute,
+                           max_concurrent_execs=max_concurrent_execs,
+                           op_settings=(Settings(root_fs=str(root_fs.absolute()))
+                                        if root_fs is not None else None),
+                           security_mode=SecurityMode(security_mode), confirmation=confirm,
+                           allow_inline_manifests=allow_inline_manifests,
+                           max_artifacts_bytes=max_artifacts_bytes)
+    try:
+        sock = socket.create_server((host, port))
+    except OSError as exc:
+        _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
+        return
+    bound = sock.getsockname()[1]
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    click.echo(f"policy-engine serve: listening on http://{host}:{bound} "
+               f"(state {engine.state_dir}, workspace {root})", err=True)
+    server = uvicorn.Server(uvicorn.Config(asgi_app(config), log_level="warning",
+                                           access_log=False, lifespan="on"))
+    server.run(sockets=[sock])

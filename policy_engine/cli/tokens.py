@@ -1,0 +1,99 @@
+"""`policy-engine tokens add|list|revoke`: the service's bearer tokens (stored hashed)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, echo_json, format_option
+from policy_engine.config import EngineConfig, load_config
+from policy_engine.service.tokens import TokenStore
+
+_STATE = click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+                      help="where tokens.sqlite lives (overrides the config)")
+_CONFIG = click.option("--config", "config_path", type=click.Path(dir_okay=False,
+                       path_type=Path), help="engine configuration (YAML/JSON)")
+
+
+def _store(config_path: Path | None, state_dir: Path | None) -> TokenStore:
+    try:
+        engine = load_config(config_path) if config_path else EngineConfig()
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    if state_dir is not None:
+        engine = replace(engine, state_dir=state_dir.absolute())
+    return TokenStore(engine.state_dir / "tokens.sqlite")
+
+
+@click.group("tokens")
+def command() -> None:
+    """Manage the bearer tokens of `policy-engine serve` (tenant + subject each)."""
+
+
+@command.command("add")
+@click.option("--tenant", required=True, help="tenant the token acts for")
+@click.option("--subject", required=True, help="subject id the token acts as")
+@click.option("--label", default="", help="a note shown by `tokens list`")
+@_CONFIG
+@_STATE
+@format_option
+def add(tenant: str, subject: str, label: str, config_path: Path | None,
+        state_dir: Path | None, fmt: str) -> None:
+    """Create a token; it is printed once and only its hash is stored."""
+    store = _store(config_path, state_dir)
+    try:
+        token, info = store.add(tenant, subject, label)
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    finally:
+        store.close()
+    if fmt == "json":
+        echo_json({"token": token, "token_id": info.token_id, "tenant": info.tenant,
+                   "subject": info.subject})
+    else:
+        click.echo(token)
+        click.echo(f"token id {info.token_id} for tenant {tenant}, subject {subject} "
+                   "(shown once: store it now)", err=True)
+
+
+@command.command("list")
+@_CONFIG
+@_STATE
+@format_option
+def list_(config_path: Path | None, state_dir: Path | None, fmt: str) -> None:
+    """List tokens (ids, tenants, subjects; never secrets)."""
+    store = _store(config_path, state_dir)
+    try:
+        rows = store.list()
+    finally:
+        store.close()
+    if fmt == "json":
+        echo_json([{"token_id": r.token_id, "tenant": r.tenant, "subject": r.subject,
+                    "label": r.label, "created_at": r.created_at, "revoked_at": r.revoked_at}
+                   for r in rows])
+        return
+    for r in rows:
+        state = "revoked" if r.revoked_at is not None else "live"
+        click.echo(f"{r.token_id}  {state:7}  {r.tenant}  {r.subject}  {r.label}".rstrip())
+
+
+@command.command("revoke")
+@click.argument("token_id")
+@_CONFIG
+@_STATE
+def revoke(token_id: str, config_path: Path | None, state_dir: Path | None) -> None:
+    """Revoke a token by id; exits 1 when no live token has that id."""
+    store = _store(config_path, state_dir)
+    try:
+        done = store.revoke(token_id)
+    finally:
+        store.close()
+    if not done:
+        click.echo(f"error: no live token `{token_id}`", err=True)
+        sys.exit(EXIT_FAILED)
+    click.echo(f"revoked {token_id}")

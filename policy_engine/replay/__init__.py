@@ -1,0 +1,1 @@
+"""Replay: record what deciding a call again needs, and re-decide recorded calls offline."""

@@ -1,0 +1,1 @@
+"""Rolling out policy changes safely: hot reload of a running engine."""

@@ -1,0 +1,1 @@
+"""The HTTP face (`policy-engine serve`): parse, authenticate, call the library, render."""

@@ -1,0 +1,329 @@
+"""The ASGI application: every route parses, authenticates, calls the library and renders."""
+
+
+import logging
+import os
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path as FsPath  # fastapi's `Path` declares path parameters
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from policy_engine import __version__
+from policy_engine.confirm.broker import ConsentBroker
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.explain import ExplainRequest, explain
+from policy_engine.guard import Guard
+from policy_engine.model import Manifest
+from policy_engine.orchestrator import Orchestrator
+from policy_engine.profile import ProfileBuilder
+from policy_engine.runcode.manager import OrchestratorPool, SandboxManager
+from policy_engine.service.config import ServiceConfig
+from policy_engine.service.errors import ServiceError, service_error
+from policy_engine.service.execs import ExecRunner
+from policy_engine.service.execstore import ExecStore
+from policy_engine.service.guards import BodyLimit, authenticate, charge_rate
+from policy_engine.service.health import health_report
+from policy_engine.service.models import (
+    EXEC_ID,
+    ArtifactList,
+    CallBody,
+    DecideBody,
+    ErrorBody,
+    ExecBody,
+    ExecList,
+    ExecRecord,
+    Health,
+    RunCodeBody,
+    RunCodeResponse,
+)
+from policy_engine.service.tokens import Principal, TokenStore
+from policy_engine.service.workspace import open_artifact
+
+log = logging.getLogger(__name__)
+# context keys the guard takes from the caller over its own views: the service sets them
+_RESERVED_CONTEXT = ("grant", "manifest", "tenant", "subject")
+_JSON_OBJECT: dict[str, Any] = {"content": {"application/json": {"schema": {"type": "object"}}},
+                                "description": "the outcome document (docs/service.md)"}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody} for status in (400, 401, 403, 404, 413, 422, 429, 500, 503)}
+
+
+@dataclass
+class Engine:
+    """What the routes share: the library objects and the service's stores."""
+
+    config: ServiceConfig
+    orch: Orchestrator
+    tokens: TokenStore
+    execs: ExecStore
+    runner: ExecRunner
+    builder: ProfileBuilder
+    guard: Guard
+    pool: OrchestratorPool
+    broker: ConsentBroker
+
+    def close(self) -> None:
+        self.pool.close()
+        self.execs.close()
+        self.tokens.close()
+        self.orch.close()
+
+
+def open_engine(config: ServiceConfig) -> Engine:
+    state = config.engine.state_dir
+    orch = Orchestrator(config.policyset, config=config.engine)
+    tokens = TokenStore(state / "tokens.sqlite")
+    execs = ExecStore(state / "service.sqlite")
+    broker = ConsentBroker(config.confirmation, config.policyset, state / "consent.jsonl")
+    return Engine(config, orch, tokens, execs, ExecRunner(config, orch, execs, broker),
+                  ProfileBuilder(config.policyset), Guard(config.policyset),
+                  OrchestratorPool(config.policyset, config.engine), broker)
+
+
+def _error_response(err: ServiceError, headers: Mapping[str, str] | None = None
+                    ) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.http_status, headers=headers)
+
+
+def _require_discriminators(doc: dict[str, Any]) -> dict[str, Any]:
+    """Mark each discriminated union's tag as required in its member schemas: the engine's
+    models give ``kind`` a default, but a body without it cannot be told apart (422)."""
+    schemas = doc.get("components", {}).get("schemas", {})
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            disc = node.get("discriminator")
+            if isinstance(disc, dict):
+                for ref in disc.get("mapping", {}).values():
+                    target = schemas.get(str(ref).rsplit("/", 1)[-1])
+                    if target is not None:
+                        required = target.setdefault("required", [])
+                        if disc["propertyName"] not in required:
+                            required.insert(0, disc["propertyName"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(doc)
+    return doc
+
+
+def create_app(config: ServiceConfig) -> FastAPI:
+    """The service over ``config``; stores and the orchestrator open at start-up."""
+    engine_box: list[Engine] = []
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine_box.append(open_engine(config))
+        try:
+            yield
+        finally:
+            engine_box.pop().close()
+
+    # no /docs or /redoc: they load scripts from a CDN; /openapi.json is served (no token)
+    app = FastAPI(title="policy-engine service", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None,
+                  description="Decide and run AI agents' tool calls under policy "
+                  "(docs/service.md).", responses=_ERRORS)
+    bearer = HTTPBearer(auto_error=False, description="a token from `policy-engine tokens add`")
+
+    # dependencies and the decide route are coroutines: each is a few SQLite reads or a pure
+    # decision (well under a millisecond), cheaper inline than through the thread pool
+    async def engine() -> Engine:
+        return engine_box[0]
+
+    async def principal(request: Request, eng: Annotated[Engine, Depends(engine)],
+                  _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+                  ) -> Principal:
+        who = authenticate(eng.tokens, request.headers.get("authorization"))
+        charge_rate(eng.orch.meter, who.tenant, config.rate_per_minute)
+        return who
+
+    Who = Annotated[Principal, Depends(principal)]
+    Eng = Annotated[Engine, Depends(engine)]
+    ExecId = Annotated[str, Path(pattern=EXEC_ID, description="32 hex digits")]
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # locations and messages only: pydantic's `input` would echo the body (secrets too)
+        where = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+                          for e in exc.errors()[:5])
+        err = PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, where[:1000])
+        view = err.public_view()
+        # a bad path parameter is a bad request (400), not a bad body
+        if all(e.get("loc", ("",))[0] in ("path", "query") for e in exc.errors()):
+            return _error_response(service_error("SERVICE.BAD_REQUEST", where[:1000]))
+        return _error_response(ServiceError(view["code"], view["http_status"],
+                                            view["message"]))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 405:  # `Allow`: every method of every route of this path
+            allowed: set[str] = set()
+            for route in app.routes:
+                if isinstance(route, APIRoute) and route.path_regex.match(request.url.path):
+                    allowed |= route.methods or set()
+            return _error_response(service_error(
+                "SERVICE.METHOD_NOT_ALLOWED", "see /openapi.json"),
+                {"Allow": ", ".join(sorted(allowed))})
+        return _error_response(service_error("SERVICE.NOT_FOUND", "no such endpoint"))
+
+    @app.exception_handler(Exception)
+    async def _crash(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in the service")  # the stack goes to the log only
+        err = PolicyEngineError(ErrorCode.UNKNOWN_INTERNAL, type(exc).__name__)
+        view = err.public_view()
+        return _error_response(ServiceError(view["code"], view["http_status"], view["message"]))
+
+    def manifest_of(body: CallBody) -> Manifest:
+        if isinstance(body.manifest, Manifest):
+            if not config.allow_inline_manifests:
+                raise ServiceError("SANDBOX.PERMISSION_DENY", 403, "permission denied: this "
+                                   "service takes manifests by name only (`--manifest`); "
+                                   "inline manifests need `--allow-inline-manifests`")
+            return body.manifest
+        found = config.manifests.get(body.manifest)
+        if found is None:
+            raise service_error("SERVICE.NOT_FOUND", f"no manifest named `{body.manifest}`")
+        return found
+
+    def check_call(who: Principal, body: CallBody) -> dict[str, Any]:
+        if (body.grant.tenant, body.grant.subject_id) != (who.tenant, who.subject):
+            raise ServiceError("SANDBOX.PERMISSION_DENY", 403, "permission denied: the grant "
+                               "is for another tenant or subject than the token")
+        if body.grant.consent is not None:  # consent comes from a human, never the caller
+            raise ServiceError("SANDBOX.PERMISSION_DENY", 403, "permission denied: a grant "
+                               "sent to the service cannot carry consent; the confirmation "
+                               "service asks for it")
+        reserved = [k for k in _RESERVED_CONTEXT if k in body.context]
+        if reserved:
+            raise ServiceError("SCHEMA.VALIDATION_FAILED", 422, f"invalid input: context."
+                               f"{reserved[0]} is set by the service from the token")
+        return dict(body.context)
+
+    @app.post("/v1/decide", tags=["decisions"], responses={200: _JSON_OBJECT})
+    async def decide(body: DecideBody, who: Who, eng: Eng) -> JSONResponse:
+        """Decide one op without running it: the `explain --format json` document."""
+        context = check_call(who, body)
+        request = ExplainRequest(op=body.op, now_ms=body.now_ms, overrides=body.overrides,
+                                 settings=config.op_settings, context=context,
+                                 budget_used=body.budget_used)
+        result = explain(config.policyset, manifest_of(body), body.grant, request,
+                         builder=eng.builder, guard=eng.guard)
+        # rendered directly: FastAPI's generic encoder costs ~8x the decision itself
+        return JSONResponse(result.to_json())
+
+    @app.post("/v1/ops", tags=["decisions"], responses={200: _JSON_OBJECT})
+    def run_op(body: CallBody, who: Who, eng: Eng) -> JSONResponse:
+        """Run one op through the orchestrator (with begin/end evidence). A refusal or failure
+        answers its code's HTTP status with `error` beside the outcome."""
+        context = check_call(who, body)
+        manifest = manifest_of(body)
+        grant, asked = eng.broker.prepare(body.grant, manifest, body.op,
+                                          settings=config.op_settings,
+                                          overrides=body.overrides, context=context)
+        outcome = eng.orch.run(grant, manifest, body.op, settings=config.op_settings,
+                               overrides=body.overrides, context=context or None)
+        eng.broker.record(asked, outcome.envelope_id)
+        data = outcome.to_json()
+        if asked is not None:
+            data["consent"] = asked.answer.to_json()
+        if outcome.result.ok:
+            return JSONResponse(data)
+        code = ErrorCode(outcome.result.code) if outcome.result.code else ErrorCode.UNKNOWN_INTERNAL
+        err = PolicyEngineError(code, "")
+        data["error"] = {"code": code.value, "http_status": err.http_status,
+                         "retryable": err.retryable, "message": outcome.result.message}
+        return JSONResponse(data, status_code=err.http_status)
+
+    @app.post("/v1/run_code", tags=["decisions"], response_model=RunCodeResponse)
+    def run_code(body: RunCodeBody, who: Who, eng: Eng) -> RunCodeResponse:
+        """Run code for a session (seed 001 run_code): the risk hint and the security mode
+        choose bubblewrap or a container; the policy decides the run. `200` with `success`
+        false and `error_code` when it was refused or failed."""
+        manager = SandboxManager(body.session_id, policyset=config.policyset,
+                                 config=config.engine, security_mode=config.security_mode,
+                                 tenant=who.tenant, subject=who.subject,
+                                 workspace_root=config.workspace_root, pool=eng.pool,
+                                 broker=eng.broker)
+        with eng.runner.slots:  # the same cap as execs (--max-concurrent-execs)
+            result = manager.run_code(body.code, body.language, timeout=body.timeout_s)
+        return RunCodeResponse.model_validate(result.to_json())
+
+    @app.post("/sandbox/execs", tags=["sandbox"], response_model=ExecRecord)
+    def create_exec(body: ExecBody, who: Who, eng: Eng) -> ExecRecord:
+        """Run a shell or python exec in the caller's project workspace (seed 002 §5)."""
+        return eng.runner.run(who, body)
+
+    @app.get("/sandbox/execs", tags=["sandbox"], response_model=ExecList)
+    def list_execs(who: Who, eng: Eng,
+                   task_id: Annotated[str | None, Query(max_length=128)] = None) -> ExecList:
+        """The caller's tenant's execs, newest first (at most 200)."""
+        return ExecList(execs=eng.execs.list(who.tenant, task_id))
+
+    @app.get("/sandbox/execs/{exec_id}", tags=["sandbox"], response_model=ExecRecord)
+    def get_exec(exec_id: ExecId, who: Who, eng: Eng) -> ExecRecord:
+        record = eng.execs.get(who.tenant, exec_id)
+        if record is None:
+            raise service_error("SERVICE.NOT_FOUND", "no such exec")
+        return record
+
+    @app.get("/sandbox/execs/{exec_id}/artifacts", tags=["sandbox"],
+             response_model=ArtifactList)
+    def list_artifacts(exec_id: ExecId, who: Who, eng: Eng) -> ArtifactList:
+        found = eng.execs.artifacts(who.tenant, exec_id)
+        if found is None:
+            raise service_error("SERVICE.NOT_FOUND", "no such exec")
+        return ArtifactList(exec_id=exec_id, artifacts=found)
+
+    @app.get("/sandbox/execs/{exec_id}/artifacts/{name:path}", tags=["sandbox"],
+             response_class=StreamingResponse,
+             responses={200: {"content": {"application/octet-stream": {}}}})
+    def get_artifact(exec_id: ExecId, name: Annotated[str, Path(max_length=1024)],
+                     who: Who, eng: Eng) -> Response:
+        """One artifact's bytes; only files listed in the exec's manifest are served."""
+        record = eng.execs.get(who.tenant, exec_id)
+        listed = eng.execs.artifacts(who.tenant, exec_id) or []
+        if record is None or name not in {a.path for a in listed}:
+            raise service_error("SERVICE.NOT_FOUND", "no such artifact")
+        fd = open_artifact(FsPath(record.artifacts_path), name)
+        return StreamingResponse(_chunks(fd), media_type="application/octet-stream")
+
+    @app.get("/sandbox/health", tags=["sandbox"], response_model=Health)
+    def health(eng: Eng) -> Health:
+        """Runtime mode, workspace root and writability, docker CLI and version (no token)."""
+        return health_report(eng.config, eng.orch)
+
+    plain_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _require_discriminators(plain_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+def _chunks(fd: int) -> Iterator[bytes]:
+    with os.fdopen(fd, "rb") as fh:
+        yield from iter(lambda: fh.read(1 << 16), b"")
+
+
+def asgi_app(config: ServiceConfig) -> BodyLimit:
+    """The application wrapped in the body-size limit: what uvicorn serves."""
+    return BodyLimit(create_app(config), config.max_body_bytes)

@@ -1,0 +1,46 @@
+"""The service's JSON errors: the registry's codes plus the few only an HTTP front-end raises."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policy_engine.errors import PolicyEngineError
+
+# Transport-level refusals that never reach the library (no decision was asked for): they have
+# their own stable codes, documented in docs/service.md; every decision or execution outcome keeps
+# its registry code (policy_engine/errors.py).
+SERVICE_CODES: dict[str, tuple[int, str]] = {
+    "AUTH.UNAUTHENTICATED": (401, "authentication required: {reason}"),
+    "SERVICE.NOT_FOUND": (404, "not found: {reason}"),
+    "SERVICE.BAD_REQUEST": (400, "bad request: {reason}"),
+    "SERVICE.PAYLOAD_TOO_LARGE": (413, "payload too large: {reason}"),
+    "SERVICE.METHOD_NOT_ALLOWED": (405, "method not allowed: {reason}"),
+}
+
+
+class ServiceError(Exception):
+    """A refusal with a stable code, an HTTP status and a public (redacted) message."""
+
+    def __init__(self, code: str, http_status: int, message: str,
+                 retryable: bool = False) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.http_status = http_status
+        self.message = message
+        self.retryable = retryable
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "http_status": self.http_status,
+                          "retryable": self.retryable, "message": self.message}}
+
+
+def service_error(code: str, reason: str) -> ServiceError:
+    """The error of service code ``code`` with ``reason`` filled into its public template."""
+    status, template = SERVICE_CODES[code]
+    return ServiceError(code, status, template.format(reason=reason))
+
+
+def from_engine(err: PolicyEngineError) -> ServiceError:
+    """An engine refusal as a service error: its registry code, status and public view only."""
+    view = err.public_view()
+    return ServiceError(view["code"], view["http_status"], view["message"], view["retryable"])

@@ -1,0 +1,112 @@
+"""Request admission: bearer authentication, per-tenant rate limits and the body-size cap."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from policy_engine.budget import BudgetMeter
+from policy_engine.errors import PolicyEngineError
+from policy_engine.service.errors import ServiceError, from_engine, service_error
+from policy_engine.service.tokens import Principal, TokenStore
+
+
+def authenticate(tokens: TokenStore, header: str | None) -> Principal:
+    """The principal of an ``Authorization: Bearer <token>`` header.
+
+    :raises ServiceError: ``AUTH.UNAUTHENTICATED`` (the same for missing, malformed, unknown
+        and revoked tokens: a caller learns nothing about which tokens exist).
+    """
+    if not header:
+        raise service_error("AUTH.UNAUTHENTICATED", "send `Authorization: Bearer <token>`")
+    scheme, _, value = header.partition(" ")
+    principal = tokens.authenticate(value.strip()) if scheme.lower() == "bearer" else None
+    if principal is None:
+        raise service_error("AUTH.UNAUTHENTICATED", "the token is not valid")
+    return principal
+
+
+def charge_rate(meter: BudgetMeter, tenant: str, per_minute: int,
+                now: float | None = None) -> None:
+    """Count one request of ``tenant`` in the current minute through the budget meter (so
+    replicas sharing a meter share the limit).
+
+    :raises ServiceError: ``QUOTA.BUDGET_EXCEEDED`` (429) over the limit;
+        ``PROVIDER.UNAVAILABLE`` when the meter cannot be read (fails closed).
+    """
+    window = int((now if now is not None else time.time()) // 60)
+    try:
+        meter.check_and_consume(f"service-rate/{tenant}/{window}", "calls", 1, per_minute)
+    except PolicyEngineError as exc:
+        if exc.code.value == "QUOTA.BUDGET_EXCEEDED":
+            exc = PolicyEngineError(exc.code, f"more than {per_minute} requests a minute "
+                                    f"for tenant `{tenant}`")
+        raise from_engine(exc) from None
+
+
+class BodyLimit:
+    """ASGI middleware: a body over ``limit`` bytes is answered 413 before the app reads it all
+    (a ``Content-Length`` over the limit is refused without reading anything)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for key, value in scope.get("headers", ()):
+            if key == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = self.limit + 1
+                if declared > self.limit:
+                    await _send_error(send, self._error())
+                    return
+        # read the whole (bounded) body first: an app that fails half-way through reading
+        # would answer 500, and a refusal must be a clean 413
+        chunks: list[bytes] = []
+        seen = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.limit:
+                await _send_error(send, self._error())
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    def _error(self) -> ServiceError:
+        return service_error("SERVICE.PAYLOAD_TOO_LARGE",
+                             f"request bodies are limited to {self.limit} bytes")
+
+
+async def _send_error(send: Send, err: ServiceError) -> None:
+    import json
+
+    body = json.dumps(err.body()).encode()
+    headers: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json"),
+                                          (b"content-length", str(len(body)).encode())]
+    start: dict[str, Any] = {"type": "http.response.start", "status": err.http_status,
+                             "headers": headers}
+    await send(start)
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,126 @@
+"""Bearer tokens: each maps to one tenant and subject; only a SHA-256 of the secret is stored."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS service_tokens (
+  token_id    TEXT PRIMARY KEY,
+  secret_hash TEXT NOT NULL,
+  tenant      TEXT NOT NULL,
+  subject     TEXT NOT NULL,
+  label       TEXT NOT NULL DEFAULT '',
+  created_at  INTEGER NOT NULL,
+  revoked_at  INTEGER
+);
+"""
+PREFIX = "pet_"
+# tenants name a directory of the workspace: a safe path segment, never `.`/`..`
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_SUBJECT = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
+_TOKEN = re.compile(r"pet_([0-9a-f]{16})\.([A-Za-z0-9_-]{43})")
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a request acts for: the tenant and subject its token maps to."""
+
+    tenant: str
+    subject: str
+    token_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """One stored token, without its secret (which is never stored)."""
+
+    token_id: str
+    tenant: str
+    subject: str
+    label: str
+    created_at: int
+    revoked_at: int | None
+
+
+def check_tenant(tenant: str) -> str:
+    """``tenant`` if it is a safe name (letters, digits, ``_.-``; it names a directory)."""
+    if not _TENANT.fullmatch(tenant) or tenant.strip(".") == "":
+        raise ValueError(f"tenant `{tenant}` must match [A-Za-z0-9][A-Za-z0-9_.-]{{0,63}}")
+    return tenant
+
+
+def _hash(secret: str) -> str:
+    # the secret is 256 random bits, so one SHA-256 is enough (no password stretching needed)
+    return hashlib.sha256(secret.encode("ascii")).hexdigest()
+
+
+class TokenStore:
+    """The token table in ``<state_dir>/tokens.sqlite``; safe to share between threads."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA busy_timeout = 5000")
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def add(self, tenant: str, subject: str, label: str = "") -> tuple[str, TokenInfo]:
+        """Create a token; returns the bearer value (shown once, never stored) and its record.
+
+        :raises ValueError: the tenant or subject is not a safe name.
+        """
+        check_tenant(tenant)
+        if not _SUBJECT.fullmatch(subject):
+            raise ValueError("subject must be 1-200 printable characters")
+        token_id = secrets.token_hex(8)
+        secret = secrets.token_urlsafe(32)
+        info = TokenInfo(token_id, tenant, subject, label, int(time.time() * 1000), None)
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO service_tokens VALUES (?, ?, ?, ?, ?, ?, NULL)",
+                (token_id, _hash(secret), tenant, subject, label, info.created_at))
+        return f"{PREFIX}{token_id}.{secret}", info
+
+    def list(self) -> list[TokenInfo]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT token_id, tenant, subject, label, created_at, revoked_at "
+                "FROM service_tokens ORDER BY created_at, token_id").fetchall()
+        return [TokenInfo(*row) for row in rows]
+
+    def revoke(self, token_id: str) -> bool:
+        """Revoke ``token_id``; ``False`` when no live token has that id."""
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE service_tokens SET revoked_at = ? WHERE token_id = ? "
+                "AND revoked_at IS NULL", (int(time.time() * 1000), token_id))
+        return cur.rowcount == 1
+
+    def authenticate(self, bearer: str) -> Principal | None:
+        """The principal of a live token, or ``None`` (malformed, unknown, revoked, wrong)."""
+        match = _TOKEN.fullmatch(bearer)
+        if match is None:
+            return None
+        token_id, secret = match.groups()
+        with self._lock:
+            row = self._db.execute(
+                "SELECT secret_hash, tenant, subject, revoked_at FROM service_tokens "
+                "WHERE token_id = ?", (token_id,)).fetchone()
+        if row is None or row[3] is not None:
+            return None
+        if not hmac.compare_digest(row[0], _hash(secret)):
+            return None
+        return Principal(tenant=row[1], subject=row[2], token_id=token_id)

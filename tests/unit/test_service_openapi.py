@@ -1,0 +1,31 @@
+"""The committed OpenAPI document (docs/openapi.json) is the one the service serves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from policy_engine.service.openapi import openapi_document, render
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
+
+
+def test_committed_openapi_document_matches_the_service() -> None:
+    assert DOC.read_text(encoding="utf-8") == render(), (
+        "docs/openapi.json is stale: run `python3 scripts/gen_openapi.py`")
+
+
+def test_document_is_openapi_3_1_with_every_endpoint_and_bearer_auth() -> None:
+    doc = openapi_document()
+    assert doc["openapi"].startswith("3.1")
+    assert set(doc["paths"]) == {
+        "/v1/decide", "/v1/ops", "/v1/run_code", "/sandbox/execs", "/sandbox/execs/{exec_id}",
+        "/sandbox/execs/{exec_id}/artifacts", "/sandbox/execs/{exec_id}/artifacts/{name}",
+        "/sandbox/health"}
+    assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    # health is the one endpoint without a token
+    assert "security" not in doc["paths"]["/sandbox/health"]["get"]
+    assert all("security" in op for path, ops in doc["paths"].items()
+               if path != "/sandbox/health" for op in ops.values())
+    # every documented error is the one JSON error shape
+    assert "ErrorBody" in json.dumps(doc["paths"]["/v1/ops"]["post"]["responses"]["401"])

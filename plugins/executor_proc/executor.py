@@ -17,9 +17,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Literal
 
-from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, sanitize, seccomp
+from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, sanitize, seccomp, uid
 from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import Outcome, pump
@@ -63,6 +64,9 @@ class ProcOptions:
         (RLIMIT_FSIZE; a process killed for it ends the call with ``QUOTA.BUDGET_EXCEEDED``).
     :param prespawn: native launchers spawned ahead of time, each already in its own fresh
         cgroup (``prespawn.py``); 0 spawns one per call.
+    :param run_as: ``[uid, gid]`` the sandbox runs as on the host when the engine is root
+        (``uid.py``; default 65533:65533); never 0. An engine that is not root runs its
+        sandboxes as its own uid.
     """
 
     env_allow: tuple[str, ...] = ()
@@ -75,6 +79,7 @@ class ProcOptions:
     launcher_cache: str | None = None
     prespawn: int = 2
     max_file_bytes: int = 1 << 30
+    run_as: tuple[int, int] = uid.DEFAULT_RUN_AS
 
     @staticmethod
     def parse(raw: Any) -> ProcOptions:
@@ -83,7 +88,7 @@ class ProcOptions:
             raise ValueError("proc: `scan_limit` was removed: mask planning has no entry cap "
                              "any more (docs/operations.md, mandatory denies); delete the key")
         known = {"env_allow", "env_base", "extra_ro_binds", "layer2", "python", "cgroups",
-                 "launcher", "launcher_cache", "prespawn", "max_file_bytes"}
+                 "launcher", "launcher_cache", "prespawn", "max_file_bytes", "run_as"}
         if set(opts) - known:
             raise ValueError(f"proc: unknown options {sorted(set(opts) - known)}")
         for key in ("env_allow", "extra_ro_binds"):
@@ -112,6 +117,13 @@ class ProcOptions:
         fsize = opts.get("max_file_bytes", 1 << 30)
         if not isinstance(fsize, int) or isinstance(fsize, bool) or fsize < 1:
             raise ValueError("proc: `max_file_bytes` must be a positive integer")
+        run_as = opts.get("run_as", uid.DEFAULT_RUN_AS)
+        if (not isinstance(run_as, list | tuple) or len(run_as) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) and 0 < x < 2**32 - 1
+                           for x in run_as)):
+            raise ValueError("proc: `run_as` must be [uid, gid], two integers from 1 to "
+                             "4294967294 (a dedicated unprivileged uid; never 0)")
+        opts["run_as"] = (run_as[0], run_as[1])
         return ProcOptions(**opts)
 
 
@@ -142,8 +154,11 @@ class ProcExecutor:
         self.network_hook = network_hook
         self.guard = guard
         self.landlock_abi = landlock.abi_version()
+        # root drops to the sandbox uid before bwrap starts (uid.py); anyone else is already
+        # unprivileged and runs it as itself
+        self.run_as = self.options.run_as if os.geteuid() == 0 else None
         if backend == "bwrap":
-            p = bwrap.probe()
+            p = bwrap.probe(run_as=self.run_as)
             self.bwrap_path, self.usable, self.unavailable_reason = p.path, p.ok, p.reason
         else:
             self.bwrap_path = None
@@ -284,7 +299,8 @@ class ProcExecutor:
         return args
 
     def _command(self, plan: Plan, spec: dict[str, Any] | None, status_fd: int,
-                 exe: str | None, host: list[str], net: RestrictedHandle | None) -> list[str]:
+                 exe: str | None, host: list[str], net: RestrictedHandle | None,
+                 staged: list[tuple[int, str]] | None = None) -> list[str]:
         """The argv to spawn. With the native launcher ``exe``, ``host`` (cgroup fds, rlimits)
         is applied by it on the host; under bwrap a second copy runs inside for layer 2.
 
@@ -313,11 +329,36 @@ class ProcExecutor:
                 if spec is not None else net.wrap_argv(tool)
         inner = layer(spec, tool) if spec is not None else tool
         hook = net.network_hook() if net is not None else self.network_hook
+        stage = staged if staged is not None else []
         argv = bwrap.build_argv(
             self.bwrap_path, plan, inner=inner, network_hook=hook,
             launcher_src=HERE if spec is not None and exe is None else None,
-            native_launcher=exe if spec is not None and exe is not None else None)
-        return argv if exe is None else [exe, *host, "--", *argv]
+            native_launcher=exe if spec is not None and exe is not None else None,
+            run_as=self.run_as, source=self._stager(stage))
+        if exe is None:
+            return argv
+        drop = [a for i, p in stage for a in ("-o", f"{i}:{p}")]
+        drop += ["-u", f"{self.run_as[0]}:{self.run_as[1]}"] if self.run_as else []
+        return [exe, *host, *drop, "--", *argv]
+
+    def _stager(self, staged: list[tuple[int, str]]) -> Callable[[str], str]:
+        """Where bwrap finds a bind source: the path itself, or (when the sandbox uid cannot
+        look it up: /root/..., a 0700 parent) its staged copy, recorded in ``staged``."""
+        run_as = self.run_as
+        if run_as is None:
+            return str
+        known: dict[str, str] = {}
+
+        def source(path: str) -> str:
+            if path not in known:
+                if uid.reachable(path, *run_as):
+                    known[path] = path
+                else:
+                    known[path] = f"{uid.STAGE_DIR}/{len(staged)}"
+                    staged.append((len(staged), path))
+            return known[path]
+
+        return source
 
     def _run(self, ctx: ExecContext, op: ProcExecOp, plan: Plan, stdin: bytes | None,
              private_tmp: str | None, asked_network: str,
@@ -328,6 +369,10 @@ class ProcExecutor:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"stdin of {len(stdin)} bytes exceeds max_bytes_in")
         ctx.started()  # every refusal above was free: nothing has been spawned yet
+        if self.run_as is not None and self.backend == "bwrap":
+            # what root left in a writable bind (an fs.write, a checkout) must stay writable for
+            # the sandbox uid; masked secrets keep their owner
+            uid.adopt(plan.writable, *self.run_as, masked=plan.mask_files + plan.mask_dirs)
         layered = self.backend == "landlock" or self.options.layer2
         exe, degraded = self._launcher()
         spec = self._launcher_spec(plan, private_tmp, net) if layered else None
@@ -408,13 +453,17 @@ class ProcExecutor:
                            (cg.procs_files if cg else [])]
             host = [a for fd in cg_fds for a in ("-c", str(fd))] + host_rlimits(
                 lim, cg, self.options.max_file_bytes)
-            argv = self._command(plan, spec, status_w, exe, host if exe is not None else [], net)
+            staged: list[tuple[int, str]] = []
+            argv = self._command(plan, spec, status_w, exe, host if exe is not None else [], net,
+                                 staged)
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=plan.env if self.backend == "landlock" else {},
                 cwd=plan.cwd if self.backend == "landlock" else "/", start_new_session=True,
-                preexec_fn=preexec(lim, cg, self.options.max_file_bytes) if exe is None else None,
+                preexec_fn=preexec(lim, cg, self.options.max_file_bytes, staged,
+                                   self.run_as if self.backend == "bwrap" else None)
+                if exe is None else None,
                 pass_fds=((status_w,) if spec is not None else ()) + tuple(cg_fds),
                 close_fds=True)  # no launcher inside: the tool gets no status pipe to forge
         except OSError as exc:

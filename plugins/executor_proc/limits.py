@@ -9,13 +9,16 @@ disk — RLIMIT_FSIZE (the proc option ``max_file_bytes``): no file written grow
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import resource
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Sequence
 
 from plugins.executor_proc.cgroups import ExecCgroup
 from plugins.executor_proc.spec import Limits
+from plugins.executor_proc.uid import STAGE_DIR
 
 
 def describe(limits: Limits, cg: ExecCgroup | None) -> dict[str, str]:
@@ -37,11 +40,14 @@ def cpu_seconds(limits: Limits) -> int:
     return max(1, math.ceil(limits.timeout_s * limits.cpu_cores) + 1)
 
 
-def preexec(limits: Limits, cg: ExecCgroup | None,
-            max_file_bytes: int | None = None) -> Callable[[], None]:
+def preexec(limits: Limits, cg: ExecCgroup | None, max_file_bytes: int | None = None,
+            staged: Sequence[tuple[int, str]] = (),
+            run_as: tuple[int, int] | None = None) -> Callable[[], None]:
     """The function Popen runs in the child. Only async-signal-tolerant work: raw os calls, no
-    imports, no locks (the parent may have other threads).
+    imports, no locks (the parent may have other threads). Last, what the native launcher's
+    ``-o``/``-u`` do: stage bind sources in a private mount namespace, become ``run_as``.
     """
+    libc = ctypes.CDLL(None, use_errno=True) if staged else None  # loaded here, not in the child
     procs = cg.procs_files if cg else []
     ctrls = cg.controllers if cg else []
     cpu = cpu_seconds(limits)
@@ -64,5 +70,40 @@ def preexec(limits: Limits, cg: ExecCgroup | None,
             resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
         if "pids" not in ctrls:
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        if libc is not None:
+            _stage(libc, staged)
+        if run_as is not None:
+            os.setgroups([])
+            os.setresgid(run_as[1], run_as[1], run_as[1])
+            os.setresuid(run_as[0], run_as[0], run_as[0])
 
     return _apply
+
+
+_CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x00020000, 4096, 16384, 1 << 18
+_MS_NOSUID, _MS_NODEV = 2, 4
+
+
+def _stage(libc: ctypes.CDLL, staged: Sequence[tuple[int, str]]) -> None:
+    """``sb_launch.c``'s ``stage()``: each source bound at STAGE_DIR/N in a private mount
+    namespace, where bwrap (no longer root) can look it up."""
+    def ok(rc: int, what: str) -> None:
+        if rc != 0:
+            raise OSError(ctypes.get_errno(), what)
+
+    ok(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS) failed")
+    ok(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "cannot make mounts private")
+    try:
+        os.mkdir(STAGE_DIR, 0o755)
+    except FileExistsError:
+        pass
+    ok(libc.mount(b"pe-stage", STAGE_DIR.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                  b"mode=0755,size=64k"), "cannot mount the staging tmpfs")
+    for i, path in staged:
+        where = f"{STAGE_DIR}/{i}"
+        if stat.S_ISDIR(os.stat(path).st_mode):
+            os.mkdir(where, 0o755)
+        else:
+            os.close(os.open(where, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        ok(libc.mount(path.encode(), where.encode(), None, _MS_BIND | _MS_REC, None),
+           f"cannot stage {path}")

@@ -450,3 +450,54 @@ def test_root_only_host_files_in_system_trees_are_not_readable(
     again = json.loads(str(_run(executors[backend], make_profile(world_root), READ_ALL,
                                 str(d / "public.txt"))["stdout"]))
     assert isinstance(again[str(d / "public.txt")], int), again
+
+
+# --- issue 11 item 1 / outsider F2: the sandboxed process is not host uid 0 ---------------------
+
+WHO = textwrap.dedent("""
+    import json, os, sys
+    open(sys.argv[1], "w").write("made inside")
+    print(json.dumps({"uid_map": open("/proc/self/uid_map").read(), "euid": os.geteuid(),
+                      "fds": sorted(os.listdir("/proc/self/fd"))}))
+""")
+
+
+def _host_uid(uid_map: str, euid: int) -> int:
+    """The host uid ``euid`` maps to (``inside outside count`` lines)."""
+    for line in uid_map.splitlines():
+        inside, outside, count = (int(x) for x in line.split())
+        if inside <= euid < inside + count:
+            return outside + euid - inside
+    raise AssertionError(f"euid {euid} is not mapped by {uid_map!r}")
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "bwrap-no-layer2"])
+def test_the_sandboxed_process_is_not_host_root(
+        executors: dict[str, ProcExecutor], world_root: Path, backend: str) -> None:
+    made = world_root / "out" / "made.txt"
+    out = _run(executors[backend], make_profile(world_root), WHO, str(made))
+    assert out["exit_code"] == 0, out["stderr"]
+    seen = json.loads(str(out["stdout"]))
+    assert _host_uid(seen["uid_map"], seen["euid"]) != 0, seen
+    st = os.lstat(made)  # checked from the host: what it leaves is not root's
+    assert st.st_uid != 0 and st.st_gid != 0, (st.st_uid, st.st_gid)
+    assert made.read_text() == "made inside"  # the engine (root) still reads it
+    assert seen["fds"] == ["0", "1", "2", "3"], seen  # no bind descriptor reaches the tool
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "bwrap-no-layer2"])
+def test_a_setuid_copy_the_sandbox_leaves_gives_nobody_no_root(
+        executors: dict[str, ProcExecutor], world_root: Path, backend: str) -> None:
+    """Even if a set-uid bit survived (a layer that strips it failed), the copy belongs to the
+    sandbox's unprivileged uid: ``nobody`` running it gets that uid, never euid 0."""
+    copy = world_root / "out" / "rootpy"
+    out = _run(executors[backend], make_profile(world_root),
+               "import shutil, sys; shutil.copyfile(sys.argv[1], sys.argv[2])",
+               SYSTEM_PYTHON, str(copy))
+    assert out["exit_code"] == 0, out["stderr"]
+    owner = os.lstat(copy).st_uid
+    assert owner != 0
+    os.chmod(copy, 0o4755)  # the worst case, done by the host itself
+    ran = _as_nobody(copy)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["65534", str(owner)]  # euid is the sandbox's uid, not 0

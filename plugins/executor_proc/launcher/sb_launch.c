@@ -6,6 +6,11 @@
  *   on the host, before bwrap:   -c FD (cgroup.procs to join)  -r RES:SOFT:HARD (setrlimit)
  *                                -H FD (held: after joining, wait for the real command on FD)
  *                                -x FD (close FD before exec: a status pipe nobody inside reports to)
+ *                                -o N:PATH (stage PATH at STAGE_DIR/N: a bind source whose parents
+ *                                   the sandbox uid cannot traverse, bound there by root in a
+ *                                   private mount namespace so bwrap can bind it from there)
+ *                                -u UID:GID (then become UID:GID, no supplementary groups: bwrap
+ *                                   and everything it starts run as that unprivileged host uid)
  *   in the sandbox, before tool: -s FD (status)  -C (drop caps)  -l/-L (Landlock, required)
  *                                -t (deny TCP)  -S (scope)  -p MASK:PATH (rule)
  *                                -P PORT / -B PORT (with -t: allow TCP connect / bind to PORT)
@@ -28,9 +33,12 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +65,8 @@ extern char **environ;
 #define MAX_RULES 4096
 #define MAX_FDS 16
 #define MAX_PORTS 8
+#define MAX_OPENS 512
+#define STAGE_DIR "/run/policy-engine-stage" /* under /run: every sandbox masks it */
 
 struct ruleset_attr { uint64_t fs, net, scoped; };
 struct path_beneath { uint64_t allowed_access; int32_t parent_fd; } __attribute__((packed));
@@ -281,6 +291,9 @@ static unsigned long long num(const char *s, char **end) {
 
 static struct rule rules[MAX_RULES];
 static int nrules, cg_fds[MAX_FDS], ncg, hold_fd = -1;
+static int open_idx[MAX_OPENS], nopens;
+static const char *open_paths[MAX_OPENS];
+static long run_uid = -1, run_gid = -1;
 static int want_ll, ll_required, deny_tcp, scope, caps, sc_required, keep_status;
 static const char *seccomp_hex;
 
@@ -288,7 +301,7 @@ static void parse(int argc, char **argv) {
     int opt;
     char *end;
     optind = 0; /* glibc: full re-initialisation, so held mode can parse a second argv */
-    while ((opt = getopt(argc, argv, "+c:r:s:H:x:ClLtSp:P:B:Nkf:F:")) != -1) {
+    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:u:ClLtSp:P:B:Nkf:F:")) != -1) {
         switch (opt) {
         case 'x': close((int)num(optarg, &end)); break;
         case 'H': hold_fd = (int)num(optarg, &end); break;
@@ -306,6 +319,18 @@ static void parse(int argc, char **argv) {
             if (setrlimit(res, &rl) != 0) fail(errno, "setrlimit failed", NULL);
             break;
         }
+        case 'o':
+            if (nopens == MAX_OPENS) usage();
+            open_idx[nopens] = (int)num(optarg, &end);
+            if (*end != ':' || end[1] != '/') usage();
+            open_paths[nopens++] = end + 1;
+            break;
+        case 'u':
+            run_uid = (long)num(optarg, &end);
+            if (*end != ':') usage();
+            run_gid = (long)num(end + 1, &end);
+            if (*end != 0 || run_uid <= 0 || run_gid <= 0) usage(); /* never back to root */
+            break;
         case 's': status_fd = (int)num(optarg, &end); break;
         case 'C': caps = 1; break;
         case 'L': ll_required = 1; /* fall through */
@@ -331,6 +356,30 @@ static void parse(int argc, char **argv) {
         case 'f': seccomp_hex = optarg; break;
         default: usage();
         }
+    }
+}
+
+/* Bind every -o source at STAGE_DIR/N in a private mount namespace of this process (root still):
+ * bwrap, run as the sandbox uid, resolves its sources by path, and a source below a directory
+ * closed to that uid (/root/..., pytest's 0700 tmp, the 0700 launcher cache) would fail. The
+ * staged copy is reachable (STAGE_DIR is 0755); it dies with the namespace. */
+static void stage(void) {
+    char where[64];
+    if (unshare(CLONE_NEWNS) != 0) fail(errno, "unshare(CLONE_NEWNS) failed", NULL);
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+        fail(errno, "cannot make the mounts private", NULL);
+    if (mkdir(STAGE_DIR, 0755) != 0 && errno != EEXIST) fail(errno, "mkdir failed", STAGE_DIR);
+    if (mount("pe-stage", STAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0)
+        fail(errno, "cannot mount the staging tmpfs", STAGE_DIR);
+    for (int i = 0; i < nopens; i++) {
+        struct stat st;
+        if (stat(open_paths[i], &st) != 0) fail(errno, "cannot stat a bind source", open_paths[i]);
+        snprintf(where, sizeof where, STAGE_DIR "/%d", open_idx[i]);
+        int made = S_ISDIR(st.st_mode) ? mkdir(where, 0755)
+                                       : close(open(where, O_CREAT | O_EXCL | O_WRONLY, 0644));
+        if (made != 0) fail(errno, "cannot make a staging mount point", where);
+        if (mount(open_paths[i], where, NULL, MS_BIND | MS_REC, NULL) != 0)
+            fail(errno, "cannot stage a bind source", open_paths[i]);
     }
 }
 
@@ -384,6 +433,17 @@ int main(int argc, char **argv) {
         if (ncg != 0 || hold_fd >= 0) usage(); /* cgroups only at spawn; one hold */
     }
     if (optind >= argc) usage();
+    /* bind sources first (as root: their parents may be closed to the sandbox uid), then the
+     * drop; rlimits and the cgroup were applied above, while still privileged */
+    if (nopens > 0) stage();
+    if (run_uid > 0) {
+        if (setgroups(0, NULL) != 0) fail(errno, "setgroups failed", NULL);
+        if (setresgid((gid_t)run_gid, (gid_t)run_gid, (gid_t)run_gid) != 0)
+            fail(errno, "setresgid failed", NULL);
+        if (setresuid((uid_t)run_uid, (uid_t)run_uid, (uid_t)run_uid) != 0)
+            fail(errno, "setresuid failed", NULL);
+        if (getuid() == 0 || geteuid() == 0 || setuid(0) == 0) fail(EPERM, "still root", NULL);
+    }
     if (status_fd >= 0) {
         const char *what = NULL, *path = NULL;
         put("{\"launcher\": \"native\", \"caps\": \"");

@@ -1,0 +1,112 @@
+"""Which host uid a proc sandbox runs as, and what it takes for an unprivileged uid to run one.
+
+An engine running as root would otherwise start bwrap as root, and the tool would be host uid 0
+with its capabilities dropped: the *owner* of every root-only file it can see (``/etc/docker/
+key.json``, ``/etc/ssl/private``) and of every file it leaves in a writable bind (a set-uid copy
+would run as root for anyone on the host). So the launcher, still root, joins the exec's cgroup,
+sets the rlimits, stages the bind sources the sandbox uid could not reach, then becomes the
+sandbox uid (no supplementary groups) and starts bwrap, which maps it to uid 0 of a fresh user
+namespace: inside the tool looks like root without capabilities; on the host it is ``run_as``.
+
+One uid for every call, not one per call: what a call leaves in a writable bind must stay
+writable for the next call of the same workspace. Concurrent sandboxes sharing it cannot reach
+each other: each has its own pid, ipc, network and mount namespace (no process, signal, socket
+or path of one is visible to another).
+
+Writable binds: entries the engine's own uid (root) owns are handed to the sandbox uid before a
+call (``adopt``: no symlink followed, no hard-linked file, no masked path touched); entries of
+other users keep their owner and only their mode decides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Iterable
+
+DEFAULT_RUN_AS = (65533, 65533)
+"""Unassigned on Debian (65000–65533 are reserved, 65534 is ``nobody``), below every subuid
+range (100000+) a rootless container runtime hands out."""
+
+STAGE_DIR = "/run/policy-engine-stage"
+"""Where the launcher stages bind sources (``sb_launch.c``: STAGE_DIR), under /run: every sandbox
+masks /run."""
+
+_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+
+
+def reachable(path: str, uid: int, gid: int) -> bool:
+    """Whether ``uid``/``gid`` (no other group) can look ``path`` up: search permission on every
+    directory above it, through the path as written and through its resolved form."""
+    return all(closed_ancestor(p, uid, gid) is None
+               for p in {os.path.abspath(path), os.path.realpath(path)})
+
+
+def closed_ancestor(path: str, uid: int, gid: int) -> str | None:
+    """The topmost directory above ``path`` that ``uid``/``gid`` may not search (``/root`` for
+    ``/root/.pyenv/bin``), or ``None``; a missing one counts as closed."""
+    parts = os.path.abspath(path).split("/")[1:-1]
+    parent = "/"
+    for name in ["", *parts]:
+        parent = os.path.join(parent, name) if name else parent
+        try:
+            st = os.stat(parent)
+        except OSError:
+            return parent
+        bit = (stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid == gid
+               else stat.S_IXOTH)
+        if not st.st_mode & bit:
+            return parent
+    return None
+
+
+def adopt(roots: Iterable[str], uid: int, gid: int, masked: Iterable[str] = ()) -> int:
+    """Hand what the engine's uid owns beneath ``roots`` to ``uid:gid``; returns how many entries
+    changed. Directories and regular files only, each through a descriptor opened with
+    ``O_NOFOLLOW`` and checked after opening (a name swapped for a symlink or a hard link to a
+    foreign file changes nothing); a file with more than one link keeps its owner.
+    """
+    me = os.geteuid()
+    skip = set(masked)
+    changed = 0
+    for root in roots:
+        try:
+            fd = os.open(root, _FLAGS | os.O_DIRECTORY)
+        except OSError:
+            continue
+        stack = [(fd, root)]
+        while stack:
+            dfd, dpath = stack.pop()
+            try:
+                if os.fstat(dfd).st_uid == me:
+                    os.fchown(dfd, uid, gid)
+                    changed += 1
+                for e in os.scandir(dfd):
+                    path = os.path.join(dpath, e.name)
+                    if path in skip or e.is_symlink():
+                        continue
+                    with contextlib.suppress(OSError):
+                        st = e.stat(follow_symlinks=False)
+                        if stat.S_ISDIR(st.st_mode):
+                            stack.append((os.open(e.name, _FLAGS | os.O_DIRECTORY, dir_fd=dfd),
+                                          path))
+                        elif stat.S_ISREG(st.st_mode) and st.st_uid == me:
+                            changed += _adopt_file(dfd, e.name, me, uid, gid)
+            except OSError:
+                pass
+            finally:
+                os.close(dfd)
+    return changed
+
+
+def _adopt_file(dfd: int, name: str, me: int, uid: int, gid: int) -> int:
+    fd = os.open(name, _FLAGS, dir_fd=dfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != me:
+            return 0
+        os.fchown(fd, uid, gid)
+        return 1
+    finally:
+        os.close(fd)

@@ -233,7 +233,9 @@ class ProcExecutor:
             plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
                               env_base=self.options.env_base,
                               extra_ro=self.options.extra_ro_binds,
-                              tmpdir=private_tmp or "/tmp")
+                              tmpdir=private_tmp or "/tmp",
+                              # proc-landlock run by root is still host uid 0 (uid.py)
+                              hide_unreadable=self.backend == "landlock" and os.geteuid() == 0)
             plan.limits = resolve_limits(ctx.profile, op, ctx.limits)  # the rule's included
             if plan.network == "restricted" and self.network_hook is None:
                 net = RestrictedNetwork(ctx.profile, ctx.guard or self.guard,

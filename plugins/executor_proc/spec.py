@@ -118,10 +118,12 @@ def _prefixes(profile: Profile, kinds: set[str]) -> list[str]:
     return sorted(p for p in out if not any(q != p and beneath(p, q) for q in out))
 
 
-def _masks(profile: Profile, bound: list[str], system: list[str]) -> tuple[list[str], list[str]]:
+def _masks(profile: Profile, bound: list[str], system: list[str],
+           hide_unreadable: bool = False) -> tuple[list[str], list[str]]:
     """Existing paths under mandatory denies, the built-ins and the host runtime directories
-    that a bind would expose (one pruned, cached walk: ``policy_engine.sandbox.masks``), and
-    whatever in the system trees is not world-readable (``policy_engine.sandbox.unreadable``).
+    that a bind would expose (one pruned, cached walk: ``policy_engine.sandbox.masks``), and,
+    with ``hide_unreadable``, whatever in the system trees is not world-readable
+    (``policy_engine.sandbox.unreadable``).
 
     ``**/x`` globs are searched in the profile's binds only; system trees are searched only for
     a glob whose literal prefix lies inside them (``/etc/ssh/ssh_host_*_key``).
@@ -135,11 +137,13 @@ def _masks(profile: Profile, bound: list[str], system: list[str]) -> tuple[list[
     # /var/run -> /run: the link's target is masked itself, and a file bind would follow it
     files = {p for p in plan.files if not (os.path.islink(p) and under_runtime(p))}
     dirs = set(plan.dirs)
-    # what an unprivileged host user cannot read in a system tree (root-only keys under /etc):
-    # the sandboxed process may be host uid 0, the owner of those files
-    hidden = DEFAULT_SCAN.scan(system)
-    files.update(hidden.files)
-    dirs.update(hidden.dirs)
+    if hide_unreadable:
+        # what an unprivileged host user cannot read in a system tree (root-only keys under
+        # /etc): a process that is host uid 0 (proc-landlock run by root) owns those files.
+        # bwrap runs as an unprivileged uid and needs no such list (executor_proc/uid.py)
+        hidden = DEFAULT_SCAN.scan(system)
+        files.update(hidden.files)
+        dirs.update(hidden.dirs)
     # nothing beneath a masked directory needs its own mask (nor could bwrap mount it)
     return ([p for p in sorted(files) if not any(beneath(p, d) for d in dirs)],
             [d for d in sorted(dirs) if not any(q != d and beneath(d, q) for q in dirs)])
@@ -188,8 +192,10 @@ def build_env(profile: Profile, op: ProcExecOp, allowed: Iterable[str], base: Ma
 
 def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (),
                env_base: Mapping[str, str] | None = None, extra_ro: Iterable[str] = (),
-               tmpdir: str = "/tmp") -> Plan:
-    """Compute the plan; refuses a cwd outside root_fs or outside every bound path."""
+               tmpdir: str = "/tmp", hide_unreadable: bool = False) -> Plan:
+    """Compute the plan; refuses a cwd outside root_fs or outside every bound path.
+    ``hide_unreadable``: also mask what other users may not read in the system trees (for a
+    sandbox that runs as host root)."""
     if any("\x00" in a for a in (op.tool, *op.args)):
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "argv contains a NUL byte")
     root = profile.mappings.root_fs.rstrip("/") or "/"
@@ -212,7 +218,7 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
         if not any(beneath(cwd, b) for b in bound):
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"cwd `{cwd}` is not a readable path of the profile")
-    files, dirs = _masks(profile, bound, system)
+    files, dirs = _masks(profile, bound, system, hide_unreadable)
     return Plan(
         argv=[op.tool, *op.args], cwd=cwd, readable=readable, writable=writable, system=system,
         env=build_env(profile, op, env_allow, env_base or {}, tmpdir), mask_files=files,

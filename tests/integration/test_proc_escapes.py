@@ -66,6 +66,7 @@ def executors() -> Iterator[dict[str, ProcExecutor]]:
     made = {b: ProcExecutor(b) for b in BACKENDS}
     made["bwrap-no-layer2"] = ProcExecutor("bwrap", ProcOptions(layer2=False))
     made["landlock-python"] = ProcExecutor("landlock", ProcOptions(launcher="python"))
+    made["bwrap-python"] = ProcExecutor("bwrap", ProcOptions(launcher="python"))
     yield made
     for ex in made.values():
         ex.close()
@@ -471,7 +472,7 @@ def _host_uid(uid_map: str, euid: int) -> int:
     raise AssertionError(f"euid {euid} is not mapped by {uid_map!r}")
 
 
-@pytest.mark.parametrize("backend", ["bwrap", "bwrap-no-layer2"])
+@pytest.mark.parametrize("backend", ["bwrap", "bwrap-no-layer2", "bwrap-python"])
 def test_the_sandboxed_process_is_not_host_root(
         executors: dict[str, ProcExecutor], world_root: Path, backend: str) -> None:
     made = world_root / "out" / "made.txt"

@@ -56,7 +56,8 @@ def probe(timeout: float = 10.0, run_as: tuple[int, int] | None = None) -> Bwrap
              "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev",
              *(["--unshare-user", "--uid", "0", "--gid", "0"] if run_as else []), "true"],
             capture_output=True, timeout=timeout, env={}, check=False, cwd="/",
-            **({"user": run_as[0], "group": run_as[1], "extra_groups": []} if run_as else {}))
+            user=run_as[0] if run_as else None, group=run_as[1] if run_as else None,
+            extra_groups=[] if run_as else None)
     except (OSError, subprocess.TimeoutExpired) as err:
         return BwrapProbe(path, False, f"bwrap probe failed: {err}")
     if res.returncode != 0:

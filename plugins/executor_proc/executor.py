@@ -15,16 +15,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, Literal
 
 from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, sanitize, seccomp, uid
 from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import Outcome, pump
-from plugins.executor_proc.spec import Limits, Plan, build_plan, resolve_limits
+from plugins.executor_proc.spec import Limits, Plan, beneath, build_plan, resolve_limits
 from plugins.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
@@ -373,8 +373,12 @@ class ProcExecutor:
         ctx.started()  # every refusal above was free: nothing has been spawned yet
         if self.run_as is not None and self.backend == "bwrap":
             # what root left in a writable bind (an fs.write, a checkout) must stay writable for
-            # the sandbox uid; masked secrets keep their owner
-            uid.adopt(plan.writable, *self.run_as, masked=plan.mask_files + plan.mask_dirs)
+            # the sandbox uid;
+            # masked secrets keep their owner; a writable bind holding or inside a system tree
+            # (`fs.write "/**"`) is never walked: /usr, /etc and / stay root's
+            uid.adopt([w for w in plan.writable if not any(
+                beneath(w, t) or beneath(t, w) for t in plan.system)],
+                *self.run_as, masked=plan.mask_files + plan.mask_dirs)
         layered = self.backend == "landlock" or self.options.layer2
         exe, degraded = self._launcher()
         spec = self._launcher_spec(plan, private_tmp, net) if layered else None

@@ -9,6 +9,7 @@ disk — RLIMIT_FSIZE (the proc option ``max_file_bytes``): no file written grow
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
@@ -93,10 +94,8 @@ def _stage(libc: ctypes.CDLL, staged: Sequence[tuple[int, str]]) -> None:
 
     ok(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS) failed")
     ok(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "cannot make mounts private")
-    try:
+    with contextlib.suppress(FileExistsError):
         os.mkdir(STAGE_DIR, 0o755)
-    except FileExistsError:
-        pass
     ok(libc.mount(b"pe-stage", STAGE_DIR.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                   b"mode=0755,size=64k"), "cannot mount the staging tmpfs")
     for i, path in staged:

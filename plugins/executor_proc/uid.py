@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 DEFAULT_RUN_AS = (65533, 65533)
 """Unassigned on Debian (65000–65533 are reserved, 65534 is ``nobody``), below every subuid
@@ -65,7 +65,8 @@ def adopt(roots: Iterable[str], uid: int, gid: int, masked: Iterable[str] = ()) 
     """Hand what the engine's uid owns beneath ``roots`` to ``uid:gid``; returns how many entries
     changed. Directories and regular files only, each through a descriptor opened with
     ``O_NOFOLLOW`` and checked after opening (a name swapped for a symlink or a hard link to a
-    foreign file changes nothing); a file with more than one link keeps its owner.
+    foreign file changes nothing); a file with more than one link keeps its owner; the walk
+    stays on the root's file system. The caller keeps system trees out of ``roots``.
     """
     me = os.geteuid()
     skip = set(masked)
@@ -75,29 +76,45 @@ def adopt(roots: Iterable[str], uid: int, gid: int, masked: Iterable[str] = ()) 
             fd = os.open(root, _FLAGS | os.O_DIRECTORY)
         except OSError:
             continue
-        stack = [(fd, root)]
+        dev = os.fstat(fd).st_dev
+        # depth first, one open descriptor per level: a wide tree holds few descriptors
+        stack: list[tuple[int, str, Iterator[os.DirEntry[str]]]] = []
+        changed += _enter(fd, root, me, uid, gid, stack)
         while stack:
-            dfd, dpath = stack.pop()
-            try:
-                if os.fstat(dfd).st_uid == me:
-                    os.fchown(dfd, uid, gid)
-                    changed += 1
-                for e in os.scandir(dfd):
-                    path = os.path.join(dpath, e.name)
-                    if path in skip or e.is_symlink():
-                        continue
-                    with contextlib.suppress(OSError):
-                        st = e.stat(follow_symlinks=False)
-                        if stat.S_ISDIR(st.st_mode):
-                            stack.append((os.open(e.name, _FLAGS | os.O_DIRECTORY, dir_fd=dfd),
-                                          path))
-                        elif stat.S_ISREG(st.st_mode) and st.st_uid == me:
-                            changed += _adopt_file(dfd, e.name, me, uid, gid)
-            except OSError:
-                pass
-            finally:
+            dfd, dpath, entries = stack[-1]
+            e = next(entries, None)
+            if e is None:
+                stack.pop()
                 os.close(dfd)
+                continue
+            path = os.path.join(dpath, e.name)
+            if path in skip or e.is_symlink():
+                continue
+            with contextlib.suppress(OSError):
+                st = e.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode) and st.st_dev == dev:  # not across a mount point
+                    changed += _enter(os.open(e.name, _FLAGS | os.O_DIRECTORY, dir_fd=dfd),
+                                      path, me, uid, gid, stack)
+                elif stat.S_ISREG(st.st_mode) and st.st_uid == me:
+                    changed += _adopt_file(dfd, e.name, me, uid, gid)
     return changed
+
+
+def _enter(fd: int, path: str, me: int, uid: int, gid: int,
+           stack: list[tuple[int, str, Iterator[os.DirEntry[str]]]]) -> int:
+    """Adopt the directory open as ``fd`` and push its listing (or close it on failure)."""
+    try:
+        adopted = 0
+        if os.fstat(fd).st_uid == me:
+            os.fchown(fd, uid, gid)
+            adopted = 1
+        with os.scandir(fd) as it:
+            entries = list(it)  # listed now: the descriptor scandir dup()s is closed at once
+    except OSError:
+        os.close(fd)
+        return 0
+    stack.append((fd, path, iter(entries)))
+    return adopted
 
 
 def _adopt_file(dfd: int, name: str, me: int, uid: int, gid: int) -> int:

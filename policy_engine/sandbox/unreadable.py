@@ -1,10 +1,12 @@
-"""What the host keeps from other users inside the system trees (/etc, /usr…): masked in every sandbox.
+"""What the host keeps from other users in the system trees (/etc, /usr…), for a root sandbox.
 
-A sandboxed process may still be host uid 0 with its capabilities dropped (``proc-bwrap`` run
-by root, ``proc-landlock`` run by root): as the *owner* of every root-only file it could read
-``/etc/docker/key.json`` (0600) although no policy granted ``/etc``. So anything in a system
-bind that an unprivileged host user could not read — a file without ``o+r``, a directory
-without ``o+rx`` — is masked like a mandatory deny: what ``nobody`` cannot read, no sandbox reads.
+A sandbox that is host uid 0 with its capabilities dropped (``proc-landlock`` run by root; bwrap
+runs as an unprivileged uid instead, ``plugins/executor_proc/uid.py``) is the *owner* of every
+root-only file: it could read ``/etc/docker/key.json`` (0600) although no policy granted
+``/etc``. So anything in a system tree that an unprivileged host user could not read — a file
+without ``o+r``, a directory without ``o+rx`` — is masked like a mandatory deny there: what
+``nobody`` cannot read, that sandbox does not read either. The first scan of an engine process
+lists the whole trees (≈ 3 s for 25,000 directories); later ones reuse it.
 
 Cache: a directory's verdict (its hidden entries and the subdirectories to descend into) is
 kept until inotify (with ``IN_ATTRIB``: a ``chmod`` changes only the *entry's* ctime, never the

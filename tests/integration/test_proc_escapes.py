@@ -503,3 +503,49 @@ def test_a_setuid_copy_the_sandbox_leaves_gives_nobody_no_root(
     ran = _as_nobody(copy)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == ["65534", str(owner)]  # euid is the sandbox's uid, not 0
+
+
+EDIT = textwrap.dedent("""
+    import json, sys
+    out = {}
+    for p in sys.argv[1:]:
+        try:
+            with open(p, "a") as fh:
+                fh.write("+edit")
+            out[p] = "ok"
+        except OSError as e:
+            out[p] = e.errno
+    print(json.dumps(out))
+""")
+
+
+def test_root_owned_workspace_files_stay_editable_and_links_keep_their_owner(
+        executors: dict[str, ProcExecutor], world_root: Path, root_only_etc: Path) -> None:
+    """What root left in a writable bind is handed to the sandbox uid before the call; a symlink
+    or a hard link to a host file, and a masked secret, are not (the host file stays root's)."""
+    out_dir = world_root / "out"
+    (out_dir / "sub").mkdir()
+    kept = out_dir / "sub" / "by-root.txt"
+    kept.write_text("root wrote this")
+    (out_dir / "to-key").symlink_to(root_only_etc / "key.json")
+    host_file = world_root / "host-file.txt"  # outside the writable bind, same file system
+    host_file.write_text("host")
+    os.link(host_file, out_dir / "hard")
+    (out_dir / ".env").write_text("SECRET=1")
+    seen = json.loads(str(_run(executors["bwrap"], make_profile(world_root), EDIT, str(kept),
+                               str(out_dir / "hard"), str(out_dir / "to-key"))["stdout"]))
+    assert seen[str(kept)] == "ok", seen
+    assert kept.read_text() == "root wrote this+edit"
+    assert isinstance(seen[str(out_dir / "hard")], int), seen  # two links: not handed over
+    assert isinstance(seen[str(out_dir / "to-key")], int), seen
+    assert os.stat(root_only_etc / "key.json").st_uid == 0
+    assert (root_only_etc / "key.json").read_text() == '{"d":"ROOT_ONLY_KEY_F2"}'
+    assert os.stat(host_file).st_uid == 0
+    assert os.stat(out_dir / ".env").st_uid == 0  # masked: keeps its owner
+    assert os.stat(kept).st_uid == os.stat(out_dir / "sub").st_uid != 0
+
+
+@pytest.mark.parametrize("bad", [[0, 0], [65533, 0], [-1, 5], [1.5, 2], "65533", [1, 2, 3]])
+def test_run_as_must_be_an_unprivileged_uid_and_gid(bad: object) -> None:
+    with pytest.raises(ValueError, match="run_as"):
+        ProcOptions.parse({"run_as": bad})

@@ -23,7 +23,10 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import threading
+import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 DEFAULT_RUN_AS = (65533, 65533)
 """Unassigned on Debian (65000–65533 are reserved, 65534 is ``nobody``), below every subuid
@@ -67,6 +70,10 @@ def adopt(roots: Iterable[str], uid: int, gid: int, masked: Iterable[str] = ()) 
     ``O_NOFOLLOW`` and checked after opening (a name swapped for a symlink or a hard link to a
     foreign file changes nothing); a file with more than one link keeps its owner; the walk
     stays on the root's file system. The caller keeps system trees out of ``roots``.
+
+    A directory whose ``(st_dev, st_ino, st_ctime_ns)`` is what it was when it was last fully
+    handled (and older than ``RACY_NS`` then) is not listed again: a new entry changes its ctime.
+    So a warm call costs one ``open`` + ``fstat`` per directory, not one ``lstat`` per file.
     """
     me = os.geteuid()
     skip = set(masked)
@@ -78,42 +85,80 @@ def adopt(roots: Iterable[str], uid: int, gid: int, masked: Iterable[str] = ()) 
             continue
         dev = os.fstat(fd).st_dev
         # depth first, one open descriptor per level: a wide tree holds few descriptors
-        stack: list[tuple[int, str, Iterator[os.DirEntry[str]]]] = []
+        stack: list[_Level] = []
         changed += _enter(fd, root, me, uid, gid, stack)
         while stack:
-            dfd, dpath, entries = stack[-1]
-            e = next(entries, None)
+            level = stack[-1]
+            e = next(level.entries, None)
             if e is None:
                 stack.pop()
-                os.close(dfd)
+                if level.key is not None:  # every entry handled: remember the directory
+                    with _lock:
+                        _done[level.key] = tuple(level.subdirs)
+                os.close(level.fd)
                 continue
-            path = os.path.join(dpath, e.name)
-            if path in skip or e.is_symlink():
+            name, is_dir = e
+            path = os.path.join(level.path, name)
+            if path in skip:
                 continue
             with contextlib.suppress(OSError):
-                st = e.stat(follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode) and st.st_dev == dev:  # not across a mount point
-                    changed += _enter(os.open(e.name, _FLAGS | os.O_DIRECTORY, dir_fd=dfd),
-                                      path, me, uid, gid, stack)
-                elif stat.S_ISREG(st.st_mode) and st.st_uid == me:
-                    changed += _adopt_file(dfd, e.name, me, uid, gid)
+                if is_dir:
+                    sub = os.open(name, _FLAGS | os.O_DIRECTORY, dir_fd=level.fd)
+                    if os.fstat(sub).st_dev != dev:  # a mount point: not the workspace
+                        os.close(sub)
+                        continue
+                    level.subdirs.append(name)
+                    changed += _enter(sub, path, me, uid, gid, stack)
+                else:
+                    changed += _adopt_file(level.fd, name, me, uid, gid)
     return changed
 
 
-def _enter(fd: int, path: str, me: int, uid: int, gid: int,
-           stack: list[tuple[int, str, Iterator[os.DirEntry[str]]]]) -> int:
-    """Adopt the directory open as ``fd`` and push its listing (or close it on failure)."""
+@dataclass(slots=True)
+class _Level:
+    fd: int
+    path: str
+    entries: Iterator[tuple[str, bool]]  # (name, is a directory); files listed only if root's
+    key: tuple[int, int, int, int, int] | None  # cache key once trusted
+    subdirs: list[str]
+
+
+_lock = threading.Lock()
+_done: dict[tuple[int, int, int, int, int], tuple[str, ...]] = {}
+RACY_NS = 2_000_000_000
+
+
+def _enter(fd: int, path: str, me: int, uid: int, gid: int, stack: list[_Level]) -> int:
+    """Adopt the directory open as ``fd`` and push what is left to do in it (its listing, or
+    only its subdirectories when it did not change since it was last handled)."""
     try:
+        st = os.fstat(fd)
         adopted = 0
-        if os.fstat(fd).st_uid == me:
+        if st.st_uid == me:
             os.fchown(fd, uid, gid)
             adopted = 1
+            st = os.fstat(fd)  # the chown changed its ctime
+        key = (st.st_dev, st.st_ino, st.st_ctime_ns, uid, gid)
+        with _lock:
+            known = _done.get(key)
+        if known is not None:
+            stack.append(_Level(fd, path, iter([(n, True) for n in known]), None, []))
+            return adopted
+        entries: list[tuple[str, bool]] = []
         with os.scandir(fd) as it:
-            entries = list(it)  # listed now: the descriptor scandir dup()s is closed at once
+            for e in it:  # the descriptor scandir dup()s is closed when the listing ends
+                if e.is_symlink():
+                    continue
+                est = e.stat(follow_symlinks=False)
+                if stat.S_ISDIR(est.st_mode):
+                    entries.append((e.name, True))
+                elif stat.S_ISREG(est.st_mode) and est.st_uid == me:
+                    entries.append((e.name, False))
     except OSError:
         os.close(fd)
         return 0
-    stack.append((fd, path, iter(entries)))
+    trusted = time.time_ns() - st.st_ctime_ns > RACY_NS
+    stack.append(_Level(fd, path, iter(entries), key if trusted else None, []))
     return adopted
 
 

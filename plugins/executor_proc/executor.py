@@ -233,9 +233,7 @@ class ProcExecutor:
             plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
                               env_base=self.options.env_base,
                               extra_ro=self.options.extra_ro_binds,
-                              tmpdir=private_tmp or "/tmp",
-                              # proc-landlock run by root is still host uid 0 (uid.py)
-                              hide_unreadable=self.backend == "landlock" and os.geteuid() == 0)
+                              tmpdir=private_tmp or "/tmp")
             plan.limits = resolve_limits(ctx.profile, op, ctx.limits)  # the rule's included
             if plan.network == "restricted" and self.network_hook is None:
                 net = RestrictedNetwork(ctx.profile, ctx.guard or self.guard,
@@ -302,7 +300,7 @@ class ProcExecutor:
 
     def _command(self, plan: Plan, spec: dict[str, Any] | None, status_fd: int,
                  exe: str | None, host: list[str], net: RestrictedHandle | None,
-                 staged: list[tuple[int, str]] | None = None) -> list[str]:
+                 reach: uid.Reach | None = None) -> list[str]:
         """The argv to spawn. With the native launcher ``exe``, ``host`` (cgroup fds, rlimits)
         is applied by it on the host; under bwrap a second copy runs inside for layer 2.
 
@@ -318,12 +316,14 @@ class ProcExecutor:
                         str(status_fd), "--", *argv]
             return [bwrap.NATIVE_PATH, *self._inner_args(s, status_fd), "--", *argv]
 
+        reach = reach if reach is not None else uid.Reach()
         if self.backend == "landlock":
             assert spec is not None
-            if exe is None:  # Python launcher; cgroups and rlimits come from preexec_fn
+            if exe is None:  # Python launcher; cgroups, rlimits, the drop come from preexec_fn
                 return [*py, os.path.join(HERE, "launcher.py"), json.dumps(spec),
                         str(status_fd), "--", *plan.argv]
-            return [exe, *host, *self._inner_args(spec, status_fd), "--", *plan.argv]
+            return [exe, *host, *reach.options(self.run_as), *self._inner_args(spec, status_fd),
+                    "--", *plan.argv]
         assert self.bwrap_path is not None
         tool = plan.argv
         if net is not None:
@@ -331,19 +331,24 @@ class ProcExecutor:
                 if spec is not None else net.wrap_argv(tool)
         inner = layer(spec, tool) if spec is not None else tool
         hook = net.network_hook() if net is not None else self.network_hook
-        stage = staged if staged is not None else []
         argv = bwrap.build_argv(
             self.bwrap_path, plan, inner=inner, network_hook=hook,
             launcher_src=HERE if spec is not None and exe is None else None,
             native_launcher=exe if spec is not None and exe is not None else None,
-            run_as=self.run_as, source=self._stager(stage))
-        if exe is None:
-            return argv
-        drop = [a for i, p in stage for a in ("-o", f"{i}:{p}")]
-        drop += ["-u", f"{self.run_as[0]}:{self.run_as[1]}"] if self.run_as else []
-        return [exe, *host, *drop, "--", *argv]
+            run_as=self.run_as, source=self._stager(reach))
+        return argv if exe is None else [exe, *host, *reach.options(self.run_as), "--", *argv]
 
-    def _stager(self, staged: list[tuple[int, str]]) -> Callable[[str], str]:
+    def _reach(self, plan: Plan, private_tmp: str | None, exe: str | None) -> uid.Reach:
+        """proc-landlock run by root: what its uid must reach below closed directories."""
+        if self.backend != "landlock" or self.run_as is None:
+            return uid.Reach()
+        needed = [*plan.system, *plan.readable, *plan.writable, plan.cwd]
+        needed += [private_tmp] if private_tmp else []
+        if exe is None:  # the Python launcher and its interpreter run as the sandbox uid
+            needed += [HERE, os.path.realpath(sys.base_prefix)]
+        return uid.reach_in_place(needed, *self.run_as)
+
+    def _stager(self, reach: uid.Reach) -> Callable[[str], str]:
         """Where bwrap finds a bind source: the path itself, or (when the sandbox uid cannot
         look it up: /root/..., a 0700 parent) its staged copy, recorded in ``staged``."""
         run_as = self.run_as
@@ -356,8 +361,7 @@ class ProcExecutor:
                 if uid.reachable(path, *run_as):
                     known[path] = path
                 else:
-                    known[path] = f"{uid.STAGE_DIR}/{len(staged)}"
-                    staged.append((len(staged), path))
+                    known[path] = reach.stage(path)
             return known[path]
 
         return source
@@ -371,16 +375,18 @@ class ProcExecutor:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"stdin of {len(stdin)} bytes exceeds max_bytes_in")
         ctx.started()  # every refusal above was free: nothing has been spawned yet
-        if self.run_as is not None and self.backend == "bwrap":
+        if self.run_as is not None:
             # what root left in a writable bind (an fs.write, a checkout) must stay writable for
-            # the sandbox uid;
-            # masked secrets keep their owner; a writable bind holding or inside a system tree
-            # (`fs.write "/**"`) is never walked: /usr, /etc and / stay root's
+            # the sandbox uid; masked secrets keep their owner; a writable bind holding or inside
+            # a system tree (`fs.write "/**"`) is never walked: /usr, /etc and / stay root's
             uid.adopt([w for w in plan.writable if not any(
                 beneath(w, t) or beneath(t, w) for t in plan.system)],
                 *self.run_as, masked=plan.mask_files + plan.mask_dirs)
+            if private_tmp is not None:
+                os.chown(private_tmp, *self.run_as)
         layered = self.backend == "landlock" or self.options.layer2
         exe, degraded = self._launcher()
+        reach = self._reach(plan, private_tmp, exe)
         spec = self._launcher_spec(plan, private_tmp, net) if layered else None
         cg_fds: list[int] = []
         start = time.monotonic()
@@ -394,7 +400,7 @@ class ProcExecutor:
             proc, cg, status_r = held.proc, held.cg, held.status_r
             host = host_rlimits(lim, cg, self.options.max_file_bytes) + ([] if spec is not None else
                                             ["-x", str(held.status_fd)])  # tool must not forge
-            argv = self._command(plan, spec, held.status_fd, exe, host, net)
+            argv = self._command(plan, spec, held.status_fd, exe, host, net, reach)
             try:
                 held.send(plan.cwd if self.backend == "landlock" else "/",
                           plan.env if self.backend == "landlock" else {}, argv[1:])
@@ -406,7 +412,7 @@ class ProcExecutor:
                 proc.stdin.close()  # EOF at once, as /dev/null would give
                 proc.stdin = None
         else:
-            proc, cg, status_r = self._spawn(plan, spec, stdin, exe, lim, cg_fds, net)
+            proc, cg, status_r = self._spawn(plan, spec, stdin, exe, lim, cg_fds, net, reach)
         assert proc.stdout is not None
         assert proc.stderr is not None
 
@@ -448,7 +454,7 @@ class ProcExecutor:
 
     def _spawn(self, plan: Plan, spec: dict[str, Any] | None, stdin: bytes | None,
                exe: str | None, lim: Limits, cg_fds: list[int], net: RestrictedHandle | None,
-               ) -> tuple[subprocess.Popen[bytes], cgroups.ExecCgroup | None, int]:
+               reach: uid.Reach) -> tuple[subprocess.Popen[bytes], cgroups.ExecCgroup | None, int]:
         """Spawn per call: the Python launcher (preexec_fn), or native with ``prespawn: 0``."""
         cg = self._pool.acquire(lim.pids, lim.memory_bytes, lim.cpu_cores) \
             if self._pool is not None else None
@@ -459,16 +465,14 @@ class ProcExecutor:
                            (cg.procs_files if cg else [])]
             host = [a for fd in cg_fds for a in ("-c", str(fd))] + host_rlimits(
                 lim, cg, self.options.max_file_bytes)
-            staged: list[tuple[int, str]] = []
             argv = self._command(plan, spec, status_w, exe, host if exe is not None else [], net,
-                                 staged)
+                                 reach)
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=plan.env if self.backend == "landlock" else {},
                 cwd=plan.cwd if self.backend == "landlock" else "/", start_new_session=True,
-                preexec_fn=preexec(lim, cg, self.options.max_file_bytes, staged,
-                                   self.run_as if self.backend == "bwrap" else None)
+                preexec_fn=preexec(lim, cg, self.options.max_file_bytes, reach, self.run_as)
                 if exe is None else None,
                 pass_fds=((status_w,) if spec is not None else ()) + tuple(cg_fds),
                 close_fds=True)  # no launcher inside: the tool gets no status pipe to forge

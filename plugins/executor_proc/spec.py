@@ -18,7 +18,6 @@ from policy_engine.model import SYSTEM_DEFAULT_LIMITS, FsCapability, ProcExecOp,
 from policy_engine.model import Limits as ModelLimits
 from policy_engine.patterns.paths import expand_home, literal_prefix
 from policy_engine.sandbox.masks import RUNTIME_DIRS, RUNTIME_GLOBS, plan_masks, under_runtime
-from policy_engine.sandbox.unreadable import DEFAULT_SCAN
 
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc")
 # never readable in a sandbox, whatever the profile says (seed 003 mandatory list, /etc part);
@@ -118,12 +117,11 @@ def _prefixes(profile: Profile, kinds: set[str]) -> list[str]:
     return sorted(p for p in out if not any(q != p and beneath(p, q) for q in out))
 
 
-def _masks(profile: Profile, bound: list[str], system: list[str],
-           hide_unreadable: bool = False) -> tuple[list[str], list[str]]:
+def _masks(profile: Profile, bound: list[str], system: list[str]) -> tuple[list[str], list[str]]:
     """Existing paths under mandatory denies, the built-ins and the host runtime directories
-    that a bind would expose (one pruned, cached walk: ``policy_engine.sandbox.masks``), and,
-    with ``hide_unreadable``, whatever in the system trees is not world-readable
-    (``policy_engine.sandbox.unreadable``).
+    that a bind would expose (one pruned, cached walk: ``policy_engine.sandbox.masks``).
+    What other host users may not read (``/etc/docker/key.json``) needs no mask: the sandbox
+    runs as an unprivileged uid (``plugins/executor_proc/uid.py``).
 
     ``**/x`` globs are searched in the profile's binds only; system trees are searched only for
     a glob whose literal prefix lies inside them (``/etc/ssh/ssh_host_*_key``).
@@ -135,20 +133,8 @@ def _masks(profile: Profile, bound: list[str], system: list[str],
             patterns += [expand_home(p, home) for p in deny.capability.paths]
     plan = plan_masks(bound, system, patterns, home)
     # /var/run -> /run: the link's target is masked itself, and a file bind would follow it
-    files = {p for p in plan.files if not (os.path.islink(p) and under_runtime(p))}
-    dirs = set(plan.dirs)
-    if hide_unreadable:
-        # what an unprivileged host user cannot read in a system tree (root-only keys under
-        # /etc): a process that is host uid 0 (proc-landlock run by root) owns those files.
-        # bwrap runs as an unprivileged uid and needs no such list (executor_proc/uid.py)
-        # /etc only: host secrets live there; /usr and /lib hold distribution files (listing
-        # them all costs ~3 s per engine process, /etc ~15 ms)
-        hidden = DEFAULT_SCAN.scan([p for p in system if p == "/etc"])
-        files.update(hidden.files)
-        dirs.update(hidden.dirs)
-    # nothing beneath a masked directory needs its own mask (nor could bwrap mount it)
-    return ([p for p in sorted(files) if not any(beneath(p, d) for d in dirs)],
-            [d for d in sorted(dirs) if not any(q != d and beneath(d, q) for q in dirs)])
+    files = [p for p in plan.files if not (os.path.islink(p) and under_runtime(p))]
+    return files, list(plan.dirs)
 
 
 def resolve_limits(profile: Profile, op: ProcExecOp, limits: ModelLimits | None = None) -> Limits:
@@ -194,10 +180,8 @@ def build_env(profile: Profile, op: ProcExecOp, allowed: Iterable[str], base: Ma
 
 def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (),
                env_base: Mapping[str, str] | None = None, extra_ro: Iterable[str] = (),
-               tmpdir: str = "/tmp", hide_unreadable: bool = False) -> Plan:
-    """Compute the plan; refuses a cwd outside root_fs or outside every bound path.
-    ``hide_unreadable``: also mask what other users may not read in the system trees (for a
-    sandbox that runs as host root)."""
+               tmpdir: str = "/tmp") -> Plan:
+    """Compute the plan; refuses a cwd outside root_fs or outside every bound path."""
     if any("\x00" in a for a in (op.tool, *op.args)):
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "argv contains a NUL byte")
     root = profile.mappings.root_fs.rstrip("/") or "/"
@@ -220,7 +204,7 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
         if not any(beneath(cwd, b) for b in bound):
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"cwd `{cwd}` is not a readable path of the profile")
-    files, dirs = _masks(profile, bound, system, hide_unreadable)
+    files, dirs = _masks(profile, bound, system)
     return Plan(
         argv=[op.tool, *op.args], cwd=cwd, readable=readable, writable=writable, system=system,
         env=build_env(profile, op, env_allow, env_base or {}, tmpdir), mask_files=files,

@@ -26,7 +26,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_RUN_AS = (65533, 65533)
 """Unassigned on Debian (65000–65533 are reserved, 65534 is ``nobody``), below every subuid
@@ -35,6 +35,50 @@ range (100000+) a rootless container runtime hands out."""
 STAGE_DIR = "/run/policy-engine-stage"
 """Where the launcher stages bind sources (``sb_launch.c``: STAGE_DIR), under /run: every sandbox
 masks /run."""
+
+@dataclass(slots=True)
+class Reach:
+    """What the launcher does as root, in a private mount namespace, so the sandbox uid can
+    reach what it must (``sb_launch.c``: ``-o``, ``-m``, ``-b``): bind sources staged under
+    ``STAGE_DIR`` (bwrap binds them from there), directories closed to that uid covered by an
+    empty tmpfs, and staged paths bound back at their own place inside (proc-landlock)."""
+
+    staged: list[tuple[int, str]] = field(default_factory=list)
+    covers: list[str] = field(default_factory=list)
+    rebinds: list[tuple[int, str]] = field(default_factory=list)
+
+    def stage(self, path: str) -> str:
+        """Stage ``path``; returns where bwrap finds it."""
+        self.staged.append((len(self.staged), path))
+        return f"{STAGE_DIR}/{len(self.staged) - 1}"
+
+    def options(self, run_as: tuple[int, int] | None) -> list[str]:
+        """The native launcher's options: all of the above, then the drop to ``run_as``."""
+        out = [a for i, p in self.staged for a in ("-o", f"{i}:{p}")]
+        out += [a for c in self.covers for a in ("-m", c)]
+        out += [a for i, p in self.rebinds for a in ("-b", f"{i}:{p}")]
+        return out + (["-u", f"{run_as[0]}:{run_as[1]}"] if run_as else [])
+
+
+def reach_in_place(paths: Iterable[str], uid: int, gid: int) -> Reach:
+    """For a sandbox without its own mount tree (proc-landlock): every path the process needs
+    (system trees, binds, cwd, its tmp dir) that lies below a directory closed to ``uid`` is
+    staged, the topmost closed directory covered, and the path bound back at its own place."""
+    wanted = sorted({os.path.abspath(p) for p in paths})
+    closed = {p: c for p in wanted if (c := closed_ancestor(p, uid, gid)) is not None}
+    covers = set(closed.values())
+    reach = Reach()
+    reach.covers = sorted(c for c in covers if not any(d != c and _beneath(c, d) for d in covers))
+    # a path inside another one that is bound back comes along with it
+    for p in sorted(p for p in closed if not any(q != p and _beneath(p, q) for q in closed)):
+        reach.stage(p)
+        reach.rebinds.append((len(reach.staged) - 1, p))
+    return reach
+
+
+def _beneath(path: str, root: str) -> bool:
+    return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
+
 
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 

@@ -20,7 +20,6 @@ import threading
 IN_NAMES = 0x100 | 0x200 | 0x40 | 0x80  # CREATE, DELETE, MOVED_FROM, MOVED_TO
 IN_SELF = 0x400 | 0x800  # DELETE_SELF, MOVE_SELF
 IN_Q_OVERFLOW, IN_IGNORED = 0x4000, 0x8000
-IN_ATTRIB = 0x04  # mode, owner, link count of the directory or an entry
 IN_ONLYDIR, IN_DONT_FOLLOW = 0x01000000, 0x02000000
 IN_NONBLOCK, IN_CLOEXEC = 0o4000, 0o2000000
 MASK = IN_NAMES | IN_SELF | IN_ONLYDIR | IN_DONT_FOLLOW
@@ -31,8 +30,7 @@ MAX_LOG = 100_000
 class Watcher:
     """One inotify instance and the log of directories changed since it started."""
 
-    def __init__(self, mask: int = MASK) -> None:
-        self.mask = mask  # ``MASK | IN_ATTRIB`` also logs a chmod of a directory's entries
+    def __init__(self) -> None:
         self.usable = False
         self.seq = 0  # INVARIANT: seq == log_start + len(log)
         self.full_seq = 0  # the last full invalidation; older walks are redone whole
@@ -63,7 +61,7 @@ class Watcher:
         """Watch ``path`` (a directory about to be listed); a failure invalidates every walk."""
         if not self.usable or path in self._watched:
             return
-        wd = self._add(self._fd, os.fsencode(path), self.mask)
+        wd = self._add(self._fd, os.fsencode(path), MASK)
         with self._lock:
             if wd < 0:
                 if ctypes.get_errno() in (errno.ENOSPC, errno.ENOMEM):

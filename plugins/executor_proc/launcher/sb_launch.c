@@ -9,6 +9,9 @@
  *                                -o N:PATH (stage PATH at STAGE_DIR/N: a bind source whose parents
  *                                   the sandbox uid cannot traverse, bound there by root in a
  *                                   private mount namespace so bwrap can bind it from there)
+ *                                -m DIR (then cover DIR, closed to the sandbox uid, by an empty
+ *                                   tmpfs) -b N:DEST (then bind staged N at DEST inside it, and
+ *                                   detach the stage: proc-landlock, which has no bwrap)
  *                                -u UID:GID (then become UID:GID, no supplementary groups: bwrap
  *                                   and everything it starts run as that unprivileged host uid)
  *   in the sandbox, before tool: -s FD (status)  -C (drop caps)  -l/-L (Landlock, required)
@@ -291,8 +294,8 @@ static unsigned long long num(const char *s, char **end) {
 
 static struct rule rules[MAX_RULES];
 static int nrules, cg_fds[MAX_FDS], ncg, hold_fd = -1;
-static int open_idx[MAX_OPENS], nopens;
-static const char *open_paths[MAX_OPENS];
+static int open_idx[MAX_OPENS], nopens, cover_n, rebind_idx[MAX_OPENS], nrebinds;
+static const char *open_paths[MAX_OPENS], *covers[MAX_OPENS], *rebinds[MAX_OPENS];
 static long run_uid = -1, run_gid = -1;
 static int want_ll, ll_required, deny_tcp, scope, caps, sc_required, keep_status;
 static const char *seccomp_hex;
@@ -301,7 +304,7 @@ static void parse(int argc, char **argv) {
     int opt;
     char *end;
     optind = 0; /* glibc: full re-initialisation, so held mode can parse a second argv */
-    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:u:ClLtSp:P:B:Nkf:F:")) != -1) {
+    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:m:b:u:ClLtSp:P:B:Nkf:F:")) != -1) {
         switch (opt) {
         case 'x': close((int)num(optarg, &end)); break;
         case 'H': hold_fd = (int)num(optarg, &end); break;
@@ -324,6 +327,16 @@ static void parse(int argc, char **argv) {
             open_idx[nopens] = (int)num(optarg, &end);
             if (*end != ':' || end[1] != '/') usage();
             open_paths[nopens++] = end + 1;
+            break;
+        case 'm':
+            if (cover_n == MAX_OPENS || optarg[0] != '/') usage();
+            covers[cover_n++] = optarg;
+            break;
+        case 'b':
+            if (nrebinds == MAX_OPENS) usage();
+            rebind_idx[nrebinds] = (int)num(optarg, &end);
+            if (*end != ':' || end[1] != '/') usage();
+            rebinds[nrebinds++] = end + 1;
             break;
         case 'u':
             run_uid = (long)num(optarg, &end);
@@ -363,6 +376,21 @@ static void parse(int argc, char **argv) {
  * bwrap, run as the sandbox uid, resolves its sources by path, and a source below a directory
  * closed to that uid (/root/..., pytest's 0700 tmp, the 0700 launcher cache) would fail. The
  * staged copy is reachable (STAGE_DIR is 0755); it dies with the namespace. */
+/* mkdir -p the parents of DEST (inside a cover tmpfs), then DEST itself (a file for a file) */
+static void make_point(const char *dest, int dir) {
+    char buf[4096];
+    if (strlen(dest) >= sizeof buf) fail(ENAMETOOLONG, "mount point", dest);
+    strcpy(buf, dest);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) fail(errno, "mkdir failed", buf);
+        *p = '/';
+    }
+    int rc = dir ? mkdir(buf, 0755) : close(open(buf, O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+    if (rc != 0 && errno != EEXIST) fail(errno, "cannot make a mount point", buf);
+}
+
 static void stage(void) {
     char where[64];
     if (unshare(CLONE_NEWNS) != 0) fail(errno, "unshare(CLONE_NEWNS) failed", NULL);
@@ -381,6 +409,20 @@ static void stage(void) {
         if (mount(open_paths[i], where, NULL, MS_BIND | MS_REC, NULL) != 0)
             fail(errno, "cannot stage a bind source", open_paths[i]);
     }
+    for (int i = 0; i < cover_n; i++)
+        if (mount("pe-cover", covers[i], "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0)
+            fail(errno, "cannot cover a closed directory", covers[i]);
+    for (int i = 0; i < nrebinds; i++) {
+        struct stat st;
+        snprintf(where, sizeof where, STAGE_DIR "/%d", rebind_idx[i]);
+        if (stat(where, &st) != 0) fail(errno, "cannot stat a staged source", where);
+        make_point(rebinds[i], S_ISDIR(st.st_mode));
+        if (mount(where, rebinds[i], NULL, MS_BIND | MS_REC, NULL) != 0)
+            fail(errno, "cannot bind a staged source", rebinds[i]);
+    }
+    /* the stage itself is not for the tool (it may hold a bind's masked paths) */
+    if (nrebinds > 0 && umount2(STAGE_DIR, MNT_DETACH) != 0)
+        fail(errno, "cannot detach the stage", STAGE_DIR);
 }
 
 /* held mode: read the message, chdir, set the environment; returns the new argv */

@@ -50,7 +50,8 @@ def preexec(limits: Limits, cg: ExecCgroup | None, max_file_bytes: int | None = 
     directories, bind staged paths back; then become ``run_as``.
     """
     # loaded here, not in the child
-    libc = ctypes.CDLL(None, use_errno=True) if reach is not None and reach.staged else None
+    libc = ctypes.CDLL(None, use_errno=True) if reach is not None and (
+        reach.staged or reach.new_ipc) else None
     procs = cg.procs_files if cg else []
     ctrls = cg.controllers if cg else []
     cpu = cpu_seconds(limits)
@@ -84,15 +85,22 @@ def preexec(limits: Limits, cg: ExecCgroup | None, max_file_bytes: int | None = 
 
 
 _CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x00020000, 4096, 16384, 1 << 18
-_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH, _CLONE_NEWIPC = 2, 4, 2, 0x08000000
 
 
 def _stage(libc: ctypes.CDLL, reach: Reach) -> None:
-    """``sb_launch.c``'s ``stage()``: each source bound at STAGE_DIR/N in a private mount
-    namespace, where bwrap (no longer root) can look it up; covers and binds back after."""
+    """``sb_launch.c``'s ``-I`` and ``stage()``: a fresh IPC namespace; each source bound at
+    STAGE_DIR/N in a private mount namespace, where bwrap (no longer root) can look it up;
+    covers and binds back after."""
+
     def ok(rc: int, what: str) -> None:
         if rc != 0:
             raise OSError(ctypes.get_errno(), what)
+
+    if reach.new_ipc:
+        ok(libc.unshare(_CLONE_NEWIPC), "unshare(CLONE_NEWIPC) failed")
+    if not reach.staged:
+        return
 
     ok(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS) failed")
     ok(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "cannot make mounts private")

@@ -46,6 +46,7 @@ class Reach:
     staged: list[tuple[int, str]] = field(default_factory=list)
     covers: list[str] = field(default_factory=list)
     rebinds: list[tuple[int, str]] = field(default_factory=list)
+    new_ipc: bool = False  # a fresh IPC namespace (proc-landlock: bwrap makes its own)
 
     def stage(self, path: str) -> str:
         """Stage ``path``; returns where bwrap finds it."""
@@ -54,7 +55,8 @@ class Reach:
 
     def options(self, run_as: tuple[int, int] | None) -> list[str]:
         """The native launcher's options: all of the above, then the drop to ``run_as``."""
-        out = [a for i, p in self.staged for a in ("-o", f"{i}:{p}")]
+        out = ["-I"] if self.new_ipc else []
+        out += [a for i, p in self.staged for a in ("-o", f"{i}:{p}")]
         out += [a for c in self.covers for a in ("-m", c)]
         out += [a for i, p in self.rebinds for a in ("-b", f"{i}:{p}")]
         return out + (["-u", f"{run_as[0]}:{run_as[1]}"] if run_as else [])
@@ -67,7 +69,7 @@ def reach_in_place(paths: Iterable[str], uid: int, gid: int) -> Reach:
     wanted = sorted({os.path.abspath(p) for p in paths})
     closed = {p: c for p in wanted if (c := closed_ancestor(p, uid, gid)) is not None}
     covers = set(closed.values())
-    reach = Reach()
+    reach = Reach(new_ipc=True)
     reach.covers = sorted(c for c in covers if not any(d != c and _beneath(c, d) for d in covers))
     # a path inside another one that is bound back comes along with it
     for p in sorted(p for p in closed if not any(q != p and _beneath(p, q) for q in closed)):

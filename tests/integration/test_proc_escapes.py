@@ -556,3 +556,26 @@ def test_root_owned_workspace_files_stay_editable_and_links_keep_their_owner(
 def test_run_as_must_be_an_unprivileged_uid_and_gid(bad: object) -> None:
     with pytest.raises(ValueError, match="run_as"):
         ProcOptions.parse({"run_as": bad})
+
+
+SHM = textwrap.dedent("""
+    import ctypes, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    key, create = int(sys.argv[1]), sys.argv[2] == "create"
+    shmid = libc.shmget(key, 4096, (0o1000 | 0o600) if create else 0)  # IPC_CREAT
+    print(shmid, ctypes.get_errno())
+""")
+
+
+@pytest.mark.parametrize("backend", ["landlock", "landlock-python"])
+def test_a_sysv_segment_of_one_landlock_call_is_not_seen_by_the_next_or_the_host(
+        executors: dict[str, ProcExecutor], world_root: Path, backend: str) -> None:
+    key = 0x5E000000 + (os.getpid() & 0xFFFF)
+    made = _run(executors[backend], make_profile(world_root), SHM, str(key), "create")
+    assert made["exit_code"] == 0, made["stderr"]
+    assert int(str(made["stdout"]).split()[0]) >= 0, made["stdout"]  # it was created
+    seen = _run(executors[backend], make_profile(world_root), SHM, str(key), "look")
+    assert str(seen["stdout"]).split() == ["-1", str(errno.ENOENT)], seen["stdout"]
+    host_keys = {int(line.split()[0]) for line in
+                 Path("/proc/sysvipc/shm").read_text().splitlines()[1:]}
+    assert key not in host_keys

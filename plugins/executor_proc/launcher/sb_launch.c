@@ -12,6 +12,8 @@
  *                                -m DIR (then cover DIR, closed to the sandbox uid, by an empty
  *                                   tmpfs) -b N:DEST (then bind staged N at DEST inside it, and
  *                                   detach the stage: proc-landlock, which has no bwrap)
+ *                                -I (a fresh IPC namespace: no SysV object or POSIX queue of
+ *                                   another call or of the host is visible; proc-landlock)
  *                                -u UID:GID (then become UID:GID, no supplementary groups: bwrap
  *                                   and everything it starts run as that unprivileged host uid)
  *   in the sandbox, before tool: -s FD (status)  -C (drop caps)  -l/-L (Landlock, required)
@@ -297,6 +299,7 @@ static int nrules, cg_fds[MAX_FDS], ncg, hold_fd = -1;
 static int open_idx[MAX_OPENS], nopens, cover_n, rebind_idx[MAX_OPENS], nrebinds;
 static const char *open_paths[MAX_OPENS], *covers[MAX_OPENS], *rebinds[MAX_OPENS];
 static long run_uid = -1, run_gid = -1;
+static int new_ipc;
 static int want_ll, ll_required, deny_tcp, scope, caps, sc_required, keep_status;
 static const char *seccomp_hex;
 
@@ -304,7 +307,7 @@ static void parse(int argc, char **argv) {
     int opt;
     char *end;
     optind = 0; /* glibc: full re-initialisation, so held mode can parse a second argv */
-    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:m:b:u:ClLtSp:P:B:Nkf:F:")) != -1) {
+    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:m:b:u:IClLtSp:P:B:Nkf:F:")) != -1) {
         switch (opt) {
         case 'x': close((int)num(optarg, &end)); break;
         case 'H': hold_fd = (int)num(optarg, &end); break;
@@ -328,6 +331,7 @@ static void parse(int argc, char **argv) {
             if (*end != ':' || end[1] != '/') usage();
             open_paths[nopens++] = end + 1;
             break;
+        case 'I': new_ipc = 1; break;
         case 'm':
             if (cover_n == MAX_OPENS || optarg[0] != '/') usage();
             covers[cover_n++] = optarg;
@@ -477,6 +481,7 @@ int main(int argc, char **argv) {
     if (optind >= argc) usage();
     /* bind sources first (as root: their parents may be closed to the sandbox uid), then the
      * drop; rlimits and the cgroup were applied above, while still privileged */
+    if (new_ipc && unshare(CLONE_NEWIPC) != 0) fail(errno, "unshare(CLONE_NEWIPC) failed", NULL);
     if (nopens > 0) stage();
     if (run_uid > 0) {
         if (setgroups(0, NULL) != 0) fail(errno, "setgroups failed", NULL);

@@ -66,7 +66,9 @@ def reach_in_place(paths: Iterable[str], uid: int, gid: int) -> Reach:
     """For a sandbox without its own mount tree (proc-landlock): every path the process needs
     (system trees, binds, cwd, its tmp dir) that lies below a directory closed to ``uid`` is
     staged, the topmost closed directory covered, and the path bound back at its own place."""
-    wanted = sorted({os.path.abspath(p) for p in paths})
+    # never a path through a symlink: root would mount whatever a sandbox made it point to
+    wanted = sorted({os.path.abspath(p) for p in paths
+                     if os.path.realpath(p) == os.path.abspath(p)})
     closed = {p: c for p in wanted if (c := closed_ancestor(p, uid, gid)) is not None}
     covers = set(closed.values())
     reach = Reach(new_ipc=True)

@@ -142,6 +142,8 @@ def adopt(roots: Iterable[str], uid: int, gid: int, masked: Iterable[str] = ()) 
                 stack.pop()
                 if level.key is not None:  # every entry handled: remember the directory
                     with _lock:
+                        if len(_done) >= MAX_REMEMBERED:  # a bound, not an LRU: rare, cheap
+                            _done.clear()
                         _done[level.key] = tuple(level.subdirs)
                 os.close(level.fd)
                 continue
@@ -174,6 +176,7 @@ class _Level:
 _lock = threading.Lock()
 _done: dict[tuple[int, int, int, int, int], tuple[str, ...]] = {}
 RACY_NS = 2_000_000_000
+MAX_REMEMBERED = 200_000  # directories; a forgotten one is listed again, nothing else
 
 
 def _enter(fd: int, path: str, me: int, uid: int, gid: int, stack: list[_Level]) -> int:

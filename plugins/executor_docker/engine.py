@@ -117,6 +117,10 @@ class Hardening:
             "nano_cpus": self.nano_cpus, "user": SANDBOX_USER,
             "working_dir": "/workspace/work", "log_config": {"type": "none"},
             "ipc_mode": "private", "init": False,
+            # the image is never written: only the workspace binds and a private /tmp are
+            # (tmpfs pages count against the container's memory limit)
+            "read_only": True,
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={self.mem_limit},mode=1777"},
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -125,7 +129,7 @@ class Hardening:
                                  "namespaces, setuid modes refused)"],
                 "max_file_bytes": self.max_file_bytes, "pids_limit": self.pids_limit,
                 "memory_bytes": self.mem_limit, "nano_cpus": self.nano_cpus,
-                "user": SANDBOX_USER}
+                "user": SANDBOX_USER, "read_only": True, "tmpfs": ["/tmp"]}
 
 
 def _limit(limits: Limits, name: str) -> Any:

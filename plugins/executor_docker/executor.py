@@ -102,7 +102,7 @@ class DockerExecutor:
     capabilities = ExecutorCapabilities(
         op_kinds=frozenset({OpKind.PROC_EXEC}),
         network_modes=frozenset({NetworkMode.OFF, NetworkMode.RESTRICTED}),
-        bind_mounts=True, readonly_rootfs=False, resource_limits=True, env_filtering=True,
+        bind_mounts=True, readonly_rootfs=True, resource_limits=True, env_filtering=True,
         streaming_output=True, mandatory_denies=True,
     )
     charges_at_start = True  # ctx.started() before a workspace or container is made

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from plugins.executor_proc import uid
 from plugins.executor_proc.spec import Plan, beneath
 from policy_engine.sandbox.masks import RUNTIME_DIRS
 
@@ -40,27 +41,36 @@ class BwrapProbe:
     reason: str
 
 
-def probe(timeout: float = 10.0) -> BwrapProbe:
+def probe(timeout: float = 10.0, run_as: tuple[int, int] | None = None) -> BwrapProbe:
     """Run ``bwrap --unshare-all … true``: installed is not enough (user namespaces, seccomp and
-    container runtimes can all forbid it).
+    container runtimes can all forbid it). With ``run_as``, as that uid, as every call will:
+    unprivileged user namespaces must work for it.
     """
     path = shutil.which("bwrap")
     if path is None:
         return BwrapProbe(None, False, "bwrap is not installed (Debian package `bubblewrap`)")
+    path = os.path.realpath(path)  # the sandbox uid execs it: no link in a closed directory
     try:
         res = subprocess.run(
             [path, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "--new-session",
-             "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "true"],
-            capture_output=True, timeout=timeout, env={}, check=False)
+             "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev",
+             *(["--unshare-user", "--uid", "0", "--gid", "0"] if run_as else []), "true"],
+            capture_output=True, timeout=timeout, env={}, check=False, cwd="/",
+            user=run_as[0] if run_as else None, group=run_as[1] if run_as else None,
+            extra_groups=[] if run_as else None)
     except (OSError, subprocess.TimeoutExpired) as err:
         return BwrapProbe(path, False, f"bwrap probe failed: {err}")
     if res.returncode != 0:
-        return BwrapProbe(path, False, "bwrap cannot create a sandbox here: "
-                          + res.stderr.decode(errors="replace").strip()[:200])
+        as_uid = f" as uid {run_as[0]} (proc option `run_as`)" if run_as else ""
+        return BwrapProbe(path, False, f"bwrap cannot create a sandbox here{as_uid}: "
+                          + res.stderr.decode(errors="replace").strip()[:200]
+                          + ("; unprivileged user namespaces must be allowed "
+                             "(sysctl user.max_user_namespaces > 0)" if run_as else ""))
     return BwrapProbe(path, True, "ok")
 
 
-def _system_args(paths: list[str], root_bound: bool = False) -> list[str]:
+def _system_args(paths: list[str], root_bound: bool = False,
+                 source: Callable[[str], str] = str) -> list[str]:
     """Merged-/usr systems have /bin → usr/bin: recreate the symlink rather than bind twice
     (a bound ``/`` already holds it)."""
     args: list[str] = []
@@ -68,7 +78,7 @@ def _system_args(paths: list[str], root_bound: bool = False) -> list[str]:
         if os.path.islink(p) and p.count("/") == 1:
             args += [] if root_bound else ["--symlink", os.readlink(p), p]
         else:
-            args += ["--ro-bind", p, p]
+            args += ["--ro-bind", source(p), p]
     return args
 
 
@@ -89,7 +99,8 @@ def synthetic_etc() -> dict[str, str]:
 
 def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | None,
                network_hook: NetworkHook | None = None,
-               native_launcher: str | None = None) -> list[str]:
+               native_launcher: str | None = None, run_as: tuple[int, int] | None = None,
+               source: Callable[[str], str] = str) -> list[str]:
     """The full bwrap command; ``inner`` runs inside (the launcher or the tool itself).
 
     Order matters: bwrap applies mounts in argv order. A bind of ``/`` itself (``root_fs "/"``
@@ -102,6 +113,8 @@ def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | 
     """
     args = [bwrap, "--unshare-all", "--unshare-pid", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL", "--hostname", "sandbox", "--clearenv"]
+    if run_as is not None:  # uid 0 inside, not nested: the uid_map a tool reads names the host uid
+        args += ["--unshare-user", "--uid", "0", "--gid", "0"]
     if plan.network == "on":
         args.append("--share-net")
     for key, value in sorted(plan.env.items()):
@@ -110,20 +123,26 @@ def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | 
     for path, flag in binds:
         if path == "/":
             args += [flag, "/", "/"]
-    args += _system_args(plan.system, root_bound=any(p == "/" for p, _ in binds))
+    if run_as is not None and any(p == "/" for p, _ in binds):
+        inner_binds = [*plan.system, *(p for p, _ in binds if p != "/")]
+        closed = {c for p in inner_binds if (c := uid.closed_ancestor(p, *run_as)) is not None}
+        for c in sorted(closed):
+            if not any(q != c and beneath(c, q) for q in closed):
+                args += ["--tmpfs", c]
+    args += _system_args(plan.system, root_bound=any(p == "/" for p, _ in binds), source=source)
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path, flag in sorted(binds, key=lambda b: (b[0].count("/"), b[0])):
         if path != "/":
-            args += [flag, path, path]
+            args += [flag, source(path), path]
     fake = synthetic_etc()
     for path in plan.mask_files:
-        args += ["--ro-bind", fake.get(path, "/dev/null"), path]
+        args += ["--ro-bind", source(fake.get(path, "/dev/null")), path]
     for path in plan.mask_dirs:
         args += ["--tmpfs", path] + ([] if path in RUNTIME_DIRS else ["--remount-ro", path])
     if launcher_src is not None:
-        args += ["--ro-bind", launcher_src, LAUNCHER_DIR]
+        args += ["--ro-bind", source(launcher_src), LAUNCHER_DIR]
     if native_launcher is not None:
-        args += ["--ro-bind", native_launcher, NATIVE_PATH]
+        args += ["--ro-bind", source(native_launcher), NATIVE_PATH]
     if network_hook is not None:
         args += network_hook(plan)
     args += ["--chdir", plan.cwd, "--", *inner]

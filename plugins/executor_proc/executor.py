@@ -15,15 +15,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, sanitize, seccomp
+from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, sanitize, seccomp, uid
 from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import Outcome, pump
-from plugins.executor_proc.spec import Limits, Plan, build_plan, resolve_limits
+from plugins.executor_proc.spec import Limits, Plan, beneath, build_plan, resolve_limits
 from plugins.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
@@ -63,6 +64,9 @@ class ProcOptions:
         (RLIMIT_FSIZE; a process killed for it ends the call with ``QUOTA.BUDGET_EXCEEDED``).
     :param prespawn: native launchers spawned ahead of time, each already in its own fresh
         cgroup (``prespawn.py``); 0 spawns one per call.
+    :param run_as: ``[uid, gid]`` the sandbox runs as on the host when the engine is root
+        (``uid.py``; default 65533:65533); never 0. An engine that is not root runs its
+        sandboxes as its own uid.
     """
 
     env_allow: tuple[str, ...] = ()
@@ -75,6 +79,7 @@ class ProcOptions:
     launcher_cache: str | None = None
     prespawn: int = 2
     max_file_bytes: int = 1 << 30
+    run_as: tuple[int, int] = uid.DEFAULT_RUN_AS
 
     @staticmethod
     def parse(raw: Any) -> ProcOptions:
@@ -83,7 +88,7 @@ class ProcOptions:
             raise ValueError("proc: `scan_limit` was removed: mask planning has no entry cap "
                              "any more (docs/operations.md, mandatory denies); delete the key")
         known = {"env_allow", "env_base", "extra_ro_binds", "layer2", "python", "cgroups",
-                 "launcher", "launcher_cache", "prespawn", "max_file_bytes"}
+                 "launcher", "launcher_cache", "prespawn", "max_file_bytes", "run_as"}
         if set(opts) - known:
             raise ValueError(f"proc: unknown options {sorted(set(opts) - known)}")
         for key in ("env_allow", "extra_ro_binds"):
@@ -112,6 +117,13 @@ class ProcOptions:
         fsize = opts.get("max_file_bytes", 1 << 30)
         if not isinstance(fsize, int) or isinstance(fsize, bool) or fsize < 1:
             raise ValueError("proc: `max_file_bytes` must be a positive integer")
+        run_as = opts.get("run_as", uid.DEFAULT_RUN_AS)
+        if (not isinstance(run_as, list | tuple) or len(run_as) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) and 0 < x < 2**32 - 1
+                           for x in run_as)):
+            raise ValueError("proc: `run_as` must be [uid, gid], two integers from 1 to "
+                             "4294967294 (a dedicated unprivileged uid; never 0)")
+        opts["run_as"] = (run_as[0], run_as[1])
         return ProcOptions(**opts)
 
 
@@ -142,8 +154,11 @@ class ProcExecutor:
         self.network_hook = network_hook
         self.guard = guard
         self.landlock_abi = landlock.abi_version()
+        # root drops to the sandbox uid before bwrap starts (uid.py); anyone else is already
+        # unprivileged and runs it as itself
+        self.run_as = self.options.run_as if os.geteuid() == 0 else None
         if backend == "bwrap":
-            p = bwrap.probe()
+            p = bwrap.probe(run_as=self.run_as)
             self.bwrap_path, self.usable, self.unavailable_reason = p.path, p.ok, p.reason
         else:
             self.bwrap_path = None
@@ -284,7 +299,8 @@ class ProcExecutor:
         return args
 
     def _command(self, plan: Plan, spec: dict[str, Any] | None, status_fd: int,
-                 exe: str | None, host: list[str], net: RestrictedHandle | None) -> list[str]:
+                 exe: str | None, host: list[str], net: RestrictedHandle | None,
+                 reach: uid.Reach | None = None) -> list[str]:
         """The argv to spawn. With the native launcher ``exe``, ``host`` (cgroup fds, rlimits)
         is applied by it on the host; under bwrap a second copy runs inside for layer 2.
 
@@ -300,12 +316,14 @@ class ProcExecutor:
                         str(status_fd), "--", *argv]
             return [bwrap.NATIVE_PATH, *self._inner_args(s, status_fd), "--", *argv]
 
+        reach = reach if reach is not None else uid.Reach()
         if self.backend == "landlock":
             assert spec is not None
-            if exe is None:  # Python launcher; cgroups and rlimits come from preexec_fn
+            if exe is None:  # Python launcher; cgroups, rlimits, the drop come from preexec_fn
                 return [*py, os.path.join(HERE, "launcher.py"), json.dumps(spec),
                         str(status_fd), "--", *plan.argv]
-            return [exe, *host, *self._inner_args(spec, status_fd), "--", *plan.argv]
+            return [exe, *host, *reach.options(self.run_as), *self._inner_args(spec, status_fd),
+                    "--", *plan.argv]
         assert self.bwrap_path is not None
         tool = plan.argv
         if net is not None:
@@ -316,8 +334,37 @@ class ProcExecutor:
         argv = bwrap.build_argv(
             self.bwrap_path, plan, inner=inner, network_hook=hook,
             launcher_src=HERE if spec is not None and exe is None else None,
-            native_launcher=exe if spec is not None and exe is not None else None)
-        return argv if exe is None else [exe, *host, "--", *argv]
+            native_launcher=exe if spec is not None and exe is not None else None,
+            run_as=self.run_as, source=self._stager(reach))
+        return argv if exe is None else [exe, *host, *reach.options(self.run_as), "--", *argv]
+
+    def _reach(self, plan: Plan, private_tmp: str | None, exe: str | None) -> uid.Reach:
+        """proc-landlock run by root: what its uid must reach below closed directories."""
+        if self.backend != "landlock" or self.run_as is None:
+            return uid.Reach()
+        needed = [*plan.system, *plan.readable, *plan.writable, plan.cwd]
+        needed += [private_tmp] if private_tmp else []
+        if exe is None:  # the Python launcher and its interpreter run as the sandbox uid
+            needed += [HERE, os.path.realpath(sys.base_prefix)]
+        return uid.reach_in_place(needed, *self.run_as)
+
+    def _stager(self, reach: uid.Reach) -> Callable[[str], str]:
+        """Where bwrap finds a bind source: the path itself, or (when the sandbox uid cannot
+        look it up: /root/..., a 0700 parent) its staged copy, recorded in ``staged``."""
+        run_as = self.run_as
+        if run_as is None:
+            return str
+        known: dict[str, str] = {}
+
+        def source(path: str) -> str:
+            if path not in known:
+                if uid.reachable(path, *run_as):
+                    known[path] = path
+                else:
+                    known[path] = reach.stage(path)
+            return known[path]
+
+        return source
 
     def _run(self, ctx: ExecContext, op: ProcExecOp, plan: Plan, stdin: bytes | None,
              private_tmp: str | None, asked_network: str,
@@ -328,8 +375,18 @@ class ProcExecutor:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"stdin of {len(stdin)} bytes exceeds max_bytes_in")
         ctx.started()  # every refusal above was free: nothing has been spawned yet
+        if self.run_as is not None:
+            # what root left in a writable bind (an fs.write, a checkout) must stay writable for
+            # the sandbox uid; masked secrets keep their owner; a writable bind holding or inside
+            # a system tree (`fs.write "/**"`) is never walked: /usr, /etc and / stay root's
+            uid.adopt([w for w in plan.writable if not any(
+                beneath(w, t) or beneath(t, w) for t in plan.system)],
+                *self.run_as, masked=plan.mask_files + plan.mask_dirs)
+            if private_tmp is not None:
+                os.chown(private_tmp, *self.run_as)
         layered = self.backend == "landlock" or self.options.layer2
         exe, degraded = self._launcher()
+        reach = self._reach(plan, private_tmp, exe)
         spec = self._launcher_spec(plan, private_tmp, net) if layered else None
         cg_fds: list[int] = []
         start = time.monotonic()
@@ -343,7 +400,7 @@ class ProcExecutor:
             proc, cg, status_r = held.proc, held.cg, held.status_r
             host = host_rlimits(lim, cg, self.options.max_file_bytes) + ([] if spec is not None else
                                             ["-x", str(held.status_fd)])  # tool must not forge
-            argv = self._command(plan, spec, held.status_fd, exe, host, net)
+            argv = self._command(plan, spec, held.status_fd, exe, host, net, reach)
             try:
                 held.send(plan.cwd if self.backend == "landlock" else "/",
                           plan.env if self.backend == "landlock" else {}, argv[1:])
@@ -355,7 +412,7 @@ class ProcExecutor:
                 proc.stdin.close()  # EOF at once, as /dev/null would give
                 proc.stdin = None
         else:
-            proc, cg, status_r = self._spawn(plan, spec, stdin, exe, lim, cg_fds, net)
+            proc, cg, status_r = self._spawn(plan, spec, stdin, exe, lim, cg_fds, net, reach)
         assert proc.stdout is not None
         assert proc.stderr is not None
 
@@ -397,7 +454,7 @@ class ProcExecutor:
 
     def _spawn(self, plan: Plan, spec: dict[str, Any] | None, stdin: bytes | None,
                exe: str | None, lim: Limits, cg_fds: list[int], net: RestrictedHandle | None,
-               ) -> tuple[subprocess.Popen[bytes], cgroups.ExecCgroup | None, int]:
+               reach: uid.Reach) -> tuple[subprocess.Popen[bytes], cgroups.ExecCgroup | None, int]:
         """Spawn per call: the Python launcher (preexec_fn), or native with ``prespawn: 0``."""
         cg = self._pool.acquire(lim.pids, lim.memory_bytes, lim.cpu_cores) \
             if self._pool is not None else None
@@ -408,13 +465,15 @@ class ProcExecutor:
                            (cg.procs_files if cg else [])]
             host = [a for fd in cg_fds for a in ("-c", str(fd))] + host_rlimits(
                 lim, cg, self.options.max_file_bytes)
-            argv = self._command(plan, spec, status_w, exe, host if exe is not None else [], net)
+            argv = self._command(plan, spec, status_w, exe, host if exe is not None else [], net,
+                                 reach)
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=plan.env if self.backend == "landlock" else {},
                 cwd=plan.cwd if self.backend == "landlock" else "/", start_new_session=True,
-                preexec_fn=preexec(lim, cg, self.options.max_file_bytes) if exe is None else None,
+                preexec_fn=preexec(lim, cg, self.options.max_file_bytes, reach, self.run_as)
+                if exe is None else None,
                 pass_fds=((status_w,) if spec is not None else ()) + tuple(cg_fds),
                 close_fds=True)  # no launcher inside: the tool gets no status pipe to forge
         except OSError as exc:

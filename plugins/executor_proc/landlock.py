@@ -121,12 +121,15 @@ def restrict(rules: Iterable[tuple[str, str]], *, deny_tcp: bool, scope: bool,
 
 
 def _add_rule(nr_add: int, ruleset_fd: int, path: str, access: int) -> None:
-    try:
-        pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:  # O_NOFOLLOW: a link planted in a writable tree must not make the rule grant its target
+        pfd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return  # absent inside this sandbox: nothing to allow
     try:
-        if not stat.S_ISDIR(os.fstat(pfd).st_mode):
+        mode = os.fstat(pfd).st_mode
+        if stat.S_ISLNK(mode):
+            return
+        if not stat.S_ISDIR(mode):
             access &= _FILE_ONLY  # directory-only rights on a file are EINVAL
         if access == 0:
             return

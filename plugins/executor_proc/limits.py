@@ -9,13 +9,17 @@ disk — RLIMIT_FSIZE (the proc option ``max_file_bytes``): no file written grow
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import os
 import resource
+import stat
 from collections.abc import Callable
 
 from plugins.executor_proc.cgroups import ExecCgroup
 from plugins.executor_proc.spec import Limits
+from plugins.executor_proc.uid import STAGE_DIR, Reach
 
 
 def describe(limits: Limits, cg: ExecCgroup | None) -> dict[str, str]:
@@ -37,11 +41,17 @@ def cpu_seconds(limits: Limits) -> int:
     return max(1, math.ceil(limits.timeout_s * limits.cpu_cores) + 1)
 
 
-def preexec(limits: Limits, cg: ExecCgroup | None,
-            max_file_bytes: int | None = None) -> Callable[[], None]:
+def preexec(limits: Limits, cg: ExecCgroup | None, max_file_bytes: int | None = None,
+            reach: Reach | None = None,
+            run_as: tuple[int, int] | None = None) -> Callable[[], None]:
     """The function Popen runs in the child. Only async-signal-tolerant work: raw os calls, no
-    imports, no locks (the parent may have other threads).
+    imports, no locks (the parent may have other threads). Last, what the native launcher's
+    ``-o``/``-m``/``-b``/``-u`` do: in a private mount namespace stage bind sources, cover closed
+    directories, bind staged paths back; then become ``run_as``.
     """
+    # loaded here, not in the child
+    libc = ctypes.CDLL(None, use_errno=True) if reach is not None and (
+        reach.staged or reach.new_ipc) else None
     procs = cg.procs_files if cg else []
     ctrls = cg.controllers if cg else []
     cpu = cpu_seconds(limits)
@@ -64,5 +74,59 @@ def preexec(limits: Limits, cg: ExecCgroup | None,
             resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
         if "pids" not in ctrls:
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        if libc is not None and reach is not None:
+            _stage(libc, reach)
+        if run_as is not None:
+            os.setgroups([])
+            os.setresgid(run_as[1], run_as[1], run_as[1])
+            os.setresuid(run_as[0], run_as[0], run_as[0])
 
     return _apply
+
+
+_CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x00020000, 4096, 16384, 1 << 18
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH, _CLONE_NEWIPC = 2, 4, 2, 0x08000000
+
+
+def _stage(libc: ctypes.CDLL, reach: Reach) -> None:
+    """``sb_launch.c``'s ``-I`` and ``stage()``: a fresh IPC namespace; each source bound at
+    STAGE_DIR/N in a private mount namespace, where bwrap (no longer root) can look it up;
+    covers and binds back after."""
+
+    def ok(rc: int, what: str) -> None:
+        if rc != 0:
+            raise OSError(ctypes.get_errno(), what)
+
+    if reach.new_ipc:
+        ok(libc.unshare(_CLONE_NEWIPC), "unshare(CLONE_NEWIPC) failed")
+    if not reach.staged:
+        return
+
+    ok(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS) failed")
+    ok(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "cannot make mounts private")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(STAGE_DIR, 0o755)
+    ok(libc.mount(b"pe-stage", STAGE_DIR.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                  b"mode=0755,size=64k"), "cannot mount the staging tmpfs")
+    for i, path in reach.staged:
+        where = f"{STAGE_DIR}/{i}"
+        if stat.S_ISDIR(os.stat(path).st_mode):
+            os.mkdir(where, 0o755)
+        else:
+            os.close(os.open(where, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        ok(libc.mount(path.encode(), where.encode(), None, _MS_BIND | _MS_REC, None),
+           f"cannot stage {path}")
+    for cover in reach.covers:
+        ok(libc.mount(b"pe-cover", cover.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                      b"mode=0755,size=64k"), f"cannot cover {cover}")
+    for i, dest in reach.rebinds:
+        where = f"{STAGE_DIR}/{i}"
+        if stat.S_ISDIR(os.stat(where).st_mode):
+            os.makedirs(dest, 0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(dest), 0o755, exist_ok=True)
+            os.close(os.open(dest, os.O_CREAT | os.O_WRONLY, 0o644))
+        ok(libc.mount(where.encode(), dest.encode(), None, _MS_BIND | _MS_REC, None),
+           f"cannot bind {dest}")
+    if reach.rebinds:
+        ok(libc.umount2(STAGE_DIR.encode(), _MNT_DETACH), "cannot detach the stage")

@@ -85,7 +85,11 @@ def carve(root: str, access: str, masked: list[str]) -> list[tuple[str, str]]:
     if root in inside or not os.path.isdir(root) or os.path.islink(root):
         return []
     out: list[tuple[str, str]] = [(root, "create" if access == "rw" else "list")]
-    for name in sorted(os.listdir(root)):
+    with os.scandir(root) as it:
+        names = sorted(e.name for e in it if not e.is_symlink())
+    # a symlink gets no rule of its own: Landlock would grant the link's *target* (/etc,
+    # another tree's .env, anything); opening through the link is checked at the target
+    for name in names:
         out += carve(os.path.join(root, name), access, inside)
     return out
 
@@ -116,6 +120,8 @@ def _prefixes(profile: Profile, kinds: set[str]) -> list[str]:
 def _masks(profile: Profile, bound: list[str], system: list[str]) -> tuple[list[str], list[str]]:
     """Existing paths under mandatory denies, the built-ins and the host runtime directories
     that a bind would expose (one pruned, cached walk: ``policy_engine.sandbox.masks``).
+    What other host users may not read (``/etc/docker/key.json``) needs no mask: the sandbox
+    runs as an unprivileged uid (``plugins/executor_proc/uid.py``).
 
     ``**/x`` globs are searched in the profile's binds only; system trees are searched only for
     a glob whose literal prefix lies inside them (``/etc/ssh/ssh_host_*_key``).

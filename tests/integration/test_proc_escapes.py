@@ -65,6 +65,8 @@ PLANT = textwrap.dedent("""
 def executors() -> Iterator[dict[str, ProcExecutor]]:
     made = {b: ProcExecutor(b) for b in BACKENDS}
     made["bwrap-no-layer2"] = ProcExecutor("bwrap", ProcOptions(layer2=False))
+    made["landlock-python"] = ProcExecutor("landlock", ProcOptions(launcher="python"))
+    made["bwrap-python"] = ProcExecutor("bwrap", ProcOptions(launcher="python"))
     yield made
     for ex in made.values():
         ex.close()
@@ -369,3 +371,211 @@ def test_docker_warm_pool_leaves_mandatory_denied_inputs_out(world_root: Path) -
     assert "ok.txt" in res.out["stdout"]
     assert ".env" not in res.out["stdout"]
     assert "pool-env-secret" not in res.out["stdout"]
+
+
+# --- outsider attack F15: a symlink in a carved tree must not widen the Landlock rules ----------
+
+READ_ALL = textwrap.dedent("""
+    import json, sys
+    out = {}
+    for p in sys.argv[1:]:
+        try:
+            out[p] = open(p).read()
+        except OSError as e:
+            out[p] = e.errno
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "landlock-python"])
+def test_symlinks_planted_in_a_carved_tree_grant_nothing_beyond_the_policy(
+        executors: dict[str, ProcExecutor], world_root: Path, backend: str) -> None:
+    """F15: the tree holding a masked ``.env`` is carved entry by entry; a planted link to /etc,
+    to the ``.env`` or to a directory outside the policy must not become a rule for its target.
+    """
+    outside = Path(tempfile.mkdtemp(prefix="pe-outside-", dir="/tmp"))
+    try:
+        outside.chmod(0o755)
+        (outside / "o.txt").write_text("OUTSIDE_SECRET_15")
+        (outside / "o.txt").chmod(0o644)
+        work = world_root / "out"
+        (work / ".env").write_text("SECRET_ENV=hunter15")  # mandatory deny: carves out/
+        (work / "ok.txt").write_text("fine")
+        for name, target in (("l_outdir", outside), ("l_out", outside / "o.txt"),
+                             ("l_env", work / ".env"), ("l_etc", Path("/etc"))):
+            (work / name).symlink_to(target)
+        targets = [str(work / ".env"), str(outside / "o.txt"), str(work / "ok.txt")]
+        seen = json.loads(str(_run(executors[backend], make_profile(world_root), READ_ALL,
+                                   *targets)["stdout"]))
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
+    assert seen[str(work / "ok.txt")] == "fine"
+    assert isinstance(seen[str(work / ".env")], int), seen
+    assert isinstance(seen[str(outside / "o.txt")], int), seen
+
+
+# --- outsider attack F2(a): what the host keeps from other users stays out of every sandbox -----
+
+@pytest.fixture
+def root_only_etc() -> Iterator[Path]:
+    """A directory in host /etc holding a 0600 root-only key, a 0700 directory and a
+    world-readable file (the control)."""
+    d = Path(f"/etc/pe-f2-{uuid.uuid4().hex[:8]}")
+    d.mkdir(mode=0o755)
+    (d / "key.json").write_text('{"d":"ROOT_ONLY_KEY_F2"}')
+    (d / "key.json").chmod(0o600)
+    (d / "private").mkdir(mode=0o700)
+    (d / "private" / "inner.txt").write_text("INNER_F2")
+    (d / "private" / "inner.txt").chmod(0o644)
+    (d / "public.txt").write_text("PUBLIC_F2")
+    (d / "public.txt").chmod(0o644)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "bwrap-no-layer2"])
+def test_root_only_host_files_in_system_trees_are_not_readable(
+        executors: dict[str, ProcExecutor], world_root: Path, root_only_etc: Path,
+        backend: str) -> None:
+    d = root_only_etc
+    paths = [str(d / "key.json"), str(d / "private" / "inner.txt"), str(d / "public.txt")]
+    seen = json.loads(str(_run(executors[backend], make_profile(world_root), READ_ALL,
+                               *paths)["stdout"]))
+    assert seen[str(d / "public.txt")] == "PUBLIC_F2"  # /etc itself is still there
+    assert isinstance(seen[str(d / "key.json")], int), seen
+    assert isinstance(seen[str(d / "private" / "inner.txt")], int), seen
+    # a chmod changes only the file's ctime, not its directory's: the next plan still sees it
+    (d / "public.txt").chmod(0o600)
+    again = json.loads(str(_run(executors[backend], make_profile(world_root), READ_ALL,
+                                str(d / "public.txt"))["stdout"]))
+    assert isinstance(again[str(d / "public.txt")], int), again
+
+
+# --- issue 11 item 1 / outsider F2: the sandboxed process is not host uid 0 ---------------------
+
+WHO = textwrap.dedent("""
+    import json, os, sys
+    open(sys.argv[1], "w").write("made inside")
+    try:  # proc-landlock shows no /proc at all: its euid is the host's
+        uid_map, fds = open("/proc/self/uid_map").read(), sorted(os.listdir("/proc/self/fd"))
+    except OSError:
+        uid_map, fds = "", None
+    print(json.dumps({"uid_map": uid_map, "euid": os.geteuid(), "fds": fds}))
+""")
+
+
+def _host_uid(uid_map: str, euid: int) -> int:
+    """The host uid ``euid`` maps to (``inside outside count`` lines; none: no namespace)."""
+    if not uid_map:
+        return euid
+    for line in uid_map.splitlines():
+        inside, outside, count = (int(x) for x in line.split())
+        if inside <= euid < inside + count:
+            return outside + euid - inside
+    raise AssertionError(f"euid {euid} is not mapped by {uid_map!r}")
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "bwrap-no-layer2", "bwrap-python", "landlock",
+                                     "landlock-python"])
+def test_the_sandboxed_process_is_not_host_root(
+        executors: dict[str, ProcExecutor], world_root: Path, backend: str) -> None:
+    made = world_root / "out" / "made.txt"
+    out = _run(executors[backend], make_profile(world_root), WHO, str(made))
+    assert out["exit_code"] == 0, out["stderr"]
+    seen = json.loads(str(out["stdout"]))
+    assert _host_uid(seen["uid_map"], seen["euid"]) != 0, seen
+    st = os.lstat(made)  # checked from the host: what it leaves is not root's
+    assert st.st_uid != 0, st.st_uid
+    assert st.st_gid != 0, st.st_gid
+    assert made.read_text() == "made inside"  # the engine (root) still reads it
+    assert seen["fds"] in (["0", "1", "2", "3"], None), seen  # no stray descriptor inside
+    assert (seen["fds"] is None) == backend.startswith("landlock")
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "bwrap-no-layer2", "landlock"])
+def test_a_setuid_copy_the_sandbox_leaves_gives_nobody_no_root(
+        executors: dict[str, ProcExecutor], world_root: Path, backend: str) -> None:
+    """Even if a set-uid bit survived (a layer that strips it failed), the copy belongs to the
+    sandbox's unprivileged uid: ``nobody`` running it gets that uid, never euid 0."""
+    copy = world_root / "out" / "rootpy"
+    out = _run(executors[backend], make_profile(world_root),
+               "import shutil, sys; shutil.copyfile(sys.argv[1], sys.argv[2])",
+               SYSTEM_PYTHON, str(copy))
+    assert out["exit_code"] == 0, out["stderr"]
+    owner = os.lstat(copy).st_uid
+    assert owner != 0
+    os.chmod(copy, 0o4755)  # the worst case, done by the host itself
+    ran = _as_nobody(copy)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["65534", str(owner)]  # euid is the sandbox's uid, not 0
+
+
+EDIT = textwrap.dedent("""
+    import json, sys
+    out = {}
+    for p in sys.argv[1:]:
+        try:
+            with open(p, "a") as fh:
+                fh.write("+edit")
+            out[p] = "ok"
+        except OSError as e:
+            out[p] = e.errno
+    print(json.dumps(out))
+""")
+
+
+def test_root_owned_workspace_files_stay_editable_and_links_keep_their_owner(
+        executors: dict[str, ProcExecutor], world_root: Path, root_only_etc: Path) -> None:
+    """What root left in a writable bind is handed to the sandbox uid before the call; a symlink
+    or a hard link to a host file, and a masked secret, are not (the host file stays root's)."""
+    out_dir = world_root / "out"
+    (out_dir / "sub").mkdir()
+    kept = out_dir / "sub" / "by-root.txt"
+    kept.write_text("root wrote this")
+    (out_dir / "to-key").symlink_to(root_only_etc / "key.json")
+    host_file = world_root / "host-file.txt"  # outside the writable bind, same file system
+    host_file.write_text("host")
+    os.link(host_file, out_dir / "hard")
+    (out_dir / ".env").write_text("SECRET=1")
+    seen = json.loads(str(_run(executors["bwrap"], make_profile(world_root), EDIT, str(kept),
+                               str(out_dir / "hard"), str(out_dir / "to-key"))["stdout"]))
+    assert seen[str(kept)] == "ok", seen
+    assert kept.read_text() == "root wrote this+edit"
+    assert isinstance(seen[str(out_dir / "hard")], int), seen  # two links: not handed over
+    assert isinstance(seen[str(out_dir / "to-key")], int), seen
+    assert os.stat(root_only_etc / "key.json").st_uid == 0
+    assert (root_only_etc / "key.json").read_text() == '{"d":"ROOT_ONLY_KEY_F2"}'
+    assert os.stat(host_file).st_uid == 0
+    assert os.stat(out_dir / ".env").st_uid == 0  # masked: keeps its owner
+    assert os.stat(kept).st_uid == os.stat(out_dir / "sub").st_uid != 0
+
+
+@pytest.mark.parametrize("bad", [[0, 0], [65533, 0], [-1, 5], [1.5, 2], "65533", [1, 2, 3]])
+def test_run_as_must_be_an_unprivileged_uid_and_gid(bad: object) -> None:
+    with pytest.raises(ValueError, match="run_as"):
+        ProcOptions.parse({"run_as": bad})
+
+
+SHM = textwrap.dedent("""
+    import ctypes, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    key, create = int(sys.argv[1]), sys.argv[2] == "create"
+    shmid = libc.shmget(key, 4096, (0o1000 | 0o600) if create else 0)  # IPC_CREAT
+    print(shmid, ctypes.get_errno())
+""")
+
+
+@pytest.mark.parametrize("backend", ["landlock", "landlock-python"])
+def test_a_sysv_segment_of_one_landlock_call_is_not_seen_by_the_next_or_the_host(
+        executors: dict[str, ProcExecutor], world_root: Path, backend: str) -> None:
+    key = 0x5E000000 + (os.getpid() & 0xFFFF)
+    made = _run(executors[backend], make_profile(world_root), SHM, str(key), "create")
+    assert made["exit_code"] == 0, made["stderr"]
+    assert int(str(made["stdout"]).split()[0]) >= 0, made["stdout"]  # it was created
+    seen = _run(executors[backend], make_profile(world_root), SHM, str(key), "look")
+    assert str(seen["stdout"]).split() == ["-1", str(errno.ENOENT)], seen["stdout"]
+    host_keys = {int(line.split()[0]) for line in
+                 Path("/proc/sysvipc/shm").read_text().splitlines()[1:]}
+    assert key not in host_keys

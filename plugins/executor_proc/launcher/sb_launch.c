@@ -6,6 +6,16 @@
  *   on the host, before bwrap:   -c FD (cgroup.procs to join)  -r RES:SOFT:HARD (setrlimit)
  *                                -H FD (held: after joining, wait for the real command on FD)
  *                                -x FD (close FD before exec: a status pipe nobody inside reports to)
+ *                                -o N:PATH (stage PATH at STAGE_DIR/N: a bind source whose parents
+ *                                   the sandbox uid cannot traverse, bound there by root in a
+ *                                   private mount namespace so bwrap can bind it from there)
+ *                                -m DIR (then cover DIR, closed to the sandbox uid, by an empty
+ *                                   tmpfs) -b N:DEST (then bind staged N at DEST inside it, and
+ *                                   detach the stage: proc-landlock, which has no bwrap)
+ *                                -I (a fresh IPC namespace: no SysV object or POSIX queue of
+ *                                   another call or of the host is visible; proc-landlock)
+ *                                -u UID:GID (then become UID:GID, no supplementary groups: bwrap
+ *                                   and everything it starts run as that unprivileged host uid)
  *   in the sandbox, before tool: -s FD (status)  -C (drop caps)  -l/-L (Landlock, required)
  *                                -t (deny TCP)  -S (scope)  -p MASK:PATH (rule)
  *                                -P PORT / -B PORT (with -t: allow TCP connect / bind to PORT)
@@ -28,9 +38,12 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +70,8 @@ extern char **environ;
 #define MAX_RULES 4096
 #define MAX_FDS 16
 #define MAX_PORTS 8
+#define MAX_OPENS 512
+#define STAGE_DIR "/run/policy-engine-stage" /* under /run: every sandbox masks it */
 
 struct ruleset_attr { uint64_t fs, net, scoped; };
 struct path_beneath { uint64_t allowed_access; int32_t parent_fd; } __attribute__((packed));
@@ -151,6 +166,22 @@ static uint64_t handled_fs(int abi) {
 }
 
 /* 0 and the ABI on success; -errno and *what set on failure */
+
+/* A rule's path must not cross a symlink: a link planted in a writable tree (by this call or a
+ * concurrent one) would otherwise make the rule grant its target (/etc, a secret, anything).
+ * openat2(RESOLVE_NO_SYMLINKS) refuses a link in any component; kernels before 5.6 get
+ * O_NOFOLLOW (last component only; the plan itself never lists a link). */
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+struct pe_open_how { uint64_t flags, mode, resolve; };
+static int open_nofollow(const char *path) {
+    struct pe_open_how how = {O_PATH | O_CLOEXEC, 0, 0x04 /* RESOLVE_NO_SYMLINKS */};
+    int fd = (int)syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);
+    if (fd >= 0 || (errno != ENOSYS && errno != E2BIG && errno != EINVAL)) return fd;
+    return open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+}
+
 static int landlock_apply(struct rule *rules, int n, int deny_tcp, int scope, int *abi_out,
                           const char **what, const char **path) {
     int abi = landlock_abi();
@@ -174,11 +205,12 @@ static int landlock_apply(struct rule *rules, int n, int deny_tcp, int scope, in
         }
     }
     for (int i = 0; i < n; i++) {
-        int pfd = open(rules[i].path, O_PATH | O_CLOEXEC);
-        if (pfd < 0) continue; /* absent inside this sandbox: nothing to allow */
+        int pfd = open_nofollow(rules[i].path);
+        if (pfd < 0) continue; /* absent, or reached through a symlink: nothing to allow */
         struct stat st;
         uint64_t access = rules[i].mask & fs;
-        if (fstat(pfd, &st) == 0 && !S_ISDIR(st.st_mode)) access &= FILE_ONLY;
+        if (fstat(pfd, &st) != 0 || S_ISLNK(st.st_mode)) access = 0;
+        else if (!S_ISDIR(st.st_mode)) access &= FILE_ONLY;
         if (access != 0) {
             struct path_beneath pb = {access, pfd};
             if (syscall(NR_ADD_RULE, rfd, RULE_PATH_BENEATH, &pb, 0u) != 0) {
@@ -264,6 +296,10 @@ static unsigned long long num(const char *s, char **end) {
 
 static struct rule rules[MAX_RULES];
 static int nrules, cg_fds[MAX_FDS], ncg, hold_fd = -1;
+static int open_idx[MAX_OPENS], nopens, cover_n, rebind_idx[MAX_OPENS], nrebinds;
+static const char *open_paths[MAX_OPENS], *covers[MAX_OPENS], *rebinds[MAX_OPENS];
+static long run_uid = -1, run_gid = -1;
+static int new_ipc;
 static int want_ll, ll_required, deny_tcp, scope, caps, sc_required, keep_status;
 static const char *seccomp_hex;
 
@@ -271,7 +307,7 @@ static void parse(int argc, char **argv) {
     int opt;
     char *end;
     optind = 0; /* glibc: full re-initialisation, so held mode can parse a second argv */
-    while ((opt = getopt(argc, argv, "+c:r:s:H:x:ClLtSp:P:B:Nkf:F:")) != -1) {
+    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:m:b:u:IClLtSp:P:B:Nkf:F:")) != -1) {
         switch (opt) {
         case 'x': close((int)num(optarg, &end)); break;
         case 'H': hold_fd = (int)num(optarg, &end); break;
@@ -289,6 +325,29 @@ static void parse(int argc, char **argv) {
             if (setrlimit(res, &rl) != 0) fail(errno, "setrlimit failed", NULL);
             break;
         }
+        case 'o':
+            if (nopens == MAX_OPENS) usage();
+            open_idx[nopens] = (int)num(optarg, &end);
+            if (*end != ':' || end[1] != '/') usage();
+            open_paths[nopens++] = end + 1;
+            break;
+        case 'I': new_ipc = 1; break;
+        case 'm':
+            if (cover_n == MAX_OPENS || optarg[0] != '/') usage();
+            covers[cover_n++] = optarg;
+            break;
+        case 'b':
+            if (nrebinds == MAX_OPENS) usage();
+            rebind_idx[nrebinds] = (int)num(optarg, &end);
+            if (*end != ':' || end[1] != '/') usage();
+            rebinds[nrebinds++] = end + 1;
+            break;
+        case 'u':
+            run_uid = (long)num(optarg, &end);
+            if (*end != ':') usage();
+            run_gid = (long)num(end + 1, &end);
+            if (*end != 0 || run_uid <= 0 || run_gid <= 0) usage(); /* never back to root */
+            break;
         case 's': status_fd = (int)num(optarg, &end); break;
         case 'C': caps = 1; break;
         case 'L': ll_required = 1; /* fall through */
@@ -315,6 +374,59 @@ static void parse(int argc, char **argv) {
         default: usage();
         }
     }
+}
+
+/* Bind every -o source at STAGE_DIR/N in a private mount namespace of this process (root still):
+ * bwrap, run as the sandbox uid, resolves its sources by path, and a source below a directory
+ * closed to that uid (/root/..., pytest's 0700 tmp, the 0700 launcher cache) would fail. The
+ * staged copy is reachable (STAGE_DIR is 0755); it dies with the namespace. */
+/* mkdir -p the parents of DEST (inside a cover tmpfs), then DEST itself (a file for a file) */
+static void make_point(const char *dest, int dir) {
+    char buf[4096];
+    if (strlen(dest) >= sizeof buf) fail(ENAMETOOLONG, "mount point", dest);
+    strcpy(buf, dest);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) fail(errno, "mkdir failed", buf);
+        *p = '/';
+    }
+    int rc = dir ? mkdir(buf, 0755) : close(open(buf, O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+    if (rc != 0 && errno != EEXIST) fail(errno, "cannot make a mount point", buf);
+}
+
+static void stage(void) {
+    char where[64];
+    if (unshare(CLONE_NEWNS) != 0) fail(errno, "unshare(CLONE_NEWNS) failed", NULL);
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+        fail(errno, "cannot make the mounts private", NULL);
+    if (mkdir(STAGE_DIR, 0755) != 0 && errno != EEXIST) fail(errno, "mkdir failed", STAGE_DIR);
+    if (mount("pe-stage", STAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0)
+        fail(errno, "cannot mount the staging tmpfs", STAGE_DIR);
+    for (int i = 0; i < nopens; i++) {
+        struct stat st;
+        if (stat(open_paths[i], &st) != 0) fail(errno, "cannot stat a bind source", open_paths[i]);
+        snprintf(where, sizeof where, STAGE_DIR "/%d", open_idx[i]);
+        int made = S_ISDIR(st.st_mode) ? mkdir(where, 0755)
+                                       : close(open(where, O_CREAT | O_EXCL | O_WRONLY, 0644));
+        if (made != 0) fail(errno, "cannot make a staging mount point", where);
+        if (mount(open_paths[i], where, NULL, MS_BIND | MS_REC, NULL) != 0)
+            fail(errno, "cannot stage a bind source", open_paths[i]);
+    }
+    for (int i = 0; i < cover_n; i++)
+        if (mount("pe-cover", covers[i], "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0)
+            fail(errno, "cannot cover a closed directory", covers[i]);
+    for (int i = 0; i < nrebinds; i++) {
+        struct stat st;
+        snprintf(where, sizeof where, STAGE_DIR "/%d", rebind_idx[i]);
+        if (stat(where, &st) != 0) fail(errno, "cannot stat a staged source", where);
+        make_point(rebinds[i], S_ISDIR(st.st_mode));
+        if (mount(where, rebinds[i], NULL, MS_BIND | MS_REC, NULL) != 0)
+            fail(errno, "cannot bind a staged source", rebinds[i]);
+    }
+    /* the stage itself is not for the tool (it may hold a bind's masked paths) */
+    if (nrebinds > 0 && umount2(STAGE_DIR, MNT_DETACH) != 0)
+        fail(errno, "cannot detach the stage", STAGE_DIR);
 }
 
 /* held mode: read the message, chdir, set the environment; returns the new argv */
@@ -367,6 +479,18 @@ int main(int argc, char **argv) {
         if (ncg != 0 || hold_fd >= 0) usage(); /* cgroups only at spawn; one hold */
     }
     if (optind >= argc) usage();
+    /* bind sources first (as root: their parents may be closed to the sandbox uid), then the
+     * drop; rlimits and the cgroup were applied above, while still privileged */
+    if (new_ipc && unshare(CLONE_NEWIPC) != 0) fail(errno, "unshare(CLONE_NEWIPC) failed", NULL);
+    if (nopens > 0) stage();
+    if (run_uid > 0) {
+        if (setgroups(0, NULL) != 0) fail(errno, "setgroups failed", NULL);
+        if (setresgid((gid_t)run_gid, (gid_t)run_gid, (gid_t)run_gid) != 0)
+            fail(errno, "setresgid failed", NULL);
+        if (setresuid((uid_t)run_uid, (uid_t)run_uid, (uid_t)run_uid) != 0)
+            fail(errno, "setresuid failed", NULL);
+        if (getuid() == 0 || geteuid() == 0 || setuid(0) == 0) fail(EPERM, "still root", NULL);
+    }
     if (status_fd >= 0) {
         const char *what = NULL, *path = NULL;
         put("{\"launcher\": \"native\", \"caps\": \"");

@@ -115,6 +115,18 @@ def test_an_honest_weak_executor_is_refused_in_compat_mode_too() -> None:
     assert "cannot enforce the mandatory denies" in strict["capabilities.runs[proc.exec]"].message
 
 
+def test_an_honest_weak_first_party_backend_passes_in_compat_mode() -> None:
+    """proc-landlock has no mount namespace of its own (no bind mounts): strict mode refuses
+    it, compat mode runs it degraded, records that, and every claim it makes holds."""
+    report = run_suite("proc-landlock", mode="compat")
+    statuses_ = {r.id: r for r in report.results}
+    failing = {cid: r.message for cid, r in statuses_.items() if r.status == "fail"}
+    assert failing == {}
+    assert statuses_["compat.degraded-recorded"].status == "pass"
+    assert statuses_["claims.ipc-isolated"].status == "pass"
+    assert statuses_["claims.not-host-root"].status == "pass"
+
+
 # ---- the evidence-sink kit -------------------------------------------------------------------
 
 

@@ -1,0 +1,114 @@
+"""`policy-engine mcp`: the skills as MCP tools over stdio or streamable HTTP (docs/mcp.md)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import NoReturn
+
+import click
+
+from policy_engine.cli.common import EXIT_BAD_INPUT, load_or_exit
+from policy_engine.compiler import compile_files
+from policy_engine.config import EngineConfig, load_config
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+_DIR = click.Path(file_okay=False, path_type=Path)
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+@click.command("mcp")
+@click.option("--policy", "policies", multiple=True, required=True, type=_FILE,
+              help="a .sbpolicy file (repeatable; imports are followed)")
+@click.option("--skills", "skills_dir", type=_DIR, default=Path("skills"), show_default=True,
+              help="the directory of <id>/manifest.json skills")
+@click.option("--config", "config_path", type=_FILE, help="engine configuration (YAML/JSON)")
+@click.option("--state-dir", type=_DIR, help="evidence and budgets (overrides the config)")
+@click.option("--root-fs", type=_DIR, default=Path("/workspace"), show_default=True,
+              help="where fs skills find inputs/, work/ and artifacts/")
+@click.option("--transport", type=click.Choice(["stdio", "http"]), default="stdio",
+              show_default=True)
+@click.option("--tenant", help="stdio: the tenant every call runs as (required for stdio)")
+@click.option("--subject", help="stdio: the subject every call runs as (required for stdio)")
+@click.option("--host", default="127.0.0.1", show_default=True, help="http: address")
+@click.option("--port", default=8788, show_default=True, type=click.IntRange(0, 65535),
+              help="http: port (0 picks a free one; the chosen port is printed)")
+def command(policies: tuple[Path, ...], skills_dir: Path, config_path: Path | None,
+            state_dir: Path | None, root_fs: Path, transport: str, tenant: str | None,
+            subject: str | None, host: str, port: int) -> None:
+    """Serve the skills as MCP tools `skill.<id>`; every call is decided by the policy and
+    leaves evidence. stdio runs as one tenant; http takes the service's bearer tokens.
+
+    Exits 2 on unusable input (policy, skills, config, address in use).
+    """
+    try:
+        from policy_engine.mcp.server import build_server
+        from policy_engine.mcp.transports import fixed_principal, run_stdio
+    except ImportError:
+        _fail("the MCP server needs the `mcp` extra: pip install 'policy-engine[mcp]'")
+    from policy_engine.orchestrator import Orchestrator
+    from policy_engine.runcode.manager import OrchestratorPool
+    from policy_engine.skills.check import load_skills
+    from policy_engine.skills.invoke import SkillInvoker
+
+    if transport == "stdio" and not (tenant and subject):
+        _fail("--transport stdio runs as one tenant: give --tenant and --subject")
+    try:
+        engine = load_config(config_path) if config_path else EngineConfig()
+    except ValueError as exc:
+        _fail(str(exc))
+    if state_dir is not None:
+        engine = replace(engine, state_dir=state_dir.absolute())
+    policyset = load_or_exit(lambda: compile_files(policies))
+    skills = load_or_exit(lambda: load_skills(skills_dir))
+    # logs go to stderr: on stdio, stdout is the protocol
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    orch = Orchestrator(policyset, config=engine)
+    pool = OrchestratorPool(policyset, engine)
+    invoker = SkillInvoker(skills, policyset, engine, fs_root=str(root_fs.absolute()),
+                           orchestrator=orch, pool=pool)
+    try:
+        if transport == "stdio":
+            import anyio
+
+            assert tenant is not None and subject is not None
+            server = build_server(invoker, fixed_principal(tenant, subject))
+            anyio.run(run_stdio, server)
+        else:
+            _serve_http(invoker, engine, host, port)
+    finally:
+        pool.close()
+        orch.close()
+
+
+def _serve_http(invoker: object, engine: EngineConfig, host: str, port: int) -> None:
+    import uvicorn
+
+    from policy_engine.mcp.server import build_server
+    from policy_engine.mcp.transports import http_app, token_principal
+    from policy_engine.service.tokens import TokenStore
+    from policy_engine.skills.invoke import SkillInvoker
+
+    assert isinstance(invoker, SkillInvoker)
+    tokens = TokenStore(engine.state_dir / "tokens.sqlite")
+    try:
+        sock = socket.create_server((host, port))
+    except OSError as exc:
+        _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
+    bound = sock.getsockname()[1]
+    app = http_app(build_server(invoker, token_principal(tokens)), tokens, host=host)
+    click.echo(f"policy-engine mcp: listening on http://{host}:{bound}/mcp "
+               f"(state {engine.state_dir})", err=True)
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                      lifespan="on")).run(sockets=[sock])
+    finally:
+        tokens.close()

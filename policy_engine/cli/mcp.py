@@ -79,8 +79,7 @@ def command(policies: tuple[Path, ...], skills_dir: Path, config_path: Path | No
         if transport == "stdio":
             import anyio
 
-            assert tenant is not None and subject is not None
-            server = build_server(invoker, fixed_principal(tenant, subject))
+            server = build_server(invoker, fixed_principal(str(tenant), str(subject)))
             anyio.run(run_stdio, server)
         else:
             _serve_http(invoker, engine, host, port)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -54,7 +55,7 @@ def list_skills(directory: Path, root_fs: str, fmt: str) -> None:
     from policy_engine.skills.check import load_skills
 
     skills = load_or_exit(lambda: load_skills(directory))
-    rows = [{"id": s.id, "tool": s.tool_name, "runtime": s.kind,
+    rows: list[dict[str, Any]] = [{"id": s.id, "tool": s.tool_name, "runtime": s.kind,
              "side_effects": [str(e) for e in s.side_effects()], "annotations": s.annotations(),
              "manifest": s.tool_manifest(root_fs).model_dump(mode="json", exclude_none=True)}
             for s in skills.values()]

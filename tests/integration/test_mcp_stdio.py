@@ -1,0 +1,209 @@
+"""`policy-engine mcp` over stdio, driven by the official SDK's own client: list, allowed and
+denied calls, malformed arguments, a cancelled long call, concurrent calls, evidence."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from tests.integration.mcp_fixtures import Setup, make_setup
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Setup:
+    return make_setup(tmp_path)
+
+
+@asynccontextmanager
+async def connect(setup: Setup) -> AsyncIterator[Client]:
+    params = StdioServerParameters(
+        command=sys.executable, env=setup.env(),
+        args=setup.mcp_args("--tenant", "acme", "--subject", "agent:builder-7"))
+    async with Client(params, read_timeout_seconds=120) as client:
+        yield client
+
+
+def _error(result: Any) -> dict[str, Any]:
+    assert result.is_error, result
+    meta = result.meta or {}
+    error: dict[str, Any] = meta["policy-engine/error"]
+    assert result.content[0].text.startswith(f"{error['code']}: ")
+    return error
+
+
+def test_list_tools_maps_skills_with_schemas_and_hints(setup: Setup) -> None:
+    async def main() -> None:
+        async with connect(setup) as client:
+            listed = (await client.list_tools()).tools
+            by_name = {t.name: t for t in listed}
+            assert set(by_name) == {"skill.shell.run", "skill.python.run", "skill.http.fetch",
+                                    "skill.docs.browse", "skill.files.read"}
+            manifest = json.loads((setup.skills / "files.read" / "manifest.json").read_text())
+            reader = by_name["skill.files.read"]
+            assert reader.input_schema == manifest["interface"]["inputs"]
+            assert reader.output_schema == manifest["interface"]["outputs"]
+            assert reader.annotations is not None
+            assert reader.annotations.read_only_hint is True
+            assert reader.annotations.destructive_hint is False
+            assert reader.annotations.open_world_hint is False
+            shell = by_name["skill.shell.run"].annotations
+            assert shell is not None
+            assert (shell.read_only_hint, shell.destructive_hint) == (False, True)
+            fetch = by_name["skill.http.fetch"].annotations
+            assert fetch is not None
+            assert fetch.open_world_hint is True
+
+    anyio.run(main)
+
+
+def test_allowed_and_denied_calls_leave_evidence(setup: Setup) -> None:
+    async def main() -> None:
+        async with connect(setup) as client:
+            ok = await client.call_tool("skill.files.read", {"path": "inputs/hello.txt"})
+            assert not ok.is_error, ok
+            assert ok.structured_content is not None
+            assert base64.b64decode(ok.structured_content["bytes_b64"]) == b"hello\n"
+            assert ok.structured_content["size"] == 6
+            envelope = (ok.meta or {})["policy-engine/envelope_id"]
+            assert [e["status"] for e in setup.ends(envelope)] == ["ok"]
+
+            denied = await client.call_tool("skill.files.read",
+                                            {"path": "inputs/secret/key.txt"})
+            error = _error(denied)
+            assert error["code"] == "SANDBOX.CAPABILITY_BLOCKED"
+            assert "no-secret" in error["message"]
+            assert "k3y" not in json.dumps(denied.model_dump(mode="json"))
+            ends = setup.ends(error["envelope_id"])
+            assert [(e["status"], e["error_code"]) for e in ends] == [
+                ("denied", "SANDBOX.CAPABILITY_BLOCKED")]
+
+            # `..` cannot climb out: the guard decides the normalized path
+            escaped = await client.call_tool("skill.files.read",
+                                             {"path": "inputs/../mcp.sbpolicy"})
+            assert _error(escaped)["code"] in ("SANDBOX.CAPABILITY_BLOCKED",
+                                               "SANDBOX.PERMISSION_DENY")
+
+            ran = await client.call_tool("skill.shell.run",
+                                         {"script": "echo hi > out.txt; cat out.txt; pwd"})
+            assert not ran.is_error, ran
+            assert ran.structured_content == {
+                "exit_code": 0, "stdout": "hi\n/workspace/work\n", "stderr": "",
+                "stdout_truncated": False, "stderr_truncated": False}
+            end = setup.ends((ran.meta or {})["policy-engine/envelope_id"])[0]
+            assert end["sandbox_backend"] == "docker"
+
+    anyio.run(main)
+
+
+def test_malformed_arguments_are_refused_with_a_json_pointer(setup: Setup) -> None:
+    async def main() -> None:
+        async with connect(setup) as client:
+            wrong_type = _error(await client.call_tool("skill.files.read", {"path": 5}))
+            assert wrong_type["code"] == "SCHEMA.VALIDATION_FAILED"
+            assert wrong_type["http_status"] == 422
+            assert wrong_type["pointer"] == "/path"
+            missing = _error(await client.call_tool("skill.shell.run", {}))
+            assert missing["pointer"] == ""
+            assert "`script`" in missing["message"]
+            secret = "s3cr3t-token-value"
+            extra = _error(await client.call_tool("skill.files.read",
+                                                  {"path": "inputs/hello.txt", "x": secret}))
+            assert extra["pointer"] == ""
+            bad_pattern = _error(await client.call_tool("skill.files.read", {"path": secret}))
+            assert bad_pattern["pointer"] == "/path"
+            assert secret not in bad_pattern["message"] + extra["message"]
+            unknown = _error(await client.call_tool("skill.nope", {}))
+            assert unknown["code"] == "SERVICE.NOT_FOUND"
+
+    anyio.run(main)
+
+
+def test_a_cancelled_long_call_stops_the_process_and_records_it(setup: Setup) -> None:
+    async def main() -> None:
+        async with connect(setup) as client:
+            started = time.monotonic()
+            with anyio.move_on_after(4) as scope:
+                await client.call_tool("skill.shell.run", {"script": "sleep 60; echo late"})
+            assert scope.cancelled_caught
+            # the end record appears once the executor has stopped the container
+            deadline = time.monotonic() + 30
+            cancelled: list[dict[str, Any]] = []
+            while time.monotonic() < deadline and not cancelled:
+                cancelled = [r for r in setup.evidence() if r.get("type") == "end"
+                             and r.get("sandbox_error_kind") == "cancelled"]
+                await anyio.sleep(0.2)
+            assert len(cancelled) == 1, setup.evidence()
+            assert cancelled[0]["status"] == "error"
+            assert time.monotonic() - started < 30  # not the 60 s the script asked for
+            # the session is still usable after the cancellation
+            after = await client.call_tool("skill.files.read", {"path": "inputs/hello.txt"})
+            assert not after.is_error
+
+    anyio.run(main)
+
+
+def test_concurrent_calls_each_get_their_own_decision(setup: Setup) -> None:
+    results: dict[int, Any] = {}
+
+    async def main() -> None:
+        async with connect(setup) as client:
+            async def one(i: int) -> None:
+                if i % 4 == 3:
+                    results[i] = await client.call_tool(
+                        "skill.python.run", {"code": f"print({i} * 2)"})
+                else:
+                    path = "inputs/secret/key.txt" if i % 4 == 2 else "inputs/hello.txt"
+                    results[i] = await client.call_tool("skill.files.read", {"path": path})
+
+            async with anyio.create_task_group() as tg:
+                for i in range(8):
+                    tg.start_soon(one, i)
+
+    anyio.run(main)
+    envelopes = set()
+    for i, result in results.items():
+        if i % 4 == 2:
+            error = _error(result)
+            assert error["code"] == "SANDBOX.CAPABILITY_BLOCKED"
+            envelopes.add(error["envelope_id"])
+            continue
+        assert not result.is_error, result
+        if i % 4 == 3:
+            assert result.structured_content["stdout"] == f"{i * 2}\n"
+        envelopes.add((result.meta or {})["policy-engine/envelope_id"])
+    assert len(envelopes) == 8
+    for envelope in envelopes:
+        assert len(setup.ends(envelope)) == 1
+
+
+def test_stdio_needs_one_configured_tenant(setup: Setup) -> None:
+    done = subprocess.run([sys.executable, *setup.mcp_args()], capture_output=True,
+                          text=True, timeout=60, env=setup.env(), check=False)
+    assert done.returncode == 2
+    assert "--tenant and --subject" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_broken_skill_stops_the_server_with_diagnostics(setup: Setup) -> None:
+    manifest = setup.skills / "files.read" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"kind": "fs"', '"kind": "podman"'))
+    done = subprocess.run([sys.executable, *setup.mcp_args("--tenant", "a", "--subject", "b")],
+                          capture_output=True, text=True, timeout=60, env=setup.env(),
+                          check=False)
+    assert done.returncode == 2
+    assert f"{manifest}:" in done.stderr
+    assert "SBP431 /runtime/kind" in done.stderr

@@ -61,6 +61,8 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
 @click.option("--manifest", "manifests", multiple=True, type=_FILE,
               help="a tool manifest requests may name instead of sending it (repeatable); "
               "one named `sandbox.exec` replaces the built-in exec manifest")
+@click.option("--skills", "skills_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="a directory of <id>/manifest.json skills to serve (GET /skills)")
 @click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="exec workspace root [default: STATE_DIR/workspace]")
 @click.option("--root-fs", type=click.Path(file_okay=False, path_type=Path),
@@ -90,7 +92,7 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
 @click.option("--max-concurrent-execs", default=2, show_default=True, type=click.IntRange(1),
               help="sandbox execs running at once (seed 002 §5.1)")
 def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Path | None,
-            manifests: tuple[Path, ...], workspace: Path | None,
+            manifests: tuple[Path, ...], skills_dir: Path | None, workspace: Path | None,
             root_fs: Path | None, max_artifacts_bytes: int, security_mode: str, confirmation: str,
             approver_url: str | None, approver_secret_file: Path | None,
             approver_timeout: float, allow_inline_manifests: bool, host: str, port: int,
@@ -118,6 +120,11 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
     for path in manifests:
         tool = load_or_exit(lambda p=path: load_manifest(p))  # type: ignore[misc]
         named[tool.name] = tool
+    skills = {}
+    if skills_dir is not None:
+        from policy_engine.skills.check import load_skills
+
+        skills = load_or_exit(lambda: load_skills(skills_dir))
     confirm = _confirmation(confirmation, approver_url, approver_secret_file, approver_timeout)
     root = (workspace or engine.state_dir / "workspace").absolute()
     config = ServiceConfig(policyset=policyset, engine=engine, workspace_root=root,
@@ -128,7 +135,7 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
                                         if root_fs is not None else None),
                            security_mode=SecurityMode(security_mode), confirmation=confirm,
                            allow_inline_manifests=allow_inline_manifests,
-                           max_artifacts_bytes=max_artifacts_bytes)
+                           max_artifacts_bytes=max_artifacts_bytes, skills=skills)
     try:
         sock = socket.create_server((host, port))
     except OSError as exc:

@@ -44,8 +44,10 @@ from policy_engine.service.models import (
     RunCodeBody,
     RunCodeResponse,
 )
+from policy_engine.service.skill_routes import register as register_skill_routes
 from policy_engine.service.tokens import Principal, TokenStore
 from policy_engine.service.workspace import open_artifact
+from policy_engine.skills.invoke import SkillInvoker
 
 log = logging.getLogger(__name__)
 # context keys the guard takes from the caller over its own views: the service sets them
@@ -69,6 +71,7 @@ class Engine:
     guard: Guard
     pool: OrchestratorPool
     broker: ConsentBroker
+    skills: SkillInvoker | None = None
 
     def close(self) -> None:
         self.pool.close()
@@ -83,9 +86,13 @@ def open_engine(config: ServiceConfig) -> Engine:
     tokens = TokenStore(state / "tokens.sqlite")
     execs = ExecStore(state / "service.sqlite")
     broker = ConsentBroker(config.confirmation, config.policyset, state / "consent.jsonl")
+    pool = OrchestratorPool(config.policyset, config.engine)
+    fs_root = (config.op_settings.root_fs if config.op_settings else None) or "/workspace"
+    skills = SkillInvoker(config.skills, config.policyset, config.engine, fs_root=fs_root,
+                          orchestrator=orch, pool=pool, broker=broker) if config.skills else None
     return Engine(config, orch, tokens, execs, ExecRunner(config, orch, execs, broker),
-                  ProfileBuilder(config.policyset), Guard(config.policyset),
-                  OrchestratorPool(config.policyset, config.engine), broker)
+                  ProfileBuilder(config.policyset), Guard(config.policyset), pool, broker,
+                  skills)
 
 
 def _error_response(err: ServiceError, headers: Mapping[str, str] | None = None
@@ -302,6 +309,11 @@ def create_app(config: ServiceConfig) -> FastAPI:
             raise service_error("SERVICE.NOT_FOUND", "no such artifact")
         fd = open_artifact(FsPath(record.artifacts_path), name)
         return StreamingResponse(_chunks(fd), media_type="application/octet-stream")
+
+    async def skill_invoker(eng: Eng) -> SkillInvoker | None:
+        return eng.skills
+
+    register_skill_routes(app, Who, Annotated[SkillInvoker | None, Depends(skill_invoker)])
 
     @app.get("/sandbox/health", tags=["sandbox"], response_model=Health)
     def health(eng: Eng) -> Health:

@@ -1,0 +1,174 @@
+"""`policy-engine mcp --transport http` (streamable HTTP) on loopback, driven by the official
+SDK's client: the service's bearer tokens, each call as the token's tenant, evidence."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.integration.mcp_fixtures import Setup, make_setup
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Server:
+    setup: Setup
+    url: str
+    tokens: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    setup = make_setup(tmp_path_factory.mktemp("mcp-http"))
+    tokens = {who: setup.add_token(who, f"agent:{who}") for who in ("acme", "red", "gone")}
+    revoke = subprocess.run(
+        [sys.executable, "-m", "policy_engine.cli", "tokens", "revoke",
+         tokens["gone"].split(".")[0].removeprefix("pet_"), "--state-dir", str(setup.state)],
+        capture_output=True, text=True, timeout=60, env=setup.env(), check=False)
+    assert revoke.returncode == 0, revoke.stderr
+    log = setup.root / "mcp.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, *setup.mcp_args("--transport", "http",
+                                                                 "--port", "0")],
+                                stdout=subprocess.DEVNULL, stderr=sink, env=setup.env())
+    try:
+        deadline = time.monotonic() + 30
+        match = None
+        while match is None:
+            match = re.search(r"listening on (http://127\.0\.0\.1:\d+/mcp)", log.read_text())
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        while True:  # bound before uvicorn serves: wait for the first answer
+            try:
+                httpx.post(match.group(1), timeout=5)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        yield Server(setup, match.group(1), tokens)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert "Traceback" not in log.read_text()
+
+
+@asynccontextmanager
+async def connect(server: Server, who: str) -> AsyncIterator[Client]:
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {server.tokens[who]}"},
+                              timeout=httpx2.Timeout(30, read=120))
+    async with http, Client(streamable_http_client(server.url, http_client=http),
+                            read_timeout_seconds=120) as client:
+        yield client
+
+
+def _error(result: Any) -> dict[str, Any]:
+    assert result.is_error, result
+    error: dict[str, Any] = (result.meta or {})["policy-engine/error"]
+    return error
+
+
+def _begin(setup: Setup, envelope: str) -> dict[str, Any]:
+    found = [r for r in setup.evidence()
+             if r.get("type") == "begin" and r.get("envelope_id") == envelope]
+    assert len(found) == 1
+    return found[0]
+
+
+def test_no_unknown_or_revoked_token_gets_in(server: Server) -> None:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"Accept": "application/json, text/event-stream"}
+    for auth in (None, "Bearer pet_0000000000000000.nope", f"Bearer {server.tokens['gone']}"):
+        sent = {**headers, **({"Authorization": auth} if auth else {})}
+        answer = httpx.post(server.url, json=body, headers=sent, timeout=10)
+        assert answer.status_code == 401
+        assert answer.json()["error"]["code"] == "AUTH.UNAUTHENTICATED"
+        assert "tools" not in answer.text
+
+
+def test_list_and_calls_run_as_the_token_tenant(server: Server) -> None:
+    setup = server.setup
+
+    async def main() -> None:
+        async with connect(server, "acme") as client:
+            tools = {t.name for t in (await client.list_tools()).tools}
+            assert "skill.files.read" in tools
+            assert len(tools) == 5
+            ok = await client.call_tool("skill.files.read", {"path": "inputs/hello.txt"})
+            assert not ok.is_error, ok
+            begin = _begin(setup, (ok.meta or {})["policy-engine/envelope_id"])
+            assert (begin["tenant"], begin["subject_id"]) == ("acme", "agent:acme")
+            denied = _error(await client.call_tool("skill.files.read",
+                                                   {"path": "inputs/secret/key.txt"}))
+            assert denied["code"] == "SANDBOX.CAPABILITY_BLOCKED"
+            assert [e["status"] for e in setup.ends(denied["envelope_id"])] == ["denied"]
+            bad = _error(await client.call_tool("skill.python.run", {"code": ["x"]}))
+            assert (bad["code"], bad["pointer"]) == ("SCHEMA.VALIDATION_FAILED", "/code")
+
+    anyio.run(main)
+
+
+def test_concurrent_clients_of_two_tenants(server: Server) -> None:
+    seen: list[tuple[str, str]] = []
+
+    async def main() -> None:
+        async def one(who: str, i: int) -> None:
+            async with connect(server, who) as client:
+                if i % 2:
+                    result = await client.call_tool("skill.shell.run",
+                                                    {"script": f"echo {who}-{i}"})
+                    assert result.structured_content["stdout"] == f"{who}-{i}\n"
+                else:
+                    result = await client.call_tool("skill.files.read",
+                                                    {"path": "inputs/hello.txt"})
+                assert not result.is_error, result
+                seen.append((who, (result.meta or {})["policy-engine/envelope_id"]))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                for who in ("acme", "red"):
+                    tg.start_soon(one, who, i)
+
+    anyio.run(main)
+    assert len(seen) == 6
+    for who, envelope in seen:
+        assert _begin(server.setup, envelope)["tenant"] == who
+
+
+def test_a_cancelled_http_call_is_stopped_and_recorded(server: Server) -> None:
+    setup = server.setup
+    before = {r["envelope_id"] for r in setup.evidence() if r.get("type") == "end"}
+
+    async def main() -> None:
+        async with connect(server, "red") as client:
+            with anyio.move_on_after(3) as scope:
+                await client.call_tool("skill.shell.run",
+                                       {"script": "sleep 8 && echo late > late-http.txt"})
+            assert scope.cancelled_caught
+            deadline = time.monotonic() + 30
+            new: list[dict[str, Any]] = []
+            while time.monotonic() < deadline and not new:
+                new = [r for r in setup.evidence() if r.get("type") == "end"
+                       and r["envelope_id"] not in before
+                       and r.get("sandbox_error_kind") == "cancelled"]
+                await anyio.sleep(0.2)
+            assert len(new) == 1
+            await anyio.sleep(9)
+            assert not list(Path(setup.state).rglob("late-http.txt"))
+
+    anyio.run(main)

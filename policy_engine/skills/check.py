@@ -15,6 +15,7 @@ from jsonschema.exceptions import SchemaError, ValidationError
 from policy_engine.errors import Diagnostic, DiagnosticsError, Span
 from policy_engine.skills.jsonpos import JsonSyntaxError, Located, escape, parse
 from policy_engine.skills.model import OP_FIELDS, Skill, placeholder
+from policy_engine.skills.schemas import schema_problems
 
 SCHEMA_DIR = "_schema"
 
@@ -68,6 +69,8 @@ def _semantic(doc: Located, path: Path, dirname: str) -> list[Diagnostic]:
         except SchemaError as exc:
             at = f"/interface/{group}" + "".join(f"/{escape(str(p))}" for p in exc.path)
             found.append(_diag("SBP435", f"{at}: {exc.message}", path, doc, at))
+        for at, message in schema_problems(value["interface"][group], f"/interface/{group}"):
+            found.append(_diag("SBP435", f"{at}: {message}", path, doc, at))
     props = value["interface"]["inputs"].get("properties", {})
     strings = {k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"}
     runtime = value["runtime"]

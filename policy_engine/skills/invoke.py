@@ -8,8 +8,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from policy_engine.config import EngineConfig
 from policy_engine.confirm.broker import ConsentBroker
 from policy_engine.errors import ErrorCode, PolicyEngineError
@@ -28,6 +26,7 @@ from policy_engine.orchestrator import Orchestrator
 from policy_engine.runcode.manager import OrchestratorPool
 from policy_engine.skills.check import pointer_of
 from policy_engine.skills.model import CONTAINER_ROOT, Skill, placeholder
+from policy_engine.skills.schemas import input_validator
 
 _GRANT_TTL_MS = 15 * 60 * 1000
 DEFAULT_IMAGE = "policy-engine/sandbox:1"  # the docker executor's default (docs/docker.md)
@@ -69,7 +68,7 @@ class InvokeResult:
 def validate_inputs(skill: Skill, inputs: Any) -> None:
     """:raises InputError: at the first (shallowest) place ``inputs`` breaks the schema.
     The message names the rule, never the offending value (it may be a secret)."""
-    validator = Draft202012Validator(skill.inputs_schema)
+    validator = input_validator(skill.inputs_schema)
     errors = sorted(validator.iter_errors(inputs), key=lambda e: (len(e.absolute_path),
                                                                   list(map(str, e.path))))
     if errors:

@@ -9,7 +9,7 @@ from typing import Any
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import stdio_server
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policy_engine.mcp.server import PrincipalOf, Unauthenticated
 from policy_engine.service.tokens import Principal, TokenStore
@@ -41,9 +41,9 @@ def token_principal(tokens: TokenStore) -> PrincipalOf:
     return principal_of
 
 
-def _header(scope: Scope) -> str | None:
+def _header(scope: Scope, name: bytes = b"authorization") -> str | None:
     for key, value in scope.get("headers", ()):
-        if key == b"authorization":
+        if key == name:
             return bytes(value).decode("latin-1")
     return None
 
@@ -57,11 +57,15 @@ def _authenticate(tokens: TokenStore, header: str | None) -> Principal | None:
 
 class RequireToken:
     """ASGI middleware: a request without a valid service token gets ``401
-    AUTH.UNAUTHENTICATED`` before the MCP transport (or a session) sees it."""
+    AUTH.UNAUTHENTICATED`` before the MCP transport (or a session) sees it, and a session
+    belongs to the tenant and subject whose token opened it: another token naming its
+    ``Mcp-Session-Id`` gets ``404``, as for a session that does not exist."""
 
-    def __init__(self, app: ASGIApp, tokens: TokenStore) -> None:
+    def __init__(self, app: ASGIApp, tokens: TokenStore, max_sessions: int = 10_000) -> None:
         self.app = app
         self.tokens = tokens
+        self.owners: dict[str, tuple[str, str]] = {}
+        self.max_sessions = max_sessions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -69,16 +73,39 @@ class RequireToken:
             return
         who = _authenticate(self.tokens, _header(scope))
         if who is None:
-            body = json.dumps({"error": {"code": "AUTH.UNAUTHENTICATED", "http_status": 401,
-                                         "retryable": False, "message": "authentication "
-                                         "required: send `Authorization: Bearer <token>`"}})
-            await send({"type": "http.response.start", "status": 401, "headers": [
-                (b"content-type", b"application/json"),
-                (b"www-authenticate", b'Bearer realm="policy-engine"')]})
-            await send({"type": "http.response.body", "body": body.encode()})
+            await _refuse(send, 401, "AUTH.UNAUTHENTICATED", "authentication required: send "
+                          "`Authorization: Bearer <token>`")
+            return
+        owner = (who.tenant, who.subject)
+        session = _header(scope, b"mcp-session-id")
+        if session is not None and self.owners.get(session) != owner:
+            await _refuse(send, 404, "SERVICE.NOT_FOUND", "not found: no such session")
             return
         scope[_SCOPE_KEY] = who
-        await self.app(scope, receive, send)
+
+        async def claim(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                for key, value in message.get("headers", ()):
+                    if key.lower() == b"mcp-session-id":
+                        self._own(bytes(value).decode("latin-1"), owner)
+            await send(message)
+
+        await self.app(scope, receive, claim)
+
+    def _own(self, session: str, owner: tuple[str, str]) -> None:
+        self.owners.setdefault(session, owner)
+        while len(self.owners) > self.max_sessions:  # the oldest first
+            self.owners.pop(next(iter(self.owners)))
+
+
+async def _refuse(send: Send, status: int, code: str, message: str) -> None:
+    body = json.dumps({"error": {"code": code, "http_status": status, "retryable": False,
+                                 "message": message}}).encode()
+    headers = [(b"content-type", b"application/json")]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="policy-engine"'))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def run_stdio(server: Server[Any]) -> None:

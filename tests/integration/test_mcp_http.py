@@ -172,3 +172,31 @@ def test_a_cancelled_http_call_is_stopped_and_recorded(server: Server) -> None:
             assert not list(Path(setup.state).rglob("late-http.txt"))
 
     anyio.run(main)
+
+
+def test_a_session_belongs_to_the_token_that_opened_it(server: Server) -> None:
+    headers = {"Accept": "application/json, text/event-stream",
+               "Content-Type": "application/json"}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}}
+    acme = {**headers, "Authorization": f"Bearer {server.tokens['acme']}"}
+    opened = httpx.post(server.url, json=init, headers=acme, timeout=10)
+    assert opened.status_code == 200, opened.text
+    session = opened.headers["mcp-session-id"]
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "skill.files.read", "arguments": {"path": "inputs/hello.txt"}}}
+    red = {**headers, "Authorization": f"Bearer {server.tokens['red']}",
+           "mcp-session-id": session, "mcp-protocol-version": "2025-06-18"}
+    before = len(server.setup.evidence())
+    hijack = httpx.post(server.url, json=call, headers=red, timeout=10)
+    assert hijack.status_code == 404, hijack.text
+    listen = httpx.get(server.url, headers=red, timeout=10)
+    assert listen.status_code == 404
+    assert len(server.setup.evidence()) == before
+    # the owner's own session still works
+    own = httpx.post(server.url, json={"jsonrpc": "2.0", "method":
+                                       "notifications/initialized"},
+                     headers={**acme, "mcp-session-id": session,
+                              "mcp-protocol-version": "2025-06-18"}, timeout=10)
+    assert own.status_code == 202, own.text

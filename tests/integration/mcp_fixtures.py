@@ -65,12 +65,12 @@ class Setup:
         return done.stdout.strip()
 
 
-def make_setup(root: Path) -> Setup:
+def make_setup(root: Path, extra_policy: str = "") -> Setup:
     (root / "inputs" / "secret").mkdir(parents=True)
     (root / "inputs" / "hello.txt").write_text("hello\n")
     (root / "inputs" / "secret" / "key.txt").write_text("k3y\n")
     policy = root / "mcp.sbpolicy"
-    policy.write_text(POLICY.format(root=root))
+    policy.write_text(POLICY.format(root=root) + extra_policy)
     skills = root / "skills"
     shutil.copytree(REPO / "skills", skills)
     return Setup(root, policy, skills, root / "state")

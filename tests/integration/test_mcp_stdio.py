@@ -19,6 +19,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from tests.integration.mcp_fixtures import Setup, make_setup
+from tests.integration.servers import LoopbackServer, redirect, send
 
 pytestmark = pytest.mark.integration
 
@@ -212,3 +213,40 @@ def test_a_broken_skill_stops_the_server_with_diagnostics(setup: Setup) -> None:
     assert done.returncode == 2
     assert f"{manifest}:" in done.stderr
     assert "SBP431 /runtime/kind" in done.stderr
+
+
+def test_http_fetch_reaches_only_what_skill_and_policy_both_allow(tmp_path: Path) -> None:
+    routes = {"/ok": lambda h: send(h, 200, "text/plain", b"fetched body"),
+              "/hop": redirect("/private"),
+              "/private": lambda h: send(h, 200, "text/plain", b"must not be served")}
+    with LoopbackServer(routes) as web:
+        setup = make_setup(tmp_path, (
+            f'permit "web" net.http hosts ["127.0.0.1"] schemes ["http"] ports [{web.port}]\n'
+            '  methods ["GET"]\n'
+            'forbid "no-private" net.http hosts ["127.0.0.1"]\n'
+            '  when `request.path.startsWith("/private")`\n'))
+        manifest = setup.skills / "http.fetch" / "manifest.json"
+        doc = json.loads(manifest.read_text())
+        doc["permissions"]["net"] = {"mode": "restricted", "hosts": ["127.0.0.1"],
+                                     "schemes": ["http"], "ports": [web.port]}
+        manifest.write_text(json.dumps(doc))
+
+        async def main() -> None:
+            async with connect(setup) as client:
+                ok = await client.call_tool("skill.http.fetch", {"url": web.url("/ok")})
+                assert not ok.is_error, ok
+                body = ok.structured_content["body"]
+                assert base64.b64decode(body["head_b64"]) == b"fetched body"
+                assert ok.structured_content["status"] == 200
+                hop = _error(await client.call_tool("skill.http.fetch",
+                                                    {"url": web.url("/hop")}))
+                assert hop["code"] in ("SANDBOX.CAPABILITY_BLOCKED", "SANDBOX.PERMISSION_DENY")
+                # the skill allows only that port: another is refused before any connection
+                other = _error(await client.call_tool(
+                    "skill.http.fetch", {"url": f"http://127.0.0.1:{web.port + 1}/ok"}))
+                assert other["code"] in ("SANDBOX.CAPABILITY_BLOCKED",
+                                         "SANDBOX.PERMISSION_DENY")
+
+        anyio.run(main)
+        assert "/private" not in [path for _, path, _ in web.seen.requests]
+        assert "/ok" in [path for _, path, _ in web.seen.requests]

@@ -143,7 +143,7 @@ def test_every_command_runs_inside_the_boundary() -> None:
     assert isinstance(cli, BoundaryGroup)
     assert sorted(cli.commands) == sorted(
         {"check", "lint", "explain", "run", "schema", "plugins", "stats", "conformance",
-         "test", "fmt"})
+         "test", "fmt", "serve", "tokens", "evidence", "replay", "diff", "skills", "mcp"})
     assert len(COMMAND_MODULES) == len(cli.commands)
 
 

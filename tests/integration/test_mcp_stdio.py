@@ -250,3 +250,35 @@ def test_http_fetch_reaches_only_what_skill_and_policy_both_allow(tmp_path: Path
         anyio.run(main)
         assert "/private" not in [path for _, path, _ in web.seen.requests]
         assert "/ok" in [path for _, path, _ in web.seen.requests]
+
+
+def test_docs_browse_opens_an_allowed_page_in_the_browser(tmp_path: Path) -> None:
+    page = b"<html><head><title>Guide</title></head><body><p>read the docs</p></body></html>"
+    routes = {"/guide": lambda h: send(h, 200, "text/html", page),
+              "/admin": lambda h: send(h, 200, "text/html", b"<p>must not be served</p>")}
+    with LoopbackServer(routes) as web:
+        setup = make_setup(tmp_path, (
+            f'permit "docs" browser.use hosts ["127.0.0.1"] schemes ["http"] ports [{web.port}]'
+            '\n  scopes [open, extract] when `request.path.startsWith("/guide")`\n'))
+        manifest = setup.skills / "docs.browse" / "manifest.json"
+        doc = json.loads(manifest.read_text())
+        doc["permissions"]["net"] = {"mode": "restricted", "hosts": ["127.0.0.1"],
+                                     "schemes": ["http"], "ports": [web.port]}
+        manifest.write_text(json.dumps(doc))
+
+        async def main() -> None:
+            async with connect(setup) as client:
+                opened = await client.call_tool("skill.docs.browse",
+                                                {"url": web.url("/guide")})
+                assert not opened.is_error, opened
+                assert opened.structured_content["title"] == "Guide"
+                assert "read the docs" in opened.structured_content["text"]
+                refused = _error(await client.call_tool("skill.docs.browse",
+                                                        {"url": web.url("/admin")}))
+                assert refused["code"] in ("SANDBOX.CAPABILITY_BLOCKED",
+                                           "SANDBOX.PERMISSION_DENY")
+
+        anyio.run(main)
+        paths = [path for _, path, _ in web.seen.requests]
+        assert "/guide" in paths
+        assert "/admin" not in paths

@@ -85,9 +85,9 @@ def build_server(invoker: SkillInvoker, principal_of: PrincipalOf) -> Server[Any
                         params: types.CallToolRequestParams) -> types.CallToolResult:
         try:
             tenant, subject = principal_of(ctx)
-        except PolicyEngineError as exc:
-            view = exc.public_view()
-            return tool_error(view["code"], view["message"], http_status=view["http_status"])
+        except Unauthenticated:  # the token was revoked after the transport let it in
+            return tool_error("AUTH.UNAUTHENTICATED", "authentication required: the token "
+                              "is not valid", http_status=401)
         skill = by_tool.get(params.name)
         if skill is None:
             return tool_error("SERVICE.NOT_FOUND", f"not found: no tool `{params.name}`",

@@ -83,7 +83,7 @@ def validate_inputs(skill: Skill, inputs: Any) -> None:
             detail = f"must satisfy {rule}={expected!r}"
         else:
             detail = f"must satisfy `{rule}`"
-        raise InputError(pointer_of(first), detail)
+        raise InputError(pointer_of(first), detail[:200])
 
 
 class SkillInvoker:

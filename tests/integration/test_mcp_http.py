@@ -19,6 +19,7 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from tests.integration.mcp_fixtures import Setup, make_setup
 
@@ -200,3 +201,27 @@ def test_a_session_belongs_to_the_token_that_opened_it(server: Server) -> None:
                      headers={**acme, "mcp-session-id": session,
                               "mcp-protocol-version": "2025-06-18"}, timeout=10)
     assert own.status_code == 202, own.text
+
+
+def test_a_token_revoked_mid_session_stops_working_at_once(server: Server) -> None:
+    setup = server.setup
+    token = setup.add_token("acme", "agent:short-lived")
+    token_id = token.split(".")[0].removeprefix("pet_")
+    server.tokens["short"] = token
+
+    async def main() -> None:
+        async with connect(server, "short") as client:
+            ok = await client.call_tool("skill.files.read", {"path": "inputs/hello.txt"})
+            assert not ok.is_error
+            done = subprocess.run(
+                [sys.executable, "-m", "policy_engine.cli", "tokens", "revoke", token_id,
+                 "--state-dir", str(setup.state)], capture_output=True, text=True,
+                timeout=60, env=setup.env(), check=False)
+            assert done.returncode == 0, done.stderr
+            before = len(setup.evidence())
+            # the transport answers 401 before the MCP layer: the SDK raises the error
+            with pytest.raises(MCPError):
+                await client.call_tool("skill.files.read", {"path": "inputs/hello.txt"})
+            assert len(setup.evidence()) == before
+
+    anyio.run(main)

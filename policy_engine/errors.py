@@ -331,7 +331,8 @@ _DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
                    "report it with the file attached"),
     DiagnosticSpec("SBP421", Severity.ERROR, "formatted file cannot be written",
                    "check the permissions of the file and its directory; the original file is "
-                   "unchanged"),    # --- skills (SBP430-SBP439): `policy-engine skills check` (docs/skills.md) ---
+                   "unchanged"),
+    # --- skills (SBP430-SBP439): `policy-engine skills check` (docs/skills.md) ---
     DiagnosticSpec("SBP430", Severity.ERROR, "skill manifest is not valid JSON",
                    "fix the JSON syntax at the position shown (a skill manifest is one JSON "
                    "object, no comments, no duplicate keys)"),

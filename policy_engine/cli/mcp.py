@@ -29,6 +29,9 @@ def _fail(message: str) -> NoReturn:
               help="a .sbpolicy file (repeatable; imports are followed)")
 @click.option("--skills", "skills_dir", type=_DIR, default=Path("skills"), show_default=True,
               help="the directory of <id>/manifest.json skills")
+@click.option("--manifest", "manifests", multiple=True, type=_FILE,
+              help="a tool manifest offered as the tool `op.<name>`: one guarded op of a kind "
+              "it declares, granted its permissions (repeatable)")
 @click.option("--config", "config_path", type=_FILE, help="engine configuration (YAML/JSON)")
 @click.option("--state-dir", type=_DIR, help="evidence and budgets (overrides the config)")
 @click.option("--root-fs", type=_DIR, default=Path("/workspace"), show_default=True,
@@ -40,7 +43,8 @@ def _fail(message: str) -> NoReturn:
 @click.option("--host", default="127.0.0.1", show_default=True, help="http: address")
 @click.option("--port", default=8788, show_default=True, type=click.IntRange(0, 65535),
               help="http: port (0 picks a free one; the chosen port is printed)")
-def command(policies: tuple[Path, ...], skills_dir: Path, config_path: Path | None,
+def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path, ...],
+            config_path: Path | None,
             state_dir: Path | None, root_fs: Path, transport: str, tenant: str | None,
             subject: str | None, host: str, port: int) -> None:
     """Serve the skills as MCP tools `skill.<id>`; every call is decided by the policy and
@@ -68,6 +72,11 @@ def command(policies: tuple[Path, ...], skills_dir: Path, config_path: Path | No
         engine = replace(engine, state_dir=state_dir.absolute())
     policyset = load_or_exit(lambda: compile_files(policies))
     skills = load_or_exit(lambda: load_skills(skills_dir))
+    from policy_engine.dsl.loaders import load_manifest
+    from policy_engine.mcp.ops import OpTool
+
+    op_tools = tuple(OpTool(load_or_exit(lambda p=path: load_manifest(p)))  # type: ignore[misc]
+                     for path in manifests)
     # logs go to stderr: on stdio, stdout is the protocol
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -79,18 +88,21 @@ def command(policies: tuple[Path, ...], skills_dir: Path, config_path: Path | No
         if transport == "stdio":
             import anyio
 
-            server = build_server(invoker, fixed_principal(str(tenant), str(subject)))
+            server = build_server(invoker, fixed_principal(str(tenant), str(subject)),
+                                  op_tools)
             anyio.run(run_stdio, server)
         else:
-            _serve_http(invoker, engine, host, port)
+            _serve_http(invoker, op_tools, engine, host, port)
     finally:
         pool.close()
         orch.close()
 
 
-def _serve_http(invoker: object, engine: EngineConfig, host: str, port: int) -> None:
+def _serve_http(invoker: object, op_tools: tuple[object, ...], engine: EngineConfig, host: str,
+                port: int) -> None:
     import uvicorn
 
+    from policy_engine.mcp.ops import OpTool
     from policy_engine.mcp.server import build_server
     from policy_engine.mcp.transports import http_app, token_principal
     from policy_engine.service.tokens import TokenStore
@@ -103,7 +115,8 @@ def _serve_http(invoker: object, engine: EngineConfig, host: str, port: int) -> 
     except OSError as exc:
         _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
     bound = sock.getsockname()[1]
-    app = http_app(build_server(invoker, token_principal(tokens)), tokens, host=host)
+    tools = tuple(t for t in op_tools if isinstance(t, OpTool))
+    app = http_app(build_server(invoker, token_principal(tokens), tools), tokens, host=host)
     click.echo(f"policy-engine mcp: listening on http://{host}:{bound}/mcp "
                f"(state {engine.state_dir})", err=True)
     try:

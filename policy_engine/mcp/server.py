@@ -17,6 +17,7 @@ from mcp.server.context import ServerRequestContext
 from policy_engine import __version__
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken
+from policy_engine.mcp.ops import OpTool, run_op
 from policy_engine.skills.invoke import InputError, InvokeResult, SkillInvoker
 from policy_engine.skills.model import Skill
 
@@ -72,14 +73,33 @@ def _answer(result: InvokeResult) -> types.CallToolResult:
                                                 result.envelope_id})
 
 
-def build_server(invoker: SkillInvoker, principal_of: PrincipalOf) -> Server[Any]:
-    """An MCP server offering ``invoker``'s skills as tools named ``skill.<id>``."""
+def op_tool_of(tool: OpTool) -> types.Tool:
+    hints = tool.annotations()
+    return types.Tool(
+        name=tool.name, title=tool.manifest.name,
+        description=(tool.manifest.description or f"the ops of tool `{tool.manifest.name}`")
+        + " (one guarded op: " + ", ".join(str(k) for k in tool.kinds()) + ")",
+        input_schema=tool.input_schema(),
+        annotations=types.ToolAnnotations(
+            title=tool.manifest.name, read_only_hint=hints["readOnlyHint"],
+            destructive_hint=hints["destructiveHint"],
+            idempotent_hint=hints["idempotentHint"], open_world_hint=hints["openWorldHint"]),
+        meta={"policy-engine/manifest": tool.manifest.name,
+              "policy-engine/side_effects": [str(e) for e in tool.manifest.side_effects]})
+
+
+def build_server(invoker: SkillInvoker, principal_of: PrincipalOf,
+                 op_tools: tuple[OpTool, ...] = ()) -> Server[Any]:
+    """An MCP server offering ``invoker``'s skills as tools named ``skill.<id>`` and each
+    operator manifest of ``op_tools`` as ``op.<name>``."""
     by_tool = {s.tool_name: s for s in invoker.skills.values()}
+    by_op = {t.name: t for t in op_tools}
+    listed = [tool_of(s) for s in by_tool.values()] + [op_tool_of(t) for t in op_tools]
 
     async def list_tools(ctx: ServerRequestContext[Any, Any],
                          params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         principal_of(ctx)  # listing needs the same identity as calling
-        return types.ListToolsResult(tools=[tool_of(s) for s in by_tool.values()])
+        return types.ListToolsResult(tools=listed)
 
     async def call_tool(ctx: ServerRequestContext[Any, Any],
                         params: types.CallToolRequestParams) -> types.CallToolResult:
@@ -88,13 +108,19 @@ def build_server(invoker: SkillInvoker, principal_of: PrincipalOf) -> Server[Any
         except Unauthenticated:  # the token was revoked after the transport let it in
             return tool_error("AUTH.UNAUTHENTICATED", "authentication required: the token "
                               "is not valid", http_status=401)
-        skill = by_tool.get(params.name)
-        if skill is None:
+        skill, op_tool = by_tool.get(params.name), by_op.get(params.name)
+        cancel = CancelToken()
+        run: Callable[[], InvokeResult]
+        if skill is not None:
+            run = partial(invoker.invoke, skill, params.arguments or {}, tenant=tenant,
+                          subject=subject, cancel=cancel)
+        elif op_tool is not None:
+            run = partial(run_op, op_tool, params.arguments or {}, orch=invoker.orch,
+                          fs_root=invoker.fs_root, tenant=tenant, subject=subject,
+                          cancel=cancel)
+        else:
             return tool_error("SERVICE.NOT_FOUND", f"not found: no tool `{params.name}`",
                               http_status=404)
-        cancel = CancelToken()
-        run = partial(invoker.invoke, skill, params.arguments or {}, tenant=tenant,
-                      subject=subject, cancel=cancel)
         try:
             # a worker thread: the sandbox blocks; on cancellation the thread is abandoned
             # and the token stops the executor, whose end evidence records the cancel

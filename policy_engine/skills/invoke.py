@@ -66,9 +66,15 @@ class InvokeResult:
 
 
 def validate_inputs(skill: Skill, inputs: Any) -> None:
-    """:raises InputError: at the first (shallowest) place ``inputs`` breaks the schema.
+    """:raises InputError: at the first (shallowest) place ``inputs`` breaks the skill's
+    ``interface.inputs``."""
+    validate_against(skill.inputs_schema, inputs)
+
+
+def validate_against(schema: dict[str, Any], inputs: Any) -> None:
+    """:raises InputError: at the first (shallowest) place ``inputs`` breaks ``schema``.
     The message names the rule, never the offending value (it may be a secret)."""
-    validator = input_validator(skill.inputs_schema)
+    validator = input_validator(schema)
     errors = sorted(validator.iter_errors(inputs), key=lambda e: (len(e.absolute_path),
                                                                   list(map(str, e.path))))
     if errors:

@@ -76,13 +76,7 @@ class Skill:
         return tuple(found) or (SideEffect.NONE,)
 
     def annotations(self) -> dict[str, bool]:
-        """MCP tool hints from the side effects: read-only when nothing can be written or
-        started; destructive when files can be (over)written or a process can do anything its
-        permissions allow; open-world when the network is reachable."""
-        effects = set(self.side_effects())
-        writes = bool(effects & {SideEffect.WRITE, SideEffect.PROCESS})
-        return {"readOnlyHint": not writes, "destructiveHint": writes,
-                "idempotentHint": not writes, "openWorldHint": SideEffect.NETWORK in effects}
+        return hints(self.side_effects())
 
     def root(self, fs_root: str) -> str:
         """Where the skill's ``inputs/``, ``work/`` and ``artifacts/`` are: the container's
@@ -139,3 +133,13 @@ def placeholder(arg: str) -> str | None:
     if len(arg) > 2 and arg[0] == "{" and arg[-1] == "}" and arg[1:-1].isidentifier():
         return arg[1:-1]
     return None
+
+
+def hints(side_effects: tuple[SideEffect, ...]) -> dict[str, bool]:
+    """MCP tool hints from side effects: read-only when nothing can be written or started;
+    destructive when files can be (over)written or a process can do anything its permissions
+    allow; open-world when the network (or a browser) is reachable."""
+    effects = set(side_effects)
+    writes = bool(effects & {SideEffect.WRITE, SideEffect.FILESYSTEM, SideEffect.PROCESS})
+    return {"readOnlyHint": not writes, "destructiveHint": writes, "idempotentHint": not writes,
+            "openWorldHint": bool(effects & {SideEffect.NETWORK, SideEffect.BROWSER})}

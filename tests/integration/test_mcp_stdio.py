@@ -282,3 +282,45 @@ def test_docs_browse_opens_an_allowed_page_in_the_browser(tmp_path: Path) -> Non
         paths = [path for _, path, _ in web.seen.requests]
         assert "/guide" in paths
         assert "/admin" not in paths
+
+
+def test_an_operator_manifest_is_offered_as_a_guarded_op_tool(setup: Setup) -> None:
+    reader = setup.root / "reader.json"
+    reader.write_text(json.dumps({
+        "name": "reader", "version": "1.0.0", "side_effects": ["Read"],
+        "permissions": [{"kind": "fs.read", "paths": [f"{setup.root}/inputs/**"]},
+                        {"kind": "fs.list", "paths": [f"{setup.root}/inputs/**"]}]}))
+    params = StdioServerParameters(
+        command=sys.executable, env=setup.env(),
+        args=setup.mcp_args("--tenant", "acme", "--subject", "agent:ops",
+                            "--manifest", str(reader)))
+
+    async def main() -> None:
+        async with Client(params, read_timeout_seconds=120) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            op = tools["op.reader"]
+            assert op.annotations is not None
+            assert op.annotations.read_only_hint is True
+            kinds = {ref["$ref"].rsplit("/", 1)[1]
+                     for ref in op.input_schema["properties"]["op"]["oneOf"]}
+            assert kinds == {"FsReadOp", "FsListOp"}
+            hello = str(setup.root / "inputs" / "hello.txt")
+            ok = await client.call_tool("op.reader", {"op": {"kind": "fs.read", "path": hello}})
+            assert not ok.is_error, ok
+            assert base64.b64decode(ok.structured_content["bytes_b64"]) == b"hello\n"
+            secret = str(setup.root / "inputs" / "secret" / "key.txt")
+            denied = _error(await client.call_tool(
+                "op.reader", {"op": {"kind": "fs.read", "path": secret}}))
+            assert denied["code"] == "SANDBOX.CAPABILITY_BLOCKED"
+            assert setup.ends(denied["envelope_id"])
+            # a kind the manifest does not declare is not an op this tool takes
+            write = _error(await client.call_tool(
+                "op.reader", {"op": {"kind": "fs.write", "path": hello}}))
+            assert (write["code"], write["pointer"]) == ("SCHEMA.VALIDATION_FAILED", "/op/kind")
+            bad = _error(await client.call_tool(
+                "op.reader", {"op": {"kind": "fs.read", "path": hello, "offset": -1}}))
+            assert bad["pointer"] == "/op/offset"
+            odd = _error(await client.call_tool("op.reader", {"op": {"kind": ["fs.read"]}}))
+            assert odd["pointer"] == "/op/kind"
+
+    anyio.run(main)

@@ -324,3 +324,29 @@ def test_an_operator_manifest_is_offered_as_a_guarded_op_tool(setup: Setup) -> N
             assert odd["pointer"] == "/op/kind"
 
     anyio.run(main)
+
+
+@pytest.mark.parametrize("launcher", [True, False])
+def test_a_cancelled_call_in_a_warm_container_is_killed(setup: Setup, launcher: bool) -> None:
+    config = setup.root / "engine.yaml"
+    config.write_text(f"options:\n  docker:\n    mode: pool\n    pool_size: 1\n"
+                      f"    pool_launcher: {str(launcher).lower()}\n")
+    params = StdioServerParameters(
+        command=sys.executable, env=setup.env(),
+        args=setup.mcp_args("--tenant", "acme", "--subject", "agent:warm",
+                            "--config", str(config)))
+
+    async def main() -> None:
+        async with Client(params, read_timeout_seconds=120) as client:
+            with anyio.move_on_after(3) as scope:
+                await client.call_tool("skill.shell.run",
+                                       {"script": "sleep 6 && echo late > late.txt"})
+            assert scope.cancelled_caught
+            # the same session's container: had the first process survived, it would have
+            # written late.txt into this work directory by now
+            after = await client.call_tool("skill.shell.run", {
+                "script": "sleep 6; test -e late.txt && echo present || echo absent"})
+            assert not after.is_error, after
+            assert after.structured_content["stdout"] == "absent\n"
+
+    anyio.run(main)

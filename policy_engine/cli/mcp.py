@@ -43,10 +43,12 @@ def _fail(message: str) -> NoReturn:
 @click.option("--host", default="127.0.0.1", show_default=True, help="http: address")
 @click.option("--port", default=8788, show_default=True, type=click.IntRange(0, 65535),
               help="http: port (0 picks a free one; the chosen port is printed)")
+@click.option("--rate-per-minute", default=6000, show_default=True, type=click.IntRange(1),
+              help="http: requests per tenant per minute (counted by the budget meter)")
 def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path, ...],
             config_path: Path | None,
             state_dir: Path | None, root_fs: Path, transport: str, tenant: str | None,
-            subject: str | None, host: str, port: int) -> None:
+            subject: str | None, host: str, port: int, rate_per_minute: int) -> None:
     """Serve the skills as MCP tools `skill.<id>`; every call is decided by the policy and
     leaves evidence. stdio runs as one tenant; http takes the service's bearer tokens.
 
@@ -92,20 +94,21 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
                                   op_tools)
             anyio.run(run_stdio, server)
         else:
-            _serve_http(invoker, op_tools, engine, host, port)
+            _serve_http(invoker, op_tools, engine, host, port, rate_per_minute)
     finally:
         pool.close()
         orch.close()
 
 
 def _serve_http(invoker: object, op_tools: tuple[object, ...], engine: EngineConfig, host: str,
-                port: int) -> None:
+                port: int, rate_per_minute: int) -> None:
     import uvicorn
 
     from policy_engine.mcp.ops import OpTool
     from policy_engine.mcp.server import build_server
     from policy_engine.mcp.transports import http_app, token_principal
-    from policy_engine.service.tokens import TokenStore
+    from policy_engine.service.guards import charge_rate
+    from policy_engine.service.tokens import Principal, TokenStore
     from policy_engine.skills.invoke import SkillInvoker
 
     assert isinstance(invoker, SkillInvoker)
@@ -116,7 +119,13 @@ def _serve_http(invoker: object, op_tools: tuple[object, ...], engine: EngineCon
         _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
     bound = sock.getsockname()[1]
     tools = tuple(t for t in op_tools if isinstance(t, OpTool))
-    app = http_app(build_server(invoker, token_principal(tokens), tools), tokens, host=host)
+    meter = invoker.orch.meter
+
+    def admit(who: Principal) -> None:  # the service's per-tenant rate, the same meter key
+        charge_rate(meter, who.tenant, rate_per_minute)
+
+    app = http_app(build_server(invoker, token_principal(tokens), tools), tokens, host=host,
+                   admit=admit)
     click.echo(f"policy-engine mcp: listening on http://{host}:{bound}/mcp "
                f"(state {engine.state_dir})", err=True)
     try:

@@ -59,8 +59,8 @@ class OpTool:
         schema = self.input_schema()
         op = arguments.get("op") if isinstance(arguments, dict) else None
         kind = op.get("kind") if isinstance(op, dict) else None
-        known = isinstance(kind, str) and kind in {str(k) for k in OpKind}
-        name = _OP_MODELS[OpKind(kind)] if known else None
+        name = _OP_MODELS[OpKind(kind)] if isinstance(kind, str) and kind in {
+            str(k) for k in OpKind} else None
         if name is not None and name in schema["$defs"]:
             schema["properties"]["op"] = {"$ref": f"#/$defs/{name}"}
         elif isinstance(op, dict):

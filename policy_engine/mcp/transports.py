@@ -4,6 +4,7 @@ service's bearer tokens."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from mcp.server import Server
@@ -12,6 +13,7 @@ from mcp.server.stdio import stdio_server
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policy_engine.mcp.server import PrincipalOf, Unauthenticated
+from policy_engine.service.errors import ServiceError
 from policy_engine.service.tokens import Principal, TokenStore
 
 _SCOPE_KEY = "policy_engine.principal"
@@ -61,9 +63,11 @@ class RequireToken:
     belongs to the tenant and subject whose token opened it: another token naming its
     ``Mcp-Session-Id`` gets ``404``, as for a session that does not exist."""
 
-    def __init__(self, app: ASGIApp, tokens: TokenStore, max_sessions: int = 10_000) -> None:
+    def __init__(self, app: ASGIApp, tokens: TokenStore, max_sessions: int = 10_000,
+                 admit: Callable[[Principal], None] | None = None) -> None:
         self.app = app
         self.tokens = tokens
+        self.admit = admit
         self.owners: dict[str, tuple[str, str]] = {}
         self.max_sessions = max_sessions
 
@@ -76,6 +80,12 @@ class RequireToken:
             await _refuse(send, 401, "AUTH.UNAUTHENTICATED", "authentication required: send "
                           "`Authorization: Bearer <token>`")
             return
+        if self.admit is not None:
+            try:
+                self.admit(who)
+            except ServiceError as err:  # over the tenant's rate, or the meter is down
+                await _refuse(send, err.http_status, err.code, err.message)
+                return
         owner = (who.tenant, who.subject)
         session = _header(scope, b"mcp-session-id")
         if session is not None and self.owners.get(session) != owner:
@@ -114,9 +124,9 @@ async def run_stdio(server: Server[Any]) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
-def http_app(server: Server[Any], tokens: TokenStore, *, host: str,
-             path: str = "/mcp") -> ASGIApp:
+def http_app(server: Server[Any], tokens: TokenStore, *, host: str, path: str = "/mcp",
+             admit: Callable[[Principal], None] | None = None) -> ASGIApp:
     """The streamable HTTP app at ``path`` (DNS-rebinding protection on for loopback hosts),
-    wrapped in the token check."""
+    wrapped in the token check; ``admit`` may refuse a principal's request (rate limits)."""
     app = server.streamable_http_app(streamable_http_path=path, host=host)
-    return RequireToken(app, tokens)
+    return RequireToken(app, tokens, admit=admit)

@@ -42,10 +42,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
          tokens["gone"].split(".")[0].removeprefix("pet_"), "--state-dir", str(setup.state)],
         capture_output=True, text=True, timeout=60, env=setup.env(), check=False)
     assert revoke.returncode == 0, revoke.stderr
+    yield from _serve(setup, tokens)
+
+
+def _serve(setup: Setup, tokens: dict[str, str], *extra: str) -> Iterator[Server]:
     log = setup.root / "mcp.log"
     with log.open("w") as sink:
         proc = subprocess.Popen([sys.executable, *setup.mcp_args("--transport", "http",
-                                                                 "--port", "0")],
+                                                                 "--port", "0", *extra)],
                                 stdout=subprocess.DEVNULL, stderr=sink, env=setup.env())
     try:
         deadline = time.monotonic() + 30
@@ -225,3 +229,23 @@ def test_a_token_revoked_mid_session_stops_working_at_once(server: Server) -> No
             assert len(setup.evidence()) == before
 
     anyio.run(main)
+
+
+def test_requests_over_the_tenant_rate_are_refused(tmp_path: Path) -> None:
+    setup = make_setup(tmp_path)
+    tokens = {"acme": setup.add_token("acme", "agent:a"), "red": setup.add_token("red", "r")}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"Accept": "application/json, text/event-stream"}
+    for srv in _serve(setup, tokens, "--rate-per-minute", "3"):
+        answers = [httpx.post(srv.url, json=body, timeout=10, headers={
+            **headers, "Authorization": f"Bearer {tokens['acme']}"}) for _ in range(7)]
+        statuses = [a.status_code for a in answers]
+        # 3 a minute: the 4th is refused (the 7th, should the minute turn in between)
+        assert 429 not in statuses[:3]
+        refused = [a for a in answers if a.status_code == 429]
+        assert refused
+        assert refused[0].json()["error"]["code"] == "QUOTA.BUDGET_EXCEEDED"
+        # another tenant has its own count
+        other = httpx.post(srv.url, json=body, timeout=10, headers={
+            **headers, "Authorization": f"Bearer {tokens['red']}"})
+        assert other.status_code != 429

@@ -14,7 +14,12 @@ from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken
 from policy_engine.model import OP_CAPABILITY, ExecOp, Grant, Manifest, OpKind, Settings
 from policy_engine.orchestrator import Orchestrator
-from policy_engine.skills.invoke import InputError, InvokeResult, validate_against
+from policy_engine.skills.invoke import (
+    InputError,
+    InvokeResult,
+    refuse_input,
+    validate_against,
+)
 from policy_engine.skills.jsonpos import escape
 from policy_engine.skills.model import hints
 
@@ -78,13 +83,18 @@ def run_op(tool: OpTool, arguments: dict[str, Any], *, orch: Orchestrator, fs_ro
 
     :raises InputError: the arguments are not an op this tool takes (nothing ran).
     """
-    validate_against(tool.schema_for(arguments), arguments)
     try:
-        op = _OPS.validate_python(arguments["op"])
-    except ValidationError as exc:  # what the schema cannot say (e.g. a negative offset)
-        first = exc.errors()[0]
-        pointer = "/op" + "".join(f"/{escape(str(p))}" for p in first["loc"][1:])
-        raise InputError(pointer, str(first["msg"])[:200]) from None
+        validate_against(tool.schema_for(arguments), arguments)
+        try:
+            op = _OPS.validate_python(arguments["op"])
+        except ValidationError as exc:  # what the schema cannot say
+            first = exc.errors()[0]
+            pointer = "/op" + "".join(f"/{escape(str(p))}" for p in first["loc"][1:])
+            raise InputError(pointer, str(first["msg"])[:200]) from None
+    except InputError as exc:
+        exc.envelope_id = refuse_input(orch, exc, tenant=tenant, subject=subject,
+                                       tool_name=tool.manifest.name, arguments=arguments)
+        raise
     now = int(time.time() * 1000)
     grant = Grant(tenant=tenant, subject_id=subject, tool_name=tool.manifest.name,
                   call_id=f"{tool.name}-{uuid.uuid4().hex}", expires_at=now + _GRANT_TTL_MS,

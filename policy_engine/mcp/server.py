@@ -130,7 +130,8 @@ def build_server(invoker: SkillInvoker, principal_of: PrincipalOf,
             raise
         except InputError as exc:
             return tool_error(ErrorCode.SCHEMA_VALIDATION_FAILED.value, exc.public_message(),
-                              http_status=422, pointer=exc.pointer)
+                              http_status=422, pointer=exc.pointer,
+                              envelope_id=exc.envelope_id)
         except PolicyEngineError as exc:
             view = exc.public_view()
             return tool_error(view["code"], view["message"], http_status=view["http_status"])

@@ -85,6 +85,7 @@ def register(app: FastAPI, who: Any, invoker_of: Any) -> None:
                                f"invalid input at `{pointer}`: {exc.message}")
             data = err.body()
             data["error"]["pointer"] = pointer
+            data["envelope_id"] = exc.envelope_id
             return JSONResponse(data, status_code=422)
         except PolicyEngineError as exc:  # refused before an op existed (e.g. its image)
             raise from_engine(exc) from None

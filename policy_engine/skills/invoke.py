@@ -26,6 +26,7 @@ from policy_engine.orchestrator import Orchestrator
 from policy_engine.runcode.manager import OrchestratorPool
 from policy_engine.skills.check import pointer_of
 from policy_engine.skills.model import CONTAINER_ROOT, Skill, placeholder
+from policy_engine.skills.refusals import record_refusal
 from policy_engine.skills.schemas import input_validator
 
 _GRANT_TTL_MS = 15 * 60 * 1000
@@ -39,6 +40,7 @@ class InputError(Exception):
         super().__init__(f"{pointer or '/'}: {message}")
         self.pointer = pointer
         self.message = message
+        self.envelope_id: str | None = None  # the evidence of the refusal, once recorded
 
     def public_message(self) -> str:
         return f"invalid input at `{self.pointer or '/'}`: {self.message}"
@@ -92,6 +94,14 @@ def validate_against(schema: dict[str, Any], inputs: Any) -> None:
         raise InputError(pointer_of(first), detail[:200])
 
 
+def refuse_input(orch: Orchestrator, exc: InputError, *, tenant: str, subject: str,
+                 tool_name: str, arguments: Any) -> str:
+    """Record the refusal of arguments that break a tool's schema; its envelope id."""
+    err = PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, exc.public_message())
+    return record_refusal(orch, tenant=tenant, subject=subject, tool_name=tool_name,
+                          capability=f"tool:{tool_name}", arguments=arguments, err=err)
+
+
 class SkillInvoker:
     """Runs skills for a tenant and subject; decides nothing itself (the guard does).
 
@@ -118,14 +128,24 @@ class SkillInvoker:
 
         :raises InputError: the inputs break ``interface.inputs`` (nothing ran).
         """
-        validate_inputs(skill, inputs)
+        try:
+            validate_inputs(skill, inputs)
+        except InputError as exc:
+            exc.envelope_id = refuse_input(self.orch, exc, tenant=tenant, subject=subject,
+                                           tool_name=skill.id, arguments=inputs)
+            raise
         now = int(time.time() * 1000)
         manifest = skill.tool_manifest(self.fs_root)
         grant = Grant.model_validate({
             "tenant": tenant, "subject_id": subject, "tool_name": skill.id,
             "call_id": f"{skill.id}-{uuid.uuid4().hex}", "expires_at": now + _GRANT_TTL_MS,
             "capabilities": skill.capabilities(self.fs_root)})
-        op, settings, orch = self._op(skill, inputs)
+        try:
+            op, settings, orch = self._op(skill, inputs)
+        except PolicyEngineError as exc:  # no op to decide: recorded, then refused
+            record_refusal(self.orch, tenant=tenant, subject=subject, tool_name=skill.id,
+                           capability=f"skill:{skill.id}", arguments=inputs, err=exc)
+            raise
         asked = None
         if self.broker is not None:
             grant, asked = self.broker.prepare(grant, manifest, op, settings=settings)

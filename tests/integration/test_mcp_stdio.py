@@ -129,8 +129,24 @@ def test_malformed_arguments_are_refused_with_a_json_pointer(setup: Setup) -> No
             assert secret not in bad_pattern["message"] + extra["message"]
             unknown = _error(await client.call_tool("skill.nope", {}))
             assert unknown["code"] == "SERVICE.NOT_FOUND"
+            # each refusal left evidence (begin + denied end), never the value itself
+            for refused in (wrong_type, missing, extra, bad_pattern):
+                ends = setup.ends(refused["envelope_id"])
+                assert [(e["status"], e["error_code"]) for e in ends] == [
+                    ("denied", "SCHEMA.VALIDATION_FAILED")]
+            begins = [r for r in setup.evidence() if r.get("type") == "begin"
+                      and r["envelope_id"] == extra["envelope_id"]]
+            assert (begins[0]["tenant"], begins[0]["tool_name"]) == ("acme", "files.read")
 
     anyio.run(main)
+    logs = list(setup.state.rglob("*.jsonl"))
+    assert logs
+    assert all("s3cr3t-token-value" not in log.read_text() for log in logs)
+    for log in logs:  # the hash chain still verifies with these records in it
+        done = subprocess.run([sys.executable, "-m", "policy_engine.cli", "evidence",
+                               "verify", str(log)], capture_output=True, text=True,
+                              timeout=60, env=setup.env(), check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_a_cancelled_long_call_stops_the_process_and_records_it(setup: Setup) -> None:

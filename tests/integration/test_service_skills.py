@@ -72,6 +72,8 @@ def test_invoke_refuses_bad_inputs_with_a_json_pointer(service: Service) -> None
         assert bad.status_code == 422, bad.text
         assert bad.json()["error"]["code"] == "SCHEMA.VALIDATION_FAILED"
         assert bad.json()["error"]["pointer"] == "/inputs/path"
+        assert [e["status"] for e in _evidence(service, bad.json()["envelope_id"])] == [
+            "denied"]
         missing = http.post("/skills/shell.run/invoke", json={"inputs": {}})
         assert missing.status_code == 422
         assert missing.json()["error"]["pointer"] == "/inputs"

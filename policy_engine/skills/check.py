@@ -74,10 +74,15 @@ def _semantic(doc: Located, path: Path, dirname: str) -> list[Diagnostic]:
     props = value["interface"]["inputs"].get("properties", {})
     strings = {k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"}
     runtime = value["runtime"]
+    required = set(value["interface"]["inputs"].get("required", []))
     for i, arg in enumerate(runtime.get("args", [])):
         name = placeholder(arg)
         if name is not None and name not in strings:
             found.append(_diag("SBP433", f"argument `{arg}` names no string input", path, doc,
+                               f"/runtime/args/{i}"))
+        elif name is not None and name not in required:
+            found.append(_diag("SBP433", f"argument `{arg}` names input `{name}`, which "
+                               "`interface.inputs.required` does not list", path, doc,
                                f"/runtime/args/{i}"))
     allowed = OP_FIELDS.get(runtime["kind"], ())
     for field, name in runtime.get("op", {}).items():
@@ -89,6 +94,12 @@ def _semantic(doc: Located, path: Path, dirname: str) -> list[Diagnostic]:
         elif name not in props:
             found.append(_diag("SBP433", f"op field `{field}` takes input `{name}`, which "
                                "`interface.inputs` does not declare", path, doc, at))
+    for field in ("url", "path"):
+        name = runtime.get("op", {}).get(field)
+        if name is not None and name in props and name not in required:
+            found.append(_diag("SBP433", f"op field `{field}` takes input `{name}`, which "
+                               "`interface.inputs.required` does not list", path, doc,
+                               f"/runtime/op/{field}"))
     if runtime["kind"] in ("http", "browser") and "url" not in runtime.get("op", {}):
         found.append(_diag("SBP433", "an http or browser runtime needs `op.url`", path, doc,
                            "/runtime/op"))

@@ -76,6 +76,8 @@ def test_check_points_at_each_problem(tmp_path: Path) -> None:
      "SBP431 /permissions/net/mode"),
     (lambda d: d["permissions"]["net"].update(mode="on"), "SBP431 /permissions/net/mode"),
     (lambda d: d["runtime"].update(args=["{nope}"]), "SBP433 argument `{nope}` names no"),
+    (lambda d: d["interface"]["inputs"].update(required=[]),
+     "SBP433 argument `{script}` names input `script`, which"),
     (lambda d: d["limits"].update(cpu_cores=0), "SBP431 /limits/cpu_cores"),
     (lambda d: d["interface"]["inputs"]["properties"]["script"].update(pattern="(a)\\1"),
      "SBP435 /interface/inputs/properties/script/pattern"),

@@ -66,6 +66,15 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
 
     if transport == "stdio" and not (tenant and subject):
         _fail("--transport stdio runs as one tenant: give --tenant and --subject")
+    if tenant is not None:
+        from policy_engine.service.tokens import check_tenant
+
+        try:  # the same names tokens allow: a tenant names directories
+            check_tenant(tenant)
+        except ValueError as exc:
+            _fail(str(exc))
+    if subject is not None and not (0 < len(subject) <= 200 and subject.isprintable()):
+        _fail("--subject must be 1-200 printable characters")
     try:
         engine = load_config(config_path) if config_path else EngineConfig()
     except ValueError as exc:

@@ -220,6 +220,19 @@ def test_stdio_needs_one_configured_tenant(setup: Setup) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(("tenant", "subject", "message"), [
+    ("../other", "agent:a", "tenant `../other` must match"),
+    ("acme", "agent:\x1b[31m", "--subject must be 1-200 printable characters")])
+def test_stdio_refuses_an_unsafe_tenant_or_subject(setup: Setup, tenant: str, subject: str,
+                                                   message: str) -> None:
+    done = subprocess.run([sys.executable, *setup.mcp_args("--tenant", tenant,
+                                                          "--subject", subject)],
+                          capture_output=True, text=True, timeout=60, env=setup.env(),
+                          check=False)
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
 def test_a_broken_skill_stops_the_server_with_diagnostics(setup: Setup) -> None:
     manifest = setup.skills / "files.read" / "manifest.json"
     manifest.write_text(manifest.read_text().replace('"kind": "fs"', '"kind": "podman"'))

@@ -7,13 +7,17 @@ import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from policy_engine.cli.common import EXIT_BAD_INPUT, load_or_exit
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig, load_config
+
+if TYPE_CHECKING:
+    from policy_engine.mcp.ops import OpTool
+    from policy_engine.skills.invoke import SkillInvoker
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 _DIR = click.Path(file_okay=False, path_type=Path)
@@ -55,10 +59,12 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
     Exits 2 on unusable input (policy, skills, config, address in use).
     """
     try:
+        from policy_engine.mcp.ops import OpTool
         from policy_engine.mcp.server import build_server
         from policy_engine.mcp.transports import fixed_principal, run_stdio
     except ImportError:
         _fail("the MCP server needs the `mcp` extra: pip install 'policy-engine[mcp]'")
+    from policy_engine.dsl.loaders import load_manifest
     from policy_engine.orchestrator import Orchestrator
     from policy_engine.runcode.manager import OrchestratorPool
     from policy_engine.skills.check import load_skills
@@ -83,9 +89,6 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
         engine = replace(engine, state_dir=state_dir.absolute())
     policyset = load_or_exit(lambda: compile_files(policies))
     skills = load_or_exit(lambda: load_skills(skills_dir))
-    from policy_engine.dsl.loaders import load_manifest
-    from policy_engine.mcp.ops import OpTool
-
     op_tools = tuple(OpTool(load_or_exit(lambda p=path: load_manifest(p)))  # type: ignore[misc]
                      for path in manifests)
     # logs go to stderr: on stdio, stdout is the protocol
@@ -109,31 +112,27 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
         orch.close()
 
 
-def _serve_http(invoker: object, op_tools: tuple[object, ...], engine: EngineConfig, host: str,
-                port: int, rate_per_minute: int) -> None:
+def _serve_http(invoker: SkillInvoker, op_tools: tuple[OpTool, ...], engine: EngineConfig,
+                host: str, port: int, rate_per_minute: int) -> None:
     import uvicorn
 
-    from policy_engine.mcp.ops import OpTool
     from policy_engine.mcp.server import build_server
     from policy_engine.mcp.transports import http_app, token_principal
     from policy_engine.service.guards import charge_rate
     from policy_engine.service.tokens import Principal, TokenStore
-    from policy_engine.skills.invoke import SkillInvoker
 
-    assert isinstance(invoker, SkillInvoker)
     tokens = TokenStore(engine.state_dir / "tokens.sqlite")
     try:
         sock = socket.create_server((host, port))
     except OSError as exc:
         _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
     bound = sock.getsockname()[1]
-    tools = tuple(t for t in op_tools if isinstance(t, OpTool))
     meter = invoker.orch.meter
 
     def admit(who: Principal) -> None:  # the service's per-tenant rate, the same meter key
         charge_rate(meter, who.tenant, rate_per_minute)
 
-    app = http_app(build_server(invoker, token_principal(tokens), tools), tokens, host=host,
+    app = http_app(build_server(invoker, token_principal(tokens), op_tools), tokens, host=host,
                    admit=admit)
     click.echo(f"policy-engine mcp: listening on http://{host}:{bound}/mcp "
                f"(state {engine.state_dir})", err=True)

@@ -3,6 +3,7 @@ SDK's client: the service's bearer tokens, each call as the token's tenant, evid
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -42,7 +43,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
          tokens["gone"].split(".")[0].removeprefix("pet_"), "--state-dir", str(setup.state)],
         capture_output=True, text=True, timeout=60, env=setup.env(), check=False)
     assert revoke.returncode == 0, revoke.stderr
-    yield from _serve(setup, tokens)
+    reader = setup.root / "reader.json"
+    reader.write_text(json.dumps({
+        "name": "reader", "version": "1.0.0", "side_effects": ["Read"],
+        "permissions": [{"kind": "fs.read", "paths": [f"{setup.root}/inputs/**"]}]}))
+    yield from _serve(setup, tokens, "--manifest", str(reader))
 
 
 def _serve(setup: Setup, tokens: dict[str, str], *extra: str) -> Iterator[Server]:
@@ -113,7 +118,11 @@ def test_list_and_calls_run_as_the_token_tenant(server: Server) -> None:
         async with connect(server, "acme") as client:
             tools = {t.name for t in (await client.list_tools()).tools}
             assert "skill.files.read" in tools
-            assert len(tools) == 5
+            assert len(tools) == 6
+            op = await client.call_tool("op.reader", {"op": {
+                "kind": "fs.read", "path": str(setup.root / "inputs" / "hello.txt")}})
+            assert not op.is_error, op
+            assert _begin(setup, (op.meta or {})["policy-engine/envelope_id"])["tenant"] == "acme"
             ok = await client.call_tool("skill.files.read", {"path": "inputs/hello.txt"})
             assert not ok.is_error, ok
             begin = _begin(setup, (ok.meta or {})["policy-engine/envelope_id"])

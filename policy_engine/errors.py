@@ -337,6 +337,22 @@ _DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
                    "unchanged"),
     DiagnosticSpec("SBP422", Severity.NOTE, "policy with check errors formatted by its syntax "
                    "tree only", "run `policy-engine check` on the file and fix its errors"),
+    # --- skills (SBP430-SBP439): `policy-engine skills check` (docs/skills.md) ---
+    DiagnosticSpec("SBP430", Severity.ERROR, "skill manifest is not valid JSON",
+                   "fix the JSON syntax at the position shown (a skill manifest is one JSON "
+                   "object, no comments, no duplicate keys)"),
+    DiagnosticSpec("SBP431", Severity.ERROR, "skill manifest does not match the schema",
+                   "see skills/_schema/manifest.schema.json and docs/skills.md for the five "
+                   "groups: identity, interface, runtime, permissions, limits"),
+    DiagnosticSpec("SBP432", Severity.ERROR, "skill id differs from its directory name",
+                   "rename the directory or the `id`: skills/<id>/manifest.json"),
+    DiagnosticSpec("SBP433", Severity.ERROR, "skill runtime does not fit its interface",
+                   "every `{name}` argument and every `runtime.op` value must name a string "
+                   "input declared in `interface.inputs.properties`"),
+    DiagnosticSpec("SBP434", Severity.ERROR, "no skill manifest found",
+                   "give the directory that holds `<id>/manifest.json` folders (e.g. `skills`)"),
+    DiagnosticSpec("SBP435", Severity.ERROR, "skill interface is not a valid JSON Schema",
+                   "`interface.inputs` and `interface.outputs` are JSON Schema 2020-12 objects"),
 )
 
 DIAGNOSTICS: dict[str, DiagnosticSpec] = {d.id: d for d in _DIAGNOSTICS}

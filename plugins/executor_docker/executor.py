@@ -22,7 +22,15 @@ import docker
 from plugins.executor_docker import cpu, engine, masks, network, transfer
 from plugins.executor_docker.engine import DockerOptions, Hardening
 from plugins.executor_docker.pool import WarmPool
-from plugins.executor_docker.runner import Outcome, bind_mounts, exec_in, run_once, run_quiet
+from plugins.executor_docker.runner import (
+    KILL_ALL,
+    Outcome,
+    bind_mounts,
+    exec_in,
+    killed_on_cancel,
+    run_once,
+    run_quiet,
+)
 from plugins.executor_docker.workspace import (
     ExecWorkspace,
     collect_artifacts,
@@ -263,7 +271,8 @@ class DockerExecutor:
         proxied: dict[str, int] | None = None
         try:
             out = run_once(client, streams, self.options.image, argv, env, cwd, hard, mounts,
-                           limits, deadline, cgroup_parent=cpu.parent_for(ws.exec_id))
+                           limits, deadline, cgroup_parent=cpu.parent_for(ws.exec_id),
+                           cancel=ctx.cancel)
         finally:
             if net is not None:
                 proxied = network.record_effects(ctx, net)
@@ -290,13 +299,17 @@ class DockerExecutor:
         proxied: dict[str, int] | None = None
         cgroup = self._cgroup_of(slot.container_id)
         before = cpu.usage_ns(cgroup) if cgroup else None
+        def kill_all() -> None:  # what the deadline does in a warm container, on cancel
+            run_quiet(client, slot.container_id, list(KILL_ALL), timeout_s=10)
+
         try:
-            if slot.control is not None:
-                out, changed = slot.control.run(argv, env, cwd, limits, deadline)
-            else:
-                out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits,
-                              deadline)
-                changed = transfer.artifacts_changed(client, slot.container_id)
+            with killed_on_cancel(ctx.cancel, kill_all):
+                if slot.control is not None:
+                    out, changed = slot.control.run(argv, env, cwd, limits, deadline)
+                else:
+                    out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits,
+                                  deadline)
+                    changed = transfer.artifacts_changed(client, slot.container_id)
         finally:
             if net is not None:
                 proxied = network.record_effects(ctx, net)

@@ -2,7 +2,8 @@
 
 Output is streamed (attach / exec start with demux) into head+tail buffers on a pump thread; the
 process is never killed for talking too much. The wall deadline kills it: the whole container
-in run-once mode, every sandbox process (``kill -9 -1`` as uid 1000) in a warm one.
+in run-once mode, every sandbox process (``kill -9 -1`` as uid 1000) in a warm one. So does the
+call's cancel token (``killed_on_cancel``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +23,35 @@ from docker.types import Mount
 from plugins.executor_docker import cpu
 from plugins.executor_docker.engine import SANDBOX_USER, Hardening, map_error
 from policy_engine.capture import HeadTail
+from policy_engine.executor import CancelToken
 
 KILL_ALL = ("/bin/kill", "-9", "-1")
+_CANCEL_POLL_S = 0.1
+
+
+@contextlib.contextmanager
+def killed_on_cancel(cancel: CancelToken | None, kill: Callable[[], object]) -> Iterator[None]:
+    """Run ``kill`` once if ``cancel`` fires while the block runs: a cancelled call stops its
+    process instead of leaving it to run (and write) in the background until its deadline."""
+    if cancel is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if cancel.wait(_CANCEL_POLL_S):
+                if not done.is_set():
+                    with contextlib.suppress(Exception):  # it may have just exited
+                        kill()
+                return
+
+    watcher = threading.Thread(target=watch, name="docker-cancel", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 @dataclass(slots=True)
@@ -74,7 +102,7 @@ def bind_mounts(system_binds: Iterable[str], ws_mounts: Iterable[tuple[str, str,
 def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
              argv: list[str], env: dict[str, str], cwd: str, hard: Hardening,
              mounts: list[Mount], limits: tuple[int, int], deadline: float,
-             cgroup_parent: str | None = None) -> Outcome:
+             cgroup_parent: str | None = None, cancel: CancelToken | None = None) -> Outcome:
     """Create, attach, start, wait (until ``deadline``), remove; with ``cgroup_parent``, the
     CPU time the container used is read from it (``cpu.py``) and the parent removed."""
     out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]))
@@ -92,7 +120,8 @@ def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
         try:
             if remaining <= 0:
                 raise requests.exceptions.ReadTimeout("deadline passed before start")
-            result = container.wait(timeout=remaining)
+            with killed_on_cancel(cancel, container.kill):
+                result = container.wait(timeout=remaining)
             out.exit_code = int(result.get("StatusCode", -1))
         except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
             out.timed_out = True

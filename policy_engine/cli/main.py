@@ -14,7 +14,7 @@ from policy_engine.cli.boundary import BoundaryGroup
 # Commands in the order `--help` lists them; each module exposes `command: click.Command`.
 COMMAND_MODULES = ("check", "lint", "explain", "run", "schema", "plugins", "stats",
                    "conformance", "test", "fmt", "serve", "tokens", "evidence", "replay",
-                   "diff")
+                   "diff", "skills", "mcp")
 
 
 @click.group(cls=BoundaryGroup, context_settings={"help_option_names": ["-h", "--help"]})

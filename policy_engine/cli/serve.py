@@ -62,6 +62,8 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
 @click.option("--manifest", "manifests", multiple=True, type=_FILE,
               help="a tool manifest requests may name instead of sending it (repeatable); "
               "one named `sandbox.exec` replaces the built-in exec manifest")
+@click.option("--skills", "skills_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="a directory of <id>/manifest.json skills to serve (GET /skills)")
 @click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="exec workspace root [default: STATE_DIR/workspace]")
 @click.option("--root-fs", type=click.Path(file_okay=False, path_type=Path),
@@ -96,7 +98,7 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
               "bundle that compiles is swapped in for new requests; one that does not is "
               "reported by /sandbox/health and the old policy stays); 0 turns it off")
 def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Path | None,
-            manifests: tuple[Path, ...], workspace: Path | None,
+            manifests: tuple[Path, ...], skills_dir: Path | None, workspace: Path | None,
             root_fs: Path | None, max_artifacts_bytes: int, security_mode: str, confirmation: str,
             approver_url: str | None, approver_secret_file: Path | None,
             approver_timeout: float, allow_inline_manifests: bool, host: str, port: int,
@@ -125,6 +127,11 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
     for path in manifests:
         tool = load_or_exit(lambda p=path: load_manifest(p))  # type: ignore[misc]
         named[tool.name] = tool
+    skills = {}
+    if skills_dir is not None:
+        from policy_engine.skills.check import load_skills
+
+        skills = load_or_exit(lambda: load_skills(skills_dir))
     confirm = _confirmation(confirmation, approver_url, approver_secret_file, approver_timeout)
     root = (workspace or engine.state_dir / "workspace").absolute()
     config = ServiceConfig(policyset=policyset, engine=engine, workspace_root=root,
@@ -135,7 +142,7 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
                                         if root_fs is not None else None),
                            security_mode=SecurityMode(security_mode), confirmation=confirm,
                            allow_inline_manifests=allow_inline_manifests,
-                           max_artifacts_bytes=max_artifacts_bytes,
+                           max_artifacts_bytes=max_artifacts_bytes, skills=skills,
                            policy_files=tuple(p.absolute() for p in policies),
                            reload_interval_s=reload_interval)
     try:

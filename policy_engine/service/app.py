@@ -46,8 +46,10 @@ from policy_engine.service.models import (
     RunCodeBody,
     RunCodeResponse,
 )
+from policy_engine.service.skill_routes import register as register_skill_routes
 from policy_engine.service.tokens import Principal, TokenStore
 from policy_engine.service.workspace import open_artifact
+from policy_engine.skills.invoke import SkillInvoker
 
 log = logging.getLogger(__name__)
 # context keys the guard takes from the caller over its own views: the service sets them
@@ -83,11 +85,13 @@ class Engine:
     decider: Decider
     pool: OrchestratorPool
     broker: ConsentBroker
+    skills: SkillInvoker | None = None
     reloader: PolicyReloader | None = None
 
     def swap(self, policyset: PolicySet) -> None:
         """Hot reload: everything besides ``orch`` (the reloader swaps it first) decides with
-        ``policyset`` for requests that start from now on."""
+        ``policyset`` for requests that start from now on (skills run on ``orch`` and
+        ``pool``)."""
         self.decider = Decider.of(policyset)
         self.pool.swap(policyset)
         self.broker.swap(policyset)
@@ -107,9 +111,12 @@ def open_engine(config: ServiceConfig) -> Engine:
     tokens = TokenStore(state / "tokens.sqlite")
     execs = ExecStore(state / "service.sqlite")
     broker = ConsentBroker(config.confirmation, config.policyset, state / "consent.jsonl")
+    pool = OrchestratorPool(config.policyset, config.engine)
+    fs_root = (config.op_settings.root_fs if config.op_settings else None) or "/workspace"
+    skills = SkillInvoker(config.skills, config.policyset, config.engine, fs_root=fs_root,
+                          orchestrator=orch, pool=pool, broker=broker) if config.skills else None
     eng = Engine(config, orch, tokens, execs, ExecRunner(config, orch, execs, broker),
-                 Decider.of(config.policyset),
-                 OrchestratorPool(config.policyset, config.engine), broker)
+                 Decider.of(config.policyset), pool, broker, skills)
     if config.reload_interval_s > 0 and config.policy_files:
         eng.reloader = PolicyReloader(orch, config.policy_files, on_swap=(eng.swap,))
         eng.reloader.start(config.reload_interval_s)
@@ -332,6 +339,11 @@ def create_app(config: ServiceConfig) -> FastAPI:
             raise service_error("SERVICE.NOT_FOUND", "no such artifact")
         fd = open_artifact(FsPath(record.artifacts_path), name)
         return StreamingResponse(_chunks(fd), media_type="application/octet-stream")
+
+    async def skill_invoker(eng: Eng) -> SkillInvoker | None:
+        return eng.skills
+
+    register_skill_routes(app, Who, Annotated[SkillInvoker | None, Depends(skill_invoker)])
 
     @app.get("/sandbox/health", tags=["sandbox"], response_model=Health)
     def health(eng: Eng) -> Health:

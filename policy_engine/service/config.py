@@ -10,6 +10,7 @@ from policy_engine.confirm.services import ConfirmationService, DenyConfirmation
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.model import Limits, Manifest, NetworkMode, Settings
 from policy_engine.runcode.risk import SecurityMode
+from policy_engine.skills.model import Skill
 
 MiB = 1024 * 1024
 
@@ -44,6 +45,7 @@ class ServiceConfig:
     :param allow_inline_manifests: accept a manifest in the request body; a manifest declares
         the side effects and safety class the consent rules read, so by default only the
         operator's (``manifests``) are used.
+    :param skills: the skills of `GET /skills` and `POST /skills/{id}/invoke`, by id.
     :param op_settings: the operator settings layer of `/v1/decide` and `/v1/ops` (the same
         for both, so a dry run answers as the run does).
     :param policy_files: the entry files ``policyset`` was compiled from (hot reload watches
@@ -67,6 +69,7 @@ class ServiceConfig:
     allow_inline_manifests: bool = False
     policy_files: tuple[Path, ...] = ()
     reload_interval_s: float = 0.0
+    skills: dict[str, Skill] = field(default_factory=dict)
 
     def settings_for_exec(self) -> Settings:
         """Operator settings of an exec: root_fs is the workspace, network none (seed 002)."""

@@ -21,7 +21,7 @@ def test_document_is_openapi_3_1_with_every_endpoint_and_bearer_auth() -> None:
     assert set(doc["paths"]) == {
         "/v1/decide", "/v1/ops", "/v1/run_code", "/sandbox/execs", "/sandbox/execs/{exec_id}",
         "/sandbox/execs/{exec_id}/artifacts", "/sandbox/execs/{exec_id}/artifacts/{name}",
-        "/sandbox/health"}
+        "/sandbox/health", "/skills", "/skills/{skill_id}/invoke"}
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     # health is the one endpoint without a token
     assert "security" not in doc["paths"]["/sandbox/health"]["get"]

@@ -1,0 +1,143 @@
+"""`policy-engine mcp`: the skills as MCP tools over stdio or streamable HTTP (docs/mcp.md)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+import click
+
+from policy_engine.cli.common import EXIT_BAD_INPUT, load_or_exit
+from policy_engine.compiler import compile_files
+from policy_engine.config import EngineConfig, load_config
+
+if TYPE_CHECKING:
+    from policy_engine.mcp.ops import OpTool
+    from policy_engine.skills.invoke import SkillInvoker
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+_DIR = click.Path(file_okay=False, path_type=Path)
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+@click.command("mcp")
+@click.option("--policy", "policies", multiple=True, required=True, type=_FILE,
+              help="a .sbpolicy file (repeatable; imports are followed)")
+@click.option("--skills", "skills_dir", type=_DIR, default=Path("skills"), show_default=True,
+              help="the directory of <id>/manifest.json skills")
+@click.option("--manifest", "manifests", multiple=True, type=_FILE,
+              help="a tool manifest offered as the tool `op.<name>`: one guarded op of a kind "
+              "it declares, granted its permissions (repeatable)")
+@click.option("--config", "config_path", type=_FILE, help="engine configuration (YAML/JSON)")
+@click.option("--state-dir", type=_DIR, help="evidence and budgets (overrides the config)")
+@click.option("--root-fs", type=_DIR, default=Path("/workspace"), show_default=True,
+              help="where fs skills find inputs/, work/ and artifacts/")
+@click.option("--transport", type=click.Choice(["stdio", "http"]), default="stdio",
+              show_default=True)
+@click.option("--tenant", help="stdio: the tenant every call runs as (required for stdio)")
+@click.option("--subject", help="stdio: the subject every call runs as (required for stdio)")
+@click.option("--host", default="127.0.0.1", show_default=True, help="http: address")
+@click.option("--port", default=8788, show_default=True, type=click.IntRange(0, 65535),
+              help="http: port (0 picks a free one; the chosen port is printed)")
+@click.option("--rate-per-minute", default=6000, show_default=True, type=click.IntRange(1),
+              help="http: requests per tenant per minute (counted by the budget meter)")
+def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path, ...],
+            config_path: Path | None,
+            state_dir: Path | None, root_fs: Path, transport: str, tenant: str | None,
+            subject: str | None, host: str, port: int, rate_per_minute: int) -> None:
+    """Serve the skills as MCP tools `skill.<id>`; every call is decided by the policy and
+    leaves evidence. stdio runs as one tenant; http takes the service's bearer tokens.
+
+    Exits 2 on unusable input (policy, skills, config, address in use).
+    """
+    try:
+        from policy_engine.mcp.ops import OpTool
+        from policy_engine.mcp.server import build_server
+        from policy_engine.mcp.transports import fixed_principal, run_stdio
+    except ImportError:
+        _fail("the MCP server needs the `mcp` extra: pip install 'policy-engine[mcp]'")
+    from policy_engine.dsl.loaders import load_manifest
+    from policy_engine.orchestrator import Orchestrator
+    from policy_engine.runcode.manager import OrchestratorPool
+    from policy_engine.skills.check import load_skills
+    from policy_engine.skills.invoke import SkillInvoker
+
+    if transport == "stdio" and not (tenant and subject):
+        _fail("--transport stdio runs as one tenant: give --tenant and --subject")
+    if tenant is not None:
+        from policy_engine.service.tokens import check_tenant
+
+        try:  # the same names tokens allow: a tenant names directories
+            check_tenant(tenant)
+        except ValueError as exc:
+            _fail(str(exc))
+    if subject is not None and not (0 < len(subject) <= 200 and subject.isprintable()):
+        _fail("--subject must be 1-200 printable characters")
+    try:
+        engine = load_config(config_path) if config_path else EngineConfig()
+    except ValueError as exc:
+        _fail(str(exc))
+    if state_dir is not None:
+        engine = replace(engine, state_dir=state_dir.absolute())
+    policyset = load_or_exit(lambda: compile_files(policies))
+    skills = load_or_exit(lambda: load_skills(skills_dir))
+    op_tools = tuple(OpTool(load_or_exit(lambda p=path: load_manifest(p)))  # type: ignore[misc]
+                     for path in manifests)
+    # logs go to stderr: on stdio, stdout is the protocol
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    orch = Orchestrator(policyset, config=engine)
+    pool = OrchestratorPool(policyset, engine)
+    invoker = SkillInvoker(skills, policyset, engine, fs_root=str(root_fs.absolute()),
+                           orchestrator=orch, pool=pool)
+    try:
+        if transport == "stdio":
+            import anyio
+
+            server = build_server(invoker, fixed_principal(str(tenant), str(subject)),
+                                  op_tools)
+            anyio.run(run_stdio, server)
+        else:
+            _serve_http(invoker, op_tools, engine, host, port, rate_per_minute)
+    finally:
+        pool.close()
+        orch.close()
+
+
+def _serve_http(invoker: SkillInvoker, op_tools: tuple[OpTool, ...], engine: EngineConfig,
+                host: str, port: int, rate_per_minute: int) -> None:
+    import uvicorn
+
+    from policy_engine.mcp.server import build_server
+    from policy_engine.mcp.transports import http_app, token_principal
+    from policy_engine.service.guards import charge_rate
+    from policy_engine.service.tokens import Principal, TokenStore
+
+    tokens = TokenStore(engine.state_dir / "tokens.sqlite")
+    try:
+        sock = socket.create_server((host, port))
+    except OSError as exc:
+        _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
+    bound = sock.getsockname()[1]
+    meter = invoker.orch.meter
+
+    def admit(who: Principal) -> None:  # the service's per-tenant rate, the same meter key
+        charge_rate(meter, who.tenant, rate_per_minute)
+
+    app = http_app(build_server(invoker, token_principal(tokens), op_tools), tokens, host=host,
+                   admit=admit)
+    click.echo(f"policy-engine mcp: listening on http://{host}:{bound}/mcp "
+               f"(state {engine.state_dir})", err=True)
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                      lifespan="on")).run(sockets=[sock])
+    finally:
+        tokens.close()

@@ -1,0 +1,143 @@
+"""The MCP server (official `mcp` SDK, low-level API): list_tools ← skills, call_tool ← invoke."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+
+from policy_engine import __version__
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.executor import CancelToken
+from policy_engine.mcp.ops import OpTool, run_op
+from policy_engine.skills.invoke import InputError, InvokeResult, SkillInvoker
+from policy_engine.skills.model import Skill
+
+log = logging.getLogger(__name__)
+
+# (tenant, subject) of the caller of one request; raises PolicyEngineError when there is none
+PrincipalOf = Callable[[ServerRequestContext[Any, Any]], tuple[str, str]]
+
+
+class Unauthenticated(PolicyEngineError):
+    """No valid token on an HTTP request (the transport also refuses it with 401)."""
+
+    def __init__(self) -> None:
+        super().__init__(ErrorCode.PERMISSION_DENY, "authentication required")
+
+
+def tool_of(skill: Skill) -> types.Tool:
+    hints = skill.annotations()
+    return types.Tool(
+        name=skill.tool_name, title=str(skill.doc["name"]),
+        description=str(skill.doc["description"]), input_schema=skill.inputs_schema,
+        output_schema=skill.outputs_schema,
+        annotations=types.ToolAnnotations(
+            title=str(skill.doc["name"]), read_only_hint=hints["readOnlyHint"],
+            destructive_hint=hints["destructiveHint"],
+            idempotent_hint=hints["idempotentHint"], open_world_hint=hints["openWorldHint"]),
+        meta={"policy-engine/skill": skill.id,
+              "policy-engine/side_effects": [str(e) for e in skill.side_effects()]})
+
+
+def tool_error(code: str, message: str, *, http_status: int, envelope_id: str | None = None,
+               pointer: str | None = None) -> types.CallToolResult:
+    """A refusal as an MCP tool error: ``isError`` with the stable code and public message
+    (as text for any host, and as structured content for programs)."""
+    error: dict[str, Any] = {"code": code, "http_status": http_status, "message": message}
+    if pointer is not None:
+        error["pointer"] = pointer
+    if envelope_id is not None:
+        error["envelope_id"] = envelope_id
+    return types.CallToolResult(
+        content=[types.TextContent(text=f"{code}: {message}")], is_error=True,
+        meta={"policy-engine/error": error})
+
+
+def _answer(result: InvokeResult) -> types.CallToolResult:
+    if not result.ok:
+        return tool_error(result.code or ErrorCode.UNKNOWN_INTERNAL.value,
+                          result.message or "", http_status=result.http_status,
+                          envelope_id=result.envelope_id)
+    return types.CallToolResult(
+        content=[types.TextContent(text=json.dumps(result.output, ensure_ascii=False))],
+        structured_content=result.output, meta={"policy-engine/envelope_id":
+                                                result.envelope_id})
+
+
+def op_tool_of(tool: OpTool) -> types.Tool:
+    hints = tool.annotations()
+    return types.Tool(
+        name=tool.name, title=tool.manifest.name,
+        description=(tool.manifest.description or f"the ops of tool `{tool.manifest.name}`")
+        + " (one guarded op: " + ", ".join(str(k) for k in tool.kinds()) + ")",
+        input_schema=tool.input_schema(),
+        annotations=types.ToolAnnotations(
+            title=tool.manifest.name, read_only_hint=hints["readOnlyHint"],
+            destructive_hint=hints["destructiveHint"],
+            idempotent_hint=hints["idempotentHint"], open_world_hint=hints["openWorldHint"]),
+        meta={"policy-engine/manifest": tool.manifest.name,
+              "policy-engine/side_effects": [str(e) for e in tool.manifest.side_effects]})
+
+
+def build_server(invoker: SkillInvoker, principal_of: PrincipalOf,
+                 op_tools: tuple[OpTool, ...] = ()) -> Server[Any]:
+    """An MCP server offering ``invoker``'s skills as tools named ``skill.<id>`` and each
+    operator manifest of ``op_tools`` as ``op.<name>``."""
+    by_tool = {s.tool_name: s for s in invoker.skills.values()}
+    by_op = {t.name: t for t in op_tools}
+    listed = [tool_of(s) for s in by_tool.values()] + [op_tool_of(t) for t in op_tools]
+
+    async def list_tools(ctx: ServerRequestContext[Any, Any],
+                         params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        principal_of(ctx)  # listing needs the same identity as calling
+        return types.ListToolsResult(tools=listed)
+
+    async def call_tool(ctx: ServerRequestContext[Any, Any],
+                        params: types.CallToolRequestParams) -> types.CallToolResult:
+        try:
+            tenant, subject = principal_of(ctx)
+        except Unauthenticated:  # the token was revoked after the transport let it in
+            return tool_error("AUTH.UNAUTHENTICATED", "authentication required: the token "
+                              "is not valid", http_status=401)
+        skill, op_tool = by_tool.get(params.name), by_op.get(params.name)
+        cancel = CancelToken()
+        run: Callable[[], InvokeResult]
+        if skill is not None:
+            run = partial(invoker.invoke, skill, params.arguments or {}, tenant=tenant,
+                          subject=subject, cancel=cancel)
+        elif op_tool is not None:
+            run = partial(run_op, op_tool, params.arguments or {}, orch=invoker.orch,
+                          fs_root=invoker.fs_root, tenant=tenant, subject=subject,
+                          cancel=cancel)
+        else:
+            return tool_error("SERVICE.NOT_FOUND", f"not found: no tool `{params.name}`",
+                              http_status=404)
+        try:
+            # a worker thread: the sandbox blocks; on cancellation the thread is abandoned
+            # and the token stops the executor, whose end evidence records the cancel
+            result = await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            cancel.cancel("cancelled by the MCP client")
+            raise
+        except InputError as exc:
+            return tool_error(ErrorCode.SCHEMA_VALIDATION_FAILED.value, exc.public_message(),
+                              http_status=422, pointer=exc.pointer,
+                              envelope_id=exc.envelope_id)
+        except PolicyEngineError as exc:
+            view = exc.public_view()
+            return tool_error(view["code"], view["message"], http_status=view["http_status"])
+        return _answer(result)
+
+    return Server("policy-engine", version=__version__, title="policy-engine skills",
+                  instructions="Guarded tools: every call is decided by policy and leaves "
+                  "evidence; a refusal is a tool error carrying a stable code.",
+                  on_list_tools=list_tools, on_call_tool=call_tool)

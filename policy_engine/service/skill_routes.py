@@ -1,0 +1,92 @@
+"""`GET /skills` and `POST /skills/{skill_id}/invoke`: skills over HTTP (seed 002 §7)."""
+
+# no `from __future__ import annotations`: FastAPI reads the dependency types handed to
+# `register` from the route signatures, which must be real objects, not strings
+
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Path
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from policy_engine.errors import PolicyEngineError
+from policy_engine.service.errors import ServiceError, from_engine, service_error
+from policy_engine.skills.invoke import InputError, SkillInvoker
+from policy_engine.skills.model import Skill
+
+SKILL_ID = r"^[a-z0-9]+(\.[a-z0-9]+)+$"
+
+
+class InvokeBody(BaseModel):
+    """The skill's inputs, checked against its `interface.inputs` JSON Schema."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: dict[str, Any] = Field(default_factory=dict)
+
+
+class SkillInfo(BaseModel):
+    id: str
+    tool: str = Field(description="the MCP tool name, `skill.<id>`")
+    name: str
+    version: str
+    description: str
+    runtime: str
+    side_effects: list[str]
+    annotations: dict[str, bool]
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+
+
+class SkillList(BaseModel):
+    skills: list[SkillInfo]
+
+
+def skill_info(skill: Skill) -> SkillInfo:
+    return SkillInfo(id=skill.id, tool=skill.tool_name, name=str(skill.doc["name"]),
+                     version=str(skill.doc["version"]),
+                     description=str(skill.doc["description"]), runtime=skill.kind,
+                     side_effects=[str(e) for e in skill.side_effects()],
+                     annotations=skill.annotations(), inputs=skill.inputs_schema,
+                     outputs=skill.outputs_schema)
+
+
+_RESULT = {"content": {"application/json": {"schema": {"type": "object"}}},
+           "description": "`{skill, ok, output, envelope_id}`; a refusal adds `error` and "
+           "answers its code's HTTP status"}
+
+
+def register(app: FastAPI, who: Any, invoker_of: Any) -> None:
+    """Add the skill routes; ``who`` is the authenticated-principal dependency type and
+    ``invoker_of`` the dependency type giving the engine's ``SkillInvoker`` (or None)."""
+
+    @app.get("/skills", tags=["skills"], response_model=SkillList)
+    def list_skills(_: who, invoker: invoker_of) -> SkillList:
+        """The skills this service offers (the same as the MCP server's `skill.<id>` tools)."""
+        skills = invoker.skills.values() if invoker is not None else ()
+        return SkillList(skills=[skill_info(s) for s in skills])
+
+    @app.post("/skills/{skill_id}/invoke", tags=["skills"], responses={200: _RESULT})
+    def invoke_skill(skill_id: Annotated[str, Path(pattern=SKILL_ID, max_length=64)],
+                     body: InvokeBody, principal: who,
+                     invoker: invoker_of) -> JSONResponse:
+        """Invoke a skill: its inputs are checked against its schema (`422` with the JSON
+        pointer of the first problem), then it runs as one guarded op with evidence."""
+        skill = invoker.skills.get(skill_id) if invoker is not None else None
+        if skill is None:
+            raise service_error("SERVICE.NOT_FOUND", f"no skill `{skill_id}`")
+        run: SkillInvoker = invoker
+        try:
+            result = run.invoke(skill, body.inputs, tenant=principal.tenant,
+                                subject=principal.subject)
+        except InputError as exc:
+            pointer = f"/inputs{exc.pointer}"
+            err = ServiceError("SCHEMA.VALIDATION_FAILED", 422,
+                               f"invalid input at `{pointer}`: {exc.message}")
+            data = err.body()
+            data["error"]["pointer"] = pointer
+            data["envelope_id"] = exc.envelope_id
+            return JSONResponse(data, status_code=422)
+        except PolicyEngineError as exc:  # refused before an op existed (e.g. its image)
+            raise from_engine(exc) from None
+        return JSONResponse(result.to_json(), status_code=result.http_status)

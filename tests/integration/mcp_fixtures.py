@@ -1,0 +1,76 @@
+"""A workspace, policy and skills for the MCP tests, and the evidence they leave."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+POLICY = """policy "mcp/test" version "1.0.0"
+defaults {{ network restricted }}
+permit "read-inputs" fs.read, fs.list  paths ["{root}/inputs/**", "/workspace/**"]
+permit "write-work" fs.write  paths ["/workspace/work/**", "/workspace/artifacts/**"]
+forbid "no-secret" fs.read  paths ["{root}/inputs/secret/**"]
+permit "sh" proc.exec  tool "bash"
+permit "py" proc.exec  tool "python3"
+require consent when `profile.safety == "High"`
+"""
+
+
+@dataclass
+class Setup:
+    """Where a test's policy, skills, data and state live."""
+
+    root: Path
+    policy: Path
+    skills: Path
+    state: Path
+
+    def mcp_args(self, *extra: str) -> list[str]:
+        return ["-m", "policy_engine.cli", "mcp", "--policy", str(self.policy),
+                "--skills", str(self.skills), "--state-dir", str(self.state),
+                "--root-fs", str(self.root), *extra]
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.environ.get("PYTHONPATH", str(REPO))
+        return env
+
+    def evidence(self) -> list[dict[str, Any]]:
+        """Every evidence record written so far (begin and end)."""
+        records = []
+        for path in self.state.rglob("*.jsonl"):
+            for line in path.read_text().splitlines():
+                if line.strip().startswith("{"):
+                    records.append(json.loads(line))
+        return records
+
+    def ends(self, envelope_id: str) -> list[dict[str, Any]]:
+        return [r for r in self.evidence()
+                if r.get("type") == "end" and r.get("envelope_id") == envelope_id]
+
+    def add_token(self, tenant: str, subject: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "policy_engine.cli", "tokens", "add",
+                               "--tenant", tenant, "--subject", subject, "--state-dir",
+                               str(self.state)], capture_output=True, text=True, timeout=60,
+                              env=self.env(), check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+
+def make_setup(root: Path, extra_policy: str = "") -> Setup:
+    (root / "inputs" / "secret").mkdir(parents=True)
+    (root / "inputs" / "hello.txt").write_text("hello\n")
+    (root / "inputs" / "secret" / "key.txt").write_text("k3y\n")
+    policy = root / "mcp.sbpolicy"
+    policy.write_text(POLICY.format(root=root) + extra_policy)
+    skills = root / "skills"
+    shutil.copytree(REPO / "skills", skills)
+    return Setup(root, policy, skills, root / "state")

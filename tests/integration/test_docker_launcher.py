@@ -14,7 +14,13 @@ from plugins.executor_docker.control import CONTROL_DIR
 from plugins.executor_docker.engine import DockerOptions
 from plugins.executor_docker.executor import DockerExecutor
 from policy_engine.executor import ExecContext
-from policy_engine.model import ProcExecOp
+from policy_engine.model import (
+    ArgAlternative,
+    CapabilityKind,
+    ProcCapability,
+    ProcExecOp,
+    ProfileCapability,
+)
 from tests.integration.test_docker_pool import make_profile
 
 pytestmark = pytest.mark.integration
@@ -48,7 +54,11 @@ def pooled(tmp_path: Path) -> Iterator[DockerExecutor]:
 
 
 def run(ex: DockerExecutor, root: Path, tool: str, *args: str, **kw: Any) -> dict[str, Any]:
-    ctx = ExecContext(profile=make_profile(root), deadline=time.monotonic() + 90)
+    # the executor's second line admits only variables a proc.exec capability's env lists
+    env_cap = ProfileCapability(kind=CapabilityKind.PROC_EXEC, all_of=(ProcCapability(
+        tool=tool, env=(ArgAlternative(literal="ONLY"),)),))
+    profile = make_profile(root).model_copy(update={"capabilities": (env_cap,)})
+    ctx = ExecContext(profile=profile, deadline=time.monotonic() + 90)
     return ex.execute(ctx, ProcExecOp(tool=tool, args=args, **kw)).out
 
 

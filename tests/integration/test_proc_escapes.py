@@ -252,10 +252,22 @@ def test_writing_2_gib_in_one_call_fails_with_a_clean_code(world_root: Path,
 # --- docker: the same attacks against containers ------------------------------------------------
 
 @pytest.fixture(scope="module")
-def docker_ex() -> Iterator[DockerExecutor]:
-    ex = DockerExecutor(DockerOptions(max_file_bytes=64 << 20))
+def docker_state() -> Iterator[Path]:
+    """The executor's state directory: projects live beneath it, outside every root_fs."""
+    d = Path(tempfile.mkdtemp(prefix="pe-escape-state-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def docker_ex(docker_state: Path) -> Iterator[DockerExecutor]:
+    ex = DockerExecutor(DockerOptions(max_file_bytes=64 << 20), state_dir=docker_state)
     yield ex
     ex.close()
+
+
+def _project(ex: DockerExecutor, ctx: ExecContext) -> Path:
+    return ex.state_dir / "docker" / "projects" / project_id_of(ctx.profile)
 
 
 def _docker_ctx(root: Path) -> ExecContext:
@@ -284,7 +296,7 @@ def test_docker_plant_is_not_setuid_root_on_the_host(docker_ex: DockerExecutor,
         "-c", f"cp {SYSTEM_PYTHON} /workspace/work/rootpy; chmod 4755 /workspace/work/rootpy; "
         "echo chmod=$?")))
     assert "chmod=1" in res.out["stdout"]  # refused by the profile's seccomp rules
-    planted = next(world_root.glob("projects/*/work/rootpy"))
+    planted = _project(docker_ex, _docker_ctx(world_root)) / "work" / "rootpy"
     st = planted.stat()
     assert st.st_uid == SANDBOX_UID
     assert not st.st_mode & stat.S_ISUID
@@ -294,7 +306,7 @@ def test_docker_plant_is_not_setuid_root_on_the_host(docker_ex: DockerExecutor,
 def test_docker_disk_quota_and_masks(docker_ex: DockerExecutor, world_root: Path) -> None:
     ctx = _docker_ctx(world_root)
     docker_ex.execute(ctx, ProcExecOp(tool="true"))  # creates the project's directories
-    work = next(world_root.glob("projects/*/work"))
+    work = _project(docker_ex, ctx) / "work"
     (work / ".env").write_text("TOKEN=docker-env-secret")
     res = docker_ex.execute(_docker_ctx(world_root), ProcExecOp(tool="/bin/sh", args=(
         "-c", "cat /workspace/work/.env; echo rc=$?")))
@@ -355,11 +367,12 @@ def test_cli_landlock_compat_cannot_reach_the_docker_socket(tmp_path: Path) -> N
     assert res.stdout.count("blocked") == 2, res.stdout
 
 
-def test_docker_warm_pool_leaves_mandatory_denied_inputs_out(world_root: Path) -> None:
-    ex = DockerExecutor(DockerOptions(mode="pool", pool_size=1))
+def test_docker_warm_pool_leaves_mandatory_denied_inputs_out(world_root: Path,
+                                                             docker_state: Path) -> None:
+    ex = DockerExecutor(DockerOptions(mode="pool", pool_size=1), state_dir=docker_state)
     try:
         ctx = _docker_ctx(world_root)
-        inputs = world_root / "projects" / project_id_of(ctx.profile) / "inputs"
+        inputs = _project(ex, ctx) / "inputs"
         (inputs / "cfg").mkdir(parents=True)
         (inputs / "cfg" / ".env").write_text("TOKEN=pool-env-secret")
         (inputs / "cfg" / "ok.txt").write_text("fine")

@@ -19,7 +19,7 @@ from typing import Any
 
 import docker
 
-from plugins.executor_docker import cpu, engine, masks, network, transfer
+from plugins.executor_docker import cpu, engine, masks, network, setid, transfer
 from plugins.executor_docker.engine import DockerOptions, Hardening
 from plugins.executor_docker.pool import WarmPool
 from plugins.executor_docker.runner import Outcome, bind_mounts, exec_in, run_once, run_quiet
@@ -211,11 +211,16 @@ class DockerExecutor:
                                                       deadline)
         except Exception as exc:  # noqa: BLE001 -- every failure leaves with a registry code
             raise engine.map_error(exc) from None
+        # third line after seccomp and the 0700 project: no set-id file or device node stays
+        stripped = [f"work/{p}" for p in setid.sweep(ws.work)]
+        stripped += [f"artifacts/{p}" for p in setid.sweep(ws.artifacts)]
         manifest, over = collect_artifacts(ws, art_limit)
         removed += over
         meta = self._meta(profile, ctx, hard, ws, out, argv, cwd, env, mounts, removed)
         if proxied is not None:
             meta["network_proxy"] = proxied
+        if stripped:
+            meta["setid_stripped"] = stripped[:100]
         write_record(ws, out.stdout.kept(), out.stderr.kept(), manifest, meta)
         audit = {"exec_id": ws.exec_id, "artifacts_dir": str(ws.artifacts)}
         ctx.record_side_effect(SideEffectRec(kind=SideEffect.PROCESS, meta={

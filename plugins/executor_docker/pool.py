@@ -12,11 +12,12 @@ TOCTOU-safe: a slot changes state only under the pool lock (``IDLE → ACQUIRING
 there, so two sessions can never take the same container); slow work (limit updates, copying
 inputs, replacements) happens outside the lock on a slot nobody else can claim.
 
-The container's root file system is read-only (``Hardening``); ``/workspace/{inputs,work,artifacts}``
-are anonymous volumes of the container (the engine's archive API reaches volumes, not a tmpfs),
-removed with it. Each container is created with its own empty host directory mounted read-only at
-the netproxy's ``SANDBOX_DIR``: a restricted-network call starts its proxy in there (mounts cannot be added to a
-running container). The container itself never has a network (``--network=none``).
+The container's root file system is read-only (``Hardening``);
+``/workspace/{inputs,work,artifacts}`` are anonymous volumes of the container (the engine's
+archive API reaches volumes, not a tmpfs), removed with it. Each container is created with its
+own empty host directory mounted read-only at the netproxy's ``SANDBOX_DIR``: a
+restricted-network call starts its proxy in there (mounts cannot be added to a running
+container). The container itself never has a network (``--network=none``).
 """
 
 from __future__ import annotations

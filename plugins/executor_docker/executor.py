@@ -35,6 +35,7 @@ from policy_engine.config import default_state_dir
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, ExecutorCapabilities
 from policy_engine.guard.env import profile_env_refusal
+from policy_engine.guard.gitfiles import GIT_PINS
 from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
     ExecOp,
@@ -48,8 +49,9 @@ from policy_engine.model import (
     Usage,
 )
 
+# GIT_PINS: git never runs a program a workspace file names (repo config, hooks, ~/.gitconfig)
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace/work",
-            "LANG": "C.UTF-8"}
+            "LANG": "C.UTF-8", **GIT_PINS}
 
 
 def session_key(profile: Profile) -> str:

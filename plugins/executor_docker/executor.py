@@ -233,6 +233,10 @@ class DockerExecutor:
                 ErrorCode.BUDGET_EXCEEDED, "disk quota exceeded: a file written reached the "
                 f"{self.options.max_file_bytes}-byte limit (docker option `max_file_bytes`)",
                 audit=audit)
+        if out.cancelled:
+            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
+                                    f"process cancelled: {ctx.cancel.reason or 'cancelled'}",
+                                    audit=audit)
         if out.timed_out:
             raise PolicyEngineError(ErrorCode.TIMEOUT,
                                     f"process exceeded its {timeout_s:g}s wall time and was "
@@ -270,7 +274,8 @@ class DockerExecutor:
         proxied: dict[str, int] | None = None
         try:
             out = run_once(client, streams, self.options.image, argv, env, cwd, hard, mounts,
-                           limits, deadline, cgroup_parent=cpu.parent_for(ws.exec_id))
+                           limits, deadline, cgroup_parent=cpu.parent_for(ws.exec_id),
+                           cancel=ctx.cancel)
         finally:
             if net is not None:
                 proxied = network.record_effects(ctx, net)
@@ -299,10 +304,10 @@ class DockerExecutor:
         before = cpu.usage_ns(cgroup) if cgroup else None
         try:
             if slot.control is not None:
-                out, changed = slot.control.run(argv, env, cwd, limits, deadline)
+                out, changed = slot.control.run(argv, env, cwd, limits, deadline, ctx.cancel)
             else:
                 out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits,
-                              deadline)
+                              deadline, ctx.cancel)
                 changed = transfer.artifacts_changed(client, slot.container_id)
         finally:
             if net is not None:

@@ -81,7 +81,8 @@ class Control:
         self._sock = self._listener = None
 
     def run(self, argv: list[str], env: dict[str, str], cwd: str, limits: tuple[int, int],
-            deadline: float, cancel: CancelToken | None = None) -> tuple[Outcome, bool]:
+            deadline: float, cancel: CancelToken | None = None,
+            stdin_b64: str | None = None) -> tuple[Outcome, bool]:
         """Run ``argv``; return its outcome and whether the artifacts directory has entries.
 
         :raises ControlBroken: the connection failed (the caller maps it to an error and the
@@ -92,7 +93,7 @@ class Control:
             out.timed_out, out.ended = True, time.time()
             return out, False
         try:
-            return self._run(out, argv, env, cwd, deadline, cancel)
+            return self._run(out, argv, env, cwd, deadline, cancel, stdin_b64)
         except (OSError, ValueError, EOFError) as exc:
             self.broken = True
             raise ControlBroken(str(exc)) from exc
@@ -100,12 +101,17 @@ class Control:
             self._lock.release()
 
     def _run(self, out: Outcome, argv: list[str], env: dict[str, str], cwd: str,
-             deadline: float, cancel: CancelToken | None) -> tuple[Outcome, bool]:
+             deadline: float, cancel: CancelToken | None,
+             stdin_b64: str | None) -> tuple[Outcome, bool]:
         sock = self._sock
         if sock is None or self.broken:
             raise ControlBroken("launcher not connected")
         out.started = time.time()
-        sock.sendall(json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode() + b"\n")
+        req: dict[str, object] = {"argv": argv, "env": env, "cwd": cwd}
+        if stdin_b64 is not None:
+            req["stdin_b64"] = stdin_b64
+        sock.settimeout(max(0.001, deadline - time.monotonic()))  # stdin may be megabytes
+        sock.sendall(json.dumps(req).encode() + b"\n")
         buf = b""
         end = deadline
         while True:

@@ -10,6 +10,8 @@ proxy through an in-container bridge (``network.py``), in both modes; ``on`` is 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import posixpath
 import signal
 import threading
@@ -71,6 +73,21 @@ def _cpu_ms(out: Outcome, hard: Hardening) -> tuple[int, str]:
     if out.cpu_ns is not None:
         return out.cpu_ns // 1_000_000, "cgroup"
     return int(out.duration_ms * max(hard.nano_cpus / 1e9, 1.0)), "wall-time bound"
+
+
+def _stdin(raw: str | None, ctx: ExecContext) -> bytes | None:
+    """The call's stdin; second line after the guard (base64, at most ``bytes_in``)."""
+    if raw is None:
+        return None
+    try:
+        data = base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                                "`stdin_b64` is not valid base64") from None
+    if len(data) > _limit(ctx, "max_bytes_in"):
+        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                f"stdin of {len(data)} bytes exceeds max_bytes_in")
+    return data
 
 
 def _cwd(raw: str | None) -> str:
@@ -182,9 +199,11 @@ class DockerExecutor:
         if not isinstance(op, ProcExecOp):
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
                                     f"the docker executor does not serve `{op.kind}`")
-        if op.stdin_b64 is not None:
-            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                    "stdin is not offered by the docker executor")
+        stdin = _stdin(op.stdin_b64, ctx)
+        if stdin is not None and self.options.mode == "pool" and not self.options.pool_launcher:
+            # `docker exec` streams are read-only here; the launcher and run-once take stdin
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "stdin is not offered by "
+                                    "the docker executor with `pool_launcher: false`")
         profile = ctx.profile
         hard = engine.hardening(profile, self.options, ctx.limits)
         cwd, env = _cwd(op.cwd), _env(op.env, profile, op.tool)
@@ -207,10 +226,10 @@ class DockerExecutor:
         try:
             if self.options.mode == "pool":
                 out, mounts, removed, proxied = self._pooled(ctx, ws, hard, argv, env, cwd,
-                                                             limits, deadline)
+                                                             limits, deadline, op.stdin_b64)
             else:
                 out, mounts, proxied = self._run_once(ctx, ws, hard, argv, env, cwd, limits,
-                                                      deadline)
+                                                      deadline, stdin)
         except Exception as exc:  # noqa: BLE001 -- every failure leaves with a registry code
             raise engine.map_error(exc) from None
         # third line after seccomp and the 0700 project: no set-id file or device node stays
@@ -260,7 +279,8 @@ class DockerExecutor:
         }, used=used)
 
     def _run_once(self, ctx: ExecContext, ws: ExecWorkspace, hard: Hardening, argv: list[str],
-                  env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float
+                  env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float,
+                  stdin: bytes | None
                   ) -> tuple[Outcome, list[dict[str, Any]], dict[str, int] | None]:
         client, streams = self.client()
         mounts = bind_mounts(self.options.system_binds, ws.mounts())
@@ -275,7 +295,7 @@ class DockerExecutor:
         try:
             out = run_once(client, streams, self.options.image, argv, env, cwd, hard, mounts,
                            limits, deadline, cgroup_parent=cpu.parent_for(ws.exec_id),
-                           cancel=ctx.cancel)
+                           cancel=ctx.cancel, stdin=stdin)
         finally:
             if net is not None:
                 proxied = network.record_effects(ctx, net)
@@ -285,7 +305,8 @@ class DockerExecutor:
         return out, shown, proxied
 
     def _pooled(self, ctx: ExecContext, ws: ExecWorkspace, hard: Hardening, argv: list[str],
-                env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float
+                env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float,
+                stdin_b64: str | None
                 ) -> tuple[Outcome, list[dict[str, Any]], list[str], dict[str, int] | None]:
         pool = self.pool()
         client, streams = self.client()
@@ -304,7 +325,8 @@ class DockerExecutor:
         before = cpu.usage_ns(cgroup) if cgroup else None
         try:
             if slot.control is not None:
-                out, changed = slot.control.run(argv, env, cwd, limits, deadline, ctx.cancel)
+                out, changed = slot.control.run(argv, env, cwd, limits, deadline, ctx.cancel,
+                                                stdin_b64)
             else:
                 out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits,
                               deadline, ctx.cancel)

@@ -8,6 +8,7 @@ in run-once mode, every sandbox process (``kill -9 -1`` as uid 1000) in a warm o
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -73,6 +74,19 @@ def bind_mounts(system_binds: Iterable[str], ws_mounts: Iterable[tuple[str, str,
     return mounts
 
 
+def _feed(attached: Any, data: bytes) -> None:
+    """Write a call's stdin into the container's attached stdin, then close it (EOF)."""
+    raw = getattr(attached, "_sock", attached)  # the SDK hands a SocketIO over the socket
+    try:
+        with contextlib.suppress(OSError):
+            raw.sendall(data)
+        with contextlib.suppress(OSError):
+            raw.shutdown(socket.SHUT_WR)
+    finally:
+        with contextlib.suppress(OSError):
+            attached.close()
+
+
 def _wait(container: Any, remaining: float, cancel: CancelToken | None
           ) -> tuple[dict[str, Any] | None, bool]:
     """The container's wait result (``None`` on the deadline) and whether ``cancel`` fired
@@ -102,21 +116,30 @@ def _wait(container: Any, remaining: float, cancel: CancelToken | None
 def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
              argv: list[str], env: dict[str, str], cwd: str, hard: Hardening,
              mounts: list[Mount], limits: tuple[int, int], deadline: float,
-             cgroup_parent: str | None = None, cancel: CancelToken | None = None) -> Outcome:
+             cgroup_parent: str | None = None, cancel: CancelToken | None = None,
+             stdin: bytes | None = None) -> Outcome:
     """Create, attach, start, wait (until ``deadline`` or ``cancel``), remove; with
     ``cgroup_parent``, the CPU time the container used is read from it (``cpu.py``) and the
     parent removed."""
     out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]))
-    extra = {"cgroup_parent": cgroup_parent} if cgroup_parent else {}
+    extra: dict[str, Any] = {"cgroup_parent": cgroup_parent} if cgroup_parent else {}
+    if stdin is not None:
+        # with detach=False the SDK also sets StdinOnce: EOF once our attachment closes
+        extra["stdin_open"] = True
     container = client.containers.create(
-        image, argv, environment=env, mounts=mounts, detach=True,
+        image, argv, environment=env, mounts=mounts, detach=stdin is None,
         **{**hard.create_kwargs(), "working_dir": cwd, **extra},
     )
     try:
         stream = streams.attach(container.id, stdout=True, stderr=True, stream=True, demux=True)
         pump, errors = _start_pump(stream, out)
+        feeder = (streams.attach_socket(container.id, params={"stdin": 1, "stream": 1})
+                  if stdin is not None else None)
         out.started = time.time()
         container.start()
+        if feeder is not None and stdin is not None:
+            threading.Thread(target=_feed, args=(feeder, stdin), daemon=True,
+                             name="docker-stdin").start()
         remaining = deadline - time.monotonic()
         result, out.cancelled = (_wait(container, remaining, cancel) if remaining > 0
                                  else (None, False))

@@ -41,7 +41,7 @@ def _sweep_dir(dir_fd: int, prefix: str, touched: list[str]) -> None:
             os.unlink(name, dir_fd=dir_fd)
             touched.append(rel)
             continue
-        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode) and st.st_mode & SETID):
             continue  # symlinks carry no mode of their own; fifos and sockets run nothing
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         if stat.S_ISDIR(st.st_mode):

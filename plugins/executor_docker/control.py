@@ -20,6 +20,7 @@ from pathlib import Path
 from plugins.executor_docker.runner import Outcome
 from policy_engine.capture import HeadTail
 from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.executor import CancelToken
 
 CONTROL_DIR = "/run/policy-engine-ctl"
 LAUNCHER_SOURCE = Path(__file__).with_name("launcher.py")
@@ -80,7 +81,8 @@ class Control:
         self._sock = self._listener = None
 
     def run(self, argv: list[str], env: dict[str, str], cwd: str, limits: tuple[int, int],
-            deadline: float) -> tuple[Outcome, bool]:
+            deadline: float, cancel: CancelToken | None = None,
+            stdin_b64: str | None = None) -> tuple[Outcome, bool]:
         """Run ``argv``; return its outcome and whether the artifacts directory has entries.
 
         :raises ControlBroken: the connection failed (the caller maps it to an error and the
@@ -91,7 +93,7 @@ class Control:
             out.timed_out, out.ended = True, time.time()
             return out, False
         try:
-            return self._run(out, argv, env, cwd, deadline)
+            return self._run(out, argv, env, cwd, deadline, cancel, stdin_b64)
         except (OSError, ValueError, EOFError) as exc:
             self.broken = True
             raise ControlBroken(str(exc)) from exc
@@ -99,12 +101,17 @@ class Control:
             self._lock.release()
 
     def _run(self, out: Outcome, argv: list[str], env: dict[str, str], cwd: str,
-             deadline: float) -> tuple[Outcome, bool]:
+             deadline: float, cancel: CancelToken | None,
+             stdin_b64: str | None) -> tuple[Outcome, bool]:
         sock = self._sock
         if sock is None or self.broken:
             raise ControlBroken("launcher not connected")
         out.started = time.time()
-        sock.sendall(json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode() + b"\n")
+        req: dict[str, object] = {"argv": argv, "env": env, "cwd": cwd}
+        if stdin_b64 is not None:
+            req["stdin_b64"] = stdin_b64
+        sock.settimeout(max(0.001, deadline - time.monotonic()))  # stdin may be megabytes
+        sock.sendall(json.dumps(req).encode() + b"\n")
         buf = b""
         end = deadline
         while True:
@@ -123,20 +130,23 @@ class Control:
                         raise ValueError("data after the exit frame")
                     done = json.loads(data)
                     out.ended = time.time()
-                    if not out.timed_out:
+                    if not (out.timed_out or out.cancelled):
                         out.exit_code = int(done["exit"])
                     return out, bool(done["artifacts"])
                 else:
                     raise ValueError("unknown frame")
             left = end - time.monotonic()
-            if left <= 0:
-                if out.timed_out:
+            stop = cancel is not None and cancel.cancelled and not out.cancelled \
+                and not out.timed_out
+            if left <= 0 or stop:
+                if out.timed_out or (out.cancelled and left <= 0):
                     raise TimeoutError("launcher did not report after the kill")
-                out.timed_out = True
+                out.cancelled, out.timed_out = stop, not stop
                 sock.sendall(b'{"kill": true}\n')
                 end = time.monotonic() + KILL_GRACE_S
                 continue
-            sock.settimeout(left)
+            # a pending cancellation is looked at every 50 ms
+            sock.settimeout(min(left, 0.05) if cancel is not None else left)
             try:
                 chunk = sock.recv(65536)
             except TimeoutError:

@@ -10,6 +10,8 @@ proxy through an in-container bridge (``network.py``), in both modes; ``on`` is 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import posixpath
 import signal
 import threading
@@ -19,7 +21,7 @@ from typing import Any
 
 import docker
 
-from plugins.executor_docker import cpu, engine, masks, network, transfer
+from plugins.executor_docker import cpu, engine, masks, network, setid, transfer
 from plugins.executor_docker.engine import DockerOptions, Hardening
 from plugins.executor_docker.pool import WarmPool
 from plugins.executor_docker.runner import (
@@ -43,6 +45,7 @@ from policy_engine.config import default_state_dir
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, ExecutorCapabilities
 from policy_engine.guard.env import profile_env_refusal
+from policy_engine.guard.gitfiles import GIT_PINS
 from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
     ExecOp,
@@ -56,8 +59,9 @@ from policy_engine.model import (
     Usage,
 )
 
+# GIT_PINS: git never runs a program a workspace file names (repo config, hooks, ~/.gitconfig)
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace/work",
-            "LANG": "C.UTF-8"}
+            "LANG": "C.UTF-8", **GIT_PINS}
 
 
 def session_key(profile: Profile) -> str:
@@ -77,6 +81,21 @@ def _cpu_ms(out: Outcome, hard: Hardening) -> tuple[int, str]:
     if out.cpu_ns is not None:
         return out.cpu_ns // 1_000_000, "cgroup"
     return int(out.duration_ms * max(hard.nano_cpus / 1e9, 1.0)), "wall-time bound"
+
+
+def _stdin(raw: str | None, ctx: ExecContext) -> bytes | None:
+    """The call's stdin; second line after the guard (base64, at most ``bytes_in``)."""
+    if raw is None:
+        return None
+    try:
+        data = base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                                "`stdin_b64` is not valid base64") from None
+    if len(data) > _limit(ctx, "max_bytes_in"):
+        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                f"stdin of {len(data)} bytes exceeds max_bytes_in")
+    return data
 
 
 def _cwd(raw: str | None) -> str:
@@ -188,9 +207,11 @@ class DockerExecutor:
         if not isinstance(op, ProcExecOp):
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
                                     f"the docker executor does not serve `{op.kind}`")
-        if op.stdin_b64 is not None:
-            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                    "stdin is not offered by the docker executor")
+        stdin = _stdin(op.stdin_b64, ctx)
+        if stdin is not None and self.options.mode == "pool" and not self.options.pool_launcher:
+            # `docker exec` streams are read-only here; the launcher and run-once take stdin
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "stdin is not offered by "
+                                    "the docker executor with `pool_launcher: false`")
         profile = ctx.profile
         hard = engine.hardening(profile, self.options, ctx.limits)
         cwd, env = _cwd(op.cwd), _env(op.env, profile, op.tool)
@@ -213,17 +234,22 @@ class DockerExecutor:
         try:
             if self.options.mode == "pool":
                 out, mounts, removed, proxied = self._pooled(ctx, ws, hard, argv, env, cwd,
-                                                             limits, deadline)
+                                                             limits, deadline, op.stdin_b64)
             else:
                 out, mounts, proxied = self._run_once(ctx, ws, hard, argv, env, cwd, limits,
-                                                      deadline)
+                                                      deadline, stdin)
         except Exception as exc:  # noqa: BLE001 -- every failure leaves with a registry code
             raise engine.map_error(exc) from None
+        # third line after seccomp and the 0700 project: no set-id file or device node stays
+        stripped = [f"work/{p}" for p in setid.sweep(ws.work)]
+        stripped += [f"artifacts/{p}" for p in setid.sweep(ws.artifacts)]
         manifest, over = collect_artifacts(ws, art_limit)
         removed += over
         meta = self._meta(profile, ctx, hard, ws, out, argv, cwd, env, mounts, removed)
         if proxied is not None:
             meta["network_proxy"] = proxied
+        if stripped:
+            meta["setid_stripped"] = stripped[:100]
         write_record(ws, out.stdout.kept(), out.stderr.kept(), manifest, meta)
         audit = {"exec_id": ws.exec_id, "artifacts_dir": str(ws.artifacts)}
         ctx.record_side_effect(SideEffectRec(kind=SideEffect.PROCESS, meta={
@@ -234,6 +260,10 @@ class DockerExecutor:
                 ErrorCode.BUDGET_EXCEEDED, "disk quota exceeded: a file written reached the "
                 f"{self.options.max_file_bytes}-byte limit (docker option `max_file_bytes`)",
                 audit=audit)
+        if out.cancelled:
+            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
+                                    f"process cancelled: {ctx.cancel.reason or 'cancelled'}",
+                                    audit=audit)
         if out.timed_out:
             raise PolicyEngineError(ErrorCode.TIMEOUT,
                                     f"process exceeded its {timeout_s:g}s wall time and was "
@@ -257,7 +287,8 @@ class DockerExecutor:
         }, used=used)
 
     def _run_once(self, ctx: ExecContext, ws: ExecWorkspace, hard: Hardening, argv: list[str],
-                  env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float
+                  env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float,
+                  stdin: bytes | None
                   ) -> tuple[Outcome, list[dict[str, Any]], dict[str, int] | None]:
         client, streams = self.client()
         mounts = bind_mounts(self.options.system_binds, ws.mounts())
@@ -272,7 +303,7 @@ class DockerExecutor:
         try:
             out = run_once(client, streams, self.options.image, argv, env, cwd, hard, mounts,
                            limits, deadline, cgroup_parent=cpu.parent_for(ws.exec_id),
-                           cancel=ctx.cancel)
+                           cancel=ctx.cancel, stdin=stdin)
         finally:
             if net is not None:
                 proxied = network.record_effects(ctx, net)
@@ -282,7 +313,8 @@ class DockerExecutor:
         return out, shown, proxied
 
     def _pooled(self, ctx: ExecContext, ws: ExecWorkspace, hard: Hardening, argv: list[str],
-                env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float
+                env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float,
+                stdin_b64: str | None
                 ) -> tuple[Outcome, list[dict[str, Any]], list[str], dict[str, int] | None]:
         pool = self.pool()
         client, streams = self.client()
@@ -303,12 +335,13 @@ class DockerExecutor:
             run_quiet(client, slot.container_id, list(KILL_ALL), timeout_s=10)
 
         try:
-            with killed_on_cancel(ctx.cancel, kill_all):
+            with killed_on_cancel(ctx.cancel, kill_all):  # the control's own cancel, and more
                 if slot.control is not None:
-                    out, changed = slot.control.run(argv, env, cwd, limits, deadline)
+                    out, changed = slot.control.run(argv, env, cwd, limits, deadline,
+                                                    ctx.cancel, stdin_b64)
                 else:
                     out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits,
-                                  deadline)
+                                  deadline, ctx.cancel)
                     changed = transfer.artifacts_changed(client, slot.container_id)
         finally:
             if net is not None:

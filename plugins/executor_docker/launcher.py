@@ -3,11 +3,12 @@
 Standard library only (the project is not mounted inside). Started as the container's command,
 it connects once to the host's control socket (mounted read-only; the host accepts exactly this
 one connection, then removes the socket, so nothing started later can reach it) and then, per
-request line ``{"argv", "env", "cwd"}``, forks the command with exactly that environment, no
-stdin and no inherited descriptors, and streams frames back: ``O``/``E`` + length + bytes for
-stdout/stderr, then ``X`` + length + JSON ``{"exit", "artifacts"}``. A ``{"kill": true}`` line
-while a command runs kills every other process of the container (``kill(-1, SIGKILL)``; PID 1
-itself is immune to signals sent from inside its namespace). It makes itself non-dumpable so a
+request line ``{"argv", "env", "cwd", "stdin_b64"?}``, forks the command with exactly that
+environment, the request's stdin (else none) and no inherited descriptors, and streams frames
+back: ``O``/``E`` + length + bytes for stdout/stderr, then ``X`` + length + JSON ``{"exit",
+"artifacts"}``. A ``{"kill": true}`` line while a command runs kills every other process of
+the container (``kill(-1, SIGKILL)``; PID 1 itself is immune to signals sent from inside its
+namespace). It makes itself non-dumpable so a
 sandboxed process of the same uid cannot ptrace it or write its memory.
 
 This replaces ``docker exec`` (≈ 30–50 ms of runc per call) on the warm path; resource limits are
@@ -16,6 +17,7 @@ the container's cgroup, the uid is the container's user (1000).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import json
@@ -26,6 +28,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 from typing import Any
 
 ARTIFACTS = "/workspace/artifacts"
@@ -43,6 +46,14 @@ def _artifacts() -> bool:
             return any(True for _ in it)
     except OSError:
         return False
+
+
+def _feed(pipe: Any, data: bytes) -> None:
+    """Write the call's stdin, then close it (EOF); a command that exits first ends it."""
+    with contextlib.suppress(OSError):
+        pipe.write(data)
+    with contextlib.suppress(OSError):
+        pipe.close()
 
 
 def _reap() -> None:
@@ -83,8 +94,10 @@ def run(conn: Conn, req: dict[str, Any]) -> None:
     sock = conn.sock
     argv = [str(a) for a in req["argv"]]
     env = {str(k): str(v) for k, v in req["env"].items()}
+    stdin = base64.b64decode(req["stdin_b64"]) if req.get("stdin_b64") is not None else None
     try:
-        child = subprocess.Popen(argv, env=env, cwd=str(req["cwd"]), stdin=subprocess.DEVNULL,
+        child = subprocess.Popen(argv, env=env, cwd=str(req["cwd"]),
+                                 stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  close_fds=True, start_new_session=True)
     except OSError as exc:
@@ -94,6 +107,9 @@ def run(conn: Conn, req: dict[str, Any]) -> None:
         return
     if child.stdout is None or child.stderr is None:  # INVARIANT: both are PIPE
         raise RuntimeError("no pipes")
+    if stdin is not None and child.stdin is not None:
+        # on a thread: a command that reads nothing must not block the output frames
+        threading.Thread(target=_feed, args=(child.stdin, stdin), daemon=True).start()
     pidfd = os.pidfd_open(child.pid)
     sel = selectors.DefaultSelector()
     sel.register(child.stdout, selectors.EVENT_READ, b"O")

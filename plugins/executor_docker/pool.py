@@ -12,9 +12,12 @@ TOCTOU-safe: a slot changes state only under the pool lock (``IDLE → ACQUIRING
 there, so two sessions can never take the same container); slow work (limit updates, copying
 inputs, replacements) happens outside the lock on a slot nobody else can claim.
 
-Each container is created with its own empty host directory mounted read-only at the netproxy's
-``SANDBOX_DIR``: a restricted-network call starts its proxy in there (mounts cannot be added to a
-running container). The container itself never has a network (``--network=none``).
+The container's root file system is read-only (``Hardening``);
+``/workspace/{inputs,work,artifacts}`` are anonymous volumes of the container (the engine's
+archive API reaches volumes, not a tmpfs), removed with it. Each container is created with its
+own empty host directory mounted read-only at the netproxy's ``SANDBOX_DIR``: a
+restricted-network call starts its proxy in there (mounts cannot be added to a running
+container). The container itself never has a network (``--network=none``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from plugins.netproxy import SANDBOX_DIR
 from policy_engine.errors import ErrorCode, PolicyEngineError
 
 POOL_LABEL = "io.policy-engine.pool"
+# writable (inputs: by the engine only) over the read-only root; seeded from the image's modes
+WORKSPACE_VOLUMES = ("/workspace/inputs", "/workspace/work", "/workspace/artifacts")
 
 
 class SlotState(enum.Enum):
@@ -105,6 +110,8 @@ class WarmPool:
         (net_dir / "net").mkdir(mode=0o755)
         mounts = [*self.mounts, docker.types.Mount(target=SANDBOX_DIR, source=str(net_dir / "net"),
                                                    type="bind", read_only=True)]
+        mounts += [docker.types.Mount(target=t, source=None, type="volume")
+                   for t in WORKSPACE_VOLUMES]
         control: Control | None = None
         command = ["/usr/bin/sleep", "infinity"]
         container_id: str | None = None
@@ -127,7 +134,7 @@ class WarmPool:
             if container_id is not None:
                 with contextlib.suppress(docker.errors.DockerException,
                                          requests.exceptions.RequestException):
-                    self.client.api.remove_container(container_id, force=True)
+                    self.client.api.remove_container(container_id, force=True, v=True)
             shutil.rmtree(net_dir, ignore_errors=True)
             raise map_error(exc) from None
         return Slot(container_id, hard, str(net_dir / "net"), control=control, state=state,
@@ -247,7 +254,7 @@ class WarmPool:
         # gone already, or the engine is down: the pool label lets a janitor find it later
         with contextlib.suppress(docker.errors.DockerException,
                                  requests.exceptions.RequestException):
-            self.client.api.remove_container(slot.container_id, force=True)
+            self.client.api.remove_container(slot.container_id, force=True, v=True)
         if slot.control is not None:
             slot.control.close()
         if slot.net_dir:

@@ -9,6 +9,7 @@ call's cancel token (``killed_on_cancel``).
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -62,6 +63,7 @@ class Outcome:
     stderr: HeadTail
     exit_code: int | None = None
     timed_out: bool = False
+    cancelled: bool = False  # ExecContext.cancel fired: the command was killed
     started: float = field(default_factory=time.time)
     ended: float = 0.0
     cpu_ns: int | None = None  # from the cgroup (cpu.py); None where it cannot be read
@@ -99,37 +101,84 @@ def bind_mounts(system_binds: Iterable[str], ws_mounts: Iterable[tuple[str, str,
     return mounts
 
 
+def _feed(attached: Any, data: bytes) -> None:
+    """Write a call's stdin into the container's attached stdin, then close it (EOF)."""
+    raw = getattr(attached, "_sock", attached)  # the SDK hands a SocketIO over the socket
+    try:
+        with contextlib.suppress(OSError):
+            raw.sendall(data)
+        with contextlib.suppress(OSError):
+            raw.shutdown(socket.SHUT_WR)
+    finally:
+        with contextlib.suppress(OSError):
+            attached.close()
+
+
+def _wait(container: Any, remaining: float, cancel: CancelToken | None
+          ) -> tuple[dict[str, Any] | None, bool]:
+    """The container's wait result (``None`` on the deadline) and whether ``cancel`` fired
+    first; the wait runs on a thread so a cancellation is seen within 50 ms."""
+    box: list[Any] = []
+
+    def waiter() -> None:
+        try:
+            box.append(container.wait(timeout=remaining))
+        except BaseException as exc:  # noqa: BLE001 -- handed to the caller below
+            box.append(exc)
+
+    t = threading.Thread(target=waiter, daemon=True, name="docker-wait")
+    t.start()
+    while t.is_alive():
+        if cancel is not None and cancel.wait(0.05):
+            return None, True
+        t.join(0.05 if cancel is not None else None)
+    got = box[0]
+    if isinstance(got, requests.exceptions.ReadTimeout | requests.exceptions.ConnectionError):
+        return None, False
+    if isinstance(got, BaseException):
+        raise got
+    return dict(got), False
+
+
 def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
              argv: list[str], env: dict[str, str], cwd: str, hard: Hardening,
              mounts: list[Mount], limits: tuple[int, int], deadline: float,
-             cgroup_parent: str | None = None, cancel: CancelToken | None = None) -> Outcome:
-    """Create, attach, start, wait (until ``deadline``), remove; with ``cgroup_parent``, the
-    CPU time the container used is read from it (``cpu.py``) and the parent removed."""
+             cgroup_parent: str | None = None, cancel: CancelToken | None = None,
+             stdin: bytes | None = None) -> Outcome:
+    """Create, attach, start, wait (until ``deadline`` or ``cancel``), remove; with
+    ``cgroup_parent``, the CPU time the container used is read from it (``cpu.py``) and the
+    parent removed."""
     out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]))
-    extra = {"cgroup_parent": cgroup_parent} if cgroup_parent else {}
+    extra: dict[str, Any] = {"cgroup_parent": cgroup_parent} if cgroup_parent else {}
+    if stdin is not None:
+        # with detach=False the SDK also sets StdinOnce: EOF once our attachment closes
+        extra["stdin_open"] = True
     container = client.containers.create(
-        image, argv, environment=env, mounts=mounts, detach=True,
+        image, argv, environment=env, mounts=mounts, detach=stdin is None,
         **{**hard.create_kwargs(), "working_dir": cwd, **extra},
     )
     try:
         stream = streams.attach(container.id, stdout=True, stderr=True, stream=True, demux=True)
         pump, errors = _start_pump(stream, out)
+        feeder = (streams.attach_socket(container.id, params={"stdin": 1, "stream": 1})
+                  if stdin is not None else None)
         out.started = time.time()
         container.start()
+        if feeder is not None and stdin is not None:
+            threading.Thread(target=_feed, args=(feeder, stdin), daemon=True,
+                             name="docker-stdin").start()
         remaining = deadline - time.monotonic()
-        try:
-            if remaining <= 0:
-                raise requests.exceptions.ReadTimeout("deadline passed before start")
-            with killed_on_cancel(cancel, container.kill):
-                result = container.wait(timeout=remaining)
+        result, out.cancelled = (_wait(container, remaining, cancel) if remaining > 0
+                                 else (None, False))
+        if result is not None:
             out.exit_code = int(result.get("StatusCode", -1))
-        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            out.timed_out = True
+        else:
+            out.timed_out = not out.cancelled
             with contextlib.suppress(docker.errors.APIError):  # it may have just exited
                 container.kill()
         pump.join(timeout=10)
         out.ended = time.time()
-        if errors and not out.timed_out:
+        if errors and not (out.timed_out or out.cancelled):
             raise map_error(errors[0])
         return out
     finally:
@@ -143,7 +192,7 @@ def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
 
 def exec_in(client: docker.DockerClient, streams: docker.APIClient, container_id: str,
             argv: list[str], env: dict[str, str], cwd: str, limits: tuple[int, int],
-            deadline: float) -> Outcome:
+            deadline: float, cancel: CancelToken | None = None) -> Outcome:
     """Run ``argv`` in a warm container as uid 1000; kill every sandbox process on timeout."""
     out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]))
     api = client.api
@@ -153,15 +202,19 @@ def exec_in(client: docker.DockerClient, streams: docker.APIClient, container_id
     out.started = time.time()
     stream = streams.exec_start(exec_id, stream=True, demux=True)
     pump, errors = _start_pump(stream, out)
-    pump.join(timeout=max(0.0, deadline - time.monotonic()))
+    while pump.is_alive() and time.monotonic() < deadline:
+        if cancel is not None and cancel.cancelled:
+            out.cancelled = True
+            break
+        pump.join(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
     if pump.is_alive():
-        out.timed_out = True
+        out.timed_out = not out.cancelled
         run_quiet(client, container_id, list(KILL_ALL), timeout_s=10)
         pump.join(timeout=10)
     out.ended = time.time()
-    if errors and not out.timed_out:
+    if errors and not (out.timed_out or out.cancelled):
         raise map_error(errors[0])
-    if not out.timed_out:
+    if not (out.timed_out or out.cancelled):
         out.exit_code = _exit_code(api, exec_id)
     return out
 

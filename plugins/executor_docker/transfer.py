@@ -15,6 +15,8 @@ from pathlib import Path
 
 import docker
 
+from plugins.executor_docker.runner import run_quiet
+
 ARTIFACTS_DIR = "/workspace/artifacts"
 
 
@@ -75,11 +77,10 @@ def put_inputs(client: docker.DockerClient, container_id: str, inputs: Path,
 
 
 def artifacts_changed(client: docker.DockerClient, container_id: str) -> bool:
-    """Whether anything was added or modified beneath the artifacts directory (cheap diff)."""
-    changes = client.api.diff(container_id) or []
-    prefix = ARTIFACTS_DIR + "/"
-    return any(c.get("Path", "").startswith(prefix) and c.get("Kind") in (0, 1)
-               for c in changes)
+    """Whether the artifacts directory has entries (it is a volume: the engine's diff of the
+    container's layer does not see it)."""
+    return run_quiet(client, container_id, [
+        "/bin/sh", "-c", f'test -n "$(/usr/bin/ls -A {ARTIFACTS_DIR})"']) == 0
 
 
 def fetch_artifacts(client: docker.DockerClient, container_id: str, dest: Path,

@@ -102,6 +102,10 @@ def prepare(root: Path, profile: Profile) -> ExecWorkspace:
     ws = ExecWorkspace(root=root, project_id=project_id_of(profile),
                        exec_id=f"{slug(profile.call_id, 48)}-{secrets.token_hex(4)}")
     ws.inputs.mkdir(parents=True, exist_ok=True, mode=0o755)
+    # only the engine (and the engine's user) may reach work/ and artifacts/ on the host: the
+    # container's uid 1000 can be a real host account, whatever it writes must stay out of
+    # every other account's reach (the container gets the binds from the engine, not a path)
+    os.chmod(ws.project, 0o700)
     for d in (ws.work, ws.artifacts.parent):
         d.mkdir(parents=True, exist_ok=True, mode=0o755)
     ws.artifacts.mkdir(mode=0o755)

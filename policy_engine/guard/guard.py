@@ -10,7 +10,8 @@ Decision order (each step's code is pinned by ``tests/unit/test_guard_decide.py`
 3. forbids, deny-overrides, mandatory first: resource matches and condition true (or errors)
    → ``SANDBOX.CAPABILITY_BLOCKED`` naming the rule
 4. network off for net.http / browser → ``CAPABILITY_BLOCKED``
-5. the first profile capability whose ``all_of`` members all admit and whose condition holds;
+5. the first profile capability whose ``all_of`` members all admit and whose condition holds
+   (an fs.write to git's control files only under one naming ``.git``: ``gitfiles.py``);
    if none: not granted → ``PERMISSION_DENY``; not declared → ``POLICY.DENY_TOOL``; a permit
    whose condition was false or failed → ``PERMISSION_DENY`` naming it; else default deny
 6. a private, loopback, link-local or metadata IP literal not named by the capability's hosts
@@ -28,6 +29,7 @@ from typing import Any
 
 from policy_engine.errors import REGISTRY, ErrorCode, PolicyEngineError
 from policy_engine.graph import PolicySet
+from policy_engine.guard import gitfiles
 from policy_engine.guard.compiled import (
     CompiledCap,
     CompiledProfile,
@@ -244,10 +246,18 @@ class Guard:
         refused: list[tuple[CompiledCap, str | None]] = _NONE_REFUSED
         env = op.env if kind == "proc.exec" and op.env else None
         env_refused: tuple[str, RuleRef | None] | None = None
+        # built-in: git's control files only under a permit naming `.git` (gitfiles.py)
+        git_part = gitfiles.git_control_file(path) if kind == "fs.write" and path else None
         for c in cp.caps.get(cap_kind, ()):
             if not c.test(res):
                 if tr is not None:
                     tr.step("permit", "no-match", c.rule, why_not(c, res))
+                continue
+            if git_part is not None and not gitfiles.names_git(c.members):
+                why_git = gitfiles.refusal(path or "", c.members)
+                env_refused = env_refused or (why_git or "", c.rule)
+                if tr is not None:
+                    tr.step("permit", "no-match", c.rule, why_git or "")
                 continue
             if env is not None and c.env is not None:
                 why_env = c.env.refusal(env)
@@ -284,7 +294,7 @@ class Guard:
                 return _deny(phash, _BLOCKED, f"{special} address {quote(url.host if url else '')}"
                              " is not named by any rule", unnamed.rule, tr)
             code, reason, rule = diagnose(cp, cap_kind, res, _describe(rv, path), refused, tr,
-                                          env_refused)
+                                          env_refused, "git" if git_part else "env")
             return _deny(phash, code, reason, rule, tr)
         # step 7: limits
         violation = limit_violation(kind, op, chosen.limits, rv, path)

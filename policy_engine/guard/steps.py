@@ -30,10 +30,11 @@ def why_not(cap: CompiledCap, res: object) -> str:
 def diagnose(
     cp: CompiledProfile, cap_kind: str, res: object, desc: str,
     refused: list[tuple[CompiledCap, str | None]], tr: Tracer | None,
-    env_refused: tuple[str, RuleRef | None] | None = None,
+    env_refused: tuple[str, RuleRef | None] | None = None, refused_node: str = "env",
 ) -> tuple[ErrorCode, str, RuleRef | None]:
     """Name the layer that refused when no capability admits: grant, manifest, the env
-    allow-list, a permit's condition, else the default deny."""
+    allow-list (or the built-in refusal ``refused_node`` names, with ``env_refused``), a
+    permit's condition, else the default deny."""
     if not _any_admits(cp.granted.get(cap_kind, ()), res):
         if tr is not None:
             tr.step("grant", "fail", detail="no granted capability admits it")
@@ -59,7 +60,7 @@ def diagnose(
         tr.step("manifest", "pass")
     if env_refused is not None:
         if tr is not None:
-            tr.step("env", "fail", env_refused[1], env_refused[0])
+            tr.step(refused_node, "fail", env_refused[1], env_refused[0])
         return ErrorCode.CAPABILITY_BLOCKED, env_refused[0], env_refused[1]
     if refused:
         cap, err = refused[0]

@@ -140,7 +140,7 @@ COLLIDING = [
 ]
 WRITE = ("import os, pathlib; w = pathlib.Path('/workspace/work')\n"
          "seen = sorted(os.listdir(w))\n"
-         "(w / ('mark-' + os.environ['WHO'])).write_text('x')\n"
+         "(w / ('mark-' + __import__('sys').argv[1])).write_text('x')\n"
          "print(__import__('json').dumps(seen))")
 
 
@@ -152,8 +152,8 @@ def test_colliding_names_get_separate_work_dirs(tmp_path: Path,
         for n, (tenant, subject) in enumerate(group):
             prof = make_profile(tmp_path, tenant, subject)
             ctx = ExecContext(profile=prof, deadline=time.monotonic() + 90)
-            out = ex.execute(ctx, ProcExecOp(tool="python3", args=("-c", WRITE),
-                                             env={"WHO": str(n)})).out
+            # argv, not env: the profile has no capability whose allow-list admits a variable
+            out = ex.execute(ctx, ProcExecOp(tool="python3", args=("-c", WRITE, str(n)))).out
             assert out["exit_code"] == 0, out["stderr"]
             assert json.loads(out["stdout"]) == [], f"{tenant}/{subject} saw another's work/"
     finally:

@@ -14,7 +14,13 @@ from plugins.executor_docker.control import CONTROL_DIR
 from plugins.executor_docker.engine import DockerOptions
 from plugins.executor_docker.executor import DockerExecutor
 from policy_engine.executor import ExecContext
-from policy_engine.model import ProcExecOp
+from policy_engine.model import (
+    ArgAlternative,
+    CapabilityKind,
+    ProcCapability,
+    ProcExecOp,
+    ProfileCapability,
+)
 from tests.integration.test_docker_pool import make_profile
 
 pytestmark = pytest.mark.integration
@@ -48,7 +54,11 @@ def pooled(tmp_path: Path) -> Iterator[DockerExecutor]:
 
 
 def run(ex: DockerExecutor, root: Path, tool: str, *args: str, **kw: Any) -> dict[str, Any]:
-    ctx = ExecContext(profile=make_profile(root), deadline=time.monotonic() + 90)
+    # the executor's second line admits only variables a proc.exec capability's env lists
+    env_cap = ProfileCapability(kind=CapabilityKind.PROC_EXEC, all_of=(ProcCapability(
+        tool=tool, env=(ArgAlternative(literal="ONLY"),)),))
+    profile = make_profile(root).model_copy(update={"capabilities": (env_cap,)})
+    ctx = ExecContext(profile=profile, deadline=time.monotonic() + 90)
     return ex.execute(ctx, ProcExecOp(tool=tool, args=args, **kw)).out
 
 
@@ -62,7 +72,8 @@ def test_the_control_socket_is_gone_and_pid1_cannot_be_touched(
     assert seen["mem"] == "PermissionError"  # PID 1 is not dumpable
     assert seen["pid1"] == f"{CONTROL_DIR}/launcher.py"
     # exactly the executor's environment, nothing inherited from the launcher
-    assert seen["env"] == ["HOME", "LANG", "ONLY", "PATH"]
+    assert seen["env"] == ["GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM", "GIT_CONFIG_PARAMETERS",
+                           "HOME", "LANG", "ONLY", "PATH"]
     # the SIGKILL to PID 1 from inside the namespace was ignored: the launcher still serves
     assert run(pooled, tmp_path, "python3", "-c", "print(6 * 7)")["stdout"] == "42\n"
 

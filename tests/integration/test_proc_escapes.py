@@ -253,10 +253,22 @@ def test_writing_2_gib_in_one_call_fails_with_a_clean_code(world_root: Path,
 # --- docker: the same attacks against containers ------------------------------------------------
 
 @pytest.fixture(scope="module")
-def docker_ex() -> Iterator[DockerExecutor]:
-    ex = DockerExecutor(DockerOptions(max_file_bytes=64 << 20))
+def docker_state() -> Iterator[Path]:
+    """The executor's state directory: projects live beneath it, outside every root_fs."""
+    d = Path(tempfile.mkdtemp(prefix="pe-escape-state-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def docker_ex(docker_state: Path) -> Iterator[DockerExecutor]:
+    ex = DockerExecutor(DockerOptions(max_file_bytes=64 << 20), state_dir=docker_state)
     yield ex
     ex.close()
+
+
+def _project(ex: DockerExecutor, ctx: ExecContext) -> Path:
+    return ex.state_dir / "docker" / "projects" / project_id_of(ctx.profile)
 
 
 def _docker_ctx(root: Path) -> ExecContext:
@@ -279,23 +291,89 @@ def test_docker_refuses_io_uring(docker_ex: DockerExecutor, world_root: Path) ->
     assert res.out["stdout"].split() == ["-1", str(errno.EPERM)]
 
 
+OPENAT2 = textwrap.dedent("""
+    import ctypes, os, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    how = (ctypes.c_uint64 * 3)(os.O_CREAT | os.O_WRONLY, 0o6755, 0)  # struct open_how
+    fd = libc.syscall(437, -100, sys.argv[1].encode(), how, ctypes.sizeof(how))
+    print(fd if fd >= 0 else -ctypes.get_errno())
+""")
+
+
 def test_docker_plant_is_not_setuid_root_on_the_host(docker_ex: DockerExecutor,
                                                      world_root: Path) -> None:
     res = docker_ex.execute(_docker_ctx(world_root), ProcExecOp(tool="/bin/sh", args=(
         "-c", f"cp {SYSTEM_PYTHON} /workspace/work/rootpy; chmod 4755 /workspace/work/rootpy; "
         "echo chmod=$?")))
     assert "chmod=1" in res.out["stdout"]  # refused by the profile's seccomp rules
-    planted = next(world_root.glob("projects/*/work/rootpy"))
+    planted = _project(docker_ex, _docker_ctx(world_root)) / "work" / "rootpy"
     st = planted.stat()
     assert st.st_uid == SANDBOX_UID
     assert not st.st_mode & stat.S_ISUID
-    assert _as_nobody(planted).stdout.split()[1] != "0"
+    assert _as_nobody(planted).stdout.split()[1:] != ["0"]
+
+
+def test_docker_plants_no_setid_file_or_device_a_host_account_can_run(
+        docker_ex: DockerExecutor, world_root: Path) -> None:
+    """Outsider F7: uid 1000 is a real host account; nothing the container writes to work/ may
+    be set-id or a device, and no other host account may reach work/ at all."""
+    ctx = _docker_ctx(world_root)
+    res = docker_ex.execute(ctx, ProcExecOp(tool="python3", args=(
+        "-c", PLANT, "/workspace/work", SYSTEM_PYTHON)))
+    tried = json.loads(res.out["stdout"])
+    assert tried == dict.fromkeys(("chmod", "fchmod", "open-create", "mknod-suid",
+                                   "mknod-char"), errno.EPERM), tried
+    res = docker_ex.execute(_docker_ctx(world_root), ProcExecOp(tool="python3", args=(
+        "-c", OPENAT2, "/workspace/work/openat2")))
+    assert res.out["stdout"].split() == [str(-errno.ENOSYS)]  # libc falls back to openat
+    project = _project(docker_ex, ctx)
+    for p in (project / "work").iterdir():
+        mode = os.lstat(p).st_mode
+        assert not mode & (stat.S_ISUID | stat.S_ISGID), (p.name, oct(mode))
+        assert not stat.S_ISCHR(mode), p.name
+        assert not stat.S_ISBLK(mode), p.name
+    assert stat.S_IMODE(project.stat().st_mode) == 0o700
+    # another account runs the plain copy: execve from a process already running as uid 65534
+    # (setpriv itself execs with its capabilities still effective, so it would walk past 0700)
+    ran = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON, "-c",
+         "import os, sys; os.execv(sys.argv[1], [sys.argv[1], '-c', 'print(\"ran\")'])",
+         str(project / "work" / "chmod")],
+        capture_output=True, text=True, timeout=30, check=False)
+    assert "ran" not in ran.stdout
+    assert "PermissionError" in ran.stderr, ran.stderr
+
+
+def test_docker_sweeps_setid_bits_and_devices_left_in_work(docker_ex: DockerExecutor,
+                                                          world_root: Path) -> None:
+    """The third line: a set-id file or device node in work/ (a kernel path seccomp does not
+    know, an older engine) is cleared after the next run; symlinks are never followed."""
+    ctx = _docker_ctx(world_root)
+    docker_ex.execute(ctx, ProcExecOp(tool="true"))
+    work = _project(docker_ex, ctx) / "work"
+    (work / "sub").mkdir(exist_ok=True)
+    for name in ("suid", "sub/sgid"):
+        (work / name).write_bytes(b"#!/bin/sh\n")
+    os.chmod(work / "suid", 0o4755)
+    os.chmod(work / "sub/sgid", 0o2755)
+    os.mknod(work / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    outside = world_root / "out" / "host-suid"
+    outside.write_bytes(b"x")
+    os.chmod(outside, 0o4755)
+    (work / "link").symlink_to(outside)
+    res = docker_ex.execute(_docker_ctx(world_root), ProcExecOp(tool="true"))
+    assert stat.S_IMODE((work / "suid").stat().st_mode) == 0o755
+    assert stat.S_IMODE((work / "sub/sgid").stat().st_mode) == 0o755
+    assert not (work / "null").exists()
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o4755  # not followed
+    meta = json.loads((Path(res.out["artifacts_dir"]) / "meta.json").read_text())
+    assert sorted(meta["setid_stripped"]) == ["work/null", "work/sub/sgid", "work/suid"]
 
 
 def test_docker_disk_quota_and_masks(docker_ex: DockerExecutor, world_root: Path) -> None:
     ctx = _docker_ctx(world_root)
     docker_ex.execute(ctx, ProcExecOp(tool="true"))  # creates the project's directories
-    work = next(world_root.glob("projects/*/work"))
+    work = _project(docker_ex, ctx) / "work"
     (work / ".env").write_text("TOKEN=docker-env-secret")
     res = docker_ex.execute(_docker_ctx(world_root), ProcExecOp(tool="/bin/sh", args=(
         "-c", "cat /workspace/work/.env; echo rc=$?")))
@@ -356,11 +434,12 @@ def test_cli_landlock_compat_cannot_reach_the_docker_socket(tmp_path: Path) -> N
     assert res.stdout.count("blocked") == 2, res.stdout
 
 
-def test_docker_warm_pool_leaves_mandatory_denied_inputs_out(world_root: Path) -> None:
-    ex = DockerExecutor(DockerOptions(mode="pool", pool_size=1))
+def test_docker_warm_pool_leaves_mandatory_denied_inputs_out(world_root: Path,
+                                                             docker_state: Path) -> None:
+    ex = DockerExecutor(DockerOptions(mode="pool", pool_size=1), state_dir=docker_state)
     try:
         ctx = _docker_ctx(world_root)
-        inputs = world_root / "projects" / project_id_of(ctx.profile) / "inputs"
+        inputs = _project(ex, ctx) / "inputs"
         (inputs / "cfg").mkdir(parents=True)
         (inputs / "cfg" / ".env").write_text("TOKEN=pool-env-secret")
         (inputs / "cfg" / "ok.txt").write_text("fine")

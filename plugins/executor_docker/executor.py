@@ -23,13 +23,11 @@ import docker
 
 from plugins.executor_docker import cpu, engine, masks, network, setid, transfer
 from plugins.executor_docker.engine import DockerOptions, Hardening
-from plugins.executor_docker.pool import WarmPool
+from plugins.executor_docker.pool import Slot, WarmPool
 from plugins.executor_docker.runner import (
-    KILL_ALL,
     Outcome,
     bind_mounts,
     exec_in,
-    killed_on_cancel,
     run_once,
     run_quiet,
 )
@@ -331,18 +329,18 @@ class DockerExecutor:
         proxied: dict[str, int] | None = None
         cgroup = self._cgroup_of(slot.container_id)
         before = cpu.usage_ns(cgroup) if cgroup else None
-        def kill_all() -> None:  # what the deadline does in a warm container, on cancel
-            run_quiet(client, slot.container_id, list(KILL_ALL), timeout_s=10)
-
         try:
-            with killed_on_cancel(ctx.cancel, kill_all):  # the control's own cancel, and more
-                if slot.control is not None:
-                    out, changed = slot.control.run(argv, env, cwd, limits, deadline,
-                                                    ctx.cancel, stdin_b64)
-                else:
-                    out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits,
-                                  deadline, ctx.cancel)
-                    changed = transfer.artifacts_changed(client, slot.container_id)
+            # cancel is handled inside (the launcher or exec_in kills the call's processes
+            # before returning); the slot's lock keeps a session's next call out until then
+            if not slot.running.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                        "the session's warm container ran another command of "
+                                        "the session until this call's deadline")
+            try:
+                out, changed = self._exec_warm(slot, client, streams, argv, env, cwd, limits,
+                                               deadline, ctx, stdin_b64)
+            finally:
+                slot.running.release()
         finally:
             if net is not None:
                 proxied = network.record_effects(ctx, net)
@@ -365,6 +363,18 @@ class DockerExecutor:
             mounts.append({"source": slot.net_dir, "target": SANDBOX_DIR,
                            "read_only": True})
         return out, mounts, removed, proxied
+
+    @staticmethod
+    def _exec_warm(slot: Slot, client: docker.DockerClient, streams: docker.APIClient,
+                   argv: list[str], env: dict[str, str], cwd: str, limits: tuple[int, int],
+                   deadline: float, ctx: ExecContext, stdin_b64: str | None
+                   ) -> tuple[Outcome, bool]:
+        """One command in the session's warm container: through its launcher, or an exec."""
+        if slot.control is not None:
+            return slot.control.run(argv, env, cwd, limits, deadline, ctx.cancel, stdin_b64)
+        out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits, deadline,
+                      ctx.cancel)
+        return out, bool(transfer.artifacts_changed(client, slot.container_id))
 
     def _cgroup_of(self, container_id: str) -> str | None:
         """The cgroup a warm container's CPU time is charged to (``None``: not readable);

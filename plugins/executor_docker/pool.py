@@ -28,7 +28,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
@@ -63,6 +63,9 @@ class Slot:
     state: SlotState = SlotState.IDLE
     session: str | None = None
     dirty_inputs: bool = False  # the session's inputs were copied in
+    # one command at a time: calls of one session share the container, and a cancelled or
+    # timed-out call's `kill -9 -1` must not land on the next call's processes
+    running: threading.Lock = field(default_factory=threading.Lock)
 
 
 class WarmPool:

@@ -3,7 +3,7 @@
 Output is streamed (attach / exec start with demux) into head+tail buffers on a pump thread; the
 process is never killed for talking too much. The wall deadline kills it: the whole container
 in run-once mode, every sandbox process (``kill -9 -1`` as uid 1000) in a warm one. So does the
-call's cancel token (``killed_on_cancel``).
+call's cancel token (polled while waiting).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,31 +28,6 @@ from policy_engine.executor import CancelToken
 
 KILL_ALL = ("/bin/kill", "-9", "-1")
 _CANCEL_POLL_S = 0.1
-
-
-@contextlib.contextmanager
-def killed_on_cancel(cancel: CancelToken | None, kill: Callable[[], object]) -> Iterator[None]:
-    """Run ``kill`` once if ``cancel`` fires while the block runs: a cancelled call stops its
-    process instead of leaving it to run (and write) in the background until its deadline."""
-    if cancel is None:
-        yield
-        return
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            if cancel.wait(_CANCEL_POLL_S):
-                if not done.is_set():
-                    with contextlib.suppress(Exception):  # it may have just exited
-                        kill()
-                return
-
-    watcher = threading.Thread(target=watch, name="docker-cancel", daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        done.set()
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.guard.env import profile_env_refusal
+from policy_engine.guard.gitfiles import GIT_PINS
 from policy_engine.model import SYSTEM_DEFAULT_LIMITS, FsCapability, ProcExecOp, Profile
 from policy_engine.model import Limits as ModelLimits
 from policy_engine.patterns.paths import expand_home, literal_prefix
@@ -160,9 +161,13 @@ def resolve_limits(profile: Profile, op: ProcExecOp, limits: ModelLimits | None 
 
 def build_env(profile: Profile, op: ProcExecOp, allowed: Iterable[str], base: Mapping[str, str],
               tmpdir: str) -> dict[str, str]:
-    """Never inherited: fixed base keys, plus op-supplied values for allow-listed keys only."""
+    """Never inherited: fixed base keys, plus op-supplied values for allow-listed keys only.
+
+    ``GIT_PINS``: git never runs a program named by a file the sandbox can write (repository
+    config, hooks, ``~/.gitconfig``, a bare repository in the working directory).
+    """
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC",
-           **base, "HOME": profile.mappings.home, "TMPDIR": tmpdir}
+           **base, "HOME": profile.mappings.home, "TMPDIR": tmpdir, **GIT_PINS}
     allowed_set = set(allowed)
     for key, value in op.env.items():
         if "\x00" in key or "\x00" in value or "=" in key:

@@ -376,6 +376,6 @@ def test_a_cancelled_call_in_a_warm_container_is_killed(setup: Setup, launcher: 
             after = await client.call_tool("skill.shell.run", {
                 "script": "sleep 6; test -e late.txt && echo present || echo absent"})
             assert not after.is_error, after
-            assert after.structured_content["stdout"] == "absent\n"
+            assert after.structured_content["stdout"] == "absent\n", after.structured_content
 
     anyio.run(main)

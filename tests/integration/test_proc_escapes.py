@@ -658,3 +658,32 @@ def test_a_sysv_segment_of_one_landlock_call_is_not_seen_by_the_next_or_the_host
     host_keys = {int(line.split()[0]) for line in
                  Path("/proc/sysvipc/shm").read_text().splitlines()[1:]}
     assert key not in host_keys
+
+
+# --- outsider attack F9 on proc: git runs no program a workspace file names ------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_git_in_a_proc_sandbox_runs_no_program_the_workspace_names(
+        executors: dict[str, ProcExecutor], world_root: Path, backend: str) -> None:
+    """A repository the agent wrote (the guard refuses writes to .git/config, but a bare
+    repository needs no `.git` segment) names an fsmonitor program; `git status` must not run
+    it: the executor pins git's configuration (GIT_PINS)."""
+    out = world_root / "out"
+    script = out / "monitor.sh"
+    script.write_text(f"#!/bin/sh\necho ran >> {out}/RAN\n")
+    script.chmod(0o755)
+    repo = out / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=30)
+    (repo / "a.txt").write_text("a")
+    subprocess.run(["git", "-C", str(repo), "config", "core.fsmonitor", str(script)],
+                   check=True, timeout=30)
+    subprocess.run(["git", "-C", str(repo), "config", "safe.directory", "*"], check=True,
+                   timeout=30)
+    for dirpath, dirnames, filenames in os.walk(out):  # as if the sandbox had made them
+        for name in (dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)):
+            os.lchown(name, 65533, 65533)
+    ctx = ExecContext(profile=make_profile(world_root), deadline=time.monotonic() + 60)
+    result = executors[backend].execute(ctx, ProcExecOp(tool="git", args=("status",),
+                                                        cwd=str(repo)))
+    assert result.out["exit_code"] == 0, result.out
+    assert not (out / "RAN").exists()

@@ -16,7 +16,9 @@ Decision order (each step's code is pinned by ``tests/unit/test_guard_decide.py`
 6. a private, loopback, link-local or metadata IP literal not named by the capability's hosts
    → ``CAPABILITY_BLOCKED``
 7. limits of the matched capability met with the profile's → ``CAPABILITY_BLOCKED``
-8. consent required and missing or not current → ``PERMISSION_DENY``
+8. consent required and missing or not current → ``PERMISSION_DENY``; then, for fs ops, what
+   the fs executor will find at the resolved path (not a regular file, a whole read over
+   ``bytes_in``, an existing target without ``overwrite``) → ``CAPABILITY_BLOCKED``
 9. allow
 """
 
@@ -35,6 +37,7 @@ from policy_engine.guard.compiled import (
     compile_profile,
     guard_condition,
 )
+from policy_engine.guard.fsfacts import fs_refusal
 from policy_engine.guard.ipaddr import classify, is_address_allowed
 from policy_engine.guard.layers import PolicyPermits, consent_for, layer_steps
 from policy_engine.guard.paths import is_beneath, normalize_path, quote
@@ -72,13 +75,19 @@ class Guard:
         whether any component is a link, then ``lstat``/``readlink`` per component only when one
         is). Turn off only where the executor enforces resolution itself (``openat2`` with
         ``RESOLVE_BENEATH``).
+    :param fs_facts: refuse what the fs executor will refuse at the resolved path (one
+        ``lstat``: a read of a non-regular file or of a file over ``bytes_in``, a write over a
+        non-regular or, without ``overwrite``, an existing file), so a dry run answers as the
+        run does. Off only for pure policy comparisons that must not depend on the local disk
+        (the benchmark peers); defaults to ``resolve_symlinks``.
     :param cache_size: compiled profiles kept; the oldest is dropped first.
     """
 
     def __init__(self, policyset: PolicySet | None = None, *, resolve_symlinks: bool = True,
-                 cache_size: int = 1024) -> None:
+                 cache_size: int = 1024, fs_facts: bool | None = None) -> None:
         self.policyset = policyset
         self.resolve_symlinks = resolve_symlinks
+        self.fs_facts = resolve_symlinks if fs_facts is None else fs_facts
         self._conditions = ConditionIndex(policyset)
         rules = policyset.consent_rules if policyset is not None else ()
         self._builtin_consent = any(r.condition is None for r in rules)
@@ -303,7 +312,7 @@ class Guard:
         # step 8: consent
         window = cp.consent_window
         if cp.consent_required and tr is None and window is not None and \
-                window[0] <= now < window[1]:
+                window[0] <= now < window[1] and path is None:
             return _allow(chosen, kind, op)  # required and current: consent_needed says None
         if cp.consent_required or self._consent_rules:
             box: list[dict[str, object]] = [] if data is None else [data]
@@ -319,6 +328,19 @@ class Guard:
                 return _deny(phash, _PERM, why, chosen.rule, tr)
         elif tr is not None:
             tr.step("consent", "skip", detail="consent not required")
+        # step 8b: what the fs executor will find at the path (fsfacts.py); last, so a policy
+        # refusal is reported first and only an allow turns into this deny
+        if path is not None and self.fs_facts:
+            found = fs_refusal(kind, op, path, chosen.limits.max_bytes_in)
+            if found is not None:
+                field, why = found
+                layer = chosen.layers.get(field, "profile") if field else ""
+                if layer:
+                    why = f"{why} (set by {layer})"
+                blamed = chosen.rule if layer == "rule" else None
+                if tr is not None:
+                    tr.step("resource", "fail", blamed, why)
+                return _deny(phash, _BLOCKED, why, blamed, tr)
         # step 9
         allow = _allow(chosen, kind, op)
         if tr is None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.guard.env import profile_env_refusal
+from policy_engine.guard.paths import resolve_beneath
 from policy_engine.model import SYSTEM_DEFAULT_LIMITS, FsCapability, ProcExecOp, Profile
 from policy_engine.model import Limits as ModelLimits
 from policy_engine.patterns.paths import expand_home, literal_prefix
@@ -195,6 +196,11 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
         if "\x00" in cwd or ".." in cwd.split("/") or not beneath(cwd, root):
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"cwd `{cwd}` is not beneath root_fs")
+        try:  # the directory the process really enters: its symlinks followed, in the root
+            cwd = resolve_beneath(root, cwd)
+        except PolicyEngineError:
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"cwd `{cwd}` is not beneath "
+                                    "root_fs: a symlink on it leads out of the root") from None
         if not any(beneath(cwd, b) for b in bound):
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"cwd `{cwd}` is not a readable path of the profile")

@@ -24,6 +24,7 @@ Decision order (each step's code is pinned by ``tests/unit/test_guard_decide.py`
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -37,7 +38,7 @@ from policy_engine.guard.compiled import (
     compile_profile,
     guard_condition,
 )
-from policy_engine.guard.fsfacts import fs_refusal
+from policy_engine.guard.fsfacts import cwd_stays_beneath, fs_refusal
 from policy_engine.guard.ipaddr import classify, is_address_allowed
 from policy_engine.guard.layers import PolicyPermits, consent_for, layer_steps
 from policy_engine.guard.paths import is_beneath, normalize_path, quote
@@ -99,6 +100,14 @@ class Guard:
         self._cache: dict[object, CompiledProfile] = {}
         self._permits = PolicyPermits(policyset)
         self._cache_size = cache_size
+
+    def policy_only(self) -> Guard:
+        """This guard without the disk facts (``fs_facts``): the same policy, cache and
+        conditions, for callers asking what the policy allows on a path (the fs listing's entry
+        filter), not whether one op will run there."""
+        twin = copy.copy(self)
+        twin.fs_facts = False
+        return twin
 
     def compiled(self, profile: Profile) -> CompiledProfile:
         """The compiled form of ``profile`` (cached; unhashed profiles are keyed by identity)."""
@@ -204,6 +213,9 @@ class Guard:
                 if not is_beneath(cp.root_fs, cwd):
                     return _deny(phash, _BLOCKED, f"cwd {quote(cwd)} is not beneath root_fs",
                                  None, tr)
+                if self.resolve_symlinks and not cwd_stays_beneath(cp.root_fs, cwd):
+                    return _deny(phash, _BLOCKED, f"cwd {quote(cwd)} is not beneath root_fs: "
+                                 "a symlink on it leads out of the root", None, tr)
         if tr is not None:
             tr.step("resolve", "pass", detail=_describe(rv, path))
         data: dict[str, object] | None = None  # the CEL context, built at the first condition

@@ -57,5 +57,14 @@ def next_hop(
         and (same_origin or k.lower() not in CREDENTIAL_HEADERS)
     ]
     new_url = (str(joined.copy_with(fragment=None)) if joined is not None
-               else urljoin(url, location.strip()).split("#", 1)[0])
+               else _join_text(url, location.strip()))
     return NextHop(method=new_method, url=new_url, body=new_body, headers=new_headers)
+
+
+def _join_text(base: str, location: str) -> str:
+    """``location`` against ``base`` as plain text, for the guard to judge (it refuses what is
+    malformed with its own code); urllib refuses some texts too (`[` left open)."""
+    try:
+        return urljoin(base, location).split("#", 1)[0]
+    except ValueError:
+        return location.split("#", 1)[0]

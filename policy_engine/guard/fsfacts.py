@@ -15,8 +15,7 @@ import os
 import stat
 from typing import Any
 
-from policy_engine.errors import PolicyEngineError
-from policy_engine.guard.paths import quote, resolve_normalized
+from policy_engine.guard.paths import quote
 from policy_engine.model import SYSTEM_DEFAULT_LIMITS
 
 Found = tuple[str, str]
@@ -51,12 +50,3 @@ def fs_refusal(kind: str, op: Any, path: str, max_bytes_in: int | None) -> Found
         return "", f"{quote(path)} exists and overwrite is false"
     return None
 
-
-def cwd_stays_beneath(root: str, cwd: str) -> bool:
-    """Whether normalized ``cwd`` (lexically beneath ``root``) still is once its symlinks are
-    followed: the process ``chdir``s through them, so ``ws/l -> /etc`` is ``/etc`` (F12)."""
-    try:
-        resolve_normalized(root, cwd)
-    except PolicyEngineError:
-        return False
-    return True

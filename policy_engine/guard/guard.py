@@ -31,6 +31,7 @@ from typing import Any
 
 from policy_engine.errors import REGISTRY, ErrorCode, PolicyEngineError
 from policy_engine.graph import PolicySet
+from policy_engine.guard.binds import cwd_refusal
 from policy_engine.guard.compiled import (
     CompiledCap,
     CompiledProfile,
@@ -38,7 +39,7 @@ from policy_engine.guard.compiled import (
     compile_profile,
     guard_condition,
 )
-from policy_engine.guard.fsfacts import cwd_stays_beneath, fs_refusal
+from policy_engine.guard.fsfacts import fs_refusal
 from policy_engine.guard.ipaddr import classify, is_address_allowed
 from policy_engine.guard.layers import PolicyPermits, consent_for, layer_steps
 from policy_engine.guard.paths import is_beneath, normalize_path, quote
@@ -213,9 +214,10 @@ class Guard:
                 if not is_beneath(cp.root_fs, cwd):
                     return _deny(phash, _BLOCKED, f"cwd {quote(cwd)} is not beneath root_fs",
                                  None, tr)
-                if self.resolve_symlinks and not cwd_stays_beneath(cp.root_fs, cwd):
-                    return _deny(phash, _BLOCKED, f"cwd {quote(cwd)} is not beneath root_fs: "
-                                 "a symlink on it leads out of the root", None, tr)
+                # followed through its symlinks and beneath a path the sandbox binds
+                why_cwd = cwd_refusal(cp.profile, cwd) if self.fs_facts else None
+                if why_cwd is not None:
+                    return _deny(phash, _BLOCKED, why_cwd, None, tr)
         if tr is not None:
             tr.step("resolve", "pass", detail=_describe(rv, path))
         data: dict[str, object] | None = None  # the CEL context, built at the first condition

@@ -77,6 +77,10 @@ class World:
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
+    yield from make_world(tmp_path, POLICY)
+
+
+def make_world(tmp_path: Path, source: str) -> Iterator[World]:
     root = tmp_path / "ws"
     for d in ("sub2", "small", "private", "work"):
         (root / d).mkdir(parents=True)
@@ -90,7 +94,7 @@ def world(tmp_path: Path) -> Iterator[World]:
     os.symlink("private", root / "l_private")
     os.symlink("/etc", root / "l_etc")
     policy = tmp_path / "p.sbpolicy"
-    policy.write_text(POLICY.format(root=root))
+    policy.write_text(source.format(root=root))
     policyset = compile_files([policy])
     grant = Grant.model_validate({
         "tenant": "t", "subject_id": "agent:a", "tool_name": "tool", "call_id": "c1",
@@ -236,3 +240,27 @@ def test_cwd_through_an_in_root_symlink_runs_in_its_target(world: World) -> None
     assert dry.allowed
     assert ran.result.ok, ran.result
     assert ran.result.out["stdout"].strip() == f"{world.root}/sub2"
+
+
+NARROW = """policy "t/narrow" version "1.0.0"
+defaults {{ timeout 20s  network off }}
+permit "read" fs.read paths ["{root}/sub2/*.txt"]
+permit "py" proc.exec tool "python3"
+"""
+
+
+@pytest.mark.parametrize("where", ["", "/small", "/l_sub"])
+def test_cwd_outside_every_bound_path_is_refused_alike(tmp_path: Path, where: str) -> None:
+    """The sandbox binds only the literal prefixes of the profile's fs paths (here `sub2`): a
+    cwd elsewhere is refused by the proc plan, and now by the guard first."""
+    for w in make_world(tmp_path, NARROW):
+        op = ProcExecOp(tool="python3", args=["-c", PWD], cwd=f"{w.root}{where}")
+        dry, ran = w.both(op)
+        if where == "/l_sub":  # the link resolves into the bound `sub2`
+            assert dry.allowed
+            assert ran.result.out["stdout"].strip() == f"{w.root}/sub2"
+            continue
+        assert (dry.decision, dry.code) == ("deny", BLOCKED)
+        assert "is not a readable path of the profile" in dry.reason
+        assert ran.result.code == BLOCKED
+        assert ran.result.used.calls == 0

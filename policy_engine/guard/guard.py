@@ -326,7 +326,7 @@ class Guard:
         # step 8: consent
         window = cp.consent_window
         if cp.consent_required and tr is None and window is not None and \
-                window[0] <= now < window[1] and path is None:
+                window[0] <= now < window[1] and (path is None or not self.fs_facts):
             return _allow(chosen, kind, op)  # required and current: consent_needed says None
         if cp.consent_required or self._consent_rules:
             box: list[dict[str, object]] = [] if data is None else [data]

@@ -92,7 +92,7 @@ class Engine:
         del cases
         self.policyset = compile_policy(variant)
         self.builder = ProfileBuilder(self.policyset)
-        self.guard = Guard(self.policyset, resolve_symlinks=resolve_symlinks)
+        self.guard = Guard(self.policyset, resolve_symlinks=resolve_symlinks, fs_facts=False)
         self.manifest = manifest()
         self._profiles: dict[str, Profile] = {}
 

@@ -12,6 +12,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
+from plugins.executor_fs.follow import FsOp, followed
 from plugins.executor_fs.listing import EntryFilter, Lister, check_time, mandatory_denied
 from plugins.executor_fs.resolve import BeneathOpener, open_root, rename_noreplace, split_relative
 from policy_engine import ErrorCode, PolicyEngineError
@@ -102,9 +103,14 @@ class FsExecutor:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _parts(self, ctx: ExecContext, path: str) -> list[str]:
-        """Relative components; a mandatory deny is re-checked here as a second line."""
+    def _parts(self, ctx: ExecContext, op: FsOp) -> list[str]:
+        """Relative components of the path with its in-root links resolved (follow.py); a
+        mandatory deny is re-checked here as a second line."""
+        path = op.path
         parts = split_relative(path, ctx.profile.mappings.root_fs)
+        resolved = followed(ctx, op)
+        if resolved != path:
+            parts = split_relative(resolved, ctx.profile.mappings.root_fs)
         rule = mandatory_denied(ctx.profile, _normalized(ctx, parts))
         if rule is not None:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
@@ -127,7 +133,7 @@ class FsExecutor:
         if want > cap:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"read of {want} bytes exceeds max_bytes_in {cap}")
-        parts = self._parts(ctx, op.path)
+        parts = self._parts(ctx, op)
         ctx.started()  # refusals above this line cost no `calls` budget
         # O_NONBLOCK: a FIFO swapped in must not hang the call before fstat refuses it
         fd = self._open(ctx, parts, os.O_RDONLY | os.O_NONBLOCK, op.path)
@@ -182,7 +188,7 @@ class FsExecutor:
         if len(data) > cap:  # refused before a single byte touches the disk
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"write of {len(data)} bytes exceeds max_bytes_out {cap}")
-        parts = self._parts(ctx, op.path)
+        parts = self._parts(ctx, op)
         if not parts:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "cannot write the root itself")
         ctx.started()
@@ -240,7 +246,7 @@ class FsExecutor:
     def _list(self, ctx: ExecContext, op: FsListOp) -> ExecResult:
         depth = min(op.depth, _limit(ctx, "max_depth"))
         max_files = _limit(ctx, "max_files")
-        parts = self._parts(ctx, op.path)
+        parts = self._parts(ctx, op)
         ctx.started()
         fd = self._open(ctx, parts, os.O_RDONLY | os.O_DIRECTORY, op.path)
         lister = Lister(ctx, _normalized(ctx, parts), max_files, EntryFilter(ctx).shown)

@@ -48,7 +48,10 @@ class EntryFilter:
 
     def __init__(self, ctx: ExecContext) -> None:
         self.profile = ctx.profile
-        self.guard: Decider | None = ctx.guard
+        # the policy's answer for each name, not the disk's: a directory is not "unreadable"
+        # because fs.read refuses a directory (Guard.policy_only)
+        policy_only = getattr(ctx.guard, "policy_only", None)
+        self.guard: Decider | None = policy_only() if callable(policy_only) else ctx.guard
 
     def _decide(self, op: ExecOp) -> Decision:
         assert self.guard is not None

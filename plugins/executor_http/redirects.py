@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urljoin
 
 import httpx
 
@@ -36,18 +37,34 @@ def next_hop(
     """
     if status not in REDIRECT_STATUSES or not location:
         return None
-    new_url = httpx.URL(url).join(location.strip())
+    old = httpx.URL(url)
+    try:
+        joined = old.join(location.strip())
+    except (httpx.InvalidURL, ValueError):
+        # httpx cannot read it (`http://%5B::1%5D/`, `http://[::1/`): the text still goes to the
+        # guard, which refuses it with its own code, as it would refuse it as a first request
+        joined = None
     new_method = method
     if (status == 303 and method != "HEAD") or (status in (301, 302) and method == "POST"):
         new_method = "GET"
     keep_body = new_method == method
     new_body = body if keep_body else b""
-    old = httpx.URL(url)
-    same_origin = (old.scheme, old.host, old.port) == (new_url.scheme, new_url.host, new_url.port)
+    same_origin = joined is not None and \
+        (old.scheme, old.host, old.port) == (joined.scheme, joined.host, joined.port)
     new_headers = [
         (k, v) for k, v in headers
         if (keep_body or k.lower() not in ("content-type", "content-encoding"))
         and (same_origin or k.lower() not in CREDENTIAL_HEADERS)
     ]
-    return NextHop(method=new_method, url=str(new_url.copy_with(fragment=None)), body=new_body,
-                   headers=new_headers)
+    new_url = (str(joined.copy_with(fragment=None)) if joined is not None
+               else _join_text(url, location.strip()))
+    return NextHop(method=new_method, url=new_url, body=new_body, headers=new_headers)
+
+
+def _join_text(base: str, location: str) -> str:
+    """``location`` against ``base`` as plain text, for the guard to judge (it refuses what is
+    malformed with its own code); urllib refuses some texts too (`[` left open)."""
+    try:
+        return urljoin(base, location).split("#", 1)[0]
+    except ValueError:
+        return location.split("#", 1)[0]

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plugins.executor_proc import uid
-from plugins.executor_proc.spec import Plan, beneath
+from plugins.executor_proc.spec import Plan
+from policy_engine.guard.binds import beneath
 from policy_engine.sandbox.masks import RUNTIME_DIRS
 
 NetworkHook = Callable[[Plan], list[str]]

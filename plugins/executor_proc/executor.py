@@ -24,11 +24,12 @@ from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, sa
 from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import Outcome, pump
-from plugins.executor_proc.spec import Limits, Plan, beneath, build_plan, resolve_limits
+from plugins.executor_proc.spec import Limits, Plan, build_plan, resolve_limits
 from plugins.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
 from policy_engine.executor import Decider, ExecContext, ExecutorCapabilities
+from policy_engine.guard.binds import beneath
 from policy_engine.model import (
     Digest,
     ExecOp,

@@ -13,11 +13,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from policy_engine import ErrorCode, PolicyEngineError
+from policy_engine.guard.binds import beneath, bound_paths, cwd_refusal
 from policy_engine.guard.env import profile_env_refusal
 from policy_engine.guard.gitfiles import GIT_PINS
+from policy_engine.guard.paths import resolve_beneath
 from policy_engine.model import SYSTEM_DEFAULT_LIMITS, FsCapability, ProcExecOp, Profile
 from policy_engine.model import Limits as ModelLimits
-from policy_engine.patterns.paths import expand_home, literal_prefix
+from policy_engine.patterns.paths import expand_home
 from policy_engine.sandbox.masks import RUNTIME_DIRS, RUNTIME_GLOBS, plan_masks, under_runtime
 
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc")
@@ -28,11 +30,6 @@ BUILTIN_MASKS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-",
                  "/etc/ssh/ssh_host_*_key", "/etc/passwd", "/etc/group", "/etc/passwd-",
                  "/etc/group-")
 BASE_ENV_KEYS = ("PATH", "LANG", "HOME", "TZ", "TMPDIR")
-
-
-def beneath(path: str, root: str) -> bool:
-    """Segment-wise containment (``/w`` contains ``/w/x`` but never ``/w-evil``)."""
-    return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,29 +90,6 @@ def carve(root: str, access: str, masked: list[str]) -> list[tuple[str, str]]:
     for name in names:
         out += carve(os.path.join(root, name), access, inside)
     return out
-
-
-def _prefixes(profile: Profile, kinds: set[str]) -> list[str]:
-    """Literal prefixes of the profile's fs capabilities of ``kinds``, clamped to root_fs.
-
-    A conjunction (``all_of``) keeps a prefix only if every member has an ancestor-or-equal
-    prefix: the deepest such prefix still covers the whole intersection.
-    """
-    root = profile.mappings.root_fs.rstrip("/") or "/"
-    home = profile.mappings.home
-    out: set[str] = set()
-    for pc in profile.capabilities:
-        if pc.kind.value not in kinds:
-            continue
-        members = [[literal_prefix(expand_home(p, home)) for p in c.paths]
-                   for c in pc.all_of if isinstance(c, FsCapability)]
-        for cand in {p for m in members for p in m}:
-            if all(any(beneath(cand, q) for q in m) for m in members):
-                clamped = cand if beneath(cand, root) else root if beneath(root, cand) else None
-                if clamped and os.path.isdir(clamped) and not os.path.islink(clamped):
-                    out.add(clamped)
-    # a path beneath another of the same list adds nothing
-    return sorted(p for p in out if not any(q != p and beneath(p, q) for q in out))
 
 
 def _masks(profile: Profile, bound: list[str], system: list[str]) -> tuple[list[str], list[str]]:
@@ -190,12 +164,7 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
     if any("\x00" in a for a in (op.tool, *op.args)):
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "argv contains a NUL byte")
     root = profile.mappings.root_fs.rstrip("/") or "/"
-    writable = _prefixes(profile, {"fs.write"})
-    readable = [p for p in _prefixes(profile, {"fs.read", "fs.list"})
-                if not any(beneath(p, w) for w in writable)]
-    # host control sockets are a mandatory deny no policy lifts: never bind a runtime dir
-    writable = [p for p in writable if not under_runtime(p)]
-    readable = [p for p in readable if not under_runtime(p)]
+    readable, writable = bound_paths(profile)
     interp = os.path.realpath(sys.base_prefix)
     system = [p for p in SYSTEM_RO if os.path.exists(p)]
     system += [p for p in (interp, *extra_ro)
@@ -203,12 +172,11 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
     bound = readable + writable
     cwd = op.cwd or (root if any(beneath(root, b) for b in bound) else tmpdir)
     if op.cwd is not None:
-        if "\x00" in cwd or ".." in cwd.split("/") or not beneath(cwd, root):
-            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                    f"cwd `{cwd}` is not beneath root_fs")
-        if not any(beneath(cwd, b) for b in bound):
-            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                    f"cwd `{cwd}` is not a readable path of the profile")
+        # the guard's own check (guard/binds.py); the directory entered is the resolved one
+        why = cwd_refusal(profile, cwd, bound)
+        if why is not None:
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, why)
+        cwd = resolve_beneath(root, cwd)
     files, dirs = _masks(profile, bound, system)
     return Plan(
         argv=[op.tool, *op.args], cwd=cwd, readable=readable, writable=writable, system=system,

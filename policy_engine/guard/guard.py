@@ -17,12 +17,15 @@ Decision order (each step's code is pinned by ``tests/unit/test_guard_decide.py`
 6. a private, loopback, link-local or metadata IP literal not named by the capability's hosts
    → ``CAPABILITY_BLOCKED``
 7. limits of the matched capability met with the profile's → ``CAPABILITY_BLOCKED``
-8. consent required and missing or not current → ``PERMISSION_DENY``
+8. consent required and missing or not current → ``PERMISSION_DENY``; then, for fs ops, what
+   the fs executor will find at the resolved path (not a regular file, a whole read over
+   ``bytes_in``, an existing target without ``overwrite``) → ``CAPABILITY_BLOCKED``
 9. allow
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -30,6 +33,7 @@ from typing import Any
 from policy_engine.errors import REGISTRY, ErrorCode, PolicyEngineError
 from policy_engine.graph import PolicySet
 from policy_engine.guard import gitfiles
+from policy_engine.guard.binds import cwd_refusal
 from policy_engine.guard.compiled import (
     CompiledCap,
     CompiledProfile,
@@ -37,6 +41,7 @@ from policy_engine.guard.compiled import (
     compile_profile,
     guard_condition,
 )
+from policy_engine.guard.fsfacts import fs_refusal
 from policy_engine.guard.ipaddr import classify, is_address_allowed
 from policy_engine.guard.layers import PolicyPermits, consent_for, layer_steps
 from policy_engine.guard.paths import is_beneath, normalize_path, quote
@@ -74,13 +79,19 @@ class Guard:
         whether any component is a link, then ``lstat``/``readlink`` per component only when one
         is). Turn off only where the executor enforces resolution itself (``openat2`` with
         ``RESOLVE_BENEATH``).
+    :param fs_facts: refuse what the fs executor will refuse at the resolved path (one
+        ``lstat``: a read of a non-regular file or of a file over ``bytes_in``, a write over a
+        non-regular or, without ``overwrite``, an existing file), so a dry run answers as the
+        run does. Off only for pure policy comparisons that must not depend on the local disk
+        (the benchmark peers); defaults to ``resolve_symlinks``.
     :param cache_size: compiled profiles kept; the oldest is dropped first.
     """
 
     def __init__(self, policyset: PolicySet | None = None, *, resolve_symlinks: bool = True,
-                 cache_size: int = 1024) -> None:
+                 cache_size: int = 1024, fs_facts: bool | None = None) -> None:
         self.policyset = policyset
         self.resolve_symlinks = resolve_symlinks
+        self.fs_facts = resolve_symlinks if fs_facts is None else fs_facts
         self._conditions = ConditionIndex(policyset)
         rules = policyset.consent_rules if policyset is not None else ()
         self._builtin_consent = any(r.condition is None for r in rules)
@@ -92,6 +103,14 @@ class Guard:
         self._cache: dict[object, CompiledProfile] = {}
         self._permits = PolicyPermits(policyset)
         self._cache_size = cache_size
+
+    def policy_only(self) -> Guard:
+        """This guard without the disk facts (``fs_facts``): the same policy, cache and
+        conditions, for callers asking what the policy allows on a path (the fs listing's entry
+        filter), not whether one op will run there."""
+        twin = copy.copy(self)
+        twin.fs_facts = False
+        return twin
 
     def compiled(self, profile: Profile) -> CompiledProfile:
         """The compiled form of ``profile`` (cached; unhashed profiles are keyed by identity)."""
@@ -197,6 +216,10 @@ class Guard:
                 if not is_beneath(cp.root_fs, cwd):
                     return _deny(phash, _BLOCKED, f"cwd {quote(cwd)} is not beneath root_fs",
                                  None, tr)
+                # followed through its symlinks and beneath a path the sandbox binds
+                why_cwd = cwd_refusal(cp.profile, cwd) if self.fs_facts else None
+                if why_cwd is not None:
+                    return _deny(phash, _BLOCKED, why_cwd, None, tr)
         if tr is not None:
             tr.step("resolve", "pass", detail=_describe(rv, path))
         data: dict[str, object] | None = None  # the CEL context, built at the first condition
@@ -313,7 +336,7 @@ class Guard:
         # step 8: consent
         window = cp.consent_window
         if cp.consent_required and tr is None and window is not None and \
-                window[0] <= now < window[1]:
+                window[0] <= now < window[1] and (path is None or not self.fs_facts):
             return _allow(chosen, kind, op)  # required and current: consent_needed says None
         if cp.consent_required or self._consent_rules:
             box: list[dict[str, object]] = [] if data is None else [data]
@@ -329,6 +352,19 @@ class Guard:
                 return _deny(phash, _PERM, why, chosen.rule, tr)
         elif tr is not None:
             tr.step("consent", "skip", detail="consent not required")
+        # step 8b: what the fs executor will find at the path (fsfacts.py); last, so a policy
+        # refusal is reported first and only an allow turns into this deny
+        if path is not None and self.fs_facts:
+            found = fs_refusal(kind, op, path, chosen.limits.max_bytes_in)
+            if found is not None:
+                field, why = found
+                layer = chosen.layers.get(field, "profile") if field else ""
+                if layer:
+                    why = f"{why} (set by {layer})"
+                blamed = chosen.rule if layer == "rule" else None
+                if tr is not None:
+                    tr.step("resource", "fail", blamed, why)
+                return _deny(phash, _BLOCKED, why, blamed, tr)
         # step 9
         allow = _allow(chosen, kind, op)
         if tr is None:

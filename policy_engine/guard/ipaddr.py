@@ -82,14 +82,20 @@ _V4_RANGES: tuple[tuple[int, int, str], ...] = tuple(
 """The IPv4 rows of ``_RANGES`` in the same order, as (network, mask) integers."""
 _NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
 _V4_COMPAT = ipaddress.IPv6Network("::/96")
+_SIIT = ipaddress.IPv6Network("::ffff:0:0:0/96")
+"""IPv4-translated addresses (RFC 2765 SIIT, ``::ffff:0:a.b.c.d``): a NAT46 translator delivers
+them to the embedded IPv4 address, like the mapped form one bit away."""
 
 
 def embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 address carries (mapped, 6to4, NAT64, Teredo, compatible)."""
+    """The IPv4 address an IPv6 address carries (mapped, SIIT-translated, 6to4, NAT64, Teredo,
+    compatible)."""
     if isinstance(ip, ipaddress.IPv4Address):
         return None
     if ip.ipv4_mapped is not None:
         return ip.ipv4_mapped
+    if ip in _SIIT:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     if ip.sixtofour is not None:
         return ip.sixtofour
     for net in _NAT64:

@@ -90,6 +90,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     (root / "src" / "b.txt").write_text("small")
     (root / "src" / "sub" / "c.txt").write_text("nested")
     (root / "src" / ".env").write_text("TOKEN=not-for-agents")
+    # what lies on the disk is decided too (docs/cli.md): in-root links, a link out of the
+    # root, a FIFO
+    os.symlink("src", root / "l_src")
+    os.symlink("src/a.txt", root / "l_a")
+    os.symlink("work", root / "l_work")
+    os.symlink("/etc", root / "l_etc")
+    os.mkfifo(root / "src" / "pipe")
     with LoopbackServer(ROUTES) as srv:
         yield World(root=root, port=srv.port, state=base / "state")
 
@@ -168,8 +175,11 @@ def repr_str(s: str) -> str:
 def ops(root: str, port: int) -> st.SearchStrategy[object]:
     paths = st.sampled_from([f"{root}/src/a.txt", f"{root}/src/b.txt", f"{root}/src/sub/c.txt",
                              f"{root}/src/.env", f"{root}/src/missing.txt", f"{root}/../etc",
-                             f"{root}/src"])
-    dirs = st.sampled_from([f"{root}/src", f"{root}", f"{root}/src/sub"])
+                             f"{root}/src", f"{root}/l_a", f"{root}/l_src/b.txt",
+                             f"{root}/l_src/.env", f"{root}/src/pipe", f"{root}/l_etc/hostname"])
+    dirs = st.sampled_from([f"{root}/src", f"{root}", f"{root}/src/sub", f"{root}/l_src"])
+    cwds = st.sampled_from([None, f"{root}/src", f"{root}/l_src", f"{root}/l_etc", "/etc",
+                            f"{root}/home", f"{root}/work"])
     url = st.builds(lambda p, q: f"http://127.0.0.1:{port}{p}{q}",
                     st.sampled_from(["/json", "/text", "/big", "/absent"]),
                     st.sampled_from(["", "?q=1"]))
@@ -181,15 +191,17 @@ def ops(root: str, port: int) -> st.SearchStrategy[object]:
         st.builds(FsReadOp, path=paths, len=st.sampled_from([None, 8, 5000])),
         st.builds(FsListOp, path=dirs, depth=st.integers(0, 4)),
         st.builds(FsWriteOp, path=st.sampled_from([f"{root}/work/out.txt",
-                                                   f"{root}/src/out.txt"]),
+                                                   f"{root}/src/out.txt",
+                                                   f"{root}/l_work/linked.txt",
+                                                   f"{root}/work"]),
                   bytes_b64=st.sampled_from([base64.b64encode(b"x" * n).decode()
                                              for n in (10, 100)]),
-                  overwrite=st.just(True)),
+                  overwrite=st.sampled_from([True, True, False])),
         st.builds(NetHttpOp, method=st.sampled_from(["GET", "get", "POST", "HEAD"]), url=url,
                   headers=headers),
         st.builds(ProcExecOp, tool=st.just("echo"),
                   args=st.sampled_from([("hello",), ("secret", "x"), ("UPPER",), ()]), env=env,
-                  timeout_ms=st.sampled_from([None, 2000])),
+                  timeout_ms=st.sampled_from([None, 2000]), cwd=cwds),
         st.builds(ProcExecOp, tool=st.just("sleep"), args=st.sampled_from([("0.1",), ("2",)])),
         st.builds(TmpAllocOp, size_bytes=st.sampled_from([10, 50_000, 5_000_000])),
         st.builds(BrowserNavOp, url=url, extract=st.sampled_from(["text", "none"])),

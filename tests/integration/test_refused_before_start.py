@@ -48,7 +48,9 @@ def test_proc_cwd_refused_by_the_executor_is_free(tmp_path: Path) -> None:
         for _ in range(3):  # beneath root_fs, but not a path the sandbox binds
             out = orch.run(grant, manifest, ProcExecOp(tool="true", cwd=str(root / "other")),
                            settings=settings)
-            assert out.decision.allowed
+            # the guard refuses it already, as the executor would (dry run equals run)
+            assert out.decision.code == "SANDBOX.CAPABILITY_BLOCKED", out.decision
+            assert "is not a readable path of the profile" in (out.decision.reason or "")
             assert out.result.code == "SANDBOX.CAPABILITY_BLOCKED", out.result
             assert out.end.budget_used.calls == 0
         assert orch.meter.used(grant_key(grant)).get("calls", 0) == 0

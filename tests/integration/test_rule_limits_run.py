@@ -166,9 +166,13 @@ def test_rule_stdout_keeps_64_kib(proc_env: Env) -> None:
 
 def test_rule_bytes_in_refuses_a_1000_byte_read(env: Env) -> None:
     small = env.run(FsReadOp(path=str(env.root / "small" / "big.txt")))
-    assert small.decision.allowed
+    # the guard sees the size as the executor would, so the decision already refuses it
+    # (dry run equals run) and names the rule whose limit bites
+    assert small.decision.code == "SANDBOX.CAPABILITY_BLOCKED", small.decision
+    assert small.decision.rule is not None
+    assert small.decision.rule.id == "small-read"
     assert small.result.code == "SANDBOX.CAPABILITY_BLOCKED", small.result
-    assert "16" in (small.result.message or "")
+    assert "max_bytes_in 16 (set by rule)" in (small.result.message or "")
     # the same content outside small/ is permitted by the broad rule: read whole
     (env.root / "big.txt").write_bytes(b"S" * 1000)
     assert env.run(FsReadOp(path=str(env.root / "big.txt"))).result.out["size"] == 1000

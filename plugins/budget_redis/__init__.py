@@ -108,7 +108,7 @@ class RedisBudgetMeter:
 
     def used(self, grant_key: str) -> dict[str, int]:
         try:
-            raw: Mapping[Any, Any] = self.store.client.hgetall(  # type: ignore[assignment]
+            raw: Mapping[Any, Any] = self.store.client.hgetall(
                 self.store.key("budget", grant_key))
         except redis.RedisError as exc:
             raise self._failed(exc) from exc
@@ -135,7 +135,7 @@ class RedisBudgetMeter:
     def _drop_dead(self, key: str) -> bool:
         """Remove this host's leases whose process is gone; ``True`` when any was."""
         dead = []
-        for raw in self.store.client.zrange(key, 0, -1):  # type: ignore[union-attr]
+        for raw in self.store.client.zrange(key, 0, -1):
             member = _text(raw)
             parts = member.split("|")
             if len(parts) == 4 and parts[1] == self._host and parts[2].isdigit() \
@@ -179,7 +179,7 @@ class RedisRevocationList:
             found = self.store.client.smismember(self._key, list(revocation_keys(grant)))
         except redis.RedisError as exc:
             raise unavailable("revocation list", self.store.url, exc) from exc
-        return any(bool(x) for x in found)  # type: ignore[union-attr]
+        return any(bool(x) for x in found)
 
     def close(self) -> None:
         self.store.close()

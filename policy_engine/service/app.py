@@ -46,6 +46,7 @@ from policy_engine.service.models import (
     RunCodeBody,
     RunCodeResponse,
 )
+from policy_engine.service.pg_stores import open_exec_store, open_token_store
 from policy_engine.service.tokens import Principal, TokenStore
 from policy_engine.service.workspace import open_artifact
 
@@ -104,8 +105,8 @@ class Engine:
 def open_engine(config: ServiceConfig) -> Engine:
     state = config.engine.state_dir
     orch = Orchestrator(config.policyset, config=config.engine)
-    tokens = TokenStore(state / "tokens.sqlite")
-    execs = ExecStore(state / "service.sqlite")
+    # PostgreSQL when `options.service_postgres.dsn` is set (replicas share them), else SQLite
+    tokens, execs = open_token_store(config.engine), open_exec_store(config.engine)
     broker = ConsentBroker(config.confirmation, config.policyset, state / "consent.jsonl")
     eng = Engine(config, orch, tokens, execs, ExecRunner(config, orch, execs, broker),
                  Decider.of(config.policyset),

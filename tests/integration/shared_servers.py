@@ -147,3 +147,17 @@ def plugin_manager() -> PluginManager:
         if not manager.pm.has_plugin(name):
             manager.register(module, name)
     return manager
+
+
+def entry_points_dir(root: Path) -> Path:
+    """A directory to put on ``PYTHONPATH`` so child processes (``policy-engine serve``) find
+    the shared-state plugins through the entry-point group, as a pip-installed distribution
+    would make them found (the installed metadata of this checkout may predate them)."""
+    info = root / "policy_engine_scale_plugins-0.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: policy-engine-scale-plugins\n"
+                                   "Version: 0.0\n")
+    (info / "entry_points.txt").write_text(
+        "[policy_engine.plugins]\nbudget_redis = plugins.budget_redis\n"
+        "evidence_postgres = plugins.evidence_postgres\n")
+    return root

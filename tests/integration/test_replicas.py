@@ -160,7 +160,8 @@ def test_two_replicas_share_budgets_revocations_evidence_and_policy(
     for url in urls:
         refused = _op(url, token, root, "rev-1", 100)
         assert refused.status_code == 403, refused.text
-        assert refused.json()["error"]["code"] == "PERMISSION.DENY"
+        assert refused.json()["error"]["code"] == "SANDBOX.PERMISSION_DENY"
+        assert "revoked" in refused.text
     # 3) a policy reload reaches both replicas
     policy = root / "shared.sbpolicy"
     policy.write_text(POLICY.format(root=root) + FORBID.format(root=root))
@@ -191,7 +192,8 @@ def test_two_replicas_share_budgets_revocations_evidence_and_policy(
 
 
 def test_a_replica_killed_mid_load_loses_no_completed_calls_evidence(
-        cluster: tuple[list[Replica], Path, dict[str, str]], pg_dsn: str) -> None:
+        cluster: tuple[list[Replica], Path, dict[str, str]], pg_dsn: str, redis_url: str,
+        redis_prefix: str) -> None:
     (a, b), root, env = cluster
     token, _ = _token(root, env)
     n = 30
@@ -232,8 +234,11 @@ def test_a_replica_killed_mid_load_loses_no_completed_calls_evidence(
     charged_ok = len(allowed) + more
     # every allowed call charged one unit; calls the kill cut off may have charged one too
     # (charged at start, before running): never more than N in total
-    assert charged_ok <= n
-    assert rest[-1].status_code == 403
+    # (2 client threads talked to the killed replica: at most 2 calls were cut off)
+    assert n - 2 <= charged_ok <= n
     assert rest[-1].json()["error"]["code"] == "QUOTA.BUDGET_EXCEEDED"
+    used = redis.Redis.from_url(redis_url).hget(f"{redis_prefix}budget:acme/agent:x/kill-load",
+                                                 "calls")
+    assert int(used or 0) == n  # spent exactly, never over
     for name in ("a", "b"):
         assert _verify(pg_dsn, name, root / f"kill-{name}.sqlite", env)["ok"] is True

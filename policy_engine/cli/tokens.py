@@ -26,12 +26,11 @@ def _store(config_path: Path | None, state_dir: Path | None) -> TokenStore:
         sys.exit(EXIT_BAD_INPUT)
     if state_dir is not None:
         engine = replace(engine, state_dir=state_dir.absolute())
-    from policy_engine.errors import PolicyEngineError
-    from policy_engine.service.pg_stores import open_token_store
+    from policy_engine.service.pg_stores import StoreUnavailable, open_token_store
 
     try:  # PostgreSQL when the config names one (options.service_postgres.dsn)
         return open_token_store(engine)
-    except (ValueError, PolicyEngineError) as exc:
+    except (ValueError, StoreUnavailable) as exc:
         click.echo(f"error: {getattr(exc, 'reason', exc)}", err=True)
         sys.exit(EXIT_BAD_INPUT)
 

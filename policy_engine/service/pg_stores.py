@@ -3,13 +3,14 @@
 
 Same tables and behaviour as tokens.py / execstore.py, migrated at start-up (pgschema.py). A
 database that cannot be used answers ``PROVIDER.UNAVAILABLE`` (503, retryable) naming it without
-credentials: a request is never authenticated, nor a record lost silently, on a guess.
+credentials (``StoreUnavailable``): a request is never authenticated on a guess.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import logging
 import secrets
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any
 from policy_engine.config import EngineConfig
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.pgschema import display_dsn, migrate
+from policy_engine.service.errors import ServiceError
 from policy_engine.service.execstore import ExecStore
 from policy_engine.service.models import Artifact, ExecRecord
 from policy_engine.service.tokens import (
@@ -32,6 +34,8 @@ from policy_engine.service.tokens import (
     _hash,
     check_tenant,
 )
+
+log = logging.getLogger(__name__)
 
 OPTIONS = "service_postgres"
 
@@ -77,6 +81,17 @@ MIGRATIONS = [
 ]
 
 
+class StoreUnavailable(ServiceError):
+    """``PROVIDER.UNAVAILABLE`` (503, retryable) as the service answers it; ``reason`` (the
+    database and the cause, never the password) goes to the log and the CLI."""
+
+    def __init__(self, err: PolicyEngineError) -> None:
+        view = err.public_view()
+        super().__init__(view["code"], view["http_status"], view["message"], view["retryable"])
+        self.reason = err.reason
+        self.error = err
+
+
 class PgDatabase:
     """One connection (autocommit, serialised by a lock), reopened after a failure."""
 
@@ -106,11 +121,13 @@ class PgDatabase:
                     self._conn = None
                 cause = str(exc).strip().splitlines()[0] if str(exc).strip() else \
                     type(exc).__name__
-                raise PolicyEngineError(
+                err = PolicyEngineError(
                     ErrorCode.PROVIDER_UNAVAILABLE,
                     f"service database `{self.where}` cannot be used: {cause}",
                     audit={"store": "service database", "path": self.where,
-                           "exception": type(exc).__name__}) from exc
+                           "exception": type(exc).__name__})
+                log.error("%s", err.reason)
+                raise StoreUnavailable(err) from exc
 
     def close(self) -> None:
         with self._lock:
@@ -235,7 +252,7 @@ def service_dsn(engine: EngineConfig) -> str | None:
 def open_token_store(engine: EngineConfig) -> TokenStore:
     """The token store ``engine`` configures (PostgreSQL or ``tokens.sqlite``).
 
-    :raises PolicyEngineError: ``PROVIDER.UNAVAILABLE`` when the database cannot be used.
+    :raises StoreUnavailable: ``PROVIDER.UNAVAILABLE`` when the database cannot be used.
     """
     dsn = service_dsn(engine)
     return PgTokenStore(PgDatabase(dsn)) if dsn else TokenStore(

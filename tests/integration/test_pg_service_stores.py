@@ -5,6 +5,9 @@ at once, and unavailable → PROVIDER.UNAVAILABLE naming the database, never a g
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -12,12 +15,13 @@ import psycopg
 import pytest
 
 from policy_engine.config import EngineConfig
-from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.errors import ErrorCode
 from policy_engine.service.models import Artifact, ExecRecord
 from policy_engine.service.pg_stores import (
     PgDatabase,
     PgExecStore,
     PgTokenStore,
+    StoreUnavailable,
     open_exec_store,
     open_token_store,
 )
@@ -97,11 +101,25 @@ def test_replicas_starting_together_migrate_once(pg_dsn: str) -> None:
 def test_a_database_that_is_down_is_named_without_its_password(tmp_path: Path) -> None:
     dsn = dead_pg_dsn().replace("postgres@", "postgres:pw-s3cret@")
     config = EngineConfig(state_dir=tmp_path, options={"service_postgres": {"dsn": dsn}})
-    with pytest.raises(PolicyEngineError) as err:
+    with pytest.raises(StoreUnavailable) as err:
         open_token_store(config)
-    assert err.value.code is ErrorCode.PROVIDER_UNAVAILABLE
+    assert err.value.code == ErrorCode.PROVIDER_UNAVAILABLE.value
+    assert err.value.http_status == 503
     assert err.value.reason.startswith("service database `postgresql://127.0.0.1:")
-    assert "pw-s3cret" not in err.value.reason
+    assert "pw-s3cret" not in err.value.reason + err.value.message
+    done = subprocess.run([sys.executable, "-m", "policy_engine.cli", "tokens", "list",
+                           "--config", str(_config_file(tmp_path, dsn))], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert "service database `postgresql://127.0.0.1:" in done.stderr
+    assert "pw-s3cret" not in done.stderr
+
+
+def _config_file(root: Path, dsn: str) -> Path:
+    path = root / "engine.json"
+    path.write_text(json.dumps({"options": {"service_postgres": {"dsn": dsn}}}))
+    return path
 
 
 def test_without_a_dsn_the_sqlite_stores_stay_the_default(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 PLUGIN = "evidence_postgres"
 _OPTIONS = {"dsn", "replica", "signing_key", "checkpoint_every", "timeout_s"}
+_RETRIES = 100
 
 # numbered steps: append, never edit a step that has shipped (pgschema.migrate)
 MIGRATIONS = [
@@ -52,11 +53,12 @@ MIGRATIONS = [
 class PostgresSink:
     """Evidence in PostgreSQL, one chain per ``replica`` (default: the host name).
 
-    Each record is appended in its own transaction that first takes an advisory lock on the
-    replica's chain, reads the replica's last record and inserts the next link: two processes
-    that share a replica name (several workers on one host) queue on the lock instead of forking
-    the chain, and ``UNIQUE (replica, seq)`` refuses a fork should the lock ever be bypassed.
-    Replicas never wait for each other.
+    Each record is one INSERT (autocommit) of the next link after the last record this sink
+    wrote or read: one round trip. ``UNIQUE (replica, seq)`` is what keeps the chain from
+    forking when processes share a replica name (several workers on one host): the one that
+    loses the race for a position gets a unique violation, reads the replica's new last record
+    and links after it. Records are never updated, so a link computed from a record read once
+    stays right. Replicas never wait for each other.
 
     A database that cannot be reached raises ``OSError`` naming it (without credentials): the
     orchestrator's spool keeps the record and delivers it, in order, once the database answers
@@ -76,7 +78,7 @@ class PostgresSink:
         self._every = max(1, checkpoint_every)
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
-        self._lock_key = "policy_engine_evidence:" + self.replica
+        self._next: tuple[int, str] | None = None  # (seq, prev) of this replica's next record
         try:
             with self._lock:
                 self._db()
@@ -88,7 +90,8 @@ class PostgresSink:
         if self._conn is not None and not self._conn.closed:
             return self._conn
         try:
-            conn = psycopg.connect(self._dsn, connect_timeout=self._timeout)
+            # autocommit: a record is one INSERT, one round trip, committed on its own
+            conn = psycopg.connect(self._dsn, connect_timeout=self._timeout, autocommit=True)
             migrate(conn, "evidence", MIGRATIONS)
         except psycopg.Error as exc:
             raise self._failed(exc) from exc
@@ -96,6 +99,7 @@ class PostgresSink:
         return conn
 
     def _failed(self, exc: BaseException) -> OSError:
+        self._next = None  # the last write may or may not have landed: read it back
         if self._conn is not None:
             self._conn.close()
             self._conn = None  # reconnect at the next record
@@ -112,24 +116,40 @@ class PostgresSink:
         with self._lock:
             db = self._db()
             try:
-                with db.transaction():
-                    db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._lock_key,))
-                    row = db.execute("SELECT record FROM evidence_records WHERE replica = %s "
-                                     "ORDER BY seq DESC LIMIT 1", (self.replica,)).fetchone()
-                    seq, prev = next_link(row[0].encode() if row else None)
+                for _ in range(_RETRIES):
+                    if self._next is None:  # first record, or another writer got there first
+                        row = db.execute("SELECT record FROM evidence_records WHERE "
+                                         "replica = %s ORDER BY seq DESC LIMIT 1",
+                                         (self.replica,)).fetchone()
+                        self._next = next_link(row[0].encode() if row else None)
+                    seq, prev = self._next
                     text = chained(record.encode(), seq, prev)
-                    db.execute("INSERT INTO evidence_records (replica, seq, envelope_id, type, "
-                               "record) VALUES (%s, %s, %s, %s, %s)",
-                               (self.replica, seq, envelope_id, kind, text.decode()))
+                    try:
+                        db.execute("INSERT INTO evidence_records (replica, seq, envelope_id, "
+                                   "type, record) VALUES (%s, %s, %s, %s, %s)",
+                                   (self.replica, seq, envelope_id, kind, text.decode()))
+                    except psycopg.errors.UniqueViolation:
+                        self._next = None  # a worker sharing this replica name appended
+                        continue
+                    self._next = (seq + 1, line_hash(text))
                     if self._key is not None and seq % self._every == self._every - 1:
                         self._checkpoint(db, seq, line_hash(text))
+                    return
             except psycopg.Error as exc:
                 raise self._failed(exc) from exc
+        raise OSError(f"evidence database `{self.where}`: replica `{self.replica}` lost the "
+                      f"race for its next chain position {_RETRIES} times in a row")
 
     def _checkpoint(self, db: psycopg.Connection[Any], seq: int, head: str) -> None:
         assert self._key is not None
-        db.execute("INSERT INTO evidence_checkpoints (replica, record) VALUES (%s, %s)",
-                   (self.replica, checkpoint(self._key, seq, head).decode()))
+        try:
+            db.execute("INSERT INTO evidence_checkpoints (replica, record) VALUES (%s, %s)",
+                       (self.replica, checkpoint(self._key, seq, head).decode()))
+        except psycopg.Error as exc:
+            # the record itself is stored: raising would spool and store it a second time;
+            # the next checkpoint covers this one's records too
+            log.error("evidence database `%s`: checkpoint over record #%d of replica `%s` not "
+                      "written: %s", self.where, seq, self.replica, exc)
 
     def read_records(self) -> Iterator[dict[str, Any]]:
         """This replica's records in chain order (the conformance kit reads them back)."""

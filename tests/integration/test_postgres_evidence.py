@@ -148,3 +148,31 @@ def test_the_messages_name_the_database_without_its_password(tmp_path: Path) -> 
             as err:
         sink._append("e", "begin", '{"type":"begin"}')
     assert "hunter2" not in str(err.value)
+
+
+def test_signed_checkpoints_cover_the_chain(tmp_path: Path, pg_dsn: str) -> None:
+    fx = make_fixture(tmp_path / "fx")
+    key, public = tmp_path / "ev.pem", tmp_path / "ev.pub"
+    made = subprocess.run([sys.executable, "-m", "policy_engine.cli", "evidence", "keygen",
+                           str(key), "--public-key", str(public)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert made.returncode == 0, made.stderr
+    config = EngineConfig(state_dir=tmp_path / "s", evidence_sinks=("postgres",),
+                          revocation="memory", options={"evidence_postgres": {
+                              "dsn": pg_dsn, "replica": "signed", "signing_key": str(key),
+                              "checkpoint_every": 2}})
+    with Orchestrator(compile_files([fx.policy]), config=config,
+                      plugins=plugin_manager()) as orch:
+        for _ in range(3):
+            assert fx.run(orch).result.ok
+    out = tmp_path / "signed.sqlite"
+    assert subprocess.run([sys.executable, "-m", "plugins.evidence_postgres.export", pg_dsn,
+                           "signed", str(out)], check=False, timeout=60).returncode == 0
+    done = subprocess.run([sys.executable, "-m", "policy_engine.cli", "evidence", "verify",
+                           str(out), "--public-key", str(public), "--require-signature",
+                           "--format", "json"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["checkpoints"] == 3
+    assert report["fully_signed"] is True

@@ -43,7 +43,8 @@ FORBID = 'forbid "frozen" fs.read  paths ["{root}/data/**"]\n'
 class Replica:
     """One `policy-engine serve` process on its own loopback port and state directory."""
 
-    def __init__(self, root: Path, name: str, config: Path, policy: Path, env: dict[str, str]):
+    def __init__(self, root: Path, name: str, config: Path, policy: Path, env: dict[str, str],
+                 *extra: str) -> None:
         self.root, self.name = root, name
         self.log = root / f"{name}.log"
         with self.log.open("w") as sink:
@@ -51,7 +52,7 @@ class Replica:
                 [sys.executable, "-m", "policy_engine.cli", "serve", "--policy", str(policy),
                  "--config", str(config), "--state-dir", str(root / name), "--root-fs",
                  str(root), "--port", "0", "--manifest", str(root / "reader.json"),
-                 "--reload-interval", "0.3"],
+                 "--reload-interval", "0.3", *extra],
                 stderr=sink, stdout=subprocess.DEVNULL, env=env)
         deadline, match = time.monotonic() + 60, None
         while match is None:

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -84,15 +84,12 @@ def _pg_bin() -> str:
     return found[-1]
 
 
-@pytest.fixture(scope="session", name="pg_server")
-def pg_server_fixture() -> Iterator[str]:
-    """A DSN of a PostgreSQL superuser on loopback (the test command's, or one started here)."""
-    dsn = os.environ.get("POLICY_ENGINE_TEST_PG_DSN")
-    if dsn:
-        yield dsn
-        return
+def start_postgres() -> tuple[str, Callable[[], None]]:
+    """Start a PostgreSQL cluster of its own in a new temporary directory (one the `postgres`
+    user can reach) on a free loopback port; returns a superuser DSN and the function that
+    stops it and removes the directory (fast shutdown: clients see it go away; idempotent)."""
     bin_dir, port = _pg_bin(), _free_port()
-    tmp = tempfile.mkdtemp(prefix="pe-pg-")
+    tmp = Path(tempfile.mkdtemp(prefix="pe-pg-"))
     as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     if as_postgres:
         shutil.chown(tmp, "postgres")
@@ -102,11 +99,26 @@ def pg_server_fixture() -> Iterator[str]:
                     f"{tmp}/log", "-w", "-o", f"-c listen_addresses=127.0.0.1 -p {port} "
                     f"-c unix_socket_directories={tmp} -c fsync=off", "start"],
                    check=True, capture_output=True)
-    dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+    def stop() -> None:
+        if (tmp / "data").exists():
+            subprocess.run([*as_postgres, f"{bin_dir}/pg_ctl", "-D", f"{tmp}/data", "-m",
+                            "fast", "-w", "stop"], check=False, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres", stop
+
+
+@pytest.fixture(scope="session", name="pg_server")
+def pg_server_fixture() -> Iterator[str]:
+    """A DSN of a PostgreSQL superuser on loopback (the test command's, or one started here)."""
+    dsn = os.environ.get("POLICY_ENGINE_TEST_PG_DSN")
+    if dsn:
+        yield dsn
+        return
+    dsn, stop = start_postgres()
     yield dsn
-    subprocess.run([*as_postgres, f"{bin_dir}/pg_ctl", "-D", f"{tmp}/data", "-m", "fast",
-                    "stop"], check=False, capture_output=True)
-    shutil.rmtree(tmp, ignore_errors=True)
+    stop()
 
 
 @pytest.fixture(name="pg_dsn")

@@ -30,6 +30,7 @@ from tests.integration.shared_servers import (  # noqa: F401  (the *_fixture one
     redis_prefix_fixture,
     redis_server_fixture,
     redis_url_fixture,
+    start_postgres,
 )
 
 pytestmark = pytest.mark.integration
@@ -243,3 +244,59 @@ def test_a_replica_killed_mid_load_loses_no_completed_calls_evidence(
     assert int(used or 0) == n  # spent exactly, never over
     for name in ("a", "b"):
         assert _verify(pg_dsn, name, root / f"kill-{name}.sqlite", env)["ok"] is True
+
+
+def test_postgres_going_down_answers_503_or_spools_the_evidence(
+        tmp_path: Path, redis_url: str, redis_prefix: str, pg_dsn: str) -> None:
+    private, stop = start_postgres()  # a cluster of this test's own, to stop
+    root = tmp_path / "svc"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "hello.txt").write_text("hello\n")
+    (root / "reader.json").write_text(json.dumps(manifest(root)))
+    policy = root / "shared.sbpolicy"
+    policy.write_text(POLICY.format(root=root))
+    env = os.environ.copy()
+    env["PYTHONPATH"] = os.pathsep.join([str(entry_points_dir(root / "ep")),
+                                         env.get("PYTHONPATH", "")])
+    # a: tokens and evidence in the private cluster; b: tokens in the shared one, evidence in
+    # the private one
+    replicas = []
+    try:
+        for name, tokens_dsn in (("a", private), ("b", pg_dsn)):
+            config = root / f"{name}.yaml"
+            config.write_text(json.dumps({
+                "budget_meter": "redis", "revocation": "redis", "evidence_sinks": ["postgres"],
+                "options": {"budget_redis": {"url": redis_url, "prefix": redis_prefix},
+                            "evidence_postgres": {"dsn": private, "replica": name},
+                            "service_postgres": {"dsn": tokens_dsn}}}))
+            replicas.append(Replica(root, name, config, policy, env))
+        a, b = replicas
+        token_a = _token_for(root / "a.yaml", env)
+        token_b = _token_for(root / "b.yaml", env)
+        assert _op(a.url, token_a, root, "down-a", 100).status_code == 200
+        assert _op(b.url, token_b, root, "down-b", 100).status_code == 200
+        stop()
+        refused = _op(a.url, token_a, root, "down-a", 100)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "PROVIDER.UNAVAILABLE"
+        assert refused.json()["error"]["retryable"] is True
+        assert "service database `postgresql://127.0.0.1:" in a.log.read_text()
+        ok = _op(b.url, token_b, root, "down-b", 100)  # evidence down: the call goes on
+        assert ok.status_code == 200, ok.text
+        spool = root / "b" / "spool" / "postgres.jsonl"
+        lines = [json.loads(x) for x in spool.read_text().splitlines()]
+        assert [x["type"] for x in lines] == ["begin", "end"]
+        assert {x["envelope_id"] for x in lines} == {ok.json()["envelope_id"]}
+    finally:
+        for r in replicas:
+            r.stop()
+        stop()
+
+
+def _token_for(config: Path, env: dict[str, str]) -> str:
+    done = subprocess.run([sys.executable, "-m", "policy_engine.cli", "tokens", "add",
+                           "--tenant", "acme", "--subject", "agent:x", "--config", str(config),
+                           "--format", "json"], capture_output=True, text=True, timeout=60,
+                          env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    return str(json.loads(done.stdout)["token"])

@@ -47,7 +47,7 @@ class EngineConfig:
     :param fallback_to_local: when the chosen backend is unavailable, run on the local one
         instead of failing (seed 004; off by default — security first).
     :param evidence_sinks: names of the sinks to write to (``jsonl`` by default).
-    :param budget_meter: ``memory`` or ``sqlite``.
+    :param budget_meter: ``sqlite`` (default), ``memory``, or a plugin's (``redis``).
     :param revocation: where revoked grants are listed: ``sqlite`` (``state_dir``), ``memory``,
         ``none``, or the name of a list a plugin provides (``redis``).
     :param options: plugin-specific options, namespaced by plugin (``{"docker": {...}}``).

@@ -37,7 +37,10 @@ pytestmark = pytest.mark.integration
 
 POLICY = """policy "svc/replicas" version "1.0.0"
 permit "read-data" fs.read  paths ["{root}/data/**"]
+permit "one-at-a-time" proc.exec  tool "sleep"  limits {{ concurrency 1  timeout 30s }}
 """
+SLEEPER = {"name": "sleeper", "version": "1.0.0", "side_effects": ["Process"],
+           "permissions": [{"kind": "proc.exec", "tool": "sleep"}]}
 FORBID = 'forbid "frozen" fs.read  paths ["{root}/data/**"]\n'
 
 
@@ -87,6 +90,7 @@ def cluster(tmp_path: Path, redis_url: str, redis_prefix: str,
     (root / "data").mkdir()
     (root / "data" / "hello.txt").write_text("hello\n")
     (root / "reader.json").write_text(json.dumps(manifest(root)))
+    (root / "sleeper.json").write_text(json.dumps(SLEEPER))
     policy = root / "shared.sbpolicy"  # one policy file, as from a shared config volume
     policy.write_text(POLICY.format(root=root))
     env = os.environ.copy()
@@ -100,7 +104,9 @@ def cluster(tmp_path: Path, redis_url: str, redis_prefix: str,
             "options": {"budget_redis": {"url": redis_url, "prefix": redis_prefix},
                         "evidence_postgres": {"dsn": pg_dsn, "replica": name},
                         "service_postgres": {"dsn": pg_dsn}}}))
-        replicas.append(Replica(root, name, config, policy, env))
+        # --confirmation auto: the built-in consent rule asks for a Process side effect
+        replicas.append(Replica(root, name, config, policy, env, "--manifest",
+                                str(root / "sleeper.json"), "--confirmation", "auto"))
     try:
         yield replicas, root, env
     finally:
@@ -191,6 +197,37 @@ def test_two_replicas_share_budgets_revocations_evidence_and_policy(
     assert done.returncode == 0, done.stderr
     for url in urls:
         assert _op(url, token, root, "after-revoke", 100).status_code == 401
+
+
+def test_concurrency_slots_hold_across_replicas(
+        cluster: tuple[list[Replica], Path, dict[str, str]]) -> None:
+    (a, b), root, env = cluster
+    token, _ = _token(root, env)
+    body = {"op": {"kind": "proc.exec", "tool": "sleep", "args": ["2"]}, "manifest": "sleeper",
+            "grant": {**grant("acme", "agent:x", root, call_id="slots"),
+                      "tool_name": "sleeper",
+                      "capabilities": [{"kind": "proc.exec", "tool": "sleep"}]}}
+    barrier = threading.Barrier(4)
+
+    def call(url: str) -> httpx.Response:
+        barrier.wait()
+        return httpx.post(f"{url}/v1/ops", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {token}"})
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(call, [a.url, b.url, a.url, b.url]))
+    ran = [r for r in answers if r.status_code == 200]
+    refused = [r for r in answers if r.status_code != 200]
+    assert len(ran) == 1, [r.text for r in answers]
+    assert ran[0].json()["result"]["ok"] is True, ran[0].text
+    assert len(refused) == 3
+    assert {r.json()["error"]["code"] for r in refused} == {"QUOTA.BUDGET_EXCEEDED"}
+    assert all("concurrency" in r.text for r in refused)
+    # the slot came back when the call ended: the other replica runs the next one
+    body["op"] = {"kind": "proc.exec", "tool": "sleep", "args": ["0"]}
+    again = httpx.post(f"{b.url}/v1/ops", json=body, timeout=60,
+                       headers={"Authorization": f"Bearer {token}"})
+    assert again.status_code == 200, again.text
 
 
 def test_a_replica_killed_mid_load_loses_no_completed_calls_evidence(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -337,3 +338,48 @@ def _token_for(config: Path, env: dict[str, str]) -> str:
                           env=env, check=False)
     assert done.returncode == 0, done.stderr
     return str(json.loads(done.stdout)["token"])
+
+
+def test_a_hung_redis_fails_closed_without_stalling_the_replica(tmp_path: Path) -> None:
+    # a "Redis" that accepts connections and never answers (a blackholed host, a frozen
+    # server): each request waits out the client timeout and is refused; meanwhile the
+    # replica keeps serving what does not need Redis
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)
+    url = f"redis://127.0.0.1:{hung.getsockname()[1]}/0"
+    root = tmp_path
+    (root / "data").mkdir()
+    (root / "data" / "hello.txt").write_text("hello\n")
+    (root / "reader.json").write_text(json.dumps(manifest(root)))
+    policy = root / "p.sbpolicy"
+    policy.write_text(POLICY.format(root=root))
+    config = root / "hung.yaml"
+    config.write_text(json.dumps({"budget_meter": "redis", "options": {
+        "budget_redis": {"url": url, "timeout_s": 2}}}))
+    env = os.environ.copy()
+    env["PYTHONPATH"] = os.pathsep.join([str(entry_points_dir(root / "ep")),
+                                         env.get("PYTHONPATH", "")])
+    replica = Replica(root, "r", config, policy, env)
+    try:
+        done = subprocess.run([sys.executable, "-m", "policy_engine.cli", "tokens", "add",
+                               "--tenant", "acme", "--subject", "agent:x", "--state-dir",
+                               str(root / "r"), "--format", "json"], capture_output=True,
+                              text=True, timeout=60, env=env, check=True)
+        token = json.loads(done.stdout)["token"]
+        with ThreadPoolExecutor(4) as pool:
+            slow = [pool.submit(_op, replica.url, token, root, "hung", 10) for _ in range(3)]
+            time.sleep(0.3)  # the three are waiting on the hung Redis now
+            t0 = time.monotonic()
+            health = httpx.get(f"{replica.url}/sandbox/health", timeout=30)
+            waited = time.monotonic() - t0
+            answers = [f.result() for f in slow]
+        assert health.status_code == 200
+        assert waited < 1.0, f"the event loop stalled for {waited:.1f} s behind Redis"
+        for r in answers:
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "PROVIDER.UNAVAILABLE"
+            assert r.json()["error"]["retryable"] is True
+    finally:
+        replica.stop()
+        hung.close()

@@ -164,6 +164,19 @@ class PostgresSink:
             if isinstance(record, dict):
                 yield record
 
+    def stored_text(self) -> Iterator[str]:
+        """Every row of this replica's evidence tables as JSON (what the kit greps)."""
+        with self._lock:
+            try:
+                db = self._db()
+                rows = [(t, r) for t in ("evidence_records", "evidence_checkpoints")
+                        for r in db.execute(f"SELECT * FROM {t} WHERE replica = %s",  # noqa: S608 — fixed names
+                                            (self.replica,)).fetchall()]
+            except psycopg.Error as exc:
+                raise self._failed(exc) from exc
+        for table, row in rows:
+            yield json.dumps({"table": table, "row": list(row)}, default=str)
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:

@@ -176,3 +176,15 @@ def test_signed_checkpoints_cover_the_chain(tmp_path: Path, pg_dsn: str) -> None
     report = json.loads(done.stdout)
     assert report["checkpoints"] == 3
     assert report["fully_signed"] is True
+
+
+def test_the_sink_conformance_kit_passes(pg_dsn: str) -> None:
+    import plugins.evidence_postgres
+    from policy_engine.conformance.sinks import run_sink_suite
+
+    report = run_sink_suite("postgres", options={"evidence_postgres": {
+        "dsn": pg_dsn, "replica": "kit"}}, extra_plugins=[plugins.evidence_postgres])
+    failed = [(r.id, r.problems) for r in report.results if r.status != "pass"]
+    assert failed == []
+    assert {r.id for r in report.results} >= {"sink.readable", "sink.complete",
+                                                     "sink.no-raw-content", "sink.durable"}

@@ -29,13 +29,17 @@ ensure_postgres() {
   if ! "$bin/pg_isready" -q -h 127.0.0.1 -p "$PG_TEST_PORT"; then
     local dir
     dir="$(mktemp -d /tmp/policy-engine-pg.XXXXXX)"
-    chown postgres: "$dir"
+    # initdb and postgres refuse to run as root: as root, run them as Debian's `postgres` user
+    local as=()
+    if [ "$(id -u)" = 0 ]; then
+      chown postgres: "$dir"
+      as=(runuser -u postgres --)
+    fi
     echo "== starting postgres on 127.0.0.1:${PG_TEST_PORT} (cluster: $dir/data)"
-    # run as root: initdb/postgres refuse root, so as the Debian `postgres` user
-    runuser -u postgres -- "$bin/initdb" -D "$dir/data" -U postgres --auth=trust \
+    "${as[@]}" "$bin/initdb" -D "$dir/data" -U postgres --auth=trust \
       -E UTF8 >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; return 1; }
     # fsync off: a test cluster, thrown away with the machine; sockets in the temp dir
-    runuser -u postgres -- "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w \
+    "${as[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w \
       -t "$PG_WAIT_S" -o "-c listen_addresses=127.0.0.1 -p $PG_TEST_PORT \
       -c unix_socket_directories=$dir -c fsync=off -c max_connections=200" start \
       >/dev/null || { tail -n 20 "$dir/postgres.log" >&2; return 1; }

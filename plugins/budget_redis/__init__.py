@@ -27,7 +27,7 @@ from policy_engine.orchestration.store_errors import STORE_UNAVAILABLE
 log = logging.getLogger(__name__)
 
 PLUGIN = "budget_redis"
-_OPTIONS = {"url", "prefix", "timeout_s"}
+_OPTIONS = {"url", "prefix", "timeout_s", "key_ttl_s"}
 
 
 def display_url(url: str) -> str:
@@ -49,9 +49,11 @@ def unavailable(what: str, where: str, exc: BaseException) -> PolicyEngineError:
 class RedisStore:
     """One client (a thread-safe, fork-aware connection pool) and the key prefix."""
 
-    def __init__(self, url: str, *, prefix: str = "policy-engine:", timeout_s: float = 2.0):
+    def __init__(self, url: str, *, prefix: str = "policy-engine:", timeout_s: float = 2.0,
+                 key_ttl_s: int = 0) -> None:
         self.url = display_url(url)
         self.prefix = prefix
+        self.key_ttl_ms = key_ttl_s * 1000
         # short timeouts: a Redis that does not answer denies the call quickly (fail closed)
         # instead of holding an agent's request for the OS's TCP timeout
         self.client = redis.Redis.from_url(url, socket_timeout=timeout_s,
@@ -98,7 +100,8 @@ class RedisBudgetMeter:
         check_amount(kind, amount)
         try:
             ok, value = self._charge(keys=[self.store.key("budget", grant_key)],
-                                     args=[kind, amount, "" if limit is None else limit])
+                                     args=[kind, amount, "" if limit is None else limit,
+                                           self.store.key_ttl_ms])
         except redis.RedisError as exc:
             raise self._failed(exc) from exc
         if int(ok) == 1:
@@ -190,7 +193,8 @@ def _text(raw: Any) -> str:
 
 
 def store_from(config: EngineConfig) -> RedisStore:
-    """Validate ``options.budget_redis`` (``url`` required; ``prefix``, ``timeout_s``)."""
+    """Validate ``options.budget_redis`` (``url`` required; ``prefix``, ``timeout_s``,
+    ``key_ttl_s``)."""
     options = config.plugin_options(PLUGIN)
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
@@ -204,7 +208,13 @@ def store_from(config: EngineConfig) -> RedisStore:
     timeout = options.get("timeout_s", 2.0)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 60:
         raise ValueError(f"{PLUGIN}: `timeout_s` must be a number of seconds in (0, 60]")
-    return RedisStore(url, prefix=prefix, timeout_s=float(timeout))
+    # a grant's budget hash expires this long after its first charge (0: never). Budgets of
+    # grants that live longer than this would start again from zero: set it above the longest
+    # grant lifetime (and above a minute, for the service's per-minute rate windows)
+    ttl = options.get("key_ttl_s", 0)
+    if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0:
+        raise ValueError(f"{PLUGIN}: `key_ttl_s` must be a whole number of seconds >= 0")
+    return RedisStore(url, prefix=prefix, timeout_s=float(timeout), key_ttl_s=ttl)
 
 
 @hookimpl

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-# KEYS[1] budget hash of one grant; ARGV: kind, amount, limit ('' = unlimited).
-# Returns {1, new_total} when charged, {0, used} when the charge would exceed the limit (and
-# nothing changed). Redis runs a script alone: no other client's command interleaves, so two
-# replicas can never both pass the check on the last unit.
+# KEYS[1] budget hash of one grant; ARGV: kind, amount, limit ('' = unlimited), key_ttl_ms
+# ('0' = kept for ever). Returns {1, new_total} when charged, {0, used} when the charge would
+# exceed the limit (and nothing changed). Redis runs a script alone: no other client's command
+# interleaves, so two replicas can never both pass the check on the last unit.
 CHARGE = """
 local used = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 local amount = tonumber(ARGV[2])
 if ARGV[3] ~= '' and used + amount > tonumber(ARGV[3]) then
   return {0, used}
 end
-return {1, redis.call('HINCRBY', KEYS[1], ARGV[1], amount)}
+local total = redis.call('HINCRBY', KEYS[1], ARGV[1], amount)
+-- the TTL is set once, when the grant's hash is created: it counts from the first charge
+if ARGV[4] ~= '0' and redis.call('PTTL', KEYS[1]) < 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+end
+return {1, total}
 """
 
 # KEYS[1] sorted set of one grant's leases (score = expiry in ms on the Redis clock, so the

@@ -180,3 +180,20 @@ def test_redis_down_fails_budgets_closed_naming_the_store(tmp_path: Path) -> Non
             call()
         assert err.value.code is ErrorCode.PROVIDER_UNAVAILABLE
         assert err.value.reason.startswith("budget store `redis://127.0.0.1:")
+
+
+def test_budget_keys_expire_after_key_ttl_s_and_only_then(redis_url: str,
+                                                          redis_prefix: str) -> None:
+    import redis as redis_client
+
+    meter = RedisBudgetMeter(RedisStore(redis_url, prefix=redis_prefix, key_ttl_s=100))
+    meter.check_and_consume("ttl", "calls", 1, 5)
+    raw = redis_client.Redis.from_url(redis_url)
+    ttl = raw.pttl(f"{redis_prefix}budget:ttl")
+    assert 90_000 < ttl <= 100_000
+    raw.pexpire(f"{redis_prefix}budget:ttl", 50_000)  # later charges never extend it
+    meter.check_and_consume("ttl", "calls", 1, 5)
+    assert raw.pttl(f"{redis_prefix}budget:ttl") <= 50_000
+    forever = _meter(redis_url, redis_prefix)  # the default keeps budgets for ever
+    forever.check_and_consume("kept", "calls", 1, 5)
+    assert raw.pttl(f"{redis_prefix}budget:kept") == -1

@@ -31,9 +31,13 @@ _OPTIONS = {"url", "prefix", "timeout_s", "key_ttl_s"}
 
 
 def display_url(url: str) -> str:
-    """``redis://host:port/db`` without user or password: what messages and evidence show."""
+    """``redis://host:port/db`` (``unix:///path``) without user or password: what messages and
+    evidence show."""
     parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
     host = parts.hostname or "?"
+    host = f"[{host}]" if ":" in host else host
     port = f":{parts.port}" if parts.port else ""
     return f"{parts.scheme}://{host}{port}{parts.path}"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,8 @@ import yaml
 from policy_engine.dsl.bounded import MAX_DOCUMENT_BYTES, DocumentError, parse_json, parse_yaml
 from policy_engine.dsl.inputfile import cannot_read, read_bounded
 from policy_engine.model import OpKind
+
+_LIST_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 DEFAULT_BACKENDS: Mapping[OpKind, str] = {
     OpKind.FS_READ: "fs",
@@ -45,9 +48,9 @@ class EngineConfig:
     :param fallback_to_local: when the chosen backend is unavailable, run on the local one
         instead of failing (seed 004; off by default — security first).
     :param evidence_sinks: names of the sinks to write to (``jsonl`` by default).
-    :param budget_meter: ``memory`` or ``sqlite``.
-    :param revocation: where revoked grants are listed: ``sqlite`` (``state_dir``), ``memory``
-        or ``none``.
+    :param budget_meter: ``sqlite`` (default), ``memory``, or a plugin's (``redis``).
+    :param revocation: where revoked grants are listed: ``sqlite`` (``state_dir``), ``memory``,
+        ``none``, or the name of a list a plugin provides (``redis``).
     :param options: plugin-specific options, namespaced by plugin (``{"docker": {...}}``).
     """
 
@@ -57,7 +60,7 @@ class EngineConfig:
     fallback_to_local: bool = False
     evidence_sinks: tuple[str, ...] = ("jsonl",)
     budget_meter: str = "sqlite"
-    revocation: Literal["sqlite", "memory", "none"] = "sqlite"
+    revocation: str = "sqlite"
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def plugin_options(self, plugin: str) -> Mapping[str, Any]:
@@ -113,8 +116,10 @@ class EngineConfig:
         if "budget_meter" in data:
             kwargs["budget_meter"] = str(data["budget_meter"])
         if "revocation" in data:
-            if data["revocation"] not in ("sqlite", "memory", "none"):
-                raise ValueError("`revocation` must be `sqlite`, `memory` or `none`")
+            if not isinstance(data["revocation"], str) or not _LIST_NAME.fullmatch(
+                    data["revocation"]):
+                raise ValueError("`revocation` must be `sqlite`, `memory`, `none` or the name "
+                                 "of a plugin's list (e.g. `redis`)")
             kwargs["revocation"] = data["revocation"]
         if "options" in data:
             options = data["options"]

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from policy_engine.evidence import EvidenceSink
     from policy_engine.executor import Executor
     from policy_engine.model import Decision, ExecOp, Profile
+    from policy_engine.orchestration.revocation import RevocationWatcher
 
 PROJECT_NAME = "policy_engine"
 ENTRY_POINT_GROUP = "policy_engine.plugins"
@@ -74,6 +75,15 @@ def policy_engine_budget_meter(config: EngineConfig) -> BudgetMeter | None:
     """Return the budget meter named by ``config.budget_meter``, or ``None`` if not this plugin's.
 
     Stops at the first non-``None`` result.
+
+    :param config: the engine configuration.
+    """
+
+
+@hookspec(firstresult=True)
+def policy_engine_revocation_list(config: EngineConfig) -> RevocationWatcher | None:
+    """Return the revocation list named by ``config.revocation`` (one that is not built in,
+    e.g. ``redis``), or ``None`` if not this plugin's. Stops at the first non-``None`` result.
 
     :param config: the engine configuration.
     """

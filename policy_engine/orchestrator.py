@@ -159,9 +159,16 @@ class Orchestrator:
         self.sinks = [SpoolingSink(self.components.sinks[n], spool,
                                    on_failure=self._count_sink_failure)
                       for n in config.evidence_sinks]
-        if revocations is None:
-            revocations = (SqliteRevocationList(config.state_dir / "revocations.sqlite")
-                           if config.revocation == "sqlite" else MemoryRevocationList())
+        if revocations is None and config.revocation == "sqlite":
+            revocations = SqliteRevocationList(config.state_dir / "revocations.sqlite")
+        elif revocations is None and config.revocation in ("memory", "none"):
+            revocations = MemoryRevocationList()
+        elif revocations is None:  # a plugin's (redis): shared by every replica
+            try:
+                revocations = self.plugins.revocation_list(config)
+            except ValueError:
+                self.components.close()
+                raise
         self.revocations = revocations if config.revocation != "none" else None
 
     def swap_policy(self, policyset: PolicySet) -> None:

@@ -26,6 +26,7 @@ from policy_engine.evidence import EvidenceSink
 from policy_engine.executor import Executor
 from policy_engine.hookspecs import ENTRY_POINT_GROUP, PROJECT_NAME
 from policy_engine.model import Decision, ExecOp, Profile
+from policy_engine.orchestration.revocation import RevocationWatcher
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +242,21 @@ class PluginManager:
                 if out.meter is None:  # firstresult semantics, in registration order
                     out.meter = meter
         return out
+
+    def revocation_list(self, config: EngineConfig) -> RevocationWatcher:
+        """The revocation list a plugin provides for ``config.revocation``.
+
+        :raises ValueError: no plugin provides it, or its plugin failed to build it.
+        """
+        failures: dict[str, list[str]] = {}
+        for _plugin, found in self._call_each("policy_engine_revocation_list", failures,
+                                              config=config):
+            if isinstance(found, RevocationWatcher):
+                return found
+        what = f"revocation list `{config.revocation}`"
+        causes = failures.get("revocation_list")
+        raise ValueError(f"{what} could not be started: " + "; ".join(causes) if causes
+                         else f"{what} is not provided by any loaded plugin")
 
     def notify_decision(self, profile: Profile, op: ExecOp, decision: Decision) -> None:
         """Observation hook; a raising observer is logged and never affects the call."""

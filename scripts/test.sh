@@ -9,4 +9,7 @@ python3 -m pip install --quiet --disable-pip-version-check -e ".[test,bench]"
 echo "== ruff"; python3 -m ruff check policy_engine plugins tests benchmarks conformance
 echo "== mypy --strict"; python3 -m mypy
 source scripts/lib/dockerd.sh; ensure_dockerd; bash scripts/build-images.sh
+# the shared-state plugins (issue 18) run against real servers on loopback
+source scripts/lib/redis.sh; ensure_redis
+source scripts/lib/postgres.sh; ensure_postgres
 echo "== pytest"; python3 -m pytest -q -p no:cacheprovider "$@"

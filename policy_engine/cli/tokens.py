@@ -26,7 +26,13 @@ def _store(config_path: Path | None, state_dir: Path | None) -> TokenStore:
         sys.exit(EXIT_BAD_INPUT)
     if state_dir is not None:
         engine = replace(engine, state_dir=state_dir.absolute())
-    return TokenStore(engine.state_dir / "tokens.sqlite")
+    from policy_engine.service.pg_stores import StoreUnavailable, open_token_store
+
+    try:  # PostgreSQL when the config names one (options.service_postgres.dsn)
+        return open_token_store(engine)
+    except (ValueError, StoreUnavailable) as exc:
+        click.echo(f"error: {getattr(exc, 'reason', exc)}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
 
 
 @click.group("tokens")

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from policy_engine import __version__
@@ -46,6 +47,7 @@ from policy_engine.service.models import (
     RunCodeBody,
     RunCodeResponse,
 )
+from policy_engine.service.pg_stores import open_exec_store, open_token_store, service_dsn
 from policy_engine.service.skill_routes import register as register_skill_routes
 from policy_engine.service.tokens import Principal, TokenStore
 from policy_engine.service.workspace import open_artifact
@@ -108,8 +110,8 @@ class Engine:
 def open_engine(config: ServiceConfig) -> Engine:
     state = config.engine.state_dir
     orch = Orchestrator(config.policyset, config=config.engine)
-    tokens = TokenStore(state / "tokens.sqlite")
-    execs = ExecStore(state / "service.sqlite")
+    # PostgreSQL when `options.service_postgres.dsn` is set (replicas share them), else SQLite
+    tokens, execs = open_token_store(config.engine), open_exec_store(config.engine)
     broker = ConsentBroker(config.confirmation, config.policyset, state / "consent.jsonl")
     pool = OrchestratorPool(config.policyset, config.engine)
     fs_root = (config.op_settings.root_fs if config.op_settings else None) or "/workspace"
@@ -180,9 +182,19 @@ def create_app(config: ServiceConfig) -> FastAPI:
     async def principal(request: Request, eng: Annotated[Engine, Depends(engine)],
                   _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
                   ) -> Principal:
-        who = authenticate(eng.tokens, request.headers.get("authorization"))
+        header = request.headers.get("authorization")
+        if networked:  # a network round trip (or its timeout) must not stall the event loop
+            return await run_in_threadpool(admit, eng, header)
+        return admit(eng, header)
+
+    def admit(eng: Engine, header: str | None) -> Principal:
+        who = authenticate(eng.tokens, header)
         charge_rate(eng.orch.meter, who.tenant, config.rate_per_minute)
         return who
+
+    # tokens in PostgreSQL or a meter over the network (Redis): admission leaves the loop
+    networked = service_dsn(config.engine) is not None or config.engine.budget_meter not in (
+        "sqlite", "memory")
 
     Who = Annotated[Principal, Depends(principal)]
     Eng = Annotated[Engine, Depends(engine)]

@@ -104,7 +104,7 @@ def test_missing_path_and_empty_directory(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     code, out = lint(str(tmp_path / "empty"))
     assert code == 2
-    assert "no `.sbpolicy` files under" in out
+    assert "no `.sbpolicy`, JSON or YAML files under" in out
 
 
 def test_compile_error_is_unusable(tmp_path: Path) -> None:

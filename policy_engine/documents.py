@@ -178,9 +178,13 @@ def _config(path: str, data: Any, lookup: PositionLookup) -> None:
         EngineConfig.from_mapping(data, base_dir=Path(path).parent.absolute())
     except ValueError as exc:
         message = str(exc)
-        named = re.search(r"`([^`]+)`", message)
-        key = named.group(1) if named else ""
-        loc: tuple[str, ...] = (key,) if key in data else ()
+        # the message names the key (and, under `backends`, the op kind): point at the
+        # deepest one written in the file
+        loc: tuple[str, ...] = ()
+        node: Any = data
+        for name in re.findall(r"`([^`:]+)", message):
+            if isinstance(node, dict) and name in node:
+                loc, node = (*loc, name), node[name]
         raise DiagnosticsError([Diagnostic.make(
             "SBP105", f"invalid config: {message}", lookup.span(loc),
             help="see the configuration keys in docs/operations.md")]) from None

@@ -288,5 +288,7 @@ def _describe(manager: PluginManager, config: EngineConfig) -> dict[str, Any]:
             })
     finally:
         comps.close()
+    # a hook that raised on every build is one problem, not one per build
+    errors = list(dict.fromkeys(manager.load_errors))
     return {"python": sys.executable, "plugins": plugins,
-            "load_errors": [e.to_json() for e in manager.load_errors]}
+            "load_errors": [e.to_json() for e in errors]}

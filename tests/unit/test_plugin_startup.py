@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from orchestrator_fixtures import ScriptedExecutor, orchestrator
 
+from policy_engine.hookspecs import HOOK_API_VERSION, hookimpl
 from policy_engine.model import OpKind
+from policy_engine.plugin_manager import PluginManager
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -102,3 +104,30 @@ def test_config_keys_and_op_kinds_get_a_suggestion(tmp_path: Path) -> None:
     proc = cli("check", str(config))
     assert "engine.yaml:3:1: SBP105 invalid config: unknown configuration key `modee`; did " \
            "you mean `mode`?" in proc.stdout
+
+
+class _Declaring:
+    """A plugin object declaring the hook API it was written for."""
+
+    def __init__(self, version: str) -> None:
+        self.POLICY_ENGINE_HOOK_API = version
+
+    @hookimpl
+    def policy_engine_executors(self, config: object) -> list[object]:
+        return []
+
+
+def test_a_plugin_written_for_another_hook_api_major_is_refused_by_name() -> None:
+    major, minor = HOOK_API_VERSION
+    manager = PluginManager()
+    assert manager.register(_Declaring(f"{major}.{minor}"), "same")
+    assert manager.register(_Declaring(f"{major}.0"), "older-minor")
+    assert not manager.register(_Declaring(f"{major + 1}.0"), "next-major")
+    assert not manager.register(_Declaring(f"{major}.{minor + 1}"), "newer-minor")
+    assert not manager.register(_Declaring("one"), "garbage")
+    errors = {e.plugin: e.message for e in manager.load_errors}
+    assert sorted(errors) == ["garbage", "newer-minor", "next-major"]
+    assert "a different major version" in errors["next-major"]
+    assert "upgrade policy-engine" in errors["newer-minor"]
+    assert "is not a `MAJOR.MINOR` version" in errors["garbage"]
+    assert sorted(manager.sources) == ["older-minor", "same"]

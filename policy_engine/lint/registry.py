@@ -69,9 +69,10 @@ CATALOGUE: tuple[RuleSpec, ...] = (
         "SBP302", "public-suffix-wildcard", "breadth", _E,
         "wildcard host at a public suffix",
         "`*.com`, `*.co.uk` or `*.github.io` admit hosts that anyone can register: the "
-        "wildcard does not name one organisation. The lint ships a curated public-suffix list "
-        "(the ICANN suffixes in common use and the private suffixes where anyone can get a "
-        "subdomain: github.io, herokuapp.com, vercel.app, ...).",
+        "wildcard does not name one organisation. The lint uses the whole Public Suffix List "
+        "(the `publicsuffixlist` package, which ships it: no network needed): the ICANN "
+        "suffixes and the private ones where anyone can get a subdomain (github.io, r2.dev, "
+        "pythonanywhere.com, githubusercontent.com, ...).",
         "name the organisation's domain: `*.example.com`, not `*.com`",
         _H + 'permit net.http hosts ["*.co.uk"]\n', _H + 'permit net.http hosts ["*.bbc.co.uk"]\n',
         7.5,

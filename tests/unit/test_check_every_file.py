@@ -127,3 +127,17 @@ def test_a_directory_walk_takes_documents_and_leaves_foreign_files(tmp_path: Pat
         "docs-browser.json", "file-editor.sbpolicy", "http-fetch.yaml", "shell.json"]
     assert report["unusable"] == []
     assert code == 1   # the example manifests' real findings (SBP302 on *.readthedocs.io)
+
+
+@pytest.mark.parametrize("suffix", ["r2.dev", "pythonanywhere.com", "s3.amazonaws.com"])
+def test_public_suffix_wildcards_from_the_full_list(tmp_path: Path, suffix: str) -> None:
+    policy = tmp_path / "p.sbpolicy"
+    policy.write_text('policy "p" version "1"\ndefaults { timeout 10s }\n'
+                      f'permit net.http hosts ["*.{suffix}"] methods ["GET"]\n')
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"name": "m", "version": "1", "permissions": [
+        {"kind": "net.http", "hosts": [f"*.{suffix}"], "methods": ["GET"]}]}))
+    for path, line in ((policy, 3), (manifest, 1)):
+        code, out = run("lint", "--format", "json", str(path))
+        assert code == 1
+        assert [(f["id"], f["line"]) for f in json.loads(out)["findings"]] == [("SBP302", line)]

@@ -37,9 +37,6 @@ class RuleSpec:
     security_severity: float
 
 
-HELP_URI = "https://github.com/acme/policy-engine/blob/main/docs/lint-rules.md#{anchor}"
-"""Where each rule's documentation lives (SARIF ``helpUri``); ``anchor`` is the lowercase id."""
-
 _E, _W, _N = Severity.ERROR, Severity.WARNING, Severity.NOTE
 _H = 'policy "acme/agents" version "1.0.0"\n'
 _SUPPRESSED = (_H + '# sbpolicy: ignore SBP301 reason="public docs crawler"\n'
@@ -325,6 +322,3 @@ RULES: dict[str, RuleSpec] = {r.id: r for r in CATALOGUE}
 SUPPRESSION_IDS = frozenset({"SBP345", "SBP346", "SBP347", "SBP348"})
 """Findings about suppressions themselves; they cannot be suppressed (that would hide misuse)."""
 
-
-def help_uri(rule_id: str) -> str:
-    return HELP_URI.format(anchor=rule_id.lower())

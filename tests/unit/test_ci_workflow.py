@@ -184,7 +184,8 @@ def test_the_install_step_is_a_wheel_or_git_url_and_nothing_needs_a_requirements
     assert "::error::" in install["run"]   # an unset variable says what to do
     text = WORKFLOW.read_text()
     assert "policy-engine==" not in text
-    assert "git+https://" in text and ".whl" in text
+    assert "git+https://" in text
+    assert ".whl" in text
 
 
 def test_the_fmt_step_passes_on_formatted_policies(tmp_path: Path) -> None:

@@ -216,4 +216,11 @@ def check_policy_file(path: str) -> list[Diagnostic]:
     if pf is None or pf.headers or not pf.items \
             or not all(isinstance(i, ast.ToolDef) for i in pf.items):
         return diags
-    return run_stages([path], require_header=False).diagnostics
+    diags = run_stages([path], require_header=False).diagnostics
+    if len(pf.items) > 1:
+        # what `load_manifest` (run, serve, explain, test) would refuse: say it here too
+        names = ", ".join(f"`{i.name.value}`" for i in pf.items if isinstance(i, ast.ToolDef))
+        diags.append(Diagnostic.make(
+            "SBP105", f"a tool manifest holds exactly one `tool` block, found {names}",
+            pf.items[1].span, help="put each tool manifest in its own file"))
+    return diags

@@ -141,3 +141,14 @@ def test_public_suffix_wildcards_from_the_full_list(tmp_path: Path, suffix: str)
         code, out = run("lint", "--format", "json", str(path))
         assert code == 1
         assert [(f["id"], f["line"]) for f in json.loads(out)["findings"]] == [("SBP302", line)]
+
+
+def test_a_manifest_file_with_two_tool_blocks_is_refused_as_the_loader_would(
+        tmp_path: Path) -> None:
+    path = tmp_path / "two.sbpolicy"
+    path.write_text('tool "a" version "1" {\n  permit fs.read paths ["/w/**"]\n}\n'
+                    'tool "b" version "1" {\n  permit fs.read paths ["/w/**"]\n}\n')
+    code, out = run("check", str(path))
+    assert code == 1
+    assert "two.sbpolicy:4:1: SBP105 a tool manifest holds exactly one `tool` block, found " \
+           "`a`, `b`" in out

@@ -9,6 +9,7 @@ suffix, or given explicitly; every problem is a diagnostic with the file, line a
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -175,7 +176,10 @@ def _config(path: str, data: Any, lookup: PositionLookup) -> None:
         raise DiagnosticsError([Diagnostic.make(
             "SBP105", "a config must be a mapping at the top level", lookup.span(()))])
     try:
-        EngineConfig.from_mapping(data, base_dir=Path(path).parent.absolute())
+        config = EngineConfig.from_mapping(data, base_dir=Path(path).parent.absolute())
+        problem = _backends_problem(config)
+        if problem is not None:
+            raise ValueError(problem)
     except ValueError as exc:
         message = str(exc)
         # the message names the key (and, under `backends`, the op kind): point at the
@@ -188,6 +192,27 @@ def _config(path: str, data: Any, lookup: PositionLookup) -> None:
         raise DiagnosticsError([Diagnostic.make(
             "SBP105", f"invalid config: {message}", lookup.span(loc),
             help="see the configuration keys in docs/operations.md")]) from None
+
+
+def _backends_problem(config: Any) -> str | None:
+    """What the engine would refuse at start-up: a `backends:` name no loaded plugin provides
+    (the plugins installed here are asked, in a throwaway state directory)."""
+    if not config.backends:
+        return None
+    from policy_engine import plugin_manager
+    from policy_engine.orchestration.selection import unknown_backends
+    from policy_engine.plugin_manager import PluginManager, describe
+
+    logger = logging.getLogger(plugin_manager.__name__)
+    quiet, logger.disabled = logger.disabled, True  # load errors are in the answer, once
+    try:
+        info = describe(PluginManager.default(), config)
+    finally:
+        logger.disabled = quiet
+    loaded = {ex["name"] for plugin in info["plugins"] for ex in plugin["executors"]}
+    causes = [f"plugin `{e['plugin']}` failed to {e['stage']}: {e['message']}"
+              for e in info["load_errors"]]
+    return unknown_backends(config, loaded, causes)
 
 
 def _test_file(path: str, data: Any, lookup: PositionLookup) -> None:

@@ -150,7 +150,7 @@ class Orchestrator:
         self.components = self.plugins.components(config)
         causes = [f"plugin `{e.plugin}` failed to {e.stage}: {e.message}"
                   for e in dict.fromkeys(self.plugins.load_errors)]
-        bad_backend = unknown_backends(config, self.components.executors, causes)
+        bad_backend = unknown_backends(config, list(self.components.executors), causes)
         if bad_backend is not None:
             self.components.close()
             raise ValueError(bad_backend)

@@ -182,4 +182,4 @@ def test_console_script_subprocess(tmp_path: Path) -> None:
                         capture_output=True, text=True, timeout=60, check=False)
     assert ok.returncode == 0
     assert "0 warning(s)" in ok.stdout
-    assert "2 suppressed" in ok.stdout
+    assert "3 suppressed" in ok.stdout

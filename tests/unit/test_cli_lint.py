@@ -65,7 +65,7 @@ def test_suppressed_error_does_not_fail(tmp_path: Path) -> None:
 def test_examples_are_clean_and_deny_warnings_fails_on_warnings() -> None:
     paths = [str(ROOT / "examples" / "policies"),
              str(ROOT / "examples" / "manifests" / "file-editor.sbpolicy")]
-    # the examples are clean (their two deliberate findings carry reasoned suppressions)
+    # the examples are clean (their three deliberate findings carry reasoned suppressions)
     assert lint(*paths)[0] == 0
     assert lint(*paths, "--deny-warnings")[0] == 0
     warnings_only = str(ROOT / "tests" / "data" / "lint" / "SBP320" / "bad.sbpolicy")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -85,7 +86,9 @@ class EngineConfig:
         known = set(EngineConfig.__dataclass_fields__)
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown configuration key `{unknown[0]}`")
+            close = difflib.get_close_matches(str(unknown[0]), sorted(known), n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else ""
+            raise ValueError(f"unknown configuration key `{unknown[0]}`{hint}")
         kwargs: dict[str, Any] = {}
         if "state_dir" in data:
             state = Path(str(data["state_dir"])).expanduser()
@@ -96,10 +99,14 @@ class EngineConfig:
             backends = data["backends"]
             if not isinstance(backends, Mapping):
                 raise ValueError("`backends` must map op kinds to executor names")
-            try:
-                kwargs["backends"] = {OpKind(k): str(v) for k, v in backends.items()}
-            except ValueError as exc:
-                raise ValueError(f"`backends`: {exc}") from None
+            kinds = [k.value for k in OpKind]
+            for k in backends:
+                if k not in kinds:
+                    close = difflib.get_close_matches(str(k), kinds, n=1)
+                    hint = f"; did you mean `{close[0]}`?" if close else ""
+                    raise ValueError(f"`backends`: `{k}` is not an op kind{hint} "
+                                     f"(op kinds: {', '.join(kinds)})")
+            kwargs["backends"] = {OpKind(k): str(v) for k, v in backends.items()}
         if "mode" in data:
             if data["mode"] not in ("strict", "compat"):
                 raise ValueError("`mode` must be `strict` or `compat`")

@@ -24,6 +24,15 @@ if TYPE_CHECKING:
 PROJECT_NAME = "policy_engine"
 ENTRY_POINT_GROUP = "policy_engine.plugins"
 
+HOOK_API_VERSION = (1, 0)
+"""The version of these hooks and of the executor contract (docs/plugins.md, "Hook API
+version"). The minor grows when something is added that existing plugins may ignore (a hook, an
+optional argument, an `ExecContext` field, an optional executor member); the major when a hook
+or field is removed or changes meaning. A plugin may declare the version it was written for as
+a module (or object) attribute ``POLICY_ENGINE_HOOK_API = "1.0"``: it is refused at load time
+(`policy-engine plugins` names it) when the major differs or the minor is newer than this."""
+HOOK_API_ATTRIBUTE = "POLICY_ENGINE_HOOK_API"
+
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 

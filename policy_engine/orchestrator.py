@@ -57,7 +57,7 @@ from policy_engine.orchestration.revocation import (
     SqliteRevocationList,
 )
 from policy_engine.orchestration.running import Attempt, run_with_deadline
-from policy_engine.orchestration.selection import Selection, select
+from policy_engine.orchestration.selection import Selection, select, unknown_backends
 from policy_engine.plugin_manager import PluginManager
 from policy_engine.profile import ProfileBuilder
 from policy_engine.replay.record import ReplayRecorder
@@ -148,6 +148,12 @@ class Orchestrator:
         self.shadow = ShadowPolicy(shadow, self.metrics) if shadow is not None else None
         self.plugins.configure(config)
         self.components = self.plugins.components(config)
+        causes = [f"plugin `{e.plugin}` failed to {e.stage}: {e.message}"
+                  for e in dict.fromkeys(self.plugins.load_errors)]
+        bad_backend = unknown_backends(config, list(self.components.executors), causes)
+        if bad_backend is not None:
+            self.components.close()
+            raise ValueError(bad_backend)
         missing = [s for s in config.evidence_sinks if s not in self.components.sinks]
         if missing or self.components.meter is None:
             self.components.close()

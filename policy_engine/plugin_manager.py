@@ -24,7 +24,12 @@ from policy_engine.budget import BudgetMeter
 from policy_engine.config import EngineConfig
 from policy_engine.evidence import EvidenceSink
 from policy_engine.executor import Executor
-from policy_engine.hookspecs import ENTRY_POINT_GROUP, PROJECT_NAME
+from policy_engine.hookspecs import (
+    ENTRY_POINT_GROUP,
+    HOOK_API_ATTRIBUTE,
+    HOOK_API_VERSION,
+    PROJECT_NAME,
+)
 from policy_engine.model import Decision, ExecOp, Profile
 from policy_engine.orchestration.revocation import RevocationWatcher
 
@@ -145,6 +150,10 @@ class PluginManager:
 
     def register(self, plugin: object, name: str, *, source: PluginSource | None = None) -> bool:
         """Register ``plugin`` under ``name`` after validating its hooks; ``False`` if refused."""
+        problem = hook_api_problem(getattr(plugin, HOOK_API_ATTRIBUTE, None))
+        if problem is not None:
+            self._fail(name, "validate", problem)
+            return False
         try:
             self.pm.register(plugin, name=name)
         except (pluggy.PluginValidationError, ValueError) as exc:
@@ -273,6 +282,26 @@ class PluginManager:
         return sorted(c.name for c in callers)
 
 
+def hook_api_problem(declared: object) -> str | None:
+    """Why a plugin declaring hook API ``declared`` cannot load here (``None``: it can, or it
+    declares nothing)."""
+    if declared is None:
+        return None
+    ours = ".".join(map(str, HOOK_API_VERSION))
+    parts = str(declared).split(".")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return (f"{HOOK_API_ATTRIBUTE} = {str(declared)[:40]!r} is not a `MAJOR.MINOR` "
+                f"version (this engine's hook API is {ours})")
+    major, minor = int(parts[0]), int(parts[1])
+    if major != HOOK_API_VERSION[0]:
+        return (f"written for hook API {major}.{minor}; this engine has {ours} (a different "
+                "major version: see docs/plugins.md, \"Hook API version\")")
+    if minor > HOOK_API_VERSION[1]:
+        return (f"needs hook API {major}.{minor}; this engine has {ours}: upgrade "
+                "policy-engine")
+    return None
+
+
 def describe(manager: PluginManager, config: EngineConfig) -> dict[str, Any]:
     """Everything ``policy-engine plugins`` shows: plugins with their source, hooks, executors
     (with capabilities), sinks and meters, plus the load errors. Builds and closes components.
@@ -304,5 +333,8 @@ def _describe(manager: PluginManager, config: EngineConfig) -> dict[str, Any]:
             })
     finally:
         comps.close()
-    return {"python": sys.executable, "plugins": plugins,
-            "load_errors": [e.to_json() for e in manager.load_errors]}
+    # a hook that raised on every build is one problem, not one per build
+    errors = list(dict.fromkeys(manager.load_errors))
+    return {"python": sys.executable, "hook_api": ".".join(map(str, HOOK_API_VERSION)),
+            "plugins": plugins,
+            "load_errors": [e.to_json() for e in errors]}

@@ -25,6 +25,17 @@ mandatory (SBP346); unknown IDs (SBP348), unused suppressions (SBP347) and malfo
 everything it imports. A file imported by another linted file is linted within the first
 (in path order) policy that imports it.
 
+Where the rules apply. A `tool` block's permits get every rule a top-level permit gets:
+SBP300-SBP303, SBP310-SBP313 and SBP320-SBP321 as written, and SBP337-SBP339 within the block
+(a permit repeating another, one the policy's unconditional forbids cover, one another permit
+of the block already admits: a tool's permissions are a union). Two do not apply, by design:
+SBP330, since a tool's timeout is one narrowing layer and the rule fires on the policy rule
+that admits the call, and SBP335/SBP336, since tool blocks have no `when`. The capabilities of
+JSON/YAML manifests and grants get SBP300-SBP303, SBP310-SBP313 and SBP320-SBP321 at the
+value's line and column (JSON has no comments: filter those with `--ignore`). Requests,
+settings, engine configs and `*.sbtest.yaml` files are checked as the engine loads them
+(SBP105 at the field), with no SBP3xx rules.
+
 | id | name | category | severity | title |
 |---|---|---|---|---|
 """

@@ -138,7 +138,19 @@ def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
         feeder = (streams.attach_socket(container.id, params={"stdin": 1, "stream": 1})
                   if stdin is not None else None)
         out.started = time.time()
-        container.start()
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            code = _not_started(exc)
+            if code is None:
+                raise
+            # the tool could not be executed: report it as a shell would (127 not found,
+            # 126 not executable), like the proc executors and the pool's launcher
+            out.stderr.feed(f"policy-engine: cannot execute `{argv[0]}`: "
+                            f"{'not found' if code == 127 else 'not executable'}\n".encode())
+            out.exit_code = code
+            out.ended = time.time()
+            return out
         if feeder is not None and stdin is not None:
             threading.Thread(target=_feed, args=(feeder, stdin), daemon=True,
                              name="docker-stdin").start()
@@ -163,6 +175,16 @@ def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
         if cgroup_parent:
             out.cpu_ns = cpu.usage_ns(cgroup_parent)  # the exited child's usage stays here
             cpu.remove_parent(cgroup_parent)
+
+
+def _not_started(exc: docker.errors.APIError) -> int | None:
+    """127 or 126 when the runtime could not execute the command itself, else ``None``."""
+    text = str(getattr(exc, "explanation", None) or exc).lower()
+    if "executable file not found" in text or "no such file or directory" in text:
+        return 127
+    if "permission denied" in text:
+        return 126
+    return None
 
 
 def exec_in(client: docker.DockerClient, streams: docker.APIClient, container_id: str,

@@ -513,7 +513,10 @@ class ProcExecutor:
             status.setdefault("launcher", "python")
             if not str(status.get("seccomp", "")).startswith("enforced"):
                 sanitize.sanitize(plan.writable)  # layer 2 ran without its seccomp filter
+        # one convention for every first-party executor (docs/plugins.md, "Exit codes"): a
+        # tool killed by signal N reports 128 + N, as bwrap (pid 1) and shells already do
         code = os.waitstatus_to_exitcode(oc.status)
+        code = 128 - code if code < 0 else code
         audit = {"backend": self.name, "duration_ms": duration_ms, "cpu_ms": oc.rusage_cpu_ms,
                  "stdout": out.digest().model_dump(), "stderr": err.digest().model_dump()}
         if oc.timed_out or oc.cancelled:
@@ -523,7 +526,7 @@ class ProcExecutor:
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
                                     f"{self.name}: isolation could not be applied: "
                                     f"{status['error']}", audit=audit)
-        if code == -signal.SIGXFSZ or code == 128 + signal.SIGXFSZ:
+        if code == 128 + signal.SIGXFSZ:
             raise PolicyEngineError(
                 ErrorCode.BUDGET_EXCEEDED, "disk quota exceeded: a file written reached the "
                 f"{self.options.max_file_bytes}-byte limit (proc option `max_file_bytes`)",

@@ -8,7 +8,13 @@ from pathlib import Path
 import click
 
 from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, echo_json, format_option
-from policy_engine.compiler import check_files
+from policy_engine.documents import (
+    KINDS,
+    check_document,
+    check_policy_file,
+    is_document,
+    is_test_file,
+)
 from policy_engine.dsl.render import render_diagnostic
 from policy_engine.errors import Diagnostic, Severity
 
@@ -19,15 +25,22 @@ _UNUSABLE = {"SBP100", "SBP106"}
 @click.command("check")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @format_option
-def command(files: tuple[Path, ...], fmt: str) -> None:
+@click.option("--kind", type=click.Choice(KINDS), default=None,
+              help="what the JSON/YAML files are (default: told by their keys)")
+def command(files: tuple[Path, ...], fmt: str, kind: str | None) -> None:
     """Check FILES: exit 0 when clean, 1 on errors, 2 when a file cannot be used.
 
-    Each file is checked as its own policy (following its imports), the way CI checks every
-    policy in a repository; a file imported by several is reported once.
+    A `.sbpolicy` file is checked as its own policy (following its imports), the way CI checks
+    every policy in a repository, or as a tool manifest when it holds only `tool` blocks; a
+    file imported by several is reported once. JSON/YAML files are checked as the engine loads
+    them: manifests, grants, requests, settings, engine configs and `*.sbtest.yaml` tests.
     """
     diagnostics: list[Diagnostic] = []
     for path in files:
-        for diag in check_files([path]):
+        shown = str(path)
+        found = (check_document(shown, kind).diagnostics
+                 if is_document(shown) or is_test_file(shown) else check_policy_file(shown))
+        for diag in found:
             if diag not in diagnostics:
                 diagnostics.append(diag)
     if fmt == "json":

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from policy_engine.documents import KINDS
 from policy_engine.errors import Severity
 from policy_engine.lint import RULES, LintConfig, LintResult, lint_paths
 from policy_engine.lint.output import FORMATS
@@ -44,17 +45,25 @@ def exit_code(result: LintResult, *, deny_warnings: bool) -> int:
               help="only these rules (comma-separated or repeated)")
 @click.option("--ignore", multiple=True, callback=_ids, metavar="IDS",
               help="never these rules (comma-separated or repeated)")
+@click.option("--kind", type=click.Choice(KINDS), default=None,
+              help="what the JSON/YAML files are (default: told by their keys)")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
               help="worker processes for large inputs (default: the CPUs available)")
 def command(paths: tuple[str, ...], fmt: str, output: Path | None, deny_warnings: bool,
-            select: frozenset[str], ignore: frozenset[str], jobs: int | None) -> None:
-    """Lint PATHS (files, or directories searched for *.sbpolicy).
+            select: frozenset[str], ignore: frozenset[str], kind: str | None,
+            jobs: int | None) -> None:
+    """Lint PATHS (files, or directories searched for *.sbpolicy and JSON/YAML documents).
+
+    Policies and `tool`-block manifests get the SBP3xx rules; JSON/YAML manifests, grants,
+    requests, settings, engine configs and `*.sbtest.yaml` tests are checked as the engine
+    loads them, and the capabilities of manifests and grants get the permit rules.
 
     Exit 0 when nothing fails, 1 on an unsuppressed error finding (or warning with
     --deny-warnings), 2 when an input cannot be used (missing, unreadable, does not parse or
     compile). Suppress a finding with `# sbpolicy: ignore SBP301 reason="..."`.
     """
-    result = lint_paths(list(paths), LintConfig(select=select, ignore=ignore), jobs=jobs)
+    result = lint_paths(list(paths), LintConfig(select=select, ignore=ignore), jobs=jobs,
+                        kind=kind)
     if fmt == "text":
         report = render_text(result, color=output is None and sys.stdout.isatty())
     else:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
 
-from policy_engine.cli.common import EXIT_BAD_INPUT, echo_json, format_option
+from policy_engine import plugin_manager
+from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, echo_json, format_option
 from policy_engine.config import EngineConfig, load_config
 from policy_engine.plugin_manager import PluginManager, describe
 
@@ -25,11 +29,20 @@ def _render(info: dict[str, Any]) -> str:
                          f"{', '.join(flags) or 'no isolation features'}")
         lines.extend(f"  sink {name}" for name in plugin["sinks"])
         lines.extend(f"  meter {name}" for name in plugin["meters"])
-    errors = info["load_errors"]
-    if errors:
-        lines.append("load errors:")
-        lines.extend(f"  {e['plugin']} ({e['stage']}): {e['message']}" for e in errors)
     return "\n".join(lines)
+
+
+@contextmanager
+def _errors_not_logged() -> Iterator[None]:
+    """The manager logs each load error as it happens (what a service wants); this command
+    reports them itself, so logging them too would print each twice."""
+    logger = logging.getLogger(plugin_manager.__name__)
+    saved = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = saved
 
 
 @click.command("plugins")
@@ -37,14 +50,24 @@ def _render(info: dict[str, Any]) -> str:
               help="engine configuration (YAML/JSON) passed to the plugins' factories")
 @format_option
 def command(config_path: Path | None, fmt: str) -> None:
-    """List plugins found in the `policy_engine.plugins` entry-point group."""
+    """List plugins found in the `policy_engine.plugins` entry-point group.
+
+    Exit 0 when every plugin loaded, 1 when one failed to import, validate or build (each
+    failure printed once, on stderr; in `load_errors` with `--format json`), 2 on a bad config.
+    """
     try:
         config = load_config(config_path) if config_path else EngineConfig()
     except ValueError as exc:
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(EXIT_BAD_INPUT) from None
-    info = describe(PluginManager.default(), config)
+    with _errors_not_logged():
+        info = describe(PluginManager.default(), config)
+    errors = info["load_errors"]
     if fmt == "json":
         echo_json(info)
     else:
         click.echo(_render(info))
+        for e in errors:
+            click.echo(f"error: plugin `{e['plugin']}` failed to {e['stage']}: {e['message']}",
+                       err=True)
+    raise SystemExit(EXIT_FAILED if errors else EXIT_OK)

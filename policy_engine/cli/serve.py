@@ -112,7 +112,7 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
 
     from policy_engine.model import Settings
     from policy_engine.runcode.risk import SecurityMode
-    from policy_engine.service.app import asgi_app
+    from policy_engine.service.app import asgi_app, open_engine
     from policy_engine.service.config import ServiceConfig
 
     try:
@@ -146,14 +146,22 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
                            policy_files=tuple(p.absolute() for p in policies),
                            reload_interval_s=reload_interval)
     try:
+        # opened here, not in the server's start-up, so a configuration naming a backend or
+        # sink nobody provides is one clear line and exit 2, not a traceback
+        opened = open_engine(config)
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    try:
         sock = socket.create_server((host, port))
     except OSError as exc:
+        opened.close()
         _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
         return
     bound = sock.getsockname()[1]
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     click.echo(f"policy-engine serve: listening on http://{host}:{bound} "
                f"(state {engine.state_dir}, workspace {root})", err=True)
-    server = uvicorn.Server(uvicorn.Config(asgi_app(config), log_level="warning",
+    server = uvicorn.Server(uvicorn.Config(asgi_app(config, opened), log_level="warning",
                                            access_log=False, lifespan="on"))
     server.run(sockets=[sock])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections import OrderedDict
 
@@ -188,6 +189,40 @@ def _accepted(exc: UnexpectedToken) -> set[str]:
     return set(exc.expected)
 
 
+_REGEX_OPEN = re.compile(r"(?:^|[\[,|\s])/")
+
+
+def regex_slash_help(text: str, line: int, column: int) -> str | None:
+    """When the error sits right after a regex literal's closing ``/`` (``/src/.*/``: the regex
+    ended at the second slash), say to escape the slash, with the literal rewritten."""
+    lines = text.split("\n")
+    if not 1 <= line <= len(lines) or column < 2:
+        return None
+    row = lines[line - 1]
+    closing = column - 2  # 0-based index of the character before the error
+    if closing >= len(row) or row[closing] != "/":
+        return None
+    opens = [m.end() - 1 for m in _REGEX_OPEN.finditer(row, 0, closing)]
+    if not opens:
+        return None
+    start = opens[-1]
+    end = _literal_end(row, closing + 1)
+    body = re.sub(r"(?<!\\)/", r"\\/", row[start + 1:end])
+    return (f"a `/` ends a regex literal: write `\\/` for a slash inside it "
+            f"(`/{body}/`)")
+
+
+def _literal_end(row: str, index: int) -> int:
+    """Where the regex the author meant ends: the last `/` before a list delimiter."""
+    end = index - 1
+    for i in range(index, len(row)):
+        if row[i] in ",]|" or row[i].isspace():
+            break
+        if row[i] == "/" and row[i - 1] != "\\":
+            end = i
+    return end
+
+
 def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic:
     if isinstance(exc, UnexpectedCharacters):
         span = Span(file, exc.line, exc.column)
@@ -199,6 +234,7 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
             shown = "\\`"
         return Diagnostic.make(
             "SBP102", f"unexpected character `{shown}`{_expected(exc.allowed)}", span,
+            help=regex_slash_help(text, exc.line, exc.column),
         )
     if isinstance(exc, UnexpectedToken):
         tok = exc.token
@@ -214,6 +250,7 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str) -> Diagnostic
             shown = shown[:37] + "..."
         return Diagnostic.make(
             "SBP101", f"unexpected `{shown}`{_expected(expected)}", span,
+            help=regex_slash_help(text, tok.line or 1, tok.column or 1),
         )
     if isinstance(exc, UnexpectedEOF):
         return Diagnostic.make(

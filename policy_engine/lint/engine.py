@@ -17,16 +17,20 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
+from policy_engine.documents import DOCUMENT_SUFFIXES, is_document
 from policy_engine.dsl.grammar import get_parser
 from policy_engine.dsl.inputfile import read_limited, walk_takes
 from policy_engine.dsl.parser import MAX_POLICY_BYTES
 from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.lint import suppress
 from policy_engine.lint.compile import Caches, compile_policy
+from policy_engine.lint.documents import lint_document
 from policy_engine.lint.model import FileView, Finding, LintConfig, LintResult
 from policy_engine.lint.rules import CHECKS
 
 SUFFIX = ".sbpolicy"
+WALKED = (SUFFIX, *DOCUMENT_SUFFIXES)
+"""What a directory is searched for: policies, and JSON/YAML that may be engine documents."""
 PARALLEL_MIN_ROOTS = 48
 """Below this many policies a process pool costs more than it saves."""
 
@@ -40,10 +44,14 @@ class _Outcome:
     sources: dict[str, str] = field(default_factory=dict)
 
 
-def discover(paths: Sequence[str]) -> tuple[list[tuple[str, str]], list[Finding]]:
-    """``(display, real)`` of every policy file under ``paths`` (directories are searched
-    recursively for ``*.sbpolicy``; files are taken as given), and SBP100 findings for paths
-    that do not exist or directories without policies."""
+def discover(paths: Sequence[str], walked: set[str] | None = None,
+             ) -> tuple[list[tuple[str, str]], list[Finding]]:
+    """``(display, real)`` of every file under ``paths`` (directories are searched recursively
+    for ``*.sbpolicy``, ``*.json``, ``*.yaml`` and ``*.yml``; files are taken as given), and
+    SBP100 findings for paths that do not exist or directories without such files.
+
+    :param walked: receives the display paths found by searching a directory.
+    """
     files: list[tuple[str, str]] = []
     seen: set[str] = set()
     problems: list[Finding] = []
@@ -58,15 +66,17 @@ def discover(paths: Sequence[str]) -> tuple[list[tuple[str, str]], list[Finding]
         if os.path.isdir(path):
             found = sorted(
                 os.path.join(d, n) for d, subdirs, names in os.walk(path)
-                for n in names if n.endswith(SUFFIX) and not _hidden(d, path, subdirs)
-                and walk_takes(os.path.join(d, n), SUFFIX)  # no FIFO, device, link elsewhere
+                for n in names if n.lower().endswith(WALKED) and not _hidden(d, path, subdirs)
+                and walk_takes(os.path.join(d, n), WALKED)  # no FIFO, device, link elsewhere
             )
             if not found:
                 problems.append(Finding(Diagnostic.make(
-                    "SBP100", f"no `{SUFFIX}` files under `{path}`", None,
+                    "SBP100", f"no `{SUFFIX}`, JSON or YAML files under `{path}`", None,
                     help="pass policy files or a directory that contains some")))
             for shown in found:
                 add(os.path.normpath(shown))
+                if walked is not None:
+                    walked.add(os.path.normpath(shown))
         elif os.path.exists(path):
             add(path)
         else:
@@ -169,16 +179,48 @@ def _lint_chunk(work: list[tuple[tuple[str, str], list[tuple[str, str]]]],
     return out
 
 
+def _lint_documents(docs: list[tuple[str, str]], walked: set[str], cfg: LintConfig,
+                    kind: str | None) -> tuple[_Outcome, set[str]]:
+    """Documents checked and linted in this process (cheap next to policies), and the walked
+    files that are no engine document (left out of the result)."""
+    out, skipped = _Outcome(), set()
+    for shown, _real in docs:
+        linted = lint_document(shown, cfg, kind, walked=shown in walked)
+        if linted is None:
+            skipped.add(shown)
+            continue
+        report, found = linted
+        out.findings.extend(Finding(d, d.span.line if d.span else 0) for d in report.diagnostics)
+        if any(is_unusable(d) for d in report.diagnostics):
+            out.unusable.append(shown)
+        out.findings.extend(found)
+        if report.text is not None:
+            out.sources[shown] = report.text
+    return out, skipped
+
+
 def lint_paths(paths: Sequence[str], config: LintConfig | None = None, *,
-               jobs: int | None = None) -> LintResult:
-    """Lint every policy under ``paths``; never raises for bad input (it becomes findings).
+               jobs: int | None = None, kind: str | None = None) -> LintResult:
+    """Lint every policy and engine document under ``paths``; never raises for bad input (it
+    becomes findings).
 
     :param jobs: worker processes (default: the CPUs available; 1 = in this process).
+    :param kind: what the JSON/YAML documents are (default: told by their keys).
     """
     cfg = config or LintConfig()
-    files, problems = discover(paths)
-    result = LintResult(files=[shown for shown, _ in files], findings=list(problems))
+    walked: set[str] = set()
+    found, problems = discover(paths, walked)
+    docs = [f for f in found if is_document(f[0])]
+    files = [f for f in found if not is_document(f[0])]
+    doc_outcome, skipped = _lint_documents(docs, walked, cfg, kind)
+    result = LintResult(files=[shown for shown, _ in found if shown not in skipped],
+                        findings=list(problems))
     result.unusable.extend("" for _ in problems)
+    if found and len(skipped) == len(found):
+        result.findings.append(Finding(Diagnostic.make(
+            "SBP100", f"no policies or engine documents under `{', '.join(paths)}`", None,
+            help="pass policy files or a directory that contains some")))
+        result.unusable.append("<input>")
     work = plan(files)
     workers = jobs if jobs is not None else len(os.sched_getaffinity(0))
     outcomes: list[_Outcome] = []
@@ -191,6 +233,7 @@ def lint_paths(paths: Sequence[str], config: LintConfig | None = None, *,
             outcomes = list(pool.map(_lint_chunk, chunks, [cfg] * n))
     else:
         outcomes = [_lint_chunk(work, cfg)]
+    outcomes.append(doc_outcome)
     seen: set[tuple[str, Span | None, str]] = set()
     for out in outcomes:
         for f in out.findings:
@@ -204,7 +247,8 @@ def lint_paths(paths: Sequence[str], config: LintConfig | None = None, *,
     result.findings.sort(key=lambda f: (order.get(f.span.file, len(order)) if f.span else -1,
                                         *f.sort_key()))
     result.unusable = sorted({u for u in result.unusable if u} | (
-        {"<input>"} if problems else set()), key=lambda u: order.get(u, -1))
+        {"<input>"} if problems or "<input>" in result.unusable else set()),
+        key=lambda u: order.get(u, -1))
     return result
 
 

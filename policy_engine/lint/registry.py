@@ -37,9 +37,6 @@ class RuleSpec:
     security_severity: float
 
 
-HELP_URI = "https://github.com/acme/policy-engine/blob/main/docs/lint-rules.md#{anchor}"
-"""Where each rule's documentation lives (SARIF ``helpUri``); ``anchor`` is the lowercase id."""
-
 _E, _W, _N = Severity.ERROR, Severity.WARNING, Severity.NOTE
 _H = 'policy "acme/agents" version "1.0.0"\n'
 _SUPPRESSED = (_H + '# sbpolicy: ignore SBP301 reason="public docs crawler"\n'
@@ -69,9 +66,10 @@ CATALOGUE: tuple[RuleSpec, ...] = (
         "SBP302", "public-suffix-wildcard", "breadth", _E,
         "wildcard host at a public suffix",
         "`*.com`, `*.co.uk` or `*.github.io` admit hosts that anyone can register: the "
-        "wildcard does not name one organisation. The lint ships a curated public-suffix list "
-        "(the ICANN suffixes in common use and the private suffixes where anyone can get a "
-        "subdomain: github.io, herokuapp.com, vercel.app, ...).",
+        "wildcard does not name one organisation. The lint uses the whole Public Suffix List "
+        "(the `publicsuffixlist` package, which ships it: no network needed): the ICANN "
+        "suffixes and the private ones where anyone can get a subdomain (github.io, r2.dev, "
+        "pythonanywhere.com, githubusercontent.com, ...).",
         "name the organisation's domain: `*.example.com`, not `*.com`",
         _H + 'permit net.http hosts ["*.co.uk"]\n', _H + 'permit net.http hosts ["*.bbc.co.uk"]\n',
         7.5,
@@ -324,6 +322,3 @@ RULES: dict[str, RuleSpec] = {r.id: r for r in CATALOGUE}
 SUPPRESSION_IDS = frozenset({"SBP345", "SBP346", "SBP347", "SBP348"})
 """Findings about suppressions themselves; they cannot be suppressed (that would hide misuse)."""
 
-
-def help_uri(rule_id: str) -> str:
-    return HELP_URI.format(anchor=rule_id.lower())

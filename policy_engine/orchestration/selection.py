@@ -8,7 +8,8 @@ reason recorded. A backend that is not loaded or reports itself unavailable fail
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from policy_engine.config import DEFAULT_BACKENDS, EngineConfig
@@ -101,6 +102,25 @@ def _local_for(executors: Mapping[str, Executor], op_kind: OpKind) -> Executor |
         if getattr(ex, "local", False) is True and op_kind in ex.capabilities.op_kinds \
                 and _unavailable(ex) is None:
             return ex
+    return None
+
+
+def unknown_backends(config: EngineConfig, executors: Collection[str],
+                     causes: list[str] | None = None) -> str | None:
+    """Why ``config.backends`` names an executor no loaded plugin provides (a typo, or a plugin
+    that failed to load: ``causes``), with the closest loaded name; ``None`` when all are.
+    Checked when the engine starts, so the mistake is not first seen as PROVIDER.UNAVAILABLE
+    on some later call. ``executors``: the names of the loaded executors."""
+    for kind, name in config.backends.items():
+        if name in executors:
+            continue
+        close = difflib.get_close_matches(name, list(executors), n=1, cutoff=0.6)
+        hint = f"; did you mean `{close[0]}`?" if close else ""
+        loaded = ", ".join(f"`{n}`" for n in sorted(executors)) or "none"
+        # a plugin that failed to load may be the one meant; a near name is likelier a typo
+        why = f" (plugin failures: {'; '.join(causes)})" if causes and not close else ""
+        return (f"`backends`: `{kind.value}: {name}` names no loaded executor{hint} "
+                f"(loaded: {loaded}){why}")
     return None
 
 

@@ -8,6 +8,7 @@ expected vs actual and the explain trace), a case or file that could not run has
 from __future__ import annotations
 
 import os
+import re
 import xml.etree.ElementTree as ET
 
 from policy_engine.dsl.render import render_diagnostic
@@ -67,6 +68,30 @@ def _suite(f: FileResult) -> ET.Element:
     return suite
 
 
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+"""What XML 1.0 cannot hold at all, escaped or not: C0 controls but tab, newline and carriage
+return, lone surrogates, U+FFFE and U+FFFF."""
+
+
+def xml_safe(text: str) -> str:
+    """``text`` with every character XML 1.0 forbids written as ``\\xNN`` / ``\\uNNNN``, so a
+    case named ``"esc \\x1b"`` stays recognisable and the report stays parseable."""
+    def shown(m: re.Match[str]) -> str:
+        code = ord(m.group())
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return _NOT_XML.sub(shown, text)
+
+
+def _make_safe(root: ET.Element) -> None:
+    for el in root.iter():
+        for key, value in el.attrib.items():
+            el.set(key, xml_safe(value))
+        if el.text:
+            el.text = xml_safe(el.text)
+        if el.tail:
+            el.tail = xml_safe(el.tail)
+
+
 def to_junit(run: RunResult) -> ET.ElementTree:
     """The run as a JUnit ``testsuites`` document."""
     suites = [_suite(f) for f in run.files]
@@ -78,6 +103,8 @@ def to_junit(run: RunResult) -> ET.ElementTree:
         "time": f"{run.duration_s:.6f}",
     })
     root.extend(suites)
+    # names, messages and traces come from test files and policies: anything may be in them
+    _make_safe(root)
     ET.indent(root)
     return ET.ElementTree(root)
 

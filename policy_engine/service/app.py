@@ -155,13 +155,14 @@ def _require_discriminators(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def create_app(config: ServiceConfig) -> FastAPI:
-    """The service over ``config``; stores and the orchestrator open at start-up."""
+def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
+    """The service over ``config``; stores and the orchestrator open at start-up (or were
+    opened by the caller, ``opened``, so a bad configuration is refused before listening)."""
     engine_box: list[Engine] = []
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        engine_box.append(open_engine(config))
+        engine_box.append(opened if opened is not None else open_engine(config))
         try:
             yield
         finally:
@@ -378,6 +379,6 @@ def _chunks(fd: int) -> Iterator[bytes]:
         yield from iter(lambda: fh.read(1 << 16), b"")
 
 
-def asgi_app(config: ServiceConfig) -> BodyLimit:
+def asgi_app(config: ServiceConfig, opened: Engine | None = None) -> BodyLimit:
     """The application wrapped in the body-size limit: what uvicorn serves."""
-    return BodyLimit(create_app(config), config.max_body_bytes)
+    return BodyLimit(create_app(config, opened), config.max_body_bytes)

@@ -54,8 +54,9 @@ def test_the_workflow_runs_lint_fmt_and_test() -> None:
     names = [argv[0] for argv in _commands()]
     assert names == ["lint", "fmt", "test", "diff"]
     lint, fmt, test, _diff = _commands()
-    assert lint == ["lint", "--format", "sarif", "--output", "lint.sarif", "policies/"]
-    assert fmt == ["fmt", "--check", "policies/"]
+    assert lint == ["lint", "--format", "sarif", "--output", "lint.sarif", "policies/",
+                    "manifests/"]
+    assert fmt == ["fmt", "--check", "policies/", "manifests/"]
     assert test == ["test", "--coverage", "--threshold", "90", "--junit", "junit.xml", "policies/"]
 
 
@@ -85,7 +86,9 @@ def test_every_command_line_parses_with_the_real_cli(argv: list[str]) -> None:
 
 
 def _repo(tmp_path: Path) -> Path:
-    """A policy repository like the one the workflow expects: policies/ with passing tests."""
+    """A policy repository like the one the workflow expects: policies/ with passing tests,
+    and manifests/."""
+    shutil.copytree(ROOT / "examples" / "manifests", tmp_path / "manifests")
     policies = tmp_path / "policies"
     policies.mkdir()
     for src in (ROOT / "examples" / "policies").glob("*.sbpolicy"):
@@ -120,13 +123,76 @@ def test_the_lint_step_writes_valid_sarif(tmp_path: Path) -> None:
     sarif = json.loads((repo / "lint.sarif").read_text())
     jsonschema.validate(sarif, json.loads(SARIF_SCHEMA.read_text()))
     assert sarif["version"] == "2.1.0"
+    # the manifests are linted too: JSON/YAML ones and the `tool`-block one
+    located = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+               for r in sarif["runs"][0]["results"]}
+    assert "manifests/http-fetch.yaml" in located
+    # no link to a repository that is not the one the engine came from (here: a checkout)
+    assert "acme/policy-engine" not in json.dumps(sarif)
+
+
+def test_sarif_help_links_point_at_the_installed_versions_docs(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    docs_url = "https://git.example.com/sec/policy-engine/blob/v0.1.0/docs/"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("POLICY_ENGINE_DOCS_URL", docs_url)
+        code, output = _invoke(_commands()[0], repo)
+    assert code in (0, 1), output
+    rules = json.loads((repo / "lint.sarif").read_text())["runs"][0]["tool"]["driver"]["rules"]
+    links = {r["id"]: r["helpUri"] for r in rules}
+    assert links["SBP302"] == docs_url + "lint-rules.md#sbp302"
+    # each anchor is a heading of the docs this project ships
+    shipped = (ROOT / "docs" / "lint-rules.md").read_text()
+    assert all(f"\n## {rule_id}\n" in shipped for rule_id in links if rule_id >= "SBP300")
+    # an unusable input's diagnostic links to the error-code reference
+    (repo / "manifests" / "broken.json").write_text('{"name": "x", "version": 1,')
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("POLICY_ENGINE_DOCS_URL", docs_url)
+        code, output = _invoke(_commands()[0], repo)
+    assert code == 2, output
+    rules = json.loads((repo / "lint.sarif").read_text())["runs"][0]["tool"]["driver"]["rules"]
+    assert {r["id"]: r["helpUri"] for r in rules}["SBP105"] == \
+        docs_url + "error-codes.md#policy-file-diagnostics"
+    assert "\n## Policy-file diagnostics\n" in (ROOT / "docs" / "error-codes.md").read_text()
+
+
+def test_a_git_install_links_to_its_own_commit() -> None:
+    from policy_engine.lint.output.docs_url import from_direct_url
+
+    # what pip writes to direct_url.json (PEP 610) for `pip install "policy-engine @ git+..."`
+    recorded = {"url": "https://github.com/sec-team/policy-engine.git",
+                "vcs_info": {"vcs": "git", "requested_revision": "v0.1.0",
+                             "commit_id": "0123456789abcdef0123456789abcdef01234567"}}
+    assert from_direct_url(json.dumps(recorded)) == (
+        "https://github.com/sec-team/policy-engine/blob/"
+        "0123456789abcdef0123456789abcdef01234567/docs/")
+    gitlab = {**recorded, "url": "https://gitlab.example.com/sec/policy-engine.git"}
+    assert from_direct_url(json.dumps(gitlab)).startswith(  # type: ignore[union-attr]
+        "https://gitlab.example.com/sec/policy-engine/-/blob/0123")
+    # a wheel or a local directory records no repository: no link rather than a guess
+    assert from_direct_url(json.dumps({"url": "https://x/policy_engine-0.1.0.whl",
+                                       "archive_info": {}})) is None
+    assert from_direct_url(json.dumps({"url": "file:///src/pe", "dir_info": {}})) is None
+
+
+def test_the_install_step_is_a_wheel_or_git_url_and_nothing_needs_a_requirements_file() -> None:
+    setup = next(s for s in _steps() if "setup-python" in str(s.get("uses", "")))
+    assert "cache" not in setup["with"]   # `cache: pip` fails without a requirements file
+    assert _workflow()["env"]["POLICY_ENGINE"] == "${{ vars.POLICY_ENGINE }}"
+    install = next(s for s in _steps() if "pip install" in str(s.get("run", "")))
+    assert 'python -m pip install "$POLICY_ENGINE"' in install["run"]
+    assert "::error::" in install["run"]   # an unset variable says what to do
+    text = WORKFLOW.read_text()
+    assert "policy-engine==" not in text
+    assert "git+https://" in text
+    assert ".whl" in text
 
 
 def test_the_fmt_step_passes_on_formatted_policies(tmp_path: Path) -> None:
     repo = _repo(tmp_path)
-    fmt, check, target = _commands()[1]
+    fmt, check, *targets = _commands()[1]
     assert (fmt, check) == ("fmt", "--check")
-    _invoke(["fmt", target], repo)  # format in place first, as a developer would
+    _invoke(["fmt", *targets], repo)  # format in place first, as a developer would
     code, output = _invoke(_commands()[1], repo)
     assert code == 0, output
     (repo / "policies" / "secrets.sbpolicy").write_text(

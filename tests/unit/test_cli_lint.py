@@ -65,7 +65,7 @@ def test_suppressed_error_does_not_fail(tmp_path: Path) -> None:
 def test_examples_are_clean_and_deny_warnings_fails_on_warnings() -> None:
     paths = [str(ROOT / "examples" / "policies"),
              str(ROOT / "examples" / "manifests" / "file-editor.sbpolicy")]
-    # the examples are clean (their two deliberate findings carry reasoned suppressions)
+    # the examples are clean (their three deliberate findings carry reasoned suppressions)
     assert lint(*paths)[0] == 0
     assert lint(*paths, "--deny-warnings")[0] == 0
     warnings_only = str(ROOT / "tests" / "data" / "lint" / "SBP320" / "bad.sbpolicy")
@@ -104,7 +104,7 @@ def test_missing_path_and_empty_directory(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     code, out = lint(str(tmp_path / "empty"))
     assert code == 2
-    assert "no `.sbpolicy` files under" in out
+    assert "no `.sbpolicy`, JSON or YAML files under" in out
 
 
 def test_compile_error_is_unusable(tmp_path: Path) -> None:
@@ -182,4 +182,4 @@ def test_console_script_subprocess(tmp_path: Path) -> None:
                         capture_output=True, text=True, timeout=60, check=False)
     assert ok.returncode == 0
     assert "0 warning(s)" in ok.stdout
-    assert "2 suppressed" in ok.stdout
+    assert "3 suppressed" in ok.stdout

@@ -34,7 +34,10 @@ def result(tmp_path: Path) -> LintResult:
     return lint_paths([str(tmp_path / "pol")], jobs=1)
 
 
-def test_sarif_is_valid_and_complete(result: LintResult, tmp_path: Path) -> None:
+def test_sarif_is_valid_and_complete(result: LintResult, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # help links go to the installed version's docs (docs_url.py); here: a docs site
+    monkeypatch.setenv("POLICY_ENGINE_DOCS_URL", "https://docs.example.com/policy-engine/")
     doc = json.loads(render_sarif(result, root=tmp_path))
     jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
     run = doc["runs"][0]
@@ -44,7 +47,8 @@ def test_sarif_is_valid_and_complete(result: LintResult, tmp_path: Path) -> None
         assert rule["shortDescription"]["text"]
         assert rule["fullDescription"]["text"]
         assert rule["help"]["text"]
-        assert rule["helpUri"].endswith("#" + rule["id"].lower())
+        assert rule["helpUri"] == ("https://docs.example.com/policy-engine/lint-rules.md#"
+                                   + rule["id"].lower())
         assert rule["defaultConfiguration"]["level"] in ("error", "warning", "note")
         assert "security" in rule["properties"]["tags"]
         assert 0.0 <= float(rule["properties"]["security-severity"]) <= 10.0

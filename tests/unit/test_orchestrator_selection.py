@@ -93,20 +93,31 @@ def test_mandatory_denies_never_degrade_even_in_compat_mode(tmp_path: Path) -> N
 
 
 def test_unavailable_backend_fails_unless_fallback_to_local(tmp_path: Path) -> None:
+    # a configured backend that is loaded but reports itself down: the call fails, or runs
+    # on the local backend when the operator allows it (a backend no plugin provides at all
+    # is refused when the engine starts: test_plugin_startup.py)
+    class Down(ScriptedExecutor):
+        def available(self) -> str:
+            return "daemon socket missing"
+
     local = ScriptedExecutor("tmp-local", kinds=frozenset({OpKind.TMP_ALLOC}), local=True)
     backends = {OpKind.TMP_ALLOC: "docker"}
-    with orchestrator(tmp_path / "a", local, backends=backends) as orch:
+    down = Down("docker", kinds=frozenset({OpKind.TMP_ALLOC}))
+    with orchestrator(tmp_path / "a", local, down, backends=backends) as orch:
         out = orch.run(grant(), MANIFEST, TmpAllocOp(size_bytes=1))
     assert out.result.code == "PROVIDER.UNAVAILABLE"
     assert local.calls == 0
-    assert out.result.message == "provider unavailable: backend `docker` is not loaded"
-    with orchestrator(tmp_path / "b", local, backends=backends, fallback_to_local=True) as orch:
+    assert out.result.message == ("provider unavailable: backend `docker` is unavailable: "
+                                  "daemon socket missing")
+    with orchestrator(tmp_path / "b", local, down, backends=backends,
+                      fallback_to_local=True) as orch:
         out = orch.run(grant(), MANIFEST, TmpAllocOp(size_bytes=1))
     assert out.result.ok
     assert local.calls == 1
     assert out.end.sandbox_backend == "tmp-local"
     assert out.end.sandbox_degrade_reason == (
-        "backend `docker` is not loaded; fell back to local backend `tmp-local`")
+        "backend `docker` is unavailable: daemon socket missing; fell back to local backend "
+        "`tmp-local`")
 
 
 def test_backend_reporting_unavailable_is_provider_unavailable(tmp_path: Path) -> None:

@@ -48,3 +48,31 @@ def test_junit_has_a_suite_per_file_a_case_per_case_and_failure_details(tmp_path
 def test_classname_drops_the_suffix_and_uses_dots() -> None:
     assert classname("examples/policies/org.sbtest.yaml") == "examples.policies.org"
     assert classname("./a/b.sbtest.json") == "a.b"
+
+
+def test_names_with_characters_xml_forbids_still_give_parseable_junit(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from policy_engine.cli.main import cli
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    test_file = tmp_path / "esc.sbtest.yaml"
+    test_file.write_text(
+        f"policy: {examples / 'policies' / 'org.sbpolicy'}\n"
+        f"manifest: {examples / 'manifests' / 'shell.json'}\n"
+        f"grant: {examples / 'grants' / 'shell-agent.json'}\n"
+        "now_ms: 1795000000000\ncases:\n"
+        '  - name: "git status \\e[31m red \\x00 nul \\x7f del"\n'
+        "    op: {kind: proc.exec, tool: git, args: [status]}\n"
+        "    want_decision: deny\n", encoding="utf-8")   # fails: the failure text is written too
+    out = tmp_path / "junit.xml"
+    result = CliRunner().invoke(cli, ["test", "--junit", str(out), str(test_file)])
+    assert result.exit_code == 1, result.output
+    root = ET.parse(out).getroot()   # raised "not well-formed (invalid token)" before
+    case = root.find(".//testcase")
+    assert case is not None
+    assert case.get("name") == "git status \\x1b[31m red \\x00 nul \x7f del"
+    failure = case.find("failure")
+    assert failure is not None
+    assert "decision: expected deny, got allow" in (failure.get("message") or "")
+    assert "\\x1b" in (failure.text or "")

@@ -34,6 +34,10 @@ from policy_engine.model import (
 if TYPE_CHECKING:
     from policy_engine.conformance import Probe, ProbeEnv
 
+POLICY_ENGINE_HOOK_API = "1.0"
+"""The hook API this plugin was written for (docs/plugins.md, "Hook API version"): an engine
+with another major version refuses to load it, by name, instead of calling it wrongly."""
+
 _POLL_S = 0.05  # how often a blocked wait looks at the cancel token and the deadline
 _CHUNK = 64 * 1024
 _DEFAULT_MAX_BYTES_IN = 10 * 1024 * 1024

@@ -18,11 +18,11 @@ from urllib.parse import quote
 from policy_engine import __version__
 from policy_engine.errors import DIAGNOSTICS, Severity
 from policy_engine.lint.model import Finding, LintResult
+from policy_engine.lint.output.docs_url import doc_link, docs_base
 from policy_engine.lint.output.json_out import source_line
-from policy_engine.lint.registry import CATALOGUE, RULES, help_uri
+from policy_engine.lint.registry import CATALOGUE, RULES
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
-INFORMATION_URI = "https://github.com/acme/policy-engine"
 SRCROOT = "%SRCROOT%"
 FINGERPRINT_KEY = "sbpolicyFinding/v1"
 _LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.NOTE: "note"}
@@ -37,6 +37,16 @@ def repo_root(start: str | None = None) -> Path:
 
 
 def _rule(rule_id: str) -> dict[str, Any]:
+    rule = _rule_body(rule_id)
+    # only a link to the installed version's own docs (docs_url.py); none rather than a guess
+    link = (doc_link("lint-rules.md", rule_id.lower()) if rule_id in RULES
+            else doc_link("error-codes.md", "policy-file-diagnostics"))
+    if link is not None:
+        rule["helpUri"] = link
+    return rule
+
+
+def _rule_body(rule_id: str) -> dict[str, Any]:
     spec = RULES.get(rule_id)
     if spec is not None:
         md = (f"**{spec.title}**\n\n{spec.rationale}\n\n**Fix:** {spec.fix}\n\n"
@@ -46,7 +56,6 @@ def _rule(rule_id: str) -> dict[str, Any]:
             "shortDescription": {"text": spec.title},
             "fullDescription": {"text": spec.rationale},
             "help": {"text": f"{spec.rationale} Fix: {spec.fix}", "markdown": md},
-            "helpUri": help_uri(spec.id),
             "defaultConfiguration": {"level": _LEVEL[spec.severity]},
             "properties": {
                 "tags": ["security", spec.category, "sbpolicy"],
@@ -62,7 +71,6 @@ def _rule(rule_id: str) -> dict[str, Any]:
         "shortDescription": {"text": diag.title},
         "fullDescription": {"text": f"{diag.title}: the file cannot be used as a policy"},
         "help": {"text": diag.help},
-        "helpUri": "https://github.com/acme/policy-engine/blob/main/docs/error-codes.md",
         "defaultConfiguration": {"level": _LEVEL[diag.severity]},
         "properties": {"tags": ["correctness", "sbpolicy"]},
     }
@@ -108,12 +116,13 @@ def render_sarif(result: LintResult, *, root: Path | None = None) -> str:
     ids = [spec.id for spec in CATALOGUE]
     ids += sorted({f.id for f in result.findings} - set(ids))
     index = {rule_id: i for i, rule_id in enumerate(ids)}
+    driver: dict[str, Any] = {"name": "policy-engine", "version": __version__,
+                              "semanticVersion": __version__, "rules": [_rule(i) for i in ids]}
+    base_docs = docs_base()
+    if base_docs is not None:
+        driver["informationUri"] = base_docs + "lint-rules.md"
     run = {
-        "tool": {"driver": {
-            "name": "policy-engine", "informationUri": INFORMATION_URI,
-            "version": __version__, "semanticVersion": __version__,
-            "rules": [_rule(i) for i in ids],
-        }},
+        "tool": {"driver": driver},
         "originalUriBaseIds": {SRCROOT: {"uri": base.as_uri() + "/"}},
         "columnKind": "unicodeCodePoints",
         "results": [_result(result, f, index[f.id], base) for f in result.findings],

@@ -36,7 +36,7 @@ def mandatory_globs(view: FileView, home: str) -> list[tuple[str, str]]:
 
 
 def _fs_permits(view: FileView) -> Iterator[RuleView]:
-    for rv in rule_views(view, tool_blocks=False):
+    for rv in rule_views(view):
         if rv.node.effect == "permit" and any(k in _FS_KINDS for k in rv.capabilities):
             yield rv
 

@@ -10,7 +10,15 @@ from policy_engine.compiler.context import RuleDraft
 from policy_engine.dsl import ast
 from policy_engine.lint.cover import covers, segments
 from policy_engine.lint.model import FileView, Finding, LintConfig
-from policy_engine.lint.rules.base import drafts, finding, head, label, unconditional
+from policy_engine.lint.rules.base import (
+    drafts,
+    finding,
+    head,
+    label,
+    rule_views,
+    unconditional,
+    where,
+)
 from policy_engine.model import Capability, CapabilityKind, FsCapability, ProcCapability
 
 _FS = (CapabilityKind.FS_READ, CapabilityKind.FS_WRITE, CapabilityKind.FS_LIST)
@@ -178,4 +186,44 @@ def _shadowed(d: RuleDraft, key: tuple[Any, ...], forbids: _Index, earlier: _Ind
                       "condition never apply", head(d.node), d.node.span)
 
 
-CHECKS = (check_conditions, check_duplicates, check_shadowed)
+def check_tool_blocks(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
+    """SBP337-SBP339 inside a `tool` block: a permit repeating another of the block, one the
+    policy's unconditional forbids cover, and one another permit of the block already admits
+    (a manifest's permissions are a union, so it adds nothing). Blocks have no conditions, so
+    SBP335/SBP336 cannot arise there."""
+    forbids = [f for f in view.policy.rules if f.node.effect == "forbid"
+               and unconditional(f.node) and not f.node.mandatory]
+    views = [rv for rv in rule_views(view) if rv.tool_block is not None and rv.capabilities]
+    for rv in views:
+        siblings = [o for o in views if o.tool_block == rv.tool_block
+                    and o.node is not rv.node and o.anchor == rv.anchor]
+        caps = rv.capabilities
+        same = next((o for o in siblings if o.node.span.line < rv.node.span.line
+                     and _cap_key(o.capabilities) == _cap_key(caps)), None)
+        if same is not None:
+            yield finding("SBP337", f"{where(rv)} at line {rv.node.span.line} duplicates the "
+                          f"permit at line {same.node.span.line}", head(rv.node), rv.anchor)
+            continue
+        by_forbid = [f for f in forbids if all(
+            k in _FORBID_COVERABLE and k in f.capabilities
+            and covers(f.capabilities[k], c, cfg.home) for k, c in caps.items())]
+        if by_forbid:
+            yield finding("SBP338", f"{where(rv)} at line {rv.node.span.line} can never "
+                          f"apply: forbid {label(by_forbid[0].node, by_forbid[0].id)} covers "
+                          "all it permits", head(rv.node), rv.anchor)
+            continue
+        wider = next((o for o in siblings if _cap_key(o.capabilities) != _cap_key(caps)
+                      and all(k in o.capabilities and covers(o.capabilities[k], c, cfg.home)
+                              for k, c in caps.items())), None)
+        if wider is not None:
+            yield finding("SBP339", f"{where(rv)} at line {rv.node.span.line} adds nothing: "
+                          f"the permit at line {wider.node.span.line} admits all it does",
+                          head(rv.node), rv.anchor,
+                          help="delete the narrower permit: a tool's permissions are a union")
+
+
+def _cap_key(caps: dict[CapabilityKind, Capability]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k.value, c.model_dump_json(by_alias=True)) for k, c in caps.items()))
+
+
+CHECKS = (check_conditions, check_duplicates, check_shadowed, check_tool_blocks)

@@ -119,7 +119,7 @@ def check_process(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
                               f"`{interp[0][0]}`: `{cap.tool}` would run inline code",
                               clause.args[index].span, rv.anchor)
             continue
-        if rv.tool_block is None and unconstrained(cap):
+        if unconstrained(cap):
             span = clause.args[0].span if clause.args else clause.tool.span
             yield finding("SBP312", f"{where(rv)} permits `{cap.tool}` with any arguments",
                           span, rv.anchor)

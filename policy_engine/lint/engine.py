@@ -44,6 +44,15 @@ class _Outcome:
     sources: dict[str, str] = field(default_factory=dict)
 
 
+def _own_suffix(name: str) -> str:
+    """The suffix that says what ``name`` is (`.sbtest.yaml` before `.yaml`)."""
+    lower = name.lower()
+    for suffix in sorted((".sbtest.yaml", ".sbtest.yml", *WALKED), key=len, reverse=True):
+        if lower.endswith(suffix):
+            return suffix
+    return os.path.splitext(lower)[1]
+
+
 def discover(paths: Sequence[str], walked: set[str] | None = None,
              ) -> tuple[list[tuple[str, str]], list[Finding]]:
     """``(display, real)`` of every file under ``paths`` (directories are searched recursively
@@ -67,7 +76,9 @@ def discover(paths: Sequence[str], walked: set[str] | None = None,
             found = sorted(
                 os.path.join(d, n) for d, subdirs, names in os.walk(path)
                 for n in names if n.lower().endswith(WALKED) and not _hidden(d, path, subdirs)
-                and walk_takes(os.path.join(d, n), WALKED)  # no FIFO, device, link elsewhere
+                # no FIFO, no device, no link to a file of another kind (a `x.sbtest.yaml`
+                # link to a key file would be quoted in the test-file error)
+                and walk_takes(os.path.join(d, n), _own_suffix(n))
             )
             if not found:
                 problems.append(Finding(Diagnostic.make(

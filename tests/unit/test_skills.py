@@ -128,6 +128,8 @@ def test_a_skill_compiles_to_a_tool_manifest_the_policy_meet_decides(tmp_path: P
     policy.write_text('policy "t" version "1.0.0"\n'
                       'permit "all" fs.read paths ["/data/**"]\n'
                       'permit "sh" proc.exec tool "bash"\n'
+                      # the guard decides a proc.exec's cwd: it must be a readable path
+                      'permit "ws" fs.read, fs.list, fs.write paths ["/workspace/**"]\n'
                       'require consent when `profile.safety == "High"`\n')
     policyset = compile_files([policy])
     grant = Grant.model_validate({"tenant": "t", "subject_id": "s", "tool_name": "files.read",

@@ -135,6 +135,8 @@ def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | 
     for path, flag in sorted(binds, key=lambda b: (b[0].count("/"), b[0])):
         if path != "/":
             args += [flag, source(path), path]
+    for path in plan.readonly:  # write-forbidden inside a writable bind
+        args += ["--ro-bind", source(path), path]
     fake = synthetic_etc()
     for path in plan.mask_files:
         args += ["--ro-bind", source(fake.get(path, "/dev/null")), path]

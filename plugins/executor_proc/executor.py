@@ -382,7 +382,7 @@ class ProcExecutor:
             # a system tree (`fs.write "/**"`) is never walked: /usr, /etc and / stay root's
             uid.adopt([w for w in plan.writable if not any(
                 beneath(w, t) or beneath(t, w) for t in plan.system)],
-                *self.run_as, masked=plan.mask_files + plan.mask_dirs)
+                *self.run_as, masked=plan.mask_files + plan.mask_dirs + plan.readonly)
             if private_tmp is not None:
                 os.chown(private_tmp, *self.run_as)
         layered = self.backend == "landlock" or self.options.layer2

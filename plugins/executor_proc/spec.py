@@ -17,7 +17,13 @@ from policy_engine.guard.binds import beneath, bound_paths, cwd_refusal
 from policy_engine.guard.env import profile_env_refusal
 from policy_engine.guard.gitfiles import GIT_PINS
 from policy_engine.guard.paths import resolve_beneath
-from policy_engine.model import SYSTEM_DEFAULT_LIMITS, FsCapability, ProcExecOp, Profile
+from policy_engine.model import (
+    SYSTEM_DEFAULT_LIMITS,
+    CapabilityKind,
+    FsCapability,
+    ProcExecOp,
+    Profile,
+)
 from policy_engine.model import Limits as ModelLimits
 from policy_engine.patterns.paths import expand_home
 from policy_engine.sandbox.masks import RUNTIME_DIRS, RUNTIME_GLOBS, plan_masks, under_runtime
@@ -57,6 +63,8 @@ class Plan:
     system: list[str]
     mask_files: list[str] = field(default_factory=list)
     mask_dirs: list[str] = field(default_factory=list)
+    # existing paths inside writable binds that a forbid of fs.write covers: bound read-only
+    readonly: list[str] = field(default_factory=list)
     limits: Limits | None = None
     network: str = "off"
 
@@ -68,10 +76,14 @@ class Plan:
         """
         masked = self.mask_files + self.mask_dirs if carve_masks else []
         rules: list[tuple[str, str]] = []
-        for paths, access in ((self.system, "rox"), (self.readable, "rox"),
-                              (self.writable, "rw")):
+        for paths, access in ((self.system, "rox"), (self.readable, "rox")):
             for p in paths:
                 rules += carve(p, access, masked)
+        for p in self.writable:  # a write-forbidden path is carved out and readable only
+            rules += carve(p, "rw", masked + (self.readonly if carve_masks else []))
+        if carve_masks:
+            for p in self.readonly:
+                rules += carve(p, "rox", masked)
         return rules + list(extra)
 
 
@@ -104,12 +116,32 @@ def _masks(profile: Profile, bound: list[str], system: list[str]) -> tuple[list[
     home = profile.mappings.home
     patterns = [*BUILTIN_MASKS, *(f"{d}/**" for d in RUNTIME_DIRS), *RUNTIME_GLOBS]
     for deny in profile.denies:
-        if deny.mandatory and isinstance(deny.capability, FsCapability):
+        # a mandatory deny, and any forbid of fs.read (with or without a `when`: the sandbox
+        # cannot evaluate conditions per file access, so it applies them always)
+        reads = deny.mandatory or CapabilityKind.FS_READ in deny.kinds
+        if reads and isinstance(deny.capability, FsCapability):
             patterns += [expand_home(p, home) for p in deny.capability.paths]
     plan = plan_masks(bound, system, patterns, home)
     # /var/run -> /run: the link's target is masked itself, and a file bind would follow it
     files = [p for p in plan.files if not (os.path.islink(p) and under_runtime(p))]
     return files, list(plan.dirs)
+
+
+def _write_forbidden(profile: Profile, writable: list[str], masked: list[str]) -> list[str]:
+    """Existing paths inside the writable binds that a forbid of fs.write covers (applied
+    whatever its `when` says, as for reads): the sandbox gets them read-only, so a permitted
+    process cannot do what the policy refuses an fs.write (outsider attack round 2, F1)."""
+    home = profile.mappings.home
+    writes = [d for d in profile.denies if CapabilityKind.FS_WRITE in d.kinds
+              and CapabilityKind.FS_READ not in d.kinds and isinstance(d.capability, FsCapability)]
+    patterns = [expand_home(p, home) for d in writes
+                for p in d.capability.paths]  # type: ignore[union-attr]
+    if not patterns or not writable:
+        return []
+    plan = plan_masks(writable, [], patterns, home)
+    found = sorted({*plan.files, *plan.dirs} - set(masked))
+    # nothing beneath a read-only directory needs its own bind
+    return [p for p in found if not any(q != p and beneath(p, q) for q in found)]
 
 
 def resolve_limits(profile: Profile, op: ProcExecOp, limits: ModelLimits | None = None) -> Limits:
@@ -181,5 +213,6 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
     return Plan(
         argv=[op.tool, *op.args], cwd=cwd, readable=readable, writable=writable, system=system,
         env=build_env(profile, op, env_allow, env_base or {}, tmpdir), mask_files=files,
-        mask_dirs=dirs, limits=resolve_limits(profile, op), network=profile.network.value,
+        mask_dirs=dirs, readonly=_write_forbidden(profile, writable, files + dirs),
+        limits=resolve_limits(profile, op), network=profile.network.value,
     )

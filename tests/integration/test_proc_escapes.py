@@ -687,3 +687,53 @@ def test_git_in_a_proc_sandbox_runs_no_program_the_workspace_names(
                                                         cwd=str(repo)))
     assert result.out["exit_code"] == 0, result.out
     assert not (out / "RAN").exists()
+
+
+# --- outsider attack round 2, F1: a plain forbid holds inside the sandbox too --------------
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "bwrap-no-layer2"])
+def test_plain_forbids_of_reads_and_writes_hold_for_a_permitted_process(
+        executors: dict[str, ProcExecutor], world_root: Path, backend: str) -> None:
+    """`forbid fs.write paths [".../release/**"]` and `forbid fs.read paths [".../priv/**"]`
+    (not mandatory) under a writable bind: a permitted python process can neither edit the
+    release files nor read the private one, and adopt leaves the forbidden tree root's."""
+    from policy_engine.model import CapabilityKind, FsCapability, ProfileDeny, RuleRef
+
+    out = world_root / "out"
+    (out / "release").mkdir()
+    (out / "release" / "NOTES").write_text("v1\n")
+    (out / "priv").mkdir()
+    (out / "priv" / "key.txt").write_text("PRIV-MARKER-R2F1\n")
+    (out / "free.txt").write_text("ok\n")
+    rule = RuleRef(id="no-release-edits", file="p.sbpolicy", line=3, column=1)
+    denies = (
+        ProfileDeny(kinds=(CapabilityKind.FS_WRITE,), rule=rule,
+                    capability=FsCapability(kind="fs.write", paths=(f"{out}/release/**",))),
+        ProfileDeny(kinds=(CapabilityKind.FS_READ,), rule=rule,
+                    capability=FsCapability(kind="fs.read", paths=(f"{out}/priv/**",))),
+    )
+    base = make_profile(world_root)
+    profile = base.model_copy(update={"denies": (*base.denies, *denies)})
+    code = textwrap.dedent("""
+        import json, sys
+        seen = {}
+        for p in sys.argv[1:3]:
+            try:
+                open(p, "a").write("tampered\\n"); seen[p] = "written"
+            except OSError as e:
+                seen[p] = e.errno
+        try:
+            seen["read"] = open(sys.argv[3]).read()
+        except OSError as e:
+            seen["read"] = e.errno
+        print(json.dumps(seen))
+    """)
+    result = _run(executors[backend], profile, code, str(out / "release" / "NOTES"),
+                  str(out / "free.txt"), str(out / "priv" / "key.txt"))
+    seen = json.loads(str(result["stdout"]))
+    assert seen[str(out / "free.txt")] == "written"  # the writable bind still works
+    assert isinstance(seen[str(out / "release" / "NOTES")], int), seen
+    assert (out / "release" / "NOTES").read_text() == "v1\n"
+    assert isinstance(seen["read"], int), seen
+    assert (out / "release").stat().st_uid == 0  # not handed to the sandbox uid
+    assert (out / "release" / "NOTES").stat().st_uid == 0

@@ -32,6 +32,7 @@ from policy_engine.guard.compiled import (
     CompiledCap,
     CompiledProfile,
     ConditionIndex,
+    compile_forbids,
     compile_profile,
     guard_condition,
 )
@@ -46,6 +47,7 @@ from policy_engine.guard.resolve import (
     resolve_other,
     resolve_path,
 )
+from policy_engine.guard.shapes import ShapeCache
 from policy_engine.guard.steps import (
     consent_needed,
     diagnose,
@@ -72,7 +74,10 @@ class Guard:
         whether any component is a link, then ``lstat``/``readlink`` per component only when one
         is). Turn off only where the executor enforces resolution itself (``openat2`` with
         ``RESOLVE_BENEATH``).
-    :param cache_size: compiled profiles kept; the oldest is dropped first.
+    :param cache_size: compiled profiles kept; the oldest is dropped first. Profiles of one
+        shape (per-call copies of one template, see ``guard.shapes``) share one compilation,
+        and every profile of the policy shares its compiled forbids; each of those caches is
+        bounded by ``cache_size`` too.
     """
 
     def __init__(self, policyset: PolicySet | None = None, *, resolve_symlinks: bool = True,
@@ -90,6 +95,7 @@ class Guard:
         self._cache: dict[object, CompiledProfile] = {}
         self._permits = PolicyPermits(policyset)
         self._cache_size = cache_size
+        self._shapes = ShapeCache(cache_size)
 
     def compiled(self, profile: Profile) -> CompiledProfile:
         """The compiled form of ``profile`` (cached; unhashed profiles are keyed by identity)."""
@@ -97,12 +103,16 @@ class Guard:
         cp = self._cache.get(key)
         if cp is not None and (profile.profile_hash or cp.profile is profile):
             return cp
-        cp = compile_profile(profile, self._conditions, builtin_consent=self._builtin_consent,
-                             consent_rules=self._consent_rules)
+        cp = self._shapes.compiled(profile, self._compile)
         if len(self._cache) >= self._cache_size:
             del self._cache[next(iter(self._cache))]
         self._cache[key] = cp
         return cp
+
+    def _compile(self, profile: Profile) -> CompiledProfile:
+        forbids = self._shapes.forbids(profile, lambda p: compile_forbids(p, self._conditions))
+        return compile_profile(profile, self._conditions, builtin_consent=self._builtin_consent,
+                               consent_rules=self._consent_rules, forbids=forbids)
 
     def decide(self, profile: Profile, op: Any, *, context: Mapping[str, object] | None = None,
                now_ms: int | None = None, trace: bool = False) -> Decision:
@@ -304,7 +314,7 @@ class Guard:
         window = cp.consent_window
         if cp.consent_required and tr is None and window is not None and \
                 window[0] <= now < window[1]:
-            return _allow(chosen, kind, op)  # required and current: consent_needed says None
+            return _allow(chosen, kind, op, phash)  # required and current: consent_needed says None
         if cp.consent_required or self._consent_rules:
             box: list[dict[str, object]] = [] if data is None else [data]
 
@@ -320,7 +330,7 @@ class Guard:
         elif tr is not None:
             tr.step("consent", "skip", detail="consent not required")
         # step 9
-        allow = _allow(chosen, kind, op)
+        allow = _allow(chosen, kind, op, phash)
         if tr is None:
             return allow
         tr.step("decision", "allow", chosen.rule)
@@ -329,9 +339,14 @@ class Guard:
                         limits=allow.limits, limit_layers=allow.limit_layers)
 
 
-def _allow(chosen: CompiledCap, kind: str, op: Any) -> Decision:
-    """The prebuilt allow, or a copy whose timeout is the op's own when that is narrower."""
+def _allow(chosen: CompiledCap, kind: str, op: Any, phash: str) -> Decision:
+    """The prebuilt allow, or a copy whose timeout is the op's own when that is narrower.
+
+    A compilation shared by per-call profiles of one shape carries the first one's hash: the
+    answer names this call's profile."""
     allow = chosen.allow
+    if allow.profile_hash != phash:
+        allow = _restamp(allow, phash)
     if kind == "proc.exec" and op.timeout_ms and allow.limits is not None and \
             op.timeout_ms < (allow.limits.timeout_ms or op.timeout_ms + 1):
         return with_request_timeout(allow, op.timeout_ms)
@@ -345,6 +360,17 @@ def _describe(rv: Resolved | None, path: str | None) -> str:
 
 def _hash_of(profile: object) -> str:
     return profile.profile_hash if isinstance(profile, Profile) else ""
+
+
+def _restamp(allow: Decision, phash: str) -> Decision:
+    """``allow`` naming profile ``phash``: a field copy of a model the guard built itself."""
+    d = _NEW(Decision)
+    d.__dict__.update(allow.__dict__)
+    d.__dict__["profile_hash"] = phash
+    _SET(d, "__pydantic_fields_set__", set(allow.__pydantic_fields_set__))
+    _SET(d, "__pydantic_extra__", None)
+    _SET(d, "__pydantic_private__", None)
+    return d
 
 
 _NEW = Decision.__new__

@@ -31,7 +31,7 @@ from policy_engine.model import (
 from policy_engine.patterns.meet import decompose, group, meet_atom_sets, meet_many
 from policy_engine.patterns.paths import expand_home
 from policy_engine.profile.cache import ProfileCache
-from policy_engine.profile.hashing import canonical_json, fingerprint, profile_hash
+from policy_engine.profile.hashing import canonical_json, profile_hash
 from policy_engine.profile.layers import (
     LimitResolution,
     LimitsLayer,
@@ -40,6 +40,7 @@ from policy_engine.profile.layers import (
     resolve_limits,
     resolve_network,
 )
+from policy_engine.profile.shape import ProfileShape, call_values, grant_shape_key
 
 _CONSENT_EFFECTS = frozenset({SideEffect.WRITE, SideEffect.PROCESS})
 
@@ -72,13 +73,22 @@ class ProfileBuilder:
         hit = cache.by_identity(key)
         if hit is not None:
             return hit
-        fp = fingerprint(grant, manifest, settings, overrides)
-        profile = cache.by_content(fp)
+        shape_key = (grant_shape_key(grant), cache.input_key(manifest),
+                     cache.input_key(settings), cache.input_key(overrides))
+        values = call_values(grant)
+        content = (shape_key, values)
+        profile = cache.by_content(content)
         if profile is not None:
             cache.remember_identity(key, profile, grant, manifest, settings, overrides)
             return profile
-        profile = self.build_uncached(grant, manifest, settings=settings, overrides=overrides)
-        return cache.store(key, fp, profile, grant, manifest, settings, overrides)
+        shape = cache.by_shape(shape_key)
+        if shape is None:
+            # the meet: once per shape; later grants differing only in call fields copy it
+            profile = self.build_uncached(grant, manifest, settings=settings, overrides=overrides)
+            cache.store_shape(shape_key, ProfileShape(profile, self.policyset.version_hash))
+        else:
+            profile = shape.instantiate(grant, values)
+        return cache.store(key, content, profile, grant, manifest, settings, overrides)
 
     def build_uncached(
         self, grant: Grant, manifest: Manifest, *, settings: Settings | None = None,

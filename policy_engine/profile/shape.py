@@ -24,7 +24,7 @@ PER_CALL_FIELDS: tuple[str, ...] = ("budget", "call_id", "consent", "expires_at"
 
 _GRANT_CALL = frozenset(PER_CALL_FIELDS)
 # not in the profile at all, so not part of either key
-_GRANT_NOT_SHAPE = _GRANT_CALL | {"decision_key_fingerprint"}
+_GRANT_NOT_SHAPE: set[str] = {*_GRANT_CALL, "decision_key_fingerprint"}
 
 
 def grant_shape_key(grant: Grant) -> bytes:

@@ -11,6 +11,7 @@ profile, never met, so the copy equals what a full build would produce
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from json.encoder import encode_basestring
 from typing import Any
 
@@ -57,8 +58,13 @@ class HashTemplate:
     __slots__ = ("_segments",)
 
     def __init__(self, template: Profile, policy_version_hash: str,
-                 manifest_version: str) -> None:
-        body: dict[str, Any] = template.model_dump(mode="json", exclude=EXPLANATORY)
+                 manifest_version: str, fixed: Mapping[str, str] | None = None) -> None:
+        """:param fixed: canonical JSON of fields the caller rendered already (the policy's
+            denies are the same in every profile of a builder); the rest is rendered here."""
+        fixed = fixed or {}
+        exclude: dict[str, Any] = {**EXPLANATORY, **dict.fromkeys(fixed, True)}
+        body: dict[str, Any] = template.model_dump(mode="json", exclude=exclude)
+        body.update(dict.fromkeys(fixed))
         body["profile_hash"] = ""
         segments: list[str] = []
         slots: list[str] = []
@@ -72,7 +78,7 @@ class HashTemplate:
                 slots.append(name)  # sorted, so PER_CALL_FIELDS order
                 current = ""
             else:
-                current += canonical_json(body[name])
+                current += fixed[name] if name in fixed else canonical_json(body[name])
         segments.append(current + "}}")
         if tuple(slots) != PER_CALL_FIELDS:
             raise AssertionError(f"profile fields changed: per-call slots {slots}")
@@ -111,9 +117,9 @@ class ProfileShape:
 
     __slots__ = ("template", "hasher")
 
-    def __init__(self, template: Profile, policy_version_hash: str) -> None:
+    def __init__(self, template: Profile, hasher: HashTemplate) -> None:
         self.template = template
-        self.hasher = HashTemplate(template, policy_version_hash, template.manifest_version)
+        self.hasher = hasher
 
     def instantiate(self, grant: Grant, values: tuple[str, ...]) -> Profile:
         """The template with ``grant``'s call fields (the caller checked the shapes match);

@@ -241,3 +241,25 @@ def test_budget_and_consent_objects_round_trip_in_the_hash(ps: PolicySet) -> Non
                                                             expires_at=2)})
     p = b.build(g, manifest())
     assert p.profile_hash == profile_hash(p, ps.version_hash, "1.0.0")
+
+
+def test_profile_cache_size_is_configured_and_checked(ps: PolicySet, tmp_path: Path) -> None:
+    from policy_engine.config import EngineConfig
+    from policy_engine.orchestrator import Orchestrator
+
+    config = EngineConfig.from_mapping({"profile_cache_size": 2, "state_dir": str(tmp_path),
+                                        "revocation": "memory", "budget_meter": "memory",
+                                        "evidence_sinks": []})
+    orch = Orchestrator(ps, config=config)
+    try:
+        builder = orch.builder
+        assert isinstance(builder, ProfileBuilder)
+        for i in range(5):
+            builder.build(grant(subject_id=f"agent:{i}"), manifest())
+        # shapes: a quarter of the size, at least 16
+        assert builder.cache.stats() == {"identity": 2, "content": 2, "shapes": 5}
+    finally:
+        orch.close()
+    for bad in (0, -1, True, "10", 1.5):
+        with pytest.raises(ValueError, match="profile_cache_size"):
+            EngineConfig.from_mapping({"profile_cache_size": bad})

@@ -5,6 +5,7 @@ Usage::
     python benchmarks/bench_new_grant.py           # full run (~1 min); updates docs/benchmarks.md
     python benchmarks/bench_new_grant.py --quick   # sanity run; prints the table only
     python benchmarks/bench_new_grant.py --memory  # also 10,000 cached profiles (RSS)
+    BENCH_ENGINE_PATH=/other/checkout python benchmarks/bench_new_grant.py --quick  # "before"
 
 Grants are per call (``call_id``), so a real caller builds a profile for a grant it never sent
 before. Each timed call here takes a grant object no call has used (a distinct ``call_id`` and
@@ -22,6 +23,7 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +35,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere: `benchmarks` lives at the root
     sys.path.insert(0, str(ROOT))
+ENGINE_ENV = "BENCH_ENGINE_PATH"
+"""Another checkout whose engine to measure (a "before" run): its path goes first."""
+if os.environ.get(ENGINE_ENV):
+    sys.path.insert(0, os.environ[ENGINE_ENV])
 
 from benchmarks.bench_guard import machine_info as _machine_info  # noqa: E402
 from benchmarks.scale_policy import (  # noqa: E402 - needs the checkout root on sys.path first
@@ -212,7 +218,18 @@ def bench(sc: Scenario, cfg: Cfg) -> list[Row]:
 
 
 def memory_rows(n_rules: int, n_profiles: int) -> list[Row]:
-    """RSS growth for ``n_profiles`` per-call profiles kept by builder and guard caches."""
+    """RSS growth for ``n_profiles`` per-call profiles kept by builder and guard caches, in a
+    fresh process (RSS never shrinks, so the timing rows must not run before it)."""
+    out = subprocess.run([sys.executable, __file__, "--memory-only", str(n_rules),
+                          str(n_profiles)], capture_output=True, text=True, check=True)
+    total_mb, per_kb, base_mb = json.loads(out.stdout.strip().splitlines()[-1])
+    name = f"{n_rules:,}-rule policy"
+    return [Row(name, "RSS with the policy compiled, before any profile (MB)", base_mb),
+            Row(name, f"RSS after {n_profiles:,} cached per-call profiles (MB)", total_mb),
+            Row(name, "RSS per additional cached profile (KB)", per_kb)]
+
+
+def _memory_only(n_rules: int, n_profiles: int) -> None:
     sp = scale_policy(n_rules)
     ps = compile_scale(sp)
     manifest = Manifest.model_validate(sp.manifest)
@@ -220,18 +237,21 @@ def memory_rows(n_rules: int, n_profiles: int) -> list[Row]:
     builder = ProfileBuilder(ps, cache=ProfileCache(identity_size=n_profiles,
                                                     content_size=n_profiles))
     guard = Guard(ps, cache_size=n_profiles)
-    grants = fresh_grants(sp.grant, n_profiles)
-    guard.decide(builder.build(grants[0], manifest), op, now_ms=NOW_MS)
+    gc.collect()
+    base = _rss_kib()
+    first = fresh_grants(sp.grant, 1)[0]
+    guard.decide(builder.build(first, manifest), op, now_ms=NOW_MS)
     gc.collect()
     before = _rss_kib()
-    for g in grants[1:]:
+    for i in range(1, n_profiles):
+        # each call's grant is validated here and dropped by the caller: what stays alive is
+        # what the caches keep (the builder's identity level holds the grant object too)
+        g = Grant.model_validate({**sp.grant, "call_id": f"call-{i:07d}",
+                                  "expires_at": sp.grant["expires_at"] - i})
         guard.decide(builder.build(g, manifest), op, now_ms=NOW_MS)
     gc.collect()
     after = _rss_kib()
-    per = (after - before) / (n_profiles - 1)
-    name = f"{n_rules:,}-rule policy"
-    return [Row(name, f"RSS after {n_profiles:,} cached per-call profiles (MB)", after / 1024),
-            Row(name, "RSS per additional cached profile (KB)", per)]
+    print(json.dumps([after / 1024, (after - before) / (n_profiles - 1), base / 1024]))
 
 
 def _rss_kib() -> float:
@@ -280,7 +300,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--memory", action="store_true",
                     help="also measure 10,000 cached profiles of the 1,000-rule policy (RSS)")
     ap.add_argument("--rules", type=int, default=1000, help="rules in the generated policy")
+    ap.add_argument("--memory-only", nargs=2, type=int, metavar=("RULES", "PROFILES"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.memory_only:
+        _memory_only(*args.memory_only)
+        return 0
     cfg = QUICK if args.quick else FULL
     rows = bench(example_scenario(), cfg) + bench(scale_scenario(args.rules), cfg)
     if args.memory:

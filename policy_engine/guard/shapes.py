@@ -33,14 +33,25 @@ def shape_key(profile: Profile) -> tuple[int, ...]:
     return tuple(map(id, _shape_values(profile.__dict__)))
 
 
-def derive(base: CompiledProfile, profile: Profile) -> CompiledProfile:
-    """``base`` (compiled for a profile of the same shape) with ``profile``'s call fields."""
+def grantless_views(base: CompiledProfile) -> dict[str, object] | None:
+    """``base``'s views without ``grant`` when no condition reads it, else ``None``."""
+    if base.needs is not None and "grant" not in base.needs:
+        return {k: v for k, v in base.views.items() if k != "grant"}
+    return None
+
+
+def derive(base: CompiledProfile, profile: Profile,
+           grantless: dict[str, object] | None = None) -> CompiledProfile:
+    """``base`` (compiled for a profile of the same shape) with ``profile``'s call fields.
+
+    :param grantless: ``grantless_views(base)``, shared by every call of the shape.
+    """
     consent = profile.consent
     views: dict[str, object]
     if base.needs is not None and "grant" not in base.needs:
         # no condition reads ``grant``, so the context never holds it: leave the view out
         # rather than carry another call's
-        views = {k: v for k, v in base.views.items() if k != "grant"}
+        views = grantless if grantless is not None else grantless_views(base) or {}
     else:
         grant_view = base.views["grant"]
         assert isinstance(grant_view, Mapping)  # INVARIANT: static_views builds a dict
@@ -64,7 +75,8 @@ class ShapeCache:
     def __init__(self, size: int) -> None:
         self._lock = threading.Lock()
         self._size = size
-        self._shapes: OrderedDict[tuple[int, ...], CompiledProfile] = OrderedDict()
+        self._shapes: OrderedDict[tuple[int, ...],
+                                  tuple[CompiledProfile, dict[str, object] | None]] = OrderedDict()
         self._forbids: OrderedDict[tuple[object, ...], tuple[object, Mapping[str, ForbidSet]]] = \
             OrderedDict()
 
@@ -73,14 +85,14 @@ class ShapeCache:
         """The compilation of ``profile``, from a profile of the same shape when there is one."""
         key = shape_key(profile)
         with self._lock:
-            base = self._shapes.get(key)
-            if base is not None:
+            hit = self._shapes.get(key)
+            if hit is not None:
                 self._shapes.move_to_end(key)
-        if base is not None:
-            return derive(base, profile)
+        if hit is not None:
+            return derive(hit[0], profile, hit[1])
         cp = compile_(profile)  # its ``profile`` pins every object whose id is in the key
         with self._lock:
-            self._shapes[key] = cp
+            self._shapes[key] = (cp, grantless_views(cp))
             while len(self._shapes) > self._size:
                 self._shapes.popitem(last=False)
         return cp

@@ -83,22 +83,25 @@ class ProfileBuilder:
         """
         cache = self.cache
         key = (id(grant), id(manifest), id(settings), id(overrides))
-        hit = cache.by_identity(key)
+        hit = cache.by_identity(key, grant, manifest, settings, overrides)
         if hit is not None:
             return hit
         shape_key = (grant_shape_key(grant), cache.input_key(manifest),
                      cache.input_key(settings), cache.input_key(overrides))
         values = call_values(grant)
+        shape = cache.by_shape(shape_key)
+        if shape is not None:
+            shape_key = shape.key  # the stored key's objects: a cached copy shares them
         content = (shape_key, values)
         profile = cache.by_content(content)
         if profile is not None:
             cache.remember_identity(key, profile, grant, manifest, settings, overrides)
             return profile
-        shape = cache.by_shape(shape_key)
         if shape is None:
             # the meet: once per shape; later grants differing only in call fields copy it
             shape = self._build_shape(grant, manifest, settings, overrides)
-            profile = cache.store_shape(shape_key, shape).instantiate(grant, values)
+            shape = cache.store_shape(shape_key, shape)
+            profile = shape.instantiate(grant, values)
         else:
             profile = shape.instantiate(grant, values)
         return cache.store(key, content, profile, grant, manifest, settings, overrides)

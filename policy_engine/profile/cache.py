@@ -3,8 +3,8 @@
 Three levels, tried in order by ``ProfileBuilder.build``:
 
 - identity: the very same input objects again, in well under 2 µs (a tuple of ``id``s and one
-  dict lookup). Entries hold strong references to the inputs so an ``id`` cannot be reused by
-  another object while the entry lives;
+  dict lookup). Entries hold weak references to the inputs and a hit checks they are the same
+  objects, so an ``id`` reused by another object never matches and no grant is kept alive;
 - content: equal inputs (their exact JSON) share one :class:`Profile` object;
 - shape: inputs equal but for the grant's per-call fields (``shape.PER_CALL_FIELDS``: call id,
   expiry, consent, budget) share one template, and the call's profile is a copy of it with its
@@ -17,6 +17,7 @@ long-running engine holds at most that many profiles whatever its callers send.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from typing import NamedTuple, TypeVar
 
@@ -39,12 +40,27 @@ _V = TypeVar("_V")
 
 
 class _IdentityEntry(NamedTuple):
-    # the strong references are the point: they pin the ids in the key
-    grant: Grant
-    manifest: Manifest
-    settings: Settings | None
-    overrides: Overrides | None
+    # weak references: an entry must not keep a caller's per-call grant alive, and a hit
+    # checks each is still the very object (an id reused by a new object never matches)
+    grant: weakref.ref[Grant]
+    manifest: weakref.ref[Manifest]
+    settings: weakref.ref[Settings] | None
+    overrides: weakref.ref[Overrides] | None
     profile: Profile
+
+    @staticmethod
+    def of(grant: Grant, manifest: Manifest, settings: Settings | None,
+           overrides: Overrides | None, profile: Profile) -> _IdentityEntry:
+        return _IdentityEntry(weakref.ref(grant), weakref.ref(manifest),
+                              None if settings is None else weakref.ref(settings),
+                              None if overrides is None else weakref.ref(overrides), profile)
+
+    def holds(self, grant: Grant, manifest: Manifest, settings: Settings | None,
+              overrides: Overrides | None) -> bool:
+        return (self.grant() is grant and self.manifest() is manifest
+                and (settings is None if self.settings is None else self.settings() is settings)
+                and (overrides is None if self.overrides is None
+                     else self.overrides() is overrides))
 
 
 def _put(lru: OrderedDict[_K, _V], key: _K, value: _V, size: int) -> None:
@@ -96,10 +112,11 @@ class ProfileCache:
             _put(self._inputs, id(model), (model, text), self._input_size)
         return text
 
-    def by_identity(self, key: IdentityKey) -> Profile | None:
+    def by_identity(self, key: IdentityKey, grant: Grant, manifest: Manifest,
+                    settings: Settings | None, overrides: Overrides | None) -> Profile | None:
         with self._lock:
             entry = self._by_identity.get(key)
-            if entry is None:
+            if entry is None or not entry.holds(grant, manifest, settings, overrides):
                 return None
             self._by_identity.move_to_end(key)
             return entry.profile
@@ -124,6 +141,7 @@ class ProfileCache:
             existing = self._shapes.get(key)
             if existing is not None:
                 return existing
+            shape.key = key
             _put(self._shapes, key, shape, self._shape_size)
             return shape
 
@@ -140,7 +158,7 @@ class ProfileCache:
             else:
                 profile = existing
             _put(self._by_identity, key,
-                 _IdentityEntry(grant, manifest, settings, overrides, profile),
+                 _IdentityEntry.of(grant, manifest, settings, overrides, profile),
                  self._identity_size)
             return profile
 
@@ -150,7 +168,7 @@ class ProfileCache:
     ) -> None:
         with self._lock:
             _put(self._by_identity, key,
-                 _IdentityEntry(grant, manifest, settings, overrides, profile),
+                 _IdentityEntry.of(grant, manifest, settings, overrides, profile),
                  self._identity_size)
 
     def clear(self) -> None:

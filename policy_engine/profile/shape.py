@@ -115,11 +115,14 @@ def _canonical_model(model: BaseModel | None) -> str:
 class ProfileShape:
     """One cached template and what it takes to stamp out a call's profile from it."""
 
-    __slots__ = ("template", "hasher")
+    __slots__ = ("template", "hasher", "key", "_fields_set")
 
     def __init__(self, template: Profile, hasher: HashTemplate) -> None:
         self.template = template
         self.hasher = hasher
+        self.key: Any = None  # the cache key it is stored under (``ProfileCache.store_shape``)
+        # one set for every copy: frozen models never change it, and it is 700 bytes a copy
+        self._fields_set = set(template.__pydantic_fields_set__) | _SET_FIELDS
 
     def instantiate(self, grant: Grant, values: tuple[str, ...]) -> Profile:
         """The template with ``grant``'s call fields (the caller checked the shapes match);
@@ -132,7 +135,7 @@ class ProfileShape:
         fields.update(budget=grant.budget, call_id=grant.call_id, consent=grant.consent,
                       expires_at=grant.expires_at, profile_hash=self.hasher.digest(values))
         _set(profile, "__dict__", fields)
-        _set(profile, "__pydantic_fields_set__", set(t.__pydantic_fields_set__) | _SET_FIELDS)
+        _set(profile, "__pydantic_fields_set__", self._fields_set)
         _set(profile, "__pydantic_extra__", None)
         _set(profile, "__pydantic_private__", None)
         return profile

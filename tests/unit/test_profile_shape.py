@@ -263,3 +263,20 @@ def test_profile_cache_size_is_configured_and_checked(ps: PolicySet, tmp_path: P
     for bad in (0, -1, True, "10", 1.5):
         with pytest.raises(ValueError, match="profile_cache_size"):
             EngineConfig.from_mapping({"profile_cache_size": bad})
+
+
+def test_the_identity_level_keeps_no_grant_alive(ps: PolicySet) -> None:
+    import gc
+    import weakref
+
+    b = ProfileBuilder(ps)
+    m = manifest()
+    g = grant("ok-1")
+    assert b.build(g, m) is b.build(g, m)  # an identity hit
+    ref = weakref.ref(g)
+    del g
+    gc.collect()
+    assert ref() is None
+    # new grants (one may get the dead one's id) each get their own call's profile
+    for i in range(200):
+        assert b.build(grant(f"ok-n{i}"), m).call_id == f"ok-n{i}"

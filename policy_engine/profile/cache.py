@@ -75,6 +75,7 @@ class ProfileCache:
 
     :param size: profiles kept per level (identity and content); the least recently used goes.
     :param shape_size: templates kept (one per distinct grant shape × manifest × layers).
+    :param identity_size, content_size: override ``size`` for one level (0 turns it off).
     """
 
     def __init__(self, size: int = DEFAULT_SIZE, shape_size: int = DEFAULT_SHAPE_SIZE, *,
@@ -88,8 +89,9 @@ class ProfileCache:
         # input JSON by identity (manifests and settings are reused call after call); the
         # object is kept with its JSON so its id cannot be reused while the entry lives
         self._inputs: OrderedDict[int, tuple[BaseModel, str]] = OrderedDict()
-        self._identity_size = identity_size or size
-        self._content_size = content_size or size
+        # an explicit 0 turns a level off (benchmarks time the content level alone that way)
+        self._identity_size = size if identity_size is None else identity_size
+        self._content_size = size if content_size is None else content_size
         self._shape_size = shape_size
         self._input_size = shape_size
 

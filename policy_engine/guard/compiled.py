@@ -26,6 +26,7 @@ from policy_engine.guard.matchers import (
     compile_matcher,
     host_patterns,
 )
+from policy_engine.guard.memo import PROFILE_ONLY, profile_only
 from policy_engine.guard.paths import normalize_path
 from policy_engine.model import (
     LIMIT_FIELDS,
@@ -86,6 +87,8 @@ def guard_condition(cond: Condition) -> GuardCondition:
     plain = getattr(cond, "evaluate_plain", None)
     needs = getattr(cond, "variables", None)
     if plain is not None and isinstance(needs, frozenset):
+        if needs and needs <= PROFILE_ONLY:  # its outcome is fixed per profile view
+            return GuardCondition(cond, profile_only(plain), needs)
         return GuardCondition(cond, plain, needs)
 
     def run(ctx: Mapping[str, object]) -> Outcome:

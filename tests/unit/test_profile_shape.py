@@ -280,3 +280,32 @@ def test_the_identity_level_keeps_no_grant_alive(ps: PolicySet) -> None:
     # new grants (one may get the dead one's id) each get their own call's profile
     for i in range(200):
         assert b.build(grant(f"ok-n{i}"), m).call_id == f"ok-n{i}"
+
+
+def test_a_profile_only_condition_runs_once_per_profile_view(
+        ps: PolicySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `require consent when "Write" in profile.side_effects` reads the profile alone: every call
+    # of one shape shares the view, so the condition runs once; another view runs it again
+    cond = ps.consent_rules[0].condition
+    assert cond is not None
+    runs: list[object] = []
+    real = type(cond).evaluate_plain
+
+    def counted(self: Any, ctx: Any) -> Any:
+        runs.append(ctx.get("profile"))
+        return real(self, ctx)
+
+    monkeypatch.setattr(type(cond), "evaluate_plain", counted)
+    b, guard = ProfileBuilder(ps), Guard(ps, resolve_symlinks=False)
+    read_only = manifest(side_effects=["Read"], permissions=[
+        {"kind": "fs.read", "paths": ["/**"]}])
+    for i in range(5):
+        d = guard.decide(b.build(grant(f"ok-{i}", consent=None), read_only),
+                         FsReadOp(kind="fs.read", path="/docs/a"), now_ms=NOW)
+        assert d.decision == "allow"  # no Write: the rule does not require consent
+    assert len(runs) == 1
+    d = guard.decide(b.build(grant("ok-9", consent=None), manifest()),
+                     FsReadOp(kind="fs.read", path="/docs/a"), now_ms=NOW)
+    assert d.decision == "deny"  # Write side effect: consent required, none recorded
+    assert "consent" in d.reason
+    assert len(runs) == 2

@@ -57,6 +57,9 @@ def test_explain_and_check_load_only_their_own_command() -> None:
         assert others == [], others
         for heavy in AUTHORING:
             assert not _loaded(mods, heavy), (own, heavy)
+    # a policy check reads no YAML and names no international host
+    assert not _loaded(check, "yaml")
+    assert not _loaded(check, "idna")
 
 
 def test_help_lists_every_command_with_its_help() -> None:

@@ -1,4 +1,4 @@
-"""A hand-written reader of the `.sbpolicy` grammar for the authoring tools: same AST, ~5x faster.
+"""A hand-written reader of the `.sbpolicy` grammar (compiler, fmt, lint): same AST, ~5x faster.
 
 ``fmt --check`` and ``lint`` over a large repository are dominated by parsing, and the Lark parser
 (:mod:`policy_engine.dsl.parser`) costs ~40 µs per line. This module reads the same grammar

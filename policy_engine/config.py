@@ -53,6 +53,9 @@ class EngineConfig:
     :param revocation: where revoked grants are listed: ``sqlite`` (``state_dir``), ``memory``,
         ``none``, or the name of a list a plugin provides (``redis``).
     :param options: plugin-specific options, namespaced by plugin (``{"docker": {...}}``).
+    :param profile_cache_size: built profiles (and the guard's compiled profiles) kept per
+        policy, least recently used dropped first; each grant shape's template is kept too,
+        up to a quarter of this (at least 16).
     """
 
     state_dir: Path = field(default_factory=default_state_dir)
@@ -63,6 +66,7 @@ class EngineConfig:
     budget_meter: str = "sqlite"
     revocation: str = "sqlite"
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    profile_cache_size: int = 4096
 
     def plugin_options(self, plugin: str) -> Mapping[str, Any]:
         return self.options.get(plugin, {})
@@ -128,6 +132,11 @@ class EngineConfig:
                 raise ValueError("`revocation` must be `sqlite`, `memory`, `none` or the name "
                                  "of a plugin's list (e.g. `redis`)")
             kwargs["revocation"] = data["revocation"]
+        if "profile_cache_size" in data:
+            size = data["profile_cache_size"]
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError("`profile_cache_size` must be a whole number of at least 1")
+            kwargs["profile_cache_size"] = size
         if "options" in data:
             options = data["options"]
             if not isinstance(options, Mapping) or not all(

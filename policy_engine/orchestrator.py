@@ -59,7 +59,7 @@ from policy_engine.orchestration.revocation import (
 from policy_engine.orchestration.running import Attempt, run_with_deadline
 from policy_engine.orchestration.selection import Selection, select, unknown_backends
 from policy_engine.plugin_manager import PluginManager
-from policy_engine.profile import ProfileBuilder
+from policy_engine.profile import ProfileBuilder, ProfileCache
 from policy_engine.replay.record import ReplayRecorder
 from policy_engine.replay.shadow import ShadowPolicy
 
@@ -107,6 +107,15 @@ class RunOutcome:
                 "evidence": self.end.model_dump(mode="json")}
 
 
+def _builder(policyset: PolicySet, config: EngineConfig) -> ProfileBuilder:
+    size = config.profile_cache_size
+    return ProfileBuilder(policyset, cache=ProfileCache(size=size, shape_size=max(16, size // 4)))
+
+
+def _guard(policyset: PolicySet, config: EngineConfig) -> Guard:
+    return Guard(policyset, cache_size=config.profile_cache_size)
+
+
 def _wall_ms() -> int:
     return int(time.time() * 1000)
 
@@ -137,8 +146,8 @@ class Orchestrator:
         self.metrics = metrics or Metrics()
         self._clock = clock or _wall_ms
         self._ids = ids or (lambda: uuid.uuid4().hex)
-        self.builder: ProfileBuilderLike = profile_builder or ProfileBuilder(policyset)
-        self.guard: GuardLike = guard or Guard(policyset)
+        self.builder: ProfileBuilderLike = profile_builder or _builder(policyset, config)
+        self.guard: GuardLike = guard or _guard(policyset, config)
         self._active: tuple[ProfileBuilderLike, GuardLike] = (self.builder, self.guard)
         # keys the per-argument and URL digests of the evidence (evidence/redact.py says why);
         # loaded before any plugin opens something that would need closing on failure
@@ -181,7 +190,7 @@ class Orchestrator:
         """Make ``policyset`` the policy of every call that starts from now on (hot reload,
         policy_engine/rollout/reload.py); calls already running finish under the old one.
         """
-        builder, guard = ProfileBuilder(policyset), Guard(policyset)
+        builder, guard = _builder(policyset, self.config), _guard(policyset, self.config)
         self._active = (builder, guard)  # one assignment: a call sees the old pair or the new
         self.policyset, self.builder, self.guard = policyset, builder, guard
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import gc
-import importlib
 import sys
 
 import click
 
 from policy_engine import __version__
 from policy_engine.cli.boundary import BoundaryGroup
+from policy_engine.cli.lazy import LazyCommands
 
-# Commands in the order `--help` lists them; each module exposes `command: click.Command`.
+# The command modules; each exposes `command: click.Command` named as the module. `--help` lists
+# them sorted, as click does; a module is imported only when its command is used or listed.
 COMMAND_MODULES = ("check", "lint", "explain", "run", "schema", "plugins", "stats",
                    "conformance", "test", "fmt", "serve", "tokens", "evidence", "replay",
                    "diff", "skills", "mcp")
@@ -23,9 +24,7 @@ def cli() -> None:
     """Decide, enforce and prove what an AI agent's tool calls may do."""
 
 
-for _name in COMMAND_MODULES:
-    _module = importlib.import_module(f"policy_engine.cli.{_name}")
-    cli.add_command(_module.command)
+cli.commands = LazyCommands(COMMAND_MODULES)
 
 
 def main() -> None:

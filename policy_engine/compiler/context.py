@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from policy_engine.dsl import ast
 from policy_engine.dsl.cel import CelCondition, compile_condition
-from policy_engine.dsl.parser import parse_file
+from policy_engine.dsl.fastparse import parse_file
 from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.graph import NamedProfile, PolicySet
 from policy_engine.model import Capability, CapabilityKind, Limits, Manifest, NetworkMode
@@ -57,6 +57,8 @@ class CompileContext:
     require_header: bool = True
     # How ResolveImports reads a file (real path, display path) and CompileConditions compiles a
     # condition (source, span). `lint` passes cached equivalents; the stages stay the same.
+    # The default reads through the fast reader, which builds the Lark parser's AST and defers
+    # to it on anything it does not fully understand (so diagnostics are the parser's).
     read_policy: Callable[[str, str], tuple[ast.PolicyFile | None, list[Diagnostic]]] = (
         parse_file)
     compile_cel: Callable[[str, Span], CelCondition | list[Diagnostic]] = compile_condition

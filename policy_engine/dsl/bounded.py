@@ -25,9 +25,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
-import yaml
+if TYPE_CHECKING:
+    import yaml
 
 from policy_engine.dsl.regex import re2_problem
 
@@ -42,7 +44,17 @@ MAX_INT_DIGITS = 20
 Loc = tuple[str | int, ...]
 Positions = dict[Loc, tuple[int, int]]
 
-_CLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# PyYAML is imported on first use (a YAML document): policies, JSON and `check` never need it
+
+
+@lru_cache(maxsize=1)
+def _loader() -> type[yaml.SafeLoader]:
+    import yaml
+
+    loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return loader
+
+
 _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
 _PLAIN = frozenset({_STR, "tag:yaml.org,2002:null", "tag:yaml.org,2002:bool",
@@ -196,14 +208,18 @@ def _check_int(text: str, line: int, col: int) -> None:
 
 # ---- YAML ---------------------------------------------------------------------------------------
 
-_RESOLVER = yaml.resolver.Resolver()
+@lru_cache(maxsize=1)
+def _resolver() -> Any:
+    import yaml
+
+    return yaml.resolver.Resolver()
 
 
 def parse_yaml(text: str) -> tuple[Any, Positions]:
     """Parse one YAML document within the bounds; :class:`DocumentError` or ``yaml.YAMLError``
     (with its marks) when refused."""
     positions = _scan_yaml(text)
-    loader = _CLoader(text)
+    loader = _loader()(text)
     try:
         return loader.get_single_data(), positions
     finally:
@@ -211,11 +227,13 @@ def parse_yaml(text: str) -> tuple[Any, Positions]:
 
 
 def _scan_yaml(text: str) -> Positions:
+    import yaml
+
     scan = _Scan()
     anchors: dict[str, int] = {}
     aliased = 0
     documents = 0
-    for event in yaml.parse(text, Loader=_CLoader):  # a generator: disposes the parser
+    for event in yaml.parse(text, Loader=_loader()):  # a generator: disposes the parser
         mark = event.start_mark
         line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
         if isinstance(event, yaml.NodeEvent):
@@ -273,12 +291,16 @@ def _tag(event: yaml.ScalarEvent) -> str:
         return str(event.tag)
     if event.tag == "!" or not event.implicit[0]:
         return _STR
-    resolved = _RESOLVER.resolve(  # type: ignore[no-untyped-call]  # untyped in the stubs
+    import yaml
+
+    resolved = _resolver().resolve(
         yaml.ScalarNode, event.value, event.implicit)
     return str(resolved)
 
 
 def _check_scalar(event: yaml.ScalarEvent, tag: str, line: int, col: int) -> None:
+    import yaml
+
     """Build the scalar once on its own: a tag that cannot hold its value is refused here,
     with its position, instead of as an exception out of the constructor."""
     if tag == _INT:

@@ -5,8 +5,12 @@ from __future__ import annotations
 from contextvars import ContextVar
 from functools import lru_cache
 from importlib import resources
+from typing import Any
 
 from lark import Lark, Token
+from lark import __version__ as lark_version
+
+from policy_engine.dsl.grammar_cache import cache_file, publish
 
 GRAMMAR_PACKAGE = "policy_engine.dsl"
 GRAMMAR_RESOURCE = "grammar/sbpolicy.lark"
@@ -56,16 +60,23 @@ def get_parser() -> Lark:
     parser state tells which one is meant. Comments are ignored by the grammar but handed to
     :data:`comment_sink` so that ``fmt`` can keep them and ``lint`` can read suppressions.
     """
-    return Lark(
-        grammar_text(),
-        parser="lalr",
-        lexer="contextual",
+    text = grammar_text()
+    options: dict[str, Any] = {
+        "parser": "lalr",
+        "lexer": "contextual",
         # positions and keyword tokens are handled by the AST builder in one pass (faster)
-        propagate_positions=False,
-        keep_all_tokens=True,
-        maybe_placeholders=False,
-        lexer_callbacks={"COMMENT": _collect_comment},
-    )
+        "propagate_positions": False,
+        "keep_all_tokens": True,
+        "maybe_placeholders": False,
+    }
+    cached = cache_file(text, repr(sorted(options.items())), lark_version)
+    if cached is None:
+        return Lark(text, lexer_callbacks={"COMMENT": _collect_comment}, **options)
+    target, fresh = cached
+    parser = Lark(text, lexer_callbacks={"COMMENT": _collect_comment}, cache=str(fresh),
+                  **options)
+    publish(target, fresh)
+    return parser
 
 
 def describe_terminal(name: str) -> str:

@@ -26,6 +26,7 @@ from policy_engine.guard.matchers import (
     compile_matcher,
     host_patterns,
 )
+from policy_engine.guard.memo import PROFILE_ONLY, profile_only
 from policy_engine.guard.paths import normalize_path
 from policy_engine.model import (
     LIMIT_FIELDS,
@@ -86,6 +87,8 @@ def guard_condition(cond: Condition) -> GuardCondition:
     plain = getattr(cond, "evaluate_plain", None)
     needs = getattr(cond, "variables", None)
     if plain is not None and isinstance(needs, frozenset):
+        if needs and needs <= PROFILE_ONLY:  # its outcome is fixed per profile view
+            return GuardCondition(cond, profile_only(plain), needs)
         return GuardCondition(cond, plain, needs)
 
     def run(ctx: Mapping[str, object]) -> Outcome:
@@ -267,13 +270,16 @@ class ConditionIndex:
 
 def compile_profile(profile: Profile, conditions: ConditionIndex, *,
                     builtin_consent: bool = False,
-                    consent_rules: tuple[GuardCondition, ...] = ()) -> CompiledProfile:
+                    consent_rules: tuple[GuardCondition, ...] = (),
+                    forbids: Mapping[str, ForbidSet] | None = None) -> CompiledProfile:
     """Compile ``profile``; a pure function of the profile and the policy set.
 
     :param builtin_consent: the policy set holds the built-in consent rule (seed 000 §6: High
         safety, or Write/Process side effects), applied on top of ``consent_required``.
     :param consent_rules: the policy set's conditional consent rules (their variables count
         towards what the context must hold).
+    :param forbids: ``compile_forbids(profile, conditions)`` when the caller has it already
+        (it depends on the denies and home alone, so a guard shares it across profiles).
     """
     home = profile.mappings.home
     phash = profile.profile_hash
@@ -293,7 +299,8 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
                 decision="allow", code=None, http_status=200, reason="", rule=pc.rule,
                 profile_hash=phash, trace=None, limits=lim, limit_layers=layers),
         ))
-    forbids = _forbids(profile, conditions)
+    if forbids is None:
+        forbids = compile_forbids(profile, conditions)
     used = [c.condition for lst in caps.values() for c in lst if c.condition is not None]
     used += [d.condition for f in forbids.values() for d in f.denies if d.condition is not None]
     used += consent_rules
@@ -379,7 +386,8 @@ def _by_kind(capabilities: tuple[Any, ...], home: str) -> dict[str, tuple[Matche
     return {k: tuple(v) for k, v in out.items()}
 
 
-def _forbids(profile: Profile, conditions: ConditionIndex) -> dict[str, ForbidSet]:
+def compile_forbids(profile: Profile, conditions: ConditionIndex) -> dict[str, ForbidSet]:
+    """The forbids of ``profile`` by kind: a function of its denies, deny-lists and home."""
     home = profile.mappings.home
     denies: dict[str, list[CompiledDeny]] = {}
     fs_globs: dict[str, list[str]] = {}

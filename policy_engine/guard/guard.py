@@ -38,6 +38,7 @@ from policy_engine.guard.compiled import (
     CompiledCap,
     CompiledProfile,
     ConditionIndex,
+    compile_forbids,
     compile_profile,
     guard_condition,
 )
@@ -53,6 +54,7 @@ from policy_engine.guard.resolve import (
     resolve_other,
     resolve_path,
 )
+from policy_engine.guard.shapes import ShapeCache
 from policy_engine.guard.steps import (
     consent_needed,
     diagnose,
@@ -84,7 +86,10 @@ class Guard:
         non-regular or, without ``overwrite``, an existing file), so a dry run answers as the
         run does. Off only for pure policy comparisons that must not depend on the local disk
         (the benchmark peers); defaults to ``resolve_symlinks``.
-    :param cache_size: compiled profiles kept; the oldest is dropped first.
+    :param cache_size: compiled profiles kept; the oldest is dropped first. Profiles of one
+        shape (per-call copies of one template, see ``guard.shapes``) share one compilation,
+        and every profile of the policy shares its compiled forbids; each of those caches is
+        bounded by ``cache_size`` too.
     """
 
     def __init__(self, policyset: PolicySet | None = None, *, resolve_symlinks: bool = True,
@@ -103,6 +108,7 @@ class Guard:
         self._cache: dict[object, CompiledProfile] = {}
         self._permits = PolicyPermits(policyset)
         self._cache_size = cache_size
+        self._shapes = ShapeCache(cache_size)
 
     def policy_only(self) -> Guard:
         """This guard without the disk facts (``fs_facts``): the same policy, cache and
@@ -118,12 +124,16 @@ class Guard:
         cp = self._cache.get(key)
         if cp is not None and (profile.profile_hash or cp.profile is profile):
             return cp
-        cp = compile_profile(profile, self._conditions, builtin_consent=self._builtin_consent,
-                             consent_rules=self._consent_rules)
+        cp = self._shapes.compiled(profile, self._compile)
         if len(self._cache) >= self._cache_size:
             del self._cache[next(iter(self._cache))]
         self._cache[key] = cp
         return cp
+
+    def _compile(self, profile: Profile) -> CompiledProfile:
+        forbids = self._shapes.forbids(profile, lambda p: compile_forbids(p, self._conditions))
+        return compile_profile(profile, self._conditions, builtin_consent=self._builtin_consent,
+                               consent_rules=self._consent_rules, forbids=forbids)
 
     def decide(self, profile: Profile, op: Any, *, context: Mapping[str, object] | None = None,
                now_ms: int | None = None, trace: bool = False) -> Decision:
@@ -337,7 +347,8 @@ class Guard:
         window = cp.consent_window
         if cp.consent_required and tr is None and window is not None and \
                 window[0] <= now < window[1] and (path is None or not self.fs_facts):
-            return _allow(chosen, kind, op)  # required and current: consent_needed says None
+            # required and current: consent_needed says None
+            return _allow(chosen, kind, op, phash)
         if cp.consent_required or self._consent_rules:
             box: list[dict[str, object]] = [] if data is None else [data]
 
@@ -366,7 +377,7 @@ class Guard:
                     tr.step("resource", "fail", blamed, why)
                 return _deny(phash, _BLOCKED, why, blamed, tr)
         # step 9
-        allow = _allow(chosen, kind, op)
+        allow = _allow(chosen, kind, op, phash)
         if tr is None:
             return allow
         tr.step("decision", "allow", chosen.rule)
@@ -375,9 +386,14 @@ class Guard:
                         limits=allow.limits, limit_layers=allow.limit_layers)
 
 
-def _allow(chosen: CompiledCap, kind: str, op: Any) -> Decision:
-    """The prebuilt allow, or a copy whose timeout is the op's own when that is narrower."""
+def _allow(chosen: CompiledCap, kind: str, op: Any, phash: str) -> Decision:
+    """The prebuilt allow, or a copy whose timeout is the op's own when that is narrower.
+
+    A compilation shared by per-call profiles of one shape carries the first one's hash: the
+    answer names this call's profile."""
     allow = chosen.allow
+    if allow.profile_hash != phash:
+        allow = _restamp(allow, phash)
     if kind == "proc.exec" and op.timeout_ms and allow.limits is not None and \
             op.timeout_ms < (allow.limits.timeout_ms or op.timeout_ms + 1):
         return with_request_timeout(allow, op.timeout_ms)
@@ -391,6 +407,17 @@ def _describe(rv: Resolved | None, path: str | None) -> str:
 
 def _hash_of(profile: object) -> str:
     return profile.profile_hash if isinstance(profile, Profile) else ""
+
+
+def _restamp(allow: Decision, phash: str) -> Decision:
+    """``allow`` naming profile ``phash``: a field copy of a model the guard built itself."""
+    d = _NEW(Decision)
+    d.__dict__.update(allow.__dict__)
+    d.__dict__["profile_hash"] = phash
+    _SET(d, "__pydantic_fields_set__", set(allow.__pydantic_fields_set__))
+    _SET(d, "__pydantic_extra__", None)
+    _SET(d, "__pydantic_private__", None)
+    return d
 
 
 _NEW = Decision.__new__

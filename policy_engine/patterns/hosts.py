@@ -7,8 +7,6 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Literal
 
-import idna
-
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -40,9 +38,12 @@ def to_ascii(name: str) -> str:
 
     :raises ValueError: why ``name`` has no ASCII form.
     """
+    # ``idna`` (its tables cost ≈ 5–15 ms to import) only for names that need it: most never do
     if name.isascii():
         ascii_name = name.lower()
         if "xn--" in ascii_name:
+            import idna
+
             try:
                 idna.decode(ascii_name)
             except (idna.IDNAError, UnicodeError) as exc:
@@ -51,6 +52,8 @@ def to_ascii(name: str) -> str:
     hidden = next((c for c in name if unicodedata.category(c)[0] in "CZ"), None)
     if hidden is not None:
         raise ValueError(f"invisible or whitespace character U+{ord(hidden):04X} in a host name")
+    import idna
+
     try:
         return idna.encode(name, uts46=True, transitional=False).decode("ascii")
     except (idna.IDNAError, UnicodeError) as exc:

@@ -31,7 +31,7 @@ from policy_engine.model import (
 from policy_engine.patterns.meet import decompose, group, meet_atom_sets, meet_many
 from policy_engine.patterns.paths import expand_home
 from policy_engine.profile.cache import ProfileCache
-from policy_engine.profile.hashing import canonical_json, fingerprint, profile_hash
+from policy_engine.profile.hashing import canonical_json
 from policy_engine.profile.layers import (
     LimitResolution,
     LimitsLayer,
@@ -40,6 +40,8 @@ from policy_engine.profile.layers import (
     resolve_limits,
     resolve_network,
 )
+from policy_engine.profile.rule_index import RuleIndex
+from policy_engine.profile.shape import HashTemplate, ProfileShape, call_values, grant_shape_key
 
 _CONSENT_EFFECTS = frozenset({SideEffect.WRITE, SideEffect.PROCESS})
 
@@ -49,13 +51,25 @@ class ProfileBuilder:
 
     :param policyset: the compiled policy; a builder never outlives a policy reload, so the
         cache need not key on it.
+    :param cache: the profile cache (``ProfileCache(size=…, shape_size=…)`` bounds it; by default
+        4,096 profiles and 1,024 grant shapes).
+    :param index: meet each grant only with the permit rules that can intersect it
+        (``rule_index``); the profile is the same either way.
     """
 
-    def __init__(self, policyset: PolicySet, *, cache: ProfileCache | None = None) -> None:
+    def __init__(self, policyset: PolicySet, *, cache: ProfileCache | None = None,
+                 index: bool = True) -> None:
         self.policyset = policyset
         self.cache = cache if cache is not None else ProfileCache()
-        # denies depend on the policy alone: compute them once
+        # which permit rules can meet a grant (``index=False``: all of them, for comparisons)
+        self._index = RuleIndex(policyset) if index else None
+        # denies depend on the policy alone: compute them once, and their canonical JSON too
+        # (with a thousand rules, most of a profile's hash input)
         self._denies, self._deny_lists = _policy_denies(policyset)
+        self._fixed_json = {
+            "denies": canonical_json([d.model_dump(mode="json") for d in self._denies]),
+            "deny": canonical_json(self._deny_lists.model_dump(mode="json")),
+        }
 
     def build(
         self, grant: Grant, manifest: Manifest, *, settings: Settings | None = None,
@@ -69,22 +83,51 @@ class ProfileBuilder:
         """
         cache = self.cache
         key = (id(grant), id(manifest), id(settings), id(overrides))
-        hit = cache.by_identity(key)
+        hit = cache.by_identity(key, grant, manifest, settings, overrides)
         if hit is not None:
             return hit
-        fp = fingerprint(grant, manifest, settings, overrides)
-        profile = cache.by_content(fp)
+        shape_key = (grant_shape_key(grant), cache.input_key(manifest),
+                     cache.input_key(settings), cache.input_key(overrides))
+        values = call_values(grant)
+        shape = cache.by_shape(shape_key)
+        if shape is not None:
+            shape_key = shape.key  # the stored key's objects: a cached copy shares them
+        content = (shape_key, values)
+        profile = cache.by_content(content)
         if profile is not None:
             cache.remember_identity(key, profile, grant, manifest, settings, overrides)
             return profile
-        profile = self.build_uncached(grant, manifest, settings=settings, overrides=overrides)
-        return cache.store(key, fp, profile, grant, manifest, settings, overrides)
+        if shape is None:
+            # the meet: once per shape; later grants differing only in call fields copy it
+            shape = self._build_shape(grant, manifest, settings, overrides)
+            shape = cache.store_shape(shape_key, shape)
+            profile = shape.instantiate(grant, values)
+        else:
+            profile = shape.instantiate(grant, values)
+        return cache.store(key, content, profile, grant, manifest, settings, overrides)
 
     def build_uncached(
         self, grant: Grant, manifest: Manifest, *, settings: Settings | None = None,
         overrides: Overrides | None = None,
     ) -> Profile:
         """The meet itself, without touching the cache (benchmarks and tests use it)."""
+        return self._build_shape(grant, manifest, settings, overrides).instantiate(
+            grant, call_values(grant))
+
+    def _build_shape(
+        self, grant: Grant, manifest: Manifest, settings: Settings | None,
+        overrides: Overrides | None,
+    ) -> ProfileShape:
+        """The profile of these inputs (without its hash) and what hashes it and its copies."""
+        profile = self._meet(grant, manifest, settings, overrides)
+        ps = self.policyset
+        return ProfileShape(profile, HashTemplate(profile, ps.version_hash, manifest.version,
+                                                  self._fixed_json))
+
+    def _meet(
+        self, grant: Grant, manifest: Manifest, settings: Settings | None,
+        overrides: Overrides | None,
+    ) -> Profile:
         ps = self.policyset
         if grant.tool_name != manifest.name:
             raise PolicyEngineError(
@@ -140,8 +183,7 @@ class ProfileBuilder:
             policy_version_hash=ps.version_hash,
             manifest_version=manifest.version,
         )
-        digest = profile_hash(profile, ps.version_hash, manifest.version)
-        return profile.model_copy(update={"profile_hash": digest})
+        return profile
 
     # --- pieces -------------------------------------------------------------------------------
 
@@ -180,8 +222,13 @@ class ProfileBuilder:
                         base = meet_atom_sets(base, decompose(writable, home))
             if not base:
                 continue
-            for rule in rules:
-                atoms = meet_atom_sets(base, decompose(rule.capabilities[kind], home))
+            if self._index is not None:
+                index = self._index.kind(kind)
+                visits = [(index.rules[i], index.atoms[i]) for i in index.candidates(base)]
+            else:
+                visits = [(r, decompose(r.capabilities[kind], home)) for r in rules]
+            for rule, rule_atoms in visits:
+                atoms = meet_atom_sets(base, rule_atoms)
                 # a rule without limits runs under the profile's (``limits`` None)
                 own, layers = resolution.effective(rule.limits) if rule.limits else (None, None)
                 for conjunction in group(atoms):

@@ -28,8 +28,9 @@ def _dump(model: BaseModel | None) -> Any:
     return None if model is None else model.model_dump(mode="json")
 
 
-_EXPLANATORY: dict[str, Any] = {"limit_layers": True,
-                                "capabilities": {"__all__": {"limit_layers"}}}
+EXPLANATORY: dict[str, Any] = {"limit_layers": True,
+                               "capabilities": {"__all__": {"limit_layers"}}}
+"""What ``profile_hash`` leaves out (``shape.HashTemplate`` must leave out the same)."""
 
 
 def profile_hash(profile: Profile, policy_version_hash: str, manifest_version: str) -> str:
@@ -38,7 +39,7 @@ def profile_hash(profile: Profile, policy_version_hash: str, manifest_version: s
     ``limit_layers`` is left out: it explains where a limit came from and decides nothing, so
     the hash (and every pinned evidence record) depends on the values alone.
     """
-    body = profile.model_dump(mode="json", exclude=_EXPLANATORY)
+    body = profile.model_dump(mode="json", exclude=EXPLANATORY)
     body["profile_hash"] = ""
     return sha256_hex(canonical_json({
         "profile": body,

@@ -1,0 +1,311 @@
+"""Per-call profiles from a cached template (profile.shape, guard.shapes): equal to a full build,
+never shared across grants, manifests or layers that differ, and decided as a fresh guard would."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policy_engine.compiler import compile_files
+from policy_engine.graph import PolicySet
+from policy_engine.guard import Guard
+from policy_engine.guard.compiled import CompiledProfile
+from policy_engine.guard.shapes import shape_key
+from policy_engine.model import (
+    Budget,
+    Consent,
+    FsReadOp,
+    Grant,
+    Limits,
+    Manifest,
+    Overrides,
+    Settings,
+)
+from policy_engine.profile import ProfileBuilder, ProfileCache
+from policy_engine.profile.hashing import profile_hash
+
+NOW = 1_795_000_000_000
+FAR = 4_102_444_800_000
+
+POLICY = """\
+policy "t/shape" version "1.0.0"
+defaults { timeout 60s  network off }
+forbid mandatory "keys" fs.read, fs.write, fs.list  paths ["**/*.pem"]
+forbid "no-private" fs.read  paths ["/workspace/private/**"]
+permit "read-ok" fs.read, fs.list  paths ["/workspace/**"]
+  when `grant.call_id.startsWith("ok-")`
+permit "read-docs" fs.read  paths ["/docs/**"]
+permit "write" fs.write  paths ["/workspace/out/**"]
+permit "git" proc.exec  tool "git"
+require consent when `"Write" in profile.side_effects`
+"""
+
+
+@pytest.fixture(scope="module")
+def ps(tmp_path_factory: pytest.TempPathFactory) -> PolicySet:
+    path: Path = tmp_path_factory.mktemp("shape") / "p.sbpolicy"
+    path.write_text(POLICY, encoding="utf-8")
+    return compile_files([str(path)], home="/home/agent")
+
+
+def grant(call_id: str = "ok-1", **over: Any) -> Grant:
+    data: dict[str, Any] = {
+        "tenant": "acme", "subject_id": "agent:a", "tool_name": "t", "call_id": call_id,
+        "capabilities": [{"kind": "fs.read", "paths": ["/workspace/**", "/docs/**"]},
+                         {"kind": "fs.write", "paths": ["/workspace/out/**"]},
+                         {"kind": "proc.exec", "tool": "git"}],
+        "expires_at": FAR,
+        "consent": {"granted_by": "user:d", "granted_at": 0, "expires_at": FAR},
+    }
+    data.update(over)
+    return Grant.model_validate(data)
+
+
+def manifest(**over: Any) -> Manifest:
+    data: dict[str, Any] = {
+        "name": "t", "version": "1.0.0",
+        "permissions": [{"kind": "fs.read", "paths": ["/**"]},
+                        {"kind": "fs.write", "paths": ["/workspace/**"]},
+                        {"kind": "proc.exec", "tool": "git"}],
+        "side_effects": ["Read", "Write"], "safety_class": "Low",
+    }
+    data.update(over)
+    return Manifest.model_validate(data)
+
+
+CALL_VARIANTS: list[dict[str, Any]] = [
+    {},
+    {"expires_at": NOW + 5},
+    {"consent": None},
+    {"consent": {"granted_by": "user:é\u2028\"x", "granted_at": 7, "expires_at": 9}},
+    {"budget": {"calls": 3, "cpu_ms": 10}},
+    {"decision_key_fingerprint": "fp-2"},
+]
+
+
+@pytest.mark.parametrize("over", CALL_VARIANTS)
+def test_a_per_call_copy_equals_a_full_build(ps: PolicySet, over: dict[str, Any]) -> None:
+    b = ProfileBuilder(ps)
+    b.build(grant("ok-template"), manifest())  # the template
+    g = grant('call "ünïcode" \u2028 2', **over)
+    copy = b.build(g, manifest())
+    full = ProfileBuilder(ps).build_uncached(g, manifest())
+    assert copy == full
+    assert copy.profile_hash == full.profile_hash
+    assert copy.profile_hash == profile_hash(copy, ps.version_hash, "1.0.0")
+    assert b.cache.stats()["shapes"] == 1  # it was a copy, not a second meet
+
+
+def test_a_new_call_id_skips_the_meet(ps: PolicySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = ProfileBuilder(ps)
+    b.build(grant("ok-1"), manifest())
+    meets: list[str] = []
+    real = b.build_uncached
+
+    def counted(g: Grant, m: Manifest, **kw: Any) -> Any:
+        meets.append(g.call_id)
+        return real(g, m, **kw)
+
+    monkeypatch.setattr(b, "build_uncached", counted)
+    for i in range(5):
+        b.build(grant(f"ok-{i + 2}", expires_at=FAR - i), manifest())
+    assert meets == []
+
+
+SHAPE_VARIANTS: list[tuple[str, Any]] = [
+    ("subject", lambda: (grant(subject_id="agent:b"), manifest(), None, None)),
+    ("tenant", lambda: (grant(tenant="other"), manifest(), None, None)),
+    ("capability", lambda: (grant(capabilities=[{"kind": "fs.read", "paths": ["/docs/**"]}]),
+                            manifest(), None, None)),
+    ("grant limits", lambda: (grant(limits={"pids": 3}), manifest(), None, None)),
+    ("grant cpu 1.5", lambda: (grant(limits={"cpu_cores": 1.5}), manifest(), None, None)),
+    ("manifest version", lambda: (grant(), manifest(version="1.0.1"), None, None)),
+    ("manifest side effects", lambda: (grant(), manifest(side_effects=["Read"]), None, None)),
+    ("settings", lambda: (grant(), manifest(), Settings(limits=Limits(pids=2)), None)),
+    ("settings cpu", lambda: (grant(), manifest(), Settings(limits=Limits(cpu_cores=0.5)), None)),
+    ("settings root", lambda: (grant(), manifest(), Settings(root_fs="/srv"), None)),
+    ("overrides", lambda: (grant(), manifest(), None, Overrides(limits=Limits(max_files=1)))),
+]
+
+
+def test_the_cache_never_answers_for_other_inputs(ps: PolicySet) -> None:
+    # one builder sees every variant (each after the base shape is cached): each answer must
+    # be what a builder that never saw another input builds
+    b = ProfileBuilder(ps)
+    b.build(grant(), manifest())
+    b.build(grant(limits={"cpu_cores": 1}), manifest())
+    for name, make in SHAPE_VARIANTS * 2:  # twice: the second round hits the cache
+        g, m, s, o = make()
+        got = b.build(g, m, settings=s, overrides=o)
+        want = ProfileBuilder(ps).build_uncached(g, m, settings=s, overrides=o)
+        assert got == want, name
+        assert got.profile_hash == want.profile_hash, name
+    hashes = {b.build(*make()[:2], settings=make()[2], overrides=make()[3]).profile_hash
+              for _, make in SHAPE_VARIANTS}
+    assert len(hashes) == len(SHAPE_VARIANTS)
+
+
+def test_profile_cache_is_a_bounded_lru(ps: PolicySet) -> None:
+    b = ProfileBuilder(ps, cache=ProfileCache(size=3, shape_size=2))
+    for i in range(10):
+        b.build(grant(subject_id=f"agent:{i}"), manifest())
+    assert b.cache.stats() == {"identity": 3, "content": 3, "shapes": 2}
+    with pytest.raises(ValueError, match="at least 1"):
+        ProfileCache(size=0)
+
+
+def _decide(guard: Guard, b: ProfileBuilder, g: Grant, path: str, now: int = NOW) -> Any:
+    return guard.decide(b.build(g, manifest()), FsReadOp(kind="fs.read", path=path), now_ms=now)
+
+
+def test_guard_decides_each_call_on_its_own_fields(ps: PolicySet) -> None:
+    # the shape's first profile is call "ok-1" (allowed); later calls of the same shape differ
+    # only in call fields, which conditions, expiry and consent read
+    b, guard = ProfileBuilder(ps), Guard(ps, resolve_symlinks=False)
+    assert _decide(guard, b, grant("ok-1"), "/workspace/a.txt").decision == "allow"
+    cases = [
+        (grant("no-2"), "/workspace/a.txt"),  # condition reads grant.call_id
+        (grant("ok-3"), "/workspace/a.txt"),
+        (grant("ok-4", expires_at=NOW - 1), "/docs/x"),  # expired
+        (grant("ok-5", expires_at=NOW + 1), "/docs/x"),
+        (grant("ok-6", consent=None), "/docs/x"),  # Write side effect: consent required
+        (grant("ok-7", consent={"granted_by": "u", "granted_at": 0, "expires_at": NOW}),
+         "/docs/x"),  # consent no longer current
+        (grant("ok-8"), "/workspace/private/k"),
+    ]
+    for g, path in cases:
+        got = _decide(guard, b, g, path)
+        fresh = Guard(ps, resolve_symlinks=False).decide(
+            ProfileBuilder(ps).build_uncached(g, manifest()), FsReadOp(kind="fs.read", path=path),
+            now_ms=NOW)
+        assert got == fresh, g.call_id
+        assert got.profile_hash == b.build(g, manifest()).profile_hash
+    decisions = [_decide(guard, b, g, p).decision for g, p in cases]
+    assert decisions == ["deny", "allow", "deny", "allow", "deny", "deny", "deny"]
+
+
+def test_traced_decisions_match_too(ps: PolicySet) -> None:
+    b, guard = ProfileBuilder(ps), Guard(ps, resolve_symlinks=False)
+    _decide(guard, b, grant("ok-1"), "/workspace/a.txt")
+    for call in ("no-2", "ok-3"):
+        g = grant(call)
+        op = FsReadOp(kind="fs.read", path="/workspace/a.txt")
+        got = guard.decide(b.build(g, manifest()), op, now_ms=NOW, trace=True)
+        fresh = Guard(ps, resolve_symlinks=False).decide(
+            ProfileBuilder(ps).build_uncached(g, manifest()), op, now_ms=NOW, trace=True)
+        assert got == fresh
+
+
+def test_derived_compilation_equals_a_fresh_one(ps: PolicySet) -> None:
+    b, guard = ProfileBuilder(ps), Guard(ps)
+    guard.compiled(b.build(grant("ok-1"), manifest()))
+    g = grant("ok-2", expires_at=NOW + 9, consent={"granted_by": "u", "granted_at": 1,
+                                                   "expires_at": NOW + 8},
+              budget={"calls": 4})
+    p = b.build(g, manifest())
+    derived = guard.compiled(p)
+    fresh = Guard(ps).compiled(p)
+    for f in dataclasses.fields(CompiledProfile):
+        if f.name in ("caps", "forbids", "granted", "declared"):
+            continue  # compiled matchers: compared through decisions above
+        assert getattr(derived, f.name) == getattr(fresh, f.name), f.name
+    assert derived.caps.keys() == fresh.caps.keys()
+
+
+def test_forbids_are_compiled_once_per_policy(ps: PolicySet) -> None:
+    b, guard = ProfileBuilder(ps), Guard(ps)
+    a = guard.compiled(b.build(grant(subject_id="agent:a"), manifest()))
+    c = guard.compiled(b.build(grant(subject_id="agent:c"), manifest(version="2.0.0")))
+    assert a.profile_hash != c.profile_hash
+    assert a.forbids is c.forbids
+
+
+def test_a_hand_built_lookalike_has_another_shape(ps: PolicySet) -> None:
+    # equal content but other objects: only identity shares a compilation, never looks
+    p = ProfileBuilder(ps).build(grant("ok-1"), manifest())
+    twin = type(p).model_validate(p.model_dump())
+    assert twin == p
+    assert shape_key(twin) != shape_key(p)
+    copy = ProfileBuilder(ps).build(grant("ok-1"), manifest())  # another builder's template
+    assert shape_key(copy) != shape_key(p)
+
+
+def test_budget_and_consent_objects_round_trip_in_the_hash(ps: PolicySet) -> None:
+    b = ProfileBuilder(ps)
+    b.build(grant(), manifest())
+    g = grant("ok-9").model_copy(update={"budget": Budget(calls=1),
+                                         "consent": Consent(granted_by="x", granted_at=1,
+                                                            expires_at=2)})
+    p = b.build(g, manifest())
+    assert p.profile_hash == profile_hash(p, ps.version_hash, "1.0.0")
+
+
+def test_profile_cache_size_is_configured_and_checked(ps: PolicySet, tmp_path: Path) -> None:
+    from policy_engine.config import EngineConfig
+    from policy_engine.orchestrator import Orchestrator
+
+    config = EngineConfig.from_mapping({"profile_cache_size": 2, "state_dir": str(tmp_path),
+                                        "revocation": "memory", "budget_meter": "memory",
+                                        "evidence_sinks": []})
+    orch = Orchestrator(ps, config=config)
+    try:
+        builder = orch.builder
+        assert isinstance(builder, ProfileBuilder)
+        for i in range(5):
+            builder.build(grant(subject_id=f"agent:{i}"), manifest())
+        # shapes: a quarter of the size, at least 16
+        assert builder.cache.stats() == {"identity": 2, "content": 2, "shapes": 5}
+    finally:
+        orch.close()
+    for bad in (0, -1, True, "10", 1.5):
+        with pytest.raises(ValueError, match="profile_cache_size"):
+            EngineConfig.from_mapping({"profile_cache_size": bad})
+
+
+def test_the_identity_level_keeps_no_grant_alive(ps: PolicySet) -> None:
+    import gc
+    import weakref
+
+    b = ProfileBuilder(ps)
+    m = manifest()
+    g = grant("ok-1")
+    assert b.build(g, m) is b.build(g, m)  # an identity hit
+    ref = weakref.ref(g)
+    del g
+    gc.collect()
+    assert ref() is None
+    # new grants (one may get the dead one's id) each get their own call's profile
+    for i in range(200):
+        assert b.build(grant(f"ok-n{i}"), m).call_id == f"ok-n{i}"
+
+
+def test_a_profile_only_condition_runs_once_per_profile_view(
+        ps: PolicySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `require consent when "Write" in profile.side_effects` reads the profile alone: every call
+    # of one shape shares the view, so the condition runs once; another view runs it again
+    cond = ps.consent_rules[0].condition
+    assert cond is not None
+    runs: list[object] = []
+    real = type(cond).evaluate_plain
+
+    def counted(self: Any, ctx: Any) -> Any:
+        runs.append(ctx.get("profile"))
+        return real(self, ctx)
+
+    monkeypatch.setattr(type(cond), "evaluate_plain", counted)
+    b, guard = ProfileBuilder(ps), Guard(ps, resolve_symlinks=False)
+    read_only = manifest(side_effects=["Read"], permissions=[
+        {"kind": "fs.read", "paths": ["/**"]}])
+    for i in range(5):
+        d = guard.decide(b.build(grant(f"ok-{i}", consent=None), read_only),
+                         FsReadOp(kind="fs.read", path="/docs/a"), now_ms=NOW)
+        assert d.decision == "allow"  # no Write: the rule does not require consent
+    assert len(runs) == 1
+    d = guard.decide(b.build(grant("ok-9", consent=None), manifest()),
+                     FsReadOp(kind="fs.read", path="/docs/a"), now_ms=NOW)
+    assert d.decision == "deny"  # Write side effect: consent required, none recorded
+    assert "consent" in d.reason
+    assert len(runs) == 2

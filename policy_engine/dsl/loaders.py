@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from policy_engine.dsl.bounded import (
@@ -77,14 +76,19 @@ def parse_document(text: str, shown: str) -> tuple[Any, PositionLookup]:
         raise _invalid(kind, exc.message, Span(shown, exc.line, exc.column)) from None
     except json.JSONDecodeError as exc:
         raise _invalid(kind, _lower(exc.msg), Span(shown, exc.lineno, exc.colno)) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        span = Span(shown, mark.line + 1, mark.column + 1) if mark else Span(shown, 1, 1)
-        raise _invalid(kind, exc.problem or exc.context or "cannot parse", span) from None
-    except (yaml.YAMLError, ValueError, RecursionError) as exc:
-        # a reader error (a control character) or what the bounded scan let through
-        raise _invalid(kind, _first_line(exc), Span(shown, *_reader_position(exc, text))) \
-            from None
+    except Exception as exc:
+        # imported here: a JSON document (check of a policy, most requests) needs no PyYAML
+        import yaml
+
+        if isinstance(exc, yaml.MarkedYAMLError):
+            mark = exc.problem_mark or exc.context_mark
+            span = Span(shown, mark.line + 1, mark.column + 1) if mark else Span(shown, 1, 1)
+            raise _invalid(kind, exc.problem or exc.context or "cannot parse", span) from None
+        if isinstance(exc, (yaml.YAMLError, ValueError, RecursionError)):
+            # a reader error (a control character) or what the bounded scan let through
+            raise _invalid(kind, _first_line(exc),
+                           Span(shown, *_reader_position(exc, text))) from None
+        raise
     return data, PositionLookup(shown, positions)
 
 
@@ -99,6 +103,8 @@ def _first_line(exc: BaseException) -> str:
 
 def _reader_position(exc: BaseException, text: str) -> tuple[int, int]:
     """1-based line and column of a PyYAML ReaderError (it has a character offset only)."""
+    import yaml
+
     if isinstance(exc, yaml.reader.ReaderError):
         offset = min(max(exc.position, 0), len(text))
         return text.count("\n", 0, offset) + 1, offset - (text.rfind("\n", 0, offset) + 1) + 1

@@ -67,9 +67,9 @@ def test_help_lists_every_command_with_its_help() -> None:
 
     out = CliRunner().invoke(cli, ["--help"]).output
     for name in COMMAND_MODULES:
-        short = cli.commands[name].get_short_help_str()
+        short = cli.commands[name].get_short_help_str(limit=200)
         assert f"  {name} " in out, name
-        assert short[:20] in out, name
+        assert short[:15] in out, name
     assert sorted(cli.commands) == sorted(COMMAND_MODULES)
     assert "nope" not in cli.commands
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from policy_engine.model.capability import Capability
 from policy_engine.model.enums import NetworkMode, SafetyClass, SideEffect
 from policy_engine.model.limits import Budget, Limits
+from policy_engine.model.text import reject_lone_surrogates
 
 
 class Consent(BaseModel):
@@ -27,6 +28,11 @@ class Grant(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        return reject_lone_surrogates(data)
+
     tenant: str = Field(min_length=1)
     subject_id: str = Field(min_length=1)
     tool_name: str = Field(min_length=1)
@@ -43,6 +49,11 @@ class Manifest(BaseModel):
     """What a tool declares about itself (seed 000 §8, seed 002 §7)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        return reject_lone_surrogates(data)
 
     name: str = Field(min_length=1)
     version: str = Field(min_length=1)

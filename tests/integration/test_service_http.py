@@ -464,3 +464,19 @@ def test_health_reports_an_unwritable_workspace(tmp_path: Path) -> None:
     assert body["workspace_writable"] is False
     _assert_error(resp, 503, "PROVIDER.UNAVAILABLE")
     assert "Traceback" not in broken.stop()
+
+
+def test_text_that_is_not_unicode_is_422_not_500(svc: Service, alice: str) -> None:
+    """Outsider round 2 F2: a lone surrogate (JSON "\\udfff") in an op field crashed the
+    response and the evidence digest (500, no evidence)."""
+    root = svc.root
+    raw = ('{"op": {"kind": "fs.read", "path": "%s/data/\\udfff"}, "grant": %s, '
+           '"manifest": "reader"}' % (root, json.dumps(grant("acme", "agent:alice", root))))
+    headers = {"Content-Type": "application/json"}
+    with svc.client(alice) as c:
+        for path in ("/v1/decide", "/v1/ops"):
+            resp = c.post(path, content=raw.encode(), headers=headers)
+            _assert_error(resp, 422, "SCHEMA.VALIDATION_FAILED")
+        ctx = raw.replace('"manifest": "reader"', '"manifest": "reader", "context": '
+                          '{"\\udfff": 1}').replace("\\udfff\"}, \"grant", "x\"}, \"grant")
+        assert c.post("/v1/decide", content=ctx.encode(), headers=headers).status_code < 500

@@ -109,3 +109,17 @@ def test_run_with_argv_and_no_manifest_is_unusable_input() -> None:
     result = CliRunner().invoke(cli, ["run", "--policy", str(POLICY), "--", "git", "status"])
     assert result.exit_code == 2
     assert "needs `--manifest FILE` and `--grant FILE`" in result.output
+
+
+def test_a_lone_surrogate_in_a_request_is_a_diagnostic_not_a_crash(tmp_path: Path) -> None:
+    """Outsider round 2 F2: `run` printed the raw UnicodeEncodeError and wrote no evidence."""
+    request = tmp_path / "r.json"
+    request.write_text('{"op": {"kind": "fs.read", "path": "/workspace/\\udfff"}, '
+                       f'"manifest": "{EXAMPLES}/manifests/shell.json", '
+                       f'"grant": "{EXAMPLES}/grants/shell-agent.json"}}')
+    base = ["--policy", str(POLICY), "--request", str(request)]
+    for args in (["run", *base, "--state-dir", str(tmp_path / "s")], ["explain", *base]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, result.output
+        assert "SBP105" in result.output
+        assert "not valid Unicode" in result.output

@@ -1,0 +1,29 @@
+"""Refusal of text that is not Unicode: a lone surrogate (JSON's "\\udfff") cannot be encoded,
+so it would crash evidence digests and responses instead of being refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_WALK = 100_000  # values inspected; the loaders already bound depth and size
+
+
+def reject_lone_surrogates(data: Any) -> Any:
+    """``data`` unchanged; raises ``ValueError`` when a string in it (keys included) holds a
+    lone surrogate. For ``mode="before"`` validators of models built from JSON."""
+    stack, seen = [data], 0
+    while stack and seen < MAX_WALK:
+        value = stack.pop()
+        seen += 1
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"text at character {exc.start} is not valid Unicode (a lone "
+                                 "surrogate); send UTF-8 text") from None
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
+    return data

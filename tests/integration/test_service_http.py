@@ -470,8 +470,9 @@ def test_text_that_is_not_unicode_is_422_not_500(svc: Service, alice: str) -> No
     """Outsider round 2 F2: a lone surrogate (JSON "\\udfff") in an op field crashed the
     response and the evidence digest (500, no evidence)."""
     root = svc.root
-    raw = ('{"op": {"kind": "fs.read", "path": "%s/data/\\udfff"}, "grant": %s, '
-           '"manifest": "reader"}' % (root, json.dumps(grant("acme", "agent:alice", root))))
+    body = json.dumps({"op": {"kind": "fs.read", "path": f"{root}/data/SURROGATE"},
+                       "grant": grant("acme", "agent:alice", root), "manifest": "reader"})
+    raw = body.replace("SURROGATE", "\\udfff")  # json.dumps would refuse to write one
     headers = {"Content-Type": "application/json"}
     with svc.client(alice) as c:
         for path in ("/v1/decide", "/v1/ops"):

@@ -23,9 +23,9 @@ from typing import Any
 from prometheus_client import Counter
 
 from policy_engine.compiler import compile_files
-from policy_engine.dsl.inputfile import read_limited
+from policy_engine.dsl.inputfile import named_like, read_limited
 from policy_engine.dsl.parser import MAX_POLICY_BYTES
-from policy_engine.errors import DiagnosticsError
+from policy_engine.errors import DIAGNOSTICS, DiagnosticsError
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.orchestrator import Orchestrator
 
@@ -50,6 +50,7 @@ class PolicyReloader:
         self._seen: str | None = None  # content seen once, waiting for a second sighting
         self._failed: str | None = None  # content that did not compile (not retried)
         self.last_error: str | None = None
+        self.last_error_detail: str | None = None
         self.reloads = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -87,6 +88,11 @@ class PolicyReloader:
                 self._seen = current
                 return False
             self._seen = None
+            odd = [e for e in self.entries if not named_like(e, ".sbpolicy")]
+            if odd:  # a policy path replaced by a link to another file (a key, a token)
+                why = (f"{odd[0]}: SBP217 not a policy file: it (or the file a link in it "
+                       "leads to) is not named `*.sbpolicy`; it was not read")
+                return self._fail(current, why, why)
             try:
                 policyset = compile_files(list(self.entries))
             except DiagnosticsError as exc:
@@ -94,9 +100,14 @@ class PolicyReloader:
                 span = first.span if first else None
                 where = f"{span.file}:{span.line}:{span.column}: " if span else ""
                 what = f"{first.id} {first.message}" if first else str(exc)
-                return self._fail(current, where + what)
+                # unauthenticated readers (a health endpoint) get the place and the ID only: a
+                # message quotes the source ("unexpected `ghp_…`")
+                title = f"{first.id} {DIAGNOSTICS[first.id].title}" if first and \
+                    first.id in DIAGNOSTICS else "the policy does not compile"
+                return self._fail(current, where + what, where + title)
             except Exception as exc:  # an unreadable file, a compiler bug: keep the old one
-                return self._fail(current, f"{type(exc).__name__}: {exc}")
+                return self._fail(current, f"{type(exc).__name__}: {exc}",
+                                  f"{type(exc).__name__} while compiling the policy (see the log)")
             self.orchestrator.swap_policy(policyset)
             for listener in self.on_swap:
                 listener(policyset)
@@ -110,9 +121,10 @@ class PolicyReloader:
                      policyset.version_hash[:12])
             return True
 
-    def _fail(self, content: str, why: str) -> bool:
+    def _fail(self, content: str, why: str, public: str) -> bool:
         self._failed = content
-        self.last_error = why
+        self.last_error = public  # what health shows: place, diagnostic ID and its title
+        self.last_error_detail = why  # the log's full message
         self.counter.labels(result="failed").inc()
         log.error("policy reload failed, the running policy stays in force: %s", why)
         return False

@@ -88,13 +88,17 @@ def test_a_changed_policy_reaches_decide_ops_and_evidence(svc: Service) -> None:
 def test_a_broken_policy_keeps_the_old_one_and_says_where(svc: Service) -> None:
     token = add_token(svc.state, "acme", "agent:alice")
     good = health(svc)["policy"]
-    write_policy(svc, policy_text(svc, forbid=False) + 'permit "oops" fs.read paths [\n')
+    write_policy(svc, policy_text(svc, forbid=False) + 'permit "oops" fs.read paths [\n'
+                 'ghp_SECRETMARKER42 ]\n')
     body = wait_for(svc, lambda b: b["policy"]["reload_error"] is not None, "no error shown")
     assert body["status"] == "degraded"
     assert body["policy"]["version_hash"] == good["version_hash"]
     error = body["policy"]["reload_error"]
     assert error.startswith(f"{svc.root / 'svc.sbpolicy'}:9:"), error
     assert " SBP" in error
+    # health needs no token: it names the place and the diagnostic, never the source text
+    # (outsider round 2 F3: it quoted the unexpected token)
+    assert "SECRETMARKER" not in json.dumps(body)
     with svc.client(token) as c:  # still the old policy
         assert c.post("/v1/decide", json=read_hello(svc)).json()["decision"] == "allow"
     write_policy(svc, policy_text(svc, forbid=True))  # fixed: loaded, health clears
@@ -131,3 +135,18 @@ def test_no_request_is_decided_by_a_mix_of_two_policies(svc: Service) -> None:
     assert len(hashes) == 2, hashes  # both versions answered during the run
     for version, decision in seen:
         assert decision == ("allow" if version == allow_hash else "deny"), (version, decision)
+
+
+def test_a_policy_path_turned_into_a_link_to_another_file_is_not_read(svc: Service) -> None:
+    """Outsider round 2 F3: a policy file replaced by a link to a root-only token file had the
+    token's first characters shown by the unauthenticated health endpoint."""
+    secret = svc.root / "gh_token"
+    secret.write_text("ghp_SECRETMARKER43\n")
+    secret.chmod(0o600)
+    policy = svc.root / "svc.sbpolicy"
+    policy.unlink()
+    policy.symlink_to(secret)
+    body = wait_for(svc, lambda b: b["policy"]["reload_error"] is not None, "no error shown")
+    assert "SBP217" in body["policy"]["reload_error"]
+    assert "SECRETMARKER" not in json.dumps(body)
+    assert body["status"] == "degraded"

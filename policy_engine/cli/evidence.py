@@ -30,9 +30,12 @@ def command() -> None:
               help="fail unless a valid signed checkpoint covers the last record")
 @click.option("--allow-unchained-prefix", is_flag=True,
               help="accept records written before chaining at the start of the log")
+@click.option("--head", "head", callback=lambda _c, _p, v: _head(v),
+              help="SEQ:HASH a verify printed earlier (kept outside the log): fail unless the "
+              "log still holds that record, so a cut tail is caught")
 @format_option
 def verify(log: Path, public_key: Path | None, require_signature: bool,
-           allow_unchained_prefix: bool, fmt: str) -> None:
+           allow_unchained_prefix: bool, head: str | None, fmt: str) -> None:
     """Verify the hash chain (and checkpoint signatures) of a JSONL or SQLite evidence LOG.
 
     Exits 0 when intact, 1 at the first edited, deleted, inserted or reordered record (or a bad
@@ -56,6 +59,8 @@ def verify(log: Path, public_key: Path | None, require_signature: bool,
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     report = verify_records(raws, public, external, unit, positions)
+    if head is not None and report.ok:
+        report.check_head(head, unit)
     last = positions[-1] if positions else report.records - (0 if unit == "row" else 1)
     covered = report.signed_through is not None and report.signed_through >= last
     # a log whose links were all stripped would look like one written before chaining
@@ -88,6 +93,19 @@ def _render(report: Report, log: Path, unit: str, covered: bool, required: bool,
                    "detectable" + (" (required: failing)" if required else ""))
     state = "intact" if report.ok and (allowed or not report.legacy) else "TAMPERED"
     click.echo(f"{log}: {state} ({report.records} {unit}s, {report.checkpoints} checkpoints)")
+    if report.ok and report.head is not None:
+        click.echo(f"head: {report.head}  (keep it outside the log; `--head` checks it later)")
+
+
+def _head(value: str | None) -> str | None:
+    if value is None:
+        return None
+    seq, sep, digest = value.partition(":")
+    if not sep or not seq.isdigit() or len(digest) != 64 or \
+            any(c not in "0123456789abcdef" for c in digest):
+        raise click.BadParameter("expected SEQ:HASH as printed by `evidence verify` "
+                                 "(a record number and a 64-digit hex SHA-256)")
+    return value
 
 
 @command.command("keygen")

@@ -32,6 +32,29 @@ class Report:
     signed_through: int | None = None  # the last record position a valid signature covers
     problems: list[Problem] = field(default_factory=list)
     unsigned: bool = False  # checkpoints present but no public key to check them against
+    hashes: dict[int, str] = field(default_factory=dict)  # seq -> hash of each chained record
+
+    @property
+    def head(self) -> str | None:
+        """`SEQ:HASH` of the last chained record: kept outside the log, it later shows a cut
+        tail (``check_head``), which no chain or checkpoint inside the log can."""
+        if not self.hashes:
+            return None
+        last = max(self.hashes)
+        return f"{last}:{self.hashes[last]}"
+
+    def check_head(self, head: str, unit: str) -> None:
+        """Add a problem unless the log still holds the record ``head`` (`SEQ:HASH`) names."""
+        seq_text, _, digest = head.partition(":")
+        seq = int(seq_text)
+        found = self.hashes.get(seq)
+        if found is None:
+            self.problems.append(Problem(self.records, "deleted", f"record #{seq}, the head "
+                                         "recorded earlier, is no longer in the log: its tail "
+                                         "was cut (or the chain breaks before it)"))
+        elif found != digest:
+            self.problems.append(Problem(self.records, "edited", f"record #{seq} is not the "
+                                         "head recorded earlier: the log was rewritten"))
 
     @property
     def ok(self) -> bool:
@@ -40,6 +63,7 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "records": self.records, "legacy_unchained": self.legacy,
                 "checkpoints": self.checkpoints, "signed_through": self.signed_through,
+                "head": self.head,
                 "signatures_checked": not self.unsigned,
                 "problems": [{"position": p.position, "kind": p.kind, "message": p.message}
                              for p in self.problems]}
@@ -122,6 +146,7 @@ def verify_records(raws: list[bytes], public: Ed25519PublicKey | None = None,
             break
         expected_seq, expected_prev = seq + 1, line_hash(raws[i])
         hashes[seq] = (pos, expected_prev)
+        report.hashes[seq] = expected_prev
     checkpoints = [(at_[i], p) for i, p in enumerate(parsed)
                    if p is not None and p.get("type") == "checkpoint"]
     checkpoints += [(0, c) for c in external_checkpoints or []]

@@ -245,3 +245,25 @@ def test_stripping_every_link_does_not_pass(tmp_path: Path) -> None:
     code, out = verify(log)
     assert code == 1
     assert "TAMPERED" in out
+
+
+def test_a_tail_cut_at_a_checkpoint_is_caught_by_a_head_kept_outside(
+        tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    """Outsider round 2 F4: cutting a signed log right after an earlier checkpoint leaves a
+    valid chain and a valid signature; only a head recorded outside the log shows the cut."""
+    log = tmp_path / "ev.jsonl"
+    write_log(log, 6, keys[0], every=3)
+    code, out = verify(log, "--public-key", str(keys[1]), "--require-signature")
+    assert code == 0, out
+    head = next(x.split()[1] for x in out.splitlines() if x.startswith("head: "))
+    rows = lines(log)
+    cut = max(i for i, r in enumerate(rows[:-1]) if json.loads(r)["type"] == "checkpoint")
+    put(log, rows[:cut + 1])  # whole later calls dropped, ending on a signed checkpoint
+    code, out = verify(log, "--public-key", str(keys[1]), "--require-signature")
+    assert code == 0, out  # undetectable from inside the log (documented)
+    code, out = verify(log, "--public-key", str(keys[1]), "--head", head)
+    assert code == 1, out
+    assert "no longer in the log" in out
+    assert "TAMPERED" in out
+    code, out = verify(log, "--head", "7:nothex")
+    assert code == 2, out

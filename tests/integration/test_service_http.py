@@ -481,3 +481,10 @@ def test_text_that_is_not_unicode_is_422_not_500(svc: Service, alice: str) -> No
         ctx = raw.replace('"manifest": "reader"', '"manifest": "reader", "context": '
                           '{"\\udfff": 1}').replace("\\udfff\"}, \"grant", "x\"}, \"grant")
         assert c.post("/v1/decide", content=ctx.encode(), headers=headers).status_code < 500
+
+
+def test_exec_records_are_owner_only(svc: Service, alice: str) -> None:
+    """Outsider round 2 I1: exec records keep the script (`args`) and were world-readable."""
+    with svc.client(alice) as c:
+        assert c.get("/sandbox/execs").status_code == 200
+    assert (svc.state / "service.sqlite").stat().st_mode & 0o077 == 0

@@ -128,6 +128,10 @@ class ProcOptions:
         return ProcOptions(**opts)
 
 
+# sb_launch.c's MAX_RULES: a Landlock rule per carved directory entry
+MAX_LANDLOCK_RULES = 4096
+
+
 class ProcExecutor:
     """Runs a ProcExecOp (argv, never a shell). ``backend`` picks bubblewrap (namespaces, binds,
     masks; Landlock + seccomp inside as a second layer) or Landlock + seccomp alone.
@@ -375,6 +379,15 @@ class ProcExecutor:
         if stdin is not None and len(stdin) > lim.max_stdin:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"stdin of {len(stdin)} bytes exceeds max_bytes_in")
+        if self.backend == "landlock":
+            rules = len(plan.landlock_rules())
+            if rules > MAX_LANDLOCK_RULES:  # the launcher's table; argv must stay small too
+                raise PolicyEngineError(
+                    ErrorCode.CAPABILITY_BLOCKED,
+                    f"proc-landlock would need {rules} Landlock rules to keep "
+                    f"{len(plan.mask_files) + len(plan.mask_dirs)} masked paths out of its "
+                    f"binds (at most {MAX_LANDLOCK_RULES}): narrow the fs rules (a broad `/**` "
+                    "exposes every secret beneath it) or use proc-bwrap, which masks by mounts")
         ctx.started()  # every refusal above was free: nothing has been spawned yet
         if self.run_as is not None:
             # what root left in a writable bind (an fs.write, a checkout) must stay writable for

@@ -49,6 +49,9 @@ class CheckItem(pytest.Item):
         super().__init__(**kwargs)
         self.check = check
         self.setup_error = setup_error
+        # no fixtures; present because some plugins' runtest wrappers expect every item to
+        # have it (pytest-lsp 1.0 returns without yielding otherwise, failing every check)
+        self.funcargs: dict[str, Any] = {}
 
     def runtest(self) -> None:
         if self.setup_error is not None:

@@ -83,7 +83,7 @@ def _refuse(message: str, hint: str) -> None:
 
 @click.command("new-plugin")
 @click.argument("name")
-@click.option("--dir", "target", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--dir", "target", type=click.Path(path_type=Path), default=None,
               help="directory to create the package in (default: ./pe-NAME); it must not "
                    "exist or be empty")
 @click.option("--kind", type=click.Choice(["executor", "sink"]), default="executor",

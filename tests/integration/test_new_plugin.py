@@ -66,7 +66,8 @@ def test_generated_executor_installs_and_passes_the_kit(tmp_path: Path) -> None:
     assert [e["name"] for e in ours["executors"]] == [name]
     # honest capabilities: fs.read only, network off, no isolation claimed
     caps = ours["executors"][0]["capabilities"]
-    assert caps["op_kinds"] == ["fs.read"] and caps["network_modes"] == ["off"]
+    assert caps["op_kinds"] == ["fs.read"]
+    assert caps["network_modes"] == ["off"]
     assert not any(v is True for v in caps.values())
 
     kit = cli("conformance", "--executor", name, "--format", "json", cwd=tmp_path, site=site)

@@ -103,6 +103,71 @@ def test_generated_sink_installs_and_passes_the_sink_kit(tmp_path: Path) -> None
     assert "2 passed" in tests.stdout
 
 
+CONTEXT_SCRIPT = """
+import json, os, sys, time
+from pe_acme_reader.plugin import AcmeReaderExecutor
+from policy_engine.errors import PolicyEngineError
+from policy_engine.executor import ExecContext
+from policy_engine.model import FsReadOp, FsWriteOp, Limits
+from tests.unit.test_executor_fs import make_profile
+
+root, outside = sys.argv[1], sys.argv[2]
+ex = AcmeReaderExecutor()
+
+def call(op, deadline=30.0, cancel=False, **limits):
+    profile = make_profile(__import__("pathlib").Path(root))
+    ctx = ExecContext(profile=profile, deadline=time.monotonic() + deadline,
+                      limits=Limits(**limits) if limits else profile.limits)
+    if cancel:
+        ctx.cancel.cancel("caller went away")
+    try:
+        res = ex.execute(ctx, op)
+        out = {"ok": res.ok, "size": res.out["size"], "effects": [e.meta for e in ctx.side_effects]}
+    except PolicyEngineError as exc:
+        out = {"code": exc.code.value}
+    out["started"] = ctx.has_started
+    return out
+
+f = os.path.join(root, "data.txt")
+print(json.dumps({
+    "ok": call(FsReadOp(path=f)),
+    "deadline": call(FsReadOp(path=f), deadline=-1),
+    "cancel": call(FsReadOp(path=f), cancel=True),
+    "ctx_limit": call(FsReadOp(path=f), max_bytes_in=4),
+    "len_over": call(FsReadOp(path=f, len=8), max_bytes_in=4),
+    "link_out": call(FsReadOp(path=os.path.join(root, "link"))),
+    "dotdot": call(FsReadOp(path=os.path.join(root, "..", os.path.basename(outside)))),
+    "wrong_kind": call(FsWriteOp(path=f, bytes_b64="eA==")),
+}))
+"""
+
+
+def test_generated_executor_honours_its_context(tmp_path: Path) -> None:
+    """Deadline, cancel, ctx.limits (not the profile's), ctx.started() only once it opens,
+    the root as a second line, metadata-only side effects: called directly, not via the kit."""
+    _gen, site = generate_and_install(tmp_path, "acme-reader", "executor")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "data.txt").write_text("ten bytes!", encoding="utf-8")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not yours", encoding="utf-8")
+    (root / "link").symlink_to(outside)
+    env_site = os.pathsep.join((str(site), str(ROOT)))
+    proc = run("-c", CONTEXT_SCRIPT, str(root), str(outside), cwd=tmp_path,
+               site=Path(env_site))
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["ok"] == {"ok": True, "size": 10, "started": True, "effects": [
+        {"op": "fs.read", "path": str(root / "data.txt"), "bytes": 10}]}
+    assert got["deadline"] == {"code": "LLM.TIMEOUT", "started": False}
+    assert got["cancel"] == {"code": "TOOL.EXECUTION_FAILED", "started": False}
+    assert got["ctx_limit"] == {"code": "SANDBOX.CAPABILITY_BLOCKED", "started": True}
+    assert got["len_over"] == {"code": "SANDBOX.CAPABILITY_BLOCKED", "started": False}
+    assert got["link_out"] == {"code": "SANDBOX.CAPABILITY_BLOCKED", "started": False}
+    assert got["dotdot"] == {"code": "SANDBOX.CAPABILITY_BLOCKED", "started": False}
+    assert got["wrong_kind"] == {"code": "TOOL.EXECUTION_FAILED", "started": False}
+
+
 @pytest.mark.parametrize("name", ["Acme", "9lives", "acme_reader", "acme--reader", "acme-",
                                   "a" * 41, "../escape", ""])
 def test_invalid_name_is_refused_and_nothing_is_written(tmp_path: Path, name: str) -> None:

@@ -30,7 +30,8 @@ _TEMPLATES = "templates/plugin"
 def name_problem(name: str) -> str | None:
     """Why ``name`` cannot name a plugin, or ``None``."""
     if not NAME_RE.fullmatch(name) or len(name) > MAX_NAME:
-        return (f"`{name[:60]}` is not a valid plugin name: use lowercase letters, digits and "
+        shown = ascii(name[:60])[1:-1]  # a control character must not reach the terminal
+        return (f"`{shown}` is not a valid plugin name: use lowercase letters, digits and "
                 f"single hyphens, starting with a letter, at most {MAX_NAME} characters "
                 "(e.g. `acme-reader`)")
     if name in RESERVED:

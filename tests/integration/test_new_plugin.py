@@ -169,11 +169,14 @@ def test_generated_executor_honours_its_context(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["Acme", "9lives", "acme_reader", "acme--reader", "acme-",
-                                  "a" * 41, "../escape", ""])
+                                  "a" * 41, "../escape", "",
+                                  "acme\nreader\x1b[31m"])
 def test_invalid_name_is_refused_and_nothing_is_written(tmp_path: Path, name: str) -> None:
     proc = cli("new-plugin", name, "--dir", "out", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "is not a valid plugin name" in proc.stderr
+    assert len(proc.stderr.splitlines()) == 2  # error + help, escapes shown escaped
+    assert "\x1b" not in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -22,13 +23,18 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(*args: str, cwd: Path, site: Path | None = None,
-        timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_argv(argv: list[str], cwd: Path, site: Path | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(site) if site else "", env.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=timeout, check=False)
+    return subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=timeout, check=False)
+
+
+def run(*args: str, cwd: Path, site: Path | None = None,
+        timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return run_argv([sys.executable, *args], cwd=cwd, site=site, timeout=timeout)
 
 
 def cli(*args: str, cwd: Path, site: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -70,7 +76,11 @@ def test_generated_executor_installs_and_passes_the_kit(tmp_path: Path) -> None:
     assert caps["network_modes"] == ["off"]
     assert not any(v is True for v in caps.values())
 
-    kit = cli("conformance", "--executor", name, "--format", "json", cwd=tmp_path, site=site)
+    # exactly what a plugin author types: the installed console script
+    script = shutil.which("policy-engine")
+    assert script is not None, "the policy-engine console script is not on PATH"
+    kit = run_argv([script, "conformance", "--executor", name, "--format", "json"],
+                   cwd=tmp_path, site=site)
     assert kit.returncode == 0, kit.stdout + kit.stderr
     results = {r["id"]: r["status"] for r in json.loads(kit.stdout)["checks"]}
     assert "fail" not in results.values(), results

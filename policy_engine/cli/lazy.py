@@ -2,7 +2,8 @@
 
 Each command module pulls in what it needs (the compiler, the guard, an HTTP server, the
 authoring tools); importing every one up front cost more than the command itself on short runs.
-The group's ``commands`` is a mapping that imports ``policy_engine.cli.<name>`` on first access,
+The group's ``commands`` is a mapping that imports ``policy_engine.cli.<name>`` on first access
+(a hyphen in a command name is an underscore in its module: `new-plugin` is ``new_plugin``),
 so ``--help`` (which lists them all) still shows every command and its help text.
 """
 
@@ -28,7 +29,7 @@ class LazyCommands(MutableMapping[str, click.Command]):
             return cmd
         if name not in self._modules:
             raise KeyError(name)
-        module = importlib.import_module(f"{self._package}.{name}")
+        module = importlib.import_module(f"{self._package}.{name.replace('-', '_')}")
         cmd = module.command
         if not isinstance(cmd, click.Command) or cmd.name != name:
             raise RuntimeError(f"{self._package}.{name} must define `command` named {name!r}")

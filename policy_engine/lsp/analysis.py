@@ -78,7 +78,9 @@ def contains(span: Span, line: int, column: int) -> bool:
 
 
 def _value(v: ast.Value) -> str:
-    return f'"{v.value}"' if isinstance(v, ast.Str) else str(getattr(v, "value", v))
+    if isinstance(v, ast.Str):
+        return f'"{v.value}"'
+    return v.value if isinstance(v, ast.Word) else v.text
 
 
 def _limits(blocks: tuple[ast.LimitsBlock, ...]) -> list[str]:

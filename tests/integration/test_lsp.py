@@ -1,0 +1,134 @@
+"""`policy-engine lsp` end to end: a real LSP client (pytest-lsp) talks to the server over stdio."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import pytest_lsp
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, LanguageClient
+
+from policy_engine.fmt.runner import format_source
+
+pytestmark = pytest.mark.integration
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "policies"
+BROKEN_KIND = 'permit "github-api" net.htp'
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("lsp")
+    for name in ("org.sbpolicy", "secrets.sbpolicy", "network.sbpolicy"):
+        shutil.copy(EXAMPLES / name, root / name)
+    return root
+
+
+@pytest_lsp.fixture(scope="module", config=ClientServerConfig(
+    server_command=[sys.executable, "-m", "policy_engine.cli", "lsp"]))
+async def client(lsp_client: LanguageClient):  # type: ignore[no-untyped-def]
+    await lsp_client.initialize_session(types.InitializeParams(
+        capabilities=types.ClientCapabilities()))
+    yield
+    await lsp_client.shutdown_session()
+
+
+def _open(client: LanguageClient, path: Path, text: str, version: int = 1) -> str:
+    uri = path.as_uri()
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        types.TextDocumentItem(uri=uri, language_id="sbpolicy", version=version, text=text)))
+    return uri
+
+
+async def _diagnostics(client: LanguageClient, uri: str) -> list[types.Diagnostic]:
+    client.diagnostics.pop(uri, None)
+    while uri not in client.diagnostics:
+        await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+    return list(client.diagnostics[uri])
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_error_as_you_type_then_fixed(client: LanguageClient, workdir: Path) -> None:
+    path = workdir / "network.sbpolicy"
+    good = path.read_text()
+    bad = good.replace('permit "github-api" net.http', BROKEN_KIND)
+    client.diagnostics.pop(path.as_uri(), None)
+    uri = _open(client, path, bad)
+    found = await _diagnostics(client, uri)
+    errors = [d for d in found if d.severity == types.DiagnosticSeverity.Error]
+    assert [d.code for d in errors] == ["SBP214"]
+    line = bad.splitlines().index(next(r for r in bad.splitlines() if BROKEN_KIND in r))
+    start = bad.splitlines()[line].index("net.htp")
+    assert errors[0].range == types.Range(types.Position(line, start),
+                                          types.Position(line, start + len("net.htp")))
+    assert "unknown capability" in errors[0].message
+
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        [types.TextDocumentContentChangeWholeDocument(text=good)]))
+    found = await _diagnostics(client, uri)
+    assert not [d for d in found if d.severity == types.DiagnosticSeverity.Error]
+    # the lint's findings come once it compiles (SBP330: no timeout), as `lint` reports them
+    assert any(d.code == "SBP330" and d.severity == types.DiagnosticSeverity.Warning
+               for d in found)
+    client.text_document_did_close(types.DidCloseTextDocumentParams(
+        types.TextDocumentIdentifier(uri=uri)))
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_formatting_returns_fmt_output(client: LanguageClient, workdir: Path) -> None:
+    path = workdir / "messy.sbpolicy"
+    messy = 'policy "acme/messy"   version "1.0.0"\npermit  "r"  fs.read   paths ["/w/**"]\n'
+    path.write_text(messy)
+    uri = _open(client, path, messy)
+    edits = await client.text_document_formatting_async(types.DocumentFormattingParams(
+        types.TextDocumentIdentifier(uri=uri), types.FormattingOptions(2, True)))
+    expected = format_source(messy, str(path), real_path=str(path)).formatted
+    assert expected is not None and expected != messy
+    assert edits is not None and len(edits) == 1
+    assert edits[0].new_text == expected
+    assert edits[0].range.start == types.Position(0, 0)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_symbols_hover_definition(client: LanguageClient, workdir: Path) -> None:
+    path = workdir / "org.sbpolicy"
+    text = path.read_text()
+    uri = _open(client, path, text)
+    symbols = await client.text_document_document_symbol_async(types.DocumentSymbolParams(
+        types.TextDocumentIdentifier(uri=uri)))
+    assert symbols is not None
+    names = {(s.name, s.kind) for s in symbols if isinstance(s, types.DocumentSymbol)}
+    assert ("acme/agents", types.SymbolKind.Module) in names
+    assert ("network.sbpolicy", types.SymbolKind.File) in names
+    assert any(kind == types.SymbolKind.Function for _, kind in names)
+
+    rows = text.splitlines()
+    rule_line = next(i for i, r in enumerate(rows) if r.startswith("permit "))
+    hover = await client.text_document_hover_async(types.HoverParams(
+        types.TextDocumentIdentifier(uri=uri), types.Position(rule_line, 2)))
+    assert hover is not None and isinstance(hover.contents, types.MarkupContent)
+    rule_name = rows[rule_line].split('"')[1]
+    assert f"**permit** rule `{rule_name}`" in hover.contents.value
+    assert "kinds: `" in hover.contents.value
+
+    import_line = next(i for i, r in enumerate(rows) if r.startswith('import "network'))
+    location = await client.text_document_definition_async(types.DefinitionParams(
+        types.TextDocumentIdentifier(uri=uri), types.Position(import_line, 10)))
+    assert isinstance(location, types.Location)
+    assert location.uri == (workdir / "network.sbpolicy").as_uri()
+    assert location.range.start == types.Position(0, 0)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_completion_offers_kinds_and_resources(client: LanguageClient,
+                                                     workdir: Path) -> None:
+    uri = _open(client, workdir / "new.sbpolicy", 'policy "a/b" version "1"\npermit "x" ')
+    result = await client.text_document_completion_async(types.CompletionParams(
+        types.TextDocumentIdentifier(uri=uri), types.Position(1, 11)))
+    assert isinstance(result, types.CompletionList)
+    labels = {item.label for item in result.items}
+    assert {"fs.read", "net.http", "proc.exec", "hosts", "paths", "methods"} <= labels

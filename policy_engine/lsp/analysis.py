@@ -143,9 +143,9 @@ def hover(pf: ast.PolicyFile, line: int, column: int) -> tuple[str, Span] | None
 def definition(pf: ast.PolicyFile, path: str, line: int, column: int) -> Span | None:
     """Where the import path, rule id or profile name at ``line``/``column`` is defined: an
     import's target file, or the rule/profile of that name in this file or its imports."""
-    for item in pf.imports:
-        if contains(item.span, line, column):
-            target = os.path.join(os.path.dirname(path), item.path.value)
+    for imp in pf.imports:
+        if contains(imp.span, line, column):
+            target = os.path.join(os.path.dirname(path), imp.path.value)
             return Span(target, 1, 1) if os.path.isfile(target) else None
     word = _quoted_at(pf.source, line, column)
     if word is None:

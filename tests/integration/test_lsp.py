@@ -87,8 +87,10 @@ async def test_formatting_returns_fmt_output(client: LanguageClient, workdir: Pa
     edits = await client.text_document_formatting_async(types.DocumentFormattingParams(
         types.TextDocumentIdentifier(uri=uri), types.FormattingOptions(2, True)))
     expected = format_source(messy, str(path), real_path=str(path)).formatted
-    assert expected is not None and expected != messy
-    assert edits is not None and len(edits) == 1
+    assert expected is not None
+    assert expected != messy
+    assert edits is not None
+    assert len(edits) == 1
     assert edits[0].new_text == expected
     assert edits[0].range.start == types.Position(0, 0)
 
@@ -110,7 +112,8 @@ async def test_symbols_hover_definition(client: LanguageClient, workdir: Path) -
     rule_line = next(i for i, r in enumerate(rows) if r.startswith("permit "))
     hover = await client.text_document_hover_async(types.HoverParams(
         types.TextDocumentIdentifier(uri=uri), types.Position(rule_line, 2)))
-    assert hover is not None and isinstance(hover.contents, types.MarkupContent)
+    assert hover is not None
+    assert isinstance(hover.contents, types.MarkupContent)
     rule_name = rows[rule_line].split('"')[1]
     assert f"**permit** rule `{rule_name}`" in hover.contents.value
     assert "kinds: `" in hover.contents.value

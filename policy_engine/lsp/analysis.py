@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from policy_engine.dsl import ast
 from policy_engine.dsl.fastparse import parse
-from policy_engine.errors import Diagnostic, Span
+from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.lint.engine import lint_text
 from policy_engine.model.enums import CapabilityKind
 
@@ -26,10 +26,35 @@ class Symbol:
 
 
 def diagnostics(text: str, path: str) -> list[Diagnostic]:
-    """What `check` and `lint` report for ``text`` saved as ``path``, this file's only
-    (suppressed findings left out, as `lint` hides them)."""
-    return [f.diagnostic for f in lint_text(text, path)
-            if f.suppressed is None and f.span is not None and f.span.file == path]
+    """What `check` and `lint` report for ``text`` saved as ``path`` (suppressed findings left
+    out, as `lint` hides them); an error in an imported file is shown on the import line that
+    leads to it, since the editor may not have that file open."""
+    out: list[Diagnostic] = []
+    imports: list[ast.Import] | None = None
+    for f in lint_text(text, path):
+        diag = f.diagnostic
+        if f.suppressed is not None:
+            continue
+        if diag.span is None or diag.span.file == path:
+            out.append(diag)
+            continue
+        if diag.severity is not Severity.ERROR:
+            continue  # the imported file's own warnings belong to its own buffer
+        if imports is None:
+            imports = parsed(text, path).imports
+        if imports:
+            out.append(_on_import(diag, diag.span, imports, path))
+    return out
+
+
+def _on_import(diag: Diagnostic, span: Span, imports: list[ast.Import], path: str) -> Diagnostic:
+    """``diag`` of an imported file moved onto the import naming that file (else the first)."""
+    target = os.path.realpath(span.file)
+    base = os.path.dirname(path)
+    via = next((i for i in imports
+                if os.path.realpath(os.path.join(base, i.path.value)) == target), imports[0])
+    return Diagnostic.make(diag.id, f"in imported `{span}`: {diag.message}", via.span,
+                           help=diag.help, severity=diag.severity)
 
 
 def parsed(text: str, path: str) -> ast.PolicyFile:

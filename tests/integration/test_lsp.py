@@ -135,3 +135,39 @@ async def test_completion_offers_kinds_and_resources(client: LanguageClient,
     assert isinstance(result, types.CompletionList)
     labels = {item.label for item in result.items}
     assert {"fs.read", "net.http", "proc.exec", "hosts", "paths", "methods"} <= labels
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_ranges_count_utf16_and_imported_errors_land_on_the_import(
+        client: LanguageClient, workdir: Path) -> None:
+    # a character outside the BMP is two UTF-16 units: the range must count it so
+    text = 'policy "a/b" version "1.0.0"\npermit "\U0001f600" net.htp hosts ["a.example"]\n'
+    uri = _open(client, workdir / "emoji.sbpolicy", text)
+    found = await _diagnostics(client, uri)
+    errors = [d for d in found if d.code == "SBP214"]
+    assert len(errors) == 1
+    start = text.splitlines()[1].index("net.htp") + 1  # +1: the emoji takes two units
+    assert errors[0].range.start == types.Position(1, start)
+    assert errors[0].range.end == types.Position(1, start + len("net.htp"))
+
+    (workdir / "lib.sbpolicy").write_text(
+        'policy "a/lib" version "1.0.0"\npermit "bad" fs.raed paths ["/w/**"]\n')
+    main = 'policy "a/main" version "1.0.0"\nimport "lib.sbpolicy"\n'
+    uri = _open(client, workdir / "main.sbpolicy", main)
+    found = await _diagnostics(client, uri)
+    assert [d.code for d in found] == ["SBP214"]
+    assert found[0].range.start.line == 1
+    assert "lib.sbpolicy:2:" in found[0].message
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_definition_of_a_profile_name(client: LanguageClient, workdir: Path) -> None:
+    text = ('policy "a/p" version "1.0.0"\n'
+            'profile "ci" {\n  network off\n}\n'
+            'tool "t" version "1.0" {\n  permit fs.read paths ["/w/**"]\n  profile "ci"\n}\n')
+    uri = _open(client, workdir / "profiles.sbpolicy", text)
+    location = await client.text_document_definition_async(types.DefinitionParams(
+        types.TextDocumentIdentifier(uri=uri), types.Position(6, 12)))
+    assert isinstance(location, types.Location)
+    assert location.uri == uri
+    assert location.range.start == types.Position(1, 0)

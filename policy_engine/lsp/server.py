@@ -11,7 +11,7 @@ from policy_engine import __version__
 from policy_engine.compiler.resources import ACCEPTS
 from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.fmt.runner import format_source
-from policy_engine.lsp import analysis
+from policy_engine.lsp import analysis, celhelp
 
 server = LanguageServer("policy-engine", __version__)
 
@@ -137,6 +137,11 @@ def _at(ls: LanguageServer, uri: str, pos: types.Position) -> tuple[str, int, in
 def hover(ls: LanguageServer, params: types.HoverParams) -> types.Hover | None:
     uri = params.text_document.uri
     text, line, column = _at(ls, uri, params.position)
+    rows = text.splitlines()
+    row = rows[line - 1] if line <= len(rows) else ""
+    cel = celhelp.hover(row, column - 1)
+    if cel is not None:
+        return types.Hover(contents=types.MarkupContent(types.MarkupKind.Markdown, cel))
     found = analysis.hover(analysis.parsed(text, _path(uri)), line, column)
     if found is None:
         return None
@@ -164,7 +169,20 @@ def definition(ls: LanguageServer, params: types.DefinitionParams) -> types.Loca
 @server.feature(types.TEXT_DOCUMENT_COMPLETION,
                 types.CompletionOptions(trigger_characters=["."]))
 def completion(ls: LanguageServer, params: types.CompletionParams) -> types.CompletionList:
-    """Capability kinds, resource keywords and the language's keywords."""
+    """In a CEL condition: the fields after `request.`, `grant.`... or the context variables;
+    elsewhere capability kinds, resource keywords and the language's keywords."""
+    text, line, column = _at(ls, params.text_document.uri, params.position)
+    rows = text.splitlines()
+    row = rows[line - 1] if line <= len(rows) else ""
+    if celhelp.in_condition(row, column - 1):
+        fields = celhelp.fields_before(row, column - 1)
+        if fields is not None:
+            return types.CompletionList(is_incomplete=False, items=[
+                types.CompletionItem(label=f, kind=types.CompletionItemKind.Field,
+                                     detail="CEL field") for f in fields[0]])
+        return types.CompletionList(is_incomplete=False, items=[
+            types.CompletionItem(label=v, kind=types.CompletionItemKind.Variable,
+                                 detail="CEL context variable") for v in celhelp.variables()])
     items = [types.CompletionItem(label=k, kind=types.CompletionItemKind.EnumMember,
                                   detail="capability kind") for k in analysis.KINDS]
     items += [types.CompletionItem(label=r, kind=types.CompletionItemKind.Property,

@@ -171,3 +171,26 @@ async def test_definition_of_a_profile_name(client: LanguageClient, workdir: Pat
     assert isinstance(location, types.Location)
     assert location.uri == uri
     assert location.range.start == types.Position(1, 0)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_cel_hover_and_field_completion(client: LanguageClient, workdir: Path) -> None:
+    text = ('policy "a/c" version "1.0.0"\n'
+            'permit "r" fs.read paths ["/w/**"]\n'
+            '  when `grant.subject_id.startsWith("agent:") && grant.budget.`\n')
+    uri = _open(client, workdir / "cel.sbpolicy", text)
+    row = text.splitlines()[2]
+    hover = await client.text_document_hover_async(types.HoverParams(
+        types.TextDocumentIdentifier(uri=uri), types.Position(2, row.index("grant") + 1)))
+    assert hover is not None
+    assert isinstance(hover.contents, types.MarkupContent)
+    assert "`grant`: `map(string, dyn)`" in hover.contents.value
+    assert "`subject_id`" in hover.contents.value
+
+    after = row.index("grant.budget.") + len("grant.budget.")
+    result = await client.text_document_completion_async(types.CompletionParams(
+        types.TextDocumentIdentifier(uri=uri), types.Position(2, after)))
+    assert isinstance(result, types.CompletionList)
+    labels = {item.label for item in result.items}
+    assert "calls" in labels
+    assert "fs.read" not in labels  # inside a condition: CEL fields, not capability kinds

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -194,3 +195,15 @@ async def test_cel_hover_and_field_completion(client: LanguageClient, workdir: P
     labels = {item.label for item in result.items}
     assert "calls" in labels
     assert "fs.read" not in labels  # inside a condition: CEL fields, not capability kinds
+
+
+def test_without_pygls_the_command_says_what_to_install() -> None:
+    # pygls made unimportable in a real CLI process: one clear line and exit 2, no traceback
+    code = ("import sys\nsys.modules['pygls'] = None\n"
+            "sys.argv = ['policy-engine', 'lsp']\n"
+            "from policy_engine.cli.main import main\nmain()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 2
+    assert "pip install 'policy-engine[lsp]'" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from policy_engine.documents import is_document
 from policy_engine.dsl import ast
 from policy_engine.dsl.fastparse import parse
 from policy_engine.errors import Diagnostic, Severity, Span
-from policy_engine.lint.engine import lint_text
+from policy_engine.lint.engine import lint_paths, lint_text
 from policy_engine.model.enums import CapabilityKind
 
 KINDS = tuple(k.value for k in CapabilityKind)
@@ -29,8 +30,13 @@ def diagnostics(text: str, path: str) -> list[Diagnostic]:
     """What `check` and `lint` report for ``text`` saved as ``path`` (suppressed findings left
     out, as `lint` hides them); an error in an imported file is shown on the import line that
     leads to it, since the editor may not have that file open."""
+    if is_document(path):
+        return _saved_document(text, path)
     out: list[Diagnostic] = []
     imports: list[ast.Import] | None = None
+    pf, parse_errors = parse(text, path)
+    if not parse_errors:
+        out.extend(_manifest_count(pf))
     for f in lint_text(text, path):
         diag = f.diagnostic
         if f.suppressed is not None:
@@ -45,6 +51,32 @@ def diagnostics(text: str, path: str) -> list[Diagnostic]:
         if imports:
             out.append(_on_import(diag, diag.span, imports, path))
     return out
+
+
+def _manifest_count(pf: ast.PolicyFile) -> list[Diagnostic]:
+    """SBP105 as `check` says it (``documents.check_policy_file``): a header-less file of tool
+    blocks is one manifest, and `load_manifest` refuses more than one block."""
+    tools = [i for i in pf.items if isinstance(i, ast.ToolDef)]
+    if pf.headers or len(tools) < 2 or len(tools) != len(pf.items):
+        return []
+    names = ", ".join(f"`{t.name.value}`" for t in tools)
+    return [Diagnostic.make("SBP105", f"a tool manifest holds exactly one `tool` block, found "
+                            f"{names}", tools[1].span, help="put each tool manifest in its own "
+                            "file")]
+
+
+def _saved_document(text: str, path: str) -> list[Diagnostic]:
+    """A JSON/YAML document (manifest, grant, request, settings, config, test) is checked and
+    linted as saved: only while the buffer matches the file, so the positions are right."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            if handle.read() != text:
+                return []
+    except (OSError, UnicodeDecodeError):
+        return []
+    result = lint_paths([path], jobs=1)
+    return [f.diagnostic for f in result.active()
+            if f.span is not None and os.path.realpath(f.span.file) == os.path.realpath(path)]
 
 
 def _on_import(diag: Diagnostic, span: Span, imports: list[ast.Import], path: str) -> Diagnostic:

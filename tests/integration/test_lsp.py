@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -207,3 +208,26 @@ def test_without_pygls_the_command_says_what_to_install() -> None:
     assert done.returncode == 2
     assert "pip install 'policy-engine[lsp]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_manifests_and_json_documents(client: LanguageClient, workdir: Path) -> None:
+    tool = (EXAMPLES.parent / "manifests" / "file-editor.sbpolicy").read_text()
+    two = tool + "\n" + tool.replace('tool "', 'tool "other-', 1)
+    uri = _open(client, workdir / "two-tools.sbpolicy", two)
+    found = await _diagnostics(client, uri)
+    assert [d.code for d in found] == ["SBP105"]  # as `check` says it
+    assert found[0].range.start.line == two.splitlines().index(
+        next(r for r in two.splitlines() if r.startswith('tool "other-')))
+
+    grant = json.loads((EXAMPLES.parent / "grants" / "editor-agent.json").read_text())
+    grant["subjectid"] = "agent:x"
+    path = workdir / "grant.json"
+    text = json.dumps(grant, indent=2)
+    path.write_text(text)
+    uri = _open(client, path, text)
+    found = await _diagnostics(client, uri)
+    assert [d.code for d in found] == ["SBP105"]
+    assert "subjectid" in found[0].message
+    line = text.splitlines().index(next(r for r in text.splitlines() if '"subjectid"' in r))
+    assert found[0].range.start.line == line

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from policy_engine.documents import is_document
 from policy_engine.dsl import ast
 from policy_engine.dsl.fastparse import parse
+from policy_engine.dsl.parser import policy_too_large
 from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.lint.engine import lint_paths, lint_text
 from policy_engine.model.enums import CapabilityKind
@@ -32,6 +33,9 @@ def diagnostics(text: str, path: str) -> list[Diagnostic]:
     leads to it, since the editor may not have that file open."""
     if is_document(path):
         return _saved_document(text, path)
+    too_large = policy_too_large(text, path)
+    if too_large is not None:
+        return [too_large]
     out: list[Diagnostic] = []
     imports: list[ast.Import] | None = None
     pf, parse_errors = parse(text, path)
@@ -87,6 +91,12 @@ def _on_import(diag: Diagnostic, span: Span, imports: list[ast.Import], path: st
                 if os.path.realpath(os.path.join(base, i.path.value)) == target), imports[0])
     return Diagnostic.make(diag.id, f"in imported `{span}`: {diag.message}", via.span,
                            help=diag.help, severity=diag.severity)
+
+
+def rows_of(text: str) -> list[str]:
+    """The lines of ``text`` as LSP and the engine count them (``\n``, ``\r\n``; not the other
+    separators ``str.splitlines`` knows)."""
+    return [row[:-1] if row.endswith("\r") else row for row in text.split("\n")]
 
 
 def parsed(text: str, path: str) -> ast.PolicyFile:
@@ -230,7 +240,7 @@ def _imported(pf: ast.PolicyFile, path: str) -> list[ast.PolicyFile]:
 
 def _quoted_at(source: str, line: int, column: int) -> str | None:
     """The string literal around 1-based ``line``/``column``, if the cursor is inside one."""
-    rows = source.splitlines()
+    rows = rows_of(source)
     if not 1 <= line <= len(rows):
         return None
     row, index = rows[line - 1], column - 1

@@ -12,6 +12,7 @@ from policy_engine.compiler.resources import ACCEPTS
 from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.fmt.runner import format_source
 from policy_engine.lsp import analysis, celhelp
+from policy_engine.lsp.analysis import rows_of
 
 server = LanguageServer("policy-engine", __version__)
 
@@ -73,7 +74,7 @@ def _to_lsp(diag: Diagnostic, rows: list[str]) -> types.Diagnostic:
 def _publish(ls: LanguageServer, uri: str) -> None:
     doc = ls.workspace.get_text_document(uri)
     text = doc.source
-    rows = text.splitlines()
+    rows = rows_of(text)
     found = [_to_lsp(d, rows) for d in analysis.diagnostics(text, _path(uri))]
     ls.text_document_publish_diagnostics(
         types.PublishDiagnosticsParams(uri=uri, diagnostics=found, version=doc.version))
@@ -105,8 +106,8 @@ def formatting(ls: LanguageServer,
     result = format_source(text, path, real_path=path)
     if result.formatted is None or not result.changed:
         return None
-    rows = text.splitlines()
-    end = types.Position(len(rows), 0)
+    rows = rows_of(text)
+    end = types.Position(len(rows) - 1, _utf16(rows[-1], len(rows[-1])))
     return [types.TextEdit(types.Range(types.Position(0, 0), end), result.formatted)]
 
 
@@ -122,13 +123,13 @@ def document_symbol(ls: LanguageServer,
                     params: types.DocumentSymbolParams) -> list[types.DocumentSymbol]:
     uri = params.text_document.uri
     text = ls.workspace.get_text_document(uri).source
-    rows = text.splitlines()
+    rows = rows_of(text)
     return [_symbol(s, rows) for s in analysis.symbols(analysis.parsed(text, _path(uri)))]
 
 
 def _at(ls: LanguageServer, uri: str, pos: types.Position) -> tuple[str, int, int]:
     text = ls.workspace.get_text_document(uri).source
-    rows = text.splitlines()
+    rows = rows_of(text)
     row = rows[pos.line] if pos.line < len(rows) else ""
     return text, pos.line + 1, _char(row, pos.character) + 1
 
@@ -137,7 +138,7 @@ def _at(ls: LanguageServer, uri: str, pos: types.Position) -> tuple[str, int, in
 def hover(ls: LanguageServer, params: types.HoverParams) -> types.Hover | None:
     uri = params.text_document.uri
     text, line, column = _at(ls, uri, params.position)
-    rows = text.splitlines()
+    rows = rows_of(text)
     row = rows[line - 1] if line <= len(rows) else ""
     cel = celhelp.hover(row, column - 1)
     if cel is not None:
@@ -147,7 +148,7 @@ def hover(ls: LanguageServer, params: types.HoverParams) -> types.Hover | None:
         return None
     body, span = found
     return types.Hover(contents=types.MarkupContent(types.MarkupKind.Markdown, body),
-                       range=_range(span, text.splitlines()))
+                       range=_range(span, rows_of(text)))
 
 
 @server.feature(types.TEXT_DOCUMENT_DEFINITION)
@@ -160,9 +161,9 @@ def definition(ls: LanguageServer, params: types.DefinitionParams) -> types.Loca
         return None
     target = from_fs_path(span.file) or span.file
     if target == uri:
-        rows = text.splitlines()
+        rows = rows_of(text)
     else:
-        rows = ls.workspace.get_text_document(target).source.splitlines()
+        rows = rows_of(ls.workspace.get_text_document(target).source)
     return types.Location(uri=target, range=_range(span, rows))
 
 
@@ -172,7 +173,7 @@ def completion(ls: LanguageServer, params: types.CompletionParams) -> types.Comp
     """In a CEL condition: the fields after `request.`, `grant.`... or the context variables;
     elsewhere capability kinds, resource keywords and the language's keywords."""
     text, line, column = _at(ls, params.text_document.uri, params.position)
-    rows = text.splitlines()
+    rows = rows_of(text)
     row = rows[line - 1] if line <= len(rows) else ""
     if celhelp.in_condition(row, column - 1):
         fields = celhelp.fields_before(row, column - 1)

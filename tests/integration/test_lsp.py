@@ -95,6 +95,7 @@ async def test_formatting_returns_fmt_output(client: LanguageClient, workdir: Pa
     assert len(edits) == 1
     assert edits[0].new_text == expected
     assert edits[0].range.start == types.Position(0, 0)
+    assert edits[0].range.end == types.Position(2, 0)  # the whole buffer, trailing newline too
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -231,3 +232,14 @@ async def test_manifests_and_json_documents(client: LanguageClient, workdir: Pat
     assert "subjectid" in found[0].message
     line = text.splitlines().index(next(r for r in text.splitlines() if '"subjectid"' in r))
     assert found[0].range.start.line == line
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_lines_count_as_lsp_counts_them(client: LanguageClient, workdir: Path) -> None:
+    # CRLF endings and a U+2028 inside a comment: str.splitlines would see one line more
+    text = ('policy "a/b" version "1.0.0"\r\n# a\u2028b\r\n'
+            'permit "r" fs.raed paths ["/w/**"]\r\n')
+    uri = _open(client, workdir / "crlf.sbpolicy", text)
+    found = await _diagnostics(client, uri)
+    assert [d.code for d in found] == ["SBP214"]
+    assert found[0].range.start == types.Position(2, len('permit "r" '))

@@ -9,9 +9,10 @@ from pygls.uris import from_fs_path, to_fs_path
 
 from policy_engine import __version__
 from policy_engine.compiler.resources import ACCEPTS
+from policy_engine.documents import is_test_file
 from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.fmt.runner import format_source
-from policy_engine.lsp import analysis, celhelp
+from policy_engine.lsp import analysis, celhelp, testfiles
 from policy_engine.lsp.analysis import rows_of
 
 server = LanguageServer("policy-engine", __version__)
@@ -156,7 +157,10 @@ def definition(ls: LanguageServer, params: types.DefinitionParams) -> types.Loca
     uri = params.text_document.uri
     path = _path(uri)
     text, line, column = _at(ls, uri, params.position)
-    span = analysis.definition(analysis.parsed(text, path), path, line, column)
+    if is_test_file(path):
+        span = testfiles.definition(text, path, line)
+    else:
+        span = analysis.definition(analysis.parsed(text, path), path, line, column)
     if span is None:
         return None
     target = from_fs_path(span.file) or span.file

@@ -243,3 +243,26 @@ async def test_lines_count_as_lsp_counts_them(client: LanguageClient, workdir: P
     found = await _diagnostics(client, uri)
     assert [d.code for d in found] == ["SBP214"]
     assert found[0].range.start == types.Position(2, len('permit "r" '))
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_definition_from_a_policy_test(client: LanguageClient, workdir: Path) -> None:
+    # `want_rule: ID` in a *.sbtest.yaml goes to that rule, found through the policy's imports
+    text = (EXAMPLES / "org.sbtest.yaml").read_text()
+    path = workdir / "org.sbtest.yaml"
+    path.write_text(text)
+    uri = _open(client, path, text)
+    rows = text.splitlines()
+    line = next(i for i, r in enumerate(rows) if r.strip() == "want_rule: github-api")
+    location = await client.text_document_definition_async(types.DefinitionParams(
+        types.TextDocumentIdentifier(uri=uri), types.Position(line, rows[line].index("github"))))
+    assert isinstance(location, types.Location)
+    assert location.uri == (workdir / "network.sbpolicy").as_uri()
+    network = (workdir / "network.sbpolicy").read_text().splitlines()
+    assert network[location.range.start.line].startswith('permit "github-api"')
+
+    line = next(i for i, r in enumerate(rows) if r.startswith("policy:"))
+    location = await client.text_document_definition_async(types.DefinitionParams(
+        types.TextDocumentIdentifier(uri=uri), types.Position(line, 10)))
+    assert isinstance(location, types.Location)
+    assert location.uri == (workdir / "org.sbpolicy").as_uri()

@@ -266,3 +266,24 @@ def lint_paths(paths: Sequence[str], config: LintConfig | None = None, *,
 def is_unusable(d: Diagnostic) -> bool:
     """Parse and check errors (SBP1xx/SBP2xx) make input unusable; lint findings never do."""
     return d.id < "SBP300" and d.severity is Severity.ERROR
+
+
+def lint_text(text: str, path: str, config: LintConfig | None = None) -> list[Finding]:
+    """Check and lint an unsaved buffer ``text`` as the policy file ``path`` (its imports read
+    from disk): what `check` and `lint` would report once it is saved (the language server)."""
+    from policy_engine.dsl.fastparse import parse
+    from policy_engine.lint.compile import Parsed
+
+    cfg, caches, out = config or LintConfig(), Caches(), _Outcome()
+    real = os.path.realpath(path)
+    pf, diags = parse(text, path)
+    caches.parses[real] = Parsed(pf, diags)
+    _lint_root((path, real), [(path, real)], cfg, caches, out, fallback=False)
+    seen: set[tuple[str, Span | None, str]] = set()
+    found = []
+    for f in out.findings:
+        key = (f.id, f.span, f.diagnostic.message)
+        if key not in seen:
+            seen.add(key)
+            found.append(f)
+    return found

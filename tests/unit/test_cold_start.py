@@ -16,7 +16,8 @@ from policy_engine.cli.main import COMMAND_MODULES, cli
 
 ROOT = Path(__file__).resolve().parents[2]
 AUTHORING = ("policy_engine.lint", "policy_engine.fmt", "policy_engine.policytest",
-             "policy_engine.conformance", "policy_engine.service", "policy_engine.replay")
+             "policy_engine.conformance", "policy_engine.service", "policy_engine.replay",
+             "policy_engine.lsp", "pygls", "lsprotocol")
 
 
 def _modules_after(code: str, env: dict[str, str] | None = None) -> set[str]:

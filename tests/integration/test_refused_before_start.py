@@ -76,13 +76,16 @@ def test_http_to_a_name_that_does_not_resolve_is_free(tmp_path: Path) -> None:
 
 
 def test_docker_stdin_refusal_is_free(tmp_path: Path) -> None:
+    """Run-once containers and the pool's launcher take stdin; a warm pool without its
+    launcher (`docker exec` streams) refuses it before anything starts, at no cost."""
     (tmp_path / "ws").mkdir()
     caps = [{"kind": "proc.exec", "tool": "cat"},
             {"kind": "fs.write", "paths": ["/workspace/work/**"]}]
     orch, grant, manifest = setup(
         tmp_path, 'permit "c" proc.exec tool "cat"\n'
         'permit "w" fs.write paths ["/workspace/work/**"]\n', caps,
-        backends={OpKind.PROC_EXEC: "docker"})
+        backends={OpKind.PROC_EXEC: "docker"},
+        options={"docker": {"mode": "pool", "pool_size": 1, "pool_launcher": False}})
     with orch:
         for _ in range(2):
             out = orch.run(grant, manifest, ProcExecOp(tool="cat", stdin_b64="aGk="),

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gen_policy_corpus  # noqa: E402  (a sibling script, not a package)
+from docs_section import replace_section  # noqa: E402  (a sibling too)
 
 TARGET_S = 10.0
 HEADING = "## Authoring commands: lint, fmt --check, test (issue 5)"
@@ -136,15 +137,7 @@ def report(results: list[Result], corpus: Path, files: int, lines: int, repeat: 
 
 
 def write_docs(section: str) -> None:
-    """Replace this benchmark's section of docs/benchmarks.md, or append it."""
-    text = DOCS.read_text(encoding="utf-8")
-    if HEADING in text:
-        start = text.index(HEADING)
-        nxt = text.find("\n## ", start + len(HEADING))
-        text = text[:start] + section + ("\n" + text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    DOCS.write_text(text, encoding="utf-8")
+    replace_section(HEADING, section, DOCS)
 
 
 def main() -> None:

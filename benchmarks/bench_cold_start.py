@@ -26,6 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: `benchmarks` lives at the checkout root
+    sys.path.insert(0, str(ROOT))
+from benchmarks.docs_section import replace_section  # noqa: E402
+
 DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Cold start (issue: Speed and memory)"
 ENTRY = "from policy_engine.cli.main import main; main()"
@@ -92,15 +96,7 @@ def render(result: dict[tuple[str, str], float], engines: Sequence[str], runs: i
 
 
 def write_docs(section: str) -> None:
-    text = DOCS.read_text(encoding="utf-8")
-    start = text.find(SECTION)
-    if start == -1:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        end = len(text) if nxt == -1 else nxt + 1
-        text = text[:start] + section + ("\n" if nxt != -1 else "") + text[end:]
-    DOCS.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+    replace_section(SECTION, section, DOCS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere: `benchmarks` lives at the root
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.docs_section import replace_section  # noqa: E402
 from benchmarks.peers import (  # noqa: E402 - needs the checkout root on sys.path first
     casbin_peer,
     cedar_peer,
@@ -322,17 +323,7 @@ def render_section(rows: Sequence[Row], info: dict[str, str], missing: dict[str,
 
 
 def write_docs(section: str) -> None:
-    """Replace (or append) our section of docs/benchmarks.md; other sections stay untouched."""
-    text = DOCS.read_text(encoding="utf-8") if DOCS.exists() else "# Benchmarks\n\n"
-    start = text.find(SECTION)
-    if start == -1:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        end = len(text) if nxt == -1 else nxt + 1
-        text = text[:start] + section + ("\n" if nxt != -1 else "") + text[end:]
-    DOCS.parent.mkdir(parents=True, exist_ok=True)
-    DOCS.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+    replace_section(SECTION, section, DOCS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -41,6 +41,7 @@ if os.environ.get(ENGINE_ENV):
     sys.path.insert(0, os.environ[ENGINE_ENV])
 
 from benchmarks.bench_guard import machine_info as _machine_info  # noqa: E402
+from benchmarks.docs_section import replace_section  # noqa: E402
 from benchmarks.scale_policy import (  # noqa: E402 - needs the checkout root on sys.path first
     CEDAR_SECRETS,
     ScalePolicy,
@@ -311,15 +312,7 @@ def render(rows: Sequence[Row], quick: bool) -> str:
 
 
 def write_docs(section: str) -> None:
-    text = DOCS.read_text(encoding="utf-8") if DOCS.exists() else "# Benchmarks\n\n"
-    start = text.find(SECTION)
-    if start == -1:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        end = len(text) if nxt == -1 else nxt + 1
-        text = text[:start] + section + ("\n" if nxt != -1 else "") + text[end:]
-    DOCS.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+    replace_section(SECTION, section, DOCS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,6 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_new_grant import HOME, NOW_MS, _op, compile_scale  # noqa: E402
+from benchmarks.docs_section import replace_section  # noqa: E402
 from benchmarks.scale_policy import scale_policy  # noqa: E402
 from policy_engine.guard import Guard  # noqa: E402
 from policy_engine.model import Grant, Manifest  # noqa: E402
@@ -134,15 +135,7 @@ def render(rows: Sequence[dict[str, Any]], quick: bool) -> str:
 
 
 def write_docs(section: str) -> None:
-    text = DOCS.read_text(encoding="utf-8")
-    start = text.find(SECTION)
-    if start == -1:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        end = len(text) if nxt == -1 else nxt + 1
-        text = text[:start] + section + ("\n" if nxt != -1 else "") + text[end:]
-    DOCS.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+    replace_section(SECTION, section, DOCS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

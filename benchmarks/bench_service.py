@@ -57,17 +57,19 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _drive(url: str, raw: bytes, conns: int, seconds: float,
+async def _drive(url: str, raws: list[bytes], seconds: float,
                  pid: int) -> dict[str, float]:
     host, port = url.removeprefix("http://").split(":")
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     # warm-up: every connection opened and a few requests served before timing
     await asyncio.gather(*(_connection(host, int(port), raw, time.perf_counter() + 0.5, [], {})
-                           for _ in range(conns)))
+                           for raw in raws))
     t0, cpu0 = time.perf_counter(), _cpu_s(pid)
     await asyncio.gather(*(_connection(host, int(port), raw, t0 + seconds, latencies, statuses)
-                           for _ in range(conns)))
+                           for raw in raws))
+    if set(statuses) != {200}:
+        print("  statuses:", dict(sorted(statuses.items())))
     elapsed, cpu = time.perf_counter() - t0, _cpu_s(pid) - cpu0
     qs = statistics.quantiles(latencies, n=100)
     return {"requests": len(latencies), "rps": len(latencies) / elapsed,
@@ -86,14 +88,16 @@ def main() -> None:
         root = Path(tmp)
         with start(root, "--rate-per-minute", "100000000") as svc:
             token = add_token(svc.state, "bench", "agent:bench")
-            body = {"op": {"kind": "fs.read", "path": f"{root}/data/hello.txt"},
-                    "grant": grant("bench", "agent:bench", root), "manifest": "reader"}
-            payload = json.dumps(body).encode()
+            # one grant per connection (grants are per call): a grant's `concurrency` (default
+            # 4) would otherwise refuse most of 50 simultaneous ops of one grant
+            payloads = [json.dumps({
+                "op": {"kind": "fs.read", "path": f"{root}/data/hello.txt"},
+                "grant": grant("bench", "agent:bench", root, call_id=f"bench-{i}"),
+                "manifest": "reader"}).encode() for i in range(args.connections)]
             rows = {}
             for name, path in (("decide", "/v1/decide"), ("ops fs.read", "/v1/ops")):
-                raw = _request(path, token, payload)
-                rows[name] = asyncio.run(_drive(svc.url, raw, args.connections, args.seconds,
-                                                svc.proc.pid))
+                raws = [_request(path, token, p) for p in payloads]
+                rows[name] = asyncio.run(_drive(svc.url, raws, args.seconds, svc.proc.pid))
                 print(name, {k: round(v, 2) for k, v in rows[name].items()})
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     text = [SECTION, "",

@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO))
 
 import psycopg  # noqa: E402
 
+from benchmarks.docs_section import replace_section  # noqa: E402
 from plugins.budget_redis import RedisBudgetMeter, RedisStore  # noqa: E402
 from plugins.budget_sqlite import SqliteBudgetMeter  # noqa: E402
 from policy_engine.compiler import compile_files  # noqa: E402
@@ -110,15 +111,7 @@ def main() -> None:
             "and the server's work, not the disk):\n\n" + table + "\n")
     print(text)
     if args.write:
-        doc = REPO / "docs" / "benchmarks.md"
-        body = doc.read_text()
-        start = body.find(SECTION)
-        if start >= 0:
-            end = body.find("\n## ", start + len(SECTION))
-            body = body[:start] + text + (body[end + 1:] if end >= 0 else "")
-        else:
-            body = body.rstrip("\n") + "\n\n" + text
-        doc.write_text(body)
+        replace_section(SECTION, text)
 
 
 if __name__ == "__main__":

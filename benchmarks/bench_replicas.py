@@ -25,6 +25,7 @@ sys.path.insert(0, str(REPO))
 import psycopg  # noqa: E402
 
 from benchmarks.bench_service import _connection, _request  # noqa: E402
+from benchmarks.docs_section import replace_section  # noqa: E402
 from tests.integration.service_server import grant, manifest  # noqa: E402
 from tests.integration.shared_servers import entry_points_dir  # noqa: E402
 from tests.integration.test_replicas import POLICY, Replica, _token  # noqa: E402
@@ -150,15 +151,7 @@ def main() -> None:
         "|---|---|---:|---:|---:|---:|", *rows]) + "\n"
     print(text)
     if args.write:
-        doc = REPO / "docs" / "benchmarks.md"
-        body = doc.read_text()
-        start = body.find(SECTION)
-        if start >= 0:
-            end = body.find("\n## ", start + len(SECTION))
-            body = body[:start] + text + (body[end + 1:] if end >= 0 else "")
-        else:
-            body = body.rstrip("\n") + "\n\n" + text
-        doc.write_text(body)
+        replace_section(SECTION, text)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.docs_section import replace_section  # noqa: E402
 from tests.integration.service_server import add_token, grant, start  # noqa: E402
 
 SECTION = "## HTTP service (issue 13)"
@@ -127,16 +128,7 @@ def main() -> None:
     section = "\n".join(text) + "\n"
     print(section)
     if args.write:
-        doc = REPO / "docs" / "benchmarks.md"
-        current = doc.read_text(encoding="utf-8")
-        if SECTION in current:
-            before, _, rest = current.partition(SECTION)
-            nxt = rest.find("\n## ")
-            current = before + section + (rest[nxt + 1:] if nxt >= 0 else "")
-            doc.write_text(current, encoding="utf-8")
-        else:
-            doc.write_text(current.rstrip("\n") + "\n\n" + section, encoding="utf-8")
-
+        replace_section(SECTION, section)
 
 if __name__ == "__main__":
     main()

@@ -67,6 +67,9 @@ class Plan:
     readonly: list[str] = field(default_factory=list)
     limits: Limits | None = None
     network: str = "off"
+    # landlock_rules' carving (a directory walk), by carve_masks; a plan is built per call
+    _carved: dict[bool, list[tuple[str, str]]] = field(default_factory=dict, repr=False,
+                                                       compare=False)
 
     def landlock_rules(self, extra: Iterable[tuple[str, str]] = (),
                        carve_masks: bool = True) -> list[tuple[str, str]]:
@@ -74,6 +77,9 @@ class Plan:
         subtract), its own directory keeping only list/create rights. Under bwrap the masks are
         already mounted over, so carving (hundreds of rules for /etc) is skipped.
         """
+        cached = self._carved.get(carve_masks)
+        if cached is not None:  # the executor counts them before it starts, then uses them
+            return cached + list(extra)
         masked = self.mask_files + self.mask_dirs if carve_masks else []
         rules: list[tuple[str, str]] = []
         for paths, access in ((self.system, "rox"), (self.readable, "rox")):
@@ -84,6 +90,7 @@ class Plan:
         if carve_masks:
             for p in self.readonly:
                 rules += carve(p, "rox", masked)
+        self._carved[carve_masks] = rules
         return rules + list(extra)
 
 

@@ -72,11 +72,17 @@ def _ancestors(patterns: Iterable[str], home: str) -> list[str]:
     return [f'(literal "{a}")' for a in out]
 
 
+def _beneath(path: str, root: str) -> bool:
+    return root == "/" or path == root or path.startswith(root + "/")
+
+
 def _capability_filter(members: Sequence[FsCapability], home: str, root: str) -> str:
     """A conjunction (``all_of``) as ``require-all``, clamped to ``root_fs`` as the Linux
     sandboxes clamp their binds."""
     parts = [any_of(_globs(m.paths, home)) for m in members]
-    if root != "/":
+    inside = any(all(_beneath(literal_prefix(expand_home(p, home)), root) for p in m.paths)
+                 for m in members)
+    if not inside:  # some member reaches outside root_fs: clamp
         parts.append(any_of(path_filters(root.rstrip("/") + "/**")))
     return all_of(parts)
 
@@ -123,7 +129,8 @@ def _denies(profile: Profile, home: str) -> tuple[list[str], list[str], list[str
 def _network(profile: Profile, proxy_port: int | None) -> list[str]:
     mode = profile.network
     if mode == NetworkMode.ON:
-        return ['(allow network-outbound (remote ip "*:*"))',
+        return ["; network on: IP sockets in and out, DNS through the resolver",
+                '(allow network-outbound (remote ip "*:*"))',
                 '(allow network-inbound (local ip "*:*"))',
                 '(allow network-bind (local ip "*:*"))',
                 _form("allow mach-lookup",

@@ -1,0 +1,304 @@
+"""macOS sandbox-exec profiles (seed 003 test 8): goldens, structure by a real S-expression
+parser, and what the rules decide, read by ``sbpl_eval`` (last matching rule wins).
+
+Goldens live in tests/golden/sbpl/*.sb. They are rewritten only on purpose:
+``PE_UPDATE_GOLDEN=1 python3 -m pytest tests/unit/test_sbpl.py``; that run rewrites the files
+and then fails, so a regeneration is never silent (review the diff, run again without it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from policy_engine.cli.main import cli
+from policy_engine.model import NetworkMode, Profile
+from policy_engine.patterns.paths import PathGlob, validate_glob
+from policy_engine.sandbox.sbpl import SbplPathError, render_sbpl
+from policy_engine.sandbox.sbpl_glob import path_filters
+from tests.unit.guard_fixtures import forbid, fs, make_profile, permit
+from tests.unit.sbpl_eval import Access, check_structure, decide, parse
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden" / "sbpl"
+UPDATE = os.environ.get("PE_UPDATE_GOLDEN") == "1"
+HOME = "/Users/agent"
+TMP = "/private/var/folders/zz/T/pe-mac-test"
+MANDATORY = ("~/.ssh/**", "~/.aws/**", "/etc/shadow", "/etc/passwd", "**/.env",
+             "**/credentials.json", "/var/run/**")
+
+
+def example_profile(request: str) -> Profile:
+    """The profile `policy-engine explain` compiles for an example request of the org policy."""
+    got = CliRunner().invoke(cli, [
+        "explain", "--policy", str(ROOT / "examples/policies/org.sbpolicy"), "--request",
+        str(ROOT / "examples/requests" / f"{request}.json"), "--format", "json"])
+    assert got.exit_code == 0, got.output
+    return Profile.model_validate(json.loads(got.output)["profile"])
+
+
+def mandatory() -> object:
+    return forbid(("fs.read", "fs.write", "fs.list"),
+                  fs("fs.read", *(p.replace("~", HOME) for p in MANDATORY)),
+                  rule="builtin:mandatory-secrets", mandatory=True)
+
+
+def hand_profile(*caps: object, denies: tuple[object, ...] = (),
+                 network: NetworkMode = NetworkMode.OFF, root: str = HOME) -> Profile:
+    return make_profile(capabilities=caps, denies=(mandatory(), *denies),  # type: ignore[arg-type]
+                        network=network, root_fs=root, home=HOME, profile_hash="ab" * 32)
+
+
+def project_profile(network: NetworkMode = NetworkMode.OFF) -> Profile:
+    """A whitelist with blacklisted paths inside it: a secrets dir, hooks, a listing."""
+    return hand_profile(
+        permit("fs.read", fs("fs.read", f"{HOME}/project/**")),
+        permit("fs.write", fs("fs.write", f"{HOME}/project/**")),
+        denies=(forbid(("fs.read",), fs("fs.read", f"{HOME}/project/secrets/**"), rule="f-read"),
+                forbid(("fs.write",), fs("fs.write", f"{HOME}/project/.git/hooks/**"),
+                       rule="f-write"),
+                forbid(("fs.list",), fs("fs.list", f"{HOME}/project/private"), rule="f-list")),
+        network=network)
+
+
+CASES: dict[str, tuple[object, dict[str, object]]] = {
+    "org-git-status": (lambda: example_profile("git-status"), {"tmpdir": TMP}),
+    "org-list-workspace": (lambda: example_profile("list-workspace"), {}),
+    "read-only": (lambda: hand_profile(permit("fs.read", fs("fs.read", f"{HOME}/docs/**"))), {}),
+    "writable-globs": (lambda: hand_profile(
+        permit("fs.read", fs("fs.read", f"{HOME}/src/**")),
+        permit("fs.write", fs("fs.write", f"{HOME}/src/*/out/**", f"{HOME}/src/**/build/*.o")),
+        permit("fs.write", fs("fs.write", f"{HOME}/**"), fs("fs.write", "/tmp/**", f"{HOME}/a/**"),
+               rule="meet")), {"tmpdir": TMP}),
+    "blacklist-in-whitelist": (lambda: project_profile(), {}),
+    "network-on": (lambda: project_profile(NetworkMode.ON), {}),
+    "network-restricted": (lambda: project_profile(NetworkMode.RESTRICTED), {"proxy_port": 8123}),
+}
+
+
+def render_case(name: str) -> str:
+    build, opts = CASES[name]
+    return render_sbpl(build(), **opts)  # type: ignore[operator,arg-type]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_profile(name: str) -> None:
+    text = render_case(name)
+    path = GOLDEN / f"{name}.sb"
+    if UPDATE:
+        GOLDEN.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        pytest.fail(f"rewrote {path.relative_to(ROOT)} (PE_UPDATE_GOLDEN=1): review the diff, "
+                    "then run again without it")
+    assert path.exists(), f"no golden {path}; create it with PE_UPDATE_GOLDEN=1"
+    assert text == path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_profile_parses_and_is_well_formed(name: str) -> None:
+    forms = check_structure(render_case(name))
+    heads = [f[0].value() for f in forms]
+    assert heads[:2] == ["version", "deny"] and forms[1][1].value() == "default"
+    # every golden on disk is a case (no stale file) and also well-formed
+    assert {p.stem for p in GOLDEN.glob("*.sb")} <= set(CASES)
+    check_structure((GOLDEN / f"{name}.sb").read_text(encoding="utf-8"))
+
+
+def test_rendering_is_deterministic_whatever_the_order() -> None:
+    a = project_profile()
+    b = a.model_copy(update={"capabilities": a.capabilities[::-1], "denies": a.denies[::-1]})
+    assert render_sbpl(a) == render_sbpl(b) == render_sbpl(a)
+
+
+def test_seed003_case08_macos_profile_generation() -> None:
+    """Seed 003 test 8: sandbox-exec profile generated correctly — from the org policy's
+    profile of `git status`: closed by default, processes may start, the workspace readable,
+    the blacklist (also inside the workspace) closed, the network denied."""
+    profile = example_profile("git-status")
+    text = render_sbpl(profile, tmpdir=TMP)
+    forms = check_structure(text)
+    assert text.startswith("(version 1)\n") and "\n(deny default)\n" in text
+    assert "\n(allow process-exec)\n" in text and "\n(allow process-fork)\n" in text
+    assert "\n(deny network*)\n" in text
+
+    def ok(op: str, path: str, vnode: str = "REGULAR-FILE") -> bool:
+        return decide(forms, Access(op, path, vnode))
+
+    assert ok("file-read-data", "/workspace/src/main.py")
+    assert ok("process-exec", "/usr/bin/git")
+    assert ok("file-read-data", "/usr/bin/git")
+    assert not ok("file-write-data", "/workspace/src/main.py")  # fs.read only
+    assert ok("file-write-data", f"{TMP}/scratch")
+    for secret in ("/root/.ssh/id_ed25519", "/workspace/.env", "/workspace/a/b/.env",
+                   "/workspace/.secrets/token", "/workspace/k.pem", "/private/etc/passwd",
+                   "/private/etc/master.passwd", "/private/var/run/docker.sock"):
+        assert not ok("file-read-data", secret), secret
+        assert not ok("file-write-data", secret), secret
+    assert not ok("file-read-data", "/Users/other/notes.txt")
+    assert not ok_net(forms, "ip", "1.1.1.1:443")
+
+
+def ok_net(forms: list[object], kind: str, target: str) -> bool:
+    return decide(forms, Access("network-outbound", remote=(kind, target)))
+
+
+def test_every_deny_follows_every_allow() -> None:
+    """SBPL's last matching rule wins: a deny written before an allow would be lifted by it."""
+    forms = parse(render_sbpl(project_profile(NetworkMode.ON)))
+    file_rules = [(i, f[0].value()) for i, f in enumerate(forms) if isinstance(f, list)
+                  and any(getattr(x, "value", lambda: "")().startswith("file-") for x in f[1:3])]
+    last_allow = max(i for i, a in file_rules if a == "allow")
+    first_deny = min(i for i, a in file_rules if a == "deny")
+    assert last_allow < first_deny
+
+
+def test_blacklist_inside_whitelist_wins() -> None:
+    """Seed 003 test 3, as the kernel would decide it from the generated rules."""
+    forms = parse(render_sbpl(project_profile()))
+    p = f"{HOME}/project"
+    assert decide(forms, Access("file-write-data", f"{p}/src/a.py"))
+    for op in ("file-read-data", "file-write-data"):
+        assert not decide(forms, Access(op, f"{p}/.env"))
+        assert not decide(forms, Access(op, f"{p}/secrets/key"))
+        assert not decide(forms, Access(op, f"{p}/secrets"))
+    assert decide(forms, Access("file-read-data", f"{p}/.git/hooks/pre-commit"))
+    assert not decide(forms, Access("file-write-data", f"{p}/.git/hooks/pre-commit"))
+    assert not decide(forms, Access("file-read-data", f"{p}/private", "DIRECTORY"))
+    assert decide(forms, Access("file-read-data", f"{p}/private/readme", "REGULAR-FILE"))
+
+
+def test_a_write_allow_never_lifts_a_mandatory_deny() -> None:
+    """Attack: an fs.write of the whole home (a later, broader allow) over ~/.ssh."""
+    forms = parse(render_sbpl(hand_profile(permit("fs.write", fs("fs.write", f"{HOME}/**")))))
+    assert decide(forms, Access("file-write-data", f"{HOME}/notes.txt"))
+    assert not decide(forms, Access("file-write-data", f"{HOME}/.ssh/authorized_keys"))
+    assert not decide(forms, Access("file-read-data", f"{HOME}/.aws/credentials"))
+
+
+@pytest.mark.parametrize(("glob", "outside"), [
+    (f"{HOME}/a.b/*.txt", f"{HOME}/aXb/x.txt"),  # `.` is not "any character"
+    (f"{HOME}/a+b/*", f"{HOME}/aab/x"),  # `+` is not "one or more"
+    (f"{HOME}/(x|y)/*", f"{HOME}/x/f"),  # no alternation
+    (f"{HOME}/[ab]/*", f"{HOME}/a/f"),  # no character class
+    (f"{HOME}/^$/*", f"{HOME}/f"),  # no anchors mid-pattern
+    (f"{HOME}/a{{2}}/*", f"{HOME}/aa/f"),  # no repetition
+    (f"{HOME}/w/*.txt", f"{HOME}/w/sub/x.txt"),  # `*` stays in one segment
+    (f"{HOME}/w/**", f"{HOME}/w-evil/x"),  # `**` is segment-bounded
+    (f"{HOME}/w/**/x", f"{HOME}/w/ax"),
+    (f"{HOME}/w/**/x", f"{HOME}/wx"),
+    (f"{HOME}/w/**/x/**", f"{HOME}/w/y/xz"),
+])
+def test_regex_metacharacters_and_odd_globstars_never_widen(glob: str, outside: str) -> None:
+    forms = parse(render_sbpl(hand_profile(permit("fs.read", fs("fs.read", glob)))))
+    assert not decide(forms, Access("file-read-data", outside)), (glob, outside)
+    assert PathGlob.of(glob).matches(outside) is False
+
+
+@pytest.mark.parametrize("path", [
+    f'{HOME}/x") (allow file-read* (subpath "/")) ("/**',  # a quote closes the string
+    f"{HOME}/x\n(allow file-read*)\n/**",  # a newline
+    f"{HOME}/back\\slash/**",
+    f"{HOME}/tab\there",
+    f"{HOME}/del\x7f/**",
+])
+def test_paths_that_could_break_out_of_a_string_are_refused(path: str) -> None:
+    for cap in (permit("fs.read", fs("fs.read", path)),):
+        with pytest.raises(SbplPathError, match="SBPL001"):
+            render_sbpl(hand_profile(cap))
+    with pytest.raises(SbplPathError, match="SBPL001"):  # a deny too: fail closed
+        render_sbpl(hand_profile(denies=(forbid(("fs.read",), fs("fs.read", path)),)))
+
+
+def test_parentheses_and_semicolons_stay_inside_their_string() -> None:
+    glob = f"{HOME}/a)b (c;d/**"
+    text = render_sbpl(hand_profile(permit("fs.read", fs("fs.read", glob))))
+    forms = check_structure(text)
+    assert f'(subpath "{HOME}/a)b (c;d")' in text
+    assert decide(forms, Access("file-read-data", f"{HOME}/a)b (c;d/f"))
+    assert not decide(forms, Access("file-read-data", f"{HOME}/other"))
+
+
+def test_a_hostile_profile_hash_cannot_inject_a_form() -> None:
+    profile = hand_profile().model_copy(update={"profile_hash": "ab\n(allow default)\n"})
+    text = render_sbpl(profile)
+    assert "(allow default)" not in text
+    assert not decide(parse(text), Access("file-read-data", "/anything"))
+
+
+def test_macos_resolves_etc_tmp_var_through_private() -> None:
+    forms = parse(render_sbpl(hand_profile(
+        permit("fs.write", fs("fs.write", "/tmp/work/**")),
+        denies=(forbid(("fs.read",), fs("fs.read", "/*/shadow")),
+                forbid(("fs.read",), fs("fs.read", "/v?r/secret"))), root="/")))
+    assert decide(forms, Access("file-write-data", "/private/tmp/work/a"))
+    assert not decide(forms, Access("file-read-data", "/private/etc/passwd"))
+    assert not decide(forms, Access("file-read-data", "/private/etc/shadow"))
+    assert not decide(forms, Access("file-read-data", "/private/var/secret"))
+
+
+@pytest.mark.parametrize(("mode", "opts", "allowed", "refused"), [
+    (NetworkMode.OFF, {}, [], [("ip", "1.1.1.1:443"), ("ip", "localhost:8123")]),
+    (NetworkMode.ON, {}, [("ip", "1.1.1.1:443"), ("unix-socket", "/private/var/run/mDNSResponder")],
+     []),
+    (NetworkMode.RESTRICTED, {"proxy_port": 8123}, [("ip", "localhost:8123")],
+     [("ip", "localhost:22"), ("ip", "1.1.1.1:443")]),
+    (NetworkMode.RESTRICTED, {}, [], [("ip", "localhost:8123"), ("ip", "1.1.1.1:443")]),
+])
+def test_network_modes_and_host_control_sockets(mode: NetworkMode, opts: dict[str, int],
+                                               allowed: list[tuple[str, str]],
+                                               refused: list[tuple[str, str]]) -> None:
+    forms = parse(render_sbpl(project_profile(mode), **opts))  # type: ignore[arg-type]
+    for kind, target in allowed:
+        assert ok_net(forms, kind, target), (mode, target)
+    for kind, target in [*refused, ("unix-socket", "/private/var/run/docker.sock"),
+                         ("unix-socket", f"{HOME}/.docker/run/docker.sock"),
+                         ("unix-socket", "/private/tmp/com.apple.launchd.x/Listeners")]:
+        assert not ok_net(forms, kind, target), (mode, target)
+
+
+def test_allows_are_clamped_to_root_fs() -> None:
+    """As the Linux sandboxes clamp their binds: an fs.read of /tmp with root_fs ~ opens
+    nothing outside ~ (the guard refuses such ops; the sandbox agrees)."""
+    forms = parse(render_sbpl(hand_profile(permit("fs.read", fs("fs.read", "/tmp/**")))))
+    assert not decide(forms, Access("file-read-data", "/private/tmp/x"))
+    assert not decide(forms, Access("file-read-data", "/tmp/x"))
+
+
+def test_a_bad_proxy_port_is_refused() -> None:
+    with pytest.raises(ValueError, match="proxy_port"):
+        render_sbpl(project_profile(NetworkMode.RESTRICTED), proxy_port=70000)
+
+
+_SEG = st.lists(st.sampled_from(["a", "b", ".", "+", "(", "|", "[", "^", "$", "{", "*", "?"]),
+                min_size=1, max_size=3).map("".join)
+_GLOB = st.lists(st.one_of(st.just("**"), _SEG), min_size=1, max_size=4).map(
+    lambda segs: "/" + "/".join(segs))
+_PATH = st.lists(st.lists(st.sampled_from(["a", "b", ".", "+", "(", "|", "[", "^", "$", "{",
+                                           "\n", "x"]), min_size=1, max_size=3).map("".join),
+                 min_size=1, max_size=5).map(lambda segs: "/" + "/".join(segs))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_GLOB, _PATH)
+def test_sbpl_filters_admit_exactly_what_the_engine_glob_admits(glob: str, path: str) -> None:
+    """Property: for any glob and path (metacharacters, newlines, `**` anywhere), the SBPL
+    filters match iff ``PathGlob`` does (outside /etc, /tmp, /var, where /private forms add
+    the resolved spelling of the same files)."""
+    assume(validate_glob(glob) is None)
+    assume(not re.match(r"^/(etc|tmp|var|private)(/|$)", path))
+    filters = [parse(f)[0] for f in path_filters(glob)]
+    got = any(decide([None, [sexp_symbol("allow"), sexp_symbol("file-read*"), f]],  # type: ignore[list-item]
+                     Access("file-read-data", path)) for f in filters)
+    assert got == PathGlob.of(glob).matches(path), (glob, path, path_filters(glob))
+
+
+def sexp_symbol(name: str) -> object:
+    from sexpdata import Symbol
+    return Symbol(name)

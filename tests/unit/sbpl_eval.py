@@ -3,7 +3,7 @@ evaluator of its file and network rules (last matching rule wins, default deny) 
 
 The evaluator implements the SBPL subset the renderer emits, with Apple's documented
 semantics: ``literal`` is one path, ``subpath`` the path and everything beneath it (segment-
-bounded), ``regex`` a POSIX ERE searched in the path (our regexes are anchored), ``require-any``
+bounded), ``regex`` a POSIX ERE on the whole path (ours are anchored ``^…$``), ``require-any``
 / ``require-all`` / ``require-not`` the logic, ``vnode-type`` the file type. ``file-read*``
 covers every ``file-read-…`` operation, ``file-write*`` every ``file-write-…``, ``network*``
 every ``network-…``.
@@ -44,22 +44,26 @@ def _name(x: Any) -> str | None:
 
 
 def check_filter(f: Any, where: str) -> None:
-    assert isinstance(f, list) and f, f"{where}: a filter must be a non-empty list, got {f!r}"
+    assert isinstance(f, list), f"{where}: a filter must be a list, got {f!r}"
+    assert f, f"{where}: an empty filter"
     head = _name(f[0])
     assert head in FILTERS, f"{where}: unknown filter {f[0]!r}"
     args = f[1:]
     if head in ("literal", "subpath", "path-literal", "sysctl-name", "sysctl-name-prefix",
                 "global-name"):
-        assert len(args) == 1 and isinstance(args[0], str), f"{where}: ({head} \"…\") expected"
+        assert len(args) == 1, f"{where}: ({head} \"…\") expected"
+        assert isinstance(args[0], str), f"{where}: ({head} \"…\") expected"
         assert not any(c in args[0] for c in '"\\\n\r\x00'), f"{where}: unsafe string {args!r}"
         if head in ("literal", "subpath", "path-literal"):
             assert args[0].startswith("/"), f"{where}: path not absolute: {args[0]!r}"
     elif head == "regex":
-        assert len(args) == 2 and _name(args[0]) == "#" and isinstance(args[1], str), \
-            f"{where}: (regex #\"…\") expected, got {f!r}"
+        assert len(args) == 2, f"{where}: (regex #\"…\") expected, got {f!r}"
+        assert _name(args[0]) == "#", f"{where}: (regex #\"…\") expected, got {f!r}"
+        assert isinstance(args[1], str), f"{where}: (regex #\"…\") expected, got {f!r}"
         rx = args[1]
-        assert rx.startswith("^") and rx.endswith("$"), f"{where}: unanchored regex {rx!r}"
-        assert "\n" not in rx and '"' not in rx, f"{where}: unsafe regex {rx!r}"
+        assert rx.startswith("^"), f"{where}: unanchored regex {rx!r}"
+        assert rx.endswith("$"), f"{where}: unanchored regex {rx!r}"
+        assert not any(c in rx for c in '\n"'), f"{where}: unsafe regex {rx!r}"
         re.compile(rx)
     elif head in ("require-any", "require-all"):
         assert len(args) >= 2, f"{where}: ({head}) of fewer than two filters"
@@ -69,14 +73,16 @@ def check_filter(f: Any, where: str) -> None:
         assert len(args) == 1, f"{where}: (require-not) takes one filter"
         check_filter(args[0], where)
     elif head == "vnode-type":
-        assert len(args) == 1 and _name(args[0]) in VNODE_TYPES, f"{where}: vnode-type {args!r}"
+        assert [_name(a) in VNODE_TYPES for a in args] == [True], f"{where}: vnode {args!r}"
     elif head == "target":
         assert [_name(a) for a in args] == ["same-sandbox"], f"{where}: target {args!r}"
     else:  # remote / local: (remote ip "host:port") or (remote unix-socket [filter])
         kind = _name(args[0]) if args else None
         assert kind in ("ip", "unix-socket"), f"{where}: ({head} {args!r})"
         if kind == "ip":
-            assert len(args) == 2 and isinstance(args[1], str) and ":" in args[1]
+            assert len(args) == 2
+            assert isinstance(args[1], str)
+            assert ":" in args[1]
         for a in args[1:] if kind == "unix-socket" else ():
             check_filter(a, where)
 
@@ -84,10 +90,11 @@ def check_filter(f: Any, where: str) -> None:
 def check_structure(text: str) -> list[Any]:
     """Parse ``text`` and check every form; returns the forms."""
     forms = parse(text)
-    assert forms and forms[0] == [Symbol("version"), 1], "the profile must start (version 1)"
+    assert forms[:1] == [[Symbol("version"), 1]], "the profile must start (version 1)"
     for i, form in enumerate(forms[1:], start=2):
         where = f"form {i}"
-        assert isinstance(form, list) and form, f"{where}: {form!r} is not a list"
+        assert isinstance(form, list), f"{where}: {form!r} is not a list"
+        assert form, f"{where}: an empty form"
         action = _name(form[0])
         assert action in ("allow", "deny"), f"{where}: unknown head {form[0]!r}"
         ops = [x for x in form[1:] if isinstance(x, Symbol)]
@@ -120,8 +127,8 @@ def _matches(f: list[Any], acc: Access) -> bool:
     if head == "subpath":
         root = args[0].rstrip("/")
         return root == "" or acc.path == root or acc.path.startswith(root + "/")
-    if head == "regex":
-        return re.search(args[1], acc.path) is not None
+    if head == "regex":  # ERE `$` is the end of the string, never "before a last newline"
+        return re.fullmatch(args[1][1:-1], acc.path) is not None
     if head == "require-any":
         return any(_matches(a, acc) for a in args)
     if head == "require-all":

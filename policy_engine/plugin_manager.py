@@ -313,6 +313,20 @@ def describe(manager: PluginManager, config: EngineConfig) -> dict[str, Any]:
         return _describe(manager, listing)
 
 
+def _unavailable(executor: object) -> dict[str, str]:
+    """``{"unavailable": reason}`` for an executor whose ``available()`` says it cannot run
+    here (a macOS-only backend on Linux), else nothing: the listing says why calls will fail."""
+    probe = getattr(executor, "available", None)
+    try:
+        state = probe() if callable(probe) else True
+    except Exception as exc:  # a crashing probe means unusable, as the orchestrator treats it
+        return {"unavailable": f"{type(exc).__name__}: {exc}"}
+    if state is True:
+        return {}
+    return {"unavailable": state if isinstance(state, str) and state else "reports itself "
+            "unavailable"}
+
+
 def _describe(manager: PluginManager, config: EngineConfig) -> dict[str, Any]:
     comps = manager.components(config)
     try:
@@ -323,7 +337,8 @@ def _describe(manager: PluginManager, config: EngineConfig) -> dict[str, Any]:
                 **source.to_json(),
                 "hooks": manager.hooks_of(name),
                 "executors": [
-                    {"name": ex.name, "capabilities": ex.capabilities.to_json()}
+                    {"name": ex.name, "capabilities": ex.capabilities.to_json(),
+                     **_unavailable(ex)}
                     for ex in comps.executors.values() if ex.name in mine
                     and comps.owners["executor:" + ex.name] == name
                 ],

@@ -20,8 +20,9 @@ def _setup_failure(name: str, exc: SetupError) -> None:
         click.echo("installed executors: " + ", ".join(exc.executors), err=True)
     for e in exc.load_errors:
         click.echo(f"plugin `{e.plugin}` failed to {e.stage}: {e.message}", err=True)
-    click.echo(f"help: install the plugin providing `{name}` into this Python environment "
-               "(`policy-engine plugins` lists what is loaded)", err=True)
+    click.echo(f"help: {exc.hint}" if exc.hint else f"help: install the plugin providing "
+               f"`{name}` into this Python environment (`policy-engine plugins` lists what is "
+               "loaded)", err=True)
 
 
 @click.command("conformance")

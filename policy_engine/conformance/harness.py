@@ -55,10 +55,11 @@ class SetupError(Exception):
     """
 
     def __init__(self, message: str, *, executors: tuple[str, ...] = (),
-                 load_errors: tuple[LoadError, ...] = ()) -> None:
+                 load_errors: tuple[LoadError, ...] = (), hint: str | None = None) -> None:
         super().__init__(message)
         self.executors = executors
         self.load_errors = load_errors
+        self.hint = hint  # what to do instead of "install the plugin", when that is wrong
 
 
 @dataclass(slots=True)

@@ -79,6 +79,7 @@ def _setup_message(name: str, exc: SetupError) -> str:
         lines.append("installed executors: " + ", ".join(exc.executors))
     lines.extend(f"plugin `{e.plugin}` failed to {e.stage}: {e.message}"
                  for e in exc.load_errors)
+    lines.extend([f"help: {exc.hint}"] if exc.hint else [])
     return "\n".join(lines)
 
 

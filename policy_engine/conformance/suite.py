@@ -55,6 +55,18 @@ def _inspect(name: str, env: ProbeEnv, options: Mapping[str, Mapping[str, Any]],
                              executors=tuple(sorted(comps.executors)),
                              load_errors=tuple(manager.load_errors))
         results = [checks.check_name(executor, name), checks.check_capabilities(executor)]
+        try:
+            probe = getattr(executor, "available", None)
+            state = probe() if callable(probe) else True
+        except Exception:  # check_capabilities reports it; the runs show what follows
+            state = True
+        if state is not True and isinstance(state, str | bool):
+            # every runtime check would fail on the same refusal: say it once, check nothing
+            raise SetupError(
+                f"executor `{name}` is installed but unavailable on this host: "
+                f"{state or 'it reports itself unavailable'}",
+                hint="run the kit where the backend can run (its available() returns True); "
+                     "calls here are refused with PROVIDER.UNAVAILABLE and this reason")
         caps = getattr(executor, "capabilities", None)
         kinds = frozenset(k for k in getattr(caps, "op_kinds", ()) if isinstance(k, OpKind))
         try:

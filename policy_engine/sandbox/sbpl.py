@@ -109,7 +109,8 @@ def _allows(profile: Profile, home: str) -> tuple[list[str], list[str], list[str
 def _denies(profile: Profile, home: str) -> tuple[list[str], list[str], list[str]]:
     """(read-and-write, write-only, directory-listing) deny filters; conditions are ignored:
     a deny the sandbox cannot evaluate per access applies always."""
-    both = _globs(base.MACOS_DENY, home)
+    # the profile's deny-list summary too: it only ever repeats or narrows the forbids
+    both = _globs([*base.MACOS_DENY, *profile.deny.paths], home)
     write_only: list[str] = []
     listing: list[str] = []
     for deny in profile.denies:
@@ -136,7 +137,8 @@ def _network(profile: Profile, proxy_port: int | None) -> list[str]:
                 _form("allow mach-lookup",
                       (f'(global-name "{s}")' for s in base.NETWORK_MACH_SERVICES))]
     if mode == NetworkMode.RESTRICTED and proxy_port is not None:
-        if not isinstance(proxy_port, int) or not 0 < proxy_port < 65536:
+        if isinstance(proxy_port, bool) or not isinstance(proxy_port, int) \
+                or not 0 < proxy_port < 65536:
             raise ValueError(f"proxy_port must be a TCP port (1-65535), not {proxy_port!r}")
         return ["; restricted: the policy proxy on loopback, nothing else",
                 f'(allow network-outbound (remote ip "localhost:{proxy_port}"))']

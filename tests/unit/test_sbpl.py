@@ -274,9 +274,21 @@ def test_allows_are_clamped_to_root_fs() -> None:
     assert not decide(forms, Access("file-read-data", "/tmp/x"))
 
 
-def test_a_bad_proxy_port_is_refused() -> None:
+@pytest.mark.parametrize("port", [70000, 0, True])
+def test_a_bad_proxy_port_is_refused(port: int) -> None:
     with pytest.raises(ValueError, match="proxy_port"):
-        render_sbpl(project_profile(NetworkMode.RESTRICTED), proxy_port=70000)
+        render_sbpl(project_profile(NetworkMode.RESTRICTED), proxy_port=port)
+
+
+def test_the_profile_deny_list_is_closed_too() -> None:
+    """Fail closed: a path on the profile's deny-list summary is denied even when no forbid
+    rule carries it (it can only repeat or narrow them)."""
+    from policy_engine.model import DenyLists
+    profile = hand_profile(permit("fs.read", fs("fs.read", f"{HOME}/**"))).model_copy(
+        update={"deny": DenyLists(paths=(f"{HOME}/vault/**",))})
+    forms = parse(render_sbpl(profile))
+    assert decide(forms, Access("file-read-data", f"{HOME}/notes"))
+    assert not decide(forms, Access("file-read-data", f"{HOME}/vault/key"))
 
 
 _SEG = st.lists(st.sampled_from(["a", "b", ".", "+", "(", "|", "[", "^", "$", "{", "*", "?"]),

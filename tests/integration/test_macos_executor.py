@@ -265,3 +265,26 @@ def test_run_path_output_is_bounded_head_and_tail(tmp_path: Path, stand_in: Path
     assert out["stdout_truncated"] is True
     assert len(out["stdout"]) == 1000
     assert out["stdout"].endswith("END")
+
+
+@pytest.mark.parametrize("mode", ["strict", "compat"])
+def test_honest_declarations_refuse_in_strict_and_degrade_in_compat(
+        tmp_path: Path, stand_in: Path, mode: str) -> None:
+    """What ``resource_limits=False`` means on macOS: strict refuses a proc.exec (memory and
+    pids cannot be limited), compat runs it and records why, through the real orchestrator."""
+    from tests.unit.orchestrator_fixtures import MANIFEST, grant, orchestrator, profile
+    ex = MacosSandboxExecutor(platform="darwin", sandbox_exec=str(stand_in))
+    with orchestrator(tmp_path / "state", ex, prof=profile(), mode=mode) as orch:  # type: ignore[arg-type]
+        got = orch.run(grant(), MANIFEST, ProcExecOp(tool="/bin/echo", args=("hi",)))
+    if mode == "strict":
+        assert got.result.code == "SANDBOX.CAPABILITY_BLOCKED"
+        assert "`resource_limits`" in (got.result.message or "")
+        assert got.end.budget_used.calls == 0
+        assert not (tmp_path / "profile.sb").exists()  # sandbox-exec was never started
+        return
+    assert got.result.ok, got.result
+    assert got.result.out["stdout"] == "hi\n"
+    assert got.end.sandbox_backend == NAME
+    assert got.end.sandbox_degraded is True
+    assert "resource_limits" in (got.end.sandbox_degrade_reason or "")
+    assert "(deny default)" in (tmp_path / "profile.sb").read_text()

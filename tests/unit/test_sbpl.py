@@ -8,6 +8,7 @@ and then fails, so a regeneration is never silent (review the diff, run again wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -37,9 +38,12 @@ MANDATORY = ("~/.ssh/**", "~/.aws/**", "/etc/shadow", "/etc/passwd", "**/.env",
 
 def example_profile(request: str) -> Profile:
     """The profile `policy-engine explain` compiles for an example request of the org policy."""
-    got = CliRunner().invoke(cli, [
-        "explain", "--policy", str(ROOT / "examples/policies/org.sbpolicy"), "--request",
-        str(ROOT / "examples/requests" / f"{request}.json"), "--format", "json"])
+    # relative paths from the checkout: the profile (and its hash in the golden's header) names
+    # the rule's file, which must not depend on where the repository is cloned
+    with contextlib.chdir(ROOT):
+        got = CliRunner().invoke(cli, [
+            "explain", "--policy", "examples/policies/org.sbpolicy", "--request",
+            f"examples/requests/{request}.json", "--format", "json"])
     assert got.exit_code == 0, got.output
     return Profile.model_validate(json.loads(got.output)["profile"])
 

@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 
-from policy_engine.patterns.paths import expand_home, glob_regex, validate_glob
+from policy_engine.patterns.paths import expand_home, glob_body, validate_glob
 
 Match = Callable[[str], bool]
 
@@ -67,11 +67,11 @@ class GlobSet:
                     _literal(s) and s != "**" for s in segs[1:]):
                 tails.add("/" + "/".join(segs[1:]))
             else:
-                bodies[glob_regex(expanded).pattern[1:-1]] = None
+                bodies[glob_body(expanded)] = None
         self.exact = frozenset(exact)
         self.prefixes = tuple(sorted(prefixes))
         self.tails = tuple(sorted(tails))
-        self.regex = re.compile("^(?:" + "|".join(bodies) + ")$", re.DOTALL) if bodies else None
+        self.regex = re.compile("^(?:" + "|".join(bodies) + r")\Z", re.DOTALL) if bodies else None
         self.match = self._build()
 
     def _build(self) -> Match:

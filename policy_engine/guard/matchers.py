@@ -30,7 +30,7 @@ from policy_engine.model import (
 )
 from policy_engine.patterns import HostPattern, compile_slots, first_mismatch
 from policy_engine.patterns.argv import CompiledSlot
-from policy_engine.patterns.paths import expand_home, glob_regex, validate_glob
+from policy_engine.patterns.paths import expand_home, glob_body, validate_glob
 
 _ANY = re.compile(r"^.*$", re.DOTALL)
 _NOTHING = re.compile(r"(?!)")
@@ -62,10 +62,10 @@ def path_regex(patterns: Iterable[str], home: str, *, forbid: bool) -> re.Patter
             if forbid:
                 return _ANY
             continue
-        bodies.append(glob_regex(expand_home(pat, home)).pattern[1:-1])
+        bodies.append(glob_body(expand_home(pat, home)))
     if not bodies:
         return _NOTHING
-    return re.compile("^(?:" + "|".join(bodies) + ")$", re.DOTALL)
+    return re.compile("^(?:" + "|".join(bodies) + r")\Z", re.DOTALL)
 
 
 class FsMatcher:

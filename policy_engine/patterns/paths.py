@@ -58,11 +58,11 @@ def _segment_regex(seg: str) -> str:
 
 
 @lru_cache(maxsize=4096)
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """Compile an absolute (already home-expanded) glob to an anchored regex."""
+def glob_body(pattern: str) -> str:
+    """The unanchored regex of an absolute (already home-expanded) glob, for alternations."""
     segs = [s for s in pattern.split("/") if s]
     if not segs:
-        return re.compile(r"^/$")
+        return "/"
     parts: list[str] = []
     for i, seg in enumerate(segs):
         if seg == "**":
@@ -75,7 +75,16 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
     rx = "".join(parts)
     if rx.startswith(r"(?:/.*)?"):  # the pattern `/**`
         rx = r"/.*"
-    return re.compile("^" + rx + "$", re.DOTALL)
+    return rx
+
+
+@lru_cache(maxsize=4096)
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """Compile an absolute (already home-expanded) glob to an anchored regex.
+
+    Anchored with ``\\Z``, never ``$``: ``$`` also matches before a final newline, and
+    ``/a/b\\n`` is another file than ``/a/b``."""
+    return re.compile("^" + glob_body(pattern) + r"\Z", re.DOTALL)
 
 
 def literal_prefix(pattern: str) -> str:

@@ -20,7 +20,10 @@ from typing import Any
 
 from policy_engine.config import EngineConfig
 from policy_engine.errors import DiagnosticsError, ErrorCode, PolicyEngineError
+from policy_engine.executor import ExecContext
 from policy_engine.model import Decision, OpKind, ProcExecOp, Profile
+from policy_engine.orchestration.budgeting import call_limits
+from policy_engine.orchestration.selection import select
 from policy_engine.orchestrator import Orchestrator
 from policy_engine.plugin_manager import PluginManager
 from policy_engine.sandbox.sbconfig import (
@@ -160,6 +163,34 @@ class SandboxRunner:
         op = self._op(argv, policy, cwd)
         profile = orch.builder.build(policy.grant, policy.manifest, settings=policy.settings)
         return orch.guard.decide(profile, op), profile, op
+
+    def preview(self, argv: Sequence[str], cwd: str | None = None) -> dict[str, Any]:
+        """What would run for ``argv``: the decision, the backend and the argv it would spawn
+        (its ``preview_command``); nothing runs and no evidence is written."""
+        decision, profile, op = self.decide(argv, cwd)
+        out: dict[str, Any] = {"decision": decision.decision, "code": decision.code,
+                               "reason": decision.reason,
+                               "rule": decision.rule.id if decision.rule else None,
+                               "profile_hash": profile.profile_hash}
+        if not decision.allowed:
+            return out
+        assert self._orch is not None  # INVARIANT: decide() built it
+        sel = select(self._orch.components.executors, self.engine, profile, OpKind.PROC_EXEC)
+        out["backend"] = sel.backend
+        if sel.error is not None or sel.executor is None:
+            out["error"] = sel.error.reason if sel.error else "no backend"
+            return out
+        previewer = getattr(sel.executor, "preview_command", None)
+        if not callable(previewer):
+            out["error"] = f"backend `{sel.backend}` cannot show the command it would run"
+            return out
+        ctx = ExecContext(profile=profile, deadline=float("inf"),
+                          limits=call_limits(decision, profile))
+        try:
+            out["argv"] = list(previewer(ctx, op))
+        except PolicyEngineError as exc:
+            out["error"] = f"{exc.code.value}: {exc.reason}"
+        return out
 
     def _op(self, argv: Sequence[str], policy: SandboxPolicy, cwd: str | None) -> ProcExecOp:
         return ProcExecOp(tool=argv[0], args=tuple(argv[1:]), cwd=policy.writable[0].path,

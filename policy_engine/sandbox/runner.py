@@ -21,6 +21,7 @@ from typing import Any
 from policy_engine.config import EngineConfig
 from policy_engine.errors import DiagnosticsError, ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext
+from policy_engine.guard.argv import check_argv_shape
 from policy_engine.model import Decision, OpKind, ProcExecOp, Profile
 from policy_engine.orchestration.budgeting import call_limits
 from policy_engine.orchestration.selection import select
@@ -114,6 +115,8 @@ class SandboxRunner:
         """
         if not argv or not argv[0]:
             raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "no command given")
+        # the guard's own argv check, before the tool's name is written into the policy
+        check_argv_shape(argv[0], tuple(argv[1:]))
         where = self.working_dir(cwd)
         key = (where, argv[0])
         cached = self._policies.get(key)

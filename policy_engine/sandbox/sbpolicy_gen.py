@@ -39,6 +39,7 @@ from policy_engine.model import (
 from policy_engine.model.capability import Capability
 from policy_engine.patterns.paths import is_literal
 from policy_engine.sandbox.sbconfig import Entry, SandboxConfig
+from policy_engine.sandbox.sbexpand import whitelist_refusal
 
 POLICY_NAME = "sandbox/config"
 TOOL_NAME = "sandbox"
@@ -72,16 +73,20 @@ def _paths(items: Iterable[str]) -> str:
     return "[" + ", ".join(_q(p) for p in dict.fromkeys(items)) + "]"
 
 
-def run_whitelist(config: SandboxConfig, cwd: str, tmpdir: str | None) -> tuple[Entry, ...]:
+def run_whitelist(config: SandboxConfig, cwd: str, tmpdir: str | None,
+                  home: str = "/") -> tuple[Entry, ...]:
     """The seed's ``generatePolicy``: the working directory, the whitelist, then ``$TMPDIR``.
 
-    ``/tmp`` is never bound from the host: every sandbox has its own empty ``/tmp``.
+    ``/tmp`` is never bound from the host: every sandbox has its own empty ``/tmp``. A
+    ``$TMPDIR`` the whitelist itself would refuse (``/``, ``/etc``, the home directory) is left
+    out: the environment must not make what a config file may not.
     """
     out = [Entry(cwd, cwd, "working directory")]
     out += config.whitelist
     if tmpdir and os.path.isabs(tmpdir):
         real = os.path.realpath(tmpdir)
-        if real not in ("/tmp", "/var/tmp"):
+        if real not in ("/tmp", "/var/tmp") and whitelist_refusal(
+                real, os.path.realpath(home)) is None:
             out.append(Entry(tmpdir, real, "$TMPDIR"))
     return tuple(dict((e.path, e) for e in out).values())
 
@@ -142,7 +147,7 @@ def build_sandbox_policy(config: SandboxConfig, *, cwd: str, tool: str, home: st
     :raises DiagnosticsError: the generated policy does not compile (a bug: entries are
         vetted before they get here).
     """
-    writable = run_whitelist(config, cwd, tmpdir)
+    writable = run_whitelist(config, cwd, tmpdir, home)
     source = policy_source(config, writable, tool, origin)
     digest = hashlib.sha256(f"{home}\0{source}".encode()).hexdigest()[:16]
     where = state_dir / "sandbox"

@@ -1,0 +1,143 @@
+"""Attacks on the sandbox config's boundary, run for real through proc-bwrap: what the runner
+adds by itself (the working directory, ``$TMPDIR``), symlinks inside a whitelisted tree, odd
+command names, and the CLI's refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policy_engine.config import EngineConfig
+from policy_engine.sandbox.runner import SandboxDisabledError, SandboxRunner
+from policy_engine.sandbox.sbconfig import load_sandbox_config
+
+pytestmark = pytest.mark.integration
+
+SECRET = "planted-key-material-0b7e"
+REAL_CACHE = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> dict[str, Any]:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_rsa").write_text(SECRET)
+    (home / ".aws").mkdir()
+    proj = home / "proj"
+    proj.mkdir()
+    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+           "XDG_CACHE_HOME": REAL_CACHE}
+    return {"home": home, "proj": proj, "env": env, "tmp": tmp_path,
+            "engine": EngineConfig(state_dir=tmp_path / "state", budget_meter="memory")}
+
+
+def runner(box: dict[str, Any], config: dict[str, Any] | None = None,
+           **extra_env: str) -> SandboxRunner:
+    env = {**box["env"], **extra_env}
+    path = box["tmp"] / "sandbox.json"
+    path.write_text(json.dumps(config or {}))
+    return SandboxRunner(load_sandbox_config(path, env=env), engine=box["engine"], env=env)
+
+
+@pytest.mark.parametrize("tmpdir", ["/etc", "/", "HOME", "/usr/lib"])
+def test_tmpdir_never_whitelists_a_system_tree_or_home(box: dict[str, Any],
+                                                      tmpdir: str) -> None:
+    tmpdir = str(box["home"]) if tmpdir == "HOME" else tmpdir
+    with runner(box, TMPDIR=tmpdir) as r:
+        policy = r.policy_for(["touch"], str(box["proj"]))
+        probe = os.path.join(tmpdir, "pe-sandbox-probe")
+        res = r.run(["touch", probe], str(box["proj"]))
+    assert f'"{tmpdir.rstrip("/")}/**"' not in policy.source
+    assert [e.origin for e in policy.writable] == ["working directory"]
+    # (a parent of a bind, such as the home above the project, exists inside the sandbox as
+    # an empty directory of bwrap's own root: a write there may succeed and reaches no host)
+    assert not os.path.exists(probe), res
+
+
+def test_tmpdir_elsewhere_is_whitelisted_as_the_seed_does(box: dict[str, Any]) -> None:
+    scratch = box["tmp"] / "scratch"
+    scratch.mkdir()
+    with runner(box, TMPDIR=str(scratch)) as r:
+        res = r.run(["touch", str(scratch / "made")], str(box["proj"]))
+    assert res.exit_code == 0, res.stderr
+    assert (scratch / "made").exists()
+
+
+@pytest.mark.parametrize("read_outside", [False, True])
+def test_symlink_to_ssh_inside_a_whitelisted_tree_reads_nothing(box: dict[str, Any],
+                                                                 read_outside: bool) -> None:
+    (box["proj"] / "keys").symlink_to(box["home"] / ".ssh")
+    (box["proj"] / "key").symlink_to(box["home"] / ".ssh" / "id_rsa")
+    with runner(box, {"filesystem": {"allowReadOutside": read_outside}}) as r:
+        res = r.run(["cat", "keys/id_rsa", "key"], str(box["proj"]))
+        copy = r.run(["cp", "key", "stolen"], str(box["proj"]))
+    assert SECRET not in res.stdout + res.stderr
+    assert copy.exit_code != 0 or SECRET not in (box["proj"] / "stolen").read_text()
+
+
+@pytest.mark.parametrize("where", ["aws", "etc-link", "quote", "slash"])
+def test_a_working_directory_that_cannot_be_whitelisted_is_refused(box: dict[str, Any],
+                                                                   where: str) -> None:
+    cwd = {"aws": box["home"] / ".aws", "etc-link": box["proj"] / "etc",
+           "quote": box["proj"] / 'a"b', "slash": Path("/")}[where]
+    if where == "etc-link":
+        cwd.symlink_to("/etc")
+    elif where == "quote":
+        cwd.mkdir()
+    with runner(box) as r:
+        res = r.run(["touch", "x"], str(cwd))
+        after = r.run(["true"], str(box["proj"]))
+    assert res.blocked and res.code == "SANDBOX.CAPABILITY_BLOCKED", res
+    assert res.stderr.startswith("Permission denied:")
+    assert not (cwd / "x").exists() if where != "slash" else not Path("/x").exists()
+    assert after.exit_code == 0 and not after.blocked
+
+
+@pytest.mark.parametrize("tool", ["a\nb", "ls;id", "", 'x"y', "../bin/sh"])
+def test_odd_command_names_are_refused_not_internal_errors(box: dict[str, Any],
+                                                          tool: str) -> None:
+    with runner(box) as r:
+        res = r.run([tool, "-l"], str(box["proj"]))
+    assert res.blocked, res
+    assert res.code in ("POLICY.DENY_TOOL", "SCHEMA.VALIDATION_FAILED"), res
+
+
+def test_disabled_sandbox_refuses_instead_of_running_unconfined(box: dict[str, Any]) -> None:
+    with runner(box, {"enabled": False}) as r, pytest.raises(SandboxDisabledError) as err:
+        r.run(["touch", str(box["home"] / "pwned")], str(box["proj"]))
+    assert "never runs a command unconfined" in err.value.reason
+    assert not (box["home"] / "pwned").exists()
+    cli = subprocess.run(
+        [sys.executable, "-m", "policy_engine.cli", "sandbox", "exec", "--state-dir",
+         str(box["tmp"] / "st"), "--cwd", str(box["proj"]), "--", "touch",
+         str(box["home"] / "pwned")],
+        capture_output=True, text=True, check=False,
+        env={**os.environ, **box["env"], "POLICY_ENGINE_SANDBOX_ENABLED": "0"})
+    assert cli.returncode == 2 and "POLICY_ENGINE_SANDBOX_ENABLED" in cli.stderr
+    assert "Traceback" not in cli.stderr and not (box["home"] / "pwned").exists()
+
+
+def test_cli_show_reports_origins_and_the_generated_policy(box: dict[str, Any]) -> None:
+    path = box["tmp"] / "sandbox.json"
+    path.write_text('{"filesystem": {"blacklist": ["~/.kube"]}, "network": {"allowNetwork": true}}')
+    out = subprocess.run(
+        [sys.executable, "-m", "policy_engine.cli", "sandbox", "show", "--config", str(path),
+         "--state-dir", str(box["tmp"] / "st"), "--cwd", str(box["proj"]), "--format", "json"],
+        capture_output=True, text=True, check=False, env={**os.environ, **box["env"]})
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["file"] == str(path) and data["located_by"] == "--config"
+    assert data["network"] == {"allowNetwork": False, "requested": True}
+    assert "allowNetwork" in out.stderr  # said loudly
+    kube = data["filesystem"]["blacklist"][-1]
+    assert kube["written"] == "~/.kube" and kube["origin"] == f"{path}:1:31"
+    assert data["run_whitelist"][0] == {"written": str(box["proj"]), "path": str(box["proj"]),
+                                        "origin": "working directory"}
+    assert 'forbid mandatory "sandbox-blacklist"' in data["policy"]
+    assert Path(data["policy_file"]).read_text() == data["policy"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from policy_engine.dsl.loaders import PositionLookup, parse_document
 from policy_engine.dsl.parser import read_source
-from policy_engine.errors import Diagnostic, DiagnosticsError, Span
+from policy_engine.errors import Diagnostic, DiagnosticsError
 from policy_engine.sandbox.sbexpand import ExpandError, blacklist_entry, whitelist_entry
 
 ENV_CONFIG = "POLICY_ENGINE_SANDBOX_CONFIG"
@@ -201,8 +201,9 @@ def parse_sandbox_text(text: str, shown: str,
     if not isinstance(data, dict):
         raise DiagnosticsError([_diag("the sandbox config must be a JSON object", lookup, ())])
     _check_keys(data, _TOP, (), lookup, problems)
-    fs = data.get("filesystem") if isinstance(data.get("filesystem"), dict) else {}
-    net = data.get("network") if isinstance(data.get("network"), dict) else {}
+    fs_raw, net_raw = data.get("filesystem"), data.get("network")
+    fs: dict[str, Any] = fs_raw if isinstance(fs_raw, dict) else {}
+    net: dict[str, Any] = net_raw if isinstance(net_raw, dict) else {}
     _check_keys(fs, _FILESYSTEM, ("filesystem",), lookup, problems)
     _check_keys(net, _NETWORK, ("network",), lookup, problems)
     base = defaults(home)
@@ -304,6 +305,3 @@ def describe_problem(d: Diagnostic) -> str:
     where = f"{d.span}: " if d.span is not None else ""
     return f"{where}{d.id} {d.message}" + (f" ({d.help})" if d.help else "")
 
-
-def as_span(path: str) -> Span:
-    return Span(path, 1, 1)

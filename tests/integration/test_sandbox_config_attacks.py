@@ -93,10 +93,12 @@ def test_a_working_directory_that_cannot_be_whitelisted_is_refused(box: dict[str
     with runner(box) as r:
         res = r.run(["touch", "x"], str(cwd))
         after = r.run(["true"], str(box["proj"]))
-    assert res.blocked and res.code == "SANDBOX.CAPABILITY_BLOCKED", res
+    assert res.blocked, res
+    assert res.code == "SANDBOX.CAPABILITY_BLOCKED"
     assert res.stderr.startswith("Permission denied:")
     assert not (cwd / "x").exists() if where != "slash" else not Path("/x").exists()
-    assert after.exit_code == 0 and not after.blocked
+    assert after.exit_code == 0
+    assert not after.blocked
 
 
 @pytest.mark.parametrize("tool", ["a\nb", "ls;id", "", 'x"y', "../bin/sh"])
@@ -119,8 +121,10 @@ def test_disabled_sandbox_refuses_instead_of_running_unconfined(box: dict[str, A
          str(box["home"] / "pwned")],
         capture_output=True, text=True, check=False,
         env={**os.environ, **box["env"], "POLICY_ENGINE_SANDBOX_ENABLED": "0"})
-    assert cli.returncode == 2 and "POLICY_ENGINE_SANDBOX_ENABLED" in cli.stderr
-    assert "Traceback" not in cli.stderr and not (box["home"] / "pwned").exists()
+    assert cli.returncode == 2
+    assert "POLICY_ENGINE_SANDBOX_ENABLED" in cli.stderr
+    assert "Traceback" not in cli.stderr
+    assert not (box["home"] / "pwned").exists()
 
 
 def test_cli_show_reports_origins_and_the_generated_policy(box: dict[str, Any]) -> None:
@@ -132,11 +136,13 @@ def test_cli_show_reports_origins_and_the_generated_policy(box: dict[str, Any]) 
         capture_output=True, text=True, check=False, env={**os.environ, **box["env"]})
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert data["file"] == str(path) and data["located_by"] == "--config"
+    assert data["file"] == str(path)
+    assert data["located_by"] == "--config"
     assert data["network"] == {"allowNetwork": False, "requested": True}
     assert "allowNetwork" in out.stderr  # said loudly
     kube = data["filesystem"]["blacklist"][-1]
-    assert kube["written"] == "~/.kube" and kube["origin"] == f"{path}:1:31"
+    assert kube["written"] == "~/.kube"
+    assert kube["origin"] == f"{path}:1:31"
     assert data["run_whitelist"][0] == {"written": str(box["proj"]), "path": str(box["proj"]),
                                         "origin": "working directory"}
     assert 'forbid mandatory "sandbox-blacklist"' in data["policy"]

@@ -77,7 +77,8 @@ def test_seed003_case01_whitelisted_dir_is_readable_and_writable(box: dict[str, 
                     "echo in-cwd > here.txt && cat here.txt", box["proj"])
     assert res.exit_code == 0, res.stderr
     assert res.stdout == "written-inside\nin-cwd\n"
-    assert res.backend == "proc-bwrap" and not res.blocked
+    assert res.backend == "proc-bwrap"
+    assert not res.blocked
     assert (data / "new.txt").read_text() == "written-inside\n"  # really on the host
     assert (box["proj"] / "here.txt").read_text() == "in-cwd\n"
 
@@ -130,13 +131,16 @@ def test_seed003_case04_outside_whitelist_is_refused(box: dict[str, Any], other:
     with runner(box) as r:
         hidden = r.run(["cat", str(other / "notes.txt")], str(box["proj"]))
         write = sh(r, f"echo x > {other}/new.txt", box["proj"])
-    assert "outside-content" not in hidden.stdout and hidden.exit_code != 0
-    assert write.exit_code != 0 and not (other / "new.txt").exists()
+    assert "outside-content" not in hidden.stdout
+    assert hidden.exit_code != 0
+    assert write.exit_code != 0
+    assert not (other / "new.txt").exists()
     with runner(box, {"filesystem": {"allowReadOutside": True}}) as r:
         readable = r.run(["cat", str(other / "notes.txt")], str(box["proj"]))
         write = sh(r, f"echo x > {other}/new.txt", box["proj"])
     assert readable.stdout == "outside-content"  # allowReadOutside: read-only elsewhere
-    assert write.exit_code != 0 and "Read-only file system" in write.stderr
+    assert write.exit_code != 0
+    assert "Read-only file system" in write.stderr
     assert not (other / "new.txt").exists()
 
 
@@ -152,7 +156,8 @@ def test_seed003_case05_curl_in_the_sandbox_has_no_network(box: dict[str, Any],
     with runner(box, {"network": {"allowNetwork": True}}) as r:
         assert any("allowNetwork" in n for n in r.loaded.notes)
         res = r.run(["curl", "-sS", "--max-time", "5", url], str(box["proj"]))
-    assert res.exit_code != 0 and "reached" not in res.stdout
+    assert res.exit_code != 0
+    assert "reached" not in res.stdout
     assert res.extra["network"] == "off"
     assert len(server.seen.requests) == 1  # only the host's request
 
@@ -183,7 +188,8 @@ def test_seed003_case06_ping_in_the_sandbox_has_no_network(box: dict[str, Any],
     with runner(box) as r:
         res = r.run([sys.executable, "-c", PING, "127.0.0.1"], str(box["proj"]))
         tcp = sh(r, f"echo hi > /dev/tcp/127.0.0.1/{server.port}", box["proj"])
-    assert res.exit_code != 0 and "pong" not in res.stdout
+    assert res.exit_code != 0
+    assert "pong" not in res.stdout
     assert tcp.exit_code != 0
     assert server.seen.requests == []
 
@@ -214,11 +220,14 @@ def test_seed003_case09_bwrap_argv_is_built_from_the_config(box: dict[str, Any])
     (box["proj"] / ".env").write_text("X=1")
     with runner(box, {"filesystem": {"whitelist": [str(data)]}}) as r:
         shown = r.preview(["ls", "-l"], str(box["proj"]))
-    assert shown["decision"] == "allow" and shown["backend"] == "proc-bwrap"
+    assert shown["decision"] == "allow"
+    assert shown["backend"] == "proc-bwrap"
     argv: list[str] = shown["argv"]
     bwrap = argv[argv.index(next(a for a in argv if a.endswith("/bwrap"))):]
-    assert "--unshare-all" in bwrap and "--share-net" not in bwrap  # network off
-    assert "--cap-drop" in bwrap and "--die-with-parent" in bwrap
+    assert "--unshare-all" in bwrap
+    assert "--share-net" not in bwrap
+    assert "--cap-drop" in bwrap
+    assert "--die-with-parent" in bwrap
     pairs = list(zip(bwrap, bwrap[1:], bwrap[2:], strict=False))
     assert any(f == "--bind" and d == str(box["proj"]) for f, _s, d in pairs)  # cwd, writable
     assert any(f == "--bind" and d == str(data) for f, _s, d in pairs)  # whitelist, writable
@@ -247,7 +256,8 @@ def test_seed003_case11_default_blacklist_has_the_secret_dirs(box: dict[str, Any
                  "**/credentials.json", "**/secrets.json"):
         assert want in paths
     assert len(loaded.config.blacklist) == len(DEFAULT_BLACKLIST)
-    assert loaded.config.enabled and not loaded.config.allow_read_outside
+    assert loaded.config.enabled
+    assert not loaded.config.allow_read_outside
     assert not loaded.config.allow_network
 
 
@@ -264,7 +274,8 @@ def test_seed003_case12_user_config_merges_and_cannot_lift_defaults(
     assert paths[:len(DEFAULT_BLACKLIST)] == [e.path for e in load_sandbox_config(
         env=box["env"]).config.blacklist]
     assert paths[-2:] == [f"{box['home']}/.kube", f"{box['home']}/.docker"]
-    assert [e.path for e in c.whitelist] == [str(data)] and c.allow_read_outside
+    assert [e.path for e in c.whitelist] == [str(data)]
+    assert c.allow_read_outside
     assert SECRET not in key.stdout
     # an empty blacklist removes nothing
     with runner(box, {"filesystem": {"blacklist": []}}) as r:
@@ -274,7 +285,9 @@ def test_seed003_case12_user_config_merges_and_cannot_lift_defaults(
 def test_seed003_case13_missing_file_means_defaults(box: dict[str, Any]) -> None:
     env = {**box["env"], "POLICY_ENGINE_SANDBOX_CONFIG": str(box["tmp"] / "absent.json")}
     loaded = load_sandbox_config(env=env)
-    assert not loaded.found and not loaded.fallback and not loaded.problems
+    assert not loaded.found
+    assert not loaded.fallback
+    assert not loaded.problems
     assert loaded.path == str(box["tmp"] / "absent.json")
     assert len(loaded.config.blacklist) == len(DEFAULT_BLACKLIST)
     with SandboxRunner(loaded, engine=box["engine"], env=env) as r:
@@ -287,7 +300,8 @@ def test_seed003_case14_malformed_file_falls_back_loudly(box: dict[str, Any]) ->
     path.write_text('{\n  "filesystem": {\n    "whitelist": ["/", ]\n  }\n}\n')
     env = {**box["env"], "POLICY_ENGINE_SANDBOX_CONFIG": str(path)}
     loaded = load_sandbox_config(env=env)
-    assert loaded.found and loaded.fallback
+    assert loaded.found
+    assert loaded.fallback
     assert [(d.id, d.span.line if d.span else 0) for d in loaded.problems] == [("SBP105", 3)]
     assert loaded.config.whitelist == ()  # strict defaults
     cli = subprocess.run(
@@ -295,12 +309,15 @@ def test_seed003_case14_malformed_file_falls_back_loudly(box: dict[str, Any]) ->
          "--state-dir", str(box["tmp"] / "st"), "--cwd", str(box["proj"]), "--",
          "cat", str(box["home"] / ".ssh" / "id_rsa")],
         capture_output=True, text=True, env={**os.environ, **env}, check=False)
-    assert f"{path}:3:" in cli.stderr and "strict defaults are in force" in cli.stderr
-    assert "Traceback" not in cli.stderr and SECRET not in cli.stdout
+    assert f"{path}:3:" in cli.stderr
+    assert "strict defaults are in force" in cli.stderr
+    assert "Traceback" not in cli.stderr
+    assert SECRET not in cli.stdout
     check = subprocess.run([sys.executable, "-m", "policy_engine.cli", "sandbox", "check",
                             str(path)], capture_output=True, text=True, check=False,
                            env={**os.environ, **env})
-    assert check.returncode == 1 and f"{path}:3:" in check.stdout
+    assert check.returncode == 1
+    assert f"{path}:3:" in check.stdout
 
 
 # ---- violations ---------------------------------------------------------------------------------
@@ -309,9 +326,13 @@ def test_seed003_case15_blocked_is_a_permission_error(box: dict[str, Any]) -> No
     with runner(box) as r:
         home_cwd = r.run(["ls"], str(box["home"]))  # would make ~ writable
         shell = r.run(["ls; cat ~/.ssh/id_rsa"], str(box["proj"]))  # a shell string
-    assert home_cwd.blocked and home_cwd.code == "SANDBOX.CAPABILITY_BLOCKED"
-    assert home_cwd.stderr.startswith("Permission denied:") and home_cwd.exit_code == 1
-    assert shell.blocked and shell.code == "POLICY.DENY_TOOL" and shell.stdout == ""
+    assert home_cwd.blocked
+    assert home_cwd.code == "SANDBOX.CAPABILITY_BLOCKED"
+    assert home_cwd.stderr.startswith("Permission denied:")
+    assert home_cwd.exit_code == 1
+    assert shell.blocked
+    assert shell.code == "POLICY.DENY_TOOL"
+    assert shell.stdout == ""
     assert shell.envelope_id is not None  # decided by the guard, with evidence
     records = [json.loads(x) for x in (box["engine"].state_dir / "evidence" /
                                        "evidence.jsonl").read_text().splitlines()]
@@ -325,8 +346,10 @@ def test_seed003_case16_a_violation_does_not_stop_the_next_command(
         first = r.run(["cat", str(box["home"] / ".ssh" / "id_rsa")], str(box["proj"]))
         blocked = r.run(["ls"], "/")
         after = r.run(["echo", "still running"], str(box["proj"]))
-    assert SECRET not in first.stdout and blocked.blocked
-    assert after.exit_code == 0 and after.stdout == "still running\n"
+    assert SECRET not in first.stdout
+    assert blocked.blocked
+    assert after.exit_code == 0
+    assert after.stdout == "still running\n"
 
 
 # ---- edge cases ---------------------------------------------------------------------------------

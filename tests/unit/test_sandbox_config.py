@@ -39,8 +39,10 @@ def load(tmp_path: Path, home: Path, doc: Any, raw: str | None = None,
 
 def refused(loaded: LoadedSandboxConfig, *words: str) -> str:
     """The config was refused as a whole: defaults in force, the problem named."""
-    assert loaded.fallback and loaded.found
-    assert loaded.config.whitelist == () and not loaded.config.allow_read_outside
+    assert loaded.fallback
+    assert loaded.found
+    assert loaded.config.whitelist == ()
+    assert not loaded.config.allow_read_outside
     assert len(loaded.config.blacklist) == len(DEFAULT_BLACKLIST)
     text = " ".join(f"{d.span}: {d.message} {d.help}" for d in loaded.problems)
     for word in words:
@@ -86,7 +88,8 @@ def test_odd_whitelist_entries_are_refused(tmp_path: Path, home: Path, entry: st
 def test_policy_injection_through_an_entry_is_refused(tmp_path: Path, home: Path) -> None:
     evil = f'{home}/proj/x"] permit "all" fs.read, fs.write paths ["/**'
     refused(load(tmp_path, home, {"filesystem": {"whitelist": [evil]}}))
-    refused(load(tmp_path, home, {"filesystem": {"blacklist": ['/x"] permit fs.read paths ["/**']}}))
+    evil = '/x"] permit fs.read paths ["/**'
+    refused(load(tmp_path, home, {"filesystem": {"blacklist": [evil]}}))
 
 
 @pytest.mark.parametrize("entry", ["!~/.ssh", "!/etc/shadow", "!**/.env"])
@@ -146,14 +149,16 @@ def test_malformed_files_are_refused_at_their_place(tmp_path: Path, home: Path, 
                                                      line: int, words: list[str]) -> None:
     loaded = load(tmp_path, home, None, raw=raw)
     refused(loaded, *words)
-    assert loaded.problems[0].span is not None and loaded.problems[0].span.line == line
+    assert loaded.problems[0].span is not None
+    assert loaded.problems[0].span.line == line
 
 
 def test_input_is_bounded(tmp_path: Path, home: Path) -> None:
     big = '{"filesystem": {"blacklist": [' + ",".join(['"/x"'] * 60_000) + "]}}"
     assert len(big) > MAX_CONFIG_BYTES
     loaded = load(tmp_path, home, None, raw=big)
-    assert loaded.fallback and loaded.problems[0].id == "SBP106"
+    assert loaded.fallback
+    assert loaded.problems[0].id == "SBP106"
     many = {"filesystem": {"blacklist": [f"/x{i}" for i in range(MAX_ENTRIES + 1)]}}
     refused(load(tmp_path, home, many), f"at most {MAX_ENTRIES}")
     refused(load(tmp_path, home, {"filesystem": {"whitelist": ["/a" * 3000]}}), "characters")
@@ -161,17 +166,20 @@ def test_input_is_bounded(tmp_path: Path, home: Path) -> None:
 
 def test_nesting_bomb_is_refused_not_a_recursion_error(tmp_path: Path, home: Path) -> None:
     loaded = load(tmp_path, home, None, raw="[" * 100_000 + "]" * 100_000)
-    assert loaded.fallback and loaded.problems
+    assert loaded.fallback
+    assert loaded.problems
 
 
 def test_network_cannot_be_turned_on(tmp_path: Path, home: Path) -> None:
     loaded = load(tmp_path, home, {"network": {"allowNetwork": True}})
-    assert not loaded.problems and not loaded.config.allow_network
+    assert not loaded.problems
+    assert not loaded.config.allow_network
     assert loaded.config.network_requested
     assert any("allowNetwork" in n and "ignored" in n for n in loaded.notes)
     policy = build_sandbox_policy(loaded.config, cwd=str(home / "proj"), tool="curl",
                                   home=str(home), state_dir=tmp_path / "st", origin="t")
-    assert "network off" in policy.source and "network on" not in policy.source
+    assert "network off" in policy.source
+    assert "network on" not in policy.source
 
 
 def test_enabled_switch_from_the_environment(tmp_path: Path, home: Path) -> None:
@@ -179,7 +187,8 @@ def test_enabled_switch_from_the_environment(tmp_path: Path, home: Path) -> None
     on = load(tmp_path, home, {"enabled": False}, POLICY_ENGINE_SANDBOX_ENABLED="true")
     assert on.config.enabled  # the environment outranks the file
     odd = load(tmp_path, home, {}, POLICY_ENGINE_SANDBOX_ENABLED="maybe")
-    assert odd.config.enabled and any("not a boolean" in n for n in odd.notes)
+    assert odd.config.enabled
+    assert any("not a boolean" in n for n in odd.notes)
 
 
 def test_location_env_xdg_and_default(tmp_path: Path) -> None:
@@ -190,7 +199,8 @@ def test_location_env_xdg_and_default(tmp_path: Path) -> None:
     assert config_location({"XDG_CONFIG_HOME": "rel", "HOME": "/h"})[0] == \
         "/h/.config/policy-engine/sandbox.json"
     seed = load_sandbox_config(env={"HOME": str(tmp_path), "SYNAPSE_SANDBOX_CONFIG": "/s.json"})
-    assert not seed.found and seed.path != "/s.json"
+    assert not seed.found
+    assert seed.path != "/s.json"
     assert any("SYNAPSE_SANDBOX_CONFIG" in n and "not read" in n for n in seed.notes)
 
 
@@ -199,6 +209,8 @@ def test_a_directory_or_fifo_as_config_is_refused_without_blocking(tmp_path: Pat
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
     loaded = load_sandbox_config(fifo, env={"HOME": str(home)})
-    assert loaded.fallback and loaded.problems[0].id == "SBP100"
+    assert loaded.fallback
+    assert loaded.problems[0].id == "SBP100"
     loaded = load_sandbox_config(tmp_path, env={"HOME": str(home)})
-    assert loaded.fallback and loaded.problems[0].id == "SBP100"
+    assert loaded.fallback
+    assert loaded.problems[0].id == "SBP100"

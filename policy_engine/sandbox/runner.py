@@ -38,6 +38,9 @@ from policy_engine.sandbox.sbpolicy_gen import SandboxPolicy, build_sandbox_poli
 
 log = logging.getLogger(__name__)
 BLOCKED_EXIT = 1  # the seed's SandboxResult for a blocked command
+INVALID_TOOL = "invalid-command"
+"""The tool a generated policy names when argv[0] is no valid tool (a shell string, a newline):
+the op still goes to the guard, which refuses it (``POLICY.DENY_TOOL``) and leaves evidence."""
 
 
 class SandboxDisabledError(PolicyEngineError):
@@ -115,17 +118,20 @@ class SandboxRunner:
         """
         if not argv or not argv[0]:
             raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "no command given")
-        # the guard's own argv check, before the tool's name is written into the policy
-        check_argv_shape(argv[0], tuple(argv[1:]))
         where = self.working_dir(cwd)
-        key = (where, argv[0])
+        tool = argv[0]
+        try:  # the guard's own argv check, before the tool's name is written into the policy
+            check_argv_shape(tool, tuple(argv[1:]))
+        except PolicyEngineError:
+            tool = INVALID_TOOL  # the guard refuses the op itself (with evidence)
+        key = (where, tool)
         cached = self._policies.get(key)
         if cached is None:
             origin = (f"`{self.loaded.path}`" if self.loaded.found and not self.loaded.fallback
                       else "the built-in defaults")
             try:
                 cached = build_sandbox_policy(
-                    self.loaded.config, cwd=where, tool=argv[0], home=self.home,
+                    self.loaded.config, cwd=where, tool=tool, home=self.home,
                     state_dir=self.engine.state_dir, origin=origin,
                     tmpdir=self.env.get("TMPDIR"))
             except DiagnosticsError as exc:  # vetted entries compile: this is a bug

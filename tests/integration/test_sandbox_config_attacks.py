@@ -108,6 +108,8 @@ def test_odd_command_names_are_refused_not_internal_errors(box: dict[str, Any],
         res = r.run([tool, "-l"], str(box["proj"]))
     assert res.blocked, res
     assert res.code in ("POLICY.DENY_TOOL", "SCHEMA.VALIDATION_FAILED"), res
+    if tool:  # decided by the guard, recorded in the evidence
+        assert res.envelope_id is not None
 
 
 def test_disabled_sandbox_refuses_instead_of_running_unconfined(box: dict[str, Any]) -> None:

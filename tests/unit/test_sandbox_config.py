@@ -214,3 +214,24 @@ def test_a_directory_or_fifo_as_config_is_refused_without_blocking(tmp_path: Pat
     loaded = load_sandbox_config(tmp_path, env={"HOME": str(home)})
     assert loaded.fallback
     assert loaded.problems[0].id == "SBP100"
+
+
+def test_check_takes_a_sandbox_config(tmp_path: Path, home: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from policy_engine.cli.main import cli
+
+    monkeypatch.setenv("HOME", str(home))
+    bad = tmp_path / "sandbox.json"
+    bad.write_text('{\n  "enabled": true,\n  "filesystem": {"whitelist": ["~"], "blacklst": []}\n}\n')
+    good = tmp_path / "ok.json"
+    good.write_text(json.dumps({"filesystem": {"whitelist": [str(home / "proj")]}}))
+    res = CliRunner().invoke(cli, ["check", str(bad), str(good)])
+    assert res.exit_code == 1, res.output
+    assert f"{bad}:3:32: SBP105 `filesystem.whitelist[0]`" in res.output
+    assert f"{bad}:3:38: SBP105 unknown key `filesystem.blacklst`" in res.output
+    assert "did you mean `blacklist`?" in res.output
+    assert str(good) not in res.output.replace("2 file(s)", "")
+    res = CliRunner().invoke(cli, ["sandbox", "check", str(good)])
+    assert res.exit_code == 0, res.output

@@ -224,7 +224,8 @@ def test_check_takes_a_sandbox_config(tmp_path: Path, home: Path,
 
     monkeypatch.setenv("HOME", str(home))
     bad = tmp_path / "sandbox.json"
-    bad.write_text('{\n  "enabled": true,\n  "filesystem": {"whitelist": ["~"], "blacklst": []}\n}\n')
+    bad.write_text('{\n  "enabled": true,\n'
+                   '  "filesystem": {"whitelist": ["~"], "blacklst": []}\n}\n')
     good = tmp_path / "ok.json"
     good.write_text(json.dumps({"filesystem": {"whitelist": [str(home / "proj")]}}))
     res = CliRunner().invoke(cli, ["check", str(bad), str(good)])

@@ -11,7 +11,7 @@ import click
 
 from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, echo_json, format_option
 from policy_engine.config import EngineConfig, load_config
-from policy_engine.errors import PolicyEngineError
+from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.sandbox.runner import SandboxDisabledError, SandboxRunner
 from policy_engine.sandbox.sbconfig import LoadedSandboxConfig, load_sandbox_config
 
@@ -170,6 +170,8 @@ def exec_(config_path: Path | None, engine_path: Path | None, state_dir: Path | 
         sys.stdout.write(res.stdout)
         sys.stdout.flush()
         sys.stderr.write(res.stderr)
+    if res.code == ErrorCode.SCHEMA_VALIDATION_FAILED.value and res.envelope_id is None:
+        sys.exit(EXIT_BAD_INPUT)  # refused before any policy: no command, no such directory
     sys.exit(res.exit_code)
 
 

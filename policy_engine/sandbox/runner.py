@@ -261,6 +261,15 @@ class SandboxRunner:
         self.close()
 
 
+_REFUSALS = frozenset({ErrorCode.PERMISSION_DENY.value, ErrorCode.CAPABILITY_BLOCKED.value,
+                       ErrorCode.DENY_TOOL.value})
+
+
 def _blocked(code: str, reason: str) -> SandboxResult:
-    return SandboxResult(stdout="", stderr=f"Permission denied: {code}: {reason}\n",
-                         exit_code=BLOCKED_EXIT, blocked=True, blocked_reason=reason, code=code)
+    """A refusal is the seed's permission error; anything else (malformed input) says what."""
+    if code in _REFUSALS:
+        return SandboxResult(stdout="", stderr=f"Permission denied: {code}: {reason}\n",
+                             exit_code=BLOCKED_EXIT, blocked=True, blocked_reason=reason,
+                             code=code)
+    return SandboxResult(stdout="", stderr=f"error: {code}: {reason}\n", exit_code=BLOCKED_EXIT,
+                         blocked=False, code=code)

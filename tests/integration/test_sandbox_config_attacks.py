@@ -106,7 +106,8 @@ def test_odd_command_names_are_refused_not_internal_errors(box: dict[str, Any],
                                                           tool: str) -> None:
     with runner(box) as r:
         res = r.run([tool, "-l"], str(box["proj"]))
-    assert res.blocked, res
+    assert res.exit_code == 1
+    assert res.blocked or res.code == "SCHEMA.VALIDATION_FAILED", res
     assert res.code in ("POLICY.DENY_TOOL", "SCHEMA.VALIDATION_FAILED"), res
     if tool:  # decided by the guard, recorded in the evidence
         assert res.envelope_id is not None
@@ -149,3 +150,17 @@ def test_cli_show_reports_origins_and_the_generated_policy(box: dict[str, Any]) 
                                         "origin": "working directory"}
     assert 'forbid mandatory "sandbox-blacklist"' in data["policy"]
     assert Path(data["policy_file"]).read_text() == data["policy"]
+
+
+def test_cli_exec_bad_input_is_not_a_permission_error(box: dict[str, Any]) -> None:
+    base = [sys.executable, "-m", "policy_engine.cli", "sandbox", "exec", "--state-dir",
+            str(box["tmp"] / "st")]
+    env = {**os.environ, **box["env"]}
+    missing = subprocess.run([*base, "--cwd", str(box["tmp"] / "nope"), "--", "true"],
+                             capture_output=True, text=True, check=False, env=env)
+    assert missing.returncode == 2
+    assert "is not a directory" in missing.stderr
+    assert "Permission denied" not in missing.stderr
+    ran = subprocess.run([*base, "--cwd", str(box["proj"]), "--", "bash", "-c", "exit 7"],
+                         capture_output=True, text=True, check=False, env=env)
+    assert ran.returncode == 7  # the command's own exit code

@@ -55,7 +55,7 @@ def _runner(config_path: Path | None, engine_path: Path | None,
         engine = replace(engine, state_dir=state_dir.absolute())
     loaded = load_sandbox_config(config_path)
     _warn_loudly(loaded)
-    return SandboxRunner(loaded, engine=engine)
+    return SandboxRunner(loaded, engine=engine, warn=False)
 
 
 @click.group("sandbox")

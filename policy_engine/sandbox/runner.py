@@ -33,7 +33,7 @@ from policy_engine.sandbox.sbconfig import (
     describe_problem,
     load_sandbox_config,
 )
-from policy_engine.sandbox.sbexpand import whitelist_refusal
+from policy_engine.sandbox.sbexpand import usable_home, whitelist_refusal
 from policy_engine.sandbox.sbpolicy_gen import SandboxPolicy, build_sandbox_policy
 
 log = logging.getLogger(__name__)
@@ -90,22 +90,24 @@ class SandboxRunner:
     :param loaded: the configuration (default: :func:`load_sandbox_config` from ``env``).
     :param engine: the engine configuration (backends, state dir, evidence sinks, mode).
     :param env: where ``HOME`` and ``TMPDIR`` come from (default ``os.environ``).
+    :param warn: log the config's problems and notes as warnings (the CLI prints them itself).
     """
 
     def __init__(self, loaded: LoadedSandboxConfig | None = None, *,
                  engine: EngineConfig | None = None, env: Mapping[str, str] | None = None,
-                 plugins: PluginManager | None = None) -> None:
+                 plugins: PluginManager | None = None, warn: bool = True) -> None:
         self.env = dict(os.environ if env is None else env)
         self.loaded = loaded or load_sandbox_config(env=self.env)
         self.engine = engine or EngineConfig()
-        self.home = self.env.get("HOME") or os.path.expanduser("~")
+        self.home = usable_home(self.env)[0]
+        self.env["HOME"] = self.home
         self._plugins = plugins
         self._orch: Orchestrator | None = None
         self._policies: dict[tuple[str, str], SandboxPolicy] = {}
-        for problem in self.loaded.problems:  # loudly, once per runner (and in the evidence)
+        for problem in self.loaded.problems if warn else ():  # loudly (and in the evidence)
             log.warning("sandbox config refused, strict defaults in force: %s",
                         describe_problem(problem))
-        for note in self.loaded.notes:
+        for note in self.loaded.notes if warn else ():
             log.warning("sandbox config: %s", note)
 
     # -- the policy of one command -----------------------------------------------------------

@@ -21,7 +21,12 @@ from typing import Any
 from policy_engine.dsl.loaders import PositionLookup, parse_document
 from policy_engine.dsl.parser import read_source
 from policy_engine.errors import Diagnostic, DiagnosticsError
-from policy_engine.sandbox.sbexpand import ExpandError, blacklist_entry, whitelist_entry
+from policy_engine.sandbox.sbexpand import (
+    ExpandError,
+    blacklist_entry,
+    usable_home,
+    whitelist_entry,
+)
 
 ENV_CONFIG = "POLICY_ENGINE_SANDBOX_CONFIG"
 ENV_ENABLED = "POLICY_ENGINE_SANDBOX_ENABLED"
@@ -137,11 +142,12 @@ def load_sandbox_config(path: str | os.PathLike[str] | None = None, *,
         ``POLICY_ENGINE_SANDBOX_ENABLED``, ``HOME`` for ``~`` and every ``$VAR`` of an entry.
     """
     env = dict(os.environ if env is None else env)
-    home = env.get("HOME") or os.path.expanduser("~")
-    env.setdefault("HOME", home)
+    home, bad_home = usable_home(env)
+    env["HOME"] = home
     notes = [f"`{name}` is set but not read: this engine reads `{ours}`"
              for name, ours in zip(SEED_ENV, (ENV_CONFIG, ENV_ENABLED), strict=True)
              if env.get(name) is not None]
+    notes += [bad_home] if bad_home else []
     if path is not None:
         shown, located_by = os.fspath(path), "--config"
     else:

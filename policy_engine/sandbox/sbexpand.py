@@ -11,6 +11,7 @@ ever adds a deny: a leading `!` (gitignore's negation) is refused, not read as a
 from __future__ import annotations
 
 import os
+import pwd
 import re
 from collections.abc import Mapping
 
@@ -26,7 +27,23 @@ SYSTEM_TREES: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/li
                                  "/var/lib", "/var/log", "/var/spool", "/var/mail", "/snap")
 """Trees a whitelist entry may neither be, lie beneath, nor contain (``/`` and ``/var`` contain
 several): the host's programs, its configuration and the kernel's filesystems."""
+MAX_PATH_CHARS = 4096  # PATH_MAX: a longer path names nothing the kernel would open
 _SECRETS = tuple(p for p in MANDATORY_DENY_PATHS if not p.startswith("**"))
+
+
+def usable_home(env: Mapping[str, str]) -> tuple[str, str | None]:
+    """``$HOME`` when it is an absolute path, else the account's home directory and a note:
+    ``~`` and the ``~/.ssh``-style denies must expand to a real place, never fail or go
+    relative."""
+    home = env.get("HOME", "")
+    if home and os.path.isabs(home) and not _CONTROL.search(home):
+        return _normalize(home), None
+    try:
+        account = pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        account = "/"
+    return account, (f"`HOME={home}` is not an absolute path; `~` is `{account}` "
+                     "(the account's home directory)")
 
 
 class ExpandError(Exception):
@@ -78,6 +95,8 @@ def expand(written: str, env: Mapping[str, str]) -> str:
                           help="write `$NAME` or `${NAME}` (letters, digits, `_`); a literal "
                                "`$` in a path is not supported")
     result = "".join(out) + rest
+    if len(result) > MAX_PATH_CHARS:
+        raise ExpandError(f"expands to {len(result)} characters, at most {MAX_PATH_CHARS}")
     if _CONTROL.search(result):
         raise ExpandError("expands to a path with a control character (from a variable)")
     return result

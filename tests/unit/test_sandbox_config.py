@@ -236,3 +236,19 @@ def test_check_takes_a_sandbox_config(tmp_path: Path, home: Path,
     assert str(good) not in res.output.replace("2 file(s)", "")
     res = CliRunner().invoke(cli, ["sandbox", "check", str(good)])
     assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("value", ["relative/home", "", "~"])
+def test_an_unusable_home_is_replaced_by_the_accounts_not_a_crash(tmp_path: Path,
+                                                                  value: str) -> None:
+    import pwd
+
+    loaded = load_sandbox_config(tmp_path / "none.json", env={"HOME": value})
+    account = pwd.getpwuid(os.getuid()).pw_dir
+    assert loaded.config.blacklist[0].path == f"{account}/.ssh"
+    assert any("HOME" in n for n in loaded.notes)
+
+
+def test_a_huge_variable_value_is_refused(tmp_path: Path, home: Path) -> None:
+    refused(load(tmp_path, home, {"filesystem": {"whitelist": ["$BIG/x"]}}, BIG="/a" * 5000),
+            "characters")

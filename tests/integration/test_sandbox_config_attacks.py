@@ -164,3 +164,26 @@ def test_cli_exec_bad_input_is_not_a_permission_error(box: dict[str, Any]) -> No
     ran = subprocess.run([*base, "--cwd", str(box["proj"]), "--", "bash", "-c", "exit 7"],
                          capture_output=True, text=True, check=False, env=env)
     assert ran.returncode == 7  # the command's own exit code
+
+
+@pytest.mark.parametrize(("argv", "code"), [(["ls;id"], "POLICY.DENY_TOOL"), (["ls"], None)])
+def test_preview_decides_as_the_run_does(box: dict[str, Any], argv: list[str],
+                                         code: str | None) -> None:
+    with runner(box) as r:
+        shown = r.preview(argv, str(box["proj"]))
+        ran = r.run(argv, str(box["proj"]))
+    assert shown["code"] == code
+    assert ran.code == code
+    assert shown["rule"] == ran.rule
+
+
+def test_the_api_warns_about_a_refused_file(box: dict[str, Any],
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    path = box["tmp"] / "sandbox.json"
+    path.write_text('{"filesystem": {"whitelist": ["/"]}}')
+    loaded = load_sandbox_config(path, env=box["env"])
+    with caplog.at_level("WARNING"), SandboxRunner(loaded, engine=box["engine"],
+                                                   env=box["env"]) as r:
+        res = r.run(["true"], str(box["proj"]))
+    assert res.exit_code == 0  # strict defaults: still runs
+    assert any(f"{path}:1:31" in m and "strict defaults" in m for m in caplog.messages)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,7 +215,8 @@ def parse_sandbox_text(text: str, shown: str,
     base = defaults(home)
     white = _entries(fs.get("whitelist"), "whitelist", whitelist_entry, env, lookup, problems)
     black = _entries(fs.get("blacklist"), "blacklist", blacklist_entry, env, lookup, problems)
-    if problems:
+    if problems:  # in file order, as `check` prints them
+        problems.sort(key=lambda d: (d.span.line, d.span.column) if d.span else (0, 0))
         raise DiagnosticsError(problems)
     enabled = data.get("enabled")
     read_out = fs.get("allowReadOutside")
@@ -269,7 +270,8 @@ def _json_type(value: Any) -> str:
             list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
 
 
-def _entries(value: Any, name: str, expand: Any, env: Mapping[str, str],
+def _entries(value: Any, name: str, expand: Callable[[str, Mapping[str, str]], str],
+             env: Mapping[str, str],
              lookup: PositionLookup, problems: list[Diagnostic]) -> list[Entry]:
     """Expand each entry of ``filesystem.<name>``; each bad one is a problem at its place."""
     if not isinstance(value, list):

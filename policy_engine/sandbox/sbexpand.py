@@ -108,52 +108,60 @@ def _normalize(path: str) -> str:
     return path.rstrip("/") or "/"
 
 
-def _check_segments(path: str, written: str) -> None:
-    if any(seg in (".", "..") for seg in path.split("/")):
-        raise ExpandError(f"expands to `{path}`, which has a `.` or `..` segment",
-                          help="write the path without `.`/`..`")
+def _shown(written: str, path: str) -> str:
+    """How a message names the entry: the expanded path, or — when a variable was expanded —
+    what was written (a variable may hold a secret; stderr and the evidence never show it)."""
+    return f"`{written}` (its variables expanded)" if "$" in written else f"`{path}`"
 
 
 def whitelist_entry(written: str, env: Mapping[str, str]) -> str:
     """The directory ``written`` names, symlinks resolved; raises :class:`ExpandError`."""
     path = expand(written, env)
+    shown = _shown(written, path)
     if not path.startswith("/"):
-        raise ExpandError(f"expands to `{path}`, which is not an absolute path",
+        raise ExpandError(f"{shown} is not an absolute path",
                           help="write `/abs/path`, `~/dir` or `$VAR/dir`")
     if any(c in path for c in "*?[]"):  # also keeps the generated policy's globs literal
-        raise ExpandError(f"`{path}` has a wildcard: whitelist entries are directories",
+        raise ExpandError(f"{shown} has a wildcard: whitelist entries are directories",
                           help="list the directory itself; its whole tree is whitelisted")
     path = _normalize(path)
-    _check_segments(path, written)
+    if any(seg in (".", "..") for seg in path.split("/")):
+        raise ExpandError(f"{shown} has a `.` or `..` segment",
+                          help="write the path without `.`/`..`")
     real = os.path.realpath(path)
     home = _normalize(env.get("HOME", "") or "/")
-    for candidate in dict.fromkeys((path, real)):
-        refusal = whitelist_refusal(candidate, home)
-        if refusal is not None:
-            via = f" (`{path}` is a symlink to it)" if candidate != path else ""
-            raise ExpandError(refusal + via, help="whitelist a project directory instead")
+    refusal = whitelist_refusal(path, home, shown)
+    if refusal is None and real != path:
+        target = f"the symlink target of {shown}" if "$" in written else \
+            f"`{real}` (`{path}` is a symlink to it)"
+        refusal = whitelist_refusal(real, home, target)
+    if refusal is not None:
+        raise ExpandError(refusal, help="whitelist a project directory instead")
     return real
 
 
-def whitelist_refusal(path: str, home: str) -> str | None:
+def whitelist_refusal(path: str, home: str, shown: str | None = None) -> str | None:
     """Why ``path`` (absolute, normalized) may not be made writable, or ``None``.
 
     Also used for the working directory the runner adds to the whitelist.
+
+    :param shown: how to name the path in the answer (default: the path itself).
     """
+    name = shown or f"`{path}`"
     if path == "/":
-        return "would make the whole file system writable"
+        return f"{name} would make the whole file system writable"
     for tree in SYSTEM_TREES:
         if beneath(path, tree) or beneath(tree, path):
-            return f"`{path}` is or holds the system tree `{tree}`"
+            return f"{name} is or holds the system tree `{tree}`"
     if home != "/" and beneath(home, path):
-        return (f"`{path}` is your home directory or holds it: a command could rewrite "
+        return (f"{name} is your home directory or holds it: a command could rewrite "
                 "`~/.bashrc` or `~/.profile`, which run at your next login")
     for secret in _SECRETS:
         prefix = literal_prefix(expand_home(secret, home))
         if prefix != "/" and beneath(path, prefix):
-            return f"`{path}` lies under the mandatory deny `{secret}`"
+            return f"{name} lies under the mandatory deny `{secret}`"
     if any(c in path for c in '"\\'):
-        return f"`{path}` has a `\"` or `\\`, which paths given to the sandbox may not hold"
+        return f"{name} has a `\"` or `\\`, which paths given to the sandbox may not hold"
     return None
 
 
@@ -163,15 +171,17 @@ def blacklist_entry(written: str, env: Mapping[str, str]) -> str:
         raise ExpandError("starts with `!`: the blacklist only adds denies, nothing can be "
                           "negated or lifted", help="remove the entry; the defaults always apply")
     path = expand(written, env)
-    problem = validate_glob(path)
-    if problem is not None and not path.startswith("/") and not path.startswith("**"):
-        raise ExpandError(f"expands to `{path}`, which is neither absolute nor `**/...`",
+    shown = _shown(written, path)
+    if not path.startswith("/") and not path.startswith("**"):
+        raise ExpandError(f"{shown} is neither absolute nor `**/...`",
                           help="write `/abs/path`, `~/dir`, `$VAR/dir` or `**/name`")
     path = _normalize(path) if path.startswith("/") else path.rstrip("/")
     problem = validate_glob(path)
     if problem is not None:
-        raise ExpandError(f"is not a valid path glob: {problem}")
+        detail = f": {problem}" if "$" not in written else ""
+        raise ExpandError(f"{shown} is not a valid path glob{detail}",
+                          help="no `.`/`..` segments; `**` only as a whole segment")
     if any(c in path for c in '[]"\\'):
-        raise ExpandError(f"`{path}` has a character path globs do not take (`[`, `]`, `\"`, "
+        raise ExpandError(f"{shown} has a character path globs do not take (`[`, `]`, `\"`, "
                           "`\\`)")
     return path

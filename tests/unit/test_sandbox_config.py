@@ -252,3 +252,15 @@ def test_an_unusable_home_is_replaced_by_the_accounts_not_a_crash(tmp_path: Path
 def test_a_huge_variable_value_is_refused(tmp_path: Path, home: Path) -> None:
     refused(load(tmp_path, home, {"filesystem": {"whitelist": ["$BIG/x"]}}, BIG="/a" * 5000),
             "characters")
+
+
+@pytest.mark.parametrize(("key", "entry"), [
+    ("whitelist", "$TOKEN"), ("whitelist", "/data/$TOKEN/*"), ("whitelist", "/etc/${TOKEN}"),
+    ("whitelist", "/data/$TOKEN/../x"), ("blacklist", "$TOKEN"), ("blacklist", "/a/$TOKEN/x**"),
+])
+def test_a_refused_entry_never_echoes_a_variables_value(tmp_path: Path, home: Path, key: str,
+                                                       entry: str) -> None:
+    # a config naming a secret variable must not copy its value into stderr or the evidence
+    loaded = load(tmp_path, home, {"filesystem": {key: [entry]}}, TOKEN="ghp_S3CRETvalue")
+    text = refused(loaded, "TOKEN")
+    assert "S3CRET" not in text

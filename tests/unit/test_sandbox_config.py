@@ -264,3 +264,22 @@ def test_a_refused_entry_never_echoes_a_variables_value(tmp_path: Path, home: Pa
     loaded = load(tmp_path, home, {"filesystem": {key: [entry]}}, TOKEN="ghp_S3CRETvalue")
     text = refused(loaded, "TOKEN")
     assert "S3CRET" not in text
+
+
+def test_disabled_runs_only_on_an_explicit_compat_local_backend(tmp_path: Path,
+                                                                home: Path) -> None:
+    from policy_engine.config import EngineConfig
+    from policy_engine.model import OpKind
+    from policy_engine.sandbox.runner import disabled_refusal
+
+    off = load(tmp_path, home, {"enabled": False})
+    assert off.config.enabled_origin == f"{tmp_path / 'sandbox.json'}:2:3"
+    why = disabled_refusal(off, EngineConfig())
+    assert why is not None
+    assert "sandbox.json:2:3" in why
+    assert "unconfined" in why
+    local = {OpKind.PROC_EXEC: "local"}
+    assert disabled_refusal(off, EngineConfig(backends=local)) is not None  # strict: refused
+    assert disabled_refusal(off, EngineConfig(mode="compat")) is not None  # still bwrap
+    assert disabled_refusal(off, EngineConfig(backends=local, mode="compat")) is None
+    assert disabled_refusal(load(tmp_path, home, {}), EngineConfig()) is None

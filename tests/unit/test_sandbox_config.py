@@ -283,3 +283,23 @@ def test_disabled_runs_only_on_an_explicit_compat_local_backend(tmp_path: Path,
     assert disabled_refusal(off, EngineConfig(mode="compat")) is not None  # still bwrap
     assert disabled_refusal(off, EngineConfig(backends=local, mode="compat")) is None
     assert disabled_refusal(load(tmp_path, home, {}), EngineConfig()) is None
+
+
+@pytest.mark.parametrize("doc", [
+    {}, {"filesystem": {"allowReadOutside": True}},
+    {"filesystem": {"blacklist": [f"/very/long/path/number/{i}" for i in range(30)]}},
+])
+def test_the_generated_policy_is_in_the_canonical_layout(tmp_path: Path, home: Path,
+                                                         doc: dict[str, Any]) -> None:
+    from click.testing import CliRunner
+
+    from policy_engine.cli.main import cli
+
+    loaded = load(tmp_path, home, doc)
+    assert not loaded.problems
+    policy = build_sandbox_policy(loaded.config, cwd=str(home / "proj"), tool="bash",
+                                  home=str(home), state_dir=tmp_path / "st", origin="t")
+    res = CliRunner().invoke(cli, ["fmt", "--check", str(policy.path)])
+    assert res.exit_code == 0, res.output
+    lint = CliRunner().invoke(cli, ["check", str(policy.path)])
+    assert lint.exit_code == 0, lint.output

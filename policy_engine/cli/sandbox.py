@@ -77,6 +77,7 @@ def show(config_path: Path | None, engine_path: Path | None, state_dir: Path | N
     """The effective config: where each entry came from, and the policy generated from it."""
     with _runner(config_path, engine_path, state_dir) as runner:
         data: dict[str, Any] = runner.loaded.to_json()
+        data["protected"] = [str(runner.engine.state_dir)]  # blacklisted too (sbpolicy_gen)
         try:
             policy = runner.policy_for(["COMMAND"], str(cwd) if cwd else None)
             data["run_whitelist"] = [e.to_json() for e in policy.writable]
@@ -109,6 +110,8 @@ def _render_show(data: dict[str, Any]) -> str:
         lines.append(f"  {shown}  [{e['origin']}]")
     lines.append("  + the engine's built-in mandatory denies (`builtin:mandatory-secrets`, "
                  "docs/language.md)")
+    for path in data.get("protected", ()):
+        lines.append(f"  + the engine's state directory {path} (evidence, its key, budgets)")
     if "policy" in data:
         lines += [f"generated policy ({data['policy_file']}):", data["policy"].rstrip()]
     else:

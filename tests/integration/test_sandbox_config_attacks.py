@@ -187,3 +187,39 @@ def test_the_api_warns_about_a_refused_file(box: dict[str, Any],
         res = r.run(["true"], str(box["proj"]))
     assert res.exit_code == 0  # strict defaults: still runs
     assert any(f"{path}:1:31" in m and "strict defaults" in m for m in caplog.messages)
+
+
+def test_the_engine_state_inside_the_working_directory_is_out_of_reach(
+        box: dict[str, Any]) -> None:
+    # the default state dir is ./var: run from a project, the evidence, its key and the budgets
+    # would lie in the writable working directory of the very commands they record
+    state = box["proj"] / "var"
+    engine = EngineConfig(state_dir=state, budget_meter="sqlite")
+    env = box["env"]
+    loaded = load_sandbox_config(box["tmp"] / "none.json", env=env)
+    with SandboxRunner(loaded, engine=engine, env=env) as r:
+        first = r.run(["true"], str(box["proj"]))
+        log = state / "evidence" / "evidence.jsonl"
+        before = log.read_bytes()
+        key = next(p for p in state.rglob("*") if p.is_file() and "key" in p.name)
+        attack = r.run(["bash", "-c", "ls -la var var/*; cat var/keys/* var/*key* | od -c | "
+                        "head -3; echo forged >> var/evidence/evidence.jsonl; "
+                        "rm -rf var/evidence var/sandbox; echo done"], str(box["proj"]))
+        after = log.read_bytes()
+    assert first.exit_code == 0
+    assert attack.stdout.rstrip().endswith("done")  # it ran, and could do none of it:
+    assert after.startswith(before)  # nothing the sandbox wrote reached the log
+    assert b"forged" not in after
+    assert key.read_bytes()
+    assert key.stat().st_uid == os.getuid()
+    assert (state / "sandbox").is_dir()
+
+
+def test_a_working_directory_inside_the_state_directory_is_refused(box: dict[str, Any]) -> None:
+    inside = box["engine"].state_dir / "work"
+    inside.mkdir(parents=True)
+    with runner(box) as r:
+        res = r.run(["touch", "x"], str(inside))
+    assert res.blocked
+    assert "state directory" in (res.blocked_reason or "")
+    assert not (inside / "x").exists()

@@ -43,6 +43,12 @@ DEFAULT_BLACKLIST: tuple[str, ...] = (
     "**/secrets.json",
 )
 """Seed 003 ``DEFAULT_CONFIG.filesystem.blacklist``, as written there; always part of the merge."""
+ENGINE_BLACKLIST: tuple[str, ...] = (
+    "~/.netrc", "~/.git-credentials", "~/.docker", "~/.kube", "~/.npmrc", "~/.pypirc",
+    "~/.config/gh", "~/.password-store", "~/.local/share/keyrings",
+)
+"""Credential stores the seed's list misses, added by this engine (only ever stricter): with
+``allowReadOutside`` the rest of the home directory is readable, and these hold plain tokens."""
 
 _TOP = {"enabled": bool, "filesystem": dict, "network": dict}
 _FILESYSTEM = {"whitelist": list, "blacklist": list, "allowReadOutside": bool}
@@ -126,10 +132,12 @@ def config_location(env: Mapping[str, str]) -> tuple[str | None, str]:
 
 
 def defaults(home: str) -> SandboxConfig:
-    """The strict defaults: the seed's blacklist, nothing whitelisted (the cwd is added per
-    run), no reading outside, no network."""
-    blacklist = tuple(Entry(w, blacklist_entry(w, {"HOME": home}), "default (seed 003)")
-                      for w in DEFAULT_BLACKLIST)
+    """The strict defaults: the seed's blacklist and the engine's additions, nothing
+    whitelisted (the cwd is added per run), no reading outside, no network."""
+    blacklist = tuple(Entry(w, blacklist_entry(w, {"HOME": home}), origin)
+                      for entries, origin in ((DEFAULT_BLACKLIST, "default (seed 003)"),
+                                              (ENGINE_BLACKLIST, "default (policy-engine)"))
+                      for w in entries)
     return SandboxConfig(blacklist=blacklist)
 
 

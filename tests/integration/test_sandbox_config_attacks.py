@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +134,7 @@ def test_disabled_sandbox_refuses_instead_of_running_unconfined(box: dict[str, A
 
 def test_cli_show_reports_origins_and_the_generated_policy(box: dict[str, Any]) -> None:
     path = box["tmp"] / "sandbox.json"
-    path.write_text('{"filesystem": {"blacklist": ["~/.kube"]}, "network": {"allowNetwork": true}}')
+    path.write_text('{"filesystem": {"blacklist": ["~/.vlt"]}, "network": {"allowNetwork": true}}')
     out = subprocess.run(
         [sys.executable, "-m", "policy_engine.cli", "sandbox", "show", "--config", str(path),
          "--state-dir", str(box["tmp"] / "st"), "--cwd", str(box["proj"]), "--format", "json"],
@@ -144,7 +146,7 @@ def test_cli_show_reports_origins_and_the_generated_policy(box: dict[str, Any]) 
     assert data["network"] == {"allowNetwork": False, "requested": True}
     assert "allowNetwork" in out.stderr  # said loudly
     kube = data["filesystem"]["blacklist"][-1]
-    assert kube["written"] == "~/.kube"
+    assert kube["written"] == "~/.vlt"
     assert kube["origin"] == f"{path}:1:31"
     assert data["run_whitelist"][0] == {"written": str(box["proj"]), "path": str(box["proj"]),
                                         "origin": "working directory"}
@@ -223,3 +225,31 @@ def test_a_working_directory_inside_the_state_directory_is_refused(box: dict[str
     assert res.blocked
     assert "state directory" in (res.blocked_reason or "")
     assert not (inside / "x").exists()
+
+
+@pytest.mark.parametrize("rel", [".git-credentials", ".netrc", ".docker/config.json",
+                                 ".kube/config", ".config/gh/hosts.yml"])
+def test_read_outside_does_not_show_well_known_credentials(box: dict[str, Any],
+                                                           rel: str) -> None:
+    # a home outside /tmp (every sandbox has its own /tmp), world-readable, so that only the
+    # sandbox's own rules keep the file out (the sandbox uid is not its owner under root)
+    home = Path(tempfile.mkdtemp(prefix="pe-home-", dir="/var/tmp"))
+    try:
+        target = home / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("https://user:ghp_tok3n@github.com\n")
+        (home / "notes.txt").write_text("plain")
+        for p in (home, *(q for q in target.parents if str(q).startswith(str(home)))):
+            p.chmod(0o755)
+        for f in (target, home / "notes.txt"):
+            f.chmod(0o644)
+        env = {**box["env"], "HOME": str(home)}
+        path = box["tmp"] / "sandbox.json"
+        path.write_text(json.dumps({"filesystem": {"allowReadOutside": True}}))
+        with SandboxRunner(load_sandbox_config(path, env=env), engine=box["engine"],
+                           env=env) as r:
+            res = r.run(["cat", str(home / "notes.txt"), str(target)], str(box["proj"]))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert "plain" in res.stdout  # reading outside works...
+    assert "tok3n" not in res.stdout  # ...but not the credential files

@@ -23,7 +23,11 @@ from policy_engine.config import EngineConfig
 from policy_engine.model import Grant, Manifest, NetHttpCapability, NetHttpOp
 from policy_engine.orchestrator import run_once
 from policy_engine.sandbox.runner import SandboxRunner
-from policy_engine.sandbox.sbconfig import DEFAULT_BLACKLIST, load_sandbox_config
+from policy_engine.sandbox.sbconfig import (
+    DEFAULT_BLACKLIST,
+    ENGINE_BLACKLIST,
+    load_sandbox_config,
+)
 from tests.integration.servers import LoopbackServer, send
 
 pytestmark = pytest.mark.integration
@@ -255,7 +259,7 @@ def test_seed003_case11_default_blacklist_has_the_secret_dirs(box: dict[str, Any
                  f"{home}/.azure", "/etc/passwd", "/etc/shadow", "**/.env",
                  "**/credentials.json", "**/secrets.json"):
         assert want in paths
-    assert len(loaded.config.blacklist) == len(DEFAULT_BLACKLIST)
+    assert len(loaded.config.blacklist) == len(DEFAULT_BLACKLIST + ENGINE_BLACKLIST)
     assert loaded.config.enabled
     assert not loaded.config.allow_read_outside
     assert not loaded.config.allow_network
@@ -266,20 +270,23 @@ def test_seed003_case12_user_config_merges_and_cannot_lift_defaults(
     data = box["tmp"] / "data"
     data.mkdir()
     with runner(box, {"enabled": True, "filesystem": {
-            "whitelist": [str(data)], "blacklist": ["~/.kube", "~/.docker"],
+            "whitelist": [str(data)], "blacklist": ["~/.kube", "~/.docker", "~/.vault-token"],
             "allowReadOutside": True}}) as r:
         c = r.loaded.config
         key = r.run(["cat", str(box["home"] / ".ssh" / "id_rsa")], str(box["proj"]))
     paths = [e.path for e in c.blacklist]
-    assert paths[:len(DEFAULT_BLACKLIST)] == [e.path for e in load_sandbox_config(
-        env=box["env"]).config.blacklist]
-    assert paths[-2:] == [f"{box['home']}/.kube", f"{box['home']}/.docker"]
+    defaults = [e.path for e in load_sandbox_config(env=box["env"]).config.blacklist]
+    assert paths[:len(defaults)] == defaults  # the defaults first, all of them
+    # the seed's example entries (already engine defaults: kept once) and a new one
+    assert f"{box['home']}/.kube" in defaults
+    assert f"{box['home']}/.docker" in defaults
+    assert paths[len(defaults):] == [f"{box['home']}/.vault-token"]
     assert [e.path for e in c.whitelist] == [str(data)]
     assert c.allow_read_outside
     assert SECRET not in key.stdout
     # an empty blacklist removes nothing
     with runner(box, {"filesystem": {"blacklist": []}}) as r:
-        assert len(r.loaded.config.blacklist) == len(DEFAULT_BLACKLIST)
+        assert len(r.loaded.config.blacklist) == len(DEFAULT_BLACKLIST + ENGINE_BLACKLIST)
 
 
 def test_seed003_case13_missing_file_means_defaults(box: dict[str, Any]) -> None:
@@ -289,7 +296,7 @@ def test_seed003_case13_missing_file_means_defaults(box: dict[str, Any]) -> None
     assert not loaded.fallback
     assert not loaded.problems
     assert loaded.path == str(box["tmp"] / "absent.json")
-    assert len(loaded.config.blacklist) == len(DEFAULT_BLACKLIST)
+    assert len(loaded.config.blacklist) == len(DEFAULT_BLACKLIST + ENGINE_BLACKLIST)
     with SandboxRunner(loaded, engine=box["engine"], env=env) as r:
         res = r.run(["echo", "ok"], str(box["proj"]))
     assert res.stdout == "ok\n"

@@ -12,6 +12,7 @@ import pytest
 
 from policy_engine.sandbox.sbconfig import (
     DEFAULT_BLACKLIST,
+    ENGINE_BLACKLIST,
     MAX_CONFIG_BYTES,
     MAX_ENTRIES,
     LoadedSandboxConfig,
@@ -43,7 +44,7 @@ def refused(loaded: LoadedSandboxConfig, *words: str) -> str:
     assert loaded.found
     assert loaded.config.whitelist == ()
     assert not loaded.config.allow_read_outside
-    assert len(loaded.config.blacklist) == len(DEFAULT_BLACKLIST)
+    assert len(loaded.config.blacklist) == len(DEFAULT_BLACKLIST + ENGINE_BLACKLIST)
     text = " ".join(f"{d.span}: {d.message} {d.help}" for d in loaded.problems)
     for word in words:
         assert word in text, text
@@ -98,11 +99,12 @@ def test_a_blacklist_entry_cannot_negate(tmp_path: Path, home: Path, entry: str)
 
 
 def test_defaults_survive_an_empty_or_shorter_blacklist(tmp_path: Path, home: Path) -> None:
-    loaded = load(tmp_path, home, {"filesystem": {"blacklist": ["~/.kube"]}})
+    loaded = load(tmp_path, home, {"filesystem": {"blacklist": ["~/.kube", "~/.vault"]}})
     assert not loaded.problems
-    assert [e.written for e in loaded.config.blacklist] == [*DEFAULT_BLACKLIST, "~/.kube"]
+    assert [e.written for e in loaded.config.blacklist] == [
+        *DEFAULT_BLACKLIST, *ENGINE_BLACKLIST, "~/.vault"]
     source = policy_source(loaded.config, (), "ls", "test")
-    for secret in (f"{home}/.ssh/**", "/etc/shadow", "**/.env", f"{home}/.kube/**"):
+    for secret in (f"{home}/.ssh/**", "/etc/shadow", "**/.env", f"{home}/.vault/**"):
         assert f'"{secret}"' in source
     assert "forbid mandatory" in source
 

@@ -38,6 +38,7 @@ from policy_engine.sandbox.sbpolicy_gen import SandboxPolicy, build_sandbox_poli
 
 log = logging.getLogger(__name__)
 BLOCKED_EXIT = 1  # the seed's SandboxResult for a blocked command
+MAX_CACHED_POLICIES = 64  # compiled policies kept per runner, one per (cwd, tool)
 INVALID_TOOL = "invalid-command"
 """The tool a generated policy names when argv[0] is no valid tool (a shell string, a newline):
 the op still goes to the guard, which refuses it (``POLICY.DENY_TOOL``) and leaves evidence."""
@@ -139,6 +140,8 @@ class SandboxRunner:
             except DiagnosticsError as exc:  # vetted entries compile: this is a bug
                 raise PolicyEngineError(ErrorCode.UNKNOWN_INTERNAL, "the generated sandbox "
                                         f"policy does not compile: {exc}") from None
+            if len(self._policies) >= MAX_CACHED_POLICIES:  # a long-lived runner, many tools
+                self._policies.pop(next(iter(self._policies)))
             self._policies[key] = cached
         return cached
 

@@ -92,17 +92,21 @@ class SandboxRunner:
     :param engine: the engine configuration (backends, state dir, evidence sinks, mode).
     :param env: where ``HOME`` and ``TMPDIR`` come from (default ``os.environ``).
     :param warn: log the config's problems and notes as warnings (the CLI prints them itself).
+    :param subject: who the evidence names as subject and consenting (default
+        ``local-user:<login>``), e.g. ``agent:builder-7`` for an agent runtime's commands.
     """
 
     def __init__(self, loaded: LoadedSandboxConfig | None = None, *,
                  engine: EngineConfig | None = None, env: Mapping[str, str] | None = None,
-                 plugins: PluginManager | None = None, warn: bool = True) -> None:
+                 plugins: PluginManager | None = None, warn: bool = True,
+                 subject: str | None = None) -> None:
         self.env = dict(os.environ if env is None else env)
         self.loaded = loaded or load_sandbox_config(env=self.env)
         self.engine = engine or EngineConfig()
         self.home = usable_home(self.env)[0]
         self.env["HOME"] = self.home
         self._plugins = plugins
+        self.subject = subject
         self._orch: Orchestrator | None = None
         self._policies: dict[tuple[str, str], SandboxPolicy] = {}
         for problem in self.loaded.problems if warn else ():  # loudly (and in the evidence)
@@ -136,7 +140,7 @@ class SandboxRunner:
                 cached = build_sandbox_policy(
                     self.loaded.config, cwd=where, tool=tool, home=self.home,
                     state_dir=self.engine.state_dir, origin=origin,
-                    tmpdir=self.env.get("TMPDIR"))
+                    tmpdir=self.env.get("TMPDIR"), subject=self.subject)
             except DiagnosticsError as exc:  # vetted entries compile: this is a bug
                 raise PolicyEngineError(ErrorCode.UNKNOWN_INTERNAL, "the generated sandbox "
                                         f"policy does not compile: {exc}") from None

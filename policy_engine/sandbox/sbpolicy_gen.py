@@ -151,8 +151,10 @@ def _capabilities(config: SandboxConfig, writable: Sequence[Entry],
 
 def build_sandbox_policy(config: SandboxConfig, *, cwd: str, tool: str, home: str,
                          state_dir: Path, origin: str, tmpdir: str | None = None,
-                         now_ms: int | None = None) -> SandboxPolicy:
+                         now_ms: int | None = None, subject: str | None = None) -> SandboxPolicy:
     """Generate, write (under ``state_dir/sandbox/``) and compile the policy for one run.
+
+    :param subject: who the grant and its consent name (default ``local-user:<login>``).
 
     :raises DiagnosticsError: the generated policy does not compile (a bug: entries are
         vetted before they get here).
@@ -180,11 +182,12 @@ def build_sandbox_policy(config: SandboxConfig, *, cwd: str, tool: str, home: st
     policyset = compile_files([path], home=home)
     now = now_ms if now_ms is not None else int(time.time() * 1000)
     caps = _capabilities(config, writable, tool)
-    user = _user()
-    # the person running `sandbox exec` is the human the consent rule asks for: recorded as such
-    consent = Consent(granted_by=f"local-user:{user}", granted_at=now,
-                      expires_at=now + GRANT_TTL_MS, scope="sandbox exec")
-    grant = Grant(tenant="local", subject_id=f"local-user:{user}", tool_name=TOOL_NAME,
+    who = subject or f"local-user:{_user()}"
+    # the person running `sandbox exec` (or the runner's `subject`, who configured the sandbox
+    # for an agent) is the consent the built-in rule asks for a process: recorded as such
+    consent = Consent(granted_by=who, granted_at=now, expires_at=now + GRANT_TTL_MS,
+                      scope="sandbox exec")
+    grant = Grant(tenant="local", subject_id=who, tool_name=TOOL_NAME,
                   call_id=f"sandbox-{digest}-{now}", capabilities=caps,
                   expires_at=now + GRANT_TTL_MS, consent=consent)
     manifest = Manifest(name=TOOL_NAME, version="1.0.0",

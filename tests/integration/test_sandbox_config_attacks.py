@@ -253,3 +253,14 @@ def test_read_outside_does_not_show_well_known_credentials(box: dict[str, Any],
         shutil.rmtree(home, ignore_errors=True)
     assert "plain" in res.stdout  # reading outside works...
     assert "tok3n" not in res.stdout  # ...but not the credential files
+
+
+def test_the_evidence_names_the_runners_subject(box: dict[str, Any]) -> None:
+    loaded = load_sandbox_config(box["tmp"] / "none.json", env=box["env"])
+    with SandboxRunner(loaded, engine=box["engine"], env=box["env"],
+                       subject="agent:builder-7") as r:
+        res = r.run(["true"], str(box["proj"]))
+    assert res.exit_code == 0
+    begin = json.loads((box["engine"].state_dir / "evidence" / "evidence.jsonl")
+                       .read_text().splitlines()[0])
+    assert begin["subject_id"] == "agent:builder-7"

@@ -30,7 +30,7 @@ from policy_engine.errors import Diagnostic, DiagnosticsError
 from policy_engine.model import Grant, Manifest, Settings
 
 DOCUMENT_SUFFIXES = (".json", ".yaml", ".yml")
-KINDS = ("manifest", "grant", "request", "settings", "config", "test")
+KINDS = ("manifest", "grant", "request", "settings", "config", "test", "sandbox")
 """Document kinds, in the order a tie in :func:`detect_kind` is broken (never silently)."""
 
 _CONFIG_KEYS = frozenset({
@@ -46,6 +46,7 @@ _MARKERS: Mapping[str, frozenset[str]] = {
     "settings": frozenset({"root_fs", "tmp_dir"}),
     "config": _CONFIG_KEYS,
     "test": frozenset({"cases", "policy"}),
+    "sandbox": frozenset({"enabled", "filesystem"}),
 }
 """Keys that only one kind of document uses (shared ones, `limits`, `network`, count for none)."""
 _SETTINGS_KEYS = frozenset({"limits", "network", "root_fs", "tmp_dir"})
@@ -56,6 +57,7 @@ _FIELDS: Mapping[str, frozenset[str]] = {
     "settings": _SETTINGS_KEYS,
     "config": _CONFIG_KEYS,
     "test": _MARKERS["test"] | {"manifest", "grant", "now_ms"},
+    "sandbox": _MARKERS["sandbox"] | {"network"},
 }
 """Every top-level key of each kind (all the models refuse others)."""
 
@@ -122,10 +124,10 @@ def check_document(path: str, kind: str | None = None) -> DocumentReport:
     if report.kind is None:
         report.diagnostics.append(Diagnostic.make(
             "SBP105", "cannot tell which engine document this is (manifest, grant, request, "
-            "settings, config or policy test)", lookup.span(()),
+            "settings, config, policy test or sandbox config)", lookup.span(()),
             help="a manifest has `name`/`permissions`, a grant `tenant`/`capabilities`, a "
-                 "request `op`, settings `root_fs`/`limits`, a config `backends`/`state_dir`; "
-                 "or pass `--kind`"))
+                 "request `op`, settings `root_fs`/`limits`, a config `backends`/`state_dir`, "
+                 "a sandbox config `filesystem`; or pass `--kind`"))
         return report
     try:
         report.model = _VALIDATORS[report.kind](path, data, lookup)
@@ -221,9 +223,19 @@ def _test_file(path: str, data: Any, lookup: PositionLookup) -> None:
     load_test_file(path)
 
 
+def _sandbox(path: str, data: Any, lookup: PositionLookup) -> None:
+    """A seed 003 `sandbox.json`, vetted as the sandbox runner reads it (docs/sandbox-config.md;
+    `~` and `$VAR` from this process's environment)."""
+    from policy_engine.sandbox.sbconfig import check_sandbox_file
+
+    problems = [d for d in check_sandbox_file(path) if d.id != "SBP100"]
+    if problems:
+        raise DiagnosticsError(problems)
+
+
 _VALIDATORS = {
     "manifest": _manifest, "grant": _grant, "request": _request, "settings": _settings,
-    "config": _config, "test": _test_file,
+    "config": _config, "test": _test_file, "sandbox": _sandbox,
 }
 
 

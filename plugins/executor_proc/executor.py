@@ -343,6 +343,25 @@ class ProcExecutor:
             run_as=self.run_as, source=self._stager(reach))
         return argv if exe is None else [exe, *host, *reach.options(self.run_as), "--", *argv]
 
+    def preview_command(self, ctx: ExecContext, op: ExecOp) -> list[str]:
+        """The argv ``execute`` would spawn for ``op``, for ``policy-engine sandbox profile``:
+        nothing runs, nothing is adopted or staged; the status fd is a placeholder (3) and the
+        per-call cgroup and rlimit options of the native launcher are left out."""
+        if not isinstance(op, ProcExecOp):
+            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, f"proc cannot run `{op.kind}`")
+        if not self.usable:
+            raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                    f"{self.name}: {self.unavailable_reason}")
+        private_tmp = None if self.backend == "bwrap" else "/tmp/pe-proc-PREVIEW"
+        plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
+                          env_base=self.options.env_base, extra_ro=self.options.extra_ro_binds,
+                          tmpdir=private_tmp or "/tmp")
+        plan.limits = resolve_limits(ctx.profile, op, ctx.limits)
+        exe, _ = self._launcher()
+        spec = (self._launcher_spec(plan, private_tmp, None)
+                if self.backend == "landlock" or self.options.layer2 else None)
+        return self._command(plan, spec, 3, exe, [], None, uid.Reach())
+
     def _reach(self, plan: Plan, private_tmp: str | None, exe: str | None) -> uid.Reach:
         """proc-landlock run by root: what its uid must reach below closed directories."""
         if self.backend != "landlock" or self.run_as is None:

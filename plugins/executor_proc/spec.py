@@ -131,6 +131,11 @@ def _masks(profile: Profile, bound: list[str], system: list[str]) -> tuple[list[
     plan = plan_masks(bound, system, patterns, home)
     # /var/run -> /run: the link's target is masked itself, and a file bind would follow it
     files = [p for p in plan.files if not (os.path.islink(p) and under_runtime(p))]
+    # a file inside a masked directory is hidden already; binding over it as well fails when
+    # its path runs through a symlink (`/var/run/docker.sock` under a bound `/`: bwrap cannot
+    # create the mount point), which made every `fs.read "/**"` sandbox fail while dockerd ran
+    files = [p for p in files
+             if not any(beneath(os.path.realpath(p), d) for d in plan.dirs)]
     return files, list(plan.dirs)
 
 

@@ -183,8 +183,10 @@ def exec_(config_path: Path | None, engine_path: Path | None, state_dir: Path | 
 @engine_option
 @state_option
 @cwd_option
-@click.option("--platform", type=click.Choice(["linux"]), default="linux", show_default=True,
-              help="which sandbox to render (linux: the proc backend's bubblewrap argv)")
+@click.option("--platform", type=click.Choice(["linux", "macos"]), default="linux",
+              show_default=True,
+              help="which sandbox to render (linux: the proc backend's bubblewrap argv; macos: "
+                   "the sandbox-exec profile of the macos-sandbox-exec backend)")
 @format_option
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def profile(config_path: Path | None, engine_path: Path | None, state_dir: Path | None,
@@ -192,7 +194,8 @@ def profile(config_path: Path | None, engine_path: Path | None, state_dir: Path 
     """The sandbox that would run `-- CMD...` (default `bash`): decision and backend argv."""
     with _runner(config_path, engine_path, state_dir) as runner:
         try:
-            data = runner.preview(list(argv) or ["bash"], str(cwd) if cwd else None)
+            show = runner.preview_sbpl if platform == "macos" else runner.preview
+            data = show(list(argv) or ["bash"], str(cwd) if cwd else None)
         except PolicyEngineError as exc:
             click.echo(f"error: {exc.code.value}: {exc.reason}", err=True)
             sys.exit(EXIT_FAILED)
@@ -208,7 +211,9 @@ def profile(config_path: Path | None, engine_path: Path | None, state_dir: Path 
                                                    if data.get("code") else "")]
         if data.get("backend"):
             lines.append(f"backend: {data['backend']}")
-        if "argv" in data:
+        if "sbpl" in data:
+            lines.append(data["sbpl"].rstrip("\n"))
+        elif "argv" in data:
             lines.append(shlex.join(data["argv"]))
         if data.get("error"):
             lines.append(f"error: {data['error']}")

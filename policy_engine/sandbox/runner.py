@@ -210,6 +210,28 @@ class SandboxRunner:
             out["error"] = f"{exc.code.value}: {exc.reason}"
         return out
 
+    def preview_sbpl(self, argv: Sequence[str], cwd: str | None = None) -> dict[str, Any]:
+        """What macOS would run for ``argv``: the decision and the ``sandbox-exec`` profile the
+        ``macos-sandbox-exec`` backend generates from the same profile (without the per-call
+        private ``TMPDIR`` rule it adds at run time); nothing runs, on any platform."""
+        from policy_engine.sandbox.sbpl import SbplPathError, render_sbpl
+
+        decision, profile, _op = self.decide(argv, cwd)
+        out: dict[str, Any] = {"decision": decision.decision, "code": decision.code,
+                               "reason": decision.reason,
+                               "rule": decision.rule.id if decision.rule else None,
+                               "profile_hash": profile.profile_hash,
+                               "backend": "macos-sandbox-exec"}
+        if not decision.allowed:
+            return out
+        try:
+            out["sbpl"] = render_sbpl(profile)
+        except SbplPathError as exc:
+            out["error"] = str(exc)
+            return out
+        out["argv"] = ["/usr/bin/sandbox-exec", "-p", out["sbpl"], "--", *argv]
+        return out
+
     def _op(self, argv: Sequence[str], policy: SandboxPolicy, cwd: str | None) -> ProcExecOp:
         return ProcExecOp(tool=argv[0], args=tuple(argv[1:]), cwd=policy.writable[0].path,
                           timeout_ms=None)

@@ -249,6 +249,48 @@ def test_seed003_case09_bwrap_argv_is_built_from_the_config(box: dict[str, Any])
     assert json.loads(cli.stdout)["argv"][-2:] == ["ls", "-l"]
 
 
+def test_sandbox_profile_platform_macos_renders_the_same_decision_as_sbpl(
+        box: dict[str, Any]) -> None:
+    """`sandbox profile --platform macos`: the sandbox-exec profile of the same compiled policy
+    (seed 003's macOS adapter), here on Linux where nothing runs it: the whitelist writable,
+    the blacklisted file inside it denied after every allow, the network denied."""
+    import sexpdata
+
+    data = box["tmp"] / "data"
+    data.mkdir()
+    (box["proj"] / ".env").write_text("X=1")
+    (box["tmp"] / "sandbox.json").write_text(json.dumps({"filesystem": {"whitelist": [str(data)]}}))
+    cli = subprocess.run(
+        [sys.executable, "-m", "policy_engine.cli", "sandbox", "profile", "--platform", "macos",
+         "--config", str(box["tmp"] / "sandbox.json"), "--state-dir", str(box["tmp"] / "st3"),
+         "--cwd", str(box["proj"]), "--format", "json", "--", "ls", "-l"],
+        capture_output=True, text=True, env={**os.environ, **box["env"]}, check=False)
+    assert cli.returncode == 0, cli.stderr
+    shown = json.loads(cli.stdout)
+    assert shown["platform"] == "macos"
+    assert shown["decision"] == "allow"
+    sbpl: str = shown["sbpl"]
+    assert shown["argv"] == ["/usr/bin/sandbox-exec", "-p", sbpl, "--", "ls", "-l"]
+    forms = sexpdata.loads("(" + sbpl + ")")  # one balanced S-expression list
+    assert [str(f[0]) for f in forms[:2]] == ["version", "deny"]
+    lines = sbpl.splitlines()
+    write_data = next(i for i, ln in enumerate(lines) if f'(subpath "{data}")' in ln
+                      and "file-write" in "".join(lines[i - 3:i + 1]))
+    deny_env = next(i for i, ln in enumerate(lines) if r"/\.env$" in ln)  # **/.env
+    opening = next(ln for ln in reversed(lines[:deny_env]) if ln.startswith(("(allow", "(deny")))
+    assert opening.startswith("(deny file-read* file-write*")
+    assert deny_env > write_data  # last match wins: the blacklist entry comes after the allow
+    assert "(allow network" not in sbpl
+    text = subprocess.run(
+        [sys.executable, "-m", "policy_engine.cli", "sandbox", "profile", "--platform", "macos",
+         "--config", str(box["tmp"] / "sandbox.json"), "--state-dir", str(box["tmp"] / "st3"),
+         "--cwd", str(box["proj"]), "--", "ls"],
+        capture_output=True, text=True, env={**os.environ, **box["env"]}, check=False)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith("decision: allow")
+    assert "(deny default)" in text.stdout
+
+
 # ---- configuration loading --------------------------------------------------------------------
 
 def test_seed003_case11_default_blacklist_has_the_secret_dirs(box: dict[str, Any]) -> None:

@@ -1,0 +1,342 @@
+"""proc-unshare (issue 17 item 3, seed 003 test case 10): util-linux `unshare` namespaces around
+the Landlock + seccomp launcher, run for real. Each attack is one an outsider would try first;
+each names the layer that stops it (checked by removing that layer: the test then fails)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from plugins.executor_proc.executor import ProcExecutor, ProcOptions
+from policy_engine import ErrorCode, PolicyEngineError
+from policy_engine.conformance.suite import run_suite
+from policy_engine.executor import ExecContext
+from policy_engine.model import NetworkMode, ProcExecOp, Profile
+from tests.integration.test_proc_sandbox import make_profile
+
+pytestmark = pytest.mark.integration
+
+PYTHON = "/usr/bin/python3"  # runs as the sandbox uid (the test's own interpreter may not)
+
+
+@pytest.fixture(scope="module")
+def unshare_ex() -> Iterator[ProcExecutor]:
+    ex = ProcExecutor("unshare")
+    assert ex.available() is True, ex.unavailable_reason  # util-linux unshare works here
+    yield ex
+    ex.close()
+
+
+@pytest.fixture
+def world() -> Iterator[Path]:
+    """A workspace the sandbox uid can traverse, with a HOME holding planted secrets."""
+    r = Path(tempfile.mkdtemp(prefix="pe-unshare-", dir="/tmp"))
+    r.chmod(0o755)
+    (r / "out").mkdir(mode=0o777)
+    (r / "home" / ".ssh").mkdir(parents=True)
+    (r / "home" / ".ssh" / "id_ed25519").write_text("ssh-private-key-marker")
+    (r / ".env").write_text("TOKEN=env-secret-marker")
+    for p in (r / "home", r / "home" / ".ssh"):
+        p.chmod(0o755)
+    for p in (r / "home" / ".ssh" / "id_ed25519", r / ".env"):
+        p.chmod(0o644)  # world-readable on the host: only the sandbox may stop the read
+    yield r
+    shutil.rmtree(r, ignore_errors=True)
+
+
+def _run(ex: ProcExecutor, profile: Profile, code: str, *args: str,
+         timeout: float = 60) -> dict[str, object]:
+    ctx = ExecContext(profile=profile, deadline=time.monotonic() + timeout)
+    return ex.execute(ctx, ProcExecOp(tool=PYTHON, args=("-c", code, *args))).out
+
+
+def _report(out: dict[str, object]) -> dict[str, object]:
+    assert out["exit_code"] == 0, out
+    data = json.loads(str(out["stdout"]).strip().splitlines()[-1])
+    assert isinstance(data, dict)
+    return data
+
+
+ATTEMPTS = textwrap.dedent("""
+    import json, os, socket, sys
+    R = {}
+    def attempt(name, fn):
+        try:
+            R[name] = fn()
+        except OSError as e:
+            R[name] = "refused: " + (os.strerror(e.errno) if e.errno else type(e).__name__)
+    def read(p):
+        return open(p).read()
+    def write(p):
+        open(p, "w").write("x"); return "written"
+    def unix(p):
+        s = socket.socket(socket.AF_UNIX); s.settimeout(2); s.connect(p)
+        s.sendall(b"GET /version HTTP/1.0\\r\\n\\r\\n"); return "connected"
+    for key, path in json.loads(sys.argv[1]).items():
+        kind, _, name = key.partition(":")
+        attempt(key, lambda: {"read": read, "write": write, "unix": unix}[kind](path))
+    print(json.dumps(R))
+""")
+
+
+def test_secrets_in_the_sandbox_home_and_workspace_stay_unreadable(
+        unshare_ex: ProcExecutor, world: Path) -> None:
+    """Layer: Landlock carving of the mandatory denies (the files are 0644 on the host)."""
+    targets = {"read:ssh": str(world / "home" / ".ssh" / "id_ed25519"),
+               "read:env": str(world / ".env"), "read:shadow": "/etc/shadow"}
+    seen = _report(_run(unshare_ex, make_profile(world), ATTEMPTS, json.dumps(targets)))
+    assert all(str(v).startswith("refused") for v in seen.values()), seen
+    assert "marker" not in json.dumps(seen)
+
+
+def test_host_control_sockets_are_unreachable(unshare_ex: ProcExecutor, world: Path) -> None:
+    """Layer: the seccomp filter refuses AF_UNIX (Landlock does not govern connect()); the
+    docker daemon's socket is real here, and a listener inside the workspace is readable."""
+    listener_path = str(world / "ctl.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(listener_path)
+    os.chmod(listener_path, 0o777)
+    srv.listen(4)
+    assert os.path.exists("/var/run/docker.sock")
+    try:
+        targets = {"unix:docker": "/var/run/docker.sock", "unix:run": "/run/docker.sock",
+                   "unix:planted": listener_path}
+        seen = _report(_run(unshare_ex, make_profile(world), ATTEMPTS, json.dumps(targets)))
+    finally:
+        srv.close()
+    assert not any(v == "connected" for v in seen.values()), seen
+
+
+def test_writes_outside_the_writable_paths_and_setid_plants_are_refused(
+        unshare_ex: ProcExecutor, world: Path) -> None:
+    """Layers: Landlock (writes), seccomp and the uid drop (set-id bits)."""
+    tag = uuid.uuid4().hex[:8]
+    targets = {"write:root": str(world / f"escape-{tag}"), "write:tmp": f"/tmp/escape-{tag}",
+               "write:ok": str(world / "out" / "fine")}
+    seen = _report(_run(unshare_ex, make_profile(world), ATTEMPTS, json.dumps(targets)))
+    assert seen["write:ok"] == "written", seen
+    assert str(seen["write:root"]).startswith("refused"), seen
+    assert str(seen["write:tmp"]).startswith("refused"), seen
+    assert not (world / f"escape-{tag}").exists() and not Path(f"/tmp/escape-{tag}").exists()
+    plant = textwrap.dedent("""
+        import os, shutil, sys
+        p = sys.argv[1]
+        shutil.copyfile("/usr/bin/true", p)
+        try:
+            os.chmod(p, 0o4755); print("chmod ok")
+        except OSError as e:
+            print("refused", e.errno)
+        print("uid", os.geteuid())
+    """)
+    out = _run(unshare_ex, make_profile(world), plant, str(world / "out" / "suid"))
+    assert "refused" in str(out["stdout"]), out
+    st = (world / "out" / "suid").stat()
+    assert st.st_mode & 0o6000 == 0
+    assert st.st_uid == 65533  # not host root: what it leaves belongs to the sandbox uid
+    assert "uid 65533" in str(out["stdout"])
+
+
+def test_network_off_is_a_namespace_a_loopback_listener_cannot_be_reached(
+        unshare_ex: ProcExecutor, world: Path) -> None:
+    """Layers: an empty network namespace (checked by its inode), then Landlock TCP rules and
+    the seccomp AF_INET refusal on top; the canary is a real listener on the host's loopback."""
+    hits: list[bytes] = []
+    canary = socket.socket()
+    canary.bind(("127.0.0.1", 0))
+    canary.listen(4)
+    canary.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = canary.accept()
+            except OSError:
+                continue
+            hits.append(conn.recv(64))
+            conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    code = textwrap.dedent("""
+        import json, os, socket, sys
+        R = {"netns": os.readlink("/proc/self/ns/net"), "pidns": os.readlink("/proc/self/ns/pid"),
+             "pid": os.getpid(), "host_pid_seen": os.path.exists(f"/proc/{sys.argv[2]}")}
+        try:
+            s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2)
+            s.sendall(b"escaped"); R["net"] = "connected"
+        except OSError as e:
+            R["net"] = "refused"
+        print(json.dumps(R))
+    """)
+    try:
+        seen = _report(_run(unshare_ex, make_profile(world), code, str(canary.getsockname()[1]),
+                            str(os.getpid())))
+    finally:
+        stop.set()
+        t.join(2)
+        canary.close()
+    assert seen["net"] == "refused" and hits == [], (seen, hits)
+    assert seen["netns"] != os.readlink("/proc/self/ns/net")  # its own, empty namespace
+    assert seen["pidns"] != os.readlink("/proc/self/ns/pid")
+    assert seen["pid"] == 1 and seen["host_pid_seen"] is False  # the engine is not visible
+
+
+def test_network_on_shares_the_host_network(unshare_ex: ProcExecutor, world: Path) -> None:
+    code = "import os; print(os.readlink('/proc/self/ns/net'))"
+    out = _run(unshare_ex, make_profile(world, NetworkMode.ON), code)
+    assert str(out["stdout"]).strip() == os.readlink("/proc/self/ns/net")
+    assert "net" not in out["isolation"]["namespaces"]  # type: ignore[index]
+
+
+def test_a_double_forked_child_that_leaves_the_process_group_dies_at_the_timeout(
+        world: Path) -> None:
+    """Layer: the pid namespace (`--kill-child`: its pid 1 dies, the kernel kills the rest).
+    Without cgroups (proc option `cgroups: false`) the engine's process-group kill misses a
+    grandchild that moved to its own group (setsid is refused; setpgid is not)."""
+    tag = uuid.uuid4().hex
+    ex = ProcExecutor("unshare", ProcOptions(cgroups=False, prespawn=0))
+    code = textwrap.dedent(f"""
+        import os, time
+        if os.fork() == 0:
+            if os.fork() == 0:
+                os.setpgid(0, 0)
+                os.execv("/usr/bin/python3", ["python3", "-c",
+                         "import time; time.sleep(60)  # orphan-{tag}"])
+            os._exit(0)
+        time.sleep(60)
+    """)
+    try:
+        with pytest.raises(PolicyEngineError) as exc:
+            _run(ex, make_profile(world), code, timeout=2)
+        assert exc.value.code == ErrorCode.TIMEOUT
+    finally:
+        ex.close()
+    time.sleep(1.0)
+    left = [pid for pid in filter(str.isdigit, os.listdir("/proc"))
+            if f"orphan-{tag}".encode() in _cmdline(pid)]
+    for pid in left:
+        os.kill(int(pid), 9)
+    assert left == [], "a grandchild outlived the call's timeout"
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def test_available_names_the_reason_and_calls_are_refused(world: Path) -> None:
+    ex = ProcExecutor("unshare", ProcOptions(unshare="/nonexistent/unshare"))
+    try:
+        why = ex.available()
+        assert isinstance(why, str) and "/nonexistent/unshare" in why and "util-linux" in why
+        with pytest.raises(PolicyEngineError) as exc:
+            _run(ex, make_profile(world), "print('ran')")
+        assert exc.value.code == ErrorCode.PROVIDER_UNAVAILABLE
+    finally:
+        ex.close()
+
+
+def test_restricted_network_is_refused_not_widened(unshare_ex: ProcExecutor,
+                                                   world: Path) -> None:
+    with pytest.raises(PolicyEngineError) as exc:
+        _run(unshare_ex, make_profile(world, NetworkMode.RESTRICTED), "print('ran')")
+    assert exc.value.code == ErrorCode.CAPABILITY_BLOCKED
+
+
+def test_conformance_kit_claims_hold_in_compat_and_strict_refuses() -> None:
+    """Every claim proc-unshare declares holds under the kit's attacks (network canary,
+    confined writes, no set-id plant, not host root, no orphans, IPC isolation); it declares
+    no bind mounts, so strict mode refuses it and compat mode records the degradation."""
+    compat = {r.id: r for r in run_suite("proc-unshare", mode="compat").results}
+    assert {cid: r.message for cid, r in compat.items() if r.status == "fail"} == {}
+    for cid in ("claims.network-off", "claims.writes-confined", "claims.no-setid-plant",
+                "claims.not-host-root", "claims.no-orphans", "claims.ipc-isolated",
+                "compat.degraded-recorded"):
+        assert compat[cid].status == "pass", (cid, compat[cid].message)
+    strict = {r.id: r for r in run_suite("proc-unshare", mode="strict").results}
+    assert strict["capabilities.runs[proc.exec]"].status == "fail"
+    assert "lacks `bind_mounts`" in strict["capabilities.runs[proc.exec]"].message
+
+
+CASE10_POLICY = """policy "seed003/case10" version "1.0.0"
+defaults {
+  timeout 20s
+  network off
+}
+permit "read-ws" fs.read, fs.list paths ["@ROOT@/**"]
+permit "py" proc.exec tool "python3"
+require consent when `false`
+"""
+
+
+def _cli_run(tmp: Path, config: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    (tmp / "engine.yaml").write_text(config)
+    return subprocess.run(
+        [sys.executable, "-m", "policy_engine.cli", "run", "--config", str(tmp / "engine.yaml"),
+         "--policy", str(tmp / "p.sbpolicy"), "--manifest", str(tmp / "manifest.json"),
+         "--grant", str(tmp / "grant.json"), "--", *argv],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp)
+
+
+def test_seed003_case10_linux_unshare_fallback(tmp_path: Path) -> None:
+    """Seed 003 case 10: bubblewrap unusable for real (the proc option `bwrap` names a missing
+    binary): proc-bwrap answers PROVIDER.UNAVAILABLE with the reason and never moves to
+    another backend by itself; configured with proc-unshare, the same command runs, and the
+    evidence names the backend and records the degradation (no bind-mount view)."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    perms = [{"kind": "proc.exec", "tool": "python3"},
+             {"kind": "fs.read", "paths": [f"{root}/**"]}]
+    (tmp_path / "p.sbpolicy").write_text(CASE10_POLICY.replace("@ROOT@", str(root)))
+    (tmp_path / "grant.json").write_text(json.dumps({
+        "tenant": "t", "subject_id": "agent:a", "tool_name": "rt", "call_id": "c-1",
+        "capabilities": perms, "expires_at": 4102444800000, "budget": {"calls": 10}}))
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "name": "rt", "version": "1.0.0", "permissions": perms,
+        "side_effects": ["Process", "Read"], "safety_class": "Medium"}))
+    state = tmp_path / "state"
+    no_bwrap = "options:\n  proc: {bwrap: /nonexistent/bwrap}\n"
+    cmd = ("python3", "-c", "import os; print('ran-as', os.geteuid(), os.getpid())")
+
+    refused = _cli_run(tmp_path, f"state_dir: {state}\nmode: compat\n{no_bwrap}", *cmd)
+    assert refused.returncode != 0
+    assert "PROVIDER.UNAVAILABLE" in refused.stdout, refused.stdout + refused.stderr
+    assert "bwrap is not installed at `/nonexistent/bwrap`" in refused.stdout
+    assert "ran-as" not in refused.stdout and "proc-unshare" not in refused.stdout
+
+    ran = _cli_run(tmp_path, f"state_dir: {state}\nmode: compat\nbackends:\n"
+                   f"  proc.exec: proc-unshare\n{no_bwrap}", *cmd)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "ran-as 65533 1" in ran.stdout  # the sandbox uid, pid 1 of its own namespace
+    assert "backend proc-unshare" in ran.stdout
+
+    ends = [json.loads(line) for line in
+            (state / "evidence" / "evidence.jsonl").read_text().splitlines()]
+    ends = [e for e in ends if e.get("type") == "end"]
+    assert ends[0]["status"] != "ok" and ends[0]["sandbox_backend"] == "proc-bwrap"
+    assert ends[0]["error_code"] == "PROVIDER.UNAVAILABLE"
+    last = ends[-1]
+    assert last["status"] == "ok" and last["sandbox_backend"] == "proc-unshare"
+    assert last["sandbox_degraded"] is True
+    assert "lacks `bind_mounts`" in last["sandbox_degrade_reason"]
+
+    strict = _cli_run(tmp_path, f"state_dir: {state}\nmode: strict\nbackends:\n"
+                      f"  proc.exec: proc-unshare\n{no_bwrap}", *cmd)
+    assert "SANDBOX.CAPABILITY_BLOCKED" in strict.stdout and "ran-as" not in strict.stdout

@@ -340,3 +340,21 @@ def test_seed003_case10_linux_unshare_fallback(tmp_path: Path) -> None:
     strict = _cli_run(tmp_path, f"state_dir: {state}\nmode: strict\nbackends:\n"
                       f"  proc.exec: proc-unshare\n{no_bwrap}", *cmd)
     assert "SANDBOX.CAPABILITY_BLOCKED" in strict.stdout and "ran-as" not in strict.stdout
+
+
+@pytest.mark.parametrize("backend", ["landlock", "unshare"])
+def test_an_argument_shaped_like_a_variable_never_enters_the_environment(
+        backend: str, world: Path) -> None:
+    """Found while attacking proc-unshare: a held native launcher (the default, `prespawn` >
+    0) put its own options and the tool's argv after the environment it was sent, so an
+    argument `LD_PRELOAD=…` became the tool's LD_PRELOAD, past every env allow-list."""
+    ex = ProcExecutor(backend)  # type: ignore[arg-type]
+    code = "import json, os; print(json.dumps(sorted(os.environ)))"
+    try:
+        out = _run(ex, make_profile(world), code, "LD_PRELOAD=/nonexistent/x.so", "PE_INJECTED=1")
+    finally:
+        ex.close()
+    keys = json.loads(str(out["stdout"]))
+    assert "LD_PRELOAD" not in keys and "PE_INJECTED" not in keys, keys
+    assert keys == sorted(["GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM", "GIT_CONFIG_PARAMETERS",
+                           "HOME", "LANG", "PATH", "TMPDIR", "TZ"])

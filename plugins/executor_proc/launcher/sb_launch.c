@@ -457,8 +457,12 @@ static char **receive(int fd, int *argc_out) {
     if (e >= k) _exit(126);
     items[e] = NULL; /* terminates the environment */
     environ = items + 1;
-    char **args = items + e; /* args[0] is a placeholder for the program name */
-    args[0] = "sb_launch";
+    /* a separate array: a placeholder written over items[e] would un-terminate the environment
+     * and hand the options and the tool's argv (`LD_PRELOAD=...`) to the tool as variables */
+    char **args = calloc(k - e + 1, sizeof *args);
+    if (args == NULL) _exit(126);
+    args[0] = "sb_launch"; /* a placeholder for the program name */
+    for (size_t i = e + 1; i < k; i++) args[i - e] = items[i];
     *argc_out = (int)(k - e);
     return args;
 }

@@ -259,22 +259,25 @@ class ProcExecutor:
         private_tmp = None if self.backend == "bwrap" else tempfile.mkdtemp(prefix="pe-proc-")
         net: RestrictedHandle | None = None
         try:
-            plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
-                              env_base=self.options.env_base,
-                              extra_ro=self.options.extra_ro_binds,
-                              tmpdir=private_tmp or "/tmp")
+            plan = self._plan(ctx, op, private_tmp or "/tmp")
             plan.limits = resolve_limits(ctx.profile, op, ctx.limits)  # the rule's included
             if plan.network == "restricted" and self.network_hook is None:
                 net = RestrictedNetwork(ctx.profile, ctx.guard or self.guard,
                                         deadline=ctx.deadline, consume=ctx.consume,
                                         limits=ctx.limits).start()
                 plan.env.update(net.env())  # INVARIANT: after the op's allow-listed values
-            return self._run(ctx, op, plan, stdin, private_tmp, plan.network, net)
+            return self._run(ctx, op, plan, stdin, private_tmp, ctx.profile.network.value, net)
         finally:
             if net is not None:
                 _record_proxy(ctx, net)
             if private_tmp is not None:
                 _rmtree(private_tmp)
+
+    def _plan(self, ctx: ExecContext, op: ProcExecOp, tmpdir: str) -> Plan:
+        """The call's sandbox plan (a subclass may widen it: the local runner)."""
+        return build_plan(ctx.profile, op, env_allow=self.options.env_allow,
+                          env_base=self.options.env_base, extra_ro=self.options.extra_ro_binds,
+                          tmpdir=tmpdir)
 
     def _launcher_spec(self, plan: Plan, private_tmp: str | None,
                        net: RestrictedHandle | None) -> dict[str, Any]:

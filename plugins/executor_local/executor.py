@@ -36,6 +36,7 @@ class LocalExecutor(ProcExecutor):
     """``local``: the proc-landlock launcher with a host-wide ruleset (see the module doc)."""
 
     local = True
+    prespawn_at_start = False  # chosen by configuration only: no idle launchers until used
 
     def __init__(self, options: ProcOptions | None = None, *,
                  mode: Literal["strict", "compat"] = "compat") -> None:

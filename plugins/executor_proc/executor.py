@@ -167,6 +167,7 @@ class ProcExecutor:
 
     enforces_deadline = True
     charges_at_start = True  # ctx.started() right before the spawn
+    prespawn_at_start = True  # hold launchers from the start (the backends that are defaults)
 
     def __init__(self, backend: Backend, options: ProcOptions | None = None, *,
                  network_hook: NetworkHook | None = None, guard: Decider | None = None,
@@ -209,8 +210,12 @@ class ProcExecutor:
         if self.options.cgroups:
             cgroups.sweep_stale()
         if self.usable and self.options.launcher == "native":
-            with contextlib.suppress(PolicyEngineError):  # refused per call, with the reason
-                self._launcher()  # build (first run on this machine) before any deadline runs
+            if self.prespawn_at_start and backend != "unshare":
+                with contextlib.suppress(PolicyEngineError):  # refused per call, with reason
+                    self._launcher()  # build (first run here) before any deadline runs
+            else:  # chosen by configuration only: build now, hold launchers from the 1st call
+                cache = self.options.launcher_cache
+                self._native = native.launcher(Path(cache) if cache else None)
 
     def available(self) -> bool | str:
         """The executor SPI's probe: ``True``, or the reason this backend cannot run here."""

@@ -1,1 +1,1 @@
-"""The `local` executor: runs argv on the host (seed 004 ``LocalSandboxRunner``), always degraded."""
+"""The `local` executor: argv on the host (seed 004 ``LocalSandboxRunner``), always degraded."""

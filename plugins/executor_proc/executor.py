@@ -357,7 +357,8 @@ class ProcExecutor:
 
         reach = reach if reach is not None else uid.Reach()
         if self.backend == "unshare":
-            assert spec is not None and self.unshare_path is not None
+            assert spec is not None
+            assert self.unshare_path is not None
             # the host launcher (cgroup, rlimits, reach) stays root for `unshare`, which drops
             ns = unshare.namespace_args(self.unshare_path, network_on=plan.network == "on",
                                         run_as=self.run_as, cwd=plan.cwd)

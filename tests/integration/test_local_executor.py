@@ -158,9 +158,11 @@ def test_not_host_root_and_no_setid_plant(local_ex: LocalExecutor, world: Path) 
         print("uid", os.geteuid())
     """)
     out = _run(local_ex, make_profile(world), code, str(world / "out" / "suid"))
-    assert "refused" in str(out["stdout"]) and "uid 65533" in str(out["stdout"]), out
+    assert "refused" in str(out["stdout"]), out
+    assert "uid 65533" in str(out["stdout"]), out
     st = (world / "out" / "suid").stat()
-    assert st.st_mode & 0o6000 == 0 and st.st_uid == 65533
+    assert st.st_mode & 0o6000 == 0
+    assert st.st_uid == 65533
 
 
 def test_a_double_forked_child_dies_at_the_timeout(local_ex: LocalExecutor,
@@ -206,7 +208,8 @@ def test_environment_is_exactly_what_the_guard_decided(world: Path) -> None:
         ex.close()
         del os.environ["PE_HOST_ONLY_SECRET"]
     env = json.loads(str(out["stdout"]))
-    assert env["GIT_AUTHOR_NAME"] == "a" and "PE_HOST_ONLY_SECRET" not in env
+    assert env["GIT_AUTHOR_NAME"] == "a"
+    assert "PE_HOST_ONLY_SECRET" not in env
     assert set(env) == {"GIT_AUTHOR_NAME", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM",
                         "GIT_CONFIG_PARAMETERS", "HOME", "LANG", "PATH", "TMPDIR", "TZ"}
 
@@ -222,20 +225,26 @@ def test_file_size_memory_and_output_limits(world: Path) -> None:
         assert (world / "out" / "big").stat().st_size <= 1 << 20
         out = _run(ex, make_profile(world, memory_bytes=64 << 20),
                    "b = bytearray(512 << 20); print('allocated')")
-        assert out["exit_code"] != 0 and "allocated" not in str(out["stdout"]), out
+        assert out["exit_code"] != 0, out
+        assert "allocated" not in str(out["stdout"])
         out = _run(ex, make_profile(world, max_stdout_bytes=1000), "print('y' * 100000)")
-        assert out["stdout_truncated"] is True and len(str(out["stdout"])) <= 1100
+        assert out["stdout_truncated"] is True
+        assert len(str(out["stdout"])) <= 1100
     finally:
         ex.close()
 
 
 def test_every_result_says_what_it_lacks(local_ex: LocalExecutor, world: Path) -> None:
     out = _run(local_ex, make_profile(world), "print('ok')")
-    assert out["degraded"] == [NOT_ISOLATED] and out["backend"] == "local"
-    assert out["network"] == "on" and out["network_requested"] == "off"
+    assert out["degraded"] == [NOT_ISOLATED]
+    assert out["backend"] == "local"
+    assert out["network"] == "on"
+    assert out["network_requested"] == "off"
     caps = local_ex.capabilities
-    assert local_ex.local is True and caps.mandatory_denies is True
-    assert not caps.bind_mounts and not caps.readonly_rootfs
+    assert local_ex.local is True
+    assert caps.mandatory_denies is True
+    assert not caps.bind_mounts
+    assert not caps.readonly_rootfs
     assert {m.value for m in caps.network_modes} == {"on"}
 
 
@@ -247,7 +256,8 @@ def test_without_landlock_it_declares_no_mandatory_denies_and_refuses(
     ex = LocalExecutor()
     try:
         why = ex.available()
-        assert isinstance(why, str) and "landlock is not enabled" in why
+        assert isinstance(why, str)
+        assert "landlock is not enabled" in why
         assert ex.capabilities.mandatory_denies is False
         with pytest.raises(PolicyEngineError) as exc:
             _run(ex, make_profile(world), "print('ran')")
@@ -322,14 +332,17 @@ def _cli(tmp: Path, config: str) -> tuple[subprocess.CompletedProcess[str], dict
 
 def test_strict_mode_refuses_the_local_runner(cli: Path) -> None:
     res, end = _cli(cli, "mode: strict\nbackends:\n  proc.exec: local\n")
-    assert "SANDBOX.CAPABILITY_BLOCKED" in res.stdout and "ran-as" not in res.stdout, res.stdout
-    assert end["error_code"] == "SANDBOX.CAPABILITY_BLOCKED" and end["sandbox_backend"] == "local"
+    assert "SANDBOX.CAPABILITY_BLOCKED" in res.stdout, res.stdout
+    assert "ran-as" not in res.stdout
+    assert end["error_code"] == "SANDBOX.CAPABILITY_BLOCKED"
+    assert end["sandbox_backend"] == "local"
 
 
 def test_compat_mode_runs_it_degraded_naming_what_it_lacks(cli: Path) -> None:
     res, end = _cli(cli, "mode: compat\nbackends:\n  proc.exec: local\n")
     assert "ran-as 65533" in res.stdout, res.stdout + res.stderr
-    assert end["status"] == "ok" and end["sandbox_backend"] == "local"
+    assert end["status"] == "ok"
+    assert end["sandbox_backend"] == "local"
     assert end["sandbox_degraded"] is True
     reason = str(end["sandbox_degrade_reason"])
     for lack in ("`bind_mounts`", "`readonly_rootfs`", "`network_modes:off`", "local runner"):
@@ -339,12 +352,15 @@ def test_compat_mode_runs_it_degraded_naming_what_it_lacks(cli: Path) -> None:
 def test_fallback_to_local_only_when_asked(cli: Path) -> None:
     no_bwrap = "options:\n  proc: {bwrap: /nonexistent/bwrap}\n"
     res, end = _cli(cli, f"mode: compat\n{no_bwrap}")
-    assert "PROVIDER.UNAVAILABLE" in res.stdout and "ran-as" not in res.stdout, res.stdout
+    assert "PROVIDER.UNAVAILABLE" in res.stdout, res.stdout
+    assert "ran-as" not in res.stdout
     assert end["sandbox_backend"] == "proc-bwrap"
     res, end = _cli(cli, f"mode: compat\nfallback_to_local: true\n{no_bwrap}")
     assert "ran-as 65533" in res.stdout, res.stdout + res.stderr
-    assert end["sandbox_backend"] == "local" and end["sandbox_degraded"] is True
+    assert end["sandbox_backend"] == "local"
+    assert end["sandbox_degraded"] is True
     assert "fell back to local backend `local`" in str(end["sandbox_degrade_reason"])
     # strict mode refuses the fallback too: the local runner lacks what the profile needs
     res, end = _cli(cli, f"mode: strict\nfallback_to_local: true\n{no_bwrap}")
-    assert "SANDBOX.CAPABILITY_BLOCKED" in res.stdout and "ran-as" not in res.stdout
+    assert "SANDBOX.CAPABILITY_BLOCKED" in res.stdout
+    assert "ran-as" not in res.stdout

@@ -309,6 +309,8 @@ class ProcExecutor:
             "seccomp": {"deny_inet": off and net is None, "deny_setsid": strict,
                         "deny_unix": strict, "required": strict},
             "keep_status": net is not None,
+            # proc-unshare: the launcher is pid 1 of the namespace; it stays, the tool is pid 2
+            "init": self.backend == "unshare",
         }
 
     @staticmethod
@@ -324,6 +326,7 @@ class ProcExecutor:
         """The native launcher's options for ``spec`` (the Python launcher's JSON, as flags)."""
         args = ["-s", str(status_fd)] + (["-C"] if spec["drop_caps"] else [])
         args += ["-k"] if spec.get("keep_status") else []
+        args += ["-i"] if spec.get("init") else []
         ll, sc = spec["landlock"], spec.get("seccomp")
         args.append("-L" if ll["required"] else "-l")
         args += (["-t"] if ll["deny_tcp"] else []) + (["-S"] if ll["scope"] else [])

@@ -194,7 +194,7 @@ def test_network_off_is_a_namespace_a_loopback_listener_cannot_be_reached(
     assert hits == []
     assert seen["netns"] != os.readlink("/proc/self/ns/net")  # its own, empty namespace
     assert seen["pidns"] != os.readlink("/proc/self/ns/pid")
-    assert seen["pid"] == 1
+    assert seen["pid"] == 2  # the launcher is the namespace's init, the tool its child
     assert seen["host_pid_seen"] is False
 
 
@@ -234,6 +234,23 @@ def test_a_double_forked_child_that_leaves_the_process_group_dies_at_the_timeout
     for pid in left:
         os.kill(int(pid), 9)
     assert left == [], "a grandchild outlived the call's timeout"
+
+
+@pytest.mark.parametrize("launcher", ["native", "python"])
+def test_a_tool_killed_by_a_signal_reports_128_plus_it(world: Path, launcher: str) -> None:
+    """The tool is not the namespace's pid 1 (which ignores signals it has no handler for, even
+    its own SIGKILL): the launcher stays as init, reaps, and passes the status on."""
+    ex = ProcExecutor("unshare", ProcOptions(launcher=launcher))  # type: ignore[arg-type]
+    try:
+        killed = _run(ex, make_profile(world), "import os; os.kill(os.getpid(), 9); print('on')")
+        termed = _run(ex, make_profile(world), "import os; os.kill(os.getpid(), 15)")
+        failed = _run(ex, make_profile(world), "raise SystemExit(3)")
+    finally:
+        ex.close()
+    assert killed["exit_code"] == 128 + 9, killed
+    assert "on" not in str(killed["stdout"])
+    assert termed["exit_code"] == 128 + 15
+    assert failed["exit_code"] == 3
 
 
 def _cmdline(pid: str) -> bytes:
@@ -330,7 +347,7 @@ def test_seed003_case10_linux_unshare_fallback(tmp_path: Path) -> None:
     ran = _cli_run(tmp_path, f"state_dir: {state}\nmode: compat\nbackends:\n"
                    f"  proc.exec: proc-unshare\n{no_bwrap}", *cmd)
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    assert "ran-as 65533 1" in ran.stdout  # the sandbox uid, pid 1 of its own namespace
+    assert "ran-as 65533 2" in ran.stdout  # the sandbox uid, in its own pid namespace
     assert "backend proc-unshare" in ran.stdout
 
     ends = [json.loads(line) for line in

@@ -22,6 +22,10 @@
  *                                -N (Landlock handles no filesystem right: a network-only layer)
  *                                -k (keep the status FD open for the next launcher in the chain)
  *                                -f HEX / -F HEX (seccomp BPF program, required)
+ *                                -i (stay as an init: fork the tool, reap every orphan, exit
+ *                                   with its status, 128 + N for signal N; proc-unshare, where the
+ *                                   launcher is pid 1 of a pid namespace, which ignores signals it
+ *                                   has no handler for and would leave zombies)
  *
  * Held mode lets the engine spawn launchers ahead of time (each already in its own cgroup: the
  * migration costs an RCU grace period, 5-15 ms, so it is paid off the hot path). The message on
@@ -52,6 +56,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -300,6 +305,7 @@ static int open_idx[MAX_OPENS], nopens, cover_n, rebind_idx[MAX_OPENS], nrebinds
 static const char *open_paths[MAX_OPENS], *covers[MAX_OPENS], *rebinds[MAX_OPENS];
 static long run_uid = -1, run_gid = -1;
 static int new_ipc;
+static int as_init;
 static int want_ll, ll_required, deny_tcp, scope, caps, sc_required, keep_status;
 static const char *seccomp_hex;
 
@@ -307,7 +313,7 @@ static void parse(int argc, char **argv) {
     int opt;
     char *end;
     optind = 0; /* glibc: full re-initialisation, so held mode can parse a second argv */
-    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:m:b:u:IClLtSp:P:B:Nkf:F:")) != -1) {
+    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:m:b:u:IiClLtSp:P:B:Nkf:F:")) != -1) {
         switch (opt) {
         case 'x': close((int)num(optarg, &end)); break;
         case 'H': hold_fd = (int)num(optarg, &end); break;
@@ -332,6 +338,7 @@ static void parse(int argc, char **argv) {
             open_paths[nopens++] = end + 1;
             break;
         case 'I': new_ipc = 1; break;
+        case 'i': as_init = 1; break;
         case 'm':
             if (cover_n == MAX_OPENS || optarg[0] != '/') usage();
             covers[cover_n++] = optarg;
@@ -467,6 +474,30 @@ static char **receive(int fd, int *argc_out) {
     return args;
 }
 
+/* -i: pid 1 of a pid namespace. The kernel delivers a signal to a namespace's init only when it
+ * has a handler, so a tool that is pid 1 survives its own kill(getpid(), SIGKILL) and never
+ * reaps what its children orphan; the tool runs as pid 2 instead, under the same Landlock domain
+ * and seccomp filter (applied above, inherited across fork). */
+static void run_as_init(char **cmd) {
+    pid_t tool = fork();
+    if (tool < 0) fail(errno, "fork failed", NULL);
+    if (tool == 0) {
+        execvp(cmd[0], cmd);
+        fprintf(stderr, "policy-engine launcher: cannot execute `%s`: %s\n", cmd[0],
+                strerror(errno));
+        _exit(errno == ENOENT ? 127 : 126);
+    }
+    for (;;) {
+        int st = 0;
+        pid_t got = waitpid(-1, &st, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) _exit(126); /* ECHILD before the tool was seen: cannot happen */
+        if (got != tool) continue; /* an orphan reaped */
+        /* leaving kills the rest of the namespace, as bwrap's init does */
+        _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    }
+}
+
 int main(int argc, char **argv) {
     parse(argc, argv);
     for (int i = 0; i < ncg; i++) { /* "0" is the writer itself, in v1 and v2 alike */
@@ -526,6 +557,7 @@ int main(int argc, char **argv) {
         write_all(status_fd, status, status_len);
         if (!keep_status) close(status_fd); /* -k: the next launcher appends its own status */
     }
+    if (as_init) run_as_init(argv + optind); /* never returns */
     execvp(argv[optind], argv + optind);
     fprintf(stderr, "policy-engine launcher: cannot execute `%s`: %s\n", argv[optind],
             strerror(errno));

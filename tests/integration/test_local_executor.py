@@ -234,6 +234,17 @@ def test_file_size_memory_and_output_limits(world: Path) -> None:
         ex.close()
 
 
+def test_exit_codes_follow_the_one_rule(local_ex: LocalExecutor, world: Path) -> None:
+    """docs/plugins.md, "Exit codes": the status, 128 + N for signal N, 127 when not found."""
+    assert _run(local_ex, make_profile(world), "raise SystemExit(3)")["exit_code"] == 3
+    killed = _run(local_ex, make_profile(world), "import os; os.kill(os.getpid(), 9)")
+    assert killed["exit_code"] == 128 + 9
+    ctx = ExecContext(profile=make_profile(world), deadline=time.monotonic() + 30)
+    missing = local_ex.execute(ctx, ProcExecOp(tool="/nonexistent/tool")).out
+    assert missing["exit_code"] == 127
+    assert "cannot execute" in str(missing["stderr"])
+
+
 def test_every_result_says_what_it_lacks(local_ex: LocalExecutor, world: Path) -> None:
     out = _run(local_ex, make_profile(world), "print('ok')")
     assert out["degraded"] == [NOT_ISOLATED]

@@ -64,8 +64,9 @@ def world() -> Iterator[Path]:
 
 @pytest.fixture
 def elsewhere() -> Iterator[Path]:
-    """A project outside every path the profile names, holding its own secret."""
-    r = Path(tempfile.mkdtemp(prefix="local-other-", dir="/tmp"))
+    """A project outside every path the profile names, holding its own secret (not in /tmp:
+    the runner's host view leaves the shared /tmp out)."""
+    r = Path(tempfile.mkdtemp(prefix="local-other-", dir="/var/tmp"))  # /tmp is hidden
     r.chmod(0o755)
     (r / "app").mkdir(mode=0o755)
     (r / "app" / ".env").write_text("OTHER=elsewhere-secret-marker")
@@ -93,13 +94,15 @@ ATTEMPTS = textwrap.dedent("""
             R[name] = "refused: " + (os.strerror(e.errno) if e.errno else type(e).__name__)
     def read(p):
         return open(p).read()
+    def ls(p):
+        return len(os.listdir(p))
     def write(p):
         open(p, "w").write("x"); return "written"
     def unix(p):
         s = socket.socket(socket.AF_UNIX); s.settimeout(2); s.connect(p); return "connected"
     for key, path in json.loads(sys.argv[1]).items():
         kind = key.partition(":")[0]
-        attempt(key, lambda: {"read": read, "write": write, "unix": unix}[kind](path))
+        attempt(key, lambda: {"read": read, "list": ls, "write": write, "unix": unix}[kind](path))
     print(json.dumps(R))
 """)
 
@@ -114,18 +117,39 @@ def _attempt(ex: LocalExecutor, profile: Profile, targets: dict[str, str]) -> di
 
 def test_the_whole_host_is_there_but_no_secret_on_it(local_ex: LocalExecutor, world: Path,
                                                      elsewhere: Path) -> None:
-    """Layer: Landlock carving over a whole-tree mask plan. The runner reads a project the
+    """Layer: Landlock carving over a whole-host mask plan. The runner reads a project the
     profile never named (it isolates nothing else), but neither that project's .env nor the
-    sandbox HOME's ~/.ssh key nor /etc/shadow."""
+    sandbox HOME's ~/.ssh key nor /etc/shadow; the shared /tmp and /proc (every process's
+    argv) are outside its view."""
     seen = _attempt(local_ex, make_profile(world), {
         "read:public": str(elsewhere / "app" / "README"),
         "read:other-env": str(elsewhere / "app" / ".env"),
         "read:ssh": str(world / "home" / ".ssh" / "id_ed25519"),
-        "read:env": str(world / ".env"), "read:shadow": "/etc/shadow"})
+        "read:env": str(world / ".env"), "read:shadow": "/etc/shadow",
+        "read:proc": "/proc/1/cmdline", "list:tmp": "/tmp"})
     assert seen["read:public"] == "public", seen
     secrets = {k: v for k, v in seen.items() if k != "read:public"}
-    assert all(v.startswith("refused") for v in secrets.values()), seen
+    assert all(str(v).startswith("refused") for v in secrets.values()), seen
     assert "marker" not in json.dumps(seen)
+
+
+def test_another_workspace_of_the_sandbox_uid_stays_unwritten(local_ex: LocalExecutor,
+                                                              world: Path,
+                                                              elsewhere: Path) -> None:
+    """Layer: Landlock grants writes on the profile's writable paths only. Every proc sandbox
+    runs as the one `run_as` uid and the workspaces it wrote are handed to it: a runner writing
+    wherever that uid may would tamper with all of them."""
+    other = elsewhere / "app"
+    os.chown(other, 65533, 65533)
+    os.chown(other / "README", 65533, 65533)
+    seen = _attempt(local_ex, make_profile(world), {
+        "write:other-file": str(other / "README"), "write:other-new": str(other / "planted"),
+        "write:own": str(world / "out" / "fine")})
+    assert seen["write:own"] == "written", seen
+    assert seen["write:other-file"].startswith("refused"), seen
+    assert seen["write:other-new"].startswith("refused"), seen
+    assert (other / "README").read_text() == "public"
+    assert not (other / "planted").exists()
 
 
 def test_host_control_sockets_are_unreachable(local_ex: LocalExecutor, world: Path) -> None:
@@ -145,8 +169,7 @@ def test_host_control_sockets_are_unreachable(local_ex: LocalExecutor, world: Pa
 
 
 def test_not_host_root_and_no_setid_plant(local_ex: LocalExecutor, world: Path) -> None:
-    """Layers: the drop to `run_as` (65533) and the seccomp set-id refusal. It writes where
-    that uid may (no read-only root), never as root."""
+    """Layers: the drop to `run_as` (65533) and the seccomp set-id refusal."""
     code = textwrap.dedent("""
         import os, shutil, sys
         p = sys.argv[1]
@@ -255,7 +278,7 @@ def test_every_result_says_what_it_lacks(local_ex: LocalExecutor, world: Path) -
     assert local_ex.local is True
     assert caps.mandatory_denies is True
     assert not caps.bind_mounts
-    assert not caps.readonly_rootfs
+    assert caps.readonly_rootfs  # writes stay the profile's (the shared sandbox uid)
     assert {m.value for m in caps.network_modes} == {"on"}
 
 
@@ -284,6 +307,9 @@ def test_conformance_kit_compat_passes_and_strict_refuses() -> None:
     assert compat["compat.degraded-recorded"].status == "pass"
     assert compat["claims.no-orphans"].status == "pass"
     assert compat["claims.network-off"].status == "n/a"  # it does not claim it
+    for cid in ("claims.writes-confined", "claims.no-setid-plant", "claims.not-host-root",
+                "claims.ipc-isolated"):
+        assert compat[cid].status == "pass", (cid, compat[cid].message)
     strict = {r.id: r for r in run_suite("local", mode="strict", extra_plugins=extra).results}
     assert strict["capabilities.runs[proc.exec]"].status == "fail"
     assert "SANDBOX.CAPABILITY_BLOCKED" in strict["capabilities.runs[proc.exec]"].message \
@@ -356,7 +382,7 @@ def test_compat_mode_runs_it_degraded_naming_what_it_lacks(cli: Path) -> None:
     assert end["sandbox_backend"] == "local"
     assert end["sandbox_degraded"] is True
     reason = str(end["sandbox_degrade_reason"])
-    for lack in ("`bind_mounts`", "`readonly_rootfs`", "`network_modes:off`", "local runner"):
+    for lack in ("`bind_mounts`", "`network_modes:off`", "local runner"):
         assert lack in reason, reason
 
 

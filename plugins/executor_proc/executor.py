@@ -598,6 +598,10 @@ class ProcExecutor:
                 f"{self.options.max_file_bytes}-byte limit (proc option `max_file_bytes`)",
                 audit=audit)
         stderr = err.kept(mark=False)
+        if self.backend == "unshare" and not status:  # its launcher reports before any tool
+            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "proc-unshare could not set up "
+                                    "the sandbox: " + stderr.decode(errors="replace")[:300],
+                                    audit=audit)
         if self.backend == "bwrap" and not status and code != 0 and stderr.startswith(b"bwrap:"):
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "bwrap could not set up the "
                                     "sandbox: " + stderr.decode(errors="replace")[:300],

@@ -275,6 +275,17 @@ def test_available_names_the_reason_and_calls_are_refused(world: Path) -> None:
         ex.close()
 
 
+def test_a_sandbox_that_never_started_is_a_failure_not_a_result(unshare_ex: ProcExecutor,
+                                                                world: Path) -> None:
+    """The host launcher (no status pipe of its own) or `unshare` failing before the inner
+    launcher reported: no tool ran, so no exit code is reported as the tool's."""
+    ctx = ExecContext(profile=make_profile(world), deadline=time.monotonic() + 30)
+    with pytest.raises(PolicyEngineError) as exc:
+        unshare_ex.execute(ctx, ProcExecOp(tool="/bin/true", cwd=str(world / "missing")))
+    assert exc.value.code == ErrorCode.EXECUTION_FAILED
+    assert "could not set up the sandbox" in exc.value.reason
+
+
 def test_restricted_network_is_refused_not_widened(unshare_ex: ProcExecutor,
                                                    world: Path) -> None:
     with pytest.raises(PolicyEngineError) as exc:

@@ -25,9 +25,11 @@ from plugins.executor_local.executor import NOT_ISOLATED, LocalExecutor
 from plugins.executor_proc import landlock
 from plugins.executor_proc.executor import ProcOptions
 from policy_engine import ErrorCode, PolicyEngineError
+from policy_engine.config import EngineConfig
 from policy_engine.conformance.suite import run_suite
 from policy_engine.executor import ExecContext
-from policy_engine.model import ProcExecOp, Profile
+from policy_engine.model import OpKind, ProcExecOp, Profile
+from policy_engine.orchestration import select
 from tests.integration.test_proc_sandbox import make_profile
 
 pytestmark = pytest.mark.integration
@@ -298,6 +300,20 @@ def test_without_landlock_it_declares_no_mandatory_denies_and_refuses(
         assert exc.value.code == ErrorCode.PROVIDER_UNAVAILABLE
     finally:
         ex.close()
+
+
+def test_never_the_implicit_default(local_ex: LocalExecutor, world: Path) -> None:
+    """With no proc backend loaded but `local` (executor_proc failed to load, say), proc.exec
+    is not served by it unless configured: the local runner is never picked by itself."""
+    cfg = EngineConfig(state_dir=world / "state", mode="compat")
+    sel = select({"local": local_ex}, cfg, make_profile(world), OpKind.PROC_EXEC)
+    assert sel.executor is None
+    assert sel.error is not None
+    assert sel.error.code == ErrorCode.PROVIDER_UNAVAILABLE
+    named = EngineConfig(state_dir=world / "state", mode="compat",
+                         backends={OpKind.PROC_EXEC: "local"})
+    assert select({"local": local_ex}, named, make_profile(world),
+                  OpKind.PROC_EXEC).executor is local_ex
 
 
 def test_conformance_kit_compat_passes_and_strict_refuses() -> None:

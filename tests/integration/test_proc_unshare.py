@@ -308,6 +308,21 @@ def test_conformance_kit_claims_hold_in_compat_and_strict_refuses() -> None:
     assert "lacks `bind_mounts`" in strict["capabilities.runs[proc.exec]"].message
 
 
+def test_conformance_cli_for_proc_unshare() -> None:
+    """`policy-engine conformance --executor proc-unshare --mode compat`: exit 0, every claim."""
+    res = subprocess.run([sys.executable, "-m", "policy_engine.cli", "conformance", "--executor",
+                          "proc-unshare", "--mode", "compat", "--format", "json"],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(res.stdout)
+    statuses = {r["id"]: r["status"] for r in report["checks"]}
+    assert report["ok"] is True
+    assert report["counts"]["fail"] == 0
+    for cid in ("claims.network-off", "claims.writes-confined", "claims.no-setid-plant",
+                "claims.not-host-root", "claims.no-orphans", "claims.ipc-isolated"):
+        assert statuses[cid] == "pass", cid
+
+
 CASE10_POLICY = """policy "seed003/case10" version "1.0.0"
 defaults {
   timeout 20s

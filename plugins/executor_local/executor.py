@@ -23,6 +23,7 @@ behind is owned by root.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Literal
 
 from plugins.executor_proc import uid
@@ -65,8 +66,11 @@ class LocalExecutor(ProcExecutor):
     prespawn_at_start = False  # chosen by configuration only: no idle launchers until used
 
     def __init__(self, options: ProcOptions | None = None, *,
-                 mode: Literal["strict", "compat"] = "compat") -> None:
+                 mode: Literal["strict", "compat"] = "compat", hidden: Sequence[str] = ()) -> None:
+        """``hidden``: trees kept out of the host view like a mandatory deny (the engine's
+        state directory: other tenants' docker workspaces, budgets, evidence)."""
         super().__init__("landlock", options, mode=mode)
+        self.hidden = [os.path.abspath(p) for p in hidden]
         self.name = "local"
         if not self.usable:
             self.unavailable_reason = ("local runner refused: it enforces the mandatory denies "
@@ -77,9 +81,13 @@ class LocalExecutor(ProcExecutor):
             streaming_output=False, mandatory_denies=self.usable)
 
     def _plan(self, ctx: ExecContext, op: ProcExecOp, tmpdir: str) -> Plan:
-        return build_plan(ctx.profile, op, env_allow=self.options.env_allow,
+        plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
                           env_base=self.options.env_base, extra_ro=self.options.extra_ro_binds,
                           tmpdir=tmpdir, host_roots=host_roots(self.run_as))
+        # carved out with the masks (plan.landlock_rules is computed later, from these)
+        plan.mask_dirs += [p for p in self.hidden if os.path.isdir(p)
+                           and p not in plan.mask_dirs]
+        return plan
 
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         result = super().execute(ctx, op)

@@ -149,6 +149,7 @@ class ProcOptions:
 
 # sb_launch.c's MAX_RULES: a Landlock rule per carved directory entry
 MAX_LANDLOCK_RULES = 4096
+MAX_HIDDEN_DIRS = 512  # sb_launch.c's MAX_OPENS: masked directories covered by a tmpfs
 
 
 class ProcExecutor:
@@ -401,7 +402,17 @@ class ProcExecutor:
             needed += [HERE, os.path.realpath(sys.base_prefix)]
         elif self.backend == "unshare":  # the launcher inside runs as the sandbox uid
             needed.append(exe)
-        return uid.reach_in_place(needed, *self.run_as)
+        reach = uid.reach_in_place(needed, *self.run_as)
+        # Landlock's list right on a carved parent reaches every directory beneath it: without
+        # a cover, the names inside a masked directory (~/.ssh/id_*) could be listed
+        reach.hides = [d for d in plan.mask_dirs
+                       if not any(o != d and beneath(d, o) for o in plan.mask_dirs)]
+        if len(reach.hides) > MAX_HIDDEN_DIRS:  # sb_launch.c's MAX_OPENS
+            raise PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED, f"{self.name} would cover {len(reach.hides)} "
+                f"masked directories (at most {MAX_HIDDEN_DIRS}): narrow the fs rules or use "
+                "proc-bwrap")
+        return reach
 
     def _stager(self, reach: uid.Reach) -> Callable[[str], str]:
         """Where bwrap finds a bind source: the path itself, or (when the sandbox uid cannot
@@ -438,6 +449,8 @@ class ProcExecutor:
                     f"{len(plan.mask_files) + len(plan.mask_dirs)} masked paths out of its "
                     f"binds (at most {MAX_LANDLOCK_RULES}): narrow the fs rules (a broad `/**` "
                     "exposes every secret beneath it) or use proc-bwrap, which masks by mounts")
+        exe, degraded = self._launcher()
+        reach = self._reach(plan, private_tmp, exe)
         ctx.started()  # every refusal above was free: nothing has been spawned yet
         if self.run_as is not None:
             # what root left in a writable bind (an fs.write, a checkout) must stay writable for
@@ -449,8 +462,6 @@ class ProcExecutor:
             if private_tmp is not None:
                 os.chown(private_tmp, *self.run_as)
         layered = self.backend != "bwrap" or self.options.layer2
-        exe, degraded = self._launcher()
-        reach = self._reach(plan, private_tmp, exe)
         spec = self._launcher_spec(plan, private_tmp, net) if layered else None
         cg_fds: list[int] = []
         start = time.monotonic()

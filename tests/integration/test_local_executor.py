@@ -154,6 +154,28 @@ def test_another_workspace_of_the_sandbox_uid_stays_unwritten(local_ex: LocalExe
     assert not (other / "planted").exists()
 
 
+def test_the_engine_state_directory_is_hidden(elsewhere: Path, world: Path) -> None:
+    """The plugin hides `state_dir` (docker workspaces of every tenant, budgets, evidence)."""
+    state = elsewhere / "state"
+    (state / "docker" / "projects" / "tenant-b").mkdir(parents=True)
+    for d in (state, state / "docker", state / "docker" / "projects",
+              state / "docker" / "projects" / "tenant-b"):
+        d.chmod(0o755)
+    (state / "docker" / "projects" / "tenant-b" / "input.txt").write_text("tenant-b-marker")
+    (state / "docker" / "projects" / "tenant-b" / "input.txt").chmod(0o644)
+    ex = local_plugin.policy_engine_executors(EngineConfig(state_dir=state))[0]
+    try:
+        seen = _attempt(ex, make_profile(world), {  # type: ignore[arg-type]
+            "read:tenant": str(state / "docker" / "projects" / "tenant-b" / "input.txt"),
+            "list:state": str(state), "read:public": str(elsewhere / "app" / "README")})
+    finally:
+        ex.close()
+    assert seen["read:public"] == "public", seen
+    assert str(seen["read:tenant"]).startswith("refused"), seen
+    # covered by an empty tmpfs (nothing to list) or refused: no tenant's name either way
+    assert seen["list:state"] == 0 or str(seen["list:state"]).startswith("refused"), seen
+
+
 def test_host_control_sockets_are_unreachable(local_ex: LocalExecutor, world: Path) -> None:
     """Layer: seccomp refuses AF_UNIX (Landlock does not govern connect()); a listener planted
     in the workspace is world-connectable, the docker daemon's socket is real."""

@@ -102,6 +102,24 @@ def test_secrets_in_the_sandbox_home_and_workspace_stay_unreadable(
     assert "marker" not in json.dumps(seen)
 
 
+@pytest.mark.parametrize("backend", ["landlock", "unshare"])
+def test_names_inside_a_masked_directory_stay_hidden(backend: str, world: Path) -> None:
+    """Found attacking proc-unshare (and true of proc-landlock): Landlock's list right on a
+    carved parent reaches every directory beneath it, so `ls ~/.ssh` named the keys although
+    none could be read. Layer: each masked directory is covered by an empty tmpfs in the
+    launcher's private mount namespace (root engine), as bwrap does."""
+    (world / "home" / ".ssh" / "id_ed25519_prod_db").write_text("k")
+    ex = ProcExecutor(backend)  # type: ignore[arg-type]
+    code = ("import os, sys\ntry:\n    print(os.listdir(sys.argv[1]))\n"
+            "except OSError as e:\n    print('refused', e.errno)")
+    try:
+        out = _run(ex, make_profile(world), code, str(world / "home" / ".ssh"))
+    finally:
+        ex.close()
+    assert out["exit_code"] == 0, out
+    assert "id_ed25519" not in str(out["stdout"]), out
+
+
 def test_host_control_sockets_are_unreachable(unshare_ex: ProcExecutor, world: Path) -> None:
     """Layer: the seccomp filter refuses AF_UNIX (Landlock does not govern connect()); the
     docker daemon's socket is real here, and a listener inside the workspace is readable."""

@@ -12,6 +12,9 @@
  *                                -m DIR (then cover DIR, closed to the sandbox uid, by an empty
  *                                   tmpfs) -b N:DEST (then bind staged N at DEST inside it, and
  *                                   detach the stage: proc-landlock, which has no bwrap)
+ *                                -M DIR (last, cover DIR, a masked directory, by an empty tmpfs:
+ *                                   Landlock's list right on a carved parent reaches the names
+ *                                   inside; one already gone or hidden is skipped)
  *                                -I (a fresh IPC namespace: no SysV object or POSIX queue of
  *                                   another call or of the host is visible; proc-landlock)
  *                                -u UID:GID (then become UID:GID, no supplementary groups: bwrap
@@ -301,8 +304,9 @@ static unsigned long long num(const char *s, char **end) {
 
 static struct rule rules[MAX_RULES];
 static int nrules, cg_fds[MAX_FDS], ncg, hold_fd = -1;
-static int open_idx[MAX_OPENS], nopens, cover_n, rebind_idx[MAX_OPENS], nrebinds;
+static int open_idx[MAX_OPENS], nopens, cover_n, rebind_idx[MAX_OPENS], nrebinds, nhides;
 static const char *open_paths[MAX_OPENS], *covers[MAX_OPENS], *rebinds[MAX_OPENS];
+static const char *hides[MAX_OPENS];
 static long run_uid = -1, run_gid = -1;
 static int new_ipc;
 static int as_init;
@@ -313,7 +317,7 @@ static void parse(int argc, char **argv) {
     int opt;
     char *end;
     optind = 0; /* glibc: full re-initialisation, so held mode can parse a second argv */
-    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:m:b:u:IiClLtSp:P:B:Nkf:F:")) != -1) {
+    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:m:M:b:u:IiClLtSp:P:B:Nkf:F:")) != -1) {
         switch (opt) {
         case 'x': close((int)num(optarg, &end)); break;
         case 'H': hold_fd = (int)num(optarg, &end); break;
@@ -338,6 +342,10 @@ static void parse(int argc, char **argv) {
             open_paths[nopens++] = end + 1;
             break;
         case 'I': new_ipc = 1; break;
+        case 'M':
+            if (nhides == MAX_OPENS || optarg[0] != '/') usage();
+            hides[nhides++] = optarg;
+            break;
         case 'i': as_init = 1; break;
         case 'm':
             if (cover_n == MAX_OPENS || optarg[0] != '/') usage();
@@ -407,8 +415,10 @@ static void stage(void) {
     if (unshare(CLONE_NEWNS) != 0) fail(errno, "unshare(CLONE_NEWNS) failed", NULL);
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
         fail(errno, "cannot make the mounts private", NULL);
-    if (mkdir(STAGE_DIR, 0755) != 0 && errno != EEXIST) fail(errno, "mkdir failed", STAGE_DIR);
-    if (mount("pe-stage", STAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0)
+    if (nopens > 0 && mkdir(STAGE_DIR, 0755) != 0 && errno != EEXIST)
+        fail(errno, "mkdir failed", STAGE_DIR);
+    if (nopens > 0 &&
+        mount("pe-stage", STAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0)
         fail(errno, "cannot mount the staging tmpfs", STAGE_DIR);
     for (int i = 0; i < nopens; i++) {
         struct stat st;
@@ -434,6 +444,12 @@ static void stage(void) {
     /* the stage itself is not for the tool (it may hold a bind's masked paths) */
     if (nrebinds > 0 && umount2(STAGE_DIR, MNT_DETACH) != 0)
         fail(errno, "cannot detach the stage", STAGE_DIR);
+    /* after the binds back: a masked directory may lie inside one; the mount follows no path
+     * the tool chose (it has not run yet) and could only hide more from it */
+    for (int i = 0; i < nhides; i++)
+        if (mount("pe-mask", hides[i], "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY,
+                  "mode=0755,size=4k") != 0 && errno != ENOENT && errno != ENOTDIR)
+            fail(errno, "cannot cover a masked directory", hides[i]);
 }
 
 /* held mode: read the message, chdir, set the environment; returns the new argv */
@@ -517,7 +533,7 @@ int main(int argc, char **argv) {
     /* bind sources first (as root: their parents may be closed to the sandbox uid), then the
      * drop; rlimits and the cgroup were applied above, while still privileged */
     if (new_ipc && unshare(CLONE_NEWIPC) != 0) fail(errno, "unshare(CLONE_NEWIPC) failed", NULL);
-    if (nopens > 0) stage();
+    if (nopens > 0 || nhides > 0) stage();
     if (run_uid > 0) {
         if (setgroups(0, NULL) != 0) fail(errno, "setgroups failed", NULL);
         if (setresgid((gid_t)run_gid, (gid_t)run_gid, (gid_t)run_gid) != 0)

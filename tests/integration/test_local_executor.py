@@ -261,7 +261,7 @@ def test_environment_is_exactly_what_the_guard_decided(world: Path) -> None:
                         "GIT_CONFIG_PARAMETERS", "HOME", "LANG", "PATH", "TMPDIR", "TZ"}
 
 
-def test_file_size_memory_and_output_limits(world: Path) -> None:
+def test_file_size_memory_pids_and_output_limits(world: Path) -> None:
     ex = LocalExecutor(ProcOptions(max_file_bytes=1 << 20))
     try:
         ctx = ExecContext(profile=make_profile(world), deadline=time.monotonic() + 60)
@@ -274,6 +274,11 @@ def test_file_size_memory_and_output_limits(world: Path) -> None:
                    "b = bytearray(512 << 20); print('allocated')")
         assert out["exit_code"] != 0, out
         assert "allocated" not in str(out["stdout"])
+        forks = ("import os, time\nn = 0\nfor _ in range(40):\n    try:\n"
+                 "        if os.fork() == 0:\n            time.sleep(3); os._exit(0)\n"
+                 "        n += 1\n    except OSError:\n        break\nprint('forked', n)")
+        out = _run(ex, make_profile(world, pids=8), forks)
+        assert 0 < int(str(out["stdout"]).split()[-1]) < 8, out  # pids (cgroup or NPROC)
         out = _run(ex, make_profile(world, max_stdout_bytes=1000), "print('y' * 100000)")
         assert out["stdout_truncated"] is True
         assert len(str(out["stdout"])) <= 1100

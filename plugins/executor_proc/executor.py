@@ -366,10 +366,11 @@ class ProcExecutor:
             # the host launcher (cgroup, rlimits, reach) stays root for `unshare`, which drops
             ns = unshare.namespace_args(self.unshare_path, network_on=plan.network == "on",
                                         run_as=self.run_as, cwd=plan.cwd)
+            env = unshare.environment(plan.env)  # `unshare` itself (root) gets none
             if exe is None:  # Python launcher: preexec_fn did cgroup and rlimits, not the drop
-                return [*ns, "--", *py, os.path.join(HERE, "launcher.py"), json.dumps(spec),
-                        str(status_fd), "--", *plan.argv]
-            return [exe, *host, *reach.options(None), "--", *ns, "--", exe,
+                return [*ns, "--", *env, *py, os.path.join(HERE, "launcher.py"),
+                        json.dumps(spec), str(status_fd), "--", *plan.argv]
+            return [exe, *host, *reach.options(None), "--", *ns, "--", *env, exe,
                     *self._inner_args(spec, status_fd), "--", *plan.argv]
         if self.backend == "landlock":
             assert spec is not None
@@ -478,7 +479,7 @@ class ProcExecutor:
             argv = self._command(plan, spec, held.status_fd, exe, host, net, reach)
             try:
                 held.send(plan.cwd if self.backend != "bwrap" else "/",
-                          plan.env if self.backend != "bwrap" else {}, argv[1:])
+                          plan.env if self.backend == "landlock" else {}, argv[1:])
             except OSError:
                 held.discard(self._pool)
                 raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
@@ -545,7 +546,7 @@ class ProcExecutor:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=plan.env if self.backend != "bwrap" else {},
+                env=plan.env if self.backend == "landlock" else {},  # unshare: in argv
                 cwd=plan.cwd if self.backend != "bwrap" else "/", start_new_session=True,
                 preexec_fn=preexec(lim, cg, self.options.max_file_bytes, reach,
                                    None if self.backend == "unshare" else self.run_as)

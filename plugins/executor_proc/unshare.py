@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 NAMESPACES = ("mount", "uts", "ipc", "pid")
 """Always unshared; ``net`` too unless the profile's network is ``on``."""
+ENV = os.path.realpath(shutil.which("env") or "/usr/bin/env")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,13 @@ def namespace_args(unshare: str, *, network_on: bool, run_as: tuple[int, int] | 
     else:
         args += ["--user", "--map-current-user"]
     return [*args, "--wd", cwd]
+
+
+def environment(env: dict[str, str]) -> list[str]:
+    """``env -i -- K=V … ``: how the tool's environment crosses `unshare`. `unshare` runs as
+    root and is dynamically linked, so it must get an empty environment (an allowed
+    ``LD_PRELOAD`` would run as host root); `env`, started after the drop, sets it."""
+    return [ENV, "-i", "--", *(f"{k}={v}" for k, v in sorted(env.items()))]
 
 
 def probe(configured: str | None, run_as: tuple[int, int] | None,

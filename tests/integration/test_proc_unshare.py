@@ -412,6 +412,50 @@ def test_seed003_case10_linux_unshare_fallback(tmp_path: Path) -> None:
     assert "ran-as" not in strict.stdout
 
 
+EVIL = """
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((constructor)) static void mark(void) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/uid-%d", getenv("PE_MARK_DIR"), (int)geteuid());
+    FILE *f = fopen(p, "w");
+    if (f) fclose(f);
+}
+"""
+
+
+@pytest.mark.parametrize("prespawn", [0, 2])
+def test_an_allowed_ld_preload_never_runs_as_host_root(prespawn: int) -> None:
+    """Found attacking proc-unshare: `unshare` runs as root (it creates the namespaces, then
+    drops) and is dynamically linked; handed the tool's environment, an `LD_PRELOAD` a policy
+    allows (env_allow) ran its constructor as host uid 0. The environment now crosses in
+    `env -i` after the drop; the tool still gets it."""
+    where = Path(tempfile.mkdtemp(prefix="pe-preload-", dir="/var/tmp"))
+    try:
+        where.chmod(0o777)
+        (where / "evil.c").write_text(EVIL)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(where / "evil.so"),
+                        str(where / "evil.c")], check=True, timeout=60)
+        (where / "evil.so").chmod(0o755)
+        ex = ProcExecutor("unshare", ProcOptions(prespawn=prespawn,
+                                                 env_allow=("LD_PRELOAD", "PE_MARK_DIR")))
+        root = where / "ws"
+        (root / "out").mkdir(parents=True)
+        root.chmod(0o755)
+        env = {"LD_PRELOAD": str(where / "evil.so"), "PE_MARK_DIR": str(where)}
+        try:
+            ctx = ExecContext(profile=make_profile(root), deadline=time.monotonic() + 30)
+            out = ex.execute(ctx, ProcExecOp(tool=PYTHON, args=(
+                "-c", "import os; print(os.environ.get('LD_PRELOAD'))"), env=env)).out
+        finally:
+            ex.close()
+        assert str(out["stdout"]).strip() == env["LD_PRELOAD"], out  # the tool got it
+        assert not (where / "uid-0").exists(), "code from LD_PRELOAD ran as host root"
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
 @pytest.mark.parametrize("backend", ["landlock", "unshare"])
 def test_an_argument_shaped_like_a_variable_never_enters_the_environment(
         backend: str, world: Path) -> None:

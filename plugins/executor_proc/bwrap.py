@@ -42,14 +42,22 @@ class BwrapProbe:
     reason: str
 
 
-def probe(timeout: float = 10.0, run_as: tuple[int, int] | None = None) -> BwrapProbe:
+def probe(timeout: float = 10.0, run_as: tuple[int, int] | None = None,
+          configured: str | None = None) -> BwrapProbe:
     """Run ``bwrap --unshare-all … true``: installed is not enough (user namespaces, seccomp and
     container runtimes can all forbid it). With ``run_as``, as that uid, as every call will:
-    unprivileged user namespaces must work for it.
+    unprivileged user namespaces must work for it. ``configured``: the proc option ``bwrap``
+    (an absolute path) instead of ``bwrap`` on PATH.
     """
-    path = shutil.which("bwrap")
+    if configured is None:
+        path = shutil.which("bwrap")
+    else:
+        path = configured if os.path.isfile(configured) and os.access(configured, os.X_OK) \
+            else None
     if path is None:
-        return BwrapProbe(None, False, "bwrap is not installed (Debian package `bubblewrap`)")
+        where = f" at `{configured}` (proc option `bwrap`)" if configured else ""
+        return BwrapProbe(None, False, f"bwrap is not installed{where} "
+                          "(Debian package `bubblewrap`)")
     path = os.path.realpath(path)  # the sandbox uid execs it: no link in a closed directory
     try:
         res = subprocess.run(

@@ -20,7 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from plugins.executor_proc import bwrap, cgroups, landlock, native, prespawn, sanitize, seccomp, uid
+from plugins.executor_proc import (
+    bwrap,
+    cgroups,
+    landlock,
+    native,
+    prespawn,
+    sanitize,
+    seccomp,
+    uid,
+    unshare,
+)
 from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import Outcome, pump
@@ -43,7 +53,7 @@ from policy_engine.model import (
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-Backend = Literal["bwrap", "landlock"]
+Backend = Literal["bwrap", "landlock", "unshare"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +78,8 @@ class ProcOptions:
     :param run_as: ``[uid, gid]`` the sandbox runs as on the host when the engine is root
         (``uid.py``; default 65533:65533); never 0. An engine that is not root runs its
         sandboxes as its own uid.
+    :param bwrap: the bubblewrap binary (absolute path; default ``bwrap`` on PATH).
+    :param unshare: util-linux ``unshare`` for proc-unshare (absolute; default: on PATH).
     """
 
     env_allow: tuple[str, ...] = ()
@@ -81,6 +93,8 @@ class ProcOptions:
     prespawn: int = 2
     max_file_bytes: int = 1 << 30
     run_as: tuple[int, int] = uid.DEFAULT_RUN_AS
+    bwrap: str | None = None
+    unshare: str | None = None
 
     @staticmethod
     def parse(raw: Any) -> ProcOptions:
@@ -89,7 +103,8 @@ class ProcOptions:
             raise ValueError("proc: `scan_limit` was removed: mask planning has no entry cap "
                              "any more (docs/operations.md, mandatory denies); delete the key")
         known = {"env_allow", "env_base", "extra_ro_binds", "layer2", "python", "cgroups",
-                 "launcher", "launcher_cache", "prespawn", "max_file_bytes", "run_as"}
+                 "launcher", "launcher_cache", "prespawn", "max_file_bytes", "run_as",
+                 "bwrap", "unshare"}
         if set(opts) - known:
             raise ValueError(f"proc: unknown options {sorted(set(opts) - known)}")
         for key in ("env_allow", "extra_ro_binds"):
@@ -109,6 +124,10 @@ class ProcOptions:
             raise ValueError("proc: `python` must be an absolute path")
         if opts.get("launcher", "native") not in ("native", "python"):
             raise ValueError("proc: `launcher` must be `native` or `python`")
+        for key in ("bwrap", "unshare"):
+            binary = opts.get(key)
+            if binary is not None and (not isinstance(binary, str) or not os.path.isabs(binary)):
+                raise ValueError(f"proc: `{key}` must be an absolute path")
         cache = opts.get("launcher_cache")
         if cache is not None and (not isinstance(cache, str) or not os.path.isabs(cache)):
             raise ValueError("proc: `launcher_cache` must be an absolute path")
@@ -130,6 +149,7 @@ class ProcOptions:
 
 # sb_launch.c's MAX_RULES: a Landlock rule per carved directory entry
 MAX_LANDLOCK_RULES = 4096
+MAX_HIDDEN_DIRS = 512  # sb_launch.c's MAX_OPENS: masked directories covered by a tmpfs
 
 
 class ProcExecutor:
@@ -148,6 +168,7 @@ class ProcExecutor:
 
     enforces_deadline = True
     charges_at_start = True  # ctx.started() right before the spawn
+    prespawn_at_start = True  # hold launchers from the start (the backends that are defaults)
 
     def __init__(self, backend: Backend, options: ProcOptions | None = None, *,
                  network_hook: NetworkHook | None = None, guard: Decider | None = None,
@@ -162,19 +183,24 @@ class ProcExecutor:
         # root drops to the sandbox uid before bwrap starts (uid.py); anyone else is already
         # unprivileged and runs it as itself
         self.run_as = self.options.run_as if os.geteuid() == 0 else None
+        self.bwrap_path: str | None = None
+        self.unshare_path: str | None = None
         if backend == "bwrap":
-            p = bwrap.probe(run_as=self.run_as)
+            p = bwrap.probe(run_as=self.run_as, configured=self.options.bwrap)
             self.bwrap_path, self.usable, self.unavailable_reason = p.path, p.ok, p.reason
         else:
-            self.bwrap_path = None
             self.usable = self.landlock_abi > 0 and seccomp.supported()
             self.unavailable_reason = "ok" if self.usable else (
                 "landlock is not enabled in this kernel" if self.landlock_abi <= 0
                 else "no seccomp syscall table for this architecture")
+            if backend == "unshare" and self.usable:
+                u = unshare.probe(self.options.unshare, self.run_as)
+                self.unshare_path, self.usable, self.unavailable_reason = u.path, u.ok, u.reason
         self.capabilities = ExecutorCapabilities(
             op_kinds=frozenset({OpKind.PROC_EXEC}),
             network_modes=frozenset({NetworkMode.OFF, NetworkMode.ON}
                                     | ({NetworkMode.RESTRICTED} if backend == "bwrap" else set())),
+            # proc-unshare: namespaces, but the host's file tree (Landlock bounds it, no view)
             bind_mounts=backend == "bwrap", readonly_rootfs=True, resource_limits=True,
             env_filtering=True, streaming_output=False, mandatory_denies=True,
         )
@@ -185,8 +211,12 @@ class ProcExecutor:
         if self.options.cgroups:
             cgroups.sweep_stale()
         if self.usable and self.options.launcher == "native":
-            with contextlib.suppress(PolicyEngineError):  # refused per call, with the reason
-                self._launcher()  # build (first run on this machine) before any deadline runs
+            if self.prespawn_at_start and backend != "unshare":
+                with contextlib.suppress(PolicyEngineError):  # refused per call, with reason
+                    self._launcher()  # build (first run here) before any deadline runs
+            else:  # chosen by configuration only: build now, hold launchers from the 1st call
+                cache = self.options.launcher_cache
+                self._native = native.launcher(Path(cache) if cache else None)
 
     def available(self) -> bool | str:
         """The executor SPI's probe: ``True``, or the reason this backend cannot run here."""
@@ -227,35 +257,38 @@ class ProcExecutor:
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
                                     f"{self.name}: {self.unavailable_reason}")
         stdin = _decode_stdin(op)
-        if ctx.profile.network == NetworkMode.RESTRICTED and self.backend == "landlock":
+        if ctx.profile.network == NetworkMode.RESTRICTED and self.backend != "bwrap":
             raise PolicyEngineError(
-                ErrorCode.CAPABILITY_BLOCKED, "proc-landlock cannot restrict the network to the "
-                "policy proxy (no network namespace; Landlock TCP rules name ports, not hosts); "
-                "use proc-bwrap")
+                ErrorCode.CAPABILITY_BLOCKED, f"{self.name} cannot restrict the network to the "
+                "policy proxy (its launcher has no bridge to it; Landlock TCP rules name ports, "
+                "not hosts); use proc-bwrap")
         private_tmp = None if self.backend == "bwrap" else tempfile.mkdtemp(prefix="pe-proc-")
         net: RestrictedHandle | None = None
         try:
-            plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
-                              env_base=self.options.env_base,
-                              extra_ro=self.options.extra_ro_binds,
-                              tmpdir=private_tmp or "/tmp")
+            plan = self._plan(ctx, op, private_tmp or "/tmp")
             plan.limits = resolve_limits(ctx.profile, op, ctx.limits)  # the rule's included
             if plan.network == "restricted" and self.network_hook is None:
                 net = RestrictedNetwork(ctx.profile, ctx.guard or self.guard,
                                         deadline=ctx.deadline, consume=ctx.consume,
                                         limits=ctx.limits).start()
                 plan.env.update(net.env())  # INVARIANT: after the op's allow-listed values
-            return self._run(ctx, op, plan, stdin, private_tmp, plan.network, net)
+            return self._run(ctx, op, plan, stdin, private_tmp, ctx.profile.network.value, net)
         finally:
             if net is not None:
                 _record_proxy(ctx, net)
             if private_tmp is not None:
                 _rmtree(private_tmp)
 
+    def _plan(self, ctx: ExecContext, op: ProcExecOp, tmpdir: str) -> Plan:
+        """The call's sandbox plan (a subclass may widen it: the local runner)."""
+        return build_plan(ctx.profile, op, env_allow=self.options.env_allow,
+                          env_base=self.options.env_base, extra_ro=self.options.extra_ro_binds,
+                          tmpdir=tmpdir)
+
     def _launcher_spec(self, plan: Plan, private_tmp: str | None,
                        net: RestrictedHandle | None) -> dict[str, Any]:
         off = plan.network != "on"
-        strict = self.backend == "landlock"
+        strict = self.backend != "bwrap"  # no masks by mounts: carve, refuse AF_UNIX, setsid
         if self.backend == "bwrap":
             extra = [("/tmp", "rw"), ("/dev", "dev"), ("/proc", "ro")]
             if net is not None:  # the bridge reads its script, then starts the tool's launcher
@@ -265,6 +298,8 @@ class ProcExecutor:
             # no /proc here: the host's would show every process's environment to root
             extra = [(private_tmp or "/nonexistent", "rw"), ("/dev/null", "dev"),
                      ("/dev/zero", "dev"), ("/dev/urandom", "ro"), ("/dev/random", "ro")]
+            if self.backend == "unshare":  # its own pid namespace's /proc: only its processes
+                extra.append(("/proc", "ro"))
         return {
             "drop_caps": strict and os.geteuid() == 0,
             "landlock": {"rules": plan.landlock_rules(extra, carve_masks=strict),
@@ -275,6 +310,8 @@ class ProcExecutor:
             "seccomp": {"deny_inet": off and net is None, "deny_setsid": strict,
                         "deny_unix": strict, "required": strict},
             "keep_status": net is not None,
+            # proc-unshare: the launcher is pid 1 of the namespace; it stays, the tool is pid 2
+            "init": self.backend == "unshare",
         }
 
     @staticmethod
@@ -290,6 +327,7 @@ class ProcExecutor:
         """The native launcher's options for ``spec`` (the Python launcher's JSON, as flags)."""
         args = ["-s", str(status_fd)] + (["-C"] if spec["drop_caps"] else [])
         args += ["-k"] if spec.get("keep_status") else []
+        args += ["-i"] if spec.get("init") else []
         ll, sc = spec["landlock"], spec.get("seccomp")
         args.append("-L" if ll["required"] else "-l")
         args += (["-t"] if ll["deny_tcp"] else []) + (["-S"] if ll["scope"] else [])
@@ -322,6 +360,18 @@ class ProcExecutor:
             return [bwrap.NATIVE_PATH, *self._inner_args(s, status_fd), "--", *argv]
 
         reach = reach if reach is not None else uid.Reach()
+        if self.backend == "unshare":
+            assert spec is not None
+            assert self.unshare_path is not None
+            # the host launcher (cgroup, rlimits, reach) stays root for `unshare`, which drops
+            ns = unshare.namespace_args(self.unshare_path, network_on=plan.network == "on",
+                                        run_as=self.run_as, cwd=plan.cwd)
+            env = unshare.environment(plan.env)  # `unshare` itself (root) gets none
+            if exe is None:  # Python launcher: preexec_fn did cgroup and rlimits, not the drop
+                return [*ns, "--", *env, *py, os.path.join(HERE, "launcher.py"),
+                        json.dumps(spec), str(status_fd), "--", *plan.argv]
+            return [exe, *host, *reach.options(None), "--", *ns, "--", *env, exe,
+                    *self._inner_args(spec, status_fd), "--", *plan.argv]
         if self.backend == "landlock":
             assert spec is not None
             if exe is None:  # Python launcher; cgroups, rlimits, the drop come from preexec_fn
@@ -364,13 +414,25 @@ class ProcExecutor:
 
     def _reach(self, plan: Plan, private_tmp: str | None, exe: str | None) -> uid.Reach:
         """proc-landlock run by root: what its uid must reach below closed directories."""
-        if self.backend != "landlock" or self.run_as is None:
+        if self.backend == "bwrap" or self.run_as is None:
             return uid.Reach()
         needed = [*plan.system, *plan.readable, *plan.writable, plan.cwd]
         needed += [private_tmp] if private_tmp else []
         if exe is None:  # the Python launcher and its interpreter run as the sandbox uid
             needed += [HERE, os.path.realpath(sys.base_prefix)]
-        return uid.reach_in_place(needed, *self.run_as)
+        elif self.backend == "unshare":  # the launcher inside runs as the sandbox uid
+            needed.append(exe)
+        reach = uid.reach_in_place(needed, *self.run_as)
+        # Landlock's list right on a carved parent reaches every directory beneath it: without
+        # a cover, the names inside a masked directory (~/.ssh/id_*) could be listed
+        reach.hides = [d for d in plan.mask_dirs
+                       if not any(o != d and beneath(d, o) for o in plan.mask_dirs)]
+        if len(reach.hides) > MAX_HIDDEN_DIRS:  # sb_launch.c's MAX_OPENS
+            raise PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED, f"{self.name} would cover {len(reach.hides)} "
+                f"masked directories (at most {MAX_HIDDEN_DIRS}): narrow the fs rules or use "
+                "proc-bwrap")
+        return reach
 
     def _stager(self, reach: uid.Reach) -> Callable[[str], str]:
         """Where bwrap finds a bind source: the path itself, or (when the sandbox uid cannot
@@ -398,15 +460,17 @@ class ProcExecutor:
         if stdin is not None and len(stdin) > lim.max_stdin:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"stdin of {len(stdin)} bytes exceeds max_bytes_in")
-        if self.backend == "landlock":
+        if self.backend != "bwrap":
             rules = len(plan.landlock_rules())
             if rules > MAX_LANDLOCK_RULES:  # the launcher's table; argv must stay small too
                 raise PolicyEngineError(
                     ErrorCode.CAPABILITY_BLOCKED,
-                    f"proc-landlock would need {rules} Landlock rules to keep "
+                    f"{self.name} would need {rules} Landlock rules to keep "
                     f"{len(plan.mask_files) + len(plan.mask_dirs)} masked paths out of its "
                     f"binds (at most {MAX_LANDLOCK_RULES}): narrow the fs rules (a broad `/**` "
                     "exposes every secret beneath it) or use proc-bwrap, which masks by mounts")
+        exe, degraded = self._launcher()
+        reach = self._reach(plan, private_tmp, exe)
         ctx.started()  # every refusal above was free: nothing has been spawned yet
         if self.run_as is not None:
             # what root left in a writable bind (an fs.write, a checkout) must stay writable for
@@ -417,9 +481,7 @@ class ProcExecutor:
                 *self.run_as, masked=plan.mask_files + plan.mask_dirs + plan.readonly)
             if private_tmp is not None:
                 os.chown(private_tmp, *self.run_as)
-        layered = self.backend == "landlock" or self.options.layer2
-        exe, degraded = self._launcher()
-        reach = self._reach(plan, private_tmp, exe)
+        layered = self.backend != "bwrap" or self.options.layer2
         spec = self._launcher_spec(plan, private_tmp, net) if layered else None
         cg_fds: list[int] = []
         start = time.monotonic()
@@ -435,7 +497,7 @@ class ProcExecutor:
                                             ["-x", str(held.status_fd)])  # tool must not forge
             argv = self._command(plan, spec, held.status_fd, exe, host, net, reach)
             try:
-                held.send(plan.cwd if self.backend == "landlock" else "/",
+                held.send(plan.cwd if self.backend != "bwrap" else "/",
                           plan.env if self.backend == "landlock" else {}, argv[1:])
             except OSError:
                 held.discard(self._pool)
@@ -503,10 +565,11 @@ class ProcExecutor:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=plan.env if self.backend == "landlock" else {},
-                cwd=plan.cwd if self.backend == "landlock" else "/", start_new_session=True,
-                preexec_fn=preexec(lim, cg, self.options.max_file_bytes, reach, self.run_as)
-                if exe is None else None,
+                env=plan.env if self.backend == "landlock" else {},  # unshare: in argv
+                cwd=plan.cwd if self.backend != "bwrap" else "/", start_new_session=True,
+                preexec_fn=preexec(lim, cg, self.options.max_file_bytes, reach,
+                                   None if self.backend == "unshare" else self.run_as)
+                if exe is None else None,  # proc-unshare: `unshare` itself drops to run_as
                 pass_fds=((status_w,) if spec is not None else ()) + tuple(cg_fds),
                 close_fds=True)  # no launcher inside: the tool gets no status pipe to forge
         except OSError as exc:
@@ -521,7 +584,7 @@ class ProcExecutor:
                 os.close(fd)
         return proc, cg, status_r
 
-    def _isolation(self, status: dict[str, Any] | None) -> dict[str, Any]:
+    def _isolation(self, status: dict[str, Any] | None, network: str) -> dict[str, Any]:
         """What isolated the tool, as evidence reports it.
 
         Under bwrap the launcher leaves capabilities alone ("kept" in its report) because
@@ -529,6 +592,8 @@ class ProcExecutor:
         """
         report: dict[str, Any] = {"bwrap": self.backend == "bwrap",
                                   **(status or {"landlock": "off", "seccomp": "off"})}
+        if self.backend == "unshare":
+            report["namespaces"] = [*unshare.NAMESPACES, *(["net"] if network != "on" else [])]
         if self.backend == "bwrap" and report.get("caps") in (None, "kept"):
             report["caps"] = "dropped (bwrap --cap-drop ALL)"
         return report
@@ -564,6 +629,10 @@ class ProcExecutor:
                 f"{self.options.max_file_bytes}-byte limit (proc option `max_file_bytes`)",
                 audit=audit)
         stderr = err.kept(mark=False)
+        if self.backend == "unshare" and not status:  # its launcher reports before any tool
+            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "proc-unshare could not set up "
+                                    "the sandbox: " + stderr.decode(errors="replace")[:300],
+                                    audit=audit)
         if self.backend == "bwrap" and not status and code != 0 and stderr.startswith(b"bwrap:"):
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "bwrap could not set up the "
                                     "sandbox: " + stderr.decode(errors="replace")[:300],
@@ -581,7 +650,7 @@ class ProcExecutor:
             "stdout_bytes": out.total, "stderr_bytes": err.total,
             "stdout_digest": out.digest().model_dump(), "stderr_digest": err.digest().model_dump(),
             "backend": self.name, "network": plan.network, "network_requested": asked_network,
-            "isolation": self._isolation(status),
+            "isolation": self._isolation(status, plan.network),
             "limits": describe(plan.limits, cg), "memory_peak_bytes": memory_peak,
             "masked": plan.mask_files + plan.mask_dirs,
             **({"degraded": [degraded]} if degraded else {}),

@@ -34,7 +34,9 @@ RW = (RO | WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_DIR | MAKE_REG | MAKE_SO
       | MAKE_SYM | REFER | TRUNCATE)
 CREATE_ONLY = READ_DIR | MAKE_REG | MAKE_DIR  # a carved rw parent: add files, never remove secrets
 DEV = RO | WRITE_FILE | IOCTL_DEV  # /dev/null, /dev/tty: writes go nowhere harmful
-ACCESS = {"ro": RO, "rox": ROX, "rw": RW, "create": CREATE_ONLY, "dev": DEV, "list": READ_DIR}
+HOST = ROX | IOCTL_DEV  # the local runner's host tree: read, run; the uid's permissions decide
+ACCESS = {"ro": RO, "rox": ROX, "rw": RW, "create": CREATE_ONLY, "dev": DEV, "list": READ_DIR,
+          "host": HOST}
 
 
 class _NetPort(ctypes.Structure):

@@ -95,11 +95,25 @@ def main(argv: list[str]) -> int:
     os.write(status_fd, json.dumps(status).encode())
     if not spec.get("keep_status"):  # else the next launcher in the chain appends its status
         os.close(status_fd)
+    if spec.get("init"):  # pid 1 of a pid namespace (sb_launch.c -i): the tool is its child
+        tool = os.fork()
+        if tool != 0:
+            return _init(tool)
     try:
         os.execvp(tool_argv[0], tool_argv)
     except OSError as err:
         sys.stderr.write(f"policy-engine launcher: cannot execute `{tool_argv[0]}`: {err}\n")
         return 127
+
+
+def _init(tool: int) -> int:
+    """Reap every orphan until ``tool`` ends; exit with its status, 128 + N for signal N (a
+    namespace's pid 1 ignores signals it has no handler for, so the tool must not be it)."""
+    while True:
+        pid, status = os.wait()
+        if pid == tool:
+            code = os.waitstatus_to_exitcode(status)
+            os._exit(128 - code if code < 0 else code)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import math
 import os
 import resource
@@ -51,7 +52,7 @@ def preexec(limits: Limits, cg: ExecCgroup | None, max_file_bytes: int | None = 
     """
     # loaded here, not in the child
     libc = ctypes.CDLL(None, use_errno=True) if reach is not None and (
-        reach.staged or reach.new_ipc) else None
+        reach.staged or reach.new_ipc or reach.hides) else None
     procs = cg.procs_files if cg else []
     ctrls = cg.controllers if cg else []
     cpu = cpu_seconds(limits)
@@ -86,6 +87,7 @@ def preexec(limits: Limits, cg: ExecCgroup | None, max_file_bytes: int | None = 
 
 _CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x00020000, 4096, 16384, 1 << 18
 _MS_NOSUID, _MS_NODEV, _MNT_DETACH, _CLONE_NEWIPC = 2, 4, 2, 0x08000000
+_MS_RDONLY = 1
 
 
 def _stage(libc: ctypes.CDLL, reach: Reach) -> None:
@@ -99,15 +101,16 @@ def _stage(libc: ctypes.CDLL, reach: Reach) -> None:
 
     if reach.new_ipc:
         ok(libc.unshare(_CLONE_NEWIPC), "unshare(CLONE_NEWIPC) failed")
-    if not reach.staged:
+    if not reach.staged and not reach.hides:
         return
 
     ok(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS) failed")
     ok(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "cannot make mounts private")
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(STAGE_DIR, 0o755)
-    ok(libc.mount(b"pe-stage", STAGE_DIR.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
-                  b"mode=0755,size=64k"), "cannot mount the staging tmpfs")
+    if reach.staged:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(STAGE_DIR, 0o755)
+        ok(libc.mount(b"pe-stage", STAGE_DIR.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                      b"mode=0755,size=64k"), "cannot mount the staging tmpfs")
     for i, path in reach.staged:
         where = f"{STAGE_DIR}/{i}"
         if stat.S_ISDIR(os.stat(path).st_mode):
@@ -130,3 +133,8 @@ def _stage(libc: ctypes.CDLL, reach: Reach) -> None:
            f"cannot bind {dest}")
     if reach.rebinds:
         ok(libc.umount2(STAGE_DIR.encode(), _MNT_DETACH), "cannot detach the stage")
+    for hide in reach.hides:  # sb_launch.c -M: a masked dir already gone (or hidden) is skipped
+        if libc.mount(b"pe-mask", hide.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_RDONLY,
+                      b"mode=0755,size=4k") != 0 and ctypes.get_errno() not in (
+                          errno.ENOENT, errno.ENOTDIR):
+            raise OSError(ctypes.get_errno(), f"cannot cover {hide}")

@@ -1,6 +1,7 @@
-"""Registers `proc-bwrap` and `proc-landlock` through the public hook, as a third party would.
+"""Registers `proc-bwrap`, `proc-landlock` and `proc-unshare` through the public hook, as a third
+party would.
 
-Both are always returned, each declaring honestly whether it can run here: a backend that
+All are always returned, each declaring honestly whether it can run here: a backend that
 cannot (bwrap missing, Landlock disabled) refuses every call with ``PROVIDER.UNAVAILABLE`` and
 its reason, rather than running unconfined.
 """
@@ -15,7 +16,8 @@ from policy_engine.hookspecs import hookimpl
 
 @hookimpl
 def policy_engine_executors(config: EngineConfig) -> list[Executor]:
-    """Validate ``config.plugin_options("proc")`` first, then construct both backends."""
+    """Validate ``config.plugin_options("proc")`` first, then construct the backends."""
     options = ProcOptions.parse(config.plugin_options("proc"))
     return [ProcExecutor("bwrap", options, mode=config.mode),
-            ProcExecutor("landlock", options, mode=config.mode)]
+            ProcExecutor("landlock", options, mode=config.mode),
+            ProcExecutor("unshare", options, mode=config.mode)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from policy_engine import ErrorCode, PolicyEngineError
@@ -67,6 +67,8 @@ class Plan:
     readonly: list[str] = field(default_factory=list)
     limits: Limits | None = None
     network: str = "off"
+    # trees readable and executable (the local runner's host view), carved around the masks
+    open_trees: list[str] = field(default_factory=list)
     # landlock_rules' carving (a directory walk), by carve_masks; a plan is built per call
     _carved: dict[bool, list[tuple[str, str]]] = field(default_factory=dict, repr=False,
                                                        compare=False)
@@ -90,6 +92,8 @@ class Plan:
         if carve_masks:
             for p in self.readonly:
                 rules += carve(p, "rox", masked)
+        for p in self.open_trees:
+            rules += carve(p, "host", masked)
         self._carved[carve_masks] = rules
         return rules + list(extra)
 
@@ -203,8 +207,14 @@ def build_env(profile: Profile, op: ProcExecOp, allowed: Iterable[str], base: Ma
 
 def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (),
                env_base: Mapping[str, str] | None = None, extra_ro: Iterable[str] = (),
-               tmpdir: str = "/tmp") -> Plan:
-    """Compute the plan; refuses a cwd outside root_fs or outside every bound path."""
+               tmpdir: str = "/tmp", host_roots: Sequence[str] = ()) -> Plan:
+    """Compute the plan; refuses a cwd outside root_fs or outside every bound path.
+
+    ``host_roots`` (the local runner): these trees readable and executable besides the
+    profile's paths (what the process's uid may do there; writes stay the profile's), minus
+    every existing path under a mandatory deny or a forbid of fs.read and the host runtime
+    directories, searched over all of them as binds; the host's network.
+    """
     if any("\x00" in a for a in (op.tool, *op.args)):
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "argv contains a NUL byte")
     root = profile.mappings.root_fs.rstrip("/") or "/"
@@ -221,10 +231,12 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
         if why is not None:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, why)
         cwd = resolve_beneath(root, cwd)
-    files, dirs = _masks(profile, bound, system)
+    files, dirs = _masks(profile, [*host_roots, *bound], system)
     return Plan(
         argv=[op.tool, *op.args], cwd=cwd, readable=readable, writable=writable, system=system,
         env=build_env(profile, op, env_allow, env_base or {}, tmpdir), mask_files=files,
         mask_dirs=dirs, readonly=_write_forbidden(profile, writable, files + dirs),
-        limits=resolve_limits(profile, op), network=profile.network.value,
+        limits=resolve_limits(profile, op),
+        network="on" if host_roots else profile.network.value,
+        open_trees=list(host_roots),
     )

@@ -47,6 +47,7 @@ class Reach:
     covers: list[str] = field(default_factory=list)
     rebinds: list[tuple[int, str]] = field(default_factory=list)
     new_ipc: bool = False  # a fresh IPC namespace (proc-landlock: bwrap makes its own)
+    hides: list[str] = field(default_factory=list)  # masked dirs under an empty tmpfs, last
 
     def stage(self, path: str) -> str:
         """Stage ``path``; returns where bwrap finds it."""
@@ -59,6 +60,7 @@ class Reach:
         out += [a for i, p in self.staged for a in ("-o", f"{i}:{p}")]
         out += [a for c in self.covers for a in ("-m", c)]
         out += [a for i, p in self.rebinds for a in ("-b", f"{i}:{p}")]
+        out += [a for h in self.hides for a in ("-M", h)]
         return out + (["-u", f"{run_as[0]}:{run_as[1]}"] if run_as else [])
 
 

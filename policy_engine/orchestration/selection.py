@@ -140,8 +140,9 @@ def select(executors: Mapping[str, Executor], config: EngineConfig, profile: Pro
         if preferred is not None and op_kind in preferred.capabilities.op_kinds:
             chosen = preferred
         else:
-            chosen = next(
-                (e for e in executors.values() if op_kind in e.capabilities.op_kinds), None)
+            # never a local executor: it runs only when configured or as fallback_to_local
+            chosen = next((e for e in executors.values() if op_kind in e.capabilities.op_kinds
+                           and getattr(e, "local", False) is not True), None)
         wanted = chosen.name if chosen is not None else None
         why = None if chosen is not None else f"no loaded backend serves `{op_kind.value}`"
     if chosen is not None and op_kind not in chosen.capabilities.op_kinds:

@@ -2,7 +2,8 @@
 
 A tool that ran is a result, not a failure: ``ok`` with ``out.exit_code`` as a shell reports it
 (the tool's status; 128 + N when signal N killed it; 127 when the tool cannot be found). Run for
-real through `policy-engine run` on proc-bwrap, proc-landlock and docker.
+real through `policy-engine run` on proc-bwrap, proc-landlock, proc-unshare and docker (`local`:
+tests/integration/test_local_executor.py).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def run(tmp: Path, backend: str, *argv: str) -> dict[str, Any]:
     return data.get("result", data)
 
 
-BACKENDS = ["proc-bwrap", "proc-landlock", "docker"]
+BACKENDS = ["proc-bwrap", "proc-landlock", "proc-unshare", "docker"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -77,7 +78,7 @@ def test_a_missing_tool_is_127_with_the_reason_on_stderr(tmp_path: Path, backend
 
 
 # docker's run-once mode makes the tool pid 1, which a signal it sends itself cannot kill
-@pytest.mark.parametrize("backend", ["proc-bwrap", "proc-landlock"])
+@pytest.mark.parametrize("backend", ["proc-bwrap", "proc-landlock", "proc-unshare"])
 def test_a_signal_is_128_plus_its_number(tmp_path: Path, backend: str) -> None:
     result = run(tmp_path, backend, "python3", "-c", KILLED)
     assert result["ok"] is True

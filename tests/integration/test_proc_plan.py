@@ -149,9 +149,10 @@ def test_cancel_token_stops_a_running_process(root: Path) -> None:
 
 def test_plugin_validates_options_and_declares_capabilities() -> None:
     executors = policy_engine_executors(EngineConfig(options={"proc": {"env_allow": ["CI"]}}))
-    assert [e.name for e in executors] == ["proc-bwrap", "proc-landlock"]
+    assert [e.name for e in executors] == ["proc-bwrap", "proc-landlock", "proc-unshare"]
     assert all(isinstance(e, Executor) for e in executors)
-    bw, ll = (e.capabilities for e in executors)
+    bw, ll, un = (e.capabilities for e in executors)
+    assert un == ll  # proc-unshare adds namespaces, not a view: it declares what Landlock does
     assert bw.bind_mounts
     assert not ll.bind_mounts
     assert bw.network_modes == {NetworkMode.OFF, NetworkMode.RESTRICTED, NetworkMode.ON}

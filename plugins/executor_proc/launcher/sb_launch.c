@@ -12,6 +12,9 @@
  *                                -m DIR (then cover DIR, closed to the sandbox uid, by an empty
  *                                   tmpfs) -b N:DEST (then bind staged N at DEST inside it, and
  *                                   detach the stage: proc-landlock, which has no bwrap)
+ *                                -M DIR (last, cover DIR, a masked directory, by an empty tmpfs:
+ *                                   Landlock's list right on a carved parent reaches the names
+ *                                   inside; one already gone or hidden is skipped)
  *                                -I (a fresh IPC namespace: no SysV object or POSIX queue of
  *                                   another call or of the host is visible; proc-landlock)
  *                                -u UID:GID (then become UID:GID, no supplementary groups: bwrap
@@ -22,6 +25,10 @@
  *                                -N (Landlock handles no filesystem right: a network-only layer)
  *                                -k (keep the status FD open for the next launcher in the chain)
  *                                -f HEX / -F HEX (seccomp BPF program, required)
+ *                                -i (stay as an init: fork the tool, reap every orphan, exit
+ *                                   with its status, 128 + N for signal N; proc-unshare, where the
+ *                                   launcher is pid 1 of a pid namespace, which ignores signals it
+ *                                   has no handler for and would leave zombies)
  *
  * Held mode lets the engine spawn launchers ahead of time (each already in its own cgroup: the
  * migration costs an RCU grace period, 5-15 ms, so it is paid off the hot path). The message on
@@ -52,6 +59,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -296,10 +304,12 @@ static unsigned long long num(const char *s, char **end) {
 
 static struct rule rules[MAX_RULES];
 static int nrules, cg_fds[MAX_FDS], ncg, hold_fd = -1;
-static int open_idx[MAX_OPENS], nopens, cover_n, rebind_idx[MAX_OPENS], nrebinds;
+static int open_idx[MAX_OPENS], nopens, cover_n, rebind_idx[MAX_OPENS], nrebinds, nhides;
 static const char *open_paths[MAX_OPENS], *covers[MAX_OPENS], *rebinds[MAX_OPENS];
+static const char *hides[MAX_OPENS];
 static long run_uid = -1, run_gid = -1;
 static int new_ipc;
+static int as_init;
 static int want_ll, ll_required, deny_tcp, scope, caps, sc_required, keep_status;
 static const char *seccomp_hex;
 
@@ -307,7 +317,7 @@ static void parse(int argc, char **argv) {
     int opt;
     char *end;
     optind = 0; /* glibc: full re-initialisation, so held mode can parse a second argv */
-    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:m:b:u:IClLtSp:P:B:Nkf:F:")) != -1) {
+    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:m:M:b:u:IiClLtSp:P:B:Nkf:F:")) != -1) {
         switch (opt) {
         case 'x': close((int)num(optarg, &end)); break;
         case 'H': hold_fd = (int)num(optarg, &end); break;
@@ -332,6 +342,11 @@ static void parse(int argc, char **argv) {
             open_paths[nopens++] = end + 1;
             break;
         case 'I': new_ipc = 1; break;
+        case 'M':
+            if (nhides == MAX_OPENS || optarg[0] != '/') usage();
+            hides[nhides++] = optarg;
+            break;
+        case 'i': as_init = 1; break;
         case 'm':
             if (cover_n == MAX_OPENS || optarg[0] != '/') usage();
             covers[cover_n++] = optarg;
@@ -400,8 +415,10 @@ static void stage(void) {
     if (unshare(CLONE_NEWNS) != 0) fail(errno, "unshare(CLONE_NEWNS) failed", NULL);
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
         fail(errno, "cannot make the mounts private", NULL);
-    if (mkdir(STAGE_DIR, 0755) != 0 && errno != EEXIST) fail(errno, "mkdir failed", STAGE_DIR);
-    if (mount("pe-stage", STAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0)
+    if (nopens > 0 && mkdir(STAGE_DIR, 0755) != 0 && errno != EEXIST)
+        fail(errno, "mkdir failed", STAGE_DIR);
+    if (nopens > 0 &&
+        mount("pe-stage", STAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0)
         fail(errno, "cannot mount the staging tmpfs", STAGE_DIR);
     for (int i = 0; i < nopens; i++) {
         struct stat st;
@@ -427,6 +444,12 @@ static void stage(void) {
     /* the stage itself is not for the tool (it may hold a bind's masked paths) */
     if (nrebinds > 0 && umount2(STAGE_DIR, MNT_DETACH) != 0)
         fail(errno, "cannot detach the stage", STAGE_DIR);
+    /* after the binds back: a masked directory may lie inside one; the mount follows no path
+     * the tool chose (it has not run yet) and could only hide more from it */
+    for (int i = 0; i < nhides; i++)
+        if (mount("pe-mask", hides[i], "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY,
+                  "mode=0755,size=4k") != 0 && errno != ENOENT && errno != ENOTDIR)
+            fail(errno, "cannot cover a masked directory", hides[i]);
 }
 
 /* held mode: read the message, chdir, set the environment; returns the new argv */
@@ -457,10 +480,38 @@ static char **receive(int fd, int *argc_out) {
     if (e >= k) _exit(126);
     items[e] = NULL; /* terminates the environment */
     environ = items + 1;
-    char **args = items + e; /* args[0] is a placeholder for the program name */
-    args[0] = "sb_launch";
+    /* a separate array: a placeholder written over items[e] would un-terminate the environment
+     * and hand the options and the tool's argv (`LD_PRELOAD=...`) to the tool as variables */
+    char **args = calloc(k - e + 1, sizeof *args);
+    if (args == NULL) _exit(126);
+    args[0] = "sb_launch"; /* a placeholder for the program name */
+    for (size_t i = e + 1; i < k; i++) args[i - e] = items[i];
     *argc_out = (int)(k - e);
     return args;
+}
+
+/* -i: pid 1 of a pid namespace. The kernel delivers a signal to a namespace's init only when it
+ * has a handler, so a tool that is pid 1 survives its own kill(getpid(), SIGKILL) and never
+ * reaps what its children orphan; the tool runs as pid 2 instead, under the same Landlock domain
+ * and seccomp filter (applied above, inherited across fork). */
+static void run_as_init(char **cmd) {
+    pid_t tool = fork();
+    if (tool < 0) fail(errno, "fork failed", NULL);
+    if (tool == 0) {
+        execvp(cmd[0], cmd);
+        fprintf(stderr, "policy-engine launcher: cannot execute `%s`: %s\n", cmd[0],
+                strerror(errno));
+        _exit(errno == ENOENT ? 127 : 126);
+    }
+    for (;;) {
+        int st = 0;
+        pid_t got = waitpid(-1, &st, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) _exit(126); /* ECHILD before the tool was seen: cannot happen */
+        if (got != tool) continue; /* an orphan reaped */
+        /* leaving kills the rest of the namespace, as bwrap's init does */
+        _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    }
 }
 
 int main(int argc, char **argv) {
@@ -482,7 +533,7 @@ int main(int argc, char **argv) {
     /* bind sources first (as root: their parents may be closed to the sandbox uid), then the
      * drop; rlimits and the cgroup were applied above, while still privileged */
     if (new_ipc && unshare(CLONE_NEWIPC) != 0) fail(errno, "unshare(CLONE_NEWIPC) failed", NULL);
-    if (nopens > 0) stage();
+    if (nopens > 0 || nhides > 0) stage();
     if (run_uid > 0) {
         if (setgroups(0, NULL) != 0) fail(errno, "setgroups failed", NULL);
         if (setresgid((gid_t)run_gid, (gid_t)run_gid, (gid_t)run_gid) != 0)
@@ -522,6 +573,7 @@ int main(int argc, char **argv) {
         write_all(status_fd, status, status_len);
         if (!keep_status) close(status_fd); /* -k: the next launcher appends its own status */
     }
+    if (as_init) run_as_init(argv + optind); /* never returns */
     execvp(argv[optind], argv + optind);
     fprintf(stderr, "policy-engine launcher: cannot execute `%s`: %s\n", argv[optind],
             strerror(errno));

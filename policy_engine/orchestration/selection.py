@@ -127,8 +127,8 @@ def unknown_backends(config: EngineConfig, executors: Collection[str],
 def select(executors: Mapping[str, Executor], config: EngineConfig, profile: Profile,
            op_kind: OpKind) -> Selection:
     """Choose the executor for ``op_kind`` (``config.backends`` first, else the first-party
-    default when loaded, else the first loaded executor serving it) and check it against
-    ``profile``.
+    default — refused as unavailable when it is not loaded —, else, for a kind without a
+    default, the first loaded executor serving it) and check it against ``profile``.
     """
     wanted = config.backends.get(op_kind)
     chosen: Executor | None
@@ -136,9 +136,19 @@ def select(executors: Mapping[str, Executor], config: EngineConfig, profile: Pro
         chosen = executors.get(wanted)
         why = None if chosen is not None else f"backend `{wanted}` is not loaded"
     else:
-        preferred = executors.get(DEFAULT_BACKENDS.get(op_kind, ""))
+        default = DEFAULT_BACKENDS.get(op_kind)
+        preferred = executors.get(default or "")
         if preferred is not None and op_kind in preferred.capabilities.op_kinds:
             chosen = preferred
+        elif default is not None:
+            # the first-party default did not load (its plugin failed, or was not installed):
+            # never move the call to whichever other executor serves the kind — a docker or a
+            # third-party backend nobody chose for it (seed 004: no silent switch)
+            return Selection(None, default, error=PolicyEngineError(
+                ErrorCode.PROVIDER_UNAVAILABLE,
+                f"the default backend `{default}` for `{op_kind.value}` is not loaded (see "
+                "`policy-engine plugins` for plugin load errors); name the backend to use "
+                "under `backends:` in the engine config", audit={"backend": default}))
         else:
             # never a local executor: it runs only when configured or as fallback_to_local
             chosen = next((e for e in executors.values() if op_kind in e.capabilities.op_kinds

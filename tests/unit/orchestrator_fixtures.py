@@ -163,6 +163,15 @@ def orchestrator(tmp: Path, *executors: ScriptedExecutor, prof: Profile | None =
     pm.register(ExecutorPlugin(*executors), "test-executors")
     for i, plugin in enumerate(extra_plugins):
         pm.register(plugin, f"test-extra-{i}")
+    if "backends" not in cfg:
+        # name the scripted executors as the backends, as a deployment names a non-default one:
+        # a missing first-party default is refused, never replaced (selection.select)
+        chosen: dict[OpKind, str] = {}
+        for ex in executors:
+            if getattr(ex, "local", False) is not True:
+                for kind in ex.capabilities.op_kinds:
+                    chosen.setdefault(kind, ex.name)
+        cfg["backends"] = chosen
     return Orchestrator(POLICYSET, config=config(tmp, **cfg), plugins=pm, clock=lambda: NOW,
                         profile_builder=FixedBuilder(prof or profile()),
                         guard=guard or ScriptedGuard(), revocations=MemoryRevocationList())

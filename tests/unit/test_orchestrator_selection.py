@@ -41,11 +41,12 @@ def test_proc_profile_requirements_depend_on_writable_paths() -> None:
 def test_network_mode_may_be_stricter_but_never_looser() -> None:
     on_caps = {**FULL, "network_modes": frozenset({NetworkMode.ON})}
     only_on = ScriptedExecutor("on", kinds=PROC, caps=on_caps)
-    cfg = EngineConfig(state_dir=Path("/nonexistent"))
+    cfg = EngineConfig(state_dir=Path("/nonexistent"), backends={OpKind.PROC_EXEC: "on"})
     sel = select({"on": only_on}, cfg, profile(network=NetworkMode.OFF), OpKind.PROC_EXEC)
     assert sel.error is not None
     assert "`network_modes:off`" in sel.error.reason
     off_only = ScriptedExecutor("off", kinds=PROC, caps=FULL)
+    cfg = EngineConfig(state_dir=Path("/nonexistent"), backends={OpKind.PROC_EXEC: "off"})
     sel = select({"off": off_only}, cfg, profile(network=NetworkMode.ON), OpKind.PROC_EXEC)
     assert sel.error is None
     assert sel.executor is off_only
@@ -146,3 +147,16 @@ def test_unconfigured_kind_prefers_the_first_party_default_over_load_order() -> 
     assert chosen.backend == "proc-bwrap"
     configured = EngineConfig(backends={OpKind.PROC_EXEC: "docker"})
     assert select(executors, configured, profile(), OpKind.PROC_EXEC).backend == "docker"
+
+
+def test_a_missing_default_backend_is_refused_not_replaced() -> None:
+    """No `backends:` entry and the first-party default (proc-bwrap) not loaded: another
+    executor serving proc.exec is never chosen in its place (seed 004: no silent switch)."""
+    other = ScriptedExecutor("other", kinds=PROC, caps=FULL)
+    sel = select({"other": other}, EngineConfig(state_dir=Path("/nonexistent")), profile(),
+                 OpKind.PROC_EXEC)
+    assert sel.executor is None
+    assert sel.error is not None
+    assert sel.error.code.value == "PROVIDER.UNAVAILABLE"
+    assert "default backend `proc-bwrap`" in sel.error.reason
+    assert other.calls == 0

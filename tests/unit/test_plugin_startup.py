@@ -148,3 +148,23 @@ def test_check_finds_a_misspelt_backend_at_its_line(tmp_path: Path) -> None:
     assert proc.stderr.strip().splitlines()[-1].endswith("1 error(s), 0 warning(s)")
     config.write_text("state_dir: var\nbackends:\n  proc.exec: proc-bwrap\n")
     assert cli("check", str(config)).returncode == 0
+
+
+def test_a_default_backend_that_failed_to_load_is_never_replaced_by_another(
+        tmp_path: Path) -> None:
+    """The proc plugin fails to load (an option it refuses): `proc.exec` used to run on the
+    next executor serving it (docker) without anyone choosing it. Now: PROVIDER.UNAVAILABLE
+    naming the default backend, nothing runs."""
+    (tmp_path / "engine.yaml").write_text(
+        f"state_dir: {tmp_path / 'state'}\noptions:\n  proc: {{bwrap: bwrap}}\n")
+    proc = cli("run", "--config", str(tmp_path / "engine.yaml"),
+               "--policy", str(EXAMPLES / "policies/org.sbpolicy"),
+               "--request", str(EXAMPLES / "requests/git-status.json"), "--format", "json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)["result"]
+    assert result["code"] == "PROVIDER.UNAVAILABLE", result
+    assert "default backend `proc-bwrap`" in result["message"]
+    assert result["used"]["calls"] == 0
+    assert "docker" not in json.dumps(result)
+    assert "`bwrap` must be an absolute path" in proc.stderr  # the load error, said once
+    assert "Traceback" not in proc.stderr

@@ -35,7 +35,6 @@ from tests.integration.test_proc_sandbox import make_profile
 pytestmark = pytest.mark.integration
 
 PYTHON = "/usr/bin/python3"
-INSTALLED = any(ep.name == "executor_local" for ep in entry_points(group="policy_engine.plugins"))
 """The lead's editable install may predate the entry point (pyproject.toml); then the tests
 register the same plugin module themselves, as a third party's entry point would."""
 
@@ -344,8 +343,9 @@ def test_never_the_implicit_default(local_ex: LocalExecutor, world: Path) -> Non
 
 
 def test_conformance_kit_compat_passes_and_strict_refuses() -> None:
-    extra = () if INSTALLED else (local_plugin,)
-    compat = {r.id: r for r in run_suite("local", mode="compat", extra_plugins=extra).results}
+    # the installed entry point (scripts/test.sh installs the package), as users get it
+    assert any(ep.name == "executor_local" for ep in entry_points(group="policy_engine.plugins"))
+    compat = {r.id: r for r in run_suite("local", mode="compat").results}
     assert {cid: r.message for cid, r in compat.items() if r.status == "fail"} == {}
     assert compat["compat.degraded-recorded"].status == "pass"
     assert compat["claims.no-orphans"].status == "pass"
@@ -353,7 +353,7 @@ def test_conformance_kit_compat_passes_and_strict_refuses() -> None:
     for cid in ("claims.writes-confined", "claims.no-setid-plant", "claims.not-host-root",
                 "claims.ipc-isolated"):
         assert compat[cid].status == "pass", (cid, compat[cid].message)
-    strict = {r.id: r for r in run_suite("local", mode="strict", extra_plugins=extra).results}
+    strict = {r.id: r for r in run_suite("local", mode="strict").results}
     assert strict["capabilities.runs[proc.exec]"].status == "fail"
     assert "SANDBOX.CAPABILITY_BLOCKED" in strict["capabilities.runs[proc.exec]"].message \
         or "lacks" in strict["capabilities.runs[proc.exec]"].message
@@ -385,20 +385,12 @@ def cli(tmp_path: Path) -> Path:
     (tmp_path / "manifest.json").write_text(json.dumps({
         "name": "rt", "version": "1.0.0", "permissions": perms,
         "side_effects": ["Process", "Read"], "safety_class": "Medium"}))
-    if not INSTALLED:  # the entry point of pyproject.toml, as an installed distribution has it
-        info = tmp_path / "shim" / "pe_local_shim-0.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pe-local-shim\nVersion: 0\n")
-        (info / "entry_points.txt").write_text(
-            "[policy_engine.plugins]\nexecutor_local = plugins.executor_local.plugin\n")
     return tmp_path
 
 
 def _cli(tmp: Path, config: str) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
     (tmp / "engine.yaml").write_text(f"state_dir: {tmp / 'state'}\n{config}")
     env = dict(os.environ)
-    if not INSTALLED:
-        env["PYTHONPATH"] = os.pathsep.join([env.get("PYTHONPATH", ""), str(tmp / "shim")])
     res = subprocess.run(
         [sys.executable, "-m", "policy_engine.cli", "run", "--config", str(tmp / "engine.yaml"),
          "--policy", str(tmp / "p.sbpolicy"), "--manifest", str(tmp / "manifest.json"),

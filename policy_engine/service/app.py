@@ -320,7 +320,7 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
                                  tenant=who.tenant, subject=who.subject,
                                  workspace_root=config.workspace_root, pool=eng.pool,
                                  broker=eng.broker)
-        with eng.runner.slots:  # the same cap as execs (--max-concurrent-execs)
+        with eng.runner.slots.hold():  # the same cap as execs (--max-concurrent-execs)
             result = manager.run_code(body.code, body.language, timeout=body.timeout_s)
         return RunCodeResponse.model_validate(result.to_json())
 

@@ -312,3 +312,27 @@ def test_an_exec_slot_held_by_a_killed_process_is_free_again(tmp_path: Path) -> 
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_hot_reload_reaches_every_worker(tmp_path: Path) -> None:
+    with start(tmp_path, "--workers", "2", "--reload-interval", "0.2") as svc:
+        token = add_token(svc.state, "acme", "agent:a")
+        owned, spare = _by_worker(svc, token)
+        assert len(owned) == 2
+        body = {"op": {"kind": "fs.read", "path": f"{tmp_path}/data/hello.txt"},
+                "grant": grant("acme", "agent:a", tmp_path), "manifest": "reader"}
+
+        def decisions() -> list[str]:
+            return [str(conn.request("POST", "/v1/decide", token, body)[1]["decision"])
+                    for conn in owned.values()]
+
+        assert decisions() == ["allow", "allow"]
+        policy = tmp_path / "svc.sbpolicy"
+        policy.write_text(policy.read_text() + f'forbid "now-closed" fs.read  paths '
+                          f'["{tmp_path}/data/hello.txt"]\n')
+        deadline = time.monotonic() + 15
+        while decisions() != ["deny", "deny"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert decisions() == ["deny", "deny"]  # each worker reloaded on its own
+        for conn in [*owned.values(), *spare]:
+            conn.close()

@@ -68,6 +68,8 @@ class Supervisor:
         if threading.active_count() > 1:  # a thread's lock held at fork stays held forever
             self.say(f"warning: forking worker {index} with {threading.active_count() - 1} "
                      "other thread(s) running")
+        sys.stdout.flush()  # or the child would write the parent's buffered output again
+        sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             code = 1
@@ -102,7 +104,11 @@ class Supervisor:
             while self.children:
                 pid, raw = os.wait()
                 index = self.children.pop(pid, -1)
-                if index < 0 or self.stopping:
+                if index < 0:
+                    continue
+                if self.stopping:
+                    if raw != 0:  # it was told to stop and did, but not cleanly
+                        self.say(f"worker {index} (pid {pid}) {_describe(raw)} while stopping")
                     continue
                 self.say(f"worker {index} (pid {pid}) {_describe(raw)}; starting another")
                 now = time.monotonic()

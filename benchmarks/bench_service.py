@@ -99,7 +99,22 @@ def _verdict(rows: list[tuple[str, int, service_load.Row]], connections: int) ->
         f"10 ms needs more than {need:,.0f} decisions/s; at {cpu:.3f} ms of server CPU per "
         f"decision (the lowest measured) that is {need * cpu / 1000:.1f} cores of CPU, and "
         f"this machine has {os.cpu_count()} shared with the client. The throughput target is "
-        "about CPU alone: 1,500/s × CPU per decision must fit in the cores the server gets."]
+        "about CPU alone: 1,500/s × CPU per decision must fit in the cores the server gets "
+        f"({1500 * cpu / 1000:.2f} cores here).", "", *_scaling(closed)]
+
+
+def _scaling(closed: list[tuple[str, int, service_load.Row]]) -> list[str]:
+    """Say whether the second worker added throughput, and why not when it did not."""
+    best = {w: max(r["rps"] for _, ww, r in closed if ww == w) for _, w, _ in closed}
+    if 1 not in best or 2 not in best:
+        return []
+    gain = best[2] / best[1]
+    if gain >= 1.3:
+        return [f"Two workers served {gain:.2f}× what one did (best closed-loop rows)."]
+    return [f"Two workers served {gain:.2f}× what one did (best closed-loop rows): the "
+            "second core was not free for the second worker in this run (see the load "
+            "average: other work shares the machine), so compare server CPU per request, "
+            "which does not depend on it."]
 
 
 def main() -> None:

@@ -107,7 +107,11 @@ class Supervisor:
                 if index < 0:
                     continue
                 if self.stopping:
-                    if raw != 0:  # it was told to stop and did, but not cleanly
+                    # uvicorn stops gracefully, then raises the signal it caught again with
+                    # the default action: SIGTERM is how a worker that was told to stop ends
+                    clean = raw == 0 or (os.WIFSIGNALED(raw) and os.WTERMSIG(raw) in (
+                        signal.SIGTERM, signal.SIGINT))
+                    if not clean:
                         self.say(f"worker {index} (pid {pid}) {_describe(raw)} while stopping")
                     continue
                 self.say(f"worker {index} (pid {pid}) {_describe(raw)}; starting another")

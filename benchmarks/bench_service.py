@@ -162,14 +162,16 @@ def main() -> None:
             "this machine: latency moves with it, server CPU per request much less).", "",
             *_verdict(results, args.connections), "",
             "Server CPU per request is the user+system time of the server and its workers "
-            "over the requests served: 1000 / it is what one core can serve. " + HISTORY, "",
+            "over the requests served: 1000 / it is what one core can serve. `server cores` "
+            "is requests/s × that: the CPU the server actually got during the row (2 would be "
+            "both cores). " + HISTORY, "",
             "| run | workers | requests | per second | p50 ms | p99 ms | 200 OK "
-            "| server CPU ms/request | client cores |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| server CPU ms/request | server cores | client cores |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, w, r in results:
         text.append(f"| `{label}` | {w} | {r['requests']:.0f} | {r['rps']:,.0f} | "
                     f"{r['p50']:.2f} | {r['p99']:.2f} | {r['ok']:.0%} | {r['cpu_ms']:.3f} | "
-                    f"{r['client_cores']:.2f} |")
+                    f"{r['rps'] * r['cpu_ms'] / 1000:.2f} | {r['client_cores']:.2f} |")
     section = "\n".join(text) + "\n"
     print(section)
     if args.write:

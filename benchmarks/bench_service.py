@@ -105,16 +105,21 @@ def _verdict(rows: list[tuple[str, int, service_load.Row]], connections: int) ->
 
 def _scaling(closed: list[tuple[str, int, service_load.Row]]) -> list[str]:
     """Say whether the second worker added throughput, and why not when it did not."""
-    best = {w: max(r["rps"] for _, ww, r in closed if ww == w) for _, w, _ in closed}
+    best = {}
+    for _, w, r in closed:
+        if w not in best or r["rps"] > best[w]["rps"]:
+            best[w] = r
     if 1 not in best or 2 not in best:
         return []
-    gain = best[2] / best[1]
+    gain = best[2]["rps"] / best[1]["rps"]
+    got = {w: r["rps"] * r["cpu_ms"] / 1000 for w, r in best.items()}
+    text = (f"Two workers served {gain:.2f}× what one did (best closed-loop rows); the server "
+            f"got {got[1]:.2f} cores of CPU with one worker and {got[2]:.2f} with two.")
     if gain >= 1.3:
-        return [f"Two workers served {gain:.2f}× what one did (best closed-loop rows)."]
-    return [f"Two workers served {gain:.2f}× what one did (best closed-loop rows): the "
-            "second core was not free for the second worker in this run (see the load "
-            "average: other work shares the machine), so compare server CPU per request, "
-            "which does not depend on it."]
+        return [text]
+    return [text + " The second core was not free for the second worker in this run (see "
+            "the load average: other work shares the machine), so compare server CPU per "
+            "request, which does not depend on it."]
 
 
 def main() -> None:

@@ -1,7 +1,6 @@
 """The ASGI application: every route parses, authenticates, calls the library and renders."""
 
 
-import logging
 import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -60,7 +59,6 @@ from policy_engine.service.tokens import Principal, TokenStore
 from policy_engine.service.workspace import open_artifact
 from policy_engine.skills.invoke import SkillInvoker
 
-log = logging.getLogger(__name__)
 # context keys the guard takes from the caller over its own views: the service sets them
 _RESERVED_CONTEXT = ("grant", "manifest", "tenant", "subject")
 _JSON_OBJECT: dict[str, Any] = {"content": {"application/json": {"schema": {"type": "object"}}},
@@ -223,7 +221,7 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         if all(e.get("loc", ("",))[0] in ("path", "query") for e in exc.errors()):
             return error_response(service_error("SERVICE.BAD_REQUEST", where[:1000]))
         return error_response(ServiceError(view["code"], view["http_status"],
-                                            view["message"]))
+                                           view["message"]))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -125,6 +125,44 @@ def test_the_fast_path_answers_as_the_route_does(tmp_path: Path) -> None:
         assert quick == full, f"case {i}: {quick[:2]} != {full[:2]}"
 
 
+def test_ordinary_calls_never_reach_fastapi(tmp_path: Path) -> None:
+    """The point of the fast path: an ordinary decide call is answered before FastAPI's app;
+    only the odd ones (here a body failing validation) are passed on."""
+    root = tmp_path / "root"
+    cases = _cases(root)
+    config = _config(root, tmp_path / "state", rate=1000)
+    engine = open_engine(config)
+    token, _ = engine.tokens.add("acme", "agent:alice")
+    app = asgi_app(config, engine)
+    fast = app.app
+    assert isinstance(fast, DecideFastPath)
+    inner = fast.app
+    reached: list[str] = []
+
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            reached.append(scope["path"])
+        await inner(scope, receive, send)
+
+    fast.app = counting
+
+    async def drive() -> list[int]:
+        statuses = []
+        async with inner.router.lifespan_context(inner):  # type: ignore[attr-defined]
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
+                for make in (cases[0], cases[1], cases[3], cases[16], cases[14]):
+                    method, path, headers, body = make(token)
+                    resp = await client.request(method, path, headers=headers, content=body)
+                    statuses.append(resp.status_code)
+        return statuses
+
+    # allowed, denied, no token, another tenant's grant: answered in front; a body missing
+    # `op`: FastAPI's 422
+    assert asyncio.run(drive()) == [200, 200, 401, 403, 422]
+    assert reached == ["/v1/decide"], reached
+
+
 def test_a_request_handed_to_the_route_is_charged_once(tmp_path: Path) -> None:
     root = tmp_path / "root"
     cases = _cases(root)

@@ -114,15 +114,16 @@ class Supervisor:
                     if not clean:
                         self.say(f"worker {index} (pid {pid}) {_describe(raw)} while stopping")
                     continue
-                self.say(f"worker {index} (pid {pid}) {_describe(raw)}; starting another")
                 now = time.monotonic()
                 self.deaths = [t for t in self.deaths if now - t < RESTART_WINDOW_S] + [now]
                 if len(self.deaths) > MAX_RESTARTS:
-                    self.say(f"error: {len(self.deaths)} workers died within "
-                             f"{RESTART_WINDOW_S:g} s; stopping the server")
+                    self.say(f"error: worker {index} (pid {pid}) {_describe(raw)}; "
+                             f"{len(self.deaths)} workers died within {RESTART_WINDOW_S:g} s; "
+                             "stopping the server")
                     status = 1
                     self._forward(signal.SIGTERM, None)
                     continue
+                self.say(f"worker {index} (pid {pid}) {_describe(raw)}; starting another")
                 self.spawn(index)
             return status
         finally:

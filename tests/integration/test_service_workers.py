@@ -337,3 +337,19 @@ def test_hot_reload_reaches_every_worker(tmp_path: Path) -> None:
         assert decisions() == ["deny", "deny"]  # each worker reloaded on its own
         for conn in owned.values():
             conn.close()
+
+
+def test_workers_that_keep_dying_stop_the_server(tmp_path: Path) -> None:
+    """A worker that cannot start is not forked forever: past 5 deaths a minute the
+    supervisor stops (exit 1) and says why. Real forks, in a process of their own."""
+    code = ("import socket, sys\n"
+            "from policy_engine.service.prefork import serve_workers\n"
+            "sock = socket.create_server(('127.0.0.1', 0))\n"
+            "sys.exit(serve_workers(sock, 2, lambda index: 3, print))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert sum("exited with status 3; starting another" in line for line in lines) == 5, lines
+    stops = [line for line in lines if "workers died within 60 s; stopping the server" in line]
+    assert len(stops) == 1, lines  # and the worker still running was stopped, not replaced

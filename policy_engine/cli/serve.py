@@ -97,13 +97,16 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
               help="seconds between checks of the policy files for changes (hot reload: a "
               "bundle that compiles is swapped in for new requests; one that does not is "
               "reported by /sandbox/health and the old policy stays); 0 turns it off")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="worker processes accepting on the one socket (one Python process uses one "
+              "core: give the number of cores for throughput); docs/service.md, `Workers`")
 def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Path | None,
             manifests: tuple[Path, ...], skills_dir: Path | None, workspace: Path | None,
             root_fs: Path | None, max_artifacts_bytes: int, security_mode: str, confirmation: str,
             approver_url: str | None, approver_secret_file: Path | None,
             approver_timeout: float, allow_inline_manifests: bool, host: str, port: int,
             max_body_bytes: int, rate_per_minute: int, max_concurrent_execs: int,
-            reload_interval: float) -> None:
+            reload_interval: float, workers: int) -> None:
     """Serve the HTTP API: decide, run ops and sandbox execs for token-holding tenants.
 
     Exits 2 on unusable input (policy, config, manifest, address in use).
@@ -112,8 +115,9 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
 
     from policy_engine.model import Settings
     from policy_engine.runcode.risk import SecurityMode
-    from policy_engine.service.app import asgi_app, open_engine
+    from policy_engine.service.app import Engine, asgi_app, open_engine
     from policy_engine.service.config import ServiceConfig
+    from policy_engine.service.prefork import serve_workers
 
     try:
         engine = load_config(config_path) if config_path else EngineConfig()
@@ -122,6 +126,13 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
         return
     if state_dir is not None:
         engine = replace(engine, state_dir=state_dir.absolute())
+    if workers > 1:
+        local = [f"{name}: memory" for name, kind in (("budget_meter", engine.budget_meter),
+                                                      ("revocation", engine.revocation))
+                 if kind == "memory"]
+        if local:  # each worker would count and revoke on its own
+            _fail(f"--workers {workers} needs state the workers share; the config sets "
+                  f"{', '.join(local)} (per process): use sqlite (the default) or redis")
     policyset = load_or_exit(lambda: compile_files(policies))
     named = {}
     for path in manifests:
@@ -159,9 +170,32 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
         _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
         return
     bound = sock.getsockname()[1]
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=(
+        "%(levelname)s [%(process)d] %(name)s: %(message)s" if workers > 1
+        else "%(levelname)s %(name)s: %(message)s"))
+    plural = f", {workers} workers" if workers > 1 else ""
     click.echo(f"policy-engine serve: listening on http://{host}:{bound} "
-               f"(state {engine.state_dir}, workspace {root})", err=True)
-    server = uvicorn.Server(uvicorn.Config(asgi_app(config, opened), log_level="warning",
-                                           access_log=False, lifespan="on"))
-    server.run(sockets=[sock])
+               f"(state {engine.state_dir}, workspace {root}{plural})", err=True)
+
+    def run(engine_now: Engine) -> None:
+        server = uvicorn.Server(uvicorn.Config(asgi_app(config, engine_now), log_level="warning",
+                                               access_log=False, lifespan="on"))
+        server.run(sockets=[sock])
+
+    if workers == 1:
+        run(opened)
+        return
+    # each worker opens its own engine: SQLite connections and threads do not survive a fork
+    opened.close()
+
+    def worker(index: int) -> int:
+        try:
+            now = open_engine(config)
+        except ValueError as exc:
+            click.echo(f"error: worker {index}: {exc}", err=True)
+            return EXIT_BAD_INPUT
+        run(now)
+        return 0
+
+    sys.exit(serve_workers(sock, workers, worker,
+                           lambda line: click.echo(f"policy-engine serve: {line}", err=True)))

@@ -1,9 +1,8 @@
 """The ASGI application: every route parses, authenticates, calls the library and renders."""
 
 
-import logging
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path as FsPath  # fastapi's `Path` declares path parameters
@@ -16,6 +15,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp
 
 from policy_engine import __version__
 from policy_engine.confirm.broker import ConsentBroker, consent_notes
@@ -29,9 +29,15 @@ from policy_engine.profile import ProfileBuilder
 from policy_engine.rollout.reload import PolicyReloader
 from policy_engine.runcode.manager import OrchestratorPool, SandboxManager
 from policy_engine.service.config import ServiceConfig
-from policy_engine.service.errors import ServiceError, service_error
+from policy_engine.service.errors import (
+    ServiceError,
+    crash_response,
+    error_response,
+    service_error,
+)
 from policy_engine.service.execs import ExecRunner
 from policy_engine.service.execstore import ExecStore
+from policy_engine.service.fastpath import ADMITTED, DecideFastPath, DecideRoute
 from policy_engine.service.guards import BodyLimit, authenticate, charge_rate
 from policy_engine.service.health import health_report
 from policy_engine.service.models import (
@@ -53,7 +59,6 @@ from policy_engine.service.tokens import Principal, TokenStore
 from policy_engine.service.workspace import open_artifact
 from policy_engine.skills.invoke import SkillInvoker
 
-log = logging.getLogger(__name__)
 # context keys the guard takes from the caller over its own views: the service sets them
 _RESERVED_CONTEXT = ("grant", "manifest", "tenant", "subject")
 _JSON_OBJECT: dict[str, Any] = {"content": {"application/json": {"schema": {"type": "object"}}},
@@ -125,11 +130,6 @@ def open_engine(config: ServiceConfig) -> Engine:
     return eng
 
 
-def _error_response(err: ServiceError, headers: Mapping[str, str] | None = None
-                    ) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.http_status, headers=headers)
-
-
 def _require_discriminators(doc: dict[str, Any]) -> dict[str, Any]:
     """Mark each discriminated union's tag as required in its member schemas: the engine's
     models give ``kind`` a default, but a body without it cannot be told apart (422)."""
@@ -180,13 +180,18 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
     async def engine() -> Engine:
         return engine_box[0]
 
-    async def principal(request: Request, eng: Annotated[Engine, Depends(engine)],
+    async def principal(request: Request,
                   _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
                   ) -> Principal:
-        header = request.headers.get("authorization")
+        admitted = request.scope.get(ADMITTED)
+        if isinstance(admitted, Principal):  # the decide fast path admitted and charged it
+            return admitted
+        return await admission(request.headers.get("authorization"))
+
+    async def admission(header: str | None) -> Principal:
         if networked:  # a network round trip (or its timeout) must not stall the event loop
-            return await run_in_threadpool(admit, eng, header)
-        return admit(eng, header)
+            return await run_in_threadpool(admit, engine_box[0], header)
+        return admit(engine_box[0], header)
 
     def admit(eng: Engine, header: str | None) -> Principal:
         who = authenticate(eng.tokens, header)
@@ -203,7 +208,7 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
 
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        return _error_response(exc)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -214,9 +219,9 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         view = err.public_view()
         # a bad path parameter is a bad request (400), not a bad body
         if all(e.get("loc", ("",))[0] in ("path", "query") for e in exc.errors()):
-            return _error_response(service_error("SERVICE.BAD_REQUEST", where[:1000]))
-        return _error_response(ServiceError(view["code"], view["http_status"],
-                                            view["message"]))
+            return error_response(service_error("SERVICE.BAD_REQUEST", where[:1000]))
+        return error_response(ServiceError(view["code"], view["http_status"],
+                                           view["message"]))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -225,17 +230,14 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
             for route in app.routes:
                 if isinstance(route, APIRoute) and route.path_regex.match(request.url.path):
                     allowed |= route.methods or set()
-            return _error_response(service_error(
+            return error_response(service_error(
                 "SERVICE.METHOD_NOT_ALLOWED", "see /openapi.json"),
                 {"Allow": ", ".join(sorted(allowed))})
-        return _error_response(service_error("SERVICE.NOT_FOUND", "no such endpoint"))
+        return error_response(service_error("SERVICE.NOT_FOUND", "no such endpoint"))
 
     @app.exception_handler(Exception)
     async def _crash(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error in the service")  # the stack goes to the log only
-        err = PolicyEngineError(ErrorCode.UNKNOWN_INTERNAL, type(exc).__name__)
-        view = err.public_view()
-        return _error_response(ServiceError(view["code"], view["http_status"], view["message"]))
+        return crash_response(exc)  # the stack goes to the log only
 
     def manifest_of(body: CallBody) -> Manifest:
         if isinstance(body.manifest, Manifest):
@@ -263,18 +265,24 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
                                f"{reserved[0]} is set by the service from the token")
         return dict(body.context)
 
-    @app.post("/v1/decide", tags=["decisions"], responses={200: _JSON_OBJECT})
-    async def decide(body: DecideBody, who: Who, eng: Eng) -> JSONResponse:
-        """Decide one op without running it: the `explain --format json` document."""
+    def decision(body: DecideBody, who: Principal) -> dict[str, Any]:
         context = check_call(who, body)
         request = ExplainRequest(op=body.op, now_ms=body.now_ms, overrides=body.overrides,
                                  settings=config.op_settings, context=context,
                                  budget_used=body.budget_used)
-        now = eng.decider  # one read: a reload mid-request never mixes two policies
+        now = engine_box[0].decider  # one read: a reload mid-request never mixes two policies
         result = explain(now.policyset, manifest_of(body), body.grant, request,
                          builder=now.builder, guard=now.guard)
+        return result.to_json()
+
+    @app.post("/v1/decide", tags=["decisions"], responses={200: _JSON_OBJECT})
+    async def decide(body: DecideBody, who: Who) -> JSONResponse:
+        """Decide one op without running it: the `explain --format json` document."""
         # rendered directly: FastAPI's generic encoder costs ~8x the decision itself
-        return JSONResponse(result.to_json())
+        return JSONResponse(decision(body, who))
+
+    # the ordinary decide call skips FastAPI's per-request machinery (fastpath.py)
+    app.state.decide_route = DecideRoute(admit=admission, decide=decision)
 
     @app.post("/v1/ops", tags=["decisions"], responses={200: _JSON_OBJECT})
     def run_op(body: CallBody, who: Who, eng: Eng) -> JSONResponse:
@@ -310,7 +318,7 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
                                  tenant=who.tenant, subject=who.subject,
                                  workspace_root=config.workspace_root, pool=eng.pool,
                                  broker=eng.broker)
-        with eng.runner.slots:  # the same cap as execs (--max-concurrent-execs)
+        with eng.runner.slots.hold():  # the same cap as execs (--max-concurrent-execs)
             result = manager.run_code(body.code, body.language, timeout=body.timeout_s)
         return RunCodeResponse.model_validate(result.to_json())
 
@@ -379,6 +387,10 @@ def _chunks(fd: int) -> Iterator[bytes]:
         yield from iter(lambda: fh.read(1 << 16), b"")
 
 
-def asgi_app(config: ServiceConfig, opened: Engine | None = None) -> BodyLimit:
-    """The application wrapped in the body-size limit: what uvicorn serves."""
-    return BodyLimit(create_app(config, opened), config.max_body_bytes)
+def asgi_app(config: ServiceConfig, opened: Engine | None = None, *,
+             fast_decide: bool = True) -> BodyLimit:
+    """The application wrapped in the body-size limit (and, unless ``fast_decide`` is off,
+    the decide fast path): what uvicorn serves."""
+    app = create_app(config, opened)
+    inner: ASGIApp = DecideFastPath(app, app.state.decide_route) if fast_decide else app
+    return BodyLimit(inner, config.max_body_bytes)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from typing import Any
 
-from policy_engine.errors import PolicyEngineError
+from starlette.responses import JSONResponse
+
+from policy_engine.errors import ErrorCode, PolicyEngineError
+
+# the name the handler in app.py logged under before the decide fast path shared it
+log = logging.getLogger("policy_engine.service.app")
 
 # Transport-level refusals that never reach the library (no decision was asked for): they have
 # their own stable codes, documented in docs/service.md; every decision or execution outcome keeps
@@ -44,3 +51,16 @@ def from_engine(err: PolicyEngineError) -> ServiceError:
     """An engine refusal as a service error: its registry code, status and public view only."""
     view = err.public_view()
     return ServiceError(view["code"], view["http_status"], view["message"], view["retryable"])
+
+
+def error_response(err: ServiceError, headers: Mapping[str, str] | None = None
+                   ) -> JSONResponse:
+    """The JSON error document of ``err`` with its HTTP status."""
+    return JSONResponse(err.body(), status_code=err.http_status, headers=headers)
+
+
+def crash_response(exc: BaseException) -> JSONResponse:
+    """The 500 of an unexpected exception: its stack goes to the log only, never the client."""
+    log.error("unhandled error in the service", exc_info=exc)
+    view = PolicyEngineError(ErrorCode.UNKNOWN_INTERNAL, type(exc).__name__).public_view()
+    return error_response(ServiceError(view["code"], view["http_status"], view["message"]))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import threading
 import time
 import uuid
 from typing import Any
@@ -23,6 +22,7 @@ from policy_engine.service.models import (
     PythonCodeExec,
     ShellExec,
 )
+from policy_engine.service.slots import ExecSlots
 from policy_engine.service.tokens import Principal
 from policy_engine.service.workspace import (
     ProjectDirs,
@@ -82,8 +82,9 @@ class ExecRunner:
         self.orch = orchestrator
         self.store = store
         self.broker = broker
-        # shared with run_code: both start sandboxed processes
-        self.slots = threading.BoundedSemaphore(config.max_concurrent_execs)
+        # shared with run_code (both start sandboxed processes) and with every worker process
+        self.slots = ExecSlots(config.engine.state_dir / "exec-slots",
+                               config.max_concurrent_execs)
 
     def run(self, who: Principal, body: ExecBody) -> ExecRecord:
         exec_id = uuid.uuid4().hex
@@ -110,7 +111,7 @@ class ExecRunner:
         settings = self.config.settings_for_exec()
         grant, asked = self.broker.prepare(grant, manifest, op, settings=settings,
                                            overrides=body.policy_overrides)
-        with self.slots:
+        with self.slots.hold():
             outcome = self.orch.run(grant, manifest, op, settings=settings,
                                     overrides=body.policy_overrides,
                                     annotations=consent_notes(asked))

@@ -1,0 +1,139 @@
+"""`POST /v1/decide` without FastAPI's per-request machinery; anything unusual goes to the route.
+
+A decision costs ~0.1 ms; FastAPI's routing, dependency solving and exception middleware cost
+about as much again on every request (docs/benchmarks.md, "HTTP service"). The decide route is
+the hot one, so this ASGI layer answers the ordinary case itself with the *same* functions the
+route calls (admission, the decision, the error documents) and hands the request to FastAPI,
+body replayed, whenever the answer would involve anything else:
+
+* another method or path, a ``Content-Type`` other than exactly ``application/json``, an empty
+  body or one that is not JSON: FastAPI answers (its 422 ``json_invalid`` comes before
+  authentication there, so it must here too);
+* a body that fails validation: FastAPI answers with its 422, and the principal admitted (and
+  charged to the rate limit) here rides along in the ASGI scope so it is not charged twice.
+
+A missing or bad token, a rate-limit refusal and every refusal of the decision itself are
+answered here with the exception handlers' own documents (``error_response``).
+``tests/integration/test_service_fastpath.py`` sends the same requests through both paths and
+compares status, headers and bodies.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from policy_engine.service.errors import ServiceError, crash_response, error_response
+from policy_engine.service.models import DecideBody
+from policy_engine.service.tokens import Principal
+
+ADMITTED = "policy_engine.admitted"
+"""ASGI scope key: the principal this request was already admitted as (set only here; a client
+cannot write scope keys)."""
+
+_PATH = "/v1/decide"
+
+
+@dataclass(frozen=True)
+class DecideRoute:
+    """What the fast path shares with the FastAPI route of `/v1/decide`.
+
+    :param admit: authenticate the ``Authorization`` header and charge the tenant's rate limit
+        (raises ``ServiceError``).
+    :param decide: the explain document of a validated body for a principal (raises
+        ``ServiceError`` for a refusal that is not a decision).
+    """
+
+    admit: Callable[[str | None], Awaitable[Principal]]
+    decide: Callable[[DecideBody, Principal], dict[str, Any]]
+
+
+class DecideFastPath:
+    """ASGI middleware in front of the FastAPI app: serves ordinary `POST /v1/decide` calls."""
+
+    def __init__(self, app: ASGIApp, route: DecideRoute) -> None:
+        self.app = app
+        self.route = route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != _PATH
+                or scope.get("root_path")):
+            await self.app(scope, receive, send)
+            return
+        auth: str | None = None
+        ctype: bytes | None = None
+        for key, value in scope["headers"]:  # the first of each, as starlette's Headers.get
+            if key == b"authorization" and auth is None:
+                auth = value.decode("latin-1")
+            elif key == b"content-type" and ctype is None:
+                ctype = value
+        body = await _read_body(receive)
+        if body is None:
+            return  # the client went away
+        replay = _replaying(body, receive)
+        data = _json_object(body) if ctype == b"application/json" else None
+        if data is None:
+            await self.app(scope, replay, send)
+            return
+        try:
+            who = await self.route.admit(auth)
+        except ServiceError as exc:
+            await error_response(exc)(scope, replay, send)
+            return
+        except Exception as exc:  # noqa: BLE001 — answered like the app's catch-all handler
+            await crash_response(exc)(scope, replay, send)
+            return
+        try:
+            parsed = DecideBody.model_validate(data, from_attributes=True)
+        except ValidationError:
+            await self.app({**scope, ADMITTED: who}, replay, send)
+            return
+        try:
+            response = JSONResponse(self.route.decide(parsed, who))
+        except ServiceError as exc:
+            response = error_response(exc)
+        except Exception as exc:  # noqa: BLE001
+            response = crash_response(exc)
+        await response(scope, replay, send)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole body (bounded by ``BodyLimit`` in front); ``None`` when the client left."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    """``body`` as a JSON object, or ``None`` for anything FastAPI should answer itself."""
+    if not body:
+        return None
+    try:
+        data = json.loads(body)  # what starlette's Request.json does
+    except Exception:  # noqa: BLE001 — JSON, encoding or nesting errors: the route answers
+        return None
+    return data if isinstance(data, dict) else None

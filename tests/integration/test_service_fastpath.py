@@ -1,0 +1,179 @@
+"""The decide fast path answers every request exactly as the FastAPI route does: the same
+requests go through the service with and without it (two engines, two state directories) and
+the status, headers and bodies are compared; a request the fast path admitted and then handed to
+FastAPI (a body that fails validation) is charged to the rate limit once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from policy_engine.compiler import compile_files
+from policy_engine.config import EngineConfig
+from policy_engine.dsl.loaders import load_manifest
+from policy_engine.service.app import asgi_app, open_engine
+from policy_engine.service.config import ServiceConfig
+from policy_engine.service.fastpath import DecideFastPath
+from tests.integration.service_server import POLICY, grant, manifest
+
+pytestmark = pytest.mark.integration
+
+Request = tuple[str, str, dict[str, str], bytes]  # method, path, headers (no token), body
+
+
+def _config(root: Path, state: Path, rate: int) -> ServiceConfig:
+    (root / "data" / "secret").mkdir(parents=True, exist_ok=True)
+    (root / "data" / "hello.txt").write_text("hello\n")
+    policy = root / "svc.sbpolicy"
+    # the same policy text (and hash) on both sides: the workspace is not under the state dir
+    policy.write_text(POLICY.format(root=root, ws=root / "workspace"))
+    tool = root / "reader.json"
+    tool.write_text(json.dumps(manifest(root)))
+    return ServiceConfig(policyset=compile_files([policy]),
+                         engine=EngineConfig(state_dir=state),
+                         workspace_root=root / "workspace",
+                         manifests={"reader": load_manifest(tool)}, rate_per_minute=rate,
+                         max_body_bytes=65536)
+
+
+async def _serve(config: ServiceConfig, fast: bool,
+                 requests: list[Callable[[str], Request]]) -> list[tuple[int, dict[str, str],
+                                                                         Any]]:
+    """Each request's status, content headers and JSON body, through the real ASGI stack."""
+    engine = open_engine(config)
+    token, _ = engine.tokens.add("acme", "agent:alice")
+    app = asgi_app(config, engine, fast_decide=fast)
+    fastapi_app = app.app.app if isinstance(app.app, DecideFastPath) else app.app
+    assert isinstance(app.app, DecideFastPath) is fast
+    answers = []
+    async with fastapi_app.router.lifespan_context(fastapi_app):  # type: ignore[attr-defined]
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
+            for make in requests:
+                method, path, headers, body = make(token)
+                resp = await client.request(method, path, headers=headers, content=body)
+                kept = {k: v for k, v in resp.headers.items()
+                        if k in ("content-type", "content-length", "allow", "location")}
+                is_json = kept.get("content-type") == "application/json"
+                answers.append((resp.status_code, kept, resp.json() if is_json else resp.text))
+    return answers
+
+
+def _cases(root: Path) -> list[Callable[[str], Request]]:
+    ok = {"op": {"kind": "fs.read", "path": f"{root}/data/hello.txt"},
+          "grant": grant("acme", "agent:alice", root), "manifest": "reader"}
+    json_ct = {"Content-Type": "application/json"}
+
+    def post(body: object, headers: dict[str, str] | None = None, auth: str | None = "",
+             path: str = "/v1/decide", method: str = "POST") -> Callable[[str], Request]:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+
+        def make(token: str) -> Request:
+            h = dict(json_ct if headers is None else headers)
+            if auth is not None:
+                h["Authorization"] = auth or f"Bearer {token}"
+            return method, path, h, raw
+        return make
+
+    other = {**ok, "grant": grant("evil", "agent:mallory", root)}
+    return [
+        post(ok),  # allowed
+        post({**ok, "op": {"kind": "fs.read", "path": f"{root}/data/secret/k"}}),  # denied
+        post({**ok, "now_ms": 1, "budget_used": {"calls": 3}}),
+        post(ok, auth=None),  # no token
+        post(ok, auth="Bearer pet_0123456789abcdef." + "A" * 43),  # unknown token
+        post(ok, auth="Basic YWxhZGRpbjpvcGVuc2VzYW1l"),
+        post(b"{not json", auth=None),  # FastAPI answers 422 before authentication
+        post(b"{not json"),
+        post(b"[1, 2]"),
+        post(b""),
+        post(b"\xff\xfe{}"),
+        post(ok, headers={"Content-Type": "text/plain"}),
+        post(ok, headers={"Content-Type": "application/json; charset=utf-8"}),
+        post(ok, headers={}),  # no content type
+        post({k: v for k, v in ok.items() if k != "op"}),  # missing field
+        post({**ok, "extra": 1}),
+        post(other),  # a grant for another tenant
+        post({**ok, "manifest": "nope"}),
+        post({**ok, "manifest": manifest(root)}),  # inline manifests are off
+        post({**ok, "context": {"tenant": "evil"}}),
+        post({**ok, "grant": {**ok["grant"], "consent": {  # type: ignore[dict-item]
+            "granted_by": "me", "granted_at": 1, "expires_at": 4102444800000}}}),
+        post(json.dumps(ok).replace(f"{root}/data/hello.txt", "\\udfff").encode()),
+        post(ok, path="/v1/decide/"),
+        post(ok, method="PUT"),
+    ]
+
+
+def test_the_fast_path_answers_as_the_route_does(tmp_path: Path) -> None:
+    cases = _cases(tmp_path / "root")
+    answers = {}
+    for fast in (True, False):
+        config = _config(tmp_path / "root", tmp_path / f"state-{fast}", rate=1000)
+        answers[fast] = asyncio.run(_serve(config, fast, cases))
+    statuses = [a[0] for a in answers[True]]
+    assert statuses[:3] == [200, 200, 200], statuses
+    assert {401, 403, 404, 405, 422} <= set(statuses), statuses
+    assert answers[True][1][2]["decision"] == "deny"
+    for i, (quick, full) in enumerate(zip(answers[True], answers[False], strict=True)):
+        assert quick == full, f"case {i}: {quick[:2]} != {full[:2]}"
+
+
+def test_ordinary_calls_never_reach_fastapi(tmp_path: Path) -> None:
+    """The point of the fast path: an ordinary decide call is answered before FastAPI's app;
+    only the odd ones (here a body failing validation) are passed on."""
+    root = tmp_path / "root"
+    cases = _cases(root)
+    config = _config(root, tmp_path / "state", rate=1000)
+    engine = open_engine(config)
+    token, _ = engine.tokens.add("acme", "agent:alice")
+    app = asgi_app(config, engine)
+    fast = app.app
+    assert isinstance(fast, DecideFastPath)
+    inner = fast.app
+    reached: list[str] = []
+
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            reached.append(scope["path"])
+        await inner(scope, receive, send)
+
+    fast.app = counting
+
+    async def drive() -> list[int]:
+        statuses = []
+        async with inner.router.lifespan_context(inner):  # type: ignore[attr-defined]
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
+                for make in (cases[0], cases[1], cases[3], cases[16], cases[14]):
+                    method, path, headers, body = make(token)
+                    resp = await client.request(method, path, headers=headers, content=body)
+                    statuses.append(resp.status_code)
+        return statuses
+
+    # allowed, denied, no token, another tenant's grant: answered in front; a body missing
+    # `op`: FastAPI's 422
+    assert asyncio.run(drive()) == [200, 200, 401, 403, 422]
+    assert reached == ["/v1/decide"], reached
+
+
+def test_a_request_handed_to_the_route_is_charged_once(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    cases = _cases(root)
+    valid, invalid = cases[0], cases[14]  # an allowed call; a body missing `op` (422)
+    # 3 a minute: valid, invalid, valid pass; the fourth is refused (a double charge of the
+    # invalid one would refuse the third)
+    sequence = [valid, invalid, valid, valid]
+    for fast in (True, False):
+        config = _config(root, tmp_path / f"state-{fast}", rate=3)
+        statuses = [a[0] for a in asyncio.run(_serve(config, fast, sequence))]
+        if statuses != [200, 422, 200, 429]:  # a minute boundary fell inside: once more
+            config = _config(root, tmp_path / f"state2-{fast}", rate=3)
+            statuses = [a[0] for a in asyncio.run(_serve(config, fast, sequence))]
+        assert statuses == [200, 422, 200, 429], (fast, statuses)

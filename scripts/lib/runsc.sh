@@ -28,7 +28,7 @@ try:
 except FileNotFoundError:
     conf = {}
 want = {"path": "/usr/bin/runsc",
-        "runtimeArgs": [f"--platform={platform}", "--network=none", "--oci-seccomp"]}
+        "runtimeArgs": [f"--platform={platform}", "--network=none", "--oci-seccomp", "--host-uds=open"]}
 if conf.get("runtimes", {}).get("runsc") != want:
     conf.setdefault("runtimes", {})["runsc"] = want
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -209,7 +209,8 @@ class DockerExecutor:
                     self.options.system_binds)
                 pool = WarmPool(client, self.options.image, self.options.pool_size, hard,
                                 bind_mounts(self.options.system_binds, []),
-                                pool_id=f"{id(self)}:{runtime or 'default'}", launcher=launcher)
+                                pool_id=f"{id(self)}:{runtime or 'default'}", launcher=launcher,
+                                updatable=not hard.gvisor)
                 try:
                     pool.start()
                 except BaseException:
@@ -354,7 +355,7 @@ class DockerExecutor:
         pool = self.pool(hard.runtime)
         client, streams = self.client()
         slot = pool.acquire(session_key(ctx.profile), max(0.0, deadline - time.monotonic()))
-        pool.update_limits(slot, hard)
+        slot = pool.update_limits(slot, hard)
         if not slot.dirty_inputs:
             slot.dirty_inputs = transfer.put_inputs(
                 client, slot.container_id, ws.inputs,

@@ -27,6 +27,13 @@ _KEYS = frozenset({"image", "base_url", "client_timeout_s", "workspace_root", "m
                    "pool_size", "system_binds", "max_artifacts_bytes", "restricted_network",
                    "pool_launcher", "max_file_bytes", "runtime", "gvisor_runtime"})
 _RUNTIME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+GVISOR_PIDS_BASE, GVISOR_TASKS_PER_PROCESS = 64, 20
+"""On runsc the host pids cgroup counts gVisor's own tasks: 42 idle (Sentry, gofer), then about
+11 per sandboxed process (its ptrace stub and tracer threads); runsc does not even start under a
+limit of 40. The profile's ``pids`` is enforced inside gVisor as ``RLIMIT_NPROC`` (fork answers
+EAGAIN, as with runc's cgroup); the cgroup gets ``BASE + pids × PER_PROCESS`` as a backstop,
+with headroom: at 12 per process a program forking up to its limit sometimes hit the cgroup and
+the whole sandbox died (exit 2, output lost) (docs/docker.md, "gVisor (runsc)")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +138,10 @@ class Hardening:
             "network_mode": self.network_mode, "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges", f"seccomp={profile_json(self.gvisor)}"],
             "ulimits": [Ulimit(name="fsize", soft=self.max_file_bytes,
-                               hard=self.max_file_bytes)],
-            "pids_limit": self.pids_limit,
+                               hard=self.max_file_bytes),
+                        *([Ulimit(name="nproc", soft=self.pids_limit, hard=self.pids_limit)]
+                          if self.gvisor else [])],
+            "pids_limit": self.host_pids_limit(),
             "mem_limit": self.mem_limit, "memswap_limit": self.mem_limit,
             "nano_cpus": self.nano_cpus, "user": SANDBOX_USER,
             "working_dir": "/workspace/work", "log_config": {"type": "none"},
@@ -142,6 +151,12 @@ class Hardening:
             "read_only": True,
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={self.mem_limit},mode=1777"},
         }
+
+    def host_pids_limit(self) -> int:
+        """The container's pids cgroup limit (see ``GVISOR_PIDS_BASE`` for runsc's)."""
+        if self.gvisor:
+            return GVISOR_PIDS_BASE + self.pids_limit * GVISOR_TASKS_PER_PROCESS
+        return self.pids_limit
 
     def snapshot(self) -> dict[str, Any]:
         return {"network_mode": self.network_mode, "cap_drop": ["ALL"],

@@ -210,7 +210,7 @@ class WarmPool:
         # the SDK's update_container lacks NanoCpus and PidsLimit; the Engine API has both
         resp = api._post_json(api._url("/containers/{0}/update", slot.container_id), data={
             "Memory": hard.mem_limit, "MemorySwap": hard.mem_limit,
-            "NanoCpus": hard.nano_cpus, "PidsLimit": hard.pids_limit})
+            "NanoCpus": hard.nano_cpus, "PidsLimit": hard.host_pids_limit()})
         api._raise_for_status(resp)
         slot.hard = hard
         return slot

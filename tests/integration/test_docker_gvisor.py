@@ -253,3 +253,35 @@ def test_the_warm_pool_never_hands_a_runc_container_to_a_gvisor_call(
                    for p in ex._pools.values())
     finally:
         ex.close()
+
+
+def test_the_seed_limits_hold_inside_gvisor(tmp_path_factory: pytest.TempPathFactory,
+                                            tmp_path: Path) -> None:
+    """high-isolation's pids 32 and memory 256MiB: runsc would not even start under a host pids
+    limit of 32 (its own tasks count there), so pids is RLIMIT_NPROC inside gVisor."""
+    ex = DockerExecutor(DockerOptions(gvisor_runtime="runsc"),
+                        state_dir=tmp_path_factory.mktemp("state"))
+    fork = ProcExecOp(tool="python3", args=("-c", textwrap.dedent("""
+        import subprocess
+        ps = []
+        try:
+            for _ in range(40):
+                ps.append(subprocess.Popen(["/usr/bin/sleep", "5"]))
+        except OSError as e:
+            print("stopped at", len(ps), e.errno, flush=True)
+        for p in ps:
+            p.kill()
+    """)))
+    hog = ProcExecOp(tool="python3", args=("-c", "b = bytearray(400 << 20); print('kept')"))
+    try:
+        for _ in range(2):  # the cgroup backstop must not kill the sandbox near the limit
+            prof = make_profile(tmp_path, pids=32, memory_bytes=256 << 20).model_copy(
+                update={"isolation": Isolation.GVISOR, "name": "high-isolation"})
+            res = ex.execute(ExecContext(profile=prof, deadline=time.monotonic() + 90), fork)
+            assert res.out["stdout"] == "stopped at 31 11\n"  # EAGAIN, python itself is one
+            assert res.out["exit_code"] == 0
+        res = ex.execute(ExecContext(profile=prof, deadline=time.monotonic() + 90), hog)
+        assert res.out["exit_code"] == 137  # killed by the memory cgroup
+        assert "kept" not in res.out["stdout"]
+    finally:
+        ex.close()

@@ -26,7 +26,8 @@ def _render(info: dict[str, Any]) -> str:
             flags = [k for k, v in caps.items() if v is True]
             lines.append(f"  executor {ex['name']}: ops {', '.join(caps['op_kinds'])}; "
                          f"network {', '.join(caps['network_modes'])}; "
-                         f"{', '.join(flags) or 'no isolation features'}")
+                         f"{', '.join(flags) or 'no isolation features'}"
+                         + "".join(f"; isolation {i}" for i in caps.get("isolation", ())))
         lines.extend(f"  sink {name}" for name in plugin["sinks"])
         lines.extend(f"  meter {name}" for name in plugin["meters"])
     return "\n".join(lines)

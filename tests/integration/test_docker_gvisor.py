@@ -285,3 +285,37 @@ def test_the_seed_limits_hold_inside_gvisor(tmp_path_factory: pytest.TempPathFac
         assert "kept" not in res.out["stdout"]
     finally:
         ex.close()
+
+
+@pytest.mark.parametrize("mode", ["run-once", "pool"])
+def test_restricted_network_reaches_the_policy_proxy_from_gvisor(tmp_path: Path,
+                                                                 mode: str) -> None:
+    """The proxy and the in-container bridge meet on a host Unix socket: runsc's
+    `--host-uds=open` lets exactly that through; nothing else is reachable."""
+    from tests.integration.servers import LoopbackServer
+    from tests.integration.test_docker_network import CLIENT, ROUTES, policy
+
+    ex = DockerExecutor(DockerOptions(mode=mode, pool_size=1, gvisor_runtime="runsc",
+                                      workspace_root=str(tmp_path / "ws")))
+    try:
+        with LoopbackServer(ROUTES) as server:
+            profile, guard = policy(tmp_path, server.port)
+            profile = profile.model_copy(update={"isolation": Isolation.GVISOR})
+            ctx = ExecContext(profile=profile, deadline=time.monotonic() + 120, guard=guard)
+            op = ProcExecOp(tool="python3", args=(
+                "-c", CLIENT + "\nprint(open('/proc/version').read().strip())",
+                server.url("/ok/page"), server.url("/nope"),
+                f"http://127.0.0.2:{server.port}/ok/page", "127.0.0.1", str(server.port)))
+            res = ex.execute(ctx, op)
+            assert res.out["exit_code"] == 0, res.out["stderr"]
+            seen_line, version = res.out["stdout"].strip().split("\n")
+            seen = json.loads(seen_line)
+            assert version == GVISOR_KERNEL
+            assert seen["ok"] == [200, "through the proxy"]
+            assert seen["nope"][0] == 403
+            assert seen["other"][0] == 403
+            assert seen["direct_loopback"] == "ConnectionRefusedError"
+            assert seen["direct_public"] in ("OSError", "TimeoutError")
+            assert [p for _m, p, _h in server.seen.requests] == ["/ok/page"]
+    finally:
+        ex.close()

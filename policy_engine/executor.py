@@ -16,6 +16,7 @@ from policy_engine.model import (
     Decision,
     ExecOp,
     ExecResult,
+    Isolation,
     Limits,
     NetworkMode,
     OpKind,
@@ -44,6 +45,9 @@ class ExecutorCapabilities:
     """proc.exec: the process can reach no path under a mandatory deny (the policy's and the
     built-in secrets, masked) and no host control socket (docker, containerd, dbus, systemd,
     podman, another call's policy proxy). Never degraded: a backend without it is refused."""
+    isolation: frozenset[Isolation] = frozenset()
+    """proc.exec: the stronger isolation levels the backend provides when a profile requires
+    one (``Profile.isolation``, a named profile's `isolation gvisor`). Never degraded."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +59,7 @@ class ExecutorCapabilities:
             "env_filtering": self.env_filtering,
             "streaming_output": self.streaming_output,
             "mandatory_denies": self.mandatory_denies,
+            "isolation": sorted(i.value for i in self.isolation),
         }
 
 

@@ -9,6 +9,8 @@ python3 -m pip install --quiet --disable-pip-version-check -e ".[test,bench]"
 echo "== ruff"; python3 -m ruff check policy_engine plugins tests benchmarks conformance
 echo "== mypy --strict"; python3 -m mypy
 source scripts/lib/dockerd.sh; ensure_dockerd; bash scripts/build-images.sh
+# gVisor (runsc) as a second OCI runtime of dockerd: the docker executor's high isolation
+source scripts/lib/runsc.sh; ensure_runsc
 # the shared-state plugins (issue 18) run against real servers on loopback
 source scripts/lib/redis.sh; ensure_redis
 source scripts/lib/postgres.sh; ensure_postgres

@@ -7,6 +7,7 @@ a missing image says to run ``scripts/build-images.sh``.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,15 @@ DEFAULT_IMAGE = "policy-engine/sandbox:1"
 SANDBOX_USER = "1000:1000"
 _KEYS = frozenset({"image", "base_url", "client_timeout_s", "workspace_root", "mode",
                    "pool_size", "system_binds", "max_artifacts_bytes", "restricted_network",
-                   "pool_launcher", "max_file_bytes"})
+                   "pool_launcher", "max_file_bytes", "runtime", "gvisor_runtime"})
+_RUNTIME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+GVISOR_PIDS_BASE, GVISOR_TASKS_PER_PROCESS = 64, 20
+"""On runsc the host pids cgroup counts gVisor's own tasks: 42 idle (Sentry, gofer), then about
+11 per sandboxed process (its ptrace stub and tracer threads); runsc does not even start under a
+limit of 40. The profile's ``pids`` is enforced inside gVisor as ``RLIMIT_NPROC`` (fork answers
+EAGAIN, as with runc's cgroup); the cgroup gets ``BASE + pids × PER_PROCESS`` as a backstop,
+with headroom: at 12 per process a program forking up to its limit sometimes hit the cgroup and
+the whole sandbox died (exit 2, output lost) (docs/docker.md, "gVisor (runsc)")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +52,11 @@ class DockerOptions:
     :param max_file_bytes: disk quota of a call: no file written grows past this many bytes
         (``RLIMIT_FSIZE`` through ``--ulimit fsize``; the writable ``work`` is a host bind,
         where ``--storage-opt size`` does not apply).
+    :param runtime: the OCI runtime registered with dockerd that every container runs on
+        (``HostConfig.Runtime``; ``None``: dockerd's default, runc). Checked against
+        ``docker info`` when the executor is built.
+    :param gvisor_runtime: the registered runtime that is gVisor, used for the calls whose
+        profile requires ``isolation gvisor``; ``None``: ``runtime`` when that is gVisor.
     """
 
     image: str = DEFAULT_IMAGE
@@ -56,6 +70,8 @@ class DockerOptions:
     restricted_network: bool = True
     pool_launcher: bool = True
     max_file_bytes: int = 1 << 30
+    runtime: str | None = None
+    gvisor_runtime: str | None = None
 
     @staticmethod
     def parse(raw: Mapping[str, Any] | None) -> DockerOptions:
@@ -84,7 +100,15 @@ class DockerOptions:
         for key, val in (("restricted_network", restricted), ("pool_launcher", launcher)):
             if not isinstance(val, bool):
                 raise ValueError(f"docker: `{key}` must be a boolean")
+        names: dict[str, str | None] = {}
+        for key in ("runtime", "gvisor_runtime"):
+            val = opts.get(key)
+            if val is not None and (not isinstance(val, str) or not _RUNTIME_NAME.fullmatch(val)):
+                raise ValueError(f"docker: `{key}` must name an OCI runtime registered with "
+                                 "dockerd (letters, digits, `.`, `_`, `-`), e.g. `runsc`")
+            names[key] = val
         return DockerOptions(
+            runtime=names["runtime"], gvisor_runtime=names["gvisor_runtime"],
             image=str(opts.get("image", DEFAULT_IMAGE)),
             base_url=str(opts.get("base_url", "unix:///var/run/docker.sock")),
             client_timeout_s=timeout, workspace_root=str(root) if root else None, mode=mode,
@@ -105,14 +129,19 @@ class Hardening:
     nano_cpus: int
     extra_env: dict[str, str] = field(default_factory=dict)
     max_file_bytes: int = 1 << 30
+    runtime: str | None = None  # OCI runtime (HostConfig.Runtime); None: dockerd's default
+    gvisor: bool = False  # ``runtime`` is gVisor (seccomp_profile.profile_json says why)
 
     def create_kwargs(self) -> dict[str, Any]:
         return {
+            **({"runtime": self.runtime} if self.runtime else {}),
             "network_mode": self.network_mode, "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges", f"seccomp={profile_json()}"],
+            "security_opt": ["no-new-privileges", f"seccomp={profile_json(self.gvisor)}"],
             "ulimits": [Ulimit(name="fsize", soft=self.max_file_bytes,
-                               hard=self.max_file_bytes)],
-            "pids_limit": self.pids_limit,
+                               hard=self.max_file_bytes),
+                        *([Ulimit(name="nproc", soft=self.pids_limit, hard=self.pids_limit)]
+                          if self.gvisor else [])],
+            "pids_limit": self.host_pids_limit(),
             "mem_limit": self.mem_limit, "memswap_limit": self.mem_limit,
             "nano_cpus": self.nano_cpus, "user": SANDBOX_USER,
             "working_dir": "/workspace/work", "log_config": {"type": "none"},
@@ -123,13 +152,20 @@ class Hardening:
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={self.mem_limit},mode=1777"},
         }
 
+    def host_pids_limit(self) -> int:
+        """The container's pids cgroup limit (see ``GVISOR_PIDS_BASE`` for runsc's)."""
+        if self.gvisor:
+            return GVISOR_PIDS_BASE + self.pids_limit * GVISOR_TASKS_PER_PROCESS
+        return self.pids_limit
+
     def snapshot(self) -> dict[str, Any]:
         return {"network_mode": self.network_mode, "cap_drop": ["ALL"],
                 "security_opt": ["no-new-privileges", "seccomp=policy-engine (io_uring, "
                                  "namespaces, setuid modes refused)"],
                 "max_file_bytes": self.max_file_bytes, "pids_limit": self.pids_limit,
                 "memory_bytes": self.mem_limit, "nano_cpus": self.nano_cpus,
-                "user": SANDBOX_USER, "read_only": True, "tmpfs": ["/tmp"]}
+                "user": SANDBOX_USER, "read_only": True, "tmpfs": ["/tmp"],
+                "runtime": self.runtime or "default"}
 
 
 def _limit(limits: Limits, name: str) -> Any:
@@ -137,11 +173,12 @@ def _limit(limits: Limits, name: str) -> Any:
     return value if value is not None else getattr(SYSTEM_DEFAULT_LIMITS, name)
 
 
-def hardening(profile: Profile, options: DockerOptions,
-              limits: Limits | None = None) -> Hardening:
+def hardening(profile: Profile, options: DockerOptions, limits: Limits | None = None,
+              runtime: str | None = None, gvisor: bool = False) -> Hardening:
     """Flags from the call's effective ``limits`` (``ExecContext.limits``; the profile's when
-    not given). The container never has a network interface: ``restricted`` is served by the
-    host-side proxy through a bridge (``network.py``); ``on`` is refused."""
+    not given) on the OCI ``runtime`` chosen for the call (``runtimes.for_profile``). The
+    container never has a network interface: ``restricted`` is served by the host-side proxy
+    through a bridge (``network.py``); ``on`` is refused."""
     lim = limits if limits is not None else profile.limits
     if profile.network is NetworkMode.RESTRICTED and not options.restricted_network:
         raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
@@ -154,7 +191,7 @@ def hardening(profile: Profile, options: DockerOptions,
         network_mode="none", pids_limit=int(_limit(lim, "pids")),
         mem_limit=int(_limit(lim, "memory_bytes")),
         nano_cpus=int(float(_limit(lim, "cpu_cores")) * 1e9),
-        max_file_bytes=options.max_file_bytes,
+        max_file_bytes=options.max_file_bytes, runtime=runtime, gvisor=gvisor,
     )
 
 

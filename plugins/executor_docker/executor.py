@@ -6,6 +6,8 @@ timings), written even when the call times out or its artifacts are over the lim
 
 Network ``off`` is ``--network=none``; ``restricted`` keeps that and adds the host-side policy
 proxy through an in-container bridge (``network.py``), in both modes; ``on`` is refused.
+Containers run on the configured OCI runtime; a profile requiring ``isolation gvisor`` runs on the
+gVisor one (``runtimes.py``), with a warm pool per runtime.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import posixpath
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import docker
 
-from plugins.executor_docker import cpu, engine, masks, network, setid, transfer
+from plugins.executor_docker import cpu, engine, masks, network, runtimes, setid, transfer
 from plugins.executor_docker.engine import DockerOptions, Hardening
 from plugins.executor_docker.pool import Slot, WarmPool
 from plugins.executor_docker.runner import (
@@ -48,6 +51,7 @@ from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
     ExecOp,
     ExecResult,
+    Isolation,
     NetworkMode,
     OpKind,
     ProcExecOp,
@@ -135,14 +139,35 @@ class DockerExecutor:
     def __init__(self, options: DockerOptions | None = None,
                  state_dir: Path | None = None) -> None:
         """:param state_dir: holds ``docker/projects/`` unless ``options.workspace_root`` is
-        set (default ``$POLICY_ENGINE_STATE`` or ``./var``)."""
+        set (default ``$POLICY_ENGINE_STATE`` or ``./var``).
+        :raises ValueError: a configured OCI runtime is not registered with dockerd, or dockerd
+            cannot be asked (only checked when ``runtime``/``gvisor_runtime`` is set)."""
         self.options = options or DockerOptions()
         self.state_dir = state_dir if state_dir is not None else default_state_dir()
         self._lock = threading.Lock()
         self._client: docker.DockerClient | None = None
         self._streams: docker.APIClient | None = None
-        self._pool: WarmPool | None = None
+        self._pools: dict[str | None, WarmPool] = {}  # one per OCI runtime: never mixed
         self._cgroups: dict[str, str | None] = {}  # warm container id -> its cgroup (cpu.py)
+        self.runtimes = self._check_runtimes()
+        if self.runtimes.gvisor is not None:
+            self.capabilities = replace(DockerExecutor.capabilities,
+                                        isolation=frozenset({Isolation.GVISOR}))
+
+    def _check_runtimes(self) -> runtimes.RuntimePlan:
+        """At start-up: the configured runtimes exist (else ``ValueError`` naming those that
+        do); without any configured, dockerd is not contacted here."""
+        if self.options.runtime is None and self.options.gvisor_runtime is None:
+            return runtimes.RuntimePlan()
+        try:
+            client = engine.connect(self.options)
+        except PolicyEngineError as exc:
+            raise ValueError(f"docker: cannot check the configured runtimes: {exc.reason}"
+                             ) from None
+        try:
+            return runtimes.probe(client, self.options)
+        finally:
+            client.close()
 
     # --- engine and pool ---------------------------------------------------------------------
 
@@ -152,6 +177,13 @@ class DockerExecutor:
             if self._client is None or self._streams is None:
                 client = engine.connect(self.options)
                 engine.check_image(client, self.options.image)
+                if self.runtimes != runtimes.RuntimePlan():
+                    try:  # dockerd may have restarted without them since start-up
+                        self.runtimes = runtimes.probe(client, self.options)
+                    except ValueError as exc:
+                        client.close()
+                        raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                                str(exc)) from None
                 self._client = client
                 self._streams = docker.APIClient(base_url=self.options.base_url, timeout=86400)
             elif self.options.base_url.startswith("unix://"):
@@ -161,39 +193,43 @@ class DockerExecutor:
                                             f"docker engine socket `{sock}` is gone")
             return self._client, self._streams
 
-    def pool(self) -> WarmPool:
-        """The warm pool, started on first use with the system-default limits."""
+    def pool(self, runtime: str | None = None) -> WarmPool:
+        """The warm pool of containers on ``runtime``, started on first use with the
+        system-default limits (a gVisor call never gets a runc container, nor the reverse)."""
         client, _ = self.client()
         with self._lock:
-            if self._pool is None:
+            if runtime not in self._pools:
                 hard = Hardening(
                     network_mode="none", pids_limit=int(SYSTEM_DEFAULT_LIMITS.pids or 256),
                     mem_limit=int(SYSTEM_DEFAULT_LIMITS.memory_bytes or 1 << 30),
-                    nano_cpus=int((SYSTEM_DEFAULT_LIMITS.cpu_cores or 1.0) * 1e9))
+                    nano_cpus=int((SYSTEM_DEFAULT_LIMITS.cpu_cores or 1.0) * 1e9),
+                    runtime=runtime,
+                    gvisor=runtime is not None and runtime == self.runtimes.gvisor)
                 launcher = self.options.pool_launcher and network.python_bound(
                     self.options.system_binds)
                 pool = WarmPool(client, self.options.image, self.options.pool_size, hard,
-                                bind_mounts(self.options.system_binds, []), pool_id=str(id(self)),
-                                launcher=launcher)
+                                bind_mounts(self.options.system_binds, []),
+                                pool_id=f"{id(self)}:{runtime or 'default'}", launcher=launcher,
+                                updatable=not hard.gvisor)
                 try:
                     pool.start()
                 except BaseException:
                     pool.close()
                     raise
-                self._pool = pool
-            return self._pool
+                self._pools[runtime] = pool
+            return self._pools[runtime]
 
     def end_session(self, profile: Profile) -> None:
         """Release the caller's warm container: it is discarded, a fresh one takes its slot."""
-        if self._pool is not None:
-            self._pool.release(session_key(profile))
+        for pool in list(self._pools.values()):
+            pool.release(session_key(profile))
 
     def close(self) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
+            pools, self._pools = list(self._pools.values()), {}
             client, self._client = self._client, None
             streams, self._streams = self._streams, None
-        if pool is not None:
+        for pool in pools:
             pool.close()
         for c in (client, streams):
             if c is not None:
@@ -211,7 +247,9 @@ class DockerExecutor:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "stdin is not offered by "
                                     "the docker executor with `pool_launcher: false`")
         profile = ctx.profile
-        hard = engine.hardening(profile, self.options, ctx.limits)
+        runtime = runtimes.for_profile(profile, self.runtimes)
+        hard = engine.hardening(profile, self.options, ctx.limits, runtime=runtime,
+                                gvisor=runtime is not None and runtime == self.runtimes.gvisor)
         cwd, env = _cwd(op.cwd), _env(op.env, profile, op.tool)
         # ctx.limits.timeout_ms already holds the profile's (or a rule's replacing a built-in)
         timeout_s = min((t for t in (op.timeout_ms, ctx.limits.timeout_ms) if t),
@@ -314,10 +352,10 @@ class DockerExecutor:
                 env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float,
                 stdin_b64: str | None
                 ) -> tuple[Outcome, list[dict[str, Any]], list[str], dict[str, int] | None]:
-        pool = self.pool()
+        pool = self.pool(hard.runtime)
         client, streams = self.client()
         slot = pool.acquire(session_key(ctx.profile), max(0.0, deadline - time.monotonic()))
-        pool.update_limits(slot, hard)
+        slot = pool.update_limits(slot, hard)
         if not slot.dirty_inputs:
             slot.dirty_inputs = transfer.put_inputs(
                 client, slot.container_id, ws.inputs,

@@ -67,6 +67,22 @@ def _reap() -> None:
             return
 
 
+def _exit_fd(child: subprocess.Popen[bytes]) -> int:
+    """A descriptor that turns readable when ``child`` exits: its pidfd, or where the kernel has
+    no ``pidfd_open`` (gVisor's runsc of Debian 12: ENOSYS) a pipe closed by a waiting thread."""
+    try:
+        return os.pidfd_open(child.pid)
+    except OSError:
+        r, w = os.pipe()
+
+        def wait() -> None:
+            child.wait()
+            os.close(w)
+
+        threading.Thread(target=wait, daemon=True).start()
+        return r
+
+
 class Conn:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -110,7 +126,7 @@ def run(conn: Conn, req: dict[str, Any]) -> None:
     if stdin is not None and child.stdin is not None:
         # on a thread: a command that reads nothing must not block the output frames
         threading.Thread(target=_feed, args=(child.stdin, stdin), daemon=True).start()
-    pidfd = os.pidfd_open(child.pid)
+    pidfd = _exit_fd(child)
     sel = selectors.DefaultSelector()
     sel.register(child.stdout, selectors.EVENT_READ, b"O")
     sel.register(child.stderr, selectors.EVENT_READ, b"E")

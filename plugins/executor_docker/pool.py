@@ -75,11 +75,13 @@ class WarmPool:
         container updated in place (memory, cpus, pids) and restored on release.
     :param launcher: run the in-container launcher as PID 1 (``control.py``; commands are forked
         by it) instead of ``sleep infinity`` (commands are ``docker exec``-ed).
+    :param updatable: the runtime can change a running container's limits (runc); runsc has no
+        ``update``, so a session asking for other limits gets a fresh container with them.
     """
 
     def __init__(self, client: docker.DockerClient, image: str, size: int, hard: Hardening,
                  system_mounts: list[docker.types.Mount], pool_id: str,
-                 launcher: bool = True) -> None:
+                 launcher: bool = True, updatable: bool = True) -> None:
         self.client = client
         self.image = image
         self.size = size
@@ -87,6 +89,7 @@ class WarmPool:
         self.mounts = system_mounts
         self.pool_id = pool_id
         self.launcher = launcher
+        self.updatable = updatable
         self.replaced = 0  # unhealthy containers replaced
         self.recycled = 0  # containers discarded after their session and created afresh
         self.recycle_s: list[float] = []  # how long each discard-and-create took
@@ -196,17 +199,21 @@ class WarmPool:
             self._recyclers = [t for t in self._recyclers if t.is_alive()] + [worker]
         worker.start()
 
-    def update_limits(self, slot: Slot, hard: Hardening) -> None:
-        """Apply a session's memory, cpu and pids limits to its container."""
+    def update_limits(self, slot: Slot, hard: Hardening) -> Slot:
+        """Apply a session's memory, cpu and pids limits to its container; the slot to use (a
+        fresh container where the runtime cannot update one: what the session wrote is gone)."""
         if hard == slot.hard:
-            return
+            return slot
+        if not self.updatable:
+            return self._replace(slot, hard)
         api = self.client.api
         # the SDK's update_container lacks NanoCpus and PidsLimit; the Engine API has both
         resp = api._post_json(api._url("/containers/{0}/update", slot.container_id), data={
             "Memory": hard.mem_limit, "MemorySwap": hard.mem_limit,
-            "NanoCpus": hard.nano_cpus, "PidsLimit": hard.pids_limit})
+            "NanoCpus": hard.nano_cpus, "PidsLimit": hard.host_pids_limit()})
         api._raise_for_status(resp)
         slot.hard = hard
+        return slot
 
     # --- health, recycling, replacement -----------------------------------------------------
 
@@ -242,10 +249,11 @@ class WarmPool:
         if orphan is not None:
             self._remove(orphan)
 
-    def _replace(self, slot: Slot) -> Slot:
-        """A fresh container for an unhealthy one, kept by the same session."""
+    def _replace(self, slot: Slot, hard: Hardening | None = None) -> Slot:
+        """A fresh container (with ``hard``, default the pool's) for an unhealthy one, or one
+        whose limits cannot be updated, kept by the same session."""
         self._remove(slot)
-        fresh = self._create(self.hard, state=slot.state, session=slot.session)
+        fresh = self._create(hard or self.hard, state=slot.state, session=slot.session)
         with self._cond:
             self._slots[self._slots.index(slot)] = fresh
             if fresh.session is not None:

@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from policy_engine.cli.common import EXIT_OK, echo_json, format_option, load_or_exit
+from policy_engine.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    echo_json,
+    format_option,
+    load_or_exit,
+)
 from policy_engine.compiler import compile_files
+from policy_engine.config import load_config
 from policy_engine.dsl.loaders import load_grant, load_manifest
 from policy_engine.explain import explain
+from policy_engine.explain.pipeline import Explanation
 from policy_engine.explain.render_text import render_text
 from policy_engine.explain.request import load_request, resolve_fixture
 
@@ -24,10 +35,13 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
 @click.option("--grant", type=_FILE, help="grant for the call (JSON or YAML)")
 @click.option("--request", "request_path", required=True, type=_FILE,
               help="request file: the op and its context (JSON or YAML)")
+@click.option("--config", "config_path", type=_FILE,
+              help="engine config: also check the backend the run would choose (`backends`, "
+                   "`mode`, executor options) against what the profile requires")
 @format_option
 def command(
     policies: tuple[Path, ...], manifest: Path | None, grant: Path | None, request_path: Path,
-    fmt: str,
+    config_path: Path | None, fmt: str,
 ) -> None:
     """Decide one request without running it and show the deciding rule and the trace.
 
@@ -41,9 +55,41 @@ def command(
         lambda: resolve_fixture(request_path, request.grant, "grant"))
     tool = load_or_exit(lambda: load_manifest(manifest_path))
     ticket = load_or_exit(lambda: load_grant(grant_path))
-    result = explain(policyset, tool, ticket, request)
+    if config_path is None:
+        result = explain(policyset, tool, ticket, request)
+    else:
+        result = _with_backends(config_path, lambda **kw: explain(policyset, tool, ticket,
+                                                                  request, **kw))
     if fmt == "json":
         echo_json(result.to_json())
     else:
         click.echo(render_text(result))
     sys.exit(EXIT_OK)
+
+
+def _with_backends(config_path: Path, decide: Callable[..., Explanation]) -> Explanation:
+    """``decide`` with the executors the config loads (built in a throwaway state directory
+    and closed again: a dry run leaves nothing behind); exit 2 when the engine would not start."""
+    from policy_engine.orchestration.selection import unknown_backends
+    from policy_engine.plugin_manager import PluginManager
+
+    try:
+        config = load_config(config_path)
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    with tempfile.TemporaryDirectory(prefix="policy-engine-explain-") as tmp:
+        config = replace(config, state_dir=Path(tmp))
+        plugins = PluginManager.default()
+        plugins.configure(config)
+        comps = plugins.components(config)
+        try:
+            causes = [f"plugin `{e.plugin}` failed to {e.stage}: {e.message}"
+                      for e in dict.fromkeys(plugins.load_errors)]
+            bad = unknown_backends(config, list(comps.executors), causes)
+            if bad is not None:
+                click.echo(f"error: {bad}", err=True)
+                sys.exit(EXIT_BAD_INPUT)
+            return decide(executors=comps.executors, config=config)
+        finally:
+            comps.close()

@@ -27,6 +27,7 @@ def _render(info: dict[str, Any]) -> str:
             lines.append(f"  executor {ex['name']}: ops {', '.join(caps['op_kinds'])}; "
                          f"network {', '.join(caps['network_modes'])}; "
                          f"{', '.join(flags) or 'no isolation features'}"
+                         + "".join(f"; isolation {i}" for i in caps.get("isolation", ()))
                          + (f"; UNAVAILABLE here: {ex['unavailable']}" if "unavailable" in ex
                             else ""))
         lines.extend(f"  sink {name}" for name in plugin["sinks"])

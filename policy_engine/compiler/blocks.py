@@ -15,7 +15,7 @@ from policy_engine.compiler.values import build_limits
 from policy_engine.dsl import ast
 from policy_engine.errors import Diagnostic
 from policy_engine.graph import NamedProfile
-from policy_engine.model import Manifest, NetworkMode, SafetyClass, SideEffect
+from policy_engine.model import Isolation, Manifest, NetworkMode, SafetyClass, SideEffect
 from policy_engine.patterns import validate_glob
 
 _FS_MODES = ("read-only", "read-write")
@@ -83,6 +83,7 @@ def build_profile(node: ast.ProfileDef, diags: list[Diagnostic]) -> NamedProfile
         else:
             diags.append(Diagnostic.make("SBP213", f"unknown fs mode `{_text(fs.value)}`",
                                          fs.value.span, help="fs modes: read-only, read-write"))
+    isolation = _isolation(_single(plain, "isolation", diags), diags)
     writable: tuple[str, ...] | None = None
     for extra in lists[1:]:
         diags.append(Diagnostic.make("SBP201", "`writable` is set twice", extra.span))
@@ -93,7 +94,21 @@ def build_profile(node: ast.ProfileDef, diags: list[Diagnostic]) -> NamedProfile
         network=network_mode(network.value, diags) if network is not None else None,
         fs_mode=fs_mode, writable=writable,
         limits=build_limits(node.limits, diags, timeout=_single(plain, "timeout", diags)),
+        isolation=isolation,
     )
+
+
+def _isolation(setting: ast.Setting | None, diags: list[Diagnostic]) -> Isolation | None:
+    if setting is None:
+        return None
+    text = _text(setting.value)
+    try:
+        return Isolation(text)
+    except ValueError:
+        levels = ", ".join(i.value for i in Isolation)
+        diags.append(Diagnostic.make("SBP213", f"unknown isolation `{text}`", setting.value.span,
+                                     help=f"isolation levels: {levels}"))
+        return None
 
 
 def _globs(values: tuple[ast.Value, ...], diags: list[Diagnostic]) -> list[str]:

@@ -63,12 +63,15 @@ def _rule_doc(d: RuleDraft) -> dict[str, Any]:
 
 
 def _profile_doc(p: NamedProfile) -> dict[str, Any]:
-    return {
+    doc: dict[str, Any] = {
         "network": p.network.value if p.network else None,
         "fs_mode": p.fs_mode,
         "writable": list(p.writable) if p.writable is not None else None,
         "limits": p.limits.model_dump(mode="json", exclude_none=True),
     }
+    if p.isolation is not None:  # only when set: policies without it keep their version hash
+        doc["isolation"] = p.isolation.value
+    return doc
 
 
 def expand_home_stage(ctx: CompileContext) -> None:
@@ -83,7 +86,7 @@ def expand_home_stage(ctx: CompileContext) -> None:
             ctx.profiles[name] = NamedProfile(
                 name=prof.name, span=prof.span, network=prof.network, fs_mode=prof.fs_mode,
                 writable=tuple(expand_home(p, ctx.home) for p in prof.writable),
-                limits=prof.limits,
+                limits=prof.limits, isolation=prof.isolation,
             )
     for name, manifest in list(ctx.tools.items()):
         ctx.tools[name] = manifest.model_copy(update={

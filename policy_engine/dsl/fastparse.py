@@ -264,7 +264,8 @@ class _Reader:
         return ast.Defaults(tuple(settings), tuple(limits), self.span(first, self.last()))
 
     def setting(self) -> ast.Setting:
-        """``timeout QUANTITY``, ``network WORD``, ``fs WORD``, ``safety WORD``."""
+        """``timeout QUANTITY``, ``network WORD``, ``fs WORD``, ``isolation WORD``,
+        ``safety WORD``."""
         key = self.next()
         want = "QUANTITY" if key[1] == "timeout" else "NAME"
         value = self.value(self.expect(want))
@@ -410,7 +411,7 @@ class _Reader:
         settings: list[ast.Setting | ast.ListSetting] = []
         limits: list[ast.LimitsBlock] = []
         while self.peek()[0] != "}":
-            if self.at_keyword("network", "timeout", "fs"):
+            if self.at_keyword("network", "timeout", "fs", "isolation"):
                 settings.append(self.setting())
             elif self.at_keyword("writable"):
                 key = self.next()

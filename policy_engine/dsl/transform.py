@@ -197,6 +197,9 @@ class ToAst:
     def fs_mode(self, span: Span, c: list[Token]) -> ast.Setting:
         return ast.Setting("fs", self._value(c[0]), span)
 
+    def isolation(self, span: Span, c: list[Token]) -> ast.Setting:
+        return ast.Setting("isolation", self._value(c[0]), span)
+
     def writable(self, span: Span, c: list[Any]) -> ast.ListSetting:
         return ast.ListSetting("writable", c[0], span)
 

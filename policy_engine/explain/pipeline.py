@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policy_engine.errors import ErrorCode, PolicyEngineError, spec_of
 from policy_engine.evidence import redacted_op
@@ -21,6 +22,10 @@ from policy_engine.model import (
     Usage,
 )
 from policy_engine.profile import ProfileBuilder
+
+if TYPE_CHECKING:
+    from policy_engine.config import EngineConfig
+    from policy_engine.executor import Executor
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +48,8 @@ class Explanation:
             "reason": d.reason,
             "rule": d.rule.model_dump(mode="json") if d.rule else None,
             "profile": self.profile.model_dump(mode="json") if self.profile else None,
+            # what the backend must provide whatever the mode (`isolation gvisor`)
+            "backend_requires": self.backend_requires(),
             "trace": [step.model_dump(mode="json") for step in d.trace or ()],
             "refused_by": [s.node.removeprefix("layer:") for s in d.trace or ()
                            if s.node.startswith("layer:") and s.outcome == "fail"],
@@ -58,6 +65,14 @@ class Explanation:
             "tool": {"name": self.manifest.name, "version": self.manifest.version},
         }
 
+
+    def backend_requires(self) -> list[str]:
+        from policy_engine.explain.backend import requirements_shown
+        from policy_engine.model import OpKind
+
+        if self.profile is None:
+            return []
+        return requirements_shown(self.profile, OpKind(self.request.op.kind))
 
     def limits(self) -> dict[str, tuple[int | float | None, str]]:
         """Each effective limit and the layer that set it: the decision's (the permitting rule
@@ -75,8 +90,13 @@ class Explanation:
 def explain(
     policyset: PolicySet, manifest: Manifest, grant: Grant, request: ExplainRequest,
     *, builder: ProfileBuilder | None = None, guard: Guard | None = None,
+    executors: Mapping[str, Executor] | None = None, config: EngineConfig | None = None,
 ) -> Explanation:
     """Decide ``request.op`` exactly as the orchestrator would, with the trace attached.
+
+    With ``executors`` and ``config`` (the engine's, as ``explain --config`` loads them) an
+    allowed op also goes through the backend selection the run makes: a backend that cannot
+    provide what the profile requires (``isolation gvisor``) is the run's refusal here too.
 
     A profile that cannot be built (a widening override, a grant for another tool) is itself a
     decision: a deny carrying the builder's code, with a one-step trace saying so.
@@ -105,6 +125,11 @@ def explain(
     decision = guard.decide(profile, request.op, context=context, now_ms=now_ms, trace=True)
     if decision.allowed and request.budget_used is not None:
         decision = _dry_run_budget(decision, profile, request.budget_used)
+    if decision.allowed and executors is not None and config is not None:
+        from policy_engine.explain.backend import backend_step
+        from policy_engine.model import OpKind
+
+        decision = backend_step(decision, profile, OpKind(request.op.kind), executors, config)
     return Explanation(decision, profile, policyset, manifest, grant, request)
 
 

@@ -90,7 +90,10 @@ def render_text(exp: Explanation) -> str:
         lines.append(
             f"  profile:  {named}network={p.network.value} safety={p.safety.value} "
             f"hash={p.profile_hash[:16]}"
+            + (f" isolation={p.isolation.value}" if p.isolation is not None else "")
         )
+        for req in exp.backend_requires():
+            lines.append(f"  requires: {req}")
     lines.extend(_limit_lines(exp))
     if d.trace:
         lines.append("trace:")

@@ -153,7 +153,8 @@ def fingerprint(ps: PolicySet, anonymous: set[str] | frozenset[str] = frozenset(
         "profiles": {n: {"network": p.network.value if p.network else None,
                          "fs_mode": p.fs_mode,
                          "writable": list(p.writable) if p.writable is not None else None,
-                         "limits": p.limits.model_dump(mode="json", exclude_none=True)}
+                         "limits": p.limits.model_dump(mode="json", exclude_none=True),
+                         "isolation": p.isolation.value if p.isolation else None}
                      for n, p in sorted(ps.profiles.items())},
         "tools": {n: m.model_dump(mode="json", by_alias=True)
                   for n, m in sorted(ps.tools.items())},

@@ -14,6 +14,7 @@ from policy_engine.errors import Span
 from policy_engine.model import (
     Capability,
     CapabilityKind,
+    Isolation,
     Limits,
     Manifest,
     NetworkMode,
@@ -73,6 +74,8 @@ class NamedProfile:
 
     :param fs_mode: ``read-only`` drops every fs.write capability; ``read-write`` keeps them.
     :param writable: if set, fs.write is further limited to these path globs.
+    :param isolation: the backend must provide this isolation (`isolation gvisor`); a backend
+        that cannot is refused, in strict and compat mode alike.
     """
 
     name: str
@@ -81,6 +84,7 @@ class NamedProfile:
     fs_mode: Literal["read-only", "read-write"] | None = None
     writable: tuple[str, ...] | None = None
     limits: Limits = field(default_factory=Limits)
+    isolation: Isolation | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,15 @@ class NetworkMode(StrEnum):
 _NET_RANK = {NetworkMode.OFF: 0, NetworkMode.RESTRICTED: 1, NetworkMode.ON: 2}
 
 
+class Isolation(StrEnum):
+    """A stronger isolation a named profile may require of the backend running its processes
+    (`isolation gvisor`): never degraded, in strict or compat mode."""
+
+    GVISOR = "gvisor"
+    """A user-space kernel (gVisor, the OCI runtime ``runsc``) between the process and the
+    host kernel: the process's system calls are served by gVisor's Sentry."""
+
+
 class CapabilityKind(StrEnum):
     """The capability domains (seed 000 §2.1)."""
 

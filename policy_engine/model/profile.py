@@ -5,7 +5,13 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from policy_engine.model.capability import Capability
-from policy_engine.model.enums import CapabilityKind, NetworkMode, SafetyClass, SideEffect
+from policy_engine.model.enums import (
+    CapabilityKind,
+    Isolation,
+    NetworkMode,
+    SafetyClass,
+    SideEffect,
+)
 from policy_engine.model.grant import Consent
 from policy_engine.model.limits import AllowLists, Budget, DenyLists, Limits, Mappings
 
@@ -76,6 +82,12 @@ class Profile(BaseModel):
     deny: DenyLists
     mappings: Mappings
     network: NetworkMode
+    # left out of the JSON (and so of profile_hash) when unset: profiles that require nothing
+    # hash as they did before the field existed
+    isolation: Isolation | None = Field(
+        default=None, exclude_if=lambda v: v is None,
+        description="isolation the backend must provide (a named profile's `isolation`); "
+                    "refused, never degraded, where it cannot")
     timeout_ms: int
     consent_required: bool
     consent: Consent | None = None

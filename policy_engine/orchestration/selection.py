@@ -22,8 +22,10 @@ from policy_engine.model import CapabilityKind, NetworkMode, OpKind, Profile
 _NETWORK_CLIENT_OPS = frozenset({OpKind.NET_HTTP, OpKind.BROWSER_NAV, OpKind.BROWSER_SCREENSHOT})
 
 
-NEVER_DEGRADED = frozenset({"mandatory_denies"})
-"""Requirements compat mode does not lift: mandatory denies never degrade."""
+NEVER_DEGRADED = frozenset({"mandatory_denies", "isolation:gvisor"})
+"""Requirements compat mode does not lift: mandatory denies never degrade, and neither does a
+required isolation (running a profile that demands gVisor without it would silently weaken the
+isolation its author asked for)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,11 @@ def required_capabilities(profile: Profile, op_kind: OpKind) -> list[Requirement
         reqs.append(Requirement("bind_mounts", "the process may see only the profile's paths"))
         if not writable:
             reqs.append(Requirement("readonly_rootfs", "the profile grants no fs.write"))
+        if profile.isolation is not None:
+            reqs.append(Requirement(
+                f"isolation:{profile.isolation.value}",
+                f"the named profile `{profile.name}` requires isolation "
+                f"`{profile.isolation.value}`"))
     return reqs
 
 
@@ -76,11 +83,19 @@ def missing_capabilities(caps: ExecutorCapabilities, profile: Profile,
     for req in required_capabilities(profile, op_kind):
         if req.capability.startswith("network_modes:"):
             ok = _network_ok(caps, profile.network)
+        elif req.capability.startswith("isolation:"):
+            ok = profile.isolation in caps.isolation
         else:
             ok = bool(getattr(caps, req.capability))
         if not ok:
             out.append(req)
     return out
+
+
+def _never_degraded_why(req: Requirement) -> str:
+    if req.capability == "mandatory_denies":
+        return "mandatory denies never degrade"
+    return "a required isolation never degrades; serve proc.exec with a backend providing it"
 
 
 def _unavailable(executor: Executor) -> str | None:
@@ -173,10 +188,12 @@ def select(executors: Mapping[str, Executor], config: EngineConfig, profile: Pro
     missing = missing_capabilities(chosen.capabilities, profile, op_kind)
     hard = [m for m in missing if m.capability in NEVER_DEGRADED]
     if hard:
+        what = ("enforce the mandatory denies" if hard[0].capability == "mandatory_denies"
+                else f"provide `{hard[0].capability}`")
         return Selection(None, chosen.name, error=PolicyEngineError(
             ErrorCode.CAPABILITY_BLOCKED,
-            f"backend `{chosen.name}` cannot enforce the mandatory denies: {hard[0].why} "
-            "(mandatory denies never degrade, in strict or compat mode)",
+            f"backend `{chosen.name}` cannot {what}: {hard[0].why} "
+            f"({_never_degraded_why(hard[0])}, in strict or compat mode)",
             audit={"backend": chosen.name, "missing": [m.capability for m in hard],
                    "why": [m.why for m in hard]}))
     if missing and config.mode == "strict":

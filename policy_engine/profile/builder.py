@@ -174,6 +174,8 @@ class ProfileBuilder:
                 home=ps.home,
             ),
             network=network,
+            # the strongest any applied named profile requires (one level exists: gvisor)
+            isolation=next((p.isolation for p in named if p.isolation is not None), None),
             timeout_ms=int(limits.timeout_ms or 0),
             consent_required=self._consent_required(safety, side_effects),
             consent=grant.consent,

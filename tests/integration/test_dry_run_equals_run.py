@@ -165,6 +165,11 @@ def policies(draw: st.DrawFn, root: str, port: int) -> str:
                      f'ports [{port}] scopes [{draw(st.sampled_from(["open", "open, extract"]))}]')
     if draw(st.booleans()):
         rules.append('require consent when `"Write" in profile.side_effects`')
+    # the named profile the manifest applies; requiring gVisor, which the corpus's proc backend
+    # (bubblewrap) cannot provide, refuses every proc.exec at backend selection: explain, given
+    # the engine's executors, must refuse it the same way
+    isolation = draw(st.sampled_from(["", "  isolation gvisor\n"]))
+    rules.append(f'profile "diff" {{\n{isolation}}}')
     return "\n".join(lines + [""] + rules) + "\n"
 
 
@@ -219,7 +224,7 @@ def fixtures(root: str, port: int, consent: bool) -> tuple[Manifest, Grant]:
             TmpCapability(max_bytes=64 * 1024 * 1024))
     manifest = Manifest(name="diff-tool", version="1", permissions=caps,
                         side_effects=("Read", "Write", "Network", "Process"),  # type: ignore[arg-type]
-                        network="on")  # type: ignore[arg-type]
+                        network="on", profile="diff")  # type: ignore[arg-type]
     grant = Grant(tenant="acme", subject_id="agent:diff", tool_name="diff-tool", call_id="c-diff",
                   capabilities=caps, expires_at=4_102_444_800_000, budget=Budget(calls=10**6),
                   consent=Consent(granted_by="user:dana", granted_at=NOW - 1000,
@@ -268,7 +273,8 @@ def test_explain_agrees_with_the_run(world: World, tmp_path_factory: pytest.Temp
     with Orchestrator(policyset, config=config, clock=lambda: NOW) as orch:
         for op in batch:
             request = ExplainRequest(op=op, now_ms=NOW, settings=settings_)  # type: ignore[arg-type]
-            dry = explain(policyset, manifest, grant, request).decision
+            dry = explain(policyset, manifest, grant, request,
+                          executors=orch.components.executors, config=config).decision
             ran = orch.run(grant, manifest, op, settings=settings_, now_ms=NOW)  # type: ignore[arg-type]
             STATS["ops"] += 1
             STATS[f"explain-{dry.decision}"] += 1

@@ -49,7 +49,7 @@ def test_plugin_is_listed_with_source_and_capabilities_and_broken_ones_by_name(
     assert good["executors"] == [{"name": "demo-tmp", "capabilities": {
         "op_kinds": ["tmp.alloc"], "network_modes": ["off"], "bind_mounts": False,
         "readonly_rootfs": False, "resource_limits": True, "env_filtering": False,
-        "streaming_output": False, "mandatory_denies": False}}]
+        "streaming_output": False, "mandatory_denies": False, "isolation": []}}]
     assert good["sinks"] == ["demo"]
     errors = {e["plugin"]: e for e in info["load_errors"]}
     assert errors["demo_broken"]["stage"] == "import"

@@ -128,7 +128,8 @@ def test_a_backend_without_it_is_refused_in_strict_and_compat(tmp_path: Path) ->
         r.capability for r in required_capabilities(need, OpKind.TMP_ALLOC)]
     plain = ScriptedExecutor("plain", kinds=PROC, caps=FULL)
     for mode in ("strict", "compat"):
-        cfg = EngineConfig(state_dir=tmp_path, mode=mode)  # type: ignore[arg-type]
+        cfg = EngineConfig(state_dir=tmp_path, mode=mode,  # type: ignore[arg-type]
+                           backends={OpKind.PROC_EXEC: "plain"})
         sel = select({"plain": plain}, cfg, need, OpKind.PROC_EXEC)
         assert sel.error is not None
         assert sel.error.code is ErrorCode.CAPABILITY_BLOCKED
@@ -140,9 +141,11 @@ def test_a_backend_without_it_is_refused_in_strict_and_compat(tmp_path: Path) ->
     cfg = EngineConfig(state_dir=tmp_path, mode="compat", fallback_to_local=True)
     assert select({"local": local}, cfg, need, OpKind.PROC_EXEC).error is not None
     gv = ScriptedExecutor("gv", kinds=PROC, caps={**FULL, "isolation": frozenset(Isolation)})
-    sel = select({"gv": gv}, EngineConfig(state_dir=tmp_path), need, OpKind.PROC_EXEC)
+    sel = select({"gv": gv}, EngineConfig(state_dir=tmp_path, backends={OpKind.PROC_EXEC: "gv"}),
+                 need, OpKind.PROC_EXEC)
     assert (sel.error, sel.executor, sel.degraded) == (None, gv, ())
     assert gv.capabilities.to_json()["isolation"] == ["gvisor"]
     # ops that start no process are not concerned
-    assert select({"plain": ScriptedExecutor("t", kinds=frozenset({OpKind.TMP_ALLOC}))},
-                  EngineConfig(state_dir=tmp_path), need, OpKind.TMP_ALLOC).error is None
+    assert select({"t": ScriptedExecutor("t", kinds=frozenset({OpKind.TMP_ALLOC}))},
+                  EngineConfig(state_dir=tmp_path, backends={OpKind.TMP_ALLOC: "t"}), need,
+                  OpKind.TMP_ALLOC).error is None

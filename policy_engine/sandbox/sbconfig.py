@@ -46,6 +46,12 @@ DEFAULT_BLACKLIST: tuple[str, ...] = (
 ENGINE_BLACKLIST: tuple[str, ...] = (
     "~/.netrc", "~/.git-credentials", "~/.docker", "~/.kube", "~/.npmrc", "~/.pypirc",
     "~/.config/gh", "~/.password-store", "~/.local/share/keyrings",
+    # round-3 attack F15: more stores that hold plain tokens or passwords
+    "~/.vault-token", "~/.pgpass", "~/.cargo/credentials", "~/.cargo/credentials.toml",
+    "~/.terraform.d", "~/.config/rclone", "~/.s3cfg", "~/.boto",
+    "~/.config/containers/auth.json", "~/.gem/credentials", "~/.config/hub",
+    "~/.m2/settings.xml", "~/.m2/settings-security.xml", "~/.my.cnf", "~/.mylogin.cnf",
+    "~/.config/composer/auth.json", "~/.composer/auth.json", "~/.oci", "~/.config/doctl",
 )
 """Credential stores the seed's list misses, added by this engine (only ever stricter): with
 ``allowReadOutside`` the rest of the home directory is readable, and these hold plain tokens."""

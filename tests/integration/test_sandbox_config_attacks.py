@@ -255,6 +255,39 @@ def test_read_outside_does_not_show_well_known_credentials(box: dict[str, Any],
     assert "tok3n" not in res.stdout  # ...but not the credential files
 
 
+MORE_CREDENTIALS = (".vault-token", ".pgpass", ".cargo/credentials.toml", ".cargo/credentials",
+                    ".terraform.d/credentials.tfrc.json", ".config/rclone/rclone.conf", ".s3cfg",
+                    ".boto", ".config/containers/auth.json", ".gem/credentials", ".config/hub",
+                    ".m2/settings.xml", ".my.cnf", ".mylogin.cnf", ".config/composer/auth.json",
+                    ".composer/auth.json", ".oci/config", ".config/doctl/config.yaml")
+
+
+def test_read_outside_hides_the_other_common_credential_files(box: dict[str, Any]) -> None:
+    """Round-3 attack F15: with `allowReadOutside`, 12 common credential files (vault, pgpass,
+    cargo, terraform, rclone, s3cmd, boto, containers, gem, hub, maven, mysql) were readable."""
+    home = Path(tempfile.mkdtemp(prefix="pe-home-", dir="/var/tmp"))
+    try:
+        for i, rel in enumerate(MORE_CREDENTIALS):
+            target = home / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(f"MARKER_{i}_s3cr3t\n")
+        (home / "notes.txt").write_text("plain")
+        for p in (home, *home.rglob("*")):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        env = {**box["env"], "HOME": str(home)}
+        path = box["tmp"] / "sandbox.json"
+        path.write_text(json.dumps({"filesystem": {"allowReadOutside": True}}))
+        with SandboxRunner(load_sandbox_config(path, env=env), engine=box["engine"],
+                           env=env) as r:
+            res = r.run(["bash", "-c", f"cd {home}; cat notes.txt; for f in "
+                         + " ".join(MORE_CREDENTIALS) + "; do cat $f; done; true"],
+                        str(box["proj"]))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert "plain" in res.stdout, res  # reading outside works...
+    assert "s3cr3t" not in res.stdout  # ...but none of the credential files
+
+
 def test_the_evidence_names_the_runners_subject(box: dict[str, Any]) -> None:
     loaded = load_sandbox_config(box["tmp"] / "none.json", env=box["env"])
     with SandboxRunner(loaded, engine=box["engine"], env=box["env"],

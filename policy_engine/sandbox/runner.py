@@ -153,6 +153,11 @@ class SandboxRunner:
         """The resolved working directory, refused when it may not be made writable."""
         raw = os.path.abspath(cwd if cwd is not None else os.getcwd())
         real = os.path.realpath(raw)
+        unfit = _unfit_path(real)
+        if unfit is not None:  # it is written into the generated policy: vetted first
+            raise PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED, f"the working directory {ascii(real)} {unfit}; "
+                "run from (or pass --cwd) a directory whose path has neither")
         if not os.path.isdir(real):
             raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                     f"working directory `{raw}` is not a directory")
@@ -304,3 +309,15 @@ def _blocked(code: str, reason: str) -> SandboxResult:
                              code=code)
     return SandboxResult(stdout="", stderr=f"error: {code}: {reason}\n", exit_code=BLOCKED_EXIT,
                          blocked=False, code=code)
+
+
+def _unfit_path(path: str) -> str | None:
+    """Why ``path`` cannot be named in a generated policy: a control character (a newline would
+    end the string literal) or bytes that are not UTF-8 (``os.fsdecode`` surrogates)."""
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
+        return "contains a control character"
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid UTF-8"
+    return None

@@ -297,3 +297,25 @@ def test_the_evidence_names_the_runners_subject(box: dict[str, Any]) -> None:
     begin = json.loads((box["engine"].state_dir / "evidence" / "evidence.jsonl")
                        .read_text().splitlines()[0])
     assert begin["subject_id"] == "agent:builder-7"
+
+
+@pytest.mark.parametrize("name", [b"p\nq", b"p\xff", b"p\x1bq"])
+def test_a_working_directory_with_control_characters_or_bad_utf8_is_refused(
+        box: dict[str, Any], name: bytes) -> None:
+    """Round-3 attack F11: a newline in the cwd reached the generated policy (an internal
+    error, after writing the policy file); a non-UTF-8 cwd gave a raw codec message."""
+    where = os.path.join(os.fsencode(box["proj"]), name)
+    os.mkdir(where)
+    with runner(box) as r:
+        res = r.run(["true"], os.fsdecode(where))
+    assert res.blocked
+    assert res.code == "SANDBOX.CAPABILITY_BLOCKED", res
+    assert "working directory" in (res.blocked_reason or "")
+    for platform in ("linux", "macos"):
+        cli = subprocess.run(
+            [sys.executable, "-m", "policy_engine.cli", "sandbox", "profile", "--platform",
+             platform, "--state-dir", str(box["tmp"] / "st-f11"), "--", "true"],
+            capture_output=True, env={**os.environ, **box["env"]}, cwd=where, check=False)
+        assert cli.returncode == 1, cli.stderr
+        assert b"SANDBOX.CAPABILITY_BLOCKED" in cli.stderr
+        assert b"Traceback" not in cli.stderr

@@ -28,6 +28,7 @@ from policy_engine.guard.matchers import (
 )
 from policy_engine.guard.memo import PROFILE_ONLY, profile_only
 from policy_engine.guard.paths import normalize_path
+from policy_engine.guard.viewfields import trim_views
 from policy_engine.model import (
     LIMIT_FIELDS,
     SYSTEM_DEFAULT_LIMITS,
@@ -321,7 +322,9 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
         forbids=forbids,
         granted=_by_kind(profile.granted, home),
         declared=_by_kind(profile.declared, home),
-        views=static_views(profile),
+        # only the fields conditions read: CEL converts each view whole on every evaluation
+        views=static_views(profile) if needs is None else trim_views(
+            static_views(profile), [getattr(gc.condition, "source", "") for gc in used]),
         needs=needs,
     )
 

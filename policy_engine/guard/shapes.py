@@ -40,6 +40,22 @@ def grantless_views(base: CompiledProfile) -> dict[str, object] | None:
     return None
 
 
+def _call_fields(profile: Profile, view: Mapping[str, object]) -> dict[str, object]:
+    """This call's values of the grant view's call fields that ``view`` holds (the view may be
+    cut down to what conditions read: ``guard.viewfields``)."""
+    out: dict[str, object] = {}
+    if "call_id" in view:
+        out["call_id"] = profile.call_id
+    if "expires_at" in view:
+        out["expires_at"] = profile.expires_at
+    if "budget" in view:
+        out["budget"] = profile.budget.model_dump(mode="json")
+    if "consent" in view:
+        consent = profile.consent
+        out["consent"] = consent.model_dump(mode="json") if consent is not None else None
+    return out
+
+
 def derive(base: CompiledProfile, profile: Profile,
            grantless: dict[str, object] | None = None) -> CompiledProfile:
     """``base`` (compiled for a profile of the same shape) with ``profile``'s call fields.
@@ -56,11 +72,7 @@ def derive(base: CompiledProfile, profile: Profile,
         grant_view = base.views["grant"]
         assert isinstance(grant_view, Mapping)  # INVARIANT: static_views builds a dict
         views = dict(base.views)
-        views["grant"] = {
-            **grant_view, "call_id": profile.call_id, "expires_at": profile.expires_at,
-            "budget": profile.budget.model_dump(mode="json"),
-            "consent": consent.model_dump(mode="json") if consent is not None else None,
-        }
+        views["grant"] = {**grant_view, **_call_fields(profile, grant_view)}
     return CompiledProfile(
         profile=profile, profile_hash=profile.profile_hash, expires_at=profile.expires_at,
         network_off=base.network_off, consent_required=base.consent_required,

@@ -28,7 +28,7 @@ from policy_engine.guard.matchers import (
 )
 from policy_engine.guard.memo import PROFILE_ONLY, profile_only
 from policy_engine.guard.paths import normalize_path
-from policy_engine.guard.viewfields import trim_views
+from policy_engine.guard.viewfields import named_variables, trim_views
 from policy_engine.model import (
     LIMIT_FIELDS,
     SYSTEM_DEFAULT_LIMITS,
@@ -88,6 +88,9 @@ def guard_condition(cond: Condition) -> GuardCondition:
     plain = getattr(cond, "evaluate_plain", None)
     needs = getattr(cond, "variables", None)
     if plain is not None and isinstance(needs, frozenset):
+        # `variables` names every variable occurring in the text, `subject` in `subject_id`
+        # too; only one named as a whole word can be read (CEL reaches a variable by its name)
+        needs = named_variables(getattr(cond, "source", None), needs)
         if needs and needs <= PROFILE_ONLY:  # its outcome is fixed per profile view
             return GuardCondition(cond, profile_only(plain), needs)
         return GuardCondition(cond, plain, needs)
@@ -168,6 +171,8 @@ class CompiledProfile:
     declared: Mapping[str, tuple[Matcher, ...]]
     views: Mapping[str, object]  # the STATIC_VIEWS, plain JSON-like values (see static_views)
     needs: frozenset[str] | None  # variables any condition here reads; None: all and extra keys
+    # the views the context holds when the caller gives none (``view_items``), built once
+    context_views: tuple[tuple[str, object], ...] = ()
 
 
 def _min(*values: int | None) -> int | None:
@@ -308,6 +313,9 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
     needs: frozenset[str] | None = frozenset()
     for gc in used:
         needs = None if needs is None or gc.needs is None else needs | gc.needs
+    # only the fields conditions read: CEL converts each view whole on every evaluation
+    views = static_views(profile) if needs is None else trim_views(
+        static_views(profile), [getattr(gc.condition, "source", "") for gc in used])
     return CompiledProfile(
         profile=profile, profile_hash=phash, expires_at=profile.expires_at,
         network_off=str(profile.network) == "off",
@@ -322,11 +330,14 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
         forbids=forbids,
         granted=_by_kind(profile.granted, home),
         declared=_by_kind(profile.declared, home),
-        # only the fields conditions read: CEL converts each view whole on every evaluation
-        views=static_views(profile) if needs is None else trim_views(
-            static_views(profile), [getattr(gc.condition, "source", "") for gc in used]),
-        needs=needs,
+        views=views, needs=needs, context_views=view_items(views, needs),
     )
+
+
+def view_items(views: Mapping[str, object],
+               needs: frozenset[str] | None) -> tuple[tuple[str, object], ...]:
+    """The (name, view) pairs of ``views`` a context needs, in ``STATIC_VIEWS`` order."""
+    return tuple((k, views[k]) for k in STATIC_VIEWS if needs is None or k in needs)
 
 
 def static_views(profile: Profile) -> dict[str, object]:

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from policy_engine.guard.compiled import CompiledProfile, ForbidSet
+from policy_engine.guard.compiled import CompiledProfile, ForbidSet, view_items
 from policy_engine.model import Profile
 
 PER_CALL_FIELDS = frozenset({"budget", "call_id", "consent", "expires_at", "profile_hash"})
@@ -78,7 +78,8 @@ def derive(base: CompiledProfile, profile: Profile,
         network_off=base.network_off, consent_required=base.consent_required,
         consent_window=(consent.granted_at, consent.expires_at) if consent is not None else None,
         root_fs=base.root_fs, tmp_dir=base.tmp_dir, caps=base.caps, forbids=base.forbids,
-        granted=base.granted, declared=base.declared, views=views, needs=base.needs)
+        granted=base.granted, declared=base.declared, views=views, needs=base.needs,
+        context_views=view_items(views, base.needs))
 
 
 class ShapeCache:

@@ -20,6 +20,8 @@ _FIELD = re.compile(r"\s*\.\s*([A-Za-z_][A-Za-z0-9_]*+)")
 _CALL = re.compile(r"\s*\(")
 _VAR = {name: re.compile(rf"\b{name}\b") for name in
         ("profile", "grant", "manifest", "tenant", "subject")}
+_WORD = {name: re.compile(rf"\b{name}\b") for name in
+         ("request", "grant", "manifest", "profile", "tenant", "subject", "now")}
 
 Fields = frozenset[str] | None
 """The top-level fields read, or ``None`` for the whole view."""
@@ -43,6 +45,14 @@ def view_fields(source: str) -> Mapping[str, Fields]:
                 continue  # the name does not occur
         out[name] = None if fields is None else frozenset(fields)
     return out
+
+
+def named_variables(source: object, variables: frozenset[str]) -> frozenset[str]:
+    """Those of ``variables`` that ``source`` names as a whole word (all of them when the
+    source is not text or a name is not one this module knows)."""
+    if not isinstance(source, str) or not variables <= _WORD.keys():
+        return variables
+    return frozenset(v for v in variables if _WORD[v].search(source) is not None)
 
 
 def trim_views(views: dict[str, object], sources: Iterable[str]) -> dict[str, object]:

@@ -98,3 +98,16 @@ def test_the_context_does_not_grow_with_the_grant(builder: ProfileBuilder) -> No
     again = builder.build(_grant(301).model_copy(update={"call_id": "c-2"}), _manifest())
     assert guard.compiled(again).views["grant"] == {"subject_id": "agent:a"}
     assert guard.decide(again, op, now_ms=NOW).allowed
+
+
+def test_only_variables_named_as_words_are_needed() -> None:
+    from policy_engine.guard.compiled import guard_condition
+
+    cond = compile_condition('profile.subject_id.startsWith("a") && now.getHours() > 1',
+                             Span("p", 1, 1))
+    assert isinstance(cond, CelCondition)
+    assert "subject" in cond.variables  # the adapter's superset: `subject` in `subject_id`
+    assert guard_condition(cond).needs == frozenset({"profile", "now"})
+    both = compile_condition('subject.id == profile.subject_id', Span("p", 1, 1))
+    assert isinstance(both, CelCondition)
+    assert guard_condition(both).needs == frozenset({"profile", "subject"})

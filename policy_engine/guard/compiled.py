@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any
 
 from policy_engine.errors import PolicyEngineError
@@ -28,6 +29,7 @@ from policy_engine.guard.matchers import (
 )
 from policy_engine.guard.memo import PROFILE_ONLY, profile_only
 from policy_engine.guard.paths import normalize_path
+from policy_engine.guard.permit_index import PermitIndex, permit_index
 from policy_engine.guard.viewfields import named_variables, trim_views
 from policy_engine.model import (
     LIMIT_FIELDS,
@@ -173,6 +175,8 @@ class CompiledProfile:
     needs: frozenset[str] | None  # variables any condition here reads; None: all and extra keys
     # the views the context holds when the caller gives none (``view_items``), built once
     context_views: tuple[tuple[str, object], ...] = ()
+    # per kind with many permits, the untraced scan's candidates (``permit_index``)
+    permit_index: Mapping[str, PermitIndex] = dc_field(default_factory=dict)
 
 
 def _min(*values: int | None) -> int | None:
@@ -331,6 +335,7 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
         granted=_by_kind(profile.granted, home),
         declared=_by_kind(profile.declared, home),
         views=views, needs=needs, context_views=view_items(views, needs),
+        permit_index=_permit_indexes(caps),
     )
 
 
@@ -375,6 +380,15 @@ def static_views(profile: Profile) -> dict[str, object]:
         "tenant": {"id": profile.tenant},
         "subject": {"id": profile.subject_id},
     }
+
+
+def _permit_indexes(caps: Mapping[str, list[CompiledCap]]) -> dict[str, PermitIndex]:
+    out: dict[str, PermitIndex] = {}
+    for kind, lst in caps.items():
+        idx = permit_index(kind, [c.members for c in lst])
+        if idx is not None:
+            out[kind] = idx
+    return out
 
 
 def _member_test(members: tuple[Matcher, ...]) -> Callable[[Any], bool]:

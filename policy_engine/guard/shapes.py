@@ -79,7 +79,7 @@ def derive(base: CompiledProfile, profile: Profile,
         consent_window=(consent.granted_at, consent.expires_at) if consent is not None else None,
         root_fs=base.root_fs, tmp_dir=base.tmp_dir, caps=base.caps, forbids=base.forbids,
         granted=base.granted, declared=base.declared, views=views, needs=base.needs,
-        context_views=view_items(views, base.needs))
+        context_views=view_items(views, base.needs), permit_index=base.permit_index)
 
 
 class ShapeCache:

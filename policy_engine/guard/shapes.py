@@ -63,7 +63,9 @@ def derive(base: CompiledProfile, profile: Profile,
     :param grantless: ``grantless_views(base)``, shared by every call of the shape.
     """
     consent = profile.consent
-    views: dict[str, object]
+    views: Mapping[str, object]
+    # the context's views are the base's unless this call's grant view differs from them
+    context_views = base.context_views
     if base.needs is not None and "grant" not in base.needs:
         # no condition reads ``grant``, so the context never holds it: leave the view out
         # rather than carry another call's
@@ -71,15 +73,20 @@ def derive(base: CompiledProfile, profile: Profile,
     else:
         grant_view = base.views["grant"]
         assert isinstance(grant_view, Mapping)  # INVARIANT: static_views builds a dict
-        views = dict(base.views)
-        views["grant"] = {**grant_view, **_call_fields(profile, grant_view)}
+        own = _call_fields(profile, grant_view)
+        if own:
+            views = dict(base.views)
+            views["grant"] = {**grant_view, **own}
+            context_views = view_items(views, base.needs)
+        else:  # conditions read no call field of the grant (guard.viewfields)
+            views = base.views
     return CompiledProfile(
         profile=profile, profile_hash=profile.profile_hash, expires_at=profile.expires_at,
         network_off=base.network_off, consent_required=base.consent_required,
         consent_window=(consent.granted_at, consent.expires_at) if consent is not None else None,
         root_fs=base.root_fs, tmp_dir=base.tmp_dir, caps=base.caps, forbids=base.forbids,
         granted=base.granted, declared=base.declared, views=views, needs=base.needs,
-        context_views=view_items(views, base.needs), permit_index=base.permit_index)
+        context_views=context_views, permit_index=base.permit_index)
 
 
 class ShapeCache:

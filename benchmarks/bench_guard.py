@@ -419,7 +419,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     section = render_section(rows, info, missing, args.quick)
     print(section)
     print(f"(ran in {time.perf_counter() - started:.0f} s)")
-    if not args.quick or args.write:
+    if os.environ.get(ENGINE_ENV):
+        print(f"({ENGINE_ENV} is set: a baseline run; docs not written)")
+    elif not args.quick or args.write:
         write_docs(section)
         print(f"updated {DOCS.relative_to(ROOT)}")
     return 0

@@ -21,7 +21,7 @@ from policy_engine.dsl import ast
 from policy_engine.dsl.grammar import comment_sink, describe_terminal, get_parser
 from policy_engine.dsl.source import MAX_POLICY_BYTES as MAX_POLICY_BYTES  # re-exported:
 from policy_engine.dsl.source import decode_source as decode_source  # the names' old home
-from policy_engine.dsl.source import policy_too_large
+from policy_engine.dsl.source import policy_too_large as policy_too_large
 from policy_engine.dsl.source import read_source as read_source
 from policy_engine.dsl.source import too_large as too_large
 from policy_engine.dsl.transform import ToAst

@@ -25,7 +25,7 @@ from policy_engine.dsl.loaders import (
     parse_document,
     validate_document,
 )
-from policy_engine.dsl.parser import read_source
+from policy_engine.dsl.source import read_source
 from policy_engine.errors import Diagnostic, DiagnosticsError
 from policy_engine.model import Grant, Manifest, Settings
 
@@ -244,11 +244,12 @@ def check_policy_file(path: str) -> list[Diagnostic]:
     file holding only `tool` blocks, checked as the manifest `load_manifest` reads."""
     from policy_engine.compiler.pipeline import run_stages
     from policy_engine.dsl import ast
-    from policy_engine.dsl.parser import parse_file
 
     diags = run_stages([path]).diagnostics
     if not any(d.id == "SBP200" and d.span is not None and d.span.file == path for d in diags):
         return diags
+    from policy_engine.dsl.parser import parse_file  # Lark: only for a header-less file
+
     pf, _ = parse_file(path)
     if pf is None or pf.headers or not pf.items \
             or not all(isinstance(i, ast.ToolDef) for i in pf.items):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import threading
 from collections.abc import Mapping
 from enum import Enum
 from functools import lru_cache
@@ -78,7 +79,7 @@ class CelCondition:
         values, ``now`` a timezone-aware ``datetime``): no conversion pass. The guard builds
         its context that way once per decision."""
         try:
-            value = self._eval(data=data)
+            value = self._eval(data=data, arena=_arena())
             plain = value.plain_value()
             # INVARIANT: only a CEL bool has a Python bool as its plain value (errors are
             # strings, wrappers unwrap to their primitive), so this is the type check, cheaper
@@ -95,6 +96,25 @@ class CelCondition:
 
 
 _ERROR = cel.Type.ERROR
+_LOCAL = threading.local()
+_ARENA_USES = 512
+
+
+def _arena() -> Any:
+    """This thread's evaluation arena, replaced every ``_ARENA_USES`` evaluations.
+
+    An arena per evaluation (the library's default) costs ≈ 0.4 µs of a ≈ 3 µs evaluation; one
+    arena kept forever grows by every evaluation's values (≈ 180 bytes each). Values are read
+    (``plain_value``) before the thread evaluates again, so replacing it then is safe; per thread,
+    so no arena is ever shared by two evaluations at once.
+    """
+    local = _LOCAL
+    left: int = getattr(local, "left", 0)
+    if left <= 0:
+        local.arena = cel.Arena()
+        left = _ARENA_USES
+    local.left = left - 1
+    return local.arena
 
 
 def activation(context: Mapping[str, object]) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from itertools import islice
 from typing import Literal
 
 from policy_engine.dsl import ast
-from policy_engine.dsl.parser import parse_source, read_source
-from policy_engine.dsl.transform import unescape
+from policy_engine.dsl.escapes import unescape
+from policy_engine.dsl.source import read_source
 from policy_engine.errors import Diagnostic, Span
 
 # The grammar's terminals (dsl/sbpolicy.lark), one alternation. Keywords are NAME tokens told
@@ -68,6 +68,8 @@ def parse(text: str, file: str) -> tuple[ast.PolicyFile, list[Diagnostic]]:
         try:
             hit = (_Reader(text, file).read(), [])
         except Unsupported:
+            from policy_engine.dsl.parser import parse_source  # Lark: only when needed
+
             return parse_source(text, file)  # the parser remembers its own results
         with _parsed_lock:
             _parsed[key] = hit

@@ -22,7 +22,7 @@ from policy_engine.dsl.bounded import (
     parse_yaml,
     regex_problem,
 )
-from policy_engine.dsl.parser import parse_file, read_source
+from policy_engine.dsl.source import read_source
 from policy_engine.errors import Diagnostic, DiagnosticsError, Span
 from policy_engine.model import Capability, Grant, Manifest
 
@@ -220,6 +220,7 @@ def _manifest_from_policy(shown: str, home: str) -> Manifest:
     # this entry point needs the compiler's block checker.
     from policy_engine.compiler.blocks import build_manifest
     from policy_engine.dsl import ast
+    from policy_engine.dsl.parser import parse_file  # Lark: only for a manifest in a policy
     from policy_engine.patterns import expand_home
 
     pf, diags = parse_file(shown)

@@ -9,10 +9,9 @@ from typing import Any, Literal
 from lark import Token, Tree
 
 from policy_engine.dsl import ast
+from policy_engine.dsl.escapes import unescape
 from policy_engine.dsl.grammar import grammar_text
 from policy_engine.errors import Diagnostic, Span
-
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "/": "/", "0": "\0"}
 
 # The parser keeps every token (`keep_all_tokens`) and computes no positions of its own: both are
 # cheaper done here in one pass (they were half the parse time). Node methods see only the tokens
@@ -224,34 +223,3 @@ class ToAst:
 
     def tool_profile(self, span: Span, c: list[Token]) -> ast.Setting:
         return ast.Setting("profile", self._str(c[0]), span)
-
-
-def unescape(body: str) -> tuple[str, list[tuple[int, str]]]:
-    """A string literal's body unescaped, with the offset and letter of every invalid escape
-    (dropped from the text). Shared by the AST builder and the fast reader."""
-    if "\\" not in body:
-        return body, []
-    out: list[str] = []
-    bad: list[tuple[int, str]] = []
-    i = 0
-    while i < len(body):
-        ch = body[i]
-        if ch != "\\":
-            out.append(ch)
-            i += 1
-            continue
-        esc = body[i + 1] if i + 1 < len(body) else ""
-        if esc in _ESCAPES:
-            out.append(_ESCAPES[esc])
-            i += 2
-        elif esc == "u" and _is_hex(body[i + 2:i + 6]):
-            out.append(chr(int(body[i + 2:i + 6], 16)))
-            i += 6
-        else:
-            bad.append((i, esc))
-            i += 2
-    return "".join(out), bad
-
-
-def _is_hex(s: str) -> bool:
-    return len(s) == 4 and all(ch in "0123456789abcdefABCDEF" for ch in s)

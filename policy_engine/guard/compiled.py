@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any
 
 from policy_engine.errors import PolicyEngineError
@@ -28,6 +29,8 @@ from policy_engine.guard.matchers import (
 )
 from policy_engine.guard.memo import PROFILE_ONLY, profile_only
 from policy_engine.guard.paths import normalize_path
+from policy_engine.guard.permit_index import PermitIndex, permit_index
+from policy_engine.guard.viewfields import named_variables, trim_views
 from policy_engine.model import (
     LIMIT_FIELDS,
     SYSTEM_DEFAULT_LIMITS,
@@ -87,6 +90,9 @@ def guard_condition(cond: Condition) -> GuardCondition:
     plain = getattr(cond, "evaluate_plain", None)
     needs = getattr(cond, "variables", None)
     if plain is not None and isinstance(needs, frozenset):
+        # `variables` names every variable occurring in the text, `subject` in `subject_id`
+        # too; only one named as a whole word can be read (CEL reaches a variable by its name)
+        needs = named_variables(getattr(cond, "source", None), needs)
         if needs and needs <= PROFILE_ONLY:  # its outcome is fixed per profile view
             return GuardCondition(cond, profile_only(plain), needs)
         return GuardCondition(cond, plain, needs)
@@ -167,6 +173,10 @@ class CompiledProfile:
     declared: Mapping[str, tuple[Matcher, ...]]
     views: Mapping[str, object]  # the STATIC_VIEWS, plain JSON-like values (see static_views)
     needs: frozenset[str] | None  # variables any condition here reads; None: all and extra keys
+    # the views the context holds when the caller gives none (``view_items``), built once
+    context_views: tuple[tuple[str, object], ...] = ()
+    # per kind with many permits, the untraced scan's candidates (``permit_index``)
+    permit_index: Mapping[str, PermitIndex] = dc_field(default_factory=dict)
 
 
 def _min(*values: int | None) -> int | None:
@@ -307,6 +317,9 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
     needs: frozenset[str] | None = frozenset()
     for gc in used:
         needs = None if needs is None or gc.needs is None else needs | gc.needs
+    # only the fields conditions read: CEL converts each view whole on every evaluation
+    views = static_views(profile) if needs is None else trim_views(
+        static_views(profile), [getattr(gc.condition, "source", "") for gc in used])
     return CompiledProfile(
         profile=profile, profile_hash=phash, expires_at=profile.expires_at,
         network_off=str(profile.network) == "off",
@@ -321,9 +334,15 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
         forbids=forbids,
         granted=_by_kind(profile.granted, home),
         declared=_by_kind(profile.declared, home),
-        views=static_views(profile),
-        needs=needs,
+        views=views, needs=needs, context_views=view_items(views, needs),
+        permit_index=_permit_indexes(caps),
     )
+
+
+def view_items(views: Mapping[str, object],
+               needs: frozenset[str] | None) -> tuple[tuple[str, object], ...]:
+    """The (name, view) pairs of ``views`` a context needs, in ``STATIC_VIEWS`` order."""
+    return tuple((k, views[k]) for k in STATIC_VIEWS if needs is None or k in needs)
 
 
 def static_views(profile: Profile) -> dict[str, object]:
@@ -361,6 +380,15 @@ def static_views(profile: Profile) -> dict[str, object]:
         "tenant": {"id": profile.tenant},
         "subject": {"id": profile.subject_id},
     }
+
+
+def _permit_indexes(caps: Mapping[str, list[CompiledCap]]) -> dict[str, PermitIndex]:
+    out: dict[str, PermitIndex] = {}
+    for kind, lst in caps.items():
+        idx = permit_index(kind, [c.members for c in lst])
+        if idx is not None:
+            out[kind] = idx
+    return out
 
 
 def _member_test(members: tuple[Matcher, ...]) -> Callable[[Any], bool]:

@@ -80,6 +80,15 @@ class GlobSet:
             return _always
         exact, prefixes, tails = self.exact, self.prefixes, self.tails
         rx = self.regex.match if self.regex is not None else None
+        if len(prefixes) > _MANY_PREFIXES:
+            # `startswith` over a tuple tries every prefix; a path has few ancestors: look each
+            # one up instead (`P/` prefixes a normalized path exactly when a `/` of the path
+            # ends it)
+            hit = _AncestorSet(prefixes).hit
+            if rx is None and not tails:
+                return lambda p: p in exact or hit(p)
+            return lambda p: (p in exact or hit(p) or p.endswith(tails)
+                              or (rx is not None and rx(p) is not None))
         if rx is None:
             if not tails:
                 return lambda p: p in exact or p.startswith(prefixes)
@@ -89,6 +98,27 @@ class GlobSet:
 
     def admits(self, path: str) -> bool:
         return self.match(path)
+
+
+_MANY_PREFIXES = 32
+
+
+class _AncestorSet:
+    """``path.startswith(prefixes)`` answered with one set lookup per ``/`` in the path."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self, prefixes: Iterable[str]) -> None:
+        self._set = frozenset(prefixes)
+
+    def hit(self, path: str) -> bool:
+        s = self._set
+        j = path.find("/")
+        while j != -1:
+            if path[:j + 1] in s:
+                return True
+            j = path.find("/", j + 1)
+        return False
 
 
 def _always(path: str) -> bool:

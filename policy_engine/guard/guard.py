@@ -281,7 +281,13 @@ class Guard:
         env_refused: tuple[str, RuleRef | None] | None = None
         # built-in: git's control files only under a permit naming `.git` (gitfiles.py)
         git_part = gitfiles.git_control_file(path) if kind == "fs.write" and path else None
-        for c in cp.caps.get(cap_kind, ()):
+        caps = cp.caps.get(cap_kind, ())
+        index = cp.permit_index.get(cap_kind) if tr is None else None
+        if index is not None:  # only permits that can admit res (permit_index.py); untraced
+            picks = index.candidates(res)
+            if picks is not None:
+                caps = [caps[i] for i in picks]  # type: ignore[assignment]  # iterated once
+        for c in caps:
             if not c.test(res):
                 if tr is not None:
                     tr.step("permit", "no-match", c.rule, why_not(c, res))

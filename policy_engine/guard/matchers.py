@@ -209,19 +209,44 @@ class BrowserMatcher(UrlMatcher):
 
 
 class ProcMatcher:
-    __slots__ = ("tool", "slots")
+    __slots__ = ("tool", "slots", "_fixed", "_tail")
 
     def __init__(self, cap: ProcCapability) -> None:
         self.tool = cap.tool
         self.slots: tuple[CompiledSlot, ...] | None = None
+        # a template whose only repeating slot (if any) is the last one reads argv left to
+        # right without backtracking: fixed slots one per argument, then the tail for the rest
+        self._fixed: tuple[CompiledSlot, ...] | None = None
+        self._tail: CompiledSlot | None = None
         if cap.args is not None:
             self.slots = compile_slots(cap.args)
+            if not any(s.repeat for s in self.slots[:-1]):
+                last = self.slots[-1] if self.slots else None
+                self._tail = last if last is not None and last.repeat else None
+                self._fixed = self.slots[:-1] if self._tail is not None else self.slots
 
     def admits(self, res: Any) -> bool:
         tool, args = res
         if tool != self.tool:
             return False
-        return self.slots is None or first_mismatch(self.slots, args) is None
+        if self.slots is None:
+            return True
+        fixed = self._fixed
+        if fixed is None:
+            return first_mismatch(self.slots, args) is None
+        n = len(fixed)
+        tail = self._tail
+        if len(args) < n or (tail is None and len(args) != n):
+            return False
+        # args may be longer (the tail reads the rest): zip stops at the fixed slots
+        for slot, arg in zip(fixed, args, strict=False):  # noqa: SIM110 — cheaper than all()
+            if not slot.admits(arg):
+                return False
+        if tail is not None:
+            for arg in args[n:]:  # noqa: SIM110
+                if not tail.admits(arg):
+                    return False
+        return True
 
     def why_not(self, res: Any) -> str:
         tool, args = res

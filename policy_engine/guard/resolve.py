@@ -18,7 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 from policy_engine.dsl.cel import to_cel_value
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.guard.argv import check_argv_shape
-from policy_engine.guard.compiled import STATIC_VIEWS, CompiledProfile
+from policy_engine.guard.compiled import CompiledProfile
 from policy_engine.guard.env import check_env_shape
 from policy_engine.guard.fields import check_headers, check_method, check_selector
 from policy_engine.guard.paths import is_beneath, normalize_path, quote, resolve_normalized
@@ -146,15 +146,17 @@ def build_context(
     (JSON-like, ``now`` a ``datetime``), as ``CelCondition.evaluate_plain`` reads it.
     """
     needs = cp.needs
-    ctx: dict[str, object] = {}
+    ctx: dict[str, object]
     if extra:
+        ctx = {}
         for key, value in extra.items():
             if needs is None or key in needs:
                 ctx[key] = to_cel_value(value)
-    views = cp.views
-    for key in STATIC_VIEWS:
-        if (needs is None or key in needs) and (key == "profile" or key not in ctx):
-            ctx[key] = views[key]
+        for key, view in cp.context_views:
+            if key == "profile" or key not in ctx:
+                ctx[key] = view
+    else:
+        ctx = dict(cp.context_views)
     if needs is None or "request" in needs:
         ctx["request"] = _request(op, kind, path, rv)
     if needs is None or "now" in needs:

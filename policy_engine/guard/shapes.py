@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from policy_engine.guard.compiled import CompiledProfile, ForbidSet
+from policy_engine.guard.compiled import CompiledProfile, ForbidSet, view_items
 from policy_engine.model import Profile
 
 PER_CALL_FIELDS = frozenset({"budget", "call_id", "consent", "expires_at", "profile_hash"})
@@ -40,6 +40,22 @@ def grantless_views(base: CompiledProfile) -> dict[str, object] | None:
     return None
 
 
+def _call_fields(profile: Profile, view: Mapping[str, object]) -> dict[str, object]:
+    """This call's values of the grant view's call fields that ``view`` holds (the view may be
+    cut down to what conditions read: ``guard.viewfields``)."""
+    out: dict[str, object] = {}
+    if "call_id" in view:
+        out["call_id"] = profile.call_id
+    if "expires_at" in view:
+        out["expires_at"] = profile.expires_at
+    if "budget" in view:
+        out["budget"] = profile.budget.model_dump(mode="json")
+    if "consent" in view:
+        consent = profile.consent
+        out["consent"] = consent.model_dump(mode="json") if consent is not None else None
+    return out
+
+
 def derive(base: CompiledProfile, profile: Profile,
            grantless: dict[str, object] | None = None) -> CompiledProfile:
     """``base`` (compiled for a profile of the same shape) with ``profile``'s call fields.
@@ -47,7 +63,9 @@ def derive(base: CompiledProfile, profile: Profile,
     :param grantless: ``grantless_views(base)``, shared by every call of the shape.
     """
     consent = profile.consent
-    views: dict[str, object]
+    views: Mapping[str, object]
+    # the context's views are the base's unless this call's grant view differs from them
+    context_views = base.context_views
     if base.needs is not None and "grant" not in base.needs:
         # no condition reads ``grant``, so the context never holds it: leave the view out
         # rather than carry another call's
@@ -55,18 +73,20 @@ def derive(base: CompiledProfile, profile: Profile,
     else:
         grant_view = base.views["grant"]
         assert isinstance(grant_view, Mapping)  # INVARIANT: static_views builds a dict
-        views = dict(base.views)
-        views["grant"] = {
-            **grant_view, "call_id": profile.call_id, "expires_at": profile.expires_at,
-            "budget": profile.budget.model_dump(mode="json"),
-            "consent": consent.model_dump(mode="json") if consent is not None else None,
-        }
+        own = _call_fields(profile, grant_view)
+        if own:
+            views = dict(base.views)
+            views["grant"] = {**grant_view, **own}
+            context_views = view_items(views, base.needs)
+        else:  # conditions read no call field of the grant (guard.viewfields)
+            views = base.views
     return CompiledProfile(
         profile=profile, profile_hash=profile.profile_hash, expires_at=profile.expires_at,
         network_off=base.network_off, consent_required=base.consent_required,
         consent_window=(consent.granted_at, consent.expires_at) if consent is not None else None,
         root_fs=base.root_fs, tmp_dir=base.tmp_dir, caps=base.caps, forbids=base.forbids,
-        granted=base.granted, declared=base.declared, views=views, needs=base.needs)
+        granted=base.granted, declared=base.declared, views=views, needs=base.needs,
+        context_views=context_views, permit_index=base.permit_index)
 
 
 class ShapeCache:

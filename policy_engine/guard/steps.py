@@ -13,6 +13,7 @@ from policy_engine.errors import ErrorCode
 from policy_engine.guard.argv import describe_mismatch
 from policy_engine.guard.compiled import CompiledCap, CompiledProfile, EffLimits, GuardCondition
 from policy_engine.guard.matchers import Matcher, ProcMatcher
+from policy_engine.guard.memo import PROFILE_ONLY
 from policy_engine.guard.paths import quote
 from policy_engine.guard.resolve import Resolved, decoded_size
 from policy_engine.guard.tracer import Tracer
@@ -179,7 +180,12 @@ def consent_needed(
     required = cp.consent_required
     if not required:
         for i, rule in enumerate(rules):
-            val, err = rule.run(ctx())
+            needs = rule.needs
+            # a condition reading only `profile` sees the guard's own view whatever the caller
+            # passed: no need to build the rest of the context (the request's dump) for it
+            data = ({"profile": cp.views.get("profile")}
+                    if needs and needs <= PROFILE_ONLY and "profile" in cp.views else ctx())
+            val, err = rule.run(data)
             if err is not None or val:
                 required = True
                 by = refs[i] if i < len(refs) else None

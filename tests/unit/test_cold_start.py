@@ -62,6 +62,10 @@ def test_explain_and_check_load_only_their_own_command() -> None:
     # a policy check reads no YAML and names no international host
     assert not _loaded(check, "yaml")
     assert not _loaded(check, "idna")
+    # the fast reader reads the example policies: the Lark parser is never loaded
+    for mods in (explain, check):
+        assert not _loaded(mods, "lark")
+        assert "policy_engine.dsl.parser" not in mods
 
 
 def test_help_lists_every_command_with_its_help() -> None:

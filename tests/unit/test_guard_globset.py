@@ -70,3 +70,28 @@ def test_invalid_glob_and_everything() -> None:
     assert not GlobSet(["relative/x"], HOME, forbid=False).match("/anything")
     assert GlobSet(["/**"], HOME, forbid=False).match("/")
     assert not GlobSet([], HOME, forbid=True).match("/x")
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(globs, max_size=6), st.lists(paths, min_size=1, max_size=8), st.booleans())
+def test_many_prefixes_looked_up_by_ancestor_agree_too(patterns: list[str],
+                                                        candidates: list[str],
+                                                        forbid: bool) -> None:
+    from policy_engine.guard import globset
+
+    saved = globset._MANY_PREFIXES
+    globset._MANY_PREFIXES = 0  # every set with a `P/**` glob takes the ancestor lookup
+    try:
+        gs = GlobSet(patterns, HOME, forbid=forbid)
+    finally:
+        globset._MANY_PREFIXES = saved
+    for path in candidates:
+        assert gs.match(path) is reference(patterns, path, forbid), (patterns, path)
+
+
+def test_thousands_of_subtrees() -> None:
+    gs = GlobSet([f"/data/t{i}/private/**" for i in range(2000)], HOME, forbid=True)
+    assert gs.match("/data/t1999/private/x")
+    assert gs.match("/data/t7/private")
+    assert not gs.match("/data/t7/privat")
+    assert not gs.match("/data/t20000/private/x")

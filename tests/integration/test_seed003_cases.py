@@ -312,7 +312,7 @@ def test_seed003_case12_user_config_merges_and_cannot_lift_defaults(
     data = box["tmp"] / "data"
     data.mkdir()
     with runner(box, {"enabled": True, "filesystem": {
-            "whitelist": [str(data)], "blacklist": ["~/.kube", "~/.docker", "~/.vault-token"],
+            "whitelist": [str(data)], "blacklist": ["~/.kube", "~/.docker", "~/.team-secrets"],
             "allowReadOutside": True}}) as r:
         c = r.loaded.config
         key = r.run(["cat", str(box["home"] / ".ssh" / "id_rsa")], str(box["proj"]))
@@ -322,7 +322,7 @@ def test_seed003_case12_user_config_merges_and_cannot_lift_defaults(
     # the seed's example entries (already engine defaults: kept once) and a new one
     assert f"{box['home']}/.kube" in defaults
     assert f"{box['home']}/.docker" in defaults
-    assert paths[len(defaults):] == [f"{box['home']}/.vault-token"]
+    assert paths[len(defaults):] == [f"{box['home']}/.team-secrets"]
     assert [e.path for e in c.whitelist] == [str(data)]
     assert c.allow_read_outside
     assert SECRET not in key.stdout

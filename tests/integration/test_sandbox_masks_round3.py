@@ -73,7 +73,7 @@ def test_hard_links_to_secrets_are_masked(box: dict[str, Any], read_outside: boo
 def test_blacklist_globs_cover_the_system_binds(box: dict[str, Any]) -> None:
     proj = box["proj"]
     (proj / "in-proj.pem").write_text("MARKER_PEM")
-    key = Path(sys.base_prefix, "lib", "python%d.%d" % sys.version_info[:2], "test",
+    key = Path(sys.base_prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "test",
                "certdata", "keycertecc.pem")
     pem = sorted(Path("/etc/ssl/certs").glob("*.pem"))
     probes = [str(p) for p in (key, *pem[:1]) if p.exists()]

@@ -30,9 +30,12 @@ def config_home(env: Mapping[str, str]) -> str:
     return xdg if xdg and os.path.isabs(xdg) else os.path.join(_home(env), ".config")
 
 
-LOGIN_HOOKS: tuple[str, ...] = ("autostart", "systemd", "environment.d")
-"""Below the config home: programs run at the next login (desktop autostart entries, systemd
-user units and their environment)."""
+LOGIN_HOOKS: tuple[str, ...] = ("autostart", "systemd", "environment.d", "fish")
+"""Below the config home: programs run at the next login or shell (desktop autostart entries,
+systemd user units and their environment, fish's config; bash's rc files lie in the home
+directory itself, which is never whitelisted)."""
+HOME_HOOKS: tuple[str, ...] = (".local/share/systemd",)
+"""Below the home directory: systemd user units searched there too."""
 
 
 SHARED_ROOTS: tuple[str, ...] = ("/opt", "/srv", "/home", "/mnt", "/media", "/var", "/var/www",
@@ -61,8 +64,9 @@ def protected_trees(env: Mapping[str, str],
     conf = config_home(env)
     out = [(launcher_cache_dir(env), "the engine's native launcher cache"),
            (os.path.join(conf, "policy-engine"), "the engine's configuration directory")]
-    out += [(os.path.join(conf, h), "a login hook directory (runs programs at your next login)")
-            for h in LOGIN_HOOKS]
+    hooks = [os.path.join(conf, h) for h in LOGIN_HOOKS]
+    hooks += [os.path.join(_home(env), h) for h in HOME_HOOKS]
+    out += [(h, "a login hook directory (runs programs at your next login)") for h in hooks]
     out += list(extra)
     return [(os.path.realpath(p), what) for p, what in out]
 

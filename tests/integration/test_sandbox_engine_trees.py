@@ -176,3 +176,4 @@ def test_shared_roots_are_never_whitelisted(box: dict[str, Any], entry: str) -> 
     loaded = load_sandbox_config(path, env=box["env"])
     assert [e.written for e in loaded.config.whitelist] == []  # strict defaults in force
     assert any(entry in p.message for p in loaded.problems), loaded.problems
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -177,3 +178,28 @@ def test_shared_roots_are_never_whitelisted(box: dict[str, Any], entry: str) -> 
     assert [e.written for e in loaded.config.whitelist] == []  # strict defaults in force
     assert any(entry in p.message for p in loaded.problems), loaded.problems
 
+
+
+def test_the_engines_code_and_python_are_never_whitelisted(box: dict[str, Any]) -> None:
+    import policy_engine
+    engine = os.path.dirname(os.path.abspath(policy_engine.__file__))
+    for entry in (engine, os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)):
+        path = box["home"] / ".config" / "policy-engine" / "sandbox.json"
+        path.write_text(json.dumps({"filesystem": {"whitelist": ["~/proj", entry]}}))
+        loaded = load_sandbox_config(path, env=box["env"])
+        assert [e.written for e in loaded.config.whitelist] == [], entry
+        assert any("engine's code" in p.message or "system tree" in p.message
+                   for p in loaded.problems), loaded.problems
+
+
+def test_a_shared_sticky_directory_is_refused_and_keeps_its_owner(box: dict[str, Any]) -> None:
+    shared = box["tmp"] / "shared"
+    (shared / "someone").mkdir(parents=True)
+    (shared / "other-users-file").write_text("data")
+    shared.chmod(0o1777)
+    with _runner(box, {"filesystem": {"whitelist": []}}, box["env"]) as r:
+        res = r.run(["touch", "x"], str(shared))
+    assert res.code == "SANDBOX.CAPABILITY_BLOCKED", res
+    for p in (shared, shared / "someone", shared / "other-users-file"):
+        assert p.stat().st_uid == os.geteuid(), p
+    assert not (shared / "x").exists()

@@ -208,16 +208,21 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
     found |= _linked_secrets(seen, bound, found, literal, cache)
     files: set[str] = set()
     dirs: set[str] = set()
-    real_roots = {*visible, *(os.path.realpath(b) for b in visible)}
+    resolved = [(os.path.realpath(b), b) for b in visible]
     for p in found:
         real = os.path.realpath(p)
         if real != p:
             # a symlink (or a path through one: a symlinked HOME) is never mounted over (bwrap
             # cannot create a mount point there: round 3, F5/F10); what it resolves to is
-            # masked when a bind exposes it, else the link dangles inside the sandbox
-            if not any(beneath(real, b) for b in real_roots):
-                continue
-            p = real
+            # masked when a bind exposes it (named below the bind as written, which is where
+            # the sandbox mounts it), else the link dangles inside the sandbox
+            if any(beneath(real, b) for b in visible):
+                p = real
+            else:
+                via = next((b + real[len(r):] for r, b in resolved if beneath(real, r)), None)
+                if via is None:
+                    continue
+                p = via
         try:
             mode = os.lstat(p).st_mode
         except OSError:

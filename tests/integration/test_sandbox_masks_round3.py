@@ -15,9 +15,13 @@ from typing import Any
 
 import pytest
 
+from plugins.executor_proc.executor import ProcExecutor, ProcOptions
 from policy_engine.config import EngineConfig
+from policy_engine.executor import ExecContext
+from policy_engine.model import ProcExecOp
 from policy_engine.sandbox.runner import SandboxRunner
 from policy_engine.sandbox.sbconfig import load_sandbox_config
+from tests.integration.test_proc_sandbox import make_profile
 
 pytestmark = pytest.mark.integration
 
@@ -138,3 +142,26 @@ def test_scripts_in_the_whitelist_can_be_executed(box: dict[str, Any]) -> None:
         shell = r.run(["bash", "-c", "./s.sh"], str(proj))
     assert direct.stdout.strip() == "script-ran", direct
     assert shell.stdout.strip() == "script-ran", shell
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "landlock", "unshare"])
+def test_hard_links_are_masked_on_every_proc_backend(tmp_path: Path, backend: str) -> None:
+    root = tmp_path / "root"
+    (root / "out").mkdir(parents=True)
+    (root / "home" / ".ssh").mkdir(parents=True)
+    (root / "home" / ".ssh" / "id_rsa").write_text(SSH)
+    os.link(root / "home" / ".ssh" / "id_rsa", root / "out" / "notes.txt")
+    (root / "out" / "plain.txt").write_text("PLAIN")
+    for p in [tmp_path, *tmp_path.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    ex = ProcExecutor(backend, ProcOptions(prespawn=0))
+    try:
+        assert ex.available() is True, ex.unavailable_reason
+        ctx = ExecContext(profile=make_profile(root), deadline=time.monotonic() + 60)
+        res = ex.execute(ctx, ProcExecOp(tool="/bin/cat", args=("plain.txt", "notes.txt"),
+                                         cwd=str(root / "out")))
+    finally:
+        ex.close()
+    out = str(res.out.get("stdout", ""))
+    assert "PLAIN" in out, res
+    assert SSH not in out + str(res.out.get("stderr", "")), res

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from policy_engine.patterns.paths import PathGlob, expand_home, is_literal, literal_prefix
+from policy_engine.sandbox.hardlinks import linked_secrets
 from policy_engine.sandbox.watch import Watcher
 
 RACY_NS = 2_000_000_000
@@ -205,7 +206,8 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
         for r in roots:
             starts.setdefault(r, []).append(g)
     visited, listed, seen = _walk_or_reuse(starts, cache, found)
-    found |= _linked_secrets(seen, bound, found, literal, cache)
+    skip = (*RUNTIME_DIRS, *NEVER_WALKED)
+    found |= linked_secrets(seen, bound, found, literal, cache.linked, skip)
     files: set[str] = set()
     dirs: set[str] = set()
     resolved = [(os.path.realpath(b), b) for b in visible]
@@ -229,52 +231,6 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
             continue
         (dirs if stat.S_ISDIR(mode) else files).add(p)
     return MaskPlan(tuple(sorted(files)), tuple(sorted(dirs)), visited, listed)
-
-
-MAX_SECRET_ENTRIES = 20_000
-"""Entries looked at below one literal deny tree (``~/.ssh``) for hard-linked files."""
-
-
-def _linked_secrets(seen: Iterable[str], bound: Sequence[str], found: set[str],
-                    literal: Sequence[str], cache: DirCache) -> set[str]:
-    """Files in the bound trees that are hard links to a masked file or to a file below a
-    literal deny tree (``~/.ssh/id_rsa`` linked as ``proj/notes.txt``): masks are per path, the
-    kernel opens inodes (outsider attack round 3, F1). Only files with more than one link
-    are compared, so a tree without hard links costs one ``lstat`` per file once (cached with
-    the directory's listing)."""
-    secret: set[tuple[int, int]] = set()
-    for p in found:
-        _add_inode(p, secret)
-    for top in literal:
-        if top in ("/", *RUNTIME_DIRS) or any(beneath(top, n) for n in NEVER_WALKED):
-            continue
-        budget = MAX_SECRET_ENTRIES
-        for d, subdirs, names in os.walk(top):
-            for n in names:
-                _add_inode(os.path.join(d, n), secret)
-            budget -= len(names) + len(subdirs)
-            if budget <= 0:
-                break
-        _add_inode(top, secret)
-    if not secret:
-        return set()
-    out: set[str] = set()
-    for d in seen:
-        if not any(beneath(d, b) for b in bound):
-            continue
-        for name, key in cache.linked(d):
-            if key in secret:
-                out.add(f"{d.rstrip('/')}/{name}")
-    return out
-
-
-def _add_inode(path: str, into: set[tuple[int, int]]) -> None:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return
-    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-        into.add((st.st_dev, st.st_ino))
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ from policy_engine.model import (
     SideEffectRec,
     Usage,
 )
+from policy_engine.sandbox import enginedirs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 Backend = Literal["bwrap", "landlock", "unshare"]
@@ -229,6 +230,19 @@ class ProcExecutor:
         if self._pool is not None:
             self._pool.close()
 
+    def _refuse_engine_trees(self, plan: Plan) -> None:
+        """A writable bind that is, holds or lies inside the launcher cache, the engine's
+        config or a login hook directory is refused, whatever the policy permits: the sandbox
+        uid would get the launcher handed over (``uid.adopt``) and replace it, and the engine
+        would run the replacement as its own uid (outsider attack round 3, F7)."""
+        cache = self.options.launcher_cache
+        extra = [(cache, "the engine's native launcher cache")] if cache else []
+        trees = enginedirs.protected_trees(os.environ, extra)
+        for w in plan.writable:
+            why = enginedirs.tree_refusal(os.path.realpath(w), trees, f"the writable path `{w}`")
+            if why is not None:
+                raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: {why}")
+
     def _launcher(self) -> tuple[str | None, str | None]:
         """(native launcher path or None, degradation reason or None); raises in strict mode
         when the native launcher is wanted but cannot be built.
@@ -239,6 +253,11 @@ class ProcExecutor:
             cache = self.options.launcher_cache
             self._native = native.launcher(Path(cache) if cache else None)
         if self._native.path is not None:
+            # every call, not only at the probe: a launcher (or its directory) someone else
+            # could write since is never run again (outsider attack round 3, F7)
+            why = native.verify(self._native.path)
+            if why is not None:
+                raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, f"{self.name}: {why}")
             if self._held is None and self.options.prespawn > 0:
                 self._held = prespawn.LauncherPool(self._native.path, self._pool,
                                                    self.options.prespawn)
@@ -266,6 +285,7 @@ class ProcExecutor:
         net: RestrictedHandle | None = None
         try:
             plan = self._plan(ctx, op, private_tmp or "/tmp")
+            self._refuse_engine_trees(plan)
             plan.limits = resolve_limits(ctx.profile, op, ctx.limits)  # the rule's included
             if plan.network == "restricted" and self.network_hook is None:
                 net = RestrictedNetwork(ctx.profile, ctx.guard or self.guard,
@@ -406,6 +426,7 @@ class ProcExecutor:
         plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
                           env_base=self.options.env_base, extra_ro=self.options.extra_ro_binds,
                           tmpdir=private_tmp or "/tmp")
+        self._refuse_engine_trees(plan)
         plan.limits = resolve_limits(ctx.profile, op, ctx.limits)
         exe, _ = self._launcher()
         spec = (self._launcher_spec(plan, private_tmp, None)
@@ -476,8 +497,11 @@ class ProcExecutor:
             # what root left in a writable bind (an fs.write, a checkout) must stay writable for
             # the sandbox uid; masked secrets keep their owner; a writable bind holding or inside
             # a system tree (`fs.write "/**"`) is never walked: /usr, /etc and / stay root's
+            # nor one that is or holds a shared root (`/opt`, `/home`: installed software, other
+            # users' files) or the engine's own trees: those keep their owner (round 3, F7)
             uid.adopt([w for w in plan.writable if not any(
-                beneath(w, t) or beneath(t, w) for t in plan.system)],
+                beneath(w, t) or beneath(t, w) for t in plan.system)
+                and enginedirs.shared_root_refusal(os.path.realpath(w)) is None],
                 *self.run_as, masked=plan.mask_files + plan.mask_dirs + plan.readonly)
             if private_tmp is not None:
                 os.chown(private_tmp, *self.run_as)
@@ -554,12 +578,18 @@ class ProcExecutor:
         cg = self._pool.acquire(lim.pids, lim.memory_bytes, lim.cpu_cores) \
             if self._pool is not None else None
         status_r, status_w = os.pipe()
+        exe_fd: int | None = None
         try:
             if exe is not None:  # no preexec_fn: Popen can vfork, the launcher does the rest
                 cg_fds += [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in
                            (cg.procs_files if cg else [])]
+                # the checked descriptor is executed, never the name; the launcher closes it
+                # (`-x`) before anything else
+                exe_fd = native.open_verified(exe)
             host = [a for fd in cg_fds for a in ("-c", str(fd))] + host_rlimits(
                 lim, cg, self.options.max_file_bytes)
+            if exe_fd is not None:
+                host = ["-x", str(exe_fd), *host]
             argv = self._command(plan, spec, status_w, exe, host if exe is not None else [], net,
                                  reach)
             proc = subprocess.Popen(
@@ -570,8 +600,16 @@ class ProcExecutor:
                 preexec_fn=preexec(lim, cg, self.options.max_file_bytes, reach,
                                    None if self.backend == "unshare" else self.run_as)
                 if exe is None else None,  # proc-unshare: `unshare` itself drops to run_as
-                pass_fds=((status_w,) if spec is not None else ()) + tuple(cg_fds),
+                pass_fds=((status_w,) if spec is not None else ()) + tuple(cg_fds)
+                + ((exe_fd,) if exe_fd is not None else ()),
+                executable=f"/proc/self/fd/{exe_fd}" if exe_fd is not None else None,
                 close_fds=True)  # no launcher inside: the tool gets no status pipe to forge
+        except native.LauncherRefused as exc:
+            os.close(status_r)
+            if cg and self._pool is not None:
+                self._pool.release(cg)
+            raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                    f"{self.name}: {exc.strerror}") from None
         except OSError as exc:
             os.close(status_r)
             if cg and self._pool is not None:
@@ -580,7 +618,7 @@ class ProcExecutor:
                                     f"cannot start the sandbox: {exc.strerror}") from None
         finally:
             os.close(status_w)
-            for fd in cg_fds:
+            for fd in cg_fds + ([exe_fd] if exe_fd is not None else []):
                 os.close(fd)
         return proc, cg, status_r
 

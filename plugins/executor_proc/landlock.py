@@ -30,8 +30,11 @@ SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
 
 RO = READ_FILE | READ_DIR
 ROX = RO | EXECUTE
-RW = (RO | WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_DIR | MAKE_REG | MAKE_SOCK | MAKE_FIFO
-      | MAKE_SYM | REFER | TRUNCATE)
+# a writable tree is executable too (outsider attack round 3, F6): `./configure`, `.venv/bin/*`,
+# built binaries; refusing it gained nothing (`sh ./s.sh`, `python x.py` ran anyway) and what runs
+# inherits this Landlock domain, the seccomp filter and no_new_privs (no set-id gain)
+RW = (RO | EXECUTE | WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_DIR | MAKE_REG | MAKE_SOCK
+      | MAKE_FIFO | MAKE_SYM | REFER | TRUNCATE)
 CREATE_ONLY = READ_DIR | MAKE_REG | MAKE_DIR  # a carved rw parent: add files, never remove secrets
 DEV = RO | WRITE_FILE | IOCTL_DEV  # /dev/null, /dev/tty: writes go nowhere harmful
 HOST = ROX | IOCTL_DEV  # the local runner's host tree: read, run; the uid's permissions decide

@@ -15,8 +15,11 @@ import stat
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from policy_engine.sandbox import enginedirs
 
 SOURCE = Path(__file__).resolve().parent / "launcher" / "sb_launch.c"
 FLAGS = ("-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fstack-protector-strong",
@@ -35,11 +38,72 @@ class NativeLauncher:
 
 def default_cache_dir() -> Path:
     """``$POLICY_ENGINE_STATE/bin``, else ``$XDG_CACHE_HOME/policy-engine/bin`` (``~/.cache``)."""
-    state = os.environ.get("POLICY_ENGINE_STATE")
-    if state:
-        return Path(state).expanduser().absolute() / "bin"
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "policy-engine" / "bin"
+    return Path(enginedirs.launcher_cache_dir(os.environ))
+
+
+class LauncherRefused(OSError):
+    """The cached launcher (or a directory above it) is no longer the engine's alone."""
+
+
+def open_verified(path: str) -> int:
+    """A descriptor of the launcher at ``path``, checked after opening: a regular file of the
+    engine's uid (or root) nobody else may write, in directories nobody else may write up to a
+    root-owned one. Executing this descriptor (``/proc/self/fd/N``), never the name, means a
+    swap after the check runs nothing (outsider attack round 3, F7: a sandbox that got the
+    cache handed over replaced the launcher, and the next command ran it as root).
+
+    :raises LauncherRefused: with the reason.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise LauncherRefused(err.errno, f"launcher `{path}` unusable: {err.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        why = _owner_only(path, st, stat.S_ISREG) or _dirs_owner_only(os.path.dirname(path))
+    except OSError as err:
+        why = f"launcher `{path}` unusable: {err.strerror}"
+    if why is not None:
+        os.close(fd)
+        raise LauncherRefused(1, f"launcher refused: {why}")
+    return fd
+
+
+def verify(path: str) -> str | None:
+    """``None`` when ``path`` passes :func:`open_verified`'s checks, else why not."""
+    try:
+        os.close(open_verified(path))
+    except LauncherRefused as exc:
+        return exc.strerror
+    return None
+
+
+def _owner_only(path: str, st: os.stat_result, kind: Callable[[int], bool]) -> str | None:
+    if not kind(st.st_mode):
+        return f"`{path}` is not a {'directory' if kind is stat.S_ISDIR else 'regular file'}"
+    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
+        return f"`{path}` is writable by another user"
+    return None
+
+
+def _dirs_owner_only(where: str) -> str | None:
+    """Each directory from ``where`` up: the engine's (or root's) and closed to others' writes,
+    until one root owns (above it nobody else can rename what it holds); root's sticky ``/tmp``
+    is passed (nobody else may rename our entry there)."""
+    d = os.path.abspath(where)
+    while True:
+        st = os.lstat(d)
+        if st.st_uid == 0 and stat.S_ISDIR(st.st_mode) and st.st_mode & 0o1000 and d != where:
+            pass  # sticky, root's: others cannot rename or remove our entry in it
+        else:
+            why = _owner_only(d, st, stat.S_ISDIR)
+            if why is not None:
+                return why
+            if st.st_uid == 0:
+                return None
+        if d == "/":
+            return None
+        d = os.path.dirname(d)
 
 
 def _key(source: bytes) -> str:

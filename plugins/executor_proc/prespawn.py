@@ -20,7 +20,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 
-from plugins.executor_proc import cgroups
+from plugins.executor_proc import cgroups, native
 
 
 @dataclass(slots=True)
@@ -74,10 +74,15 @@ def spawn(exe: str, cg: cgroups.ExecCgroup | None) -> Held:
     cg_fds: list[int] = []
     try:
         cg_fds = [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in (cg.procs_files if cg else [])]
-        argv = [exe, *(a for fd in cg_fds for a in ("-c", str(fd))), "-H", str(ctl_r)]
+        # the checked descriptor is executed, never the name (a swap after the check runs
+        # nothing); the launcher closes it (`-x`) first
+        cg_fds.append(native.open_verified(exe))
+        argv = [exe, "-x", str(cg_fds[-1]), *(a for fd in cg_fds[:-1] for a in ("-c", str(fd))),
+                "-H", str(ctl_r)]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env={}, cwd="/", start_new_session=True,
-                                pass_fds=(ctl_r, status_w, *cg_fds), close_fds=True)
+                                pass_fds=(ctl_r, status_w, *cg_fds),
+                                executable=f"/proc/self/fd/{cg_fds[-1]}", close_fds=True)
     except OSError:
         os.close(ctl_w)
         os.close(status_r)

@@ -27,6 +27,7 @@ from policy_engine.orchestration.budgeting import call_limits
 from policy_engine.orchestration.selection import select
 from policy_engine.orchestrator import Orchestrator
 from policy_engine.plugin_manager import PluginManager
+from policy_engine.sandbox.enginedirs import protected_trees
 from policy_engine.sandbox.sbconfig import (
     ENV_ENABLED,
     LoadedSandboxConfig,
@@ -140,7 +141,9 @@ class SandboxRunner:
                 cached = build_sandbox_policy(
                     self.loaded.config, cwd=where, tool=tool, home=self.home,
                     state_dir=self.engine.state_dir, origin=origin,
-                    tmpdir=self.env.get("TMPDIR"), subject=self.subject)
+                    tmpdir=self.env.get("TMPDIR"), subject=self.subject,
+                    engine=protected_trees(self.env),
+                    config_file=str(self.loaded.path) if self.loaded.found else None)
             except DiagnosticsError as exc:  # vetted entries compile: this is a bug
                 raise PolicyEngineError(ErrorCode.UNKNOWN_INTERNAL, "the generated sandbox "
                                         f"policy does not compile: {exc}") from None

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 from policy_engine.compiler.builtins import MANDATORY_DENY_PATHS
 from policy_engine.patterns.paths import expand_home, literal_prefix, validate_glob
+from policy_engine.sandbox.enginedirs import protected_trees, shared_root_refusal, tree_refusal
 from policy_engine.sandbox.masks import beneath
 
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
@@ -135,6 +136,8 @@ def whitelist_entry(written: str, env: Mapping[str, str]) -> str:
         target = f"the symlink target of {shown}" if "$" in written else \
             f"`{real}` (`{path}` is a symlink to it)"
         refusal = whitelist_refusal(real, home, target)
+    if refusal is None:  # the engine's own trees and login hooks (attack round 3, F7/F8)
+        refusal = tree_refusal(real, protected_trees(env), shown)
     if refusal is not None:
         raise ExpandError(refusal, help="whitelist a project directory instead")
     return real
@@ -153,6 +156,9 @@ def whitelist_refusal(path: str, home: str, shown: str | None = None) -> str | N
     for tree in SYSTEM_TREES:
         if beneath(path, tree) or beneath(tree, path):
             return f"{name} is or holds the system tree `{tree}`"
+    shared = shared_root_refusal(path, name)
+    if shared is not None and not beneath(home, path):
+        return shared
     if home != "/" and beneath(home, path):
         return (f"{name} is your home directory or holds it: a command could rewrite "
                 "`~/.bashrc` or `~/.profile`, which run at your next login")

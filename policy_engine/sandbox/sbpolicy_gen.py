@@ -41,6 +41,7 @@ from policy_engine.model import (
 )
 from policy_engine.model.capability import Capability
 from policy_engine.patterns.paths import is_literal
+from policy_engine.sandbox.enginedirs import tree_refusal
 from policy_engine.sandbox.masks import beneath
 from policy_engine.sandbox.sbconfig import Entry, SandboxConfig
 from policy_engine.sandbox.sbexpand import whitelist_refusal
@@ -86,7 +87,7 @@ def _rule(head: str, items: Iterable[str]) -> list[str]:
 
 
 def run_whitelist(config: SandboxConfig, cwd: str, tmpdir: str | None,
-                  home: str = "/") -> tuple[Entry, ...]:
+                  home: str = "/", engine: Sequence[tuple[str, str]] = ()) -> tuple[Entry, ...]:
     """The seed's ``generatePolicy``: the working directory, the whitelist, then ``$TMPDIR``.
 
     ``/tmp`` is never bound from the host: every sandbox has its own empty ``/tmp``. A
@@ -98,7 +99,7 @@ def run_whitelist(config: SandboxConfig, cwd: str, tmpdir: str | None,
     if tmpdir and os.path.isabs(tmpdir):
         real = os.path.realpath(tmpdir)
         if real not in ("/tmp", "/var/tmp") and whitelist_refusal(
-                real, os.path.realpath(home)) is None:
+                real, os.path.realpath(home)) is None and tree_refusal(real, engine) is None:
             out.append(Entry(tmpdir, real, "$TMPDIR"))
     return tuple(dict((e.path, e) for e in out).values())
 
@@ -151,7 +152,9 @@ def _capabilities(config: SandboxConfig, writable: Sequence[Entry],
 
 def build_sandbox_policy(config: SandboxConfig, *, cwd: str, tool: str, home: str,
                          state_dir: Path, origin: str, tmpdir: str | None = None,
-                         now_ms: int | None = None, subject: str | None = None) -> SandboxPolicy:
+                         now_ms: int | None = None, subject: str | None = None,
+                         engine: Sequence[tuple[str, str]] = (),
+                         config_file: str | None = None) -> SandboxPolicy:
     """Generate, write (under ``state_dir/sandbox/``) and compile the policy for one run.
 
     :param subject: who the grant and its consent name (default ``local-user:<login>``).
@@ -159,7 +162,7 @@ def build_sandbox_policy(config: SandboxConfig, *, cwd: str, tool: str, home: st
     :raises DiagnosticsError: the generated policy does not compile (a bug: entries are
         vetted before they get here).
     """
-    writable = run_whitelist(config, cwd, tmpdir, home)
+    writable = run_whitelist(config, cwd, tmpdir, home, engine)
     state = os.path.realpath(state_dir)
     for entry in writable:
         if beneath(entry.path, state):
@@ -167,11 +170,19 @@ def build_sandbox_policy(config: SandboxConfig, *, cwd: str, tool: str, home: st
                                     f"({entry.origin}) lies inside the engine's state directory "
                                     f"`{state}`; run from elsewhere or move the state "
                                     "(`--state-dir`, `POLICY_ENGINE_STATE`)")
+        why = tree_refusal(entry.path, engine, f"`{entry.path}` ({entry.origin})")
+        if why is not None:  # the launcher cache, the config, login hooks (round 3, F7/F8)
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{why}; run from elsewhere")
     # INVARIANT: the state dir (evidence, its key, budgets, this policy) exists before the
     # sandbox is planned, so the blacklist masks it even inside a whitelisted working directory
     (state_dir / "sandbox").mkdir(parents=True, exist_ok=True)
-    protected = (Entry(str(state_dir), state, "engine state directory"),)
-    source = policy_source(config, writable, tool, origin, protected)
+    protected = [Entry(str(state_dir), state, "engine state directory")]
+    if config_file:  # the config in use: never rewritten from inside (attack round 3, F8)
+        real = os.path.realpath(config_file)
+        folder = os.path.dirname(real)
+        holds = any(beneath(e.path, folder) for e in writable)
+        protected.append(Entry(config_file, real if holds else folder, "sandbox config in use"))
+    source = policy_source(config, writable, tool, origin, tuple(protected))
     digest = hashlib.sha256(f"{home}\0{source}".encode()).hexdigest()[:16]
     where = state_dir / "sandbox"
     path = where / f"sandbox-{digest}.sbpolicy"

@@ -23,10 +23,14 @@ first segment is (or can match) one of those three gets the ``/private`` form as
 
 from __future__ import annotations
 
+import unicodedata
+
 from policy_engine.patterns.paths import PathGlob, validate_glob
 
 PRIVATE_LINKS = ("etc", "tmp", "var")
 """The top-level symlinks macOS resolves into ``/private`` before the sandbox checks a path."""
+DATA_VOLUME = "/System/Volumes/Data"
+"""Where macOS 10.15+ mounts the data volume: the same files as ``/Users``, ``/private``…"""
 _ERE_META = frozenset(".[]()*+?{}|^$")
 
 
@@ -54,14 +58,29 @@ def _string(text: str) -> str:
     return f'"{text}"'  # INVARIANT: check_path refused `"`, `\` and control characters
 
 
-def segment_regex(seg: str) -> str:
-    """One segment: ``*``/``?`` stay inside it, every other character is literal."""
+ONE_CHAR_DENY = "([^/]|[^ -~]+)"
+"""``?`` in a deny: one byte other than ``/``, or a run of bytes outside printable ASCII. The
+kernel matches a path's UTF-8 bytes, where one character is 1-4 bytes (all >= 0x80 when more
+than one): this admits every one-character spelling whether the regex engine counts bytes or
+characters (it may admit a little more, which a deny may)."""
+
+BENEATH = "(/[^/]*)*"
+"""A suffix a deny regex always admits: ``file/..namedfork/data`` is the file's content."""
+
+
+def segment_regex(seg: str, *, deny: bool = False) -> str:
+    """One segment: ``*``/``?`` stay inside it, every other character is literal.
+
+    ``*`` is ``[^/]*`` either way: UTF-8 never uses the byte ``/`` inside a character, so
+    "bytes other than ``/``" and "characters other than ``/``" are the same names. ``?`` in an
+    allow is ``[^/]``: one character, or one byte (then an ASCII character) when the kernel
+    counts bytes: never more than the engine admits."""
     out = []
     for ch in seg:
         if ch == "*":
             out.append("[^/]*")
         elif ch == "?":
-            out.append("[^/]")
+            out.append(ONE_CHAR_DENY if deny else "[^/]")
         elif ch in _ERE_META:
             out.append("\\" + ch)
         else:
@@ -69,17 +88,20 @@ def segment_regex(seg: str) -> str:
     return "".join(out)
 
 
-def glob_to_regex(pattern: str) -> str:
-    """The anchored SBPL regex of an absolute glob (the engine's ``glob_regex``, in ERE)."""
+def glob_to_regex(pattern: str, *, deny: bool = False) -> str:
+    """The anchored SBPL regex of an absolute glob (the engine's ``glob_regex``, in ERE); a
+    deny's also admits everything beneath (:data:`BENEATH`)."""
     segs = [s for s in pattern.split("/") if s]
     if not segs:
         return "^/$"
     parts: list[str] = []
     for i, seg in enumerate(segs):
         if seg == "**":
-            parts.append("(/[^/]*)*" if i == len(segs) - 1 else "(/[^/]+)*")
+            parts.append(BENEATH if i == len(segs) - 1 else "(/[^/]+)*")
         else:
-            parts.append("/" + segment_regex(seg))
+            parts.append("/" + segment_regex(seg, deny=deny))
+    if deny and parts[-1] != BENEATH:
+        parts.append(BENEATH)
     return "^" + "".join(parts) + "$"
 
 
@@ -87,13 +109,13 @@ def _wild(seg: str) -> bool:
     return "*" in seg or "?" in seg
 
 
-def _one_filter(pattern: str) -> str:
+def _one_filter(pattern: str, deny: bool) -> str:
     segs = [s for s in pattern.split("/") if s]
-    if not any(_wild(s) for s in segs):
-        return f"(literal {_string('/' + '/'.join(segs))})"
+    if not any(_wild(s) for s in segs):  # a deny's literal covers its named forks: subpath
+        return f"({'subpath' if deny else 'literal'} {_string('/' + '/'.join(segs))})"
     if segs[-1] == "**" and not any(_wild(s) for s in segs[:-1]):
         return f"(subpath {_string('/' + '/'.join(segs[:-1]))})"
-    return f'(regex #"{glob_to_regex(pattern)}")'
+    return f'(regex #"{glob_to_regex(pattern, deny=deny)}")'
 
 
 def resolved_forms(pattern: str) -> list[str]:
@@ -111,10 +133,34 @@ def resolved_forms(pattern: str) -> list[str]:
     return out
 
 
-def path_filters(pattern: str) -> list[str]:
-    """Every SBPL filter needed for an absolute, home-expanded glob (sorted, deduplicated)."""
+def deny_spellings(pattern: str) -> list[str]:
+    """The names a deny must cover for the same files: the pattern in NFC and NFD (APFS is
+    normalization-insensitive), its ``/private`` forms, and each of those under
+    ``/System/Volumes/Data`` (the data volume's mount point: ``/Users``, ``/private``… are
+    firmlinks into it)."""
+    forms = {f for n in ("NFC", "NFD") for f in resolved_forms(unicodedata.normalize(n, pattern))}
+    forms |= set(resolved_forms(pattern))
+    # /etc, /tmp, /var are symlinks on the system volume: their /private forms carry the mirror
+    forms |= {DATA_VOLUME + f.rstrip("/") for f in forms
+              if not f.startswith(("/**", *(f"/{link}/" for link in PRIVATE_LINKS)))
+              and f.rstrip("/") and not _beneath(f, DATA_VOLUME)}
+    return sorted(forms)
+
+
+def _beneath(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + "/")
+
+
+def path_filters(pattern: str, *, deny: bool = False) -> list[str]:
+    """Every SBPL filter needed for an absolute, home-expanded glob (sorted, deduplicated).
+
+    An allow admits at most what the engine's glob admits; a deny (``deny=True``) at least,
+    when the kernel matches UTF-8 bytes, NFD spellings, the data-volume or named-fork paths."""
     check_path(pattern)
-    return sorted({_one_filter(form) for form in resolved_forms(pattern)})
+    forms = deny_spellings(pattern) if deny else resolved_forms(pattern)
+    for form in forms:
+        check_path(form)
+    return sorted({_one_filter(form, deny) for form in forms})
 
 
 def any_of(filters: list[str]) -> str:

@@ -88,8 +88,10 @@ CASES: dict[str, tuple[object, dict[str, object]]] = {
 
 
 def render_case(name: str) -> str:
+    """The text alone (``resolve=None``): a golden must not depend on this host's symlinks
+    (``/var/run`` → ``/run`` here); resolution is tested with real symlinks below."""
     build, opts = CASES[name]
-    return render_sbpl(build(), **opts)  # type: ignore[operator,arg-type]
+    return render_sbpl(build(), resolve=None, **opts)  # type: ignore[operator,arg-type]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -159,8 +161,10 @@ def ok_net(forms: list[object], kind: str, target: str) -> bool:
 def test_every_deny_follows_every_allow() -> None:
     """SBPL's last matching rule wins: a deny written before an allow would be lifted by it."""
     forms = parse(render_sbpl(project_profile(NetworkMode.ON)))
+    # the one earlier deny narrows the system trees (/System/Volumes) before any profile allow
     file_rules = [(i, f[0].value()) for i, f in enumerate(forms) if isinstance(f, list)
-                  and any(getattr(x, "value", lambda: "")().startswith("file-") for x in f[1:3])]
+                  and any(getattr(x, "value", lambda: "")().startswith("file-") for x in f[1:3])
+                  and f[-1] != parse('(subpath "/System/Volumes")')[0]]
     last_allow = max(i for i, a in file_rules if a == "allow")
     first_deny = min(i for i, a in file_rules if a == "deny")
     assert last_allow < first_deny
@@ -324,3 +328,104 @@ def test_sbpl_filters_admit_exactly_what_the_engine_glob_admits(glob: str, path:
 def sexp_symbol(name: str) -> object:
     from sexpdata import Symbol
     return Symbol(name)
+
+
+# --- outsider attack round 3 (findings3 F2-F4): byte matching, symlinked ancestors, firmlinks ---
+
+def _blacklisted(*globs: str, read_outside: bool = False, **opts: object) -> list[object]:
+    """A whitelisted project with ``globs`` forbidden for reading (the sandbox.json shape)."""
+    caps = [permit("fs.write", fs("fs.write", f"{HOME}/proj/**"))]
+    if read_outside:
+        caps.append(permit("fs.read", fs("fs.read", "/**")))
+    return parse(render_sbpl(hand_profile(
+        *caps, denies=(forbid(("fs.read",), fs("fs.read", *globs), rule="blacklist"),),
+        root="/"), **opts))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["secretx.txt", "secretä.txt", "secret€.txt", "secret😀.txt",
+                                  "secret\u0301.txt"])
+def test_f2_question_mark_deny_covers_a_multibyte_character(name: str) -> None:
+    """F2: `?` is one character for the engine; the kernel matches the path's UTF-8 bytes."""
+    assert PathGlob.of(f"{HOME}/proj/secret?.txt").matches(f"{HOME}/proj/{name}")
+    forms = _blacklisted(f"{HOME}/proj/secret?.txt")
+    assert not decide(forms, Access("file-read-data", f"{HOME}/proj/{name}")), name
+    assert decide(forms, Access("file-read-data", f"{HOME}/proj/secret.txt"))
+    assert decide(forms, Access("file-read-data", f"{HOME}/proj/secretab.txt"))
+
+
+def test_f2_question_mark_allow_never_admits_two_characters() -> None:
+    """An allow's `?` admits at most one engine character, whatever the byte semantics."""
+    forms = parse(render_sbpl(hand_profile(permit("fs.read", fs("fs.read", f"{HOME}/d/a?")))))
+    assert decide(forms, Access("file-read-data", f"{HOME}/d/ax"))
+    for two in ("axy", "aé", "a\u00e9x"):  # never more than one character
+        assert PathGlob.of(f"{HOME}/d/a?").matches(f"{HOME}/d/{two}") is (len(two) == 2)
+        if len(two) != 2:
+            assert not decide(forms, Access("file-read-data", f"{HOME}/d/{two}")), two
+
+
+@pytest.mark.parametrize("form", ["NFC", "NFD"])
+def test_f2_a_non_ascii_deny_holds_in_both_normalization_forms(form: str) -> None:
+    """APFS is normalization-insensitive: `café` (NFC) and `cafe\u0301` (NFD) are one name."""
+    import unicodedata
+    forms = _blacklisted(f"{HOME}/proj/café/**", f"{HOME}/proj/naïve.key")
+    for p in (f"{HOME}/proj/café/k", f"{HOME}/proj/naïve.key"):
+        spelled = unicodedata.normalize(form, p)
+        assert not decide(forms, Access("file-read-data", spelled)), spelled
+    assert decide(forms, Access("file-read-data", f"{HOME}/proj/cafe/k"))
+
+
+def test_f3_a_deny_below_a_symlinked_home_is_denied_at_the_resolved_path(tmp_path: Path) -> None:
+    """F3: HOME reached through a symlink; macOS checks the resolved path."""
+    real = tmp_path / "home"
+    (real / ".ssh").mkdir(parents=True)
+    (real / "proj").mkdir()
+    link = tmp_path / "homelink"
+    link.symlink_to(real)
+    caps = [permit("fs.write", fs("fs.write", f"{link}/proj/**")),
+            permit("fs.read", fs("fs.read", "/**"))]
+    profile = make_profile(capabilities=caps, denies=(forbid(  # type: ignore[arg-type]
+        ("fs.read", "fs.write", "fs.list"), fs("fs.read", f"{link}/.ssh/**", f"{link}/.netrc",
+                                               f"{link}/proj/*.pem"), mandatory=True),),
+        network=NetworkMode.OFF, root_fs="/", home=str(link), profile_hash="ab" * 32)
+    forms = parse(render_sbpl(profile))
+    for p in (f"{real}/.ssh/id_rsa", f"{real}/.netrc", f"{real}/proj/k.pem",
+              f"{link}/.ssh/id_rsa", f"{link}/.netrc"):
+        assert not decide(forms, Access("file-read-data", p)), p
+        assert not decide(forms, Access("file-write-data", p)), p
+    assert decide(forms, Access("file-read-data", f"{real}/proj/notes"))
+
+
+def test_f3_an_allow_is_never_widened_to_a_resolved_spelling(tmp_path: Path) -> None:
+    """Allows stay as the engine wrote them: resolving could only widen them."""
+    real = tmp_path / "data"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    forms = parse(render_sbpl(hand_profile(
+        permit("fs.read", fs("fs.read", f"{tmp_path}/link/**")), root="/")))
+    assert decide(forms, Access("file-read-data", f"{tmp_path}/link/f"))
+    assert not decide(forms, Access("file-read-data", f"{real}/f"))
+
+
+@pytest.mark.parametrize("read_outside", [False, True])
+def test_f4_the_data_volume_spelling_never_reaches_a_secret(read_outside: bool) -> None:
+    """F4: /System/Volumes/Data is the data volume; /Users and /private are firmlinks into it."""
+    forms = _blacklisted(f"{HOME}/proj/secrets/**", read_outside=read_outside)
+    data = "/System/Volumes/Data"
+    for p in (f"{HOME}/.ssh/id_rsa", f"{HOME}/proj/.env", f"{HOME}/proj/secrets/k",
+              "/private/etc/master.passwd", "/private/var/run/docker.sock"):
+        assert not decide(forms, Access("file-read-data", p)), p
+        assert not decide(forms, Access("file-read-data", data + p)), data + p
+        assert not decide(forms, Access("file-write-data", data + p)), data + p
+    # the engine allows no read outside the project: neither does the data-volume spelling
+    assert decide(forms, Access("file-read-data", f"{data}{HOME}/notes")) is read_outside
+    assert decide(forms, Access("file-read-data", "/System/Library/Frameworks/x"))
+    # the swap volume: closed unless the profile itself reads everything (`/**`)
+    assert decide(forms, Access("file-read-data", "/System/Volumes/VM/swapfile0")) is read_outside
+    assert decide(forms, Access("file-read-data", "/System/Volumes/Preboot/Cryptexes/OS/x"))
+
+
+def test_a_deny_also_covers_named_forks_beneath_the_file() -> None:
+    """`file/..namedfork/data` is the file's content on macOS: a literal deny must cover it."""
+    forms = _blacklisted(f"{HOME}/proj/key.txt", "/**/token")
+    for p in (f"{HOME}/proj/key.txt/..namedfork/data", f"{HOME}/proj/a/token/..namedfork/rsrc"):
+        assert not decide(forms, Access("file-read-data", p)), p

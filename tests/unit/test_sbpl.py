@@ -299,30 +299,76 @@ def test_the_profile_deny_list_is_closed_too() -> None:
     assert not decide(forms, Access("file-read-data", f"{HOME}/vault/key"))
 
 
-_SEG = st.lists(st.sampled_from(["a", "b", ".", "+", "(", "|", "[", "^", "$", "{", "*", "?"]),
-                min_size=1, max_size=3).map("".join)
+_CHARS = ["a", "b", ".", "+", "(", "|", "[", "^", "$", "{", "ä", "é", "e\u0301", "€", "😀"]
+_SEG = st.lists(st.sampled_from([*_CHARS, "*", "?"]), min_size=1, max_size=3).map("".join)
 _GLOB = st.lists(st.one_of(st.just("**"), _SEG), min_size=1, max_size=4).map(
     lambda segs: "/" + "/".join(segs))
-_PATH = st.lists(st.lists(st.sampled_from(["a", "b", ".", "+", "(", "|", "[", "^", "$", "{",
-                                           "\n", "x"]), min_size=1, max_size=3).map("".join),
-                 min_size=1, max_size=5).map(lambda segs: "/" + "/".join(segs))
+_PATH = st.lists(st.lists(st.sampled_from([*_CHARS, "\n", "x"]), min_size=1, max_size=3)
+                 .map("".join), min_size=1, max_size=5).map(lambda segs: "/" + "/".join(segs))
+
+
+def _admitted(filters: list[str], path: str) -> bool:
+    """Whether any of ``filters`` admits ``path``, matched as UTF-8 bytes (``sbpl_eval``)."""
+    return any(decide([None, [sexp_symbol("allow"), sexp_symbol("file-read*"),  # type: ignore[list-item]
+                              parse(f)[0]]], Access("file-read-data", path)) for f in filters)
 
 
 @settings(max_examples=400, deadline=None)
 @given(_GLOB, _PATH)
 def test_sbpl_filters_admit_exactly_what_the_engine_glob_admits(glob: str, path: str) -> None:
-    """Property: for any glob and path (metacharacters, newlines, `**` anywhere), the SBPL
-    filters match iff ``PathGlob`` does (outside /etc, /tmp, /var, where /private forms add
-    the resolved spelling of the same files)."""
+    """Property: for any glob and path (metacharacters, newlines, non-ASCII characters in NFC
+    and NFD, `**` anywhere), matched as the kernel does (UTF-8 bytes): an allow's filters admit
+    at most what ``PathGlob`` admits, exactly as much for printable-ASCII names; a deny's admit
+    at least that, in both normalization forms (outside /etc, /tmp, /var, where /private forms
+    add the resolved spelling of the same files)."""
+    import unicodedata
     assume(validate_glob(glob) is None)
     assume(not re.match(r"^/(etc|tmp|var|private)(/|$)", path))
-    filters = [parse(f)[0] for f in path_filters(glob)]
-    got = any(decide([None, [sexp_symbol("allow"), sexp_symbol("file-read*"), f]],  # type: ignore[list-item]
-                     Access("file-read-data", path)) for f in filters)
     # fullmatch: `PathGlob.matches` uses re.match with `$`, which also matches before a final
     # newline (`/a` admits "/a\n"); the SBPL side is exact, the comparison is with exactness
     want = PathGlob.of(glob).regex.fullmatch(path) is not None
-    assert got == want, (glob, path, path_filters(glob))
+    allowed = _admitted(path_filters(glob), path)
+    assert not allowed or want, ("allow wider than the engine", glob, path, path_filters(glob))
+    if path.isascii() and path.isprintable():
+        assert allowed == want, (glob, path, path_filters(glob))
+    if want:
+        denied = path_filters(glob, deny=True)
+        for form in ("NFC", "NFD"):
+            spelled = unicodedata.normalize(form, path)
+            assert _admitted(denied, spelled), ("deny narrower", glob, spelled, denied)
+
+
+_TAIL = st.lists(st.one_of(st.just("**"), _SEG), min_size=1, max_size=3).map("/".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_TAIL)
+def test_a_deny_below_a_symlinked_ancestor_covers_the_resolved_path(
+        tmp_path_factory: pytest.TempPathFactory, tail: str) -> None:
+    """Property (F3): a deny written through a symlinked directory (a symlinked HOME) holds
+    for the resolved path of every file the engine's glob denies by the written path."""
+    base = _symlinked_home(tmp_path_factory)
+    glob = f"{base}/homelink/{tail}"
+    assume(validate_glob(glob) is None)
+    rel = tail.replace("**", "x/y").replace("*", "ab").replace("?", "ä")  # a path it denies
+    assert PathGlob.of(glob).regex.fullmatch(f"{base}/homelink/{rel}") is not None
+    forms = parse(render_sbpl(hand_profile(
+        permit("fs.read", fs("fs.read", "/**")),
+        denies=(forbid(("fs.read",), fs("fs.read", glob)),), root="/")))
+    for p in (f"{base}/home/{rel}", f"{base}/homelink/{rel}"):
+        assert not decide(forms, Access("file-read-data", p)), (glob, p)
+
+
+_HOMES: dict[str, str] = {}
+
+
+def _symlinked_home(factory: pytest.TempPathFactory) -> str:
+    if "base" not in _HOMES:
+        base = factory.mktemp("symhome")
+        (base / "home").mkdir()
+        (base / "homelink").symlink_to(base / "home")
+        _HOMES["base"] = str(base)
+    return _HOMES["base"]
 
 
 def sexp_symbol(name: str) -> object:

@@ -84,8 +84,26 @@ def segment_regex(seg: str, *, deny: bool = False) -> str:
         elif ch in _ERE_META:
             out.append("\\" + ch)
         else:
-            out.append(ch)
+            out.append(_any_case(ch) if deny else ch)
     return "".join(out)
+
+
+_FOLDS_TO_ASCII = {"s": "\u017f", "k": "\u212a"}
+"""The non-ASCII characters Unicode case folding maps to an ASCII letter (long s, Kelvin sign):
+on a case-insensitive volume ``.aw\u017f`` is ``.aws``."""
+
+
+def _any_case(ch: str) -> str:
+    """``ch`` in every case a case-insensitive volume (APFS's default) treats as the same name:
+    ``[sS]`` (and ``\u017f``), ``(ä|Ä)``; characters without case stay as they are."""
+    cases = sorted({c for c in (ch, ch.lower(), ch.upper(), ch.casefold()) if len(c) == 1})
+    extra = _FOLDS_TO_ASCII.get(ch.lower(), "")
+    if len(cases) == 1 and not extra:
+        return ch
+    if all(c.isascii() for c in cases):
+        group = "[" + "".join(cases) + "]"
+        return f"({group}|{extra})" if extra else group
+    return "(" + "|".join([*cases, *([extra] if extra else [])]) + ")"
 
 
 def glob_to_regex(pattern: str, *, deny: bool = False) -> str:
@@ -111,8 +129,10 @@ def _wild(seg: str) -> bool:
 
 def _one_filter(pattern: str, deny: bool) -> str:
     segs = [s for s in pattern.split("/") if s]
-    if not any(_wild(s) for s in segs):  # a deny's literal covers its named forks: subpath
-        return f"({'subpath' if deny else 'literal'} {_string('/' + '/'.join(segs))})"
+    if deny:  # a regex: any case, and everything beneath (a literal's named forks)
+        return f'(regex #"{glob_to_regex(pattern, deny=True)}")'
+    if not any(_wild(s) for s in segs):
+        return f"(literal {_string('/' + '/'.join(segs))})"
     if segs[-1] == "**" and not any(_wild(s) for s in segs[:-1]):
         return f"(subpath {_string('/' + '/'.join(segs[:-1]))})"
     return f'(regex #"{glob_to_regex(pattern, deny=deny)}")'

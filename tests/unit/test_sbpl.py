@@ -299,7 +299,8 @@ def test_the_profile_deny_list_is_closed_too() -> None:
     assert not decide(forms, Access("file-read-data", f"{HOME}/vault/key"))
 
 
-_CHARS = ["a", "b", ".", "+", "(", "|", "[", "^", "$", "{", "ä", "é", "e\u0301", "€", "😀"]
+_CHARS = ["a", "B", "s", "k", ".", "+", "(", "|", "[", "^", "$", "{",
+          "ä", "é", "e\u0301", "€", "😀"]
 _SEG = st.lists(st.sampled_from([*_CHARS, "*", "?"]), min_size=1, max_size=3).map("".join)
 _GLOB = st.lists(st.one_of(st.just("**"), _SEG), min_size=1, max_size=4).map(
     lambda segs: "/" + "/".join(segs))
@@ -319,8 +320,8 @@ def test_sbpl_filters_admit_exactly_what_the_engine_glob_admits(glob: str, path:
     """Property: for any glob and path (metacharacters, newlines, non-ASCII characters in NFC
     and NFD, `**` anywhere), matched as the kernel does (UTF-8 bytes): an allow's filters admit
     at most what ``PathGlob`` admits, exactly as much for printable-ASCII names; a deny's admit
-    at least that, in both normalization forms (outside /etc, /tmp, /var, where /private forms
-    add the resolved spelling of the same files)."""
+    at least that, in both normalization forms and any case (outside /etc, /tmp, /var, where
+    /private forms add the resolved spelling of the same files)."""
     import unicodedata
     assume(validate_glob(glob) is None)
     assume(not re.match(r"^/(etc|tmp|var|private)(/|$)", path))
@@ -333,9 +334,9 @@ def test_sbpl_filters_admit_exactly_what_the_engine_glob_admits(glob: str, path:
         assert allowed == want, (glob, path, path_filters(glob))
     if want:
         denied = path_filters(glob, deny=True)
-        for form in ("NFC", "NFD"):
-            spelled = unicodedata.normalize(form, path)
-            assert _admitted(denied, spelled), ("deny narrower", glob, spelled, denied)
+        for form in ("NFC", "NFD"):  # and in other cases: APFS is case-insensitive too
+            for spelled in {unicodedata.normalize(form, p) for p in (path, path.swapcase())}:
+                assert _admitted(denied, spelled), ("deny narrower", glob, spelled, denied)
 
 
 _TAIL = st.lists(st.one_of(st.just("**"), _SEG), min_size=1, max_size=3).map("/".join)
@@ -475,3 +476,22 @@ def test_a_deny_also_covers_named_forks_beneath_the_file() -> None:
     forms = _blacklisted(f"{HOME}/proj/key.txt", "/**/token")
     for p in (f"{HOME}/proj/key.txt/..namedfork/data", f"{HOME}/proj/a/token/..namedfork/rsrc"):
         assert not decide(forms, Access("file-read-data", p)), p
+
+
+@pytest.mark.parametrize("path", [
+    f"{HOME}/.SSH/id_rsa", f"{HOME}/.Ssh/id_rsa", f"{HOME}/.aw\u017f/credentials",
+    "/USERS/AGENT/.ssh/id_rsa", f"{HOME}/proj/.ENV", f"{HOME}/proj/a/Credentials.JSON",
+    f"{HOME}/proj/SECRETS/k", f"/System/Volumes/Data{HOME}/.SSH/id_rsa",
+    "/private/ETC/master.passwd", f"{HOME}/proj/\u00c4RGER.key", f"{HOME}/proj/A\u0308rger.key",
+])
+def test_f12_denies_hold_on_a_case_insensitive_volume(path: str) -> None:
+    """F12: APFS is case-insensitive by default: `.SSH` is `.ssh`, `.ENV` is `.env` (and the
+    Kelvin sign / long s fold to `k` / `s`). An allow of `~/.SSH` never lifts the deny."""
+    forms = parse(render_sbpl(hand_profile(
+        permit("fs.write", fs("fs.write", f"{HOME}/proj/**", f"{HOME}/.SSH/**")),
+        denies=(forbid(("fs.read",), fs("fs.read", f"{HOME}/proj/secrets/**",
+                                        f"{HOME}/proj/ärger.key")),), root="/")))
+    assert not decide(forms, Access("file-read-data", path)), path
+    assert not decide(forms, Access("file-write-data", path)), path
+    assert decide(forms, Access("file-write-data", f"{HOME}/proj/README"))
+    assert not decide(forms, Access("file-write-data", f"{HOME}/.SSH/known_hosts_notes"))

@@ -5,6 +5,10 @@ The profile starts closed (``(deny default)``), opens what a process needs to st
 reading and its ``fs.write`` globs for reading and writing, and the network as the profile's
 mode says. Then come the denies: in SBPL the *last* matching rule wins, so every deny is written
 after every allow and a blacklisted path inside a whitelisted tree stays closed (seed 003 test 3).
+Denies over-approximate, allows under-approximate the engine's globs (``sbpl_glob``); a deny
+is also written under its literal prefix resolved through symlinks on this host (a symlinked
+HOME), and ``/System/Volumes`` (the data volume behind the firmlinks) is closed after the
+system trees.
 
 Denies: a mandatory forbid, and any forbid of ``fs.read`` (with or without a ``when``: the
 sandbox cannot evaluate conditions per file access, as the Linux sandboxes), close read and

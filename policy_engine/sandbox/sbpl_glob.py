@@ -1,7 +1,8 @@
-"""Path globs to SBPL filters (`literal`, `subpath`, anchored `regex`) matching exactly the paths
-``policy_engine.patterns.paths`` matches, with the paths macOS resolves through /private.
+"""Path globs to SBPL filters: allows admitting at most, denies at least, the paths
+``policy_engine.patterns.paths`` matches, as the macOS kernel matches them (UTF-8 bytes, a case-
+and normalization-insensitive volume, ``/private`` symlinks, the ``/System/Volumes/Data`` mount).
 
-The mapping (docs/macos.md):
+Allows (docs/macos.md):
 
 - ``/a/b`` (no wildcard) → ``(literal "/a/b")``: the engine matches that one path;
 - ``/a/**`` (literal prefix, ``**`` last) → ``(subpath "/a")``: ``/a`` and everything beneath,
@@ -12,6 +13,10 @@ The mapping (docs/macos.md):
   sandbox's ``.`` matches a newline). Every other character is literal: ERE metacharacters are
   escaped with a backslash (inside ``#"…"`` a backslash reaches the regex engine untouched, as in
   Codex's ``seatbelt.rs``).
+
+Denies are always such a regex, widened: letters in any case, ``?`` as one UTF-8 character of
+any length (:data:`ONE_CHAR_DENY`), everything beneath (:data:`BENEATH`), the pattern in NFC and
+NFD, each form also under ``/System/Volumes/Data`` (:func:`deny_spellings`).
 
 A path holding ``"``, ``\\`` or a control character (a newline…) is refused, never escaped: SBPL
 string and regex escaping differ, and a refusal cannot widen a profile.

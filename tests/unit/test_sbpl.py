@@ -495,3 +495,14 @@ def test_f12_denies_hold_on_a_case_insensitive_volume(path: str) -> None:
     assert not decide(forms, Access("file-write-data", path)), path
     assert decide(forms, Access("file-write-data", f"{HOME}/proj/README"))
     assert not decide(forms, Access("file-write-data", f"{HOME}/.SSH/known_hosts_notes"))
+
+
+def test_the_os_cryptex_stays_resolvable_under_the_closed_system_volumes() -> None:
+    """/System/Volumes is closed, yet the path to the OS cryptex (the dyld shared cache) can be
+    resolved (`stat` of its ancestors) and read; the data volume cannot even be stat'ed."""
+    forms = parse(render_sbpl(hand_profile()))
+    for d in ("/System/Volumes", "/System/Volumes/Preboot", "/System/Volumes/Preboot/Cryptexes"):
+        assert decide(forms, Access("file-read-metadata", d, "DIRECTORY")), d
+    assert not decide(forms, Access("file-read-data", "/System/Volumes", "DIRECTORY"))
+    assert not decide(forms, Access("file-read-metadata", "/System/Volumes/Data/Users"))
+    assert decide(forms, Access("file-read-data", "/System/Volumes/Preboot/Cryptexes/OS/lib"))

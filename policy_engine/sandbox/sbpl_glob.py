@@ -63,11 +63,12 @@ def _string(text: str) -> str:
     return f'"{text}"'  # INVARIANT: check_path refused `"`, `\` and control characters
 
 
-ONE_CHAR_DENY = "([^/]|[^ -~]+)"
-"""``?`` in a deny: one byte other than ``/``, or a run of bytes outside printable ASCII. The
-kernel matches a path's UTF-8 bytes, where one character is 1-4 bytes (all >= 0x80 when more
-than one): this admits every one-character spelling whether the regex engine counts bytes or
-characters (it may admit a little more, which a deny may)."""
+ONE_CHAR_DENY = "[^/][^ -~]*"
+"""``?`` in a deny: one byte other than ``/``, then any bytes outside printable ASCII. The kernel
+matches a path's UTF-8 bytes, where one character is 1-4 bytes (all >= 0x80 when more than one),
+and a decomposed (NFD) character is a base followed by combining marks (non-ASCII): this admits
+every spelling of one character whether the regex engine counts bytes or characters (and a
+little more, which a deny may)."""
 
 BENEATH = "(/[^/]*)*"
 """A suffix a deny regex always admits: ``file/..namedfork/data`` is the file's content."""
@@ -99,16 +100,21 @@ on a case-insensitive volume ``.aw\u017f`` is ``.aws``."""
 
 
 def _any_case(ch: str) -> str:
-    """``ch`` in every case a case-insensitive volume (APFS's default) treats as the same name:
-    ``[sS]`` (and ``\u017f``), ``(ä|Ä)``; characters without case stay as they are."""
-    cases = sorted({c for c in (ch, ch.lower(), ch.upper(), ch.casefold()) if len(c) == 1})
-    extra = _FOLDS_TO_ASCII.get(ch.lower(), "")
-    if len(cases) == 1 and not extra:
+    """``ch`` in every spelling a case- and normalization-insensitive volume (APFS's default)
+    treats as the same name: ``[sS]`` (and ``\u017f``), ``(E\u0301|e\u0301|É|é)``;
+    characters without case or decomposition stay as they are."""
+    variants: set[str] = set()
+    for v in (ch, ch.lower(), ch.upper(), ch.casefold()):
+        if len(v) == 1:  # `ß`.upper() is "SS": another name, not a spelling of this one
+            variants |= {v, unicodedata.normalize("NFD", v)}
+    variants.add(_FOLDS_TO_ASCII.get(ch.lower(), ch))
+    if variants == {ch}:
         return ch
-    if all(c.isascii() for c in cases):
-        group = "[" + "".join(cases) + "]"
-        return f"({group}|{extra})" if extra else group
-    return "(" + "|".join([*cases, *([extra] if extra else [])]) + ")"
+    if all(len(v) == 1 and v.isascii() for v in variants):
+        return "[" + "".join(sorted(variants)) + "]"
+    ascii_letters = sorted(v for v in variants if len(v) == 1 and v.isascii())
+    rest = sorted(v for v in variants if not (len(v) == 1 and v.isascii()))
+    return "(" + "|".join(([f"[{''.join(ascii_letters)}]"] if ascii_letters else []) + rest) + ")"
 
 
 def glob_to_regex(pattern: str, *, deny: bool = False) -> str:
@@ -159,12 +165,11 @@ def resolved_forms(pattern: str) -> list[str]:
 
 
 def deny_spellings(pattern: str) -> list[str]:
-    """The names a deny must cover for the same files: the pattern in NFC and NFD (APFS is
-    normalization-insensitive), its ``/private`` forms, and each of those under
-    ``/System/Volumes/Data`` (the data volume's mount point: ``/Users``, ``/private``… are
-    firmlinks into it)."""
-    forms = {f for n in ("NFC", "NFD") for f in resolved_forms(unicodedata.normalize(n, pattern))}
-    forms |= set(resolved_forms(pattern))
+    """The names a deny must cover for the same files: the pattern (in NFC: its regex admits
+    every NFC/NFD/case spelling character by character), its ``/private`` forms, and each of
+    those under ``/System/Volumes/Data`` (the data volume's mount point: ``/Users``,
+    ``/private``… are firmlinks into it)."""
+    forms = set(resolved_forms(unicodedata.normalize("NFC", pattern)))
     # /etc, /tmp, /var are symlinks on the system volume: their /private forms carry the mirror
     forms |= {DATA_VOLUME + f.rstrip("/") for f in forms
               if not f.startswith(("/**", *(f"/{link}/" for link in PRIVATE_LINKS)))

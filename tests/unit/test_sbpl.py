@@ -339,6 +339,43 @@ def test_sbpl_filters_admit_exactly_what_the_engine_glob_admits(glob: str, path:
                 assert _admitted(denied, spelled), ("deny narrower", glob, spelled, denied)
 
 
+@st.composite
+def _glob_and_a_path_it_admits(draw: st.DrawFn) -> tuple[str, str]:
+    """A glob and a path the engine's glob admits: each wildcard replaced by what it matches."""
+    segs = draw(st.lists(st.one_of(st.just("**"), _SEG), min_size=1, max_size=4))
+    name = st.lists(st.sampled_from([*_CHARS, "x"]), min_size=1, max_size=3).map("".join)
+    out: list[str] = []
+    for seg in segs:
+        if seg == "**":
+            out += draw(st.lists(name, max_size=2))
+            continue
+        out.append("".join(
+            draw(st.sampled_from(_CHARS)) if ch == "?" else
+            "".join(draw(st.lists(st.sampled_from(_CHARS), max_size=2))) if ch == "*" else ch
+            for ch in seg))
+    return "/" + "/".join(segs), "/" + "/".join(x for x in out if x)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_glob_and_a_path_it_admits(), st.randoms(use_true_random=False))
+def test_a_deny_admits_every_spelling_of_what_the_engine_glob_admits(
+        pair: tuple[str, str], rnd: object) -> None:
+    """Property: for a path the engine's glob admits, the deny filters admit it in NFC, NFD,
+    swapped case and a per-character mix of those (APFS: one name), as UTF-8 bytes."""
+    import random
+    import unicodedata
+    glob, path = pair
+    assume(validate_glob(glob) is None and path != "/" and "//" not in path)
+    assume(PathGlob.of(glob).regex.fullmatch(path) is not None)
+    assert isinstance(rnd, random.Random)
+    mixed = "".join(unicodedata.normalize(rnd.choice(("NFC", "NFD")),
+                                          c.swapcase() if rnd.random() < 0.5 else c)
+                    for c in path)
+    denied = path_filters(glob, deny=True)
+    for spelled in (path, unicodedata.normalize("NFD", path), path.swapcase(), mixed):
+        assert _admitted(denied, spelled), (glob, spelled, denied)
+
+
 _TAIL = st.lists(st.one_of(st.just("**"), _SEG), min_size=1, max_size=3).map("/".join)
 
 
@@ -506,3 +543,20 @@ def test_the_os_cryptex_stays_resolvable_under_the_closed_system_volumes() -> No
     assert not decide(forms, Access("file-read-data", "/System/Volumes", "DIRECTORY"))
     assert not decide(forms, Access("file-read-metadata", "/System/Volumes/Data/Users"))
     assert decide(forms, Access("file-read-data", "/System/Volumes/Preboot/Cryptexes/OS/lib"))
+
+
+@pytest.mark.parametrize(("glob", "name"), [
+    ("secret?.txt", "secrete\u0301.txt"),  # `?` over a decomposed é (NFD: two code points)
+    ("secret?.txt", "secretE\u0301.txt"),
+    ("\u00e9\u00e9.key", "\u00e9e\u0301.key"),  # one name in mixed NFC/NFD spelling
+    ("\u00e9\u00e9.key", "E\u0301\u00c9.KEY"),
+])
+def test_f2_decomposed_and_mixed_spellings_stay_denied(glob: str, name: str) -> None:
+    """APFS compares names after normalization: every NFC/NFD/case spelling of a denied name
+    is the same file, whatever mix of them the path uses."""
+    import unicodedata
+    # the engine denies the name's NFC, lower-case spelling: the same file on APFS
+    canonical = unicodedata.normalize("NFC", name).lower()
+    assert PathGlob.of(f"{HOME}/proj/{glob}").matches(f"{HOME}/proj/{canonical}")
+    forms = _blacklisted(f"{HOME}/proj/{glob}")
+    assert not decide(forms, Access("file-read-data", f"{HOME}/proj/{name}")), name

@@ -29,6 +29,7 @@ first segment is (or can match) one of those three gets the ``/private`` form as
 from __future__ import annotations
 
 import unicodedata
+from functools import lru_cache
 
 from policy_engine.patterns.paths import PathGlob, validate_glob
 
@@ -96,18 +97,42 @@ def segment_regex(seg: str, *, deny: bool = False) -> str:
 
 _FOLDS_TO_ASCII = {"s": "\u017f", "k": "\u212a"}
 """The non-ASCII characters Unicode case folding maps to an ASCII letter (long s, Kelvin sign):
-on a case-insensitive volume ``.aw\u017f`` is ``.aws``."""
+on a case-insensitive volume ``.aw\u017f`` is ``.aws`` (the unit tests recompute this set)."""
+
+
+def _simple_fold(c: str) -> str:
+    """One character's one-character folding: ``casefold`` (``ς`` → ``σ``), else ``lower``
+    (``ẞ`` → ``ß``, whose full folding ``ss`` is two characters), else itself."""
+    return next((f for f in (c.casefold(), c.lower()) if len(f) == 1), c)
+
+
+@lru_cache(maxsize=1)
+def _fold_classes() -> dict[str, frozenset[str]]:
+    """Every character by its one-character folding: ``σ`` → ``{Σ, ς}``. Built once,
+    only when a deny names a non-ASCII character (about 0.3 s)."""
+    out: dict[str, set[str]] = {}
+    for cp in range(0x110000):
+        c = chr(cp)
+        f = _simple_fold(c)
+        if f != c:
+            out.setdefault(f, set()).add(c)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def _same_name(ch: str) -> set[str]:
+    """The characters a case-insensitive volume compares equal to ``ch``."""
+    base = {v for v in (ch, ch.lower(), ch.upper(), ch.casefold()) if len(v) == 1}
+    if ch.isascii():
+        return base | ({_FOLDS_TO_ASCII[ch.lower()]} if ch.lower() in _FOLDS_TO_ASCII else set())
+    folded = {_simple_fold(v) for v in base}
+    return base | folded | {c for f in folded for c in _fold_classes().get(f, ())}
 
 
 def _any_case(ch: str) -> str:
     """``ch`` in every spelling a case- and normalization-insensitive volume (APFS's default)
     treats as the same name: ``[sS]`` (and ``\u017f``), ``(E\u0301|e\u0301|É|é)``;
     characters without case or decomposition stay as they are."""
-    variants: set[str] = set()
-    for v in (ch, ch.lower(), ch.upper(), ch.casefold()):
-        if len(v) == 1:  # `ß`.upper() is "SS": another name, not a spelling of this one
-            variants |= {v, unicodedata.normalize("NFD", v)}
-    variants.add(_FOLDS_TO_ASCII.get(ch.lower(), ch))
+    variants = {s for v in _same_name(ch) for s in (v, unicodedata.normalize("NFD", v))}
     if variants == {ch}:
         return ch
     if all(len(v) == 1 and v.isascii() for v in variants):

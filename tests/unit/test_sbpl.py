@@ -560,3 +560,20 @@ def test_f2_decomposed_and_mixed_spellings_stay_denied(glob: str, name: str) -> 
     assert PathGlob.of(f"{HOME}/proj/{glob}").matches(f"{HOME}/proj/{canonical}")
     forms = _blacklisted(f"{HOME}/proj/{glob}")
     assert not decide(forms, Access("file-read-data", f"{HOME}/proj/{name}")), name
+
+
+def test_the_non_ascii_folds_to_ascii_are_exactly_the_long_s_and_the_kelvin_sign() -> None:
+    """The hard-coded table (kept so ASCII-only profiles never scan Unicode) is complete."""
+    from policy_engine.sandbox.sbpl_glob import _FOLDS_TO_ASCII
+    found = {chr(cp).casefold(): chr(cp) for cp in range(0x80, 0x110000)
+             if len(chr(cp).casefold()) == 1 and chr(cp).casefold().isascii()}
+    assert found == _FOLDS_TO_ASCII
+
+
+@pytest.mark.parametrize(("glob", "name"), [("ας.key", "ΑΣ.key"), ("ασ.key", "ας.key"),
+                                            ("Straße", "STRAẞE")])
+def test_f12_non_ascii_case_folding_classes(glob: str, name: str) -> None:
+    """Final sigma folds to sigma; capital sharp s (U+1E9E) folds to ß: same names on APFS."""
+    assert glob.casefold() == name.casefold()
+    forms = _blacklisted(f"{HOME}/proj/{glob}")
+    assert not decide(forms, Access("file-read-data", f"{HOME}/proj/{name}")), name

@@ -36,6 +36,7 @@ from policy_engine.sandbox.sbpl_glob import (
     all_of,
     any_of,
     check_path,
+    glob_to_regex,
     path_filters,
     resolved_forms,
 )
@@ -217,7 +218,8 @@ def render_sbpl(profile: Profile, *, tmpdir: str | None = None, extra_read: Sequ
         "; system trees, read-only",
         _form(f"allow {READ}", _globs(system, home)),
         "; /System/Volumes holds the data volume (every user's files), swap and update volumes",
-        _form(f"deny {READ} {WRITE}", _globs(base.SYSTEM_VOLUMES_DENY, home)),
+        _form(f"deny {READ} {WRITE}", (f'(regex #"{glob_to_regex(p, deny=True)}")'
+                                       for p in base.SYSTEM_VOLUMES_DENY)),
         _form(f"allow {READ}", _globs(base.SYSTEM_VOLUMES_READ, home)),
         _form("allow file-write-data", _globs(base.DEVICE_WRITE, home)),
         _form("allow file-read-metadata",

@@ -23,7 +23,7 @@ from policy_engine.cli.main import cli
 from policy_engine.model import NetworkMode, Profile
 from policy_engine.patterns.paths import PathGlob, validate_glob
 from policy_engine.sandbox.sbpl import SbplPathError, render_sbpl
-from policy_engine.sandbox.sbpl_glob import path_filters
+from policy_engine.sandbox.sbpl_glob import glob_to_regex, path_filters
 from tests.unit.guard_fixtures import forbid, fs, make_profile, permit
 from tests.unit.sbpl_eval import Access, check_structure, decide, parse
 
@@ -162,9 +162,10 @@ def test_every_deny_follows_every_allow() -> None:
     """SBPL's last matching rule wins: a deny written before an allow would be lifted by it."""
     forms = parse(render_sbpl(project_profile(NetworkMode.ON)))
     # the one earlier deny narrows the system trees (/System/Volumes) before any profile allow
+    system_volumes = f'(regex #"{glob_to_regex("/System/Volumes/**", deny=True)}")'
     file_rules = [(i, f[0].value()) for i, f in enumerate(forms) if isinstance(f, list)
                   and any(getattr(x, "value", lambda: "")().startswith("file-") for x in f[1:3])
-                  and f[-1] != parse('(subpath "/System/Volumes")')[0]]
+                  and f[-1] != parse(system_volumes)[0]]
     last_allow = max(i for i, a in file_rules if a == "allow")
     first_deny = min(i for i, a in file_rules if a == "deny")
     assert last_allow < first_deny
@@ -502,6 +503,8 @@ def test_f4_the_data_volume_spelling_never_reaches_a_secret(read_outside: bool) 
         assert not decide(forms, Access("file-write-data", data + p)), data + p
     # the engine allows no read outside the project: neither does the data-volume spelling
     assert decide(forms, Access("file-read-data", f"{data}{HOME}/notes")) is read_outside
+    for spelled in ("/System/volumes/Data", "/system/Volumes/data", "/System/VOLUMES/Data"):
+        assert decide(forms, Access("file-read-data", f"{spelled}{HOME}/notes")) is read_outside
     assert decide(forms, Access("file-read-data", "/System/Library/Frameworks/x"))
     # the swap volume: closed unless the profile itself reads everything (`/**`)
     assert decide(forms, Access("file-read-data", "/System/Volumes/VM/swapfile0")) is read_outside

@@ -194,7 +194,10 @@ def deny_spellings(pattern: str) -> list[str]:
     every NFC/NFD/case spelling character by character), its ``/private`` forms, and each of
     those under ``/System/Volumes/Data`` (the data volume's mount point: ``/Users``,
     ``/private``… are firmlinks into it)."""
-    forms = set(resolved_forms(unicodedata.normalize("NFC", pattern)))
+    nfc = unicodedata.normalize("NFC", pattern)
+    # `/ETC/x` is /private/etc/x too on a case-insensitive volume
+    head, sep, rest = nfc[1:].partition("/")
+    forms = set(resolved_forms(nfc)) | set(resolved_forms("/" + head.lower() + sep + rest))
     # /etc, /tmp, /var are symlinks on the system volume: their /private forms carry the mirror
     forms |= {DATA_VOLUME + f.rstrip("/") for f in forms
               if not f.startswith(("/**", *(f"/{link}/" for link in PRIVATE_LINKS)))

@@ -580,3 +580,10 @@ def test_f12_non_ascii_case_folding_classes(glob: str, name: str) -> None:
     assert glob.casefold() == name.casefold()
     forms = _blacklisted(f"{HOME}/proj/{glob}")
     assert not decide(forms, Access("file-read-data", f"{HOME}/proj/{name}")), name
+
+
+def test_a_deny_on_an_upper_case_etc_glob_reaches_private() -> None:
+    """`/E*/x` is `/Etc/x` for the engine, i.e. /private/etc/x on a case-insensitive volume."""
+    forms = _blacklisted("/E*/secret", "/TMP/k")
+    for p in ("/private/etc/secret", "/private/tmp/k", "/Etc/secret"):
+        assert not decide(forms, Access("file-read-data", p)), p

@@ -14,9 +14,10 @@ Allows (docs/macos.md):
   escaped with a backslash (inside ``#"…"`` a backslash reaches the regex engine untouched, as in
   Codex's ``seatbelt.rs``).
 
-Denies are always such a regex, widened: letters in any case, ``?`` as one UTF-8 character of
-any length (:data:`ONE_CHAR_DENY`), everything beneath (:data:`BENEATH`), the pattern in NFC and
-NFD, each form also under ``/System/Volumes/Data`` (:func:`deny_spellings`).
+Denies are always such a regex, widened: every character in each case and in its composed and
+decomposed (NFC/NFD) spellings, ``?`` as one character of any byte length (:data:`ONE_CHAR_DENY`),
+everything beneath (:data:`BENEATH`), each form also under ``/System/Volumes/Data``
+(:func:`deny_spellings`).
 
 A path holding ``"``, ``\\`` or a control character (a newline…) is refused, never escaped: SBPL
 string and regex escaping differ, and a refusal cannot widen a profile.
@@ -171,7 +172,7 @@ def _one_filter(pattern: str, deny: bool) -> str:
         return f"(literal {_string('/' + '/'.join(segs))})"
     if segs[-1] == "**" and not any(_wild(s) for s in segs[:-1]):
         return f"(subpath {_string('/' + '/'.join(segs[:-1]))})"
-    return f'(regex #"{glob_to_regex(pattern, deny=deny)}")'
+    return f'(regex #"{glob_to_regex(pattern)}")'
 
 
 def resolved_forms(pattern: str) -> list[str]:

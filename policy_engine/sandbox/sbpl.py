@@ -5,6 +5,10 @@ The profile starts closed (``(deny default)``), opens what a process needs to st
 reading and its ``fs.write`` globs for reading and writing, and the network as the profile's
 mode says. Then come the denies: in SBPL the *last* matching rule wins, so every deny is written
 after every allow and a blacklisted path inside a whitelisted tree stays closed (seed 003 test 3).
+Denies over-approximate, allows under-approximate the engine's globs (``sbpl_glob``); a deny
+is also written under its literal prefix resolved through symlinks on this host (a symlinked
+HOME), and ``/System/Volumes`` (the data volume behind the firmlinks) is closed after the
+system trees.
 
 Denies: a mandatory forbid, and any forbid of ``fs.read`` (with or without a ``when``: the
 sandbox cannot evaluate conditions per file access, as the Linux sandboxes), close read and
@@ -20,8 +24,9 @@ The output is deterministic (sorted, deduplicated) so golden files stay stable.
 
 from __future__ import annotations
 
+import os
 import string
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from policy_engine.model import CapabilityKind, FsCapability, NetworkMode, Profile
 from policy_engine.patterns.paths import expand_home, literal_prefix
@@ -31,12 +36,14 @@ from policy_engine.sandbox.sbpl_glob import (
     all_of,
     any_of,
     check_path,
+    glob_to_regex,
     path_filters,
     resolved_forms,
 )
 
 __all__ = ["SbplPathError", "render_sbpl"]
 
+Resolver = Callable[[str], str]
 READ = "file-read*"
 WRITE = "file-write*"
 
@@ -55,6 +62,29 @@ def _globs(patterns: Iterable[str], home: str) -> list[str]:
     out: list[str] = []
     for p in patterns:
         out += path_filters(expand_home(p, home))
+    return out
+
+
+def _resolved(pattern: str, resolve: Resolver | None) -> list[str]:
+    """``pattern`` and, when its literal prefix runs through a symlink (a symlinked HOME or
+    ``~/.config``), the same glob under the resolved prefix: macOS checks resolved paths."""
+    segs = [s for s in pattern.split("/") if s]
+    n = next((i for i, s in enumerate(segs) if "*" in s or "?" in s), len(segs))
+    if resolve is None or n == 0:
+        return [pattern]
+    prefix = "/" + "/".join(segs[:n])
+    real = resolve(prefix).rstrip("/")
+    if real == prefix or not real.startswith("/"):
+        return [pattern]
+    return [pattern, "/".join([real, *segs[n:]])]
+
+
+def _deny_globs(patterns: Iterable[str], home: str, resolve: Resolver | None) -> list[str]:
+    """Deny filters: each pattern as written and resolved, every spelling of the same files."""
+    out: list[str] = []
+    for p in patterns:
+        for form in _resolved(expand_home(p, home), resolve):
+            out += path_filters(form, deny=True)
     return out
 
 
@@ -106,18 +136,19 @@ def _allows(profile: Profile, home: str) -> tuple[list[str], list[str], list[str
     return reads, writes, seen
 
 
-def _denies(profile: Profile, home: str) -> tuple[list[str], list[str], list[str]]:
+def _denies(profile: Profile, home: str,
+            resolve: Resolver | None) -> tuple[list[str], list[str], list[str]]:
     """(read-and-write, write-only, directory-listing) deny filters; conditions are ignored:
     a deny the sandbox cannot evaluate per access applies always."""
     # the profile's deny-list summary too: it only ever repeats or narrows the forbids
-    both = _globs([*base.MACOS_DENY, *profile.deny.paths], home)
+    both = _deny_globs([*base.MACOS_DENY, *profile.deny.paths], home, resolve)
     write_only: list[str] = []
     listing: list[str] = []
     for deny in profile.denies:
         cap = deny.capability
         if not isinstance(cap, FsCapability):
             continue
-        filters = _globs(cap.paths, home)
+        filters = _deny_globs(cap.paths, home, resolve)
         if deny.mandatory or CapabilityKind.FS_READ in deny.kinds:
             both += filters
         elif CapabilityKind.FS_WRITE in deny.kinds:
@@ -153,19 +184,22 @@ def _safe_comment(text: str) -> str:
 
 
 def render_sbpl(profile: Profile, *, tmpdir: str | None = None, extra_read: Sequence[str] = (),
-                proxy_port: int | None = None) -> str:
+                proxy_port: int | None = None,
+                resolve: Resolver | None = os.path.realpath) -> str:
     """The SBPL text enforcing ``profile`` under ``sandbox-exec -p``.
 
     :param tmpdir: a private scratch directory the process may read and write (``TMPDIR``).
     :param extra_read: more trees to expose read-only (e.g. ``/opt/homebrew/**``).
     :param proxy_port: with network ``restricted``, the loopback port of the policy proxy.
+    :param resolve: how a deny's literal prefix is resolved through symlinks on this host
+        (``os.path.realpath``); ``None`` renders the text alone, the same on every host (goldens).
     :raises SbplPathError: a path holds a quote, backslash or control character (``SBPL001``).
     """
     home = profile.mappings.home
     check_path(expand_home("~", home))
     reads, writes, seen = _allows(profile, home)
     scratch = [tmpdir.rstrip("/") + "/**"] if tmpdir else []
-    both, write_only, listing = _denies(profile, home)
+    both, write_only, listing = _denies(profile, home, resolve)
     system = [*base.SYSTEM_READ, *extra_read]
     out = [
         "(version 1)",
@@ -183,8 +217,13 @@ def render_sbpl(profile: Profile, *, tmpdir: str | None = None, extra_read: Sequ
         "",
         "; system trees, read-only",
         _form(f"allow {READ}", _globs(system, home)),
+        "; /System/Volumes holds the data volume (every user's files), swap and update volumes",
+        _form(f"deny {READ} {WRITE}", (f'(regex #"{glob_to_regex(p, deny=True)}")'
+                                       for p in base.SYSTEM_VOLUMES_DENY)),
+        _form(f"allow {READ}", _globs(base.SYSTEM_VOLUMES_READ, home)),
         _form("allow file-write-data", _globs(base.DEVICE_WRITE, home)),
-        _form("allow file-read-metadata", _ancestors([*seen, *scratch, *system], home)),
+        _form("allow file-read-metadata",
+              _ancestors([*seen, *scratch, *system, *base.SYSTEM_VOLUMES_READ], home)),
         "",
         "; the profile's fs.read and fs.list",
         _form(f"allow {READ}", reads),

@@ -62,6 +62,13 @@ SYSTEM_READ: tuple[str, ...] = (
 """Read-only, for the loader, the shells and the runtimes (Linux's ``SYSTEM_RO``); the mandatory
 denies below still win for their files (``/private/etc/passwd``…)."""
 
+SYSTEM_VOLUMES_DENY: tuple[str, ...] = ("/System/Volumes/**",)
+SYSTEM_VOLUMES_READ: tuple[str, ...] = ("/System/Volumes/Preboot/Cryptexes/**",)
+"""``/System/**`` above would include ``/System/Volumes/Data`` — the data volume, where
+``/Users``, ``/private``, ``/Applications`` live as firmlinks — and the swap volume (``VM``):
+closed again right after (in any letter case, as every deny), except the OS cryptex (the dyld
+shared cache on macOS 13+, reached through ``/System/Cryptexes/OS``)."""
+
 DEVICE_WRITE: tuple[str, ...] = ("/dev/null", "/dev/zero", "/dev/fd/**", "/dev/tty")
 
 MACOS_DENY: tuple[str, ...] = (

@@ -276,7 +276,8 @@ def test_sandbox_profile_platform_macos_renders_the_same_decision_as_sbpl(
     lines = sbpl.splitlines()
     write_data = next(i for i, ln in enumerate(lines) if f'(subpath "{data}")' in ln
                       and "file-write" in "".join(lines[i - 3:i + 1]))
-    deny_env = next(i for i, ln in enumerate(lines) if r"/\.env$" in ln)  # **/.env
+    # **/.env: a deny regex in any case (APFS is case-insensitive), named forks beneath
+    deny_env = next(i for i, ln in enumerate(lines) if r"(/[^/]+)*/\.[Ee][Nn][Vv](" in ln)
     opening = next(ln for ln in reversed(lines[:deny_env]) if ln.startswith(("(allow", "(deny")))
     assert opening.startswith("(deny file-read* file-write*")
     assert deny_env > write_data  # last match wins: the blacklist entry comes after the allow

@@ -7,6 +7,10 @@ bounded), ``regex`` a POSIX ERE on the whole path (ours are anchored ``^…$``),
 / ``require-all`` / ``require-not`` the logic, ``vnode-type`` the file type. ``file-read*``
 covers every ``file-read-…`` operation, ``file-write*`` every ``file-write-…``, ``network*``
 every ``network-…``.
+
+Paths are matched as the kernel hands them to the sandbox: UTF-8 **bytes** (C strings). A
+regex's ``[^/]`` is one byte there, not one character (``ä`` is two), so the evaluator encodes
+both sides and matches bytes; a test on ``str`` would hide that difference.
 """
 
 from __future__ import annotations
@@ -122,13 +126,14 @@ def _covers(rule_op: str, op: str) -> bool:
 
 def _matches(f: list[Any], acc: Access) -> bool:
     head, args = _name(f[0]), f[1:]
+    path = acc.path.encode("utf-8", "surrogateescape")
     if head == "literal":
-        return acc.path == args[0]
+        return path == args[0].encode()
     if head == "subpath":
-        root = args[0].rstrip("/")
-        return root == "" or acc.path == root or acc.path.startswith(root + "/")
+        root = args[0].rstrip("/").encode()
+        return root == b"" or path == root or path.startswith(root + b"/")
     if head == "regex":  # ERE `$` is the end of the string, never "before a last newline"
-        return re.fullmatch(args[1][1:-1], acc.path) is not None
+        return re.fullmatch(args[1][1:-1].encode(), path) is not None
     if head == "require-any":
         return any(_matches(a, acc) for a in args)
     if head == "require-all":

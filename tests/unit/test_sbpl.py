@@ -23,7 +23,7 @@ from policy_engine.cli.main import cli
 from policy_engine.model import NetworkMode, Profile
 from policy_engine.patterns.paths import PathGlob, validate_glob
 from policy_engine.sandbox.sbpl import SbplPathError, render_sbpl
-from policy_engine.sandbox.sbpl_glob import path_filters
+from policy_engine.sandbox.sbpl_glob import glob_to_regex, path_filters
 from tests.unit.guard_fixtures import forbid, fs, make_profile, permit
 from tests.unit.sbpl_eval import Access, check_structure, decide, parse
 
@@ -88,8 +88,10 @@ CASES: dict[str, tuple[object, dict[str, object]]] = {
 
 
 def render_case(name: str) -> str:
+    """The text alone (``resolve=None``): a golden must not depend on this host's symlinks
+    (``/var/run`` → ``/run`` here); resolution is tested with real symlinks below."""
     build, opts = CASES[name]
-    return render_sbpl(build(), **opts)  # type: ignore[operator,arg-type]
+    return render_sbpl(build(), resolve=None, **opts)  # type: ignore[operator,arg-type]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -159,8 +161,11 @@ def ok_net(forms: list[object], kind: str, target: str) -> bool:
 def test_every_deny_follows_every_allow() -> None:
     """SBPL's last matching rule wins: a deny written before an allow would be lifted by it."""
     forms = parse(render_sbpl(project_profile(NetworkMode.ON)))
+    # the one earlier deny narrows the system trees (/System/Volumes) before any profile allow
+    system_volumes = f'(regex #"{glob_to_regex("/System/Volumes/**", deny=True)}")'
     file_rules = [(i, f[0].value()) for i, f in enumerate(forms) if isinstance(f, list)
-                  and any(getattr(x, "value", lambda: "")().startswith("file-") for x in f[1:3])]
+                  and any(getattr(x, "value", lambda: "")().startswith("file-") for x in f[1:3])
+                  and f[-1] != parse(system_volumes)[0]]
     last_allow = max(i for i, a in file_rules if a == "allow")
     first_deny = min(i for i, a in file_rules if a == "deny")
     assert last_allow < first_deny
@@ -295,32 +300,290 @@ def test_the_profile_deny_list_is_closed_too() -> None:
     assert not decide(forms, Access("file-read-data", f"{HOME}/vault/key"))
 
 
-_SEG = st.lists(st.sampled_from(["a", "b", ".", "+", "(", "|", "[", "^", "$", "{", "*", "?"]),
-                min_size=1, max_size=3).map("".join)
+_CHARS = ["a", "B", "s", "k", ".", "+", "(", "|", "[", "^", "$", "{",
+          "ä", "é", "e\u0301", "€", "😀"]
+_SEG = st.lists(st.sampled_from([*_CHARS, "*", "?"]), min_size=1, max_size=3).map("".join)
 _GLOB = st.lists(st.one_of(st.just("**"), _SEG), min_size=1, max_size=4).map(
     lambda segs: "/" + "/".join(segs))
-_PATH = st.lists(st.lists(st.sampled_from(["a", "b", ".", "+", "(", "|", "[", "^", "$", "{",
-                                           "\n", "x"]), min_size=1, max_size=3).map("".join),
-                 min_size=1, max_size=5).map(lambda segs: "/" + "/".join(segs))
+_PATH = st.lists(st.lists(st.sampled_from([*_CHARS, "\n", "x"]), min_size=1, max_size=3)
+                 .map("".join), min_size=1, max_size=5).map(lambda segs: "/" + "/".join(segs))
+
+
+def _admitted(filters: list[str], path: str) -> bool:
+    """Whether any of ``filters`` admits ``path``, matched as UTF-8 bytes (``sbpl_eval``)."""
+    return any(decide([None, [sexp_symbol("allow"), sexp_symbol("file-read*"),  # type: ignore[list-item]
+                              parse(f)[0]]], Access("file-read-data", path)) for f in filters)
 
 
 @settings(max_examples=400, deadline=None)
 @given(_GLOB, _PATH)
 def test_sbpl_filters_admit_exactly_what_the_engine_glob_admits(glob: str, path: str) -> None:
-    """Property: for any glob and path (metacharacters, newlines, `**` anywhere), the SBPL
-    filters match iff ``PathGlob`` does (outside /etc, /tmp, /var, where /private forms add
-    the resolved spelling of the same files)."""
+    """Property: for any glob and path (metacharacters, newlines, non-ASCII characters in NFC
+    and NFD, `**` anywhere), matched as the kernel does (UTF-8 bytes): an allow's filters admit
+    at most what ``PathGlob`` admits, exactly as much for printable-ASCII names; a deny's admit
+    at least that, in both normalization forms and any case (outside /etc, /tmp, /var, where
+    /private forms add the resolved spelling of the same files)."""
+    import unicodedata
     assume(validate_glob(glob) is None)
     assume(not re.match(r"^/(etc|tmp|var|private)(/|$)", path))
-    filters = [parse(f)[0] for f in path_filters(glob)]
-    got = any(decide([None, [sexp_symbol("allow"), sexp_symbol("file-read*"), f]],  # type: ignore[list-item]
-                     Access("file-read-data", path)) for f in filters)
     # fullmatch: `PathGlob.matches` uses re.match with `$`, which also matches before a final
     # newline (`/a` admits "/a\n"); the SBPL side is exact, the comparison is with exactness
     want = PathGlob.of(glob).regex.fullmatch(path) is not None
-    assert got == want, (glob, path, path_filters(glob))
+    allowed = _admitted(path_filters(glob), path)
+    assert not allowed or want, ("allow wider than the engine", glob, path, path_filters(glob))
+    if path.isascii() and path.isprintable():
+        assert allowed == want, (glob, path, path_filters(glob))
+    if want:
+        denied = path_filters(glob, deny=True)
+        for form in ("NFC", "NFD"):  # and in other cases: APFS is case-insensitive too
+            for spelled in {unicodedata.normalize(form, p) for p in (path, path.swapcase())}:
+                assert _admitted(denied, spelled), ("deny narrower", glob, spelled, denied)
+
+
+@st.composite
+def _glob_and_a_path_it_admits(draw: st.DrawFn) -> tuple[str, str]:
+    """A glob and a path the engine's glob admits: each wildcard replaced by what it matches."""
+    segs = draw(st.lists(st.one_of(st.just("**"), _SEG), min_size=1, max_size=4))
+    name = st.lists(st.sampled_from([*_CHARS, "x"]), min_size=1, max_size=3).map("".join)
+    out: list[str] = []
+    for seg in segs:
+        if seg == "**":
+            out += draw(st.lists(name, max_size=2))
+            continue
+        out.append("".join(
+            draw(st.sampled_from(_CHARS)) if ch == "?" else
+            "".join(draw(st.lists(st.sampled_from(_CHARS), max_size=2))) if ch == "*" else ch
+            for ch in seg))
+    return "/" + "/".join(segs), "/" + "/".join(x for x in out if x)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_glob_and_a_path_it_admits(), st.randoms(use_true_random=False))
+def test_a_deny_admits_every_spelling_of_what_the_engine_glob_admits(
+        pair: tuple[str, str], rnd: object) -> None:
+    """Property: for a path the engine's glob admits, the deny filters admit it in NFC, NFD,
+    swapped case and a per-character mix of those (APFS: one name), as UTF-8 bytes."""
+    import random
+    import unicodedata
+    glob, path = pair
+    assume(validate_glob(glob) is None and path != "/" and "//" not in path)
+    assume(PathGlob.of(glob).regex.fullmatch(path) is not None)
+    assert isinstance(rnd, random.Random)
+    mixed = "".join(unicodedata.normalize(rnd.choice(("NFC", "NFD")),
+                                          c.swapcase() if rnd.random() < 0.5 else c)
+                    for c in path)
+    denied = path_filters(glob, deny=True)
+    for spelled in (path, unicodedata.normalize("NFD", path), path.swapcase(), mixed):
+        assert _admitted(denied, spelled), (glob, spelled, denied)
+
+
+_TAIL = st.lists(st.one_of(st.just("**"), _SEG), min_size=1, max_size=3).map("/".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_TAIL)
+def test_a_deny_below_a_symlinked_ancestor_covers_the_resolved_path(
+        tmp_path_factory: pytest.TempPathFactory, tail: str) -> None:
+    """Property (F3): a deny written through a symlinked directory (a symlinked HOME) holds
+    for the resolved path of every file the engine's glob denies by the written path."""
+    base = _symlinked_home(tmp_path_factory)
+    glob = f"{base}/homelink/{tail}"
+    assume(validate_glob(glob) is None)
+    rel = tail.replace("**", "x/y").replace("*", "ab").replace("?", "ä")  # a path it denies
+    assert PathGlob.of(glob).regex.fullmatch(f"{base}/homelink/{rel}") is not None
+    forms = parse(render_sbpl(hand_profile(
+        permit("fs.read", fs("fs.read", "/**")),
+        denies=(forbid(("fs.read",), fs("fs.read", glob)),), root="/")))
+    for p in (f"{base}/home/{rel}", f"{base}/homelink/{rel}"):
+        assert not decide(forms, Access("file-read-data", p)), (glob, p)
+
+
+_HOMES: dict[str, str] = {}
+
+
+def _symlinked_home(factory: pytest.TempPathFactory) -> str:
+    if "base" not in _HOMES:
+        base = factory.mktemp("symhome")
+        (base / "home").mkdir()
+        (base / "homelink").symlink_to(base / "home")
+        _HOMES["base"] = str(base)
+    return _HOMES["base"]
 
 
 def sexp_symbol(name: str) -> object:
     from sexpdata import Symbol
     return Symbol(name)
+
+
+# --- outsider attack round 3 (findings3 F2-F4): byte matching, symlinked ancestors, firmlinks ---
+
+def _blacklisted(*globs: str, read_outside: bool = False, **opts: object) -> list[object]:
+    """A whitelisted project with ``globs`` forbidden for reading (the sandbox.json shape)."""
+    caps = [permit("fs.write", fs("fs.write", f"{HOME}/proj/**"))]
+    if read_outside:
+        caps.append(permit("fs.read", fs("fs.read", "/**")))
+    return parse(render_sbpl(hand_profile(
+        *caps, denies=(forbid(("fs.read",), fs("fs.read", *globs), rule="blacklist"),),
+        root="/"), **opts))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["secretx.txt", "secretä.txt", "secret€.txt", "secret😀.txt",
+                                  "secret\u0301.txt"])
+def test_f2_question_mark_deny_covers_a_multibyte_character(name: str) -> None:
+    """F2: `?` is one character for the engine; the kernel matches the path's UTF-8 bytes."""
+    assert PathGlob.of(f"{HOME}/proj/secret?.txt").matches(f"{HOME}/proj/{name}")
+    forms = _blacklisted(f"{HOME}/proj/secret?.txt")
+    assert not decide(forms, Access("file-read-data", f"{HOME}/proj/{name}")), name
+    assert decide(forms, Access("file-read-data", f"{HOME}/proj/secret.txt"))
+    assert decide(forms, Access("file-read-data", f"{HOME}/proj/secretab.txt"))
+
+
+def test_f2_question_mark_allow_never_admits_two_characters() -> None:
+    """An allow's `?` admits at most one engine character, whatever the byte semantics."""
+    forms = parse(render_sbpl(hand_profile(permit("fs.read", fs("fs.read", f"{HOME}/d/a?")))))
+    assert decide(forms, Access("file-read-data", f"{HOME}/d/ax"))
+    for two in ("axy", "aé", "a\u00e9x"):  # never more than one character
+        assert PathGlob.of(f"{HOME}/d/a?").matches(f"{HOME}/d/{two}") is (len(two) == 2)
+        if len(two) != 2:
+            assert not decide(forms, Access("file-read-data", f"{HOME}/d/{two}")), two
+
+
+@pytest.mark.parametrize("form", ["NFC", "NFD"])
+def test_f2_a_non_ascii_deny_holds_in_both_normalization_forms(form: str) -> None:
+    """APFS is normalization-insensitive: `café` (NFC) and `cafe\u0301` (NFD) are one name."""
+    import unicodedata
+    forms = _blacklisted(f"{HOME}/proj/café/**", f"{HOME}/proj/naïve.key")
+    for p in (f"{HOME}/proj/café/k", f"{HOME}/proj/naïve.key"):
+        spelled = unicodedata.normalize(form, p)
+        assert not decide(forms, Access("file-read-data", spelled)), spelled
+    assert decide(forms, Access("file-read-data", f"{HOME}/proj/cafe/k"))
+
+
+def test_f3_a_deny_below_a_symlinked_home_is_denied_at_the_resolved_path(tmp_path: Path) -> None:
+    """F3: HOME reached through a symlink; macOS checks the resolved path."""
+    real = tmp_path / "home"
+    (real / ".ssh").mkdir(parents=True)
+    (real / "proj").mkdir()
+    link = tmp_path / "homelink"
+    link.symlink_to(real)
+    caps = [permit("fs.write", fs("fs.write", f"{link}/proj/**")),
+            permit("fs.read", fs("fs.read", "/**"))]
+    profile = make_profile(capabilities=caps, denies=(forbid(  # type: ignore[arg-type]
+        ("fs.read", "fs.write", "fs.list"), fs("fs.read", f"{link}/.ssh/**", f"{link}/.netrc",
+                                               f"{link}/proj/*.pem"), mandatory=True),),
+        network=NetworkMode.OFF, root_fs="/", home=str(link), profile_hash="ab" * 32)
+    forms = parse(render_sbpl(profile))
+    for p in (f"{real}/.ssh/id_rsa", f"{real}/.netrc", f"{real}/proj/k.pem",
+              f"{link}/.ssh/id_rsa", f"{link}/.netrc"):
+        assert not decide(forms, Access("file-read-data", p)), p
+        assert not decide(forms, Access("file-write-data", p)), p
+    assert decide(forms, Access("file-read-data", f"{real}/proj/notes"))
+
+
+def test_f3_an_allow_is_never_widened_to_a_resolved_spelling(tmp_path: Path) -> None:
+    """Allows stay as the engine wrote them: resolving could only widen them."""
+    real = tmp_path / "data"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    forms = parse(render_sbpl(hand_profile(
+        permit("fs.read", fs("fs.read", f"{tmp_path}/link/**")), root="/")))
+    assert decide(forms, Access("file-read-data", f"{tmp_path}/link/f"))
+    assert not decide(forms, Access("file-read-data", f"{real}/f"))
+
+
+@pytest.mark.parametrize("read_outside", [False, True])
+def test_f4_the_data_volume_spelling_never_reaches_a_secret(read_outside: bool) -> None:
+    """F4: /System/Volumes/Data is the data volume; /Users and /private are firmlinks into it."""
+    forms = _blacklisted(f"{HOME}/proj/secrets/**", read_outside=read_outside)
+    data = "/System/Volumes/Data"
+    for p in (f"{HOME}/.ssh/id_rsa", f"{HOME}/proj/.env", f"{HOME}/proj/secrets/k",
+              "/private/etc/master.passwd", "/private/var/run/docker.sock"):
+        assert not decide(forms, Access("file-read-data", p)), p
+        assert not decide(forms, Access("file-read-data", data + p)), data + p
+        assert not decide(forms, Access("file-write-data", data + p)), data + p
+    # the engine allows no read outside the project: neither does the data-volume spelling
+    assert decide(forms, Access("file-read-data", f"{data}{HOME}/notes")) is read_outside
+    for spelled in ("/System/volumes/Data", "/system/Volumes/data", "/System/VOLUMES/Data"):
+        assert decide(forms, Access("file-read-data", f"{spelled}{HOME}/notes")) is read_outside
+    assert decide(forms, Access("file-read-data", "/System/Library/Frameworks/x"))
+    # the swap volume: closed unless the profile itself reads everything (`/**`)
+    assert decide(forms, Access("file-read-data", "/System/Volumes/VM/swapfile0")) is read_outside
+    assert decide(forms, Access("file-read-data", "/System/Volumes/Preboot/Cryptexes/OS/x"))
+
+
+def test_a_deny_also_covers_named_forks_beneath_the_file() -> None:
+    """`file/..namedfork/data` is the file's content on macOS: a literal deny must cover it."""
+    forms = _blacklisted(f"{HOME}/proj/key.txt", "/**/token")
+    for p in (f"{HOME}/proj/key.txt/..namedfork/data", f"{HOME}/proj/a/token/..namedfork/rsrc"):
+        assert not decide(forms, Access("file-read-data", p)), p
+
+
+@pytest.mark.parametrize("path", [
+    f"{HOME}/.SSH/id_rsa", f"{HOME}/.Ssh/id_rsa", f"{HOME}/.aw\u017f/credentials",
+    "/USERS/AGENT/.ssh/id_rsa", f"{HOME}/proj/.ENV", f"{HOME}/proj/a/Credentials.JSON",
+    f"{HOME}/proj/SECRETS/k", f"/System/Volumes/Data{HOME}/.SSH/id_rsa",
+    "/private/ETC/master.passwd", f"{HOME}/proj/\u00c4RGER.key", f"{HOME}/proj/A\u0308rger.key",
+])
+def test_f12_denies_hold_on_a_case_insensitive_volume(path: str) -> None:
+    """F12: APFS is case-insensitive by default: `.SSH` is `.ssh`, `.ENV` is `.env` (and the
+    Kelvin sign / long s fold to `k` / `s`). An allow of `~/.SSH` never lifts the deny."""
+    forms = parse(render_sbpl(hand_profile(
+        permit("fs.write", fs("fs.write", f"{HOME}/proj/**", f"{HOME}/.SSH/**")),
+        denies=(forbid(("fs.read",), fs("fs.read", f"{HOME}/proj/secrets/**",
+                                        f"{HOME}/proj/ärger.key")),), root="/")))
+    assert not decide(forms, Access("file-read-data", path)), path
+    assert not decide(forms, Access("file-write-data", path)), path
+    assert decide(forms, Access("file-write-data", f"{HOME}/proj/README"))
+    assert not decide(forms, Access("file-write-data", f"{HOME}/.SSH/known_hosts_notes"))
+
+
+def test_the_os_cryptex_stays_resolvable_under_the_closed_system_volumes() -> None:
+    """/System/Volumes is closed, yet the path to the OS cryptex (the dyld shared cache) can be
+    resolved (`stat` of its ancestors) and read; the data volume cannot even be stat'ed."""
+    forms = parse(render_sbpl(hand_profile()))
+    for d in ("/System/Volumes", "/System/Volumes/Preboot", "/System/Volumes/Preboot/Cryptexes"):
+        assert decide(forms, Access("file-read-metadata", d, "DIRECTORY")), d
+    assert not decide(forms, Access("file-read-data", "/System/Volumes", "DIRECTORY"))
+    assert not decide(forms, Access("file-read-metadata", "/System/Volumes/Data/Users"))
+    assert decide(forms, Access("file-read-data", "/System/Volumes/Preboot/Cryptexes/OS/lib"))
+
+
+@pytest.mark.parametrize(("glob", "name"), [
+    ("secret?.txt", "secrete\u0301.txt"),  # `?` over a decomposed é (NFD: two code points)
+    ("secret?.txt", "secretE\u0301.txt"),
+    ("\u00e9\u00e9.key", "\u00e9e\u0301.key"),  # one name in mixed NFC/NFD spelling
+    ("\u00e9\u00e9.key", "E\u0301\u00c9.KEY"),
+])
+def test_f2_decomposed_and_mixed_spellings_stay_denied(glob: str, name: str) -> None:
+    """APFS compares names after normalization: every NFC/NFD/case spelling of a denied name
+    is the same file, whatever mix of them the path uses."""
+    import unicodedata
+    # the engine denies the name's NFC, lower-case spelling: the same file on APFS
+    canonical = unicodedata.normalize("NFC", name).lower()
+    assert PathGlob.of(f"{HOME}/proj/{glob}").matches(f"{HOME}/proj/{canonical}")
+    forms = _blacklisted(f"{HOME}/proj/{glob}")
+    assert not decide(forms, Access("file-read-data", f"{HOME}/proj/{name}")), name
+
+
+def test_the_non_ascii_folds_to_ascii_are_exactly_the_long_s_and_the_kelvin_sign() -> None:
+    """The hard-coded table (kept so ASCII-only profiles never scan Unicode) is complete."""
+    from policy_engine.sandbox.sbpl_glob import _FOLDS_TO_ASCII
+    found = {chr(cp).casefold(): chr(cp) for cp in range(0x80, 0x110000)
+             if len(chr(cp).casefold()) == 1 and chr(cp).casefold().isascii()}
+    assert found == _FOLDS_TO_ASCII
+
+
+@pytest.mark.parametrize(("glob", "name"), [("ας.key", "ΑΣ.key"), ("ασ.key", "ας.key"),
+                                            ("Straße", "STRAẞE")])
+def test_f12_non_ascii_case_folding_classes(glob: str, name: str) -> None:
+    """Final sigma folds to sigma; capital sharp s (U+1E9E) folds to ß: same names on APFS."""
+    assert glob.casefold() == name.casefold()
+    forms = _blacklisted(f"{HOME}/proj/{glob}")
+    assert not decide(forms, Access("file-read-data", f"{HOME}/proj/{name}")), name
+
+
+def test_a_deny_on_an_upper_case_etc_glob_reaches_private() -> None:
+    """`/E*/x` is `/Etc/x` for the engine, i.e. /private/etc/x on a case-insensitive volume."""
+    forms = _blacklisted("/E*/secret", "/TMP/k")
+    for p in ("/private/etc/secret", "/private/tmp/k", "/Etc/secret"):
+        assert not decide(forms, Access("file-read-data", p)), p

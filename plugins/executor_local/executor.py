@@ -17,7 +17,9 @@ it, so a runner writing wherever that uid may would write into every other works
 host. An engine running as root runs it as ``run_as`` (default 65533), like the other proc
 backends: with the whole tree in view, the host's permission bits keep root-only files
 (``/root``, other users' 0700 homes, ``/etc/docker/key.json``) out of reach, and nothing it leaves
-behind is owned by root.
+behind is owned by root. What the permission bits cannot separate is the sandbox uid from
+itself: every workspace a call wrote belongs to ``run_as``, so each directory that uid owns
+outside the profile's paths is carved out like a mandatory deny (attack round 4, F01).
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ class LocalExecutor(ProcExecutor):
     def _plan(self, ctx: ExecContext, op: ProcExecOp, tmpdir: str) -> Plan:
         plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
                           env_base=self.options.env_base, extra_ro=self.options.extra_ro_binds,
-                          tmpdir=tmpdir, host_roots=host_roots(self.run_as))
+                          tmpdir=tmpdir, host_roots=host_roots(self.run_as),
+                          foreign_owner=self.run_as[0] if self.run_as else None)
         # carved out with the masks (plan.landlock_rules is computed later, from these)
         plan.mask_dirs += [p for p in self.hidden if os.path.isdir(p)
                            and p not in plan.mask_dirs]

@@ -115,7 +115,9 @@ def carve(root: str, access: str, masked: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def _masks(profile: Profile, bound: list[str], system: list[str]) -> tuple[list[str], list[str]]:
+def _masks(profile: Profile, bound: list[str], system: list[str], *,
+           foreign_owner: int | None = None,
+           keep: Sequence[str] = ()) -> tuple[list[str], list[str]]:
     """Existing paths under mandatory denies, the built-ins and the host runtime directories
     that a bind would expose (one pruned, cached walk: ``policy_engine.sandbox.masks``).
     What other host users may not read (``/etc/docker/key.json``) needs no mask: the sandbox
@@ -132,7 +134,7 @@ def _masks(profile: Profile, bound: list[str], system: list[str]) -> tuple[list[
         reads = deny.mandatory or CapabilityKind.FS_READ in deny.kinds
         if reads and isinstance(deny.capability, FsCapability):
             patterns += [expand_home(p, home) for p in deny.capability.paths]
-    plan = plan_masks(bound, system, patterns, home)
+    plan = plan_masks(bound, system, patterns, home, foreign_owner=foreign_owner, keep=keep)
     # /var/run -> /run: the link's target is masked itself, and a file bind would follow it
     files = [p for p in plan.files if not (os.path.islink(p) and under_runtime(p))]
     # a file inside a masked directory is hidden already; binding over it as well fails when
@@ -207,13 +209,16 @@ def build_env(profile: Profile, op: ProcExecOp, allowed: Iterable[str], base: Ma
 
 def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (),
                env_base: Mapping[str, str] | None = None, extra_ro: Iterable[str] = (),
-               tmpdir: str = "/tmp", host_roots: Sequence[str] = ()) -> Plan:
+               tmpdir: str = "/tmp", host_roots: Sequence[str] = (),
+               foreign_owner: int | None = None) -> Plan:
     """Compute the plan; refuses a cwd outside root_fs or outside every bound path.
 
     ``host_roots`` (the local runner): these trees readable and executable besides the
     profile's paths (what the process's uid may do there; writes stay the profile's), minus
     every existing path under a mandatory deny or a forbid of fs.read and the host runtime
-    directories, searched over all of them as binds; the host's network.
+    directories, searched over all of them as binds; the host's network. ``foreign_owner``
+    (the sandbox uid, with ``host_roots``): its directories outside the profile's paths are
+    masked too (other calls' workspaces, ``policy_engine.sandbox.masks``).
     """
     if any("\x00" in a for a in (op.tool, *op.args)):
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "argv contains a NUL byte")
@@ -231,7 +236,8 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
         if why is not None:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, why)
         cwd = resolve_beneath(root, cwd)
-    files, dirs = _masks(profile, [*host_roots, *bound], system)
+    files, dirs = _masks(profile, [*host_roots, *bound], system, foreign_owner=foreign_owner,
+                         keep=bound)
     return Plan(
         argv=[op.tool, *op.args], cwd=cwd, readable=readable, writable=writable, system=system,
         env=build_env(profile, op, env_allow, env_base or {}, tmpdir), mask_files=files,

@@ -16,6 +16,12 @@ binds: an unchanged tree reuses that walk, a changed one re-walks only the chang
 (each with the globs it had); a moved or deleted watched directory, a queue overflow or more
 than ``MAX_INCREMENTAL`` changed directories walk everything again (cheap: ctime cache).
 
+With ``foreign_owner`` (the local runner, whose view is the whole host), every directory that
+uid owns is masked whole unless it holds or lies beneath one of the ``keep`` paths: all proc
+sandboxes run as the one ``run_as`` uid and every workspace a call wrote is handed to it, so
+permission bits cannot keep one call's workspace from another (outsider attack round 4, F01).
+A hand-over changes only the owner: the watcher reports a directory's own attribute changes.
+
 There is no entry cap: a large tree costs time once (a cold walk), never a refusal.
 Pure standard library; ``plugins/executor_proc`` and ``plugins/executor_docker`` both call it.
 """
@@ -179,10 +185,25 @@ def _compile(pattern: str, home: str) -> _Glob:
     return _Glob(PathGlob.of(expanded, home), prefix, name, depth)
 
 
+@dataclass(frozen=True, slots=True)
+class _Foreign:
+    """Directories owned by ``uid`` are masked, except ``keep`` and the way to them."""
+
+    uid: int
+    keep: tuple[str, ...]
+    ancestors: frozenset[str]
+
+    def masks(self, d: str, st: os.stat_result) -> bool:
+        return (st.st_uid == self.uid and d not in self.ancestors
+                and not any(beneath(d, k) for k in self.keep))
+
+
 def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[str], home: str,
-               cache: DirCache | None = None) -> MaskPlan:
+               cache: DirCache | None = None, *, foreign_owner: int | None = None,
+               keep: Sequence[str] = ()) -> MaskPlan:
     """Existing paths matching ``patterns`` that the binds ``bound`` (searched for every glob)
-    or ``system`` (searched only for a glob whose literal prefix lies inside it) would expose.
+    or ``system`` (searched only for a glob whose literal prefix lies inside it) would expose;
+    with ``foreign_owner``, also the directories that uid owns outside ``keep`` (module doc).
     """
     cache = cache or DEFAULT_CACHE
     visible = [*bound, *system]
@@ -205,7 +226,14 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
             roots.append(g.prefix)
         for r in roots:
             starts.setdefault(r, []).append(g)
-    visited, listed, seen = _walk_or_reuse(starts, cache, found)
+    foreign = None
+    if foreign_owner is not None:
+        kept = tuple(sorted({os.path.normpath(k) for k in keep}))
+        foreign = _Foreign(foreign_owner, kept, frozenset(a for k in kept for a in
+                                                          (*_ancestors(k), k.rstrip("/") or "/")))
+        for b in bound:  # every directory of the view is visited, even with no glob active
+            starts.setdefault(b, [])
+    visited, listed, seen = _walk_or_reuse(starts, cache, found, foreign)
     skip = (*RUNTIME_DIRS, *NEVER_WALKED)
     found |= linked_secrets(seen, bound, found, literal, cache.linked, skip)
     files: set[str] = set()
@@ -270,16 +298,17 @@ MAX_INCREMENTAL = 64
 """More changed directories than this since the last plan: walk everything again."""
 
 
-def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache,
-                   found: set[str]) -> tuple[int, int, list[str]]:
+def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str],
+                   foreign: _Foreign | None = None) -> tuple[int, int, list[str]]:
     """Reuse the last walk of the same starts, re-walking only the directories inotify says
     changed since (each with the frame it had); a full walk when that is not known."""
     watcher = cache.watcher
     if watcher is None or not watcher.usable:
         seen: list[str] = []
-        visited, listed = _walk(starts, cache, found, seen=seen)
+        visited, listed = _walk(starts, cache, found, seen=seen, foreign=foreign)
         return visited, listed, seen
-    key = tuple(sorted((r, tuple(g.glob.pattern for g in gs)) for r, gs in starts.items()))
+    key = (tuple(sorted((r, tuple(g.glob.pattern for g in gs)) for r, gs in starts.items())),
+           foreign)
     watcher.drain()
     synced = watcher.seq  # INVARIANT: read before walking: a change during it stays in the log
     rec = cache.walks.get(key)
@@ -287,7 +316,7 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache,
     listed = 0
     if rec is None or changed is None or len(set(changed)) > MAX_INCREMENTAL:
         rec = _WalkRecord(synced, {}, {})
-        _, listed = _walk(starts, cache, set(), rec=rec)
+        _, listed = _walk(starts, cache, set(), rec=rec, foreign=foreign)
     else:
         for d in set(changed):
             frame = rec.inherited.get(d)
@@ -297,7 +326,8 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache,
             for p in [p for p in rec.inherited if p == d or p.startswith(below)]:
                 del rec.inherited[p]
                 rec.hits.pop(p, None)
-            listed += _walk(starts, cache, set(), rec=rec, tops=[(d, frame)])[1]
+            listed += _walk(starts, cache, set(), rec=rec, tops=[(d, frame)],
+                            foreign=foreign)[1]
         rec.synced = synced
     if watcher.usable and len(cache.walks) < 1024:
         cache.walks[key] = rec
@@ -309,7 +339,7 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache,
 def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
           rec: _WalkRecord | None = None,
           tops: list[tuple[str, _Frame]] | None = None,
-          seen: list[str] | None = None) -> tuple[int, int]:
+          seen: list[str] | None = None, foreign: _Foreign | None = None) -> tuple[int, int]:
     """One depth-first walk from the outermost start roots; nested starts join on the way.
 
     INVARIANT: a glob is active only at or beneath one of its start roots, and every start root
@@ -339,6 +369,13 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
             st = lstat(d)
         except OSError:
             continue
+        if foreign is not None and foreign.masks(d, st):
+            found.add(d)  # masked whole, never listed; watched for a change of owner back
+            if rec is not None:
+                rec.hits[d] = frozenset((d,))
+            if cache.watcher is not None:
+                cache.watcher.watch(d)
+            continue
         got = data.get(d)
         if got is None or not got.trusted or got.key != (st.st_dev, st.st_ino, st.st_ctime_ns):
             listed += 1
@@ -366,7 +403,7 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
                 depth = path.count("/")
                 child = _frame(tuple(g for g in frame.active if g.max_depth is None or depth
                                      - g.prefix.rstrip("/").count("/") < g.max_depth), memo)
-            if child.active or path in ancestors or path in starts:
+            if child.active or path in ancestors or path in starts or foreign is not None:
                 stack.append((path, child))
     return visited, listed
 

@@ -1,11 +1,12 @@
 """inotify over the directories a mask plan listed: which of them changed since a given moment.
 
 Every directory gets its watch *before* it is listed, so a change made after its listing always
-queues an event. ``drain()`` reads the queue into a log of changed directories (sequence numbers
-count its entries); a queue overflow, a watched directory moved or deleted, or a failed watch is
-a *full* invalidation: every walk older than it is redone whole. inotify is inode-based, so
-writes made through a sandbox's bind mounts are seen alike. Linux only, ctypes; without inotify
-(or past ``max_user_watches``) every plan walks.
+queues an event (an entry added, removed or renamed, or the directory's own owner or mode
+changed: the local runner masks by owner). ``drain()`` reads the queue into a log of changed
+directories (sequence numbers count its entries); a queue overflow, a watched directory moved
+or deleted, or a failed watch is a *full* invalidation: every walk older than it is redone
+whole. inotify is inode-based, so writes made through a sandbox's bind mounts are seen alike.
+Linux only, ctypes; without inotify (or past ``max_user_watches``) every plan walks.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import threading
 
 IN_NAMES = 0x100 | 0x200 | 0x40 | 0x80  # CREATE, DELETE, MOVED_FROM, MOVED_TO
 IN_SELF = 0x400 | 0x800  # DELETE_SELF, MOVE_SELF
+IN_ATTRIB = 0x4  # counted for the watched directory itself only: a change of its owner
 IN_Q_OVERFLOW, IN_IGNORED = 0x4000, 0x8000
 IN_ONLYDIR, IN_DONT_FOLLOW = 0x01000000, 0x02000000
 IN_NONBLOCK, IN_CLOEXEC = 0o4000, 0o2000000
-MASK = IN_NAMES | IN_SELF | IN_ONLYDIR | IN_DONT_FOLLOW
+MASK = IN_NAMES | IN_SELF | IN_ATTRIB | IN_ONLYDIR | IN_DONT_FOLLOW
 _EVENT = struct.Struct("iIII")
 MAX_LOG = 100_000
 
@@ -103,6 +105,8 @@ class Watcher:
                 if gone is not None:
                     self._watched.discard(gone)
                 continue
+            if mask & IN_ATTRIB and length:
+                continue  # an entry's chmod/chown/utime: its listing is unchanged
             path = self._paths.get(wd)
             if mask & (IN_Q_OVERFLOW | IN_SELF) or path is None:
                 self._invalidate()

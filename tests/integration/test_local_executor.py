@@ -153,6 +153,70 @@ def test_another_workspace_of_the_sandbox_uid_stays_unwritten(local_ex: LocalExe
     assert not (other / "planted").exists()
 
 
+def _hand_over(*paths: Path) -> None:
+    """What the proc backends do to a workspace a call wrote: owned by the sandbox uid,
+    closed to everyone else."""
+    for p in paths:
+        os.chown(p, 65533, 65533)
+        p.chmod(0o700 if p.is_dir() else 0o600)
+
+
+def test_another_workspace_of_the_sandbox_uid_stays_unread(local_ex: LocalExecutor,
+                                                           world: Path, elsewhere: Path) -> None:
+    """Attack round 4, F01. Layer: the mask plan carves every directory the sandbox uid owns
+    outside the profile's paths. All proc sandboxes share `run_as` and every workspace a call
+    wrote was handed to it, so the host's permission bits cannot keep one tenant's 0600 files
+    from another tenant's local call; before the fix the read returned the marker."""
+    other = elsewhere / "tenants" / "acme" / "work"
+    other.mkdir(parents=True)
+    (other / "secret.txt").write_text("TENANT-A-marker")
+    for p in (elsewhere / "tenants", elsewhere / "tenants" / "acme"):
+        p.chmod(0o755)
+    _hand_over(other, other / "secret.txt")
+    seen = _attempt(local_ex, make_profile(world), {
+        "read:other": str(other / "secret.txt"), "list:other": str(other),
+        "read:public": str(elsewhere / "app" / "README")})
+    assert seen["read:public"] == "public", seen
+    assert str(seen["read:other"]).startswith("refused"), seen
+    # hidden (an empty directory in its place) or refused: no file name either way
+    assert seen["list:other"] == 0 or str(seen["list:other"]).startswith("refused"), seen
+    assert "marker" not in json.dumps(seen)
+
+
+def test_a_sibling_workspace_under_a_handed_over_parent_stays_unread(
+        local_ex: LocalExecutor, elsewhere: Path) -> None:
+    """The call's own workspace is handed over as well, and so may its parent be (a project
+    written whole by an earlier call): the call still reads and writes its own, never the
+    sibling's, and a workspace handed over after the first (cached) walk is caught too."""
+    projects = elsewhere / "projects"
+    mine, sibling, later = projects / "p1", projects / "p2", projects / "p3"
+    for d in (mine / "out", mine / "home", sibling):
+        d.mkdir(parents=True)
+    (mine / "own.txt").write_text("mine")
+    (sibling / "data.csv").write_text("name,card-marker")
+    _hand_over(projects, mine, mine / "out", mine / "home", mine / "own.txt",
+               sibling, sibling / "data.csv")
+    profile = make_profile(mine)
+    seen = _attempt(local_ex, profile, {
+        "read:own": str(mine / "own.txt"), "write:own": str(mine / "out" / "new"),
+        "read:sibling": str(sibling / "data.csv"), "list:sibling": str(sibling)})
+    assert seen["read:own"] == "mine", seen
+    assert seen["write:own"] == "written", seen
+    assert str(seen["read:sibling"]).startswith("refused"), seen
+    assert seen["list:sibling"] == 0 or str(seen["list:sibling"]).startswith("refused"), seen
+    # created by the engine (root, world-readable), walked, then handed over: the hand-over
+    # changes only the owner, which the directory cache must notice
+    later.mkdir(mode=0o755)
+    (later / "late.txt").write_text("late-marker")
+    (later / "late.txt").chmod(0o644)
+    first = _attempt(local_ex, profile, {"read:later": str(later / "late.txt")})
+    assert first["read:later"] == "late-marker", first  # root's: any host user may read it
+    os.chown(later, 65533, 65533)
+    os.chown(later / "late.txt", 65533, 65533)
+    seen = _attempt(local_ex, profile, {"read:later": str(later / "late.txt")})
+    assert str(seen["read:later"]).startswith("refused"), seen
+
+
 def test_the_engine_state_directory_is_hidden(elsewhere: Path, world: Path) -> None:
     """The plugin hides `state_dir` (docker workspaces of every tenant, budgets, evidence)."""
     state = elsewhere / "state"

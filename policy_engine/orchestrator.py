@@ -57,7 +57,12 @@ from policy_engine.orchestration.revocation import (
     SqliteRevocationList,
 )
 from policy_engine.orchestration.running import Attempt, run_with_deadline
-from policy_engine.orchestration.selection import Selection, select, unknown_backends
+from policy_engine.orchestration.selection import (
+    Selection,
+    refusal_decision,
+    select,
+    unknown_backends,
+)
 from policy_engine.plugin_manager import PluginManager
 from policy_engine.profile import ProfileBuilder, ProfileCache
 from policy_engine.replay.record import ReplayRecorder
@@ -272,7 +277,9 @@ class Orchestrator:
         if sel.error is not None or sel.executor is None:
             err = sel.error or PolicyEngineError(ErrorCode.UNKNOWN_INTERNAL, "no backend")
             status: Status = "denied" if err.code == ErrorCode.CAPABILITY_BLOCKED else "error"
-            return self._finish(begin, decision, profile, op, started, err=err, status=status,
+            # reported and recorded as the deny explain answers, not the guard's allow
+            return self._finish(begin, refusal_decision(decision, err), profile, op, started,
+                                err=err, status=status,
                                 backend=sel.backend, error_kind=("capability" if status ==
                                                                  "denied" else "provider"))
         key = grant_key(grant)

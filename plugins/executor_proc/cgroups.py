@@ -98,6 +98,20 @@ class ExecCgroup:
                 return int(fh.read().split()[0])
         return None
 
+    def oom_kills(self) -> int:
+        """How many tasks of the group the memory controller's OOM killer ended (v1
+        ``memory.oom_control``, v2 ``memory.events``); 0 when there is no memory group."""
+        d = self.dirs.get("memory") if self.version == "v1" else self.dirs.get("pids")
+        name = "memory.oom_control" if self.version == "v1" else "memory.events"
+        if d is None:
+            return 0
+        with contextlib.suppress(OSError, ValueError), open(os.path.join(d, name)) as fh:
+            for line in fh:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        return 0
+
     def cpu_ms(self) -> int | None:
         """CPU time of every task that ran in the group (rusage misses bwrap's grandchildren)."""
         d = self.dirs.get("cpuacct")

@@ -73,7 +73,8 @@ class ProcOptions:
         compat mode.
     :param launcher_cache: where the native launcher is cached (default: ``native.py``).
     :param max_file_bytes: disk quota of a call: no file it writes grows past this many bytes
-        (RLIMIT_FSIZE; a process killed for it ends the call with ``QUOTA.BUDGET_EXCEEDED``).
+        (RLIMIT_FSIZE; a process killed for it ends the call with ``QUOTA.BUDGET_EXCEEDED``, as
+        does one the memory cgroup's OOM killer ended).
     :param prespawn: native launchers spawned ahead of time, each already in its own fresh
         cgroup (``prespawn.py``); 0 spawns one per call.
     :param run_as: ``[uid, gid]`` the sandbox runs as on the host when the engine is root
@@ -559,6 +560,7 @@ class ProcExecutor:
                 fh.close()
             os.close(status_r)
             memory_peak = cg.memory_peak() if cg else None
+            oom_kills = cg.oom_kills() if cg else 0  # read before the group is released
             cg_cpu = cg.cpu_ms() if cg else None
             if cg and self._pool is not None:
                 self._pool.release(cg)
@@ -569,7 +571,8 @@ class ProcExecutor:
         if spec is None:  # no seccomp layer refused setuid bits or device nodes: undo them
             sanitize.sanitize(plan.writable)
         return self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
-                            asked_network, degraded, chained=net is not None and layered)
+                            asked_network, degraded, chained=net is not None and layered,
+                            oom_kills=oom_kills)
 
     def _spawn(self, plan: Plan, spec: dict[str, Any] | None, stdin: bytes | None,
                exe: str | None, lim: Limits, cg_fds: list[int], net: RestrictedHandle | None,
@@ -639,7 +642,8 @@ class ProcExecutor:
     def _result(self, ctx: ExecContext, op: ProcExecOp, plan: Plan, oc: Outcome, out: HeadTail,
                 err: HeadTail, start: float, cg: cgroups.ExecCgroup | None,
                 memory_peak: int | None, asked_network: str,
-                degraded: str | None = None, chained: bool = False) -> ExecResult:
+                degraded: str | None = None, chained: bool = False,
+                oom_kills: int = 0) -> ExecResult:
         assert plan.limits is not None
         assert oc.status is not None
         duration_ms = int((time.monotonic() - start) * 1000)
@@ -666,6 +670,12 @@ class ProcExecutor:
                 ErrorCode.BUDGET_EXCEEDED, "disk quota exceeded: a file written reached the "
                 f"{self.options.max_file_bytes}-byte limit (proc option `max_file_bytes`)",
                 audit=audit)
+        if code == 128 + signal.SIGKILL and oom_kills > 0:  # not a SIGKILL the tool sent itself
+            raise PolicyEngineError(
+                ErrorCode.BUDGET_EXCEEDED, "memory limit exceeded: the out-of-memory killer of "
+                f"the call's memory cgroup ended the tool at the {plan.limits.memory_bytes}-byte "
+                "limit (`memory`)", audit={**audit, "oom_kills": oom_kills,
+                                           "memory_peak_bytes": memory_peak})
         stderr = err.kept(mark=False)
         if self.backend == "unshare" and not status:  # its launcher reports before any tool
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "proc-unshare could not set up "
@@ -690,6 +700,8 @@ class ProcExecutor:
             "backend": self.name, "network": plan.network, "network_requested": asked_network,
             "isolation": self._isolation(status, plan.network),
             "limits": describe(plan.limits, cg), "memory_peak_bytes": memory_peak,
+            # a child the OOM killer ended while the tool itself went on (its status says how)
+            **({"oom_kills": oom_kills} if oom_kills else {}),
             "masked": plan.mask_files + plan.mask_dirs,
             **({"degraded": [degraded]} if degraded else {}),
         }, used=Usage(cpu_ms=oc.rusage_cpu_ms))

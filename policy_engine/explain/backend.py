@@ -6,10 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from policy_engine.config import EngineConfig
-from policy_engine.errors import spec_of
 from policy_engine.executor import Executor
 from policy_engine.model import Decision, OpKind, Profile, TraceStep
-from policy_engine.orchestration.selection import NEVER_DEGRADED, required_capabilities, select
+from policy_engine.orchestration.selection import (
+    NEVER_DEGRADED,
+    refusal_decision,
+    required_capabilities,
+    select,
+)
 
 
 def requirements_shown(profile: Profile, op_kind: OpKind) -> list[str]:
@@ -27,11 +31,9 @@ def backend_step(decision: Decision, profile: Profile, op_kind: OpKind,
     sel = select(executors, config, profile, op_kind)
     trace = decision.trace or ()
     if sel.error is not None:
-        spec = spec_of(sel.error.code)
         step = TraceStep(node="backend", outcome="fail", detail=sel.error.reason)
-        return decision.model_copy(update={
-            "decision": "deny", "code": spec.code.value, "http_status": spec.http_status,
-            "reason": sel.error.reason, "rule": None, "trace": (*trace, step)})
+        return refusal_decision(decision, sel.error).model_copy(
+            update={"trace": (*trace, step)})
     detail = f"backend `{sel.backend}`"
     if profile.isolation is not None:
         detail += f" provides isolation `{profile.isolation.value}`"

@@ -13,9 +13,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from policy_engine.config import DEFAULT_BACKENDS, EngineConfig
-from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.errors import ErrorCode, PolicyEngineError, spec_of
 from policy_engine.executor import Executor, ExecutorCapabilities
-from policy_engine.model import CapabilityKind, NetworkMode, OpKind, Profile
+from policy_engine.model import CapabilityKind, Decision, NetworkMode, OpKind, Profile
 
 # Ops whose executor *is* the network client: the guard's host rules govern them, so the
 # sandbox network mode of the profile does not apply to the executor itself.
@@ -44,6 +44,16 @@ class Selection:
     backend: str | None
     degraded: tuple[str, ...] = ()
     error: PolicyEngineError | None = None
+
+
+def refusal_decision(decision: Decision, err: PolicyEngineError) -> Decision:
+    """The guard's allow ``decision`` as the deny a refused selection makes of it: the
+    selection's code, status and reason and no permitting rule. The run reports (and records)
+    this, and the dry run answers it, so both say the same (outsider round 4 F03)."""
+    spec = spec_of(err.code)
+    return decision.model_copy(update={
+        "decision": "deny", "code": spec.code.value, "http_status": spec.http_status,
+        "reason": err.reason, "rule": None})
 
 
 def _network_ok(caps: ExecutorCapabilities, mode: NetworkMode) -> bool:

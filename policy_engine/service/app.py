@@ -9,6 +9,7 @@ from pathlib import Path as FsPath  # fastapi's `Path` declares path parameters
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
@@ -37,8 +38,14 @@ from policy_engine.service.errors import (
 )
 from policy_engine.service.execs import ExecRunner
 from policy_engine.service.execstore import ExecStore
-from policy_engine.service.fastpath import ADMITTED, DecideFastPath, DecideRoute
-from policy_engine.service.guards import BodyLimit, authenticate, charge_rate
+from policy_engine.service.fastpath import DecideFastPath, DecideRoute
+from policy_engine.service.guards import (
+    ADMITTED,
+    AdmitFirst,
+    BodyLimit,
+    authenticate,
+    charge_rate,
+)
 from policy_engine.service.health import health_report
 from policy_engine.service.models import (
     EXEC_ID,
@@ -63,6 +70,8 @@ from policy_engine.skills.invoke import SkillInvoker
 _RESERVED_CONTEXT = ("grant", "manifest", "tenant", "subject")
 _JSON_OBJECT: dict[str, Any] = {"content": {"application/json": {"schema": {"type": "object"}}},
                                 "description": "the outcome document (docs/service.md)"}
+_UNREADABLE = ("body: not JSON this service reads (UTF-8 text, at most ~1000 levels of "
+               "nesting, integers of at most 4300 digits)")
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody} for status in (400, 401, 403, 404, 413, 422, 429, 500, 503)}
 
@@ -168,9 +177,11 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         finally:
             engine_box.pop().close()
 
-    # no /docs or /redoc: they load scripts from a CDN; /openapi.json is served (no token)
+    # no /docs or /redoc: they load scripts from a CDN; /openapi.json is served (no token).
+    # No slash redirects: `/v1/decide/` is an unknown endpoint (404), not a 307 to the
+    # client's own `Host` header (outsider round 4 F05)
     app = FastAPI(title="policy-engine service", version=__version__, lifespan=lifespan,
-                  docs_url=None, redoc_url=None,
+                  docs_url=None, redoc_url=None, redirect_slashes=False,
                   description="Decide and run AI agents' tool calls under policy "
                   "(docs/service.md).", responses=_ERRORS)
     bearer = HTTPBearer(auto_error=False, description="a token from `policy-engine tokens add`")
@@ -233,6 +244,13 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
             return error_response(service_error(
                 "SERVICE.METHOD_NOT_ALLOWED", "see /openapi.json"),
                 {"Allow": ", ".join(sorted(allowed))})
+        if exc.status_code == 400:  # FastAPI: a body json.loads refused but not for syntax
+            err = PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, _UNREADABLE)
+            view = err.public_view()
+            return error_response(ServiceError(view["code"], view["http_status"],
+                                               view["message"]))
+        if exc.status_code != 404:  # no other is raised today; never "no such endpoint"
+            return error_response(service_error("SERVICE.BAD_REQUEST", str(exc.detail)[:200]))
         return error_response(service_error("SERVICE.NOT_FOUND", "no such endpoint"))
 
     @app.exception_handler(Exception)
@@ -379,7 +397,17 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    # the token before the body, for every route that takes one (added last: every route is
+    # registered by now)
+    guarded = [route.path_regex for route in app.routes
+               if isinstance(route, APIRoute) and _depends_on(route.dependant, principal)]
+    app.add_middleware(AdmitFirst, guarded=guarded, admit=admission)
     return app
+
+
+def _depends_on(dependant: Dependant, call: Any) -> bool:
+    """Whether ``call`` is among the (transitive) dependencies of a route."""
+    return any(dep.call is call or _depends_on(dep, call) for dep in dependant.dependencies)
 
 
 def _chunks(fd: int) -> Iterator[bytes]:

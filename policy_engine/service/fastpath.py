@@ -4,18 +4,16 @@ A decision costs ~0.1 ms; FastAPI's routing, dependency solving and exception mi
 about as much again on every request (docs/benchmarks.md, "HTTP service"). The decide route is
 the hot one, so this ASGI layer answers the ordinary case itself with the *same* functions the
 route calls (admission, the decision, the error documents) and hands the request to FastAPI,
-body replayed, whenever the answer would involve anything else:
+body replayed, whenever the answer would involve anything else.
 
-* another method or path, a ``Content-Type`` other than exactly ``application/json``, an empty
-  body or one that is not JSON: FastAPI answers (its 422 ``json_invalid`` comes before
-  authentication there, so it must here too);
-* a body that fails validation: FastAPI answers with its 422, and the principal admitted (and
-  charged to the rate limit) here rides along in the ASGI scope so it is not charged twice.
-
-A missing or bad token, a rate-limit refusal and every refusal of the decision itself are
-answered here with the exception handlers' own documents (``error_response``).
-``tests/integration/test_service_fastpath.py`` sends the same requests through both paths and
-compares status, headers and bodies.
+Admission (token, then rate limit) comes first, before the body is looked at, as in the app
+(``guards.AdmitFirst``): a missing or bad token and a rate-limit refusal are answered here with
+the exception handlers' own documents (``error_response``). An admitted request is handed to
+FastAPI, the principal riding along in the ASGI scope so it is not admitted (and charged) twice,
+when its ``Content-Type`` is not exactly ``application/json``, its body is empty or not a JSON
+object (FastAPI's 422), or the body fails validation (FastAPI's 422). Every refusal of the
+decision itself is answered here. ``tests/integration/test_service_fastpath.py`` sends the same
+requests through both paths and compares status, headers and bodies.
 """
 
 from __future__ import annotations
@@ -30,12 +28,9 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policy_engine.service.errors import ServiceError, crash_response, error_response
+from policy_engine.service.guards import ADMITTED
 from policy_engine.service.models import DecideBody
 from policy_engine.service.tokens import Principal
-
-ADMITTED = "policy_engine.admitted"
-"""ASGI scope key: the principal this request was already admitted as (set only here; a client
-cannot write scope keys)."""
 
 _PATH = "/v1/decide"
 
@@ -77,10 +72,6 @@ class DecideFastPath:
         if body is None:
             return  # the client went away
         replay = _replaying(body, receive)
-        data = _json_object(body) if ctype == b"application/json" else None
-        if data is None:
-            await self.app(scope, replay, send)
-            return
         try:
             who = await self.route.admit(auth)
         except ServiceError as exc:
@@ -88,6 +79,10 @@ class DecideFastPath:
             return
         except Exception as exc:  # noqa: BLE001 — answered like the app's catch-all handler
             await crash_response(exc)(scope, replay, send)
+            return
+        data = _json_object(body) if ctype == b"application/json" else None
+        if data is None:
+            await self.app({**scope, ADMITTED: who}, replay, send)
             return
         try:
             parsed = DecideBody.model_validate(data, from_attributes=True)

@@ -71,7 +71,15 @@ def test_seed003_case19_unsupported_platform_is_a_clear_error(tmp_path: Path) ->
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     out = json.loads(proc.stdout)
-    assert out["decision"]["decision"] == "allow"  # the policy allows it; the platform cannot
+    # the policy allows it, the platform cannot: the run reports the deny the dry run answers
+    # with the same configuration (outsider round 4 F03)
+    explained = cli(tmp_path, "explain", "--format", "json", "--config", "engine.yaml",
+                    "--policy", str(ROOT / "examples/policies/org.sbpolicy"),
+                    "--request", str(ROOT / "examples/requests/git-status.json"))
+    said = json.loads(explained.stdout)
+    assert (said["decision"], said["code"]) == ("deny", "PROVIDER.UNAVAILABLE"), said
+    assert out["decision"]["decision"] == "deny"
+    assert out["decision"]["code"] == said["code"]
     assert out["result"]["code"] == "PROVIDER.UNAVAILABLE"
     assert REASON in out["result"]["message"]
     assert NAME in out["result"]["message"]

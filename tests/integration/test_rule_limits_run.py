@@ -140,9 +140,12 @@ def test_rule_memory_fails_a_600_mb_allocation(proc_env: Env) -> None:
     assert out.decision.allowed
     stdout = out.result.out.get("stdout", "") if out.result.ok else ""
     assert "allocated" not in stdout, out.result
-    if out.result.ok:  # MemoryError or killed by the cgroup: either way not allocated
+    if out.result.ok:  # MemoryError (rlimit) or killed: either way not allocated
         assert "MemoryError" in stdout or out.result.out["exit_code"] != 0
         assert "268435456" in json.dumps(out.result.out["limits"])
+    else:  # the cgroup's OOM killer: a limit hit naming the rule's limit (attack round 4 F04)
+        assert out.result.code == "QUOTA.BUDGET_EXCEEDED", out.result
+        assert "268435456" in str(out.result.message)
 
 
 def test_rule_pids_refuses_a_fork_bomb(proc_env: Env) -> None:

@@ -89,7 +89,7 @@ def _cases(root: Path) -> list[Callable[[str], Request]]:
         post(ok, auth=None),  # no token
         post(ok, auth="Bearer pet_0123456789abcdef." + "A" * 43),  # unknown token
         post(ok, auth="Basic YWxhZGRpbjpvcGVuc2VzYW1l"),
-        post(b"{not json", auth=None),  # FastAPI answers 422 before authentication
+        post(b"{not json", auth=None),  # 401: the token is checked before the body
         post(b"{not json"),
         post(b"[1, 2]"),
         post(b""),
@@ -108,6 +108,12 @@ def _cases(root: Path) -> list[Callable[[str], Request]]:
         post(json.dumps(ok).replace(f"{root}/data/hello.txt", "\\udfff").encode()),
         post(ok, path="/v1/decide/"),
         post(ok, method="PUT"),
+        # attack round 4 F02: bodies json.loads refuses for other reasons than syntax
+        post(b'{"op":"\xff\xfe"}'),
+        post(b'{"op":"\xff\xfe"}', auth=None),
+        post(b'{"op":' + b"[" * 30_000 + b"]" * 30_000 + b"}"),
+        post(json.dumps(ok).encode()[:-1] + b', "now_ms": ' + b"9" * 5000 + b"}"),
+        post(b'{"op":' + b"[" * 30_000 + b"]" * 30_000 + b"}", auth=None),
     ]
 
 
@@ -121,6 +127,9 @@ def test_the_fast_path_answers_as_the_route_does(tmp_path: Path) -> None:
     assert statuses[:3] == [200, 200, 200], statuses
     assert {401, 403, 404, 405, 422} <= set(statuses), statuses
     assert answers[True][1][2]["decision"] == "deny"
+    assert statuses[6] == 401, statuses  # broken JSON without a token: the token comes first
+    assert statuses[22] == 404, statuses  # a trailing slash: no redirect
+    assert statuses[-5:] == [422, 401, 422, 422, 401], statuses
     for i, (quick, full) in enumerate(zip(answers[True], answers[False], strict=True)):
         assert quick == full, f"case {i}: {quick[:2]} != {full[:2]}"
 

@@ -1,0 +1,84 @@
+"""Outsider round 4 F04: a tool the memory cgroup's OOM killer ends is a limit hit, not a result.
+
+It was `result: ok`, `exit_code: 137`, no code, `policy-engine run` exit 0 (proc-unshare, local).
+Now, as for a file over `max_file_bytes` (`SIGXFSZ`), the call fails with
+`QUOTA.BUDGET_EXCEEDED` naming the memory limit, exit 1, evidence status `error`. A tool that
+SIGKILLs itself (no OOM kill counted in its cgroup) stays a result (docs/plugins.md, "Exit
+codes"), and so does a tool's own non-zero exit: `run` exits 0 for both (docs/cli.md). Run for
+real through `policy-engine run` with a 64 MiB memory limit on each first-party proc backend.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+POLICY = """\
+policy "oom" version "1"
+defaults { timeout 60s  limits { memory 64MiB } }
+permit proc.exec tool "python3" args ["-c", /.*/]
+"""
+MANIFEST = """\
+tool "t" version "1" {
+  permit proc.exec tool "python3" args ["-c", /.*/]
+}
+"""
+GRANT = {"tenant": "acme", "subject_id": "a", "tool_name": "t", "call_id": "c1",
+         "expires_at": 4102444800000, "capabilities": [{"kind": "proc.exec", "tool": "python3"}]}
+# touches 512 MiB, 8 MiB at a time: the cgroup (64 MiB) kills it long before the end
+GREEDY = "b = [b'x' * (8 << 20) for _ in range(64)]; print('allocated')"
+SELF_KILLED = "import os; os.kill(os.getpid(), 9)"
+BACKENDS = ["proc-bwrap", "proc-landlock", "proc-unshare", "local"]
+
+
+def _run(tmp: Path, backend: str, code: str) -> tuple[int, dict[str, Any]]:
+    (tmp / "p.sbpolicy").write_text(POLICY)
+    (tmp / "m.sbpolicy").write_text(MANIFEST)
+    (tmp / "g.json").write_text(json.dumps(GRANT))
+    # compat: landlock and local lack what bwrap has; mandatory denies never degrade
+    (tmp / "c.yaml").write_text(f"state_dir: {tmp / 'state'}\nmode: compat\n"
+                                f"backends:\n  proc.exec: {backend}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "policy_engine.cli", "run", "--policy", str(tmp / "p.sbpolicy"),
+         "--manifest", str(tmp / "m.sbpolicy"), "--grant", str(tmp / "g.json"),
+         "--config", str(tmp / "c.yaml"), "--format", "json", "--", "python3", "-c", code],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_oom_kill_is_budget_exceeded_naming_the_memory_limit(tmp_path: Path,
+                                                                backend: str) -> None:
+    rc, out = _run(tmp_path, backend, GREEDY)
+    result = out["result"]
+    assert result["ok"] is False, result
+    assert result["code"] == "QUOTA.BUDGET_EXCEEDED", result
+    assert "memory" in result["message"], result
+    assert str(64 << 20) in result["message"], result
+    assert rc == 1
+    end = out["evidence"]
+    assert end["status"] == "error"
+    assert end["error_code"] == "QUOTA.BUDGET_EXCEEDED"
+    assert end["sandbox_success"] is False
+    assert "allocated" not in json.dumps(out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_self_inflicted_sigkill_and_a_non_zero_exit_stay_results(tmp_path: Path,
+                                                                   backend: str) -> None:
+    rc, out = _run(tmp_path, backend, SELF_KILLED)
+    assert out["result"]["ok"] is True, out["result"]
+    assert out["result"]["out"]["exit_code"] == 128 + 9
+    assert rc == 0  # the call ran; the tool's status is in the result
+    rc, out = _run(tmp_path, backend, "raise SystemExit(3)")
+    assert out["result"]["ok"] is True, out["result"]
+    assert out["result"]["out"]["exit_code"] == 3
+    assert rc == 0

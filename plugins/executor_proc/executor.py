@@ -686,6 +686,7 @@ class ProcExecutor:
                                     "sandbox: " + stderr.decode(errors="replace")[:300],
                                     audit=audit)
         ctx.consume("cpu_ms", oc.rusage_cpu_ms)
+        hidden = set(plan.hidden_dirs)
         ctx.record_side_effect(SideEffectRec(kind=SideEffect.PROCESS, meta={
             "op": "proc.exec", "tool": op.tool, "argc": len(plan.argv),
             "argv_digest": Digest.of("\0".join(plan.argv).encode()).model_dump(),
@@ -702,7 +703,9 @@ class ProcExecutor:
             "limits": describe(plan.limits, cg), "memory_peak_bytes": memory_peak,
             # a child the OOM killer ended while the tool itself went on (its status says how)
             **({"oom_kills": oom_kills} if oom_kills else {}),
-            "masked": plan.mask_files + plan.mask_dirs,
+            # other calls' workspaces by count: their paths name tenants, projects and execs
+            "masked": plan.mask_files + [d for d in plan.mask_dirs if d not in hidden],
+            **({"hidden_workspaces": len(hidden)} if hidden else {}),
             **({"degraded": [degraded]} if degraded else {}),
         }, used=Usage(cpu_ms=oc.rusage_cpu_ms))
 

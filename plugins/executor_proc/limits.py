@@ -117,10 +117,10 @@ def _stage(libc: ctypes.CDLL, reach: Reach) -> None:
             os.mkdir(where, 0o755)
         else:
             os.close(os.open(where, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        ok(libc.mount(path.encode(), where.encode(), None, _MS_BIND | _MS_REC, None),
+        ok(libc.mount(os.fsencode(path), os.fsencode(where), None, _MS_BIND | _MS_REC, None),
            f"cannot stage {path}")
     for cover in reach.covers:
-        ok(libc.mount(b"pe-cover", cover.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+        ok(libc.mount(b"pe-cover", os.fsencode(cover), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                       b"mode=0755,size=64k"), f"cannot cover {cover}")
     for i, dest in reach.rebinds:
         where = f"{STAGE_DIR}/{i}"
@@ -129,12 +129,12 @@ def _stage(libc: ctypes.CDLL, reach: Reach) -> None:
         else:
             os.makedirs(os.path.dirname(dest), 0o755, exist_ok=True)
             os.close(os.open(dest, os.O_CREAT | os.O_WRONLY, 0o644))
-        ok(libc.mount(where.encode(), dest.encode(), None, _MS_BIND | _MS_REC, None),
+        ok(libc.mount(os.fsencode(where), os.fsencode(dest), None, _MS_BIND | _MS_REC, None),
            f"cannot bind {dest}")
     if reach.rebinds:
         ok(libc.umount2(STAGE_DIR.encode(), _MNT_DETACH), "cannot detach the stage")
     for hide in reach.hides:  # sb_launch.c -M: a masked dir already gone (or hidden) is skipped
-        if libc.mount(b"pe-mask", hide.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_RDONLY,
+        if libc.mount(b"pe-mask", os.fsencode(hide), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_RDONLY,
                       b"mode=0755,size=4k") != 0 and ctypes.get_errno() not in (
                           errno.ENOENT, errno.ENOTDIR):
             raise OSError(ctypes.get_errno(), f"cannot cover {hide}")

@@ -36,7 +36,7 @@ class Held:
     def send(self, cwd: str, env: dict[str, str], args: list[str]) -> None:
         """Hand over the command; raises OSError when the launcher is gone."""
         parts = [cwd, *(f"{k}={v}" for k, v in env.items()), "", *args]
-        data = memoryview(b"\0".join(p.encode() for p in parts) + b"\0")
+        data = memoryview(b"\0".join(os.fsencode(p) for p in parts) + b"\0")
         try:
             while data:
                 data = data[os.write(self.ctl, data):]

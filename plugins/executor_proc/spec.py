@@ -63,6 +63,8 @@ class Plan:
     system: list[str]
     mask_files: list[str] = field(default_factory=list)
     mask_dirs: list[str] = field(default_factory=list)
+    # of mask_dirs: other calls' workspaces (the local runner), reported as a count only
+    hidden_dirs: list[str] = field(default_factory=list)
     # existing paths inside writable binds that a forbid of fs.write covers: bound read-only
     readonly: list[str] = field(default_factory=list)
     limits: Limits | None = None
@@ -117,7 +119,7 @@ def carve(root: str, access: str, masked: list[str]) -> list[tuple[str, str]]:
 
 def _masks(profile: Profile, bound: list[str], system: list[str], *,
            foreign_owner: int | None = None,
-           keep: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+           keep: Sequence[str] = ()) -> tuple[list[str], list[str], list[str]]:
     """Existing paths under mandatory denies, the built-ins and the host runtime directories
     that a bind would expose (one pruned, cached walk: ``policy_engine.sandbox.masks``).
     What other host users may not read (``/etc/docker/key.json``) needs no mask: the sandbox
@@ -142,7 +144,7 @@ def _masks(profile: Profile, bound: list[str], system: list[str], *,
     # create the mount point), which made every `fs.read "/**"` sandbox fail while dockerd ran
     files = [p for p in files
              if not any(beneath(os.path.realpath(p), d) for d in plan.dirs)]
-    return files, list(plan.dirs)
+    return files, list(plan.dirs), list(plan.foreign)
 
 
 def _write_forbidden(profile: Profile, writable: list[str], masked: list[str]) -> list[str]:
@@ -236,12 +238,13 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
         if why is not None:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, why)
         cwd = resolve_beneath(root, cwd)
-    files, dirs = _masks(profile, [*host_roots, *bound], system, foreign_owner=foreign_owner,
-                         keep=bound)
+    files, dirs, hidden = _masks(profile, [*host_roots, *bound], system,
+                                 foreign_owner=foreign_owner, keep=bound)
     return Plan(
         argv=[op.tool, *op.args], cwd=cwd, readable=readable, writable=writable, system=system,
         env=build_env(profile, op, env_allow, env_base or {}, tmpdir), mask_files=files,
-        mask_dirs=dirs, readonly=_write_forbidden(profile, writable, files + dirs),
+        mask_dirs=dirs, hidden_dirs=hidden,
+        readonly=_write_forbidden(profile, writable, files + dirs),
         limits=resolve_limits(profile, op),
         network="on" if host_roots else profile.network.value,
         open_trees=list(host_roots),

@@ -21,6 +21,12 @@ uid owns is masked whole unless it holds or lies beneath one of the ``keep`` pat
 sandboxes run as the one ``run_as`` uid and every workspace a call wrote is handed to it, so
 permission bits cannot keep one call's workspace from another (outsider attack round 4, F01).
 A hand-over changes only the owner: the watcher reports a directory's own attribute changes.
+A directory whose every entry is masked is masked whole instead (a service's ``artifacts/``
+holding one handed-over directory per exec costs one cover, not one per exec).
+
+Fail closed on what a path-based walk cannot name: a directory deeper than ``MAX_DEPTH``
+segments or with a path longer than ``MAX_PATH_BYTES`` is masked whole, never walked (a tree
+below ``PATH_MAX`` is still reachable through relative ``chdir``; outsider round 5).
 
 There is no entry cap: a large tree costs time once (a cold walk), never a refusal.
 Pure standard library; ``plugins/executor_proc`` and ``plugins/executor_docker`` both call it.
@@ -40,6 +46,8 @@ from policy_engine.sandbox.hardlinks import linked_secrets
 from policy_engine.sandbox.watch import Watcher
 
 RACY_NS = 2_000_000_000
+MAX_DEPTH = 128
+MAX_PATH_BYTES = 3072
 RUNTIME_DIRS: tuple[str, ...] = ("/run", "/var/run", "/var/lib/docker", "/var/lib/containerd",
                                  "/var/lib/containers", "/var/lib/kubelet")
 """Host control sockets (docker, containerd, dbus, systemd, podman, the user's runtime dir) live
@@ -73,6 +81,7 @@ class MaskPlan:
     dirs: tuple[str, ...]
     dirs_visited: int
     dirs_listed: int
+    foreign: tuple[str, ...] = ()  # of ``dirs``: hidden for their owner (other calls' names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +217,7 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
     cache = cache or DEFAULT_CACHE
     visible = [*bound, *system]
     found: set[str] = set()
+    hidden: set[str] = set()
     starts: dict[str, list[_Glob]] = {}
     literal: list[str] = []
     for pattern in patterns:
@@ -254,11 +264,47 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
                     continue
                 p = via
         try:
-            mode = os.lstat(p).st_mode
+            st = os.lstat(p)
         except OSError:
             continue
-        (dirs if stat.S_ISDIR(mode) else files).add(p)
-    return MaskPlan(tuple(sorted(files)), tuple(sorted(dirs)), visited, listed)
+        if stat.S_ISDIR(st.st_mode):
+            dirs.add(p)
+            if foreign is not None and foreign.masks(p, st):
+                hidden.add(p)
+        else:
+            files.add(p)
+    if foreign is not None:
+        _coalesce(files, dirs, hidden, visible, foreign, cache)
+    return MaskPlan(tuple(sorted(files)), tuple(sorted(dirs)), visited, listed,
+                    tuple(sorted(hidden)))
+
+
+def _coalesce(files: set[str], dirs: set[str], hidden: set[str], visible: Sequence[str],
+              foreign: _Foreign, cache: DirCache) -> None:
+    """Mask a directory whose every entry is masked instead of each entry (bottom-up), never
+    a view root, a kept path or a directory on the way to one."""
+    while True:
+        kids: dict[str, set[str]] = {}
+        for p in (*files, *dirs):
+            kids.setdefault(os.path.dirname(p), set()).add(os.path.basename(p))
+        merged = False
+        for parent, names in kids.items():
+            if (parent in foreign.ancestors or any(beneath(parent, k) for k in foreign.keep)
+                    or not any(parent != v and beneath(parent, v) for v in visible)):
+                continue
+            listing, _ = cache.listing(parent)
+            if listing is None or not listing.names <= names:
+                continue
+            gone = {f"{parent}/{n}" for n in names}
+            if gone & hidden or parent in hidden:
+                hidden.add(parent)
+            hidden -= gone
+            files -= gone
+            dirs -= gone
+            dirs.add(parent)
+            merged = True
+        if not merged:
+            return
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,7 +415,7 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
             st = lstat(d)
         except OSError:
             continue
-        if foreign is not None and foreign.masks(d, st):
+        if (foreign is not None and foreign.masks(d, st)) or _too_deep(d):
             found.add(d)  # masked whole, never listed; watched for a change of owner back
             if rec is not None:
                 rec.hits[d] = frozenset((d,))
@@ -406,6 +452,10 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
             if child.active or path in ancestors or path in starts or foreign is not None:
                 stack.append((path, child))
     return visited, listed
+
+
+def _too_deep(path: str) -> bool:
+    return path.count("/") > MAX_DEPTH or len(os.fsencode(path)) > MAX_PATH_BYTES
 
 
 def _ancestors(path: str) -> list[str]:

@@ -217,6 +217,104 @@ def test_a_sibling_workspace_under_a_handed_over_parent_stays_unread(
     assert str(seen["read:later"]).startswith("refused"), seen
 
 
+def _deep(base: Path, levels: int, name: str) -> Path:
+    """``levels`` nested directories named ``name`` below ``base`` (built with relative
+    ``mkdir``/``chdir``: the full path may exceed PATH_MAX); returns the deepest (by fd path)."""
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir(name, 0o755, dir_fd=fd)
+            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        os.mkdir("T", 0o700, dir_fd=fd)
+        os.chown("T", 65533, 65533, dir_fd=fd)
+        t = os.open("T", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        secret = os.open("s.txt", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=t)
+        os.write(secret, b"DEEP-marker")
+        os.fchown(secret, 65533, 65533)
+        os.close(secret)
+        os.close(t)
+    finally:
+        os.close(fd)
+    return base
+
+
+READ_DEEP = textwrap.dedent("""
+    import os, sys
+    try:
+        os.chdir(sys.argv[1])
+        for _ in range(int(sys.argv[2])):
+            os.chdir(sys.argv[3])
+        print("READ", open("T/s.txt").read())
+    except OSError as e:
+        print("refused", e.errno)
+""")
+
+
+@pytest.mark.parametrize(("levels", "name"), [(20, "d" * 250), (1100, "d")],
+                         ids=["longer-than-PATH_MAX", "1100-deep"])
+def test_a_workspace_beyond_what_a_path_can_name_stays_unread(
+        local_ex: LocalExecutor, world: Path, elsewhere: Path, levels: int, name: str) -> None:
+    """Outsider round 5, F02/F03: a handed-over workspace below PATH_MAX (reached by relative
+    chdir) was not hidden and its secret was read; one 1,100 levels deep made every local call
+    fail with an internal error (recursion). Such a tree is masked whole where the walk stops."""
+    (elsewhere / "deep").mkdir()
+    try:
+        base = _deep(elsewhere / "deep", levels, name)
+        out = _run(local_ex, make_profile(world), READ_DEEP, str(base), str(levels), name)
+    finally:  # shutil.rmtree recurses once per level
+        subprocess.run(["rm", "-rf", str(elsewhere / "deep")], check=True)
+    assert out["exit_code"] == 0, out
+    assert str(out["stdout"]).startswith("refused"), out
+    assert "marker" not in json.dumps(out)
+
+
+def test_an_undecodable_workspace_name_neither_breaks_nor_leaks(local_ex: LocalExecutor,
+                                                                world: Path,
+                                                                elsewhere: Path) -> None:
+    """Outsider round 5, F03: one sandbox-owned directory named with a non-UTF-8 byte and a
+    newline anywhere on the host made every local call fail (the launcher's command could
+    not be encoded)."""
+    odd = os.fsencode(elsewhere) + b"/w\xff\nx"
+    os.mkdir(odd, 0o700)
+    os.chown(odd, 65533, 65533)
+    with open(odd + b"/s.txt", "wb") as fh:
+        fh.write(b"ODD-marker")
+    os.chown(odd + b"/s.txt", 65533, 65533)
+    code = "import sys; d = bytes.fromhex(sys.argv[1])\n" \
+           "try: print(open(d + b'/s.txt').read())\nexcept OSError as e: print('refused', e)"
+    out = _run(local_ex, make_profile(world), code, odd.hex())
+    assert out["exit_code"] == 0, out
+    assert str(out["stdout"]).startswith("refused"), out
+
+
+def test_many_handed_over_execs_cost_one_cover_and_no_names(local_ex: LocalExecutor,
+                                                            world: Path,
+                                                            elsewhere: Path) -> None:
+    """Outsider round 5, F04: a service's `artifacts/` holds one handed-over directory per
+    exec; past 512 of them every local call on the host was refused. A directory whose every
+    entry is hidden is hidden whole; the call's result counts other workspaces, never names
+    them (their paths name tenants, projects and execs)."""
+    arts = elsewhere / "tenants" / "acme" / "projects" / "p1" / "artifacts"
+    arts.mkdir(parents=True)
+    for i in range(600):
+        d = arts / f"exec{i:04d}"
+        d.mkdir(mode=0o700)
+        (d / "stdout.txt").write_text(f"exec-{i}-marker")
+        _hand_over(d / "stdout.txt", d)
+    out = _run(local_ex, make_profile(world), ATTEMPTS, json.dumps({
+        "read:exec": str(arts / "exec0599" / "stdout.txt"),
+        "read:public": str(elsewhere / "app" / "README")}))
+    assert out["exit_code"] == 0, out
+    seen = json.loads(str(out["stdout"]))
+    assert seen["read:public"] == "public", seen
+    assert str(seen["read:exec"]).startswith("refused"), seen
+    assert int(str(out["hidden_workspaces"])) >= 1
+    assert "acme" not in json.dumps(out["masked"])
+    assert "marker" not in json.dumps(out)
+
+
 def test_the_engine_state_directory_is_hidden(elsewhere: Path, world: Path) -> None:
     """The plugin hides `state_dir` (docker workspaces of every tenant, budgets, evidence)."""
     state = elsewhere / "state"

@@ -1,7 +1,14 @@
 """The paths a proc sandbox binds for a profile, and the ``cwd`` it accepts: one answer for both
 the guard (which decides the op) and the proc executors (which build the sandbox from it).
 
-Binds have literal-prefix granularity: ``/w/*/out`` binds ``/w``. A ``cwd`` must lie beneath
+A glob binds what it matches on disk when the call starts, never more: ``/w/**`` binds ``/w``,
+``/w/*/out/**`` binds each existing ``/w/<x>/out`` (not ``/w``: its siblings may be other
+tenants' workspaces, all owned by the one sandbox uid — outsider round 5, F09), ``/w/*/a.txt``
+each existing ``/w/<x>/a.txt`` file (files are bound read-only; a writable bind is always a
+directory). A wildcard match that is a directory without a ``/**``
+after it is not bound (its contents are not the glob's); symlinks are not followed; a glob whose
+expansion visits more than ``MAX_EXPANSION_DIRS`` directories or yields more than
+``MAX_GLOB_BINDS`` paths binds nothing (fail closed: narrow it). A ``cwd`` must lie beneath
 ``root_fs`` once its symlinks are followed (the process ``chdir``s through them) and beneath one
 of the bound paths, or the process would start in a directory the sandbox does not show.
 """
@@ -14,8 +21,11 @@ from collections.abc import Iterable
 from policy_engine.errors import PolicyEngineError
 from policy_engine.guard.paths import quote, resolve_beneath
 from policy_engine.model import FsCapability, Profile
-from policy_engine.patterns.paths import expand_home, literal_prefix
+from policy_engine.patterns.paths import expand_home, glob_regex, literal_prefix
 from policy_engine.sandbox.masks import under_runtime
+
+MAX_EXPANSION_DIRS = 10_000
+MAX_GLOB_BINDS = 256
 
 
 def beneath(path: str, root: str) -> bool:
@@ -23,8 +33,9 @@ def beneath(path: str, root: str) -> bool:
     return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def fs_prefixes(profile: Profile, kinds: Iterable[str]) -> list[str]:
-    """Literal prefixes of the profile's fs capabilities of ``kinds``, clamped to root_fs.
+def fs_prefixes(profile: Profile, kinds: Iterable[str], files: bool = False) -> list[str]:
+    """What the profile's fs capabilities of ``kinds`` bind (``glob_binds``: directories, and
+    regular files with ``files``), clamped to root_fs.
 
     A conjunction (``all_of``) keeps a prefix only if every member has an ancestor-or-equal
     prefix: the deepest such prefix still covers the whole intersection.
@@ -36,21 +47,72 @@ def fs_prefixes(profile: Profile, kinds: Iterable[str]) -> list[str]:
     for pc in profile.capabilities:
         if pc.kind.value not in wanted:
             continue
-        members = [[literal_prefix(expand_home(p, home)) for p in c.paths]
+        members = [[b for p in c.paths for b in glob_binds(expand_home(p, home))]
                    for c in pc.all_of if isinstance(c, FsCapability)]
         for cand in {p for m in members for p in m}:
             if all(any(beneath(cand, q) for q in m) for m in members):
                 clamped = cand if beneath(cand, root) else root if beneath(root, cand) else None
-                if clamped and os.path.isdir(clamped) and not os.path.islink(clamped):
+                if clamped and not os.path.islink(clamped) and (
+                        os.path.isdir(clamped) or files and os.path.isfile(clamped)):
                     out.add(clamped)
     # a path beneath another of the same list adds nothing
     return sorted(p for p in out if not any(q != p and beneath(p, q) for q in out))
 
 
+def glob_binds(pattern: str) -> list[str]:
+    """The existing paths a sandbox binds for one absolute glob (module doc)."""
+    prefix = literal_prefix(pattern)
+    segs = [g for g in pattern.split("/") if g]
+    rest = segs[len([g for g in prefix.split("/") if g]):]
+    if not rest or rest == ["**"]:
+        return [prefix]
+    rx = [None if g == "**" else glob_regex("/" + g) for g in rest]
+    out: list[str] = []
+    stack = [(prefix, 0)]
+    seen: set[tuple[str, int]] = set()
+    visited = 0
+    while stack:
+        d, i = stack.pop()
+        if (d, i) in seen:
+            continue
+        seen.add((d, i))
+        if rx[i] is None:  # `**`: everything beneath when last, else zero or more segments
+            if i == len(rx) - 1:
+                out.append(d)
+                continue
+            stack.append((d, i + 1))
+        visited += 1
+        if visited > MAX_EXPANSION_DIRS or len(out) > MAX_GLOB_BINDS:
+            return []
+        try:
+            with os.scandir(d) as it:
+                entries = [(e.name, e.is_dir(follow_symlinks=False), e.is_symlink()) for e in it]
+        except OSError:
+            continue
+        base = d.rstrip("/")
+        seg = rx[i]
+        for name, is_dir, is_link in entries:
+            if is_link:
+                continue
+            path = f"{base}/{name}"
+            if seg is None:
+                if is_dir:
+                    stack.append((path, i))
+                continue
+            if not seg.match("/" + name):
+                continue
+            if i == len(rx) - 1:
+                if not is_dir:  # a directory matched without `/**` exposes no contents
+                    out.append(path)
+            elif is_dir:
+                stack.append((path, i + 1))
+    return [] if len(out) > MAX_GLOB_BINDS else sorted(set(out))
+
+
 def bound_paths(profile: Profile) -> tuple[list[str], list[str]]:
     """(readable, writable) prefixes a proc sandbox binds; host runtime dirs never are."""
     writable = fs_prefixes(profile, {"fs.write"})
-    readable = [p for p in fs_prefixes(profile, {"fs.read", "fs.list"})
+    readable = [p for p in fs_prefixes(profile, {"fs.read", "fs.list"}, files=True)
                 if not any(beneath(p, w) for w in writable)]
     # host control sockets are a mandatory deny no policy lifts: never bind a runtime dir
     return ([p for p in readable if not under_runtime(p)],

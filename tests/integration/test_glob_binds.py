@@ -1,0 +1,152 @@
+"""A wildcard glob binds what it matches, never its whole literal prefix (outsider round 5, F09):
+with `fs.read /w/*/pub/**` the sandbox used to bind `/w`, and since every handed-over workspace
+belongs to the one sandbox uid, a permitted process read another tenant's 0600 files that the
+guard refuses. Run for real on every proc backend, strict profile semantics."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from plugins.executor_proc.executor import ProcExecutor
+from policy_engine.executor import ExecContext
+from policy_engine.guard.binds import MAX_GLOB_BINDS, glob_binds
+from policy_engine.model import ProcExecOp, Profile
+from tests.integration.test_proc_sandbox import fs_cap, make_profile
+
+pytestmark = pytest.mark.integration
+
+PYTHON = "/usr/bin/python3"
+PROBE = textwrap.dedent("""
+    import json, os, sys
+    out = {}
+    for key, path in json.loads(sys.argv[1]).items():
+        try:
+            out[key] = open(path).read() if key.startswith("read") else sorted(os.listdir(path))
+        except OSError as e:
+            out[key] = "refused: " + os.strerror(e.errno or 0)
+    print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def executors() -> Iterator[dict[str, ProcExecutor]]:
+    made = {b: ProcExecutor(b) for b in ("bwrap", "landlock", "unshare")}
+    for ex in made.values():
+        assert ex.available() is True, ex.unavailable_reason
+    yield made
+    for ex in made.values():
+        ex.close()
+
+
+@pytest.fixture
+def tenants() -> Iterator[Path]:
+    """/w/A: another tenant's handed-over workspace; /w/B: ours; /w/C: a project with a public
+    dir, a notes file and a private file of root's (world-readable on the host)."""
+    w = Path(tempfile.mkdtemp(prefix="globbinds-", dir="/var/tmp"))
+    w.chmod(0o755)
+    (w / "A" / "work").mkdir(parents=True)
+    (w / "A" / "work" / "s.txt").write_text("A-SECRET-marker")
+    owned = ((w / "A", 0o700), (w / "A" / "work", 0o700), (w / "A" / "work" / "s.txt", 0o600))
+    for p, mode in owned:
+        os.chown(p, 65533, 65533)
+        p.chmod(mode)
+    for d in ("B/out", "B/home", "C/pub"):
+        (w / d).mkdir(parents=True, mode=0o755)
+    (w / "B" / "mine.txt").write_text("mine")
+    (w / "C" / "pub" / "readme").write_text("public")
+    (w / "C" / "notes.md").write_text("notes")
+    (w / "C" / "private.txt").write_text("C-PRIVATE-marker")
+    for p in (w / "B", w / "C", w / "B" / "mine.txt", w / "C" / "pub" / "readme",
+              w / "C" / "notes.md", w / "C" / "private.txt"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    yield w
+    shutil.rmtree(w, ignore_errors=True)
+
+
+def _profile(w: Path) -> Profile:
+    base = make_profile(w / "B")
+    return base.model_copy(update={
+        "capabilities": (fs_cap("fs.read", f"{w}/B/**", f"{w}/*/pub/**", f"{w}/*/notes.md"),
+                         fs_cap("fs.write", f"{w}/B/out/**")),
+        "mappings": base.mappings.model_copy(update={"root_fs": str(w)})})
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "landlock", "unshare"])
+def test_a_wildcard_glob_exposes_only_its_matches(executors: dict[str, ProcExecutor],
+                                                  tenants: Path, backend: str) -> None:
+    w = tenants
+    ctx = ExecContext(profile=_profile(w), deadline=time.monotonic() + 60)
+    targets = {"read:other-tenant": f"{w}/A/work/s.txt", "read:private": f"{w}/C/private.txt",
+               "read:pub": f"{w}/C/pub/readme", "read:notes": f"{w}/C/notes.md",
+               "read:mine": f"{w}/B/mine.txt", "list:root": str(w)}
+    res = executors[backend].execute(ctx, ProcExecOp(
+        tool=PYTHON, args=("-c", PROBE, json.dumps(targets)), cwd=str(w / "B")))
+    assert res.ok, res
+    assert res.out["exit_code"] == 0, res
+    seen = json.loads(str(res.out["stdout"]))
+    assert seen["read:pub"] == "public", seen
+    assert seen["read:notes"] == "notes", seen
+    assert seen["read:mine"] == "mine", seen
+    assert str(seen["read:other-tenant"]).startswith("refused"), seen
+    assert str(seen["read:private"]).startswith("refused"), seen
+    assert "marker" not in json.dumps(seen)
+    # the root's listing shows at most the bound names, never the other tenant's
+    assert "A" not in seen["list:root"] or str(seen["list:root"]).startswith("refused"), seen
+
+
+def test_glob_expansion_is_bounded_and_fails_closed(tmp_path: Path) -> None:
+    """More matches than a sandbox view takes: nothing is bound for that glob (the tool sees
+    less than the policy allows, never more)."""
+    for i in range(MAX_GLOB_BINDS + 5):
+        (tmp_path / f"p{i}" / "pub").mkdir(parents=True)
+    assert glob_binds(f"{tmp_path}/*/pub/**") == []
+    assert glob_binds(f"{tmp_path}/p1/pub/**") == [f"{tmp_path}/p1/pub"]
+    ones = [i for i in range(MAX_GLOB_BINDS + 5) if str(i).startswith("1")]
+    assert glob_binds(f"{tmp_path}/p1*/pub/**") == sorted(f"{tmp_path}/p{i}/pub" for i in ones)
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "landlock", "unshare"])
+def test_a_wildcard_write_glob_hands_over_only_its_matches(executors: dict[str, ProcExecutor],
+                                                           tenants: Path, backend: str) -> None:
+    """Outsider round 5, F10: `fs.write /w/*/pub/**` handed the whole `/w` to the sandbox uid
+    (root's 0600 files chowned for good) and mounted it writable."""
+    w = tenants
+    (w / "C" / "root-only").write_text("ROOT-marker")
+    (w / "C" / "root-only").chmod(0o600)
+    base = _profile(w)
+    profile = base.model_copy(update={"capabilities": (
+        *base.capabilities, fs_cap("fs.write", f"{w}/*/pub/**"))})
+    code = textwrap.dedent("""
+        import json, os, sys
+        w = sys.argv[1]
+        out = {}
+        for key, fn in (("pub", lambda: open(w + "/C/pub/new", "w").write("ok")),
+                        ("outside", lambda: open(w + "/C/planted", "w").write("x")),
+                        ("readme", lambda: open(w + "/C/notes.md", "a").write("x")),
+                        ("root-only", lambda: open(w + "/C/root-only").read())):
+            try:
+                out[key] = fn()
+            except OSError as e:
+                out[key] = "refused: " + os.strerror(e.errno or 0)
+        print(json.dumps(out))
+    """)
+    ctx = ExecContext(profile=profile, deadline=time.monotonic() + 60)
+    res = executors[backend].execute(ctx, ProcExecOp(tool=PYTHON, args=("-c", code, str(w)),
+                                                     cwd=str(w / "B")))
+    assert res.ok, res
+    seen = json.loads(str(res.out["stdout"]))
+    assert seen["pub"] == 2, seen
+    assert all(str(seen[k]).startswith("refused") for k in ("outside", "readme", "root-only")), seen
+    assert not (w / "C" / "planted").exists()
+    assert (w / "C" / "notes.md").read_text() == "notes"
+    assert os.stat(w / "C" / "root-only").st_uid == 0  # not handed over
+    assert os.stat(w / "C").st_uid == 0

@@ -43,6 +43,7 @@ from policy_engine.service.guards import (
     ADMITTED,
     AdmitFirst,
     BodyLimit,
+    ExactRequest,
     authenticate,
     charge_rate,
 )
@@ -416,9 +417,9 @@ def _chunks(fd: int) -> Iterator[bytes]:
 
 
 def asgi_app(config: ServiceConfig, opened: Engine | None = None, *,
-             fast_decide: bool = True) -> BodyLimit:
+             fast_decide: bool = True) -> ExactRequest:
     """The application wrapped in the body-size limit (and, unless ``fast_decide`` is off,
-    the decide fast path): what uvicorn serves."""
+    the decide fast path), behind the exact-request check: what uvicorn serves."""
     app = create_app(config, opened)
     inner: ASGIApp = DecideFastPath(app, app.state.decide_route) if fast_decide else app
-    return BodyLimit(inner, config.max_body_bytes)
+    return ExactRequest(BodyLimit(inner, config.max_body_bytes))

@@ -49,8 +49,9 @@ async def _serve(config: ServiceConfig, fast: bool,
     engine = open_engine(config)
     token, _ = engine.tokens.add("acme", "agent:alice")
     app = asgi_app(config, engine, fast_decide=fast)
-    fastapi_app = app.app.app if isinstance(app.app, DecideFastPath) else app.app
-    assert isinstance(app.app, DecideFastPath) is fast
+    below = app.app.app  # ExactRequest -> BodyLimit -> the fast path or FastAPI
+    fastapi_app = below.app if isinstance(below, DecideFastPath) else below
+    assert isinstance(below, DecideFastPath) is fast
     answers = []
     async with fastapi_app.router.lifespan_context(fastapi_app):  # type: ignore[attr-defined]
         transport = httpx.ASGITransport(app=app)
@@ -143,7 +144,7 @@ def test_ordinary_calls_never_reach_fastapi(tmp_path: Path) -> None:
     engine = open_engine(config)
     token, _ = engine.tokens.add("acme", "agent:alice")
     app = asgi_app(config, engine)
-    fast = app.app
+    fast = app.app.app
     assert isinstance(fast, DecideFastPath)
     inner = fast.app
     reached: list[str] = []

@@ -138,3 +138,33 @@ def test_the_valid_call_still_answers(svc: Service, token: str) -> None:
                                json.dumps(_valid(svc.root)).encode(), token=token)
     assert status == 200, payload
     assert json.loads(payload)["decision"] == "allow"
+
+
+@pytest.mark.parametrize("target", ["/v1%2fops", "/v1%2Fdecide", "/sandbox%2fexecs",
+                                    "/v1%5cops"])
+def test_an_encoded_slash_is_no_endpoint(svc: Service, token: str, target: str) -> None:
+    """Outsider round 5, F05: `/v1%2fops` was routed to `/v1/ops` (a path rule in a proxy in
+    front of the service would not match it); it is the JSON 404, with or without a token."""
+    body = json.dumps(_valid(svc.root)).encode()
+    for auth in (None, token):
+        _error(_send(svc, "POST", target, body, token=auth), 404, "SERVICE.NOT_FOUND")
+
+
+def test_two_authorization_headers_are_refused(svc: Service, token: str) -> None:
+    """Outsider round 5, F05: with two `Authorization` headers the first decided (good then
+    bad was admitted); a proxy keeping the last would authenticate someone else."""
+    body = json.dumps(_valid(svc.root)).encode()
+    address = svc.url.removeprefix("http://").split(":")
+    for first, second in ((token, "x"), ("x", token), (token, token)):
+        head = (f"POST /v1/decide HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                f"Authorization: Bearer {first}\r\nAuthorization: Bearer {second}\r\n\r\n")
+        with socket.create_connection((address[0], int(address[1])), timeout=60) as sock:
+            sock.sendall(head.encode() + body)
+            raw = b""
+            while chunk := sock.recv(65536):
+                raw += chunk
+        status_line, _, rest = raw.partition(b"\r\n")
+        assert int(status_line.split()[1]) == 400, raw[:300]
+        err = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+        assert err["code"] == "SERVICE.BAD_REQUEST", err

@@ -15,7 +15,7 @@ from policy_engine.errors import PolicyEngineError
 from policy_engine.guard.paths import quote, resolve_beneath
 from policy_engine.model import FsCapability, Profile
 from policy_engine.patterns.paths import expand_home, literal_prefix
-from policy_engine.sandbox.masks import under_runtime
+from policy_engine.sandbox.runtime_dirs import under_runtime
 
 
 def beneath(path: str, root: str) -> bool:

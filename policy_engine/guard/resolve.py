@@ -11,6 +11,7 @@ import binascii
 import datetime as _dt
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -28,14 +29,18 @@ from policy_engine.model import OP_CAPABILITY, ExecOp
 OP_KIND: dict[str, str] = {str(k): str(v) for k, v in OP_CAPABILITY.items()}
 """Op kind → capability kind, as plain strings for the hot path."""
 
-_OP_ADAPTER: TypeAdapter[Any] = TypeAdapter(ExecOp)
+
+@cache
+def _op_adapter() -> TypeAdapter[Any]:
+    # built on first use: a caller passing model ops (explain, the orchestrator) never needs it
+    return TypeAdapter(ExecOp)
 
 
 def coerce_op(op: object) -> Any:
     """Step 0: a model op passes; a mapping is validated; anything else is malformed."""
     if isinstance(op, Mapping):
         try:
-            return _OP_ADAPTER.validate_python(op)
+            return _op_adapter().validate_python(op)
         except ValidationError as exc:
             raise PolicyEngineError(
                 ErrorCode.SCHEMA_VALIDATION_FAILED,

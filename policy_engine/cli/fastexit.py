@@ -2,14 +2,11 @@
 
 Freeing every module, pydantic validator and compiled pattern at exit costs ≈ 25 ms of the
 ≈ 200 ms a cold `explain` takes; a one-shot command that holds no resource has nothing to clean
-up. The shortcut is taken only when all of these hold, else the normal exit runs:
-
-- the command asked for it (:func:`request`): it writes nothing but stdout/stderr;
-- no ``atexit`` handler was registered since :func:`baseline` (a plugin's cleanup, logging's
-  flush: anything that registered one needs it to run);
-- no other thread is alive (one could still be writing);
-- stdout and stderr flush without error (a closed pipe takes the normal path and its message);
-- ``POLICY_ENGINE_FAST_EXIT`` is not ``0``.
+up but what ``atexit`` handlers do. So when the command asked for it (:func:`request`: it
+writes nothing but stdout/stderr), no other thread is alive and ``POLICY_ENGINE_FAST_EXIT`` is
+not ``0``, the exit runs every ``atexit`` handler (a wrapper's, a plugin's, logging's flush:
+exactly what the normal exit runs), flushes stdout and stderr and ends the process without
+freeing memory. A flush error (a closed pipe) takes the normal path and its message.
 
 Only the console entry point (``main``) calls :func:`exit_if_safe`: a command invoked in-process
 (click's test runner, an embedding program) always returns normally.
@@ -31,21 +28,19 @@ def request() -> None:
     _requested = True
 
 
-def baseline() -> int:
-    """The number of ``atexit`` handlers before the command runs."""
-    return atexit._ncallbacks()
-
-
-def safe(handlers_before: int) -> bool:
-    """Whether ending the process now skips nothing but freeing memory."""
+def safe() -> bool:
+    """Whether ending the process after the ``atexit`` handlers skips nothing but freeing
+    memory."""
     return (_requested and os.environ.get("POLICY_ENGINE_FAST_EXIT", "1") != "0"
-            and atexit._ncallbacks() == handlers_before and threading.active_count() == 1)
+            and threading.active_count() == 1)
 
 
-def exit_if_safe(code: object, handlers_before: int) -> None:
-    """``os._exit(code)`` after flushing stdout/stderr when :func:`safe`; else return."""
-    if not (code is None or isinstance(code, int)) or not safe(handlers_before):
+def exit_if_safe(code: object) -> None:
+    """Run the ``atexit`` handlers, flush and ``os._exit(code)`` when :func:`safe`; else
+    return (the normal exit follows)."""
+    if not (code is None or isinstance(code, int)) or not safe():
         return
+    atexit._run_exitfuncs()  # runs each once and forgets it: the normal exit will not repeat
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -37,11 +37,10 @@ def main() -> None:
     # benchmarks/gen_policy_corpus.py output); cycles are still collected.
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-    handlers = fastexit.baseline()
     try:
         cli.main(prog_name="policy-engine", standalone_mode=True)
     except SystemExit as done:
-        fastexit.exit_if_safe(done.code, handlers)  # explain/check: no teardown (≈ 25 ms)
+        fastexit.exit_if_safe(done.code)  # explain/check: no teardown (≈ 25 ms)
         raise
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

@@ -22,7 +22,7 @@ from policy_engine.guard.argv import check_argv_shape
 from policy_engine.guard.compiled import CompiledProfile
 from policy_engine.guard.env import check_env_shape
 from policy_engine.guard.fields import check_headers, check_method, check_selector
-from policy_engine.guard.paths import is_beneath, normalize_path, quote, resolve_normalized
+from policy_engine.guard.paths import is_beneath, normalize_path, quote, resolve_within
 from policy_engine.guard.urls import ParsedUrl, parse_url
 from policy_engine.model import OP_CAPABILITY, ExecOp
 
@@ -74,7 +74,7 @@ def resolve_path(cp: CompiledProfile, raw: str, follow: bool) -> str:
     root = cp.root_fs
     if not is_beneath(root, path):
         root = cp.tmp_dir if is_beneath(cp.tmp_dir, path) else "/"
-    return resolve_normalized(root, path)
+    return resolve_within(root, path)  # beneath `root` by the choice above
 
 
 @dataclass(slots=True)

@@ -3,13 +3,15 @@
 Freeing every module, pydantic validator and compiled pattern at exit costs ≈ 25 ms of the
 ≈ 200 ms a cold `explain` takes; a one-shot command that holds no resource has nothing to clean
 up but what ``atexit`` handlers do. So when the command asked for it (:func:`request`: it
-writes nothing but stdout/stderr), no other thread is alive and ``POLICY_ENGINE_FAST_EXIT`` is
-not ``0``, the exit runs every ``atexit`` handler (a wrapper's, a plugin's, logging's flush:
-exactly what the normal exit runs), flushes stdout and stderr and ends the process without
-freeing memory. A flush error (a closed pipe) takes the normal path and its message.
+writes nothing but stdout/stderr), no other thread is alive, no profiler or tracer is installed
+and ``POLICY_ENGINE_FAST_EXIT`` is not ``0``, the exit runs every ``atexit`` handler (a
+wrapper's, a plugin's, logging's flush: exactly what the normal exit runs), flushes stdout and
+stderr and ends the process without freeing memory. A flush error (a closed pipe) takes the
+normal path and its message.
 
-Only the console entry point (``main``) calls :func:`exit_if_safe`: a command invoked in-process
-(click's test runner, an embedding program) always returns normally.
+Only the console entry point (``main``) calls :func:`exit_if_safe`, so click's test runner gets
+its result as before; a program calling ``main()`` itself and expecting it to return (rather
+than end the process, as a console script does) sets ``POLICY_ENGINE_FAST_EXIT=0``.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ def request() -> None:
 def safe() -> bool:
     """Whether ending the process after the ``atexit`` handlers skips nothing but freeing
     memory."""
+    # a profiler, tracer or coverage tool (sys.setprofile/settrace) reports after the program
+    # returns, not from an atexit handler: let it
     return (_requested and os.environ.get("POLICY_ENGINE_FAST_EXIT", "1") != "0"
-            and threading.active_count() == 1)
+            and threading.active_count() == 1
+            and sys.getprofile() is None and sys.gettrace() is None)
 
 
 def exit_if_safe(code: object) -> None:

@@ -66,7 +66,7 @@ def test_a_handler_registered_during_the_command_runs_once() -> None:
 
 def test_a_live_thread_keeps_the_normal_exit() -> None:
     extra = ("import threading, time\n"
-             "threading.Thread(target=time.sleep, args=(0.3,), daemon=True).start()\n")
+             "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n")
     done = _run(EXPLAIN, extra=extra)
     assert done.returncode == 0
     assert "SHORTCUT" not in done.stderr
@@ -76,3 +76,13 @@ def test_commands_holding_resources_never_take_it() -> None:
     done = _run(["schema", "grant"])
     assert done.returncode == 0
     assert "SHORTCUT" not in done.stderr
+
+
+def test_a_profiler_still_gets_its_report() -> None:
+    # cProfile prints after the program returns, not from an atexit handler
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-m", "policy_engine.cli", *EXPLAIN],
+                          capture_output=True, text=True, cwd=ROOT, check=False,
+                          env={**os.environ, "POLICY_ENGINE_FAST_EXIT": "1"})
+    assert done.returncode == 0
+    assert "allowed by git-readonly" in done.stdout
+    assert "function calls" in done.stdout  # the profile's report

@@ -8,10 +8,11 @@ Usage::
 
 Each row starts ``sys.executable`` the way the ``policy-engine`` console script does (``from
 policy_engine.cli.main import main; main()``) with ``PYTHONPATH`` set to the checkout measured,
-so a pyenv/venv shim's own start-up is not counted; ``python -c pass`` is the interpreter's floor
-(site-packages, ``.pth`` files) on the same machine. Runs of every row and checkout are
-interleaved so a change of load hits them alike. The grammar cache is warm (one untimed run
-first), as on any machine after the first command.
+so a pyenv/venv shim's own start-up is not counted, and without ``PYTHONDONTWRITEBYTECODE``
+(the untimed first run writes the ``.pyc`` files an installed package has); ``python -c pass``
+is the interpreter's floor (site-packages, ``.pth`` files) on the same machine. Runs of every
+row and checkout are interleaved so a change of load hits them alike. The grammar cache is warm
+(one untimed run first), as on any machine after the first command.
 """
 
 from __future__ import annotations
@@ -46,7 +47,11 @@ ROWS: dict[str, list[str]] = {
 
 
 def run_once(argv: list[str], engine: Path) -> float:
+    # PYTHONDONTWRITEBYTECODE (set in some CI and sandbox shells) would make every run compile
+    # each of the ~100 modules from source (≈ 60 ms here): an installed package has its .pyc
+    # files, so the warm-up run writes them and the timed runs read them
     env = {**os.environ, "PYTHONPATH": str(engine)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     t0 = time.perf_counter()
     # cwd is the checkout too: `-c` puts the cwd first on sys.path
     done = subprocess.run([sys.executable, *argv], cwd=engine, env=env, capture_output=True,

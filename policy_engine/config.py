@@ -5,12 +5,11 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-
-import yaml
 
 from policy_engine.dsl.bounded import MAX_DOCUMENT_BYTES, DocumentError, parse_json, parse_yaml
 from policy_engine.dsl.inputfile import cannot_read, read_bounded
@@ -164,7 +163,13 @@ def load_config(path: Path) -> EngineConfig:
         data = (parse_json if path.suffix == ".json" else parse_yaml)(text)[0]
     except DocumentError as exc:
         raise ValueError(f"config `{path}`:{exc.line}:{exc.column}: {exc.message}") from None
-    except (ValueError, yaml.YAMLError, RecursionError) as exc:
+    except Exception as exc:
+        # PyYAML is imported by `parse_yaml` only (not on start-up): if it is not loaded, the
+        # error cannot be one of its own
+        yaml = sys.modules.get("yaml")
+        if not isinstance(exc, (ValueError, RecursionError)) and (
+                yaml is None or not isinstance(exc, yaml.YAMLError)):
+            raise
         raise ValueError(f"config `{path}` is not valid YAML/JSON: {exc}") from None
     if data is None:
         data = {}

@@ -9,7 +9,6 @@ suffix, or given explicitly; every problem is a diagnostic with the file, line a
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -201,6 +200,8 @@ def _backends_problem(config: Any) -> str | None:
     (the plugins installed here are asked, in a throwaway state directory)."""
     if not config.backends:
         return None
+    import logging  # here: `check` of a policy or manifest needs no logging (nor its atexit)
+
     from policy_engine import plugin_manager
     from policy_engine.orchestration.selection import unknown_backends
     from policy_engine.plugin_manager import PluginManager, describe

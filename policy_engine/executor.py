@@ -10,20 +10,20 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from policy_engine.model import (
-    Decision,
-    ExecOp,
-    ExecResult,
-    Isolation,
-    Limits,
-    NetworkMode,
-    OpKind,
-    Profile,
-    SideEffectRec,
-    Usage,
-)
+from policy_engine.model import Limits, NetworkMode, Usage
+
+if TYPE_CHECKING:  # annotations only: `explain` imports this module and never the records
+    from policy_engine.model import (
+        Decision,
+        ExecOp,
+        ExecResult,
+        Isolation,
+        OpKind,
+        Profile,
+        SideEffectRec,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from policy_engine.cli import fastexit
 from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, echo_json, format_option
 from policy_engine.documents import (
     KINDS,
@@ -35,6 +36,7 @@ def command(files: tuple[Path, ...], fmt: str, kind: str | None) -> None:
     file imported by several is reported once. JSON/YAML files are checked as the engine loads
     them: manifests, grants, requests, settings, engine configs and `*.sbtest.yaml` tests.
     """
+    fastexit.request()  # nothing but reading and printing: no teardown needed at exit
     diagnostics: list[Diagnostic] = []
     for path in files:
         shown = str(path)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from policy_engine.cli import fastexit
 from policy_engine.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -18,7 +19,6 @@ from policy_engine.cli.common import (
     load_or_exit,
 )
 from policy_engine.compiler import compile_files
-from policy_engine.config import load_config
 from policy_engine.dsl.loaders import load_grant, load_manifest
 from policy_engine.explain import explain
 from policy_engine.explain.pipeline import Explanation
@@ -47,6 +47,8 @@ def command(
 
     Exits 0 whenever a decision was made (allow or deny), 2 on unusable input.
     """
+    if config_path is None:  # nothing but reading and printing: no teardown needed at exit
+        fastexit.request()
     policyset = load_or_exit(lambda: compile_files(policies))
     request = load_or_exit(lambda: load_request(request_path))
     manifest_path = manifest or load_or_exit(
@@ -70,6 +72,7 @@ def command(
 def _with_backends(config_path: Path, decide: Callable[..., Explanation]) -> Explanation:
     """``decide`` with the executors the config loads (built in a throwaway state directory
     and closed again: a dry run leaves nothing behind); exit 2 when the engine would not start."""
+    from policy_engine.config import load_config
     from policy_engine.orchestration.selection import unknown_backends
     from policy_engine.plugin_manager import PluginManager
 

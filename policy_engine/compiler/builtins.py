@@ -46,7 +46,7 @@ MANDATORY_DENY_PATHS: tuple[str, ...] = (
 """Seed 003's secrets: unexpanded (``~`` is the compile's ``home``). ``/run/**`` and
 ``/var/run/**`` hold every host control socket (docker, containerd, dbus, systemd, podman, the
 user's runtime dir); the sandboxes hide those trees whatever a policy says
-(``policy_engine.sandbox.masks.RUNTIME_DIRS``)."""
+(``policy_engine.sandbox.runtime_dirs.RUNTIME_DIRS``)."""
 
 MANDATORY_DENY_KINDS: tuple[CapabilityKind, ...] = (
     CapabilityKind.FS_READ, CapabilityKind.FS_WRITE, CapabilityKind.FS_LIST,

@@ -1,25 +1,43 @@
 """Evidence: the sink protocol, the spool-and-retry wrapper and digest helpers."""
 
-from policy_engine.evidence.decided import decision_fields
-from policy_engine.evidence.digest import (
-    EMPTY_DIGEST,
-    allowing_template,
-    canonical_json,
-    capability_string,
-    digest_json,
-    inputs_digest,
-    redacted_op,
-    request_summary,
-)
-from policy_engine.evidence.redact import (
-    load_or_create_key,
-    redact_audit,
-    redact_text,
-    redact_url,
-    summarize_args,
-)
-from policy_engine.evidence.sink import EvidenceSink
-from policy_engine.evidence.spool import SpoolingSink
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from policy_engine.evidence.decided import decision_fields
+    from policy_engine.evidence.digest import (
+        EMPTY_DIGEST,
+        allowing_template,
+        canonical_json,
+        capability_string,
+        digest_json,
+        inputs_digest,
+        redacted_op,
+        request_summary,
+    )
+    from policy_engine.evidence.redact import (
+        load_or_create_key,
+        redact_audit,
+        redact_text,
+        redact_url,
+        summarize_args,
+    )
+    from policy_engine.evidence.sink import EvidenceSink
+    from policy_engine.evidence.spool import SpoolingSink
+
+# Imported on first use (PEP 562): `explain` needs `redacted_op` and must not pay for the spool
+# (and `logging`) it never writes to.
+_WHERE: dict[str, str] = {
+    "decision_fields": "decided",
+    **dict.fromkeys(("EMPTY_DIGEST", "allowing_template", "canonical_json", "capability_string",
+                     "digest_json", "inputs_digest", "redacted_op", "request_summary"), "digest"),
+    **dict.fromkeys(("load_or_create_key", "redact_audit", "redact_text", "redact_url",
+                     "summarize_args"), "redact"),
+    "EvidenceSink": "sink",
+    "SpoolingSink": "spool",
+}
 
 __all__ = [
     "EMPTY_DIGEST", "EvidenceSink", "SpoolingSink", "allowing_template", "canonical_json",
@@ -27,3 +45,16 @@ __all__ = [
     "digest_json", "inputs_digest", "load_or_create_key", "redact_audit", "redact_text",
     "redact_url", "redacted_op", "request_summary", "summarize_args",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # the next access is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

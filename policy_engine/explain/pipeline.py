@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from policy_engine.errors import ErrorCode, PolicyEngineError, spec_of
-from policy_engine.evidence import redacted_op
 from policy_engine.explain.request import ExplainRequest
 from policy_engine.graph import PolicySet
 from policy_engine.guard import Guard
@@ -40,6 +39,10 @@ class Explanation:
     request: ExplainRequest
 
     def to_json(self) -> dict[str, Any]:
+        # imported here: the digest helpers load the evidence records, which text output (the
+        # default) never needs
+        from policy_engine.evidence import redacted_op
+
         d = self.decision
         return {
             "decision": d.decision,

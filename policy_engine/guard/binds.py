@@ -22,7 +22,7 @@ from policy_engine.errors import PolicyEngineError
 from policy_engine.guard.paths import quote, resolve_beneath
 from policy_engine.model import FsCapability, Profile
 from policy_engine.patterns.paths import expand_home, glob_regex, literal_prefix
-from policy_engine.sandbox.masks import under_runtime
+from policy_engine.sandbox.runtime_dirs import under_runtime
 
 MAX_EXPANSION_DIRS = 10_000
 MAX_GLOB_BINDS = 256

@@ -80,6 +80,12 @@ def resolve_normalized(root: str, path: str) -> str:
     """:func:`resolve_beneath` for a root and path already through :func:`normalize_path`."""
     if not is_beneath(root, path):
         raise _blocked(f"path {quote(path)} is outside the root {quote(root)}", path)
+    return resolve_within(root, path)
+
+
+def resolve_within(root: str, path: str) -> str:
+    """:func:`resolve_normalized` for a ``path`` the caller knows is beneath ``root`` (the
+    guard picks the root that contains it: one containment test less per decision)."""
     base = "" if root == "/" else root
     i, n = len(base), len(path)
     # Two or more components below the root: one openat2 answers for all of them when none is

@@ -11,6 +11,7 @@ import binascii
 import datetime as _dt
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -21,21 +22,25 @@ from policy_engine.guard.argv import check_argv_shape
 from policy_engine.guard.compiled import CompiledProfile
 from policy_engine.guard.env import check_env_shape
 from policy_engine.guard.fields import check_headers, check_method, check_selector
-from policy_engine.guard.paths import is_beneath, normalize_path, quote, resolve_normalized
+from policy_engine.guard.paths import is_beneath, normalize_path, quote, resolve_within
 from policy_engine.guard.urls import ParsedUrl, parse_url
 from policy_engine.model import OP_CAPABILITY, ExecOp
 
 OP_KIND: dict[str, str] = {str(k): str(v) for k, v in OP_CAPABILITY.items()}
 """Op kind → capability kind, as plain strings for the hot path."""
 
-_OP_ADAPTER: TypeAdapter[Any] = TypeAdapter(ExecOp)
+
+@cache
+def _op_adapter() -> TypeAdapter[Any]:
+    # built on first use: a caller passing model ops (explain, the orchestrator) never needs it
+    return TypeAdapter(ExecOp)
 
 
 def coerce_op(op: object) -> Any:
     """Step 0: a model op passes; a mapping is validated; anything else is malformed."""
     if isinstance(op, Mapping):
         try:
-            return _OP_ADAPTER.validate_python(op)
+            return _op_adapter().validate_python(op)
         except ValidationError as exc:
             raise PolicyEngineError(
                 ErrorCode.SCHEMA_VALIDATION_FAILED,
@@ -69,7 +74,7 @@ def resolve_path(cp: CompiledProfile, raw: str, follow: bool) -> str:
     root = cp.root_fs
     if not is_beneath(root, path):
         root = cp.tmp_dir if is_beneath(cp.tmp_dir, path) else "/"
-    return resolve_normalized(root, path)
+    return resolve_within(root, path)  # beneath `root` by the choice above
 
 
 @dataclass(slots=True)

@@ -8,11 +8,15 @@ unbounded.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
 from policy_engine.model.enums import BrowserScope
+
+
+def _is_none(value: object) -> bool:
+    return value is None
 
 
 class _Cap(BaseModel):
@@ -79,16 +83,10 @@ class ProcCapability(_Cap):
     kind: Literal["proc.exec"] = "proc.exec"
     tool: str = Field(min_length=1)
     args: tuple[ArgSlot, ...] | None = None
-    env: tuple[ArgAlternative, ...] | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_unset_env(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # an unconstrained env is left out, so the JSON (and every hash taken of it) of a
-        # capability written before env existed is unchanged
-        data: dict[str, Any] = handler(self)
-        if data.get("env", 0) is None:
-            del data["env"]
-        return data
+    # an unconstrained env is left out, so the JSON (and every hash taken of it) of a capability
+    # written before env existed is unchanged; a field-level rule, not a wrap serializer: that
+    # ran Python for every capability of every grant serialised (≈ 0.6 µs each)
+    env: tuple[ArgAlternative, ...] | None = Field(default=None, exclude_if=_is_none)
 
 
 class TmpCapability(_Cap):

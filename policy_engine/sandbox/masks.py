@@ -43,34 +43,16 @@ from dataclasses import dataclass
 
 from policy_engine.patterns.paths import PathGlob, expand_home, is_literal, literal_prefix
 from policy_engine.sandbox.hardlinks import linked_secrets
+from policy_engine.sandbox.runtime_dirs import NEVER_WALKED as NEVER_WALKED
+from policy_engine.sandbox.runtime_dirs import RUNTIME_DIRS as RUNTIME_DIRS
+from policy_engine.sandbox.runtime_dirs import RUNTIME_GLOBS as RUNTIME_GLOBS
+from policy_engine.sandbox.runtime_dirs import beneath as beneath
+from policy_engine.sandbox.runtime_dirs import under_runtime as under_runtime
 from policy_engine.sandbox.watch import Watcher
 
 RACY_NS = 2_000_000_000
 MAX_DEPTH = 128
 MAX_PATH_BYTES = 3072
-RUNTIME_DIRS: tuple[str, ...] = ("/run", "/var/run", "/var/lib/docker", "/var/lib/containerd",
-                                 "/var/lib/containers", "/var/lib/kubelet")
-"""Host control sockets (docker, containerd, dbus, systemd, podman, the user's runtime dir) live
-here: never bound into a sandbox, and hidden under an empty read-only tmpfs when a bind contains
-them, whatever the policy or ``root_fs`` says."""
-NEVER_WALKED = frozenset({"/proc", "/sys", "/dev"})
-"""Kernel filesystems: a sandbox gets its own /proc and /dev, and nothing there is a secret file
-a glob could name (walking /proc would also never end the same way twice)."""
-RUNTIME_GLOBS: tuple[str, ...] = ("/tmp/pe-net-*", "/tmp/pe-proc-*", "/tmp/pe-docker-*",
-                                  "/tmp/.X11-unix", "/tmp/.ICE-unix", "/tmp/dbus-*",
-                                  "/tmp/tmux-*", "/tmp/ssh-*")
-"""Other calls' policy proxies and private dirs, and the usual socket dirs under /tmp."""
-
-
-def beneath(path: str, root: str) -> bool:
-    """Segment-wise containment (``/w`` contains ``/w/x`` but never ``/w-evil``)."""
-    return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def under_runtime(path: str) -> bool:
-    """Whether ``path`` (resolved) is a host runtime directory or lies beneath one."""
-    real = os.path.realpath(path)
-    return any(beneath(p, r) for p in (path, real) for r in RUNTIME_DIRS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,8 @@ def _cli_modules(*argv: str) -> set[str]:
     code = (f"import sys\nsys.argv = ['policy-engine', *{list(argv)!r}]\n"
             "from policy_engine.cli.main import main\n"
             "try:\n    main()\nexcept SystemExit:\n    pass")
-    return _modules_after(code)
+    # the normal exit: the probe prints after main() returns
+    return _modules_after(code, {"POLICY_ENGINE_FAST_EXIT": "0"})
 
 
 def test_explain_and_check_load_only_their_own_command() -> None:
@@ -59,6 +60,11 @@ def test_explain_and_check_load_only_their_own_command() -> None:
         assert others == [], others
         for heavy in AUTHORING:
             assert not _loaded(mods, heavy), (own, heavy)
+    # a dry run of a JSON request loads no config reader's YAML, mask planner, evidence spool or
+    # revocation list (none of them decides anything explain shows)
+    for heavy in ("yaml", "policy_engine.sandbox.masks", "policy_engine.evidence.spool",
+                  "policy_engine.orchestration.revocation", "sqlite3", "logging"):
+        assert not _loaded(explain, heavy), heavy
     # a policy check reads no YAML and names no international host
     assert not _loaded(check, "yaml")
     assert not _loaded(check, "idna")

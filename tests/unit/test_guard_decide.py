@@ -507,6 +507,11 @@ def test_fast_deny_equals_the_validated_model() -> None:
             d.reason = "changed"  # type: ignore[misc]
         assert d.model_copy(update={"reason": "x"}).reason == "x"
         assert d.reason.startswith("capability not granted")
+        # denies share one fields-set: copying one with an update changes no other
+        other = decide(read_profile(profile_hash="h"), FsReadOp(path="/etc/passwd"))
+        d.model_copy(update={"extra_field_name_never_set": 1})
+        assert other.model_fields_set == v.model_fields_set
+        assert d.model_fields_set == v.model_fields_set
 
 
 # --- CEL views without a caller context ---------------------------------------------------------

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.model import Limits, NetworkMode, Usage
 
 if TYPE_CHECKING:  # annotations only: `explain` imports this module and never the records
@@ -158,6 +159,11 @@ class Executor(Protocol):
     and a refusal before it is free (without it, ``calls`` is charged before ``execute``).
     ``available() -> bool | str`` — ``True`` when the
     backend can take calls now, else ``False`` or the reason (``PROVIDER.UNAVAILABLE``).
+    ``refusal(profile, op) -> PolicyEngineError | None`` — the refusal ``execute`` would raise
+    for ``op`` under ``profile``, decided from those two and the executor's settings alone
+    (nothing run, nothing contacted); the backend selection asks it, so the dry run
+    (``explain --config``, ``/v1/decide``) answers it and the run reports it as a deny.
+    ``execute`` must raise exactly this refusal (use :func:`refusal_of`).
     """
 
     name: str
@@ -170,3 +176,21 @@ class Executor(Protocol):
     def close(self) -> None:
         """Release pools, browsers, temp spaces; called once at shutdown."""
         ...
+
+
+def refusal_of(executor: object, profile: Profile, op: ExecOp) -> PolicyEngineError | None:
+    """``executor.refusal(profile, op)`` when it has one (the selection and ``execute`` both
+    ask through here, so what a dry run answers and what the run raises cannot drift); a
+    check that crashes refuses the call (``PROVIDER.UNAVAILABLE``, fail closed)."""
+    check = getattr(executor, "refusal", None)
+    if not callable(check):
+        return None
+    try:
+        found = check(profile, op)
+    except PolicyEngineError as exc:  # raised rather than returned: the same refusal
+        return exc
+    except Exception as exc:  # noqa: BLE001 — a broken check must not let the call through
+        return PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                 f"backend `{getattr(executor, 'name', '?')}` could not check "
+                                 f"the call: {type(exc).__name__}: {exc}")
+    return found if isinstance(found, PolicyEngineError) else None

@@ -273,7 +273,7 @@ class Orchestrator:
             return self._finish(begin, decision, profile, op, started, err=err, status="denied")
         # pick the backend before charging the budget: choosing is side-effect free, and a call
         # the backend refuses must not consume a call of the grant's budget
-        sel = select(self.components.executors, self.config, profile, kind)
+        sel = select(self.components.executors, self.config, profile, kind, op)
         if sel.error is not None or sel.executor is None:
             err = sel.error or PolicyEngineError(ErrorCode.UNKNOWN_INTERNAL, "no backend")
             status: Status = "denied" if err.code == ErrorCode.CAPABILITY_BLOCKED else "error"

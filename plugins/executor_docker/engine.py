@@ -173,6 +173,19 @@ def _limit(limits: Limits, name: str) -> Any:
     return value if value is not None else getattr(SYSTEM_DEFAULT_LIMITS, name)
 
 
+def network_refusal(profile: Profile, options: DockerOptions) -> PolicyEngineError | None:
+    """The profile's network mode when this executor does not offer it (``on``; ``restricted``
+    turned off), else ``None``."""
+    if profile.network is NetworkMode.RESTRICTED and not options.restricted_network:
+        return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                 "restricted network is turned off for docker "
+                                 "(`restricted_network = false`)")
+    if profile.network is NetworkMode.ON:
+        return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                 "network `on` is not offered by the docker executor")
+    return None
+
+
 def hardening(profile: Profile, options: DockerOptions, limits: Limits | None = None,
               runtime: str | None = None, gvisor: bool = False) -> Hardening:
     """Flags from the call's effective ``limits`` (``ExecContext.limits``; the profile's when
@@ -180,13 +193,9 @@ def hardening(profile: Profile, options: DockerOptions, limits: Limits | None = 
     container never has a network interface: ``restricted`` is served by the host-side proxy
     through a bridge (``network.py``); ``on`` is refused."""
     lim = limits if limits is not None else profile.limits
-    if profile.network is NetworkMode.RESTRICTED and not options.restricted_network:
-        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                "restricted network is turned off for docker "
-                                "(`restricted_network = false`)")
-    if profile.network is NetworkMode.ON:
-        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                "network `on` is not offered by the docker executor")
+    refused = network_refusal(profile, options)
+    if refused is not None:
+        raise refused
     return Hardening(
         network_mode="none", pids_limit=int(_limit(lim, "pids")),
         mem_limit=int(_limit(lim, "memory_bytes")),

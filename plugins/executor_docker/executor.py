@@ -44,7 +44,7 @@ from plugins.executor_docker.workspace import (
 from plugins.netproxy import SANDBOX_DIR, RestrictedHandle
 from policy_engine.config import default_state_dir
 from policy_engine.errors import ErrorCode, PolicyEngineError
-from policy_engine.executor import ExecContext, ExecutorCapabilities
+from policy_engine.executor import ExecContext, ExecutorCapabilities, refusal_of
 from policy_engine.guard.env import profile_env_refusal
 from policy_engine.guard.gitfiles import GIT_PINS
 from policy_engine.model import (
@@ -237,15 +237,39 @@ class DockerExecutor:
 
     # --- execute -----------------------------------------------------------------------------
 
+    def refusal(self, profile: Profile, op: ExecOp) -> PolicyEngineError | None:
+        """What ``execute`` refuses from the profile, the op and the options alone (the
+        executor SPI's ``refusal``: the backend selection asks it, so the dry run answers it).
+        The runtime a required isolation needs is the selection's own check (capabilities)."""
+        if not isinstance(op, ProcExecOp):
+            return None
+        if (op.stdin_b64 is not None and self.options.mode == "pool"
+                and not self.options.pool_launcher):
+            # `docker exec` streams are read-only here; the launcher and run-once take stdin
+            return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "stdin is not offered by "
+                                     "the docker executor with `pool_launcher: false`")
+        refused = engine.network_refusal(profile, self.options)
+        if refused is not None:
+            return refused
+        if profile.network is NetworkMode.RESTRICTED:
+            try:
+                network.check_bridge_binds(self.options.system_binds)
+            except PolicyEngineError as exc:
+                return exc
+        try:
+            _cwd(op.cwd)
+        except PolicyEngineError as exc:
+            return exc
+        return None
+
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         if not isinstance(op, ProcExecOp):
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
                                     f"the docker executor does not serve `{op.kind}`")
+        refused = refusal_of(self, ctx.profile, op)
+        if refused is not None:
+            raise refused
         stdin = _stdin(op.stdin_b64, ctx)
-        if stdin is not None and self.options.mode == "pool" and not self.options.pool_launcher:
-            # `docker exec` streams are read-only here; the launcher and run-once take stdin
-            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "stdin is not offered by "
-                                    "the docker executor with `pool_launcher: false`")
         profile = ctx.profile
         runtime = runtimes.for_profile(profile, self.runtimes)
         hard = engine.hardening(profile, self.options, ctx.limits, runtime=runtime,
@@ -255,8 +279,6 @@ class DockerExecutor:
         timeout_s = min((t for t in (op.timeout_ms, ctx.limits.timeout_ms) if t),
                         default=profile.timeout_ms) / 1000
         deadline = min(ctx.deadline, time.monotonic() + timeout_s)
-        if network.needs_proxy(ctx):
-            network.check_bridge_binds(self.options.system_binds)
         ctx.started()  # refusals above (stdin, cwd, env, network mode) created nothing
         client, streams = self.client()
         root = (Path(self.options.workspace_root) if self.options.workspace_root

@@ -38,7 +38,7 @@ from plugins.executor_proc.spec import Limits, Plan, build_plan, resolve_limits
 from plugins.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
-from policy_engine.executor import Decider, ExecContext, ExecutorCapabilities
+from policy_engine.executor import Decider, ExecContext, ExecutorCapabilities, refusal_of
 from policy_engine.guard.binds import beneath
 from policy_engine.model import (
     Digest,
@@ -47,6 +47,7 @@ from policy_engine.model import (
     NetworkMode,
     OpKind,
     ProcExecOp,
+    Profile,
     SideEffect,
     SideEffectRec,
     Usage,
@@ -270,18 +271,26 @@ class ProcExecutor:
                                     "the slower Python launcher)")
         return None, f"{why}; the Python launcher applied the same rules"
 
+    def refusal(self, profile: Profile, op: ExecOp) -> PolicyEngineError | None:
+        """What ``execute`` refuses from the profile alone (the executor SPI's ``refusal``:
+        the backend selection asks it, so the dry run answers it)."""
+        if profile.network == NetworkMode.RESTRICTED and self.backend != "bwrap":
+            return PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED, f"{self.name} cannot restrict the network to the "
+                "policy proxy (its launcher has no bridge to it; Landlock TCP rules name ports, "
+                "not hosts); use proc-bwrap")
+        return None
+
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         if not isinstance(op, ProcExecOp):
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, f"proc cannot run `{op.kind}`")
         if not self.usable:
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
                                     f"{self.name}: {self.unavailable_reason}")
+        refused = refusal_of(self, ctx.profile, op)
+        if refused is not None:
+            raise refused
         stdin = _decode_stdin(op)
-        if ctx.profile.network == NetworkMode.RESTRICTED and self.backend != "bwrap":
-            raise PolicyEngineError(
-                ErrorCode.CAPABILITY_BLOCKED, f"{self.name} cannot restrict the network to the "
-                "policy proxy (its launcher has no bridge to it; Landlock TCP rules name ports, "
-                "not hosts); use proc-bwrap")
         private_tmp = None if self.backend == "bwrap" else tempfile.mkdtemp(prefix="pe-proc-")
         net: RestrictedHandle | None = None
         try:

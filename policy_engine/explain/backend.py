@@ -1,5 +1,5 @@
 """The backend step of a dry run: what the profile requires of its backend, and whether the
-configured one provides it (the orchestrator's own selection, nothing run)."""
+configured one provides it and takes the op (the orchestrator's own selection, nothing run)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from policy_engine.config import EngineConfig
 from policy_engine.executor import Executor
-from policy_engine.model import Decision, OpKind, Profile, TraceStep
+from policy_engine.model import Decision, ExecOp, OpKind, Profile, TraceStep
 from policy_engine.orchestration.selection import (
     NEVER_DEGRADED,
     refusal_decision,
@@ -23,12 +23,13 @@ def requirements_shown(profile: Profile, op_kind: OpKind) -> list[str]:
             if r.capability in NEVER_DEGRADED and r.capability != "mandatory_denies"]
 
 
-def backend_step(decision: Decision, profile: Profile, op_kind: OpKind,
+def backend_step(decision: Decision, profile: Profile, op: ExecOp,
                  executors: Mapping[str, Executor], config: EngineConfig) -> Decision:
     """``decision`` (an allow) with a ``backend`` trace step; a deny carrying the selection's
     code when the run would refuse the backend (``SANDBOX.CAPABILITY_BLOCKED`` for a missing
-    capability, ``PROVIDER.UNAVAILABLE`` for a backend that is not loaded)."""
-    sel = select(executors, config, profile, op_kind)
+    capability or an op the executor refuses, ``PROVIDER.UNAVAILABLE`` for a backend that is
+    not loaded)."""
+    sel = select(executors, config, profile, OpKind(op.kind), op)
     trace = decision.trace or ()
     if sel.error is not None:
         step = TraceStep(node="backend", outcome="fail", detail=sel.error.reason)

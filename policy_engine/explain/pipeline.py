@@ -99,7 +99,9 @@ def explain(
 
     With ``executors`` and ``config`` (the engine's, as ``explain --config`` loads them) an
     allowed op also goes through the backend selection the run makes: a backend that cannot
-    provide what the profile requires (``isolation gvisor``) is the run's refusal here too.
+    provide what the profile requires (``isolation gvisor``), or that refuses the op itself (a
+    restricted network on proc-landlock, a docker cwd outside /workspace/work), is the run's
+    refusal here too.
 
     A profile that cannot be built (a widening override, a grant for another tool) is itself a
     decision: a deny carrying the builder's code, with a one-step trace saying so.
@@ -130,9 +132,8 @@ def explain(
         decision = _dry_run_budget(decision, profile, request.budget_used)
     if decision.allowed and executors is not None and config is not None:
         from policy_engine.explain.backend import backend_step
-        from policy_engine.model import OpKind
 
-        decision = backend_step(decision, profile, OpKind(request.op.kind), executors, config)
+        decision = backend_step(decision, profile, request.op, executors, config)
     return Explanation(decision, profile, policyset, manifest, grant, request)
 
 

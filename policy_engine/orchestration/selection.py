@@ -3,7 +3,8 @@
 Seed 004's refuse-or-degrade rule: a profile that needs a capability the chosen backend lacks is
 refused in strict mode (``SANDBOX.CAPABILITY_BLOCKED``) and run degraded in compat mode, with the
 reason recorded. A backend that is not loaded or reports itself unavailable fails with
-``PROVIDER.UNAVAILABLE`` unless ``fallback_to_local`` lets a local executor serve the op.
+``PROVIDER.UNAVAILABLE`` unless ``fallback_to_local`` lets a local executor serve the op. Given
+the op, the chosen executor's own refusal of it (its ``refusal``) is the selection's refusal too.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 
 from policy_engine.config import DEFAULT_BACKENDS, EngineConfig
 from policy_engine.errors import ErrorCode, PolicyEngineError, spec_of
-from policy_engine.executor import Executor, ExecutorCapabilities
-from policy_engine.model import CapabilityKind, Decision, NetworkMode, OpKind, Profile
+from policy_engine.executor import Executor, ExecutorCapabilities, refusal_of
+from policy_engine.model import CapabilityKind, Decision, ExecOp, NetworkMode, OpKind, Profile
 
 # Ops whose executor *is* the network client: the guard's host rules govern them, so the
 # sandbox network mode of the profile does not apply to the executor itself.
@@ -150,10 +151,12 @@ def unknown_backends(config: EngineConfig, executors: Collection[str],
 
 
 def select(executors: Mapping[str, Executor], config: EngineConfig, profile: Profile,
-           op_kind: OpKind) -> Selection:
+           op_kind: OpKind, op: ExecOp | None = None) -> Selection:
     """Choose the executor for ``op_kind`` (``config.backends`` first, else the first-party
     default — refused as unavailable when it is not loaded —, else, for a kind without a
-    default, the first loaded executor serving it) and check it against ``profile``.
+    default, the first loaded executor serving it) and check it against ``profile``; with
+    ``op``, also ask the executor whether it would refuse ``op`` (the run and its dry run both
+    pass it: outsider round 5 F06).
     """
     wanted = config.backends.get(op_kind)
     chosen: Executor | None
@@ -215,4 +218,9 @@ def select(executors: Mapping[str, Executor], config: EngineConfig, profile: Pro
                    "why": [m.why for m in missing]}))
     degraded.extend(f"backend `{chosen.name}` lacks `{m.capability}` ({m.why})"
                     for m in missing)
+    refused = refusal_of(chosen, profile, op) if op is not None else None
+    if refused is not None:
+        audit = {"backend": chosen.name, **(refused.audit or {})}
+        return Selection(None, chosen.name, tuple(degraded), error=PolicyEngineError(
+            refused.code, refused.reason, audit=audit))
     return Selection(chosen, chosen.name, tuple(degraded))

@@ -201,7 +201,8 @@ class SandboxRunner:
         if not decision.allowed:
             return out
         assert self._orch is not None  # INVARIANT: decide() built it
-        sel = select(self._orch.components.executors, self.engine, profile, OpKind.PROC_EXEC)
+        sel = select(self._orch.components.executors, self.engine, profile, OpKind.PROC_EXEC,
+                     op)
         out["backend"] = sel.backend
         if sel.error is not None or sel.executor is None:
             out["error"] = sel.error.reason if sel.error else "no backend"

@@ -289,9 +289,14 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         request = ExplainRequest(op=body.op, now_ms=body.now_ms, overrides=body.overrides,
                                  settings=config.op_settings, context=context,
                                  budget_used=body.budget_used)
-        now = engine_box[0].decider  # one read: a reload mid-request never mixes two policies
+        eng = engine_box[0]
+        now = eng.decider  # one read: a reload mid-request never mixes two policies
+        # the backend step `/v1/ops` makes (its orchestrator's executors and engine config),
+        # so the dry run answers a backend's refusal too (outsider round 5 F08)
+        orch = eng.orch
         result = explain(now.policyset, manifest_of(body), body.grant, request,
-                         builder=now.builder, guard=now.guard)
+                         builder=now.builder, guard=now.guard,
+                         executors=orch.components.executors, config=orch.config)
         return result.to_json()
 
     @app.post("/v1/decide", tags=["decisions"], responses={200: _JSON_OBJECT})

@@ -67,14 +67,15 @@ class Service:
         self.stop()
 
 
-def start(root: Path, *extra: str) -> Service:
-    """Write the test policy under ``root`` and start the server on a free loopback port."""
+def start(root: Path, *extra: str, policy_text: str = POLICY) -> Service:
+    """Write the test policy (``policy_text``, formatted with ``root`` and ``ws``) under
+    ``root`` and start the server on a free loopback port."""
     state, ws = root / "state", root / "state" / "workspace"
     (root / "data" / "secret").mkdir(parents=True, exist_ok=True)
     (root / "data" / "hello.txt").write_text("hello\n")
     (root / "data" / "secret" / "key.txt").write_text("k3y\n")
     policy = root / "svc.sbpolicy"
-    policy.write_text(POLICY.format(root=root, ws=ws))
+    policy.write_text(policy_text.format(root=root, ws=ws))
     tools = []
     for name, fields in (("reader", {}), ("reader-high", {"safety_class": "High"})):
         path = root / f"{name}.json"

@@ -90,7 +90,10 @@ def test_docker_stdin_refusal_is_free(tmp_path: Path) -> None:
         for _ in range(2):
             out = orch.run(grant, manifest, ProcExecOp(tool="cat", stdin_b64="aGk="),
                            settings=Settings(root_fs=str(tmp_path / "ws")))
-            assert out.decision.allowed
+            # the executor's refusal is the backend selection's: reported as the deny a dry
+            # run answers (outsider round 5 F06)
+            assert out.decision.decision == "deny"
+            assert out.decision.code == "SANDBOX.CAPABILITY_BLOCKED"
             assert out.end.sandbox_backend == "docker"
             assert out.result.code == "SANDBOX.CAPABILITY_BLOCKED", out.result
             assert out.end.budget_used.calls == 0

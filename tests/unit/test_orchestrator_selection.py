@@ -8,6 +8,7 @@ from pathlib import Path
 from orchestrator_fixtures import MANIFEST, ScriptedExecutor, grant, orchestrator, profile
 
 from policy_engine.config import EngineConfig
+from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.model import (
     CapabilityKind,
     FsCapability,
@@ -160,3 +161,47 @@ def test_a_missing_default_backend_is_refused_not_replaced() -> None:
     assert sel.error.code.value == "PROVIDER.UNAVAILABLE"
     assert "default backend `proc-bwrap`" in sel.error.reason
     assert other.calls == 0
+
+
+class _Refusing(ScriptedExecutor):
+    """An executor refusing from the profile and op alone (the SPI's optional ``refusal``)."""
+
+    def __init__(self, name: str, refuse: Exception | None) -> None:
+        super().__init__(name, kinds=PROC, caps=FULL)
+        self.refuse = refuse
+
+    def refusal(self, prof: object, op: object) -> PolicyEngineError | None:
+        if isinstance(self.refuse, PolicyEngineError) or self.refuse is None:
+            return self.refuse
+        raise self.refuse
+
+
+def test_the_executors_own_refusal_is_the_selections_and_the_run_reports_a_deny(
+        tmp_path: Path) -> None:
+    """Outsider round 5 F06: the run (and a dry run) asks the chosen executor's ``refusal``;
+    the call is a deny with its code, the executor is never called, no budget is charged."""
+    refusing = _Refusing("picky", PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "not here"))
+    cfg = EngineConfig(state_dir=Path("/nonexistent"), backends={OpKind.PROC_EXEC: "picky"})
+    op = ProcExecOp(tool="ls")
+    assert select({"picky": refusing}, cfg, profile(), OpKind.PROC_EXEC).error is None  # no op
+    sel = select({"picky": refusing}, cfg, profile(), OpKind.PROC_EXEC, op)
+    assert sel.executor is None
+    assert sel.error is not None
+    assert (sel.error.code, sel.error.reason) == (ErrorCode.CAPABILITY_BLOCKED, "not here")
+    assert sel.error.audit["backend"] == "picky"
+    with orchestrator(tmp_path, refusing) as orch:
+        out = orch.run(grant(), MANIFEST, op)
+    assert refusing.calls == 0
+    assert (out.decision.decision, out.decision.code) == ("deny", "SANDBOX.CAPABILITY_BLOCKED")
+    assert out.decision.reason == "not here"
+    assert out.decision.rule is None
+    assert out.end.budget_used.calls == 0
+
+
+def test_a_refusal_check_that_crashes_refuses_the_call() -> None:
+    broken = _Refusing("broken", RuntimeError("boom"))
+    cfg = EngineConfig(state_dir=Path("/nonexistent"), backends={OpKind.PROC_EXEC: "broken"})
+    sel = select({"broken": broken}, cfg, profile(), OpKind.PROC_EXEC, ProcExecOp(tool="ls"))
+    assert sel.error is not None
+    assert sel.error.code == ErrorCode.PROVIDER_UNAVAILABLE
+    assert "could not check the call: RuntimeError: boom" in sel.error.reason

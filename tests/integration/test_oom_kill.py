@@ -35,6 +35,11 @@ GRANT = {"tenant": "acme", "subject_id": "a", "tool_name": "t", "call_id": "c1",
 # touches 512 MiB, 8 MiB at a time: the cgroup (64 MiB) kills it long before the end
 GREEDY = "b = [b'x' * (8 << 20) for _ in range(64)]; print('allocated')"
 SELF_KILLED = "import os; os.kill(os.getpid(), 9)"
+# a child the OOM killer ends, then the tool exits 137 on its own, as `sh -c 'cmd; exit $?'`,
+# make and xargs pass a killed child's status on (outsider round 5, F07)
+CHILD_KILLED_TOOL_EXITS_137 = (
+    f"import subprocess, sys; r = subprocess.run([sys.executable, '-c', {GREEDY!r}]); "
+    "print('child rc', r.returncode, flush=True); sys.exit(137)")
 BACKENDS = ["proc-bwrap", "proc-landlock", "proc-unshare", "local"]
 
 
@@ -82,3 +87,19 @@ def test_a_self_inflicted_sigkill_and_a_non_zero_exit_stay_results(tmp_path: Pat
     assert out["result"]["ok"] is True, out["result"]
     assert out["result"]["out"]["exit_code"] == 3
     assert rc == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_tool_exiting_137_after_its_child_was_oom_killed_stays_a_result(
+        tmp_path: Path, backend: str) -> None:
+    """Outsider round 5 F07: the OOM kill of a child plus a tool status of 137 was taken for
+    the tool's own OOM kill (`QUOTA.BUDGET_EXCEEDED`, stdout dropped). An exit code 137 is not
+    a death by SIGKILL: the result stands, with the child's OOM kill counted in it."""
+    rc, out = _run(tmp_path, backend, CHILD_KILLED_TOOL_EXITS_137)
+    result = out["result"]
+    assert result["ok"] is True, result
+    assert result["out"]["exit_code"] == 137
+    assert result["out"]["oom_kills"] >= 1  # the child's, as the cgroup counted it
+    assert result["out"]["stdout"] == "child rc -9\n"  # the tool's output is kept
+    assert rc == 0
+    assert out["evidence"]["status"] != "error", out["evidence"]

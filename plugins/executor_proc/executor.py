@@ -333,6 +333,9 @@ class ProcExecutor:
             "keep_status": net is not None,
             # proc-unshare: the launcher is pid 1 of the namespace; it stays, the tool is pid 2
             "init": self.backend == "unshare",
+            # behind bwrap or the init the engine sees 128 + N only: the tool's parent says
+            # whether a signal ended it (proc-landlock's tool is the engine's own child)
+            "report_end": self.backend == "unshare" or self.backend == "bwrap" and net is None,
         }
 
     @staticmethod
@@ -342,13 +345,14 @@ class ProcExecutor:
         """
         return {"drop_caps": False, "landlock": {"rules": [], "deny_tcp": True, "scope": True,
                                                  "required": False, "fs": False,
-                                                 "connect": [net.port]}}
+                                                 "connect": [net.port]}, "report_end": True}
 
     def _inner_args(self, spec: dict[str, Any], status_fd: int) -> list[str]:
         """The native launcher's options for ``spec`` (the Python launcher's JSON, as flags)."""
         args = ["-s", str(status_fd)] + (["-C"] if spec["drop_caps"] else [])
         args += ["-k"] if spec.get("keep_status") else []
         args += ["-i"] if spec.get("init") else []
+        args += ["-w"] if spec.get("report_end") else []
         ll, sc = spec["landlock"], spec.get("seccomp")
         args.append("-L" if ll["required"] else "-l")
         args += (["-t"] if ll["deny_tcp"] else []) + (["-S"] if ll["scope"] else [])
@@ -670,7 +674,14 @@ class ProcExecutor:
                 ErrorCode.BUDGET_EXCEEDED, "disk quota exceeded: a file written reached the "
                 f"{self.options.max_file_bytes}-byte limit (proc option `max_file_bytes`)",
                 audit=audit)
-        if code == 128 + signal.SIGKILL and oom_kills > 0:  # not a SIGKILL the tool sent itself
+        killed_by = _end_signal(status.pop("tool_end", None), oc.status,
+                                self.backend == "landlock")
+        # an exit code 137 is the tool's own (a shell passing on its child's 128 + 9); a SIGKILL
+        # with an OOM kill counted is taken for the OOM killer's: the counter names no victim
+        # (docs/operations.md, "Memory"); unknown, 137 stands for a SIGKILL as before
+        sigkilled = code == 128 + signal.SIGKILL if killed_by is None else \
+            killed_by == signal.SIGKILL
+        if sigkilled and oom_kills > 0:
             raise PolicyEngineError(
                 ErrorCode.BUDGET_EXCEEDED, "memory limit exceeded: the out-of-memory killer of "
                 f"the call's memory cgroup ended the tool at the {plan.limits.memory_bytes}-byte "
@@ -703,6 +714,9 @@ class ProcExecutor:
             "limits": describe(plan.limits, cg), "memory_peak_bytes": memory_peak,
             # a child the OOM killer ended while the tool itself went on (its status says how)
             **({"oom_kills": oom_kills} if oom_kills else {}),
+            # exit_code 128 + N is also what a tool exiting on its own may return: this says
+            # a signal ended it (absent: it exited, or bwrap without layer 2 could not tell)
+            **({"signal": killed_by} if killed_by else {}),
             # other calls' workspaces by count: their paths name tenants, projects and execs
             "masked": plan.mask_files + [d for d in plan.mask_dirs if d not in hidden],
             **({"hidden_workspaces": len(hidden)} if hidden else {}),
@@ -744,7 +758,8 @@ def _decode_stdin(op: ProcExecOp) -> bytes | None:
 def _parse_status(raw: bytes, expected: int = 1) -> dict[str, Any]:
     """The launcher's status; with a chain (restricted network) each launcher appended one
     object, the tool's launcher last, reported as ``tool_layer``. A chain cut short (the bridge
-    could not start the tool) is an error: the tool never ran under its layer.
+    could not start the tool) is an error: the tool never ran under its layer. The tool's
+    parent (``report_end``) appends how the tool ended, returned as ``tool_end``.
     """
     docs: list[Any] = []
     text, pos, dec = raw.decode(errors="replace"), 0, json.JSONDecoder()
@@ -759,13 +774,33 @@ def _parse_status(raw: bytes, expected: int = 1) -> dict[str, Any]:
     errors = [d["error"] for d in docs if "error" in d]
     if errors:
         return {"error": errors[0]}
+    ends = [d["tool_end"] for d in docs if "tool_end" in d]
+    docs = [d for d in docs if "tool_end" not in d]
     if not docs:
         return {}
     if len(docs) != expected:
         return {"error": "the network bridge did not start the tool's launcher"}
+    end = {"tool_end": ends[-1]} if ends else {}
     if expected == 2:  # the tool's layer adds TCP rules only; seccomp is inherited, not re-added
-        return {**docs[0], "tool_layer": {"landlock": docs[1].get("landlock", "off")}}
-    return dict(docs[0])
+        return {**docs[0], "tool_layer": {"landlock": docs[1].get("landlock", "off")}, **end}
+    return {**docs[0], **end}
+
+
+def _end_signal(end: Any, wait_status: int, direct: bool) -> int | None:
+    """The signal that ended the tool, 0 when it exited on its own, ``None`` when unknown.
+
+    ``direct``: the engine waited for the tool itself (proc-landlock, local), so its wait
+    status says. Else the tool's parent reported it (``tool_end``); without that report (bwrap
+    with ``layer2: false``, a parent the tool killed) only a 128 + N code is left.
+    """
+    if direct:
+        return os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else 0
+    if isinstance(end, dict):
+        for key, killed in (("signal", True), ("exit", False)):
+            value = end.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value if killed else 0
+    return None
 
 
 def _record_proxy(ctx: ExecContext, net: RestrictedHandle) -> None:

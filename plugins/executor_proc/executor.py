@@ -28,6 +28,7 @@ from plugins.executor_proc import (
     prespawn,
     sanitize,
     seccomp,
+    status_pipe,
     uid,
     unshare,
 )
@@ -651,7 +652,7 @@ class ProcExecutor:
         assert plan.limits is not None
         assert oc.status is not None
         duration_ms = int((time.monotonic() - start) * 1000)
-        status = _parse_status(oc.status_json, 2 if chained else 1)
+        status = status_pipe.parse(oc.status_json, 2 if chained else 1)
         if status and "error" not in status:
             status.setdefault("launcher", "python")
             if not str(status.get("seccomp", "")).startswith("enforced"):
@@ -674,7 +675,7 @@ class ProcExecutor:
                 ErrorCode.BUDGET_EXCEEDED, "disk quota exceeded: a file written reached the "
                 f"{self.options.max_file_bytes}-byte limit (proc option `max_file_bytes`)",
                 audit=audit)
-        killed_by = _end_signal(status.pop("tool_end", None), oc.status,
+        killed_by = status_pipe.end_signal(status.pop("tool_end", None), oc.status,
                                 self.backend == "landlock")
         # an exit code 137 is the tool's own (a shell passing on its child's 128 + 9); a SIGKILL
         # with an OOM kill counted is taken for the OOM killer's: the counter names no victim
@@ -753,54 +754,6 @@ def _decode_stdin(op: ProcExecOp) -> bytes | None:
     except (binascii.Error, ValueError):
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                 "`stdin_b64` is not valid base64") from None
-
-
-def _parse_status(raw: bytes, expected: int = 1) -> dict[str, Any]:
-    """The launcher's status; with a chain (restricted network) each launcher appended one
-    object, the tool's launcher last, reported as ``tool_layer``. A chain cut short (the bridge
-    could not start the tool) is an error: the tool never ran under its layer. The tool's
-    parent (``report_end``) appends how the tool ended, returned as ``tool_end``.
-    """
-    docs: list[Any] = []
-    text, pos, dec = raw.decode(errors="replace"), 0, json.JSONDecoder()
-    try:
-        while pos < len(text):
-            value, pos = dec.raw_decode(text, pos)
-            docs.append(value)
-    except ValueError:
-        return {"error": "launcher status unreadable"}
-    if not all(isinstance(d, dict) for d in docs):
-        return {"error": "launcher status malformed"}
-    errors = [d["error"] for d in docs if "error" in d]
-    if errors:
-        return {"error": errors[0]}
-    ends = [d["tool_end"] for d in docs if "tool_end" in d]
-    docs = [d for d in docs if "tool_end" not in d]
-    if not docs:
-        return {}
-    if len(docs) != expected:
-        return {"error": "the network bridge did not start the tool's launcher"}
-    end = {"tool_end": ends[-1]} if ends else {}
-    if expected == 2:  # the tool's layer adds TCP rules only; seccomp is inherited, not re-added
-        return {**docs[0], "tool_layer": {"landlock": docs[1].get("landlock", "off")}, **end}
-    return {**docs[0], **end}
-
-
-def _end_signal(end: Any, wait_status: int, direct: bool) -> int | None:
-    """The signal that ended the tool, 0 when it exited on its own, ``None`` when unknown.
-
-    ``direct``: the engine waited for the tool itself (proc-landlock, local), so its wait
-    status says. Else the tool's parent reported it (``tool_end``); without that report (bwrap
-    with ``layer2: false``, a parent the tool killed) only a 128 + N code is left.
-    """
-    if direct:
-        return os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else 0
-    if isinstance(end, dict):
-        for key, killed in (("signal", True), ("exit", False)):
-            value = end.get(key)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value if killed else 0
-    return None
 
 
 def _record_proxy(ctx: ExecContext, net: RestrictedHandle) -> None:

@@ -6,6 +6,10 @@ Now, as for a file over `max_file_bytes` (`SIGXFSZ`), the call fails with
 SIGKILLs itself (no OOM kill counted in its cgroup) stays a result (docs/plugins.md, "Exit
 codes"), and so does a tool's own non-zero exit: `run` exits 0 for both (docs/cli.md). Run for
 real through `policy-engine run` with a 64 MiB memory limit on each first-party proc backend.
+
+Outsider round 5 F07: "status 137 and an OOM kill counted" also caught a tool that exited 137
+itself after its child's OOM kill (`sh -c 'cmd; exit $?'`); a SIGKILL and an exit code 137 are
+now told apart (the tool's parent launcher reports which behind bwrap and proc-unshare).
 """
 
 from __future__ import annotations
@@ -105,3 +109,14 @@ def test_a_tool_exiting_137_after_its_child_was_oom_killed_stays_a_result(
     assert result["out"]["stdout"] == "child rc -9\n"  # the tool's output is kept
     assert rc == 0
     assert out["evidence"]["status"] != "error", out["evidence"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_tool_holds_no_descriptor_to_forge_its_end_with(tmp_path: Path, backend: str) -> None:
+    """The launcher that reports how the tool ended keeps the status pipe; the tool must not
+    have it (else it could write `{"tool_end": {"exit": 0}}` after its own OOM kill)."""
+    probe = ("import os\ndef held(fd):\n try: return os.fstat(fd) is not None\n"
+             " except OSError: return False\nprint([fd for fd in range(1024) if held(fd)])")
+    rc, out = _run(tmp_path, backend, f"exec({probe!r})")
+    assert rc == 0, out["result"]
+    assert out["result"]["out"]["stdout"] == "[0, 1, 2]\n"

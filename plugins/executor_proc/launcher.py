@@ -10,6 +10,7 @@ off ``sys.path``. Exit 126: the isolation could not be applied; 127: the tool wa
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import json
@@ -116,6 +117,8 @@ def _init(tool: int, report_fd: int | None = None) -> int:
     namespace's pid 1 ignores signals it has no handler for, so the tool must not be it). With
     ``report_fd``, first append ``{"tool_end": {"signal": N}}`` or ``{"tool_end": {"exit": N}}``:
     the 128 + N the engine sees cannot tell a signal from a tool's own exit with that code."""
+    with contextlib.suppress(OSError):  # there may be none
+        os.close(0)  # the tool's stdin alone: a tool closing it gives the engine's writes EPIPE
     while True:
         pid, status = os.wait()
         if pid == tool:

@@ -511,6 +511,7 @@ static void run_as_parent(char **cmd, int report_fd) {
                 strerror(errno));
         _exit(errno == ENOENT ? 127 : 126);
     }
+    close(0); /* the tool's stdin alone: a tool closing it gives the engine's writes EPIPE */
     for (;;) {
         int st = 0;
         pid_t got = waitpid(-1, &st, 0);

@@ -28,6 +28,7 @@ from plugins.executor_proc import (
     prespawn,
     sanitize,
     seccomp,
+    status_pipe,
     uid,
     unshare,
 )
@@ -342,6 +343,9 @@ class ProcExecutor:
             "keep_status": net is not None,
             # proc-unshare: the launcher is pid 1 of the namespace; it stays, the tool is pid 2
             "init": self.backend == "unshare",
+            # behind bwrap or the init the engine sees 128 + N only: the tool's parent says
+            # whether a signal ended it (proc-landlock's tool is the engine's own child)
+            "report_end": self.backend == "unshare" or self.backend == "bwrap" and net is None,
         }
 
     @staticmethod
@@ -351,13 +355,14 @@ class ProcExecutor:
         """
         return {"drop_caps": False, "landlock": {"rules": [], "deny_tcp": True, "scope": True,
                                                  "required": False, "fs": False,
-                                                 "connect": [net.port]}}
+                                                 "connect": [net.port]}, "report_end": True}
 
     def _inner_args(self, spec: dict[str, Any], status_fd: int) -> list[str]:
         """The native launcher's options for ``spec`` (the Python launcher's JSON, as flags)."""
         args = ["-s", str(status_fd)] + (["-C"] if spec["drop_caps"] else [])
         args += ["-k"] if spec.get("keep_status") else []
         args += ["-i"] if spec.get("init") else []
+        args += ["-w"] if spec.get("report_end") else []
         ll, sc = spec["landlock"], spec.get("seccomp")
         args.append("-L" if ll["required"] else "-l")
         args += (["-t"] if ll["deny_tcp"] else []) + (["-S"] if ll["scope"] else [])
@@ -656,7 +661,7 @@ class ProcExecutor:
         assert plan.limits is not None
         assert oc.status is not None
         duration_ms = int((time.monotonic() - start) * 1000)
-        status = _parse_status(oc.status_json, 2 if chained else 1)
+        status = status_pipe.parse(oc.status_json, 2 if chained else 1)
         if status and "error" not in status:
             status.setdefault("launcher", "python")
             if not str(status.get("seccomp", "")).startswith("enforced"):
@@ -679,7 +684,14 @@ class ProcExecutor:
                 ErrorCode.BUDGET_EXCEEDED, "disk quota exceeded: a file written reached the "
                 f"{self.options.max_file_bytes}-byte limit (proc option `max_file_bytes`)",
                 audit=audit)
-        if code == 128 + signal.SIGKILL and oom_kills > 0:  # not a SIGKILL the tool sent itself
+        killed_by = status_pipe.end_signal(status.pop("tool_end", None), oc.status,
+                                self.backend == "landlock")
+        # an exit code 137 is the tool's own (a shell passing on its child's 128 + 9); a SIGKILL
+        # with an OOM kill counted is taken for the OOM killer's: the counter names no victim
+        # (docs/operations.md, "Memory"); unknown, 137 stands for a SIGKILL as before
+        sigkilled = code == 128 + signal.SIGKILL if killed_by is None else \
+            killed_by == signal.SIGKILL
+        if sigkilled and oom_kills > 0:
             raise PolicyEngineError(
                 ErrorCode.BUDGET_EXCEEDED, "memory limit exceeded: the out-of-memory killer of "
                 f"the call's memory cgroup ended the tool at the {plan.limits.memory_bytes}-byte "
@@ -712,6 +724,9 @@ class ProcExecutor:
             "limits": describe(plan.limits, cg), "memory_peak_bytes": memory_peak,
             # a child the OOM killer ended while the tool itself went on (its status says how)
             **({"oom_kills": oom_kills} if oom_kills else {}),
+            # exit_code 128 + N is also what a tool exiting on its own may return: this says
+            # a signal ended it (absent: it exited, or bwrap without layer 2 could not tell)
+            **({"signal": killed_by} if killed_by else {}),
             # other calls' workspaces by count: their paths name tenants, projects and execs
             "masked": plan.mask_files + [d for d in plan.mask_dirs if d not in hidden],
             **({"hidden_workspaces": len(hidden)} if hidden else {}),
@@ -748,33 +763,6 @@ def _decode_stdin(op: ProcExecOp) -> bytes | None:
     except (binascii.Error, ValueError):
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                 "`stdin_b64` is not valid base64") from None
-
-
-def _parse_status(raw: bytes, expected: int = 1) -> dict[str, Any]:
-    """The launcher's status; with a chain (restricted network) each launcher appended one
-    object, the tool's launcher last, reported as ``tool_layer``. A chain cut short (the bridge
-    could not start the tool) is an error: the tool never ran under its layer.
-    """
-    docs: list[Any] = []
-    text, pos, dec = raw.decode(errors="replace"), 0, json.JSONDecoder()
-    try:
-        while pos < len(text):
-            value, pos = dec.raw_decode(text, pos)
-            docs.append(value)
-    except ValueError:
-        return {"error": "launcher status unreadable"}
-    if not all(isinstance(d, dict) for d in docs):
-        return {"error": "launcher status malformed"}
-    errors = [d["error"] for d in docs if "error" in d]
-    if errors:
-        return {"error": errors[0]}
-    if not docs:
-        return {}
-    if len(docs) != expected:
-        return {"error": "the network bridge did not start the tool's launcher"}
-    if expected == 2:  # the tool's layer adds TCP rules only; seccomp is inherited, not re-added
-        return {**docs[0], "tool_layer": {"landlock": docs[1].get("landlock", "off")}}
-    return dict(docs[0])
 
 
 def _record_proxy(ctx: ExecContext, net: RestrictedHandle) -> None:

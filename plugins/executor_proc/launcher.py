@@ -3,12 +3,14 @@
 Run as ``python3 -I -S -B launcher.py SPEC_JSON STATUS_FD -- argv...`` (inside bwrap, or directly
 for the Landlock-only backend). Two may be chained (restricted network: one before the bridge,
 one before the tool); the first keeps the status pipe open (``keep_status``) for the second.
+``report_end``: the launcher forks the tool and reports how it ended on the status pipe.
 Standard library only; its siblings are loaded by path because ``-I`` keeps the plugin package
 off ``sys.path``. Exit 126: the isolation could not be applied; 127: the tool was not found.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import json
@@ -93,12 +95,16 @@ def main(argv: list[str]) -> int:
         os.write(status_fd, json.dumps({"error": str(err)}).encode())
         return 126
     os.write(status_fd, json.dumps(status).encode())
-    if not spec.get("keep_status"):  # else the next launcher in the chain appends its status
-        os.close(status_fd)
-    if spec.get("init"):  # pid 1 of a pid namespace (sb_launch.c -i): the tool is its child
+    keep, report = bool(spec.get("keep_status")), bool(spec.get("report_end"))
+    if not keep and not report:  # else the next launcher in the chain appends its status
+        os.close(status_fd)  # (keep) or this one appends the tool's end (report)
+    # pid 1 of a pid namespace (sb_launch.c -i), or the tool's reporting parent (-w)
+    if spec.get("init") or report:
         tool = os.fork()
         if tool != 0:
-            return _init(tool)
+            return _init(tool, status_fd if report else None)
+        if report and not keep:
+            os.close(status_fd)  # the tool never holds the pipe its end is reported on
     try:
         os.execvp(tool_argv[0], tool_argv)
     except OSError as err:
@@ -106,13 +112,20 @@ def main(argv: list[str]) -> int:
         return 127
 
 
-def _init(tool: int) -> int:
+def _init(tool: int, report_fd: int | None = None) -> int:
     """Reap every orphan until ``tool`` ends; exit with its status, 128 + N for signal N (a
-    namespace's pid 1 ignores signals it has no handler for, so the tool must not be it)."""
+    namespace's pid 1 ignores signals it has no handler for, so the tool must not be it). With
+    ``report_fd``, first append ``{"tool_end": {"signal": N}}`` or ``{"tool_end": {"exit": N}}``:
+    the 128 + N the engine sees cannot tell a signal from a tool's own exit with that code."""
+    with contextlib.suppress(OSError):  # there may be none
+        os.close(0)  # the tool's stdin alone: a tool closing it gives the engine's writes EPIPE
     while True:
         pid, status = os.wait()
         if pid == tool:
             code = os.waitstatus_to_exitcode(status)
+            if report_fd is not None:
+                end = {"signal": -code} if code < 0 else {"exit": code}
+                os.write(report_fd, json.dumps({"tool_end": end}).encode())
             os._exit(128 - code if code < 0 else code)
 
 

@@ -230,3 +230,16 @@ def test_restricted_curl_through_the_orchestrator(tmp_path: Path, server: Loopba
     assert ErrorCode.PERMISSION_DENY.value in text, ends[-1]
     assert "/nope" in text
     assert [p for _m, p, _h in server.seen.requests] == ["/ok/page"]
+
+
+def test_the_tools_launcher_tells_a_sigkill_from_an_exit_code_137(
+    executor: ProcExecutor, tmp_path: Path, server: LoopbackServer,
+) -> None:
+    """Outsider round 5 F07: behind bwrap the engine sees 128 + N for both; the launcher at the
+    end of the chain (bridge, then the tool's layer) reports which one ended the tool."""
+    profile, guard = policy(tmp_path, server.port)
+    out, _ = call(executor, profile, guard, "sh", "-c", "echo before; kill -9 $$")
+    assert (out["exit_code"], out.get("signal"), out["stdout"]) == (137, 9, "before\n")
+    assert out["isolation"]["tool_layer"]["landlock"].startswith("enforced")
+    out, _ = call(executor, profile, guard, "sh", "-c", "exit 137")
+    assert (out["exit_code"], out.get("signal")) == (137, None)

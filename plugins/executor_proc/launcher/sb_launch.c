@@ -29,6 +29,11 @@
  *                                   with its status, 128 + N for signal N; proc-unshare, where the
  *                                   launcher is pid 1 of a pid namespace, which ignores signals it
  *                                   has no handler for and would leave zombies)
+ *                                -w (with -s: fork the tool too, keep the status FD, closed to the
+ *                                   tool, and append {"tool_end": {"signal": N}} or
+ *                                   {"tool_end": {"exit": N}} when it ends; exit as -i does. The
+ *                                   engine's own wait sees bwrap's or the init's 128 + N, which a
+ *                                   tool can also exit with: this tells the two apart)
  *
  * Held mode lets the engine spawn launchers ahead of time (each already in its own cgroup: the
  * migration costs an RCU grace period, 5-15 ms, so it is paid off the hot path). The message on
@@ -309,7 +314,7 @@ static const char *open_paths[MAX_OPENS], *covers[MAX_OPENS], *rebinds[MAX_OPENS
 static const char *hides[MAX_OPENS];
 static long run_uid = -1, run_gid = -1;
 static int new_ipc;
-static int as_init;
+static int as_init, report_end;
 static int want_ll, ll_required, deny_tcp, scope, caps, sc_required, keep_status;
 static const char *seccomp_hex;
 
@@ -317,7 +322,7 @@ static void parse(int argc, char **argv) {
     int opt;
     char *end;
     optind = 0; /* glibc: full re-initialisation, so held mode can parse a second argv */
-    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:m:M:b:u:IiClLtSp:P:B:Nkf:F:")) != -1) {
+    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:m:M:b:u:IiwClLtSp:P:B:Nkf:F:")) != -1) {
         switch (opt) {
         case 'x': close((int)num(optarg, &end)); break;
         case 'H': hold_fd = (int)num(optarg, &end); break;
@@ -347,6 +352,7 @@ static void parse(int argc, char **argv) {
             hides[nhides++] = optarg;
             break;
         case 'i': as_init = 1; break;
+        case 'w': report_end = 1; break;
         case 'm':
             if (cover_n == MAX_OPENS || optarg[0] != '/') usage();
             covers[cover_n++] = optarg;
@@ -493,22 +499,32 @@ static char **receive(int fd, int *argc_out) {
 /* -i: pid 1 of a pid namespace. The kernel delivers a signal to a namespace's init only when it
  * has a handler, so a tool that is pid 1 survives its own kill(getpid(), SIGKILL) and never
  * reaps what its children orphan; the tool runs as pid 2 instead, under the same Landlock domain
- * and seccomp filter (applied above, inherited across fork). */
-static void run_as_init(char **cmd) {
+ * and seccomp filter (applied above, inherited across fork). -w: the same parent, which reports
+ * how the tool ended on REPORT_FD (the status pipe; the tool never holds it). */
+static void run_as_parent(char **cmd, int report_fd) {
     pid_t tool = fork();
     if (tool < 0) fail(errno, "fork failed", NULL);
     if (tool == 0) {
+        if (report_fd >= 0 && !keep_status) close(report_fd);
         execvp(cmd[0], cmd);
         fprintf(stderr, "policy-engine launcher: cannot execute `%s`: %s\n", cmd[0],
                 strerror(errno));
         _exit(errno == ENOENT ? 127 : 126);
     }
+    close(0); /* the tool's stdin alone: a tool closing it gives the engine's writes EPIPE */
     for (;;) {
         int st = 0;
         pid_t got = waitpid(-1, &st, 0);
         if (got < 0 && errno == EINTR) continue;
         if (got < 0) _exit(126); /* ECHILD before the tool was seen: cannot happen */
         if (got != tool) continue; /* an orphan reaped */
+        if (report_fd >= 0) {
+            char end[64];
+            int n = snprintf(end, sizeof end, "{\"tool_end\": {\"%s\": %d}}",
+                             WIFEXITED(st) ? "exit" : "signal",
+                             WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+            write_all(report_fd, end, (size_t)n);
+        }
         /* leaving kills the rest of the namespace, as bwrap's init does */
         _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
     }
@@ -571,9 +587,11 @@ int main(int argc, char **argv) {
         }
         put("\"}");
         write_all(status_fd, status, status_len);
-        if (!keep_status) close(status_fd); /* -k: the next launcher appends its own status */
+        /* -k: the next launcher appends its own status; -w: this one appends the tool's end */
+        if (!keep_status && !report_end) close(status_fd);
     }
-    if (as_init) run_as_init(argv + optind); /* never returns */
+    if (as_init || report_end) /* never returns */
+        run_as_parent(argv + optind, report_end ? status_fd : -1);
     execvp(argv[optind], argv + optind);
     fprintf(stderr, "policy-engine launcher: cannot execute `%s`: %s\n", argv[optind],
             strerror(errno));

@@ -244,15 +244,17 @@ def test_cwd_through_an_in_root_symlink_runs_in_its_target(world: World) -> None
 
 NARROW = """policy "t/narrow" version "1.0.0"
 defaults {{ timeout 20s  network off }}
-permit "read" fs.read paths ["{root}/sub2/*.txt"]
+permit "read" fs.read paths ["{root}/sub2/**"]
+permit "txt" fs.read paths ["{root}/small/*.txt"]
 permit "py" proc.exec tool "python3"
 """
 
 
 @pytest.mark.parametrize("where", ["", "/small", "/l_sub"])
 def test_cwd_outside_every_bound_path_is_refused_alike(tmp_path: Path, where: str) -> None:
-    """The sandbox binds only the literal prefixes of the profile's fs paths (here `sub2`): a
-    cwd elsewhere is refused by the proc plan, and now by the guard first."""
+    """The sandbox binds what the profile's fs globs match (here `sub2`, and the `.txt` files
+    of `small`, never `small` itself): a cwd elsewhere is refused by the proc plan, and by the
+    guard first."""
     for w in make_world(tmp_path, NARROW):
         op = ProcExecOp(tool="python3", args=["-c", PWD], cwd=f"{w.root}{where}")
         dry, ran = w.both(op)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from policy_engine.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from policy_engine.evidence.decided import decision_fields
@@ -47,14 +48,12 @@ __all__ = [
 ]
 
 
+_get, _listing = lazy_exports(__name__, _WHERE, __all__)
+
+
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # the next access is a plain attribute
-    return value
+    return _get(name)
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return _listing()

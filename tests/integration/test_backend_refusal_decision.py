@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,17 +51,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120, check=False)
 
 
-@pytest.mark.parametrize("backend", ["proc-bwrap", "proc-unshare"])
-def test_a_call_refused_by_backend_selection_is_a_deny_in_the_run(tmp_path: Path,
-                                                                   backend: str) -> None:
-    args = _files(tmp_path, backend)
-    dry = _cli("explain", *args, "--format", "json")
-    assert dry.returncode == 0, dry.stdout + dry.stderr  # a decision was made
-    said = json.loads(dry.stdout)
-    assert said["decision"] == "deny", said
-    assert said["code"] == "SANDBOX.CAPABILITY_BLOCKED", said
-
-    ran = _cli("run", *args, "--format", "json")
+def assert_run_denies_as_explain_said(ran: subprocess.CompletedProcess[str],
+                                      said: dict[str, Any]) -> None:
+    """`run --format json` refused the call with the deny `explain` answered: the same code,
+    status and reason in the decision, and a deny in the evidence end record."""
     assert ran.returncode == 1, ran.stdout + ran.stderr
     out = json.loads(ran.stdout)
     assert out["result"]["ok"] is False
@@ -74,6 +68,19 @@ def test_a_call_refused_by_backend_selection_is_a_deny_in_the_run(tmp_path: Path
     assert end["status"] == "denied"
     assert end["error_code"] == "SANDBOX.CAPABILITY_BLOCKED"
     assert end["decision"] == "deny", end
+
+
+@pytest.mark.parametrize("backend", ["proc-bwrap", "proc-unshare"])
+def test_a_call_refused_by_backend_selection_is_a_deny_in_the_run(tmp_path: Path,
+                                                                   backend: str) -> None:
+    args = _files(tmp_path, backend)
+    dry = _cli("explain", *args, "--format", "json")
+    assert dry.returncode == 0, dry.stdout + dry.stderr  # a decision was made
+    said = json.loads(dry.stdout)
+    assert said["decision"] == "deny", said
+    assert said["code"] == "SANDBOX.CAPABILITY_BLOCKED", said
+
+    assert_run_denies_as_explain_said(_cli("run", *args, "--format", "json"), said)
 
     text = _cli("run", *args)
     assert text.returncode == 1

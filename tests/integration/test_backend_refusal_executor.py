@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.test_backend_refusal_decision import assert_run_denies_as_explain_said
+
 pytestmark = pytest.mark.integration
 
 POLICY = """policy "f06/netrestricted" version "1.0.0"
@@ -89,20 +91,7 @@ def test_explain_denies_what_the_executor_refuses_and_the_run_says_deny(
     assert said["trace"][-1]["node"] == "backend", said["trace"]
     assert said["trace"][-1]["outcome"] == "fail"
 
-    ran = _cli("run", *args, "--format", "json")
-    assert ran.returncode == 1, ran.stdout + ran.stderr
-    out = json.loads(ran.stdout)
-    assert out["result"]["ok"] is False
-    assert out["result"]["code"] == "SANDBOX.CAPABILITY_BLOCKED"
-    decision = out["decision"]
-    assert decision["decision"] == "deny", decision
-    assert decision["code"] == said["code"]
-    assert decision["http_status"] == said["http_status"] == 403
-    assert decision["reason"] == said["reason"]
-    end = out["evidence"]
-    assert end["status"] == "denied"
-    assert end["error_code"] == "SANDBOX.CAPABILITY_BLOCKED"
-    assert end["decision"] == "deny", end
+    assert_run_denies_as_explain_said(_cli("run", *args, "--format", "json"), said)
 
 
 ALLOWED = [

@@ -13,13 +13,11 @@ Run through the CLI on the real backends; nothing starts (the refusal comes befo
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.test_backend_refusal_decision import assert_run_denies_as_explain_said
+from tests.integration.test_backend_refusal_decision import _cli, assert_run_denies_as_explain_said
 
 pytestmark = pytest.mark.integration
 
@@ -62,9 +60,6 @@ def _files(tmp_path: Path, backend: str, mode: str, network: str | None,
             "--request", str(tmp_path / "req.json")]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "policy_engine.cli", *args],
-                          capture_output=True, text=True, timeout=120, check=False)
 
 
 REFUSED = [

@@ -225,6 +225,7 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
                                                           (*_ancestors(k), k.rstrip("/") or "/")))
         for b in bound:  # every directory of the view is visited, even with no glob active
             starts.setdefault(b, [])
+    found |= _file_binds_masked(bound, literal, [g for gs in starts.values() for g in gs])
     visited, listed, seen = _walk_or_reuse(starts, cache, found, foreign)
     skip = (*RUNTIME_DIRS, *NEVER_WALKED)
     found |= linked_secrets(seen, bound, found, literal, cache.linked, skip)
@@ -259,6 +260,25 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
         _coalesce(files, dirs, hidden, visible, foreign, cache)
     return MaskPlan(tuple(sorted(files)), tuple(sorted(dirs)), visited, listed,
                     tuple(sorted(hidden)))
+
+
+def _file_binds_masked(bound: Sequence[str], literal: Sequence[str],
+                       globs: Sequence[_Glob]) -> set[str]:
+    """Binds that are files (a glob matching files binds each match): a walk lists
+    directories, so each is tested itself — masked when a deny names it, or when it has
+    more than one link (it could be a secret's other name; outsider round 6, F05/F06)."""
+    out: set[str] = set()
+    for b in bound:
+        try:
+            st = os.lstat(b)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        if (st.st_nlink > 1 or any(beneath(b, t) for t in literal)
+                or any(g.glob.matches(b) for g in globs)):
+            out.add(b)
+    return out
 
 
 def _coalesce(files: set[str], dirs: set[str], hidden: set[str], visible: Sequence[str],

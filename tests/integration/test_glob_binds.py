@@ -150,3 +150,35 @@ def test_a_wildcard_write_glob_hands_over_only_its_matches(executors: dict[str, 
     assert (w / "C" / "notes.md").read_text() == "notes"
     assert os.stat(w / "C" / "root-only").st_uid == 0  # not handed over
     assert os.stat(w / "C").st_uid == 0
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "landlock", "unshare"])
+def test_a_file_glob_never_binds_a_denied_or_hard_linked_file(
+        executors: dict[str, ProcExecutor], tenants: Path, backend: str) -> None:
+    """Outsider round 6, F05/F06: a glob matching files bound each match, and the mask walk
+    only lists directories, so `pub/*` exposed the `.env` it matched (a mandatory deny) and
+    `**/*.md` a hard link to a private key; the fs executor refuses both."""
+    w = tenants
+    pub = w / "C" / "pub"
+    (pub / ".env").write_text("DOTENV-marker")
+    (pub / ".env").chmod(0o644)
+    key = w / "C" / "id_rsa"
+    key.write_text("KEY-marker")
+    key.chmod(0o644)
+    os.link(key, pub / "k.md")
+    base = _profile(w)
+    profile = base.model_copy(update={"capabilities": (
+        fs_cap("fs.read", f"{w}/B/**", f"{w}/C/pub/*", f"{w}/**/*.md"),
+        fs_cap("fs.write", f"{w}/B/out/**"))})
+    ctx = ExecContext(profile=profile, deadline=time.monotonic() + 60)
+    targets = {"read:env": str(pub / ".env"), "read:link": str(pub / "k.md"),
+               "read:pub": str(pub / "readme"), "read:notes": f"{w}/C/notes.md"}
+    res = executors[backend].execute(ctx, ProcExecOp(
+        tool=PYTHON, args=("-c", PROBE, json.dumps(targets)), cwd=str(w / "B")))
+    assert res.ok, res
+    seen = json.loads(str(res.out["stdout"]))
+    assert seen["read:pub"] == "public", seen
+    assert seen["read:notes"] == "notes", seen
+    for key in ("read:env", "read:link"):  # masked (/dev/null over it) or refused
+        assert seen[key] == "" or str(seen[key]).startswith("refused"), seen
+    assert "marker" not in json.dumps(seen)

@@ -16,7 +16,7 @@ from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.guard.binds import beneath, bound_paths, cwd_refusal
 from policy_engine.guard.env import profile_env_refusal
 from policy_engine.guard.gitfiles import GIT_PINS
-from policy_engine.guard.paths import resolve_beneath
+from policy_engine.guard.paths import normalize_path, resolve_beneath
 from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
     CapabilityKind,
@@ -233,6 +233,7 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
     bound = readable + writable
     cwd = op.cwd or (root if any(beneath(root, b) for b in bound) else tmpdir)
     if op.cwd is not None:
+        cwd = normalize_path(op.cwd)  # what the guard decided on (`//w` is `/w`: round 6, F04)
         # the guard's own check (guard/binds.py); the directory entered is the resolved one
         why = cwd_refusal(profile, cwd, bound)
         if why is not None:

@@ -250,6 +250,19 @@ permit "py" proc.exec tool "python3"
 """
 
 
+@pytest.mark.parametrize("spelling", ["/{root}/sub2", "///{root}//sub2/", "{root}/./sub2"])
+def test_a_cwd_spelled_differently_runs_where_explain_said(tmp_path: Path,
+                                                           spelling: str) -> None:
+    """Outsider round 6, F04: `//w/x` was allowed by explain (the guard normalises paths) and
+    refused by the run ("not beneath root_fs": the executor compared the raw string)."""
+    for w in make_world(tmp_path, NARROW):
+        op = ProcExecOp(tool="python3", args=["-c", PWD], cwd=spelling.format(root=w.root))
+        dry, ran = w.both(op)
+        assert dry.allowed, dry
+        assert ran.result.ok, ran.result
+        assert ran.result.out["stdout"].strip() == f"{w.root}/sub2"
+
+
 @pytest.mark.parametrize("where", ["", "/small", "/l_sub"])
 def test_cwd_outside_every_bound_path_is_refused_alike(tmp_path: Path, where: str) -> None:
     """The sandbox binds what the profile's fs globs match (here `sub2`, and the `.txt` files

@@ -425,7 +425,7 @@ class ProcExecutor:
             self.bwrap_path, plan, inner=inner, network_hook=hook,
             launcher_src=HERE if spec is not None and exe is None else None,
             native_launcher=exe if spec is not None and exe is not None else None,
-            run_as=self.run_as, source=self._stager(reach))
+            run_as=self.run_as, source=self._stager(reach, plan))
         return argv if exe is None else [exe, *host, *reach.options(self.run_as), "--", *argv]
 
     def preview_command(self, ctx: ExecContext, op: ExecOp) -> list[str]:
@@ -470,17 +470,25 @@ class ProcExecutor:
                 "proc-bwrap")
         return reach
 
-    def _stager(self, reach: uid.Reach) -> Callable[[str], str]:
-        """Where bwrap finds a bind source: the path itself, or (when the sandbox uid cannot
-        look it up: /root/..., a 0700 parent) its staged copy, recorded in ``staged``."""
+    def _stager(self, reach: uid.Reach, plan: Plan) -> Callable[[str], str]:
+        """Where bwrap finds a bind source: the path itself, or its staged copy, recorded in
+        ``staged``: when the sandbox uid cannot look it up (/root/..., a 0700 parent), and
+        always for the profile's own binds. The root launcher stages those through a
+        descriptor opened with no symlink on the path (their resolved form at plan time), so a
+        directory swapped for a link between the plan and the mount fails the call instead of
+        binding the link's target (outsider round 6, F01: glob binds lie inside workspaces
+        their writers may change)."""
         run_as = self.run_as
         if run_as is None:
             return str
         known: dict[str, str] = {}
+        own = plan.resolved
 
         def source(path: str) -> str:
             if path not in known:
-                if uid.reachable(path, *run_as):
+                if path in own:
+                    known[path] = reach.stage(own[path])
+                elif uid.reachable(path, *run_as):
                     known[path] = path
                 else:
                     known[path] = reach.stage(path)
@@ -633,6 +641,14 @@ class ProcExecutor:
                 self._pool.release(cg)
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
                                     f"cannot start the sandbox: {exc.strerror}") from None
+        except subprocess.SubprocessError:  # the Python launcher's set-up (preexec_fn) failed
+            os.close(status_r)
+            if cg and self._pool is not None:
+                self._pool.release(cg)
+            raise PolicyEngineError(
+                ErrorCode.EXECUTION_FAILED, "the sandbox could not be set up: its launcher "
+                "refused before the tool (a bind source with a symlink on its path or gone, a "
+                "mount refused)") from None
         finally:
             os.close(status_w)
             for fd in cg_fds + ([exe_fd] if exe_fd is not None else []):
@@ -701,6 +717,13 @@ class ProcExecutor:
         if self.backend == "unshare" and not status:  # its launcher reports before any tool
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "proc-unshare could not set up "
                                     "the sandbox: " + stderr.decode(errors="replace")[:300],
+                                    audit=audit)
+        if (self.backend == "bwrap" and not status and code == 126
+                and stderr.startswith(b"policy-engine launcher: ")):
+            # the host launcher stopped before bwrap (a bind source changed since the plan:
+            # round 6, F01); nothing of the tool ran
+            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "the sandbox could not be set "
+                                    "up: " + stderr.decode(errors="replace")[24:300],
                                     audit=audit)
         if self.backend == "bwrap" and not status and code != 0 and stderr.startswith(b"bwrap:"):
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "bwrap could not set up the "

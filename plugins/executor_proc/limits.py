@@ -21,6 +21,7 @@ from collections.abc import Callable
 from plugins.executor_proc.cgroups import ExecCgroup
 from plugins.executor_proc.spec import Limits
 from plugins.executor_proc.uid import STAGE_DIR, Reach
+from policy_engine.guard.nofollow import open_no_symlinks
 
 
 def describe(limits: Limits, cg: ExecCgroup | None) -> dict[str, str]:
@@ -112,13 +113,18 @@ def _stage(libc: ctypes.CDLL, reach: Reach) -> None:
         ok(libc.mount(b"pe-stage", STAGE_DIR.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                       b"mode=0755,size=64k"), "cannot mount the staging tmpfs")
     for i, path in reach.staged:
+        # through a descriptor with no symlink on the path (sb_launch.c's stage, round 6 F01)
         where = f"{STAGE_DIR}/{i}"
-        if stat.S_ISDIR(os.stat(path).st_mode):
-            os.mkdir(where, 0o755)
-        else:
-            os.close(os.open(where, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        ok(libc.mount(os.fsencode(path), os.fsencode(where), None, _MS_BIND | _MS_REC, None),
-           f"cannot stage {path}")
+        sfd = open_no_symlinks(path)
+        try:
+            if stat.S_ISDIR(os.fstat(sfd).st_mode):
+                os.mkdir(where, 0o755)
+            else:
+                os.close(os.open(where, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            ok(libc.mount(f"/proc/self/fd/{sfd}".encode(), os.fsencode(where), None,
+                          _MS_BIND | _MS_REC, None), f"cannot stage {path}")
+        finally:
+            os.close(sfd)
     for cover in reach.covers:
         ok(libc.mount(b"pe-cover", os.fsencode(cover), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                       b"mode=0755,size=64k"), f"cannot cover {cover}")

@@ -65,6 +65,9 @@ class Plan:
     mask_dirs: list[str] = field(default_factory=list)
     # of mask_dirs: other calls' workspaces (the local runner), reported as a count only
     hidden_dirs: list[str] = field(default_factory=list)
+    # each readable/writable bind resolved when the plan was made: what the launcher stages
+    # through a no-symlink descriptor (a link swapped in later fails the call)
+    resolved: dict[str, str] = field(default_factory=dict)
     # existing paths inside writable binds that a forbid of fs.write covers: bound read-only
     readonly: list[str] = field(default_factory=list)
     limits: Limits | None = None
@@ -231,6 +234,7 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
     system += [p for p in (interp, *extra_ro)
                if os.path.exists(p) and not any(beneath(p, s) for s in SYSTEM_RO)]
     bound = readable + writable
+    resolved = {p: os.path.realpath(p) for p in bound}  # right after the expansion
     cwd = op.cwd or (root if any(beneath(root, b) for b in bound) else tmpdir)
     if op.cwd is not None:
         cwd = normalize_path(op.cwd)  # what the guard decided on (`//w` is `/w`: round 6, F04)
@@ -244,7 +248,7 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
     return Plan(
         argv=[op.tool, *op.args], cwd=cwd, readable=readable, writable=writable, system=system,
         env=build_env(profile, op, env_allow, env_base or {}, tmpdir), mask_files=files,
-        mask_dirs=dirs, hidden_dirs=hidden,
+        mask_dirs=dirs, hidden_dirs=hidden, resolved=resolved,
         readonly=_write_forbidden(profile, writable, files + dirs),
         limits=resolve_limits(profile, op),
         network="on" if host_roots else profile.network.value,

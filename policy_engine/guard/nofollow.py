@@ -81,3 +81,19 @@ def probe(path: str) -> int:
     if err == errno.ENOSYS:  # an old kernel or a seccomp filter: stop asking
         _SETUP = None
     return UNKNOWN
+
+
+def open_no_symlinks(path: str) -> int:
+    """An ``O_PATH`` descriptor of absolute ``path`` opened with no symlink in any component
+    (``openat2`` ``RESOLVE_NO_SYMLINKS``; where that cannot run, ``O_NOFOLLOW``: the last
+    component only). Raises ``OSError`` (``ELOOP`` for a link)."""
+    if _SETUP is not None:
+        syscall, (nr, cwd, how, size, _) = _SETUP
+        raw = path.encode("utf-8", "surrogateescape") if _UTF8 else os.fsencode(path)
+        fd = int(syscall(nr, cwd, raw, how, size))
+        if fd >= 0:
+            return fd
+        err = ctypes.get_errno()
+        if err != errno.ENOSYS:
+            raise OSError(err, os.strerror(err), path)
+    return os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)

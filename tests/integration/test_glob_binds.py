@@ -11,12 +11,14 @@ import shutil
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from plugins.executor_proc.executor import ProcExecutor
+from plugins.executor_proc.executor import ProcExecutor, ProcOptions
+from policy_engine import PolicyEngineError
 from policy_engine.executor import ExecContext
 from policy_engine.guard.binds import MAX_GLOB_BINDS, glob_binds
 from policy_engine.model import ProcExecOp, Profile
@@ -182,3 +184,42 @@ def test_a_file_glob_never_binds_a_denied_or_hard_linked_file(
     for key in ("read:env", "read:link"):  # masked (/dev/null over it) or refused
         assert seen[key] == "" or str(seen[key]).startswith("refused"), seen
     assert "marker" not in json.dumps(seen)
+
+
+class _SwapAfterPlan(ProcExecutor):
+    """Outsider round 6, F01 at its worst moment: the matched `C/pub` is swapped for a link to
+    the other tenant's workspace after the plan and before the sandbox mounts it. The timing
+    is forced here (a host-side swapper won 3 of 10 real races); the sandbox is real."""
+
+    def __init__(self, launcher: str, swap: Callable[[], None]) -> None:
+        super().__init__("bwrap", ProcOptions(launcher=launcher))  # type: ignore[arg-type]
+        self.swap = swap
+
+    def _reach(self, plan: Any, private_tmp: str | None, exe: str | None) -> Any:
+        reach = super()._reach(plan, private_tmp, exe)
+        self.swap()
+        return reach
+
+
+@pytest.mark.parametrize("launcher", ["native", "python"])
+def test_a_directory_swapped_for_a_link_after_the_plan_is_never_bound(tenants: Path,
+                                                                     launcher: str) -> None:
+    w = tenants
+    pub = w / "C" / "pub"
+
+    def swap() -> None:
+        pub.rename(w / "C" / "pub.old")
+        pub.symlink_to(w / "A" / "work")
+
+    ex = _SwapAfterPlan(launcher, swap)
+    try:
+        assert ex.available() is True, ex.unavailable_reason
+        ctx = ExecContext(profile=_profile(w), deadline=time.monotonic() + 60)
+        targets = {"read:swapped": f"{w}/C/pub/s.txt", "list:swapped": f"{w}/C/pub"}
+        with pytest.raises(PolicyEngineError) as refused:
+            ex.execute(ctx, ProcExecOp(tool=PYTHON, args=("-c", PROBE, json.dumps(targets)),
+                                       cwd=str(w / "B")))
+        assert refused.value.code.value == "TOOL.EXECUTION_FAILED", refused.value
+        assert "symlink on its path" in refused.value.reason, refused.value  # the link named
+    finally:
+        ex.close()

@@ -427,14 +427,21 @@ static void stage(void) {
         mount("pe-stage", STAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0)
         fail(errno, "cannot mount the staging tmpfs", STAGE_DIR);
     for (int i = 0; i < nopens; i++) {
+        /* through a descriptor opened with no symlink on the path: a directory swapped for a
+         * link since the plan fails the call rather than stage the link's target */
         struct stat st;
-        if (stat(open_paths[i], &st) != 0) fail(errno, "cannot stat a bind source", open_paths[i]);
+        char src[64];
+        int sfd = open_nofollow(open_paths[i]);
+        if (sfd < 0 || fstat(sfd, &st) != 0)
+            fail(errno, "a bind source is gone or has a symlink on its path", open_paths[i]);
+        snprintf(src, sizeof src, "/proc/self/fd/%d", sfd);
         snprintf(where, sizeof where, STAGE_DIR "/%d", open_idx[i]);
         int made = S_ISDIR(st.st_mode) ? mkdir(where, 0755)
                                        : close(open(where, O_CREAT | O_EXCL | O_WRONLY, 0644));
         if (made != 0) fail(errno, "cannot make a staging mount point", where);
-        if (mount(open_paths[i], where, NULL, MS_BIND | MS_REC, NULL) != 0)
+        if (mount(src, where, NULL, MS_BIND | MS_REC, NULL) != 0)
             fail(errno, "cannot stage a bind source", open_paths[i]);
+        close(sfd);
     }
     for (int i = 0; i < cover_n; i++)
         if (mount("pe-cover", covers[i], "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") != 0)

@@ -463,6 +463,12 @@ class ProcExecutor:
         # a cover, the names inside a masked directory (~/.ssh/id_*) could be listed
         reach.hides = [d for d in plan.mask_dirs
                        if not any(o != d and beneath(d, o) for o in plan.mask_dirs)]
+        binds = len(plan.readable) + len(plan.writable)
+        if self.backend == "bwrap" and self.run_as is not None and binds > MAX_HIDDEN_DIRS:
+            # each is staged by the launcher (sb_launch.c's MAX_OPENS)
+            raise PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED, f"{self.name} would bind {binds} paths (at most "
+                f"{MAX_HIDDEN_DIRS}): narrow the fs rules")
         if len(reach.hides) > MAX_HIDDEN_DIRS:  # sb_launch.c's MAX_OPENS
             raise PolicyEngineError(
                 ErrorCode.CAPABILITY_BLOCKED, f"{self.name} would cover {len(reach.hides)} "

@@ -40,7 +40,7 @@ from plugins.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
 from policy_engine.executor import Decider, ExecContext, ExecutorCapabilities, refusal_of
-from policy_engine.guard.binds import beneath
+from policy_engine.guard.binds import beneath, bound_paths
 from policy_engine.model import (
     Digest,
     ExecOp,
@@ -280,6 +280,13 @@ class ProcExecutor:
                 ErrorCode.CAPABILITY_BLOCKED, f"{self.name} cannot restrict the network to the "
                 "policy proxy (its launcher has no bridge to it; Landlock TCP rules name ports, "
                 "not hosts); use proc-bwrap")
+        if self.backend == "bwrap" and self.run_as is not None:
+            readable, writable = bound_paths(profile)
+            if len(readable) + len(writable) > MAX_HIDDEN_DIRS:  # each staged by the launcher
+                return PolicyEngineError(
+                    ErrorCode.CAPABILITY_BLOCKED, f"{self.name} would bind "
+                    f"{len(readable) + len(writable)} paths (at most {MAX_HIDDEN_DIRS}, "
+                    "sb_launch.c's MAX_OPENS): narrow the fs rules")
         return None
 
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
@@ -463,12 +470,6 @@ class ProcExecutor:
         # a cover, the names inside a masked directory (~/.ssh/id_*) could be listed
         reach.hides = [d for d in plan.mask_dirs
                        if not any(o != d and beneath(d, o) for o in plan.mask_dirs)]
-        binds = len(plan.readable) + len(plan.writable)
-        if self.backend == "bwrap" and self.run_as is not None and binds > MAX_HIDDEN_DIRS:
-            # each is staged by the launcher (sb_launch.c's MAX_OPENS)
-            raise PolicyEngineError(
-                ErrorCode.CAPABILITY_BLOCKED, f"{self.name} would bind {binds} paths (at most "
-                f"{MAX_HIDDEN_DIRS}): narrow the fs rules")
         if len(reach.hides) > MAX_HIDDEN_DIRS:  # sb_launch.c's MAX_OPENS
             raise PolicyEngineError(
                 ErrorCode.CAPABILITY_BLOCKED, f"{self.name} would cover {len(reach.hides)} "

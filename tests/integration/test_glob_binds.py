@@ -223,3 +223,25 @@ def test_a_directory_swapped_for_a_link_after_the_plan_is_never_bound(tenants: P
         assert "symlink on its path" in refused.value.reason, refused.value  # the link named
     finally:
         ex.close()
+
+
+def test_more_binds_than_the_launcher_stages_are_refused_by_name(
+        executors: dict[str, ProcExecutor], tenants: Path) -> None:
+    """Three globs of 250 matches each: 751 binds, over what the launcher stages (512). The
+    refusal is the executor's `refusal`, so the backend selection (explain) answers it too."""
+    w = tenants
+    for i in range(250):
+        for letter in "pqr":
+            (w / "C" / f"{letter}{i}" / "pub").mkdir(parents=True)
+    base = _profile(w)
+    profile = base.model_copy(update={"capabilities": (
+        fs_cap("fs.read", f"{w}/B/**", *(f"{w}/C/{x}*/pub/**" for x in "pqr")),)})
+    op = ProcExecOp(tool=PYTHON, args=("-c", "1"), cwd=str(w / "B"))
+    why = executors["bwrap"].refusal(profile, op)
+    assert why is not None
+    assert why.code.value == "SANDBOX.CAPABILITY_BLOCKED"
+    assert "would bind 751 paths" in why.reason, why.reason
+    with pytest.raises(PolicyEngineError) as refused:
+        executors["bwrap"].execute(ExecContext(profile=profile,
+                                               deadline=time.monotonic() + 60), op)
+    assert refused.value.reason == why.reason

@@ -194,3 +194,16 @@ def refusal_of(executor: object, profile: Profile, op: ExecOp) -> PolicyEngineEr
                                  f"backend `{getattr(executor, 'name', '?')}` could not check "
                                  f"the call: {type(exc).__name__}: {exc}")
     return found if isinstance(found, PolicyEngineError) else None
+
+
+def check_string_lists(opts: dict[str, Any], keys: tuple[str, ...], owner: str) -> None:
+    """Executor options: each of ``keys`` a list of strings (made a tuple in place);
+    ``env_base`` sets only PATH, LANG and TZ. Raises ``ValueError`` naming ``owner``."""
+    for key in keys:
+        v = opts.get(key, ())
+        if not isinstance(v, list | tuple) or not all(isinstance(x, str) for x in v):
+            raise ValueError(f"{owner}: `{key}` must be a list of strings")
+        opts[key] = tuple(v)
+    base = opts.get("env_base", {})
+    if not isinstance(base, dict) or set(base) - {"PATH", "LANG", "TZ"}:
+        raise ValueError(f"{owner}: `env_base` may only set PATH, LANG and TZ")

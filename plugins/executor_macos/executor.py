@@ -25,7 +25,7 @@ from typing import Any
 from plugins.executor_macos.capture import Finished, rlimits, run
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
-from policy_engine.executor import ExecContext, ExecutorCapabilities
+from policy_engine.executor import ExecContext, ExecutorCapabilities, check_string_lists
 from policy_engine.guard.binds import cwd_refusal
 from policy_engine.guard.env import profile_env_refusal
 from policy_engine.guard.gitfiles import GIT_PINS
@@ -71,16 +71,9 @@ class MacosOptions:
         unknown = set(opts) - {"env_allow", "env_base", "extra_read", "max_file_bytes"}
         if unknown:
             raise ValueError(f"macos: unknown options {sorted(unknown)}")
-        for key in ("env_allow", "extra_read"):
-            v = opts.get(key, ())
-            if not isinstance(v, list | tuple) or not all(isinstance(x, str) for x in v):
-                raise ValueError(f"macos: `{key}` must be a list of strings")
-            opts[key] = tuple(v)
+        check_string_lists(opts, ("env_allow", "extra_read"), "macos")
         if any(not p.startswith("/") for p in opts["extra_read"]):
             raise ValueError("macos: `extra_read` must be absolute path globs")
-        base = opts.get("env_base", {})
-        if not isinstance(base, dict) or set(base) - {"PATH", "LANG", "TZ"}:
-            raise ValueError("macos: `env_base` may only set PATH, LANG and TZ")
         fsize = opts.get("max_file_bytes", 1 << 30)
         if not isinstance(fsize, int) or isinstance(fsize, bool) or fsize < 1:
             raise ValueError("macos: `max_file_bytes` must be a positive integer")

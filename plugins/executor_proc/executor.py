@@ -39,7 +39,13 @@ from plugins.executor_proc.spec import Limits, Plan, build_plan, resolve_limits
 from plugins.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
-from policy_engine.executor import Decider, ExecContext, ExecutorCapabilities, refusal_of
+from policy_engine.executor import (
+    Decider,
+    ExecContext,
+    ExecutorCapabilities,
+    check_string_lists,
+    refusal_of,
+)
 from policy_engine.guard.binds import beneath, bound_paths
 from policy_engine.model import (
     Digest,
@@ -111,16 +117,9 @@ class ProcOptions:
                  "bwrap", "unshare"}
         if set(opts) - known:
             raise ValueError(f"proc: unknown options {sorted(set(opts) - known)}")
-        for key in ("env_allow", "extra_ro_binds"):
-            v = opts.get(key, ())
-            if not isinstance(v, list | tuple) or not all(isinstance(x, str) for x in v):
-                raise ValueError(f"proc: `{key}` must be a list of strings")
-            opts[key] = tuple(v)
+        check_string_lists(opts, ("env_allow", "extra_ro_binds"), "proc")
         if any(not p.startswith("/") for p in opts["extra_ro_binds"]):
             raise ValueError("proc: `extra_ro_binds` must be absolute paths")
-        base = opts.get("env_base", {})
-        if not isinstance(base, dict) or set(base) - {"PATH", "LANG", "TZ"}:
-            raise ValueError("proc: `env_base` may only set PATH, LANG and TZ")
         for key in ("layer2", "cgroups"):
             if not isinstance(opts.get(key, True), bool):
                 raise ValueError(f"proc: `{key}` must be a boolean")

@@ -5,10 +5,10 @@ A glob binds what it matches on disk when the call starts, never more: ``/w/**``
 ``/w/*/out/**`` binds each existing ``/w/<x>/out`` (not ``/w``: its siblings may be other
 tenants' workspaces, all owned by the one sandbox uid — outsider round 5, F09), ``/w/*/a.txt``
 each existing ``/w/<x>/a.txt`` file (files are bound read-only; a writable bind is always a
-directory). A wildcard match that is a directory without a ``/**``
-after it is not bound (its contents are not the glob's); symlinks are not followed; a glob whose
-expansion visits more than ``MAX_EXPANSION_DIRS`` directories or yields more than
-``MAX_GLOB_BINDS`` paths binds nothing (fail closed: narrow it). A ``cwd`` must lie beneath
+directory). A wildcard match that is a directory without a ``/**`` after it is not bound (its
+contents are not the glob's); symlinks are not followed; a glob whose expansion visits more
+than ``MAX_EXPANSION_DIRS`` directories or yields more than ``MAX_GLOB_BINDS`` paths binds
+nothing (fail closed: narrow it). A ``cwd`` must lie beneath
 ``root_fs`` once its symlinks are followed (the process ``chdir``s through them) and beneath one
 of the bound paths, or the process would start in a directory the sandbox does not show.
 """

@@ -153,6 +153,7 @@ class ProcOptions:
 # sb_launch.c's MAX_RULES: a Landlock rule per carved directory entry
 MAX_LANDLOCK_RULES = 4096
 MAX_HIDDEN_DIRS = 512  # sb_launch.c's MAX_OPENS: masked directories covered by a tmpfs
+MAX_BINDS = 480  # staged by the launcher too (MAX_OPENS), with room for its own few
 
 
 class ProcExecutor:
@@ -281,11 +282,11 @@ class ProcExecutor:
                 "not hosts); use proc-bwrap")
         if self.backend == "bwrap" and self.run_as is not None:
             readable, writable = bound_paths(profile)
-            if len(readable) + len(writable) > MAX_HIDDEN_DIRS:  # each staged by the launcher
+            if len(readable) + len(writable) > MAX_BINDS:  # each staged by the launcher
                 return PolicyEngineError(
                     ErrorCode.CAPABILITY_BLOCKED, f"{self.name} would bind "
-                    f"{len(readable) + len(writable)} paths (at most {MAX_HIDDEN_DIRS}, "
-                    "sb_launch.c's MAX_OPENS): narrow the fs rules")
+                    f"{len(readable) + len(writable)} paths (at most {MAX_BINDS}): narrow the "
+                    "fs rules")
         return None
 
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
@@ -497,7 +498,9 @@ class ProcExecutor:
                 elif uid.reachable(path, *run_as):
                     known[path] = path
                 else:
-                    known[path] = reach.stage(path)
+                    # an engine path (launcher cache, interpreter): resolved, as the launcher
+                    # opens it with no symlink on the path (a symlinked HOME: round 7, F02)
+                    known[path] = reach.stage(os.path.realpath(path))
             return known[path]
 
         return source

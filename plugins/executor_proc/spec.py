@@ -8,6 +8,7 @@ glob of fs ops, the sandbox only bounds what a process can reach.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -212,6 +213,29 @@ def build_env(profile: Profile, op: ProcExecOp, allowed: Iterable[str], base: Ma
     return env
 
 
+def resolve_trusted_links(path: str) -> str:
+    """``path`` with the symlinks that only root can change resolved (a link in a directory
+    owned by root and writable by no one else: ``/home/u -> /data/u``); from the first link in
+    a directory anyone else may write, the rest is kept as written, so the launcher's
+    no-symlink open refuses it (a link there may be a swap since the glob was expanded:
+    outsider round 7, F01)."""
+    parts = [p for p in path.split("/") if p]
+    cur = "/"
+    for i, name in enumerate(parts):
+        nxt = os.path.join(cur, name)
+        try:
+            if not stat.S_ISLNK(os.lstat(nxt).st_mode):
+                cur = nxt
+                continue
+            parent = os.stat(cur)
+        except OSError:
+            return os.path.join(cur, *parts[i:])
+        if parent.st_uid != 0 or parent.st_mode & 0o022:
+            return os.path.join(cur, *parts[i:])
+        cur = os.path.realpath(nxt)
+    return cur
+
+
 def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (),
                env_base: Mapping[str, str] | None = None, extra_ro: Iterable[str] = (),
                tmpdir: str = "/tmp", host_roots: Sequence[str] = (),
@@ -234,7 +258,7 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
     system += [p for p in (interp, *extra_ro)
                if os.path.exists(p) and not any(beneath(p, s) for s in SYSTEM_RO)]
     bound = readable + writable
-    resolved = {p: os.path.realpath(p) for p in bound}  # right after the expansion
+    resolved = {p: resolve_trusted_links(p) for p in bound}
     cwd = op.cwd or (root if any(beneath(root, b) for b in bound) else tmpdir)
     if op.cwd is not None:
         cwd = normalize_path(op.cwd)  # what the guard decided on (`//w` is `/w`: round 6, F04)

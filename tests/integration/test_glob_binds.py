@@ -245,3 +245,67 @@ def test_more_binds_than_the_launcher_stages_are_refused_by_name(
         executors["bwrap"].execute(ExecContext(profile=profile,
                                                deadline=time.monotonic() + 60), op)
     assert refused.value.reason == why.reason
+
+
+@pytest.mark.parametrize("launcher", ["native", "python"])
+def test_a_link_swapped_in_before_the_plan_resolves_it_is_not_followed(
+        tenants: Path, launcher: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outsider round 7, F01: the swap landed after the glob was expanded but before the plan
+    resolved its binds, and `realpath` followed the link (3 of 43 tries). A link in a directory
+    someone other than root may write is never resolved: the launcher refuses it. The timing
+    is forced (the swap runs right after the expansion); the sandbox is real."""
+    from plugins.executor_proc import spec
+
+    w = tenants
+    pub = w / "C" / "pub"
+    (w / "C").chmod(0o777)  # a workspace others write (the sandbox uid's, a shared tree)
+    expand = spec.bound_paths
+
+    def expand_then_swap(profile: Profile) -> tuple[list[str], list[str]]:
+        out = expand(profile)
+        if not pub.is_symlink():
+            pub.rename(w / "C" / "pub.old")
+            pub.symlink_to(w / "A" / "work")
+        return out
+
+    monkeypatch.setattr(spec, "bound_paths", expand_then_swap)
+    ex = ProcExecutor("bwrap", ProcOptions(launcher=launcher))  # type: ignore[arg-type]
+    try:
+        ctx = ExecContext(profile=_profile(w), deadline=time.monotonic() + 60)
+        targets = {"read:swapped": f"{w}/C/pub/s.txt"}
+        with pytest.raises(PolicyEngineError) as refused:
+            ex.execute(ctx, ProcExecOp(tool=PYTHON, args=("-c", PROBE, json.dumps(targets)),
+                                       cwd=str(w / "B")))
+        assert refused.value.code.value == "TOOL.EXECUTION_FAILED", refused.value
+    finally:
+        ex.close()
+        (w / "C").chmod(0o755)
+
+
+def test_an_engine_path_through_a_symlink_still_runs(tmp_path: Path) -> None:
+    """Outsider round 7, F02: with the launcher cache below a symlinked HOME (closed to the
+    sandbox uid, so staged), every proc-bwrap call failed once staging refused symlinks."""
+    real = Path(tempfile.mkdtemp(prefix="cache-real-", dir="/var/tmp"))
+    link = Path(tempfile.mkdtemp(prefix="cache-link-", dir="/var/tmp"))
+    try:
+        real.chmod(0o700)
+        link.rmdir()
+        link.symlink_to(real)
+        root = Path(tempfile.mkdtemp(prefix="ws-", dir="/var/tmp"))
+        root.chmod(0o755)
+        (root / "out").mkdir()
+        (root / "home").mkdir()
+        ex = ProcExecutor("bwrap", ProcOptions(launcher_cache=str(link / "bin"), prespawn=0))
+        try:
+            assert ex.available() is True, ex.unavailable_reason
+            res = ex.execute(ExecContext(profile=make_profile(root),
+                                         deadline=time.monotonic() + 60),
+                             ProcExecOp(tool=PYTHON, args=("-c", "print('ran')")))
+        finally:
+            ex.close()
+            shutil.rmtree(root, ignore_errors=True)
+        assert res.ok, res
+        assert res.out["stdout"] == "ran\n", res.out
+    finally:
+        link.unlink()
+        shutil.rmtree(real, ignore_errors=True)

@@ -227,7 +227,7 @@ def test_a_directory_swapped_for_a_link_after_the_plan_is_never_bound(tenants: P
 
 def test_more_binds_than_the_launcher_stages_are_refused_by_name(
         executors: dict[str, ProcExecutor], tenants: Path) -> None:
-    """Three globs of 250 matches each: 751 binds, over what the launcher stages (512). The
+    """Three globs of 250 matches each: 751 binds, over what the launcher stages (480). The
     refusal is the executor's `refusal`, so the backend selection (explain) answers it too."""
     w = tenants
     for i in range(250):

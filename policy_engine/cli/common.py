@@ -6,11 +6,15 @@ import json
 import math
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from policy_engine.errors import DiagnosticsError, PolicyEngineError
+
+if TYPE_CHECKING:
+    from policy_engine.config import EngineConfig
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -38,6 +42,22 @@ def load_or_exit(loader: Callable[[], T]) -> T:
     except PolicyEngineError as exc:
         click.echo(f"error: {exc.code.value}: {exc.reason}", err=True)
         sys.exit(EXIT_BAD_INPUT)
+
+
+def engine_config_or_exit(config_path: Path | None,
+                          state_dir: Path | None = None) -> EngineConfig:
+    """The engine configuration of ``--config`` (defaults without one), ``--state-dir``
+    applied; a malformed file is an error on stderr and exit code 2."""
+    from dataclasses import replace
+
+    from policy_engine.config import EngineConfig, load_config
+
+    try:
+        engine = load_config(config_path) if config_path else EngineConfig()
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    return engine if state_dir is None else replace(engine, state_dir=state_dir.absolute())
 
 
 def echo_json(data: Any) -> None:

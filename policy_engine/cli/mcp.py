@@ -5,15 +5,14 @@ from __future__ import annotations
 import logging
 import socket
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from policy_engine.cli.common import EXIT_BAD_INPUT, load_or_exit
+from policy_engine.cli.common import EXIT_BAD_INPUT, engine_config_or_exit, load_or_exit
 from policy_engine.compiler import compile_files
-from policy_engine.config import EngineConfig, load_config
+from policy_engine.config import EngineConfig
 
 if TYPE_CHECKING:
     from policy_engine.mcp.ops import OpTool
@@ -81,12 +80,7 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
             _fail(str(exc))
     if subject is not None and not (0 < len(subject) <= 200 and subject.isprintable()):
         _fail("--subject must be 1-200 printable characters")
-    try:
-        engine = load_config(config_path) if config_path else EngineConfig()
-    except ValueError as exc:
-        _fail(str(exc))
-    if state_dir is not None:
-        engine = replace(engine, state_dir=state_dir.absolute())
+    engine = engine_config_or_exit(config_path, state_dir)
     policyset = load_or_exit(lambda: compile_files(policies))
     skills = load_or_exit(lambda: load_skills(skills_dir))
     op_tools = tuple(OpTool(load_or_exit(lambda p=path: load_manifest(p)))  # type: ignore[misc]

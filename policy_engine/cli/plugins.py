@@ -11,8 +11,13 @@ from typing import Any
 import click
 
 from policy_engine import plugin_manager
-from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, echo_json, format_option
-from policy_engine.config import EngineConfig, load_config
+from policy_engine.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    echo_json,
+    engine_config_or_exit,
+    format_option,
+)
 from policy_engine.plugin_manager import PluginManager, describe
 
 
@@ -58,11 +63,7 @@ def command(config_path: Path | None, fmt: str) -> None:
     Exit 0 when every plugin loaded, 1 when one failed to import, validate or build (each
     failure printed once, on stderr; in `load_errors` with `--format json`), 2 on a bad config.
     """
-    try:
-        config = load_config(config_path) if config_path else EngineConfig()
-    except ValueError as exc:
-        click.echo(f"error: {exc}", err=True)
-        raise SystemExit(EXIT_BAD_INPUT) from None
+    config = engine_config_or_exit(config_path)
     with _errors_not_logged():
         info = describe(PluginManager.default(), config)
     errors = info["load_errors"]

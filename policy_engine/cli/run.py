@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +13,12 @@ from policy_engine.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     echo_json,
+    engine_config_or_exit,
     format_option,
     load_or_exit,
 )
 from policy_engine.compiler import compile_files
-from policy_engine.config import EngineConfig, load_config
+from policy_engine.config import EngineConfig
 from policy_engine.confirm.broker import ConsentBroker, consent_notes
 from policy_engine.confirm.services import (
     AutoConfirmation,
@@ -105,13 +105,7 @@ def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | Non
     """
     if (request_path is None) == (not argv):
         _bad_input("give exactly one of `--request FILE` or `-- TOOL ARGS...`")
-    try:
-        config = load_config(config_path) if config_path else EngineConfig()
-    except ValueError as exc:
-        _bad_input(str(exc))
-        return
-    if state_dir is not None:
-        config = replace(config, state_dir=state_dir.absolute())
+    config = engine_config_or_exit(config_path, state_dir)
     policyset = load_or_exit(lambda: compile_files(policies))
     shadow = load_or_exit(lambda: compile_files(shadow_policies)) if shadow_policies else None
     if request_path is not None:

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
 
-from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, echo_json, format_option
-from policy_engine.config import EngineConfig, load_config
+from policy_engine.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    echo_json,
+    engine_config_or_exit,
+    format_option,
+)
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.sandbox.runner import SandboxDisabledError, SandboxRunner
 from policy_engine.sandbox.sbconfig import LoadedSandboxConfig, load_sandbox_config
@@ -46,13 +51,7 @@ def _warn_loudly(loaded: LoadedSandboxConfig) -> None:
 
 def _runner(config_path: Path | None, engine_path: Path | None,
             state_dir: Path | None) -> SandboxRunner:
-    try:
-        engine = load_config(engine_path) if engine_path else EngineConfig()
-    except ValueError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
-    if state_dir is not None:
-        engine = replace(engine, state_dir=state_dir.absolute())
+    engine = engine_config_or_exit(engine_path, state_dir)
     loaded = load_sandbox_config(config_path)
     _warn_loudly(loaded)
     return SandboxRunner(loaded, engine=engine, warn=False)

@@ -5,15 +5,18 @@ from __future__ import annotations
 import logging
 import socket
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from policy_engine.cli.common import EXIT_BAD_INPUT, NumberRange, load_or_exit
+from policy_engine.cli.common import (
+    EXIT_BAD_INPUT,
+    NumberRange,
+    engine_config_or_exit,
+    load_or_exit,
+)
 from policy_engine.compiler import compile_files
-from policy_engine.config import EngineConfig, load_config
 from policy_engine.dsl.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
 from policy_engine.dsl.loaders import load_manifest
 
@@ -119,13 +122,7 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
     from policy_engine.service.config import ServiceConfig
     from policy_engine.service.prefork import serve_workers
 
-    try:
-        engine = load_config(config_path) if config_path else EngineConfig()
-    except ValueError as exc:
-        _fail(str(exc))
-        return
-    if state_dir is not None:
-        engine = replace(engine, state_dir=state_dir.absolute())
+    engine = engine_config_or_exit(config_path, state_dir)
     if workers > 1:
         local = [f"{name}: memory" for name, kind in (("budget_meter", engine.budget_meter),
                                                       ("revocation", engine.revocation))

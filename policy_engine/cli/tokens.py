@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, echo_json, format_option
-from policy_engine.config import EngineConfig, load_config
+from policy_engine.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    echo_json,
+    engine_config_or_exit,
+    format_option,
+)
 from policy_engine.service.tokens import TokenStore
 
 _STATE = click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -19,13 +23,7 @@ _CONFIG = click.option("--config", "config_path", type=click.Path(dir_okay=False
 
 
 def _store(config_path: Path | None, state_dir: Path | None) -> TokenStore:
-    try:
-        engine = load_config(config_path) if config_path else EngineConfig()
-    except ValueError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
-    if state_dir is not None:
-        engine = replace(engine, state_dir=state_dir.absolute())
+    engine = engine_config_or_exit(config_path, state_dir)
     from policy_engine.service.pg_stores import StoreUnavailable, open_token_store
 
     try:  # PostgreSQL when the config names one (options.service_postgres.dsn)

@@ -25,10 +25,10 @@ from typing import Any
 
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from policy_engine.service.errors import ServiceError, crash_response, error_response
-from policy_engine.service.guards import ADMITTED
+from policy_engine.service.guards import ADMITTED, replaying
 from policy_engine.service.models import DecideBody
 from policy_engine.service.tokens import Principal
 
@@ -71,7 +71,7 @@ class DecideFastPath:
         body = await _read_body(receive)
         if body is None:
             return  # the client went away
-        replay = _replaying(body, receive)
+        replay = replaying(body, receive)
         try:
             who = await self.route.admit(auth)
         except ServiceError as exc:
@@ -108,19 +108,6 @@ async def _read_body(receive: Receive) -> bytes | None:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-def _replaying(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

@@ -117,6 +117,20 @@ class ExactRequest:
         await self.app(scope, receive, send)
 
 
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the already-read ``body`` over once, then the real one."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
 class BodyLimit:
     """ASGI middleware: a body over ``limit`` bytes is answered 413 before the app reads it all
     (a ``Content-Length`` over the limit is refused without reading anything)."""
@@ -154,17 +168,7 @@ class BodyLimit:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(b"".join(chunks), receive), send)
 
     def _error(self) -> ServiceError:
         return service_error("SERVICE.PAYLOAD_TOO_LARGE",

@@ -30,6 +30,7 @@ from policy_engine.conformance.suite import run_suite
 from policy_engine.executor import ExecContext
 from policy_engine.model import OpKind, ProcExecOp, Profile
 from policy_engine.orchestration import select
+from tests.integration.planted import planted_world
 from tests.integration.test_proc_sandbox import make_profile
 
 pytestmark = pytest.mark.integration
@@ -49,18 +50,9 @@ def local_ex() -> Iterator[LocalExecutor]:
 
 @pytest.fixture
 def world() -> Iterator[Path]:
-    r = Path(tempfile.mkdtemp(prefix="local-ws-", dir="/tmp"))
-    r.chmod(0o755)
-    (r / "out").mkdir(mode=0o777)
-    (r / "home" / ".ssh").mkdir(parents=True)
-    (r / "home" / ".ssh" / "id_ed25519").write_text("ssh-private-key-marker")
-    (r / ".env").write_text("TOKEN=env-secret-marker")
-    for p in (r / "home", r / "home" / ".ssh"):
-        p.chmod(0o755)
-    for p in (r / "home" / ".ssh" / "id_ed25519", r / ".env"):
-        p.chmod(0o644)  # world-readable on the host: only the runner may stop the read
-    yield r
-    shutil.rmtree(r, ignore_errors=True)
+    """A workspace the sandbox uid can traverse, with a HOME holding planted secrets."""
+    with planted_world("local-ws-") as r:
+        yield r
 
 
 @pytest.fixture

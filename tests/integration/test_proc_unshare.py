@@ -25,6 +25,7 @@ from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.conformance.suite import run_suite
 from policy_engine.executor import ExecContext
 from policy_engine.model import NetworkMode, ProcExecOp, Profile
+from tests.integration.planted import planted_world
 from tests.integration.test_proc_sandbox import make_profile
 
 pytestmark = pytest.mark.integration
@@ -43,18 +44,8 @@ def unshare_ex() -> Iterator[ProcExecutor]:
 @pytest.fixture
 def world() -> Iterator[Path]:
     """A workspace the sandbox uid can traverse, with a HOME holding planted secrets."""
-    r = Path(tempfile.mkdtemp(prefix="pe-unshare-", dir="/tmp"))
-    r.chmod(0o755)
-    (r / "out").mkdir(mode=0o777)
-    (r / "home" / ".ssh").mkdir(parents=True)
-    (r / "home" / ".ssh" / "id_ed25519").write_text("ssh-private-key-marker")
-    (r / ".env").write_text("TOKEN=env-secret-marker")
-    for p in (r / "home", r / "home" / ".ssh"):
-        p.chmod(0o755)
-    for p in (r / "home" / ".ssh" / "id_ed25519", r / ".env"):
-        p.chmod(0o644)  # world-readable on the host: only the sandbox may stop the read
-    yield r
-    shutil.rmtree(r, ignore_errors=True)
+    with planted_world("pe-unshare-") as r:
+        yield r
 
 
 def _run(ex: ProcExecutor, profile: Profile, code: str, *args: str,

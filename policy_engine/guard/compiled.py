@@ -177,6 +177,9 @@ class CompiledProfile:
     context_views: tuple[tuple[str, object], ...] = ()
     # per kind with many permits, the untraced scan's candidates (``permit_index``)
     permit_index: Mapping[str, PermitIndex] = dc_field(default_factory=dict)
+    # when every conditional consent rule reads the profile alone, their verdict, settled once
+    # per compilation: (required, the rule that requires it, its label); None: decided per call
+    consent_settled: tuple[bool, RuleRef | None, str] | None = None
 
 
 def _min(*values: int | None) -> int | None:

@@ -26,7 +26,9 @@ Decision order (each step's code is pinned by ``tests/unit/test_guard_decide.py`
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,6 +61,7 @@ from policy_engine.guard.resolve import (
 from policy_engine.guard.shapes import ShapeCache
 from policy_engine.guard.steps import (
     consent_needed,
+    settle_consent,
     diagnose,
     limit_violation,
     why_not,
@@ -107,7 +110,7 @@ class Guard:
         self._consent_refs: tuple[RuleRef | None, ...] = tuple(
             r.ref for r in rules if r.condition is not None)
         self._builtin_ref = next((r.ref for r in rules if r.condition is None), None)
-        self._cache: dict[object, CompiledProfile] = {}
+        self._cache: OrderedDict[object, CompiledProfile] = OrderedDict()
         self._permits = PolicyPermits(policyset)
         self._cache_size = cache_size
         self._shapes = ShapeCache(cache_size)
@@ -126,16 +129,23 @@ class Guard:
         cp = self._cache.get(key)
         if cp is not None and (profile.profile_hash or cp.profile is profile):
             return cp
+        return self._compile_into_cache(profile, key)
+
+    def _compile_into_cache(self, profile: Profile, key: object) -> CompiledProfile:
         cp = self._shapes.compiled(profile, self._compile)
-        if len(self._cache) >= self._cache_size:
-            del self._cache[next(iter(self._cache))]
-        self._cache[key] = cp
+        cache = self._cache
+        cache[key] = cp  # each step is atomic under the GIL; a race drops one entry too many
+        if len(cache) > self._cache_size:
+            # an OrderedDict: ``next(iter(dict))`` walks past every slot deleted before it
+            cache.popitem(last=False)
         return cp
 
     def _compile(self, profile: Profile) -> CompiledProfile:
         forbids = self._shapes.forbids(profile, lambda p: compile_forbids(p, self._conditions))
-        return compile_profile(profile, self._conditions, builtin_consent=self._builtin_consent,
-                               consent_rules=self._consent_rules, forbids=forbids)
+        cp = compile_profile(profile, self._conditions, builtin_consent=self._builtin_consent,
+                             consent_rules=self._consent_rules, forbids=forbids)
+        settled = settle_consent(cp, self._consent_rules, self._consent_refs, self._builtin_ref)
+        return cp if settled is None else dataclasses.replace(cp, consent_settled=settled)
 
     def decide(self, profile: Profile, op: Any, *, context: Mapping[str, object] | None = None,
                now_ms: int | None = None, trace: bool = False) -> Decision:
@@ -198,9 +208,10 @@ class Guard:
             cap_kind = OP_KIND[kind]
         assert kind is not None  # INVARIANT: a kind OP_KIND maps (narrowing for mypy)
         phash = profile.profile_hash
-        cp = self._cache.get(phash or id(profile))
+        key = phash or id(profile)
+        cp = self._cache.get(key)
         if cp is None or not (phash or cp.profile is profile):
-            cp = self.compiled(profile)
+            cp = self._compile_into_cache(profile, key)
         if tr is not None:
             tr.step("kind", "pass", detail=f"{kind} needs {cap_kind}")
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
@@ -353,11 +364,17 @@ class Guard:
             tr.step("limits", "pass", chosen.rule)
         # step 8: consent
         window = cp.consent_window
-        if cp.consent_required and tr is None and window is not None and \
+        settled = cp.consent_settled
+        required = cp.consent_required or (settled is not None and settled[0])
+        if required and tr is None and window is not None and \
                 window[0] <= now < window[1] and (path is None or not self.fs_facts):
             # required and current: consent_needed says None
             return _allow(chosen, kind, op, phash)
-        if cp.consent_required or self._consent_rules:
+        if settled is not None and not required:
+            # every consent rule read the profile alone and none holds (settle_consent)
+            if tr is not None:
+                tr.step("consent", "skip", detail="consent not required")
+        elif cp.consent_required or self._consent_rules:
             box: list[dict[str, object]] = [] if data is None else [data]
 
             def ctx() -> dict[str, object]:

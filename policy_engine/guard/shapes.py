@@ -29,11 +29,6 @@ SHAPE_FIELDS: tuple[str, ...] = tuple(f for f in Profile.model_fields if f not i
 _shape_values = operator.itemgetter(*SHAPE_FIELDS)
 
 
-def shape_key(profile: Profile) -> tuple[int, ...]:
-    """Identity of every non-call field (the entry pins the objects, so no id is reused)."""
-    return tuple(map(id, _shape_values(profile.__dict__)))
-
-
 def grantless_views(base: CompiledProfile) -> dict[str, object] | None:
     """``base``'s views without ``grant`` when no condition reads it, else ``None``."""
     if base.needs is not None and "grant" not in base.needs:
@@ -87,19 +82,19 @@ def derive(base: CompiledProfile, profile: Profile,
         views, context_views)
 
 
-# A per-call copy is built slot by slot: the frozen dataclass's ``__init__`` sets each of its 16
+# A per-call copy is built slot by slot: the frozen dataclass's ``__init__`` sets each of its 17
 # fields through ``object.__setattr__`` (≈ 2 µs, on every new grant); the slots' own setters take
 # ≈ 0.8 µs. The import-time check below keeps this list equal to the dataclass's fields.
 _NEW_CP = object.__new__
 _SLOT = {name: getattr(CompiledProfile, name).__set__ for name in CompiledProfile.__slots__}
 (_s_profile, _s_profile_hash, _s_expires_at, _s_network_off, _s_consent_required,
  _s_consent_window, _s_root_fs, _s_tmp_dir, _s_caps, _s_forbids, _s_granted, _s_declared,
- _s_views, _s_needs, _s_context_views, _s_permit_index) = (
+ _s_views, _s_needs, _s_context_views, _s_permit_index, _s_consent_settled) = (
     _SLOT[f.name] for f in dataclasses.fields(CompiledProfile))
 if [f.name for f in dataclasses.fields(CompiledProfile)] != [
         "profile", "profile_hash", "expires_at", "network_off", "consent_required",
         "consent_window", "root_fs", "tmp_dir", "caps", "forbids", "granted", "declared",
-        "views", "needs", "context_views", "permit_index"]:  # pragma: no cover - a code change
+        "views", "needs", "context_views", "permit_index", "consent_settled"]:  # pragma: no cover - a code change
     raise ImportError("CompiledProfile's fields changed: update shapes._with_call_fields")
 
 
@@ -125,6 +120,7 @@ def _with_call_fields(base: CompiledProfile, profile: Profile, profile_hash: str
     _s_needs(cp, base.needs)
     _s_context_views(cp, context_views)
     _s_permit_index(cp, base.permit_index)
+    _s_consent_settled(cp, base.consent_settled)
     return cp
 
 
@@ -134,25 +130,36 @@ class ShapeCache:
     def __init__(self, size: int) -> None:
         self._lock = threading.Lock()
         self._size = size
-        self._shapes: OrderedDict[tuple[int, ...],
-                                  tuple[CompiledProfile, dict[str, object] | None]] = OrderedDict()
+        # id of the shape's ``mappings`` → its compilation, the views without ``grant`` and
+        # every shape field's object (``SHAPE_FIELDS`` order)
+        self._shapes: OrderedDict[int, tuple[CompiledProfile, dict[str, object] | None,
+                                             tuple[object, ...]]] = OrderedDict()
         self._forbids: OrderedDict[tuple[object, ...], tuple[object, Mapping[str, ForbidSet]]] = \
             OrderedDict()
 
     def compiled(self, profile: Profile,
                  compile_: Callable[[Profile], CompiledProfile]) -> CompiledProfile:
         """The compilation of ``profile``, from a profile of the same shape when there is one."""
-        key = shape_key(profile)
-        with self._lock:
-            hit = self._shapes.get(key)
-            if hit is not None:
-                self._shapes.move_to_end(key)
-        if hit is not None:
+        fields = profile.__dict__
+        values = _shape_values(fields)
+        # one int keys the entry (``mappings``: a new object per meet, so per template); the
+        # entry matches only if every other field is the very same object too
+        key = id(fields["mappings"])
+        hit = self._shapes.get(key)  # a dict read is atomic; the LRU move takes the lock
+        if hit is not None and all(map(operator.is_, values, hit[2])):
+            with self._lock:
+                if key in self._shapes:
+                    self._shapes.move_to_end(key)
             return derive(hit[0], profile, hit[1])
-        cp = compile_(profile)  # its ``profile`` pins every object whose id is in the key
+        cp = compile_(profile)  # its ``profile`` pins every object the entry compares
+        if hit is not None:
+            # a lookalike sharing the key object (a ``model_copy`` of a call's profile): it
+            # compiles on its own and leaves the shape's entry to the shape's calls
+            return cp
         with self._lock:
-            self._shapes[key] = (cp, grantless_views(cp))
-            while len(self._shapes) > self._size:
+            self._shapes[key] = (cp, grantless_views(cp), values)
+            self._shapes.move_to_end(key)
+            if len(self._shapes) > self._size:
                 self._shapes.popitem(last=False)
         return cp
 

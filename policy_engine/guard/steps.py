@@ -161,6 +161,48 @@ _LIMITS: dict[str, Callable[[Any, EffLimits, Resolved | None], Violation | None]
 BUILTIN_CONSENT = "the built-in consent rule (High safety, or Write/Process side effects)"
 
 
+def consent_rules_verdict(
+    cp: CompiledProfile, rules: tuple[GuardCondition, ...],
+    ctx: Callable[[], Mapping[str, object]], refs: tuple[RuleRef | None, ...] = (),
+    builtin: RuleRef | None = None,
+) -> tuple[bool, RuleRef | None, str]:
+    """Whether consent is required (the profile's flag, else the first conditional rule that
+    holds or cannot be evaluated), by which rule, and how the reason names it."""
+    by: RuleRef | None = builtin
+    label = BUILTIN_CONSENT if builtin is not None else "the profile (`consent_required`)"
+    if cp.consent_required:
+        return True, by, label
+    for i, rule in enumerate(rules):
+        needs = rule.needs
+        # a condition reading only `profile` sees the guard's own view whatever the caller
+        # passed: no need to build the rest of the context (the request's dump) for it
+        data = ({"profile": cp.views.get("profile")}
+                if needs and needs <= PROFILE_ONLY and "profile" in cp.views else ctx())
+        val, err = rule.run(data)
+        if err is not None or val:
+            by = refs[i] if i < len(refs) else None
+            label = f"consent rule `{by.id}`" if by is not None else "a consent rule"
+            if err is not None:
+                label += " (its condition could not be evaluated)"
+            return True, by, label
+    return False, by, label
+
+
+def settle_consent(cp: CompiledProfile, rules: tuple[GuardCondition, ...],
+                   refs: tuple[RuleRef | None, ...], builtin: RuleRef | None
+                   ) -> tuple[bool, RuleRef | None, str] | None:
+    """:func:`consent_rules_verdict` once for a compilation, when no rule reads more than the
+    profile (whose view is the same for every call of the compilation); else ``None``."""
+    if not all(r.needs and r.needs <= PROFILE_ONLY for r in rules) or \
+            (rules and "profile" not in cp.views):
+        return None
+
+    def no_context() -> Mapping[str, object]:  # pragma: no cover - profile-only rules
+        raise AssertionError("a profile-only consent rule asked for the request")
+
+    return consent_rules_verdict(cp, rules, no_context, refs, builtin)
+
+
 def consent_needed(
     cp: CompiledProfile, rules: tuple[GuardCondition, ...],
     ctx: Callable[[], Mapping[str, object]], now: int, tr: Tracer | None,
@@ -175,24 +217,11 @@ def consent_needed(
 
     A consent rule whose condition errors counts as requiring consent (fail closed).
     """
-    by: RuleRef | None = builtin
-    label = BUILTIN_CONSENT if builtin is not None else "the profile (`consent_required`)"
-    required = cp.consent_required
-    if not required:
-        for i, rule in enumerate(rules):
-            needs = rule.needs
-            # a condition reading only `profile` sees the guard's own view whatever the caller
-            # passed: no need to build the rest of the context (the request's dump) for it
-            data = ({"profile": cp.views.get("profile")}
-                    if needs and needs <= PROFILE_ONLY and "profile" in cp.views else ctx())
-            val, err = rule.run(data)
-            if err is not None or val:
-                required = True
-                by = refs[i] if i < len(refs) else None
-                label = f"consent rule `{by.id}`" if by is not None else "a consent rule"
-                if err is not None:
-                    label += " (its condition could not be evaluated)"
-                break
+    settled = cp.consent_settled
+    if settled is not None:
+        required, by, label = settled
+    else:
+        required, by, label = consent_rules_verdict(cp, rules, ctx, refs, builtin)
     if not required:
         if tr is not None:
             tr.step("consent", "skip", detail="consent not required")

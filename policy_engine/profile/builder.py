@@ -52,7 +52,7 @@ class ProfileBuilder:
     :param policyset: the compiled policy; a builder never outlives a policy reload, so the
         cache need not key on it.
     :param cache: the profile cache (``ProfileCache(size=…, shape_size=…)`` bounds it; by default
-        4,096 profiles and 1,024 grant shapes).
+        4,096 profiles by identity and 1,024 grant shapes).
     :param index: meet each grant only with the permit rules that can intersect it
         (``rule_index``); the profile is the same either way.
     """
@@ -82,29 +82,19 @@ class ProfileBuilder:
             ``SCHEMA_VALIDATION_FAILED`` for an unknown named profile.
         """
         cache = self.cache
-        key = (id(grant), id(manifest), id(settings), id(overrides))
-        hit = cache.by_identity(key, grant, manifest, settings, overrides)
+        hit = cache.by_identity(grant, manifest, settings, overrides)
         if hit is not None:
             return hit
         shape_key = (grant_shape_key(grant), cache.input_key(manifest),
                      cache.input_key(settings), cache.input_key(overrides))
-        values = call_values(grant)
         shape = cache.by_shape(shape_key)
-        if shape is not None:
-            shape_key = shape.key  # the stored key's objects: a cached copy shares them
-        content = (shape_key, values)
-        profile = cache.by_content(content)
-        if profile is not None:
-            cache.remember_identity(key, profile, grant, manifest, settings, overrides)
-            return profile
         if shape is None:
             # the meet: once per shape; later grants differing only in call fields copy it
-            shape = self._build_shape(grant, manifest, settings, overrides)
-            shape = cache.store_shape(shape_key, shape)
-            profile = shape.instantiate(grant, values)
-        else:
-            profile = shape.instantiate(grant, values)
-        return cache.store(key, content, profile, grant, manifest, settings, overrides)
+            shape = cache.store_shape(shape_key,
+                                      self._build_shape(grant, manifest, settings, overrides))
+        profile = shape.instantiate(grant, call_values(grant))
+        cache.remember(grant, manifest, settings, overrides, profile)
+        return profile
 
     def build_uncached(
         self, grant: Grant, manifest: Manifest, *, settings: Settings | None = None,

@@ -32,20 +32,42 @@ EXPLANATORY: dict[str, Any] = {"limit_layers": True,
                                "capabilities": {"__all__": {"limit_layers"}}}
 """What ``profile_hash`` leaves out (``shape.HashTemplate`` must leave out the same)."""
 
+CALL_FIELDS: tuple[str, ...] = ("budget", "call_id", "consent", "expires_at")
+"""The profile's per-call fields (copied from the grant, never met), hashed apart from the rest."""
 
-def profile_hash(profile: Profile, policy_version_hash: str, manifest_version: str) -> str:
-    """SHA-256 of the profile (with an empty ``profile_hash``) plus policy and manifest versions.
 
-    ``limit_layers`` is left out: it explains where a limit came from and decides nothing, so
-    the hash (and every pinned evidence record) depends on the values alone.
-    """
-    body = profile.model_dump(mode="json", exclude=EXPLANATORY)
-    body["profile_hash"] = ""
+def shape_digest(profile: Profile, policy_version_hash: str, manifest_version: str) -> str:
+    """SHA-256 of every field but the per-call ones (and ``profile_hash``) plus both versions."""
+    body = profile.model_dump(mode="json", exclude={**EXPLANATORY,
+                                                    **dict.fromkeys(CALL_FIELDS, True),
+                                                    "profile_hash": True})
     return sha256_hex(canonical_json({
         "profile": body,
         "policy_version_hash": policy_version_hash,
         "manifest_version": manifest_version,
     }))
+
+
+def call_digest_input(call: str, shape: str) -> str:
+    """What ``profile_hash`` hashes: ``{"call":<call fields>,"shape":"<shape digest>"}``, with
+    ``call`` the canonical JSON of the call fields (``CALL_FIELDS``, sorted keys)."""
+    return '{"call":' + call + ',"shape":"' + shape + '"}'
+
+
+def profile_hash(profile: Profile, policy_version_hash: str, manifest_version: str) -> str:
+    """SHA-256 of the profile in two levels: the canonical JSON of its per-call fields next to
+    the ``shape_digest`` of everything else (and the policy and manifest versions).
+
+    Two levels because grants are per call: every call of one grant shape shares the shape
+    digest, so a call's hash reads a few hundred bytes instead of the whole profile (with a
+    large policy, kilobytes of denies). The hash still covers every field: the shape digest is
+    a SHA-256 of the rest. ``limit_layers`` is left out: it explains where a limit came from and
+    decides nothing, so the hash (and every pinned evidence record) depends on the values alone.
+    """
+    dumped = profile.model_dump(mode="json", include=set(CALL_FIELDS))
+    call = canonical_json({name: dumped.get(name) for name in CALL_FIELDS})
+    return sha256_hex(call_digest_input(
+        call, shape_digest(profile, policy_version_hash, manifest_version)))
 
 
 def fingerprint(

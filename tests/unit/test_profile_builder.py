@@ -318,14 +318,17 @@ def test_a_conditional_consent_rule_is_left_to_the_guard() -> None:
         safety_class=SafetyClass.HIGH)).consent_required
 
 
-def test_cache_returns_the_same_object_for_same_and_equal_inputs() -> None:
+def test_cache_returns_the_same_object_for_the_same_inputs_and_equal_for_equal() -> None:
     b = ProfileBuilder(ACME)
     g, m = grant(fs("fs.read", "/workspace/**")), manifest(fs("fs.read", "/workspace/**"))
     first = b.build(g, m)
     assert b.build(g, m) is first
-    assert b.build(grant(fs("fs.read", "/workspace/**")), manifest(
-        fs("fs.read", "/workspace/**"))) is first
-    assert b.build(g, m, overrides=Overrides(limits=Limits(pids=1))) is not first
+    again = b.build(grant(fs("fs.read", "/workspace/**")), manifest(
+        fs("fs.read", "/workspace/**")))
+    assert again == first and again.profile_hash == first.profile_hash
+    assert b.cache.stats()["shapes"] == 1  # equal inputs: one meet
+    other = b.build(g, m, overrides=Overrides(limits=Limits(pids=1)))
+    assert other.profile_hash != first.profile_hash
 
 
 def test_cached_build_is_fast() -> None:
@@ -336,7 +339,7 @@ def test_cached_build_is_fast() -> None:
     assert per_call < 20e-6  # the benchmark target is 2 µs; leave room for slow CI machines
 
 
-def test_concurrent_builds_share_one_profile() -> None:
+def test_concurrent_builds_share_one_shape() -> None:
     b = ProfileBuilder(ACME)
     results: list[object] = []
 
@@ -349,7 +352,8 @@ def test_concurrent_builds_share_one_profile() -> None:
         t.start()
     for t in threads:
         t.join()
-    assert len({id(r) for r in results}) == 1
+    assert len(results) == 8 and all(r == results[0] for r in results)
+    assert b.cache.stats()["shapes"] == 1  # one template kept, whichever thread stored it
 
 
 _HASH_SCRIPT = """

@@ -13,7 +13,6 @@ from policy_engine.compiler import compile_files
 from policy_engine.graph import PolicySet
 from policy_engine.guard import Guard
 from policy_engine.guard.compiled import CompiledProfile
-from policy_engine.guard.shapes import shape_key
 from policy_engine.model import (
     Budget,
     Consent,
@@ -152,7 +151,7 @@ def test_profile_cache_is_a_bounded_lru(ps: PolicySet) -> None:
     b = ProfileBuilder(ps, cache=ProfileCache(size=3, shape_size=2))
     for i in range(10):
         b.build(grant(subject_id=f"agent:{i}"), manifest())
-    assert b.cache.stats() == {"identity": 3, "content": 3, "shapes": 2}
+    assert b.cache.stats() == {"identity": 3, "shapes": 2}
     with pytest.raises(ValueError, match="at least 1"):
         ProfileCache(size=0)
 
@@ -224,13 +223,22 @@ def test_forbids_are_compiled_once_per_policy(ps: PolicySet) -> None:
 
 
 def test_a_hand_built_lookalike_has_another_shape(ps: PolicySet) -> None:
-    # equal content but other objects: only identity shares a compilation, never looks
-    p = ProfileBuilder(ps).build(grant("ok-1"), manifest())
-    twin = type(p).model_validate(p.model_dump())
-    assert twin == p
-    assert shape_key(twin) != shape_key(p)
-    copy = ProfileBuilder(ps).build(grant("ok-1"), manifest())  # another builder's template
-    assert shape_key(copy) != shape_key(p)
+    # only identity of every shape field shares a compilation, never looks, never one field
+    b, guard = ProfileBuilder(ps), Guard(ps, resolve_symlinks=False)
+    p = b.build(grant("ok-1"), manifest())
+    read = FsReadOp(kind="fs.read", path="/docs/a.md")
+    assert guard.decide(p, read, now_ms=NOW).decision == "allow"
+    twin = type(p).model_validate(p.model_dump()).model_copy(update={"profile_hash": ""})
+    assert twin.mappings is not p.mappings
+    assert guard.compiled(twin) is not guard.compiled(p)
+    # shares every object but the capabilities (the entry's key object too): its own compile
+    bare = p.model_copy(update={"capabilities": (), "profile_hash": ""})
+    assert bare.mappings is p.mappings
+    assert guard.decide(bare, read, now_ms=NOW).decision == "deny"
+    assert guard.decide(p, read, now_ms=NOW).decision == "allow"
+    # a call of p's shape still derives from p's compilation
+    later = b.build(grant("ok-2"), manifest())
+    assert guard.compiled(later).caps is guard.compiled(p).caps
 
 
 def test_budget_and_consent_objects_round_trip_in_the_hash(ps: PolicySet) -> None:
@@ -241,6 +249,31 @@ def test_budget_and_consent_objects_round_trip_in_the_hash(ps: PolicySet) -> Non
                                                             expires_at=2)})
     p = b.build(g, manifest())
     assert p.profile_hash == profile_hash(p, ps.version_hash, "1.0.0")
+
+
+def test_the_two_level_hash_covers_every_field(ps: PolicySet) -> None:
+    """``profile_hash`` hashes the call fields next to a digest of the rest: a change to any
+    field it does not leave out on purpose (``limit_layers``, ``profile_hash``) changes it, and
+    the builder's copies hash as the reference does."""
+    import warnings
+
+    from policy_engine.model import Profile
+
+    p = ProfileBuilder(ps).build(grant(), manifest())
+    base = profile_hash(p, ps.version_hash, "1.0.0")
+    assert base == p.profile_hash
+    for name, value in p.__dict__.items():
+        if name in ("limit_layers", "profile_hash"):
+            continue
+        other: Any = ("x" if value is None else None if not isinstance(value, bool)
+                      else not value)
+        with warnings.catch_warnings():  # an off-type value serialises with a warning
+            warnings.simplefilter("ignore")
+            changed = profile_hash(p.model_copy(update={name: other}), ps.version_hash, "1.0.0")
+        assert changed != base, name
+    assert profile_hash(p, ps.version_hash, "1.0.1") != base
+    assert profile_hash(p, "other", "1.0.0") != base
+    assert set(Profile.model_fields) >= set(p.__dict__)
 
 
 def test_profile_cache_size_is_configured_and_checked(ps: PolicySet, tmp_path: Path) -> None:
@@ -257,7 +290,7 @@ def test_profile_cache_size_is_configured_and_checked(ps: PolicySet, tmp_path: P
         for i in range(5):
             builder.build(grant(subject_id=f"agent:{i}"), manifest())
         # shapes: a quarter of the size, at least 16
-        assert builder.cache.stats() == {"identity": 2, "content": 2, "shapes": 5}
+        assert builder.cache.stats() == {"identity": 2, "shapes": 5}
     finally:
         orch.close()
     for bad in (0, -1, True, "10", 1.5):

@@ -22,18 +22,26 @@ Found = tuple[str, str]
 """The limit field involved (``""`` when none is) and the public reason."""
 
 
-def fs_refusal(kind: str, op: Any, path: str, max_bytes_in: int | None) -> Found | None:
+def fs_refusal(kind: str, op: Any, path: str, max_bytes_in: int | None,
+               seen: os.stat_result | str | None = None) -> Found | None:
     """Why the fs executor would refuse ``op`` on resolved ``path``, or ``None``.
 
     :param max_bytes_in: the effective ``bytes_in`` (the built-in default when unset), which a
         read without ``len`` must fit.
+    :param seen: what resolving the path saw (``resolve.resolve_path_facts``): its ``lstat``,
+        ``"absent"``, or ``None`` to ``lstat`` it here.
     """
     if kind == "fs.list":
         return None  # a missing or non-directory path fails at run (not a policy refusal)
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None  # absent (yet), or unreadable: the executor's open answers it
+    if isinstance(seen, os.stat_result):
+        st = seen
+    elif seen is not None:
+        return None  # absent (yet): the executor's open answers it
+    else:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None  # absent (yet), or unreadable: the executor's open answers it
     mode = st.st_mode
     if stat.S_ISLNK(mode):
         return None  # swapped in since the resolution: the executor's no-follow open refuses it

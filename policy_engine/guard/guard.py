@@ -52,18 +52,20 @@ from policy_engine.guard.layers import PolicyPermits, consent_for, layer_steps
 from policy_engine.guard.paths import is_beneath, normalize_path, quote
 from policy_engine.guard.resolve import (
     OP_KIND,
+    Facts,
     Resolved,
     build_context,
     coerce_op,
     resolve_other,
     resolve_path,
+    resolve_path_facts,
 )
 from policy_engine.guard.shapes import ShapeCache
 from policy_engine.guard.steps import (
     consent_needed,
-    settle_consent,
     diagnose,
     limit_violation,
+    settle_consent,
     why_not,
     with_request_timeout,
 )
@@ -222,8 +224,12 @@ class Guard:
         # step 2
         rv: Resolved | None = None
         path: str | None = None
+        seen: Facts = None  # what resolving the path saw of the file (for step 8b)
         if kind in _FS_OPS:
-            path = resolve_path(cp, op.path, self.resolve_symlinks)
+            if self.fs_facts and kind != "fs.list":
+                path, seen = resolve_path_facts(cp, op.path, self.resolve_symlinks)
+            else:
+                path = resolve_path(cp, op.path, self.resolve_symlinks)
             res: object = path
             if kind == "fs.write" and not (is_beneath(cp.root_fs, path)
                                            or is_beneath(cp.tmp_dir, path)):
@@ -391,7 +397,7 @@ class Guard:
         # step 8b: what the fs executor will find at the path (fsfacts.py); last, so a policy
         # refusal is reported first and only an allow turns into this deny
         if path is not None and self.fs_facts:
-            found = fs_refusal(kind, op, path, chosen.limits.max_bytes_in)
+            found = fs_refusal(kind, op, path, chosen.limits.max_bytes_in, seen)
             if found is not None:
                 field, why = found
                 layer = chosen.layers.get(field, "profile") if field else ""

@@ -83,6 +83,28 @@ def probe(path: str) -> int:
     return UNKNOWN
 
 
+def probe_stat(path: str) -> tuple[int, os.stat_result | None]:
+    """:func:`probe`, and for :data:`NO_LINK` what ``lstat`` would say of ``path``: the
+    ``fstat`` of the descriptor the probe opened (no second walk of the path)."""
+    global _SETUP
+    if _SETUP is None:
+        return UNKNOWN, None
+    syscall, (nr, cwd, how, size, _) = _SETUP
+    raw = path.encode("utf-8", "surrogateescape") if _UTF8 else os.fsencode(path)
+    fd = syscall(nr, cwd, raw, how, size)
+    if fd >= 0:
+        try:
+            return NO_LINK, os.fstat(fd)
+        finally:
+            os.close(fd)
+    err = ctypes.get_errno()
+    if err == errno.ENOENT:
+        return MISSING, None
+    if err == errno.ENOSYS:  # an old kernel or a seccomp filter: stop asking
+        _SETUP = None
+    return UNKNOWN, None
+
+
 def open_no_symlinks(path: str) -> int:
     """An ``O_PATH`` descriptor of absolute ``path`` opened with no symlink in any component
     (``openat2`` ``RESOLVE_NO_SYMLINKS``; where that cannot run, ``O_NOFOLLOW``: the last

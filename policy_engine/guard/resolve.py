@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import binascii
 import datetime as _dt
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -22,7 +23,8 @@ from policy_engine.guard.argv import check_argv_shape
 from policy_engine.guard.compiled import CompiledProfile
 from policy_engine.guard.env import check_env_shape
 from policy_engine.guard.fields import check_headers, check_method, check_selector
-from policy_engine.guard.paths import is_beneath, normalize_path, quote, resolve_within
+from policy_engine.guard.nofollow import MISSING, NO_LINK, probe_stat
+from policy_engine.guard.paths import is_beneath, normalize_path, probes, quote, resolve_within
 from policy_engine.guard.urls import ParsedUrl, parse_url
 from policy_engine.model import OP_CAPABILITY, ExecOp
 
@@ -75,6 +77,32 @@ def resolve_path(cp: CompiledProfile, raw: str, follow: bool) -> str:
     if not is_beneath(root, path):
         root = cp.tmp_dir if is_beneath(cp.tmp_dir, path) else "/"
     return resolve_within(root, path)  # beneath `root` by the choice above
+
+
+ABSENT: Final = "absent"
+"""``resolve_path_facts``: the probe found a component missing (nothing to ``lstat``)."""
+Facts = os.stat_result | str | None
+"""What ``resolve_path_facts`` learnt of the file: its ``lstat``, :data:`ABSENT`, or ``None``
+(nothing: ``fsfacts.fs_refusal`` asks the disk itself)."""
+
+
+def resolve_path_facts(cp: CompiledProfile, raw: str, follow: bool) -> tuple[str, Facts]:
+    """:func:`resolve_path`, plus what the one ``openat2`` probe it makes saw of the file (so
+    the guard's fs facts need no second walk of the path)."""
+    path = normalize_path(raw)
+    if not follow:
+        return path, None
+    root = cp.root_fs
+    if not is_beneath(root, path):
+        root = cp.tmp_dir if is_beneath(cp.tmp_dir, path) else "/"
+    if not probes(root, path):
+        return resolve_within(root, path), None
+    found, st = probe_stat(path)
+    if found == NO_LINK:
+        return path, st
+    if found == MISSING:
+        return path, ABSENT
+    return resolve_within(root, path, probed=True), None
 
 
 @dataclass(slots=True)

@@ -94,7 +94,8 @@ _SLOT = {name: getattr(CompiledProfile, name).__set__ for name in CompiledProfil
 if [f.name for f in dataclasses.fields(CompiledProfile)] != [
         "profile", "profile_hash", "expires_at", "network_off", "consent_required",
         "consent_window", "root_fs", "tmp_dir", "caps", "forbids", "granted", "declared",
-        "views", "needs", "context_views", "permit_index", "consent_settled"]:  # pragma: no cover - a code change
+        "views", "needs", "context_views", "permit_index",
+        "consent_settled"]:  # pragma: no cover - a code change
     raise ImportError("CompiledProfile's fields changed: update shapes._with_call_fields")
 
 
@@ -145,11 +146,15 @@ class ShapeCache:
         # one int keys the entry (``mappings``: a new object per meet, so per template); the
         # entry matches only if every other field is the very same object too
         key = id(fields["mappings"])
-        hit = self._shapes.get(key)  # a dict read is atomic; the LRU move takes the lock
+        shapes = self._shapes
+        # no lock on the hit path: each OrderedDict call is atomic under the GIL (int keys), and
+        # an entry evicted between the two calls only skips the LRU move
+        hit = shapes.get(key)
         if hit is not None and all(map(operator.is_, values, hit[2])):
-            with self._lock:
-                if key in self._shapes:
-                    self._shapes.move_to_end(key)
+            try:  # noqa: SIM105 - contextlib.suppress costs ≈ 0.3 µs more, on every new grant
+                shapes.move_to_end(key)
+            except KeyError:
+                pass
             return derive(hit[0], profile, hit[1])
         cp = compile_(profile)  # its ``profile`` pins every object the entry compares
         if hit is not None:

@@ -16,18 +16,33 @@ from tests.unit.guard_fixtures import NOW, fs, make_profile, permit
 BLOCKED = "SANDBOX.CAPABILITY_BLOCKED"
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
+FS_ROOTS: dict[Path, Path] = {}
+"""The fs root each test directory's profile uses (see ``root``)."""
+
+
+@pytest.fixture(params=["one-component", "probed", "through-a-link"])
+def root(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """The files, seen three ways: one component below the fs root (the guard ``lstat``s it),
+    deeper (the openat2 probe's own ``fstat`` answers), and through a symlink (the walk)."""
     (tmp_path / "dir").mkdir()
     (tmp_path / "small.txt").write_bytes(b"12345")
     (tmp_path / "big.txt").write_bytes(b"x" * 100)
     os.mkfifo(tmp_path / "fifo")
-    return tmp_path
+    if request.param == "one-component":
+        FS_ROOTS[tmp_path] = tmp_path
+        return tmp_path
+    FS_ROOTS[tmp_path] = tmp_path.parent
+    if request.param == "probed":
+        return tmp_path
+    (tmp_path / "alias").symlink_to(tmp_path)
+    FS_ROOTS[tmp_path / "alias"] = tmp_path.parent
+    return tmp_path / "alias"
 
 
 def profile(root: Path, **kw: object) -> Profile:
-    caps = tuple(permit(k, fs(k, f"{root}/**")) for k in ("fs.read", "fs.write", "fs.list"))
-    return make_profile(capabilities=caps, root_fs=str(root),
+    real = root.resolve()
+    caps = tuple(permit(k, fs(k, f"{real}/**")) for k in ("fs.read", "fs.write", "fs.list"))
+    return make_profile(capabilities=caps, root_fs=str(FS_ROOTS.get(root, root)),
                         limits=Limits(max_bytes_in=64), **kw)  # type: ignore[arg-type]
 
 
@@ -81,3 +96,22 @@ def test_switches_leave_the_disk_out(root: Path) -> None:
     twin = guard.policy_only()  # the fs listing filter asks the policy, not the disk
     assert twin.decide(profile(root), op, now_ms=NOW).allowed
     assert not guard.decide(profile(root), op, now_ms=NOW).allowed  # the original unchanged
+
+
+def test_a_probed_path_is_not_walked_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deeper than one component, the facts come from the probe's own descriptor: no ``lstat``
+    runs, and the answer is the same."""
+    (tmp_path / "big.txt").write_bytes(b"x" * 100)
+    FS_ROOTS[tmp_path] = tmp_path.parent
+    calls: list[str] = []
+
+    def no_lstat(path: str) -> os.stat_result:
+        calls.append(path)
+        raise AssertionError("lstat")
+
+    p, guard = profile(tmp_path), Guard()
+    monkeypatch.setattr(os, "lstat", no_lstat)  # every module's (the guard's walk's too)
+    d = guard.decide(p, FsReadOp(path=f"{tmp_path}/big.txt"), now_ms=NOW)
+    assert (d.decision, d.code) == ("deny", BLOCKED)
+    assert guard.decide(p, FsReadOp(path=f"{tmp_path}/no/such"), now_ms=NOW).allowed
+    assert calls == []

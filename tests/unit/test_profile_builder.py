@@ -325,7 +325,8 @@ def test_cache_returns_the_same_object_for_the_same_inputs_and_equal_for_equal()
     assert b.build(g, m) is first
     again = b.build(grant(fs("fs.read", "/workspace/**")), manifest(
         fs("fs.read", "/workspace/**")))
-    assert again == first and again.profile_hash == first.profile_hash
+    assert again == first
+    assert again.profile_hash == first.profile_hash
     assert b.cache.stats()["shapes"] == 1  # equal inputs: one meet
     other = b.build(g, m, overrides=Overrides(limits=Limits(pids=1)))
     assert other.profile_hash != first.profile_hash
@@ -352,7 +353,8 @@ def test_concurrent_builds_share_one_shape() -> None:
         t.start()
     for t in threads:
         t.join()
-    assert len(results) == 8 and all(r == results[0] for r in results)
+    assert len(results) == 8
+    assert all(r == results[0] for r in results)
     assert b.cache.stats()["shapes"] == 1  # one template kept, whichever thread stored it
 
 

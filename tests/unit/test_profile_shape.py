@@ -147,6 +147,23 @@ def test_the_cache_never_answers_for_other_inputs(ps: PolicySet) -> None:
     assert len(hashes) == len(SHAPE_VARIANTS)
 
 
+def test_the_shape_key_leaves_out_none_and_stays_one_to_one() -> None:
+    """``None`` fields are left out of the key: ``None`` and a falsy value stay apart, and a
+    field spelled ``None`` equals it left unset (the same content)."""
+    from policy_engine.profile.shape import grant_shape_key
+
+    def key(cap: dict[str, Any], **over: Any) -> bytes:
+        return grant_shape_key(grant(capabilities=[cap], **over))
+
+    assert key({"kind": "tmp.use"}) != key({"kind": "tmp.use", "max_bytes": 0})
+    assert key({"kind": "tmp.use"}) == key({"kind": "tmp.use", "max_bytes": None})
+    assert key({"kind": "proc.exec", "tool": "git"}) != key(
+        {"kind": "proc.exec", "tool": "git", "args": []})
+    assert key({"kind": "tmp.use"}) != key({"kind": "tmp.use"}, limits={"pids": 1})
+    assert key({"kind": "tmp.use"}, limits={"cpu_cores": 1}) != key(
+        {"kind": "tmp.use"}, limits={"cpu_cores": 1.5})
+
+
 def test_profile_cache_is_a_bounded_lru(ps: PolicySet) -> None:
     b = ProfileBuilder(ps, cache=ProfileCache(size=3, shape_size=2))
     for i in range(10):

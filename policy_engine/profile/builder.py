@@ -41,7 +41,7 @@ from policy_engine.profile.layers import (
     resolve_network,
 )
 from policy_engine.profile.rule_index import RuleIndex
-from policy_engine.profile.shape import HashTemplate, ProfileShape, call_values, grant_shape_key
+from policy_engine.profile.shape import HashTemplate, ProfileShape, grant_shape_key
 
 _CONSENT_EFFECTS = frozenset({SideEffect.WRITE, SideEffect.PROCESS})
 
@@ -86,13 +86,14 @@ class ProfileBuilder:
         if hit is not None:
             return hit
         shape_key = (grant_shape_key(grant), cache.input_key(manifest),
-                     cache.input_key(settings), cache.input_key(overrides))
+                     "null" if settings is None else cache.input_key(settings),
+                     "null" if overrides is None else cache.input_key(overrides))
         shape = cache.by_shape(shape_key)
         if shape is None:
             # the meet: once per shape; later grants differing only in call fields copy it
             shape = cache.store_shape(shape_key,
                                       self._build_shape(grant, manifest, settings, overrides))
-        profile = shape.instantiate(grant, call_values(grant))
+        profile = shape.instantiate(grant)
         cache.remember(grant, manifest, settings, overrides, profile)
         return profile
 
@@ -101,8 +102,7 @@ class ProfileBuilder:
         overrides: Overrides | None = None,
     ) -> Profile:
         """The meet itself, without touching the cache (benchmarks and tests use it)."""
-        return self._build_shape(grant, manifest, settings, overrides).instantiate(
-            grant, call_values(grant))
+        return self._build_shape(grant, manifest, settings, overrides).instantiate(grant)
 
     def _build_shape(
         self, grant: Grant, manifest: Manifest, settings: Settings | None,

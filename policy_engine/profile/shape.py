@@ -22,7 +22,7 @@ from policy_engine.profile.hashing import CALL_FIELDS, EXPLANATORY, canonical_js
 
 PER_CALL_FIELDS: tuple[str, ...] = CALL_FIELDS
 """Profile fields taken from the grant as they are, never met: the only ones a copy changes
-(sorted: the order ``call_values`` returns and canonical JSON writes them)."""
+(sorted: the order canonical JSON writes them, and ``HashTemplate.digest`` takes them)."""
 
 _GRANT_CALL = frozenset(PER_CALL_FIELDS)
 # not in the profile at all, so not part of either key
@@ -37,18 +37,6 @@ def grant_shape_key(grant: Grant) -> bytes:
     """
     return grant.__pydantic_serializer__.to_json(grant, exclude=_GRANT_NOT_SHAPE,
                                                  exclude_none=True)
-
-
-def call_values(grant: Grant) -> tuple[str, str, str, str]:
-    """Canonical JSON of the grant's per-call fields, in ``PER_CALL_FIELDS`` order: what the
-    profile hash reads of them, so it also keys the cache exactly."""
-    call_id, expires_at = grant.call_id, grant.expires_at
-    return (
-        _canonical_model(grant.budget),
-        encode_basestring(call_id) if type(call_id) is str else canonical_json(call_id),
-        _canonical_model(grant.consent),
-        str(expires_at) if type(expires_at) is int else canonical_json(expires_at),
-    )
 
 
 def model_key(model: BaseModel | None) -> str:
@@ -83,8 +71,8 @@ class HashTemplate:
         self.shape = sha256_hex(text)
 
     def digest(self, values: tuple[str, ...]) -> str:
-        """The hash of the template with ``values`` (``call_values``, ``PER_CALL_FIELDS`` order,
-        which is the sorted order canonical JSON writes)."""
+        """The hash of the template with ``values``: the canonical JSON of the call fields, in
+        ``PER_CALL_FIELDS`` order (the sorted order canonical JSON writes)."""
         budget, call_id, consent, expires_at = values
         return hashlib.sha256("".join((
             '{"call":{"budget":', budget, ',"call_id":', call_id, ',"consent":', consent,
@@ -121,23 +109,38 @@ class ProfileShape:
         # one set for every copy: frozen models never change it, and it is 700 bytes a copy
         self._fields_set = set(template.__pydantic_fields_set__) | _SET_FIELDS
 
-    def instantiate(self, grant: Grant, values: tuple[str, ...]) -> Profile:
-        """The template with ``grant``'s call fields (the caller checked the shapes match);
-        ``values`` is ``call_values(grant)``."""
+    def instantiate(self, grant: Grant) -> Profile:
+        """The template with ``grant``'s call fields and hash (the caller checked the shapes
+        match)."""
         # ``model_copy`` without its generic path: a shallow copy of a frozen model built and
         # validated here, with validated values of the grant in the call fields
-        t = self.template
+        g = grant.__dict__
+        budget, call_id, consent, expires_at = (g["budget"], g["call_id"], g["consent"],
+                                                g["expires_at"])
+        # the call fields' canonical JSON, inline: this runs for every new grant
+        digest = self.hasher.digest((
+            _canonical_model(budget),
+            encode_basestring(call_id) if type(call_id) is str else canonical_json(call_id),
+            _canonical_model(consent),
+            str(expires_at) if type(expires_at) is int else canonical_json(expires_at)))
         profile = _new_profile(Profile)
-        fields = t.__dict__.copy()
-        fields.update(budget=grant.budget, call_id=grant.call_id, consent=grant.consent,
-                      expires_at=grant.expires_at, profile_hash=self.hasher.digest(values))
+        fields = self.template.__dict__.copy()
+        fields["budget"] = budget
+        fields["call_id"] = call_id
+        fields["consent"] = consent
+        fields["expires_at"] = expires_at
+        fields["profile_hash"] = digest
         _set(profile, "__dict__", fields)
-        _set(profile, "__pydantic_fields_set__", self._fields_set)
-        _set(profile, "__pydantic_extra__", None)
-        _set(profile, "__pydantic_private__", None)
+        _set_fields_set(profile, self._fields_set)
+        _set_extra(profile, None)
+        _set_private(profile, None)
         return profile
 
 
 _new_profile = Profile.__new__
-_set = object.__setattr__
+# the slots' own setters: cheaper than ``object.__setattr__`` looking each name up
+_set = object.__setattr__  # ``__dict__`` is no slot: the generic setter stores it
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 _SET_FIELDS = frozenset({*PER_CALL_FIELDS, "profile_hash"})

@@ -28,14 +28,16 @@ def check_argv_shape(tool: object, args: object) -> None:
     if joined is None:
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                 "args must be a list of strings")
+    if "\x00" in joined:
+        raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "an argument contains NUL")
+    if type(tool) is str and tool in _GOOD_TOOLS:  # checked before: tools repeat call after call
+        return
     if not _SHELL_CHARS.isdisjoint(tool) or "\x00" in tool:
         raise PolicyEngineError(
             ErrorCode.DENY_TOOL,
             f"shell strings are not accepted: tool {quote(tool)} must be a bare name or an "
             "absolute path",
         )
-    if "\x00" in joined:
-        raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "an argument contains NUL")
     if tool.startswith("/"):
         segs = tool.split("/")[1:]
         if any(s in ("", ".", "..") for s in segs):
@@ -46,6 +48,15 @@ def check_argv_shape(tool: object, args: object) -> None:
         raise PolicyEngineError(
             ErrorCode.DENY_TOOL, f"tool {quote(tool)} must be a bare name or an absolute path"
         )
+    if type(tool) is str:  # a subclass could compare equal to a name it does not spell
+        if len(_GOOD_TOOLS) >= _GOOD_TOOLS_SIZE:  # a bound, not an LRU: a miss re-checks one
+            _GOOD_TOOLS.clear()
+        _GOOD_TOOLS.add(tool)
+
+
+_GOOD_TOOLS: set[str] = set()
+"""Tool names (exact ``str`` objects) that passed the checks above."""
+_GOOD_TOOLS_SIZE = 1024
 
 
 def describe_mismatch(slots: tuple[CompiledSlot, ...], args: tuple[str, ...]) -> str | None:

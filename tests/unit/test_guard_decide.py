@@ -558,3 +558,23 @@ def test_manifest_tenant_and_subject_views(tmp_path: Path) -> None:
                   'grant.capabilities[0].kind == "fs.read" && grant.consent == null && '
                   'size(manifest.permissions) == 1')
     assert decide(profile("agent:x"), FsReadOp(path="/workspace/a.txt"), guard).allowed
+
+
+def test_a_checked_tool_name_never_vouches_for_a_lookalike() -> None:
+    """Tool names that passed the argv checks are remembered; a ``str`` subclass that compares
+    equal to one (its text a shell string) is still checked for what it spells."""
+
+    class Posing(str):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        def __hash__(self) -> int:
+            return hash("git")
+
+    profile = make_profile(capabilities=(permit("proc.exec", ProcCapability(tool="git")),))
+    assert decide(profile, ProcExecOp(tool="git", args=["status"])).allowed  # remembered
+    op = ProcExecOp.model_construct(kind="proc.exec", tool=Posing("git; rm -rf /"),
+                                    args=["status"], env=None, cwd=None, stdin_b64=None,
+                                    timeout_ms=None)
+    d = decide(profile, op)
+    assert (d.decision, d.code) == ("deny", TOOL)

@@ -212,12 +212,23 @@ class Guard:
         phash = profile.profile_hash
         key = phash or id(profile)
         cp = self._cache.get(key)
-        if cp is None or not (phash or cp.profile is profile):
-            cp = self._compile_into_cache(profile, key)
+        if cp is not None and (phash or cp.profile is profile):
+            expires_at, window = cp.expires_at, cp.consent_window
+        else:
+            # a new call of a cached shape (untraced): decided on the shape's compilation with
+            # this call's expiry, consent window and hash, as ``shapes.derive`` would set them
+            base = self._shapes.base_for(profile) if tr is None else None
+            if base is not None:
+                cp = base
+                expires_at, consent = profile.expires_at, profile.consent
+                window = None if consent is None else (consent.granted_at, consent.expires_at)
+            else:
+                cp = self._compile_into_cache(profile, key)
+                expires_at, window = cp.expires_at, cp.consent_window
         if tr is not None:
             tr.step("kind", "pass", detail=f"{kind} needs {cap_kind}")
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        if cp.expires_at <= now:  # step 1
+        if expires_at <= now:  # step 1
             if tr is not None:
                 tr.step("expiry", "fail", detail="grant expired")
             return _deny(phash, _PERM, "grant expired", None, tr)
@@ -369,7 +380,6 @@ class Guard:
         if tr is not None:
             tr.step("limits", "pass", chosen.rule)
         # step 8: consent
-        window = cp.consent_window
         settled = cp.consent_settled
         required = cp.consent_required or (settled is not None and settled[0])
         if required and tr is None and window is not None and \
@@ -389,7 +399,7 @@ class Guard:
                 return box[0]
 
             why = consent_needed(cp, self._consent_rules, ctx, now, tr, self._consent_refs,
-                                 self._builtin_ref)
+                                 self._builtin_ref, window=window)
             if why is not None:
                 return _deny(phash, _PERM, why, chosen.rule, tr)
         elif tr is not None:

@@ -162,5 +162,6 @@ def consent_for(guard_rules: tuple[GuardCondition, ...], refs: tuple[RuleRef | N
     def run(ctx: Callable[[], Mapping[str, object]]) -> str | None:
         if not (cp.consent_required or guard_rules):
             return None
-        return consent_needed(cp, guard_rules, ctx, now, None, refs, builtin)
+        return consent_needed(cp, guard_rules, ctx, now, None, refs, builtin,
+                              window=cp.consent_window)
     return run

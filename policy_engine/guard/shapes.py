@@ -36,6 +36,19 @@ def grantless_views(base: CompiledProfile) -> dict[str, object] | None:
     return None
 
 
+def _reads_no_call_field(base: CompiledProfile) -> bool:
+    """Whether no condition of ``base`` reads a call field of ``grant``: then a call of its
+    shape is decided on ``base`` itself with the call's expiry, consent window and hash."""
+    if base.needs is not None and "grant" not in base.needs:
+        return True
+    view = base.views.get("grant")
+    return isinstance(view, Mapping) and not any(f in view for f in _GRANT_CALL_VIEW)
+
+
+_GRANT_CALL_VIEW = ("call_id", "expires_at", "budget", "consent")
+"""The ``grant`` view's fields that differ call by call (``_call_fields``)."""
+
+
 def _call_fields(profile: Profile, view: Mapping[str, object]) -> dict[str, object]:
     """This call's values of the grant view's call fields that ``view`` holds (the view may be
     cut down to what conditions read: ``guard.viewfields``)."""
@@ -131,10 +144,11 @@ class ShapeCache:
     def __init__(self, size: int) -> None:
         self._lock = threading.Lock()
         self._size = size
-        # id of the shape's ``mappings`` → its compilation, the views without ``grant`` and
-        # every shape field's object (``SHAPE_FIELDS`` order)
+        # id of the shape's ``mappings`` → its compilation, the views without ``grant``, every
+        # shape field's object (``SHAPE_FIELDS`` order), and whether no condition reads a call
+        # field of ``grant`` (``base_for``)
         self._shapes: OrderedDict[int, tuple[CompiledProfile, dict[str, object] | None,
-                                             tuple[object, ...]]] = OrderedDict()
+                                             tuple[object, ...], bool]] = OrderedDict()
         self._forbids: OrderedDict[tuple[object, ...], tuple[object, Mapping[str, ForbidSet]]] = \
             OrderedDict()
 
@@ -162,11 +176,22 @@ class ShapeCache:
             # compiles on its own and leaves the shape's entry to the shape's calls
             return cp
         with self._lock:
-            self._shapes[key] = (cp, grantless_views(cp), values)
+            self._shapes[key] = (cp, grantless_views(cp), values, _reads_no_call_field(cp))
             self._shapes.move_to_end(key)
             if len(self._shapes) > self._size:
                 self._shapes.popitem(last=False)
         return cp
+
+    def base_for(self, profile: Profile) -> CompiledProfile | None:
+        """The compilation of ``profile``'s shape when it decides ``profile`` as it is: every
+        field but the call fields (expiry, consent window, hash), which the caller reads from
+        ``profile`` itself. ``None`` when no such shape is cached, or when a condition reads a
+        call field of ``grant`` (then only ``compiled`` gives the right view)."""
+        fields = profile.__dict__
+        hit = self._shapes.get(id(fields["mappings"]))
+        if hit is None or not hit[3] or not all(map(operator.is_, _shape_values(fields), hit[2])):
+            return None
+        return hit[0]
 
     def forbids(self, profile: Profile,
                 compile_: Callable[[Profile], Mapping[str, ForbidSet]]) -> Mapping[str, ForbidSet]:

@@ -206,7 +206,8 @@ def settle_consent(cp: CompiledProfile, rules: tuple[GuardCondition, ...],
 def consent_needed(
     cp: CompiledProfile, rules: tuple[GuardCondition, ...],
     ctx: Callable[[], Mapping[str, object]], now: int, tr: Tracer | None,
-    refs: tuple[RuleRef | None, ...] = (), builtin: RuleRef | None = None,
+    refs: tuple[RuleRef | None, ...] = (), builtin: RuleRef | None = None, *,
+    window: tuple[int, int] | None,
 ) -> str | None:
     """Why consent blocks the call (``None`` if it does not): required and absent or stale.
     The reason and the trace name the rule that required it.
@@ -214,6 +215,8 @@ def consent_needed(
     :param rules: the conditions of the policy's conditional consent rules.
     :param refs: where each of ``rules`` is written (same order).
     :param builtin: where the built-in rule is (``<builtin>`` unless a policy restates it).
+    :param window: the call's consent window (``cp.consent_window``, or the call's own when
+        ``cp`` is its shape's compilation: the guard's fast path).
 
     A consent rule whose condition errors counts as requiring consent (fail closed).
     """
@@ -226,7 +229,6 @@ def consent_needed(
         if tr is not None:
             tr.step("consent", "skip", detail="consent not required")
         return None
-    window = cp.consent_window
     if window is None:
         why = f"consent required by {label}"
     elif not window[0] <= now < window[1]:

@@ -203,6 +203,47 @@ def test_guard_decides_each_call_on_its_own_fields(ps: PolicySet) -> None:
     assert decisions == ["deny", "allow", "deny", "allow", "deny", "deny", "deny"]
 
 
+@pytest.fixture(scope="module")
+def ps_plain(tmp_path_factory: pytest.TempPathFactory) -> PolicySet:
+    """The policy above with conditions that read ``grant`` but none of its call fields."""
+    path: Path = tmp_path_factory.mktemp("shape-plain") / "p.sbpolicy"
+    path.write_text(POLICY.replace('grant.call_id.startsWith("ok-")',
+                                   'grant.subject_id.startsWith("agent:")'), encoding="utf-8")
+    return compile_files([str(path)], home="/home/agent")
+
+
+def test_a_call_of_a_cached_shape_is_decided_on_it_with_its_own_fields(
+        ps_plain: PolicySet) -> None:
+    """No condition reads a call field: the guard decides a new call on its shape's compilation
+    (no per-call copy), with the call's own expiry, consent window and hash."""
+    ps = ps_plain
+    b, guard = ProfileBuilder(ps), Guard(ps, resolve_symlinks=False)
+    assert _decide(guard, b, grant("ok-1"), "/workspace/a.txt").decision == "allow"
+    compiled = len(guard._cache)
+    cases = [
+        (grant("ok-3"), "/workspace/a.txt"),
+        (grant("ok-4", expires_at=NOW - 1), "/docs/x"),  # expired
+        (grant("ok-5", expires_at=NOW + 1), "/docs/x"),
+        (grant("ok-6", consent=None), "/docs/x"),  # Write side effect: consent required
+        (grant("ok-7", consent={"granted_by": "u", "granted_at": 0, "expires_at": NOW}),
+         "/docs/x"),  # consent no longer current
+        (grant("ok-8", consent={"granted_by": "u", "granted_at": NOW + 1,
+                                "expires_at": FAR}), "/docs/x"),  # not yet valid
+        (grant("ok-9"), "/workspace/private/k"),
+        (grant("ok-10"), "/elsewhere"),
+    ]
+    for g, path in cases:
+        got = _decide(guard, b, g, path)
+        fresh = Guard(ps, resolve_symlinks=False).decide(
+            ProfileBuilder(ps).build_uncached(g, manifest()), FsReadOp(kind="fs.read", path=path),
+            now_ms=NOW)
+        assert got == fresh, g.call_id
+        assert got.profile_hash == b.build(g, manifest()).profile_hash
+    decisions = [_decide(guard, b, g, p).decision for g, p in cases]
+    assert decisions == ["allow", "deny", "allow", "deny", "deny", "deny", "deny", "deny"]
+    assert len(guard._cache) == compiled  # every call above took the shape's compilation
+
+
 def test_traced_decisions_match_too(ps: PolicySet) -> None:
     b, guard = ProfileBuilder(ps), Guard(ps, resolve_symlinks=False)
     _decide(guard, b, grant("ok-1"), "/workspace/a.txt")

@@ -90,13 +90,14 @@ class ProfileCache:
     def by_identity(self, grant: Grant, manifest: Manifest, settings: Settings | None,
                     overrides: Overrides | None) -> Profile | None:
         """The profile built from these very objects, if it is still cached."""
-        entry = self._by_identity.get(id(grant))  # atomic; moved to the end under the lock
+        entry = self._by_identity.get(id(grant))
         if entry is None or entry[0]() is not grant or entry[1] is not manifest \
                 or entry[2] is not settings or entry[3] is not overrides:
             return None
-        with self._lock:
-            if id(grant) in self._by_identity:
-                self._by_identity.move_to_end(id(grant))
+        try:  # noqa: SIM105 - see ``remember``
+            self._by_identity.move_to_end(id(grant))
+        except KeyError:
+            pass
         return entry[4]
 
     def remember(self, grant: Grant, manifest: Manifest, settings: Settings | None,
@@ -105,8 +106,16 @@ class ProfileCache:
         if not self._identity_size:
             return
         entry = (weakref.ref(grant), manifest, settings, overrides, profile)
-        with self._lock:
-            _put(self._by_identity, id(grant), entry, self._identity_size)
+        lru, key = self._by_identity, id(grant)
+        # no lock: each OrderedDict call is atomic under the GIL (int keys); two threads racing
+        # here at worst drop one entry too many or skip a move
+        lru[key] = entry
+        try:  # noqa: SIM105 - contextlib.suppress costs more than this whole method
+            lru.move_to_end(key)
+            if len(lru) > self._identity_size:
+                lru.popitem(last=False)
+        except KeyError:
+            pass
 
     def by_shape(self, key: ShapeKey) -> ProfileShape | None:
         # no lock on the hit path: each OrderedDict call is atomic under the GIL (keys are

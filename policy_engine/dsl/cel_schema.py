@@ -48,6 +48,18 @@ _REQUEST_EXTRA = ("kind", "path", "size", "scheme", "host", "port", "query", "me
 _PROFILE_VIEW = ("name", "safety", "side_effects", "network", "tool_name", "tenant",
                  "subject_id")
 """The ``profile`` view (``guard.compiled.static_views``)."""
+_GRANT_VIEW = ("tenant", "subject_id", "tool_name", "call_id", "expires_at", "budget",
+               "capabilities", "consent")
+"""The ``grant`` view the guard builds from the profile (``guard.compiled.static_views``): the
+grant's fields a profile carries (not its ``limits``, met into the profile's, nor the
+``decision_key_fingerprint``)."""
+_MANIFEST_VIEW = ("name", "version", "side_effects", "safety_class", "permissions")
+"""The ``manifest`` view likewise (not its ``description`` nor its ``limits``)."""
+
+
+def _view_schema(model: type[BaseModel], names: tuple[str, ...]) -> Schema:
+    whole = _model_schema(model)
+    return Schema({name: whole.fields[name] for name in names})
 
 
 def _model_schema(model: type[BaseModel]) -> Schema:
@@ -76,8 +88,8 @@ def schemas() -> dict[str, Schema]:
     attributes = Schema({"id": None}, closed=False)
     return {
         "request": Schema(request),
-        "grant": _model_schema(Grant),
-        "manifest": _model_schema(Manifest),
+        "grant": _view_schema(Grant, _GRANT_VIEW),
+        "manifest": _view_schema(Manifest, _MANIFEST_VIEW),
         "profile": Schema({k: None for k in _PROFILE_VIEW}),
         "tenant": attributes,
         "subject": attributes,

@@ -44,6 +44,7 @@ from policy_engine.model import (
     Profile,
     RuleRef,
 )
+from policy_engine.model.readonly import ReadOnlyDict
 from policy_engine.patterns import HostPattern
 
 FS_KINDS = ("fs.read", "fs.write", "fs.list")
@@ -310,7 +311,8 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
             env=conditions.env(pc.rule, pc.all_of) if kind == "proc.exec" else None,
             allow=Decision.model_construct(
                 decision="allow", code=None, http_status=200, reason="", rule=pc.rule,
-                profile_hash=phash, trace=None, limits=lim, limit_layers=layers),
+                profile_hash=phash, trace=None, limits=lim,
+                limit_layers=ReadOnlyDict(layers)),  # every allow of it shares the map
         ))
     if forbids is None:
         forbids = compile_forbids(profile, conditions)

@@ -60,7 +60,7 @@ from policy_engine.guard.resolve import (
     resolve_path,
     resolve_path_facts,
 )
-from policy_engine.guard.shapes import ShapeCache
+from policy_engine.guard.shapes import ShapeCache, same_profile
 from policy_engine.guard.steps import (
     consent_needed,
     diagnose,
@@ -101,6 +101,9 @@ class Guard:
 
     def __init__(self, policyset: PolicySet | None = None, *, resolve_symlinks: bool = True,
                  cache_size: int = 1024, fs_facts: bool | None = None) -> None:
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
+            raise ValueError(f"the guard's cache_size must be an integer of at least 1, "
+                             f"not {cache_size!r}")
         self.policyset = policyset
         self.resolve_symlinks = resolve_symlinks
         self.fs_facts = resolve_symlinks if fs_facts is None else fs_facts
@@ -129,7 +132,8 @@ class Guard:
         """The compiled form of ``profile`` (cached; unhashed profiles are keyed by identity)."""
         key: object = profile.profile_hash or id(profile)
         cp = self._cache.get(key)
-        if cp is not None and (profile.profile_hash or cp.profile is profile):
+        if cp is not None and (cp.profile is profile or
+                               (profile.profile_hash and same_profile(cp.profile, profile))):
             return cp
         return self._compile_into_cache(profile, key)
 
@@ -212,7 +216,10 @@ class Guard:
         phash = profile.profile_hash
         key = phash or id(profile)
         cp = self._cache.get(key)
-        if cp is not None and (phash or cp.profile is profile):
+        # a hash names a compilation only for a profile that holds what it was compiled from (a
+        # ``model_copy`` keeping another profile's hash compiles on its own)
+        if cp is not None and (cp.profile is profile or (phash and same_profile(cp.profile,
+                                                                                profile))):
             expires_at, window = cp.expires_at, cp.consent_window
         else:
             # a new call of a cached shape (untraced): decided on the shape's compilation with

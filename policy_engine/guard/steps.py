@@ -18,6 +18,7 @@ from policy_engine.guard.paths import quote
 from policy_engine.guard.resolve import Resolved, decoded_size
 from policy_engine.guard.tracer import Tracer
 from policy_engine.model import SYSTEM_DEFAULT_LIMITS, Decision, RuleRef
+from policy_engine.model.readonly import ReadOnlyDict
 
 
 def why_not(cap: CompiledCap, res: object) -> str:
@@ -98,7 +99,7 @@ def with_request_timeout(allow: Decision, timeout_ms: int) -> Decision:
     layers["timeout_ms"] = "request"
     return allow.model_copy(update={
         "limits": allow.limits.model_copy(update={"timeout_ms": timeout_ms}),
-        "limit_layers": layers})
+        "limit_layers": ReadOnlyDict(layers)})
 
 
 def limit_violation(kind: str, op: Any, lim: EffLimits, rv: Resolved | None,

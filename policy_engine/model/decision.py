@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 from policy_engine.model.limits import Limits
 from policy_engine.model.profile import RuleRef
+from policy_engine.model.readonly import LayerMap
 
 
 class TraceStep(BaseModel):
@@ -37,8 +38,8 @@ class Decision(BaseModel):
     limits: Limits | None = None
     """On an allow: the call's effective limits (profile ⊓ permitting rule ⊓ op-declared values),
     every field set; what the orchestrator hands the executor (``ExecContext.limits``)."""
-    limit_layers: dict[str, str] | None = None
-    """On an allow: per limit field, the layer that set it (``LIMIT_LAYERS``)."""
+    limit_layers: LayerMap | None = None
+    """On an allow: per limit field, the layer that set it (``LIMIT_LAYERS``; read-only)."""
 
     @property
     def allowed(self) -> bool:

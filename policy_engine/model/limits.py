@@ -18,7 +18,9 @@ class Limits(BaseModel):
     max_depth: int | None = Field(default=None, ge=0)
     max_concurrency: int | None = Field(default=None, ge=1)
     timeout_ms: int | None = Field(default=None, ge=1)
-    cpu_cores: float | None = Field(default=None, gt=0)
+    # finite: JSON has no infinity (it would be written as null, an unset limit) and a NaN
+    # would make the meet's minimum depend on the order of its layers
+    cpu_cores: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     memory_bytes: int | None = Field(default=None, ge=1)
     pids: int | None = Field(default=None, ge=1)
     max_stdout_bytes: int | None = Field(default=None, ge=0)

@@ -14,6 +14,7 @@ from policy_engine.model.enums import (
 )
 from policy_engine.model.grant import Consent
 from policy_engine.model.limits import AllowLists, Budget, DenyLists, Limits, Mappings
+from policy_engine.model.readonly import LayerMap
 
 
 class RuleRef(BaseModel):
@@ -42,7 +43,7 @@ class ProfileCapability(BaseModel):
     rule: RuleRef | None = None
     condition: str | None = Field(default=None, description="CEL source of the rule's `when`")
     limits: Limits | None = Field(default=None, description="per-rule limits, already met")
-    limit_layers: dict[str, str] | None = Field(
+    limit_layers: LayerMap | None = Field(
         default=None, description="with `limits`: per field, the layer that set it")
 
 
@@ -75,7 +76,7 @@ class Profile(BaseModel):
     safety: SafetyClass
     side_effects: tuple[SideEffect, ...]
     limits: Limits
-    limit_layers: dict[str, str] = Field(
+    limit_layers: LayerMap = Field(
         default_factory=dict, description="per limit field, the layer that set it")
     budget: Budget
     allow: AllowLists

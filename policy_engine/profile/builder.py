@@ -52,7 +52,9 @@ class ProfileBuilder:
     :param policyset: the compiled policy; a builder never outlives a policy reload, so the
         cache need not key on it.
     :param cache: the profile cache (``ProfileCache(size=…, shape_size=…)`` bounds it; by default
-        4,096 profiles by identity and 1,024 grant shapes).
+        4,096 profiles by identity and 1,024 grant shapes). A cache serves one policy set:
+        builders of the same ``policyset`` object may share one, another policy set's may not
+        (``ValueError``).
     :param index: meet each grant only with the permit rules that can intersect it
         (``rule_index``); the profile is the same either way.
     """
@@ -61,6 +63,7 @@ class ProfileBuilder:
                  index: bool = True) -> None:
         self.policyset = policyset
         self.cache = cache if cache is not None else ProfileCache()
+        self.cache.serve(policyset)  # a cache holds one policy set's profiles
         # which permit rules can meet a grant (``index=False``: all of them, for comparisons)
         self._index = RuleIndex(policyset) if index else None
         # denies depend on the policy alone: compute them once, and their canonical JSON too

@@ -65,6 +65,11 @@ class ProfileCache:
                  identity_size: int | None = None) -> None:
         if min(size, shape_size) < 1:
             raise ValueError("profile cache sizes must be at least 1")
+        if identity_size is not None and identity_size < 0:
+            raise ValueError("the identity level's size must be 0 (off) or more")
+        # the policy set whose profiles this cache holds: its keys leave the policy out, so one
+        # cache serves one policy set (``serve``)
+        self._policy: object | None = None
         self._lock = threading.Lock()
         self._by_identity: OrderedDict[int, _IdentityEntry] = OrderedDict()
         self._shapes: OrderedDict[ShapeKey, ProfileShape] = OrderedDict()
@@ -74,6 +79,16 @@ class ProfileCache:
         self._identity_size = size if identity_size is None else identity_size
         self._shape_size = shape_size
         self._input_size = shape_size
+
+    def serve(self, policyset: object) -> None:
+        """Bind this cache to ``policyset`` (its builder's); a second policy set is refused:
+        entries are keyed by the inputs alone, so another policy's builder would get them."""
+        with self._lock:
+            if self._policy is None:
+                self._policy = policyset
+            elif self._policy is not policyset:
+                raise ValueError("this ProfileCache already holds another policy set's profiles: "
+                                 "give each ProfileBuilder its own cache")
 
     def input_key(self, model: BaseModel | None) -> str:
         """Exact JSON of a manifest, settings or overrides object, remembered by identity."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from policy_engine.model import Grant, Profile
+from policy_engine.model import Budget, Consent, Grant, Profile
 from policy_engine.profile.hashing import CALL_FIELDS, EXPLANATORY, canonical_json, sha256_hex
 
 PER_CALL_FIELDS: tuple[str, ...] = CALL_FIELDS
@@ -112,17 +112,24 @@ class ProfileShape:
     def instantiate(self, grant: Grant) -> Profile:
         """The template with ``grant``'s call fields and hash (the caller checked the shapes
         match)."""
-        # ``model_copy`` without its generic path: a shallow copy of a frozen model built and
-        # validated here, with validated values of the grant in the call fields
         g = grant.__dict__
         budget, call_id, consent, expires_at = (g["budget"], g["call_id"], g["consent"],
                                                 g["expires_at"])
+        if type(call_id) is not str or type(expires_at) is not int or \
+                type(budget) is not Budget or not (consent is None or type(consent) is Consent):
+            # a grant that skipped validation (``model_construct``, ``model_copy(update=...)``):
+            # the call fields go through the profile's validation, as a full build's do (it
+            # raises the same error, or turns ``True`` into ``1``)
+            checked = Profile.model_validate({**self.template.__dict__, "budget": budget,
+                                              "call_id": call_id, "consent": consent,
+                                              "expires_at": expires_at})
+            budget, call_id, consent, expires_at = (checked.budget, checked.call_id,
+                                                    checked.consent, checked.expires_at)
         # the call fields' canonical JSON, inline: this runs for every new grant
-        digest = self.hasher.digest((
-            _canonical_model(budget),
-            encode_basestring(call_id) if type(call_id) is str else canonical_json(call_id),
-            _canonical_model(consent),
-            str(expires_at) if type(expires_at) is int else canonical_json(expires_at)))
+        digest = self.hasher.digest((_canonical_model(budget), encode_basestring(call_id),
+                                     _canonical_model(consent), str(expires_at)))
+        # ``model_copy`` without its generic path: a shallow copy of a frozen model built and
+        # validated here, with validated values of the grant in the call fields
         profile = _new_profile(Profile)
         fields = self.template.__dict__.copy()
         fields["budget"] = budget

@@ -47,10 +47,43 @@ def test_unknown_fields_are_check_errors_with_a_suggestion(
     'grant.capabilities.exists(c, c.kind == "fs.read" && c.paths.size() > 0)',
     'request.headers["X-Anything"] == "1" || request.env.LANG == "C"',
     '"grant.nope".startsWith("grant.") || profile.safety == "High"',
-    'manifest.limits.timeout_ms > 0 && grant.budget.calls > 0 && has(grant.consent.granted_by)',
+    'manifest.version != "" && grant.budget.calls > 0 && has(grant.consent.granted_by)',
 ])
 def test_known_fields_and_open_maps_pass(tmp_path: Path, cond: str) -> None:
     assert check(tmp_path, cond) == []
+
+
+@pytest.mark.parametrize(("cond", "field"), [
+    ('manifest.description.startsWith("Runs")', "`manifest` has no field `description`"),
+    ("manifest.limits.max_stdout_bytes > 0", "`manifest` has no field `limits`"),
+    ('grant.decision_key_fingerprint == "fp"', "`grant` has no field `decision_key_fingerprint`"),
+    ("has(grant.limits)", "`grant` has no field `limits`"),
+])
+def test_model_fields_the_views_do_not_carry_are_check_errors(
+        tmp_path: Path, cond: str, field: str) -> None:
+    """The guard's ``grant`` and ``manifest`` views hold what a profile carries; a condition on
+    anything else would never hold at run time (attack round 8 F10), so ``check`` refuses it."""
+    [(diag_id, _, _, message)] = check(tmp_path, cond)
+    assert diag_id == "SBP210"
+    assert field in message
+
+
+def test_the_checked_views_are_the_views_the_guard_builds() -> None:
+    from policy_engine.compiler import compile_files
+    from policy_engine.dsl.cel_schema import schemas
+    from policy_engine.dsl.loaders import load_grant, load_manifest
+    from policy_engine.guard.compiled import static_views
+    from policy_engine.profile import ProfileBuilder
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    ps = compile_files([examples / "policies" / "org.sbpolicy"])
+    profile = ProfileBuilder(ps).build(load_grant(examples / "grants" / "shell-agent.json"),
+                                       load_manifest(examples / "manifests" / "shell.json"))
+    views = static_views(profile)
+    for name in ("grant", "manifest", "profile"):
+        view = views[name]
+        assert isinstance(view, dict)
+        assert set(schemas()[name].fields) == set(view), name
 
 
 def test_method_calls_end_a_chain() -> None:

@@ -13,6 +13,11 @@ literal shapes that a string method answers exactly on a *normalized* path (abso
   (``str.endswith`` with a tuple). ``(?:/[^/]+)*`` before ``/T`` admits any run of non-empty
   segments, and every prefix of a normalized path that ends before a ``/`` is such a run.
 
+One shape keeps a regex but a cheap one: ``/**/N`` with ``N`` a single segment holding
+wildcards (``**/*.pem``) matches exactly when the path's last segment matches ``N`` (by the same
+argument), so those names are joined into one alternation matched on the last segment alone,
+without the backtracking over every segment the whole-path regex does.
+
 Every other glob keeps its regex, deduplicated and joined into one alternation.
 ``tests/unit/test_guard_globset.py`` checks the set against the per-glob regexes.
 """
@@ -23,7 +28,7 @@ import re
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 
-from policy_engine.patterns.paths import expand_home, glob_body, validate_glob
+from policy_engine.patterns.paths import expand_home, glob_body, segment_regex, validate_glob
 
 Match = Callable[[str], bool]
 
@@ -39,12 +44,13 @@ class GlobSet:
         must never shrink), in a permit nothing.
     """
 
-    __slots__ = ("everything", "exact", "prefixes", "tails", "regex", "match")
+    __slots__ = ("everything", "exact", "prefixes", "tails", "names", "regex", "match")
 
     def __init__(self, patterns: Iterable[str], home: str, *, forbid: bool) -> None:
         exact: set[str] = set()
         prefixes: set[str] = set()
         tails: set[str] = set()
+        names: dict[str, None] = {}  # last-segment regexes, ordered and deduplicated
         bodies: dict[str, None] = {}  # ordered and deduplicated
         self.everything = False
         for pat in patterns:
@@ -66,11 +72,16 @@ class GlobSet:
             elif segs[0] == "**" and len(segs) > 1 and all(
                     _literal(s) and s != "**" for s in segs[1:]):
                 tails.add("/" + "/".join(segs[1:]))
+            elif len(segs) == 2 and segs[0] == "**" and segs[1] != "**":
+                names[segment_regex(segs[1])] = None
             else:
                 bodies[glob_body(expanded)] = None
         self.exact = frozenset(exact)
         self.prefixes = tuple(sorted(prefixes))
         self.tails = tuple(sorted(tails))
+        # matched at the last segment's start (``Pattern.match(path, pos)``), hence no ``^``
+        self.names = (re.compile("(?:" + "|".join(names) + r")\Z", re.DOTALL) if names
+                      else None)
         self.regex = re.compile("^(?:" + "|".join(bodies) + r")\Z", re.DOTALL) if bodies else None
         self.match = self._build()
 
@@ -79,7 +90,7 @@ class GlobSet:
         if self.everything:
             return _always
         exact, prefixes, tails = self.exact, self.prefixes, self.tails
-        rx = self.regex.match if self.regex is not None else None
+        rx = _regex_test(self.names, self.regex)
         if len(prefixes) > _MANY_PREFIXES:
             # `startswith` over a tuple tries every prefix; a path has few ancestors: look each
             # one up instead (`P/` prefixes a normalized path exactly when a `/` of the path
@@ -98,6 +109,18 @@ class GlobSet:
 
     def admits(self, path: str) -> bool:
         return self.match(path)
+
+
+def _regex_test(names: re.Pattern[str] | None,
+                whole: re.Pattern[str] | None) -> Callable[[str], object] | None:
+    """The regex part of a set: names on the last segment, then whole-path regexes."""
+    if names is None:
+        return whole.match if whole is not None else None
+    name_at = names.match
+    if whole is None:
+        return lambda p: name_at(p, p.rfind("/") + 1)
+    whole_match = whole.match
+    return lambda p: name_at(p, p.rfind("/") + 1) or whole_match(p)
 
 
 _MANY_PREFIXES = 32

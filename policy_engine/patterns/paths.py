@@ -45,7 +45,8 @@ def expand_home(pattern: str, home: str) -> str:
     return pattern
 
 
-def _segment_regex(seg: str) -> str:
+def segment_regex(seg: str) -> str:
+    """The regex of one glob segment (``*`` and ``?`` never cross a ``/``)."""
     out = []
     for ch in seg:
         if ch == "*":
@@ -71,7 +72,7 @@ def glob_body(pattern: str) -> str:
             else:
                 parts.append(r"(?:/[^/]+)*")
         else:
-            parts.append("/" + _segment_regex(seg))
+            parts.append("/" + segment_regex(seg))
     rx = "".join(parts)
     if rx.startswith(r"(?:/.*)?"):  # the pattern `/**`
         rx = r"/.*"

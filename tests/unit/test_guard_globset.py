@@ -95,3 +95,18 @@ def test_thousands_of_subtrees() -> None:
     assert gs.match("/data/t7/private")
     assert not gs.match("/data/t7/privat")
     assert not gs.match("/data/t20000/private/x")
+
+
+@pytest.mark.parametrize(("path", "want"), [
+    ("/k.pem", True), ("/a/b/k.pem", True), ("/a/k.pem/x", False), ("/a/.pem", True),
+    ("/a/kpem", False), ("/", False), ("/a/b\n.pem", True), ("/a/id_rsa", True),
+    ("/a/id_rsa.pub", False), ("/a/b", False),
+])
+def test_anywhere_names_are_matched_on_the_last_segment(path: str, want: bool) -> None:
+    """``**/N`` with wildcards in ``N``: the last segment alone is matched (no backtracking
+    over the path); the answer is the per-glob regex's."""
+    patterns = ["**/*.pem", "**/id_rs?", "~/**/x*"]
+    gs = GlobSet(patterns, HOME, forbid=True)
+    assert gs.names is not None
+    assert gs.match(path) is want
+    assert reference(patterns, path, True) is want

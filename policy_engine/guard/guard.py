@@ -393,8 +393,10 @@ class Guard:
                 window[0] <= now < window[1] and (path is None or not self.fs_facts):
             # required and current: consent_needed says None
             return _allow(chosen, kind, op, phash)
-        if settled is not None and not required:
-            # every consent rule read the profile alone and none holds (settle_consent)
+        if settled is not None and (not required or tr is None and window is not None
+                                    and window[0] <= now < window[1]):
+            # the verdict was settled at compile time (settle_consent): not required, or
+            # required with a current consent (untraced: the trace names the rule)
             if tr is not None:
                 tr.step("consent", "skip", detail="consent not required")
         elif cp.consent_required or self._consent_rules:

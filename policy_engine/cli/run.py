@@ -81,8 +81,9 @@ def _broker(mode: str, policyset: PolicySet, config: EngineConfig) -> ConsentBro
 @click.option("--grant", type=_FILE,
               help="grant for the call (JSON or YAML); default: the request's `grant`")
 @click.option("--request", "request_path", type=_FILE,
-              help='request file: {"op": ..., "overrides", "context"} (`now_ms` is ignored: a '
-                   'real call is decided at the current time)')
+              help='request file: {"op": ..., "overrides", "context"} (`now_ms` and '
+                   '`budget_used` are ignored: a real call is decided at the current time, on '
+                   'the metered budget)')
 @click.option("--shadow-policy", "shadow_policies", multiple=True, type=_FILE,
               help="an audit-only .sbpolicy decided beside --policy and recorded in the "
               "evidence (`shadow`), never enforced (repeatable)")
@@ -126,6 +127,10 @@ def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | Non
         # the clock past a grant's or consent's expiry (`explain` and `test` honour it)
         click.echo("note: `now_ms` in the request is ignored by `run` (decided at the current "
                    "time)", err=True)
+    if request.budget_used is not None:
+        # the run meters the budget itself (the state store's usage), never a file's claim
+        click.echo("note: `budget_used` in the request is ignored by `run` (the budget is "
+                   "metered from the state dir's recorded usage)", err=True)
     broker = _broker(confirm_mode, policyset, config)
     ticket, asked = broker.prepare(ticket, tool, request.op, settings=request.settings,
                                    overrides=request.overrides, context=request.context)

@@ -40,3 +40,23 @@ def test_a_backdated_request_cannot_run_an_expired_grant(tmp_path: Path) -> None
                (tmp_path / "state/evidence/evidence.jsonl").read_text().splitlines()]
     assert [r["type"] for r in records] == ["begin", "end"]
     assert records[1]["status"] == "denied"
+
+
+def test_run_says_it_meters_the_budget_itself(tmp_path: Path) -> None:
+    """A request's `budget_used` is explain's what-if; `run` meters the recorded usage and says
+    it ignores the file's claim, as it does for `now_ms` (outsider attack round 9, L1)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "policy_engine.cli", "explain", "--format", "json",
+         "--policy", str(ROOT / "examples/policies/org.sbpolicy"),
+         "--request", str(ROOT / "examples/requests/budget-exhausted.json")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert "QUOTA.BUDGET_EXCEEDED" in proc.stdout, proc.stdout + proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "policy_engine.cli", "run", "--format", "json",
+         "--policy", str(ROOT / "examples/policies/org.sbpolicy"),
+         "--request", str(ROOT / "examples/requests/budget-exhausted.json")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "POLICY_ENGINE_STATE": str(tmp_path / "state"),
+             "PYTHONPATH": str(ROOT)})
+    assert "`budget_used` in the request is ignored by `run`" in proc.stderr, proc.stderr

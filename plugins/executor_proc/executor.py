@@ -760,10 +760,21 @@ class ProcExecutor:
             # a signal ended it (absent: it exited, or bwrap without layer 2 could not tell)
             **({"signal": killed_by} if killed_by else {}),
             # other calls' workspaces by count: their paths name tenants, projects and execs
-            "masked": plan.mask_files + [d for d in plan.mask_dirs if d not in hidden],
+            "masked": [printable_path(p) for p in plan.mask_files
+                       + [d for d in plan.mask_dirs if d not in hidden]],
             **({"hidden_workspaces": len(hidden)} if hidden else {}),
             **({"degraded": [degraded]} if degraded else {}),
         }, used=Usage(cpu_ms=oc.rusage_cpu_ms))
+
+
+def printable_path(path: str) -> str:
+    """``path`` as text any JSON writer and terminal takes: the bytes of a host name that is not
+    UTF-8 (``os.fsdecode`` keeps them as lone surrogates) shown as ``\\xff`` escapes."""
+    try:
+        raw = path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate fsdecode never makes
+        raw = path.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def host_rlimits(lim: Limits, cg: cgroups.ExecCgroup | None,

@@ -33,10 +33,15 @@ EMPTY_DIGEST = Digest.of(b"")
 
 
 def canonical_json(value: Any) -> bytes:
-    """Sorted keys, no whitespace, UTF-8: the same value always hashes the same."""
+    """Sorted keys, no whitespace, UTF-8: the same value always hashes the same.
+
+    A lone surrogate (a host file name that is not UTF-8, decoded by ``os.fsdecode``; anything
+    an executor puts in its output) is encoded as its own three bytes rather than refused: an
+    executor's output never makes the evidence fail."""
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(value, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 def digest_json(value: Any) -> Digest:

@@ -165,3 +165,33 @@ def test_hard_links_are_masked_on_every_proc_backend(tmp_path: Path, backend: st
     out = str(res.out.get("stdout", ""))
     assert "PLAIN" in out, res
     assert SSH not in out + str(res.out.get("stderr", "")), res
+
+
+def test_a_masked_name_that_is_not_utf8_breaks_nothing(box: dict[str, Any]) -> None:
+    """A host file whose name is not UTF-8 (here `k\\xff.pem`) matching a blacklist glob is
+    masked, and the run's result and evidence name it with an escape instead of failing (a
+    planted name crashed every sandbox run in the evidence digest)."""
+    proj = box["proj"]
+    raw = os.path.join(os.fsencode(str(proj)), b"k\xff.pem")
+    with open(raw, "wb") as fh:
+        fh.write(b"MARKER_PEM_NOT_UTF8\n")
+    os.chmod(raw, 0o644)
+    fs = {"whitelist": ["~/proj"], "allowReadOutside": True, "blacklist": ["**/*.pem"]}
+    with runner(box, fs) as r:
+        res = r.run(["bash", "-c", "cat ./k*.pem; echo ran"], str(proj))
+    assert res.stdout.rstrip().endswith("ran"), res
+    assert "MARKER_PEM_NOT_UTF8" not in res.stdout
+    assert res.extra["masked"] >= 1
+    json.dumps(res.to_json(), ensure_ascii=False).encode("utf-8")  # printable as it is
+    records = [json.loads(line) for line in
+               (box["top"] / "state" / "evidence" / "evidence.jsonl").read_text().splitlines()]
+    assert records[-1]["type"] == "end"
+    assert records[-1]["status"] == "ok", records[-1]
+
+
+def test_printable_path_escapes_what_is_not_utf8() -> None:
+    from plugins.executor_proc.executor import printable_path
+
+    assert printable_path(os.fsdecode(b"/p/k\xff.pem")) == "/p/k\\xff.pem"
+    assert printable_path("/p/\u00e9") == "/p/\u00e9"
+    assert printable_path("/p/\ud800") == "/p/\\xed\\xa0\\x80"

@@ -177,6 +177,20 @@ def _decide(guard: Guard, b: ProfileBuilder, g: Grant, path: str, now: int = NOW
     return guard.decide(b.build(g, manifest()), FsReadOp(kind="fs.read", path=path), now_ms=now)
 
 
+def _each_as_a_fresh_guard_decides(ps: PolicySet, guard: Guard, b: ProfileBuilder,
+                                   cases: list[tuple[Grant, str]]) -> list[str]:
+    """Decide each (grant, path) read with ``guard`` and ``b``; each answer and hash must be a
+    fresh builder's and guard's. Returns the decisions."""
+    for g, path in cases:
+        got = _decide(guard, b, g, path)
+        fresh = Guard(ps, resolve_symlinks=False).decide(
+            ProfileBuilder(ps).build_uncached(g, manifest()), FsReadOp(kind="fs.read", path=path),
+            now_ms=NOW)
+        assert got == fresh, g.call_id
+        assert got.profile_hash == b.build(g, manifest()).profile_hash
+    return [_decide(guard, b, g, p).decision for g, p in cases]
+
+
 def test_guard_decides_each_call_on_its_own_fields(ps: PolicySet) -> None:
     # the shape's first profile is call "ok-1" (allowed); later calls of the same shape differ
     # only in call fields, which conditions, expiry and consent read
@@ -192,14 +206,7 @@ def test_guard_decides_each_call_on_its_own_fields(ps: PolicySet) -> None:
          "/docs/x"),  # consent no longer current
         (grant("ok-8"), "/workspace/private/k"),
     ]
-    for g, path in cases:
-        got = _decide(guard, b, g, path)
-        fresh = Guard(ps, resolve_symlinks=False).decide(
-            ProfileBuilder(ps).build_uncached(g, manifest()), FsReadOp(kind="fs.read", path=path),
-            now_ms=NOW)
-        assert got == fresh, g.call_id
-        assert got.profile_hash == b.build(g, manifest()).profile_hash
-    decisions = [_decide(guard, b, g, p).decision for g, p in cases]
+    decisions = _each_as_a_fresh_guard_decides(ps, guard, b, cases)
     assert decisions == ["deny", "allow", "deny", "allow", "deny", "deny", "deny"]
 
 
@@ -232,14 +239,7 @@ def test_a_call_of_a_cached_shape_is_decided_on_it_with_its_own_fields(
         (grant("ok-9"), "/workspace/private/k"),
         (grant("ok-10"), "/elsewhere"),
     ]
-    for g, path in cases:
-        got = _decide(guard, b, g, path)
-        fresh = Guard(ps, resolve_symlinks=False).decide(
-            ProfileBuilder(ps).build_uncached(g, manifest()), FsReadOp(kind="fs.read", path=path),
-            now_ms=NOW)
-        assert got == fresh, g.call_id
-        assert got.profile_hash == b.build(g, manifest()).profile_hash
-    decisions = [_decide(guard, b, g, p).decision for g, p in cases]
+    decisions = _each_as_a_fresh_guard_decides(ps, guard, b, cases)
     assert decisions == ["allow", "deny", "allow", "deny", "deny", "deny", "deny", "deny"]
     assert len(guard._cache) == compiled  # every call above took the shape's compilation
 

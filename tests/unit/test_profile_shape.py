@@ -177,6 +177,17 @@ def _decide(guard: Guard, b: ProfileBuilder, g: Grant, path: str, now: int = NOW
     return guard.decide(b.build(g, manifest()), FsReadOp(kind="fs.read", path=path), now_ms=now)
 
 
+def _expiry_and_consent_calls() -> list[tuple[Grant, str]]:
+    """Calls differing in their expiry and consent only: deny, allow, deny, deny."""
+    return [
+        (grant("ok-4", expires_at=NOW - 1), "/docs/x"),  # expired
+        (grant("ok-5", expires_at=NOW + 1), "/docs/x"),
+        (grant("ok-6", consent=None), "/docs/x"),  # Write side effect: consent required
+        (grant("ok-7", consent={"granted_by": "u", "granted_at": 0, "expires_at": NOW}),
+         "/docs/x"),  # consent no longer current
+    ]
+
+
 def _each_as_a_fresh_guard_decides(ps: PolicySet, guard: Guard, b: ProfileBuilder,
                                    cases: list[tuple[Grant, str]]) -> list[str]:
     """Decide each (grant, path) read with ``guard`` and ``b``; each answer and hash must be a
@@ -199,11 +210,7 @@ def test_guard_decides_each_call_on_its_own_fields(ps: PolicySet) -> None:
     cases = [
         (grant("no-2"), "/workspace/a.txt"),  # condition reads grant.call_id
         (grant("ok-3"), "/workspace/a.txt"),
-        (grant("ok-4", expires_at=NOW - 1), "/docs/x"),  # expired
-        (grant("ok-5", expires_at=NOW + 1), "/docs/x"),
-        (grant("ok-6", consent=None), "/docs/x"),  # Write side effect: consent required
-        (grant("ok-7", consent={"granted_by": "u", "granted_at": 0, "expires_at": NOW}),
-         "/docs/x"),  # consent no longer current
+        *_expiry_and_consent_calls(),
         (grant("ok-8"), "/workspace/private/k"),
     ]
     decisions = _each_as_a_fresh_guard_decides(ps, guard, b, cases)
@@ -229,11 +236,7 @@ def test_a_call_of_a_cached_shape_is_decided_on_it_with_its_own_fields(
     compiled = len(guard._cache)
     cases = [
         (grant("ok-3"), "/workspace/a.txt"),
-        (grant("ok-4", expires_at=NOW - 1), "/docs/x"),  # expired
-        (grant("ok-5", expires_at=NOW + 1), "/docs/x"),
-        (grant("ok-6", consent=None), "/docs/x"),  # Write side effect: consent required
-        (grant("ok-7", consent={"granted_by": "u", "granted_at": 0, "expires_at": NOW}),
-         "/docs/x"),  # consent no longer current
+        *_expiry_and_consent_calls(),
         (grant("ok-8", consent={"granted_by": "u", "granted_at": NOW + 1,
                                 "expires_at": FAR}), "/docs/x"),  # not yet valid
         (grant("ok-9"), "/workspace/private/k"),

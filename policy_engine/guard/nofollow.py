@@ -64,45 +64,33 @@ def available() -> bool:
     return _SETUP is not None
 
 
-def probe(path: str) -> int:
-    """:data:`NO_LINK`, :data:`MISSING` or :data:`UNKNOWN` for absolute ``path``."""
+def probe(path: str, with_stat: bool = False) -> tuple[int, os.stat_result | None]:
+    """:data:`NO_LINK`, :data:`MISSING` or :data:`UNKNOWN` for absolute ``path``, and with
+    ``with_stat``, for :data:`NO_LINK`, what ``lstat`` would say of ``path``: the ``fstat`` of
+    the descriptor the probe opened (no second walk of the path)."""
     global _SETUP
     if _SETUP is None:
-        return UNKNOWN
-    syscall, (nr, cwd, how, size, _) = _SETUP
-    raw = path.encode("utf-8", "surrogateescape") if _UTF8 else os.fsencode(path)
-    fd = syscall(nr, cwd, raw, how, size)
-    if fd >= 0:
-        os.close(fd)
-        return NO_LINK
-    err = ctypes.get_errno()
-    if err == errno.ENOENT:
-        return MISSING
-    if err == errno.ENOSYS:  # an old kernel or a seccomp filter: stop asking
-        _SETUP = None
-    return UNKNOWN
-
-
-def probe_stat(path: str) -> tuple[int, os.stat_result | None]:
-    """:func:`probe`, and for :data:`NO_LINK` what ``lstat`` would say of ``path``: the
-    ``fstat`` of the descriptor the probe opened (no second walk of the path)."""
-    global _SETUP
-    if _SETUP is None:
-        return UNKNOWN, None
+        return _UNKNOWN
     syscall, (nr, cwd, how, size, _) = _SETUP
     raw = path.encode("utf-8", "surrogateescape") if _UTF8 else os.fsencode(path)
     fd = syscall(nr, cwd, raw, how, size)
     if fd >= 0:
         try:
-            return NO_LINK, os.fstat(fd)
+            return (NO_LINK, os.fstat(fd)) if with_stat else _NO_LINK
         finally:
             os.close(fd)
     err = ctypes.get_errno()
     if err == errno.ENOENT:
-        return MISSING, None
+        return _MISSING
     if err == errno.ENOSYS:  # an old kernel or a seccomp filter: stop asking
         _SETUP = None
-    return UNKNOWN, None
+    return _UNKNOWN
+
+
+# the answers without a stat, built once
+_NO_LINK: Final = (NO_LINK, None)
+_MISSING: Final = (MISSING, None)
+_UNKNOWN: Final = (UNKNOWN, None)
 
 
 def open_no_symlinks(path: str) -> int:

@@ -99,7 +99,7 @@ def resolve_within(root: str, path: str, *, probed: bool = False) -> str:
     i, n = len(base), len(path)
     # Two or more components below the root: one openat2 answers for all of them when none is
     # a link (nofollow.py); a single component costs one lstat below, which is cheaper.
-    if not probed and path.find("/", i + 1) != -1 and probe(path) != UNKNOWN:  # probes()
+    if not probed and path.find("/", i + 1) != -1 and probe(path)[0] != UNKNOWN:  # probes()
         return path
     # Fast loop while no symlink has been seen: the path itself is the answer so far, and
     # the walk costs one lstat per existing component below the root.

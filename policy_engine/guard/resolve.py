@@ -23,7 +23,7 @@ from policy_engine.guard.argv import check_argv_shape
 from policy_engine.guard.compiled import CompiledProfile
 from policy_engine.guard.env import check_env_shape
 from policy_engine.guard.fields import check_headers, check_method, check_selector
-from policy_engine.guard.nofollow import MISSING, NO_LINK, probe_stat
+from policy_engine.guard.nofollow import MISSING, NO_LINK, probe
 from policy_engine.guard.paths import is_beneath, normalize_path, probes, quote, resolve_within
 from policy_engine.guard.urls import ParsedUrl, parse_url
 from policy_engine.model import OP_CAPABILITY, ExecOp
@@ -97,7 +97,7 @@ def resolve_path_facts(cp: CompiledProfile, raw: str, follow: bool) -> tuple[str
         root = cp.tmp_dir if is_beneath(cp.tmp_dir, path) else "/"
     if not probes(root, path):
         return resolve_within(root, path), None
-    found, st = probe_stat(path)
+    found, st = probe(path, with_stat=True)
     if found == NO_LINK:
         return path, st
     if found == MISSING:

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from policy_engine.model import Budget, Consent, Grant, Profile
+from policy_engine.model.unchecked import SET_EXTRA, SET_FIELDS_SET, SET_PRIVATE
 from policy_engine.profile.hashing import CALL_FIELDS, EXPLANATORY, canonical_json, sha256_hex
 
 PER_CALL_FIELDS: tuple[str, ...] = CALL_FIELDS
@@ -138,16 +139,12 @@ class ProfileShape:
         fields["expires_at"] = expires_at
         fields["profile_hash"] = digest
         _set(profile, "__dict__", fields)
-        _set_fields_set(profile, self._fields_set)
-        _set_extra(profile, None)
-        _set_private(profile, None)
+        SET_FIELDS_SET(profile, self._fields_set)
+        SET_EXTRA(profile, None)
+        SET_PRIVATE(profile, None)
         return profile
 
 
 _new_profile = Profile.__new__
-# the slots' own setters: cheaper than ``object.__setattr__`` looking each name up
 _set = object.__setattr__  # ``__dict__`` is no slot: the generic setter stores it
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 _SET_FIELDS = frozenset({*PER_CALL_FIELDS, "profile_hash"})

@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from policy_engine.service.errors import ServiceError, crash_response, error_response
-from policy_engine.service.guards import ADMITTED, replaying
+from policy_engine.service.guards import ADMITTED, admit_or_answer, replaying
 from policy_engine.service.models import DecideBody
 from policy_engine.service.tokens import Principal
 
@@ -72,13 +72,8 @@ class DecideFastPath:
         if body is None:
             return  # the client went away
         replay = replaying(body, receive)
-        try:
-            who = await self.route.admit(auth)
-        except ServiceError as exc:
-            await error_response(exc)(scope, replay, send)
-            return
-        except Exception as exc:  # noqa: BLE001 — answered like the app's catch-all handler
-            await crash_response(exc)(scope, replay, send)
+        who = await admit_or_answer(self.route.admit, auth, scope, replay, send)
+        if who is None:
             return
         data = _json_object(body) if ctype == b"application/json" else None
         if data is None:

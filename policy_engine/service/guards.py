@@ -83,15 +83,22 @@ class AdmitFirst:
             return
         auth = next((v.decode("latin-1") for k, v in scope["headers"]
                      if k == b"authorization"), None)  # the first, as starlette's Headers.get
-        try:
-            who = await self.admit(auth)
-        except ServiceError as exc:
-            await error_response(exc)(scope, receive, send)
-            return
-        except Exception as exc:  # noqa: BLE001 — answered like the app's catch-all handler
-            await crash_response(exc)(scope, receive, send)
-            return
-        await self.app({**scope, ADMITTED: who}, receive, send)
+        who = await admit_or_answer(self.admit, auth, scope, receive, send)
+        if who is not None:
+            await self.app({**scope, ADMITTED: who}, receive, send)
+
+
+async def admit_or_answer(admit: Callable[[str | None], Awaitable[Principal]], auth: str | None,
+                          scope: Scope, receive: Receive, send: Send) -> Principal | None:
+    """The principal ``admit`` names for ``auth``, or ``None`` once the refusal (or, for a crash
+    of the check, the app's catch-all 500) has been sent."""
+    try:
+        return await admit(auth)
+    except ServiceError as exc:
+        await error_response(exc)(scope, receive, send)
+    except Exception as exc:  # noqa: BLE001 — answered like the app's catch-all handler
+        await crash_response(exc)(scope, receive, send)
+    return None
 
 
 class ExactRequest:

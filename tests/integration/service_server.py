@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -107,6 +109,15 @@ def start(root: Path, *extra: str, policy_text: str = POLICY) -> Service:
                 service.stop()
                 raise
             time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def serving(root: Path, *extra: str) -> Iterator[Service]:
+    """:func:`start`, stopped on exit; the server must not have logged a traceback."""
+    with start(root, *extra) as service:
+        yield service
+    log = (service.root / "serve.log").read_text()
+    assert "Traceback" not in log, log
 
 
 def grant(tenant: str, subject: str, root: Path, **extra: object) -> dict[str, object]:

@@ -8,18 +8,15 @@ tests/integration/test_local_executor.py).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.integration.cli_backend import run_on_backend
+
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 KILLED = "import os; os.kill(os.getpid(), 9)"
 
 POLICY = """\
@@ -41,22 +38,10 @@ GRANT = {"tenant": "acme", "subject_id": "a", "tool_name": "t", "call_id": "c1",
 
 
 def run(tmp: Path, backend: str, *argv: str) -> dict[str, Any]:
-    (tmp / "p.sbpolicy").write_text(POLICY)
-    (tmp / "m.sbpolicy").write_text(MANIFEST)
-    (tmp / "g.json").write_text(json.dumps(GRANT))
-    # compat: landlock has no bind mounts and the docker image no read-only root to offer;
-    # mandatory denies (which every one of them has) never degrade
-    (tmp / "c.yaml").write_text(f"state_dir: {tmp / 'state'}\nmode: compat\n"
-                                f"backends:\n  proc.exec: {backend}\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "policy_engine.cli", "run", "--policy", str(tmp / "p.sbpolicy"),
-         "--manifest", str(tmp / "m.sbpolicy"), "--grant", str(tmp / "g.json"),
-         "--config", str(tmp / "c.yaml"), "--format", "json", "--", *argv],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert "Traceback" not in proc.stderr
-    data: dict[str, Any] = json.loads(proc.stdout)
-    return data.get("result", data)
+    _, data = run_on_backend(tmp, backend, policy=POLICY, manifest=MANIFEST, grant=GRANT,
+                             argv=argv)
+    result: dict[str, Any] = data.get("result", data)
+    return result
 
 
 BACKENDS = ["proc-bwrap", "proc-landlock", "proc-unshare", "docker"]

@@ -15,12 +15,12 @@ now told apart (the tool's parent launcher reports which behind bwrap and proc-u
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.integration.cli_backend import run_on_backend
 
 pytestmark = pytest.mark.integration
 
@@ -48,19 +48,8 @@ BACKENDS = ["proc-bwrap", "proc-landlock", "proc-unshare", "local"]
 
 
 def _run(tmp: Path, backend: str, code: str) -> tuple[int, dict[str, Any]]:
-    (tmp / "p.sbpolicy").write_text(POLICY)
-    (tmp / "m.sbpolicy").write_text(MANIFEST)
-    (tmp / "g.json").write_text(json.dumps(GRANT))
-    # compat: landlock and local lack what bwrap has; mandatory denies never degrade
-    (tmp / "c.yaml").write_text(f"state_dir: {tmp / 'state'}\nmode: compat\n"
-                                f"backends:\n  proc.exec: {backend}\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "policy_engine.cli", "run", "--policy", str(tmp / "p.sbpolicy"),
-         "--manifest", str(tmp / "m.sbpolicy"), "--grant", str(tmp / "g.json"),
-         "--config", str(tmp / "c.yaml"), "--format", "json", "--", "python3", "-c", code],
-        capture_output=True, text=True, timeout=300, check=False)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
+    return run_on_backend(tmp, backend, policy=POLICY, manifest=MANIFEST, grant=GRANT,
+                          argv=("python3", "-c", code))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -85,14 +85,17 @@ def test_probe_outcomes(tmp_path: Path) -> None:
     (tmp_path / "d" / "f").write_text("x")
     os.symlink("d", tmp_path / "link")
     os.symlink("f", tmp_path / "d" / "last-link")
-    assert nofollow.probe(f"{tmp_path}/d/f") == nofollow.NO_LINK
-    assert nofollow.probe(f"{tmp_path}/d/missing/deeper") == nofollow.MISSING
-    assert nofollow.probe(f"{tmp_path}/link/f") == nofollow.UNKNOWN  # a link in the middle
-    assert nofollow.probe(f"{tmp_path}/d/last-link") == nofollow.UNKNOWN  # a link at the end
-    assert nofollow.probe(f"{tmp_path}/link/missing") == nofollow.UNKNOWN  # link before missing
-    assert nofollow.probe(f"{tmp_path}/d/f/below-a-file") == nofollow.UNKNOWN  # ENOTDIR
-    assert nofollow.probe("/proc/self/status") == nofollow.UNKNOWN  # a magic link
-    assert nofollow.probe(f"{tmp_path}/d/\udcff") == nofollow.MISSING  # undecodable name
+    assert nofollow.probe(f"{tmp_path}/d/f")[0] == nofollow.NO_LINK
+    assert nofollow.probe(f"{tmp_path}/d/missing/deeper")[0] == nofollow.MISSING
+    assert nofollow.probe(f"{tmp_path}/link/f")[0] == nofollow.UNKNOWN  # a link in the middle
+    assert nofollow.probe(f"{tmp_path}/d/last-link")[0] == nofollow.UNKNOWN  # a link at the end
+    assert nofollow.probe(f"{tmp_path}/link/missing")[0] == nofollow.UNKNOWN  # link before missing
+    assert nofollow.probe(f"{tmp_path}/d/f/below-a-file")[0] == nofollow.UNKNOWN  # ENOTDIR
+    assert nofollow.probe("/proc/self/status")[0] == nofollow.UNKNOWN  # a magic link
+    assert nofollow.probe(f"{tmp_path}/d/\udcff")[0] == nofollow.MISSING  # undecodable name
+    found, st = nofollow.probe(f"{tmp_path}/d/f", with_stat=True)  # what lstat says, no walk
+    assert (found, st and st.st_size) == (nofollow.NO_LINK, 1)
+    assert nofollow.probe(f"{tmp_path}/link/f", with_stat=True) == (nofollow.UNKNOWN, None)
 
 
 TREE_NAMES = ["a", "b", "c", "l1", "l2", "l3", "missing"]
@@ -127,7 +130,7 @@ def test_probe_then_walk_equals_the_walk(targets: list[str], candidates: list[li
 def _resolve(root: str, path: str, *, probe: bool) -> str:
     saved = guard_paths.probe
     if not probe:
-        guard_paths.probe = lambda p: nofollow.UNKNOWN
+        guard_paths.probe = lambda p: (nofollow.UNKNOWN, None)
     try:
         return guard_paths.resolve_normalized(root, path)
     except PolicyEngineError as exc:

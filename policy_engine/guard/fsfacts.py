@@ -28,7 +28,7 @@ def fs_refusal(kind: str, op: Any, path: str, max_bytes_in: int | None,
 
     :param max_bytes_in: the effective ``bytes_in`` (the built-in default when unset), which a
         read without ``len`` must fit.
-    :param seen: what resolving the path saw (``resolve.resolve_path_facts``): its ``lstat``,
+    :param seen: what resolving the path saw (``resolve.resolve_fs``): its ``lstat``,
         ``"absent"``, or ``None`` to ``lstat`` it here.
     """
     if kind == "fs.list":

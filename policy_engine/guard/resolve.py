@@ -70,39 +70,44 @@ def resolve_path(cp: CompiledProfile, raw: str, follow: bool) -> str:
     Paths under neither the fs root nor the tmp dir are resolved against ``/`` so that a link is
     still judged by its real target (a forbid on ``/etc/shadow`` sees through ``/data/x``).
     """
-    path = normalize_path(raw)
-    if not follow:
-        return path
-    root = cp.root_fs
-    if not is_beneath(root, path):
-        root = cp.tmp_dir if is_beneath(cp.tmp_dir, path) else "/"
-    return resolve_within(root, path)  # beneath `root` by the choice above
+    return resolve_fs(cp, raw, follow, False)[0]
 
 
 ABSENT: Final = "absent"
-"""``resolve_path_facts``: the probe found a component missing (nothing to ``lstat``)."""
+"""``resolve_fs``: the probe found a component missing (nothing to ``lstat``)."""
 Facts = os.stat_result | str | None
-"""What ``resolve_path_facts`` learnt of the file: its ``lstat``, :data:`ABSENT`, or ``None``
+"""What ``resolve_fs`` learnt of the file: its ``lstat``, :data:`ABSENT`, or ``None``
 (nothing: ``fsfacts.fs_refusal`` asks the disk itself)."""
 
 
-def resolve_path_facts(cp: CompiledProfile, raw: str, follow: bool) -> tuple[str, Facts]:
-    """:func:`resolve_path`, plus what the one ``openat2`` probe it makes saw of the file (so
-    the guard's fs facts need no second walk of the path)."""
+def resolve_fs(cp: CompiledProfile, raw: str, follow: bool,
+               facts: bool) -> tuple[str, Facts, bool]:
+    """:func:`resolve_path`, what its one ``openat2`` probe saw of the file (with ``facts``:
+    the guard's fs facts need no second walk of the path), and whether the resolved path lies
+    beneath the fs root or the tmp dir (where an fs.write may go).
+
+    A path resolved beneath the root or tmp dir stays beneath it (a link leaving it is
+    refused), so only a path resolved against ``/`` is tested again.
+    """
     path = normalize_path(raw)
-    if not follow:
-        return path, None
     root = cp.root_fs
+    inside = True
     if not is_beneath(root, path):
-        root = cp.tmp_dir if is_beneath(cp.tmp_dir, path) else "/"
-    if not probes(root, path):
-        return resolve_within(root, path), None
-    found, st = probe(path, with_stat=True)
-    if found == NO_LINK:
-        return path, st
-    if found == MISSING:
-        return path, ABSENT
-    return resolve_within(root, path, probed=True), None
+        root = cp.tmp_dir
+        if not is_beneath(root, path):
+            root, inside = "/", False
+    if not follow:
+        return path, None, inside
+    if facts and probes(root, path):
+        found, st = probe(path, with_stat=True)
+        if found == NO_LINK:
+            return path, st, inside
+        if found == MISSING:
+            return path, ABSENT, inside
+        path = resolve_within(root, path, probed=True)
+    else:
+        path = resolve_within(root, path)
+    return path, None, inside or is_beneath(cp.root_fs, path) or is_beneath(cp.tmp_dir, path)
 
 
 @dataclass(slots=True)

@@ -11,6 +11,11 @@ with the exception); this probe 2.1 (existing, with ``close``) / 1.6 (missing);
 The probe only ever confirms the lexical path; anything else (a link anywhere, an error, no
 ``openat2``) sends the caller to the exact walk. An ``O_PATH`` descriptor opens nothing (no
 FIFO blocks, no device is touched); it is closed at once.
+
+:func:`probe` is the native one (``_nofollow.c``, built by ``pip install`` where a C compiler
+and Python's headers are present) when it was built, else :func:`ctypes_probe`: same answers
+(both are tested on the same paths), the native one ≈ 0.5 µs faster on every fs decision;
+:data:`NATIVE` says which one runs.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import errno
 import os
 import platform
 import sys
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any, Final
 
 NO_LINK: Final = 0
@@ -61,10 +68,12 @@ _UTF8 = sys.getfilesystemencoding().lower().replace("-", "") == "utf8"
 
 def available() -> bool:
     """Whether the probe can answer here (Linux ≥ 5.6 without a filter hiding openat2)."""
+    if NATIVE and native is not None:
+        return bool(native.available())
     return _SETUP is not None
 
 
-def probe(path: str, with_stat: bool = False) -> tuple[int, os.stat_result | None]:
+def ctypes_probe(path: str, with_stat: bool = False) -> tuple[int, os.stat_result | None]:
     """:data:`NO_LINK`, :data:`MISSING` or :data:`UNKNOWN` for absolute ``path``, and with
     ``with_stat``, for :data:`NO_LINK`, what ``lstat`` would say of ``path``: the ``fstat`` of
     the descriptor the probe opened (no second walk of the path)."""
@@ -91,6 +100,18 @@ def probe(path: str, with_stat: bool = False) -> tuple[int, os.stat_result | Non
 _NO_LINK: Final = (NO_LINK, None)
 _MISSING: Final = (MISSING, None)
 _UNKNOWN: Final = (UNKNOWN, None)
+
+Probe = Callable[..., tuple[int, os.stat_result | None]]
+native: ModuleType | None
+try:
+    from policy_engine.guard import _nofollow as native
+except ImportError:  # not built here (no compiler or headers at install, or not Linux)
+    native = None
+
+NATIVE: Final = native is not None and _SETUP is not None
+"""Whether :func:`probe` is the native extension (else the ctypes one)."""
+probe: Probe = native.probe if NATIVE and native is not None else ctypes_probe
+"""``probe(path, with_stat=False)``: :func:`ctypes_probe`'s contract, native when built."""
 
 
 def open_no_symlinks(path: str) -> int:

@@ -83,12 +83,6 @@ def resolve_normalized(root: str, path: str) -> str:
     return resolve_within(root, path)
 
 
-def probes(root: str, path: str) -> bool:
-    """Whether :func:`resolve_within` asks the openat2 probe about ``path`` (two or more
-    components below ``root``) rather than walking it."""
-    return path.find("/", 1 if root == "/" else len(root) + 1) != -1
-
-
 def resolve_within(root: str, path: str, *, probed: bool = False) -> str:
     """:func:`resolve_normalized` for a ``path`` the caller knows is beneath ``root`` (the
     guard picks the root that contains it: one containment test less per decision).
@@ -99,7 +93,7 @@ def resolve_within(root: str, path: str, *, probed: bool = False) -> str:
     i, n = len(base), len(path)
     # Two or more components below the root: one openat2 answers for all of them when none is
     # a link (nofollow.py); a single component costs one lstat below, which is cheaper.
-    if not probed and path.find("/", i + 1) != -1 and probe(path)[0] != UNKNOWN:  # probes()
+    if not probed and path.find("/", i + 1) != -1 and probe(path)[0] != UNKNOWN:
         return path
     # Fast loop while no symlink has been seen: the path itself is the answer so far, and
     # the walk costs one lstat per existing component below the root.

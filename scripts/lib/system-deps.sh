@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Debian packages the project needs at run/test time, installed only when missing.
-# bubblewrap: proc sandbox; gcc + libc6-dev: the native sandbox launcher; python3 (Debian's
+# bubblewrap: proc sandbox; gcc + libc6-dev: the native sandbox launcher; python3-dev: the
+# headers `pip install` builds the guard's native openat2 probe with; python3 (Debian's
 # /usr/bin/python3): the in-sandbox network bridge and the docker image's interpreter;
 # docker.io: docker backend; chromium + fonts: browser backend; curl and git: tools the
 # examples and sandbox tests run
-SYSTEM_PACKAGES=(bubblewrap gcc libc6-dev python3 docker.io chromium fonts-dejavu-core curl git)
+SYSTEM_PACKAGES=(bubblewrap gcc libc6-dev python3 python3-dev docker.io chromium fonts-dejavu-core curl git)
 
 ensure_system_packages() {
   local missing=()

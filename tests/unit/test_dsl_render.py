@@ -58,10 +58,11 @@ def test_wheel_ships_the_grammar_and_every_data_file(tmp_path: Path) -> None:
     # build from a copy (symlinks kept as symlinks) so the checkout gets no build/ directory
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, src / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    # the guard's native probe (*.so) is left out: the wheel build must compile it itself
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so")
     for name in ("policy_engine", "plugins", "dsl"):
         if (ROOT / name).exists():
             shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=ignore)

@@ -80,22 +80,66 @@ def test_openat2_probe_is_available_on_this_kernel() -> None:
     assert nofollow.available()
 
 
-def test_probe_outcomes(tmp_path: Path) -> None:
+def test_the_guard_probes_with_the_native_extension_here() -> None:
+    # the test command installs gcc and python3-dev, so `pip install` builds _nofollow.c; a
+    # build that failed would leave the slower ctypes probe without anything saying so
+    assert nofollow.NATIVE, "policy_engine/guard/_nofollow.c was not built: install gcc and " \
+                            "python3-dev, then `pip install -e .` again"
+    assert guard_paths.probe is nofollow.probe is nofollow.native.probe
+
+
+PROBES = [pytest.param(nofollow.ctypes_probe, id="ctypes"),
+          pytest.param(getattr(nofollow.native, "probe", None), id="native")]
+
+
+@pytest.mark.parametrize("probe", PROBES)
+def test_probe_outcomes(probe: nofollow.Probe, tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "f").write_text("x")
     os.symlink("d", tmp_path / "link")
     os.symlink("f", tmp_path / "d" / "last-link")
-    assert nofollow.probe(f"{tmp_path}/d/f")[0] == nofollow.NO_LINK
-    assert nofollow.probe(f"{tmp_path}/d/missing/deeper")[0] == nofollow.MISSING
-    assert nofollow.probe(f"{tmp_path}/link/f")[0] == nofollow.UNKNOWN  # a link in the middle
-    assert nofollow.probe(f"{tmp_path}/d/last-link")[0] == nofollow.UNKNOWN  # a link at the end
-    assert nofollow.probe(f"{tmp_path}/link/missing")[0] == nofollow.UNKNOWN  # link before missing
-    assert nofollow.probe(f"{tmp_path}/d/f/below-a-file")[0] == nofollow.UNKNOWN  # ENOTDIR
-    assert nofollow.probe("/proc/self/status")[0] == nofollow.UNKNOWN  # a magic link
-    assert nofollow.probe(f"{tmp_path}/d/\udcff")[0] == nofollow.MISSING  # undecodable name
-    found, st = nofollow.probe(f"{tmp_path}/d/f", with_stat=True)  # what lstat says, no walk
-    assert (found, st and st.st_size) == (nofollow.NO_LINK, 1)
-    assert nofollow.probe(f"{tmp_path}/link/f", with_stat=True) == (nofollow.UNKNOWN, None)
+    assert probe(f"{tmp_path}/d/f") == (nofollow.NO_LINK, None)
+    assert probe(f"{tmp_path}/d") == (nofollow.NO_LINK, None)
+    assert probe(f"{tmp_path}/d/missing/deeper") == (nofollow.MISSING, None)
+    assert probe(f"{tmp_path}/link/f") == (nofollow.UNKNOWN, None)  # a link in the middle
+    assert probe(f"{tmp_path}/d/last-link")[0] == nofollow.UNKNOWN  # a link at the end
+    assert probe(f"{tmp_path}/link/missing")[0] == nofollow.UNKNOWN  # link before missing
+    assert probe(f"{tmp_path}/d/f/below-a-file")[0] == nofollow.UNKNOWN  # ENOTDIR
+    assert probe("/proc/self/status")[0] == nofollow.UNKNOWN  # a magic link
+    assert probe(f"{tmp_path}/d/\udcff")[0] == nofollow.MISSING  # undecodable name
+    assert probe(f"{tmp_path}/d/" + "n" * 300)[0] == nofollow.UNKNOWN  # ENAMETOOLONG
+    found, st = probe(f"{tmp_path}/d/f", with_stat=True)  # what lstat says, no walk
+    assert (found, st) == (nofollow.NO_LINK, os.lstat(tmp_path / "d" / "f"))
+    found, st = probe(f"{tmp_path}/d", True)  # positional, and a directory
+    assert (found, st) == (nofollow.NO_LINK, os.lstat(tmp_path / "d"))
+    assert probe(f"{tmp_path}/link/f", with_stat=True) == (nofollow.UNKNOWN, None)
+    assert probe(f"{tmp_path}/d/missing", with_stat=True) == (nofollow.MISSING, None)
+
+
+def test_the_native_probe_refuses_what_os_functions_refuse() -> None:
+    # ctypes would pass the bytes before a NUL (a shorter path); the native probe raises as
+    # os.lstat does (the guard never gets this far: normalize_path refuses a NUL first)
+    native = nofollow.native
+    assert native is not None
+    with pytest.raises(ValueError, match="null"):
+        native.probe("/etc\x00/passwd")
+    with pytest.raises(TypeError):
+        native.probe(b"/etc")
+    with pytest.raises(TypeError):
+        native.probe()
+    with pytest.raises(TypeError):
+        native.probe("/etc", True, True)
+    with pytest.raises(TypeError):
+        native.probe("/etc", stat=True)
+
+
+def test_the_native_probe_leaks_no_descriptor(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(2000):
+        nofollow.probe(str(tmp_path / "f"))
+        nofollow.probe(str(tmp_path / "f"), with_stat=True)
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 TREE_NAMES = ["a", "b", "c", "l1", "l2", "l3", "missing"]
@@ -125,6 +169,8 @@ def test_probe_then_walk_equals_the_walk(targets: list[str], candidates: list[li
         for segs in candidates:
             path = root + "/" + "/".join(segs)
             assert _resolve(root, path, probe=True) == _resolve(root, path, probe=False), path
+            # the two probes answer alike on every path of the tree
+            assert nofollow.ctypes_probe(path, True) == nofollow.probe(path, True), path
 
 
 def _resolve(root: str, path: str, *, probe: bool) -> str:

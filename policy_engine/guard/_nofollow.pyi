@@ -1,0 +1,6 @@
+"""Types of the native openat2 probe (``_nofollow.c``); its contract: ``nofollow.ctypes_probe``."""
+
+import os
+
+def probe(path: str, with_stat: bool = False) -> tuple[int, os.stat_result | None]: ...
+def available() -> bool: ...

@@ -54,7 +54,7 @@ class PolicyRegex:
         self._prog = prog
 
     def fullmatch(self, text: str) -> bool:
-        data = _encode(text)
+        data = text.encode("utf-8", "surrogatepass")  # _encode, inline: argv templates run it
         return bool(self._prog.Match(_BOTH, data, 0, len(data))[0] != _NO_MATCH)
 
     def search(self, text: str) -> bool:

@@ -5,9 +5,10 @@
  * decision. Built as an optional extension (setup.py); where it is not built, nofollow.py's
  * ctypes probe answers alike (tests/unit/test_guard_matchers.py runs both on the same paths).
  *
- * probe(path: str, with_stat: bool = False) -> (answer, os.stat_result | None)
+ * probe(path: str, with_stat: bool = False) -> (answer, (st_mode, st_size) | None)
  *   answer 0 NO_LINK: every component exists and none is a symlink (the descriptor is closed;
- *            with with_stat, its fstat first: what lstat would say of the path)
+ *            with with_stat, its fstat first: what lstat would say of the path; a failing
+ *            fstat answers UNKNOWN)
  *          1 MISSING: a component is missing and none before it is a link
  *          2 UNKNOWN: a link, any other error, or no openat2 on this kernel (ENOSYS: never
  *            asked again)
@@ -21,6 +22,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -39,7 +41,7 @@ struct pe_open_how {
 
 static int no_openat2; /* set on ENOSYS: an old kernel or a seccomp filter hiding openat2 */
 static PyObject *answer_no_link, *answer_missing, *answer_unknown; /* (n, None), built once */
-static PyObject *no_link_int, *os_fstat;
+static PyObject *no_link_int;
 
 static PyObject *
 answer(PyObject *prebuilt)
@@ -51,13 +53,15 @@ answer(PyObject *prebuilt)
 static PyObject *
 probe(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *path_arg, *encoded = NULL, *st;
+    PyObject *path_arg, *encoded = NULL;
 
     int with_stat = 0;
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     long fd;
     int err;
     struct pe_open_how how;
+    struct stat sb;
+    int stat_failed = 0;
 
     (void)module;
     if (nargs < 1 || nargs + nkw > 2) {
@@ -91,21 +95,21 @@ probe(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
     Py_BEGIN_ALLOW_THREADS
     fd = syscall(SYS_openat2, AT_FDCWD, PyBytes_AS_STRING(encoded), &how, sizeof how);
     err = errno;
+    if (fd >= 0) {
+        if (with_stat && fstat((int)fd, &sb) != 0)
+            stat_failed = 1;
+        close((int)fd);
+    }
     Py_END_ALLOW_THREADS
     Py_DECREF(encoded);
 
     if (fd >= 0) {
-        if (!with_stat) {
-            close((int)fd);
+        if (!with_stat)
             return answer(answer_no_link);
-        }
-        PyObject *fd_obj = PyLong_FromLong(fd);
-        st = fd_obj == NULL ? NULL : PyObject_CallOneArg(os_fstat, fd_obj);
-        Py_XDECREF(fd_obj);
-        close((int)fd);
-        if (st == NULL)
-            return NULL;
-        return Py_BuildValue("(ON)", no_link_int, st);
+        if (stat_failed) /* the caller walks the path instead */
+            return answer(answer_unknown);
+        return Py_BuildValue("(O(KL))", no_link_int, (unsigned long long)sb.st_mode,
+                             (long long)sb.st_size);
     }
     if (err == ENOENT)
         return answer(answer_missing);
@@ -141,7 +145,7 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__nofollow(void)
 {
-    PyObject *os_module, *module;
+    PyObject *module;
 
     no_link_int = PyLong_FromLong(0);
     answer_no_link = Py_BuildValue("(iO)", 0, Py_None);
@@ -149,13 +153,6 @@ PyInit__nofollow(void)
     answer_unknown = Py_BuildValue("(iO)", 2, Py_None);
     if (no_link_int == NULL || answer_no_link == NULL || answer_missing == NULL ||
         answer_unknown == NULL)
-        return NULL;
-    os_module = PyImport_ImportModule("os");
-    if (os_module == NULL)
-        return NULL;
-    os_fstat = PyObject_GetAttrString(os_module, "fstat");
-    Py_DECREF(os_module);
-    if (os_fstat == NULL)
         return NULL;
     module = PyModule_Create(&module_def);
     return module;

@@ -15,6 +15,7 @@ import os
 import stat
 from typing import Any
 
+from policy_engine.guard.nofollow import Stat
 from policy_engine.guard.paths import quote
 from policy_engine.model import SYSTEM_DEFAULT_LIMITS
 
@@ -23,18 +24,18 @@ Found = tuple[str, str]
 
 
 def fs_refusal(kind: str, op: Any, path: str, max_bytes_in: int | None,
-               seen: os.stat_result | str | None = None) -> Found | None:
+               seen: Stat | str | None = None) -> Found | None:
     """Why the fs executor would refuse ``op`` on resolved ``path``, or ``None``.
 
     :param max_bytes_in: the effective ``bytes_in`` (the built-in default when unset), which a
         read without ``len`` must fit.
-    :param seen: what resolving the path saw (``resolve.resolve_fs``): its ``lstat``,
-        ``"absent"``, or ``None`` to ``lstat`` it here.
+    :param seen: what resolving the path saw (``resolve.resolve_fs``): its mode and size as
+        ``lstat`` says them (``nofollow.Stat``), ``"absent"``, or ``None`` to ``lstat`` it here.
     """
     if kind == "fs.list":
         return None  # a missing or non-directory path fails at run (not a policy refusal)
-    if isinstance(seen, os.stat_result):
-        st = seen
+    if type(seen) is tuple:
+        mode, size = seen
     elif seen is not None:
         return None  # absent (yet): the executor's open answers it
     else:
@@ -42,14 +43,14 @@ def fs_refusal(kind: str, op: Any, path: str, max_bytes_in: int | None,
             st = os.lstat(path)
         except OSError:
             return None  # absent (yet), or unreadable: the executor's open answers it
-    mode = st.st_mode
+        mode, size = st.st_mode, st.st_size
     if stat.S_ISLNK(mode):
         return None  # swapped in since the resolution: the executor's no-follow open refuses it
     if kind == "fs.read":
         if not stat.S_ISREG(mode):
             return "", f"{quote(path)} is not a regular file"
         cap = max_bytes_in if max_bytes_in is not None else SYSTEM_DEFAULT_LIMITS.max_bytes_in
-        if op.len is None and cap is not None and st.st_size > cap:
+        if op.len is None and cap is not None and size > cap:
             return "max_bytes_in", f"{quote(path)} is larger than max_bytes_in {cap}"
         return None
     if not stat.S_ISREG(mode):
@@ -57,4 +58,3 @@ def fs_refusal(kind: str, op: Any, path: str, max_bytes_in: int | None,
     if not op.overwrite:
         return "", f"{quote(path)} exists and overwrite is false"
     return None
-

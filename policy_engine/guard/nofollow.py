@@ -73,10 +73,16 @@ def available() -> bool:
     return _SETUP is not None
 
 
-def ctypes_probe(path: str, with_stat: bool = False) -> tuple[int, os.stat_result | None]:
+Stat = tuple[int, int]
+"""``(st_mode, st_size)`` of the path, as ``lstat`` would say them: all the guard's fs facts
+read (``fsfacts.fs_refusal``), without building an ``os.stat_result``."""
+
+
+def ctypes_probe(path: str, with_stat: bool = False) -> tuple[int, Stat | None]:
     """:data:`NO_LINK`, :data:`MISSING` or :data:`UNKNOWN` for absolute ``path``, and with
-    ``with_stat``, for :data:`NO_LINK`, what ``lstat`` would say of ``path``: the ``fstat`` of
-    the descriptor the probe opened (no second walk of the path)."""
+    ``with_stat``, for :data:`NO_LINK`, what ``lstat`` would say of ``path`` (:data:`Stat`):
+    the ``fstat`` of the descriptor the probe opened (no second walk of the path); a failing
+    ``fstat`` answers :data:`UNKNOWN` (the caller walks the path)."""
     global _SETUP
     if _SETUP is None:
         return _UNKNOWN
@@ -85,7 +91,12 @@ def ctypes_probe(path: str, with_stat: bool = False) -> tuple[int, os.stat_resul
     fd = syscall(nr, cwd, raw, how, size)
     if fd >= 0:
         try:
-            return (NO_LINK, os.fstat(fd)) if with_stat else _NO_LINK
+            if not with_stat:
+                return _NO_LINK
+            st = os.fstat(fd)
+            return NO_LINK, (st.st_mode, st.st_size)
+        except OSError:
+            return _UNKNOWN
         finally:
             os.close(fd)
     err = ctypes.get_errno()
@@ -101,7 +112,7 @@ _NO_LINK: Final = (NO_LINK, None)
 _MISSING: Final = (MISSING, None)
 _UNKNOWN: Final = (UNKNOWN, None)
 
-Probe = Callable[..., tuple[int, os.stat_result | None]]
+Probe = Callable[..., tuple[int, Stat | None]]
 native: ModuleType | None
 try:
     from policy_engine.guard import _nofollow as native

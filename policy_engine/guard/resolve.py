@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import binascii
 import datetime as _dt
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -23,7 +22,7 @@ from policy_engine.guard.argv import check_argv_shape
 from policy_engine.guard.compiled import CompiledProfile
 from policy_engine.guard.env import check_env_shape
 from policy_engine.guard.fields import check_headers, check_method, check_selector
-from policy_engine.guard.nofollow import MISSING, NO_LINK, probe
+from policy_engine.guard.nofollow import MISSING, NO_LINK, Stat, probe
 from policy_engine.guard.paths import is_beneath, normalize_path, quote, resolve_within
 from policy_engine.guard.urls import ParsedUrl, parse_url
 from policy_engine.model import OP_CAPABILITY, ExecOp
@@ -75,9 +74,9 @@ def resolve_path(cp: CompiledProfile, raw: str, follow: bool) -> str:
 
 ABSENT: Final = "absent"
 """``resolve_fs``: the probe found a component missing (nothing to ``lstat``)."""
-Facts = os.stat_result | str | None
-"""What ``resolve_fs`` learnt of the file: its ``lstat``, :data:`ABSENT`, or ``None``
-(nothing: ``fsfacts.fs_refusal`` asks the disk itself)."""
+Facts = Stat | str | None
+"""What ``resolve_fs`` learnt of the file: its mode and size (``nofollow.Stat``), :data:`ABSENT`,
+or ``None`` (nothing: ``fsfacts.fs_refusal`` asks the disk itself)."""
 
 
 def resolve_fs(cp: CompiledProfile, raw: str, follow: bool,

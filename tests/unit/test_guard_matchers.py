@@ -108,10 +108,14 @@ def test_probe_outcomes(probe: nofollow.Probe, tmp_path: Path) -> None:
     assert probe("/proc/self/status")[0] == nofollow.UNKNOWN  # a magic link
     assert probe(f"{tmp_path}/d/\udcff")[0] == nofollow.MISSING  # undecodable name
     assert probe(f"{tmp_path}/d/" + "n" * 300)[0] == nofollow.UNKNOWN  # ENAMETOOLONG
-    found, st = probe(f"{tmp_path}/d/f", with_stat=True)  # what lstat says, no walk
-    assert (found, st) == (nofollow.NO_LINK, os.lstat(tmp_path / "d" / "f"))
-    found, st = probe(f"{tmp_path}/d", True)  # positional, and a directory
-    assert (found, st) == (nofollow.NO_LINK, os.lstat(tmp_path / "d"))
+    # with the stat: mode and size as lstat says them, without a second walk
+    (tmp_path / "big").write_bytes(b"x" * 70_000)
+    os.mkfifo(tmp_path / "fifo")  # O_PATH opens nothing: a FIFO without a writer cannot block
+    for name in ("d/f", "d", "big", "fifo"):
+        st = os.lstat(tmp_path / name)
+        assert probe(f"{tmp_path}/{name}", with_stat=True) == (nofollow.NO_LINK,
+                                                               (st.st_mode, st.st_size)), name
+    assert probe(f"{tmp_path}/d", True)[0] == nofollow.NO_LINK  # positional
     assert probe(f"{tmp_path}/link/f", with_stat=True) == (nofollow.UNKNOWN, None)
     assert probe(f"{tmp_path}/d/missing", with_stat=True) == (nofollow.MISSING, None)
 

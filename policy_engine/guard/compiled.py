@@ -7,6 +7,7 @@ the guard caches the result by ``profile_hash`` (see ``policy_engine.guard.guard
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dc_field
@@ -46,6 +47,7 @@ from policy_engine.model import (
 )
 from policy_engine.model.readonly import ReadOnlyDict
 from policy_engine.patterns import HostPattern
+from policy_engine.patterns.paths import expand_home, resolved_form
 
 FS_KINDS = ("fs.read", "fs.write", "fs.list")
 
@@ -181,6 +183,8 @@ class CompiledProfile:
     # when every conditional consent rule reads the profile alone, their verdict, settled once
     # per compilation: (required, the rule that requires it, its label); None: decided per call
     consent_settled: tuple[bool, RuleRef | None, str] | None = None
+    # (root, its real path) for the fs root and tmp dir given through a symlink (``real_roots``)
+    root_aliases: tuple[tuple[str, str], ...] = ()
 
 
 def _min(*values: int | None) -> int | None:
@@ -333,15 +337,46 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
             or any(str(s) in ("Write", "Process") for s in profile.side_effects))),
         consent_window=(profile.consent.granted_at, profile.consent.expires_at)
         if profile.consent is not None else None,
-        root_fs=_root(profile.mappings.root_fs),
-        tmp_dir=_root(profile.mappings.tmp_dir),
+        root_fs=(root_fs := _root(profile.mappings.root_fs)),
+        tmp_dir=(tmp_dir := _root(profile.mappings.tmp_dir)),
         caps={k: tuple(v) for k, v in caps.items()},
         forbids=forbids,
         granted=_by_kind(profile.granted, home),
         declared=_by_kind(profile.declared, home),
         views=views, needs=needs, context_views=view_items(views, needs),
         permit_index=_permit_indexes(caps),
+        root_aliases=real_roots(root_fs, tmp_dir),
     )
+
+
+def real_roots(*roots: str) -> tuple[tuple[str, str], ...]:
+    """Each root given through a symlink, with its real path (``os.path.realpath``, once per
+    compilation).
+
+    The guard resolves links beneath a root and trusts the root itself, so a path beneath a
+    root that is a link (``/ws`` → ``/home/alice``) is decided as written, while the executor
+    opens the real file: a forbid written for the real path (the mandatory ``~/.ssh/**``) must
+    see that spelling too (:func:`real_spelling`; outsider round 10, F4).
+    """
+    out = []
+    for root in roots:
+        if root.startswith("/\x00"):
+            continue  # the invalid-root marker: nothing is beneath it
+        real = os.path.realpath(root)
+        if real != root:
+            out.append((root, real))
+    return tuple(out)
+
+
+def real_spelling(aliases: tuple[tuple[str, str], ...], path: str) -> str | None:
+    """``path`` beneath an aliased root (:func:`real_roots`) spelt under the root's real path,
+    or ``None`` when it lies beneath none."""
+    for root, real in aliases:
+        if path == root:
+            return real
+        if path.startswith(root) and path[len(root)] == "/":
+            return (real.rstrip("/") or "") + path[len(root):]
+    return None
 
 
 def view_items(views: Mapping[str, object],
@@ -424,6 +459,7 @@ def compile_forbids(profile: Profile, conditions: ConditionIndex) -> dict[str, F
     home = profile.mappings.home
     denies: dict[str, list[CompiledDeny]] = {}
     fs_globs: dict[str, list[str]] = {}
+    real_forms: dict[str, str | None] = {}  # each fs pattern's real spelling, resolved once
     # mandatory first, then policy order: the first matching forbid names the rule
     ordered = sorted(profile.denies, key=lambda d: not d.mandatory)
     for d in ordered:
@@ -431,6 +467,7 @@ def compile_forbids(profile: Profile, conditions: ConditionIndex) -> dict[str, F
             kind = str(kind_enum)
             cap = d.capability
             if kind.startswith("fs.") and isinstance(cap, FsCapability):
+                cap = _with_real_forms(cap, home, real_forms)
                 fs_globs.setdefault(kind, []).extend(cap.paths)
             denies.setdefault(kind, []).append(CompiledDeny(
                 compile_matcher(cap, kind, home, forbid=True), d.rule,
@@ -439,10 +476,11 @@ def compile_forbids(profile: Profile, conditions: ConditionIndex) -> dict[str, F
     dl = profile.deny
     if dl.paths:
         for kind in FS_KINDS:
-            fs_globs.setdefault(kind, []).extend(dl.paths)
+            listed = _with_real_forms(FsCapability(kind=kind, paths=dl.paths), home,
+                                      real_forms)
+            fs_globs.setdefault(kind, []).extend(listed.paths)
             denies.setdefault(kind, []).append(CompiledDeny(
-                compile_matcher(FsCapability(kind=kind, paths=dl.paths), kind, home, forbid=True),
-                None, None, True, "deny-list"))
+                compile_matcher(listed, kind, home, forbid=True), None, None, True, "deny-list"))
     if dl.domains:
         for kind in ("net.http", "browser.use"):
             cap_n = NetHttpCapability(hosts=dl.domains)
@@ -461,6 +499,23 @@ def compile_forbids(profile: Profile, conditions: ConditionIndex) -> dict[str, F
         else:
             out[kind] = ForbidSet(_screen([d.matcher for d in lst]), tuple(lst))
     return out
+
+
+def _with_real_forms(cap: FsCapability, home: str,
+                     seen: dict[str, str | None]) -> FsCapability:
+    """``cap`` whose paths also name the same files under their real prefix when a pattern's
+    literal prefix runs through a symlink (a HOME given through a link: ``~/.ssh/**`` must deny
+    the real ``.ssh`` the op path resolves to; outsider round 10, F5). Resolved once per
+    compilation of a policy's forbids (``seen``: each pattern once per compilation, not once
+    per kind); a forbid only ever gains spellings."""
+    extra = []
+    for p in cap.paths:
+        if p not in seen:
+            seen[p] = resolved_form(expand_home(p, home), os.path.realpath)
+        form = seen[p]
+        if form is not None and form not in cap.paths:
+            extra.append(form)
+    return cap.model_copy(update={"paths": (*cap.paths, *extra)}) if extra else cap
 
 
 def _screen(matchers: list[Matcher]) -> Callable[[Any], bool] | None:

@@ -43,6 +43,7 @@ from policy_engine.guard.compiled import (
     compile_forbids,
     compile_profile,
     guard_condition,
+    real_spelling,
 )
 from policy_engine.guard.fsfacts import fs_refusal
 from policy_engine.guard.ipaddr import classify, is_address_allowed
@@ -241,14 +242,18 @@ class Guard:
             # step 3: forbids
             fset = cp.forbids.get(cap_kind)
             if fset is not None:
+                # beneath a root given through a symlink, the path's real spelling too (F4)
+                real = real_spelling(cp.root_aliases, path) \
+                    if cp.root_aliases and path is not None else None
                 # with a tracer, URL and tool forbids are scanned one by one so the trace names each
                 if fset.screen is not None and (tr is None or fset.by_globs) and \
-                        not fset.screen(res):
+                        not fset.screen(res) and (real is None or not fset.screen(real)):
                     if tr is not None:
                         tr.step("forbid", "no-match", detail="no forbid glob matches")
                 else:
                     for d in fset.denies:
-                        if not d.matcher.admits(res):
+                        if not d.matcher.admits(res) and (real is None
+                                                          or not d.matcher.admits(real)):
                             if tr is not None:
                                 tr.step("forbid", "no-match", d.rule)
                             continue
@@ -269,8 +274,9 @@ class Guard:
                         if tr is not None:
                             tr.step("forbid", "match", d.rule, "deny")
                         what = f"forbid rule `{d.label}`" if d.rule else "the deny-list"
-                        return _deny(phash, _BLOCKED, f"{what} blocks {_describe(rv, path)}",
-                                     d.rule, tr)
+                        where = "" if real is None else f" (really {quote(real)})"
+                        return _deny(phash, _BLOCKED,
+                                     f"{what} blocks {_describe(rv, path)}{where}", d.rule, tr)
             # step 4: network mode
             if cp.network_off and kind in _NET_OPS:
                 if tr is not None:

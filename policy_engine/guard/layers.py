@@ -19,6 +19,7 @@ from policy_engine.guard.compiled import (
     _limits,
     effective_limits,
     guard_condition,
+    real_spelling,
 )
 from policy_engine.guard.env import env_allow
 from policy_engine.guard.matchers import Matcher, compile_matcher
@@ -128,8 +129,11 @@ def _policy(permits: PolicyPermits, cp: CompiledProfile, cap_kind: str, res: obj
             env: Mapping[str, str] | None,
             ctx: Callable[[], Mapping[str, object]]) -> tuple[str | None, RuleRef | None]:
     fset = cp.forbids.get(cap_kind)
+    # beneath a root given through a symlink, the real spelling too (as the guard checks it)
+    real = real_spelling(cp.root_aliases, res) if cp.root_aliases and isinstance(res, str) \
+        else None
     for d in fset.denies if fset is not None else ():
-        if d.matcher.admits(res):
+        if d.matcher.admits(res) or (real is not None and d.matcher.admits(real)):
             val, err = d.condition.run(ctx()) if d.condition is not None else (True, None)
             if val or err is not None:
                 what = f"forbid rule `{d.label}`" if d.rule else "the deny-list"

@@ -8,6 +8,7 @@ Syntax: absolute patterns (``/workspace/**``), home-relative (``~/.ssh/**``) and
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -86,6 +87,22 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
     Anchored with ``\\Z``, never ``$``: ``$`` also matches before a final newline, and
     ``/a/b\\n`` is another file than ``/a/b``."""
     return re.compile("^" + glob_body(pattern) + r"\Z", re.DOTALL)
+
+
+def resolved_form(pattern: str, resolve: Callable[[str], str]) -> str | None:
+    """``pattern`` under its literal prefix's real name (``resolve``: ``os.path.realpath``) when
+    that prefix runs through a symlink (a HOME given through a link, macOS ``/tmp``): the same
+    files spelt as the kernel reaches them; ``None`` when the prefix is its own real name."""
+    segs = [s for s in pattern.split("/") if s]
+    n = next((i for i, s in enumerate(segs) if any(w in s for w in _WILDCARDS)), len(segs))
+    if n == 0:
+        return None
+    prefix = "/" + "/".join(segs[:n])
+    real = resolve(prefix)
+    if real == prefix or not real.startswith("/"):
+        return None
+    rest = segs[n:]
+    return real.rstrip("/") + "/" + "/".join(rest) if rest else real
 
 
 def literal_prefix(pattern: str) -> str:

@@ -29,7 +29,7 @@ import string
 from collections.abc import Callable, Iterable, Sequence
 
 from policy_engine.model import CapabilityKind, FsCapability, NetworkMode, Profile
-from policy_engine.patterns.paths import expand_home, literal_prefix
+from policy_engine.patterns.paths import expand_home, literal_prefix, resolved_form
 from policy_engine.sandbox import sbpl_base as base
 from policy_engine.sandbox.sbpl_glob import (
     SbplPathError,
@@ -68,15 +68,8 @@ def _globs(patterns: Iterable[str], home: str) -> list[str]:
 def _resolved(pattern: str, resolve: Resolver | None) -> list[str]:
     """``pattern`` and, when its literal prefix runs through a symlink (a symlinked HOME or
     ``~/.config``), the same glob under the resolved prefix: macOS checks resolved paths."""
-    segs = [s for s in pattern.split("/") if s]
-    n = next((i for i, s in enumerate(segs) if "*" in s or "?" in s), len(segs))
-    if resolve is None or n == 0:
-        return [pattern]
-    prefix = "/" + "/".join(segs[:n])
-    real = resolve(prefix).rstrip("/")
-    if real == prefix or not real.startswith("/"):
-        return [pattern]
-    return [pattern, "/".join([real, *segs[n:]])]
+    form = resolved_form(pattern, resolve) if resolve is not None else None
+    return [pattern] if form is None else [pattern, form]
 
 
 def _deny_globs(patterns: Iterable[str], home: str, resolve: Resolver | None) -> list[str]:

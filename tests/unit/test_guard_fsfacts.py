@@ -110,6 +110,7 @@ def test_a_probed_path_is_not_walked_twice(tmp_path: Path, monkeypatch: pytest.M
         raise AssertionError("lstat")
 
     p, guard = profile(tmp_path), Guard()
+    guard.compiled(p)  # compiling resolves the roots once (realpath); decisions walk nothing
     monkeypatch.setattr(os, "lstat", no_lstat)  # every module's (the guard's walk's too)
     d = guard.decide(p, FsReadOp(path=f"{tmp_path}/big.txt"), now_ms=NOW)
     assert (d.decision, d.code) == ("deny", BLOCKED)

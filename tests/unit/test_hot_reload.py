@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 from policy_engine.compiler import compile_files
@@ -66,6 +67,16 @@ def test_reload_under_load_never_mixes_two_policies_in_a_call(tmp_path: Path) ->
             assert reloader.check() is False  # first sighting: wait for it to settle
             assert reloader.check() is True
             versions.add(orch.policyset.version_hash)
+            # let calls run under this version (a first call compiles it): flips, not the
+            # machine's speed, decide how many calls straddle a reload
+            with lock:
+                seen = len(outcomes)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                with lock:
+                    if len(outcomes) >= seen + 2:
+                        break
+                time.sleep(0.001)
     finally:
         stop.set()
         for t in threads:

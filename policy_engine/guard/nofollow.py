@@ -73,6 +73,17 @@ def available() -> bool:
     return _SETUP is not None
 
 
+def _encoded(path: str) -> bytes:
+    """``path`` as os functions pass it to the kernel, refused as they refuse it: a C string
+    ends at a NUL, so ctypes would hand over the shorter path before it (ValueError instead)."""
+    if not isinstance(path, str):
+        raise TypeError(f"path must be a str, not {type(path).__name__}")
+    raw = path.encode("utf-8", "surrogateescape") if _UTF8 else os.fsencode(path)
+    if b"\x00" in raw:
+        raise ValueError("embedded null byte")
+    return raw
+
+
 Stat = tuple[int, int]
 """``(st_mode, st_size)`` of the path, as ``lstat`` would say them: all the guard's fs facts
 read (``fsfacts.fs_refusal``), without building an ``os.stat_result``."""
@@ -87,8 +98,7 @@ def ctypes_probe(path: str, with_stat: bool = False) -> tuple[int, Stat | None]:
     if _SETUP is None:
         return _UNKNOWN
     syscall, (nr, cwd, how, size, _) = _SETUP
-    raw = path.encode("utf-8", "surrogateescape") if _UTF8 else os.fsencode(path)
-    fd = syscall(nr, cwd, raw, how, size)
+    fd = syscall(nr, cwd, _encoded(path), how, size)
     if fd >= 0:
         try:
             if not with_stat:
@@ -131,8 +141,7 @@ def open_no_symlinks(path: str) -> int:
     component only). Raises ``OSError`` (``ELOOP`` for a link)."""
     if _SETUP is not None:
         syscall, (nr, cwd, how, size, _) = _SETUP
-        raw = path.encode("utf-8", "surrogateescape") if _UTF8 else os.fsencode(path)
-        fd = int(syscall(nr, cwd, raw, how, size))
+        fd = int(syscall(nr, cwd, _encoded(path), how, size))
         if fd >= 0:
             return fd
         err = ctypes.get_errno()

@@ -7,7 +7,6 @@ the guard caches the result by ``profile_hash`` (see ``policy_engine.guard.guard
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dc_field
@@ -29,6 +28,7 @@ from policy_engine.guard.matchers import (
     host_patterns,
 )
 from policy_engine.guard.memo import PROFILE_ONLY, profile_only
+from policy_engine.guard.nofollow import real_path
 from policy_engine.guard.paths import normalize_path
 from policy_engine.guard.permit_index import PermitIndex, permit_index
 from policy_engine.guard.viewfields import named_variables, trim_views
@@ -350,7 +350,7 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
 
 
 def real_roots(*roots: str) -> tuple[tuple[str, str], ...]:
-    """Each root given through a symlink, with its real path (``os.path.realpath``, once per
+    """Each root given through a symlink, with its real path (``nofollow.real_path``, once per
     compilation).
 
     The guard resolves links beneath a root and trusts the root itself, so a path beneath a
@@ -362,7 +362,7 @@ def real_roots(*roots: str) -> tuple[tuple[str, str], ...]:
     for root in roots:
         if root.startswith("/\x00"):
             continue  # the invalid-root marker: nothing is beneath it
-        real = os.path.realpath(root)
+        real = real_path(root)
         if real != root:
             out.append((root, real))
     return tuple(out)
@@ -511,7 +511,7 @@ def _with_real_forms(cap: FsCapability, home: str,
     extra = []
     for p in cap.paths:
         if p not in seen:
-            seen[p] = resolved_form(expand_home(p, home), os.path.realpath)
+            seen[p] = resolved_form(expand_home(p, home), real_path)
         form = seen[p]
         if form is not None and form not in cap.paths:
             extra.append(form)

@@ -135,6 +135,15 @@ probe: Probe = native.probe if NATIVE and native is not None else ctypes_probe
 """``probe(path, with_stat=False)``: :func:`ctypes_probe`'s contract, native when built."""
 
 
+def real_path(path: str) -> str:
+    """``os.path.realpath`` of absolute, normalized ``path``, answered by one probe when no
+    component is a symlink (nearly always): a forbid pattern or root costs ≈ 0.5 µs, not a
+    Python ``lstat`` per component (what compiling a thousand-rule policy's forbids spent)."""
+    if probe(path)[0] != UNKNOWN:  # every component exists, or stops existing, link-free
+        return path
+    return os.path.realpath(path)
+
+
 def open_no_symlinks(path: str) -> int:
     """An ``O_PATH`` descriptor of absolute ``path`` opened with no symlink in any component
     (``openat2`` ``RESOLVE_NO_SYMLINKS``; where that cannot run, ``O_NOFOLLOW``: the last

@@ -43,6 +43,10 @@ def test_read_through_a_link_to_a_non_utf8_directory(world: World) -> None:
     assert dry.allowed, dry
     assert ran.result.ok, ran.result
     assert base64.b64decode(ran.result.out["bytes_b64"]) == b"hello\n"
+    dry, ran = world.both(FsListOp(path=f"{world.root}/work/lnu", depth=1))
+    assert dry.allowed, dry
+    assert ran.result.ok, ran.result
+    assert [e["path"] for e in ran.result.out["entries"]] == ["f"]
 
 
 def test_write_through_links_to_non_utf8_names(world: World) -> None:

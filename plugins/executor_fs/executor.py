@@ -259,6 +259,8 @@ class FsExecutor:
             "path": op.path, "depth": depth, "entries": entries, "count": len(entries),
             "truncated": truncated, "digest": Digest.of(listing).model_dump(),
             "resolver": self.opener.method,
+            # entries whose names are not UTF-8, listed escaped (listing.printable_name)
+            **({"not_utf8": lister.not_utf8} if lister.not_utf8 else {}),
         }, used=Usage(file_count=len(entries)))
 
 

@@ -9,6 +9,7 @@ swapped in after this point is still refused by ``openat2``/``O_NOFOLLOW``.
 
 from __future__ import annotations
 
+from plugins.executor_fs.listing import printable_name
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext
 from policy_engine.guard.paths import quote, resolve_beneath
@@ -38,5 +39,6 @@ def followed(ctx: ExecContext, op: FsOp) -> str:
         raise PolicyEngineError(
             ErrorCode(decision.code or ErrorCode.PERMISSION_DENY),
             f"{quote(op.path)} resolves to {quote(resolved)}: {decision.reason}",
-            audit={"resolved": resolved})
+            # a resolved name that is not UTF-8 goes to logs escaped, as listings print it
+            audit={"resolved": printable_name(resolved) or resolved})
     return resolved

@@ -27,6 +27,22 @@ def check_time(ctx: ExecContext) -> None:
         raise PolicyEngineError(ErrorCode.TIMEOUT, "file operation exceeded its deadline")
 
 
+def printable_name(name: str) -> str | None:
+    """``name`` as UTF-8 text when it is not: the bytes of a name that is not UTF-8 (lone
+    surrogates from ``os.fsdecode``) shown as ``\\xff`` escapes, as proc results print masked
+    paths; ``None`` when ``name`` is already UTF-8 (the common case)."""
+    try:
+        name.encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate fsdecode never makes
+        raw = name.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def mandatory_denied(profile: Profile, normalized: str) -> str | None:
     """The id of a mandatory deny whose path glob matches ``normalized``, or ``None``."""
     for deny in profile.denies:
@@ -58,14 +74,31 @@ class EntryFilter:
         return self.guard.decide(self.profile, op)
 
     def shown(self, path: str) -> bool:
+        """Whether the entry at ``path`` may be listed; a name that is not UTF-8 is judged both
+        as the disk spells it and in its printed form, and hidden when either is refused or
+        cannot be judged (fail closed: a listing never shows what the policy might hide)."""
+        escaped = printable_name(path)
+        if escaped is None:
+            return self._shown(path, FsReadOp(path=path), FsListOp(path=path, depth=1))
+        try:
+            # the op models refuse lone surrogates (they come from JSON): the real name is
+            # built unvalidated, as the fs executor's own re-decision of a resolved path is
+            raw = self._shown(path, FsReadOp.model_construct(path=path),
+                              FsListOp.model_construct(path=path, depth=1))
+            return raw and self._shown(escaped, FsReadOp(path=escaped),
+                                       FsListOp(path=escaped, depth=1))
+        except Exception:  # noqa: BLE001 - an entry that cannot be judged is not shown
+            return False
+
+    def _shown(self, path: str, read_op: FsReadOp, list_op: FsListOp) -> bool:
         if mandatory_denied(self.profile, path) is not None:
             return False
         if self.guard is None:
             return True
-        read = self._decide(FsReadOp(path=path))
+        read = self._decide(read_op)
         if not read.allowed and read.code not in _NOT_GRANTED:
             return False
-        listed = self._decide(FsListOp(path=path, depth=1))
+        listed = self._decide(list_op)
         if not listed.allowed and listed.code not in _NOT_GRANTED:
             return False
         return read.allowed or listed.allowed
@@ -86,7 +119,9 @@ class Lister:
     reading stops once one more entry than the call may still return has been kept, so a
     directory of 300,000 names costs neither the time nor the memory of reading it all. The
     kept entries of one directory are sorted (stable output when nothing is cut off); when the
-    listing is truncated, which names made it in follows the directory's own order.
+    listing is truncated, which names made it in follows the directory's own order. A path that
+    is not UTF-8 is listed in its escaped form (``printable_name``) marked ``not_utf8: true``,
+    so it cannot be taken for a real name spelled with backslashes; ``not_utf8`` counts them.
     """
 
     def __init__(self, ctx: ExecContext, base: str, max_files: int,
@@ -96,6 +131,7 @@ class Lister:
         self.max_files = max_files
         self.shown = shown
         self.out: list[dict[str, Any]] = []
+        self.not_utf8 = 0
 
     def walk(self, fd: int, prefix: str, depth: int) -> bool:
         """List ``fd`` (owned and closed here); return whether the listing was cut short."""
@@ -123,7 +159,13 @@ class Lister:
                     return True
                 kind = _kind(st.st_mode)
                 rel = f"{prefix}{name}"
-                self.out.append({"path": rel, "type": kind, "size": st.st_size})
+                escaped = printable_name(rel)
+                row: dict[str, Any] = {"path": rel if escaped is None else escaped,
+                                       "type": kind, "size": st.st_size}
+                if escaped is not None:
+                    row["not_utf8"] = True
+                    self.not_utf8 += 1
+                self.out.append(row)
                 if kind == "dir" and depth > 1:
                     try:
                         sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW

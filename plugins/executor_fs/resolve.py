@@ -77,7 +77,9 @@ def _blocked_or_failed(err: OSError, path: str) -> PolicyEngineError:
 
 def _openat2(root_fd: int, rel: str, flags: int, mode: int) -> int:
     how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, _RESOLVE)
-    fd = _libc.syscall(_SYS_OPENAT2[platform.machine()], root_fd, rel.encode(),
+    # os.fsencode, as os.open encodes: a name that is not UTF-8 (kept by os.fsdecode, and by
+    # the guard that decided it, as surrogate escapes) opens the file it names (F1)
+    fd = _libc.syscall(_SYS_OPENAT2[platform.machine()], root_fd, os.fsencode(rel),
                        ctypes.byref(how), ctypes.sizeof(how))
     if fd < 0:
         e = ctypes.get_errno()
@@ -154,7 +156,7 @@ def open_root(root: str) -> int:
 
 def rename_noreplace(dir_fd: int, src: str, dst: str) -> None:
     """renameat2(RENAME_NOREPLACE): refuse atomically when ``dst`` appeared meanwhile."""
-    rc = _libc.renameat2(dir_fd, src.encode(), dir_fd, dst.encode(), 1)
+    rc = _libc.renameat2(dir_fd, os.fsencode(src), dir_fd, os.fsencode(dst), 1)
     if rc != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))

@@ -11,6 +11,7 @@ from typing import Any
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.executor import Decider, ExecContext
 from policy_engine.model import Decision, ExecOp, FsListOp, FsReadOp, Profile
+from policy_engine.model.text import printable_path
 from policy_engine.patterns.paths import PathGlob
 
 # Denials that mean "this entry may not be read or listed" rather than "no rule grants it":
@@ -28,19 +29,13 @@ def check_time(ctx: ExecContext) -> None:
 
 
 def printable_name(name: str) -> str | None:
-    """``name`` as UTF-8 text when it is not: the bytes of a name that is not UTF-8 (lone
-    surrogates from ``os.fsdecode``) shown as ``\\xff`` escapes, as proc results print masked
-    paths; ``None`` when ``name`` is already UTF-8 (the common case)."""
+    """``name`` as UTF-8 text when it is not (``model.text.printable_path``: ``\\xff`` escapes,
+    as proc results print masked paths); ``None`` when it is UTF-8 already (the common case)."""
     try:
         name.encode("utf-8")
         return None
     except UnicodeEncodeError:
-        pass
-    try:
-        raw = name.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:  # a surrogate fsdecode never makes
-        raw = name.encode("utf-8", "surrogatepass")
-    return raw.decode("utf-8", "backslashreplace")
+        return printable_path(name)
 
 
 def mandatory_denied(profile: Profile, normalized: str) -> str | None:

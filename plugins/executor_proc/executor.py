@@ -59,6 +59,7 @@ from policy_engine.model import (
     SideEffectRec,
     Usage,
 )
+from policy_engine.model.text import printable_path
 from policy_engine.sandbox import enginedirs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -765,16 +766,6 @@ class ProcExecutor:
             **({"hidden_workspaces": len(hidden)} if hidden else {}),
             **({"degraded": [degraded]} if degraded else {}),
         }, used=Usage(cpu_ms=oc.rusage_cpu_ms))
-
-
-def printable_path(path: str) -> str:
-    """``path`` as text any JSON writer and terminal takes: the bytes of a host name that is not
-    UTF-8 (``os.fsdecode`` keeps them as lone surrogates) shown as ``\\xff`` escapes."""
-    try:
-        raw = path.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:  # a surrogate fsdecode never makes
-        raw = path.encode("utf-8", "surrogatepass")
-    return raw.decode("utf-8", "backslashreplace")
 
 
 def host_rlimits(lim: Limits, cg: cgroups.ExecCgroup | None,

@@ -1,5 +1,6 @@
 """Refusal of text that is not Unicode: a lone surrogate (JSON's "\\udfff") cannot be encoded,
-so it would crash evidence digests and responses instead of being refused."""
+so it would crash evidence digests and responses instead of being refused; and the printable
+form of a host path that is not UTF-8."""
 
 from __future__ import annotations
 
@@ -27,3 +28,13 @@ def reject_lone_surrogates(data: Any) -> Any:
         elif isinstance(value, list | tuple):
             stack.extend(value)
     return data
+
+
+def printable_path(path: str) -> str:
+    """``path`` as text any JSON writer and terminal takes: the bytes of a host name that is not
+    UTF-8 (``os.fsdecode`` keeps them as lone surrogates) shown as ``\\xff`` escapes."""
+    try:
+        raw = path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate fsdecode never makes
+        raw = path.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "backslashreplace")

@@ -190,7 +190,7 @@ def test_a_masked_name_that_is_not_utf8_breaks_nothing(box: dict[str, Any]) -> N
 
 
 def test_printable_path_escapes_what_is_not_utf8() -> None:
-    from plugins.executor_proc.executor import printable_path
+    from policy_engine.model.text import printable_path
 
     assert printable_path(os.fsdecode(b"/p/k\xff.pem")) == "/p/k\\xff.pem"
     assert printable_path("/p/\u00e9") == "/p/\u00e9"

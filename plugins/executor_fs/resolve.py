@@ -145,13 +145,30 @@ class BeneathOpener:
 
 
 def open_root(root: str) -> int:
-    """Open the (trusted, configured) root directory itself."""
+    """Open the configured root directory itself, refused (``CAPABILITY_BLOCKED``, as the
+    guard refuses it) when the directory opened is not the root's own real path: a root given
+    through a symlink, or re-pointed into one after the decision, would put the file the run
+    opens under another name than the one the forbids were checked against (outsider rounds
+    10 and 11). The descriptor's own path is compared, so a swap after the check is harmless."""
     try:
-        return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as err:
         raise PolicyEngineError(
             ErrorCode.EXECUTION_FAILED, f"root `{root}` cannot be opened: {err.strerror}",
         ) from None
+    # the root without empty or `.` segments (normpath keeps a leading `//`); a `..` in it
+    # compares unequal, and is refused
+    want = "/" + "/".join(seg for seg in root.split("/") if seg and seg != ".")
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc: the path's own real name (a swap right now goes unseen)
+        real = os.path.realpath(want)
+    if real != want:
+        os.close(fd)
+        raise PolicyEngineError(
+            ErrorCode.CAPABILITY_BLOCKED,
+            f"the fs root `{root}` has a symlink on its path: configure its real path")
+    return fd
 
 
 def rename_noreplace(dir_fd: int, src: str, dst: str) -> None:

@@ -148,6 +148,12 @@ class CompiledDeny:
     mandatory: bool
     label: str  # what the public reason calls it when there is no rule id
 
+    def admits(self, res: Any, written: str | None) -> bool:
+        """Whether this forbid covers ``res`` (the resolved resource) or ``written`` (the path
+        as the op spelt it, when resolving its links changed it: a forbid spelt through a link
+        covers that spelling whatever the link points at now; outsider round 11, F4)."""
+        return self.matcher.admits(res) or (written is not None and self.matcher.admits(written))
+
 
 @dataclass(frozen=True, slots=True)
 class ForbidSet:
@@ -183,8 +189,6 @@ class CompiledProfile:
     # when every conditional consent rule reads the profile alone, their verdict, settled once
     # per compilation: (required, the rule that requires it, its label); None: decided per call
     consent_settled: tuple[bool, RuleRef | None, str] | None = None
-    # (root, its real path) for the fs root and tmp dir given through a symlink (``real_roots``)
-    root_aliases: tuple[tuple[str, str], ...] = ()
 
 
 def _min(*values: int | None) -> int | None:
@@ -337,46 +341,15 @@ def compile_profile(profile: Profile, conditions: ConditionIndex, *,
             or any(str(s) in ("Write", "Process") for s in profile.side_effects))),
         consent_window=(profile.consent.granted_at, profile.consent.expires_at)
         if profile.consent is not None else None,
-        root_fs=(root_fs := _root(profile.mappings.root_fs)),
-        tmp_dir=(tmp_dir := _root(profile.mappings.tmp_dir)),
+        root_fs=_root(profile.mappings.root_fs),
+        tmp_dir=_root(profile.mappings.tmp_dir),
         caps={k: tuple(v) for k, v in caps.items()},
         forbids=forbids,
         granted=_by_kind(profile.granted, home),
         declared=_by_kind(profile.declared, home),
         views=views, needs=needs, context_views=view_items(views, needs),
         permit_index=_permit_indexes(caps),
-        root_aliases=real_roots(root_fs, tmp_dir),
     )
-
-
-def real_roots(*roots: str) -> tuple[tuple[str, str], ...]:
-    """Each root given through a symlink, with its real path (``nofollow.real_path``, once per
-    compilation).
-
-    The guard resolves links beneath a root and trusts the root itself, so a path beneath a
-    root that is a link (``/ws`` → ``/home/alice``) is decided as written, while the executor
-    opens the real file: a forbid written for the real path (the mandatory ``~/.ssh/**``) must
-    see that spelling too (:func:`real_spelling`; outsider round 10, F4).
-    """
-    out = []
-    for root in roots:
-        if root.startswith("/\x00"):
-            continue  # the invalid-root marker: nothing is beneath it
-        real = real_path(root)
-        if real != root:
-            out.append((root, real))
-    return tuple(out)
-
-
-def real_spelling(aliases: tuple[tuple[str, str], ...], path: str) -> str | None:
-    """``path`` beneath an aliased root (:func:`real_roots`) spelt under the root's real path,
-    or ``None`` when it lies beneath none."""
-    for root, real in aliases:
-        if path == root:
-            return real
-        if path.startswith(root) and path[len(root)] == "/":
-            return (real.rstrip("/") or "") + path[len(root):]
-    return None
 
 
 def view_items(views: Mapping[str, object],
@@ -504,10 +477,11 @@ def compile_forbids(profile: Profile, conditions: ConditionIndex) -> dict[str, F
 def _with_real_forms(cap: FsCapability, home: str,
                      seen: dict[str, str | None]) -> FsCapability:
     """``cap`` whose paths also name the same files under their real prefix when a pattern's
-    literal prefix runs through a symlink (a HOME given through a link: ``~/.ssh/**`` must deny
-    the real ``.ssh`` the op path resolves to; outsider round 10, F5). Resolved once per
-    compilation of a policy's forbids (``seen``: each pattern once per compilation, not once
-    per kind); a forbid only ever gains spellings."""
+    fixed prefix runs through a symlink (a HOME given through a link: ``~/.ssh/**`` must deny
+    the real ``.ssh`` an op path resolves to; outsider round 10, F5). Read when a policy's
+    forbids are compiled (each load or reload; ``seen``: each pattern once, not once per kind):
+    a link re-pointed while the engine runs is seen at the next reload (docs/cli.md). A forbid
+    only ever gains spellings."""
     extra = []
     for p in cap.paths:
         if p not in seen:

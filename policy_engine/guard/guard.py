@@ -43,7 +43,6 @@ from policy_engine.guard.compiled import (
     compile_forbids,
     compile_profile,
     guard_condition,
-    real_spelling,
 )
 from policy_engine.guard.fsfacts import fs_refusal
 from policy_engine.guard.ipaddr import classify, is_address_allowed
@@ -215,9 +214,10 @@ class Guard:
             rv: Resolved | None = None
             path: str | None = None
             seen: Facts = None  # what resolving the path saw of the file (for step 8b)
+            written: str | None = None
             if kind in _FS_OPS:
-                path, seen, inside = resolve_fs(cp, op.path, self.resolve_symlinks,
-                                                self.fs_facts and kind != "fs.list")
+                path, seen, inside, written = resolve_fs(cp, op.path, self.resolve_symlinks,
+                                                         self.fs_facts and kind != "fs.list")
                 res: object = path
                 if kind == "fs.write" and not inside:
                     return _deny(phash, _BLOCKED,
@@ -242,18 +242,16 @@ class Guard:
             # step 3: forbids
             fset = cp.forbids.get(cap_kind)
             if fset is not None:
-                # beneath a root given through a symlink, the path's real spelling too (F4)
-                real = real_spelling(cp.root_aliases, path) \
-                    if cp.root_aliases and path is not None else None
+                # ``written``: the path as the op spelt it, when resolving its links changed it;
+                # a forbid written through a link (`/ws/cur/private/**`) covers that spelling
                 # with a tracer, URL and tool forbids are scanned one by one so the trace names each
                 if fset.screen is not None and (tr is None or fset.by_globs) and \
-                        not fset.screen(res) and (real is None or not fset.screen(real)):
+                        not fset.screen(res) and (written is None or not fset.screen(written)):
                     if tr is not None:
                         tr.step("forbid", "no-match", detail="no forbid glob matches")
                 else:
                     for d in fset.denies:
-                        if not d.matcher.admits(res) and (real is None
-                                                          or not d.matcher.admits(real)):
+                        if not d.admits(res, written):
                             if tr is not None:
                                 tr.step("forbid", "no-match", d.rule)
                             continue
@@ -274,9 +272,8 @@ class Guard:
                         if tr is not None:
                             tr.step("forbid", "match", d.rule, "deny")
                         what = f"forbid rule `{d.label}`" if d.rule else "the deny-list"
-                        where = "" if real is None else f" (really {quote(real)})"
-                        return _deny(phash, _BLOCKED,
-                                     f"{what} blocks {_describe(rv, path)}{where}", d.rule, tr)
+                        return _deny(phash, _BLOCKED, f"{what} blocks {_describe(rv, path)}",
+                                     d.rule, tr)
             # step 4: network mode
             if cp.network_off and kind in _NET_OPS:
                 if tr is not None:

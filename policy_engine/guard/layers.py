@@ -19,10 +19,10 @@ from policy_engine.guard.compiled import (
     _limits,
     effective_limits,
     guard_condition,
-    real_spelling,
 )
 from policy_engine.guard.env import env_allow
 from policy_engine.guard.matchers import Matcher, compile_matcher
+from policy_engine.guard.paths import normalize_path
 from policy_engine.guard.resolve import Resolved, build_context
 from policy_engine.guard.steps import consent_needed, limit_violation
 from policy_engine.model import Limits, ProcCapability, RuleRef, TraceStep
@@ -85,6 +85,10 @@ def layer_steps(
         return box[0]
 
     env = op.env if kind == "proc.exec" and op.env else None
+    # the path as the op spelt it, when resolving its links changed it (forbids see both)
+    written = normalize_path(op.path) if path is not None else None
+    if written == path:
+        written = None
     out: list[TraceStep] = []
 
     def step(layer: str, why: str | None, ok: str = "", rule: RuleRef | None = None) -> None:
@@ -98,7 +102,7 @@ def layer_steps(
         out.append(TraceStep(node="layer:policy", outcome="skip",
                              detail="no policy set: the profile's capabilities stand for it"))
     else:
-        why, rule = _policy(permits, cp, cap_kind, res, env, ctx)
+        why, rule = _policy(permits, cp, cap_kind, res, written, env, ctx)
         step("policy", why, "a permit admits it", rule)
     step("manifest", None if _admits(cp.declared.get(cap_kind, ()), res)
          else "no permission the tool manifest declares admits it")
@@ -126,14 +130,11 @@ def _admits(matchers: tuple[Matcher, ...], res: object) -> bool:
 
 
 def _policy(permits: PolicyPermits, cp: CompiledProfile, cap_kind: str, res: object,
-            env: Mapping[str, str] | None,
+            written: str | None, env: Mapping[str, str] | None,
             ctx: Callable[[], Mapping[str, object]]) -> tuple[str | None, RuleRef | None]:
     fset = cp.forbids.get(cap_kind)
-    # beneath a root given through a symlink, the real spelling too (as the guard checks it)
-    real = real_spelling(cp.root_aliases, res) if cp.root_aliases and isinstance(res, str) \
-        else None
     for d in fset.denies if fset is not None else ():
-        if d.matcher.admits(res) or (real is not None and d.matcher.admits(real)):
+        if d.admits(res, written):
             val, err = d.condition.run(ctx()) if d.condition is not None else (True, None)
             if val or err is not None:
                 what = f"forbid rule `{d.label}`" if d.rule else "the deny-list"

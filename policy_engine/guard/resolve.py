@@ -22,7 +22,7 @@ from policy_engine.guard.argv import check_argv_shape
 from policy_engine.guard.compiled import CompiledProfile
 from policy_engine.guard.env import check_env_shape
 from policy_engine.guard.fields import check_headers, check_method, check_selector
-from policy_engine.guard.nofollow import MISSING, NO_LINK, Stat, probe
+from policy_engine.guard.nofollow import MISSING, NO_LINK, Stat, probe, real_path
 from policy_engine.guard.paths import is_beneath, normalize_path, quote, resolve_within
 from policy_engine.guard.urls import ParsedUrl, parse_url
 from policy_engine.model import OP_CAPABILITY, ExecOp
@@ -80,13 +80,18 @@ or ``None`` (nothing: ``fsfacts.fs_refusal`` asks the disk itself)."""
 
 
 def resolve_fs(cp: CompiledProfile, raw: str, follow: bool,
-               facts: bool) -> tuple[str, Facts, bool]:
+               facts: bool) -> tuple[str, Facts, bool, str | None]:
     """:func:`resolve_path`, what its one ``openat2`` probe saw of the file (with ``facts``:
-    the guard's fs facts need no second walk of the path), and whether the resolved path lies
-    beneath the fs root or the tmp dir (where an fs.write may go).
+    the guard's fs facts need no second walk of the path), whether the resolved path lies
+    beneath the fs root or the tmp dir (where an fs.write may go), and the path as written
+    (normalized) when resolving its links changed it, else ``None``.
 
     A path resolved beneath the root or tmp dir stays beneath it (a link leaving it is
-    refused), so only a path resolved against ``/`` is tested again.
+    refused), so only a path resolved against ``/`` is tested again. The root itself is
+    trusted only while it is its own real path: a root given through a symlink (or re-pointed
+    into one later) refuses every path beneath it, as the fs executor refuses to open it
+    (outsider rounds 10 and 11: its real name is what the forbids must see, and a link can be
+    re-pointed between any two reads of it).
     """
     path = normalize_path(raw)
     # ``is_beneath`` spelt out: this runs on every fs decision (a call less per root tested)
@@ -97,19 +102,25 @@ def resolve_fs(cp: CompiledProfile, raw: str, follow: bool,
         if not is_beneath(root, path):
             root, inside = "/", False
     if not follow:
-        return path, None, inside
-    # Two or more components below the root: one openat2 answers for all of them when none is
-    # a link (nofollow.py); a single component costs one lstat in the walk, which is cheaper.
-    if path.find("/", 1 if root == "/" else len(root) + 1) != -1:
-        found, st = probe(path, facts)
-        if found == NO_LINK:
-            return path, st, inside
-        if found == MISSING:
-            return path, ABSENT, inside
-        path = resolve_within(root, path, probed=True)
-    else:
-        path = resolve_within(root, path)
-    return path, None, inside or is_beneath(cp.root_fs, path) or is_beneath(cp.tmp_dir, path)
+        return path, None, inside, None
+    # one openat2 answers for every component, the root's own too, when none is a link
+    found, st = probe(path, facts)
+    if found == NO_LINK:
+        return path, st, inside, None
+    if found == MISSING:
+        return path, ABSENT, inside, None
+    if root != "/":
+        real = real_path(root)
+        if real != root:
+            raise PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED,
+                f"the {'fs root' if root == cp.root_fs else 'tmp dir'} {quote(root)} has a "
+                f"symlink on its path (it is {quote(real)}): configure its real path",
+                audit={"path": path})
+    resolved = resolve_within(root, path, probed=True)
+    return (resolved, None,
+            inside or is_beneath(cp.root_fs, resolved) or is_beneath(cp.tmp_dir, resolved),
+            path if resolved != path else None)
 
 
 @dataclass(slots=True)

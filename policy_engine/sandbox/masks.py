@@ -41,7 +41,13 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from policy_engine.patterns.paths import PathGlob, expand_home, is_literal, literal_prefix
+from policy_engine.patterns.paths import (
+    PathGlob,
+    expand_home,
+    is_literal,
+    literal_prefix,
+    resolved_form,
+)
 from policy_engine.sandbox.hardlinks import linked_secrets
 from policy_engine.sandbox.runtime_dirs import NEVER_WALKED as NEVER_WALKED
 from policy_engine.sandbox.runtime_dirs import RUNTIME_DIRS as RUNTIME_DIRS
@@ -202,7 +208,7 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
     hidden: set[str] = set()
     starts: dict[str, list[_Glob]] = {}
     literal: list[str] = []
-    for pattern in patterns:
+    for pattern in _spellings(patterns, home, bound):
         expanded = expand_home(pattern, home)
         trimmed = expanded[:-3] if expanded.endswith("/**") else expanded
         if is_literal(trimmed):
@@ -260,6 +266,31 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
         _coalesce(files, dirs, hidden, visible, foreign, cache)
     return MaskPlan(tuple(sorted(files)), tuple(sorted(dirs)), visited, listed,
                     tuple(sorted(hidden)))
+
+
+def _spellings(patterns: Iterable[str], home: str, bound: Sequence[str]) -> list[str]:
+    """Every name the sandbox can reach the files of ``patterns`` by: each pattern, the same
+    glob under its fixed prefix's real name (a HOME given through a link), and either of those
+    under a bind spelt through a link (``/ws`` → ``/home/alice`` binds the real ``.ssh`` at
+    ``/ws/.ssh``). Read at every plan, so a link re-pointed since the last run counts
+    (outsider round 11, F2: masks planned from the spelling alone left the real key readable).
+    """
+    linked = [(b.rstrip("/") or "/", real) for b in bound
+              if (real := os.path.realpath(b)) != (b.rstrip("/") or "/")]
+    out: dict[str, None] = {}
+    for pattern in patterns:
+        expanded = expand_home(pattern, home)
+        forms = [expanded]
+        real_form = resolved_form(expanded, os.path.realpath)
+        if real_form is not None:
+            forms.append(real_form)
+        for form in list(forms):
+            for b, real in linked:
+                base = real.rstrip("/")
+                if form == real or form.startswith(base + "/"):
+                    forms.append(b + form[len(base):])
+        out.update(dict.fromkeys(forms))
+    return list(out)
 
 
 def _file_binds_masked(bound: Sequence[str], literal: Sequence[str],

@@ -4,9 +4,9 @@ Decision order (each step's code is pinned by ``tests/unit/test_guard_decide.py`
 
 0. the op kind maps to a capability kind; malformed input → ``SCHEMA.VALIDATION_FAILED``
 1. grant expiry: ``profile.expires_at <= now`` → ``SANDBOX.PERMISSION_DENY``
-2. resolve the resource: path normalized and symlinks resolved beneath the root, fs.write
-   bound to the fs root or tmp dir, URL parsed, argv shape → ``CAPABILITY_BLOCKED`` /
-   ``SCHEMA.VALIDATION_FAILED`` / ``POLICY.DENY_TOOL``
+2. resolve the resource: path normalized and symlinks resolved beneath the root (a root that
+   is not its own real path refuses), fs.write bound to the fs root or tmp dir, URL parsed,
+   argv shape → ``CAPABILITY_BLOCKED`` / ``SCHEMA.VALIDATION_FAILED`` / ``POLICY.DENY_TOOL``
 3. forbids, deny-overrides, mandatory first: resource matches and condition true (or errors)
    → ``SANDBOX.CAPABILITY_BLOCKED`` naming the rule
 4. network off for net.http / browser → ``CAPABILITY_BLOCKED``
@@ -242,9 +242,10 @@ class Guard:
             # step 3: forbids
             fset = cp.forbids.get(cap_kind)
             if fset is not None:
-                # ``written``: the path as the op spelt it, when resolving its links changed it;
-                # a forbid written through a link (`/ws/cur/private/**`) covers that spelling
-                # with a tracer, URL and tool forbids are scanned one by one so the trace names each
+                # forbids see the resolved path and ``written``, the path as the op spelt it when
+                # resolving its links changed it (a forbid on `/ws/cur/private/**` covers that
+                # spelling). With a tracer, URL and tool forbids are scanned one by one so the
+                # trace names each.
                 if fset.screen is not None and (tr is None or fset.by_globs) and \
                         not fset.screen(res) and (written is None or not fset.screen(written)):
                     if tr is not None:

@@ -485,7 +485,10 @@ def _with_real_forms(cap: FsCapability, home: str,
     extra = []
     for p in cap.paths:
         if p not in seen:
-            seen[p] = resolved_form(expand_home(p, home), real_path)
+            try:
+                seen[p] = resolved_form(expand_home(p, home), real_path)
+            except OSError:  # changing under realpath: the pattern keeps its own spelling
+                seen[p] = None
         form = seen[p]
         if form is not None and form not in cap.paths:
             extra.append(form)

@@ -110,17 +110,22 @@ def resolve_fs(cp: CompiledProfile, raw: str, follow: bool,
     if found == MISSING:
         return path, ABSENT, inside, None
     if root != "/":
-        real = real_path(root)
+        what = f"the {'fs root' if root == cp.root_fs else 'tmp dir'} {quote(root)}"
+        try:
+            real = real_path(root)
+        except OSError:  # changed while realpath read it (a link swapped for a directory)
+            raise _root_refused(f"{what} changed while it was being resolved", path) from None
         if real != root:
-            raise PolicyEngineError(
-                ErrorCode.CAPABILITY_BLOCKED,
-                f"the {'fs root' if root == cp.root_fs else 'tmp dir'} {quote(root)} has a "
-                f"symlink on its path (it is {quote(real)}): configure its real path",
-                audit={"path": path})
+            raise _root_refused(f"{what} has a symlink on its path (it is {quote(real)}): "
+                                "configure its real path", path)
     resolved = resolve_within(root, path, probed=True)
     return (resolved, None,
             inside or is_beneath(cp.root_fs, resolved) or is_beneath(cp.tmp_dir, resolved),
             path if resolved != path else None)
+
+
+def _root_refused(reason: str, path: str) -> PolicyEngineError:
+    return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, reason, audit={"path": path})
 
 
 @dataclass(slots=True)

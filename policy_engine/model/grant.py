@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from policy_engine.model.capability import Capability
 from policy_engine.model.enums import NetworkMode, SafetyClass, SideEffect
 from policy_engine.model.limits import Budget, Limits
-from policy_engine.model.text import reject_lone_surrogates
+from policy_engine.model.text import check_root_path, reject_lone_surrogates
 
 
 class Consent(BaseModel):
@@ -77,6 +77,11 @@ class Settings(BaseModel):
     network: NetworkMode | None = None
     root_fs: str | None = None
     tmp_dir: str | None = None
+
+    @field_validator("root_fs", "tmp_dir")
+    @classmethod
+    def _root(cls, value: str | None) -> str | None:
+        return check_root_path(value)
 
 
 class Overrides(BaseModel):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from policy_engine.model.text import check_root_path
 
 
 class Limits(BaseModel):
@@ -116,3 +118,8 @@ class Mappings(BaseModel):
     root_fs: str = "/workspace"
     tmp_dir: str = "/tmp/policy-engine"
     home: str = "/root"
+
+    @field_validator("root_fs", "tmp_dir")
+    @classmethod
+    def _root(cls, value: str) -> str:
+        return check_root_path(value) or value

@@ -231,3 +231,73 @@ def test_links_re_pointed_after_compiling_keep_their_forbids(world: World) -> No
             fresh = explain(policyset, MANIFEST, GRANT,
                             ExplainRequest(op=op, settings=settings)).decision
             assert (fresh.decision, fresh.rule.id if fresh.rule else None) == ("deny", rule)
+
+
+def test_a_root_flipping_between_a_directory_and_a_link_is_refused_with_a_stable_code(
+        world: World) -> None:
+    # round 12, F3: realpath of a root swapped mid-read raised (EINVAL), and the guard answered
+    # UNKNOWN.INTERNAL; now CAPABILITY_BLOCKED ("changed while it was being resolved") or the
+    # usual answer, and the planted key never comes back
+    import ctypes
+    import threading
+    import time
+
+    root = world.base / "ws"
+    (root / ".ssh").mkdir(parents=True)
+    (root / ".ssh" / "id_ed25519").write_text("decoy")
+    os.symlink(world.real, world.base / "wslink")
+    libc = ctypes.CDLL(None, use_errno=True)
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():  # RENAME_EXCHANGE: the root is the directory or the link
+            libc.renameat2(-100, str(root).encode(), -100, str(world.base / "wslink").encode(), 2)
+            time.sleep(0.0005)
+
+    codes: set[str | None] = set()
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    try:
+        with world.orchestrator() as orch:
+            for _ in range(150):
+                for op in (FsReadOp(path=f"{root}/.ssh/id_ed25519"), FsListOp(path=f"{root}/.ssh")):
+                    outcome = orch.run(GRANT, MANIFEST, op, settings=_settings(root))
+                    codes.add(outcome.result.code)
+                    _no_key(outcome.result, outcome.begin, outcome.end)
+    finally:
+        stop.set()
+        flipper.join()
+    assert codes <= {None, BLOCKED}, codes
+
+
+@pytest.mark.parametrize("root", ["ws", "./ws/", "/ws/sub/..", "/ws/./x", "/ws\x00/x"])
+def test_a_root_that_is_not_an_absolute_plain_path_is_refused_up_front(world: World,
+                                                                       root: str) -> None:
+    # round 12, F4/F5: a relative root was decided against nothing (explain allowed, the fs
+    # executor refused); a `..` in it reads one way lexically and another through a link
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="absolute path without"):
+        Settings(root_fs=root)
+    with pytest.raises(ValidationError, match="absolute path without"):
+        Settings(tmp_dir=root)
+
+
+def test_the_cli_answers_a_relative_root_with_a_clear_error(world: World) -> None:
+    import json
+    import subprocess
+    import sys
+
+    (world.base / "r.json").write_text(json.dumps({
+        "op": {"kind": "fs.read", "path": "ws/a.txt"}, "settings": {"root_fs": "ws"},
+        "manifest": MANIFEST.model_dump(mode="json"), "grant": GRANT.model_dump(mode="json")}))
+    world.policy(world.real)
+    proc = subprocess.run([sys.executable, "-m", "policy_engine.cli", "explain", "--policy",
+                           str(world.base / "p.sbpolicy"), "--request",
+                           str(world.base / "r.json")],
+                          capture_output=True, text=True, timeout=60, cwd=world.base,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert "root_fs" in proc.stderr + proc.stdout
+    assert "absolute path without" in proc.stderr + proc.stdout

@@ -41,20 +41,11 @@ struct pe_open_how {
 
 static int no_openat2; /* set on ENOSYS: an old kernel or a seccomp filter hiding openat2 */
 static PyObject *answer_no_link, *answer_missing, *answer_unknown; /* (n, None), built once */
-static PyObject *no_link_int;
-
-static PyObject *
-answer(PyObject *prebuilt)
-{
-    Py_INCREF(prebuilt);
-    return prebuilt;
-}
 
 static PyObject *
 probe(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     PyObject *path_arg, *encoded = NULL;
-
     int with_stat = 0;
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     long fd;
@@ -84,7 +75,7 @@ probe(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
             return NULL;
     }
     if (no_openat2)
-        return answer(answer_unknown);
+        return Py_NewRef(answer_unknown);
     if (!PyUnicode_FSConverter(path_arg, &encoded)) /* refuses an embedded NUL */
         return NULL;
 
@@ -105,17 +96,17 @@ probe(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
 
     if (fd >= 0) {
         if (!with_stat)
-            return answer(answer_no_link);
+            return Py_NewRef(answer_no_link);
         if (stat_failed) /* the caller walks the path instead */
-            return answer(answer_unknown);
-        return Py_BuildValue("(O(KL))", no_link_int, (unsigned long long)sb.st_mode,
+            return Py_NewRef(answer_unknown);
+        return Py_BuildValue("(i(KL))", 0, (unsigned long long)sb.st_mode,
                              (long long)sb.st_size);
     }
     if (err == ENOENT)
-        return answer(answer_missing);
+        return Py_NewRef(answer_missing);
     if (err == ENOSYS)
         no_openat2 = 1;
-    return answer(answer_unknown);
+    return Py_NewRef(answer_unknown);
 }
 
 static PyObject *
@@ -145,15 +136,10 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__nofollow(void)
 {
-    PyObject *module;
-
-    no_link_int = PyLong_FromLong(0);
     answer_no_link = Py_BuildValue("(iO)", 0, Py_None);
     answer_missing = Py_BuildValue("(iO)", 1, Py_None);
     answer_unknown = Py_BuildValue("(iO)", 2, Py_None);
-    if (no_link_int == NULL || answer_no_link == NULL || answer_missing == NULL ||
-        answer_unknown == NULL)
+    if (answer_no_link == NULL || answer_missing == NULL || answer_unknown == NULL)
         return NULL;
-    module = PyModule_Create(&module_def);
-    return module;
+    return PyModule_Create(&module_def);
 }

@@ -56,7 +56,6 @@ from policy_engine.guard.resolve import (
     coerce_op,
     resolve_fs,
     resolve_other,
-    resolve_path,
 )
 from policy_engine.guard.shapes import ShapeCache, same_profile
 from policy_engine.guard.steps import (
@@ -425,16 +424,17 @@ class Guard:
             now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
             rv: Resolved | None = None
             path: str | None = None
+            written: str | None = None
             if kind in _FS_OPS:
-                path = resolve_path(cp, op.path, self.resolve_symlinks)
+                path, _, _, written = resolve_fs(cp, op.path, self.resolve_symlinks, False)
                 res: object = path
             else:
                 rv = resolve_other(kind, op)
                 res = rv.res
             consent = consent_for(self._consent_rules, self._consent_refs, self._builtin_ref, cp,
                                   now)
-            steps = layer_steps(self._permits, cp, kind, cap_kind, op, res, rv, path, now,
-                                extra, consent)
+            steps = layer_steps(self._permits, cp, kind, cap_kind, op, res, rv, path, written,
+                                now, extra, consent)
         except Exception:  # noqa: BLE001 — the report is an aid: the decision stands without it
             return decision
         trace = decision.trace or ()

@@ -22,7 +22,6 @@ from policy_engine.guard.compiled import (
 )
 from policy_engine.guard.env import env_allow
 from policy_engine.guard.matchers import Matcher, compile_matcher
-from policy_engine.guard.paths import normalize_path
 from policy_engine.guard.resolve import Resolved, build_context
 from policy_engine.guard.steps import consent_needed, limit_violation
 from policy_engine.model import Limits, ProcCapability, RuleRef, TraceStep
@@ -72,11 +71,13 @@ class PolicyPermits:
 
 def layer_steps(
     permits: PolicyPermits, cp: CompiledProfile, kind: str, cap_kind: str, op: Any,
-    res: object, rv: Resolved | None, path: str | None, now: int,
+    res: object, rv: Resolved | None, path: str | None, written: str | None, now: int,
     extra: Mapping[str, object] | None,
     consent: Callable[[Callable[[], Mapping[str, object]]], str | None],
 ) -> list[TraceStep]:
-    """One ``layer:*`` step per layer; ``consent`` answers :func:`consent_needed` for a context."""
+    """One ``layer:*`` step per layer; ``consent`` answers :func:`consent_needed` for a context.
+    ``written``: the path as the op spelt it when resolving its links changed it (forbids see
+    both, as the guard's own step 3 does)."""
     box: list[dict[str, object]] = []
 
     def ctx() -> dict[str, object]:
@@ -85,10 +86,6 @@ def layer_steps(
         return box[0]
 
     env = op.env if kind == "proc.exec" and op.env else None
-    # the path as the op spelt it, when resolving its links changed it (forbids see both)
-    written = normalize_path(op.path) if path is not None else None
-    if written == path:
-        written = None
     out: list[TraceStep] = []
 
     def step(layer: str, why: str | None, ok: str = "", rule: RuleRef | None = None) -> None:

@@ -20,7 +20,8 @@ MAX_SYMLINKS = 40
 """Same bound as Linux ``ELOOP``: a longer chain is refused rather than followed."""
 
 
-def _blocked(reason: str, path: str) -> PolicyEngineError:
+def path_blocked(reason: str, path: str) -> PolicyEngineError:
+    """The refusal of a path the guard cannot judge as written (``CAPABILITY_BLOCKED``)."""
     return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, reason, audit={"path": path})
 
 
@@ -40,18 +41,18 @@ def normalize_path(path: str) -> str:
     resolving them lexically could disagree with what the kernel opens through a symlink.
     """
     if not isinstance(path, str):
-        raise _blocked("path traversal: path is not a string", repr(path))
+        raise path_blocked("path traversal: path is not a string", repr(path))
     if "\x00" in path:
-        raise _blocked("path traversal: path contains a NUL byte", path)
+        raise path_blocked("path traversal: path contains a NUL byte", path)
     if not path.startswith("/"):
-        raise _blocked(f"path traversal: relative path {quote(path)} is not accepted", path)
+        raise path_blocked(f"path traversal: relative path {quote(path)} is not accepted", path)
     # INVARIANT: the fast path returns only strings with no empty, `.` or `..` segment.
     if "/." not in path and "//" not in path and (len(path) == 1 or not path.endswith("/")):
         return path
     out: list[str] = []
     for seg in path.split("/"):
         if seg == "..":
-            raise _blocked(f"path traversal: {quote(path)} contains a `..` segment", path)
+            raise path_blocked(f"path traversal: {quote(path)} contains a `..` segment", path)
         if seg and seg != ".":
             out.append(seg)
     return "/" + "/".join(out)
@@ -79,7 +80,7 @@ def resolve_beneath(root: str, path: str) -> str:
 def resolve_normalized(root: str, path: str) -> str:
     """:func:`resolve_beneath` for a root and path already through :func:`normalize_path`."""
     if not is_beneath(root, path):
-        raise _blocked(f"path {quote(path)} is outside the root {quote(root)}", path)
+        raise path_blocked(f"path {quote(path)} is outside the root {quote(root)}", path)
     return resolve_within(root, path)
 
 
@@ -107,7 +108,7 @@ def resolve_within(root: str, path: str, *, probed: bool = False) -> str:
         except FileNotFoundError:
             return path  # nothing below a missing component can be a link yet
         except OSError as exc:  # EACCES, ENOTDIR, ELOOP: refuse rather than guess
-            raise _blocked(f"path {quote(path)} cannot be resolved", path) from exc
+            raise path_blocked(f"path {quote(path)} cannot be resolved", path) from exc
         if islnk(mode):
             return _walk(root, path)
         i = j
@@ -129,7 +130,7 @@ def _walk(root: str, path: str) -> str:
             if not done:
                 if root == "/":  # `..` at `/` stays at `/`, as in the kernel
                     continue
-                raise _blocked(f"symlink in {quote(path)} leaves the root", path)
+                raise path_blocked(f"symlink in {quote(path)} leaves the root", path)
             done.pop()
             continue
         current = base + "/" + "/".join([*done, seg])
@@ -139,32 +140,32 @@ def _walk(root: str, path: str) -> str:
             done.append(seg)
             done.extend(s for s in reversed(rest) if s not in ("", "."))
             if ".." in done:
-                raise _blocked(f"symlink in {quote(path)} leaves the root", path) from None
+                raise path_blocked(f"symlink in {quote(path)} leaves the root", path) from None
             break
         except OSError as exc:  # EACCES, ENOTDIR, ELOOP: refuse rather than guess
-            raise _blocked(f"path {quote(path)} cannot be resolved", path) from exc
+            raise path_blocked(f"path {quote(path)} cannot be resolved", path) from exc
         if not stat.S_ISLNK(st.st_mode):
             done.append(seg)
             continue
         links += 1
         if links > MAX_SYMLINKS:
-            raise _blocked(f"too many symlinks in {quote(path)}", path)
+            raise path_blocked(f"too many symlinks in {quote(path)}", path)
         try:
             target = os.readlink(current)
         except OSError as exc:
             # swapped between lstat and readlink (EINVAL: no longer a link, ENOENT: gone):
             # what the path means changed under us, so refuse rather than guess
-            raise _blocked(f"path {quote(path)} changed while it was being resolved",
+            raise path_blocked(f"path {quote(path)} changed while it was being resolved",
                            path) from exc
         if "\x00" in target or not target:
-            raise _blocked(f"symlink in {quote(path)} is invalid", path)
+            raise path_blocked(f"symlink in {quote(path)} is invalid", path)
         parts = [s for s in target.split("/") if s]
         if target.startswith("/"):
             # An absolute target restarts the walk at the root; its leading components must
             # spell the root itself, with no `..` that could climb out first.
             root_parts = [s for s in root.split("/") if s]
             if parts[: len(root_parts)] != root_parts:
-                raise _blocked(f"symlink in {quote(path)} leaves the root", path)
+                raise path_blocked(f"symlink in {quote(path)} leaves the root", path)
             parts = parts[len(root_parts):]
             done = []
         rest.extend(reversed(parts))

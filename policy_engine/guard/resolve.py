@@ -23,7 +23,13 @@ from policy_engine.guard.compiled import CompiledProfile
 from policy_engine.guard.env import check_env_shape
 from policy_engine.guard.fields import check_headers, check_method, check_selector
 from policy_engine.guard.nofollow import MISSING, NO_LINK, Stat, probe, real_path
-from policy_engine.guard.paths import is_beneath, normalize_path, quote, resolve_within
+from policy_engine.guard.paths import (
+    is_beneath,
+    normalize_path,
+    path_blocked,
+    quote,
+    resolve_within,
+)
 from policy_engine.guard.urls import ParsedUrl, parse_url
 from policy_engine.model import OP_CAPABILITY, ExecOp
 
@@ -114,18 +120,14 @@ def resolve_fs(cp: CompiledProfile, raw: str, follow: bool,
         try:
             real = real_path(root)
         except OSError:  # changed while realpath read it (a link swapped for a directory)
-            raise _root_refused(f"{what} changed while it was being resolved", path) from None
+            raise path_blocked(f"{what} changed while it was being resolved", path) from None
         if real != root:
-            raise _root_refused(f"{what} has a symlink on its path (it is {quote(real)}): "
+            raise path_blocked(f"{what} has a symlink on its path (it is {quote(real)}): "
                                 "configure its real path", path)
     resolved = resolve_within(root, path, probed=True)
     return (resolved, None,
             inside or is_beneath(cp.root_fs, resolved) or is_beneath(cp.tmp_dir, resolved),
             path if resolved != path else None)
-
-
-def _root_refused(reason: str, path: str) -> PolicyEngineError:
-    return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, reason, audit={"path": path})
 
 
 @dataclass(slots=True)

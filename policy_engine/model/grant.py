@@ -8,8 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from policy_engine.model.capability import Capability
 from policy_engine.model.enums import NetworkMode, SafetyClass, SideEffect
-from policy_engine.model.limits import Budget, Limits
-from policy_engine.model.text import check_root_path, reject_lone_surrogates
+from policy_engine.model.limits import Budget, Limits, check_root_path
+from policy_engine.model.text import reject_lone_surrogates
 
 
 class Consent(BaseModel):

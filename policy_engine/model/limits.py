@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from policy_engine.model.text import check_root_path
-
 
 class Limits(BaseModel):
     """Per-call limits. ``None`` means "this source does not constrain it"; the meet takes the
@@ -108,6 +106,19 @@ class DenyLists(BaseModel):
     paths: tuple[str, ...] = ()
     domains: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()
+
+
+def check_root_path(value: str | None) -> str | None:
+    """``value`` unchanged when it can name a root (``root_fs``, ``tmp_dir``): absolute, with no
+    NUL and no ``.``/``..`` segment. A relative root was decided against nothing (explain
+    allowed, the fs executor refused), and a ``..`` in it is read one way by the guard and
+    another by the kernel through a link (outsider round 12, F4/F5); raises ``ValueError``."""
+    if value is None:
+        return value
+    if not value.startswith("/") or "\x00" in value or any(
+            seg in (".", "..") for seg in value.split("/")):
+        raise ValueError(f"must be an absolute path without `.` or `..` segments, not {value!r}")
+    return value
 
 
 class Mappings(BaseModel):

@@ -38,16 +38,3 @@ def printable_path(path: str) -> str:
     except UnicodeEncodeError:  # a surrogate fsdecode never makes
         raw = path.encode("utf-8", "surrogatepass")
     return raw.decode("utf-8", "backslashreplace")
-
-
-def check_root_path(value: str | None) -> str | None:
-    """``value`` unchanged when it can name a root (``root_fs``, ``tmp_dir``): absolute, with no
-    NUL and no ``.``/``..`` segment. A relative root was decided against nothing (explain
-    allowed, the fs executor refused), and a ``..`` in it is read one way by the guard and
-    another by the kernel through a link (outsider round 12, F4/F5); raises ``ValueError``."""
-    if value is None:
-        return value
-    if not value.startswith("/") or "\x00" in value or any(
-            seg in (".", "..") for seg in value.split("/")):
-        raise ValueError(f"must be an absolute path without `.` or `..` segments, not {value!r}")
-    return value

@@ -17,12 +17,19 @@ never come back.
 from __future__ import annotations
 
 import base64
+import ctypes
+import json
 import os
+import subprocess
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig
@@ -238,10 +245,6 @@ def test_a_root_flipping_between_a_directory_and_a_link_is_refused_with_a_stable
     # round 12, F3: realpath of a root swapped mid-read raised (EINVAL), and the guard answered
     # UNKNOWN.INTERNAL; now CAPABILITY_BLOCKED ("changed while it was being resolved") or the
     # usual answer, and the planted key never comes back
-    import ctypes
-    import threading
-    import time
-
     root = world.base / "ws"
     (root / ".ssh").mkdir(parents=True)
     (root / ".ssh" / "id_ed25519").write_text("decoy")
@@ -275,8 +278,6 @@ def test_a_root_that_is_not_an_absolute_plain_path_is_refused_up_front(world: Wo
                                                                        root: str) -> None:
     # round 12, F4/F5: a relative root was decided against nothing (explain allowed, the fs
     # executor refused); a `..` in it reads one way lexically and another through a link
-    from pydantic import ValidationError
-
     with pytest.raises(ValidationError, match="absolute path without"):
         Settings(root_fs=root)
     with pytest.raises(ValidationError, match="absolute path without"):
@@ -284,10 +285,6 @@ def test_a_root_that_is_not_an_absolute_plain_path_is_refused_up_front(world: Wo
 
 
 def test_the_cli_answers_a_relative_root_with_a_clear_error(world: World) -> None:
-    import json
-    import subprocess
-    import sys
-
     (world.base / "r.json").write_text(json.dumps({
         "op": {"kind": "fs.read", "path": "ws/a.txt"}, "settings": {"root_fs": "ws"},
         "manifest": MANIFEST.model_dump(mode="json"), "grant": GRANT.model_dump(mode="json")}))

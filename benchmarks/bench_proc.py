@@ -40,8 +40,8 @@ from plugins.executor_proc import bwrap  # noqa: E402 - needs the checkout root 
 from plugins.executor_proc.executor import ProcExecutor, ProcOptions  # noqa: E402 - same
 from plugins.executor_proc.spec import build_plan  # noqa: E402 - same
 from policy_engine.compiler import compile_files  # noqa: E402 - same
+from policy_engine.compiler.loaders import load_grant, load_manifest  # noqa: E402 - same
 from policy_engine.config import EngineConfig  # noqa: E402 - same
-from policy_engine.dsl.loaders import load_grant, load_manifest  # noqa: E402 - same
 from policy_engine.executor import ExecContext  # noqa: E402 - same
 from policy_engine.model import ProcExecOp  # noqa: E402 - same
 from policy_engine.orchestrator import Orchestrator  # noqa: E402 - same

@@ -21,8 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from policy_engine.budget import grant_key
 from policy_engine.compiler import compile_files
+from policy_engine.compiler.loaders import (
+    load_document,
+    load_grant,
+    load_manifest,
+    validate_document,
+)
 from policy_engine.config import EngineConfig
-from policy_engine.dsl.loaders import load_document, load_grant, load_manifest, validate_document
 from policy_engine.errors import REGISTRY, Diagnostic, DiagnosticsError, ErrorCode, Span
 from policy_engine.evidence import EMPTY_DIGEST
 from policy_engine.explain import ExplainRequest, Explanation, explain

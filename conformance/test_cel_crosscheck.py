@@ -30,8 +30,8 @@ from casekit import (
     manifest_of,
 )
 
+from policy_engine.compiler.loaders import load_grant, load_manifest
 from policy_engine.dsl.cel import CelCondition, compile_condition
-from policy_engine.dsl.loaders import load_grant, load_manifest
 from policy_engine.errors import PolicyEngineError, Span
 from policy_engine.explain.request import ExplainRequest, load_request, resolve_fixture
 from policy_engine.guard import Guard

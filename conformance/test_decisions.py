@@ -15,7 +15,7 @@ from syrupy.assertion import SnapshotAssertion
 from syrupy.extensions.json import JSONSnapshotExtension
 
 from policy_engine.compiler import compile_files
-from policy_engine.dsl.loaders import load_grant, load_manifest
+from policy_engine.compiler.loaders import load_grant, load_manifest
 from policy_engine.explain import explain
 from policy_engine.explain.request import load_request, resolve_fixture
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from policy_engine.dsl.bounded import MAX_DOCUMENT_BYTES, DocumentError, parse_json, parse_yaml
-from policy_engine.dsl.inputfile import cannot_read, read_bounded
+from policy_engine.inputs.bounded import MAX_DOCUMENT_BYTES, DocumentError, parse_json, parse_yaml
+from policy_engine.inputs.inputfile import cannot_read, read_bounded
 from policy_engine.model import OpKind
 
 _LIST_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")

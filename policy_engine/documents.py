@@ -17,8 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from policy_engine.dsl.bounded import MAX_DOCUMENT_BYTES
-from policy_engine.dsl.loaders import (
+from policy_engine.compiler.loaders import (
     PositionLookup,
     check_patterns,
     parse_document,
@@ -26,6 +25,7 @@ from policy_engine.dsl.loaders import (
 )
 from policy_engine.dsl.source import read_source
 from policy_engine.errors import Diagnostic, DiagnosticsError
+from policy_engine.inputs.bounded import MAX_DOCUMENT_BYTES
 from policy_engine.model import Grant, Manifest, Settings
 
 DOCUMENT_SUFFIXES = (".json", ".yaml", ".yml")
@@ -227,7 +227,7 @@ def _test_file(path: str, data: Any, lookup: PositionLookup) -> None:
 def _sandbox(path: str, data: Any, lookup: PositionLookup) -> None:
     """A seed 003 `sandbox.json`, vetted as the sandbox runner reads it (docs/sandbox-config.md;
     `~` and `$VAR` from this process's environment)."""
-    from policy_engine.sandbox.sbconfig import check_sandbox_file
+    from policy_engine.sandbox_config.sbconfig import check_sandbox_file
 
     problems = [d for d in check_sandbox_file(path) if d.id != "SBP100"]
     if problems:

@@ -65,8 +65,8 @@ from policy_engine.orchestration.selection import (
 )
 from policy_engine.plugin_manager import PluginManager
 from policy_engine.profile import ProfileBuilder, ProfileCache
-from policy_engine.replay.record import ReplayRecorder
-from policy_engine.replay.shadow import ShadowPolicy
+from policy_engine.recording.record import ReplayRecorder
+from policy_engine.recording.shadow import ShadowPolicy
 
 log = logging.getLogger(__name__)
 

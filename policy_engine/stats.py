@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from policy_engine.dsl.inputfile import MAX_EVIDENCE_LINE_BYTES, open_regular
+from policy_engine.inputs.inputfile import MAX_EVIDENCE_LINE_BYTES, open_regular
 
 
 @dataclass(slots=True)
@@ -33,7 +33,7 @@ def read_logs(paths: Sequence[Path]) -> LogRead:
     """Read JSONL evidence logs line by line, keeping only the fields the summary reads.
 
     :raises OSError: a file cannot be opened, or is not a regular file
-        (:class:`~policy_engine.dsl.inputfile.NotRegularFile`: a device or pipe never ends).
+        (:class:`~policy_engine.inputs.inputfile.NotRegularFile`: a device or pipe never ends).
     """
     out = LogRead()
     for path in paths:

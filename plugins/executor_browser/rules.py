@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from plugins.executor_http.resolve import IPAddress, Resolver, system_resolver
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.guard.guard import Guard
 from policy_engine.guard.ipaddr import check_answer
@@ -31,6 +30,7 @@ from policy_engine.model import (
     NetHttpCapability,
     Profile,
 )
+from policy_engine.netproxy.resolve import IPAddress, Resolver, system_resolver
 from policy_engine.patterns.hosts import HostPattern
 
 

@@ -41,7 +41,6 @@ from plugins.executor_docker.workspace import (
     prepare,
     write_record,
 )
-from plugins.netproxy import SANDBOX_DIR, RestrictedHandle
 from policy_engine.config import default_state_dir
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, ExecutorCapabilities, refusal_of
@@ -60,6 +59,7 @@ from policy_engine.model import (
     SideEffectRec,
     Usage,
 )
+from policy_engine.netproxy import SANDBOX_DIR, RestrictedHandle
 
 # GIT_PINS: git never runs a program a workspace file names (repo config, hooks, ~/.gitconfig)
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace/work",

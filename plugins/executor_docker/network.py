@@ -1,7 +1,7 @@
 """Restricted network for containers: the host-side policy proxy, reached through a bridge.
 
 The container keeps ``--network=none`` (loopback only). The per-call proxy
-(``plugins.netproxy``) listens on a Unix socket in a host runtime directory that is mounted
+(``policy_engine.netproxy``) listens on a Unix socket in a host runtime directory that is mounted
 read-only into the container; the bridge, started first inside the container, listens on
 ``127.0.0.1:PORT`` there and forwards to that socket, then runs the command with the proxy
 variables set. Every request is decided by the call's guard (``ExecContext.guard``) and pinned on
@@ -19,11 +19,11 @@ from collections.abc import Iterable
 
 from docker.types import Mount
 
-from plugins.netproxy import SANDBOX_DIR, RestrictedHandle, RestrictedNetwork
-from plugins.netproxy.restricted import DEFAULT_PORT
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext
 from policy_engine.model import NetworkMode, SideEffectRec
+from policy_engine.netproxy import SANDBOX_DIR, RestrictedHandle, RestrictedNetwork
+from policy_engine.netproxy.restricted import DEFAULT_PORT
 
 SANDBOX_PYTHON = "/usr/bin/python3"
 """The bridge's interpreter inside the container (from the host's ``/usr``, bound read-only)."""

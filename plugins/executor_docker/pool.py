@@ -37,8 +37,8 @@ import requests.exceptions
 
 from plugins.executor_docker.control import CONTROL_DIR, Control, launcher_argv
 from plugins.executor_docker.engine import Hardening, map_error
-from plugins.netproxy import SANDBOX_DIR
 from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.netproxy import SANDBOX_DIR
 
 POOL_LABEL = "io.policy-engine.pool"
 # writable (inputs: by the engine only) over the read-only root; seeded from the image's modes

@@ -36,7 +36,6 @@ from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import Outcome, pump
 from plugins.executor_proc.spec import Limits, Plan, build_plan, resolve_limits
-from plugins.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
 from policy_engine.executor import (
@@ -60,6 +59,7 @@ from policy_engine.model import (
     Usage,
 )
 from policy_engine.model.text import printable_path
+from policy_engine.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine.sandbox import enginedirs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -164,7 +164,7 @@ class ProcExecutor:
     ``enforces_deadline``: the wait kills the process group at ``ctx.deadline`` or on
     ``ctx.cancel`` and raises ``LLM.TIMEOUT`` itself, so the orchestrator may call it inline.
 
-    Network ``restricted`` (bwrap only): a per-call ``plugins.netproxy`` proxy decided by
+    Network ``restricted`` (bwrap only): a per-call ``policy_engine.netproxy`` proxy decided by
     ``ctx.guard`` (``guard`` here only when the context has none), reached through its bridge,
     which runs first in the sandbox's empty network namespace. A ``network_hook`` replaces it.
     The Landlock-only backend has no namespace, and Landlock's TCP rules name ports, not

@@ -11,7 +11,7 @@ import click
 from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, load_or_exit
 from policy_engine.cli.replay import seal_key_of
 from policy_engine.compiler import compile_files
-from policy_engine.dsl.inputfile import cannot_read
+from policy_engine.inputs.inputfile import cannot_read
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 

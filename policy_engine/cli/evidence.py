@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, echo_json, format_option
-from policy_engine.dsl.inputfile import cannot_read
+from policy_engine.inputs.inputfile import cannot_read
 
 if TYPE_CHECKING:
     from policy_engine.evidence.verify import Report

@@ -19,7 +19,7 @@ from policy_engine.cli.common import (
     load_or_exit,
 )
 from policy_engine.compiler import compile_files
-from policy_engine.dsl.loaders import load_grant, load_manifest
+from policy_engine.compiler.loaders import load_grant, load_manifest
 from policy_engine.explain import explain
 from policy_engine.explain.pipeline import Explanation
 from policy_engine.explain.render_text import render_text

@@ -63,7 +63,7 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
         from policy_engine.mcp.transports import fixed_principal, run_stdio
     except ImportError:
         _fail("the MCP server needs the `mcp` extra: pip install 'policy-engine[mcp]'")
-    from policy_engine.dsl.loaders import load_manifest
+    from policy_engine.compiler.loaders import load_manifest
     from policy_engine.orchestrator import Orchestrator
     from policy_engine.runcode.manager import OrchestratorPool
     from policy_engine.skills.check import load_skills
@@ -72,7 +72,7 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
     if transport == "stdio" and not (tenant and subject):
         _fail("--transport stdio runs as one tenant: give --tenant and --subject")
     if tenant is not None:
-        from policy_engine.service.tokens import check_tenant
+        from policy_engine.tokens import check_tenant
 
         try:  # the same names tokens allow: a tenant names directories
             check_tenant(tenant)
@@ -113,7 +113,7 @@ def _serve_http(invoker: SkillInvoker, op_tools: tuple[OpTool, ...], engine: Eng
     from policy_engine.mcp.server import build_server
     from policy_engine.mcp.transports import http_app, token_principal
     from policy_engine.service.guards import charge_rate
-    from policy_engine.service.tokens import Principal, TokenStore
+    from policy_engine.tokens import Principal, TokenStore
 
     tokens = TokenStore(engine.state_dir / "tokens.sqlite")
     try:

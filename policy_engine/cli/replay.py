@@ -9,14 +9,14 @@ import click
 
 from policy_engine.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, echo_json, load_or_exit
 from policy_engine.compiler import compile_files
-from policy_engine.dsl.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
+from policy_engine.inputs.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
 
 def seal_key_of(seal_key: Path | None, state_dir: Path | None) -> bytes | None:
     """The replay sealing key from ``--seal-key`` or ``--state-dir`` (exit 2 if unreadable)."""
-    from policy_engine.replay.record import SEAL_KEY_FILE
+    from policy_engine.recording.record import SEAL_KEY_FILE
 
     path = seal_key or (state_dir / SEAL_KEY_FILE if state_dir else None)
     if path is None:

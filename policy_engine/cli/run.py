@@ -18,6 +18,7 @@ from policy_engine.cli.common import (
     load_or_exit,
 )
 from policy_engine.compiler import compile_files
+from policy_engine.compiler.loaders import load_grant, load_manifest
 from policy_engine.config import EngineConfig
 from policy_engine.confirm.broker import ConsentBroker, consent_notes
 from policy_engine.confirm.services import (
@@ -26,7 +27,6 @@ from policy_engine.confirm.services import (
     DenyConfirmation,
     InteractiveConfirmation,
 )
-from policy_engine.dsl.loaders import load_grant, load_manifest
 from policy_engine.explain.request import ExplainRequest, load_request, resolve_fixture
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.model import ProcExecOp

@@ -17,8 +17,8 @@ from policy_engine.cli.common import (
     format_option,
 )
 from policy_engine.errors import ErrorCode, PolicyEngineError
-from policy_engine.sandbox.runner import SandboxDisabledError, SandboxRunner
-from policy_engine.sandbox.sbconfig import LoadedSandboxConfig, load_sandbox_config
+from policy_engine.sandbox_config.sbconfig import LoadedSandboxConfig, load_sandbox_config
+from policy_engine.sandbox_runner.runner import SandboxDisabledError, SandboxRunner
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 _DIR = click.Path(file_okay=False, path_type=Path)

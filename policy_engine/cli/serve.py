@@ -17,8 +17,8 @@ from policy_engine.cli.common import (
     load_or_exit,
 )
 from policy_engine.compiler import compile_files
-from policy_engine.dsl.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
-from policy_engine.dsl.loaders import load_manifest
+from policy_engine.compiler.loaders import load_manifest
+from policy_engine.inputs.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
 
 if TYPE_CHECKING:
     from policy_engine.confirm.services import ConfirmationService

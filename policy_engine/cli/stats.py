@@ -9,7 +9,7 @@ import click
 
 from policy_engine.cli.common import EXIT_BAD_INPUT, echo_json, format_option
 from policy_engine.config import default_state_dir
-from policy_engine.dsl.inputfile import cannot_read
+from policy_engine.inputs.inputfile import cannot_read
 from policy_engine.stats import read_logs, render_text, summarize
 
 

@@ -14,7 +14,7 @@ from policy_engine.cli.common import (
     engine_config_or_exit,
     format_option,
 )
-from policy_engine.service.tokens import TokenStore
+from policy_engine.tokens import TokenStore
 
 _STATE = click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
                       help="where tokens.sqlite lives (overrides the config)")

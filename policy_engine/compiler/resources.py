@@ -24,10 +24,10 @@ from pydantic import TypeAdapter, ValidationError
 from policy_engine.compiler.context import CompileContext
 from policy_engine.compiler.values import ValueProblem, build_limits, parse_int, parse_size
 from policy_engine.dsl import ast
-from policy_engine.dsl.bounded import regex_problem
 from policy_engine.errors import Diagnostic, Span
 from policy_engine.model import ArgAlternative, ArgSlot, BrowserScope, Capability, CapabilityKind
 from policy_engine.patterns import validate_glob, validate_host_pattern
+from policy_engine.patterns.regex import regex_problem
 
 _FS = ("paths",)
 ACCEPTS: dict[CapabilityKind, tuple[str, ...]] = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from policy_engine.dsl.inputfile import read_limited
 from policy_engine.errors import Diagnostic, Severity
+from policy_engine.inputs.inputfile import read_limited
 
 _RESET = "\x1b[0m"
 _BOLD = "\x1b[1m"

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-from policy_engine.dsl.inputfile import REGULAR_ONLY_HELP, NotRegularFile, read_limited
 from policy_engine.errors import Diagnostic, Span
+from policy_engine.inputs.inputfile import REGULAR_ONLY_HELP, NotRegularFile, read_limited
 
 MAX_POLICY_BYTES = 1024 * 1024
 """The largest `.sbpolicy` file any command reads (docs/operations.md, "Input limits")."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from policy_engine.dsl.inputfile import MAX_KEY_BYTES, read_bounded
+from policy_engine.inputs.inputfile import MAX_KEY_BYTES, read_bounded
 from policy_engine.model import ArgSlot
 from policy_engine.patterns.argv import CompiledSlot, compile_slots
 

@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from policy_engine.dsl.inputfile import DOCUMENT_SUFFIXES, named_like
-from policy_engine.dsl.loaders import load_document, validate_document
+from policy_engine.compiler.loaders import load_document, validate_document
 from policy_engine.errors import Diagnostic, DiagnosticsError, Span
+from policy_engine.inputs.inputfile import DOCUMENT_SUFFIXES, named_like
 from policy_engine.model import ExecOp, Overrides, Settings, Usage
 
 

@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from policy_engine.dsl import ast, fastparse
-from policy_engine.dsl.inputfile import walk_takes
 from policy_engine.dsl.parser import read_source
 from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.fmt import soundness
 from policy_engine.fmt.printer import format_ast
+from policy_engine.inputs.inputfile import walk_takes
 
 SUFFIX = ".sbpolicy"
 

@@ -13,9 +13,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from policy_engine.dsl.regex import PolicyRegex, RegexError, compile_policy_regex
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.model import ArgAlternative, ProcCapability, Profile
+from policy_engine.patterns.regex import PolicyRegex, RegexError, compile_policy_regex
 
 MAX_ENV_VARS = 256
 MAX_ENV_VALUE_BYTES = 32 * 1024

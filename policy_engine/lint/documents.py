@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from policy_engine.compiler.builtins import MANDATORY_DENY_PATHS
+from policy_engine.compiler.loaders import PositionLookup
 from policy_engine.documents import DocumentReport, check_document
-from policy_engine.dsl.loaders import PositionLookup
 from policy_engine.errors import Span
 from policy_engine.guard.env import is_hijack
 from policy_engine.lint.cover import may_contain, may_meet

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 from policy_engine.documents import DOCUMENT_SUFFIXES, is_document
 from policy_engine.dsl.grammar import get_parser
-from policy_engine.dsl.inputfile import read_limited, walk_takes
 from policy_engine.dsl.parser import MAX_POLICY_BYTES
 from policy_engine.errors import Diagnostic, Severity, Span
+from policy_engine.inputs.inputfile import read_limited, walk_takes
 from policy_engine.lint import suppress
 from policy_engine.lint.compile import Caches, compile_policy
 from policy_engine.lint.documents import lint_document

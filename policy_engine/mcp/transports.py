@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policy_engine.mcp.server import PrincipalOf, Unauthenticated
 from policy_engine.service.errors import ServiceError
-from policy_engine.service.tokens import Principal, TokenStore
+from policy_engine.tokens import Principal, TokenStore
 
 _SCOPE_KEY = "policy_engine.principal"
 

@@ -66,10 +66,10 @@ class EvidenceBegin(BaseModel):
     policy_version_hash: str
     replay: dict[str, Any] | None = Field(
         default=None, description="what `policy-engine replay` needs to decide the call again "
-        "(policy_engine/replay/record.py): the redacted op, grant, manifest, settings")
+        "(policy_engine/recording/record.py): the redacted op, grant, manifest, settings")
     shadow: dict[str, Any] | None = Field(
         default=None, description="what the shadow (audit) policy would decide, unenforced "
-        "(policy_engine/replay/shadow.py): decision, code, rule, would_deny")
+        "(policy_engine/recording/shadow.py): decision, code, rule, would_deny")
     annotations: dict[str, Any] | None = Field(
         default=None, description="what the caller established before the call, recorded with "
         "it: `consent` (the confirmation service's question and answer: who, when, for what, "

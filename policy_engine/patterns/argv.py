@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policy_engine.dsl.regex import PolicyRegex, compile_policy_regex
 from policy_engine.model import ArgSlot
+from policy_engine.patterns.regex import PolicyRegex, compile_policy_regex
 
 
 def compile_arg_regex(pattern: str) -> PolicyRegex:

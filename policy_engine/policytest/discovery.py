@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from policy_engine.dsl.bounded import MAX_DOCUMENT_BYTES
-from policy_engine.dsl.inputfile import describe, is_regular, read_limited, walk_takes
 from policy_engine.errors import Diagnostic
+from policy_engine.inputs.bounded import MAX_DOCUMENT_BYTES
+from policy_engine.inputs.inputfile import describe, is_regular, read_limited, walk_takes
 
 TEST_SUFFIXES = (".sbtest.yaml", ".sbtest.yml", ".sbtest.json")
 POLICY_SUFFIX = ".sbpolicy"

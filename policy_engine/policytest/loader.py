@@ -1,6 +1,6 @@
 """Load one test file: parse it with positions, validate it, check what pydantic cannot.
 
-Parsing is the generic bounded one (:mod:`policy_engine.dsl.bounded`: libyaml's event stream for
+Parsing is the generic bounded one (:mod:`policy_engine.inputs.bounded`: libyaml's event stream for
 positions and bounds, then libyaml builds the values), so a test file is held to the same limits
 on size, depth, aliases, integers and duplicate keys as a grant or a request.
 """
@@ -11,9 +11,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from policy_engine.dsl.inputfile import DOCUMENT_SUFFIXES, named_like
-from policy_engine.dsl.loaders import PositionLookup, load_document, validate_document
+from policy_engine.compiler.loaders import PositionLookup, load_document, validate_document
 from policy_engine.errors import Diagnostic, DiagnosticsError, ErrorCode, Span
+from policy_engine.inputs.inputfile import DOCUMENT_SUFFIXES, named_like
 from policy_engine.policytest.model import PolicyTestCase, PolicyTestFile
 
 _CODES = frozenset(code.value for code in ErrorCode)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from policy_engine.compiler import compile_files
-from policy_engine.dsl.loaders import load_grant, load_manifest
+from policy_engine.compiler.loaders import load_grant, load_manifest
 from policy_engine.errors import Diagnostic, DiagnosticsError, Span
 from policy_engine.explain import ExplainRequest, explain
 from policy_engine.explain.render_text import render_text

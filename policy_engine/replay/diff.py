@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from policy_engine.dsl.loaders import load_grant, load_manifest
+from policy_engine.compiler.loaders import load_grant, load_manifest
 from policy_engine.explain import explain
 from policy_engine.explain.request import ExplainRequest, load_request, resolve_fixture
 from policy_engine.graph.policyset import PolicySet

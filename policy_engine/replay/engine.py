@@ -1,7 +1,7 @@
 """Re-deciding recorded calls under another policy, offline: nothing is executed (seed 000 §14).
 
 The "simulated executor" is the guard's dry run: each recorded call is rebuilt from its begin
-record's ``replay`` block (policy_engine/replay/record.py), its profile built under the new
+record's ``replay`` block (policy_engine/recording/record.py), its profile built under the new
 policy and the guard asked, exactly the steps the orchestrator takes before anything runs.
 """
 
@@ -22,7 +22,7 @@ from policy_engine.graph.policyset import PolicySet
 from policy_engine.guard import Guard
 from policy_engine.model import Decision, ExecOp, Grant, Manifest, Overrides, Settings
 from policy_engine.profile import ProfileBuilder
-from policy_engine.replay.record import unseal
+from policy_engine.recording.record import unseal
 
 _OP: TypeAdapter[ExecOp] = TypeAdapter(ExecOp)
 # refusals decided before any policy was consulted: a policy change cannot alter them

@@ -23,10 +23,10 @@ from typing import Any
 from prometheus_client import Counter
 
 from policy_engine.compiler import compile_files
-from policy_engine.dsl.inputfile import named_like, read_limited
 from policy_engine.dsl.parser import MAX_POLICY_BYTES
 from policy_engine.errors import DIAGNOSTICS, DiagnosticsError
 from policy_engine.graph.policyset import PolicySet
+from policy_engine.inputs.inputfile import named_like, read_limited
 from policy_engine.orchestrator import Orchestrator
 
 log = logging.getLogger(__name__)

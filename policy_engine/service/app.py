@@ -63,9 +63,9 @@ from policy_engine.service.models import (
 )
 from policy_engine.service.pg_stores import open_exec_store, open_token_store, service_dsn
 from policy_engine.service.skill_routes import register as register_skill_routes
-from policy_engine.service.tokens import Principal, TokenStore
 from policy_engine.service.workspace import open_artifact
 from policy_engine.skills.invoke import SkillInvoker
+from policy_engine.tokens import Principal, TokenStore
 
 # context keys the guard takes from the caller over its own views: the service sets them
 _RESERVED_CONTEXT = ("grant", "manifest", "tenant", "subject")

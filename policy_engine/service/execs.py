@@ -23,13 +23,13 @@ from policy_engine.service.models import (
     ShellExec,
 )
 from policy_engine.service.slots import ExecSlots
-from policy_engine.service.tokens import Principal
 from policy_engine.service.workspace import (
     ProjectDirs,
     normalize_input_path,
     scan_artifacts,
     write_service_file,
 )
+from policy_engine.tokens import Principal
 
 _GRANT_TTL_MS = 15 * 60 * 1000
 

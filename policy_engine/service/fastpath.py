@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from policy_engine.service.errors import ServiceError, crash_response, error_response
 from policy_engine.service.guards import ADMITTED, admit_or_answer, replaying
 from policy_engine.service.models import DecideBody
-from policy_engine.service.tokens import Principal
+from policy_engine.tokens import Principal
 
 _PATH = "/v1/decide"
 

@@ -18,7 +18,7 @@ from policy_engine.service.errors import (
     from_engine,
     service_error,
 )
-from policy_engine.service.tokens import Principal, TokenStore
+from policy_engine.tokens import Principal, TokenStore
 
 ADMITTED = "policy_engine.admitted"
 """ASGI scope key: the principal this request was already admitted as (set only by the

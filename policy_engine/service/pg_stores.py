@@ -24,7 +24,7 @@ from policy_engine.pgschema import display_dsn, migrate
 from policy_engine.service.errors import ServiceError
 from policy_engine.service.execstore import ExecStore
 from policy_engine.service.models import Artifact, ExecRecord
-from policy_engine.service.tokens import (
+from policy_engine.tokens import (
     _SUBJECT,
     _TOKEN,
     PREFIX,

@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
 
-from policy_engine.dsl.regex import RegexError, compile_policy_regex
+from policy_engine.patterns.regex import RegexError, compile_policy_regex
 
 
 def _pattern(validator: Validator, pattern: str, instance: Any,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from plugins.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine.errors import ErrorCode
 from policy_engine.model import Profile
+from policy_engine.netproxy import RestrictedHandle, RestrictedNetwork
 from tests.integration.servers import (
     LoopbackServer,
     endless,

@@ -20,7 +20,6 @@ import pytest
 from click.testing import CliRunner
 
 from plugins.executor_proc.executor import ProcExecutor
-from plugins.netproxy import RestrictedNetwork
 from policy_engine.cli.main import cli
 from policy_engine.errors import ErrorCode
 from policy_engine.executor import ExecContext
@@ -34,6 +33,7 @@ from policy_engine.model import (
     Profile,
     SideEffect,
 )
+from policy_engine.netproxy import RestrictedNetwork
 from tests.integration.servers import Handler, LoopbackServer, compiled_profile, send
 from tests.integration.test_netproxy import sandboxed as sandboxed_net
 

@@ -19,11 +19,11 @@ import pytest
 from plugins.executor_docker.engine import DockerOptions
 from plugins.executor_docker.executor import DockerExecutor
 from plugins.executor_proc.executor import ProcExecutor
-from plugins.netproxy import RestrictedNetwork
 from policy_engine.errors import ErrorCode
 from policy_engine.executor import ExecContext
 from policy_engine.guard import Guard
 from policy_engine.model import NetHttpCapability, ProcExecOp, Profile, SideEffect
+from policy_engine.netproxy import RestrictedNetwork
 from tests.integration.servers import (
     Handler,
     LoopbackServer,

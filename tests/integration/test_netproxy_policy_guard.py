@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from plugins.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine.errors import ErrorCode
 from policy_engine.guard import Guard
 from policy_engine.model import NetHttpCapability, NetHttpOp, Profile
+from policy_engine.netproxy import RestrictedHandle, RestrictedNetwork
 from tests.integration.servers import LoopbackServer, compiled_profile, send
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ from policy_engine.service.pg_stores import (
     open_exec_store,
     open_token_store,
 )
-from policy_engine.service.tokens import TokenStore
+from policy_engine.tokens import TokenStore
 from tests.integration.shared_servers import (  # noqa: F401  (the *_fixture ones)
     dead_pg_dsn,
     pg_dsn_fixture,

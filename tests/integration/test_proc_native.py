@@ -17,8 +17,8 @@ from plugins.executor_proc import native
 from plugins.executor_proc.executor import ProcExecutor, ProcOptions
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.compiler import compile_files
+from policy_engine.compiler.loaders import load_grant, load_manifest
 from policy_engine.config import EngineConfig
-from policy_engine.dsl.loaders import load_grant, load_manifest
 from policy_engine.executor import ExecContext
 from policy_engine.model import ProcExecOp
 from policy_engine.orchestrator import Orchestrator

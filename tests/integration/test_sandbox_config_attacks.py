@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from policy_engine.config import EngineConfig
-from policy_engine.sandbox.runner import SandboxDisabledError, SandboxRunner
-from policy_engine.sandbox.sbconfig import load_sandbox_config
+from policy_engine.sandbox_config.sbconfig import load_sandbox_config
+from policy_engine.sandbox_runner.runner import SandboxDisabledError, SandboxRunner
 
 pytestmark = pytest.mark.integration
 

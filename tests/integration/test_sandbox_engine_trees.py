@@ -18,8 +18,8 @@ from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.config import EngineConfig
 from policy_engine.executor import ExecContext
 from policy_engine.model import ProcExecOp
-from policy_engine.sandbox.runner import SandboxRunner
-from policy_engine.sandbox.sbconfig import load_sandbox_config
+from policy_engine.sandbox_config.sbconfig import load_sandbox_config
+from policy_engine.sandbox_runner.runner import SandboxRunner
 from tests.integration.test_proc_sandbox import make_profile
 
 pytestmark = pytest.mark.integration

@@ -22,12 +22,12 @@ from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig
 from policy_engine.model import Grant, Manifest, NetHttpCapability, NetHttpOp
 from policy_engine.orchestrator import run_once
-from policy_engine.sandbox.runner import SandboxRunner
-from policy_engine.sandbox.sbconfig import (
+from policy_engine.sandbox_config.sbconfig import (
     DEFAULT_BLACKLIST,
     ENGINE_BLACKLIST,
     load_sandbox_config,
 )
+from policy_engine.sandbox_runner.runner import SandboxRunner
 from tests.integration.servers import LoopbackServer, send
 
 pytestmark = pytest.mark.integration

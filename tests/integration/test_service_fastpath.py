@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from policy_engine.compiler import compile_files
+from policy_engine.compiler.loaders import load_manifest
 from policy_engine.config import EngineConfig
-from policy_engine.dsl.loaders import load_manifest
 from policy_engine.service.app import asgi_app, open_engine
 from policy_engine.service.config import ServiceConfig
 from policy_engine.service.fastpath import DecideFastPath

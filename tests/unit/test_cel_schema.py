@@ -70,8 +70,8 @@ def test_model_fields_the_views_do_not_carry_are_check_errors(
 
 def test_the_checked_views_are_the_views_the_guard_builds() -> None:
     from policy_engine.compiler import compile_files
+    from policy_engine.compiler.loaders import load_grant, load_manifest
     from policy_engine.dsl.cel_schema import schemas
-    from policy_engine.dsl.loaders import load_grant, load_manifest
     from policy_engine.guard.compiled import static_views
     from policy_engine.profile import ProfileBuilder
 

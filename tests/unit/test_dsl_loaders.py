@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policy_engine.dsl.loaders import (
+from policy_engine.compiler.loaders import (
     PositionLookup,
     field_path,
     load_document,

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from test_authoring_fuzz import mutated
 
 from policy_engine.cli.main import cli
-from policy_engine.dsl.loaders import load_document, load_grant, load_manifest
+from policy_engine.compiler.loaders import load_document, load_grant, load_manifest
 from policy_engine.errors import DiagnosticsError
 from policy_engine.explain.request import load_request
 from policy_engine.policytest.loader import load_test_file

@@ -1,6 +1,6 @@
 """Input files that are not what they claim: devices, pipes, files over a limit, host files.
 
-Every command reads its inputs through `policy_engine/dsl/inputfile.py`: a character device or
+Every command reads its inputs through `policy_engine/inputs/inputfile.py`: a character device or
 a named pipe reports 0 bytes and then never ends (or, opened without a writer, never starts),
 so each is refused by what it is, with `SBP100`, before anything is read. An `import` names
 only `.sbpolicy` files (SBP217) and directory walks take only regular files whose real path has
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from hostile_cli import EXAMPLES, GIT_STATUS, ORG, Ran, run_cli
 
-from policy_engine.dsl.inputfile import MAX_EVIDENCE_BYTES, MAX_KEY_BYTES
+from policy_engine.inputs.inputfile import MAX_EVIDENCE_BYTES, MAX_KEY_BYTES
 
 MARKER = "SECRET-MARKER-41c7e2"
 

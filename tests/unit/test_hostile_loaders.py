@@ -1,7 +1,7 @@
 """Hostile JSON/YAML never loops, exhausts memory or crashes a loader: each is a diagnostic.
 
 Requests, grants, manifests and policy-test files are all read by the bounded parser
-(policy_engine/dsl/bounded.py); the named reproducers from the fuzzing pass (tests/data/hostile)
+(policy_engine/inputs/bounded.py); the named reproducers from the fuzzing pass (tests/data/hostile)
 run through the real CLI in a child process capped at 1.5 GB, and every one must end with its
 own diagnostic, its position, exit code 2, quickly and in little memory.
 """
@@ -24,8 +24,11 @@ from hostile_cli import (
     run_cli,
 )
 
+from policy_engine.compiler.loaders import load_document, load_grant, load_manifest
 from policy_engine.config import load_config
-from policy_engine.dsl.bounded import (
+from policy_engine.errors import DiagnosticsError
+from policy_engine.explain.request import load_request
+from policy_engine.inputs.bounded import (
     MAX_ALIAS_NODES,
     MAX_DEPTH,
     MAX_DOCUMENT_BYTES,
@@ -35,9 +38,6 @@ from policy_engine.dsl.bounded import (
     parse_json,
     parse_yaml,
 )
-from policy_engine.dsl.loaders import load_document, load_grant, load_manifest
-from policy_engine.errors import DiagnosticsError
-from policy_engine.explain.request import load_request
 from policy_engine.policytest.loader import load_test_file
 
 # Far below the 7-8 GB, 20 s and segfaults seen before; far above what a refusal costs.

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from policy_engine.compiler import compile_files
+from policy_engine.compiler.loaders import load_grant, load_manifest
 from policy_engine.config import EngineConfig
-from policy_engine.dsl.loaders import load_grant, load_manifest
 from policy_engine.model import TmpAllocOp
 from policy_engine.orchestrator import Orchestrator
 from policy_engine.rollout.reload import PolicyReloader

@@ -19,11 +19,11 @@ import pytest
 
 from plugins.executor_browser.rules import RequestRules
 from plugins.executor_http import HttpExecutor
-from plugins.executor_http.resolve import IPAddress, pin
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext
 from policy_engine.guard.ipaddr import METADATA_ADDRESSES, classify, is_address_allowed
 from policy_engine.model import BrowserCapability, NetHttpCapability, NetHttpOp, SideEffect
+from policy_engine.netproxy.resolve import IPAddress, pin
 from policy_engine.patterns import HostPattern
 from tests.integration.servers import LoopbackServer, compiled_profile, send
 from tests.unit.loopback_dns import LoopbackDns

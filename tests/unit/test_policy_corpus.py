@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from policy_engine.compiler import check_files, compile_files
-from policy_engine.dsl.loaders import load_grant, load_manifest
+from policy_engine.compiler.loaders import load_grant, load_manifest
 from policy_engine.errors import Severity
 from policy_engine.explain.pipeline import explain
 from policy_engine.explain.request import ExplainRequest

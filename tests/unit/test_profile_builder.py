@@ -14,7 +14,7 @@ from typing import Literal
 import pytest
 
 from policy_engine.compiler import compile_files
-from policy_engine.dsl.loaders import load_grant, load_manifest
+from policy_engine.compiler.loaders import load_grant, load_manifest
 from policy_engine.errors import ErrorCode, PolicyEngineError, Span
 from policy_engine.graph import CompiledRule, ConsentRule, NamedProfile, PolicySet
 from policy_engine.guard import Guard

@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from policy_engine.compiler import compile_files
-from policy_engine.dsl.loaders import load_grant, load_manifest
+from policy_engine.compiler.loaders import load_grant, load_manifest
 from policy_engine.graph import PolicySet
 from policy_engine.guard import Guard
 from policy_engine.model import FsReadOp, Grant, Limits, Manifest, Overrides, ProcExecOp, Settings

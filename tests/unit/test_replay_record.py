@@ -17,8 +17,8 @@ from policy_engine.model import (
     NetHttpOp,
     ProcExecOp,
 )
+from policy_engine.recording.record import replay_block, unseal, url_shape
 from policy_engine.replay.engine import Unreplayable, rebuild_op
-from policy_engine.replay.record import replay_block, unseal, url_shape
 
 M = "mk-7c1e9a"  # every withheld value carries it
 GRANT = Grant(tenant="acme", subject_id="a", tool_name="t", call_id="c", expires_at=10)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from policy_engine.sandbox.sbconfig import (
+from policy_engine.sandbox_config.sbconfig import (
     DEFAULT_BLACKLIST,
     ENGINE_BLACKLIST,
     MAX_CONFIG_BYTES,
@@ -19,7 +19,7 @@ from policy_engine.sandbox.sbconfig import (
     config_location,
     load_sandbox_config,
 )
-from policy_engine.sandbox.sbpolicy_gen import build_sandbox_policy, policy_source
+from policy_engine.sandbox_config.sbpolicy_gen import build_sandbox_policy, policy_source
 
 
 @pytest.fixture
@@ -272,7 +272,7 @@ def test_disabled_runs_only_on_an_explicit_compat_local_backend(tmp_path: Path,
                                                                 home: Path) -> None:
     from policy_engine.config import EngineConfig
     from policy_engine.model import OpKind
-    from policy_engine.sandbox.runner import disabled_refusal
+    from policy_engine.sandbox_runner.runner import disabled_refusal
 
     off = load(tmp_path, home, {"enabled": False})
     assert off.config.enabled_origin == f"{tmp_path / 'sandbox.json'}:2:3"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from policy_engine.service.errors import ServiceError
-from policy_engine.service.tokens import TokenStore
 from policy_engine.service.workspace import normalize_input_path
+from policy_engine.tokens import TokenStore
 
 
 def test_token_round_trip_and_revocation(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 from policy_engine.cli.main import cli
 from policy_engine.compiler import compile_files
+from policy_engine.compiler.loaders import load_grant, load_manifest
 from policy_engine.config import EngineConfig
-from policy_engine.dsl.loaders import load_grant, load_manifest
 from policy_engine.model import TmpAllocOp
 from policy_engine.orchestrator import Orchestrator
 

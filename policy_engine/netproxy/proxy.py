@@ -23,9 +23,12 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from plugins.executor_http.body import check_mime
-from plugins.executor_http.executor import clean_request_headers, redacted_url
-from plugins.executor_http.resolve import (
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.executor import Decider
+from policy_engine.model import Limits, NetHttpOp, Profile, SideEffect, SideEffectRec
+from policy_engine.netproxy.body import check_mime
+from policy_engine.netproxy.headers import clean_request_headers, redacted_url
+from policy_engine.netproxy.resolve import (
     IPAddress,
     Resolver,
     Vetted,
@@ -33,11 +36,8 @@ from plugins.executor_http.resolve import (
     tunnel_refusal,
     vet,
 )
-from plugins.executor_http.transport import PinnedTransport
-from plugins.netproxy.wire import Head, Meter, Refused, read_head, reason_phrase
-from policy_engine.errors import ErrorCode, PolicyEngineError
-from policy_engine.executor import Decider
-from policy_engine.model import Limits, NetHttpOp, Profile, SideEffect, SideEffectRec
+from policy_engine.netproxy.transport import PinnedTransport
+from policy_engine.netproxy.wire import Head, Meter, Refused, read_head, reason_phrase
 
 IDLE_SECONDS = 60.0
 LINGER_SECONDS = 10.0

@@ -1,6 +1,6 @@
 """Restricted network mode: a host-side policy proxy reached from a sealed network namespace."""
 
-from plugins.netproxy.restricted import (
+from policy_engine.netproxy.restricted import (
     SANDBOX_DIR,
     RestrictedHandle,
     RestrictedNetwork,

@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policy_engine.dsl.loaders import PositionLookup, parse_document
+from policy_engine.compiler.loaders import PositionLookup, parse_document
 from policy_engine.dsl.parser import read_source
 from policy_engine.errors import Diagnostic, DiagnosticsError
-from policy_engine.sandbox.sbexpand import (
+from policy_engine.sandbox_config.sbexpand import (
     ExpandError,
     blacklist_entry,
     usable_home,

@@ -15,16 +15,16 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from policy_engine.dsl.bounded import (
+from policy_engine.dsl.source import read_source
+from policy_engine.errors import Diagnostic, DiagnosticsError, Span
+from policy_engine.inputs.bounded import (
     MAX_DOCUMENT_BYTES,
     DocumentError,
     parse_json,
     parse_yaml,
-    regex_problem,
 )
-from policy_engine.dsl.source import read_source
-from policy_engine.errors import Diagnostic, DiagnosticsError, Span
 from policy_engine.model import Capability, Grant, Manifest
+from policy_engine.patterns.regex import regex_problem
 
 Loc = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
@@ -51,7 +51,7 @@ class PositionLookup:
 
 def load_document(path: str | os.PathLike[str]) -> tuple[Any, PositionLookup]:
     """Parse a JSON or YAML file (by suffix; otherwise JSON if it looks like JSON), within the
-    bounds of :mod:`policy_engine.dsl.bounded` (size, depth, aliases, integer length) and
+    bounds of :mod:`policy_engine.inputs.bounded` (size, depth, aliases, integer length) and
     refusing duplicate keys.
 
     :raises DiagnosticsError: SBP100 if unreadable, SBP106 if larger than

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from plugins.executor_http.resolve import IPAddress
+from policy_engine.netproxy.resolve import IPAddress
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 

@@ -90,3 +90,33 @@ def re2_problem(pattern: str) -> str | None:
     except RegexError as exc:
         return str(exc)
     return None
+
+
+MAX_REGEX_DEPTH = 50
+"""Python's regex parser recurses per group: 1,000 nested groups is a RecursionError."""
+
+
+def regex_problem(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be used as a regex (nested too deeply, or invalid), or ``None``."""
+    depth = deepest = 0
+    escaped = in_class = False
+    for ch in pattern:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == ")":
+            depth = max(0, depth - 1)
+    if deepest > MAX_REGEX_DEPTH:
+        return f"groups nested {deepest} deep; at most {MAX_REGEX_DEPTH} are allowed"
+    try:  # the guard runs the pattern on RE2: what RE2 refuses is refused here
+        return re2_problem(pattern)
+    except (RecursionError, OverflowError, MemoryError) as exc:
+        return f"too complex to compile ({type(exc).__name__})"

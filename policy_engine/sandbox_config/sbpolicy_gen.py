@@ -43,8 +43,8 @@ from policy_engine.model.capability import Capability
 from policy_engine.patterns.paths import is_literal
 from policy_engine.sandbox.enginedirs import tree_refusal
 from policy_engine.sandbox.masks import beneath
-from policy_engine.sandbox.sbconfig import Entry, SandboxConfig
-from policy_engine.sandbox.sbexpand import whitelist_refusal
+from policy_engine.sandbox_config.sbconfig import Entry, SandboxConfig
+from policy_engine.sandbox_config.sbexpand import whitelist_refusal
 
 POLICY_NAME = "sandbox/config"
 TOOL_NAME = "sandbox"

@@ -1,7 +1,7 @@
 """Restricted network mode (seed 004): a per-run policy proxy and the sandbox arguments to reach it.
 
 The child runs in a network namespace with no route out (``bwrap --unshare-net`` or
-``docker --network=none``: only loopback). The host-side proxy (``plugins.netproxy.proxy``)
+``docker --network=none``: only loopback). The host-side proxy (``policy_engine.netproxy.proxy``)
 listens on a Unix socket in a private runtime directory, which is bind-mounted read-only into the
 sandbox together with the bridge script; the bridge, started first inside the namespace, listens
 on ``127.0.0.1:PORT`` there and forwards each connection to the socket. Programs honouring
@@ -30,13 +30,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from plugins.executor_http.resolve import Resolver, system_resolver
-from plugins.executor_http.transport import PinnedTransport
-from plugins.netproxy.proxy import ProxyPolicy, ProxyServer, serve_in_thread
-from plugins.netproxy.wire import Meter
 from policy_engine.executor import Decider
 from policy_engine.guard.guard import Guard
 from policy_engine.model import Limits, Profile, SideEffectRec
+from policy_engine.netproxy.proxy import ProxyPolicy, ProxyServer, serve_in_thread
+from policy_engine.netproxy.resolve import Resolver, system_resolver
+from policy_engine.netproxy.transport import PinnedTransport
+from policy_engine.netproxy.wire import Meter
 
 SANDBOX_DIR = "/run/policy-engine-net"
 """Where the runtime directory (``proxy.sock``, ``bridge.py``) appears inside the sandbox."""

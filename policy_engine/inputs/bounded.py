@@ -31,8 +31,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import yaml
 
-from policy_engine.dsl.regex import re2_problem
-
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64
 MAX_ALIAS_NODES = 100_000
@@ -319,35 +317,3 @@ def _check_scalar(event: yaml.ScalarEvent, tag: str, line: int, col: int) -> Non
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().split("\n", 1)[0] or type(exc).__name__)[:120]
-
-
-# ---- regular expressions ------------------------------------------------------------------------
-
-MAX_REGEX_DEPTH = 50
-"""Python's regex parser recurses per group: 1,000 nested groups is a RecursionError."""
-
-
-def regex_problem(pattern: str) -> str | None:
-    """Why ``pattern`` cannot be used as a regex (nested too deeply, or invalid), or ``None``."""
-    depth = deepest = 0
-    escaped = in_class = False
-    for ch in pattern:
-        if escaped:
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif in_class:
-            in_class = ch != "]"
-        elif ch == "[":
-            in_class = True
-        elif ch == "(":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch == ")":
-            depth = max(0, depth - 1)
-    if deepest > MAX_REGEX_DEPTH:
-        return f"groups nested {deepest} deep; at most {MAX_REGEX_DEPTH} are allowed"
-    try:  # the guard runs the pattern on RE2: what RE2 refuses is refused here
-        return re2_problem(pattern)
-    except (RecursionError, OverflowError, MemoryError) as exc:
-        return f"too complex to compile ({type(exc).__name__})"

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from policy_engine.dsl.inputfile import MAX_KEY_BYTES, read_bounded
 from policy_engine.evidence.redact import _create_key
+from policy_engine.inputs.inputfile import MAX_KEY_BYTES, read_bounded
 from policy_engine.model import (
     BrowserNavOp,
     BrowserScreenshotOp,

@@ -1,7 +1,7 @@
 """Vetting and pinned resolution: guard decision, one lookup, every address vetted, then dialed.
 
-Shared by the ``net.http`` executor and the restricted-mode proxy (``plugins.netproxy``) so both
-refuse the same addresses for the same reasons.
+Shared by the ``net.http`` executor and the restricted-mode proxy (``policy_engine.netproxy``)
+so both refuse the same addresses for the same reasons.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def tunnel_refusal(guard: Decider, profile: Profile, vetted: Vetted) -> str | No
     method, has no condition (a condition may read the path, the method, the headers) and no
     MIME list (responses are not seen), and no forbid names the origin for some requests only
     (one that names it for all was already applied by the decision). Byte limits still apply,
-    counted on the tunnel (``plugins.netproxy.proxy``).
+    counted on the tunnel (``policy_engine.netproxy.proxy``).
     """
     cap = vetted.cap
     if cap is None or not isinstance(guard, Guard):

@@ -28,14 +28,14 @@ from policy_engine.orchestration.selection import select
 from policy_engine.orchestrator import Orchestrator
 from policy_engine.plugin_manager import PluginManager
 from policy_engine.sandbox.enginedirs import protected_trees
-from policy_engine.sandbox.sbconfig import (
+from policy_engine.sandbox_config.sbconfig import (
     ENV_ENABLED,
     LoadedSandboxConfig,
     describe_problem,
     load_sandbox_config,
 )
-from policy_engine.sandbox.sbexpand import usable_home, whitelist_refusal
-from policy_engine.sandbox.sbpolicy_gen import SandboxPolicy, build_sandbox_policy
+from policy_engine.sandbox_config.sbexpand import usable_home, whitelist_refusal
+from policy_engine.sandbox_config.sbpolicy_gen import SandboxPolicy, build_sandbox_policy
 
 log = logging.getLogger(__name__)
 BLOCKED_EXIT = 1  # the seed's SandboxResult for a blocked command

@@ -1,0 +1,1 @@
+"""Untrusted input readers: bounded JSON/YAML parsing and size-capped file reads."""

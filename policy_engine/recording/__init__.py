@@ -1,0 +1,1 @@
+"""Runtime recorder and shadow evaluation: what each call keeps for replay; a candidate beside."""

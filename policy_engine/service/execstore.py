@@ -36,11 +36,12 @@ CREATE TABLE IF NOT EXISTS sandbox_execs (
   stdout_truncated INTEGER NOT NULL,
   stderr_truncated INTEGER NOT NULL,
   envelope_id      TEXT NOT NULL,
-  artifacts        TEXT NOT NULL
+  artifacts        TEXT NOT NULL,
+  refusal          TEXT
 );
 CREATE INDEX IF NOT EXISTS sandbox_execs_tenant_task ON sandbox_execs (tenant, task_id);
 """
-_JSON_COLUMNS = ("args", "env_keys", "policy_snapshot")
+_JSON_COLUMNS = ("args", "env_keys", "policy_snapshot", "refusal")
 _BOOL_COLUMNS = ("stdout_truncated", "stderr_truncated")
 
 
@@ -56,6 +57,9 @@ class ExecStore:
         self._db.execute("PRAGMA busy_timeout = 5000")
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.executescript(_SCHEMA)
+        known = {row[1] for row in self._db.execute("PRAGMA table_info(sandbox_execs)")}
+        if "refusal" not in known:  # a store written before refusals were recorded
+            self._db.execute("ALTER TABLE sandbox_execs ADD COLUMN refusal TEXT")
         self._lock = threading.Lock()
         self._columns = [c for c in ExecRecord.model_fields]
 

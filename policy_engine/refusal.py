@@ -51,9 +51,8 @@ class Refusal:
         data: dict[str, Any] = {
             "code": self.code, "http_status": self.http_status, "retryable": self.retryable,
             "message": self.message, "refused_by": self.refused_by, "rule": self.rule,
-            "consent": self.consent.to_json(), "envelope_id": self.envelope_id}
-        if self.location is not None:
-            data["location"] = self.location
+            "consent": self.consent.to_json(), "envelope_id": self.envelope_id,
+            "location": self.location}
         return data
 
 
@@ -123,7 +122,7 @@ def refusal_schema() -> dict[str, Any]:
         "description": "one refused or failed call, the same on every face (docs/service.md)",
         "type": "object",
         "required": ["code", "http_status", "retryable", "message", "refused_by", "rule",
-                     "consent", "envelope_id"],
+                     "consent", "envelope_id", "location"],
         "additionalProperties": False,
         "properties": {
             "code": {"type": "string", "description": "stable error code (docs/error-codes.md)"},
@@ -142,7 +141,7 @@ def refusal_schema() -> dict[str, Any]:
                                "answer": {"enum": [*CONSENT_ANSWERS, None]},
                                "by": nullable_str, "at": {"type": ["integer", "null"]}}},
             "envelope_id": nullable_str,
-            "location": {"type": "string",
+            "location": {"type": ["string", "null"],
                          "description": "where malformed input broke (JSON pointer or path)"},
         },
     }

@@ -110,9 +110,11 @@ class InteractiveConfirmation:
     def confirm(self, request: ConsentRequest) -> ConsentAnswer:
         if not self.stdin.isatty():
             return ConsentAnswer(False, self.who, _now(), 0, self.mode, "no terminal to ask")
+        # what would run; ASCII-escaped so a program cannot rewrite the prompt (ANSI, bidi)
+        review = json.dumps(request.review, indent=2)
         self.stdout.write(f"consent needed: {request.capability} for {request.tenant}/"
                           f"{request.subject_id} (tool {request.tool_name}, call "
-                          f"{request.call_id}): {request.reason}\nallow? [y/N] ")
+                          f"{request.call_id}): {request.reason}\n{review}\nallow? [y/N] ")
         self.stdout.flush()
         line = self.stdin.readline().strip().lower()
         ok = line in ("y", "yes")

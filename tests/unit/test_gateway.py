@@ -182,3 +182,28 @@ def test_the_committed_schema_is_the_refusal_document(tmp_path: Path) -> None:
                                    doc["refused_by"], doc["envelope_id"])
     assert error.consent.answer == doc["consent"]["answer"]
     assert error.to_json() == doc
+
+
+def test_the_terminal_user_sees_the_code_and_it_cannot_rewrite_the_prompt() -> None:
+    import io
+    import os
+
+    from policy_engine.confirm.services import InteractiveConfirmation
+
+    sneaky = "import os\nprint('\x1b[2K\x1b[1Aharmless')  # \u202e"
+    master, slave = os.openpty()
+    os.write(master, b"n\n")
+    shown = io.StringIO()
+    with os.fdopen(slave, "r") as tty:
+        answer = InteractiveConfirmation(stdin=tty, stdout=shown).confirm(ConsentRequest(
+            request_id="r", tenant="acme", subject_id="agent:a", tool_name="run_code",
+            call_id="c", capability="proc.exec:python3", op={}, reason="consent required",
+            requested_at_ms=0, review=reviewable(ProcExecOp(tool="python3",
+                                                              args=("-c", sneaky)))))
+    os.close(master)
+    assert not answer.approved
+    text = shown.getvalue()
+    assert "import os" in text
+    assert "\\u001b[2K" in text  # escaped, not sent to the terminal
+    assert "\x1b" not in text
+    assert "\u202e" not in text

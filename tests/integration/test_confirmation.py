@@ -18,7 +18,6 @@ import pytest
 
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig
-from policy_engine.gateway import Call, Gateway
 from policy_engine.confirm.broker import ConsentBroker, consent_notes
 from policy_engine.confirm.services import (
     AutoConfirmation,
@@ -29,6 +28,7 @@ from policy_engine.confirm.services import (
     WebhookConfirmation,
     sign,
 )
+from policy_engine.gateway import Call, Gateway
 from policy_engine.model import FsReadOp, Grant, Manifest, Settings
 from policy_engine.orchestrator import Orchestrator
 from tests.integration.service_server import add_token, grant, start

@@ -83,8 +83,8 @@ class ExecStore:
 
     def _record(self, row: tuple[Any, ...]) -> ExecRecord:
         data = dict(zip(self._columns, row, strict=True))
-        for key in _JSON_COLUMNS:
-            data[key] = json.loads(data[key])
+        for key in _JSON_COLUMNS:  # NULL: a record written before the column existed
+            data[key] = None if data[key] is None else json.loads(data[key])
         for key in _BOOL_COLUMNS:
             data[key] = bool(data[key])
         return ExecRecord.model_validate(data)

@@ -23,10 +23,13 @@ if TYPE_CHECKING:
         Span,
     )
     from policy_engine.explain import ExplainRequest, Explanation, explain
+    from policy_engine.gateway import Call, Called, Gateway, SandboxManager
     from policy_engine.graph import PolicySet
     from policy_engine.guard import Guard
     from policy_engine.orchestrator import Orchestrator, RunOutcome
     from policy_engine.profile import ProfileBuilder
+    from policy_engine.refusal import PolicyRefusal, Refusal
+    from policy_engine.runcode.manager import RunCodeResult
 
 __version__ = "0.1.0"
 
@@ -42,12 +45,18 @@ _WHERE: dict[str, str] = {
     "Guard": "policy_engine.guard",
     "Orchestrator": "policy_engine.orchestrator", "RunOutcome": "policy_engine.orchestrator",
     "ProfileBuilder": "policy_engine.profile",
+    "Call": "policy_engine.gateway", "Called": "policy_engine.gateway",
+    "Gateway": "policy_engine.gateway", "SandboxManager": "policy_engine.gateway",
+    "PolicyRefusal": "policy_engine.refusal", "Refusal": "policy_engine.refusal",
+    "RunCodeResult": "policy_engine.runcode.manager",
 }
 
 __all__ = [
-    "Diagnostic", "DiagnosticsError", "EngineConfig", "ErrorCode", "ExplainRequest",
-    "Explanation", "Guard", "Orchestrator", "PolicyEngineError", "PolicySet", "ProfileBuilder",
-    "RunOutcome", "Severity", "Span", "__version__", "check_files", "compile_files", "explain",
+    "Call", "Called", "Diagnostic", "DiagnosticsError", "EngineConfig", "ErrorCode",
+    "ExplainRequest", "Explanation", "Gateway", "Guard", "Orchestrator", "PolicyEngineError",
+    "PolicyRefusal", "PolicySet", "ProfileBuilder", "Refusal", "RunCodeResult", "RunOutcome",
+    "SandboxManager", "Severity", "Span", "__version__", "check_files", "compile_files",
+    "explain",
 ]
 
 

@@ -81,6 +81,14 @@ class ProfileBuilderLike(Protocol):
               overrides: Overrides | None = None) -> Profile: ...
 
 
+class ConsentHook(Protocol):
+    """Asked when the decision is a deny: ``None`` when consent is not what it lacks; else the
+    grant (carrying the approver's consent on a yes) and the begin record's annotations."""
+
+    def __call__(self, grant: Grant, op: ExecOp, decision: Decision
+                 ) -> tuple[Grant, Mapping[str, Any] | None] | None: ...
+
+
 class GuardLike(Protocol):
     def decide(self, profile: Profile, op: Any, *, context: Mapping[str, object] | None = None,
                now_ms: int | None = None, trace: bool = False) -> Decision: ...
@@ -224,12 +232,17 @@ class Orchestrator:
             settings: Settings | None = None, overrides: Overrides | None = None,
             context: Mapping[str, object] | None = None, cancel: CancelToken | None = None,
             now_ms: int | None = None,
-            annotations: Mapping[str, Any] | None = None) -> RunOutcome:
+            annotations: Mapping[str, Any] | None = None,
+            consent: ConsentHook | None = None) -> RunOutcome:
         """Run ``op`` for ``grant`` under ``manifest``; never raises for a refusal or failure:
         those come back as ``RunOutcome.result.ok == False`` with a registry code.
 
         :param annotations: recorded in the begin record as they are (the consent asked for
             the call, run_code's risk hint); they must hold no secrets and decide nothing.
+        :param consent: asks an approver about this call's own decision when it is a deny
+            (the gateway's consent step, policy_engine/gateway/): the call is decided once and
+            the approver sees that decision; after a yes the same profile, now carrying the
+            consent, is decided again at the time of the answer.
         """
         started = time.perf_counter()
         now = now_ms if now_ms is not None else self._clock()
@@ -261,6 +274,20 @@ class Orchestrator:
         t0 = time.perf_counter()
         decision = guard.decide(profile, op, context=context, now_ms=now)
         self.metrics.guard_validate_ms.observe((time.perf_counter() - t0) * 1000)
+        answered = consent(grant, op, decision) if consent is not None and \
+            not decision.allowed else None
+        if answered is not None:  # 3b) consent was what the decision lacked: it was asked
+            grant, asked_notes = answered
+            notes = {**(notes or {}), **(asked_notes or {})}
+            if grant.consent is not None:  # a yes, valid from the time of the answer
+                now = self._clock()
+                try:
+                    profile = builder.build(grant, manifest, settings=settings,
+                                            overrides=overrides)
+                except PolicyEngineError as exc:
+                    return self._refused(envelope, grant, None, op, now, started, exc,
+                                         replay(None), notes)
+                decision = guard.decide(profile, op, context=context, now_ms=now)
         self.plugins.notify_decision(profile, op, decision)
         # 4) evidence.begin — before anything can run, and for a denial too
         audit = None if self.shadow is None else self.shadow.decide(

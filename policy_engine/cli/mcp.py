@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, NoReturn
 import click
 
 from policy_engine.cli.common import EXIT_BAD_INPUT, engine_config_or_exit, load_or_exit
+from policy_engine.cli.confirming import confirm_options, confirmation_service
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig
 
 if TYPE_CHECKING:
+    from policy_engine.gateway.call import Gateway
     from policy_engine.mcp.ops import OpTool
     from policy_engine.skills.invoke import SkillInvoker
 
@@ -48,10 +50,13 @@ def _fail(message: str) -> NoReturn:
               help="http: port (0 picks a free one; the chosen port is printed)")
 @click.option("--rate-per-minute", default=6000, show_default=True, type=click.IntRange(1),
               help="http: requests per tenant per minute (counted by the budget meter)")
+@confirm_options
 def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path, ...],
             config_path: Path | None,
             state_dir: Path | None, root_fs: Path, transport: str, tenant: str | None,
-            subject: str | None, host: str, port: int, rate_per_minute: int) -> None:
+            subject: str | None, host: str, port: int, rate_per_minute: int,
+            confirm_mode: str, approver_url: str | None, approver_secret_file: Path | None,
+            approver_timeout: float) -> None:
     """Serve the skills as MCP tools `skill.<id>`; every call is decided by the policy and
     leaves evidence. stdio runs as one tenant; http takes the service's bearer tokens.
 
@@ -64,6 +69,7 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
     except ImportError:
         _fail("the MCP server needs the `mcp` extra: pip install 'policy-engine[mcp]'")
     from policy_engine.compiler.loaders import load_manifest
+    from policy_engine.gateway.call import Gateway
     from policy_engine.orchestrator import Orchestrator
     from policy_engine.runcode.manager import OrchestratorPool
     from policy_engine.skills.check import load_skills
@@ -81,6 +87,8 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
     if subject is not None and not (0 < len(subject) <= 200 and subject.isprintable()):
         _fail("--subject must be 1-200 printable characters")
     engine = engine_config_or_exit(config_path, state_dir)
+    confirm = confirmation_service(confirm_mode, approver_url, approver_secret_file,
+                                   approver_timeout, stdin_is_protocol=transport == "stdio")
     policyset = load_or_exit(lambda: compile_files(policies))
     skills = load_or_exit(lambda: load_skills(skills_dir))
     op_tools = tuple(OpTool(load_or_exit(lambda p=path: load_manifest(p)))  # type: ignore[misc]
@@ -92,22 +100,23 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
     pool = OrchestratorPool(policyset, engine)
     invoker = SkillInvoker(skills, policyset, engine, fs_root=str(root_fs.absolute()),
                            orchestrator=orch, pool=pool)
+    gateway = Gateway.with_service(orch, confirm)
     try:
         if transport == "stdio":
             import anyio
 
             server = build_server(invoker, fixed_principal(str(tenant), str(subject)),
-                                  op_tools)
+                                  op_tools, gateway)
             anyio.run(run_stdio, server)
         else:
-            _serve_http(invoker, op_tools, engine, host, port, rate_per_minute)
+            _serve_http(invoker, gateway, op_tools, engine, host, port, rate_per_minute)
     finally:
         pool.close()
         orch.close()
 
 
-def _serve_http(invoker: SkillInvoker, op_tools: tuple[OpTool, ...], engine: EngineConfig,
-                host: str, port: int, rate_per_minute: int) -> None:
+def _serve_http(invoker: SkillInvoker, gateway: Gateway, op_tools: tuple[OpTool, ...],
+                engine: EngineConfig, host: str, port: int, rate_per_minute: int) -> None:
     import uvicorn
 
     from policy_engine.mcp.server import build_server
@@ -126,8 +135,8 @@ def _serve_http(invoker: SkillInvoker, op_tools: tuple[OpTool, ...], engine: Eng
     def admit(who: Principal) -> None:  # the service's per-tenant rate, the same meter key
         charge_rate(meter, who.tenant, rate_per_minute)
 
-    app = http_app(build_server(invoker, token_principal(tokens), op_tools), tokens, host=host,
-                   admit=admit)
+    app = http_app(build_server(invoker, token_principal(tokens), op_tools, gateway), tokens,
+                   host=host, admit=admit)
     click.echo(f"policy-engine mcp: listening on http://{host}:{bound}/mcp "
                f"(state {engine.state_dir})", err=True)
     try:

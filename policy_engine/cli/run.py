@@ -17,20 +17,14 @@ from policy_engine.cli.common import (
     format_option,
     load_or_exit,
 )
+from policy_engine.cli.confirming import confirm_options, confirmation_service
 from policy_engine.compiler import compile_files
 from policy_engine.compiler.loaders import load_grant, load_manifest
-from policy_engine.config import EngineConfig
-from policy_engine.confirm.broker import ConsentBroker, consent_notes
-from policy_engine.confirm.services import (
-    AutoConfirmation,
-    ConfirmationService,
-    DenyConfirmation,
-    InteractiveConfirmation,
-)
 from policy_engine.explain.request import ExplainRequest, load_request, resolve_fixture
-from policy_engine.graph.policyset import PolicySet
+from policy_engine.gateway.call import Call, Gateway
+from policy_engine.gateway.outcome import Called
 from policy_engine.model import ProcExecOp
-from policy_engine.orchestrator import RunOutcome, run_once
+from policy_engine.orchestrator import Orchestrator
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
@@ -40,7 +34,8 @@ def _bad_input(message: str) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
-def _render(outcome: RunOutcome) -> str:
+def _render(called: Called) -> str:
+    outcome = called.outcome
     r, d, end = outcome.result, outcome.decision, outcome.end
     lines = [f"decision: {d.decision}" + (f" ({d.code})" if d.code else "")
              + (f" — {d.reason}" if d.reason else "")]
@@ -52,7 +47,12 @@ def _render(outcome: RunOutcome) -> str:
         lines.append(f"shadow (not enforced): {shadow['decision']}"
                      + (f" ({shadow['code']})" if shadow.get("code") else "")
                      + (f" by {rule.get('id')}" if rule else ""))
+    if called.asked is not None:
+        seen = called.asked.seen()
+        lines.append(f"consent: asked, {seen.answer} by {seen.by}")
     lines.append("result: ok" if r.ok else f"result: {r.code}: {r.message}")
+    if called.refusal is not None:
+        lines.append(f"refused by: {called.refusal.refused_by}")
     for key, value in r.out.items():
         lines.append(f"  {key}: {value}")
     used = {k: v for k, v in r.used.model_dump().items() if v}
@@ -63,14 +63,6 @@ def _render(outcome: RunOutcome) -> str:
         extra.append(f"degraded: {end.sandbox_degrade_reason}")
     lines.append(f"evidence: {outcome.envelope_id} ({'; '.join(extra)})")
     return "\n".join(lines)
-
-
-def _broker(mode: str, policyset: PolicySet, config: EngineConfig) -> ConsentBroker:
-    """The confirmation service of ``--confirm`` (docs/service.md, human confirmation)."""
-    service: ConfirmationService = (
-        InteractiveConfirmation() if mode == "interactive"
-        else AutoConfirmation() if mode == "auto" else DenyConfirmation())
-    return ConsentBroker(service, policyset, config.state_dir / "consent.jsonl")
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True})
@@ -90,16 +82,14 @@ def _broker(mode: str, policyset: PolicySet, config: EngineConfig) -> ConsentBro
 @click.option("--config", "config_path", type=_FILE, help="engine configuration (YAML/JSON)")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
               help="where evidence, budgets and spools live (overrides the config)")
-@click.option("--confirm", "confirm_mode", type=click.Choice(["deny", "interactive", "auto"]),
-              default="deny", show_default=True,
-              help="when consent is needed and the grant has none: deny, ask on the terminal, "
-              "or approve (development only)")
+@confirm_options
 @format_option
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | None,
             request_path: Path | None, shadow_policies: tuple[Path, ...],
-            config_path: Path | None, state_dir: Path | None, confirm_mode: str, fmt: str,
-            argv: tuple[str, ...]) -> None:
+            config_path: Path | None, state_dir: Path | None, confirm_mode: str,
+            approver_url: str | None, approver_secret_file: Path | None,
+            approver_timeout: float, fmt: str, argv: tuple[str, ...]) -> None:
     """Run one operation: from --request FILE, or `-- TOOL ARGS...` as a proc.exec.
 
     Exits 0 when it ran, 1 when it was denied or failed, 2 on unusable input.
@@ -131,20 +121,19 @@ def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | Non
         # the run meters the budget itself (the state store's usage), never a file's claim
         click.echo("note: `budget_used` in the request is ignored by `run` (the budget is "
                    "metered from the state dir's recorded usage)", err=True)
-    broker = _broker(confirm_mode, policyset, config)
-    ticket, asked = broker.prepare(ticket, tool, request.op, settings=request.settings,
-                                   overrides=request.overrides, context=request.context)
+    service = confirmation_service(confirm_mode, approver_url, approver_secret_file,
+                                   approver_timeout)
     try:
-        outcome = run_once(policyset, ticket, tool, request.op, config=config,
-                           settings=request.settings, overrides=request.overrides,
-                           context=request.context or None, shadow=shadow,
-                           annotations=consent_notes(asked))
+        orch = Orchestrator(policyset, config=config, shadow=shadow)
     except ValueError as exc:  # the configuration asks for a sink or meter nobody provides
         _bad_input(str(exc))
         return
-    broker.record(asked, outcome.envelope_id)
+    with orch:
+        called = Gateway.with_service(orch, service).run(Call(
+            ticket, tool, request.op, settings=request.settings, overrides=request.overrides,
+            context=request.context or None))
     if fmt == "json":
-        echo_json(outcome.to_json())
+        echo_json(called.to_json())
     else:
-        click.echo(_render(outcome))
-    sys.exit(EXIT_OK if outcome.result.ok else EXIT_FAILED)
+        click.echo(_render(called))
+    sys.exit(EXIT_OK if called.ok else EXIT_FAILED)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -12,13 +12,18 @@ from policy_engine.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     EXIT_OK,
+    NumberRange,
     echo_json,
     engine_config_or_exit,
     format_option,
 )
+from policy_engine.cli.confirming import MODES, confirmation_service
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.sandbox_config.sbconfig import LoadedSandboxConfig, load_sandbox_config
 from policy_engine.sandbox_runner.runner import SandboxDisabledError, SandboxRunner
+
+if TYPE_CHECKING:
+    from policy_engine.confirm.services import ConfirmationService
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 _DIR = click.Path(file_okay=False, path_type=Path)
@@ -50,11 +55,12 @@ def _warn_loudly(loaded: LoadedSandboxConfig) -> None:
 
 
 def _runner(config_path: Path | None, engine_path: Path | None,
-            state_dir: Path | None) -> SandboxRunner:
+            state_dir: Path | None, confirmation: ConfirmationService | None = None
+            ) -> SandboxRunner:
     engine = engine_config_or_exit(engine_path, state_dir)
     loaded = load_sandbox_config(config_path)
     _warn_loudly(loaded)
-    return SandboxRunner(loaded, engine=engine, warn=False)
+    return SandboxRunner(loaded, engine=engine, warn=False, confirmation=confirmation)
 
 
 @click.group("sandbox")
@@ -148,16 +154,28 @@ def check(file: Path, fmt: str) -> None:
 @engine_option
 @state_option
 @cwd_option
+@click.option("--confirm", "confirm_mode", type=click.Choice(MODES), default=None,
+              help="ask this confirmation service for the command's consent instead of "
+              "recording you as consenting (an agent's commands); see docs/consent.md")
+@click.option("--approver-url", help="--confirm webhook: where signed requests go")
+@click.option("--approver-secret-file", type=_FILE,
+              help="--confirm webhook: the shared HMAC secret (at least 16 bytes)")
+@click.option("--approver-timeout", default=30.0, show_default=True,
+              type=NumberRange(0.1, 600), help="seconds to wait for the approver")
 @format_option
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_(config_path: Path | None, engine_path: Path | None, state_dir: Path | None,
-          cwd: Path | None, fmt: str, argv: tuple[str, ...]) -> None:
+          cwd: Path | None, confirm_mode: str | None, approver_url: str | None,
+          approver_secret_file: Path | None, approver_timeout: float, fmt: str,
+          argv: tuple[str, ...]) -> None:
     """Run `-- CMD ARGS...` in the sandbox (argv, never a shell: `-- bash -c '...'` for one).
 
     Exits with the command's exit code; 1 when the sandbox refused it (`Permission denied:
     CODE: reason` on stderr); 2 on unusable input or a disabled sandbox.
     """
-    with _runner(config_path, engine_path, state_dir) as runner:
+    confirmation = None if confirm_mode is None else confirmation_service(
+        confirm_mode, approver_url, approver_secret_file, approver_timeout)
+    with _runner(config_path, engine_path, state_dir, confirmation) as runner:
         try:
             res = runner.run(list(argv), str(cwd) if cwd else None)
         except SandboxDisabledError as exc:

@@ -1,11 +1,12 @@
 """Asks the confirmation service when consent is what stands between a call and an allow.
 
-The broker runs the dry run (`explain`, the same decision as the run); only when the call is
-denied for missing consent and the grant carries none does it ask. A yes becomes the grant's
-``Consent`` (approver, when, until when) and the call then goes through the orchestrator like
-any other; a no leaves the grant as it was, so the run is denied ``SANDBOX.PERMISSION_DENY``.
-Every question and answer is appended to ``consent.jsonl`` beside the evidence, linked to the
-call's evidence envelope.
+The broker decides nothing: the orchestrator's own decision of the call (the one decision, made
+once) is handed to :meth:`ConsentBroker.ask`; only a deny for missing consent, on a grant that
+carries none, is asked about. A yes becomes the grant's ``Consent`` (approver, when, until
+when); a no, a timeout, a late answer or no service leaves the call denied
+``SANDBOX.PERMISSION_DENY``. The approver receives the reviewable form of the op
+(confirm/review.py); the evidence and ``consent.jsonl`` keep the redacted op and the digest of
+that form, never the form itself.
 """
 
 from __future__ import annotations
@@ -14,20 +15,38 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from policy_engine.confirm.review import reviewable
 from policy_engine.confirm.services import ConfirmationService, ConsentAnswer, ConsentRequest
-from policy_engine.evidence import capability_string, redacted_op
-from policy_engine.explain import ExplainRequest, explain
-from policy_engine.graph.policyset import PolicySet
-from policy_engine.guard import Guard
-from policy_engine.model import Consent, ExecOp, Grant, Manifest, Overrides, Settings
-from policy_engine.profile import ProfileBuilder
+from policy_engine.evidence import capability_string, digest_json, redacted_op
+from policy_engine.model import Consent, Decision, ExecOp, Grant
+from policy_engine.refusal import ConsentSeen
 
-_CONSENT_REASON = "consent required"  # the guard's reason (policy_engine/guard/steps.py)
+CONSENT_REASON = "consent required"  # the guard's reason (policy_engine/guard/steps.py)
+
+
+def needs_consent(decision: Decision) -> bool:
+    """Whether ``decision`` is a deny that a consent would lift."""
+    return not decision.allowed and (decision.reason or "").startswith(CONSENT_REASON)
+
+
+def answer_kind(answer: ConsentAnswer) -> str:
+    """approved / refused / timed_out / no_service: a person's no is told apart from silence
+    and from no approver at all (the answer's detail says which; anything unclear is
+    ``no_service``, still a no)."""
+    if answer.approved:
+        return "approved"
+    detail = answer.detail.lower()
+    if answer.mode == "deny":
+        return "no_service"
+    if "timeout" in detail or "timed out" in detail or detail.startswith("late"):
+        return "timed_out"
+    if detail.startswith("refused by") or detail.startswith("refused at"):
+        return "refused"
+    return "no_service"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,50 +56,56 @@ class Asked:
     request: ConsentRequest
     answer: ConsentAnswer
 
+    @property
+    def kind(self) -> str:
+        return answer_kind(self.answer)
+
+    def seen(self) -> ConsentSeen:
+        """The refusal document's ``consent`` for this question."""
+        return ConsentSeen(asked=True, answer=self.kind,  # type: ignore[arg-type]
+                           by=f"{self.answer.mode}:{self.answer.approver}",
+                           at=self.answer.decided_at_ms)
+
     def evidence(self) -> dict[str, Any]:
-        """The question and answer as the call's begin record carries them (`consent`)."""
-        return {"request": self.request.to_json(), "answer": self.answer.to_json()}
+        """The question and answer as evidence keeps them: the redacted op and the digest of
+        the reviewable form (the form itself went to the approver only)."""
+        request = self.request.to_json()
+        request["review"] = {"digest": digest_json(request.get("review") or {}).model_dump(
+            mode="json")}
+        return {"request": request, "answer": {**self.answer.to_json(), "kind": self.kind}}
 
 
 class ConsentBroker:
-    def __init__(self, service: ConfirmationService, policyset: PolicySet,
-                 log_path: Path) -> None:
+    """Asks ``service`` about consent-needing denials and logs every question and answer to
+    ``log_path`` (``consent.jsonl`` beside the evidence), linked to the call's envelope."""
+
+    def __init__(self, service: ConfirmationService, log_path: Path) -> None:
         self.service = service
-        self.swap(policyset)
         self.log_path = log_path
         self._lock = threading.Lock()
 
-    def swap(self, policyset: PolicySet) -> None:
-        """Decide with ``policyset`` from now on (hot reload): one assignment, so a question
-        is prepared under the old policy or the new one, never a mix."""
-        self._active = (policyset, ProfileBuilder(policyset), Guard(policyset))
-
-    @property
-    def policyset(self) -> PolicySet:
-        return self._active[0]
-
-    def prepare(self, grant: Grant, manifest: Manifest, op: ExecOp, *,
-                settings: Settings | None = None, overrides: Overrides | None = None,
-                context: Mapping[str, Any] | None = None) -> tuple[Grant, Asked | None]:
-        """``grant`` with the approver's consent when one was needed and given."""
-        if grant.consent is not None:
-            return grant, None  # a recorded consent is checked by the guard as it is
-        request = ExplainRequest(op=op, settings=settings, overrides=overrides,
-                                 context=dict(context or {}))
-        policyset, builder, guard = self._active
-        decision = explain(policyset, manifest, grant, request, builder=builder,
-                           guard=guard).decision
-        if decision.allowed or not (decision.reason or "").startswith(_CONSENT_REASON):
-            return grant, None
+    def ask(self, grant: Grant, op: ExecOp, decision: Decision) -> tuple[Grant, Asked] | None:
+        """``None`` when ``decision`` is not a consent-needing deny (or the grant already
+        carries a consent, which the guard judged as it is); else the grant — with the
+        approver's consent when one was given in time — and the question asked."""
+        if grant.consent is not None or not needs_consent(decision):
+            return None
         question = ConsentRequest(
             request_id=uuid.uuid4().hex, tenant=grant.tenant, subject_id=grant.subject_id,
             tool_name=grant.tool_name, call_id=grant.call_id, capability=capability_string(op),
-            op=redacted_op(op), reason=decision.reason or "", requested_at_ms=_now())
+            op=redacted_op(op), reason=decision.reason or "", requested_at_ms=_now(),
+            review=reviewable(op))
+        started = time.monotonic()
         try:
             answer = self.service.confirm(question)
         except Exception as exc:  # a broken approver is a no, never a crash or a yes
             answer = ConsentAnswer(False, "error", _now(), 0, self.service.mode,
                                    f"confirmation failed: {type(exc).__name__}")
+        limit = getattr(self.service, "timeout_s", None)
+        late = isinstance(limit, int | float) and time.monotonic() - started > limit
+        if late and answer.approved:  # a yes after the timeout is a no, recorded as late
+            answer = ConsentAnswer(False, answer.approver, _now(), 0, answer.mode,
+                                   f"late: answered after the {limit:g}s timeout")
         asked = Asked(question, answer)
         if not answer.approved:
             return grant, asked

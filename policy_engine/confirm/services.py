@@ -12,7 +12,7 @@ import json
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 if TYPE_CHECKING:
@@ -25,7 +25,9 @@ MAX_VALID_MS = 24 * 60 * 60 * 1000
 
 @dataclass(frozen=True, slots=True)
 class ConsentRequest:
-    """What an approver is asked: the call, redacted (digests and shapes, never raw values)."""
+    """What an approver is asked: the call, redacted as evidence is (``op``), and ``review``,
+    the op as a person reviews it (full argv and code, a write's digest and first bytes, the
+    URL without userinfo: confirm/review.py). It goes to the approver only, never to evidence."""
 
     request_id: str
     tenant: str
@@ -36,6 +38,7 @@ class ConsentRequest:
     op: dict[str, Any]
     reason: str
     requested_at_ms: int
+    review: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,9 +110,11 @@ class InteractiveConfirmation:
     def confirm(self, request: ConsentRequest) -> ConsentAnswer:
         if not self.stdin.isatty():
             return ConsentAnswer(False, self.who, _now(), 0, self.mode, "no terminal to ask")
+        # what would run; ASCII-escaped so a program cannot rewrite the prompt (ANSI, bidi)
+        review = json.dumps(request.review, indent=2)
         self.stdout.write(f"consent needed: {request.capability} for {request.tenant}/"
                           f"{request.subject_id} (tool {request.tool_name}, call "
-                          f"{request.call_id}): {request.reason}\nallow? [y/N] ")
+                          f"{request.call_id}): {request.reason}\n{review}\nallow? [y/N] ")
         self.stdout.flush()
         line = self.stdin.readline().strip().lower()
         ok = line in ("y", "yes")

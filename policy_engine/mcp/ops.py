@@ -1,5 +1,5 @@
 """The guarded built-in ops as MCP tools: one tool `op.<manifest>` per operator tool manifest,
-taking an op of a kind that manifest declares, run exactly as `POST /v1/ops` runs it."""
+taking an op of a kind that manifest declares, run through the gateway as `POST /v1/ops` is."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken
+from policy_engine.gateway.call import Call, Gateway
 from policy_engine.model import OP_CAPABILITY, ExecOp, Grant, Manifest, OpKind, Settings
-from policy_engine.orchestrator import Orchestrator
 from policy_engine.skills.invoke import (
     InputError,
     InvokeResult,
@@ -77,9 +76,9 @@ class OpTool:
         return hints(tuple(self.manifest.side_effects))
 
 
-def run_op(tool: OpTool, arguments: dict[str, Any], *, orch: Orchestrator, fs_root: str,
+def run_op(tool: OpTool, arguments: dict[str, Any], *, gateway: Gateway, fs_root: str,
            tenant: str, subject: str, cancel: CancelToken | None = None) -> InvokeResult:
-    """Check the arguments, then run the op through the orchestrator (evidence included).
+    """Check the arguments, then run the op through the gateway (consent, evidence).
 
     :raises InputError: the arguments are not an op this tool takes (nothing ran).
     """
@@ -92,20 +91,18 @@ def run_op(tool: OpTool, arguments: dict[str, Any], *, orch: Orchestrator, fs_ro
             pointer = "/op" + "".join(f"/{escape(str(p))}" for p in first["loc"][1:])
             raise InputError(pointer, str(first["msg"])[:200]) from None
     except InputError as exc:
-        exc.envelope_id = refuse_input(orch, exc, tenant=tenant, subject=subject,
+        exc.envelope_id = refuse_input(gateway.orch, exc, tenant=tenant, subject=subject,
                                        tool_name=tool.manifest.name, arguments=arguments)
         raise
     now = int(time.time() * 1000)
     grant = Grant(tenant=tenant, subject_id=subject, tool_name=tool.manifest.name,
                   call_id=f"{tool.name}-{uuid.uuid4().hex}", expires_at=now + _GRANT_TTL_MS,
                   capabilities=tool.manifest.permissions)
-    outcome = orch.run(grant, tool.manifest, op, settings=Settings(root_fs=fs_root),
-                       cancel=cancel)
-    res = outcome.result
-    if res.ok:
+    called = gateway.run(Call(grant, tool.manifest, op, settings=Settings(root_fs=fs_root),
+                              identity=(tenant, subject), cancel=cancel))
+    res, refusal = called.outcome.result, called.refusal
+    if refusal is None:
         return InvokeResult(tool.name, True, dict(res.out), None, 200, None,
-                            outcome.envelope_id)
-    code = ErrorCode(res.code) if res.code else ErrorCode.UNKNOWN_INTERNAL
-    return InvokeResult(tool.name, False, {}, code.value,
-                        PolicyEngineError(code, "").http_status, res.message,
-                        outcome.envelope_id)
+                            called.envelope_id)
+    return InvokeResult(tool.name, False, {}, refusal.code, refusal.http_status,
+                        refusal.message, called.envelope_id, refusal.to_json())

@@ -17,7 +17,16 @@ from mcp.server.context import ServerRequestContext
 from policy_engine import __version__
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken
+from policy_engine.gateway.call import Gateway
+from policy_engine.gateway.skills import invoke_skill
 from policy_engine.mcp.ops import OpTool, run_op
+from policy_engine.refusal import (
+    ConsentSeen,
+    PolicyRefusal,
+    Refusal,
+    code_refusal,
+    engine_refusal,
+)
 from policy_engine.skills.invoke import InputError, InvokeResult, SkillInvoker
 from policy_engine.skills.model import Skill
 
@@ -48,29 +57,42 @@ def tool_of(skill: Skill) -> types.Tool:
               "policy-engine/side_effects": [str(e) for e in skill.side_effects()]})
 
 
-def tool_error(code: str, message: str, *, http_status: int, envelope_id: str | None = None,
-               pointer: str | None = None) -> types.CallToolResult:
-    """A refusal as an MCP tool error: ``isError`` with the stable code and public message
-    (as text for any host, and as structured content for programs)."""
-    error: dict[str, Any] = {"code": code, "http_status": http_status, "message": message}
+def tool_error(refusal: Refusal, *, pointer: str | None = None) -> types.CallToolResult:
+    """A refusal as an MCP tool error: ``isError``, the stable code and public message as text
+    for any host, and the refusal document (policy_engine/refusal.py) for programs, as
+    ``structuredContent.refusal`` and ``_meta["policy-engine/refusal"]``."""
+    doc = refusal.to_json()
+    error: dict[str, Any] = {"code": refusal.code, "http_status": refusal.http_status,
+                             "retryable": refusal.retryable, "message": refusal.message}
     if pointer is not None:
         error["pointer"] = pointer
-    if envelope_id is not None:
-        error["envelope_id"] = envelope_id
+    if refusal.envelope_id is not None:
+        error["envelope_id"] = refusal.envelope_id
     return types.CallToolResult(
-        content=[types.TextContent(text=f"{code}: {message}")], is_error=True,
-        meta={"policy-engine/error": error})
+        content=[types.TextContent(text=f"{refusal.code}: {refusal.message}")], is_error=True,
+        structured_content={"refusal": doc},
+        meta={"policy-engine/error": error, "policy-engine/refusal": doc})
 
 
 def _answer(result: InvokeResult) -> types.CallToolResult:
     if not result.ok:
-        return tool_error(result.code or ErrorCode.UNKNOWN_INTERNAL.value,
-                          result.message or "", http_status=result.http_status,
-                          envelope_id=result.envelope_id)
+        refusal = result.refusal or code_refusal(
+            result.code or ErrorCode.UNKNOWN_INTERNAL.value, result.http_status,
+            result.message or "", "backend", envelope_id=result.envelope_id).to_json()
+        return tool_error(_from_json(refusal))
     return types.CallToolResult(
         content=[types.TextContent(text=json.dumps(result.output, ensure_ascii=False))],
         structured_content=result.output, meta={"policy-engine/envelope_id":
                                                 result.envelope_id})
+
+
+def _from_json(doc: dict[str, Any]) -> Refusal:
+    consent = doc.get("consent") or {}
+    return Refusal(code=doc["code"], http_status=doc["http_status"],
+                   retryable=doc["retryable"], message=doc["message"],
+                   refused_by=doc["refused_by"], rule=doc.get("rule"),
+                   consent=ConsentSeen(**consent), envelope_id=doc.get("envelope_id"),
+                   location=doc.get("location"))
 
 
 def op_tool_of(tool: OpTool) -> types.Tool:
@@ -89,9 +111,12 @@ def op_tool_of(tool: OpTool) -> types.Tool:
 
 
 def build_server(invoker: SkillInvoker, principal_of: PrincipalOf,
-                 op_tools: tuple[OpTool, ...] = ()) -> Server[Any]:
+                 op_tools: tuple[OpTool, ...] = (), gateway: Gateway | None = None
+                 ) -> Server[Any]:
     """An MCP server offering ``invoker``'s skills as tools named ``skill.<id>`` and each
-    operator manifest of ``op_tools`` as ``op.<name>``."""
+    operator manifest of ``op_tools`` as ``op.<name>``, every call run through ``gateway``
+    (default: one over ``invoker``'s orchestrator asking nobody, ``--confirm deny``)."""
+    gate = gateway or Gateway(invoker.orch)
     by_tool = {s.tool_name: s for s in invoker.skills.values()}
     by_op = {t.name: t for t in op_tools}
     listed = [tool_of(s) for s in by_tool.values()] + [op_tool_of(t) for t in op_tools]
@@ -106,21 +131,21 @@ def build_server(invoker: SkillInvoker, principal_of: PrincipalOf,
         try:
             tenant, subject = principal_of(ctx)
         except Unauthenticated:  # the token was revoked after the transport let it in
-            return tool_error("AUTH.UNAUTHENTICATED", "authentication required: the token "
-                              "is not valid", http_status=401)
+            return tool_error(code_refusal("AUTH.UNAUTHENTICATED", 401, "authentication "
+                                           "required: the token is not valid", "service"))
         skill, op_tool = by_tool.get(params.name), by_op.get(params.name)
         cancel = CancelToken()
         run: Callable[[], InvokeResult]
         if skill is not None:
-            run = partial(invoker.invoke, skill, params.arguments or {}, tenant=tenant,
-                          subject=subject, cancel=cancel)
+            run = partial(invoke_skill, gate, invoker, skill, params.arguments or {},
+                          tenant=tenant, subject=subject, cancel=cancel)
         elif op_tool is not None:
-            run = partial(run_op, op_tool, params.arguments or {}, orch=invoker.orch,
+            run = partial(run_op, op_tool, params.arguments or {}, gateway=gate,
                           fs_root=invoker.fs_root, tenant=tenant, subject=subject,
                           cancel=cancel)
         else:
-            return tool_error("SERVICE.NOT_FOUND", f"not found: no tool `{params.name}`",
-                              http_status=404)
+            return tool_error(code_refusal("SERVICE.NOT_FOUND", 404,
+                                           f"not found: no tool `{params.name}`", "service"))
         try:
             # a worker thread: the sandbox blocks; on cancellation the thread is abandoned
             # and the token stops the executor, whose end evidence records the cancel
@@ -129,12 +154,14 @@ def build_server(invoker: SkillInvoker, principal_of: PrincipalOf,
             cancel.cancel("cancelled by the MCP client")
             raise
         except InputError as exc:
-            return tool_error(ErrorCode.SCHEMA_VALIDATION_FAILED.value, exc.public_message(),
-                              http_status=422, pointer=exc.pointer,
-                              envelope_id=exc.envelope_id)
-        except PolicyEngineError as exc:
-            view = exc.public_view()
-            return tool_error(view["code"], view["message"], http_status=view["http_status"])
+            return tool_error(Refusal(ErrorCode.SCHEMA_VALIDATION_FAILED.value, 422, False,
+                                      exc.public_message(),
+                                      "service", envelope_id=exc.envelope_id,
+                                      location=exc.pointer or "/"), pointer=exc.pointer)
+        except PolicyRefusal as exc:
+            return tool_error(exc.refusal)
+        except PolicyEngineError as exc:  # refused before an op existed (e.g. its image)
+            return tool_error(engine_refusal(exc, "manifest"))
         return _answer(result)
 
     return Server("policy-engine", version=__version__, title="policy-engine skills",

@@ -19,14 +19,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policy_engine.config import EngineConfig
+from policy_engine.confirm.services import ConfirmationService, DenyConfirmation
 from policy_engine.errors import DiagnosticsError, ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext
+from policy_engine.gateway.call import Call, Gateway
 from policy_engine.guard.argv import check_argv_shape
 from policy_engine.model import Decision, OpKind, ProcExecOp, Profile
 from policy_engine.orchestration.budgeting import call_limits
 from policy_engine.orchestration.selection import select
 from policy_engine.orchestrator import Orchestrator
 from policy_engine.plugin_manager import PluginManager
+from policy_engine.refusal import engine_refusal
 from policy_engine.sandbox.enginedirs import protected_trees
 from policy_engine.sandbox_config.sbconfig import (
     ENV_ENABLED,
@@ -63,12 +66,13 @@ class SandboxResult:
     backend: str | None = None
     rule: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    refusal: dict[str, Any] | None = None  # the refusal document (policy_engine/refusal.py)
 
     def to_json(self) -> dict[str, Any]:
         return {"stdout": self.stdout, "stderr": self.stderr, "exitCode": self.exit_code,
                 "blocked": self.blocked, "blockedReason": self.blocked_reason,
                 "code": self.code, "evidence": self.envelope_id, "backend": self.backend,
-                "rule": self.rule, **self.extra}
+                "rule": self.rule, "refusal": self.refusal, **self.extra}
 
 
 def disabled_refusal(loaded: LoadedSandboxConfig, engine: EngineConfig) -> str | None:
@@ -95,12 +99,16 @@ class SandboxRunner:
     :param warn: log the config's problems and notes as warnings (the CLI prints them itself).
     :param subject: who the evidence names as subject and consenting (default
         ``local-user:<login>``), e.g. ``agent:builder-7`` for an agent runtime's commands.
+    :param confirmation: ask this service for each command's consent instead of recording the
+        person running it as consenting (an agent runtime's commands: `sandbox exec
+        --confirm webhook`); the gateway asks it about the command's own decision.
     """
 
     def __init__(self, loaded: LoadedSandboxConfig | None = None, *,
                  engine: EngineConfig | None = None, env: Mapping[str, str] | None = None,
                  plugins: PluginManager | None = None, warn: bool = True,
-                 subject: str | None = None) -> None:
+                 subject: str | None = None,
+                 confirmation: ConfirmationService | None = None) -> None:
         self.env = dict(os.environ if env is None else env)
         self.loaded = loaded or load_sandbox_config(env=self.env)
         self.engine = engine or EngineConfig()
@@ -108,6 +116,7 @@ class SandboxRunner:
         self.env["HOME"] = self.home
         self._plugins = plugins
         self.subject = subject
+        self.confirmation = confirmation
         self._orch: Orchestrator | None = None
         self._policies: dict[tuple[str, str], SandboxPolicy] = {}
         for problem in self.loaded.problems if warn else ():  # loudly (and in the evidence)
@@ -258,10 +267,19 @@ class SandboxRunner:
         try:
             policy = self.policy_for(argv, cwd)
         except PolicyEngineError as exc:
-            return _blocked(exc.code.value, exc.reason)
-        outcome = self.orchestrator(policy).run(
-            policy.grant, policy.manifest, self._op(argv, policy, cwd), settings=policy.settings,
-            annotations={"sandbox_config": self._note(policy)})
+            res = _blocked(exc.code.value, exc.reason)
+            res.refusal = engine_refusal(exc, "service" if exc.code is ErrorCode.
+                                         SCHEMA_VALIDATION_FAILED else "policy").to_json()
+            return res
+        orch = self.orchestrator(policy)
+        grant = policy.grant
+        if self.confirmation is not None:  # the approver, not the runner, consents
+            grant = grant.model_copy(update={"consent": None})
+        gateway = Gateway.with_service(orch, self.confirmation or DenyConfirmation())
+        called = gateway.run(Call(grant, policy.manifest, self._op(argv, policy, cwd),
+                                  settings=policy.settings,
+                                  annotations={"sandbox_config": self._note(policy)}))
+        outcome = called.outcome
         r, d = outcome.result, outcome.decision
         rule = d.rule.id if d.rule is not None else None
         if not r.ok:
@@ -272,6 +290,7 @@ class SandboxRunner:
                 res.stderr = f"{code}: {message}\n"
             res.envelope_id, res.rule = outcome.envelope_id, rule
             res.backend = outcome.end.sandbox_backend
+            res.refusal = called.refusal.to_json() if called.refusal else None
             return res
         out = r.out
         return SandboxResult(

@@ -19,16 +19,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp
 
 from policy_engine import __version__
-from policy_engine.confirm.broker import ConsentBroker, consent_notes
+from policy_engine.confirm.broker import ConsentBroker
 from policy_engine.errors import ErrorCode, PolicyEngineError
-from policy_engine.explain import ExplainRequest, explain
+from policy_engine.explain import ExplainRequest
+from policy_engine.gateway.call import Call, Gateway
+from policy_engine.gateway.sessions import SandboxManager
 from policy_engine.graph.policyset import PolicySet
-from policy_engine.guard import Guard
 from policy_engine.model import Manifest
 from policy_engine.orchestrator import Orchestrator
-from policy_engine.profile import ProfileBuilder
+from policy_engine.refusal import PolicyRefusal
 from policy_engine.rollout.reload import PolicyReloader
-from policy_engine.runcode.manager import OrchestratorPool, SandboxManager
+from policy_engine.runcode.manager import OrchestratorPool
 from policy_engine.service.config import ServiceConfig
 from policy_engine.service.errors import (
     ServiceError,
@@ -77,19 +78,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody} for status in (400, 401, 403, 404, 413, 422, 429, 500, 503)}
 
 
-@dataclass(frozen=True)
-class Decider:
-    """The policy `/v1/decide` answers with, and its builder and guard: replaced as one."""
-
-    policyset: PolicySet
-    builder: ProfileBuilder
-    guard: Guard
-
-    @classmethod
-    def of(cls, policyset: PolicySet) -> "Decider":
-        return cls(policyset, ProfileBuilder(policyset), Guard(policyset))
-
-
 @dataclass
 class Engine:
     """What the routes share: the library objects and the service's stores."""
@@ -99,19 +87,16 @@ class Engine:
     tokens: TokenStore
     execs: ExecStore
     runner: ExecRunner
-    decider: Decider
+    gateway: Gateway
     pool: OrchestratorPool
-    broker: ConsentBroker
     skills: SkillInvoker | None = None
     reloader: PolicyReloader | None = None
 
     def swap(self, policyset: PolicySet) -> None:
-        """Hot reload: everything besides ``orch`` (the reloader swaps it first) decides with
-        ``policyset`` for requests that start from now on (skills run on ``orch`` and
-        ``pool``)."""
-        self.decider = Decider.of(policyset)
+        """Hot reload: the reloader swaps ``orch`` first (its profile builder and guard are
+        the ones `/v1/decide`, `/v1/ops`, execs and skills decide with, through the gateway);
+        the orchestrators pinned to a backend (run_code, docker skills) follow here."""
         self.pool.swap(policyset)
-        self.broker.swap(policyset)
 
     def close(self) -> None:
         if self.reloader is not None:
@@ -127,13 +112,13 @@ def open_engine(config: ServiceConfig) -> Engine:
     orch = Orchestrator(config.policyset, config=config.engine)
     # PostgreSQL when `options.service_postgres.dsn` is set (replicas share them), else SQLite
     tokens, execs = open_token_store(config.engine), open_exec_store(config.engine)
-    broker = ConsentBroker(config.confirmation, config.policyset, state / "consent.jsonl")
+    gateway = Gateway(orch, ConsentBroker(config.confirmation, state / "consent.jsonl"))
     pool = OrchestratorPool(config.policyset, config.engine)
     fs_root = (config.op_settings.root_fs if config.op_settings else None) or "/workspace"
     skills = SkillInvoker(config.skills, config.policyset, config.engine, fs_root=fs_root,
-                          orchestrator=orch, pool=pool, broker=broker) if config.skills else None
-    eng = Engine(config, orch, tokens, execs, ExecRunner(config, orch, execs, broker),
-                 Decider.of(config.policyset), pool, broker, skills)
+                          orchestrator=orch, pool=pool) if config.skills else None
+    eng = Engine(config, orch, tokens, execs, ExecRunner(config, gateway, execs), gateway,
+                 pool, skills)
     if config.reload_interval_s > 0 and config.policy_files:
         eng.reloader = PolicyReloader(orch, config.policy_files, on_swap=(eng.swap,))
         eng.reloader.start(config.reload_interval_s)
@@ -222,6 +207,13 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
         return error_response(exc)
 
+    @app.exception_handler(PolicyRefusal)
+    async def _refused(_: Request, exc: PolicyRefusal) -> JSONResponse:
+        r = exc.refusal
+        return JSONResponse({"error": {"code": r.code, "http_status": r.http_status,
+                                       "retryable": r.retryable, "message": r.message},
+                             "refusal": r.to_json()}, status_code=r.http_status)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         # locations and messages only: pydantic's `input` would echo the body (secrets too)
@@ -229,11 +221,15 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
                           for e in exc.errors()[:5])
         err = PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, where[:1000])
         view = err.public_view()
+        first = exc.errors()[0].get("loc", ()) if exc.errors() else ()
+        location = "/".join(str(p) for p in first) or None
         # a bad path parameter is a bad request (400), not a bad body
         if all(e.get("loc", ("",))[0] in ("path", "query") for e in exc.errors()):
-            return error_response(service_error("SERVICE.BAD_REQUEST", where[:1000]))
+            bad = service_error("SERVICE.BAD_REQUEST", where[:1000])
+            bad.location = location
+            return error_response(bad)
         return error_response(ServiceError(view["code"], view["http_status"],
-                                           view["message"]))
+                                           view["message"], location=location))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -249,7 +245,7 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
             err = PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, _UNREADABLE)
             view = err.public_view()
             return error_response(ServiceError(view["code"], view["http_status"],
-                                               view["message"]))
+                                               view["message"], location="body"))
         if exc.status_code != 404:  # no other is raised today; never "no such endpoint"
             return error_response(service_error("SERVICE.BAD_REQUEST", str(exc.detail)[:200]))
         return error_response(service_error("SERVICE.NOT_FOUND", "no such endpoint"))
@@ -263,25 +259,31 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
             if not config.allow_inline_manifests:
                 raise ServiceError("SANDBOX.PERMISSION_DENY", 403, "permission denied: this "
                                    "service takes manifests by name only (`--manifest`); "
-                                   "inline manifests need `--allow-inline-manifests`")
+                                   "inline manifests need `--allow-inline-manifests`",
+                                   refused_by="manifest", location="manifest")
             return body.manifest
         found = config.manifests.get(body.manifest)
         if found is None:
-            raise service_error("SERVICE.NOT_FOUND", f"no manifest named `{body.manifest}`")
+            missing = service_error("SERVICE.NOT_FOUND", f"no manifest named `{body.manifest}`")
+            missing.location = "manifest"
+            raise missing
         return found
 
     def check_call(who: Principal, body: CallBody) -> dict[str, Any]:
         if (body.grant.tenant, body.grant.subject_id) != (who.tenant, who.subject):
             raise ServiceError("SANDBOX.PERMISSION_DENY", 403, "permission denied: the grant "
-                               "is for another tenant or subject than the token")
+                               "is for another tenant or subject than the token",
+                               refused_by="grant", location="grant")
         if body.grant.consent is not None:  # consent comes from a human, never the caller
             raise ServiceError("SANDBOX.PERMISSION_DENY", 403, "permission denied: a grant "
                                "sent to the service cannot carry consent; the confirmation "
-                               "service asks for it")
+                               "service asks for it", refused_by="grant",
+                               location="grant/consent")
         reserved = [k for k in _RESERVED_CONTEXT if k in body.context]
         if reserved:
             raise ServiceError("SCHEMA.VALIDATION_FAILED", 422, f"invalid input: context."
-                               f"{reserved[0]} is set by the service from the token")
+                               f"{reserved[0]} is set by the service from the token",
+                               location=f"context/{reserved[0]}")
         return dict(body.context)
 
     def decision(body: DecideBody, who: Principal) -> dict[str, Any]:
@@ -289,15 +291,9 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         request = ExplainRequest(op=body.op, now_ms=body.now_ms, overrides=body.overrides,
                                  settings=config.op_settings, context=context,
                                  budget_used=body.budget_used)
-        eng = engine_box[0]
-        now = eng.decider  # one read: a reload mid-request never mixes two policies
-        # the backend step `/v1/ops` makes (its orchestrator's executors and engine config),
-        # so the dry run answers a backend's refusal too (outsider round 5 F08)
-        orch = eng.orch
-        result = explain(now.policyset, manifest_of(body), body.grant, request,
-                         builder=now.builder, guard=now.guard,
-                         executors=orch.components.executors, config=orch.config)
-        return result.to_json()
+        # the gateway's dry run: the running engine's own builder and guard, and the backend
+        # step `/v1/ops` makes, so it answers a backend's refusal too (outsider round 5 F08)
+        return engine_box[0].gateway.decide(manifest_of(body), body.grant, request).to_json()
 
     @app.post("/v1/decide", tags=["decisions"], responses={200: _JSON_OBJECT})
     async def decide(body: DecideBody, who: Who) -> JSONResponse:
@@ -313,35 +309,27 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         """Run one op through the orchestrator (with begin/end evidence). A refusal or failure
         answers its code's HTTP status with `error` beside the outcome."""
         context = check_call(who, body)
-        manifest = manifest_of(body)
-        grant, asked = eng.broker.prepare(body.grant, manifest, body.op,
-                                          settings=config.op_settings,
-                                          overrides=body.overrides, context=context)
-        outcome = eng.orch.run(grant, manifest, body.op, settings=config.op_settings,
-                               overrides=body.overrides, context=context or None,
-                               annotations=consent_notes(asked))
-        eng.broker.record(asked, outcome.envelope_id)
-        data = outcome.to_json()
-        if asked is not None:
-            data["consent"] = asked.answer.to_json()
-        if outcome.result.ok:
+        called = eng.gateway.run(Call(body.grant, manifest_of(body), body.op,
+                                      settings=config.op_settings, overrides=body.overrides,
+                                      context=context, identity=(who.tenant, who.subject)))
+        data = called.to_json()
+        r = called.refusal
+        if r is None:
             return JSONResponse(data)
-        code = ErrorCode(outcome.result.code) if outcome.result.code else ErrorCode.UNKNOWN_INTERNAL
-        err = PolicyEngineError(code, "")
-        data["error"] = {"code": code.value, "http_status": err.http_status,
-                         "retryable": err.retryable, "message": outcome.result.message}
-        return JSONResponse(data, status_code=err.http_status)
+        data["error"] = {"code": r.code, "http_status": r.http_status,
+                         "retryable": r.retryable, "message": r.message}
+        return JSONResponse(data, status_code=r.http_status)
 
     @app.post("/v1/run_code", tags=["decisions"], response_model=RunCodeResponse)
     def run_code(body: RunCodeBody, who: Who, eng: Eng) -> RunCodeResponse:
         """Run code for a session (seed 001 run_code): the risk hint and the security mode
         choose bubblewrap or a container; the policy decides the run. `200` with `success`
         false and `error_code` when it was refused or failed."""
-        manager = SandboxManager(body.session_id, policyset=eng.decider.policyset,
+        manager = SandboxManager(body.session_id, policyset=eng.orch.policyset,
                                  config=config.engine, security_mode=config.security_mode,
                                  tenant=who.tenant, subject=who.subject,
                                  workspace_root=config.workspace_root, pool=eng.pool,
-                                 broker=eng.broker)
+                                 gateway=eng.gateway)
         with eng.runner.slots.hold():  # the same cap as execs (--max-concurrent-execs)
             result = manager.run_code(body.code, body.language, timeout=body.timeout_s)
         return RunCodeResponse.model_validate(result.to_json())
@@ -388,7 +376,11 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
     async def skill_invoker(eng: Eng) -> SkillInvoker | None:
         return eng.skills
 
-    register_skill_routes(app, Who, Annotated[SkillInvoker | None, Depends(skill_invoker)])
+    async def gateway(eng: Eng) -> Gateway:
+        return eng.gateway
+
+    register_skill_routes(app, Who, Annotated[SkillInvoker | None, Depends(skill_invoker)],
+                          Annotated[Gateway, Depends(gateway)])
 
     @app.get("/sandbox/health", tags=["sandbox"], response_model=Health)
     def health(eng: Eng) -> Health:

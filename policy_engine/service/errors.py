@@ -9,6 +9,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.refusal import Refusal, RefusedBy, code_refusal
 
 # the name the handler in app.py logged under before the decide fast path shared it
 log = logging.getLogger("policy_engine.service.app")
@@ -26,19 +27,33 @@ SERVICE_CODES: dict[str, tuple[int, str]] = {
 
 
 class ServiceError(Exception):
-    """A refusal with a stable code, an HTTP status and a public (redacted) message."""
+    """A refusal with a stable code, an HTTP status and a public (redacted) message; its body
+    carries ``error`` (the short form clients already read) and ``refusal`` (the one refusal
+    document of every face, policy_engine/refusal.py).
+
+    :param refused_by: who refused (``service`` for the front-end's own checks).
+    :param location: where malformed input broke (a field path or JSON pointer).
+    """
 
     def __init__(self, code: str, http_status: int, message: str,
-                 retryable: bool = False) -> None:
+                 retryable: bool = False, *, refused_by: RefusedBy = "service",
+                 location: str | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.http_status = http_status
         self.message = message
         self.retryable = retryable
+        self.refused_by: RefusedBy = refused_by
+        self.location = location
+
+    def refusal(self) -> Refusal:
+        return code_refusal(self.code, self.http_status, self.message, self.refused_by,
+                            retryable=self.retryable, location=self.location)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "http_status": self.http_status,
-                          "retryable": self.retryable, "message": self.message}}
+                          "retryable": self.retryable, "message": self.message},
+                "refusal": self.refusal().to_json()}
 
 
 def service_error(code: str, reason: str) -> ServiceError:
@@ -47,10 +62,11 @@ def service_error(code: str, reason: str) -> ServiceError:
     return ServiceError(code, status, template.format(reason=reason))
 
 
-def from_engine(err: PolicyEngineError) -> ServiceError:
+def from_engine(err: PolicyEngineError, refused_by: RefusedBy = "service") -> ServiceError:
     """An engine refusal as a service error: its registry code, status and public view only."""
     view = err.public_view()
-    return ServiceError(view["code"], view["http_status"], view["message"], view["retryable"])
+    return ServiceError(view["code"], view["http_status"], view["message"], view["retryable"],
+                        refused_by=refused_by)
 
 
 def error_response(err: ServiceError, headers: Mapping[str, str] | None = None
@@ -63,4 +79,5 @@ def crash_response(exc: BaseException) -> JSONResponse:
     """The 500 of an unexpected exception: its stack goes to the log only, never the client."""
     log.error("unhandled error in the service", exc_info=exc)
     view = PolicyEngineError(ErrorCode.UNKNOWN_INTERNAL, type(exc).__name__).public_view()
-    return error_response(ServiceError(view["code"], view["http_status"], view["message"]))
+    return error_response(ServiceError(view["code"], view["http_status"], view["message"],
+                                       view["retryable"]))

@@ -9,9 +9,10 @@ import time
 import uuid
 from typing import Any
 
-from policy_engine.confirm.broker import ConsentBroker, consent_notes
+from policy_engine.gateway.call import Call, Gateway
+from policy_engine.gateway.outcome import Called
 from policy_engine.model import Grant, ProcExecOp
-from policy_engine.orchestrator import Orchestrator, RunOutcome
+from policy_engine.refusal import code_refusal
 from policy_engine.service.config import ServiceConfig
 from policy_engine.service.errors import service_error
 from policy_engine.service.execstore import ExecStore
@@ -76,12 +77,10 @@ def _command(body: ExecBody, dirs: ProjectDirs, inputs: set[str]) -> tuple[str, 
 class ExecRunner:
     """Runs execs under a concurrency cap and records them; decides nothing itself."""
 
-    def __init__(self, config: ServiceConfig, orchestrator: Orchestrator,
-                 store: ExecStore, broker: ConsentBroker) -> None:
+    def __init__(self, config: ServiceConfig, gateway: Gateway, store: ExecStore) -> None:
         self.config = config
-        self.orch = orchestrator
+        self.gateway = gateway
         self.store = store
-        self.broker = broker
         # shared with run_code (both start sandboxed processes) and with every worker process
         self.slots = ExecSlots(config.engine.state_dir / "exec-slots",
                                config.max_concurrent_execs)
@@ -109,23 +108,24 @@ class ExecRunner:
                         timeout_ms=body.exec.timeout_ms)
         started = time.perf_counter()
         settings = self.config.settings_for_exec()
-        grant, asked = self.broker.prepare(grant, manifest, op, settings=settings,
-                                           overrides=body.policy_overrides)
+        call = Call(grant, manifest, op, settings=settings, overrides=body.policy_overrides,
+                    identity=(who.tenant, who.subject))
+        # the slot is held while the approver is asked too: a call waiting for consent is
+        # one of the execs running (--max-concurrent-execs), never an unbounded queue
         with self.slots.hold():
-            outcome = self.orch.run(grant, manifest, op, settings=settings,
-                                    overrides=body.policy_overrides,
-                                    annotations=consent_notes(asked))
-        self.broker.record(asked, outcome.envelope_id)
-        record, artifacts = self._finish(who, body, exec_id, tool, args, dirs, outcome,
+            called = self.gateway.run(call)
+        record, artifacts = self._finish(who, body, exec_id, tool, args, dirs, called,
                                          now, started)
         self.store.add(who.tenant, who.subject, record, artifacts)
         return record
 
     def _finish(self, who: Principal, body: ExecBody, exec_id: str, tool: str,
-                args: tuple[str, ...], dirs: ProjectDirs, outcome: RunOutcome, now: int,
+                args: tuple[str, ...], dirs: ProjectDirs, called: Called, now: int,
                 started: float) -> tuple[ExecRecord, list[Artifact]]:
         out_dir = dirs.artifacts / exec_id
+        outcome = called.outcome
         res = outcome.result
+        refusal = called.refusal.to_json() if called.refusal is not None else None
         out: dict[str, Any] = dict(res.out) if res.ok else {}
         produced, total = scan_artifacts(out_dir)
         error_code, error_reason = (None, None) if res.ok else (res.code, res.message)
@@ -136,6 +136,8 @@ class ExecRunner:
             error_code = "QUOTA.BUDGET_EXCEEDED"
             error_reason = (f"budget exceeded: artifacts total {total} bytes over the cap of "
                             f"{self.config.max_artifacts_bytes}")
+            refusal = code_refusal(error_code, 429, error_reason, "limits",
+                                   envelope_id=outcome.envelope_id).to_json()
         write_service_file(out_dir, "stdout.txt", str(out.get("stdout", "")).encode())
         write_service_file(out_dir, "stderr.txt", str(out.get("stderr", "")).encode())
         exit_code = out.get("exit_code") if isinstance(out.get("exit_code"), int) else None
@@ -161,7 +163,7 @@ class ExecRunner:
             artifacts_path=str(out_dir),
             stdout_truncated=bool(out.get("stdout_truncated", False)),
             stderr_truncated=bool(out.get("stderr_truncated", False)),
-            envelope_id=outcome.envelope_id)
+            envelope_id=outcome.envelope_id, refusal=refusal)
         listed, _ = scan_artifacts(out_dir)
         write_service_file(out_dir, "manifest.json", json.dumps(
             {"exec_id": exec_id, "artifacts": listed}, indent=2).encode())

@@ -36,11 +36,12 @@ CREATE TABLE IF NOT EXISTS sandbox_execs (
   stdout_truncated INTEGER NOT NULL,
   stderr_truncated INTEGER NOT NULL,
   envelope_id      TEXT NOT NULL,
-  artifacts        TEXT NOT NULL
+  artifacts        TEXT NOT NULL,
+  refusal          TEXT
 );
 CREATE INDEX IF NOT EXISTS sandbox_execs_tenant_task ON sandbox_execs (tenant, task_id);
 """
-_JSON_COLUMNS = ("args", "env_keys", "policy_snapshot")
+_JSON_COLUMNS = ("args", "env_keys", "policy_snapshot", "refusal")
 _BOOL_COLUMNS = ("stdout_truncated", "stderr_truncated")
 
 
@@ -56,6 +57,9 @@ class ExecStore:
         self._db.execute("PRAGMA busy_timeout = 5000")
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.executescript(_SCHEMA)
+        known = {row[1] for row in self._db.execute("PRAGMA table_info(sandbox_execs)")}
+        if "refusal" not in known:  # a store written before refusals were recorded
+            self._db.execute("ALTER TABLE sandbox_execs ADD COLUMN refusal TEXT")
         self._lock = threading.Lock()
         self._columns = [c for c in ExecRecord.model_fields]
 
@@ -79,8 +83,8 @@ class ExecStore:
 
     def _record(self, row: tuple[Any, ...]) -> ExecRecord:
         data = dict(zip(self._columns, row, strict=True))
-        for key in _JSON_COLUMNS:
-            data[key] = json.loads(data[key])
+        for key in _JSON_COLUMNS:  # NULL: a record written before the column existed
+            data[key] = None if data[key] is None else json.loads(data[key])
         for key in _BOOL_COLUMNS:
             data[key] = bool(data[key])
         return ExecRecord.model_validate(data)

@@ -48,8 +48,41 @@ class ErrorDetail(_Body):
     message: str
 
 
+class ConsentBody(_Body):
+    """What consent the call met (docs/consent.md)."""
+
+    asked: bool
+    answer: Literal["approved", "refused", "timed_out", "no_service"] | None
+    by: str | None = Field(description="`<mode>:<approver>` who answered")
+    at: int | None = Field(description="when it was answered, ms since the epoch")
+
+
+class RuleBody(_Body):
+    id: str
+    file: str | None = None
+    line: int | None = None
+    column: int | None = None
+
+
+class RefusalBody(_Body):
+    """The one refusal document every face answers with (docs/refusal.schema.json)."""
+
+    code: str = Field(description="stable error code (docs/error-codes.md)")
+    http_status: int
+    retryable: bool
+    message: str = Field(description="public, redacted")
+    refused_by: Literal["policy", "manifest", "grant", "limits", "consent", "backend",
+                        "service"]
+    rule: RuleBody | None = Field(description="the rule that decided, when one did")
+    consent: ConsentBody
+    envelope_id: str | None = Field(description="the evidence envelope recording the call")
+    location: str | None = Field(default=None,
+                                 description="where malformed input broke (path or pointer)")
+
+
 class ErrorBody(_Body):
     error: ErrorDetail
+    refusal: RefusalBody | None = None
 
 
 class TextInput(_Body):
@@ -138,6 +171,7 @@ class ExecRecord(_Body):
     stdout_truncated: bool
     stderr_truncated: bool
     envelope_id: str
+    refusal: RefusalBody | None = Field(default=None, description="when denied or failed")
 
 
 class ExecList(_Body):
@@ -180,6 +214,7 @@ class RunCodeResponse(_Body):
     error: str | None
     error_code: str | None
     exec_id: str = Field(description="the evidence envelope id of the run")
+    refusal: RefusalBody | None = Field(default=None, description="when refused or failed")
 
 
 class PolicyHealth(_Body):

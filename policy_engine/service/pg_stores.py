@@ -78,6 +78,8 @@ MIGRATIONS = [
     );
     CREATE INDEX sandbox_execs_tenant_task ON sandbox_execs (tenant, task_id);
     """,
+    # the refusal document of a refused or failed exec (policy_engine/refusal.py)
+    "ALTER TABLE sandbox_execs ADD COLUMN refusal JSONB;",
 ]
 
 
@@ -184,7 +186,7 @@ class PgTokenStore(TokenStore):
         return Principal(tenant=row[1], subject=row[2], token_id=token_id)
 
 
-_JSON_COLUMNS = ("args", "env_keys", "policy_snapshot")
+_JSON_COLUMNS = ("args", "env_keys", "policy_snapshot", "refusal")
 
 
 class PgExecStore(ExecStore):

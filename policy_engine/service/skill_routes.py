@@ -10,6 +10,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from policy_engine.errors import PolicyEngineError
+from policy_engine.gateway import skills as skill_calls
+from policy_engine.refusal import PolicyRefusal
 from policy_engine.service.errors import ServiceError, from_engine, service_error
 from policy_engine.skills.invoke import InputError, SkillInvoker
 from policy_engine.skills.model import Skill
@@ -53,12 +55,13 @@ def skill_info(skill: Skill) -> SkillInfo:
 
 _RESULT = {"content": {"application/json": {"schema": {"type": "object"}}},
            "description": "`{skill, ok, output, envelope_id}`; a refusal adds `error` and "
-           "answers its code's HTTP status"}
+           "`refusal` (the one refusal document) and answers its code's HTTP status"}
 
 
-def register(app: FastAPI, who: Any, invoker_of: Any) -> None:
-    """Add the skill routes; ``who`` is the authenticated-principal dependency type and
-    ``invoker_of`` the dependency type giving the engine's ``SkillInvoker`` (or None)."""
+def register(app: FastAPI, who: Any, invoker_of: Any, gateway_of: Any) -> None:
+    """Add the skill routes; ``who`` is the authenticated-principal dependency type,
+    ``invoker_of`` the one giving the engine's ``SkillInvoker`` (or None) and ``gateway_of``
+    the engine's gateway (every invocation runs through it)."""
 
     @app.get("/skills", tags=["skills"], response_model=SkillList)
     def list_skills(_: who, invoker: invoker_of) -> SkillList:
@@ -69,7 +72,7 @@ def register(app: FastAPI, who: Any, invoker_of: Any) -> None:
     @app.post("/skills/{skill_id}/invoke", tags=["skills"], responses={200: _RESULT})
     def invoke_skill(skill_id: Annotated[str, Path(pattern=SKILL_ID, max_length=64)],
                      body: InvokeBody, principal: who,
-                     invoker: invoker_of) -> JSONResponse:
+                     invoker: invoker_of, gateway: gateway_of) -> JSONResponse:
         """Invoke a skill: its inputs are checked against its schema (`422` with the JSON
         pointer of the first problem), then it runs as one guarded op with evidence."""
         skill = invoker.skills.get(skill_id) if invoker is not None else None
@@ -77,16 +80,19 @@ def register(app: FastAPI, who: Any, invoker_of: Any) -> None:
             raise service_error("SERVICE.NOT_FOUND", f"no skill `{skill_id}`")
         run: SkillInvoker = invoker
         try:
-            result = run.invoke(skill, body.inputs, tenant=principal.tenant,
-                                subject=principal.subject)
+            result = skill_calls.invoke_skill(gateway, run, skill, body.inputs,
+                                              tenant=principal.tenant,
+                                              subject=principal.subject)
         except InputError as exc:
             pointer = f"/inputs{exc.pointer}"
             err = ServiceError("SCHEMA.VALIDATION_FAILED", 422,
-                               f"invalid input at `{pointer}`: {exc.message}")
+                               f"invalid input at `{pointer}`: {exc.message}", location=pointer)
             data = err.body()
             data["error"]["pointer"] = pointer
-            data["envelope_id"] = exc.envelope_id
+            data["envelope_id"] = data["refusal"]["envelope_id"] = exc.envelope_id
             return JSONResponse(data, status_code=422)
+        except PolicyRefusal:
+            raise  # the app's handler renders it
         except PolicyEngineError as exc:  # refused before an op existed (e.g. its image)
-            raise from_engine(exc) from None
+            raise from_engine(exc, "manifest") from None
         return JSONResponse(result.to_json(), status_code=result.http_status)

@@ -1,5 +1,5 @@
-"""Invoke a skill: inputs checked against its schema, then one guarded op through the
-orchestrator (grant ∩ compiled tool manifest ∩ policy), with begin/end evidence."""
+"""Invoke a skill: inputs checked against its schema, then one guarded op (grant ∩ compiled
+tool manifest ∩ policy) that the gateway runs, with begin/end evidence."""
 
 from __future__ import annotations
 
@@ -9,20 +9,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from policy_engine.config import EngineConfig
-from policy_engine.confirm.broker import ConsentBroker
 from policy_engine.errors import ErrorCode, PolicyEngineError
-from policy_engine.executor import CancelToken
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.model import (
     BrowserNavOp,
     FsReadOp,
     Grant,
+    Manifest,
     NetHttpOp,
     NetworkMode,
     ProcExecOp,
     Settings,
 )
-from policy_engine.orchestrator import Orchestrator
+from policy_engine.orchestrator import Orchestrator, RunOutcome
 from policy_engine.runcode.manager import OrchestratorPool
 from policy_engine.skills.check import pointer_of
 from policy_engine.skills.model import CONTAINER_ROOT, Skill, placeholder
@@ -57,14 +56,28 @@ class InvokeResult:
     http_status: int
     message: str | None
     envelope_id: str
+    refusal: dict[str, Any] | None = None  # the refusal document (policy_engine/refusal.py)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"skill": self.skill, "ok": self.ok, "output": self.output,
                                 "envelope_id": self.envelope_id}
         if not self.ok:
             data["error"] = {"code": self.code, "http_status": self.http_status,
+                             "retryable": bool(self.refusal and self.refusal["retryable"]),
                              "message": self.message}
+            data["refusal"] = self.refusal
         return data
+
+
+@dataclass(frozen=True, slots=True)
+class SkillCall:
+    """A skill invocation built and not yet run: the gateway runs it on ``orchestrator``."""
+
+    grant: Grant
+    manifest: Manifest
+    op: Any
+    settings: Settings
+    orchestrator: Orchestrator
 
 
 def validate_inputs(skill: Skill, inputs: Any) -> None:
@@ -103,7 +116,8 @@ def refuse_input(orch: Orchestrator, exc: InputError, *, tenant: str, subject: s
 
 
 class SkillInvoker:
-    """Runs skills for a tenant and subject; decides nothing itself (the guard does).
+    """Builds skill calls for a tenant and subject; decides and runs nothing itself (the
+    gateway runs them: policy_engine/gateway/skills.py).
 
     :param fs_root: the operator's ``root_fs``: where an ``fs`` skill's ``inputs/``,
         ``work/`` and ``artifacts/`` are (a ``docker`` skill's are the container's).
@@ -111,22 +125,20 @@ class SkillInvoker:
     """
 
     def __init__(self, skills: dict[str, Skill], policyset: PolicySet, config: EngineConfig,
-                 *, fs_root: str, orchestrator: Orchestrator, pool: OrchestratorPool,
-                 broker: ConsentBroker | None = None) -> None:
+                 *, fs_root: str, orchestrator: Orchestrator, pool: OrchestratorPool) -> None:
         self.skills = skills
         self.policyset = policyset
         self.config = config
         self.fs_root = fs_root
         self.orch = orchestrator
         self.pool = pool
-        self.broker = broker
         self.image = str(config.plugin_options("docker").get("image", DEFAULT_IMAGE))
 
-    def invoke(self, skill: Skill, inputs: Any, *, tenant: str, subject: str,
-               cancel: CancelToken | None = None) -> InvokeResult:
-        """Validate, build the op, run it guarded.
+    def prepare(self, skill: Skill, inputs: Any, *, tenant: str, subject: str) -> SkillCall:
+        """Validate the inputs and build the skill's one op (the gateway runs it).
 
-        :raises InputError: the inputs break ``interface.inputs`` (nothing ran).
+        :raises InputError: the inputs break ``interface.inputs`` (nothing ran; recorded).
+        :raises PolicyEngineError: no op can be built (e.g. another image; recorded).
         """
         try:
             validate_inputs(skill, inputs)
@@ -146,12 +158,12 @@ class SkillInvoker:
             record_refusal(self.orch, tenant=tenant, subject=subject, tool_name=skill.id,
                            capability=f"skill:{skill.id}", arguments=inputs, err=exc)
             raise
-        asked = None
-        if self.broker is not None:
-            grant, asked = self.broker.prepare(grant, manifest, op, settings=settings)
-        outcome = orch.run(grant, manifest, op, settings=settings, cancel=cancel)
-        if self.broker is not None:
-            self.broker.record(asked, outcome.envelope_id)
+        return SkillCall(grant, manifest, op, settings, orch)
+
+    @staticmethod
+    def answer(skill: Skill, outcome: RunOutcome,
+               refusal: dict[str, Any] | None) -> InvokeResult:
+        """What the invocation answers: the declared outputs, or the refusal."""
         res = outcome.result
         if res.ok:
             declared = skill.outputs_schema.get("properties", {})
@@ -160,7 +172,7 @@ class SkillInvoker:
         code = ErrorCode(res.code) if res.code else ErrorCode.UNKNOWN_INTERNAL
         status = PolicyEngineError(code, "").http_status
         return InvokeResult(skill.id, False, {}, code.value, status, res.message,
-                            outcome.envelope_id)
+                            outcome.envelope_id, refusal)
 
     def _op(self, skill: Skill, inputs: dict[str, Any]
             ) -> tuple[Any, Settings, Orchestrator]:

@@ -28,6 +28,7 @@ from policy_engine.confirm.services import (
     WebhookConfirmation,
     sign,
 )
+from policy_engine.gateway import Call, Gateway
 from policy_engine.model import FsReadOp, Grant, Manifest, Settings
 from policy_engine.orchestrator import Orchestrator
 from tests.integration.service_server import add_token, grant, start
@@ -113,12 +114,11 @@ def _call(tmp: Path, service: ConfirmationService, name: str = "notes.private"
           ) -> tuple[bool, str | None, list[dict[str, object]]]:
     tmp, g, m, orch = _setup(tmp)
     settings = Settings(root_fs=str(tmp))
-    broker = ConsentBroker(service, orch.policyset, tmp / "state" / "consent.jsonl")
+    broker = ConsentBroker(service, tmp / "state" / "consent.jsonl")
     op = FsReadOp(path=f"{tmp}/data/{name}")
     with orch:
-        g2, asked = broker.prepare(g, m, op, settings=settings)
-        outcome = orch.run(g2, m, op, settings=settings, annotations=consent_notes(asked))
-        broker.record(asked, outcome.envelope_id)
+        called = Gateway(orch, broker).run(Call(g, m, op, settings=settings))
+    outcome, asked = called.outcome, called.asked
     # the evidence of the call carries the same question and answer as the consent log
     assert outcome.begin.annotations == consent_notes(asked)
     log = tmp / "state" / "consent.jsonl"

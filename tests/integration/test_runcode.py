@@ -11,7 +11,8 @@ import pytest
 
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig
-from policy_engine.runcode.manager import OrchestratorPool, SandboxManager
+from policy_engine.gateway.sessions import SandboxManager
+from policy_engine.runcode.manager import OrchestratorPool
 from policy_engine.runcode.risk import SecurityMode
 
 pytestmark = pytest.mark.integration

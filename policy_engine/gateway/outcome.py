@@ -1,0 +1,79 @@
+"""One outcome per call: a run's result and, when it was refused or failed, its refusal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from policy_engine.confirm.broker import Asked, needs_consent
+from policy_engine.errors import ErrorCode, spec_of
+from policy_engine.orchestrator import RunOutcome
+from policy_engine.refusal import ConsentSeen, Refusal, RefusedBy
+
+_BACKEND = frozenset({ErrorCode.PROVIDER_UNAVAILABLE.value, ErrorCode.EXECUTION_FAILED.value,
+                      ErrorCode.UNKNOWN_INTERNAL.value})
+_LIMITS = frozenset({ErrorCode.BUDGET_EXCEEDED.value, ErrorCode.TIMEOUT.value})
+
+
+def refused_by(outcome: RunOutcome, asked: Asked | None) -> RefusedBy:
+    """Which layer refused: the approver, the limits, the backend, the manifest, the grant or
+    a policy rule (``service`` is the faces' own: authentication, bad input)."""
+    res, decision = outcome.result, outcome.decision
+    code = res.code or ErrorCode.UNKNOWN_INTERNAL.value
+    if (asked is not None and not asked.answer.approved) or needs_consent(decision):
+        return "consent"
+    if code in _LIMITS:
+        return "limits"
+    if code in _BACKEND or outcome.end.sandbox_error_kind in ("capability", "provider"):
+        return "backend"
+    if code == ErrorCode.DENY_TOOL.value:
+        return "manifest"
+    if code == ErrorCode.SCHEMA_VALIDATION_FAILED.value:
+        return "service"
+    if code == ErrorCode.PERMISSION_DENY.value and decision.rule is None:
+        return "grant"  # not granted, expired or revoked: no rule decided it
+    return "policy"
+
+
+def refusal_of(outcome: RunOutcome, asked: Asked | None) -> Refusal | None:
+    """The refusal of a call that did not succeed (``None`` when it ran)."""
+    res = outcome.result
+    if res.ok:
+        return None
+    code = res.code or ErrorCode.UNKNOWN_INTERNAL.value
+    known = code in ErrorCode._value2member_map_
+    spec = spec_of(ErrorCode(code)) if known else spec_of(ErrorCode.UNKNOWN_INTERNAL)
+    rule = outcome.decision.rule
+    return Refusal(code=code, http_status=spec.http_status, retryable=spec.retryable,
+                   message=res.message or "", refused_by=refused_by(outcome, asked),
+                   rule=rule.model_dump(mode="json") if rule is not None else None,
+                   consent=asked.seen() if asked is not None else ConsentSeen(),
+                   envelope_id=outcome.envelope_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Called:
+    """What the gateway answers for one call: the orchestrator's outcome, the consent asked
+    (if any) and the refusal (``None`` when the call ran)."""
+
+    outcome: RunOutcome
+    asked: Asked | None
+    refusal: Refusal | None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome.result.ok
+
+    @property
+    def envelope_id(self) -> str:
+        return self.outcome.envelope_id
+
+    def to_json(self) -> dict[str, Any]:
+        """The run document (`POST /v1/ops`, `run --format json`): result, decision, evidence,
+        and ``consent``/``refusal`` when there are."""
+        data = self.outcome.to_json()
+        if self.asked is not None:
+            data["consent"] = {**self.asked.answer.to_json(), "kind": self.asked.kind}
+        if self.refusal is not None:
+            data["refusal"] = self.refusal.to_json()
+        return data

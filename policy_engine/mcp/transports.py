@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from policy_engine.mcp.server import PrincipalOf, Unauthenticated
 from policy_engine.service.errors import ServiceError
 from policy_engine.service.tokens import Principal, TokenStore
+from policy_engine.serving import bound_worker_threads, limit_malloc_arenas
 
 _SCOPE_KEY = "policy_engine.principal"
 
@@ -119,7 +120,10 @@ async def _refuse(send: Send, status: int, code: str, message: str) -> None:
 
 
 async def run_stdio(server: Server[Any]) -> None:
-    """Serve one host over this process's stdin/stdout until it closes them."""
+    """Serve one host over this process's stdin/stdout until it closes them, at most
+    :data:`~policy_engine.serving.MAX_CONCURRENT_CALLS` calls at once (the rest wait)."""
+    limit_malloc_arenas()
+    bound_worker_threads()
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
 

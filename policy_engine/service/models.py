@@ -46,10 +46,14 @@ class ErrorDetail(_Body):
     http_status: int
     retryable: bool = False
     message: str
+    pointer: str | None = Field(default=None, description="the JSON pointer of the input a "
+                                "refused skill invocation broke (`/inputs/path`)")
 
 
 class ErrorBody(_Body):
     error: ErrorDetail
+    envelope_id: str | None = Field(default=None, description="the evidence envelope of a "
+                                    "refused skill invocation (its 422 names it)")
 
 
 class TextInput(_Body):

@@ -51,6 +51,21 @@ class BoundedProtocol(LanguageServerProtocol):
         super()._send_response(msg_id, result=result, error=error)
 
 
+class _NoRefusalTracebacks(logging.Filter):
+    """pygls logs every error reply with ``logger.exception``; for a refusal the server raised
+    on purpose (a ``JsonRpcException``: an unopened document, bad params) the traceback is
+    noise in the log, so the record keeps its one line and drops it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, JsonRpcException):
+            record.msg = f"{record.getMessage()}: {exc}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
 class _Reader:
     """Blocking stdin reads run on a thread, each bounded."""
 
@@ -121,6 +136,7 @@ async def _serve(stop: threading.Event, reader: _Reader, server: LanguageServer)
 def serve_stdio(server: LanguageServer, stdin: BinaryIO | None = None,
                 stdout: BinaryIO | None = None) -> None:
     """``server.start_io()`` with the bounded loop."""
+    logging.getLogger("pygls.protocol.json_rpc").addFilter(_NoRefusalTracebacks())
     stop = threading.Event()
     server._stop_event = stop
     server.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))

@@ -306,26 +306,12 @@ def _entries(value: Any, name: str, expand: Callable[[str, Mapping[str, str]], s
             problems.append(_diag(f"`filesystem.{name}[{i}]` is {len(item)} characters long, "
                                   f"at most {MAX_ENTRY_CHARS}", lookup, loc))
             continue
-        if not _is_unicode(item):  # JSON's "\ud800": no path can name it, realpath cannot
-            problems.append(_diag(f"`filesystem.{name}[{i}]` holds a lone UTF-16 surrogate "
-                                  "(a `\\uD800`-`\\uDFFF` escape alone), not a character",
-                                  lookup, loc, help="write the character itself, or a high+low "
-                                  "surrogate pair"))
-            continue
         try:
             out.append(Entry(item, expand(item, env), str(lookup.span(loc))))
         except ExpandError as exc:
             problems.append(_diag(f"`filesystem.{name}[{i}]` {exc.message}", lookup, loc,
                                   help=exc.help))
     return out
-
-
-def _is_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def check_sandbox_file(path: str, env: Mapping[str, str] | None = None) -> list[Diagnostic]:

@@ -97,6 +97,23 @@ def test_lone_surrogate_in_sandbox_json(tmp_path: Path) -> None:
     assert "strict defaults are in force" in no_crash(res)
 
 
+def test_lone_surrogate_in_a_json_key(tmp_path: Path) -> None:
+    """Found attacking the fix: the escape in a key reached the unknown-key diagnostic, whose
+    printing failed; every JSON/YAML document is now checked where it is parsed."""
+    config = tmp_path / "sandbox.json"
+    config.write_text('{"filesystem": {"\\ud800": 1}}\n')
+    res = pe("sandbox", "check", str(config))
+    out = no_crash(res)
+    assert res.returncode == 1, out
+    assert f"{config}:1:17: SBP105 " in out, out
+    request = tmp_path / "r.json"
+    request.write_text('{"op": {"kind": "fs.read", "path": "/w"}, "\\udfffx": 1}')
+    res = pe("explain", "--policy", str(ORG), "--request", str(request))
+    out = no_crash(res)
+    assert res.returncode == 2, out
+    assert "is not valid Unicode (a lone UTF-16 surrogate" in out, out
+
+
 # ---- B: an evidence line nested ~3,000 deep ------------------------------------------------
 
 def _deep_log(tmp_path: Path) -> Path:

@@ -71,8 +71,12 @@ class RequireToken:
         self.admit = admit
         self.owners: dict[str, tuple[str, str]] = {}
         self.max_sessions = max_sessions
+        self._bounded = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._bounded:  # the first event in the server's loop: bound its worker pool
+            self._bounded = True
+            bound_worker_threads()
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -132,5 +136,6 @@ def http_app(server: Server[Any], tokens: TokenStore, *, host: str, path: str = 
              admit: Callable[[Principal], None] | None = None) -> ASGIApp:
     """The streamable HTTP app at ``path`` (DNS-rebinding protection on for loopback hosts),
     wrapped in the token check; ``admit`` may refuse a principal's request (rate limits)."""
+    limit_malloc_arenas()
     app = server.streamable_http_app(streamable_http_path=path, host=host)
     return RequireToken(app, tokens, admit=admit)

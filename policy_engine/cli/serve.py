@@ -177,7 +177,23 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
     def run(engine_now: Engine) -> None:
         server = uvicorn.Server(uvicorn.Config(asgi_app(config, engine_now), log_level="warning",
                                                access_log=False, lifespan="on"))
-        server.run(sockets=[sock])
+
+        import asyncio
+
+        from policy_engine.serving import (
+            SERVE_CONCURRENT_CALLS,
+            bound_worker_threads,
+            limit_malloc_arenas,
+        )
+
+        async def bounded() -> None:
+            # a bounded worker pool (calls wait their turn) and shared malloc arenas: an
+            # address-space limit is never filled by threads (docs/service.md "Bounds")
+            bound_worker_threads(SERVE_CONCURRENT_CALLS)
+            await server.serve(sockets=[sock])
+
+        limit_malloc_arenas()
+        asyncio.run(bounded())
 
     if workers == 1:
         run(opened)

@@ -89,7 +89,52 @@ def parse_document(text: str, shown: str) -> tuple[Any, PositionLookup]:
             raise _invalid(kind, _first_line(exc),
                            Span(shown, *_reader_position(exc, text))) from None
         raise
-    return data, PositionLookup(shown, positions)
+    lookup = PositionLookup(shown, positions)
+    bad = sorted(lone_surrogates(data), key=lambda loc: _order(lookup.span(loc)))
+    if bad:
+        raise DiagnosticsError([Diagnostic.make(
+            "SBP105", f"invalid {kind}: the text at `{_pointer(loc)}` is not valid Unicode (a "
+            "lone UTF-16 surrogate: a `\\uD800`-`\\uDFFF` escape alone)",
+            lookup.span(loc), help="write the character itself, or a high+low surrogate pair")
+            for loc in bad])
+    return data, lookup
+
+
+def lone_surrogates(data: Any, limit: int = 10) -> list[tuple[str | int, ...]]:
+    """Where strings (keys included) of a parsed document hold a lone surrogate (JSON's
+    ``"\\ud800"``): no file, host or hash can carry one, and printing it fails. The loaders
+    bound the document's size, so the walk is bounded too."""
+    found: list[tuple[str | int, ...]] = []
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(data, ())]
+    while stack and len(found) < limit:
+        value, loc = stack.pop()
+        if isinstance(value, str):
+            if not _encodes(value):
+                found.append(loc)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str) and not _encodes(key):
+                    found.append((*loc, key))
+                stack.append((item, (*loc, key)))
+        elif isinstance(value, list):
+            stack.extend((item, (*loc, i)) for i, item in enumerate(value))
+    return found
+
+
+def _order(span: Span) -> tuple[int, int]:
+    return span.line, span.column
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _pointer(loc: tuple[str | int, ...]) -> str:
+    return "/" + "/".join(str(p).encode("utf-8", "backslashreplace").decode() for p in loc)
 
 
 def _invalid(kind: str, problem: str, span: Span) -> DiagnosticsError:

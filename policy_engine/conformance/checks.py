@@ -51,6 +51,13 @@ CATALOG: tuple[tuple[str, str], ...] = (
     ("claims.no-orphans", "no process of a call outlives it (timeout included)"),
     ("claims.ipc-isolated", "no /dev/shm file or SysV segment of one call is visible to the "
                             "next or to the host"),
+    ("claims.mandatory-denies", "a secret under a mandatory deny (a planted .env, the host's "
+                                "~/.ssh) never reaches the tool; without the claim, proc.exec "
+                                "is refused in both modes and the kit says what may run"),
+    ("claims.env-filtering", "a variable planted in the engine's environment never reaches "
+                             "the tool"),
+    ("claims.resource-limits", "the tool cannot outgrow its pids and memory limits or outlive "
+                               "its timeout"),
     ("compat.degraded-recorded", "in compat mode every run on a backend lacking what the "
                                  "profile needs records degraded=true and why"),
 )
@@ -66,12 +73,21 @@ def result(check_id: str, problems: Iterable[str], *, title_key: str | None = No
     return CheckResult(check_id, title, "fail" if found else "pass", found)
 
 
+def exception_text(value: object) -> str:
+    """``Type: message`` of an exception (the message is what an author needs to fix it), or
+    the type of any other value; one line, bounded."""
+    if isinstance(value, BaseException):
+        text = str(value).strip().splitlines()[0] if str(value).strip() else "(no message)"
+        return f"{type(value).__name__}: {text[:300]}"
+    return type(value).__name__
+
+
 def _describe(run: Run) -> str:
     r = run.outcome.result
     what = "ok" if r.ok else f"{r.code} ({r.message})"
     raised = [c.exc for c in run.calls if c.exc is not None]
     if raised and not isinstance(raised[0], PolicyEngineError):
-        what += f"; execute() raised {type(raised[0]).__name__}: {raised[0]}"
+        what += f"; execute() raised {exception_text(raised[0])}"
     return what
 
 
@@ -126,7 +142,7 @@ def check_capabilities(executor: object) -> CheckResult:
         try:
             state = probe()
         except Exception as exc:  # reported: the orchestrator treats it as unavailable
-            problems.append(f"available() raised {type(exc).__name__}: {exc}; the contract "
+            problems.append(f"available() raised {exception_text(exc)}; the contract "
                             "requires True, False or a reason string")
         else:
             if not (state is True or state is False or isinstance(state, str)):
@@ -198,7 +214,7 @@ def check_wrong_kind(outcome: tuple[str, object] | None, kind: OpKind | None) ->
         problems.append(f"execute() given a `{kind.value}` op did not return within 5 s; {fix}")
     elif how == "raised" and not isinstance(value, PolicyEngineError):
         problems.append(f"execute() given a `{kind.value}` op raised "
-                        f"{type(value).__name__}: {value}; {fix}")
+                        f"{exception_text(value)}; {fix}")
     elif how == "returned":
         if not isinstance(value, ExecResult):
             problems.append(f"execute() given a `{kind.value}` op returned "
@@ -229,7 +245,7 @@ def check_denials(runs: list[Run]) -> CheckResult:
 
 def _call_problem(call: Call) -> str | None:
     if call.exc is not None and not isinstance(call.exc, PolicyEngineError):
-        return (f"execute() raised {type(call.exc).__name__}: {call.exc} for a "
+        return (f"execute() raised {exception_text(call.exc)} for a "
                 f"`{call.op.kind}` op; raise PolicyEngineError with a registry code (the "
                 "orchestrator can only report TOOL.EXECUTION_FAILED and hide the reason)")
     if call.exc is None and call.ended is not None and not isinstance(call.result, ExecResult):
@@ -426,7 +442,7 @@ def check_limits_timeout(outcome: tuple[str, object] | None, elapsed_s: float,
                         f"and read every limit from ctx.limits; see {SPI} ExecContext and "
                         "docs/plugins.md \"Limits an executor enforces\"")
     elif code != ErrorCode.TIMEOUT.value:
-        problems.append(f"{label}: ended with {how} {code or type(value).__name__}; the "
+        problems.append(f"{label}: ended with {how} {code or exception_text(value)}; the "
                         f"contract requires {ErrorCode.TIMEOUT.value} when ctx.limits' "
                         "timeout passes")
     return result("limits.timeout", problems)
@@ -436,7 +452,7 @@ def check_close(harness: Harness) -> CheckResult:
     error = harness.close()
     if error is None:
         return result("lifecycle.close", ())
-    return result("lifecycle.close", [f"close() raised {type(error).__name__}: {error}; it must "
+    return result("lifecycle.close", [f"close() raised {exception_text(error)}; it must "
                                       "release pools and temp spaces without raising"])
 
 

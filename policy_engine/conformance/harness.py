@@ -45,8 +45,12 @@ def probe_manifest(probe: Probe, timeout_ms: int | None = None) -> Manifest:
     whose executor is the network client (the guard's host rules govern those).
     """
     network = NetworkMode.ON if probe.kind in _NETWORK_CLIENTS else None
+    limits = Limits.model_validate(probe.limits or {}) if not isinstance(probe.limits, Limits) \
+        else probe.limits
+    if timeout_ms is not None:
+        limits = limits.model_copy(update={"timeout_ms": timeout_ms})
     return Manifest(name="conformance-probe", version="1.0", permissions=probe.caps(),
-                    limits=Limits(timeout_ms=timeout_ms), network=network)
+                    limits=limits, network=network)
 
 
 class SetupError(Exception):

@@ -58,6 +58,8 @@ class Probe:
     :param secrets: strings the fixture planted (file content, response body, header values):
         none may appear in any evidence record.
     :param title: shown in reports.
+    :param limits: resource limits the probing tool's manifest sets (a ``Limits`` or its
+        fields), for probes that check an executor enforces them.
     """
 
     op: Any
@@ -66,6 +68,7 @@ class Probe:
     expect_code: str | None = None
     secrets: tuple[str, ...] = ()
     title: str = ""
+    limits: Any = None
 
     def exec_op(self) -> ExecOp:
         """The op as a model (validated, so a malformed probe fails with a clear message)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import shutil
 import tempfile
@@ -13,6 +14,14 @@ from typing import Any, Literal
 from policy_engine.config import EngineConfig
 from policy_engine.conformance import checks
 from policy_engine.conformance.claims import Canary, ClaimEnv, claim_probes, claim_results
+from policy_engine.conformance.claims_proc import (
+    Plants,
+    plant,
+    planted_variable,
+    proc_claim_probes,
+    proc_claim_results,
+    refused_results,
+)
 from policy_engine.conformance.harness import (
     Harness,
     Run,
@@ -120,16 +129,21 @@ def _run(name: str, env: ProbeEnv, options: dict[str, Mapping[str, Any]],
     claim_env = (ClaimEnv(env, secrets.token_hex(8), Canary())
                  if OpKind.PROC_EXEC in declared else None)
     attacks = claim_probes(claim_env) if claim_env is not None else {}
+    plants = plant(claim_env) if claim_env is not None else Plants()
+    if claim_env is not None:
+        attacks.update(proc_claim_probes(claim_env, plants))
     harness = Harness(name, env, all_probes + list(attacks.values()), options=options,
                       mode=mode, extra_plugins=extra_plugins)
     try:
         report = Report(executor=name, capabilities=caps.to_json() if caps else {},
                         results=results)
         # the attacks run first so the evidence checks of _exercise cover their records too
-        claimed = _claims(harness, caps, claim_env, attacks, timeout_ms)
+        claimed = _claims(harness, caps, claim_env, attacks, plants, timeout_ms)
         report.results.extend(_exercise(harness, declared, by_kind, timeout_ms))
         report.results.extend(claimed)
         report.results.append(checks.check_degraded(harness.runs, caps, mode))
+        if caps is not None and OpKind.PROC_EXEC in declared and not caps.mandatory_denies:
+            report.results = refused_results(caps, report.results)
     finally:
         closed = checks.check_close(harness)
         if claim_env is not None:
@@ -208,12 +222,15 @@ def _wrong_kind(harness: Harness, undeclared: list[Run]) -> CheckResult:
 
 
 def _claims(harness: Harness, caps: ExecutorCapabilities | None, claim_env: ClaimEnv | None,
-            attacks: dict[str, Probe], timeout_ms: int) -> list[CheckResult]:
+            attacks: dict[str, Probe], plants: Plants, timeout_ms: int) -> list[CheckResult]:
     """Attack what a proc.exec executor declares (claims.* checks); n/a for other executors."""
     if claim_env is None or caps is None:
         return [checks.result(cid, (), na="the executor does not serve proc.exec")
                 for cid, _t in checks.CATALOG if cid.startswith("claims.")]
-    runs = {key: harness.run(probe, f"claims:{key}",
-                             timeout_ms=timeout_ms if probe.role == "slow" else None)
-            for key, probe in attacks.items()}
-    return claim_results(claim_env, caps, runs)
+    runs: dict[str, Run] = {}
+    for key, probe in attacks.items():
+        with planted_variable(plants) if key == "secrets" else contextlib.nullcontext():
+            runs[key] = harness.run(probe, f"claims:{key}",
+                                    timeout_ms=timeout_ms if probe.role == "slow" else None)
+    return (claim_results(claim_env, caps, runs)
+            + proc_claim_results(claim_env, caps, plants, runs, runs.get("orphans"), GRACE_S))

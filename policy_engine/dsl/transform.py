@@ -9,7 +9,7 @@ from typing import Any, Literal
 from lark import Token, Tree
 
 from policy_engine.dsl import ast
-from policy_engine.dsl.escapes import unescape
+from policy_engine.dsl.escapes import is_surrogate_escape, unescape
 from policy_engine.dsl.grammar import grammar_text
 from policy_engine.errors import Diagnostic, Span
 
@@ -74,6 +74,14 @@ class ToAst:
         text, bad = unescape(str(tok)[1:-1])
         for offset, esc in bad:
             col = (tok.column or 1) + 1 + offset
+            if is_surrogate_escape(esc):
+                self.diagnostics.append(Diagnostic.make(
+                    "SBP104", f"`\\{esc}` is a lone UTF-16 surrogate, not a character",
+                    Span(self.file, tok.line or 1, col),
+                    help="write the character itself, or a high+low pair (\\uD83D\\uDE00); "
+                         "\\uD800-\\uDFFF alone cannot be encoded",
+                ))
+                continue
             self.diagnostics.append(Diagnostic.make(
                 "SBP104", f"invalid escape `\\{esc}` in string literal",
                 Span(self.file, tok.line or 1, col),

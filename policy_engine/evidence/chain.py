@@ -29,6 +29,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from policy_engine.inputs.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
+from policy_engine.inputs.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
+from policy_engine.evidence.jsonline import load_line
 
 GENESIS = "0" * 64
 _CONTEXT = b"policy-engine evidence checkpoint v1\0"
@@ -53,7 +55,7 @@ def link_of(raw: bytes) -> tuple[int, str] | None:
     ``raw`` carries no chain (a log written before chaining): the chain then starts at 0.
     """
     try:
-        record = json.loads(raw)
+        record = load_line(raw)
     except ValueError:
         return None
     chain = record.get("chain") if isinstance(record, dict) else None

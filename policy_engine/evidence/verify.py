@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from policy_engine.evidence.chain import GENESIS, key_id, line_hash, signature_ok
 from policy_engine.inputs.inputfile import MAX_EVIDENCE_BYTES, read_bounded, read_limited
+from policy_engine.evidence.jsonline import load_line
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,7 @@ class Report:
 
 def _parse(raw: bytes) -> dict[str, Any] | None:
     try:
-        value = json.loads(raw)
+        value = load_line(raw)
     except ValueError:
         return None
     return value if isinstance(value, dict) else None

@@ -4,6 +4,7 @@ goes to definitions and completes kinds and resource keywords in `.sbpolicy` buf
 from __future__ import annotations
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 from pygls.uris import from_fs_path, to_fs_path
 
@@ -14,8 +15,9 @@ from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.fmt.runner import format_source
 from policy_engine.lsp import analysis, celhelp, testfiles
 from policy_engine.lsp.analysis import rows_of
+from policy_engine.lsp.transport import BoundedProtocol, document_text, serve_stdio
 
-server = LanguageServer("policy-engine", __version__)
+server = LanguageServer("policy-engine", __version__, protocol_cls=BoundedProtocol)
 
 _SEVERITY = {Severity.ERROR: types.DiagnosticSeverity.Error,
              Severity.WARNING: types.DiagnosticSeverity.Warning,
@@ -74,7 +76,7 @@ def _to_lsp(diag: Diagnostic, rows: list[str]) -> types.Diagnostic:
 
 def _publish(ls: LanguageServer, uri: str) -> None:
     doc = ls.workspace.get_text_document(uri)
-    text = doc.source
+    text = document_text(ls, uri)
     rows = rows_of(text)
     found = [_to_lsp(d, rows) for d in analysis.diagnostics(text, _path(uri))]
     ls.text_document_publish_diagnostics(
@@ -102,7 +104,7 @@ def formatting(ls: LanguageServer,
     """The whole buffer replaced by `fmt`'s output; nothing when it does not parse (the
     diagnostics say why) or is already formatted."""
     uri = params.text_document.uri
-    text = ls.workspace.get_text_document(uri).source
+    text = document_text(ls, uri)
     path = _path(uri)
     result = format_source(text, path, real_path=path)
     if result.formatted is None or not result.changed:
@@ -123,13 +125,13 @@ def _symbol(sym: analysis.Symbol, rows: list[str]) -> types.DocumentSymbol:
 def document_symbol(ls: LanguageServer,
                     params: types.DocumentSymbolParams) -> list[types.DocumentSymbol]:
     uri = params.text_document.uri
-    text = ls.workspace.get_text_document(uri).source
+    text = document_text(ls, uri)
     rows = rows_of(text)
     return [_symbol(s, rows) for s in analysis.symbols(analysis.parsed(text, _path(uri)))]
 
 
 def _at(ls: LanguageServer, uri: str, pos: types.Position) -> tuple[str, int, int]:
-    text = ls.workspace.get_text_document(uri).source
+    text = document_text(ls, uri)
     rows = rows_of(text)
     row = rows[pos.line] if pos.line < len(rows) else ""
     return text, pos.line + 1, _char(row, pos.character) + 1
@@ -167,7 +169,10 @@ def definition(ls: LanguageServer, params: types.DefinitionParams) -> types.Loca
     if target == uri:
         rows = rows_of(text)
     else:
-        rows = rows_of(ls.workspace.get_text_document(target).source)
+        try:
+            rows = rows_of(document_text(ls, target))
+        except JsonRpcInvalidParams:  # an import outside the workspace: the span's own row
+            rows = []
     return types.Location(uri=target, range=_range(span, rows))
 
 
@@ -198,5 +203,5 @@ def completion(ls: LanguageServer, params: types.CompletionParams) -> types.Comp
 
 
 def run() -> None:
-    """Serve over standard input/output until the client exits."""
-    server.start_io()
+    """Serve over standard input/output until the client exits (bounded reads)."""
+    serve_stdio(server)

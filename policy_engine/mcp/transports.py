@@ -15,6 +15,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from policy_engine.mcp.server import PrincipalOf, Unauthenticated
 from policy_engine.service.errors import ServiceError
 from policy_engine.tokens import Principal, TokenStore
+from policy_engine.tokens import Principal, TokenStore
+from policy_engine.serving import bound_worker_threads, limit_malloc_arenas
 
 _SCOPE_KEY = "policy_engine.principal"
 
@@ -70,8 +72,12 @@ class RequireToken:
         self.admit = admit
         self.owners: dict[str, tuple[str, str]] = {}
         self.max_sessions = max_sessions
+        self._bounded = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._bounded:  # the first event in the server's loop: bound its worker pool
+            self._bounded = True
+            bound_worker_threads()
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -119,7 +125,10 @@ async def _refuse(send: Send, status: int, code: str, message: str) -> None:
 
 
 async def run_stdio(server: Server[Any]) -> None:
-    """Serve one host over this process's stdin/stdout until it closes them."""
+    """Serve one host over this process's stdin/stdout until it closes them, at most
+    :data:`~policy_engine.serving.MAX_CONCURRENT_CALLS` calls at once (the rest wait)."""
+    limit_malloc_arenas()
+    bound_worker_threads()
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
 
@@ -128,5 +137,6 @@ def http_app(server: Server[Any], tokens: TokenStore, *, host: str, path: str = 
              admit: Callable[[Principal], None] | None = None) -> ASGIApp:
     """The streamable HTTP app at ``path`` (DNS-rebinding protection on for loopback hosts),
     wrapped in the token check; ``admit`` may refuse a principal's request (rate limits)."""
+    limit_malloc_arenas()
     app = server.streamable_http_app(streamable_http_path=path, host=host)
     return RequireToken(app, tokens, admit=admit)

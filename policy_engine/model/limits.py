@@ -12,6 +12,16 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans(cls, value: object) -> object:
+        # pydantic's lax mode reads JSON `false` as 0 and `true` as 1: a client writing
+        # `"max_stdout_bytes": false` ("no limit"?) got the strictest limit, and the schema
+        # says integer (schemathesis ST201, fuzz round 2)
+        if isinstance(value, bool):
+            raise ValueError("a limit is a number, not true/false")
+        return value
+
     max_bytes_in: int | None = Field(default=None, ge=0)
     max_bytes_out: int | None = Field(default=None, ge=0)
     max_files: int | None = Field(default=None, ge=0)

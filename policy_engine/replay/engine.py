@@ -8,7 +8,6 @@ policy and the guard asked, exactly the steps the orchestrator takes before anyt
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.evidence.jsonline import load_line
 from policy_engine.evidence.verify import is_sqlite, read_jsonl, read_sqlite
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.guard import Guard
@@ -82,7 +82,7 @@ def load_calls(path: Path) -> list[RecordedCall]:
     ends: dict[str, Mapping[str, Any]] = {}
     for raw in raws:
         try:
-            rec = json.loads(raw)
+            rec = load_line(raw)
         except ValueError:
             continue  # `evidence verify` reports damaged lines; replay uses what it can read
         if not isinstance(rec, dict) or not isinstance(rec.get("envelope_id"), str):

@@ -75,7 +75,7 @@ _JSON_OBJECT: dict[str, Any] = {"content": {"application/json": {"schema": {"typ
 _UNREADABLE = ("body: not JSON this service reads (UTF-8 text, at most ~1000 levels of "
                "nesting, integers of at most 4300 digits)")
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody} for status in (400, 401, 403, 404, 413, 422, 429, 500, 503)}
+    status: {"model": ErrorBody} for status in (400, 401, 403, 404, 409, 413, 422, 429, 500, 503)}
 
 
 @dataclass

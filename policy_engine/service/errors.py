@@ -21,6 +21,7 @@ SERVICE_CODES: dict[str, tuple[int, str]] = {
     "AUTH.UNAUTHENTICATED": (401, "authentication required: {reason}"),
     "SERVICE.NOT_FOUND": (404, "not found: {reason}"),
     "SERVICE.BAD_REQUEST": (400, "bad request: {reason}"),
+    "SERVICE.CONFLICT": (409, "conflict: {reason}"),
     "SERVICE.PAYLOAD_TOO_LARGE": (413, "payload too large: {reason}"),
     "SERVICE.METHOD_NOT_ALLOWED": (405, "method not allowed: {reason}"),
 }

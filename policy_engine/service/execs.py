@@ -42,7 +42,9 @@ def _decode_inputs(body: ExecBody, cap: int) -> list[tuple[str, bytes]]:
     for item in body.inputs:
         rel = normalize_input_path(item.path)
         if rel in seen:
-            raise service_error("SERVICE.BAD_REQUEST", f"input `{rel}` is given twice")
+            # well-formed one by one (the schema cannot say "distinct after normalising"):
+            # a conflict between two inputs, not a malformed request
+            raise service_error("SERVICE.CONFLICT", f"input `{rel}` is given twice")
         seen.add(rel)
         if item.encoding == "base64":
             try:

@@ -46,6 +46,8 @@ class ErrorDetail(_Body):
     http_status: int
     retryable: bool = False
     message: str
+    pointer: str | None = Field(default=None, description="the JSON pointer of the input a "
+                                "refused skill invocation broke (`/inputs/path`)")
 
 
 class ConsentBody(_Body):
@@ -83,6 +85,8 @@ class RefusalBody(_Body):
 class ErrorBody(_Body):
     error: ErrorDetail
     refusal: RefusalBody | None = None
+    envelope_id: str | None = Field(default=None, description="the evidence envelope of a "
+                                    "refused skill invocation (its 422 names it)")
 
 
 class TextInput(_Body):

@@ -71,10 +71,16 @@ def _semantic(doc: Located, path: Path, dirname: str) -> list[Diagnostic]:
             found.append(_diag("SBP435", f"{at}: {exc.message}", path, doc, at))
         for at, message in schema_problems(value["interface"][group], f"/interface/{group}"):
             found.append(_diag("SBP435", f"{at}: {message}", path, doc, at))
-    props = value["interface"]["inputs"].get("properties", {})
+    if any(d.id == "SBP435" for d in found):
+        # the checks below read the inputs schema's shape (`properties` an object, `required`
+        # strings); an interface that is no schema has been reported, and is not read further
+        return found
+    inputs = value["interface"]["inputs"]
+    props = inputs.get("properties", {}) if isinstance(inputs, dict) else {}
     strings = {k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"}
     runtime = value["runtime"]
-    required = set(value["interface"]["inputs"].get("required", []))
+    required = {r for r in inputs.get("required", []) if isinstance(r, str)} \
+        if isinstance(inputs, dict) else set()
     for i, arg in enumerate(runtime.get("args", [])):
         name = placeholder(arg)
         if name is not None and name not in strings:

@@ -90,29 +90,54 @@ def statuses(name: str, executor: SubprocessExecutor, mode: str) -> dict[str, An
     return {r.id: r for r in report.results}
 
 
-def test_an_executor_lying_about_isolation_fails_the_claims_it_breaks() -> None:
+def test_an_executor_lying_about_isolation_fails_the_claims_it_breaks(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a home of the test's own, so the kit finds a ~/.ssh key to compare without the host's
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY----- planted\n")
+    monkeypatch.setenv("HOME", str(home))
     results = statuses("liar-proc", LIAR, "strict")
     failed = {cid for cid, r in results.items() if r.status == "fail"}
     assert {"claims.network-off", "claims.writes-confined", "claims.no-setid-plant",
-            "claims.not-host-root", "claims.no-orphans", "claims.ipc-isolated"} <= failed
+            "claims.not-host-root", "claims.no-orphans", "claims.ipc-isolated",
+            "claims.mandatory-denies", "claims.env-filtering",
+            "claims.resource-limits"} <= failed
     assert "canary" in results["claims.network-off"].message
     assert "outside the profile's writable paths" in results["claims.writes-confined"].message
     assert "host uid 0" in results["claims.not-host-root"].message
+    # the lying executor handed the planted secrets back through run
+    denies = results["claims.mandatory-denies"].message
+    assert f"the tool read `{home / '.ssh' / 'id_ed25519'}`" in denies
+    assert "/root/.env` (its SHA-256 came back through run)" in denies
+    assert "/root/secrets/credentials.json`" in denies
+    assert "reached the tool" in results["claims.env-filtering"].message
+    limits = results["claims.resource-limits"].message
+    assert "processes under a 16-pid limit" in limits
+    assert "MiB under a 96 MiB memory limit" in limits
     # what it does honestly still passes: it runs, honours timeouts and cancellation
     for cid in ("capabilities.runs[proc.exec]", "timeout.honoured", "cancel.honoured",
                 "evidence.complete", "refusal.registry-codes"):
         assert results[cid].status == "pass", results[cid].message
 
 
-def test_an_honest_weak_executor_is_refused_in_compat_mode_too() -> None:
+@pytest.mark.parametrize("mode", ["compat", "strict"])
+def test_an_honest_weak_executor_is_told_what_it_may_run(mode: str) -> None:
     """A plain subprocess cannot enforce the mandatory denies (secrets, host control sockets),
-    and those never degrade: compat mode refuses it as strict mode does, naming why."""
-    compat = statuses("weak-proc", HONEST, "compat")
-    assert compat["capabilities.runs[proc.exec]"].status == "fail"
-    assert "cannot enforce the mandatory denies" in compat["capabilities.runs[proc.exec]"].message
-    strict = statuses("weak-proc", HONEST, "strict")
-    assert strict["capabilities.runs[proc.exec]"].status == "fail"
-    assert "cannot enforce the mandatory denies" in strict["capabilities.runs[proc.exec]"].message
+    and those never degrade: both modes refuse its proc.exec. The kit says so once, with what
+    compat mode would degrade and what to build, instead of three failures on one refusal."""
+    results = statuses("weak-proc", HONEST, mode)
+    failed = {cid: r.message for cid, r in results.items() if r.status == "fail"}
+    assert list(failed) == ["claims.mandatory-denies"]
+    advice = failed["claims.mandatory-denies"]
+    assert "refuses every proc.exec routed to it, in strict and in compat mode" in advice
+    assert "runs proc.exec without bind_mounts, readonly_rootfs, resource_limits, " \
+           "env_filtering, network mode `off` degraded" in advice
+    assert "declare mandatory_denies=True" in advice
+    for cid in ("capabilities.runs[proc.exec]", "timeout.honoured", "cancel.honoured",
+                "claims.env-filtering", "claims.resource-limits"):
+        assert results[cid].status == "n/a"
+        assert "see claims.mandatory-denies" in results[cid].message
 
 
 def test_an_honest_weak_first_party_backend_passes_in_compat_mode() -> None:

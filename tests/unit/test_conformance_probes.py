@@ -59,3 +59,15 @@ def test_report_renders_text_json_and_junit() -> None:
     failure = suite.find("testcase[@name='timeout.honoured']/failure")
     assert failure is not None
     assert failure.get("message") == "kept running 3.0 s"
+
+
+def test_a_problem_line_carries_the_exception_message() -> None:
+    """Issue 30: the kit printed "ended with raised ValueError" and nothing an author could
+    act on; the message now follows the type (and an empty one says so)."""
+    from policy_engine.conformance import checks
+
+    res = checks.check_limits_timeout(("raised", ValueError("deadline is not a float")), 0.1,
+                                      1.0, 1.0, "run /bin/sleep 30")
+    assert res.status == "fail"
+    assert "ended with raised ValueError: deadline is not a float;" in res.message
+    assert checks.exception_text(KeyError()) == "KeyError: (no message)"

@@ -28,9 +28,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from policy_engine.inputs.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
-from policy_engine.inputs.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
 from policy_engine.evidence.jsonline import load_line
+from policy_engine.inputs.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
 
 GENESIS = "0" * 64
 _CONTEXT = b"policy-engine evidence checkpoint v1\0"

@@ -11,8 +11,8 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from policy_engine.evidence.chain import GENESIS, key_id, line_hash, signature_ok
-from policy_engine.inputs.inputfile import MAX_EVIDENCE_BYTES, read_bounded, read_limited
 from policy_engine.evidence.jsonline import load_line
+from policy_engine.inputs.inputfile import MAX_EVIDENCE_BYTES, read_bounded, read_limited
 
 
 @dataclass(frozen=True, slots=True)

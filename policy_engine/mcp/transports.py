@@ -14,9 +14,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policy_engine.mcp.server import PrincipalOf, Unauthenticated
 from policy_engine.service.errors import ServiceError
-from policy_engine.tokens import Principal, TokenStore
-from policy_engine.tokens import Principal, TokenStore
 from policy_engine.serving import bound_worker_threads, limit_malloc_arenas
+from policy_engine.tokens import Principal, TokenStore
 
 _SCOPE_KEY = "policy_engine.principal"
 

@@ -30,6 +30,7 @@ from policy_engine.profile import ProfileBuilder
 from policy_engine.rollout.reload import PolicyReloader
 from policy_engine.runcode.manager import OrchestratorPool, SandboxManager
 from policy_engine.service.config import ServiceConfig
+from policy_engine.service.decide_answer import View, answer
 from policy_engine.service.errors import (
     ServiceError,
     crash_response,
@@ -165,6 +166,10 @@ def _require_discriminators(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+_EXPLAIN = ("`compact` (default): decision, code, reason, rule, effective limits and the "
+            "envelope; `full`: the whole `explain --format json` document (trace, profile)")
+
+
 def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
     """The service over ``config``; stores and the orchestrator open at start-up (or were
     opened by the caller, ``opened``, so a bad configuration is refused before listening)."""
@@ -284,7 +289,7 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
                                f"{reserved[0]} is set by the service from the token")
         return dict(body.context)
 
-    def decision(body: DecideBody, who: Principal) -> dict[str, Any]:
+    def decision(body: DecideBody, who: Principal, view: View = "compact") -> dict[str, Any]:
         context = check_call(who, body)
         request = ExplainRequest(op=body.op, now_ms=body.now_ms, overrides=body.overrides,
                                  settings=config.op_settings, context=context,
@@ -296,14 +301,18 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         orch = eng.orch
         result = explain(now.policyset, manifest_of(body), body.grant, request,
                          builder=now.builder, guard=now.guard,
-                         executors=orch.components.executors, config=orch.config)
-        return result.to_json()
+                         executors=orch.components.executors, config=orch.config,
+                         trace=view == "full")
+        return answer(result, view)
 
     @app.post("/v1/decide", tags=["decisions"], responses={200: _JSON_OBJECT})
-    async def decide(body: DecideBody, who: Who) -> JSONResponse:
-        """Decide one op without running it: the `explain --format json` document."""
+    async def decide(body: DecideBody, who: Who,
+                     explain: Annotated[View, Query(description=_EXPLAIN)] = "compact"
+                     ) -> JSONResponse:
+        """Decide one op without running it: the compact answer, or with `explain=full` the
+        `explain --format json` document (docs/service.md, "Decide")."""
         # rendered directly: FastAPI's generic encoder costs ~8x the decision itself
-        return JSONResponse(decision(body, who))
+        return JSONResponse(decision(body, who, explain))
 
     # the ordinary decide call skips FastAPI's per-request machinery (fastpath.py)
     app.state.decide_route = DecideRoute(admit=admission, decide=decision)

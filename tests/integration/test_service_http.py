@@ -102,7 +102,8 @@ def test_decide_is_the_explain_contract(svc: Service, alice: str) -> None:
     body = {"op": {"kind": "fs.read", "path": f"{root}/data/hello.txt"},
             "grant": grant("acme", "agent:alice", root), "manifest": "reader"}
     with svc.client(alice) as c:
-        allow = c.post("/v1/decide", json=body).json()
+        allow = c.post("/v1/decide?explain=full", json=body).json()
+        compact = c.post("/v1/decide", json=body).json()
         body["op"] = {"kind": "fs.read", "path": f"{root}/data/secret/key.txt"}
         deny = c.post("/v1/decide", json={**body, "grant": grant(
             "acme", "agent:alice", root,
@@ -111,6 +112,8 @@ def test_decide_is_the_explain_contract(svc: Service, alice: str) -> None:
     assert allow["rule"]["id"] == "read-data"
     assert allow["trace"]
     assert allow["profile"]["tenant"] == "acme"
+    assert compact["rule"] == allow["rule"] and compact["limits"] == allow["limits"]
+    assert "trace" not in compact
     assert deny["decision"] == "deny"
     assert deny["code"] == "SANDBOX.CAPABILITY_BLOCKED"
     assert deny["rule"]["id"] == "no-secret"

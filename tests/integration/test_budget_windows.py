@@ -50,8 +50,8 @@ def test_threads_and_processes_count_exactly_to_the_limit(tmp_path: Path, start:
     meter.charge_window("service-rate/other", 7, LIMIT)  # opened before a fork: not shared
     ctx = multiprocessing.get_context(start)
     queue: multiprocessing.Queue[int] = ctx.Queue()
-    procs = [ctx.Process(target=process_worker, args=(str(db), ATTEMPTS, queue))
-             for _ in range(4)]
+    procs = [ctx.Process(target=process_worker,  # type: ignore[attr-defined] # a str method
+                         args=(str(db), ATTEMPTS, queue)) for _ in range(4)]
     results: list[int] = []
     lock = threading.Lock()
 
@@ -101,7 +101,7 @@ def _home(key: str) -> int:
 
 
 def test_a_key_without_a_free_slot_is_counted_in_sqlite_exactly(tmp_path: Path) -> None:
-    colliding = []
+    colliding: list[str] = []
     i = 0
     while len(colliding) < PROBE + 1:  # keys whose home slot is 0: ≈ 270,000 digests
         key = f"t{i}"

@@ -4,6 +4,7 @@ Usage::
 
     python3 benchmarks/bench_floor.py --quick     # ~20 s; prints the table
     python3 benchmarks/bench_floor.py [--seconds 5] [--connections 4]
+    BENCH_ENGINE_PATH=/other/checkout python3 benchmarks/bench_floor.py --quick  # "before"
 
 Three servers run side by side on loopback: ``benchmarks/floor_app.py`` (a bare FastAPI app
 parsing the same JSON body and answering a small object: the floor), and ``policy-engine serve``
@@ -66,7 +67,8 @@ def sequential(url: str, path: str, token: str, body: bytes, n: int) -> dict[str
             while not head.endswith(b"\r\n\r\n"):
                 head += reader.readline()
             length = re.search(rb"content-length: (\d+)", head, re.I)
-            assert length is not None and head.startswith(b"HTTP/1.1 200"), head
+            assert length is not None, head
+            assert head.startswith(b"HTTP/1.1 200"), head
             reader.read(int(length.group(1)))
             if i >= 20:  # warm-up
                 latencies.append((time.perf_counter() - t0) * 1000)
@@ -82,6 +84,10 @@ def main() -> None:
     args = ap.parse_args()
     seconds = 2.0 if args.quick else args.seconds
     c = args.connections
+    engine = os.environ.get("BENCH_ENGINE_PATH")
+    if engine:  # a "before" run: the served engine comes from another checkout
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (engine, os.environ.get("PYTHONPATH")) if p)
     rows: list[tuple[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

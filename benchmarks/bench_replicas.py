@@ -26,8 +26,8 @@ sys.path.insert(0, str(REPO))
 
 import psycopg  # noqa: E402
 
-from benchmarks.service_load import _request  # noqa: E402
 from benchmarks.docs_section import replace_section  # noqa: E402
+from benchmarks.service_load import _request  # noqa: E402
 from tests.integration.service_server import grant, manifest  # noqa: E402
 from tests.integration.shared_servers import entry_points_dir  # noqa: E402
 from tests.integration.test_replicas import POLICY, Replica, _token  # noqa: E402

@@ -76,6 +76,47 @@ def sequential(url: str, path: str, token: str, body: bytes, n: int) -> dict[str
     return {"p50": qs[49], "p99": qs[98]}
 
 
+def meter_costs(n: int) -> dict[str, float]:
+    """In-process, on the SQLite meter: what one `/v1/ops` call charges, median µs of each part
+    and of the three together (the tenant's rate, the grant's `calls`, a concurrency slot
+    taken and given back)."""
+    from plugins.budget_sqlite import SqliteBudgetMeter
+    from policy_engine.model import Limits
+    from policy_engine.orchestration.budgeting import Slot
+    from policy_engine.service.guards import charge_rate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        meter = SqliteBudgetMeter(Path(tmp) / "budget.sqlite")
+        limits = Limits(max_concurrency=4, timeout_ms=30_000)
+
+        def rate() -> None:
+            charge_rate(meter, "bench", 10**9)
+
+        def calls() -> None:
+            meter.check_and_consume("bench/agent/c-1", "calls", 1, None)
+
+        def slot() -> None:
+            held = Slot(meter, "bench/agent/c-1", limits, 30_000)
+            held.take()
+            held.release()
+
+        parts = {"rate limit": rate, "`calls` charge": calls, "slot take + release": slot}
+        samples: dict[str, list[float]] = {k: [] for k in [*parts, "together"]}
+        for i in range(n + 50):
+            t_all = 0.0
+            for name, fn in parts.items():
+                t0 = time.perf_counter()
+                fn()
+                took = (time.perf_counter() - t0) * 1e6
+                t_all += took
+                if i >= 50:
+                    samples[name].append(took)
+            if i >= 50:
+                samples["together"].append(t_all)
+        meter.close()
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=5.0)
@@ -121,6 +162,12 @@ def main() -> None:
               f"{r['cpu_ms']:.3f} | {r['cpu_ms'] / base:.2f}× |")
     print(f"| /v1/decide sequential, one keep-alive connection | — | {seq['p50']:.2f} | "
           f"{seq['p99']:.2f} | — | — |")
+    costs = meter_costs(500 if args.quick else 3000)
+    print("\nWhat one `/v1/ops` call charges on the SQLite meter, in-process (median µs; "
+          "issue 27: ≤ 200 µs together)")
+    print("| part | µs |\n|---|---:|")
+    for name, us in costs.items():
+        print(f"| {name} | {us:.1f} |")
 
 
 if __name__ == "__main__":

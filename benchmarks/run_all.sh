@@ -23,6 +23,7 @@ export POLICY_ENGINE_TEST_PG_DSN="${POLICY_ENGINE_TEST_PG_DSN:-postgresql://post
 BENCHES=(
   "guard|benchmarks/bench_guard.py --quick"
   "new_grant|benchmarks/bench_new_grant.py --quick"
+  "peer_ops|benchmarks/bench_peer_ops.py --quick"
   "scale|benchmarks/bench_scale.py --quick"
   "cold_start|benchmarks/bench_cold_start.py --quick"
   "authoring|benchmarks/bench_authoring.py --files 100 --repeat 1 --corpus $OUT/corpus"

@@ -82,6 +82,7 @@ class SqliteBudgetMeter:
         self._leases: SqliteLeases | None = None  # opened on the first acquire
         # rate windows (WindowCounter): shared memory beside the database, see window.py
         self._windows = SharedWindows(path.with_suffix(".rate"))
+        self._windows_failed = False
         self._leases_lock = threading.Lock()
         try:
             self._db()
@@ -166,13 +167,19 @@ class SqliteBudgetMeter:
         except Full:  # more tenants than the probed slots hold: one SQLite row, still exact
             return self.check_and_consume(f"{key}/{window}", "calls", 1, limit)
         except OSError as exc:
-            raise store_error("budget store", self._windows.path, exc) from exc
+            # no shared memory here (a file system without shared mappings, a full disk): the
+            # SQLite row counts instead, exact as before; said once per process
+            if not self._windows_failed:
+                self._windows_failed = True
+                log.warning("rate counts in `%s` unavailable (%s); counting in `%s`",
+                            self._windows.path, exc, self.path)
+            return self.check_and_consume(f"{key}/{window}", "calls", 1, limit)
 
     def window_count(self, key: str, window: int) -> int:
         try:
             counted = self._windows.count(key, window)
-        except OSError as exc:
-            raise store_error("budget store", self._windows.path, exc) from exc
+        except OSError:
+            counted = 0  # nothing could be counted there either
         return counted + self.used(f"{key}/{window}").get("calls", 0)
 
     # concurrency slots (ConcurrencyMeter): lease rows in the same database, see leases.py

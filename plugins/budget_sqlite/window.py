@@ -10,7 +10,8 @@ cache, so a restarted server keeps the minute's count; a killed process drops it
 its descriptor. A key is looked up by linear probing over at most ``PROBE`` slots from its
 digest's home slot; a slot of an older window is reused. When every probed slot holds a live
 key of the current window (more than ``PROBE`` tenants colliding), the caller falls back to the
-meter's SQLite charge (``Full``): still exact, only slower.
+meter's SQLite charge (``Full``): still exact, only slower; so does it when the table cannot be
+opened or mapped (``OSError``).
 """
 
 from __future__ import annotations

@@ -119,3 +119,14 @@ def test_a_key_without_a_free_slot_is_counted_in_sqlite_exactly(tmp_path: Path) 
     assert meter.window_count(last, 3) == 2
     assert os.path.getsize(tmp_path / "budget.rate") == SLOTS * 32
     meter.close()
+
+
+def test_without_the_shared_table_the_sqlite_row_counts(tmp_path: Path) -> None:
+    (tmp_path / "budget.rate").mkdir()  # cannot be opened as the table: an OSError each time
+    meter = SqliteBudgetMeter(tmp_path / "budget.sqlite")
+    assert [meter.charge_window("k", 4, 2) for _ in range(2)] == [1, 2]
+    with pytest.raises(PolicyEngineError, match="budget of 2 would be exceeded"):
+        meter.charge_window("k", 4, 2)
+    assert meter.used("k/4") == {"calls": 2}
+    assert meter.window_count("k", 4) == 2
+    meter.close()

@@ -1,9 +1,10 @@
 """`POST /v1/decide` and `POST /v1/ops` (fs.read) throughput of one and of two `policy-engine
 serve` replicas sharing one Redis (meter, revocations) and one PostgreSQL (evidence, tokens),
 against one replica on the embedded SQLite/JSONL stores. Needs the loopback servers of
-scripts/lib/redis.sh and postgres.sh (``POLICY_ENGINE_TEST_REDIS_URL``, ``..._PG_DSN``).
+scripts/lib/redis.sh and postgres.sh (``POLICY_ENGINE_TEST_REDIS_URL``, ``..._PG_DSN``; without
+them, those scripts' defaults: Redis on 127.0.0.1:16379, PostgreSQL on 127.0.0.1:15432).
 
-Usage: python3 benchmarks/bench_replicas.py [--seconds 5] [--connections 20] [--write]
+Usage: python3 benchmarks/bench_replicas.py [--quick] [--seconds 5] [--connections 20] [--write]
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -24,13 +26,35 @@ sys.path.insert(0, str(REPO))
 
 import psycopg  # noqa: E402
 
-from benchmarks.bench_service import _connection, _request  # noqa: E402
 from benchmarks.docs_section import replace_section  # noqa: E402
+from benchmarks.service_load import _request  # noqa: E402
 from tests.integration.service_server import grant, manifest  # noqa: E402
 from tests.integration.shared_servers import entry_points_dir  # noqa: E402
 from tests.integration.test_replicas import POLICY, Replica, _token  # noqa: E402
 
 SECTION = "## Replicas: one and two, shared Redis and PostgreSQL (issue 18)"
+REDIS_DEFAULT = "redis://127.0.0.1:16379/0"  # scripts/lib/redis.sh
+PG_DEFAULT = "postgresql://postgres@127.0.0.1:15432/postgres"  # scripts/lib/postgres.sh
+
+
+async def _connection(host: str, port: int, raw: bytes, stop: float, latencies: list[float],
+                      statuses: dict[int, int]) -> None:
+    """One keep-alive connection sending ``raw`` until ``stop``; each answer's latency (ms)
+    and status are recorded."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while time.perf_counter() < stop:
+            t0 = time.perf_counter()
+            writer.write(raw)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = re.search(rb"content-length: (\d+)", head, re.I)
+            assert length is not None, head
+            await reader.readexactly(int(length.group(1)))
+            latencies.append((time.perf_counter() - t0) * 1000)
+            status = int(head[9:12])
+            statuses[status] = statuses.get(status, 0) + 1
+    finally:
+        writer.close()
 
 
 async def _drive(urls: list[str], raws: list[bytes], conns: int,
@@ -117,9 +141,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--connections", type=int, default=20)
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="1 s per row, 4 connections; writes "
+                    "nothing")
     args = ap.parse_args()
-    redis_url = os.environ["POLICY_ENGINE_TEST_REDIS_URL"]
-    server = os.environ["POLICY_ENGINE_TEST_PG_DSN"]
+    if args.quick:
+        args.seconds, args.connections, args.write = 1.0, 4, False
+    redis_url = os.environ.get("POLICY_ENGINE_TEST_REDIS_URL", REDIS_DEFAULT)
+    server = os.environ.get("POLICY_ENGINE_TEST_PG_DSN", PG_DEFAULT)
     db = f"bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{db}"')

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from plugins.budget_sqlite.leases import SqliteLeases
+from plugins.budget_sqlite.window import Full, SharedWindows
 from policy_engine.budget import BudgetMeter, check_amount, exceeded
 from policy_engine.config import EngineConfig
 from policy_engine.errors import PolicyEngineError
@@ -79,6 +80,9 @@ class SqliteBudgetMeter:
         # read-only for its whole life, in whichever thread holds it)
         self._generation = 0
         self._leases: SqliteLeases | None = None  # opened on the first acquire
+        # rate windows (WindowCounter): shared memory beside the database, see window.py
+        self._windows = SharedWindows(path.with_suffix(".rate"))
+        self._windows_failed = False
         self._leases_lock = threading.Lock()
         try:
             self._db()
@@ -156,6 +160,28 @@ class SqliteBudgetMeter:
                            (grant_key,))
         return {str(kind): int(used) for kind, used in rows}
 
+    # per-window counts (WindowCounter): the shared-memory table of window.py
+    def charge_window(self, key: str, window: int, limit: int) -> int:
+        try:
+            return self._windows.charge(key, window, limit)
+        except Full:  # more tenants than the probed slots hold: one SQLite row, still exact
+            return self.check_and_consume(f"{key}/{window}", "calls", 1, limit)
+        except OSError as exc:
+            # no shared memory here (a file system without shared mappings, a full disk): the
+            # SQLite row counts instead, exact as before; said once per process
+            if not self._windows_failed:
+                self._windows_failed = True
+                log.warning("rate counts in `%s` unavailable (%s); counting in `%s`",
+                            self._windows.path, exc, self.path)
+            return self.check_and_consume(f"{key}/{window}", "calls", 1, limit)
+
+    def window_count(self, key: str, window: int) -> int:
+        try:
+            counted = self._windows.count(key, window)
+        except OSError:
+            counted = 0  # nothing could be counted there either
+        return counted + self.used(f"{key}/{window}").get("calls", 0)
+
     # concurrency slots (ConcurrencyMeter): lease rows in the same database, see leases.py
     def _lease_store(self) -> SqliteLeases:
         """The lease table, opened on first use; a store that cannot be used fails closed
@@ -191,6 +217,7 @@ class SqliteBudgetMeter:
                       self.path, exc)
 
     def close(self) -> None:
+        self._windows.close()
         if self._leases is not None:
             self._leases.close()
         with self._conns_lock:

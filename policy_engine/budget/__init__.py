@@ -15,8 +15,10 @@ from policy_engine.budget.meter import (
     grant_key,
     limit_of,
 )
+from policy_engine.budget.window import WindowCounter, counts_windows
 
 __all__ = [
     "PROCESS_SLOTS", "BudgetMeter", "ConcurrencyMeter", "ProcessSlots", "check_amount",
-    "check_kind", "exceeded", "grant_key", "limit_of", "new_lease", "too_many",
+    "check_kind", "exceeded", "grant_key", "limit_of", "new_lease", "too_many", "WindowCounter",
+    "counts_windows",
 ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -122,11 +121,12 @@ def _serve_http(invoker: SkillInvoker, gateway: Gateway, op_tools: tuple[OpTool,
     from policy_engine.mcp.server import build_server
     from policy_engine.mcp.transports import http_app, token_principal
     from policy_engine.service.guards import charge_rate
+    from policy_engine.service.listen import tcp_listener
     from policy_engine.tokens import Principal, TokenStore
 
     tokens = TokenStore(engine.state_dir / "tokens.sqlite")
     try:
-        sock = socket.create_server((host, port))
+        sock = tcp_listener(host, port)  # TCP_NODELAY on every connection (issue 27)
     except OSError as exc:
         _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
     bound = sock.getsockname()[1]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -120,6 +119,7 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
     from policy_engine.runcode.risk import SecurityMode
     from policy_engine.service.app import Engine, asgi_app, open_engine
     from policy_engine.service.config import ServiceConfig
+    from policy_engine.service.listen import tcp_listener
     from policy_engine.service.prefork import serve_workers
 
     engine = engine_config_or_exit(config_path, state_dir)
@@ -161,7 +161,7 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
         _fail(str(exc))
         return
     try:
-        sock = socket.create_server((host, port))
+        sock = tcp_listener(host, port)  # TCP_NODELAY on every connection (issue 27)
     except OSError as exc:
         opened.close()
         _fail(f"cannot listen on {host}:{port}: {exc.strerror}")

@@ -94,6 +94,7 @@ def explain(
     policyset: PolicySet, manifest: Manifest, grant: Grant, request: ExplainRequest,
     *, builder: ProfileBuilder | None = None, guard: Guard | None = None,
     executors: Mapping[str, Executor] | None = None, config: EngineConfig | None = None,
+    trace: bool = True,
 ) -> Explanation:
     """Decide ``request.op`` exactly as the orchestrator would, with the trace attached.
 
@@ -105,6 +106,9 @@ def explain(
 
     A profile that cannot be built (a widening override, a grant for another tool) is itself a
     decision: a deny carrying the builder's code, with a one-step trace saying so.
+
+    ``trace=False`` decides as the run does, without the tracer (the service's compact answer,
+    which shows no trace): the same decision, code, reason, rule and limits.
     """
     builder = builder or ProfileBuilder(policyset)
     guard = guard or Guard(policyset)
@@ -127,7 +131,7 @@ def explain(
         "tenant": request.context.get("tenant", {"id": grant.tenant}),
         "subject": request.context.get("subject", {"id": grant.subject_id}),
     }
-    decision = guard.decide(profile, request.op, context=context, now_ms=now_ms, trace=True)
+    decision = guard.decide(profile, request.op, context=context, now_ms=now_ms, trace=trace)
     if decision.allowed and request.budget_used is not None:
         decision = _dry_run_budget(decision, profile, request.budget_used)
     if decision.allowed and executors is not None and config is not None:

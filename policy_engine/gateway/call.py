@@ -97,11 +97,13 @@ class Gateway:
         return Called(outcome, asked, refusal_of(outcome, asked))
 
     def decide(self, manifest: Manifest, grant: Grant, request: ExplainRequest, *,
-               backend: bool = True) -> Explanation:
+               backend: bool = True, trace: bool = True) -> Explanation:
         """The dry run: the decision the run makes, on the running engine's own profile
         builder and guard (one pair, swapped with the policy), with the trace attached.
 
         :param backend: also make the backend choice the run makes (``/v1/decide``).
+        :param trace: attach the trace (the full explain document); without it the decision
+            is made untraced, exactly as the run makes it.
         """
         orch = self.orch
         builder, guard = orch.builder, orch.guard
@@ -109,7 +111,7 @@ class Gateway:
                        builder=builder if isinstance(builder, ProfileBuilder) else None,
                        guard=guard if isinstance(guard, Guard) else None,
                        executors=orch.components.executors if backend else None,
-                       config=orch.config if backend else None)
+                       config=orch.config if backend else None, trace=trace)
 
 
 def raise_refusal(called: Called) -> Called:

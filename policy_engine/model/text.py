@@ -9,9 +9,14 @@ from typing import Any
 MAX_WALK = 100_000  # values inspected; the loaders already bound depth and size
 
 
+_SCALARS = (int, float, bool, type(None))
+
+
 def reject_lone_surrogates(data: Any) -> Any:
     """``data`` unchanged; raises ``ValueError`` when a string in it (keys included) holds a
     lone surrogate. For ``mode="before"`` validators of models built from JSON."""
+    if type(data) is dict and _flat_unicode(data):
+        return data
     stack, seen = [data], 0
     while stack and seen < MAX_WALK:
         value = stack.pop()
@@ -28,6 +33,21 @@ def reject_lone_surrogates(data: Any) -> Any:
         elif isinstance(value, list | tuple):
             stack.extend(value)
     return data
+
+
+def _flat_unicode(data: dict[Any, Any]) -> bool:
+    """Whether ``data`` holds only ASCII string keys and ASCII strings or plain scalars as values
+    (an op as agents send it): then nothing in it can be a lone surrogate, found without the
+    general walk (≈ 1 µs of an op's construction, every decision built from a dict)."""
+    for key, value in data.items():
+        if type(key) is not str or not key.isascii():
+            return False
+        if type(value) is str:
+            if not value.isascii():
+                return False
+        elif type(value) not in _SCALARS:
+            return False
+    return True
 
 
 def printable_path(path: str) -> str:

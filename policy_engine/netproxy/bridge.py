@@ -64,13 +64,16 @@ def _serve(listener: socket.socket, unix_path: str) -> None:
             client, _ = listener.accept()
         except OSError:
             return
+        # Nagle off: a small request would otherwise wait for the delayed ACK (~40 ms)
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         threading.Thread(target=_relay, args=(client, unix_path), daemon=True).start()
 
 
 def _listen(spec: str) -> socket.socket:
     host, _, port = spec.rpartition(":")
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # copied to each accept
     listener.bind((host, int(port)))
     listener.listen(64)
     return listener

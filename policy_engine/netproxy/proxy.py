@@ -247,6 +247,8 @@ class ProxyHandler(socketserver.StreamRequestHandler):
         for a in addresses:
             try:
                 upstream = socket.create_connection((str(a), port), timeout=10)
+                # the tunnel relays small TLS records: no waiting for the delayed ACK
+                upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 meta["address"] = str(a)
                 break
             except OSError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TypeGuard
 
 from policy_engine.budget import PROCESS_SLOTS, BudgetMeter, ConcurrencyMeter
 from policy_engine.errors import PolicyEngineError
@@ -28,6 +29,18 @@ def call_limits(decision: Decision, profile: Profile) -> Limits:
     return profile.limits.model_copy(update={"timeout_ms": timeout})
 
 
+_COUNTS_SLOTS: dict[type, bool] = {}
+
+
+def _counts_slots(meter: BudgetMeter) -> TypeGuard[ConcurrencyMeter]:
+    """``isinstance(meter, ConcurrencyMeter)``, remembered per class: against a runtime-checkable
+    protocol it inspects every method on each call (≈ 6–15 µs, a fifth of a lease)."""
+    known = _COUNTS_SLOTS.get(type(meter))
+    if known is None:
+        known = _COUNTS_SLOTS[type(meter)] = isinstance(meter, ConcurrencyMeter)
+    return known
+
+
 class Slot:
     """One of the grant's ``max_concurrency`` slots, held by a call until it ends.
 
@@ -36,7 +49,7 @@ class Slot:
     """
 
     def __init__(self, meter: BudgetMeter, key: str, limits: Limits, timeout_ms: int) -> None:
-        self.slots = meter if isinstance(meter, ConcurrencyMeter) else PROCESS_SLOTS
+        self.slots = meter if _counts_slots(meter) else PROCESS_SLOTS
         self.key = key
         self.limit = limits.max_concurrency
         self.hold_s = (limits.timeout_ms or timeout_ms) / 1000 + LEASE_GRACE_S

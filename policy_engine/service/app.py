@@ -31,6 +31,7 @@ from policy_engine.refusal import PolicyRefusal
 from policy_engine.rollout.reload import PolicyReloader
 from policy_engine.runcode.manager import OrchestratorPool
 from policy_engine.service.config import ServiceConfig
+from policy_engine.service.decide_answer import View, answer
 from policy_engine.service.errors import (
     ServiceError,
     crash_response,
@@ -148,6 +149,10 @@ def _require_discriminators(doc: dict[str, Any]) -> dict[str, Any]:
 
     walk(doc)
     return doc
+
+
+_EXPLAIN = ("`compact` (default): decision, code, reason, rule, effective limits and the "
+            "envelope; `full`: the whole `explain --format json` document (trace, profile)")
 
 
 def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
@@ -286,20 +291,25 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
                                location=f"context/{reserved[0]}")
         return dict(body.context)
 
-    def decision(body: DecideBody, who: Principal) -> dict[str, Any]:
+    def decision(body: DecideBody, who: Principal, view: View = "compact") -> dict[str, Any]:
         context = check_call(who, body)
         request = ExplainRequest(op=body.op, now_ms=body.now_ms, overrides=body.overrides,
                                  settings=config.op_settings, context=context,
                                  budget_used=body.budget_used)
         # the gateway's dry run: the running engine's own builder and guard, and the backend
-        # step `/v1/ops` makes, so it answers a backend's refusal too (outsider round 5 F08)
-        return engine_box[0].gateway.decide(manifest_of(body), body.grant, request).to_json()
+        # step `/v1/ops` makes, so it answers a backend's refusal too (outsider round 5 F08);
+        # traced only for the full explain document
+        return answer(engine_box[0].gateway.decide(manifest_of(body), body.grant, request,
+                                                   trace=view == "full"), view)
 
     @app.post("/v1/decide", tags=["decisions"], responses={200: _JSON_OBJECT})
-    async def decide(body: DecideBody, who: Who) -> JSONResponse:
-        """Decide one op without running it: the `explain --format json` document."""
+    async def decide(body: DecideBody, who: Who,
+                     explain: Annotated[View, Query(description=_EXPLAIN)] = "compact"
+                     ) -> JSONResponse:
+        """Decide one op without running it: the compact answer, or with `explain=full` the
+        `explain --format json` document (docs/service.md, "Decide")."""
         # rendered directly: FastAPI's generic encoder costs ~8x the decision itself
-        return JSONResponse(decision(body, who))
+        return JSONResponse(decision(body, who, explain))
 
     # the ordinary decide call skips FastAPI's per-request machinery (fastpath.py)
     app.state.decide_route = DecideRoute(admit=admission, decide=decision)

@@ -10,10 +10,12 @@ Admission (token, then rate limit) comes first, before the body is looked at, as
 (``guards.AdmitFirst``): a missing or bad token and a rate-limit refusal are answered here with
 the exception handlers' own documents (``error_response``). An admitted request is handed to
 FastAPI, the principal riding along in the ASGI scope so it is not admitted (and charged) twice,
-when its ``Content-Type`` is not exactly ``application/json``, its body is empty or not a JSON
-object (FastAPI's 422), or the body fails validation (FastAPI's 422). Every refusal of the
-decision itself is answered here. ``tests/integration/test_service_fastpath.py`` sends the same
-requests through both paths and compares status, headers and bodies.
+when its ``Content-Type`` is not exactly ``application/json``, its query string is not one of
+``decide_answer``'s exact forms (``explain=full``, ``explain=compact``, none), its body is
+empty or not a JSON object (FastAPI's 422), or the body fails validation (FastAPI's 422).
+Every refusal of the decision itself is answered here.
+``tests/integration/test_service_fastpath.py`` sends the same requests through both paths and
+compares status, headers and bodies.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from policy_engine.service.decide_answer import View, view_of_query
 from policy_engine.service.errors import ServiceError, crash_response, error_response
 from policy_engine.service.guards import ADMITTED, admit_or_answer, replaying
 from policy_engine.service.models import DecideBody
@@ -41,12 +44,12 @@ class DecideRoute:
 
     :param admit: authenticate the ``Authorization`` header and charge the tenant's rate limit
         (raises ``ServiceError``).
-    :param decide: the explain document of a validated body for a principal (raises
-        ``ServiceError`` for a refusal that is not a decision).
+    :param decide: the answer (``decide_answer``, in the view asked for) to a validated body
+        for a principal (raises ``ServiceError`` for a refusal that is not a decision).
     """
 
     admit: Callable[[str | None], Awaitable[Principal]]
-    decide: Callable[[DecideBody, Principal], dict[str, Any]]
+    decide: Callable[[DecideBody, Principal, View], dict[str, Any]]
 
 
 class DecideFastPath:
@@ -59,6 +62,10 @@ class DecideFastPath:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != _PATH
                 or scope.get("root_path")):
+            await self.app(scope, receive, send)
+            return
+        view = view_of_query(scope.get("query_string", b""))
+        if view is None:  # another query: the route validates it
             await self.app(scope, receive, send)
             return
         auth: str | None = None
@@ -85,7 +92,7 @@ class DecideFastPath:
             await self.app({**scope, ADMITTED: who}, replay, send)
             return
         try:
-            response = JSONResponse(self.route.decide(parsed, who))
+            response = JSONResponse(self.route.decide(parsed, who, view))
         except ServiceError as exc:
             response = error_response(exc)
         except Exception as exc:  # noqa: BLE001

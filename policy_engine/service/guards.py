@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from policy_engine.budget import BudgetMeter
+from policy_engine.budget import BudgetMeter, counts_windows
 from policy_engine.errors import PolicyEngineError
 from policy_engine.service.errors import (
     ServiceError,
@@ -43,14 +43,19 @@ def authenticate(tokens: TokenStore, header: str | None) -> Principal:
 def charge_rate(meter: BudgetMeter, tenant: str, per_minute: int,
                 now: float | None = None) -> None:
     """Count one request of ``tenant`` in the current minute through the budget meter (so
-    replicas sharing a meter share the limit).
+    replicas sharing a meter share the limit): its ``WindowCounter`` when it has one (the SQLite
+    meter's shared-memory table, ≈ 5 µs instead of a ≈ 50 µs write transaction), else one
+    ``check_and_consume`` of the key ``service-rate/<tenant>/<minute>``.
 
     :raises ServiceError: ``QUOTA.BUDGET_EXCEEDED`` (429) over the limit;
         ``PROVIDER.UNAVAILABLE`` when the meter cannot be read (fails closed).
     """
     window = int((now if now is not None else time.time()) // 60)
     try:
-        meter.check_and_consume(f"service-rate/{tenant}/{window}", "calls", 1, per_minute)
+        if counts_windows(meter):  # exact across processes, no durable write
+            meter.charge_window(f"service-rate/{tenant}", window, per_minute)
+        else:
+            meter.check_and_consume(f"service-rate/{tenant}/{window}", "calls", 1, per_minute)
     except PolicyEngineError as exc:
         if exc.code.value == "QUOTA.BUDGET_EXCEEDED":
             exc = PolicyEngineError(exc.code, f"more than {per_minute} requests a minute "

@@ -184,3 +184,27 @@ def test_meter_threads_never_hold_more_than_the_limit(tmp_path: Path, kind: str)
     meter.close()
     assert 1 <= peak[0] <= 3
     assert granted[0] > 3
+
+
+def test_leases_of_an_earlier_schema_are_kept_and_still_count(tmp_path: Path) -> None:
+    """The lease table became WITHOUT ROWID (one B-tree per write, issue 27); a database of an
+    earlier version keeps the leases its live processes hold."""
+    db = tmp_path / "budget.sqlite"
+    now_ms = int(time.time() * 1000)
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE budget_leases (grant_key TEXT NOT NULL, lease TEXT NOT NULL "
+                     "PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, pid_start TEXT "
+                     "NOT NULL, expires_ms INTEGER NOT NULL)")
+        conn.execute("INSERT INTO budget_leases VALUES ('g', 'x1', 'elsewhere', 1, '1', ?)",
+                     (now_ms + 60_000,))
+    leases = SqliteLeases(db)
+    assert leases.held("g") == 1
+    with pytest.raises(PolicyEngineError, match="concurrency"):
+        leases.acquire("g", 1, hold_s=10)
+    lease = leases.acquire("g", 2, hold_s=10)
+    leases.release("g", lease)
+    leases.close()
+    with sqlite3.connect(db) as conn:
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'budget_leases'").fetchone()
+    assert "WITHOUT ROWID" in sql[0]
+    assert SqliteLeases(db).held("g") == 1  # opening again changes nothing

@@ -65,11 +65,15 @@ def _post(client: httpx.Client, path: str, body: dict[str, Any],
 
 
 def _same_answer(client: httpx.Client, tool: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """/v1/decide's document (fast path and route agree) and /v1/ops's answer for ``tool``."""
-    fast_status, fast = _post(client, "/v1/decide", _body(tool))
-    route_status, route = _post(client, "/v1/decide", _body(tool), ROUTE)
+    """/v1/decide's full document (fast path and route agree, and the compact answer says
+    the same) and /v1/ops's answer for ``tool``."""
+    fast_status, fast = _post(client, "/v1/decide?explain=full", _body(tool))
+    route_status, route = _post(client, "/v1/decide?explain=full", _body(tool), ROUTE)
     assert fast_status == route_status == 200, (fast, route)
     assert fast == route
+    _, compact = _post(client, "/v1/decide", _body(tool))
+    for field in ("decision", "code", "reason", "rule", "limits", "backend_requires"):
+        assert compact[field] == fast[field], field
     _, ran = _post(client, "/v1/ops", _body(tool))
     return fast, ran
 

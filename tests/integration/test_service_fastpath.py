@@ -109,6 +109,14 @@ def _cases(root: Path) -> list[Callable[[str], Request]]:
         post(json.dumps(ok).replace(f"{root}/data/hello.txt", "\\udfff").encode()),
         post(ok, path="/v1/decide/"),
         post(ok, method="PUT"),
+        # the answer's view (decide_answer.py): exact forms in front, anything else the route's
+        post(ok, path="/v1/decide?explain=full"),
+        post(ok, path="/v1/decide?explain=compact"),
+        post({**ok, "op": {"kind": "fs.read", "path": f"{root}/data/secret/k"}},
+             path="/v1/decide?explain=full"),
+        post(ok, path="/v1/decide?explain=verbose"),
+        post(ok, path="/v1/decide?explain=full&x=1"),
+        post(ok, path="/v1/decide?explain=full", auth=None),
         # attack round 4 F02: bodies json.loads refuses for other reasons than syntax
         post(b'{"op":"\xff\xfe"}'),
         post(b'{"op":"\xff\xfe"}', auth=None),
@@ -131,6 +139,18 @@ def test_the_fast_path_answers_as_the_route_does(tmp_path: Path) -> None:
     assert statuses[6] == 401, statuses  # broken JSON without a token: the token comes first
     assert statuses[22] == 404, statuses  # a trailing slash: no redirect
     assert statuses[-5:] == [422, 401, 422, 422, 401], statuses
+    assert statuses[24:30] == [200, 200, 200, 400, 200, 401], statuses
+    compact, full, full_deny = (answers[True][i][2] for i in (0, 24, 26))
+    assert "trace" not in compact
+    assert "profile" not in compact
+    assert full["trace"]
+    assert full["profile"]["tenant"] == "acme"
+    assert answers[True][25][2] == compact  # `explain=compact` is the default
+    assert full_deny["refused_by"], full_deny
+    for field in ("decision", "code", "http_status", "reason", "rule", "limits", "policy",
+                  "tool", "backend_requires"):
+        assert compact[field] == full[field], field
+    assert compact["profile_hash"] == full["profile"]["profile_hash"]
     for i, (quick, full) in enumerate(zip(answers[True], answers[False], strict=True)):
         assert quick == full, f"case {i}: {quick[:2]} != {full[:2]}"
 

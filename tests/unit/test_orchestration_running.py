@@ -61,3 +61,42 @@ def test_inline_timeout_is_classified_like_the_threaded_one() -> None:
     assert attempt.error.code == ErrorCode.TIMEOUT
     assert attempt.timed_out
     assert attempt.error_kind == "timeout"
+
+
+class Stuck(Recorder):
+    """Ignores its token: blocks until released."""
+
+    def __init__(self) -> None:
+        super().__init__(self_timed=False)
+        self.release = threading.Event()
+
+    def execute(self, ctx: ExecContext, op: Any) -> ExecResult:
+        self.thread = threading.current_thread().name
+        self.release.wait(30)
+        return ExecResult(ok=True, out={})
+
+
+def test_watched_threads_are_reused_and_a_stuck_one_is_not_waited_for() -> None:
+    idents = []
+
+    class Ident(Recorder):
+        def execute(self, ctx: ExecContext, op: Any) -> ExecResult:
+            idents.append(threading.get_ident())
+            return super().execute(ctx, op)
+
+    for _ in range(3):
+        attempt = run_with_deadline(Ident(self_timed=False), ctx(), TmpAllocOp(size_bytes=1),
+                                    None)
+        assert attempt.result is not None
+    assert len(set(idents)) == 1, idents  # one worker thread served the three calls
+    stuck = Stuck()
+    late = ExecContext(profile=profile(), deadline=time.monotonic() + 0.2)
+    attempt = run_with_deadline(stuck, late, TmpAllocOp(size_bytes=1), None, grace_s=0.1)
+    assert attempt.timed_out
+    assert attempt.error is not None
+    assert attempt.error.code == ErrorCode.TIMEOUT
+    # the stuck thread still holds its job: the next call runs on another one, at once
+    attempt = run_with_deadline(Ident(self_timed=False), ctx(), TmpAllocOp(size_bytes=1), None)
+    assert attempt.result is not None
+    assert idents[-1] != idents[0]  # the stuck job kept the reused worker
+    stuck.release.set()

@@ -22,7 +22,7 @@ from policy_engine.config import EngineConfig
 from policy_engine.dsl.loaders import load_grant, load_manifest
 from policy_engine.model import TmpAllocOp
 from policy_engine.orchestrator import Orchestrator
-from tests.unit.test_hot_reload import A, GRANT, LIMITS, MANIFEST
+from tests.unit.test_hot_reload import GRANT, LIMITS, MANIFEST, A
 
 
 def calls(tmp: Path, n: int, **config: object) -> Path:

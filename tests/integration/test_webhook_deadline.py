@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,12 @@ from policy_engine.confirm.services import WebhookConfirmation, sign
 from tests.integration.test_confirmation import SECRET, _call
 
 pytestmark = pytest.mark.integration
+
+
+def _answer(lines: list[dict[str, object]]) -> dict[str, Any]:
+    answer = lines[0]["answer"]
+    assert isinstance(answer, dict)
+    return answer
 
 
 class TrickleApprover:
@@ -93,7 +100,7 @@ def test_an_answer_that_ends_after_the_timeout_is_a_timed_out_no(
     took = time.monotonic() - started
     assert not ok  # the signed yes arrived (whole) only seconds after the timeout
     assert code == "SANDBOX.PERMISSION_DENY"
-    answer = lines[0]["answer"]
+    answer = _answer(lines)
     assert answer["approved"] is False
     assert answer["timed_out"] is True
     assert "1 s" in answer["detail"]
@@ -105,8 +112,8 @@ def test_an_answer_that_ends_after_the_timeout_is_a_timed_out_no(
 def test_a_prompt_signed_yes_still_approves(tmp_path: Path, trickle: TrickleApprover) -> None:
     ok, _, lines = _call(tmp_path, WebhookConfirmation(trickle.url, SECRET, timeout_s=1.0))
     assert ok
-    assert lines[0]["answer"]["approver"] == "user:slow"
-    assert lines[0]["answer"]["timed_out"] is False
+    assert _answer(lines)["approver"] == "user:slow"
+    assert _answer(lines)["timed_out"] is False
 
 
 def test_an_unreachable_approver_is_a_no_that_did_not_time_out(tmp_path: Path) -> None:
@@ -115,5 +122,5 @@ def test_an_unreachable_approver_is_a_no_that_did_not_time_out(tmp_path: Path) -
     ok, _, lines = _call(tmp_path, WebhookConfirmation(f"http://127.0.0.1:{port}/a", SECRET,
                                                        timeout_s=1.0))
     assert not ok
-    assert lines[0]["answer"]["timed_out"] is False
-    assert "unreachable" in lines[0]["answer"]["detail"]
+    assert _answer(lines)["timed_out"] is False
+    assert "unreachable" in _answer(lines)["detail"]

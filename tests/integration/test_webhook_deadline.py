@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from policy_engine.confirm.services import WebhookConfirmation, sign
+from tests.integration.service_server import add_token, grant, start
 from tests.integration.test_confirmation import SECRET, _call
 
 pytestmark = pytest.mark.integration
@@ -124,3 +125,30 @@ def test_an_unreachable_approver_is_a_no_that_did_not_time_out(tmp_path: Path) -
     assert not ok
     assert _answer(lines)["timed_out"] is False
     assert "unreachable" in _answer(lines)["detail"]
+
+
+@pytest.mark.parametrize("trickle", [("body", 0.2)], indirect=True)
+def test_the_service_refuses_a_trickled_approval_at_its_timeout(
+        tmp_path: Path, trickle: TrickleApprover) -> None:
+    """The red team's a10 through `serve --approver-timeout`: was approved 22 s late."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET)
+    root = tmp_path / "svc"
+    root.mkdir()
+    with start(root, "--confirmation", "webhook", "--approver-url", trickle.url,
+               "--approver-secret-file", str(secret), "--approver-timeout", "1") as svc:
+        token = add_token(svc.state, "acme", "agent:alice")
+        body = {"op": {"kind": "fs.read", "path": f"{root}/data/hello.txt"},
+                "grant": grant("acme", "agent:alice", root, tool_name="reader-high"),
+                "manifest": "reader-high"}
+        with svc.client(token) as c:
+            started = time.monotonic()
+            refused = c.post("/v1/ops", json=body)
+            took = time.monotonic() - started
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"]["code"] == "SANDBOX.PERMISSION_DENY"
+    assert refused.json()["consent"]["timed_out"] is True
+    assert took < 3.0, took
+    line = json.loads((svc.state / "consent.jsonl").read_text().splitlines()[-1])
+    assert line["answer"]["timed_out"] is True
+    assert line["answer"]["approved"] is False

@@ -256,7 +256,7 @@ def _validated(config: EngineConfig) -> _Options:
     if not isinstance(interval, int) or isinstance(interval, bool) or not 1 <= interval <= 60_000:
         raise ValueError("evidence_jsonl: `fsync_interval_ms` must be an integer from 1 to 60000")
     path = Path(str(options.get("path", config.state_dir / "evidence" / "evidence.jsonl")))
-    key, every = signing_options(config, "evidence_jsonl")
+    key, every = signing_options(config, "evidence_jsonl", path.parent)
     return _Options(path, raw, interval / 1000, key, every)
 
 

@@ -280,5 +280,5 @@ def policy_engine_evidence_sinks(config: EngineConfig) -> list[EvidenceSink]:
     if not config.wants_sink(SqliteSink.name):
         return []
     path = _validated_path(config)
-    key, every = signing_options(config, "evidence_sqlite")
+    key, every = signing_options(config, "evidence_sqlite", path.parent)
     return [SqliteSink(path, signing_key=key, checkpoint_every=every)]

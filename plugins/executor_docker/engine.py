@@ -25,7 +25,9 @@ DEFAULT_IMAGE = "policy-engine/sandbox:1"
 SANDBOX_USER = "1000:1000"
 _KEYS = frozenset({"image", "base_url", "client_timeout_s", "workspace_root", "mode",
                    "pool_size", "system_binds", "max_artifacts_bytes", "restricted_network",
-                   "pool_launcher", "max_file_bytes", "runtime", "gvisor_runtime"})
+                   "pool_launcher", "max_file_bytes", "runtime", "gvisor_runtime",
+                   "pool_idle_s"})
+MAX_POOL_IDLE_S = 86_400
 _RUNTIME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 GVISOR_PIDS_BASE, GVISOR_TASKS_PER_PROCESS = 64, 20
 """On runsc the host pids cgroup counts gVisor's own tasks: 42 idle (Sentry, gofer), then about
@@ -57,6 +59,8 @@ class DockerOptions:
         ``docker info`` when the executor is built.
     :param gvisor_runtime: the registered runtime that is gVisor, used for the calls whose
         profile requires ``isolation gvisor``; ``None``: ``runtime`` when that is gVisor.
+    :param pool_idle_s: a warm container held by a session with no call for this many seconds
+        is given back (discarded and replaced), so an idle session cannot keep it for good.
     """
 
     image: str = DEFAULT_IMAGE
@@ -72,6 +76,7 @@ class DockerOptions:
     max_file_bytes: int = 1 << 30
     runtime: str | None = None
     gvisor_runtime: str | None = None
+    pool_idle_s: float = 60.0
 
     @staticmethod
     def parse(raw: Mapping[str, Any] | None) -> DockerOptions:
@@ -100,6 +105,11 @@ class DockerOptions:
         for key, val in (("restricted_network", restricted), ("pool_launcher", launcher)):
             if not isinstance(val, bool):
                 raise ValueError(f"docker: `{key}` must be a boolean")
+        idle = opts.get("pool_idle_s", 60.0)
+        if isinstance(idle, bool) or not isinstance(idle, int | float) \
+                or not 0 < idle <= MAX_POOL_IDLE_S:
+            raise ValueError(f"docker: `pool_idle_s` must be a number of seconds in (0, "
+                             f"{MAX_POOL_IDLE_S}]")
         names: dict[str, str | None] = {}
         for key in ("runtime", "gvisor_runtime"):
             val = opts.get(key)
@@ -115,7 +125,7 @@ class DockerOptions:
             pool_size=opts.get("pool_size", 2), system_binds=binds,
             max_artifacts_bytes=opts.get("max_artifacts_bytes", 50 * 1024 * 1024),
             restricted_network=restricted, pool_launcher=launcher,
-            max_file_bytes=opts.get("max_file_bytes", 1 << 30),
+            max_file_bytes=opts.get("max_file_bytes", 1 << 30), pool_idle_s=float(idle),
         )
 
 

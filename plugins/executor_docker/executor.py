@@ -28,6 +28,7 @@ from plugins.executor_docker import cpu, engine, masks, network, runtimes, setid
 from plugins.executor_docker.engine import DockerOptions, Hardening
 from plugins.executor_docker.pool import Slot, WarmPool
 from plugins.executor_docker.runner import (
+    KILL_ALL,
     Outcome,
     bind_mounts,
     exec_in,
@@ -210,7 +211,7 @@ class DockerExecutor:
                 pool = WarmPool(client, self.options.image, self.options.pool_size, hard,
                                 bind_mounts(self.options.system_binds, []),
                                 pool_id=f"{id(self)}:{runtime or 'default'}", launcher=launcher,
-                                updatable=not hard.gvisor)
+                                updatable=not hard.gvisor, idle_s=self.options.pool_idle_s)
                 try:
                     pool.start()
                 except BaseException:
@@ -221,8 +222,17 @@ class DockerExecutor:
 
     def end_session(self, profile: Profile) -> None:
         """Release the caller's warm container: it is discarded, a fresh one takes its slot."""
-        for pool in list(self._pools.values()):
-            pool.release(session_key(profile))
+        self.release_session(profile.tenant, profile.subject_id, profile.tool_name)
+
+    def release_session(self, tenant: str, subject_id: str, tool_name: str) -> None:
+        """The session-end call (the sessions feature calls it when a session closes; until
+        then ``pool_idle_s`` gives an idle session's container back): the session's warm
+        containers on every runtime are discarded and replaced. No-op for an unknown one."""
+        key = f"{tenant}\x1f{subject_id}\x1f{tool_name}"
+        with self._lock:
+            pools = list(self._pools.values())
+        for pool in pools:
+            pool.release(key)
 
     def close(self) -> None:
         with self._lock:
@@ -377,7 +387,18 @@ class DockerExecutor:
         pool = self.pool(hard.runtime)
         client, streams = self.client()
         slot = pool.acquire(session_key(ctx.profile), max(0.0, deadline - time.monotonic()))
-        slot = pool.update_limits(slot, hard)
+        try:
+            slot = pool.update_limits(slot, hard)
+            return self._in_slot(ctx, ws, slot, client, streams, argv, env, cwd, limits,
+                                 deadline, stdin_b64)
+        finally:
+            pool.done(slot)  # the session's idle clock starts (pool_idle_s)
+
+    def _in_slot(self, ctx: ExecContext, ws: ExecWorkspace, slot: Slot,
+                 client: docker.DockerClient, streams: docker.APIClient, argv: list[str],
+                 env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float,
+                 stdin_b64: str | None
+                 ) -> tuple[Outcome, list[dict[str, Any]], list[str], dict[str, int] | None]:
         if not slot.dirty_inputs:
             slot.dirty_inputs = transfer.put_inputs(
                 client, slot.container_id, ws.inputs,
@@ -434,6 +455,10 @@ class DockerExecutor:
             return slot.control.run(argv, env, cwd, limits, deadline, ctx.cancel, stdin_b64)
         out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits, deadline,
                       ctx.cancel)
+        # no process of the call outlives it (issue 32 item 3): a background child would run
+        # on into the session's next call, outside any deadline or evidence; the launcher does
+        # the same from PID 1 before it reports
+        run_quiet(client, slot.container_id, list(KILL_ALL), timeout_s=10)
         return out, bool(transfer.artifacts_changed(client, slot.container_id))
 
     def _cgroup_of(self, container_id: str) -> str | None:

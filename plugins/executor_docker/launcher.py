@@ -8,8 +8,9 @@ environment, the request's stdin (else none) and no inherited descriptors, and s
 back: ``O``/``E`` + length + bytes for stdout/stderr, then ``X`` + length + JSON ``{"exit",
 "artifacts"}``. A ``{"kill": true}`` line while a command runs kills every other process of
 the container (``kill(-1, SIGKILL)``; PID 1 itself is immune to signals sent from inside its
-namespace). It makes itself non-dumpable so a
-sandboxed process of the same uid cannot ptrace it or write its memory.
+namespace); so does the end of every command, so nothing a call started outlives it. It
+makes itself non-dumpable so a sandboxed process of the same uid cannot ptrace it or write its
+memory.
 
 This replaces ``docker exec`` (≈ 30–50 ms of runc per call) on the warm path; resource limits are
 the container's cgroup, the uid is the container's user (1000).
@@ -29,11 +30,13 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 ARTIFACTS = "/workspace/artifacts"
 PR_SET_DUMPABLE = 4
 DRAIN_S = 0.05
+KILL_ROUNDS = 2500  # ~5 s for a process stuck in uninterruptible sleep to die
 
 
 def _frame(sock: socket.socket, kind: bytes, data: bytes) -> None:
@@ -65,6 +68,20 @@ def _reap() -> None:
             return
         if pid == 0:
             return
+
+
+def _kill_the_rest() -> None:
+    """No process of the call outlives it: a background child (its own session, its output
+    elsewhere) would run on into the session's next call, outside its deadline and evidence.
+    Every process but PID 1 is the call's (one command at a time per container), so all are
+    killed and reaped before the exit frame — and so before the artifacts are looked at."""
+    for _ in range(KILL_ROUNDS):
+        try:
+            os.kill(-1, signal.SIGKILL)  # every process PID 1 may signal, never itself
+        except ProcessLookupError:
+            return  # none left (zombies count as found: they were reaped below)
+        time.sleep(0.002)
+        _reap()
 
 
 def _exit_fd(child: subprocess.Popen[bytes]) -> int:
@@ -165,7 +182,7 @@ def run(conn: Conn, req: dict[str, Any]) -> None:
     code = child.wait()
     child.stdout.close()
     child.stderr.close()
-    _reap()
+    _kill_the_rest()
     _frame(sock, b"X", json.dumps({"exit": 128 - code if code < 0 else code,
                                    "artifacts": _artifacts()}).encode())
 

@@ -18,6 +18,12 @@ archive API reaches volumes, not a tmpfs), removed with it. Each container is cr
 own empty host directory mounted read-only at the netproxy's ``SANDBOX_DIR``: a
 restricted-network call starts its proxy in there (mounts cannot be added to a running
 container). The container itself never has a network (``--network=none``).
+
+A session holds its container from its first call until it is released: at session end
+(``release``, which the executor's ``end_session``/``release_session`` call) or once it has had
+no call for ``idle_s`` seconds (issue 32 item 3: nothing else gave a container back, so with
+one slot a second tenant waited and got ``PROVIDER.UNAVAILABLE``). A slot with a call in
+progress is never taken back; the idle clock starts when the session's last call ends.
 """
 
 from __future__ import annotations
@@ -66,6 +72,8 @@ class Slot:
     # one command at a time: calls of one session share the container, and a cancelled or
     # timed-out call's `kill -9 -1` must not land on the next call's processes
     running: threading.Lock = field(default_factory=threading.Lock)
+    calls: int = 0  # the session's calls between acquire and done: never reaped while > 0
+    last_used: float = 0.0  # monotonic end of the session's last call
 
 
 class WarmPool:
@@ -81,7 +89,7 @@ class WarmPool:
 
     def __init__(self, client: docker.DockerClient, image: str, size: int, hard: Hardening,
                  system_mounts: list[docker.types.Mount], pool_id: str,
-                 launcher: bool = True, updatable: bool = True) -> None:
+                 launcher: bool = True, updatable: bool = True, idle_s: float = 60.0) -> None:
         self.client = client
         self.image = image
         self.size = size
@@ -90,6 +98,9 @@ class WarmPool:
         self.pool_id = pool_id
         self.launcher = launcher
         self.updatable = updatable
+        self.idle_s = idle_s
+        self.idle_released = 0  # sessions given back after idle_s without a call
+        self._reaper: threading.Thread | None = None
         self.replaced = 0  # unhealthy containers replaced
         self.recycled = 0  # containers discarded after their session and created afresh
         self.recycle_s: list[float] = []  # how long each discard-and-create took
@@ -108,6 +119,9 @@ class WarmPool:
             with self._cond:
                 self._slots.append(slot)
                 self._cond.notify_all()
+        self._reaper = threading.Thread(target=self._reap_loop, daemon=True,
+                                        name="policy-engine-pool-idle")
+        self._reaper.start()
 
     def _create(self, hard: Hardening, state: SlotState = SlotState.IDLE,
                 session: str | None = None) -> Slot:
@@ -161,10 +175,12 @@ class WarmPool:
                     raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "pool is closed")
                 held = self._by_session.get(session)
                 if held is not None:
+                    held.calls += 1
                     return held
+                next_expiry = self._reap_idle()
                 idle = next((s for s in self._slots if s.state is SlotState.IDLE), None)
                 if idle is not None:
-                    idle.state, idle.session = SlotState.ACQUIRING, session
+                    idle.state, idle.session, idle.calls = SlotState.ACQUIRING, session, 1
                     self._by_session[session] = idle
                     break
                 left = end - time.monotonic()
@@ -172,14 +188,14 @@ class WarmPool:
                     raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
                                             "no warm container free before the deadline",
                                             audit={"pool_size": self.size})
-                self._cond.wait(left)
+                self._cond.wait(min(left, next_expiry))
         # INVARIANT: only this thread touches ``idle`` until it is BUSY (claimed under the lock)
         if not self._healthy(idle):
             try:
                 idle = self._replace(idle)
             except BaseException:
                 with self._cond:  # the slot stays unhealthy: a later acquire tries again
-                    idle.state, idle.session = SlotState.IDLE, None
+                    idle.state, idle.session, idle.calls = SlotState.IDLE, None, 0
                     self._by_session.pop(session, None)
                     self._cond.notify_all()
                 raise
@@ -187,17 +203,48 @@ class WarmPool:
             idle.state = SlotState.BUSY
         return idle
 
+    def done(self, slot: Slot) -> None:
+        """One call of the slot's session ended: the idle clock starts when none is left."""
+        with self._cond:
+            slot.calls = max(0, slot.calls - 1)
+            slot.last_used = time.monotonic()
+            self._cond.notify_all()
+
     def release(self, session: str) -> None:
         """Discard the session's container; a fresh one takes its place in the background."""
         with self._cond:
-            slot = self._by_session.pop(session, None)
-            if slot is None:
-                return
-            slot.state = SlotState.RESETTING
-            worker = threading.Thread(target=self._recycle, args=(slot,),
-                                      name="policy-engine-pool-recycle", daemon=True)
-            self._recyclers = [t for t in self._recyclers if t.is_alive()] + [worker]
-        worker.start()
+            self._release_locked(session)
+
+    def _release_locked(self, session: str) -> None:
+        slot = self._by_session.pop(session, None)
+        if slot is None:
+            return
+        slot.state = SlotState.RESETTING
+        worker = threading.Thread(target=self._recycle, args=(slot,),
+                                  name="policy-engine-pool-recycle", daemon=True)
+        self._recyclers = [t for t in self._recyclers if t.is_alive()] + [worker]
+        worker.start()  # it takes the lock only once this caller has let it go
+
+    def _reap_idle(self) -> float:
+        """Release (under the lock) every session idle for ``idle_s``; seconds until the next
+        one may expire."""
+        now = time.monotonic()
+        wait = self.idle_s
+        for session, slot in list(self._by_session.items()):
+            if slot.state is not SlotState.BUSY or slot.calls > 0:
+                continue
+            left = slot.last_used + self.idle_s - now
+            if left <= 0:
+                self._release_locked(session)
+                self.idle_released += 1
+            else:
+                wait = min(wait, left)
+        return max(0.01, wait)
+
+    def _reap_loop(self) -> None:
+        with self._cond:
+            while not self._closed:
+                self._cond.wait(self._reap_idle())
 
     def update_limits(self, slot: Slot, hard: Hardening) -> Slot:
         """Apply a session's memory, cpu and pids limits to its container; the slot to use (a
@@ -254,6 +301,7 @@ class WarmPool:
         whose limits cannot be updated, kept by the same session."""
         self._remove(slot)
         fresh = self._create(hard or self.hard, state=slot.state, session=slot.session)
+        fresh.calls, fresh.last_used = slot.calls, slot.last_used
         with self._cond:
             self._slots[self._slots.index(slot)] = fresh
             if fresh.session is not None:
@@ -279,6 +327,8 @@ class WarmPool:
             recyclers, self._recyclers = self._recyclers, []
             self._by_session.clear()
             self._cond.notify_all()
+        if self._reaper is not None:
+            self._reaper.join(timeout=5)
         for s in slots:
             self._remove(s)
         for worker in recyclers:  # each removes what it created once it sees the pool closed

@@ -25,9 +25,14 @@ def command() -> None:
 @command.command("verify")
 @click.argument("log", type=_FILE)
 @click.option("--public-key", type=_FILE,
-              help="Ed25519 public key (PEM) the checkpoints must be signed with")
+              help="Ed25519 public key (PEM) the checkpoints must be signed with; the last "
+              "record must then be covered by a valid signed checkpoint (a cut tail or an "
+              "edited last record fails) unless --allow-unsigned-tail")
 @click.option("--require-signature", is_flag=True,
               help="fail unless a valid signed checkpoint covers the last record")
+@click.option("--allow-unsigned-tail", is_flag=True,
+              help="with --public-key: accept records after the last checkpoint (a log still "
+              "being written; they are protected by the chain only)")
 @click.option("--allow-unchained-prefix", is_flag=True,
               help="accept records written before chaining at the start of the log")
 @click.option("--head", "head", callback=lambda _c, _p, v: _head(v),
@@ -35,12 +40,18 @@ def command() -> None:
               "log still holds that record, so a cut tail is caught")
 @format_option
 def verify(log: Path, public_key: Path | None, require_signature: bool,
-           allow_unchained_prefix: bool, head: str | None, fmt: str) -> None:
+           allow_unsigned_tail: bool, allow_unchained_prefix: bool, head: str | None,
+           fmt: str) -> None:
     """Verify the hash chain (and checkpoint signatures) of a JSONL or SQLite evidence LOG.
 
     Exits 0 when intact, 1 at the first edited, deleted, inserted or reordered record (or a bad
-    signature), 2 when the log or key cannot be read.
+    signature, or — with --public-key — records no signed checkpoint covers), 2 when the log
+    or key cannot be read.
     """
+    # with the key, an uncovered tail is what a cut tail or an edited last record looks like
+    # (issue 32 item 10): fail on it unless the log is known to be still written
+    require_signature = require_signature or (public_key is not None
+                                              and not allow_unsigned_tail)
     from policy_engine.evidence.chain import load_public_key
     from policy_engine.evidence.verify import is_sqlite, read_jsonl, read_sqlite, verify_records
 

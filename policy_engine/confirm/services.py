@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 if TYPE_CHECKING:
-    import httpx
+    from policy_engine.confirm.deadline_http import Answer
 
 log = logging.getLogger(__name__)
 DEFAULT_VALID_MS = 5 * 60 * 1000
@@ -54,6 +54,8 @@ class ConsentAnswer:
     valid_for_ms: int
     mode: str
     detail: str = ""
+    # true when the approver's answer was not complete within the timeout (a no)
+    timed_out: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -146,24 +148,29 @@ class WebhookConfirmation:
         self.max_skew_ms = max_skew_ms
 
     def confirm(self, request: ConsentRequest) -> ConsentAnswer:
-        import httpx  # only the webhook mode needs an HTTP client
+        # the timeout bounds the whole exchange, not each read (issue 32 item 7): an approver
+        # trickling a signed yes a byte at a time is a no at the timeout, and the connection
+        # is dropped then rather than holding the caller's thread
+        from policy_engine.confirm.deadline_http import DeadlineExceeded, post
 
         body = json.dumps(request.to_json(), sort_keys=True).encode()
         ts = str(_now())
         headers = {"content-type": "application/json", "x-pe-timestamp": ts,
                    "x-pe-signature": sign(self.secret, ts, body)}
         try:
-            resp = httpx.post(self.url, content=body, headers=headers, timeout=self.timeout_s,
-                              follow_redirects=False)
-        except httpx.HTTPError as exc:
-            return self._no(f"approver unreachable or silent: {type(exc).__name__}")
+            resp = post(self.url, body, headers, self.timeout_s)
+        except DeadlineExceeded:
+            return self._no(f"timed_out: no complete answer within {self.timeout_s:g} s",
+                            timed_out=True)
+        except (OSError, ValueError) as exc:
+            return self._no(f"approver unreachable or broken: {type(exc).__name__}")
         return self._read(request, resp)
 
-    def _no(self, why: str) -> ConsentAnswer:
+    def _no(self, why: str, *, timed_out: bool = False) -> ConsentAnswer:
         log.info("webhook confirmation refused: %s", why)
-        return ConsentAnswer(False, "webhook", _now(), 0, self.mode, why)
+        return ConsentAnswer(False, "webhook", _now(), 0, self.mode, why, timed_out)
 
-    def _read(self, request: ConsentRequest, resp: httpx.Response) -> ConsentAnswer:
+    def _read(self, request: ConsentRequest, resp: Answer) -> ConsentAnswer:
         if resp.status_code != 200:
             return self._no(f"approver answered HTTP {resp.status_code}")
         ts = resp.headers.get("x-pe-timestamp", "")

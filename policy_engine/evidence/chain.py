@@ -157,9 +157,12 @@ def generate_key(private_path: Path, public_path: Path) -> str:
     return key_id(key.public_key())
 
 
-def signing_options(config: Any, plugin: str) -> tuple[Ed25519PrivateKey | None, int]:
-    """``signing_key`` (a PEM path) and ``checkpoint_every`` (records, default 1000) of a
-    sink's options, validated.
+def signing_options(config: Any, plugin: str, evidence_dir: Path | None = None
+                    ) -> tuple[Ed25519PrivateKey | None, int]:
+    """``signing_key`` and ``checkpoint_every`` (records, default 1000) of a sink's options,
+    validated. ``signing_key``: a PEM path; ``false`` (or ``null``) for the keyless mode;
+    absent: the default key beside the evidence in ``evidence_dir``, created at first start
+    (:mod:`policy_engine.evidence.autokey`); a sink given no ``evidence_dir`` stays keyless.
 
     :raises ValueError: a bad value or an unusable key (names the option and the file).
     """
@@ -167,9 +170,16 @@ def signing_options(config: Any, plugin: str) -> tuple[Ed25519PrivateKey | None,
     every = options.get("checkpoint_every", 1000)
     if not isinstance(every, int) or isinstance(every, bool) or not 1 <= every <= 1_000_000:
         raise ValueError(f"{plugin}: `checkpoint_every` must be an integer from 1 to 1000000")
-    raw = options.get("signing_key")
-    if raw is None:
+    if "signing_key" not in options:
+        if evidence_dir is None:
+            return None, every
+        from policy_engine.evidence.autokey import ensure_default_key
+
+        return ensure_default_key(evidence_dir), every
+    raw = options["signing_key"]
+    if raw is None or raw is False:  # the documented keyless mode, chosen
         return None, every
     if not isinstance(raw, str) or not raw:
-        raise ValueError(f"{plugin}: `signing_key` must be the path of a PEM Ed25519 key")
+        raise ValueError(f"{plugin}: `signing_key` must be the path of a PEM Ed25519 key, or "
+                         "false for no signed checkpoints")
     return load_signing_key(Path(raw)), every

@@ -9,12 +9,28 @@ running finish under the policy they started with, and every call's evidence rec
 version it ran under (``policy_version_hash``). A bundle that does not compile keeps the old
 policy running: the error is logged, counted (``sandbox_policy_reload{result="failed"}``) and
 shown by ``health()``, and that content is not tried again until it changes.
+
+Only a complete file is loaded (issue 32 item 8): a quiet period cannot tell a finished file
+from a writer that paused (a prefix that compiles with its ``forbid`` cut off went live when
+the writer paused for two polls), so before compiling, the kernel is asked whether any process
+still has a bundle file open for writing — a read lease (``F_SETLEASE``) is refused exactly
+then — and a file still open for writing waits, however long its writer pauses. Where the
+kernel cannot tell (not Linux, a file system without leases, a file the service neither owns
+nor has ``CAP_LEASE`` for), only an atomic replace is taken: a file whose content changed under
+the same inode (written in place) is ignored, with an error in ``health()``, until it is
+replaced by a rename.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import logging
+import os
+import signal
+import stat
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,6 +48,52 @@ from policy_engine.orchestrator import Orchestrator
 log = logging.getLogger(__name__)
 
 
+def open_for_writing(path: Path) -> bool | None:
+    """Whether some process has ``path`` open for writing; ``None`` when the kernel cannot
+    say here. A read lease is granted only when nobody has the file open for writing (and it
+    is dropped again at once; a writer opening it meanwhile waits microseconds)."""
+    setlease = getattr(fcntl, "F_SETLEASE", None)  # Linux only
+    if setlease is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None  # gone or unreadable: the content fingerprint says so already
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:
+            fcntl.fcntl(fd, setlease, fcntl.F_RDLCK)
+        except OSError as exc:
+            return True if exc.errno == errno.EAGAIN else None
+        fcntl.fcntl(fd, setlease, fcntl.F_UNLCK)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _leases_safe() -> bool:
+    """A writer opening a file while we hold its lease makes the kernel send SIGIO, whose
+    default action ends the process: leases are used only once SIGIO is ignored or handled
+    (set here when this is the main thread and nobody handles it)."""
+    if sys.platform != "linux":
+        return False
+    if signal.getsignal(signal.SIGIO) != signal.SIG_DFL:
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    signal.signal(signal.SIGIO, signal.SIG_IGN)
+    return True
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 class PolicyReloader:
     """Watches the policy bundle of ``orchestrator`` (entry files ``entries``) by polling.
 
@@ -41,12 +103,16 @@ class PolicyReloader:
     """
 
     def __init__(self, orchestrator: Orchestrator, entries: Sequence[Path], *,
-                 on_swap: Sequence[Callable[[PolicySet], None]] = ()) -> None:
+                 on_swap: Sequence[Callable[[PolicySet], None]] = (),
+                 writer_probe: bool = True) -> None:
         self.orchestrator = orchestrator
         self.entries = tuple(Path(e) for e in entries)
         self.on_swap = tuple(on_swap)
+        # False: never ask the kernel about writers, take atomic replaces only (the fallback)
+        self.writer_probe = writer_probe and _leases_safe()
         self._files = self._bundle_files()
         self._loaded = self._fingerprint()
+        self._loaded_files = self._per_file()
         self._seen: str | None = None  # content seen once, waiting for a second sighting
         self._failed: str | None = None  # content that did not compile (not retried)
         self.last_error: str | None = None
@@ -66,13 +132,40 @@ class PolicyReloader:
         h = hashlib.sha256()
         for path in self._files:
             h.update(str(path).encode() + b"\0")
-            try:
-                # bounded, regular files only: a FIFO swapped in must not hang the watcher
-                h.update(read_limited(path, MAX_POLICY_BYTES))
-            except OSError as exc:  # a file being replaced: its absence is content too
-                h.update(f"<{exc.errno}>".encode())
+            h.update(self._content(path))
+            if not self.writer_probe:  # a rename of refused in-place content is a change
+                h.update(repr(_identity(path)).encode())
             h.update(b"\0")
         return h.hexdigest()
+
+    @staticmethod
+    def _content(path: Path) -> bytes:
+        try:
+            # bounded, regular files only: a FIFO swapped in must not hang the watcher
+            return read_limited(path, MAX_POLICY_BYTES)
+        except OSError as exc:  # a file being replaced: its absence is content too
+            return f"<{exc.errno}>".encode()
+
+    def _per_file(self) -> dict[Path, tuple[tuple[int, int] | None, str]]:
+        return {p: (_identity(p), hashlib.sha256(self._content(p)).hexdigest())
+                for p in self._files}
+
+    def _incomplete(self) -> str | None:
+        """Why the bundle on disk may not be whole yet (``None``: it is): a file some process
+        still has open for writing, or — where the kernel cannot tell — one written in place."""
+        for path in self._files:
+            busy = open_for_writing(path) if self.writer_probe else None
+            if busy:
+                return f"{path} is still open for writing"
+            if busy is None:
+                was_id, was_digest = self._loaded_files.get(path, (None, ""))
+                now_digest = hashlib.sha256(self._content(path)).hexdigest()
+                if was_id is not None and _identity(path) == was_id \
+                        and now_digest != was_digest:
+                    return (f"{path} was changed in place and whether its writer is done "
+                            "cannot be told here: replace it atomically (write a temporary "
+                            "file beside it, then rename it over the policy)")
+        return None
 
     def check(self) -> bool:
         """One poll; ``True`` when a new policy was swapped in."""
@@ -86,6 +179,12 @@ class PolicyReloader:
                 return False
             if current != self._seen:  # changed since the last poll: let it settle
                 self._seen = current
+                return False
+            waiting = self._incomplete()
+            if waiting is not None:  # seen again at the next poll, and checked again
+                if "in place" in waiting:
+                    return self._fail(current, waiting, waiting)
+                log.info("policy change not loaded yet: %s", waiting)
                 return False
             self._seen = None
             odd = [e for e in self.entries if not named_like(e, ".sbpolicy")]
@@ -113,6 +212,7 @@ class PolicyReloader:
                 listener(policyset)
             self._files = self._bundle_files()  # imports may have changed
             self._loaded = self._fingerprint()
+            self._loaded_files = self._per_file()
             self._failed = None
             self.last_error = None
             self.reloads += 1

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from policy_engine.service.models import Artifact, ExecRecord
+from policy_engine.service.workspace import stored_artifact
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandbox_execs (
@@ -103,7 +104,7 @@ class ExecStore:
                 (tenant, exec_id)).fetchone()
         if row is None:
             return None
-        return [Artifact.model_validate(a) for a in json.loads(row[0])]
+        return [stored_artifact(a) for a in json.loads(row[0])]
 
     def list(self, tenant: str, task_id: str | None, limit: int = 200) -> list[ExecRecord]:
         sql = f"SELECT {', '.join(self._columns)} FROM sandbox_execs WHERE tenant = ?"

@@ -186,6 +186,9 @@ class Artifact(_Body):
     path: str
     size: int
     sha256: str
+    # true when the name on disk is not UTF-8: ``path`` is then percent-encoded (each stray
+    # byte and each ``%``), see docs/service.md "Artifact names"
+    not_utf8: bool = False
 
 
 class ArtifactList(_Body):

@@ -24,6 +24,7 @@ from policy_engine.pgschema import display_dsn, migrate
 from policy_engine.service.errors import ServiceError
 from policy_engine.service.execstore import ExecStore
 from policy_engine.service.models import Artifact, ExecRecord
+from policy_engine.service.workspace import stored_artifact
 from policy_engine.tokens import (
     _SUBJECT,
     _TOKEN,
@@ -123,13 +124,17 @@ class PgDatabase:
                     self._conn = None
                 cause = str(exc).strip().splitlines()[0] if str(exc).strip() else \
                     type(exc).__name__
+                # the caller is told which database, never its error text (it can quote the
+                # request's own data back, and the schema); the log and the CLI have the cause
                 err = PolicyEngineError(
                     ErrorCode.PROVIDER_UNAVAILABLE,
-                    f"service database `{self.where}` cannot be used: {cause}",
+                    f"service database `{self.where}` cannot be used",
                     audit={"store": "service database", "path": self.where,
                            "exception": type(exc).__name__})
-                log.error("%s", err.reason)
-                raise StoreUnavailable(err) from exc
+                unavailable = StoreUnavailable(err)
+                unavailable.reason = f"{err.reason}: {cause}"
+                log.error("%s", unavailable.reason)
+                raise unavailable from exc
 
     def close(self) -> None:
         with self._lock:
@@ -224,7 +229,7 @@ class PgExecStore(ExecStore):
         with self.db.cursor() as cur:
             row = cur.execute("SELECT artifacts FROM sandbox_execs WHERE tenant = %s AND "
                               "exec_id = %s", (tenant, exec_id)).fetchone()
-        return None if row is None else [Artifact.model_validate(a) for a in row[0]]
+        return None if row is None else [stored_artifact(a) for a in row[0]]
 
     def list(self, tenant: str, task_id: str | None, limit: int = 200) -> list[ExecRecord]:
         sql = f"SELECT {', '.join(self._columns)} FROM sandbox_execs WHERE tenant = %s"

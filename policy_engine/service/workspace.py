@@ -12,8 +12,11 @@ import os
 import posixpath
 import stat
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from policy_engine.service.errors import ServiceError, service_error
+from policy_engine.service.models import Artifact
 
 SERVICE_FILES = ("stdout.txt", "stderr.txt", "manifest.json", "meta.json")
 
@@ -110,9 +113,49 @@ def write_service_file(directory: Path, name: str, data: bytes) -> None:
         os.close(fd)
 
 
+def artifact_name(rel: str) -> tuple[str, bool]:
+    """``rel`` (as ``os`` functions decode it) as text any JSON writer and a JSONB column take,
+    and whether it had to be escaped. A UTF-8 name is kept as it is; a name that is not
+    (``os.fsdecode`` keeps its stray bytes as lone surrogates) gets each such byte and each
+    ``%`` percent-encoded (``\\xff`` → ``%FF``, ``%`` → ``%25``), so the escape is lossless
+    (:func:`artifact_os_name`) and never mistaken for a real name: it is marked ``not_utf8``."""
+    try:
+        rel.encode("utf-8")
+        return rel, False
+    except UnicodeEncodeError:
+        pass
+    out = []
+    for ch in rel:
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:  # surrogateescape of the byte code - 0xDC00
+            out.append(f"%{code - 0xDC00:02X}")
+        elif ch == "%":
+            out.append("%25")
+        elif 0xD800 <= code <= 0xDFFF:  # a surrogate fsdecode never makes: its UTF-8 bytes
+            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass")))
+        else:
+            out.append(ch)
+    return "".join(out), True
+
+
+def artifact_os_name(shown: str, escaped: bool) -> str:
+    """The name on disk (as ``os`` functions take it) of an artifact listed as ``shown``."""
+    return os.fsdecode(unquote_to_bytes(shown)) if escaped else shown
+
+
+def stored_artifact(data: dict[str, Any]) -> Artifact:
+    """An artifact as a store kept it; a row written before names were escaped (a lone
+    surrogate in its ``path``) is escaped as it is read, so it still lists."""
+    path, escaped = artifact_name(str(data["path"]))
+    return Artifact.model_validate({**data, "path": path} | ({"not_utf8": True} if escaped
+                                                             else {}))
+
+
 def scan_artifacts(directory: Path) -> tuple[list[dict[str, object]], int]:
     """Every regular file under ``directory`` (links and special files skipped), with size and
-    sha256, sorted by path; and their total size."""
+    sha256, sorted by path; and their total size. A name that is not UTF-8 is listed escaped
+    (:func:`artifact_name`) with ``not_utf8: true``: the exec record is stored whatever the
+    names (issue 32 item 6)."""
     found: list[dict[str, object]] = []
     total = 0
     for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
@@ -127,14 +170,27 @@ def scan_artifacts(directory: Path) -> tuple[list[dict[str, object]], int]:
             with os.fdopen(fd, "rb") as fh:
                 for chunk in iter(lambda: fh.read(1 << 16), b""):
                     digest.update(chunk)
-            rel = os.path.relpath(full, directory).replace(os.sep, "/")
-            found.append({"path": rel, "size": st.st_size, "sha256": digest.hexdigest()})
+            rel, escaped = artifact_name(os.path.relpath(full, directory).replace(os.sep, "/"))
+            found.append({"path": rel, "size": st.st_size, "sha256": digest.hexdigest(),
+                          "not_utf8": escaped})
             total += st.st_size
     return found, total
 
 
 def open_artifact(directory: Path, rel: str) -> int:
-    """A read-only fd of ``directory/rel``, never following a link on the way."""
+    """A read-only fd of ``directory/rel``, never following a link on the way. ``rel`` is a
+    listed path: when no file has that name and it is a percent-escaped name
+    (:func:`artifact_name`), the file whose name it escapes (where a UTF-8 name spells the
+    same text, that file is the one served)."""
+    try:
+        return _open_artifact(directory, rel)
+    except ServiceError:
+        if "%" not in rel:
+            raise
+    return _open_artifact(directory, artifact_os_name(rel, True))
+
+
+def _open_artifact(directory: Path, rel: str) -> int:
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts) or "\x00" in rel:
         raise service_error("SERVICE.BAD_REQUEST", "artifact path is not a plain relative path")

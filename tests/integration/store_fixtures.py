@@ -119,5 +119,7 @@ def envelopes(jsonl: Path) -> tuple[dict[str, list[str]], list[int]]:
         except ValueError:
             bad.append(n)
             continue
+        if record.get("type") == "checkpoint":  # signed at close by default (issue 32 #10)
+            continue
         kinds[record["envelope_id"]].append(record["type"])
     return dict(kinds), bad

@@ -38,7 +38,8 @@ def test_a_backdated_request_cannot_run_an_expired_grant(tmp_path: Path) -> None
     assert "`now_ms` in the request is ignored" in proc.stderr
     records = [json.loads(line) for line in
                (tmp_path / "state/evidence/evidence.jsonl").read_text().splitlines()]
-    assert [r["type"] for r in records] == ["begin", "end"]
+    # and a checkpoint signed at shutdown by default (issue 32 item 10)
+    assert [r["type"] for r in records] == ["begin", "end", "checkpoint"]
     assert records[1]["status"] == "denied"
 
 

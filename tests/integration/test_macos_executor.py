@@ -85,7 +85,8 @@ def test_seed003_case19_unsupported_platform_is_a_clear_error(tmp_path: Path) ->
     assert NAME in out["result"]["message"]
     records = [json.loads(line) for line in
                (tmp_path / "state/evidence/evidence.jsonl").read_text().splitlines()]
-    assert [r["type"] for r in records] == ["begin", "end"]
+    # and a checkpoint signed at shutdown by default (issue 32 item 10)
+    assert [r["type"] for r in records] == ["begin", "end", "checkpoint"]
     assert records[1]["status"] == "error"
     assert records[1]["error_code"] == "PROVIDER.UNAVAILABLE"
     assert records[1]["sandbox_backend"] == NAME

@@ -57,7 +57,8 @@ def test_a_backtracking_regex_decides_a_hostile_argument_at_once(tmp_path: Path)
     assert out["result"]["code"] == "SANDBOX.PERMISSION_DENY"
     records = [json.loads(line) for line in
                (tmp_path / "state/evidence/evidence.jsonl").read_text().splitlines()]
-    assert [r["type"] for r in records] == ["begin", "end"]
+    # and a checkpoint signed at shutdown by default (issue 32 item 10)
+    assert [r["type"] for r in records] == ["begin", "end", "checkpoint"]
     assert records[1]["status"] == "denied"
 
 

@@ -185,6 +185,7 @@ def test_a_masked_name_that_is_not_utf8_breaks_nothing(box: dict[str, Any]) -> N
     json.dumps(res.to_json(), ensure_ascii=False).encode("utf-8")  # printable as it is
     records = [json.loads(line) for line in
                (box["top"] / "state" / "evidence" / "evidence.jsonl").read_text().splitlines()]
+    records = [r for r in records if r["type"] != "checkpoint"]  # signed at close by default
     assert records[-1]["type"] == "end"
     assert records[-1]["status"] == "ok", records[-1]
 

@@ -5,6 +5,8 @@ The real server in a subprocess on a loopback port; the policy file is edited on
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -150,3 +152,48 @@ def test_a_policy_path_turned_into_a_link_to_another_file_is_not_read(svc: Servi
     assert "SBP217" in body["policy"]["reload_error"]
     assert "SECRETMARKER" not in json.dumps(body)
     assert body["status"] == "degraded"
+
+
+WRITER = """import sys, time
+path, head, tail, pause = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+with open(path, "w") as fh:  # in place, one open: as cp, scp or an editor's save writes
+    fh.write(head)
+    fh.flush()
+    time.sleep(pause)
+    fh.write(tail)
+"""
+
+
+def test_a_half_written_policy_never_decides(svc: Service) -> None:
+    """Issue 32 item 8: a writer rewriting the policy in place pauses ten reload intervals
+    with a compiling prefix on disk (the forbid cut off); no decision is ever made under it,
+    and the whole file is loaded once the writer closes it."""
+    write_policy(svc, policy_text(svc, forbid=True))
+    loaded = wait_for(svc, lambda b: b["policy"]["reloads"] == 1, "first policy")["policy"]
+    token = add_token(svc.state, "acme", "agent:alice")
+    full = policy_text(svc, forbid=True).replace('version "1.0.0"', 'version "1.0.1"')
+    cut = full.index('forbid "no-hello"')
+    seen: list[tuple[str, str]] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        with svc.client(token) as c:
+            while not stop.is_set():
+                out = c.post("/v1/decide", json=read_hello(svc)).json()
+                seen.append((out["policy"]["version_hash"], out["decision"]))
+                time.sleep(0.02)
+
+    worker = threading.Thread(target=probe)
+    worker.start()
+    try:
+        done = subprocess.run([sys.executable, "-c", WRITER, str(svc.root / "svc.sbpolicy"),
+                               full[:cut], full[cut:], "1.0"], timeout=30, check=False)
+        assert done.returncode == 0
+        now = wait_for(svc, lambda b: b["policy"]["reloads"] == 2, "whole file")["policy"]
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        worker.join(30)
+    assert len(seen) > 20
+    assert {h for h, _ in seen} == {loaded["version_hash"], now["version_hash"]}
+    assert {d for _, d in seen} == {"deny"}  # the prefix (no forbid) never decided

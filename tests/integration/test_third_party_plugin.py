@@ -99,7 +99,8 @@ def test_plugin_executor_and_sink_are_selected_by_config_and_used(
     assert out["evidence"]["sandbox_backend"] == "demo-tmp"
     log = (state / "evidence" / "evidence.jsonl").read_text()
     jsonl = [json.loads(x) for x in log.splitlines()]
-    assert [r["type"] for r in jsonl] == ["begin", "end"]
+    # and a checkpoint signed at shutdown by default (issue 32 item 10)
+    assert [r["type"] for r in jsonl] == ["begin", "end", "checkpoint"]
     demo = [json.loads(x) for x in (state / "demo-sink.jsonl").read_text().splitlines()]
     assert demo == [{"type": "begin", "envelope_id": out["envelope_id"]},
                     {"type": "end", "envelope_id": out["envelope_id"], "status": "ok"}]

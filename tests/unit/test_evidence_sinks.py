@@ -132,7 +132,14 @@ def test_jsonl_options_are_validated(tmp_path: Path, options: dict[str, object],
     with pytest.raises(ValueError, match=error):
         _validated(config)
     ok = EngineConfig(state_dir=tmp_path, options={"evidence_jsonl": {"fsync": "never"}})
-    assert _validated(ok)[1:] == ("never", 0.2, None, 1000)
+    # no signing_key: the default key beside the evidence (issue 32 item 10)
+    path, fsync, interval, key, every = _validated(ok)
+    assert (fsync, interval, every) == ("never", 0.2, 1000)
+    assert key is not None
+    assert (path.parent / "evidence-signing.pem").exists()
+    keyless = EngineConfig(state_dir=tmp_path / "k", options={"evidence_jsonl": {
+        "signing_key": False}})
+    assert _validated(keyless).signing_key is None
 
 
 def test_sqlite_sink_fills_the_exec_record_table(tmp_path: Path) -> None:

@@ -101,7 +101,7 @@ def test_run_takes_manifest_and_grant_from_the_request_and_writes_evidence(
     assert out["decision"]["code"] == "SANDBOX.CAPABILITY_BLOCKED"
     records = [json.loads(line) for line in
                (tmp_path / "evidence" / "evidence.jsonl").read_text().splitlines()]
-    assert [r["type"] for r in records] == ["begin", "end"]
+    assert [r["type"] for r in records] == ["begin", "end", "checkpoint"]  # signed at close
     assert records[1]["status"] == "denied"
 
 

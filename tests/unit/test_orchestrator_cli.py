@@ -32,7 +32,8 @@ def test_denied_op_exits_1_and_still_writes_evidence(tmp_path: Path) -> None:
     assert out["decision"]["decision"] == "deny"
     assert out["result"]["ok"] is False
     log = (tmp_path / "state" / "evidence" / "evidence.jsonl").read_text().splitlines()
-    assert [json.loads(x)["type"] for x in log] == ["begin", "end"]
+    # and a checkpoint signed at shutdown with the default key (issue 32 item 10)
+    assert [json.loads(x)["type"] for x in log] == ["begin", "end", "checkpoint"]
 
 
 def test_argv_form_runs_a_proc_exec_and_renders_text(tmp_path: Path) -> None:

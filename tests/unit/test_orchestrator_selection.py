@@ -63,7 +63,8 @@ def test_strict_mode_refuses_naming_capability_and_backend(tmp_path: Path) -> No
     assert out.result.message == ("blocked by sandbox policy: backend `local-proc` lacks "
                                   "`resource_limits`, `bind_mounts`, `readonly_rootfs` required "
                                   "by the profile")
-    end = json.loads((tmp_path / "evidence" / "evidence.jsonl").read_text().splitlines()[-1])
+    end = [json.loads(x) for x in (tmp_path / "evidence" / "evidence.jsonl").read_text()
+           .splitlines() if '"checkpoint"' not in x][-1]
     assert end["status"] == "denied"
     assert end["sandbox_backend"] == "local-proc"
     assert orch.meter.used("acme/agent:1/c1") == {}  # a refused call consumes no budget

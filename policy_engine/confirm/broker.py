@@ -42,7 +42,8 @@ def answer_kind(answer: ConsentAnswer) -> str:
     detail = answer.detail.lower()
     if answer.mode == "deny":
         return "no_service"
-    if "timeout" in detail or "timed out" in detail or detail.startswith("late"):
+    if answer.timed_out or "timeout" in detail or "timed out" in detail \
+            or detail.startswith(("late", "timed_out")):
         return "timed_out"
     if detail.startswith("refused by") or detail.startswith("refused at"):
         return "refused"

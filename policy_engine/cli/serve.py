@@ -114,7 +114,11 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
 
     Exits 2 on unusable input (policy, config, manifest, address in use).
     """
-    import uvicorn
+    try:
+        import fastapi  # noqa: F401  # the app's; checked here for one clear line
+        import uvicorn
+    except ImportError:
+        _fail("the HTTP service needs the `serve` extra: pip install 'policy-engine[serve]'")
 
     from policy_engine.model import Settings
     from policy_engine.runcode.risk import SecurityMode

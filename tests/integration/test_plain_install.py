@@ -83,6 +83,18 @@ def test_plain_install_lists_optional_plugins_and_stays_quiet(
     assert "decision: allow" in ran.stdout
     _quiet(ran.stderr)
 
+    # the faces whose extra is missing say which, in one line, without a traceback
+    for argv, extra in ((["serve", "--policy", str(policy)], "serve"),
+                        (["tokens", "list", "--state-dir", str(tmp_path / "t")], "serve"),
+                        (["mcp", "--policy", str(policy), "--tenant", "t", "--subject", "s"],
+                         "mcp"),
+                        (["lsp"], "lsp")):
+        face = subprocess.run([str(plain["bin"] / "policy-engine"), *argv], input="",
+                              capture_output=True, text=True, env=_env(), cwd=tmp_path,
+                              timeout=120)
+        assert face.returncode == 2, (argv, face.stderr)
+        assert face.stderr.strip().endswith(f"pip install 'policy-engine[{extra}]'"), face.stderr
+
     api = subprocess.run([str(python), "-c", (
         "import logging, sys\n"
         "logging.basicConfig(level=logging.INFO)\n"  # an embedder that shows its logs

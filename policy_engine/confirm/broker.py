@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from policy_engine import tracing
 from policy_engine.confirm.services import ConfirmationService, ConsentAnswer, ConsentRequest
 from policy_engine.evidence import capability_string, redacted_op
 from policy_engine.explain import ExplainRequest, explain
@@ -76,11 +77,15 @@ class ConsentBroker:
             request_id=uuid.uuid4().hex, tenant=grant.tenant, subject_id=grant.subject_id,
             tool_name=grant.tool_name, call_id=grant.call_id, capability=capability_string(op),
             op=redacted_op(op), reason=decision.reason or "", requested_at_ms=_now())
-        try:
-            answer = self.service.confirm(question)
-        except Exception as exc:  # a broken approver is a no, never a crash or a yes
-            answer = ConsentAnswer(False, "error", _now(), 0, self.service.mode,
-                                   f"confirmation failed: {type(exc).__name__}")
+        with tracing.span("policy_engine.consent", {"policy_engine.tenant": grant.tenant,
+                                                    "policy_engine.consent.mode":
+                                                    self.service.mode}) as sp:
+            try:
+                answer = self.service.confirm(question)
+            except Exception as exc:  # a broken approver is a no, never a crash or a yes
+                answer = ConsentAnswer(False, "error", _now(), 0, self.service.mode,
+                                       f"confirmation failed: {type(exc).__name__}")
+            sp.set_attribute("policy_engine.consent.approved", answer.approved)
         asked = Asked(question, answer)
         if not answer.approved:
             return grant, asked

@@ -48,12 +48,28 @@ class _NoSpan:
 NO_SPAN = _NoSpan()
 
 
+_provider: Any = None  # set by use(): wins over the global provider
+
+
+def use(provider: Any) -> None:
+    """Record spans with ``provider`` (an SDK ``TracerProvider``) instead of the global one;
+    ``None`` goes back to the global. For embedders and tests that must not set the
+    process-wide provider (OpenTelemetry allows setting it once)."""
+    global _provider
+    _provider = provider
+
+
 def enabled() -> bool:
-    """Whether spans are recorded: an SDK tracer provider was installed (by :func:`configure`
-    or by the embedding application); checked per call so tests and embedders can set one."""
+    """Whether spans are recorded: an SDK tracer provider was installed (by :func:`configure`,
+    :func:`use` or the embedding application); checked per call, cheaply."""
     if trace is None:
         return False
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    return _provider is not None or not isinstance(trace.get_tracer_provider(),
+                                                   trace.ProxyTracerProvider)
+
+
+def _tracer() -> Any:
+    return (_provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)
 
 
 def _clean(attributes: Attributes | None) -> dict[str, Any]:
@@ -66,7 +82,7 @@ def span(name: str, attributes: Attributes | None = None) -> Iterator[Any]:
     if not enabled():
         yield NO_SPAN
         return
-    tracer = trace.get_tracer(TRACER_NAME)
+    tracer = _tracer()
     with tracer.start_as_current_span(name, attributes=_clean(attributes)) as current:
         yield current
 
@@ -101,7 +117,7 @@ def http_span(method: str, route: str,
     carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers
                if k in (b"traceparent", b"tracestate")}
     with remote_parent(carrier):
-        tracer = trace.get_tracer(TRACER_NAME)
+        tracer = _tracer()
         with tracer.start_as_current_span(
                 f"{method} {route}", kind=trace.SpanKind.SERVER,
                 attributes={"http.request.method": method, "http.route": route}) as current:

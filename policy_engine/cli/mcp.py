@@ -81,6 +81,11 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
     if subject is not None and not (0 < len(subject) <= 200 and subject.isprintable()):
         _fail("--subject must be 1-200 printable characters")
     engine = engine_config_or_exit(config_path, state_dir)
+    from policy_engine import tracing
+
+    problem = tracing.configure()  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    if problem is not None:
+        _fail(problem)
     policyset = load_or_exit(lambda: compile_files(policies))
     skills = load_or_exit(lambda: load_skills(skills_dir))
     op_tools = tuple(OpTool(load_or_exit(lambda p=path: load_manifest(p)))  # type: ignore[misc]

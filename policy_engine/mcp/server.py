@@ -14,7 +14,7 @@ import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 
-from policy_engine import __version__
+from policy_engine import __version__, tracing
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken
 from policy_engine.mcp.ops import OpTool, run_op
@@ -124,7 +124,11 @@ def build_server(invoker: SkillInvoker, principal_of: PrincipalOf,
         try:
             # a worker thread: the sandbox blocks; on cancellation the thread is abandoned
             # and the token stops the executor, whose end evidence records the cancel
-            result = await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+            # the caller's W3C traceparent rides in `_meta` (tracing.py)
+            with tracing.remote_parent(params.meta), tracing.span(
+                    "mcp tools/call", {"mcp.tool": params.name,
+                                       "policy_engine.tenant": tenant}):
+                result = await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
         except anyio.get_cancelled_exc_class():
             cancel.cancel("cancelled by the MCP client")
             raise

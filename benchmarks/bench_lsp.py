@@ -72,9 +72,10 @@ async def _run(rules: int, edits: int, root: Path) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "scale.sbpolicy"
         path.write_text(text)
-        env = {**os.environ, "PYTHONPATH": str(root)}
-        config = ClientServerConfig(server_command=[sys.executable, "-m", "policy_engine.cli",
-                                                    "lsp"], server_env=env)
+        # `root`'s engine first on the path, whatever the working directory
+        start = (f"import sys; sys.path.insert(0, {str(root)!r}); sys.argv = ['policy-engine', "
+                 "'lsp']; from policy_engine.cli.main import main; main()")
+        config = ClientServerConfig(server_command=[sys.executable, "-c", start])
         client: Any = await config.start()
         probe = Probe(client)
         await client.initialize_session(types.InitializeParams(

@@ -13,18 +13,34 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 log = logging.getLogger(__name__)
 
-try:  # opentelemetry-api: the `otel` extra (often present through other packages too)
-    from opentelemetry import propagate, trace
-    from opentelemetry.context import attach, detach
-except ImportError:  # pragma: no branch - the no-op path is tested in a plain venv
-    trace = None  # type: ignore[assignment]
+if TYPE_CHECKING:
+    from types import ModuleType
+
+# opentelemetry is imported only once something has imported its trace API (an embedder
+# setting a provider, configure(), use()): before that no provider can exist, so the ~15 ms
+# import is not paid by every command start
+_api: ModuleType | None = None
+
+
+def _otel() -> ModuleType | None:
+    global _api
+    if _api is None and "opentelemetry.trace" in sys.modules:
+        try:
+            import opentelemetry.context
+            import opentelemetry.propagate
+            import opentelemetry.trace
+        except ImportError:
+            return None
+        _api = opentelemetry
+    return _api
 
 TRACER_NAME = "policy_engine"
 _failures = 0
@@ -62,14 +78,17 @@ def use(provider: Any) -> None:
 def enabled() -> bool:
     """Whether spans are recorded: an SDK tracer provider was installed (by :func:`configure`,
     :func:`use` or the embedding application); checked per call, cheaply."""
-    if trace is None:
+    api = _otel()
+    if api is None:
         return False
-    return _provider is not None or not isinstance(trace.get_tracer_provider(),
-                                                   trace.ProxyTracerProvider)
+    return _provider is not None or not isinstance(api.trace.get_tracer_provider(),
+                                                   api.trace.ProxyTracerProvider)
 
 
 def _tracer() -> Any:
-    return (_provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)
+    api = _otel()
+    assert api is not None  # INVARIANT: callers checked enabled()
+    return (_provider or api.trace.get_tracer_provider()).get_tracer(TRACER_NAME)
 
 
 def _clean(attributes: Attributes | None) -> dict[str, Any]:
@@ -100,11 +119,13 @@ def remote_parent(carrier: Mapping[str, Any] | None) -> Iterator[None]:
     if not fields:
         yield
         return
-    token = attach(propagate.extract(fields))
+    api = _otel()
+    assert api is not None  # INVARIANT: enabled() said so
+    token = api.context.attach(api.propagate.extract(fields))
     try:
         yield
     finally:
-        detach(token)
+        api.context.detach(token)
 
 
 @contextmanager
@@ -119,9 +140,15 @@ def http_span(method: str, route: str,
     with remote_parent(carrier):
         tracer = _tracer()
         with tracer.start_as_current_span(
-                f"{method} {route}", kind=trace.SpanKind.SERVER,
+                f"{method} {route}", kind=_spankind_server(),
                 attributes={"http.request.method": method, "http.route": route}) as current:
             yield current
+
+
+def _spankind_server() -> Any:
+    api = _otel()
+    assert api is not None
+    return api.trace.SpanKind.SERVER
 
 
 def decision_attributes(decision: Any, profile: Any = None) -> dict[str, Any]:

@@ -95,6 +95,19 @@ def test_plain_install_lists_optional_plugins_and_stays_quiet(
         assert face.returncode == 2, (argv, face.stderr)
         assert face.stderr.strip().endswith(f"pip install 'policy-engine[{extra}]'"), face.stderr
 
+    # a configuration that asks for the missing plugin's meter says how to install it
+    config = tmp_path / "redis.yaml"
+    config.write_text("budget_meter: redis\n")
+    asked = subprocess.run([str(plain["bin"] / "policy-engine"), "run", "--policy", str(policy),
+                            "--request", str(request), "--config", str(config),
+                            "--state-dir", str(tmp_path / "state2")],
+                           capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=120)
+    assert asked.returncode == 2, asked.stderr
+    assert "budget meter `redis`" in asked.stderr
+    assert "plugin `budget_redis` is available with `pip install 'policy-engine[scale]'`" in (
+        asked.stderr)
+    assert "Traceback" not in asked.stderr
+
     api = subprocess.run([str(python), "-c", (
         "import logging, sys\n"
         "logging.basicConfig(level=logging.INFO)\n"  # an embedder that shows its logs

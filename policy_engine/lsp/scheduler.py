@@ -22,6 +22,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 
+from policy_engine.documents import is_document
 from policy_engine.errors import Diagnostic
 from policy_engine.lsp import incremental
 
@@ -107,8 +108,9 @@ class Scheduler:
         if now is None:
             return
         text, version, path = now
-        cheap = (doc.full_s < self.full_budget if doc.full_s is not None
-                 else text.count("\n") < SMALL_ROWS)
+        # JSON/YAML documents are analysed as saved, whole: the statements are `.sbpolicy`'s
+        cheap = is_document(path) or (doc.full_s < self.full_budget if doc.full_s is not None
+                                      else text.count("\n") < SMALL_ROWS)
         if cheap and not doc.running:
             publish(uri, text, version, self._full(uri, text, path))
             return

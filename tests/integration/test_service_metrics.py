@@ -8,6 +8,7 @@ consent answers), labelled by route templates only, with no token, argv or path 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import httpx
@@ -103,3 +104,29 @@ def test_metrics_are_scraped_after_real_calls(tmp_path: Path) -> None:
     assert token not in text
     for secret_text in ("k3y", "echo hi", "hello.txt", str(root)):
         assert secret_text not in text
+
+
+def test_each_worker_serves_its_own_metrics_port(tmp_path: Path) -> None:
+    root = tmp_path / "svc"
+    root.mkdir()
+    with start(root, "--workers", "2", "--metrics-port", "0") as svc:
+        deadline = time.monotonic() + 60
+        found: list[str] = []
+        while len(found) < 2:  # each worker prints its own line once it listens
+            found = re.findall(r"metrics on (http://127\.0\.0\.1:\d+/metrics) \(worker \d\)",
+                               (root / "serve.log").read_text())
+            assert time.monotonic() < deadline, (root / "serve.log").read_text()
+            time.sleep(0.1)
+        token = add_token(svc.state, "acme", "agent:alice")
+        with httpx.Client(base_url=svc.url, headers={"Authorization": f"Bearer {token}"},
+                          timeout=60) as c:
+            for _ in range(6):  # new connections: the kernel spreads them over the workers
+                assert c.post("/v1/decide", json={
+                    "op": {"kind": "fs.read", "path": f"{root}/data/hello.txt"},
+                    "grant": grant("acme", "agent:alice", root), "manifest": "reader",
+                }, headers={"Connection": "close"}).status_code == 200
+        scrapes = [_samples(httpx.get(url, timeout=30).text) for url in sorted(set(found))]
+    assert len(scrapes) == 2
+    total = sum(_value(s, "policy_engine_http_requests_total", route="/v1/decide",
+                       method="POST", status="200") for s in scrapes)
+    assert total == 6  # every request counted once, by the worker that answered it

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx2
 import pytest
+import uvicorn
 from fastapi import FastAPI
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -27,13 +32,14 @@ from policy_engine.confirm.services import AutoConfirmation
 from policy_engine.dsl.loaders import load_manifest
 from policy_engine.mcp.ops import OpTool
 from policy_engine.mcp.server import build_server
-from policy_engine.mcp.transports import fixed_principal
+from policy_engine.mcp.transports import fixed_principal, http_app, token_principal
 from policy_engine.model import Settings
 from policy_engine.orchestrator import Orchestrator
 from policy_engine.runcode.manager import OrchestratorPool
 from policy_engine.service.app import asgi_app, open_engine
 from policy_engine.service.config import ServiceConfig
 from policy_engine.service.guards import ExactRequest
+from policy_engine.service.tokens import TokenStore
 from policy_engine.skills.invoke import SkillInvoker
 from tests.integration.service_server import POLICY, grant, manifest
 
@@ -210,3 +216,51 @@ def test_without_a_tracer_provider_nothing_is_recorded_and_calls_run(tmp_path: P
         assert isinstance(asgi_app(config, engine), ExactRequest)
     finally:
         engine.close()
+
+
+def test_mcp_over_http_honours_the_traceparent_header(
+        tmp_path: Path, spans: InMemorySpanExporter) -> None:
+    config, _ = _setup(tmp_path)
+    engine = config.engine
+    tokens = TokenStore(engine.state_dir / "tokens.sqlite")
+    token, _ = tokens.add("acme", "agent:alice")
+    orch = Orchestrator(config.policyset, config=engine)
+    pool = OrchestratorPool(config.policyset, engine)
+    invoker = SkillInvoker({}, config.policyset, engine, fs_root=str(tmp_path),
+                           orchestrator=orch, pool=pool)
+    app = http_app(build_server(invoker, token_principal(tokens),
+                                (OpTool(config.manifests["reader"]),)), tokens, host="127.0.0.1")
+    sock = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    read = {"op": {"kind": "fs.read", "path": f"{tmp_path}/data/hello.txt"}}
+
+    async def call() -> Any:
+        for _ in range(100):  # until uvicorn serves
+            if server.started:
+                break
+            await asyncio.sleep(0.05)
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}",
+                                           "traceparent": TRACEPARENT}, timeout=60)
+        async with http, Client(streamable_http_client(url, http_client=http)) as client:
+            return await client.call_tool("op.reader", read)
+
+    try:
+        result = asyncio.run(call())
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        pool.close()
+        orch.close()
+        tokens.close()
+    assert result.is_error is False, result
+    by = _tree(spans.get_finished_spans())
+    face = by["mcp tools/call"][0]
+    assert face.context is not None
+    assert f"{face.context.trace_id:032x}" == TRACE
+    assert face.parent is not None
+    assert f"{face.parent.span_id:016x}" == PARENT
+    run = next(s for s in by["policy_engine.run"] if _parent_of(s, face))
+    assert (run.attributes or {})["policy_engine.tenant"] == "acme"

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from policy_engine import tracing
 from policy_engine.budget import BudgetMeter, grant_key, limit_of
 from policy_engine.config import EngineConfig
 from policy_engine.errors import ErrorCode, PolicyEngineError
@@ -244,6 +245,23 @@ class Orchestrator:
             the approver sees that decision; after a yes the same profile, now carrying the
             consent, is decided again at the time of the answer.
         """
+        with tracing.span("policy_engine.run", {"policy_engine.op": str(op.kind),
+                                                "policy_engine.tenant": grant.tenant}) as sp:
+            outcome = self._run(grant, manifest, op, settings=settings, overrides=overrides,
+                                context=context, cancel=cancel, now_ms=now_ms,
+                                annotations=annotations, consent=consent)
+            if sp.is_recording():
+                sp.set_attributes({**tracing.decision_attributes(outcome.decision),
+                                   "policy_engine.status": outcome.end.status,
+                                   "policy_engine.backend": outcome.end.sandbox_backend or "",
+                                   "policy_engine.code": outcome.result.code or ""})
+            return outcome
+
+    def _run(self, grant: Grant, manifest: Manifest, op: ExecOp, *,
+             settings: Settings | None, overrides: Overrides | None,
+             context: Mapping[str, object] | None, cancel: CancelToken | None,
+             now_ms: int | None, annotations: Mapping[str, Any] | None,
+             consent: ConsentHook | None) -> RunOutcome:
         started = time.perf_counter()
         now = now_ms if now_ms is not None else self._clock()
         envelope = self._ids()
@@ -272,7 +290,9 @@ class Orchestrator:
         self.metrics.profile_build_ms.observe((time.perf_counter() - t0) * 1000)
         # 3) guard
         t0 = time.perf_counter()
-        decision = guard.decide(profile, op, context=context, now_ms=now)
+        with tracing.span("policy_engine.decide") as sp:
+            decision = guard.decide(profile, op, context=context, now_ms=now)
+            sp.set_attributes(tracing.decision_attributes(decision, profile))
         self.metrics.guard_validate_ms.observe((time.perf_counter() - t0) * 1000)
         answered = consent(grant, op, decision) if consent is not None and \
             not decision.allowed else None
@@ -360,7 +380,8 @@ class Orchestrator:
                           limits=limits, on_start=charge_call if at_start else nothing,
                           has_started=not at_start)
         self.metrics.observe_exec(kind, profile)
-        attempt = run_with_deadline(sel.executor, ctx, op, cancel)
+        with tracing.span("policy_engine.execute", {"policy_engine.backend": sel.backend}):
+            attempt = run_with_deadline(sel.executor, ctx, op, cancel)
         ran = ctx.has_started or attempt.result is not None
         if not ctx.has_started and attempt.error is None:
             # it returned without saying it started: charge now, withholding the output
@@ -408,8 +429,9 @@ class Orchestrator:
             policy_version_hash=(profile.policy_version_hash if profile
                                  else self.policyset.version_hash), replay=replay,
             shadow=shadow, annotations=annotations)
-        for sink in self.sinks:
-            sink.begin(ev)
+        with tracing.span("policy_engine.evidence", {"policy_engine.record": "begin"}):
+            for sink in self.sinks:
+                sink.begin(ev)
         return ev
 
     def _refused(self, envelope: str, grant: Grant, profile: Profile | None, op: ExecOp,
@@ -478,8 +500,9 @@ class Orchestrator:
             sandbox_error_kind=error_kind, sandbox_degraded=bool(degraded),
             sandbox_degrade_reason="; ".join(degraded) or None,
             **decision_fields(decision, profile, self.policyset.version_hash))
-        for sink in self.sinks:
-            sink.end(end)
+        with tracing.span("policy_engine.evidence", {"policy_engine.record": "end"}):
+            for sink in self.sinks:
+                sink.end(end)
         self._observe(op, status, err, usage, latency_ms)
         if err is not None:
             log.info("call %s %s: %s (audit: %s)", begin.envelope_id, status, err.code.value,

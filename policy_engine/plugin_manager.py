@@ -3,12 +3,16 @@
 First-party plugins (``plugins/``) and third-party ones go through the same entry-point group
 and the same hooks. A plugin that fails to import, fails validation or raises from a factory
 hook is recorded by name in :attr:`PluginManager.load_errors` and logged; the others still load.
+A plugin whose import needs a package its distribution declares only in an extra (``budget_redis``
+needs ``redis`` from ``[scale]``) is not an error: it is listed in
+:attr:`PluginManager.not_installed` with the install line, and logged at debug level only.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import re
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -65,6 +69,56 @@ class LoadError:
         return {"plugin": self.plugin, "stage": self.stage, "message": self.message}
 
 
+@dataclass(frozen=True, slots=True)
+class NotInstalled:
+    """An optional plugin whose extra is not installed: which module it missed, which extra
+    brings it and the line that installs it (a plain install, not a failure)."""
+
+    plugin: str
+    module: str
+    extra: str
+    distribution: str
+
+    @property
+    def install(self) -> str:
+        return f"pip install '{self.distribution}[{self.extra}]'"
+
+    def to_json(self) -> dict[str, str]:
+        return {"plugin": self.plugin, "module": self.module, "extra": self.extra,
+                "install": self.install}
+
+
+_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)[^;]*;\s*(.*)$")
+_EXTRA_MARKER = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def extra_providing(ep: EntryPoint, module: str) -> tuple[str, str] | None:
+    """``(distribution, extra)`` when the distribution that declares ``ep`` lists the
+    top-level module ``module`` only as an optional requirement; ``None`` otherwise (a base
+    dependency missing is a broken install, still an error)."""
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return None
+    wanted = _normal(module.partition(".")[0])
+    extras: list[str] = []
+    for line in dist.requires or ():
+        found = _REQUIREMENT.match(line)
+        if found is None:  # no marker: a base dependency, never "optional"
+            if _normal(re.split(r"[\s\[<>=!~;]", line.strip(), maxsplit=1)[0]) == wanted:
+                return None
+            continue
+        marker = _EXTRA_MARKER.search(found.group(2))
+        if marker is not None and _normal(found.group(1)) == wanted:
+            extras.append(marker.group(1))
+    # "test" and "bench" extras also list them; name the user-facing one
+    usable = [e for e in extras if e not in ("test", "bench")] or extras
+    return (str(dist.metadata["Name"]), usable[0]) if usable else None
+
+
 @dataclass(slots=True)
 class Components:
     """What the loaded plugins provide for one configuration, with the owner of each."""
@@ -77,12 +131,15 @@ class Components:
     # hook stage ("evidence_sinks", "budget_meter", ...) → "plugin `X`: <exception>" for each
     # plugin that raised while building them: the real cause when a configured one is missing
     failures: dict[str, list[str]] = field(default_factory=dict)
+    not_installed: tuple[NotInstalled, ...] = ()
 
     def unavailable(self, what: str, stage: str) -> str:
         """Why ``what`` (e.g. "evidence sink `jsonl`") is missing, with the causes if known."""
         causes = self.failures.get(stage)
         if not causes:
-            return f"{what} is not provided by any loaded plugin"
+            hint = "".join(f"; plugin `{n.plugin}` is available with `{n.install}`"
+                           for n in self.not_installed)
+            return f"{what} is not provided by any loaded plugin{hint}"
         return f"{what} could not be started: " + "; ".join(causes)
 
     def close(self) -> None:
@@ -116,6 +173,7 @@ class PluginManager:
         self.pm = pluggy.PluginManager(PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self.load_errors: list[LoadError] = []
+        self.not_installed: list[NotInstalled] = []
         self.sources: dict[str, PluginSource] = {}
         self._config: EngineConfig | None = None
 
@@ -143,6 +201,16 @@ class PluginManager:
                 continue  # the same distribution seen twice on sys.path
             try:
                 plugin = ep.load()
+            except ModuleNotFoundError as exc:
+                optional = extra_providing(ep, exc.name) if exc.name else None
+                if optional is None:
+                    self._fail(ep.name, "import", f"{type(exc).__name__}: {exc}")
+                    continue
+                missing = NotInstalled(ep.name, exc.name or "", optional[1], optional[0])
+                self.not_installed.append(missing)
+                log.debug("plugin `%s` not loaded: `%s` is not installed (%s)", ep.name,
+                          missing.module, missing.install)
+                continue
             except Exception as exc:  # any import-time failure must not stop the others
                 self._fail(ep.name, "import", f"{type(exc).__name__}: {exc}")
                 continue
@@ -215,7 +283,7 @@ class PluginManager:
 
     def components(self, config: EngineConfig) -> Components:
         """Build the executors, the configured sinks and the configured budget meter."""
-        out = Components()
+        out = Components(not_installed=tuple(self.not_installed))
         for plugin, executors in self._call_each("policy_engine_executors", out.failures,
                                                   config=config):
             for ex in executors or ():
@@ -352,4 +420,5 @@ def _describe(manager: PluginManager, config: EngineConfig) -> dict[str, Any]:
     errors = list(dict.fromkeys(manager.load_errors))
     return {"python": sys.executable, "hook_api": ".".join(map(str, HOOK_API_VERSION)),
             "plugins": plugins,
+            "not_installed": [n.to_json() for n in manager.not_installed],
             "load_errors": [e.to_json() for e in errors]}

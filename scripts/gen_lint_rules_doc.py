@@ -32,7 +32,9 @@ of the block already admits: a tool's permissions are a union). Two do not apply
 SBP330, since a tool's timeout is one narrowing layer and the rule fires on the policy rule
 that admits the call, and SBP335/SBP336, since tool blocks have no `when`. The capabilities of
 JSON/YAML manifests and grants get SBP300-SBP303, SBP310-SBP313 and SBP320-SBP321 at the
-value's line and column (JSON has no comments: filter those with `--ignore`). Requests,
+value's line and column; JSON has no comments, so a `.sbpolicy-ignore.yaml` beside the
+documents suppresses their findings (`- {file: NAME, at: permissions[N], ignore: [IDS],
+reason: "..."}`, `at` optional, the same rules as comments). Requests,
 settings, engine configs and `*.sbtest.yaml` files are checked as the engine loads them
 (SBP105 at the field), with no SBP3xx rules.
 

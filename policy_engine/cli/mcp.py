@@ -88,6 +88,11 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
     engine = engine_config_or_exit(config_path, state_dir)
     confirm = confirmation_service(confirm_mode, approver_url, approver_secret_file,
                                    approver_timeout, stdin_is_protocol=transport == "stdio")
+    from policy_engine import tracing
+
+    problem = tracing.configure()  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    if problem is not None:
+        _fail(problem)
     policyset = load_or_exit(lambda: compile_files(policies))
     skills = load_or_exit(lambda: load_skills(skills_dir))
     op_tools = tuple(OpTool(load_or_exit(lambda p=path: load_manifest(p)))  # type: ignore[misc]

@@ -9,6 +9,7 @@ name, ``.tmpl`` is dropped, and ``$name``-style placeholders are filled with ``s
 from __future__ import annotations
 
 import re
+import shlex
 import string
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -82,6 +83,14 @@ def _refuse(message: str, hint: str) -> None:
     raise SystemExit(EXIT_BAD_INPUT)
 
 
+def install_line(out: Path) -> str:
+    """The pip line that installs the generated folder itself: a bare `pip install pe-x` asks
+    the package index for a project of that name (a dependency-confusion trap), so a relative
+    folder is spelled `./DIR`, and `-e` lets the author edit it in place."""
+    where = str(out) if out.is_absolute() or str(out).startswith(("./", "../")) else f"./{out}"
+    return f"pip install -e {shlex.quote(where)}"
+
+
 @click.command("new-plugin")
 @click.argument("name")
 @click.option("--dir", "target", type=click.Path(path_type=Path), default=None,
@@ -91,7 +100,7 @@ def _refuse(message: str, hint: str) -> None:
               show_default=True, help="what the plugin provides")
 def command(name: str, target: Path | None, kind: str) -> None:
     """Generate a plugin package (pyproject entry point, hook module, README, tests) that
-    passes the conformance kit as generated: `pip install DIR` then
+    passes the conformance kit as generated: `pip install -e ./DIR` then
     `policy-engine conformance --executor NAME` (or `--sink NAME`) exits 0.
 
     Exit 0 when written, 2 on an invalid NAME or a target directory that is not empty.
@@ -114,5 +123,5 @@ def command(name: str, target: Path | None, kind: str) -> None:
         _refuse(f"cannot write `{out}`: {exc.strerror or exc}", "pick a writable `--dir`")
     subs = substitutions(name, kind)
     click.echo(f"created {kind} plugin `{name}` in {out} ({len(files)} files)")
-    click.echo(f"next: pip install {out} && {subs['check_command']}")
+    click.echo(f"next: {install_line(out)} && {subs['check_command']}")
     raise SystemExit(EXIT_OK)

@@ -37,6 +37,9 @@ def _render(info: dict[str, Any]) -> str:
                             else ""))
         lines.extend(f"  sink {name}" for name in plugin["sinks"])
         lines.extend(f"  meter {name}" for name in plugin["meters"])
+    for missing in info.get("not_installed", ()):
+        lines.append(f"{missing['plugin']}  (not installed: needs `{missing['module']}`)  "
+                     f"available with `{missing['install']}`")
     return "\n".join(lines)
 
 
@@ -62,6 +65,8 @@ def command(config_path: Path | None, fmt: str) -> None:
 
     Exit 0 when every plugin loaded, 1 when one failed to import, validate or build (each
     failure printed once, on stderr; in `load_errors` with `--format json`), 2 on a bad config.
+    An optional plugin whose extra is not installed is listed with its install line (in
+    `not_installed`), not an error.
     """
     config = engine_config_or_exit(config_path)
     with _errors_not_logged():

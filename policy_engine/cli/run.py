@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from policy_engine import tracing
 from policy_engine.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -97,6 +98,9 @@ def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | Non
     if (request_path is None) == (not argv):
         _bad_input("give exactly one of `--request FILE` or `-- TOOL ARGS...`")
     config = engine_config_or_exit(config_path, state_dir)
+    problem = tracing.configure()  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    if problem is not None:
+        _bad_input(problem)
     policyset = load_or_exit(lambda: compile_files(policies))
     shadow = load_or_exit(lambda: compile_files(shadow_policies)) if shadow_policies else None
     if request_path is not None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
+from policy_engine import tracing
 from policy_engine.cli.common import (
     EXIT_BAD_INPUT,
     NumberRange,
@@ -102,27 +103,42 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
               help="worker processes accepting on the one socket (one Python process uses one "
               "core: give the number of cores for throughput); docs/service.md, `Workers`")
+@click.option("--metrics-port", default=None, type=click.IntRange(0, 65535),
+              help="serve Prometheus `/metrics` on this port, a listener of its own (worker i "
+              "of --workers takes PORT+i; 0 picks free ones, printed); off by default")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="address of the metrics listener (it shows every tenant's counts: keep it "
+              "on loopback or a monitoring network)")
 def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Path | None,
             manifests: tuple[Path, ...], skills_dir: Path | None, workspace: Path | None,
             root_fs: Path | None, max_artifacts_bytes: int, security_mode: str, confirmation: str,
             approver_url: str | None, approver_secret_file: Path | None,
             approver_timeout: float, allow_inline_manifests: bool, host: str, port: int,
             max_body_bytes: int, rate_per_minute: int, max_concurrent_execs: int,
-            reload_interval: float, workers: int) -> None:
+            reload_interval: float, workers: int, metrics_port: int | None,
+            metrics_host: str) -> None:
     """Serve the HTTP API: decide, run ops and sandbox execs for token-holding tenants.
 
     Exits 2 on unusable input (policy, config, manifest, address in use).
     """
-    import uvicorn
+    try:
+        import fastapi  # noqa: F401  # the app's; checked here for one clear line
+        import uvicorn
+    except ImportError:
+        _fail("the HTTP service needs the `serve` extra: pip install 'policy-engine[serve]'")
 
     from policy_engine.model import Settings
     from policy_engine.runcode.risk import SecurityMode
     from policy_engine.service.app import Engine, asgi_app, open_engine
     from policy_engine.service.config import ServiceConfig
     from policy_engine.service.listen import tcp_listener
+    from policy_engine.service.metrics import ServiceMetrics
     from policy_engine.service.prefork import serve_workers
 
     engine = engine_config_or_exit(config_path, state_dir)
+    problem = tracing.configure()  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    if problem is not None:
+        _fail(problem)
     if workers > 1:
         local = [f"{name}: memory" for name, kind in (("budget_meter", engine.budget_meter),
                                                       ("revocation", engine.revocation))
@@ -174,10 +190,7 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
     click.echo(f"policy-engine serve: listening on http://{host}:{bound} "
                f"(state {engine.state_dir}, workspace {root}{plural})", err=True)
 
-    def run(engine_now: Engine) -> None:
-        server = uvicorn.Server(uvicorn.Config(asgi_app(config, engine_now), log_level="warning",
-                                               access_log=False, lifespan="on"))
-
+    def run(engine_now: Engine, index: int = 0) -> None:
         import asyncio
 
         from policy_engine.serving import (
@@ -185,6 +198,21 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
             bound_worker_threads,
             limit_malloc_arenas,
         )
+
+        metrics = None
+        if metrics_port is not None:
+            metrics = ServiceMetrics()
+            metrics.track(engine_now)
+            try:
+                at = metrics.serve(metrics_host, metrics_port + index if metrics_port else 0)
+            except OSError as exc:
+                _fail(f"cannot serve metrics on {metrics_host}:{metrics_port + index}: "
+                      f"{exc.strerror or exc}")
+            click.echo(f"policy-engine serve: metrics on http://{metrics_host}:{at}/metrics"
+                       + (f" (worker {index})" if workers > 1 else ""), err=True)
+        server = uvicorn.Server(uvicorn.Config(asgi_app(config, engine_now, metrics=metrics),
+                                               log_level="warning", access_log=False,
+                                               lifespan="on"))
 
         async def bounded() -> None:
             # a bounded worker pool (calls wait their turn) and shared malloc arenas: an
@@ -207,7 +235,7 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
         except ValueError as exc:
             click.echo(f"error: worker {index}: {exc}", err=True)
             return EXIT_BAD_INPUT
-        run(now)
+        run(now, index)
         return 0
 
     sys.exit(serve_workers(sock, workers, worker,

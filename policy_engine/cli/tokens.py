@@ -24,7 +24,12 @@ _CONFIG = click.option("--config", "config_path", type=click.Path(dir_okay=False
 
 def _store(config_path: Path | None, state_dir: Path | None) -> TokenStore:
     engine = engine_config_or_exit(config_path, state_dir)
-    from policy_engine.service.pg_stores import StoreUnavailable, open_token_store
+    try:  # the store shares the service's error types: a plain install has no starlette
+        from policy_engine.service.pg_stores import StoreUnavailable, open_token_store
+    except ImportError:
+        click.echo("error: the service's tokens need the `serve` extra: "
+                   "pip install 'policy-engine[serve]'", err=True)
+        sys.exit(EXIT_BAD_INPUT)
 
     try:  # PostgreSQL when the config names one (options.service_postgres.dsn)
         return open_token_store(engine)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from policy_engine import tracing
 from policy_engine.confirm.review import reviewable
 from policy_engine.confirm.services import ConfirmationService, ConsentAnswer, ConsentRequest
 from policy_engine.evidence import capability_string, digest_json, redacted_op
@@ -97,11 +98,15 @@ class ConsentBroker:
             op=redacted_op(op), reason=decision.reason or "", requested_at_ms=_now(),
             review=reviewable(op))
         started = time.monotonic()
-        try:
-            answer = self.service.confirm(question)
-        except Exception as exc:  # a broken approver is a no, never a crash or a yes
-            answer = ConsentAnswer(False, "error", _now(), 0, self.service.mode,
-                                   f"confirmation failed: {type(exc).__name__}")
+        with tracing.span("policy_engine.consent", {"policy_engine.tenant": grant.tenant,
+                                                    "policy_engine.consent.mode":
+                                                    self.service.mode}) as sp:
+            try:
+                answer = self.service.confirm(question)
+            except Exception as exc:  # a broken approver is a no, never a crash or a yes
+                answer = ConsentAnswer(False, "error", _now(), 0, self.service.mode,
+                                       f"confirmation failed: {type(exc).__name__}")
+            sp.set_attribute("policy_engine.consent.approved", answer.approved)
         limit = getattr(self.service, "timeout_s", None)
         late = isinstance(limit, int | float) and time.monotonic() - started > limit
         if late and answer.approved:  # a yes after the timeout is a no, recorded as late

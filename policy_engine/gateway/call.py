@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from policy_engine import tracing
 from policy_engine.confirm.broker import Asked, ConsentBroker, consent_notes
 from policy_engine.confirm.services import ConfirmationService, DenyConfirmation
 from policy_engine.errors import ErrorCode, PolicyEngineError
@@ -89,12 +90,24 @@ class Gateway:
             box.append(answered[1])
             return answered[0], consent_notes(answered[1])
 
-        outcome = orch.run(call.grant, call.manifest, call.op, settings=call.settings,
-                           overrides=call.overrides, context=call.context or None,
-                           cancel=call.cancel, annotations=call.annotations, consent=consent)
-        asked = box[0] if box else None
-        self.broker.record(asked, outcome.envelope_id)
-        return Called(outcome, asked, refusal_of(outcome, asked))
+        # the span every face's call passes through (face → gateway → run → decide → consent →
+        # execute → evidence); attributes never carry secrets (docs/operations.md "Traces")
+        with tracing.span("policy_engine.gateway", {"policy_engine.tenant": call.grant.tenant,
+                                                    "policy_engine.tool": call.grant.tool_name,
+                                                    "policy_engine.op": str(call.op.kind)}
+                          ) as sp:
+            outcome = orch.run(call.grant, call.manifest, call.op, settings=call.settings,
+                               overrides=call.overrides, context=call.context or None,
+                               cancel=call.cancel, annotations=call.annotations,
+                               consent=consent)
+            asked = box[0] if box else None
+            self.broker.record(asked, outcome.envelope_id)
+            called = Called(outcome, asked, refusal_of(outcome, asked))
+            if sp.is_recording():
+                sp.set_attribute("policy_engine.consent.asked", asked is not None)
+                if called.refusal is not None:
+                    sp.set_attribute("policy_engine.refused_by", called.refusal.refused_by)
+            return called
 
     def decide(self, manifest: Manifest, grant: Grant, request: ExplainRequest, *,
                backend: bool = True, trace: bool = True) -> Explanation:

@@ -3,8 +3,8 @@ manifests and grants to the rules a policy's permits get (SBP300-SBP303, SBP310-
 SBP320-SBP321), each finding at the value's line and column.
 
 The rules that compare a permit with other rules (SBP330, SBP335-SBP339) need a policy and do
-not apply; JSON has no comments, so a document's findings cannot be suppressed in the file
-(use ``--ignore``).
+not apply; JSON has no comments, so a document's findings are suppressed by a
+``.sbpolicy-ignore.yaml`` beside it (docignore.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from policy_engine.dsl.grammar import get_parser
 from policy_engine.dsl.parser import MAX_POLICY_BYTES
 from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.inputs.inputfile import read_limited, walk_takes
-from policy_engine.lint import suppress
+from policy_engine.lint import docignore, suppress
 from policy_engine.lint.compile import Caches, compile_policy
 from policy_engine.lint.documents import lint_document
 from policy_engine.lint.model import FileView, Finding, LintConfig, LintResult
@@ -207,6 +207,8 @@ def _lint_documents(docs: list[tuple[str, str]], walked: set[str], cfg: LintConf
         out.findings.extend(found)
         if report.text is not None:
             out.sources[shown] = report.text
+    # JSON has no comments: a .sbpolicy-ignore.yaml beside the documents suppresses
+    out.findings = docignore.apply(out.findings, [d for d, _ in docs if d not in skipped], cfg)
     return out, skipped
 
 

@@ -3,6 +3,8 @@ goes to definitions and completes kinds and resource keywords in `.sbpolicy` buf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
@@ -13,7 +15,7 @@ from policy_engine.compiler.resources import ACCEPTS
 from policy_engine.documents import is_test_file
 from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.fmt.runner import format_source
-from policy_engine.lsp import analysis, celhelp, testfiles
+from policy_engine.lsp import analysis, celhelp, scheduler, testfiles
 from policy_engine.lsp.analysis import rows_of
 from policy_engine.lsp.transport import BoundedProtocol, document_text, serve_stdio
 
@@ -83,19 +85,62 @@ def _publish(ls: LanguageServer, uri: str) -> None:
         types.PublishDiagnosticsParams(uri=uri, diagnostics=found, version=doc.version))
 
 
+def _read(uri: str) -> tuple[str, int | None, str] | None:
+    """The open buffer's text, version and path (None once closed), for the scheduler."""
+    doc = server.workspace.text_documents.get(uri)
+    return None if doc is None else (doc.source, doc.version, _path(uri))
+
+
+_converted: dict[tuple[Diagnostic, str, str], types.Diagnostic] = {}
+
+
+def _row(rows: list[str], line: int | None) -> str:
+    return rows[line - 1] if line is not None and 0 < line <= len(rows) else ""
+
+
+def _send(uri: str, text: str, version: int | None, found: Sequence[Diagnostic]) -> None:
+    """Publish ``found``; a diagnostic already converted for the same row is reused (a large
+    buffer republishes hundreds of unchanged findings on every keystroke)."""
+    rows = rows_of(text)
+    out = []
+    for d in found:
+        span = d.span
+        # the range depends on the rows it spans (UTF-16 columns, the token's end)
+        key = (d, _row(rows, span.line if span else None), _row(rows, span.end_line if span
+                                                               else None))
+        lsp = _converted.get(key)
+        if lsp is None:
+            if len(_converted) > 50_000:
+                _converted.clear()
+            lsp = _converted[key] = _to_lsp(d, rows)
+        out.append(lsp)
+    server.text_document_publish_diagnostics(types.PublishDiagnosticsParams(
+        uri=uri, diagnostics=out, version=version))
+
+
+# debounced; large buffers analysed incrementally while typing, in full when idle
+_scheduler = scheduler.default()
+
+
 @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
 def did_open(ls: LanguageServer, params: types.DidOpenTextDocumentParams) -> None:
-    _publish(ls, params.text_document.uri)
+    _scheduler.changed(params.text_document.uri, _read, _send, wait=False)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
 def did_change(ls: LanguageServer, params: types.DidChangeTextDocumentParams) -> None:
-    _publish(ls, params.text_document.uri)
+    _scheduler.changed(params.text_document.uri, _read, _send)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
 def did_save(ls: LanguageServer, params: types.DidSaveTextDocumentParams) -> None:
-    _publish(ls, params.text_document.uri)  # an imported file may have changed on disk
+    # an imported file may have changed on disk: a full analysis, without waiting
+    _scheduler.changed(params.text_document.uri, _read, _send, wait=False)
+
+
+@server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+def did_close(ls: LanguageServer, params: types.DidCloseTextDocumentParams) -> None:
+    _scheduler.closed(params.text_document.uri)
 
 
 @server.feature(types.TEXT_DOCUMENT_FORMATTING)

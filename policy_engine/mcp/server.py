@@ -14,7 +14,7 @@ import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 
-from policy_engine import __version__
+from policy_engine import __version__, tracing
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken
 from policy_engine.gateway.call import Gateway
@@ -110,6 +110,16 @@ def op_tool_of(tool: OpTool) -> types.Tool:
               "policy-engine/side_effects": [str(e) for e in tool.manifest.side_effects]})
 
 
+def _trace_carrier(ctx: Any, params: types.CallToolRequestParams) -> dict[str, Any]:
+    meta = dict(params.meta or {})
+    if "traceparent" in meta:
+        return meta
+    scope = getattr(getattr(ctx, "request", None), "scope", None)  # None on stdio
+    headers = scope.get("headers", ()) if isinstance(scope, dict) else ()
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in headers
+            if k in (b"traceparent", b"tracestate")}
+
+
 def build_server(invoker: SkillInvoker, principal_of: PrincipalOf,
                  op_tools: tuple[OpTool, ...] = (), gateway: Gateway | None = None
                  ) -> Server[Any]:
@@ -149,7 +159,11 @@ def build_server(invoker: SkillInvoker, principal_of: PrincipalOf,
         try:
             # a worker thread: the sandbox blocks; on cancellation the thread is abandoned
             # and the token stops the executor, whose end evidence records the cancel
-            result = await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+            # the caller's W3C traceparent: in `_meta`, or the HTTP request's header
+            with tracing.remote_parent(_trace_carrier(ctx, params)), tracing.span(
+                    "mcp tools/call", {"mcp.tool": params.name,
+                                       "policy_engine.tenant": tenant}):
+                result = await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
         except anyio.get_cancelled_exc_class():
             cancel.cancel("cancelled by the MCP client")
             raise

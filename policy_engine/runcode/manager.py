@@ -90,6 +90,11 @@ class OrchestratorPool:
                 self._made[backend] = Orchestrator(self.policyset, config=pinned)
             return self._made[backend]
 
+    def orchestrators(self) -> list[Orchestrator]:
+        """The orchestrators built so far (their metrics are merged on ``/metrics``)."""
+        with self._lock:
+            return list(self._made.values())
+
     def swap(self, policyset: PolicySet) -> None:
         """Every orchestrator of the pool, and those made later, run ``policyset`` (hot
         reload; calls already running finish under the old one)."""

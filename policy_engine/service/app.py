@@ -50,6 +50,7 @@ from policy_engine.service.guards import (
     charge_rate,
 )
 from policy_engine.service.health import health_report
+from policy_engine.service.metrics import ServiceMetrics, instrument
 from policy_engine.service.models import (
     EXEC_ID,
     ArtifactList,
@@ -424,9 +425,10 @@ def _chunks(fd: int) -> Iterator[bytes]:
 
 
 def asgi_app(config: ServiceConfig, opened: Engine | None = None, *,
-             fast_decide: bool = True) -> ExactRequest:
+             fast_decide: bool = True, metrics: ServiceMetrics | None = None) -> ASGIApp:
     """The application wrapped in the body-size limit (and, unless ``fast_decide`` is off,
-    the decide fast path), behind the exact-request check: what uvicorn serves."""
+    the decide fast path), behind the exact-request check, counted and traced (metrics.py)
+    outermost: what uvicorn serves."""
     app = create_app(config, opened)
     inner: ASGIApp = DecideFastPath(app, app.state.decide_route) if fast_decide else app
-    return ExactRequest(BodyLimit(inner, config.max_body_bytes))
+    return instrument(ExactRequest(BodyLimit(inner, config.max_body_bytes)), app, metrics)

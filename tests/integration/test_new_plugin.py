@@ -230,3 +230,23 @@ def test_every_template_ships_as_package_data() -> None:
                  and "__pycache__" not in p.parts}
     assert templates, "no templates found"
     assert templates <= shipped, sorted(str(p) for p in templates - shipped)
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    ([], "pip install -e ./pe-acme-net && "),
+    (["--dir", "sub/x"], "pip install -e ./sub/x && "),
+    (["--dir", "../outer"], "pip install -e ../outer && "),
+])
+def test_the_printed_install_line_names_the_local_folder(
+        tmp_path: Path, argv: list[str], line: str) -> None:
+    """A bare `pip install pe-acme-net` would ask the package index for that name (a
+    dependency-confusion trap): the line names the folder as a path."""
+    (tmp_path / "cwd").mkdir()
+    # this checkout's engine, whatever the cwd (the others here only need an installed one)
+    gen = cli("new-plugin", "acme-net", *argv, cwd=tmp_path / "cwd", site=ROOT)
+    assert gen.returncode == 0, gen.stderr
+    nxt = next(x for x in gen.stdout.splitlines() if x.startswith("next: "))
+    assert nxt.startswith("next: " + line), nxt
+    assert nxt.endswith("policy-engine conformance --executor acme-net"), nxt
+    folder = nxt.removeprefix("next: pip install -e ").split(" && ")[0]
+    assert ((tmp_path / "cwd" / folder) / "pyproject.toml").is_file()

@@ -27,7 +27,7 @@ _TABLE = {
     4: ("guard", "profile", "compiler", "graph", "config", "sandbox_config"),  # decide
     5: ("orchestrator", "orchestration", "evidence", "budget", "plugin_manager", "hookspecs",
         "executor", "observe", "capture", "recording", "pgschema", "rollout", "netproxy",
-        "tokens", "serving"),  # runtime
+        "tokens", "serving", "tracing", "tracing_sdk"),  # runtime
     6: ("explain", "lint", "fmt", "policytest", "replay", "conformance", "documents", "stats",
         "analysis"),  # authoring
     7: ("skills", "runcode", "confirm"),  # agents

@@ -32,7 +32,7 @@ def _fail(message: str) -> NoReturn:
 
 
 def _confirmation(mode: str, url: str | None, secret_file: Path | None,
-                  timeout: float) -> ConfirmationService:
+                  timeout: float, state_dir: Path) -> ConfirmationService:
     from policy_engine.confirm.services import (
         AutoConfirmation,
         DenyConfirmation,
@@ -45,6 +45,11 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
         click.echo("WARNING: --confirmation auto approves every consent request "
                    "(development only); each approval is logged and recorded", err=True)
         return AutoConfirmation()
+    if mode == "console":
+        from policy_engine.confirm.queue import ConsoleConfirmation
+        from policy_engine.console.context import approval_queue
+
+        return ConsoleConfirmation(approval_queue(state_dir), timeout_s=timeout)
     if not url or secret_file is None:
         _fail("--confirmation webhook needs --approver-url and --approver-secret-file")
     try:
@@ -76,7 +81,8 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
 @click.option("--security-mode", type=click.Choice(["strict", "permissive"]),
               default="strict", show_default=True,
               help="run_code: strict sends anything not SAFE to a container")
-@click.option("--confirmation", type=click.Choice(["deny", "auto", "webhook"]), default="deny",
+@click.option("--confirmation", type=click.Choice(["deny", "auto", "webhook", "console"]),
+              default="deny",
               show_default=True, help="who stands in for a missing consent (docs/service.md)")
 @click.option("--approver-url", help="webhook confirmation: where signed requests are POSTed")
 @click.option("--approver-secret-file", type=_FILE,
@@ -100,6 +106,11 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
               help="seconds between checks of the policy files for changes (hot reload: a "
               "bundle that compiles is swapped in for new requests; one that does not is "
               "reported by /sandbox/health and the old policy stays); 0 turns it off")
+@click.option("--console", "console", is_flag=True,
+              help="serve the console (evidence, approvals, policy changes) under /console/ "
+              "(docs/console.md); people sign in with viewer, approver or admin tokens")
+@click.option("--console-secure-cookies", is_flag=True,
+              help="mark console cookies Secure (set this behind a TLS-terminating proxy)")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
               help="worker processes accepting on the one socket (one Python process uses one "
               "core: give the number of cores for throughput); docs/service.md, `Workers`")
@@ -109,7 +120,8 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
             approver_url: str | None, approver_secret_file: Path | None,
             approver_timeout: float, allow_inline_manifests: bool, host: str, port: int,
             max_body_bytes: int, rate_per_minute: int, max_concurrent_execs: int,
-            reload_interval: float, workers: int) -> None:
+            reload_interval: float, console: bool, console_secure_cookies: bool,
+            workers: int) -> None:
     """Serve the HTTP API: decide, run ops and sandbox execs for token-holding tenants.
 
     Exits 2 on unusable input (policy, config, manifest, address in use).
@@ -140,7 +152,8 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
         from policy_engine.skills.check import load_skills
 
         skills = load_or_exit(lambda: load_skills(skills_dir))
-    confirm = _confirmation(confirmation, approver_url, approver_secret_file, approver_timeout)
+    confirm = _confirmation(confirmation, approver_url, approver_secret_file, approver_timeout,
+                            engine.state_dir)
     root = (workspace or engine.state_dir / "workspace").absolute()
     config = ServiceConfig(policyset=policyset, engine=engine, workspace_root=root,
                            manifests=named, max_body_bytes=max_body_bytes,
@@ -152,7 +165,8 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
                            allow_inline_manifests=allow_inline_manifests,
                            max_artifacts_bytes=max_artifacts_bytes, skills=skills,
                            policy_files=tuple(p.absolute() for p in policies),
-                           reload_interval_s=reload_interval)
+                           reload_interval_s=reload_interval, console=console,
+                           console_secure_cookies=console_secure_cookies)
     try:
         # opened here, not in the server's start-up, so a configuration naming a backend or
         # sink nobody provides is one clear line and exit 2, not a traceback

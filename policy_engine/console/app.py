@@ -41,6 +41,7 @@ from policy_engine.replay.engine import RecordedCall
 
 log = logging.getLogger(__name__)
 MAX_FORM_BYTES = 1 << 20
+CHART_MS = 48 * 3_600_000
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 STATIC = Path(__file__).with_name("static")
@@ -188,9 +189,12 @@ def console_app(ctx: ConsoleContext) -> Starlette:
         if who.scope is not None:
             filters["tenant"] = who.scope
 
+        # without a range: the last 48 hours, the span of the hourly chart
+        since = query.since if query.since is not None else int(time.time() * 1000) - CHART_MS
+
         def read() -> dict[str, Any]:
             ctx.index.sync()
-            return ctx.index.stats(filters, since=query.since, until=query.until)
+            return ctx.index.stats(filters, since=since, until=query.until)
         stats = await run_in_threadpool(read)
         return HTMLResponse(render.page(
             "charts.html", request, who, query=query, stats=stats,

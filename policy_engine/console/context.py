@@ -39,6 +39,7 @@ class ConsoleContext:
         if self._index is None:
             self._index = EvidenceIndex(self.state_dir / "console" / "index.sqlite",
                                         self.sources)
+            self._index.start_background()
         return self._index
 
     @property

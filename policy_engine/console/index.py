@@ -12,6 +12,7 @@ chain links then (``intact`` / ``tampered`` / ``unchecked``), never trusting the
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -22,10 +23,14 @@ from typing import Any, Protocol
 
 from policy_engine.evidence.chain import line_hash
 
+log = logging.getLogger(__name__)
 MAX_LINE = 1 << 20
 """A stored record longer than this is not indexed (counted as unreadable)."""
-SYNC_BATCH = 20_000
-"""Records read per sync; a page request never waits for a whole large backlog."""
+SYNC_BATCH = 2_000
+"""Records a page request reads before answering; the console's background sync reads the
+rest (a page never waits for a whole large backlog)."""
+MAX_LATENCY_ROWS = 500_000
+"""Calls the latency percentiles are computed over (the charts ask for one time range)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -235,6 +240,8 @@ class EvidenceIndex:
         self.path = path
         self.sources = {s.name: s for s in sources}
         self._sync_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         with self._db() as db:
             db.executescript(_SCHEMA)
 
@@ -250,11 +257,15 @@ class EvidenceIndex:
 
     # -- ingestion --------------------------------------------------------------------------
 
-    def sync(self, batch: int = SYNC_BATCH) -> int:
+    def sync(self, batch: int = SYNC_BATCH, wait_s: float = 2.0) -> int:
         """Index what the sources gained since the last sync (at most ``batch`` records per
-        source); returns the number of records read."""
-        if not self._sync_lock.acquire(blocking=False):
-            return 0  # another request is syncing: this page shows what is indexed
+        source); returns the number of records read.
+
+        :param wait_s: how long to wait for a sync already running (the background one);
+            after that this page shows what is indexed.
+        """
+        if not self._sync_lock.acquire(timeout=wait_s):
+            return 0
         try:
             total = 0
             for source in self.sources.values():
@@ -265,30 +276,52 @@ class EvidenceIndex:
 
     def _sync_one(self, source: Source, batch: int) -> int:
         with self._db() as db:
-            row = db.execute("SELECT position FROM cursors WHERE source = ?",
-                             (source.name,)).fetchone()
-            start = int(row[0]) if row else 0
-            stored, position = source.read(start, batch)
-            if not stored and position == start:
-                return 0
-            unreadable = 0
+            # the write lock first: another worker's sync then waits and reads the cursor
+            # this one leaves, so no record is counted twice
             db.execute("BEGIN IMMEDIATE")
             try:
+                row = db.execute("SELECT position FROM cursors WHERE source = ?",
+                                 (source.name,)).fetchone()
+                start = int(row[0]) if row else 0
+                stored, position = source.read(start, batch)
+                unreadable = 0
                 for item in stored:
                     rec = _record(item.raw)
                     if rec is None or not isinstance(rec.get("envelope_id"), str):
                         unreadable += 1
                         continue
                     _ingest(db, rec, f"{item.source}@{item.position}")
-                db.execute("INSERT INTO cursors (source, position, unreadable) VALUES (?, ?, ?) "
-                           "ON CONFLICT(source) DO UPDATE SET position = excluded.position, "
-                           "unreadable = unreadable + excluded.unreadable",
-                           (source.name, position, unreadable))
+                if position != start:
+                    db.execute("INSERT INTO cursors (source, position, unreadable) "
+                               "VALUES (?, ?, ?) ON CONFLICT(source) DO UPDATE SET "
+                               "position = excluded.position, "
+                               "unreadable = unreadable + excluded.unreadable",
+                               (source.name, position, unreadable))
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             return len(stored)
+
+    def start_background(self, interval_s: float = 1.0) -> None:
+        """Keep the index current from a daemon thread (large backlogs in big batches)."""
+        if self._thread is not None:
+            return
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    while self.sync(batch=50_000, wait_s=0) and not self._stop.is_set():
+                        pass
+                except Exception:  # a log being rotated or a locked database: try again later
+                    log.warning("console index: sync failed", exc_info=True)
+                self._stop.wait(interval_s)
+
+        self._thread = threading.Thread(target=loop, name="console-index", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
 
     def unreadable(self) -> int:
         with self._db() as db:
@@ -362,20 +395,18 @@ class EvidenceIndex:
             by_rule = db.execute(
                 f"SELECT rule_id, count(*) AS n FROM calls{cond}{deny}decision = 'deny' "
                 "AND rule_id != '' GROUP BY rule_id ORDER BY n DESC LIMIT 10", args).fetchall()
-            backends = db.execute(
-                f"SELECT backend, count(*) FROM calls{cond}{deny}latency_ms IS NOT NULL "
-                "GROUP BY backend ORDER BY backend LIMIT 20", args).fetchall()
-            latency = []
-            for backend, n in backends:
-                pcts = {}
-                for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
-                    at = min(n - 1, int(q * n))
-                    value = db.execute(
-                        f"SELECT latency_ms FROM calls{cond}{deny}backend = ? AND latency_ms IS "
-                        "NOT NULL ORDER BY latency_ms LIMIT 1 OFFSET ?",
-                        [*args, backend, at]).fetchone()
-                    pcts[name] = float(value[0]) if value else 0.0
-                latency.append({"backend": backend or "(none)", "calls": int(n), **pcts})
+            latencies: dict[str, list[float]] = {}
+            for backend, ms in db.execute(
+                    f"SELECT backend, latency_ms FROM calls{cond}{deny}latency_ms IS NOT NULL "
+                    "LIMIT ?", [*args, MAX_LATENCY_ROWS]):
+                latencies.setdefault(backend, []).append(float(ms))
+        latency = []
+        for backend in sorted(latencies):
+            values = sorted(latencies[backend])
+            n = len(values)
+            latency.append({"backend": backend or "(none)", "calls": n,
+                            **{name: values[min(n - 1, int(q * n))]
+                               for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))}})
         return {
             "series": [{"at": int(b), "calls": int(c), "refused": int(d or 0)}
                        for b, c, d in reversed(series)],

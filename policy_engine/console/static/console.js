@@ -5,12 +5,14 @@
   if (!badge || !window.EventSource) { return; }
   var source = new EventSource(badge.getAttribute("data-stream"));
   var table = document.getElementById("approvals");
-  var first = true;
   source.addEventListener("pending", function (event) {
     var data = JSON.parse(event.data);
     badge.textContent = data.pending > 0 ? String(data.pending) : "";
     badge.setAttribute("aria-label", data.pending + " consent request(s) waiting");
-    if (table && !first) {
+    // refresh when the queue differs from what this page shows (not only on changes: the
+    // page may have been rendered just before a request arrived)
+    if (table && (table.getAttribute("data-newest") !== data.newest ||
+                  table.getAttribute("data-pending") !== String(data.pending))) {
       // refresh the list in place: fetch this page and swap the table body
       fetch(window.location.href, { credentials: "same-origin", headers: { "Accept": "text/html" } })
         .then(function (r) { return r.text(); })
@@ -20,6 +22,5 @@
           if (fresh) { table.replaceWith(fresh); table = fresh; }
         });
     }
-    first = false;
   });
 })();

@@ -1,4 +1,9 @@
-"""Bearer tokens: each maps to one tenant and subject; only a SHA-256 of the secret is stored."""
+"""Bearer tokens: each maps to one tenant, subject and role; only a SHA-256 of the secret is stored.
+
+Roles: ``agent`` (the default: calls the API), and for people using the console ``viewer``
+(reads the tenant's evidence), ``approver`` (also answers consent requests) and ``admin``
+(every tenant, and policy changes). Every role may call the API as its subject.
+"""
 
 from __future__ import annotations
 
@@ -21,9 +26,12 @@ CREATE TABLE IF NOT EXISTS service_tokens (
   subject     TEXT NOT NULL,
   label       TEXT NOT NULL DEFAULT '',
   created_at  INTEGER NOT NULL,
-  revoked_at  INTEGER
+  revoked_at  INTEGER,
+  role        TEXT NOT NULL DEFAULT 'agent'
 );
 """
+ROLES = ("agent", "viewer", "approver", "admin")
+"""Token roles, weakest first; the console admits ``viewer`` and above."""
 PREFIX = "pet_"
 # tenants name a directory of the workspace: a safe path segment, never `.`/`..`
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -38,6 +46,7 @@ class Principal:
     tenant: str
     subject: str
     token_id: str
+    role: str = "agent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +59,7 @@ class TokenInfo:
     label: str
     created_at: int
     revoked_at: int | None
+    role: str = "agent"
 
 
 def check_tenant(tenant: str) -> str:
@@ -57,6 +67,13 @@ def check_tenant(tenant: str) -> str:
     if not _TENANT.fullmatch(tenant) or tenant.strip(".") == "":
         raise ValueError(f"tenant `{tenant}` must match [A-Za-z0-9][A-Za-z0-9_.-]{{0,63}}")
     return tenant
+
+
+def check_role(role: str) -> str:
+    """``role`` if it is one of :data:`ROLES`."""
+    if role not in ROLES:
+        raise ValueError(f"role `{role}` must be one of {', '.join(ROLES)}")
+    return role
 
 
 def _hash(secret: str) -> str:
@@ -73,6 +90,10 @@ class TokenStore:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA busy_timeout = 5000")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(service_tokens)")}
+        if "role" not in columns:  # a tokens.sqlite from before roles: every token an agent's
+            self._db.execute("ALTER TABLE service_tokens ADD COLUMN role TEXT NOT NULL "
+                             "DEFAULT 'agent'")
         self._lock = threading.Lock()
         self._seen = _Changes(path, self._db)
         self._known: dict[str, Principal] = {}  # bearer -> principal, valid while unchanged
@@ -81,29 +102,40 @@ class TokenStore:
         self._seen.close()
         self._db.close()
 
-    def add(self, tenant: str, subject: str, label: str = "") -> tuple[str, TokenInfo]:
+    def add(self, tenant: str, subject: str, label: str = "",
+            role: str = "agent") -> tuple[str, TokenInfo]:
         """Create a token; returns the bearer value (shown once, never stored) and its record.
 
-        :raises ValueError: the tenant or subject is not a safe name.
+        :raises ValueError: the tenant, subject or role is not a valid one.
         """
         check_tenant(tenant)
+        check_role(role)
         if not _SUBJECT.fullmatch(subject):
             raise ValueError("subject must be 1-200 printable characters")
         token_id = secrets.token_hex(8)
         secret = secrets.token_urlsafe(32)
-        info = TokenInfo(token_id, tenant, subject, label, int(time.time() * 1000), None)
+        info = TokenInfo(token_id, tenant, subject, label, int(time.time() * 1000), None, role)
         with self._lock:
             self._db.execute(
-                "INSERT INTO service_tokens VALUES (?, ?, ?, ?, ?, ?, NULL)",
-                (token_id, _hash(secret), tenant, subject, label, info.created_at))
+                "INSERT INTO service_tokens (token_id, secret_hash, tenant, subject, label, "
+                "created_at, revoked_at, role) VALUES (?, ?, ?, ?, ?, ?, NULL, ?)",
+                (token_id, _hash(secret), tenant, subject, label, info.created_at, role))
         return f"{PREFIX}{token_id}.{secret}", info
 
     def list(self) -> list[TokenInfo]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT token_id, tenant, subject, label, created_at, revoked_at "
+                "SELECT token_id, tenant, subject, label, created_at, revoked_at, role "
                 "FROM service_tokens ORDER BY created_at, token_id").fetchall()
         return [TokenInfo(*row) for row in rows]
+
+    def info(self, token_id: str) -> TokenInfo | None:
+        """The stored record of ``token_id`` (live or revoked), or ``None``."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT token_id, tenant, subject, label, created_at, revoked_at, role "
+                "FROM service_tokens WHERE token_id = ?", (token_id,)).fetchone()
+        return None if row is None else TokenInfo(*row)
 
     def revoke(self, token_id: str) -> bool:
         """Revoke ``token_id``; ``False`` when no live token has that id."""
@@ -134,13 +166,14 @@ class TokenStore:
                 return None
             token_id, secret = match.groups()
             row = self._db.execute(
-                "SELECT secret_hash, tenant, subject, revoked_at FROM service_tokens "
+                "SELECT secret_hash, tenant, subject, revoked_at, role FROM service_tokens "
                 "WHERE token_id = ?", (token_id,)).fetchone()
             if row is None or row[3] is not None:
                 return None
             if not hmac.compare_digest(row[0], _hash(secret)):
                 return None
-            principal = Principal(tenant=row[1], subject=row[2], token_id=token_id)
+            principal = Principal(tenant=row[1], subject=row[2], token_id=token_id,
+                                  role=row[4])
             if len(self._known) >= MAX_KNOWN:
                 self._known.clear()
             self._known[bearer] = principal

@@ -1,5 +1,6 @@
-"""The `--confirm` options every command that runs calls shares (run, mcp): who stands in for
-a missing consent — nobody (deny), everyone (auto, development), a terminal, or a webhook."""
+"""The `--confirm` options every command that runs calls shares (run, mcp, serve): who stands
+in for a missing consent — nobody (deny), everyone (auto, development), a terminal, a webhook,
+or a person in the console (the state directory's approval queue)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from policy_engine.cli.common import EXIT_BAD_INPUT, NumberRange
 if TYPE_CHECKING:
     from policy_engine.confirm.services import ConfirmationService
 
-MODES = ("deny", "auto", "interactive", "webhook")
+MODES = ("deny", "auto", "interactive", "webhook", "console")
 
 
 def confirm_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -25,8 +26,9 @@ def confirm_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--confirm", "confirm_mode", type=click.Choice(MODES), default="deny",
                      show_default=True,
                      help="when consent is needed and the grant has none: deny, approve "
-                     "(development only), ask on the terminal, or ask a signed webhook "
-                     "(docs/consent.md)"),
+                     "(development only), ask on the terminal, ask a signed webhook, or queue "
+                     "the question for the console of `serve --console` on the same state "
+                     "directory (docs/consent.md, docs/console.md)"),
         click.option("--approver-url", help="--confirm webhook: where signed requests go"),
         click.option("--approver-secret-file", type=click.Path(dir_okay=False, path_type=Path),
                      help="--confirm webhook: the shared HMAC secret (at least 16 bytes)"),
@@ -51,12 +53,13 @@ def _terminal() -> tuple[TextIO | None, TextIO | None]:
 
 
 def confirmation_service(mode: str, url: str | None, secret_file: Path | None,
-                         timeout: float, *, stdin_is_protocol: bool = False
-                         ) -> ConfirmationService:
+                         timeout: float, *, stdin_is_protocol: bool = False,
+                         state_dir: Path | None = None) -> ConfirmationService:
     """The service ``--confirm`` names; exits 2 on an unusable webhook setting.
 
     :param stdin_is_protocol: stdin carries a protocol (MCP stdio): ``interactive`` asks on
         the controlling terminal only; otherwise a terminal stdin is asked first.
+    :param state_dir: where ``console`` queues its questions.
     """
     from policy_engine.confirm.services import (
         AutoConfirmation,
@@ -72,6 +75,12 @@ def confirmation_service(mode: str, url: str | None, secret_file: Path | None,
         click.echo("WARNING: --confirm auto approves every consent request (development "
                    "only); each approval is logged and recorded", err=True)
         return AutoConfirmation()
+    if mode == "console":
+        if state_dir is None:
+            _fail("--confirm console needs the state directory the console reads")
+        from policy_engine.confirm.queue import ConsoleConfirmation, approval_queue
+
+        return ConsoleConfirmation(approval_queue(state_dir), timeout_s=timeout)
     if mode == "interactive":
         if not stdin_is_protocol and sys.stdin.isatty():
             return InteractiveConfirmation()

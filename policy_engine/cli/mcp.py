@@ -87,7 +87,8 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
         _fail("--subject must be 1-200 printable characters")
     engine = engine_config_or_exit(config_path, state_dir)
     confirm = confirmation_service(confirm_mode, approver_url, approver_secret_file,
-                                   approver_timeout, stdin_is_protocol=transport == "stdio")
+                                   approver_timeout, stdin_is_protocol=transport == "stdio",
+                                   state_dir=engine.state_dir)
     from policy_engine import tracing
 
     problem = tracing.configure()  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set

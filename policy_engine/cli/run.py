@@ -126,7 +126,7 @@ def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | Non
         click.echo("note: `budget_used` in the request is ignored by `run` (the budget is "
                    "metered from the state dir's recorded usage)", err=True)
     service = confirmation_service(confirm_mode, approver_url, approver_secret_file,
-                                   approver_timeout)
+                                   approver_timeout, state_dir=config.state_dir)
     try:
         orch = Orchestrator(policyset, config=config, shadow=shadow)
     except ValueError as exc:  # the configuration asks for a sink or meter nobody provides

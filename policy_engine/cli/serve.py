@@ -16,12 +16,12 @@ from policy_engine.cli.common import (
     engine_config_or_exit,
     load_or_exit,
 )
+from policy_engine.cli.confirming import confirmation_service
 from policy_engine.compiler import compile_files
 from policy_engine.compiler.loaders import load_manifest
-from policy_engine.inputs.inputfile import MAX_KEY_BYTES, cannot_read, read_bounded
 
 if TYPE_CHECKING:
-    from policy_engine.confirm.services import ConfirmationService
+    pass
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
@@ -29,31 +29,6 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
 def _fail(message: str) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
-
-
-def _confirmation(mode: str, url: str | None, secret_file: Path | None,
-                  timeout: float) -> ConfirmationService:
-    from policy_engine.confirm.services import (
-        AutoConfirmation,
-        DenyConfirmation,
-        WebhookConfirmation,
-    )
-
-    if mode == "deny":
-        return DenyConfirmation()
-    if mode == "auto":
-        click.echo("WARNING: --confirmation auto approves every consent request "
-                   "(development only); each approval is logged and recorded", err=True)
-        return AutoConfirmation()
-    if not url or secret_file is None:
-        _fail("--confirmation webhook needs --approver-url and --approver-secret-file")
-    try:
-        secret = read_bounded(secret_file, MAX_KEY_BYTES).strip()  # a key, not a stream
-        return WebhookConfirmation(url, secret, timeout_s=timeout)
-    except OSError as exc:
-        _fail(cannot_read("approver secret file", secret_file, exc).removeprefix("error: "))
-    except ValueError as exc:
-        _fail(str(exc))
 
 
 @click.command("serve")
@@ -76,7 +51,8 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
 @click.option("--security-mode", type=click.Choice(["strict", "permissive"]),
               default="strict", show_default=True,
               help="run_code: strict sends anything not SAFE to a container")
-@click.option("--confirmation", type=click.Choice(["deny", "auto", "webhook"]), default="deny",
+@click.option("--confirmation", type=click.Choice(["deny", "auto", "webhook", "console"]),
+              default="deny",
               show_default=True, help="who stands in for a missing consent (docs/service.md)")
 @click.option("--approver-url", help="webhook confirmation: where signed requests are POSTed")
 @click.option("--approver-secret-file", type=_FILE,
@@ -100,6 +76,11 @@ def _confirmation(mode: str, url: str | None, secret_file: Path | None,
               help="seconds between checks of the policy files for changes (hot reload: a "
               "bundle that compiles is swapped in for new requests; one that does not is "
               "reported by /sandbox/health and the old policy stays); 0 turns it off")
+@click.option("--console", "console", is_flag=True,
+              help="serve the console (evidence, approvals, policy changes) under /console/ "
+              "(docs/console.md); people sign in with viewer, approver or admin tokens")
+@click.option("--console-secure-cookies", is_flag=True,
+              help="mark console cookies Secure (set this behind a TLS-terminating proxy)")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
               help="worker processes accepting on the one socket (one Python process uses one "
               "core: give the number of cores for throughput); docs/service.md, `Workers`")
@@ -115,8 +96,8 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
             approver_url: str | None, approver_secret_file: Path | None,
             approver_timeout: float, allow_inline_manifests: bool, host: str, port: int,
             max_body_bytes: int, rate_per_minute: int, max_concurrent_execs: int,
-            reload_interval: float, workers: int, metrics_port: int | None,
-            metrics_host: str) -> None:
+            reload_interval: float, console: bool, console_secure_cookies: bool,
+            workers: int, metrics_port: int | None, metrics_host: str) -> None:
     """Serve the HTTP API: decide, run ops and sandbox execs for token-holding tenants.
 
     Exits 2 on unusable input (policy, config, manifest, address in use).
@@ -156,7 +137,8 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
         from policy_engine.skills.check import load_skills
 
         skills = load_or_exit(lambda: load_skills(skills_dir))
-    confirm = _confirmation(confirmation, approver_url, approver_secret_file, approver_timeout)
+    confirm = confirmation_service(confirmation, approver_url, approver_secret_file,
+                                   approver_timeout, state_dir=engine.state_dir)
     root = (workspace or engine.state_dir / "workspace").absolute()
     config = ServiceConfig(policyset=policyset, engine=engine, workspace_root=root,
                            manifests=named, max_body_bytes=max_body_bytes,
@@ -168,7 +150,8 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
                            allow_inline_manifests=allow_inline_manifests,
                            max_artifacts_bytes=max_artifacts_bytes, skills=skills,
                            policy_files=tuple(p.absolute() for p in policies),
-                           reload_interval_s=reload_interval)
+                           reload_interval_s=reload_interval, console=console,
+                           console_secure_cookies=console_secure_cookies)
     try:
         # opened here, not in the server's start-up, so a configuration naming a backend or
         # sink nobody provides is one clear line and exit 2, not a traceback

@@ -14,7 +14,7 @@ from policy_engine.cli.common import (
     engine_config_or_exit,
     format_option,
 )
-from policy_engine.tokens import TokenStore
+from policy_engine.tokens import ROLES, TokenStore
 
 _STATE = click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
                       help="where tokens.sqlite lives (overrides the config)")
@@ -47,15 +47,18 @@ def command() -> None:
 @click.option("--tenant", required=True, help="tenant the token acts for")
 @click.option("--subject", required=True, help="subject id the token acts as")
 @click.option("--label", default="", help="a note shown by `tokens list`")
+@click.option("--role", type=click.Choice(ROLES), default="agent", show_default=True,
+              help="agent: calls the API; viewer, approver, admin: people using the console "
+                   "(docs/console.md)")
 @_CONFIG
 @_STATE
 @format_option
-def add(tenant: str, subject: str, label: str, config_path: Path | None,
+def add(tenant: str, subject: str, label: str, role: str, config_path: Path | None,
         state_dir: Path | None, fmt: str) -> None:
     """Create a token; it is printed once and only its hash is stored."""
     store = _store(config_path, state_dir)
     try:
-        token, info = store.add(tenant, subject, label)
+        token, info = store.add(tenant, subject, label, role)
     except ValueError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -63,11 +66,11 @@ def add(tenant: str, subject: str, label: str, config_path: Path | None,
         store.close()
     if fmt == "json":
         echo_json({"token": token, "token_id": info.token_id, "tenant": info.tenant,
-                   "subject": info.subject})
+                   "subject": info.subject, "role": info.role})
     else:
         click.echo(token)
-        click.echo(f"token id {info.token_id} for tenant {tenant}, subject {subject} "
-                   "(shown once: store it now)", err=True)
+        click.echo(f"token id {info.token_id} for tenant {tenant}, subject {subject}, role "
+                   f"{role} (shown once: store it now)", err=True)
 
 
 @command.command("list")
@@ -83,12 +86,14 @@ def list_(config_path: Path | None, state_dir: Path | None, fmt: str) -> None:
         store.close()
     if fmt == "json":
         echo_json([{"token_id": r.token_id, "tenant": r.tenant, "subject": r.subject,
-                    "label": r.label, "created_at": r.created_at, "revoked_at": r.revoked_at}
+                    "label": r.label, "created_at": r.created_at, "revoked_at": r.revoked_at,
+                    "role": r.role}
                    for r in rows])
         return
     for r in rows:
         state = "revoked" if r.revoked_at is not None else "live"
-        click.echo(f"{r.token_id}  {state:7}  {r.tenant}  {r.subject}  {r.label}".rstrip())
+        click.echo(f"{r.token_id}  {state:7}  {r.role:8}  {r.tenant}  {r.subject}  "
+                   f"{r.label}".rstrip())
 
 
 @command.command("revoke")

@@ -177,6 +177,10 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
                   description="Decide and run AI agents' tool calls under policy "
                   "(docs/service.md).", responses=_ERRORS)
     bearer = HTTPBearer(auto_error=False, description="a token from `policy-engine tokens add`")
+    if config.console:
+        from policy_engine.service.console_mount import mount_console
+
+        mount_console(app, config, lambda: engine_box[0])
 
     # dependencies and the decide route are coroutines: each is a few SQLite reads or a pure
     # decision (well under a millisecond), cheaper inline than through the thread pool

@@ -51,6 +51,8 @@ class ServiceConfig:
     :param policy_files: the entry files ``policyset`` was compiled from (hot reload watches
         them and their imports).
     :param reload_interval_s: how often hot reload polls the bundle; 0 turns it off.
+    :param console: serve the console under ``/console/`` (docs/console.md).
+    :param console_secure_cookies: mark the console's cookies ``Secure`` (behind TLS).
     """
 
     policyset: PolicySet
@@ -70,6 +72,8 @@ class ServiceConfig:
     policy_files: tuple[Path, ...] = ()
     reload_interval_s: float = 0.0
     skills: dict[str, Skill] = field(default_factory=dict)
+    console: bool = False
+    console_secure_cookies: bool = False
 
     def settings_for_exec(self) -> Settings:
         """Operator settings of an exec: root_fs is the workspace, network none (seed 002)."""

@@ -33,6 +33,7 @@ from policy_engine.tokens import (
     TokenInfo,
     TokenStore,
     _hash,
+    check_role,
     check_tenant,
 )
 
@@ -81,6 +82,8 @@ MIGRATIONS = [
     """,
     # the refusal document of a refused or failed exec (policy_engine/refusal.py)
     "ALTER TABLE sandbox_execs ADD COLUMN refusal JSONB;",
+    # token roles (the console's viewer / approver / admin); existing tokens: agent
+    "ALTER TABLE service_tokens ADD COLUMN role TEXT NOT NULL DEFAULT 'agent';",
 ]
 
 
@@ -153,22 +156,34 @@ class PgTokenStore(TokenStore):
     def close(self) -> None:
         self.db.close()
 
-    def add(self, tenant: str, subject: str, label: str = "") -> tuple[str, TokenInfo]:
+    def add(self, tenant: str, subject: str, label: str = "",
+            role: str = "agent") -> tuple[str, TokenInfo]:
         check_tenant(tenant)
+        check_role(role)
         if not _SUBJECT.fullmatch(subject):
             raise ValueError("subject must be 1-200 printable characters")
         token_id, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
-        info = TokenInfo(token_id, tenant, subject, label, int(time.time() * 1000), None)
+        info = TokenInfo(token_id, tenant, subject, label, int(time.time() * 1000), None, role)
         with self.db.cursor() as cur:
-            cur.execute("INSERT INTO service_tokens VALUES (%s, %s, %s, %s, %s, %s, NULL)",
-                        (token_id, _hash(secret), tenant, subject, label, info.created_at))
+            cur.execute("INSERT INTO service_tokens (token_id, secret_hash, tenant, subject, "
+                        "label, created_at, revoked_at, role) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, NULL, %s)",
+                        (token_id, _hash(secret), tenant, subject, label, info.created_at, role))
         return f"{PREFIX}{token_id}.{secret}", info
 
     def list(self) -> list[TokenInfo]:
         with self.db.cursor() as cur:
-            rows = cur.execute("SELECT token_id, tenant, subject, label, created_at, revoked_at "
-                               "FROM service_tokens ORDER BY created_at, token_id").fetchall()
+            rows = cur.execute("SELECT token_id, tenant, subject, label, created_at, revoked_at, "
+                               "role FROM service_tokens ORDER BY created_at, token_id"
+                               ).fetchall()
         return [TokenInfo(*row) for row in rows]
+
+    def info(self, token_id: str) -> TokenInfo | None:
+        with self.db.cursor() as cur:
+            row = cur.execute("SELECT token_id, tenant, subject, label, created_at, revoked_at, "
+                              "role FROM service_tokens WHERE token_id = %s",
+                              (token_id,)).fetchone()
+        return None if row is None else TokenInfo(*row)
 
     def revoke(self, token_id: str) -> bool:
         with self.db.cursor() as cur:
@@ -182,13 +197,13 @@ class PgTokenStore(TokenStore):
             return None
         token_id, secret = match.groups()
         with self.db.cursor() as cur:
-            row = cur.execute("SELECT secret_hash, tenant, subject, revoked_at FROM "
+            row = cur.execute("SELECT secret_hash, tenant, subject, revoked_at, role FROM "
                               "service_tokens WHERE token_id = %s", (token_id,)).fetchone()
         if row is None or row[3] is not None:
             return None
         if not hmac.compare_digest(row[0], _hash(secret)):
             return None
-        return Principal(tenant=row[1], subject=row[2], token_id=token_id)
+        return Principal(tenant=row[1], subject=row[2], token_id=token_id, role=row[4])
 
 
 _JSON_COLUMNS = ("args", "env_keys", "policy_snapshot", "refusal")

@@ -1,0 +1,1 @@
+"""The console: evidence, approvals and policy changes in a browser (``serve --console``)."""

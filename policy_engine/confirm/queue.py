@@ -207,11 +207,11 @@ class ConsoleConfirmation:
             return ConsentAnswer(False, "console", _now(), 0, self.mode,
                                  f"the approval queue failed ({type(exc).__name__})")
         if row.status == "approved":
-            return ConsentAnswer(True, f"console:{row.approver}", row.answered_at or _now(),
+            return ConsentAnswer(True, row.approver or "?", row.answered_at or _now(),
                                  row.valid_for_ms, self.mode, row.answer_note or "")
         if row.status == "refused":
             # "refused by …": the gateway reports a person's no as `refused` (broker.answer_kind)
-            return ConsentAnswer(False, f"console:{row.approver}", row.answered_at or _now(),
+            return ConsentAnswer(False, row.approver or "?", row.answered_at or _now(),
                                  0, self.mode, f"refused by {row.approver} in the console: "
                                  f"{row.answer_note or ''}")
         return ConsentAnswer(False, "console", _now(), 0, self.mode,

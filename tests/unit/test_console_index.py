@@ -195,7 +195,7 @@ def test_an_answer_in_time_reaches_the_waiting_call(tmp_path: Path) -> None:
                  valid_for_ms=60_000, tenant="acme")
     thread.join(5)
     assert got[0].approved
-    assert got[0].approver == "console:alex"
+    assert got[0].approver == "alex"  # recorded as `console:alex` (mode:approver)
     assert got[0].valid_for_ms == 60_000
     with pytest.raises(LateAnswer):  # answered once: a second answer is refused
         queue.answer("q2", approved=False, approver="bob", note="no", valid_for_ms=0,

@@ -132,7 +132,7 @@ def test_mcp_http_turns_nagle_off_on_each_connection(tmp_path: Path) -> None:
 
 
 def test_the_netproxy_bridge_turns_nagle_off(tmp_path: Path) -> None:
-    bridge = Path(__file__).parents[2] / "plugins" / "netproxy" / "bridge.py"
+    bridge = Path(__file__).parents[2] / "policy_engine" / "netproxy" / "bridge.py"
     upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     upstream.bind(str(tmp_path / "proxy.sock"))
     upstream.listen()

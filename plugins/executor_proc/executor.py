@@ -328,6 +328,7 @@ class ProcExecutor:
                        net: RestrictedHandle | None) -> dict[str, Any]:
         off = plan.network != "on"
         strict = self.backend != "bwrap"  # no masks by mounts: carve, refuse AF_UNIX, setsid
+        unix_off = off and net is None
         if self.backend == "bwrap":
             extra = [("/tmp", "rw"), ("/dev", "dev"), ("/proc", "ro")]
             if net is not None:  # the bridge reads its script, then starts the tool's launcher
@@ -345,9 +346,13 @@ class ProcExecutor:
                          "deny_tcp": off, "scope": True, "required": strict,
                          # the bridge binds and dials the proxy port, nothing else
                          **({"bind": [net.port], "connect": [net.port]} if net else {})},
-            # AF_INET stays usable in restricted mode: the namespace has only loopback
+            # AF_INET stays usable in restricted mode: the namespace has only loopback. With
+            # network off no AF_UNIX socket under bwrap either: its own network namespace hides
+            # abstract sockets, not a host listener's socket file in a bound tree (second pass,
+            # N2); that refusal is a mandatory one, so strict mode requires the filter
             "seccomp": {"deny_inet": off and net is None, "deny_setsid": strict,
-                        "deny_unix": strict, "required": strict},
+                        "deny_unix": strict or unix_off,
+                        "required": strict or unix_off and self.mode == "strict"},
             "keep_status": net is not None,
             # proc-unshare: the launcher is pid 1 of the namespace; it stays, the tool is pid 2
             "init": self.backend == "unshare",

@@ -361,14 +361,17 @@ class ProcExecutor:
             "report_end": self.backend == "unshare" or self.backend == "bwrap" and net is None,
         }
 
-    @staticmethod
-    def _tool_spec(net: RestrictedHandle) -> dict[str, Any]:
+    def _tool_spec(self, net: RestrictedHandle) -> dict[str, Any]:
         """The layer added between the bridge and the tool: no TCP bind at all, connect to the
-        bridge's port only (stacked on the bridge's Landlock domain and seccomp filter).
+        bridge's port only (stacked on the bridge's Landlock domain and seccomp filter), and no
+        AF_UNIX socket: the bridge reaches the proxy through one, the tool must reach neither
+        the proxy's socket past the bridge nor a host listener in a bound tree (N2).
         """
         return {"drop_caps": False, "landlock": {"rules": [], "deny_tcp": True, "scope": True,
                                                  "required": False, "fs": False,
-                                                 "connect": [net.port]}, "report_end": True}
+                                                 "connect": [net.port]}, "report_end": True,
+                "seccomp": {"deny_inet": False, "deny_setsid": False, "deny_unix": True,
+                            "required": self.mode == "strict"}}
 
     def _inner_args(self, spec: dict[str, Any], status_fd: int) -> list[str]:
         """The native launcher's options for ``spec`` (the Python launcher's JSON, as flags)."""

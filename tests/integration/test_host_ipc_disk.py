@@ -5,8 +5,13 @@ past the per-file cap (issue 32, items 1 and 2)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -19,9 +24,10 @@ from plugins.executor_local.executor import LocalExecutor
 from plugins.executor_proc import seccomp
 from plugins.executor_proc.executor import ProcExecutor, ProcOptions
 from policy_engine.executor import ExecContext
-from policy_engine.model import NetworkMode, ProcExecOp, Profile
+from policy_engine.model import NetHttpCapability, NetworkMode, ProcExecOp, Profile
 from tests.integration.planted import planted_world
-from tests.integration.test_proc_sandbox import make_profile
+from tests.integration.servers import LoopbackServer, compiled_profile
+from tests.integration.test_proc_sandbox import fs_cap, make_profile
 
 pytestmark = pytest.mark.integration
 
@@ -184,3 +190,58 @@ def test_the_filter_refuses_exactly_the_preallocating_modes() -> None:
     assert seccomp.FALLOCATE_MODES_OK == (0x0, 0x3)
     prog = seccomp.build_filter(deny_inet=True, deny_setsid=False)
     assert len(prog) % 8 == 0
+
+
+def test_sandbox_exec_with_allow_read_outside_reaches_no_host_listener(tmp_path: Path) -> None:
+    """The report's `sandbox exec` form: `allowReadOutside: true` binds `/` read-only, the
+    listener lies outside the whitelist; through the CLI, as a user runs it."""
+    home = tmp_path / "home"
+    proj = home / "proj"
+    proj.mkdir(parents=True)
+    (tmp_path / "sandbox.json").write_text(json.dumps({
+        "enabled": True, "network": {"allowNetwork": False},
+        "filesystem": {"whitelist": [], "blacklist": [], "allowReadOutside": True}}))
+    outside = Path(tempfile.mkdtemp(prefix="pe-hostipc-", dir="/var/tmp"))  # /tmp is private
+    outside.chmod(0o755)
+    env = {**os.environ, "HOME": str(home),
+           "XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")}
+    try:
+        with host_listener(outside / "host.sock") as got:
+            ran = subprocess.run(
+                [sys.executable, "-m", "policy_engine.cli", "sandbox", "exec", "--config",
+                 str(tmp_path / "sandbox.json"), "--state-dir", str(tmp_path / "st"), "--cwd",
+                 str(proj), "--", PYTHON, "-c", PROBE, str(outside / "host.sock")],
+                capture_output=True, text=True, timeout=120, check=False, env=env)
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "CONNECTED" not in ran.stdout, ran.stdout
+    assert ran.stdout.count("blocked") == 2, ran.stdout
+    assert got == []
+
+
+def test_restricted_network_tool_reaches_no_host_listener(world: Path) -> None:
+    """Network restricted to the policy proxy: the bridge speaks AF_UNIX to the proxy, the
+    tool's own layer refuses AF_UNIX, so a host listener in a bound tree stays unreachable
+    (and the proxy's socket is reached through the bridge only)."""
+    with LoopbackServer({}) as srv:
+        cap = NetHttpCapability(hosts=("127.0.0.1",), schemes=("http",), ports=(srv.port,),
+                                methods=("GET",))
+        profile, guard = compiled_profile(
+            world, 'permit "p" net.http hosts ["127.0.0.1"] schemes ["http"] '
+            f'ports [{srv.port}] methods ["GET"]', (cap,), network="restricted")
+    profile = profile.model_copy(update={"capabilities": (
+        *profile.capabilities, fs_cap("fs.read", f"{world}/**")),
+        "mappings": make_profile(world).mappings})
+    ex = ProcExecutor("bwrap")
+    sock = world / "work" / "host.sock"
+    try:
+        with host_listener(sock) as got:
+            ctx = ExecContext(profile=profile, deadline=time.monotonic() + 60, guard=guard)
+            out = ex.execute(ctx, ProcExecOp(tool=PYTHON, args=("-c", PROBE, str(sock)))).out
+    finally:
+        ex.close()
+    assert out["exit_code"] == 0, out["stderr"]
+    assert "CONNECTED" not in str(out["stdout"]), out["stdout"]
+    assert str(out["stdout"]).count("blocked") == 2, out["stdout"]
+    assert got == []

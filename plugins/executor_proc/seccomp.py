@@ -134,13 +134,29 @@ def build_filter(*, deny_inet: bool, deny_setsid: bool, deny_unix: bool = False)
                  _ins(_JEQ_K, _AF_UNIX, 1, 0), _ret(_RET_ERRNO | errno.EAFNOSUPPORT),
                  _ins(_LD_W_ABS, _OFF_NR)]
     if deny_unix:
-        prog += [_ins(_JEQ_K, _NR_SOCKET, 0, 3), _ins(_LD_W_ABS, _OFF_ARG0),
-                 _ins(_JEQ_K, _AF_UNIX, 0, 1), eperm, _ins(_LD_W_ABS, _OFF_NR)]
-        prog += [_ins(_JEQ_K, _NR_SOCKETPAIR, 0, 4), _ins(_LD_W_ABS, _OFF_ARG0 + 8),
-                 _ins(_ALU_AND_K, _SOCK_TYPE_MASK), _ins(_JEQ_K, _SOCK_DGRAM, 0, 1), eperm,
-                 _ins(_LD_W_ABS, _OFF_NR)]
+        prog += _unix_rules(eperm)
     prog.append(_ret(_RET_ALLOW))
     return b"".join(prog)
+
+
+def unix_filter() -> bytes:
+    """A filter with the ``deny_unix`` rules only (and the architecture check), for a process
+    already under a broader filter: the docker pool's commands with network off."""
+    eperm = _ret(_RET_ERRNO | errno.EPERM)
+    prog = [_ins(_LD_W_ABS, _OFF_ARCH), _ins(_JEQ_K, _AUDIT_ARCH_X86_64, 1, 0),
+            _ret(_RET_KILL_PROCESS), _ins(_LD_W_ABS, _OFF_NR),
+            _ins(_JGE_K, _X32_BIT, 0, 1), eperm]
+    prog += _unix_rules(eperm)
+    prog.append(_ret(_RET_ALLOW))
+    return b"".join(prog)
+
+
+def _unix_rules(eperm: bytes) -> list[bytes]:
+    return [_ins(_JEQ_K, _NR_SOCKET, 0, 3), _ins(_LD_W_ABS, _OFF_ARG0),
+            _ins(_JEQ_K, _AF_UNIX, 0, 1), eperm, _ins(_LD_W_ABS, _OFF_NR),
+            _ins(_JEQ_K, _NR_SOCKETPAIR, 0, 4), _ins(_LD_W_ABS, _OFF_ARG0 + 8),
+            _ins(_ALU_AND_K, _SOCK_TYPE_MASK), _ins(_JEQ_K, _SOCK_DGRAM, 0, 1), eperm,
+            _ins(_LD_W_ABS, _OFF_NR)]
 
 
 class _SockFprog(ctypes.Structure):

@@ -28,6 +28,7 @@ from plugins.executor_proc import (
     prespawn,
     sanitize,
     seccomp,
+    spec,
     status_pipe,
     uid,
     unshare,
@@ -209,6 +210,8 @@ class ProcExecutor:
             bind_mounts=backend == "bwrap", readonly_rootfs=True, resource_limits=True,
             env_filtering=True, streaming_output=False, mandatory_denies=True,
         )
+        if self.usable:
+            spec.prewarm()  # the system trees' mask walk, off the call path
         self._pool = cgroups.CgroupPool(max(1, self.options.prespawn)) \
             if self.options.cgroups else None
         self._native: native.NativeLauncher | None = None

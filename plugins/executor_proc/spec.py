@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from policy_engine import ErrorCode, PolicyEngineError
+from policy_engine.compiler.builtins import MANDATORY_DENY_PATHS
 from policy_engine.guard.binds import beneath, bound_paths, cwd_refusal
 from policy_engine.guard.env import profile_env_refusal
 from policy_engine.guard.gitfiles import GIT_PINS
@@ -119,6 +121,42 @@ def carve(root: str, access: str, masked: list[str]) -> list[tuple[str, str]]:
     for name in names:
         out += carve(os.path.join(root, name), access, inside)
     return out
+
+
+_warm_lock = threading.Lock()
+_warmed = threading.Event()
+_warming: list[threading.Thread] = []
+
+
+def system_trees(extra_ro: Iterable[str] = ()) -> list[str]:
+    """The system binds every sandbox gets: ``SYSTEM_RO``, the interpreter's prefix, extras."""
+    interp = os.path.realpath(sys.base_prefix)
+    system = [p for p in SYSTEM_RO if os.path.exists(p)]
+    return system + [p for p in (interp, *extra_ro)
+                     if os.path.exists(p) and not any(beneath(p, s) for s in SYSTEM_RO)]
+
+
+def _warm() -> None:
+    try:
+        patterns = [*BUILTIN_MASKS, *(f"{d}/**" for d in RUNTIME_DIRS), *RUNTIME_GLOBS,
+                    *MANDATORY_DENY_PATHS]
+        plan_masks([], system_trees(), patterns, "/nonexistent")
+    finally:
+        _warmed.set()
+
+
+def prewarm(*, wait: bool = False) -> None:
+    """Walk the system trees for the mandatory denies once, off the call path (issue 27 item
+    4: the first call walked /usr/lib, the Python prefix and /usr/share, 25k directories, in
+    about a second): the per-root walk records and inotify watches it leaves make a call's
+    plan of those trees a reuse. Started by the executor; ``wait``: until it is done."""
+    with _warm_lock:
+        if not _warming:
+            t = threading.Thread(target=_warm, name="pe-mask-prewarm", daemon=True)
+            _warming.append(t)
+            t.start()
+    if wait:
+        _warmed.wait()
 
 
 def _masks(profile: Profile, bound: list[str], system: list[str], *,
@@ -253,10 +291,9 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "argv contains a NUL byte")
     root = profile.mappings.root_fs.rstrip("/") or "/"
     readable, writable = bound_paths(profile)
-    interp = os.path.realpath(sys.base_prefix)
-    system = [p for p in SYSTEM_RO if os.path.exists(p)]
-    system += [p for p in (interp, *extra_ro)
-               if os.path.exists(p) and not any(beneath(p, s) for s in SYSTEM_RO)]
+    system = system_trees(extra_ro)
+    if _warming and not _warmed.is_set():
+        _warmed.wait()  # one walk of the system trees, not two racing
     bound = readable + writable
     resolved = {p: resolve_trusted_links(p) for p in bound}
     cwd = op.cwd or (root if any(beneath(root, b) for b in bound) else tmpdir)

@@ -118,6 +118,7 @@ class DirCache:
         self._linked: dict[str, tuple[tuple[int, int, int], tuple[tuple[str, tuple[int, int]],
                                                                     ...]]] = {}
         self._linked_bytes = 0
+        self.entries_listed = 0  # names read by getdents since start (a bound, for tests)
 
     def held_bytes(self) -> int:
         """The approximate bytes held (listings, walk records, hard-link listings)."""
@@ -177,6 +178,7 @@ class DirCache:
                         subdirs.append(e.name)
         except OSError:
             return None
+        self.entries_listed += len(names) + too_big
         key, trusted = (st.st_dev, st.st_ino, st.st_ctime_ns), \
             time.time_ns() - st.st_ctime_ns > RACY_NS
         if too_big:  # remembered by ctime as a verdict: a warm plan lists nothing again

@@ -136,13 +136,15 @@ class DirCache:
                 break
         return max(held, 0)
 
-    def remember_walk(self, key: object, rec: _WalkRecord) -> None:
-        """Keep ``rec`` as the newest walk of ``key`` (within the walk records' share)."""
+    def remember_walk(self, key: object, rec: _WalkRecord, changed: bool = True) -> None:
+        """Keep ``rec`` as the newest walk of ``key`` (within the walk records' share);
+        ``changed``: it was walked (or partly) since it was last measured."""
         with self._lock:
             old = self.walks.pop(key, None)
             if old is not None:
                 self._walk_bytes -= old.cost
-            rec.cost = rec.measure()
+            if changed or old is not rec:
+                rec.cost = rec.measure()
             self.walks[key] = rec
             self._walk_bytes = self._evict(self.walks, self._walk_bytes + rec.cost,
                                            self.max_bytes // 4, lambda r: int(r.cost))
@@ -166,11 +168,13 @@ class DirCache:
             self.watcher.watch(path)  # INVARIANT: before listing, so no later change is missed
         names: list[str] = []
         subdirs: list[str] = []
-        too_big = False
+        # a directory's size grows with its entries (ext4 ~16+ bytes each, tmpfs 20): past
+        # this it holds more than MAX_DIR_ENTRIES on every file system here, unlisted
+        too_big = st.st_size > MAX_DIR_ENTRIES * 40
         try:
             with os.scandir(path) as it:
                 for e in it:
-                    if len(names) >= MAX_DIR_ENTRIES:
+                    if too_big or len(names) >= MAX_DIR_ENTRIES:
                         too_big = True
                         break
                     names.append(e.name)
@@ -480,6 +484,7 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
         changed = watcher.since(rec.synced) if rec is not None else None
         mine = None if rec is None or changed is None else \
             {d for d in changed if d in rec.inherited}  # other trees' changes cost nothing
+        walked = bool(mine) or mine is None
         if rec is None or mine is None or len(mine) > MAX_INCREMENTAL:
             rec = _WalkRecord(synced, {}, {})
             listed += _walk(group, cache, set(), rec=rec, foreign=foreign)[1]
@@ -496,7 +501,7 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
                                 foreign=foreign)[1]
             rec.synced = synced
         if watcher.usable:
-            cache.remember_walk(key, rec)
+            cache.remember_walk(key, rec, walked)
         for hits in rec.hits.values():
             found.update(hits)
         visited += len(rec.inherited)

@@ -7,6 +7,7 @@ glob of fs ops, the sandbox only bounds what a process can reach.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
@@ -29,7 +30,15 @@ from policy_engine.model import (
 )
 from policy_engine.model import Limits as ModelLimits
 from policy_engine.patterns.paths import expand_home
-from policy_engine.sandbox.masks import RUNTIME_DIRS, RUNTIME_GLOBS, plan_masks, under_runtime
+from policy_engine.sandbox.masks import (
+    MAX_PLAN_DIRS,
+    RUNTIME_DIRS,
+    RUNTIME_GLOBS,
+    MaskPlan,
+    PlanTooLarge,
+    plan_masks,
+    under_runtime,
+)
 
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc")
 # never readable in a sandbox, whatever the profile says (seed 003 mandatory list, /etc part);
@@ -140,7 +149,8 @@ def _warm() -> None:
     try:
         patterns = [*BUILTIN_MASKS, *(f"{d}/**" for d in RUNTIME_DIRS), *RUNTIME_GLOBS,
                     *MANDATORY_DENY_PATHS]
-        plan_masks([], system_trees(), patterns, "/nonexistent")
+        with contextlib.suppress(PlanTooLarge):  # the call's own plan says so, cleanly
+            plan_masks([], system_trees(), patterns, "/nonexistent")
     finally:
         _warmed.set()
 
@@ -157,6 +167,21 @@ def prewarm(*, wait: bool = False) -> None:
             t.start()
     if wait:
         _warmed.wait()
+
+
+def bounded_plan(bound: Sequence[str], system: Sequence[str], patterns: Sequence[str], home: str,
+                 *, foreign_owner: int | None = None, keep: Sequence[str] = ()) -> MaskPlan:
+    """``plan_masks``, its directory budget exceeded refused with ``CAPABILITY_BLOCKED``: a
+    bind of a whole host (``allowReadOutside``) walked it all for ``**/.env`` on every cold
+    plan (issue 32 item 11: 3 s, 266 MB)."""
+    try:
+        return plan_masks(bound, system, patterns, home, foreign_owner=foreign_owner, keep=keep)
+    except PlanTooLarge as exc:
+        raise PolicyEngineError(
+            ErrorCode.CAPABILITY_BLOCKED,
+            f"{exc} (more than {MAX_PLAN_DIRS:,} directories beneath {', '.join(bound[:3])}"
+            f"{'…' if len(bound) > 3 else ''}): narrow the fs rules, or keep a broad read "
+            "out of the mandatory denies' reach") from None
 
 
 def _masks(profile: Profile, bound: list[str], system: list[str], *,
@@ -178,7 +203,7 @@ def _masks(profile: Profile, bound: list[str], system: list[str], *,
         reads = deny.mandatory or CapabilityKind.FS_READ in deny.kinds
         if reads and isinstance(deny.capability, FsCapability):
             patterns += [expand_home(p, home) for p in deny.capability.paths]
-    plan = plan_masks(bound, system, patterns, home, foreign_owner=foreign_owner, keep=keep)
+    plan = bounded_plan(bound, system, patterns, home, foreign_owner=foreign_owner, keep=keep)
     # /var/run -> /run: the link's target is masked itself, and a file bind would follow it
     files = [p for p in plan.files if not (os.path.islink(p) and under_runtime(p))]
     # a file inside a masked directory is hidden already; binding over it as well fails when
@@ -200,7 +225,7 @@ def _write_forbidden(profile: Profile, writable: list[str], masked: list[str]) -
                 for p in d.capability.paths]  # type: ignore[union-attr]
     if not patterns or not writable:
         return []
-    plan = plan_masks(writable, [], patterns, home)
+    plan = bounded_plan(writable, [], patterns, home)
     found = sorted({*plan.files, *plan.dirs} - set(masked))
     # nothing beneath a read-only directory needs its own bind
     return [p for p in found if not any(q != p and beneath(p, q) for q in found)]

@@ -69,6 +69,11 @@ RACY_NS = 2_000_000_000
 MAX_DEPTH = 128
 MAX_PATH_BYTES = 3072
 MAX_DIR_ENTRIES = 100_000
+MAX_PLAN_DIRS = 200_000
+
+
+class PlanTooLarge(ValueError):
+    """A plan would walk more than its directory budget (``plan_masks``'s ``max_dirs``)."""
 DEFAULT_MAX_BYTES = 64 << 20
 _NAME_COST, _PATH_COST, _DIR_COST = 90, 60, 200  # CPython object and set-slot overheads
 
@@ -273,10 +278,13 @@ class _Foreign:
 
 def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[str], home: str,
                cache: DirCache | None = None, *, foreign_owner: int | None = None,
-               keep: Sequence[str] = ()) -> MaskPlan:
+               keep: Sequence[str] = (), max_dirs: int = MAX_PLAN_DIRS) -> MaskPlan:
     """Existing paths matching ``patterns`` that the binds ``bound`` (searched for every glob)
     or ``system`` (searched only for a glob whose literal prefix lies inside it) would expose;
     with ``foreign_owner``, also the directories that uid owns outside ``keep`` (module doc).
+
+    :raises PlanTooLarge: the walk (not a reuse) would visit more than ``max_dirs``
+        directories: bounded time for a bind of a whole host (``allowReadOutside``).
     """
     cache = cache or DEFAULT_CACHE
     visible = [*bound, *system]
@@ -308,7 +316,7 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
         for b in bound:  # every directory of the view is visited, even with no glob active
             starts.setdefault(b, [])
     found |= _file_binds_masked(bound, literal, [g for gs in starts.values() for g in gs])
-    visited, listed, seen = _walk_or_reuse(starts, cache, found, foreign)
+    visited, listed, seen = _walk_or_reuse(starts, cache, found, foreign, [max_dirs])
     skip = (*RUNTIME_DIRS, *NEVER_WALKED)
     found |= linked_secrets(seen, bound, found, literal, cache.linked, skip)
     files: set[str] = set()
@@ -462,13 +470,15 @@ MAX_INCREMENTAL = 64
 
 
 def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str],
-                   foreign: _Foreign | None = None) -> tuple[int, int, list[str]]:
+                   foreign: _Foreign | None = None,
+                   budget: list[int] | None = None) -> tuple[int, int, list[str]]:
     """Reuse the last walk of the same starts, re-walking only the directories inotify says
     changed since (each with the frame it had); a full walk when that is not known."""
     watcher = cache.watcher
     seen: list[str] = []
     if watcher is None or not watcher.usable:
-        visited, listed = _walk(starts, cache, found, seen=seen, foreign=foreign)
+        visited, listed = _walk(starts, cache, found, seen=seen, foreign=foreign,
+                                budget=budget)
         return visited, listed, seen
     watcher.drain()
     synced = watcher.seq  # INVARIANT: read before walking: a change during it stays in the log
@@ -487,7 +497,7 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
         walked = bool(mine) or mine is None
         if rec is None or mine is None or len(mine) > MAX_INCREMENTAL:
             rec = _WalkRecord(synced, {}, {})
-            listed += _walk(group, cache, set(), rec=rec, foreign=foreign)[1]
+            listed += _walk(group, cache, set(), rec=rec, foreign=foreign, budget=budget)[1]
         else:
             for d in mine:
                 frame = rec.inherited.get(d)
@@ -498,7 +508,7 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
                     del rec.inherited[p]
                     rec.hits.pop(p, None)
                 listed += _walk(group, cache, set(), rec=rec, tops=[(d, frame)],
-                                foreign=foreign)[1]
+                                foreign=foreign, budget=budget)[1]
             rec.synced = synced
         if watcher.usable:
             cache.remember_walk(key, rec, walked)
@@ -512,7 +522,8 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
 def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
           rec: _WalkRecord | None = None,
           tops: list[tuple[str, _Frame]] | None = None,
-          seen: list[str] | None = None, foreign: _Foreign | None = None) -> tuple[int, int]:
+          seen: list[str] | None = None, foreign: _Foreign | None = None,
+          budget: list[int] | None = None) -> tuple[int, int]:
     """One depth-first walk from the outermost start roots; nested starts join on the way.
 
     INVARIANT: a glob is active only at or beneath one of its start roots, and every start root
@@ -538,6 +549,11 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
         if extra:
             frame = _frame(frame.active + tuple(extra), memo)
         visited += 1
+        if budget is not None:
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise PlanTooLarge("the binds expose too many directories to search for "
+                                   "masked paths")
         try:
             st = lstat(d)
         except OSError:

@@ -140,3 +140,16 @@ def test_build_plan_plans_from_the_cache_after_warm_up(world: Path) -> None:
     build_plan(make_profile(world), ProcExecOp(tool="true"))
     listed = masks.DEFAULT_CACHE.entries_listed - before
     assert listed < 200, listed  # the world's few entries, not /usr
+
+
+def test_a_walk_past_its_directory_budget_is_refused_and_a_reuse_is_free(world: Path) -> None:
+    """32.11: a bind of a whole host walked it all; past ``max_dirs`` the plan refuses
+    (``spec.bounded_plan`` turns it into CAPABILITY_BLOCKED), a reused walk costs nothing."""
+    for i in range(60):
+        (world / "many" / f"d{i:02d}").mkdir(parents=True)
+    cache = DirCache()
+    with pytest.raises(masks.PlanTooLarge):
+        plan_masks([str(world)], [], PATTERNS, "/root", cache, max_dirs=50)
+    plan_masks([str(world)], [], PATTERNS, "/root", cache, max_dirs=500)
+    again = plan_masks([str(world)], [], PATTERNS, "/root", cache, max_dirs=5)  # reused
+    assert again.dirs_listed == 0

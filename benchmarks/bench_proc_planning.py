@@ -165,16 +165,22 @@ def soak_rows(tmp: Path, n: int) -> list[str]:
     profile = profile_for(tmp, root)
     out = []
     step = max(1, n // 10)
+    times: list[float] = []
     for i in range(n):
-        art = root / "artifacts" / f"exec-{i:05d}"
+        # each exec binds its own artifacts directory (a new walk key each call, as a service)
+        art = tmp / "artifacts" / f"exec-{i:05d}"
         art.mkdir(parents=True)
-        _plan_ms(profile)
+        cap = ProfileCapability(kind="fs.write", all_of=(
+            FsCapability(kind="fs.write", paths=(f"{art}/**",)),))
+        times.append(_plan_ms(profile.model_copy(
+            update={"capabilities": (*profile.capabilities, cap)})))
         if (i + 1) % step == 0:
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             with open("/proc/self/statm") as fh:
                 now = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
             out.append(f"| soak | after {i + 1:,} plans: RSS {now:.0f} MiB (peak {rss:.0f}), "
-                       f"cache {masks.DEFAULT_CACHE.held_bytes() / (1 << 20):.1f} MiB | — | 1 |")
+                       f"cache {masks.DEFAULT_CACHE.held_bytes() / (1 << 20):.1f} MiB | "
+                       f"{statistics.median(times[-step:]):.2f} | {step} |")
     return out
 
 

@@ -82,8 +82,10 @@ class Control:
 
     def run(self, argv: list[str], env: dict[str, str], cwd: str, limits: tuple[int, int],
             deadline: float, cancel: CancelToken | None = None,
-            stdin_b64: str | None = None) -> tuple[Outcome, bool]:
+            stdin_b64: str | None = None, seccomp_hex: str | None = None
+            ) -> tuple[Outcome, bool]:
         """Run ``argv``; return its outcome and whether the artifacts directory has entries.
+        ``seccomp_hex``: a filter the launcher installs in the command before it runs.
 
         :raises ControlBroken: the connection failed (the caller maps it to an error and the
             slot is replaced on release).
@@ -93,7 +95,7 @@ class Control:
             out.timed_out, out.ended = True, time.time()
             return out, False
         try:
-            return self._run(out, argv, env, cwd, deadline, cancel, stdin_b64)
+            return self._run(out, argv, env, cwd, deadline, cancel, stdin_b64, seccomp_hex)
         except (OSError, ValueError, EOFError) as exc:
             self.broken = True
             raise ControlBroken(str(exc)) from exc
@@ -102,7 +104,7 @@ class Control:
 
     def _run(self, out: Outcome, argv: list[str], env: dict[str, str], cwd: str,
              deadline: float, cancel: CancelToken | None,
-             stdin_b64: str | None) -> tuple[Outcome, bool]:
+             stdin_b64: str | None, seccomp_hex: str | None = None) -> tuple[Outcome, bool]:
         sock = self._sock
         if sock is None or self.broken:
             raise ControlBroken("launcher not connected")
@@ -110,6 +112,8 @@ class Control:
         req: dict[str, object] = {"argv": argv, "env": env, "cwd": cwd}
         if stdin_b64 is not None:
             req["stdin_b64"] = stdin_b64
+        if seccomp_hex is not None:
+            req["seccomp"] = seccomp_hex
         sock.settimeout(max(0.001, deadline - time.monotonic()))  # stdin may be megabytes
         sock.sendall(json.dumps(req).encode() + b"\n")
         buf = b""

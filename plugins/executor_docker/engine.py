@@ -141,12 +141,16 @@ class Hardening:
     max_file_bytes: int = 1 << 30
     runtime: str | None = None  # OCI runtime (HostConfig.Runtime); None: dockerd's default
     gvisor: bool = False  # ``runtime`` is gVisor (seccomp_profile.profile_json says why)
+    # network off, run-once: no AF_UNIX in the container (the pool's launcher and the
+    # restricted bridge speak AF_UNIX to the host; they refuse it per command instead)
+    deny_unix: bool = False
 
     def create_kwargs(self) -> dict[str, Any]:
         return {
             **({"runtime": self.runtime} if self.runtime else {}),
             "network_mode": self.network_mode, "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges", f"seccomp={profile_json(self.gvisor)}"],
+            "security_opt": ["no-new-privileges",
+                             f"seccomp={profile_json(self.gvisor, self.deny_unix)}"],
             "ulimits": [Ulimit(name="fsize", soft=self.max_file_bytes,
                                hard=self.max_file_bytes),
                         *([Ulimit(name="nproc", soft=self.pids_limit, hard=self.pids_limit)]
@@ -171,7 +175,8 @@ class Hardening:
     def snapshot(self) -> dict[str, Any]:
         return {"network_mode": self.network_mode, "cap_drop": ["ALL"],
                 "security_opt": ["no-new-privileges", "seccomp=policy-engine (io_uring, "
-                                 "namespaces, setuid modes refused)"],
+                                 "namespaces, setuid modes, preallocation"
+                                 + (", AF_UNIX" if self.deny_unix else "") + " refused)"],
                 "max_file_bytes": self.max_file_bytes, "pids_limit": self.pids_limit,
                 "memory_bytes": self.mem_limit, "nano_cpus": self.nano_cpus,
                 "user": SANDBOX_USER, "read_only": True, "tmpfs": ["/tmp"],

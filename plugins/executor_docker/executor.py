@@ -42,6 +42,7 @@ from plugins.executor_docker.workspace import (
     prepare,
     write_record,
 )
+from plugins.executor_proc.seccomp import unix_filter
 from policy_engine.config import default_state_dir
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, ExecutorCapabilities, refusal_of
@@ -65,6 +66,7 @@ from policy_engine.netproxy import SANDBOX_DIR, RestrictedHandle
 # GIT_PINS: git never runs a program a workspace file names (repo config, hooks, ~/.gitconfig)
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace/work",
             "LANG": "C.UTF-8", **GIT_PINS}
+_UNIX_FILTER = unix_filter().hex()  # a pooled command's, with network off (``_exec_warm``)
 
 
 def session_key(profile: Profile) -> str:
@@ -284,6 +286,9 @@ class DockerExecutor:
         runtime = runtimes.for_profile(profile, self.runtimes)
         hard = engine.hardening(profile, self.options, ctx.limits, runtime=runtime,
                                 gvisor=runtime is not None and runtime == self.runtimes.gvisor)
+        if self.options.mode != "pool" and profile.network is NetworkMode.OFF:
+            # nothing in a run-once container needs AF_UNIX then (engine.Hardening.deny_unix)
+            hard = replace(hard, deny_unix=True)
         cwd, env = _cwd(op.cwd), _env(op.env, profile, op.tool)
         # ctx.limits.timeout_ms already holds the profile's (or a rule's replacing a built-in)
         timeout_s = min((t for t in (op.timeout_ms, ctx.limits.timeout_ms) if t),
@@ -452,7 +457,11 @@ class DockerExecutor:
                    ) -> tuple[Outcome, bool]:
         """One command in the session's warm container: through its launcher, or an exec."""
         if slot.control is not None:
-            return slot.control.run(argv, env, cwd, limits, deadline, ctx.cancel, stdin_b64)
+            # network off: the command gets no AF_UNIX socket (the launcher itself keeps its
+            # control connection; the container's profile cannot refuse it to one process)
+            off = ctx.profile.network is NetworkMode.OFF
+            return slot.control.run(argv, env, cwd, limits, deadline, ctx.cancel, stdin_b64,
+                                    _UNIX_FILTER if off else None)
         out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits, deadline,
                       ctx.cancel)
         # no process of the call outlives it (issue 32 item 3): a background child would run

@@ -123,16 +123,39 @@ class Conn:
         return line
 
 
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _filter_installer(hex_prog: str) -> Any:
+    """A ``preexec_fn`` installing the seccomp program ``hex_prog`` (built on the host:
+    ``plugins.executor_proc.seccomp.unix_filter``) in the child; everything is prepared
+    before the fork, the child only calls ``prctl`` (a failure fails the spawn: exit 126)."""
+    code = bytes.fromhex(hex_prog)
+    buf = ctypes.create_string_buffer(code, len(code))
+    prog = _Fprog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p).value)
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def install() -> None:
+        keep = (buf, prog)  # alive until the child execs
+        if prctl(38, 1, 0, 0, 0) != 0 or prctl(22, 2, ctypes.byref(keep[1]), 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "seccomp filter refused")  # NO_NEW_PRIVS, FILTER
+
+    return install
+
+
 def run(conn: Conn, req: dict[str, Any]) -> None:
     sock = conn.sock
     argv = [str(a) for a in req["argv"]]
+    filt = req.get("seccomp")
     env = {str(k): str(v) for k, v in req["env"].items()}
     stdin = base64.b64decode(req["stdin_b64"]) if req.get("stdin_b64") is not None else None
     try:
         child = subprocess.Popen(argv, env=env, cwd=str(req["cwd"]),
                                  stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 close_fds=True, start_new_session=True)
+                                 close_fds=True, start_new_session=True,
+                                 preexec_fn=_filter_installer(str(filt)) if filt else None)
     except OSError as exc:
         code = 127 if isinstance(exc, FileNotFoundError) else 126
         _frame(sock, b"E", f"launcher: cannot run {argv[0]}: {exc.strerror}\n".encode())

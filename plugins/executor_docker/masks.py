@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from docker.types import Mount
 
+from plugins.executor_proc.spec import bounded_plan
 from policy_engine.model import FsCapability, Profile
 from policy_engine.patterns.paths import expand_home
-from policy_engine.sandbox.masks import MaskPlan, plan_masks
+from policy_engine.sandbox.masks import MaskPlan
 
 
 def _plan(profile: Profile, sources: list[str]) -> MaskPlan:
@@ -21,7 +22,7 @@ def _plan(profile: Profile, sources: list[str]) -> MaskPlan:
     patterns = [expand_home(p, home) for d in profile.denies
                 if d.mandatory and isinstance(d.capability, FsCapability)
                 for p in d.capability.paths]
-    return plan_masks(sources, [], patterns, home)
+    return bounded_plan(sources, [], patterns, home)  # a budget past which it is refused
 
 
 def mask_mounts(profile: Profile, binds: list[tuple[str, str, bool]]) -> list[Mount]:

@@ -38,16 +38,41 @@ _MODE_ARG = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2, "creat": 1,
 _CREATE_ARGS = {"open": (1, 2), "openat": (2, 3)}  # (flags index, mode index)
 _O_CREATES = (0o100, 0o20000000)  # O_CREAT, __O_TMPFILE
 _S_IFCHR_BIT = 0o020000  # set in S_IFCHR and S_IFBLK only
+AF_UNIX, SOCK_DGRAM = 1, 2
 
 
 def _masked(index: int, bit: int) -> dict[str, object]:
     return {"index": index, "value": bit, "valueTwo": bit, "op": "SCMP_CMP_MASKED_EQ"}
 
 
-@functools.lru_cache(maxsize=2)
-def profile_json(gvisor: bool = False) -> str:
+def _fallocate_rules() -> list[dict[str, object]]:
+    """``fallocate`` modes other than 0 (bounded by ``--ulimit fsize``) and KEEP_SIZE|PUNCH_HOLE
+    answer EOPNOTSUPP (second pass, N1: KEEP_SIZE allocated 3 GiB past the file cap); the
+    proc filter's ``FALLOCATE_MODES_OK`` as libseccomp rules, which cannot say "not in": one
+    rule per higher mode bit, and the two lone low bits."""
+    nope = {"action": "SCMP_ACT_ERRNO", "errnoRet": errno.EOPNOTSUPP}
+    low = [{"names": ["fallocate"], "args": [{"index": 1, "value": 0x3, "valueTwo": v,
+                                              "op": "SCMP_CMP_MASKED_EQ"}], **nope}
+           for v in (0x1, 0x2)]
+    return low + [{"names": ["fallocate"], "args": [_masked(1, 1 << bit)], **nope}
+                  for bit in range(2, 32)]
+
+
+def _unix_rules(eperm: dict[str, object]) -> list[dict[str, object]]:
+    """No AF_UNIX socket and no datagram socketpair (network off: a host listener's socket
+    file in a bind, e.g. a ``system_binds`` tree, stays unreachable; second pass, N2)."""
+    return [{"names": ["socket"], "args": [{"index": 0, "value": AF_UNIX,
+                                             "op": "SCMP_CMP_EQ"}], **eperm},
+            {"names": ["socketpair"], "args": [
+                {"index": 0, "value": AF_UNIX, "op": "SCMP_CMP_EQ"},
+                {"index": 1, "value": 0xF, "valueTwo": SOCK_DGRAM, "op": "SCMP_CMP_MASKED_EQ"}],
+             **eperm}]
+
+
+@functools.lru_cache(maxsize=4)
+def profile_json(gvisor: bool = False, deny_unix: bool = False) -> str:
     """The profile as the JSON string Docker's API takes in ``SecurityOpt`` (``gvisor``: for
-    a container on runsc, see the module docstring)."""
+    a container on runsc, see the module docstring; ``deny_unix``: see ``_unix_rules``)."""
     eperm = {"action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
     rules: list[dict[str, object]] = [
         {"names": sorted({*DENIED_X86_64, *EXTRA_DENIED}), **eperm},
@@ -67,6 +92,8 @@ def profile_json(gvisor: bool = False) -> str:
               for bit in (stat.S_ISUID, stat.S_ISGID)]
     rules += [{"names": [name], "args": [_masked(arg, _S_IFCHR_BIT)], **eperm}
               for name, arg in (("mknod", 1), ("mknodat", 2))]
+    rules += _fallocate_rules()
+    rules += _unix_rules(eperm) if deny_unix else []
     profile = {"defaultAction": "SCMP_ACT_ALLOW",
                "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
                "syscalls": rules}

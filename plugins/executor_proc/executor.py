@@ -28,6 +28,7 @@ from plugins.executor_proc import (
     prespawn,
     sanitize,
     seccomp,
+    spec,
     status_pipe,
     uid,
     unshare,
@@ -209,6 +210,8 @@ class ProcExecutor:
             bind_mounts=backend == "bwrap", readonly_rootfs=True, resource_limits=True,
             env_filtering=True, streaming_output=False, mandatory_denies=True,
         )
+        if self.usable:
+            spec.prewarm()  # the system trees' mask walk, off the call path
         self._pool = cgroups.CgroupPool(max(1, self.options.prespawn)) \
             if self.options.cgroups else None
         self._native: native.NativeLauncher | None = None
@@ -328,6 +331,7 @@ class ProcExecutor:
                        net: RestrictedHandle | None) -> dict[str, Any]:
         off = plan.network != "on"
         strict = self.backend != "bwrap"  # no masks by mounts: carve, refuse AF_UNIX, setsid
+        unix_off = off and net is None
         if self.backend == "bwrap":
             extra = [("/tmp", "rw"), ("/dev", "dev"), ("/proc", "ro")]
             if net is not None:  # the bridge reads its script, then starts the tool's launcher
@@ -345,9 +349,13 @@ class ProcExecutor:
                          "deny_tcp": off, "scope": True, "required": strict,
                          # the bridge binds and dials the proxy port, nothing else
                          **({"bind": [net.port], "connect": [net.port]} if net else {})},
-            # AF_INET stays usable in restricted mode: the namespace has only loopback
+            # AF_INET stays usable in restricted mode: the namespace has only loopback. With
+            # network off no AF_UNIX socket under bwrap either: its own network namespace hides
+            # abstract sockets, not a host listener's socket file in a bound tree (second pass,
+            # N2); that refusal is a mandatory one, so strict mode requires the filter
             "seccomp": {"deny_inet": off and net is None, "deny_setsid": strict,
-                        "deny_unix": strict, "required": strict},
+                        "deny_unix": strict or unix_off,
+                        "required": strict or unix_off and self.mode == "strict"},
             "keep_status": net is not None,
             # proc-unshare: the launcher is pid 1 of the namespace; it stays, the tool is pid 2
             "init": self.backend == "unshare",
@@ -356,14 +364,17 @@ class ProcExecutor:
             "report_end": self.backend == "unshare" or self.backend == "bwrap" and net is None,
         }
 
-    @staticmethod
-    def _tool_spec(net: RestrictedHandle) -> dict[str, Any]:
+    def _tool_spec(self, net: RestrictedHandle) -> dict[str, Any]:
         """The layer added between the bridge and the tool: no TCP bind at all, connect to the
-        bridge's port only (stacked on the bridge's Landlock domain and seccomp filter).
+        bridge's port only (stacked on the bridge's Landlock domain and seccomp filter), and no
+        AF_UNIX socket: the bridge reaches the proxy through one, the tool must reach neither
+        the proxy's socket past the bridge nor a host listener in a bound tree (N2).
         """
         return {"drop_caps": False, "landlock": {"rules": [], "deny_tcp": True, "scope": True,
                                                  "required": False, "fs": False,
-                                                 "connect": [net.port]}, "report_end": True}
+                                                 "connect": [net.port]}, "report_end": True,
+                "seccomp": {"deny_inet": False, "deny_setsid": False, "deny_unix": True,
+                            "required": self.mode == "strict"}}
 
     def _inner_args(self, spec: dict[str, Any], status_fd: int) -> list[str]:
         """The native launcher's options for ``spec`` (the Python launcher's JSON, as flags)."""

@@ -48,6 +48,13 @@ _PERSONALITY_OK = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)  # Docker's list; no 
 _AF_UNIX = 1
 _NR_SOCKETPAIR, _SOCK_TYPE_MASK, _SOCK_DGRAM = 53, 0xF, 2
 _NR_OPENAT2 = 437
+# fallocate(fd, mode, ...): RLIMIT_FSIZE bounds a file's size, not its allocation, and
+# FALLOC_FL_KEEP_SIZE allocates any amount without growing the size (second pass, N1: 3 GiB
+# in one call). Mode 0 (counted by RLIMIT_FSIZE: EFBIG past the cap) and punching a hole
+# (KEEP_SIZE|PUNCH_HOLE, frees space) pass; any other mode answers EOPNOTSUPP, the answer of a
+# file system without the mode, on which glibc's posix_fallocate and tools fall back to writes
+_NR_FALLOCATE = 285
+FALLOCATE_MODES_OK = (0x0, 0x3)
 _S_ISUID_GID = 0o6000
 _S_IFCHR_BIT = 0o020000  # set in S_IFCHR and S_IFBLK only
 _O_CREAT_TMPFILE = 0o100 | 0o20000000
@@ -91,11 +98,15 @@ def _arg_rule(nr: int, conds: tuple[tuple[int, int], ...], eperm: bytes) -> list
 def build_filter(*, deny_inet: bool, deny_setsid: bool, deny_unix: bool = False) -> bytes:
     """The BPF program: EPERM for denied calls, ENOSYS for clone3 and openat2 (so libc falls
     back to clone and openat, whose arguments we can inspect), namespace flags on clone refused,
-    setuid/setgid modes and device nodes refused, optional socket filters.
+    setuid/setgid modes and device nodes refused, preallocating ``fallocate`` modes refused
+    (EOPNOTSUPP), optional socket filters.
 
     ``deny_unix``: no ``AF_UNIX`` socket and no datagram socketpair (a datagram socket can be
-    pointed at any path): the only way to keep a process without a mount namespace away from
-    the host's control sockets (Landlock does not govern ``connect`` to a socket file).
+    pointed at any path). Landlock (ABI 7) scopes abstract sockets but does not govern
+    ``connect`` to a socket file, and a bind mount, read-only or not, leaves a host listener's
+    socket file connectable, so this is what keeps a sandbox with network off away from every
+    host process listening on a path it can see (second pass, N2). A stream ``socketpair``
+    stays: its two ends are connected to each other and to nothing else.
     """
     eperm = _ret(_RET_ERRNO | errno.EPERM)
     prog = [_ins(_LD_W_ABS, _OFF_ARCH), _ins(_JEQ_K, _AUDIT_ARCH_X86_64, 1, 0),
@@ -111,6 +122,9 @@ def build_filter(*, deny_inet: bool, deny_setsid: bool, deny_unix: bool = False)
     # INVARIANT: every argument check ends by reloading nr, so later checks still see it
     prog += [_ins(_JEQ_K, _NR_CLONE, 0, 4), _ins(_LD_W_ABS, _OFF_ARG0),
              _ins(_JSET_K, _CLONE_NS_FLAGS, 0, 1), eperm, _ins(_LD_W_ABS, _OFF_NR)]
+    prog += [_ins(_JEQ_K, _NR_FALLOCATE, 0, 5), _ins(_LD_W_ABS, _OFF_ARG0 + 8),
+             _ins(_JEQ_K, FALLOCATE_MODES_OK[0], 2, 0), _ins(_JEQ_K, FALLOCATE_MODES_OK[1], 1, 0),
+             _ret(_RET_ERRNO | errno.EOPNOTSUPP), _ins(_LD_W_ABS, _OFF_NR)]
     n = len(_PERSONALITY_OK)
     prog += [_ins(_JEQ_K, _NR_PERSONALITY, 0, n + 3), _ins(_LD_W_ABS, _OFF_ARG0)]
     prog += [_ins(_JEQ_K, v, n - i, 0) for i, v in enumerate(_PERSONALITY_OK)]
@@ -120,13 +134,29 @@ def build_filter(*, deny_inet: bool, deny_setsid: bool, deny_unix: bool = False)
                  _ins(_JEQ_K, _AF_UNIX, 1, 0), _ret(_RET_ERRNO | errno.EAFNOSUPPORT),
                  _ins(_LD_W_ABS, _OFF_NR)]
     if deny_unix:
-        prog += [_ins(_JEQ_K, _NR_SOCKET, 0, 3), _ins(_LD_W_ABS, _OFF_ARG0),
-                 _ins(_JEQ_K, _AF_UNIX, 0, 1), eperm, _ins(_LD_W_ABS, _OFF_NR)]
-        prog += [_ins(_JEQ_K, _NR_SOCKETPAIR, 0, 4), _ins(_LD_W_ABS, _OFF_ARG0 + 8),
-                 _ins(_ALU_AND_K, _SOCK_TYPE_MASK), _ins(_JEQ_K, _SOCK_DGRAM, 0, 1), eperm,
-                 _ins(_LD_W_ABS, _OFF_NR)]
+        prog += _unix_rules(eperm)
     prog.append(_ret(_RET_ALLOW))
     return b"".join(prog)
+
+
+def unix_filter() -> bytes:
+    """A filter with the ``deny_unix`` rules only (and the architecture check), for a process
+    already under a broader filter: the docker pool's commands with network off."""
+    eperm = _ret(_RET_ERRNO | errno.EPERM)
+    prog = [_ins(_LD_W_ABS, _OFF_ARCH), _ins(_JEQ_K, _AUDIT_ARCH_X86_64, 1, 0),
+            _ret(_RET_KILL_PROCESS), _ins(_LD_W_ABS, _OFF_NR),
+            _ins(_JGE_K, _X32_BIT, 0, 1), eperm]
+    prog += _unix_rules(eperm)
+    prog.append(_ret(_RET_ALLOW))
+    return b"".join(prog)
+
+
+def _unix_rules(eperm: bytes) -> list[bytes]:
+    return [_ins(_JEQ_K, _NR_SOCKET, 0, 3), _ins(_LD_W_ABS, _OFF_ARG0),
+            _ins(_JEQ_K, _AF_UNIX, 0, 1), eperm, _ins(_LD_W_ABS, _OFF_NR),
+            _ins(_JEQ_K, _NR_SOCKETPAIR, 0, 4), _ins(_LD_W_ABS, _OFF_ARG0 + 8),
+            _ins(_ALU_AND_K, _SOCK_TYPE_MASK), _ins(_JEQ_K, _SOCK_DGRAM, 0, 1), eperm,
+            _ins(_LD_W_ABS, _OFF_NR)]
 
 
 class _SockFprog(ctypes.Structure):

@@ -7,13 +7,16 @@ glob of fs ops, the sandbox only bounds what a process can reach.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from policy_engine import ErrorCode, PolicyEngineError
+from policy_engine.compiler.builtins import MANDATORY_DENY_PATHS
 from policy_engine.guard.binds import beneath, bound_paths, cwd_refusal
 from policy_engine.guard.env import profile_env_refusal
 from policy_engine.guard.gitfiles import GIT_PINS
@@ -27,7 +30,15 @@ from policy_engine.model import (
 )
 from policy_engine.model import Limits as ModelLimits
 from policy_engine.patterns.paths import expand_home
-from policy_engine.sandbox.masks import RUNTIME_DIRS, RUNTIME_GLOBS, plan_masks, under_runtime
+from policy_engine.sandbox.masks import (
+    MAX_PLAN_DIRS,
+    RUNTIME_DIRS,
+    RUNTIME_GLOBS,
+    MaskPlan,
+    PlanTooLarge,
+    plan_masks,
+    under_runtime,
+)
 
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc")
 # never readable in a sandbox, whatever the profile says (seed 003 mandatory list, /etc part);
@@ -121,6 +132,58 @@ def carve(root: str, access: str, masked: list[str]) -> list[tuple[str, str]]:
     return out
 
 
+_warm_lock = threading.Lock()
+_warmed = threading.Event()
+_warming: list[threading.Thread] = []
+
+
+def system_trees(extra_ro: Iterable[str] = ()) -> list[str]:
+    """The system binds every sandbox gets: ``SYSTEM_RO``, the interpreter's prefix, extras."""
+    interp = os.path.realpath(sys.base_prefix)
+    system = [p for p in SYSTEM_RO if os.path.exists(p)]
+    return system + [p for p in (interp, *extra_ro)
+                     if os.path.exists(p) and not any(beneath(p, s) for s in SYSTEM_RO)]
+
+
+def _warm() -> None:
+    try:
+        patterns = [*BUILTIN_MASKS, *(f"{d}/**" for d in RUNTIME_DIRS), *RUNTIME_GLOBS,
+                    *MANDATORY_DENY_PATHS]
+        with contextlib.suppress(PlanTooLarge):  # the call's own plan says so, cleanly
+            plan_masks([], system_trees(), patterns, "/nonexistent")
+    finally:
+        _warmed.set()
+
+
+def prewarm(*, wait: bool = False) -> None:
+    """Walk the system trees for the mandatory denies once, off the call path (issue 27 item
+    4: the first call walked /usr/lib, the Python prefix and /usr/share, 25k directories, in
+    about a second): the per-root walk records and inotify watches it leaves make a call's
+    plan of those trees a reuse. Started by the executor; ``wait``: until it is done."""
+    with _warm_lock:
+        if not _warming:
+            t = threading.Thread(target=_warm, name="pe-mask-prewarm", daemon=True)
+            _warming.append(t)
+            t.start()
+    if wait:
+        _warmed.wait()
+
+
+def bounded_plan(bound: Sequence[str], system: Sequence[str], patterns: Sequence[str], home: str,
+                 *, foreign_owner: int | None = None, keep: Sequence[str] = ()) -> MaskPlan:
+    """``plan_masks``, its directory budget exceeded refused with ``CAPABILITY_BLOCKED``: a
+    bind of a whole host (``allowReadOutside``) walked it all for ``**/.env`` on every cold
+    plan (issue 32 item 11: 3 s, 266 MB)."""
+    try:
+        return plan_masks(bound, system, patterns, home, foreign_owner=foreign_owner, keep=keep)
+    except PlanTooLarge as exc:
+        raise PolicyEngineError(
+            ErrorCode.CAPABILITY_BLOCKED,
+            f"{exc} (more than {MAX_PLAN_DIRS:,} directories beneath {', '.join(bound[:3])}"
+            f"{'…' if len(bound) > 3 else ''}): narrow the fs rules, or keep a broad read "
+            "out of the mandatory denies' reach") from None
+
+
 def _masks(profile: Profile, bound: list[str], system: list[str], *,
            foreign_owner: int | None = None,
            keep: Sequence[str] = ()) -> tuple[list[str], list[str], list[str]]:
@@ -140,7 +203,7 @@ def _masks(profile: Profile, bound: list[str], system: list[str], *,
         reads = deny.mandatory or CapabilityKind.FS_READ in deny.kinds
         if reads and isinstance(deny.capability, FsCapability):
             patterns += [expand_home(p, home) for p in deny.capability.paths]
-    plan = plan_masks(bound, system, patterns, home, foreign_owner=foreign_owner, keep=keep)
+    plan = bounded_plan(bound, system, patterns, home, foreign_owner=foreign_owner, keep=keep)
     # /var/run -> /run: the link's target is masked itself, and a file bind would follow it
     files = [p for p in plan.files if not (os.path.islink(p) and under_runtime(p))]
     # a file inside a masked directory is hidden already; binding over it as well fails when
@@ -162,7 +225,7 @@ def _write_forbidden(profile: Profile, writable: list[str], masked: list[str]) -
                 for p in d.capability.paths]  # type: ignore[union-attr]
     if not patterns or not writable:
         return []
-    plan = plan_masks(writable, [], patterns, home)
+    plan = bounded_plan(writable, [], patterns, home)
     found = sorted({*plan.files, *plan.dirs} - set(masked))
     # nothing beneath a read-only directory needs its own bind
     return [p for p in found if not any(q != p and beneath(p, q) for q in found)]
@@ -253,10 +316,9 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "argv contains a NUL byte")
     root = profile.mappings.root_fs.rstrip("/") or "/"
     readable, writable = bound_paths(profile)
-    interp = os.path.realpath(sys.base_prefix)
-    system = [p for p in SYSTEM_RO if os.path.exists(p)]
-    system += [p for p in (interp, *extra_ro)
-               if os.path.exists(p) and not any(beneath(p, s) for s in SYSTEM_RO)]
+    system = system_trees(extra_ro)
+    if _warming and not _warmed.is_set():
+        _warmed.wait()  # one walk of the system trees, not two racing
     bound = readable + writable
     resolved = {p: resolve_trusted_links(p) for p in bound}
     cwd = op.cwd or (root if any(beneath(root, b) for b in bound) else tmpdir)

@@ -51,8 +51,8 @@ def linked_secrets(seen: Iterable[str], bound: Sequence[str], found: set[str],
         return set()
     out: set[str] = set()
     for d in seen:
-        if not any(beneath(d, b) for b in bound):
-            continue
+        if d in found or not any(beneath(d, b) for b in bound):
+            continue  # a directory masked whole hides its files already
         for name, key in linked(d):
             if key in secret:
                 out.add(f"{d.rstrip('/')}/{name}")

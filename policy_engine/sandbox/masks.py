@@ -28,7 +28,15 @@ Fail closed on what a path-based walk cannot name: a directory deeper than ``MAX
 segments or with a path longer than ``MAX_PATH_BYTES`` is masked whole, never walked (a tree
 below ``PATH_MAX`` is still reachable through relative ``chdir``; outsider round 5).
 
-There is no entry cap: a large tree costs time once (a cold walk), never a refusal.
+A directory holding more than ``MAX_DIR_ENTRIES`` entries is masked whole, never listed past
+the cap (second pass, N5: a sandbox that planted 300,000 files made every later plan list them;
+no legitimate tree keeps that many names in one directory, and masking fails closed). Walks
+are recorded per top-level root, so a call binding another workspace reuses the system trees'
+walk, and a change in one tree re-walks nothing of another.
+
+Memory is bounded in bytes, not entries (issue 32 item 11: a wide policy over a large
+workspace grew the service by ~1 MB per exec): the listings, the hard-link listings and the
+walk records each have a share of ``DirCache.max_bytes`` and the oldest go first.
 Pure standard library; ``plugins/executor_proc`` and ``plugins/executor_docker`` both call it.
 """
 
@@ -38,8 +46,9 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from policy_engine.patterns.paths import (
     PathGlob,
@@ -59,6 +68,14 @@ from policy_engine.sandbox.watch import Watcher
 RACY_NS = 2_000_000_000
 MAX_DEPTH = 128
 MAX_PATH_BYTES = 3072
+MAX_DIR_ENTRIES = 100_000
+MAX_PLAN_DIRS = 200_000
+
+
+class PlanTooLarge(ValueError):
+    """A plan would walk more than its directory budget (``plan_masks``'s ``max_dirs``)."""
+DEFAULT_MAX_BYTES = 64 << 20
+_NAME_COST, _PATH_COST, _DIR_COST = 90, 60, 200  # CPython object and set-slot overheads
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,19 +96,63 @@ class _Listing:
     subdirs: tuple[str, ...]
     subpaths: tuple[str, ...]  # the subdirectories' full paths, so a warm walk builds none
     trusted: bool
+    too_big: bool = False  # more than MAX_DIR_ENTRIES: not listed, masked whole
+    cost: int = 0  # approximate bytes held
+
+
+def _cost(names: Sequence[str], subpaths: Sequence[str]) -> int:
+    return (_DIR_COST + sum(_NAME_COST + len(n) for n in names)
+            + sum(_PATH_COST + len(p) for p in subpaths))
 
 
 class DirCache:
-    """Directory listings keyed by ctime; thread-safe enough (a race stores a fresh listing)."""
+    """Directory listings keyed by ctime; thread-safe enough (a race stores a fresh listing).
 
-    def __init__(self, max_dirs: int = 500_000, watch: bool = True) -> None:
-        self.max_dirs = max_dirs
+    ``max_bytes``: what listings (half), walk records (a quarter) and hard-link listings (a
+    quarter) may hold together, approximately; past its share each drops its oldest entries.
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, watch: bool = True) -> None:
+        self.max_bytes = max_bytes
         self._data: dict[str, _Listing] = {}
+        self._data_bytes = 0
         self._lock = threading.Lock()
         self.watcher = Watcher() if watch else None
         self.walks: dict[object, _WalkRecord] = {}
+        self._walk_bytes = 0
         self._linked: dict[str, tuple[tuple[int, int, int], tuple[tuple[str, tuple[int, int]],
                                                                     ...]]] = {}
+        self._linked_bytes = 0
+        self.entries_listed = 0  # names read by getdents since start (a bound, for tests)
+
+    def held_bytes(self) -> int:
+        """The approximate bytes held (listings, walk records, hard-link listings)."""
+        return self._data_bytes + self._walk_bytes + self._linked_bytes
+
+    def _evict(self, table: dict[Any, Any], held: int, share: int,
+               cost: Callable[[Any], int]) -> int:
+        """Drop ``table``'s oldest entries until ``held`` is below 3/4 of ``share``; caller
+        holds the lock. Returns what is held after."""
+        if held <= share:
+            return held
+        for k in list(table):
+            held -= cost(table.pop(k))
+            if held <= share * 3 // 4:
+                break
+        return max(held, 0)
+
+    def remember_walk(self, key: object, rec: _WalkRecord, changed: bool = True) -> None:
+        """Keep ``rec`` as the newest walk of ``key`` (within the walk records' share);
+        ``changed``: it was walked (or partly) since it was last measured."""
+        with self._lock:
+            old = self.walks.pop(key, None)
+            if old is not None:
+                self._walk_bytes -= old.cost
+            if changed or old is not rec:
+                rec.cost = rec.measure()
+            self.walks[key] = rec
+            self._walk_bytes = self._evict(self.walks, self._walk_bytes + rec.cost,
+                                           self.max_bytes // 4, lambda r: int(r.cost))
 
     def listing(self, path: str) -> tuple[_Listing | None, bool]:
         """(listing or None when ``path`` is no longer a directory, whether it was re-listed)."""
@@ -112,22 +173,36 @@ class DirCache:
             self.watcher.watch(path)  # INVARIANT: before listing, so no later change is missed
         names: list[str] = []
         subdirs: list[str] = []
+        # a directory's size grows with its entries (ext4 ~16+ bytes each, tmpfs 20): past
+        # this it holds more than MAX_DIR_ENTRIES on every file system here, unlisted
+        too_big = st.st_size > MAX_DIR_ENTRIES * 40
         try:
             with os.scandir(path) as it:
                 for e in it:
+                    if too_big or len(names) >= MAX_DIR_ENTRIES:
+                        too_big = True
+                        break
                     names.append(e.name)
                     if e.is_dir(follow_symlinks=False):
                         subdirs.append(e.name)
         except OSError:
             return None
-        base = path.rstrip("/")
-        fresh = _Listing((st.st_dev, st.st_ino, st.st_ctime_ns), frozenset(names),
-                         tuple(subdirs), tuple(f"{base}/{n}" for n in subdirs),
-                         time.time_ns() - st.st_ctime_ns > RACY_NS)
+        self.entries_listed += len(names) + too_big
+        key, trusted = (st.st_dev, st.st_ino, st.st_ctime_ns), \
+            time.time_ns() - st.st_ctime_ns > RACY_NS
+        if too_big:  # remembered by ctime as a verdict: a warm plan lists nothing again
+            fresh = _Listing(key, frozenset(), (), (), trusted, True, _DIR_COST)
+        else:
+            base = path.rstrip("/")
+            subpaths = tuple(f"{base}/{n}" for n in subdirs)
+            fresh = _Listing(key, frozenset(names), tuple(subdirs), subpaths, trusted, False,
+                             _cost(names, subpaths))
         with self._lock:
-            if len(self._data) >= self.max_dirs:
-                self._data.clear()
+            old = self._data.pop(path, None)
+            held = self._data_bytes - (old.cost if old is not None else 0) + fresh.cost
             self._data[path] = fresh
+            self._data_bytes = self._evict(self._data, held, self.max_bytes // 2,
+                                           lambda listing: int(listing.cost))
         return fresh
 
 
@@ -154,10 +229,16 @@ class DirCache:
         except OSError:
             return ()
         with self._lock:
-            if len(self._linked) >= self.max_dirs:
-                self._linked.clear()
+            old = self._linked.pop(path, None)
+            held = self._linked_bytes - (_linked_cost(old) if old is not None else 0)
             self._linked[path] = (key, tuple(out))
+            self._linked_bytes = self._evict(self._linked, held + _linked_cost(self._linked[path]),
+                                             self.max_bytes // 4, _linked_cost)
         return tuple(out)
+
+
+def _linked_cost(entry: tuple[object, tuple[tuple[str, tuple[int, int]], ...]]) -> int:
+    return _DIR_COST + sum(_NAME_COST + 60 + len(n) for n, _ in entry[1])
 
 
 DEFAULT_CACHE = DirCache()
@@ -197,10 +278,13 @@ class _Foreign:
 
 def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[str], home: str,
                cache: DirCache | None = None, *, foreign_owner: int | None = None,
-               keep: Sequence[str] = ()) -> MaskPlan:
+               keep: Sequence[str] = (), max_dirs: int = MAX_PLAN_DIRS) -> MaskPlan:
     """Existing paths matching ``patterns`` that the binds ``bound`` (searched for every glob)
     or ``system`` (searched only for a glob whose literal prefix lies inside it) would expose;
     with ``foreign_owner``, also the directories that uid owns outside ``keep`` (module doc).
+
+    :raises PlanTooLarge: the walk (not a reuse) would visit more than ``max_dirs``
+        directories: bounded time for a bind of a whole host (``allowReadOutside``).
     """
     cache = cache or DEFAULT_CACHE
     visible = [*bound, *system]
@@ -232,7 +316,7 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
         for b in bound:  # every directory of the view is visited, even with no glob active
             starts.setdefault(b, [])
     found |= _file_binds_masked(bound, literal, [g for gs in starts.values() for g in gs])
-    visited, listed, seen = _walk_or_reuse(starts, cache, found, foreign)
+    visited, listed, seen = _walk_or_reuse(starts, cache, found, foreign, [max_dirs])
     skip = (*RUNTIME_DIRS, *NEVER_WALKED)
     found |= linked_secrets(seen, bound, found, literal, cache.linked, skip)
     files: set[str] = set()
@@ -326,7 +410,7 @@ def _coalesce(files: set[str], dirs: set[str], hidden: set[str], visible: Sequen
                     or not any(parent != v and beneath(parent, v) for v in visible)):
                 continue
             listing, _ = cache.listing(parent)
-            if listing is None or not listing.names <= names:
+            if listing is None or listing.too_big or not listing.names <= names:
                 continue
             gone = {f"{parent}/{n}" for n in names}
             if gone & hidden or parent in hidden:
@@ -357,6 +441,8 @@ _MEMO: dict[tuple[_Glob, ...], _Frame] = {}
 def _frame(active: tuple[_Glob, ...], memo: dict[tuple[_Glob, ...], _Frame]) -> _Frame:
     got = memo.get(active)
     if got is None:
+        if len(memo) >= 4096:  # distinct glob sets (policies): a bound, not a working set
+            memo.clear()
         got = memo[active] = _Frame(
             active, frozenset(g.name for g in active if g.name is not None),
             tuple(g for g in active if g.name is None),
@@ -371,6 +457,12 @@ class _WalkRecord:
     synced: int  # the watcher sequence this record reflects
     inherited: dict[str, _Frame]  # directory -> frame from its parent (before its own starts)
     hits: dict[str, frozenset[str]]  # directory -> the masked paths in it
+    cost: int = 0  # approximate bytes, as of the last ``measure``
+
+    def measure(self) -> int:
+        """An estimate in O(1) (paths ~100 bytes): it runs after every partial re-walk."""
+        return _DIR_COST + (_PATH_COST + 140) * len(self.inherited) + \
+            (_DIR_COST + _PATH_COST + 100) * len(self.hits)
 
 
 MAX_INCREMENTAL = 64
@@ -378,47 +470,60 @@ MAX_INCREMENTAL = 64
 
 
 def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str],
-                   foreign: _Foreign | None = None) -> tuple[int, int, list[str]]:
+                   foreign: _Foreign | None = None,
+                   budget: list[int] | None = None) -> tuple[int, int, list[str]]:
     """Reuse the last walk of the same starts, re-walking only the directories inotify says
     changed since (each with the frame it had); a full walk when that is not known."""
     watcher = cache.watcher
+    seen: list[str] = []
     if watcher is None or not watcher.usable:
-        seen: list[str] = []
-        visited, listed = _walk(starts, cache, found, seen=seen, foreign=foreign)
+        visited, listed = _walk(starts, cache, found, seen=seen, foreign=foreign,
+                                budget=budget)
         return visited, listed, seen
-    key = (tuple(sorted((r, tuple(g.glob.pattern for g in gs)) for r, gs in starts.items())),
-           foreign)
     watcher.drain()
     synced = watcher.seq  # INVARIANT: read before walking: a change during it stays in the log
-    rec = cache.walks.get(key)
-    changed = watcher.since(rec.synced) if rec is not None else None
-    listed = 0
-    if rec is None or changed is None or len(set(changed)) > MAX_INCREMENTAL:
-        rec = _WalkRecord(synced, {}, {})
-        _, listed = _walk(starts, cache, set(), rec=rec, foreign=foreign)
-    else:
-        for d in set(changed):
-            frame = rec.inherited.get(d)
-            if frame is None:
-                continue  # not in this walk, or inside a directory masked whole
-            below = d.rstrip("/") + "/"
-            for p in [p for p in rec.inherited if p == d or p.startswith(below)]:
-                del rec.inherited[p]
-                rec.hits.pop(p, None)
-            listed += _walk(starts, cache, set(), rec=rec, tops=[(d, frame)],
-                            foreign=foreign)[1]
-        rec.synced = synced
-    if watcher.usable and len(cache.walks) < 1024:
-        cache.walks[key] = rec
-    for hits in rec.hits.values():
-        found.update(hits)
-    return len(rec.inherited), listed, list(rec.inherited)
+    visited = listed = 0
+    tops = [r for r in starts if not any(q != r and beneath(r, q) for q in starts)]
+    for top in sorted(tops):
+        # one record per top-level root (its nested starts with it): a call binding another
+        # workspace reuses the system trees' walk; glob order does not matter
+        group = {r: gs for r, gs in starts.items() if beneath(r, top)}
+        key = (tuple(sorted((r, tuple(sorted({g.glob.pattern for g in gs})))
+                            for r, gs in group.items())), foreign)
+        rec = cache.walks.get(key)
+        changed = watcher.since(rec.synced) if rec is not None else None
+        mine = None if rec is None or changed is None else \
+            {d for d in changed if d in rec.inherited}  # other trees' changes cost nothing
+        walked = bool(mine) or mine is None
+        if rec is None or mine is None or len(mine) > MAX_INCREMENTAL:
+            rec = _WalkRecord(synced, {}, {})
+            listed += _walk(group, cache, set(), rec=rec, foreign=foreign, budget=budget)[1]
+        else:
+            for d in mine:
+                frame = rec.inherited.get(d)
+                if frame is None:
+                    continue  # inside a directory re-walked above, or masked whole
+                below = d.rstrip("/") + "/"
+                for p in [p for p in rec.inherited if p == d or p.startswith(below)]:
+                    del rec.inherited[p]
+                    rec.hits.pop(p, None)
+                listed += _walk(group, cache, set(), rec=rec, tops=[(d, frame)],
+                                foreign=foreign, budget=budget)[1]
+            rec.synced = synced
+        if watcher.usable:
+            cache.remember_walk(key, rec, walked)
+        for hits in rec.hits.values():
+            found.update(hits)
+        visited += len(rec.inherited)
+        seen += rec.inherited
+    return visited, listed, seen
 
 
 def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
           rec: _WalkRecord | None = None,
           tops: list[tuple[str, _Frame]] | None = None,
-          seen: list[str] | None = None, foreign: _Foreign | None = None) -> tuple[int, int]:
+          seen: list[str] | None = None, foreign: _Foreign | None = None,
+          budget: list[int] | None = None) -> tuple[int, int]:
     """One depth-first walk from the outermost start roots; nested starts join on the way.
 
     INVARIANT: a glob is active only at or beneath one of its start roots, and every start root
@@ -444,6 +549,11 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
         if extra:
             frame = _frame(frame.active + tuple(extra), memo)
         visited += 1
+        if budget is not None:
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise PlanTooLarge("the binds expose too many directories to search for "
+                                   "masked paths")
         try:
             st = lstat(d)
         except OSError:
@@ -461,6 +571,11 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
             got = cache.relist(d, st)
             if got is None:
                 continue
+        if got.too_big:
+            found.add(d)  # MAX_DIR_ENTRIES: masked whole (module doc)
+            if rec is not None:
+                rec.hits[d] = frozenset((d,))
+            continue
         base = d.rstrip("/")
         names = got.names
         hits = frame.fast & names if frame.fast and not frame.fast.isdisjoint(names) else set()

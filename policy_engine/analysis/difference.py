@@ -1,0 +1,255 @@
+"""The exact difference of two policy versions: every cell of the request universe decided by both.
+
+Each witness of the universe (:mod:`policy_engine.analysis.dimensions`) stands for a cell of
+requests every rule of either version decides alike. A cell whose matching rules are the same
+in both versions (same effect, resources, limits and condition; names and order aside: deny
+overrides) is decided alike by construction and skipped; every other cell is decided by both
+versions with the real engine (:mod:`policy_engine.analysis.witness`). Decisions that differ are
+changes; decisions that agree on an allow under rules with different limits or MIME types are
+limit changes, field by field. Conditions that differ are listed as not decided, with both texts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Any
+
+from policy_engine.analysis.dimensions import Undecidable, Universe, Witness
+from policy_engine.analysis.witness import (
+    DEFAULT,
+    Setting,
+    Decider,
+    Verdict,
+    grant_for,
+    manifest_for,
+    verdict,
+)
+from policy_engine.errors import PolicyEngineError
+from policy_engine.graph.policyset import CompiledRule, PolicySet
+from policy_engine.guard.matchers import Matcher, compile_matcher
+from policy_engine.guard.urls import parse_url
+from policy_engine.model import LIMIT_FIELDS, SafetyClass, SideEffect
+from policy_engine.patterns.hosts import HostPattern
+
+
+@dataclass(frozen=True, slots=True)
+class LimitChange:
+    field: str
+    old: object
+    new: object
+    stricter: str  # "old" | "new"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"field": self.field, "old": self.old, "new": self.new, "stricter": self.stricter}
+
+
+@dataclass(slots=True)
+class Change:
+    """A group of witnesses decided the same way under each version; the first one is shown."""
+
+    kind: str
+    witness: Witness
+    setting: Setting
+    old: Verdict
+    new: Verdict
+    limits: tuple[LimitChange, ...] = ()
+    count: int = 1
+
+    @property
+    def widening(self) -> bool:
+        """Something the old version refused is allowed, or an allow got looser limits."""
+        if self.old.decision != self.new.decision:
+            return self.new.decision == "allow"
+        return any(c.stricter == "old" for c in self.limits)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "widening": self.widening, "setting": self.setting.label(),
+                "op": self.witness.op.model_dump(mode="json", exclude_defaults=True),
+                "grant": grant_for(self.witness.cap, self.setting).model_dump(
+                    mode="json", exclude_defaults=True),
+                "manifest": manifest_for(self.witness.cap, self.setting).model_dump(
+                    mode="json", exclude_defaults=True),
+                "old": self.old.to_json(), "new": self.new.to_json(),
+                "limits": [c.to_json() for c in self.limits], "cells": self.count}
+
+
+@dataclass(slots=True)
+class Report:
+    changes: list[Change] = field(default_factory=list)
+    undecided: list[Undecidable] = field(default_factory=list)
+    cells: int = 0
+    decided: int = 0
+
+    @property
+    def exact(self) -> bool:
+        return not self.undecided
+
+
+# ---- which rules a cell touches -----------------------------------------------------------------
+
+
+def content(rule: CompiledRule, kind: str) -> str:
+    """What decides: effect, the kind's resources, limits, condition (not the name or place)."""
+    cap = next(c for k, c in rule.capabilities.items() if str(k) == kind)
+    return json.dumps([rule.effect, rule.mandatory, cap.model_dump(mode="json"),
+                       rule.limits.model_dump(mode="json") if rule.limits else None,
+                       rule.condition.source if rule.condition else None], sort_keys=True)
+
+
+class Touch:
+    """The rules of one version that a witness falls under (over-approximated: safe to skip on)."""
+
+    def __init__(self, ps: PolicySet, kind: str) -> None:
+        self.rules: list[tuple[str, Matcher, tuple[HostPattern, ...]]] = []
+        for rule in ps.rules:
+            for k, cap in rule.capabilities.items():
+                if str(k) != kind:
+                    continue
+                hosts = tuple(_host(h) for h in getattr(cap, "hosts", ()))
+                self.rules.append((content(rule, kind), compile_matcher(
+                    cap, kind, ps.home, forbid=rule.effect == "forbid"),
+                    tuple(h for h in hosts if h is not None)))
+
+    def key(self, w: Witness) -> tuple[str, ...] | None:
+        """Sorted contents of the rules touching ``w``; ``None``: decide it whatever."""
+        op: Any = w.op
+        if w.kind in ("net.http", "browser.use"):
+            try:
+                url = parse_url(op.url)
+            except PolicyEngineError:  # refused before any rule (or by a rule's scheme): all count
+                return tuple(sorted(c for c, _, _ in self.rules))
+            # every rule naming the host counts: a host a rule names lifts the address refusal
+            return tuple(sorted(c for c, _, hs in self.rules
+                                if any(h.matches(url.host, url.ip) for h in hs)))
+        if w.kind.startswith("fs."):
+            res: Any = op.path
+        elif w.kind == "proc.exec":
+            res = (op.tool, op.args)
+        else:
+            res = None
+        return tuple(sorted(c for c, m, _ in self.rules if res is None or m.admits(res)))
+
+
+def _host(raw: str) -> HostPattern | None:
+    try:
+        return HostPattern.of(raw)
+    except ValueError:
+        return HostPattern("*", "any", "")  # a forbid's bad pattern covers everything
+
+
+def _globals(ps: PolicySet) -> str:
+    return json.dumps([ps.defaults.model_dump(mode="json"), str(ps.network),
+                       sorted(repr(p) for p in ps.profiles.values()),
+                       sorted(c.condition.source if c.condition else "" for c in ps.consent_rules),
+                       sorted(m.model_dump_json() for m in ps.tools.values())], sort_keys=True)
+
+
+def settings(old: PolicySet, new: PolicySet) -> list[Setting]:
+    """The default setting; with consent rules that differ, every consent × manifest class."""
+    a = sorted(c.condition.source if c.condition else "" for c in old.consent_rules)
+    b = sorted(c.condition.source if c.condition else "" for c in new.consent_rules)
+    if a == b:
+        return [DEFAULT]
+    classes = [(s, (SideEffect.NONE,)) for s in SafetyClass] + [
+        (SafetyClass.LOW, (e,)) for e in SideEffect if e is not SideEffect.NONE]
+    return [Setting(consent, s, e) for consent, (s, e) in product((True, False), classes)]
+
+
+def conditions(old: PolicySet, new: PolicySet) -> list[Undecidable]:
+    """Conditions not found identically in the other version: never decided silently equal."""
+    def conds(ps: PolicySet) -> dict[str, tuple[str, str]]:
+        return {r.id: (",".join(str(k) for k in r.kinds), r.condition.source)
+                for r in ps.rules if r.condition is not None}
+
+    a, b = conds(old), conds(new)
+    out = []
+    for rid in sorted(set(a) | set(b)):
+        if a.get(rid, ("", ""))[1] != b.get(rid, ("", ""))[1]:
+            kind = (a.get(rid) or b[rid])[0]
+            before, after = a.get(rid, ("", "(none)"))[1], b.get(rid, ("", "(none)"))[1]
+            out.append(Undecidable(kind, "condition", (rid,),
+                                   f"condition changed, not decided: before `{before}`, "
+                                   f"after `{after}`"))
+    ca = {c.condition.source for c in old.consent_rules if c.condition}
+    cb = {c.condition.source for c in new.consent_rules if c.condition}
+    if ca != cb:
+        out.append(Undecidable("*", "consent condition", (), (
+            "consent condition changed, decided for every consent and manifest class but not "
+            f"for every request: before {sorted(ca)}, after {sorted(cb)}")))
+    return out
+
+
+# ---- the difference ---------------------------------------------------------------------------
+
+
+def limit_changes(old: PolicySet, new: PolicySet, a: Verdict, b: Verdict,
+                  kind: str) -> tuple[LimitChange, ...]:
+    ra = next((r for r in old.rules if r.id == a.rule_id), None)
+    rb = next((r for r in new.rules if r.id == b.rule_id), None)
+    if ra is None or rb is None:
+        return ()
+    out = []
+    for name in LIMIT_FIELDS:
+        x = getattr(ra.limits, name) if ra.limits else None
+        y = getattr(rb.limits, name) if rb.limits else None
+        if x != y:  # unset means the profile's value: any set value is the stricter side
+            stricter = "new" if x is None or (y is not None and y < x) else "old"
+            out.append(LimitChange(name, x, y, stricter))
+    ma = getattr(ra.capabilities.get(kind), "mime", ())  # type: ignore[call-overload]
+    mb = getattr(rb.capabilities.get(kind), "mime", ())  # type: ignore[call-overload]
+    if set(ma) != set(mb):
+        stricter = "new" if ma == () or (mb and set(mb) < set(ma)) else "old"
+        out.append(LimitChange("mime", list(ma), list(mb), stricter))
+    return tuple(out)
+
+
+def diff(old: PolicySet, new: PolicySet, *, kinds: Iterable[str] | None = None) -> Report:
+    """Every request class the two versions decide differently, each with a checked witness."""
+    report = Report()
+    report.undecided += conditions(old, new)
+    rules = list(old.rules) + list(new.rules)
+    uni = Universe(rules, [old.home, new.home], report.undecided, [old.defaults, new.defaults])
+    same_globals = _globals(old) == _globals(new)
+    sets = settings(old, new)
+    wanted = sorted({str(k) for r in rules for k in r.capabilities} if kinds is None else kinds)
+    groups: dict[tuple[object, ...], Change] = {}
+    da, db = Decider(old), Decider(new)
+    for kind in wanted:
+        ta, tb = Touch(old, kind), Touch(new, kind)
+        for w in uni.witnesses(kind):
+            report.cells += 1
+            if same_globals:
+                ka = ta.key(w)
+                if ka is not None and ka == tb.key(w):
+                    continue
+            for setting in sets:
+                _one(da, db, w, setting, report, groups)
+    report.changes = list(groups.values())
+    return report
+
+
+def _one(da: Decider, db: Decider, w: Witness, setting: Setting, report: Report,
+         groups: dict[tuple[object, ...], Change]) -> None:
+    grant, manifest = grant_for(w.cap, setting), manifest_for(w.cap, setting)
+    a, b = verdict(da(w.op, grant, manifest)), verdict(db(w.op, grant, manifest))
+    old, new = da.ps, db.ps
+    report.decided += 1
+    limits: tuple[LimitChange, ...] = ()
+    if a.key == b.key:
+        if a.decision != "allow":
+            return
+        limits = limit_changes(old, new, a, b, w.kind)
+        if not limits:
+            return
+    key = (w.kind, setting, a.key, a.rule_id, b.key, b.rule_id, limits)
+    if key in groups:
+        groups[key].count += 1
+    else:
+        groups[key] = Change(w.kind, w, setting, a, b, limits)
+
+
+def changed_kinds(report: Report) -> Sequence[str]:
+    return sorted({c.kind for c in report.changes})

@@ -65,8 +65,17 @@ class Change:
             return self.new.decision == "allow"
         return any(c.stricter == "old" for c in self.limits)
 
+    @property
+    def category(self) -> str:
+        """widening | narrowing | code (a deny with another code) | limits."""
+        if self.widening:
+            return "widening"
+        if self.old.decision != self.new.decision or self.limits:
+            return "narrowing"
+        return "code"
+
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "widening": self.widening, "setting": self.setting.label(),
+        return {"kind": self.kind, "category": self.category, "widening": self.widening, "setting": self.setting.label(),
                 "op": self.witness.op.model_dump(mode="json", exclude_defaults=True),
                 "grant": grant_for(self.witness.cap, self.setting).model_dump(
                     mode="json", exclude_defaults=True),

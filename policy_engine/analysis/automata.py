@@ -250,6 +250,11 @@ def _representative(lo: int, hi: int) -> str:
     return chr(lo if not 0xD800 <= lo <= 0xDFFF else 0xE000)
 
 
+def _rank(label: object) -> int:
+    i = _PREFERRED.find(str(label))
+    return i if i >= 0 else len(_PREFERRED) + ord(str(label)[0])
+
+
 class _Runner:
     """One NFA determinised on the fly: subset states get int ids, moves a table per id."""
 
@@ -300,11 +305,12 @@ class _Runner:
 
 
 def venn(universe: NFA, patterns: Sequence[NFA], *, symbols: Sequence[Hashable] | None = None,
-         max_states: int = MAX_STATES) -> list[Cell]:
+         max_states: int = MAX_STATES, stop: frozenset[int] | None = None) -> list[Cell]:
     """Every non-empty cell of the patterns' Venn diagram within ``universe``, with a witness.
 
     Char NFAs yield witnesses as tuples of one-character strings; symbol NFAs (``symbols`` given)
-    as tuples of symbols. :raises TooComplex: more than ``max_states`` product states.
+    as tuples of symbols. ``stop``: return as soon as that cell is found (an emptiness test).
+    :raises TooComplex: more than ``max_states`` product states.
     """
     char = symbols is None
     atoms: Sequence[Hashable] = _atoms([universe, *patterns]) if char else list(symbols or ())
@@ -315,14 +321,17 @@ def venn(universe: NFA, patterns: Sequence[NFA], *, symbols: Sequence[Hashable] 
     parent: dict[tuple[int, ...], tuple[tuple[int, ...] | None, int]] = {start: (None, -1)}
     queue = deque([start])
     found: dict[frozenset[int], tuple[int, ...]] = {}
-    n_atoms = len(atoms)
+    # readable witnesses: letters before digits before punctuation, at equal length
+    order = sorted(range(len(atoms)), key=lambda a: _rank(labels[a]) if char else a)
     pairs = list(enumerate(runners))
     while queue:
         state = queue.popleft()
         if uni.accepting[state[0]]:
             inside = frozenset(i for i, r in pairs if r.accepting[state[i + 1]])
             found.setdefault(inside, state)
-        for a in range(n_atoms):
+            if inside == stop:
+                break
+        for a in order:
             u = uni.step(state[0], a)
             if u == uni.dead:
                 continue
@@ -343,3 +352,9 @@ def venn(universe: NFA, patterns: Sequence[NFA], *, symbols: Sequence[Hashable] 
             cur = prev
         cells.append(Cell(inside, tuple(reversed(word))))
     return sorted(cells, key=lambda c: (len(c.witness), sorted(c.inside)))
+
+
+def intersects(universe: NFA, a: NFA, b: NFA) -> bool:
+    """Whether some member of ``universe`` is accepted by both ``a`` and ``b``."""
+    both = frozenset({0, 1})
+    return any(c.inside == both for c in venn(universe, [a, b], stop=both))

@@ -11,10 +11,10 @@ limit changes, field by field. Conditions that differ are listed as not decided,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import product
 from typing import Any
 
 from policy_engine.analysis.dimensions import Undecidable, Universe, Witness
@@ -25,13 +25,14 @@ from policy_engine.analysis.witness import (
     Verdict,
     grant_for,
     manifest_for,
+    op_json,
     verdict,
 )
 from policy_engine.errors import PolicyEngineError
 from policy_engine.graph.policyset import CompiledRule, PolicySet
 from policy_engine.guard.matchers import Matcher, compile_matcher
 from policy_engine.guard.urls import parse_url
-from policy_engine.model import LIMIT_FIELDS, SafetyClass, SideEffect
+from policy_engine.model import LIMIT_FIELDS, NetworkMode, SafetyClass, SideEffect
 from policy_engine.patterns.hosts import HostPattern
 
 
@@ -43,7 +44,11 @@ class LimitChange:
     stricter: str  # "old" | "new"
 
     def to_json(self) -> dict[str, Any]:
-        return {"field": self.field, "old": self.old, "new": self.new, "stricter": self.stricter}
+        def plain(v: object) -> object:
+            return list(v) if isinstance(v, tuple) else v
+
+        return {"field": self.field, "old": plain(self.old), "new": plain(self.new),
+                "stricter": self.stricter}
 
 
 @dataclass(slots=True)
@@ -76,11 +81,11 @@ class Change:
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "category": self.category, "widening": self.widening, "setting": self.setting.label(),
-                "op": self.witness.op.model_dump(mode="json", exclude_defaults=True),
+                "op": op_json(self.witness.op),
                 "grant": grant_for(self.witness.cap, self.setting).model_dump(
-                    mode="json", exclude_defaults=True),
+                    mode="json", exclude_none=True),
                 "manifest": manifest_for(self.witness.cap, self.setting).model_dump(
-                    mode="json", exclude_defaults=True),
+                    mode="json", exclude_none=True),
                 "old": self.old.to_json(), "new": self.new.to_json(),
                 "limits": [c.to_json() for c in self.limits], "cells": self.count}
 
@@ -152,19 +157,27 @@ def _host(raw: str) -> HostPattern | None:
 def _globals(ps: PolicySet) -> str:
     return json.dumps([ps.defaults.model_dump(mode="json"), str(ps.network),
                        sorted(repr(p) for p in ps.profiles.values()),
-                       sorted(c.condition.source if c.condition else "" for c in ps.consent_rules),
                        sorted(m.model_dump_json() for m in ps.tools.values())], sort_keys=True)
 
 
-def settings(old: PolicySet, new: PolicySet) -> list[Setting]:
-    """The default setting; with consent rules that differ, every consent × manifest class."""
+def _consent(ps: PolicySet) -> list[str]:
+    return sorted(c.condition.source if c.condition else "" for c in ps.consent_rules)
+
+
+def settings(old: PolicySet, new: PolicySet, kind: str) -> list[Setting]:
+    """The default setting; with consent rules that differ, no consent × every manifest class;
+    for network kinds, a manifest that asks for no network mode and one that asks for `on`."""
     a = sorted(c.condition.source if c.condition else "" for c in old.consent_rules)
     b = sorted(c.condition.source if c.condition else "" for c in new.consent_rules)
-    if a == b:
-        return [DEFAULT]
-    classes = [(s, (SideEffect.NONE,)) for s in SafetyClass] + [
-        (SafetyClass.LOW, (e,)) for e in SideEffect if e is not SideEffect.NONE]
-    return [Setting(consent, s, e) for consent, (s, e) in product((True, False), classes)]
+    out = [DEFAULT]
+    if a != b:
+        classes = [(s, (SideEffect.NONE,)) for s in SafetyClass] + [
+            (SafetyClass.LOW, (e,)) for e in SideEffect if e is not SideEffect.NONE]
+        # with consent given every consent rule is met: only its absence varies by class
+        out += [Setting(False, s, e) for s, e in classes]
+    if kind in ("net.http", "browser.use"):
+        out += [dataclasses.replace(s, network=NetworkMode.ON) for s in out]
+    return out
 
 
 def conditions(old: PolicySet, new: PolicySet) -> list[Undecidable]:
@@ -182,6 +195,10 @@ def conditions(old: PolicySet, new: PolicySet) -> list[Undecidable]:
             out.append(Undecidable(kind, "condition", (rid,),
                                    f"condition changed, not decided: before `{before}`, "
                                    f"after `{after}`"))
+    pa = sorted(repr(p) for p in old.profiles.values())
+    if pa != sorted(repr(p) for p in new.profiles.values()):
+        out.append(Undecidable("*", "named profiles", (), (
+            "named profiles changed: requests made under a named profile are not decided")))
     ca = {c.condition.source for c in old.consent_rules if c.condition}
     cb = {c.condition.source for c in new.consent_rules if c.condition}
     if ca != cb:
@@ -211,7 +228,7 @@ def limit_changes(old: PolicySet, new: PolicySet, a: Verdict, b: Verdict,
     mb = getattr(rb.capabilities.get(kind), "mime", ())  # type: ignore[call-overload]
     if set(ma) != set(mb):
         stricter = "new" if ma == () or (mb and set(mb) < set(ma)) else "old"
-        out.append(LimitChange("mime", list(ma), list(mb), stricter))
+        out.append(LimitChange("mime", tuple(ma), tuple(mb), stricter))
     return tuple(out)
 
 
@@ -222,17 +239,20 @@ def diff(old: PolicySet, new: PolicySet, *, kinds: Iterable[str] | None = None) 
     rules = list(old.rules) + list(new.rules)
     uni = Universe(rules, [old.home, new.home], report.undecided, [old.defaults, new.defaults])
     same_globals = _globals(old) == _globals(new)
-    sets = settings(old, new)
+    same_consent = _consent(old) == _consent(new)
     wanted = sorted({str(k) for r in rules for k in r.capabilities} if kinds is None else kinds)
     groups: dict[tuple[object, ...], Change] = {}
     da, db = Decider(old), Decider(new)
     for kind in wanted:
         ta, tb = Touch(old, kind), Touch(new, kind)
+        sets = settings(old, new, kind)
         for w in uni.witnesses(kind):
             report.cells += 1
             if same_globals:
+                # consent only gates an allow: where no permit applies it cannot change anything
                 ka = ta.key(w)
-                if ka is not None and ka == tb.key(w):
+                if ka is not None and ka == tb.key(w) and (
+                        same_consent or not any(c.startswith('["permit"') for c in ka)):
                     continue
             for setting in sets:
                 _one(da, db, w, setting, report, groups)

@@ -14,21 +14,22 @@ from __future__ import annotations
 import base64
 import ipaddress
 import re
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, Protocol
 from itertools import product
 
 from policy_engine.analysis.automata import (
     ANY,
     NFA,
     TooComplex,
+    intersects,
     literal_nfa,
     regex_nfa,
     union,
     venn,
 )
-from policy_engine.graph.policyset import CompiledRule
 from policy_engine.guard.ipaddr import _RANGES  # the guard's address classes: cells must cut there
 from policy_engine.model import (
     ArgSlot,
@@ -75,6 +76,26 @@ class Undecidable:
     reason: str
 
 
+class RuleLike(Protocol):
+    """A compiled rule, or a grant's or manifest's capabilities standing in for one."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def capabilities(self) -> Mapping[Any, Capability]: ...
+    @property
+    def limits(self) -> Limits | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Capabilities of a grant or manifest, cut into the universe like a rule's."""
+
+    id: str
+    capabilities: Mapping[Any, Capability]
+    limits: Limits | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Witness:
     """One request of the universe: the op, the capability a grant and manifest need for it."""
@@ -87,10 +108,14 @@ class Witness:
 class Universe:
     """Witness generation for the rules of both versions (``rules``: every rule, either side)."""
 
-    def __init__(self, rules: Sequence[CompiledRule], homes: Sequence[str],
-                 undecided: list[Undecidable], defaults: Sequence[Limits] = ()) -> None:
+    def __init__(self, rules: Sequence[RuleLike], homes: Sequence[str],
+                 undecided: list[Undecidable], defaults: Sequence[Limits] = (),
+                 focus: Mapping[str, str] | None = None) -> None:
+        """:param focus: per dimension (``paths``, ``hosts``), a regex the witnesses must match;
+            patterns disjoint from it are left out (they cannot split a cell inside it)."""
         self.rules = rules
         self.defaults = defaults
+        self.focus = dict(focus or {})
         self._memo: dict[tuple[object, ...], list[str]] = {}
         self.homes = tuple(dict.fromkeys(homes))
         self.undecided = undecided
@@ -100,7 +125,7 @@ class Universe:
         values = [getattr(r.limits, name) for r, _ in self.caps(kind) if r.limits]
         return thresholds(values + [getattr(d, name) for d in self.defaults])
 
-    def caps(self, kind: str) -> list[tuple[CompiledRule, Capability]]:
+    def caps(self, kind: str) -> list[tuple[RuleLike, Capability]]:
         return [(r, c) for r in self.rules for k, c in r.capabilities.items() if str(k) == kind]
 
     def _cells(self, kind: str, dim: str, universe: str, patterns: dict[str, list[str]],
@@ -112,20 +137,27 @@ class Universe:
             of the rules naming it; equal pattern sets share one walk (fs.read and fs.list do).
         """
         keys = tuple(sorted(patterns))
-        cache_key = (universe, keys, tuple(exclude))
+        focus = self.focus.get(dim)
+        cache_key = (universe, keys, tuple(exclude), focus)
         if cache_key in self._memo:
             return self._memo[cache_key]
         try:
             nfas = [build(k) for k in keys]
-            cells = venn(regex_nfa(universe), nfas + [regex_nfa(x) for x in exclude])
+            if focus is not None:  # only patterns meeting the focus can split a cell inside it
+                fn, un = regex_nfa(focus), regex_nfa(universe)
+                kept = [i for i, n in enumerate(nfas) if intersects(un, fn, n)]
+                keys, nfas = tuple(keys[i] for i in kept), [nfas[i] for i in kept]
+            cells = venn(regex_nfa(universe), nfas + [regex_nfa(x) for x in exclude]
+                         + ([regex_nfa(focus)] if focus is not None else []))
         except TooComplex as exc:
             ids = tuple(dict.fromkeys(i for k in keys for i in patterns[k]))
             self.undecided.append(Undecidable(kind, dim, ids, f"too complex to decide "
                                                               f"exactly: {exc}"))
             return list(fallback)
-        n = len(keys)
+        n, m = len(keys), len(keys) + len(exclude)
         out = ["".join(str(c) for c in cell.witness) for cell in cells
-               if not any(i >= n for i in cell.inside)]
+               if not any(n <= i < m for i in cell.inside)
+               and (focus is None or m in cell.inside)]
         self._memo[cache_key] = out
         return out
 
@@ -216,7 +248,7 @@ class Universe:
                     yield Witness("proc.exec", ProcExecOp(tool=tool, args=args, timeout_ms=t),
                                   ProcCapability(tool=tool))
 
-    def _argv(self, tool: str, caps: list[tuple[CompiledRule, ProcCapability]]
+    def _argv(self, tool: str, caps: list[tuple[RuleLike, ProcCapability]]
               ) -> list[tuple[str, ...]]:
         """Argument vectors, one per cell of the templates' Venn diagram over argument cells."""
         slots: dict[ArgSlot, str] = {}
@@ -347,3 +379,21 @@ def address_cells(nets: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network])
 
 def url(scheme: str, host: str, port: int) -> str:
     return f"{scheme}://{host}:{port}/"
+
+
+def resource(w: Witness) -> Any:
+    """What the guard's matchers read for ``w`` (``None``: a URL the guard refuses to parse)."""
+    op: Any = w.op
+    if w.kind.startswith("fs."):
+        return op.path
+    if w.kind == "proc.exec":
+        return (op.tool, op.args)
+    if w.kind == "net.http":
+        from policy_engine.errors import PolicyEngineError
+        from policy_engine.guard.urls import parse_url
+
+        try:
+            return (parse_url(op.url), op.method)
+        except PolicyEngineError:
+            return None
+    return None

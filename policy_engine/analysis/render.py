@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from policy_engine.analysis.difference import Change, Report
+from policy_engine.analysis.properties import Answer
+from policy_engine.graph.policyset import PolicySet
 from policy_engine.analysis.witness import DEFAULT, Verdict, describe
 
 
@@ -80,3 +83,51 @@ def to_markdown(report: Report) -> list[str]:
         lines += [f"- {u.kind} {u.dimension} ({', '.join(u.rules) or 'policy'}): "
                   f"{_cell(u.reason)}" for u in report.undecided]
     return lines
+
+
+# ---- analyze ----------------------------------------------------------------------------------
+
+
+def answers_text(answers: Sequence[Answer]) -> str:
+    lines = []
+    for a in answers:
+        lines.append(f"{'FINDING' if a.holds else 'ok'}: {a.question}? {a.detail}")
+        lines += [f"  undecided: {u.kind} {u.dimension}: {u.reason}" for u in a.undecided]
+    return "\n".join(lines)
+
+
+def answers_json(answers: Sequence[Answer]) -> dict[str, Any]:
+    return {"findings": sum(1 for a in answers if a.holds),
+            "answers": [a.to_json() for a in answers]}
+
+
+def answers_sarif(answers: Sequence[Answer], ps: PolicySet) -> dict[str, Any]:
+    """SARIF 2.1.0: one result per property; a finding is an error located at its rule."""
+    by_id = {r.id: r for r in ps.rules}
+    results = []
+    for a in answers:
+        rid = a.verdict.rule_id if a.verdict and a.verdict.rule_id else None
+        if a.prop == "rule":
+            rid = a.question.split("`")[1]
+        rule = by_id.get(rid or "")
+        file, line, col = ((rule.ref.file, rule.ref.line, rule.ref.column) if rule
+                           else (ps.files[0] if ps.files else "policy", 1, 1))
+        results.append({
+            "ruleId": a.prop, "level": "error" if a.holds else "note",
+            "message": {"text": f"{a.question}? {a.detail}"},
+            "locations": [{"physicalLocation": {"artifactLocation": {"uri": file},
+                                                "region": {"startLine": max(line, 1),
+                                                           "startColumn": max(col, 1)}}}]})
+    rules = [{"id": p, "shortDescription": {"text": d}} for p, d in PROPERTY_HELP.items()]
+    return {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
+            "runs": [{"tool": {"driver": {"name": "policy-engine analyze", "rules": rules}},
+                      "results": results}]}
+
+
+PROPERTY_HELP = {
+    "read": "a request can read a path matching the given glob",
+    "reach": "a request can reach the given host",
+    "rule": "a rule is shadowed: taking it out changes no decision",
+    "grant": "the grant admits a request manifest ∩ policy denies",
+    "shell": "a permit lets a shell or interpreter run any arguments or inline code",
+}

@@ -22,6 +22,7 @@ from policy_engine.model import (
     ExecOp,
     Grant,
     Manifest,
+    NetworkMode,
     SafetyClass,
     SideEffect,
 )
@@ -38,11 +39,13 @@ class Setting:
     consent: bool = True
     safety: SafetyClass = SafetyClass.LOW
     side_effects: tuple[SideEffect, ...] = (SideEffect.NONE,)
+    network: NetworkMode | None = None  # what the manifest asks for (net.http, browser.use)
 
     def label(self) -> str:
         effects = ",".join(str(s) for s in self.side_effects)
-        return (f"consent {'given' if self.consent else 'absent'}, safety {self.safety}, "
+        text = (f"consent {'given' if self.consent else 'absent'}, safety {self.safety}, "
                 f"side effects {effects}")
+        return text + (f", manifest network {self.network}" if self.network else "")
 
 
 DEFAULT = Setting()
@@ -73,7 +76,7 @@ def grant_for(cap: Capability, setting: Setting = DEFAULT) -> Grant:
 
 def manifest_for(cap: Capability, setting: Setting = DEFAULT) -> Manifest:
     return Manifest(name="diff", version="1", permissions=(cap,), safety_class=setting.safety,
-                    side_effects=setting.side_effects)
+                    side_effects=setting.side_effects, network=setting.network)
 
 
 class Decider:
@@ -105,6 +108,11 @@ def verdict(d: Decision) -> Verdict:
     rule = (f"{d.rule.id}@{Path(d.rule.file).name}:{d.rule.line}:{d.rule.column}"
             if d.rule else None)
     return Verdict(d.decision, None if d.allowed else d.code, rule, d.rule.id if d.rule else None)
+
+
+def op_json(op: ExecOp) -> dict[str, Any]:
+    """The op as request JSON: its kind and every field not left at its default."""
+    return {"kind": op.kind, **op.model_dump(mode="json", exclude_defaults=True)}
 
 
 def describe(op: ExecOp) -> str:

@@ -1,4 +1,4 @@
-"""Finite automata for the exact diff: regexes and globs to NFAs, and the cells of their Venn diagram.
+"""Finite automata for the exact diff: regexes and globs to NFAs, the cells of their Venn diagram.
 
 A dimension whose values are strings (paths, host names, one argument) is split into *cells*:
 the non-empty regions of the Venn diagram of every pattern either policy version names there.
@@ -17,11 +17,16 @@ lookaround) or a flag that changes matching is refused as too complex.
 
 from __future__ import annotations
 
-import re._constants as C  # noqa: N812 — the parser's opcode table, named as CPython names it
-import re._parser as sre
+import importlib
+import re
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
+
+# CPython's own regex parser and opcode table (no stubs: private modules, stable since 3.11)
+sre: Any = importlib.import_module("re._parser")
+C: Any = importlib.import_module("re._constants")
 
 MAX_STATES = 20_000
 """Product states one Venn walk may visit before it gives up (documented in docs/cli.md)."""
@@ -87,19 +92,19 @@ _CATEGORY = {C.CATEGORY_DIGIT: _DIGIT, C.CATEGORY_NOT_DIGIT: negate(_DIGIT),
              C.CATEGORY_SPACE: _SPACE, C.CATEGORY_NOT_SPACE: negate(_SPACE)}
 
 
-def _in_set(items: list[tuple[object, object]]) -> CharSet:
+def _in_set(items: list[tuple[Any, Any]]) -> CharSet:
     out: list[Interval] = []
     neg = False
     for op, av in items:
         if op is C.NEGATE:
             neg = True
         elif op is C.LITERAL:
-            out.append((int(av), int(av)))  # type: ignore[call-overload]  # parser tuples
+            out.append((int(av), int(av)))
         elif op is C.RANGE:
-            lo, hi = av  # type: ignore[misc]  # (lo, hi) ints
+            lo, hi = av
             out.append((lo, hi))
         elif op is C.CATEGORY and av in _CATEGORY:
-            out.extend(_CATEGORY[av])  # type: ignore[index]
+            out.extend(_CATEGORY[av])
         else:
             raise TooComplex(f"character class item `{op}` is not supported")
     return negate(tuple(out)) if neg else tuple(out)
@@ -122,7 +127,7 @@ def regex_nfa(pattern: str) -> NFA:
     return nfa
 
 
-def _seq(nfa: NFA, items: list[tuple[object, object]], start: int, *, top: bool = False) -> int:
+def _seq(nfa: NFA, items: list[tuple[Any, Any]], start: int, *, top: bool = False) -> int:
     cur = start
     for i, (op, av) in enumerate(items):
         if op is C.AT:
@@ -142,33 +147,33 @@ def _edge(nfa: NFA, cur: int, cs: CharSet) -> int:
     return nxt
 
 
-def _item(nfa: NFA, op: object, av: object, cur: int) -> int:
+def _item(nfa: NFA, op: Any, av: Any, cur: int) -> int:
     if op is C.LITERAL:
-        return _edge(nfa, cur, ((int(av), int(av)),))  # type: ignore[call-overload]
+        return _edge(nfa, cur, ((int(av), int(av)),))
     if op is C.NOT_LITERAL:
-        return _edge(nfa, cur, negate(((int(av), int(av)),)))  # type: ignore[call-overload]
+        return _edge(nfa, cur, negate(((int(av), int(av)),)))
     if op is C.ANY:
         return _edge(nfa, cur, _ANY_BUT_NL)
     if op is C.IN:
-        return _edge(nfa, cur, _in_set(list(av)))  # type: ignore[call-overload]
+        return _edge(nfa, cur, _in_set(list(av)))
     if op is C.SUBPATTERN:
-        _group, add, sub, body = av  # type: ignore[misc]
+        _group, add, sub, body = av
         if add or sub:
             raise TooComplex("inline flags are not supported")
         return _seq(nfa, list(body), cur)
     if op is C.BRANCH:
-        _, alts = av  # type: ignore[misc]
+        _, alts = av
         end = nfa.new()
         for alt in alts:
             nfa.link(_seq(nfa, list(alt), cur), end)
         return end
     if op in (C.MAX_REPEAT, C.MIN_REPEAT, C.POSSESSIVE_REPEAT):
-        lo, hi, body = av  # type: ignore[misc]
+        lo, hi, body = av
         return _repeat(nfa, list(body), cur, lo, None if hi is C.MAXREPEAT else hi)
     raise TooComplex(f"regex construct `{op}` is not supported")
 
 
-def _repeat(nfa: NFA, body: list[tuple[object, object]], cur: int, lo: int,
+def _repeat(nfa: NFA, body: list[tuple[Any, Any]], cur: int, lo: int,
             hi: int | None) -> int:
     if lo + (hi or 0) > 256:
         raise TooComplex("a counted repetition above 256 is not supported")
@@ -229,7 +234,7 @@ def _atoms(nfas: Sequence[NFA]) -> list[Interval]:
     cuts = {0, MAX_UNICODE + 1}
     for nfa in nfas:
         for _, lab, _ in nfa.moves:
-            for lo, hi in lab:  # type: ignore[misc]  # char NFAs only
+            for lo, hi in cast(CharSet, lab):
                 cuts.add(lo)
                 cuts.add(hi + 1)
     pts = sorted(cuts)
@@ -243,8 +248,8 @@ def _representative(lo: int, hi: int) -> str:
     for c in _PREFERRED:
         if lo <= ord(c) <= hi:
             return c
-    for c in range(max(lo, 0x21), min(hi, 0x7E) + 1):
-        return chr(c)
+    for code in range(max(lo, 0x21), min(hi, 0x7E) + 1):
+        return chr(code)
     if lo <= 0xE9 <= hi:
         return "é"
     return chr(lo if not 0xD800 <= lo <= 0xDFFF else 0xE000)
@@ -264,10 +269,12 @@ class _Runner:
         self.by_state: dict[int, list[tuple[frozenset[int], int]]] = {}
         for a, lab, b in nfa.moves:
             if char:
-                hit = frozenset(i for i, (lo, _) in enumerate(atoms)  # type: ignore[misc]
-                                if any(x <= lo <= y for x, y in lab))  # type: ignore[misc]
+                ranges, spans = cast(CharSet, lab), cast(Sequence[Interval], atoms)
+                hit = frozenset(i for i, (lo, _) in enumerate(spans)
+                                if any(x <= lo <= y for x, y in ranges))
             else:
-                hit = frozenset(i for i, s in enumerate(atoms) if s in lab)  # type: ignore[operator]
+                symbols = cast(frozenset[Hashable], lab)
+                hit = frozenset(i for i, s in enumerate(atoms) if s in symbols)
             self.by_state.setdefault(a, []).append((hit, b))
         self.ids: dict[frozenset[int], int] = {}
         self.sets: list[frozenset[int]] = []
@@ -314,7 +321,8 @@ def venn(universe: NFA, patterns: Sequence[NFA], *, symbols: Sequence[Hashable] 
     """
     char = symbols is None
     atoms: Sequence[Hashable] = _atoms([universe, *patterns]) if char else list(symbols or ())
-    labels = [_representative(lo, hi) for lo, hi in atoms] if char else list(atoms)  # type: ignore[misc]
+    labels: list[object] = ([_representative(lo, hi) for lo, hi in cast(list[Interval], atoms)]
+                            if char else list(atoms))
     uni = _Runner(universe, atoms, char)
     runners = [_Runner(n, atoms, char) for n in patterns]
     start = (uni.start, *(r.start for r in runners))

@@ -1,4 +1,4 @@
-"""Exact capability containment, for lint's shadowing rules: every request one admits, the other does.
+"""Exact capability containment for lint's shadowing rules: what one admits, the other does.
 
 Both capabilities are cut into the request universe of their kind (the cells of their paths,
 hosts, argument templates, ports, schemes and methods: :mod:`policy_engine.analysis.dimensions`)

@@ -20,8 +20,8 @@ from typing import Any
 from policy_engine.analysis.dimensions import Undecidable, Universe, Witness
 from policy_engine.analysis.witness import (
     DEFAULT,
-    Setting,
     Decider,
+    Setting,
     Verdict,
     grant_for,
     manifest_for,
@@ -80,7 +80,8 @@ class Change:
         return "code"
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "category": self.category, "widening": self.widening, "setting": self.setting.label(),
+        return {"kind": self.kind, "category": self.category, "widening": self.widening,
+                "setting": self.setting.label(),
                 "op": op_json(self.witness.op),
                 "grant": grant_for(self.witness.cap, self.setting).model_dump(
                     mode="json", exclude_none=True),

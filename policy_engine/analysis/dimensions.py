@@ -1,4 +1,4 @@
-"""The request universe of the exact diff: per capability kind, one witness per cell of each dimension.
+"""The request universe of the exact diff: per capability kind, one witness per dimension cell.
 
 Each dimension a rule constrains is split into cells that every pattern of either version
 matches wholly or not at all (see :mod:`policy_engine.analysis.automata`): paths and host names
@@ -17,8 +17,8 @@ import re
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Protocol
 from itertools import product
+from typing import Any, Protocol
 
 from policy_engine.analysis.automata import (
     ANY,
@@ -183,7 +183,7 @@ class Universe:
         field = {"fs.read": "max_bytes_in", "fs.write": "max_bytes_out"}.get(kind, "max_depth")
         sizes: list[int | None] = [None, *self.limit(kind, field)]
         for path, n in product(paths, sizes):
-            cap = FsCapability(kind=kind, paths=(path,))  # type: ignore[arg-type]
+            cap = FsCapability(kind=kind, paths=(path,))
             if kind == "fs.read":
                 yield Witness(kind, FsReadOp(path=path, len=n), cap)
             elif kind == "fs.write":
@@ -232,7 +232,7 @@ class Universe:
             for port in ports(caps, scheme):
                 u = url(scheme, host, port)
                 cap = BrowserCapability(hosts=(host,), ports=(port,), schemes=(scheme,),
-                                        scopes=("open", "extract", "screenshot"))  # type: ignore[arg-type]
+                                        scopes=("open", "extract", "screenshot"))
                 yield Witness("browser.use", BrowserNavOp(url=u, extract="none"), cap)
                 yield Witness("browser.use", BrowserNavOp(url=u, extract="text"), cap)
                 yield Witness("browser.use", BrowserScreenshotOp(url=u), cap)

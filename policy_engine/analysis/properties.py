@@ -34,9 +34,12 @@ from policy_engine.model import (
     BrowserCapability,
     Capability,
     Grant,
+    Manifest,
     NetHttpCapability,
+    NetworkMode,
+    ProcCapability,
+    ProcExecOp,
 )
-from policy_engine.model import Manifest, NetworkMode, ProcExecOp
 from policy_engine.patterns.hosts import HostPattern
 from policy_engine.patterns.paths import expand_home, glob_body
 
@@ -193,7 +196,8 @@ def rule_reachable(ps: PolicySet, rule_id: str) -> Answer:
 def grant_within(ps: PolicySet, given: Given) -> Answer:
     """Is every request the grant admits allowed by manifest ∩ policy (the grant ⊆ both)?"""
     q = "is the grant within manifest ∩ policy"
-    assert given.grant is not None and given.manifest is not None
+    assert given.grant is not None
+    assert given.manifest is not None
     und: list[Undecidable] = []
     uni = Universe([*ps.rules, *given.sources()], [ps.home], und, [ps.defaults])
     decide = Decider(ps)
@@ -217,8 +221,8 @@ def shell_allowed(ps: PolicySet, given: Given = Given()) -> Answer:
     """Does any permit let a shell or interpreter run with any arguments (or inline code)?"""
     q = "does any permit allow a shell or interpreter with any arguments"
     tools = sorted({c.tool for r in ps.rules if r.effect == "permit"
-                    for k, c in r.capabilities.items() if str(k) == "proc.exec"
-                    and PurePosixPath(c.tool).name in SHELLS})  # type: ignore[union-attr]
+                    for c in r.capabilities.values() if isinstance(c, ProcCapability)
+                    and PurePosixPath(c.tool).name in SHELLS})
     und: list[Undecidable] = []
     uni = Universe([*ps.rules, *given.sources()], [ps.home], und, [ps.defaults])
     decide = Decider(ps)

@@ -7,8 +7,8 @@ from typing import Any
 
 from policy_engine.analysis.difference import Change, Report
 from policy_engine.analysis.properties import Answer
-from policy_engine.graph.policyset import PolicySet
 from policy_engine.analysis.witness import DEFAULT, Verdict, describe
+from policy_engine.graph.policyset import PolicySet
 
 
 def verdict_text(v: Verdict) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -37,10 +38,10 @@ def run(tmp: Path, old: str, new: str, *extra: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def changes(tmp: Path, old: str, new: str) -> list[dict[str, object]]:
+def changes(tmp: Path, old: str, new: str) -> list[dict[str, Any]]:
     code, out = run(tmp, old, new, "--format", "json")
     assert code == 1, out
-    found: list[dict[str, object]] = json.loads(out)["exact"]["changes"]
+    found: list[dict[str, Any]] = json.loads(out)["exact"]["changes"]
     assert found
     return found
 
@@ -56,17 +57,18 @@ def changes(tmp: Path, old: str, new: str) -> list[dict[str, object]]:
      {"kind": "fs.read", "path": "/srv"}, "read-ws"),
 ])
 def test_a_widening_is_found_with_a_witness_and_both_rules(
-        tmp_path: Path, name: str, before: str, after: str, op: dict[str, object],
+        tmp_path: Path, name: str, before: str, after: str, op: dict[str, Any],
         new_rule: str) -> None:
     found = changes(tmp_path, BASE, BASE.replace(before, after))
     match = [c for c in found if c["op"] == op]
     assert match, f"{name}: {found}"
     c = match[0]
-    assert c["widening"] and c["category"] == "widening"
+    assert c["widening"]
+    assert c["category"] == "widening"
     assert c["old"] == {"decision": "deny", "code": "SANDBOX.PERMISSION_DENY", "rule": None}
-    assert c["new"]["decision"] == "allow"  # type: ignore[index]
-    assert str(c["new"]["rule"]).startswith(f"{new_rule}@new.sbpolicy:")  # type: ignore[index]
-    assert c["grant"]["capabilities"]  # type: ignore[index]  # the grant the witness needs
+    assert c["new"]["decision"] == "allow"
+    assert str(c["new"]["rule"]).startswith(f"{new_rule}@new.sbpolicy:")
+    assert c["grant"]["capabilities"]  # the grant the witness needs
 
 
 def test_a_method_widening_is_a_widening_in_the_markdown_comment(tmp_path: Path) -> None:
@@ -79,19 +81,21 @@ def test_a_method_widening_is_a_widening_in_the_markdown_comment(tmp_path: Path)
 
 def test_a_raised_limit_is_a_widening_field_by_field(tmp_path: Path) -> None:
     found = changes(tmp_path, BASE, BASE.replace("bytes_in 1MiB", "bytes_in 2MiB"))
-    limits = [lc for c in found for lc in c["limits"]]  # type: ignore[attr-defined]
+    limits = [lc for c in found for lc in c["limits"]]
     assert {"field": "max_bytes_in", "old": 1048576, "new": 2097152, "stricter": "old"} in limits
     over = [c for c in found if c["op"] == {"kind": "fs.read", "path": "/workspace",
                                             "len": 1048577}]
-    assert over and over[0]["old"]["decision"] == "deny"  # type: ignore[index]
-    assert over[0]["new"]["decision"] == "allow"  # type: ignore[index]
+    assert over
+    assert over[0]["old"]["decision"] == "deny"
+    assert over[0]["new"]["decision"] == "allow"
 
 
 def test_a_forbid_added_then_removed(tmp_path: Path) -> None:
     added = changes(tmp_path, BASE, BASE + FORBID)
     log = [c for c in added if c["op"] == {"kind": "proc.exec", "tool": "git", "args": ["log"]}]
-    assert log and log[0]["category"] == "narrowing"
-    assert str(log[0]["new"]["rule"]).startswith("no-log@")  # type: ignore[index]
+    assert log
+    assert log[0]["category"] == "narrowing"
+    assert str(log[0]["new"]["rule"]).startswith("no-log@")
     removed = changes(tmp_path, BASE + FORBID, BASE)
     assert any(c["widening"] and c["op"] == log[0]["op"] for c in removed)
 
@@ -124,7 +128,8 @@ def test_identical_policies_exit_0(tmp_path: Path) -> None:
 def test_a_policy_that_does_not_compile_is_located_and_never_diffed(tmp_path: Path) -> None:
     code, out = run(tmp_path, BASE, BASE + "permit oops\n")
     assert code == 2
-    assert "new.sbpolicy:6:" in out and "exact diff" not in out
+    assert "new.sbpolicy:6:" in out
+    assert "exact diff" not in out
 
 
 def test_past_the_state_bound_the_dimension_is_too_complex_naming_the_rule(
@@ -137,7 +142,8 @@ def test_past_the_state_bound_the_dimension_is_too_complex_naming_the_rule(
                                                           "stop": None})
     report = exact_diff(old, new)
     paths = [u for u in report.undecided if u.dimension == "paths" and u.kind == "fs.read"]
-    assert paths and "read-ws" in paths[0].rules
+    assert paths
+    assert "read-ws" in paths[0].rules
     assert "too complex to decide exactly" in paths[0].reason
     assert not report.exact
 
@@ -155,11 +161,13 @@ def analyze(*args: str) -> tuple[int, str]:
 
 def test_analyze_read_proves_absence_or_shows_a_witness() -> None:
     code, out = analyze(str(EXAMPLES), "--read", "~/.ssh/**")
-    assert code == 0 and out.startswith("ok: can anything read a path matching `~/.ssh/**`? no:")
+    assert code == 0
+    assert out.startswith("ok: can anything read a path matching `~/.ssh/**`? no:")
     code, out = analyze(str(EXAMPLES), "--read", "/workspace/src/**", "--format", "json")
     assert code == 1
     answer = json.loads(out)["answers"][0]
-    assert answer["finding"] and answer["witness"]["op"]["path"].startswith("/workspace/src")
+    assert answer["finding"]
+    assert answer["witness"]["op"]["path"].startswith("/workspace/src")
     assert answer["witness"]["decision"]["rule"].startswith("read-workspace@")
 
 
@@ -197,16 +205,20 @@ def test_analyze_grant_within_manifest_and_policy(tmp_path: Path) -> None:
     assert code == 1
     sarif = json.loads(out)
     result = sarif["runs"][0]["results"][0]
-    assert sarif["version"] == "2.1.0" and result["ruleId"] == "grant"
-    assert result["level"] == "error" and "/etc" in result["message"]["text"]
+    assert sarif["version"] == "2.1.0"
+    assert result["ruleId"] == "grant"
+    assert result["level"] == "error"
+    assert "/etc" in result["message"]["text"]
 
 
 def test_analyze_bad_input_exits_2(tmp_path: Path) -> None:
     code, out = analyze(str(EXAMPLES), "--rule", "nope")
-    assert code == 2 and "no rule `nope`" in out
+    assert code == 2
+    assert "no rule `nope`" in out
     (tmp_path / "bad.sbpolicy").write_text("policy oops\n")
     code, out = analyze(str(tmp_path / "bad.sbpolicy"), "--shell")
-    assert code == 2 and "bad.sbpolicy:1:" in out
+    assert code == 2
+    assert "bad.sbpolicy:1:" in out
 
 
 # ---- lint -------------------------------------------------------------------------------------

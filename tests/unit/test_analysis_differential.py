@@ -118,7 +118,10 @@ def check(old_text: str, new_text: str) -> Report:
         return report
 
 
-@settings(max_examples=int(os.environ.get('DIFF_EXAMPLES', '20')), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = int(os.environ.get("DIFF_EXAMPLES", "20"))  # more in a nightly run: DIFF_EXAMPLES=500
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(old=policies(), new=policies())
 def test_no_missed_and_no_false_change(old: str, new: str) -> None:
     check(old, new)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from policy_engine.analysis.difference import diff as exact_diff
 from policy_engine.cli.main import cli
 from policy_engine.compiler import compile_files
-from policy_engine.analysis.difference import diff as exact_diff
 
 OLD = '''policy "diff/test" version "1.0.0"
 defaults { network on }
@@ -86,8 +86,10 @@ def test_the_exact_diff_finds_the_widening_without_any_request(tmp_path: Path) -
     changes = json.loads(out)["exact"]["changes"]
     ops = {json.dumps(c["op"], sort_keys=True): c for c in changes}
     srv = next(c for c in changes if c["op"].get("path", "").startswith("/srv"))
-    assert srv["old"]["decision"] == "deny" and srv["new"]["decision"] == "allow"
-    assert srv["new"]["rule"] == "read-ws@new.sbpolicy:4:1" and srv["widening"]
+    assert srv["old"]["decision"] == "deny"
+    assert srv["new"]["decision"] == "allow"
+    assert srv["new"]["rule"] == "read-ws@new.sbpolicy:4:1"
+    assert srv["widening"]
     push = next(c for c in changes if c["op"].get("args") == ["push"])
     assert push["new"]["rule"] == "git@new.sbpolicy:6:1"
     # the untouched API rule did not move
@@ -99,7 +101,9 @@ def test_identical_policies_are_decided_equal_everywhere(tmp_path: Path) -> None
     project(tmp_path)
     ps = compile_files([tmp_path / "old.sbpolicy"])
     report = exact_diff(ps, ps)
-    assert report.changes == [] and report.exact and report.cells > 0
+    assert report.changes == []
+    assert report.exact
+    assert report.cells > 0
 
 
 def test_a_tightened_timeout_shows_at_its_edge(tmp_path: Path) -> None:
@@ -113,9 +117,11 @@ def test_a_tightened_timeout_shows_at_its_edge(tmp_path: Path) -> None:
     changes = json.loads(out)["exact"]["changes"]
     timeouts = {c["op"].get("timeout_ms") for c in changes if c["old"]["decision"] == "allow"
                 and c["new"]["decision"] == "deny"}
-    assert timeouts and all(10000 < t <= 20000 for t in timeouts)  # allowed before, not after
+    assert timeouts
+    assert all(10000 < t <= 20000 for t in timeouts)
     limits = [lc for c in changes for lc in c["limits"] if lc["field"] == "timeout_ms"]
-    assert limits and limits[0] == {"field": "timeout_ms", "old": 20000, "new": 10000,
+    assert limits
+    assert limits[0] == {"field": "timeout_ms", "old": 20000, "new": 10000,
                                     "stricter": "new"}
 
 

@@ -119,6 +119,7 @@ class Touch:
 
     def __init__(self, ps: PolicySet, kind: str) -> None:
         self.rules: list[tuple[str, Matcher, tuple[HostPattern, ...]]] = []
+        self.schemes: list[tuple[str, frozenset[str]]] = []
         for rule in ps.rules:
             for k, cap in rule.capabilities.items():
                 if str(k) != kind:
@@ -127,6 +128,8 @@ class Touch:
                 self.rules.append((content(rule, kind), compile_matcher(
                     cap, kind, ps.home, forbid=rule.effect == "forbid"),
                     tuple(h for h in hosts if h is not None)))
+                self.schemes.append((content(rule, kind), frozenset(
+                    x.lower() for x in getattr(cap, "schemes", ()))))
 
     def key(self, w: Witness) -> tuple[str, ...] | None:
         """Sorted contents of the rules touching ``w``; ``None``: decide it whatever."""
@@ -134,8 +137,10 @@ class Touch:
         if w.kind in ("net.http", "browser.use"):
             try:
                 url = parse_url(op.url)
-            except PolicyEngineError:  # refused before any rule (or by a rule's scheme): all count
-                return tuple(sorted(c for c, _, _ in self.rules))
+            except PolicyEngineError:
+                # refused before any rule is read, unless a rule names its scheme: those count
+                scheme = op.url.split(":", 1)[0].lower()
+                return tuple(sorted(c for c, names in self.schemes if scheme in names))
             # every rule naming the host counts: a host a rule names lifts the address refusal
             return tuple(sorted(c for c, _, hs in self.rules
                                 if any(h.matches(url.host, url.ip) for h in hs)))
@@ -155,9 +160,13 @@ def _host(raw: str) -> HostPattern | None:
         return HostPattern("*", "any", "")  # a forbid's bad pattern covers everything
 
 
+def profiles(ps: PolicySet) -> list[str]:
+    """The named profiles, where they were written left out."""
+    return sorted(repr(dataclasses.replace(p, span=None)) for p in ps.profiles.values())  # type: ignore[arg-type]
+
+
 def _globals(ps: PolicySet) -> str:
-    return json.dumps([ps.defaults.model_dump(mode="json"), str(ps.network),
-                       sorted(repr(p) for p in ps.profiles.values()),
+    return json.dumps([ps.defaults.model_dump(mode="json"), str(ps.network), profiles(ps),
                        sorted(m.model_dump_json() for m in ps.tools.values())], sort_keys=True)
 
 
@@ -196,8 +205,7 @@ def conditions(old: PolicySet, new: PolicySet) -> list[Undecidable]:
             out.append(Undecidable(kind, "condition", (rid,),
                                    f"condition changed, not decided: before `{before}`, "
                                    f"after `{after}`"))
-    pa = sorted(repr(p) for p in old.profiles.values())
-    if pa != sorted(repr(p) for p in new.profiles.values()):
+    if profiles(old) != profiles(new):
         out.append(Undecidable("*", "named profiles", (), (
             "named profiles changed: requests made under a named profile are not decided")))
     ca = {c.condition.source for c in old.consent_rules if c.condition}

@@ -37,17 +37,23 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
               default="text", show_default=True, help="output format (markdown: a PR comment)")
 @click.option("--output", type=_FILE, help="write the report to this file instead of stdout")
+@click.option("--fail-on", type=click.Choice(["change", "widening", "never"]), default="change",
+              show_default=True,
+              help="what exits 1: any change; only a widening (or a part not decided exactly, "
+                   "which may hide one); nothing")
 def command(old: Path, new: Path, requests: tuple[Path, ...], tests: tuple[Path, ...],
             logs: tuple[Path, ...], exact: bool, legacy_boundary: bool | None,
             seal_key: Path | None,
-            state_dir: Path | None, show_all: bool, fmt: str, output: Path | None) -> None:
+            state_dir: Path | None, show_all: bool, fmt: str, output: Path | None,
+            fail_on: str) -> None:
     """Compare policy OLD and policy NEW (each an entry .sbpolicy file, imports followed):
     exactly, every class of requests the two decide differently (each with a witness request
     decided by both, and both deciding rules), and the given requests, tests and evidence.
     Nothing is executed.
 
     Exits 0 when nothing changes, 1 when some decision or limit changes or a part could not be
-    decided exactly, 2 on unusable input (a policy that does not compile is never diffed).
+    decided exactly (``--fail-on widening``: only a widening or an undecided part), 2 on
+    unusable input (a policy that does not compile is never diffed).
     """
     from policy_engine.analysis import render as exact_render
     from policy_engine.analysis.difference import diff
@@ -105,6 +111,12 @@ def command(old: Path, new: Path, requests: tuple[Path, ...], tests: tuple[Path,
         except OSError as exc:
             click.echo(f"error: cannot write `{output}`: {exc.strerror or exc}", err=True)
             sys.exit(EXIT_BAD_INPUT)
-    changed = any(r.status == "changed" for r in results) or (
-        report is not None and (bool(report.changes) or not report.exact))
-    sys.exit(EXIT_FAILED if changed else EXIT_OK)
+    undecided = report is not None and not report.exact
+    if fail_on == "widening":
+        failed = undecided or (report is not None and any(c.widening for c in report.changes)) \
+            or any(r.status == "changed" and r.new is not None and r.new.decision == "allow"
+                   for r in results)
+    else:
+        failed = fail_on == "change" and (undecided or any(r.status == "changed" for r in results)
+                                          or (report is not None and bool(report.changes)))
+    sys.exit(EXIT_FAILED if failed else EXIT_OK)

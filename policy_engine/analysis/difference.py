@@ -32,7 +32,13 @@ from policy_engine.errors import PolicyEngineError
 from policy_engine.graph.policyset import CompiledRule, PolicySet
 from policy_engine.guard.matchers import Matcher, compile_matcher
 from policy_engine.guard.urls import parse_url
-from policy_engine.model import LIMIT_FIELDS, NetworkMode, SafetyClass, SideEffect
+from policy_engine.model import (
+    LIMIT_FIELDS,
+    NetworkMode,
+    ProcCapability,
+    SafetyClass,
+    SideEffect,
+)
 from policy_engine.patterns.hosts import HostPattern
 
 
@@ -205,6 +211,7 @@ def conditions(old: PolicySet, new: PolicySet) -> list[Undecidable]:
             out.append(Undecidable(kind, "condition", (rid,),
                                    f"condition changed, not decided: before `{before}`, "
                                    f"after `{after}`"))
+    out += _env_sets(old, new)
     if profiles(old) != profiles(new):
         out.append(Undecidable("*", "named profiles", (), (
             "named profiles changed: requests made under a named profile are not decided")))
@@ -215,6 +222,28 @@ def conditions(old: PolicySet, new: PolicySet) -> list[Undecidable]:
             "consent condition changed, decided for every consent and manifest class but not "
             f"for every request: before {sorted(ca)}, after {sorted(cb)}")))
     return out
+
+
+def _env_sets(old: PolicySet, new: PolicySet) -> list[Undecidable]:
+    """Each single variable is decided; a set of several, split between two permits of one
+    tool, is not: named when such env lists changed."""
+    def lists(ps: PolicySet) -> dict[str, list[tuple[str, str]]]:
+        out: dict[str, list[tuple[str, str]]] = {}
+        for r in ps.rules:
+            cap = next((c for c in r.capabilities.values() if isinstance(c, ProcCapability)),
+                       None)
+            if cap is not None and cap.env is not None and r.effect == "permit":
+                out.setdefault(cap.tool, []).append((r.id, repr(cap.env)))
+        return out
+
+    a, b = lists(old), lists(new)
+    return [Undecidable("proc.exec", f"env of `{tool}`",
+                        tuple(dict.fromkeys(i for i, _ in a.get(tool, []) + b.get(tool, []))),
+                        "env allow-lists changed on a tool with several: calls setting two or "
+                        "more variables are not decided")
+            for tool in sorted(set(a) | set(b))
+            if sorted(x for _, x in a.get(tool, [])) != sorted(x for _, x in b.get(tool, []))
+            and max(len(a.get(tool, [])), len(b.get(tool, []))) > 1]
 
 
 # ---- the difference ---------------------------------------------------------------------------

@@ -60,6 +60,7 @@ _LABEL = r"[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?"
 HOST_UNIVERSE = rf"{_LABEL}(?:\.{_LABEL})*"
 _NUMERIC_LAST = r"(?:.*\.)?(?:[0-9]+|0x[0-9a-f]*)"
 """Names whose last label is a number: URLs read them as IPv4 addresses (never a name)."""
+ENV_UNIVERSE = r"[A-Za-z_][A-Za-z0-9_]*"
 MAX_PAYLOAD = 1 << 21
 """Largest write payload a witness builds (bytes); a larger threshold is reported undecided."""
 _METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
@@ -243,10 +244,27 @@ class Universe:
         timeouts: list[int | None] = [None, *self.limit("proc.exec", "timeout_ms")]
         for tool in tools:
             mine = [(r, c) for r, c in caps if c.tool == tool]
+            envs = self._envs(tool, mine)
             for args in self._argv(tool, mine):
-                for t in timeouts:
-                    yield Witness("proc.exec", ProcExecOp(tool=tool, args=args, timeout_ms=t),
-                                  ProcCapability(tool=tool))
+                for t, env in product(timeouts, envs):
+                    yield Witness("proc.exec", ProcExecOp(tool=tool, args=args, timeout_ms=t,
+                                                          env=env), ProcCapability(tool=tool))
+
+    def _envs(self, tool: str, caps: list[tuple[RuleLike, ProcCapability]]
+              ) -> list[dict[str, str]]:
+        """No variable, and one variable per cell of the env allow-lists' names (literals exact,
+        regexes searched) cut also by the guard's hijack names (`PATH`, `LD_*`, …)."""
+        pats: dict[str, list[str]] = {}
+        for rule, cap in caps:
+            for alt in cap.env or ():
+                key = (re.escape(alt.literal) if alt.literal is not None
+                       else searched(alt.regex or ""))
+                pats.setdefault(key, []).append(rule.id)
+        if not pats:
+            return [{}]  # no rule lets any variable through: every name is decided alike
+        pats.setdefault(hijack_regex(), []).append("guard:hijack-names")
+        names = self._cells("proc.exec", f"env of `{tool}`", ENV_UNIVERSE, pats, regex_nfa)
+        return [{}, *({n: "x"} for n in names if n)]
 
     def _argv(self, tool: str, caps: list[tuple[RuleLike, ProcCapability]]
               ) -> list[tuple[str, ...]]:
@@ -397,3 +415,27 @@ def resource(w: Witness) -> Any:
         except PolicyEngineError:
             return None
     return None
+
+
+def searched(regex: str) -> str:
+    """The full-match form of a regex *searched* in a string (a leading ``^`` or a trailing
+    ``$`` anchors that end instead of allowing anything there)."""
+    head = regex.startswith("^")
+    tail = regex.endswith("$") and not regex.endswith("\\$")
+    body = regex[1 if head else 0:len(regex) - 1 if tail else len(regex)]
+    return ("" if head else r"[\s\S]*") + f"(?:{body})" + ("" if tail else r"[\s\S]*")
+
+
+def _nocase(text: str) -> str:
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in text)
+
+
+@lru_cache(maxsize=1)
+def hijack_regex() -> str:
+    """The guard's hijack names (``guard.env.is_hijack``) as one regex, case folded as it does."""
+    from policy_engine.guard.env import HIJACK_EXACT, HIJACK_PREFIXES
+
+    alts = [_nocase(n) for n in sorted(HIJACK_EXACT)]
+    alts += [_nocase(p) + r"[\s\S]*" for p in HIJACK_PREFIXES]
+    alts.append(r"(?:[\s\S]*_)?" + _nocase("PROXY"))
+    return "(?:" + "|".join(alts) + ")"

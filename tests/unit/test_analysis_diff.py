@@ -234,3 +234,13 @@ def test_lint_finds_a_regex_shadow_the_approximation_missed_and_no_false_one(
     result = lint_paths([str(p)], LintConfig(), jobs=1)
     found = [(f.id, f.span.line) for f in result.active() if f.span and f.id == "SBP339"]
     assert found == [("SBP339", 4)]  # `narrow` only: `-a` is not under /--.*/
+
+
+def test_an_env_name_allowed_by_a_new_regex_is_a_widening(tmp_path: Path) -> None:
+    old = 'policy "t" version "1"\npermit "git" proc.exec tool "git" args ["status"] ' \
+          'env ["LANG", /^LC_/]\n'
+    found = changes(tmp_path, old, old.replace('/^LC_/]', '/^LC_/, /TOKEN/]'))
+    widened = [c for c in found if c["widening"]]
+    assert len(widened) == 1
+    env = widened[0]["op"]["env"]
+    assert len(env) == 1 and "TOKEN" in next(iter(env))

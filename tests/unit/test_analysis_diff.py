@@ -243,4 +243,5 @@ def test_an_env_name_allowed_by_a_new_regex_is_a_widening(tmp_path: Path) -> Non
     widened = [c for c in found if c["widening"]]
     assert len(widened) == 1
     env = widened[0]["op"]["env"]
-    assert len(env) == 1 and "TOKEN" in next(iter(env))
+    assert len(env) == 1
+    assert "TOKEN" in next(iter(env))

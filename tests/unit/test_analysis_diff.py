@@ -245,3 +245,16 @@ def test_an_env_name_allowed_by_a_new_regex_is_a_widening(tmp_path: Path) -> Non
     env = widened[0]["op"]["env"]
     assert len(env) == 1
     assert "TOKEN" in next(iter(env))
+
+
+def test_lint_finds_duplicates_written_otherwise(tmp_path: Path) -> None:
+    p = tmp_path / "p.sbpolicy"
+    p.write_text('policy "t/p" version "1"\ndefaults { timeout 60s }\n'
+                 'forbid "a" fs.read paths ["/srv/x/**", "/srv/y/**"]\n'
+                 'forbid "b" fs.read paths ["/srv/y/**", "/srv/x/**"]\n'
+                 'forbid "c" proc.exec tool "git" args [/--(a|b)/]\n'
+                 'forbid "d" proc.exec tool "git" args [/--a|--b/]\n'
+                 'forbid "e" proc.exec tool "git" args [/--(a|c)/]\n')
+    result = lint_paths([str(p)], LintConfig(), jobs=1)
+    found = [(f.id, f.span.line) for f in result.active() if f.span and f.id == "SBP337"]
+    assert found == [("SBP337", 4), ("SBP337", 6)]

@@ -56,8 +56,11 @@ def _key(d: RuleDraft) -> tuple[Any, ...]:
 
 
 def check_duplicates(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
-    """SBP337: the same effect, capabilities, limits and condition as an earlier rule."""
+    """SBP337: the same effect, capabilities, limits and condition as an earlier rule — written
+    alike, or written otherwise but admitting exactly the same requests (the exact engine)."""
     first: dict[tuple[Any, ...], RuleDraft] = {}
+    groups: dict[tuple[Any, ...], list[RuleDraft]] = {}
+    spent = [0, 0]
     for d in view.policy.rules:
         if not d.capabilities:
             continue
@@ -67,6 +70,25 @@ def check_duplicates(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
             yield finding("SBP337", f"rule {label(d.node, d.id)} duplicates rule "
                           f"{label(earlier.node, earlier.id)} at {earlier.node.span}",
                           head(d.node), d.node.span)
+            continue
+        # same effect, limits and condition, capabilities written otherwise: equal languages?
+        loose = (key[0], key[1], tuple(k for k, _ in key[2]), key[3], key[4])
+        group = groups.setdefault(loose, [])
+        if d.unit.file is view.file:
+            same = next((e for e in group if _same(e, d, cfg.home, spent)), None)
+            if same is not None:
+                yield finding("SBP337", f"rule {label(d.node, d.id)} admits exactly what rule "
+                              f"{label(same.node, same.id)} at {same.node.span} does",
+                              head(d.node), d.node.span)
+                continue
+        group.append(d)
+
+
+def _same(a: RuleDraft, b: RuleDraft, home: str, spent: list[int]) -> bool:
+    """Each capability of ``a`` and ``b`` admits the other's (sound both ways)."""
+    return all(k in a.capabilities and _covers(a.capabilities[k], c, home, spent)
+               and _covers(c, a.capabilities[k], home, spent)
+               for k, c in b.capabilities.items())
 
 
 class _Index:

@@ -241,6 +241,19 @@ def _atoms(nfas: Sequence[NFA]) -> list[Interval]:
     return list(zip(pts, [p - 1 for p in pts[1:]], strict=False))
 
 
+def _merged(atoms: list[Interval], nfas: Sequence[NFA]) -> list[Interval]:
+    """One atom per class of atoms no move tells apart (fewer letters to walk), the most
+    readable of each class kept as its witness."""
+    labels = {cast(CharSet, lab) for n in nfas for _, lab, _ in n.moves}
+    classes: dict[tuple[bool, ...], Interval] = {}
+    for lo, hi in atoms:
+        sig = tuple(any(x <= lo <= y for x, y in lab) for lab in labels)
+        best = classes.get(sig)
+        if best is None or _rank(_representative(lo, hi)) < _rank(_representative(*best)):
+            classes[sig] = (lo, hi)
+    return list(classes.values())
+
+
 _PREFERRED = "abcdefghijklmnopqrstuvwxyz0123456789-_ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
@@ -320,7 +333,8 @@ def venn(universe: NFA, patterns: Sequence[NFA], *, symbols: Sequence[Hashable] 
     :raises TooComplex: more than ``max_states`` product states.
     """
     char = symbols is None
-    atoms: Sequence[Hashable] = _atoms([universe, *patterns]) if char else list(symbols or ())
+    atoms: Sequence[Hashable] = (_merged(_atoms([universe, *patterns]), [universe, *patterns])
+                                 if char else list(symbols or ()))
     labels: list[object] = ([_representative(lo, hi) for lo, hi in cast(list[Interval], atoms)]
                             if char else list(atoms))
     uni = _Runner(universe, atoms, char)

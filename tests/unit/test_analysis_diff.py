@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from click.testing import CliRunner
 
@@ -204,6 +205,8 @@ def test_analyze_grant_within_manifest_and_policy(tmp_path: Path) -> None:
                         str(tmp_path / "m.json"), "--format", "sarif")
     assert code == 1
     sarif = json.loads(out)
+    schema = EXAMPLES.parents[2] / "tests" / "data" / "sarif-schema-2.1.0.json"
+    jsonschema.validate(sarif, json.loads(schema.read_text()))  # the offline SARIF 2.1.0 schema
     result = sarif["runs"][0]["results"][0]
     assert sarif["version"] == "2.1.0"
     assert result["ruleId"] == "grant"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,12 +270,18 @@ def limit_changes(old: PolicySet, new: PolicySet, a: Verdict, b: Verdict,
     return tuple(out)
 
 
-def diff(old: PolicySet, new: PolicySet, *, kinds: Iterable[str] | None = None) -> Report:
-    """Every request class the two versions decide differently, each with a checked witness."""
+def diff(old: PolicySet, new: PolicySet, *, kinds: Iterable[str] | None = None,
+         focus: Mapping[str, str] | None = None) -> Report:
+    """Every request class the two versions decide differently, each with a checked witness.
+
+    :param focus: per dimension, a regex the requests compared must match (``analyze`` asks
+        about one rule's region only); ``None``: the whole universe.
+    """
     report = Report()
     report.undecided += conditions(old, new)
     rules = list(old.rules) + list(new.rules)
-    uni = Universe(rules, [old.home, new.home], report.undecided, [old.defaults, new.defaults])
+    uni = Universe(rules, [old.home, new.home], report.undecided, [old.defaults, new.defaults],
+                   focus=focus)
     same_globals = _globals(old) == _globals(new)
     same_consent = _consent(old) == _consent(new)
     wanted = sorted({str(k) for r in rules for k in r.capabilities} if kinds is None else kinds)

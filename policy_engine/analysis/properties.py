@@ -33,6 +33,7 @@ from policy_engine.guard.matchers import compile_matcher
 from policy_engine.model import (
     BrowserCapability,
     Capability,
+    FsCapability,
     Grant,
     Manifest,
     NetHttpCapability,
@@ -64,8 +65,13 @@ class Answer:
     classes: int = 0
     undecided: list[Undecidable] = field(default_factory=list)
 
+    @property
+    def proven(self) -> bool:
+        """A witness proves itself; an absence only when every part was decided."""
+        return self.witness is not None or not self.undecided
+
     def to_json(self) -> dict[str, Any]:
-        return {"property": self.prop, "question": self.question, "finding": self.holds,
+        return {"property": self.prop, "proven": self.proven, "question": self.question, "finding": self.holds,
                 "exact": not self.undecided, "detail": self.detail, "request_classes": self.classes,
                 "witness": None if self.witness is None else {
                     "op": op_json(self.witness.op),
@@ -180,17 +186,49 @@ def rule_reachable(ps: PolicySet, rule_id: str) -> Answer:
     rule = next((r for r in ps.rules if r.id == rule_id), None)
     if rule is None:
         raise KeyError(rule_id)
-    report = diff(without(ps, rule_id), ps, kinds=[str(k) for k in rule.kinds])
+    # only requests the rule matches can change when it goes: the walk stays in its region
+    report = diff(without(ps, rule_id), ps, kinds=[str(k) for k in rule.kinds],
+                  focus=region(rule.capabilities.values(), ps.home))
     # a deny with another code only renames the refusal: the rule decides nothing there
     effective = [c for c in report.changes if c.category != "code"]
     if effective:
         c = effective[0]
+        how = " with its own limits" if c.limits and c.old.decision == c.new.decision else ""
         return Answer("rule", q, False, f"yes: `{describe(c.witness.op)}` is decided "
-                      f"{c.new.decision} by it (without it: {c.old.decision})", c.witness,
+                      f"{c.new.decision} by it{how} (without it: {c.old.decision})", c.witness,
                       c.new, report.cells, report.undecided)
+    if report.undecided:
+        return Answer("rule", q, True, "not decided exactly: no request found that it decides, "
+                      "but part of its region could not be walked (below)", None, None,
+                      report.cells, report.undecided)
     return Answer("rule", q, True, f"no: taking it out changes none of {report.cells} request "
                   "class(es): every request it matches is decided alike by other rules",
                   None, None, report.cells, report.undecided)
+
+
+def region(caps: Iterable[Capability], home: str) -> dict[str, str]:
+    """Per dimension, a regex covering every request the capabilities match (or nothing)."""
+    globs = [expand_home(g, home) for c in caps if isinstance(c, FsCapability) for g in c.paths]
+    out: dict[str, str] = {}
+    if globs:
+        out["paths"] = "(?:" + "|".join(glob_body(g).replace(".*", "[\\s\\S]*")
+                                        for g in globs) + ")"
+    names: list[str] = []
+    for c in caps:
+        for raw in getattr(c, "hosts", ()):
+            try:
+                hp = HostPattern.of(raw)
+            except ValueError:
+                return out  # a bad pattern: no host focus (decide every host)
+            if hp.kind == "exact":
+                names.append(re.escape(hp.value))
+            elif hp.kind == "suffix":
+                names.append(r"[\s\S]*\." + re.escape(hp.value))
+            else:
+                return out  # `*`, addresses: every host cell stays
+    if names:
+        out["hosts"] = "(?:" + "|".join(names) + ")"
+    return out
 
 
 def grant_within(ps: PolicySet, given: Given) -> Answer:

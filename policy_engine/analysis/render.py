@@ -91,7 +91,9 @@ def to_markdown(report: Report) -> list[str]:
 def answers_text(answers: Sequence[Answer]) -> str:
     lines = []
     for a in answers:
-        lines.append(f"{'FINDING' if a.holds else 'ok'}: {a.question}? {a.detail}")
+        tag = "UNDECIDED" if a.undecided and a.witness is None else (
+            "FINDING" if a.holds else "ok")
+        lines.append(f"{tag}: {a.question}? {a.detail}")
         lines += [f"  undecided: {u.kind} {u.dimension}: {u.reason}" for u in a.undecided]
     return "\n".join(lines)
 
@@ -113,7 +115,7 @@ def answers_sarif(answers: Sequence[Answer], ps: PolicySet) -> dict[str, Any]:
         file, line, col = ((rule.ref.file, rule.ref.line, rule.ref.column) if rule
                            else (ps.files[0] if ps.files else "policy", 1, 1))
         results.append({
-            "ruleId": a.prop, "level": "error" if a.holds else "note",
+            "ruleId": a.prop, "level": "error" if a.holds or not a.proven else "note",
             "message": {"text": f"{a.question}? {a.detail}"},
             "locations": [{"physicalLocation": {"artifactLocation": {"uri": file},
                                                 "region": {"startLine": max(line, 1),

@@ -38,8 +38,8 @@ def command(policy: Path, reads: tuple[str, ...], hosts: tuple[str, ...],
     decides so. Nothing is executed.
 
     Exits 0 when no property finds anything, 1 on a finding (something readable or reachable,
-    a shadowed rule, a grant beyond manifest ∩ policy, a shell with any arguments), 2 on
-    unusable input.
+    a shadowed rule, a grant beyond manifest ∩ policy, a shell with any arguments) or an
+    answer not proven (a part too complex to decide exactly), 2 on unusable input.
     """
     from policy_engine.analysis import properties as p
     from policy_engine.analysis.render import answers_json, answers_sarif, answers_text
@@ -76,4 +76,4 @@ def command(policy: Path, reads: tuple[str, ...], hosts: tuple[str, ...],
         click.echo(json.dumps(answers_sarif(answers, ps), indent=2, ensure_ascii=False))
     else:
         click.echo(answers_text(answers))
-    sys.exit(EXIT_FAILED if any(a.holds for a in answers) else EXIT_OK)
+    sys.exit(EXIT_FAILED if any(a.holds or not a.proven for a in answers) else EXIT_OK)

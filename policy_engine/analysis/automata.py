@@ -30,6 +30,9 @@ C: Any = importlib.import_module("re._constants")
 
 MAX_STATES = 20_000
 """Product states one Venn walk may visit before it gives up (documented in docs/cli.md)."""
+MAX_WORK = 4_000_000
+"""Product states times patterns one walk may visit: with many patterns the state bound shrinks,
+so a walk's time stays bounded too (each state steps every pattern)."""
 MAX_UNICODE = 0x10FFFF
 
 Interval = tuple[int, int]
@@ -119,6 +122,8 @@ def regex_nfa(pattern: str) -> NFA:
         parsed = sre.parse(pattern)
     except re.error as exc:
         raise TooComplex(f"regex `{pattern}` does not parse: {exc}") from None
+    except RecursionError:
+        raise TooComplex(f"regex `{pattern[:40]}` nests too deeply") from None
     if parsed.state.flags & ~(C.SRE_FLAG_UNICODE):
         raise TooComplex(f"regex `{pattern}` uses a flag the exact engine does not model")
     nfa = NFA()
@@ -333,6 +338,7 @@ def venn(universe: NFA, patterns: Sequence[NFA], *, symbols: Sequence[Hashable] 
     :raises TooComplex: more than ``max_states`` product states.
     """
     char = symbols is None
+    max_states = min(max_states, MAX_WORK // max(1, len(patterns)))
     atoms: Sequence[Hashable] = (_merged(_atoms([universe, *patterns]), [universe, *patterns])
                                  if char else list(symbols or ()))
     labels: list[object] = ([_representative(lo, hi) for lo, hi in cast(list[Interval], atoms)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import re
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
@@ -51,7 +51,7 @@ from policy_engine.model import (
     TmpCapability,
 )
 from policy_engine.patterns.hosts import HostPattern
-from policy_engine.patterns.paths import expand_home
+from policy_engine.patterns.paths import expand_home, glob_body
 
 _SEG = r"(?:[^/\x00.][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+)"
 PATH_UNIVERSE = r"/|(?:/" + _SEG + r")+"
@@ -439,3 +439,28 @@ def hijack_regex() -> str:
     alts += [_nocase(p) + r"[\s\S]*" for p in HIJACK_PREFIXES]
     alts.append(r"(?:[\s\S]*_)?" + _nocase("PROXY"))
     return "(?:" + "|".join(alts) + ")"
+
+
+def region(caps: Iterable[Capability], home: str) -> dict[str, str]:
+    """Per dimension, a regex covering every request the capabilities match (or nothing)."""
+    globs = [expand_home(g, home) for c in caps if isinstance(c, FsCapability) for g in c.paths]
+    out: dict[str, str] = {}
+    if globs:
+        out["paths"] = "(?:" + "|".join(glob_body(g).replace(".*", "[\\s\\S]*")
+                                        for g in globs) + ")"
+    names: list[str] = []
+    for c in caps:
+        for raw in getattr(c, "hosts", ()):
+            try:
+                hp = HostPattern.of(raw)
+            except ValueError:
+                return out  # a bad pattern: no host focus (decide every host)
+            if hp.kind == "exact":
+                names.append(re.escape(hp.value))
+            elif hp.kind == "suffix":
+                names.append(r"[\s\S]*\." + re.escape(hp.value))
+            else:
+                return out  # `*`, addresses: every host cell stays
+    if names:
+        out["hosts"] = "(?:" + "|".join(names) + ")"
+    return out

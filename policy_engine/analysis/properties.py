@@ -16,7 +16,14 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from policy_engine.analysis.difference import diff
-from policy_engine.analysis.dimensions import Source, Undecidable, Universe, Witness, resource
+from policy_engine.analysis.dimensions import (
+    Source,
+    Undecidable,
+    Universe,
+    Witness,
+    region,
+    resource,
+)
 from policy_engine.analysis.witness import (
     DEFAULT,
     Decider,
@@ -33,7 +40,6 @@ from policy_engine.guard.matchers import compile_matcher
 from policy_engine.model import (
     BrowserCapability,
     Capability,
-    FsCapability,
     Grant,
     Manifest,
     NetHttpCapability,
@@ -71,7 +77,8 @@ class Answer:
         return self.witness is not None or not self.undecided
 
     def to_json(self) -> dict[str, Any]:
-        return {"property": self.prop, "proven": self.proven, "question": self.question, "finding": self.holds,
+        return {"property": self.prop, "proven": self.proven, "question": self.question,
+                "finding": self.holds,
                 "exact": not self.undecided, "detail": self.detail, "request_classes": self.classes,
                 "witness": None if self.witness is None else {
                     "op": op_json(self.witness.op),
@@ -204,31 +211,6 @@ def rule_reachable(ps: PolicySet, rule_id: str) -> Answer:
     return Answer("rule", q, True, f"no: taking it out changes none of {report.cells} request "
                   "class(es): every request it matches is decided alike by other rules",
                   None, None, report.cells, report.undecided)
-
-
-def region(caps: Iterable[Capability], home: str) -> dict[str, str]:
-    """Per dimension, a regex covering every request the capabilities match (or nothing)."""
-    globs = [expand_home(g, home) for c in caps if isinstance(c, FsCapability) for g in c.paths]
-    out: dict[str, str] = {}
-    if globs:
-        out["paths"] = "(?:" + "|".join(glob_body(g).replace(".*", "[\\s\\S]*")
-                                        for g in globs) + ")"
-    names: list[str] = []
-    for c in caps:
-        for raw in getattr(c, "hosts", ()):
-            try:
-                hp = HostPattern.of(raw)
-            except ValueError:
-                return out  # a bad pattern: no host focus (decide every host)
-            if hp.kind == "exact":
-                names.append(re.escape(hp.value))
-            elif hp.kind == "suffix":
-                names.append(r"[\s\S]*\." + re.escape(hp.value))
-            else:
-                return out  # `*`, addresses: every host cell stays
-    if names:
-        out["hosts"] = "(?:" + "|".join(names) + ")"
-    return out
 
 
 def grant_within(ps: PolicySet, given: Given) -> Answer:

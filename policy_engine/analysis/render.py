@@ -47,6 +47,8 @@ def to_text(report: Report) -> str:
         rules = f" ({', '.join(u.rules)})" if u.rules else ""
         lines.append(f"undecided: {u.kind} {u.dimension}{rules}: {u.reason}")
     s = summary(report)
+    if not report.cells and report.exact:
+        lines.append("the two versions have the same rules, defaults and consent rules")
     lines.append(f"exact diff: {s['changes']} change(s), {s['widenings']} widening, "
                  f"{s['undecided']} undecided, over {s['request_classes']} request class(es) "
                  f"({s['decided_by_both']} decided by both versions)")

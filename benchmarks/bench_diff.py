@@ -79,6 +79,12 @@ def main() -> None:
         t = time.perf_counter()
         ps = compile_files([big])
         compile_s = time.perf_counter() - t
+        wider = Path(tmp, "wider.sbpolicy")
+        wider.write_text(big.read_text().replace('"/data/t500/**"', '"/data/t500/**", "/srv/**"'))
+        ps2 = compile_files([wider])
+        s, big_report = _median(lambda: diff(ps, ps2), repeat)
+        rows.append((f"diff: {args.rules} rules vs one path added", s, DIFF_TARGET_S,
+                     f"{len(big_report.changes)} change(s), exact: {big_report.exact}"))
         s, ans = _median(lambda: can_read(ps, "/data/t500/**"), repeat)
         rows.append((f"analyze --read /data/t500/** ({args.rules} rules)", s, ANALYZE_TARGET_S,
                      f"{ans.detail[:60]}; compile {compile_s:.2f} s"))

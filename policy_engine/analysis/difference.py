@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -197,8 +198,33 @@ def settings(old: PolicySet, new: PolicySet, kind: str) -> list[Setting]:
     return out
 
 
+_BOUNDED = re.compile(r"(?:\s|request\.size|\d+|<=|>=|==|!=|<|>|&&|\|\||!|\(|\))*")
+"""A condition that only compares `request.size` with integers: decided exactly."""
+SIZE_KINDS = frozenset({"fs.write", "tmp.use"})
+
+
+def size_cuts(source: str) -> list[int] | None:
+    """The sizes at which a bounded condition can change value, or ``None``: not bounded."""
+    if not _BOUNDED.fullmatch(source) or "request.size" not in source:
+        return None
+    return sorted({m for n in re.findall(r"\d+", source) for m in (int(n) - 1, int(n),
+                                                                    int(n) + 1) if m >= 0})
+
+
+def decided_sizes(old: PolicySet, new: PolicySet) -> list[int]:
+    """Cuts of every bounded condition on a kind that has a size (each decided exactly)."""
+    out: set[int] = set()
+    for ps in (old, new):
+        for r in ps.rules:
+            if r.condition is not None and {str(k) for k in r.kinds} <= SIZE_KINDS:
+                out |= set(size_cuts(r.condition.source) or ())
+    return sorted(out)
+
+
 def conditions(old: PolicySet, new: PolicySet) -> list[Undecidable]:
-    """Conditions not found identically in the other version: never decided silently equal."""
+    """Conditions not found identically in the other version: never decided silently equal,
+    except a comparison of `request.size` with integers on fs.write or tmp.use (decided at
+    every cut)."""
     def conds(ps: PolicySet) -> dict[str, tuple[str, str]]:
         return {r.id: (",".join(str(k) for k in r.kinds), r.condition.source)
                 for r in ps.rules if r.condition is not None}
@@ -208,6 +234,10 @@ def conditions(old: PolicySet, new: PolicySet) -> list[Undecidable]:
     for rid in sorted(set(a) | set(b)):
         if a.get(rid, ("", ""))[1] != b.get(rid, ("", ""))[1]:
             kind = (a.get(rid) or b[rid])[0]
+            texts = [t for t in (a.get(rid, ("", ""))[1], b.get(rid, ("", ""))[1]) if t]
+            if set(kind.split(",")) <= SIZE_KINDS and all(
+                    size_cuts(t) is not None for t in texts):
+                continue  # every cut of request.size is a witness size: decided exactly
             before, after = a.get(rid, ("", "(none)"))[1], b.get(rid, ("", "(none)"))[1]
             out.append(Undecidable(kind, "condition", (rid,),
                                    f"condition changed, not decided: before `{before}`, "
@@ -302,7 +332,7 @@ def diff(old: PolicySet, new: PolicySet, *, kinds: Iterable[str] | None = None,
         # versions, so it is decided alike: only the changed rules' region is walked
         kinds, focus = changed_region(old, new)
     uni = Universe(rules, [old.home, new.home], report.undecided, [old.defaults, new.defaults],
-                   focus=focus)
+                   focus=focus, sizes=decided_sizes(old, new))
     wanted = sorted({str(k) for r in rules for k in r.capabilities} if kinds is None else kinds)
     groups: dict[tuple[object, ...], Change] = {}
     da, db = Decider(old), Decider(new)

@@ -111,12 +111,13 @@ class Universe:
 
     def __init__(self, rules: Sequence[RuleLike], homes: Sequence[str],
                  undecided: list[Undecidable], defaults: Sequence[Limits] = (),
-                 focus: Mapping[str, str] | None = None) -> None:
+                 focus: Mapping[str, str] | None = None, sizes: Iterable[int] = ()) -> None:
         """:param focus: per dimension (``paths``, ``hosts``), a regex the witnesses must match;
             patterns disjoint from it are left out (they cannot split a cell inside it)."""
         self.rules = rules
         self.defaults = defaults
         self.focus = dict(focus or {})
+        self.sizes = sorted(set(sizes))  # cuts of `request.size` the conditions compare with
         self._memo: dict[tuple[object, ...], list[str]] = {}
         self.homes = tuple(dict.fromkeys(homes))
         self.undecided = undecided
@@ -182,7 +183,8 @@ class Universe:
         paths = self._cells(kind, "paths", PATH_UNIVERSE, pats, glob_nfa,
                             fallback=["/workspace/a"])
         field = {"fs.read": "max_bytes_in", "fs.write": "max_bytes_out"}.get(kind, "max_depth")
-        sizes: list[int | None] = [None, *self.limit(kind, field)]
+        cuts = self.limit(kind, field) + (self.sizes if kind == "fs.write" else [])
+        sizes: list[int | None] = [None, *sorted(set(cuts))]
         for path, n in product(paths, sizes):
             cap = FsCapability(kind=kind, paths=(path,))
             if kind == "fs.read":
@@ -291,7 +293,7 @@ class Universe:
     def _tmp(self) -> Iterator[Witness]:
         sizes = thresholds([c.max_bytes for _, c in self.caps("tmp.use")
                             if isinstance(c, TmpCapability)])
-        for size in [0, *sizes]:
+        for size in sorted({0, *sizes, *self.sizes}):
             yield Witness("tmp.use", TmpAllocOp(size_bytes=size), TmpCapability())
 
 

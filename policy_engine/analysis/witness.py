@@ -7,6 +7,7 @@ manifest, for ``analyze`` over a given set), so only the policy decides it; this
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,5 +131,7 @@ def describe(op: ExecOp) -> str:
         head = f"{kind} {data.pop('method')} {head.split(' ', 1)[1]}"
     if "args" in data:
         head += " " + json.dumps(data.pop("args"), ensure_ascii=False)
+    if "bytes_b64" in data:  # the size is what a policy reads, not the (zero) content
+        data["size"] = len(base64.b64decode(data.pop("bytes_b64")))
     rest = ", ".join(f"{k}={v}" for k, v in data.items())
     return head + (f" ({rest})" if rest else "")

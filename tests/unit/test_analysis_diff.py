@@ -113,11 +113,19 @@ def test_a_consent_rule_change_is_decided_per_consent_and_manifest_class(tmp_pat
 
 
 def test_a_changed_condition_is_listed_as_not_decided_never_equal(tmp_path: Path) -> None:
-    old = BASE + 'permit "w" fs.write paths ["/tmp/x/**"] when `request.size <= 10`\n'
-    code, out = run(tmp_path, old, old.replace("<= 10", "<= 20"))
+    old = BASE + 'permit "w" fs.write paths ["/tmp/x/**"] when `grant.tenant == "a"`\n'
+    code, out = run(tmp_path, old, old.replace('"a"', '"b"'))
     assert code == 1
     assert ("undecided: fs.write condition (w): condition changed, not decided: before "
-            "`request.size <= 10`, after `request.size <= 20`") in out
+            '`grant.tenant == "a"`, after `grant.tenant == "b"`') in out
+
+
+def test_a_size_comparison_is_decided_exactly(tmp_path: Path) -> None:
+    old = BASE + 'permit "w" fs.write paths ["/workspace/x/**"] when `request.size <= 10`\n'
+    code, out = run(tmp_path, old, old.replace("<= 10", "<= 20"))
+    assert code == 1
+    assert "undecided:" not in out
+    assert "widening: fs.write /workspace/x (size=11)" in out
 
 
 def test_identical_policies_exit_0(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ is decided again here and must differ: no false change.
 
 from __future__ import annotations
 
+import base64
 import os
 import tempfile
 from pathlib import Path
@@ -23,6 +24,7 @@ from policy_engine.model import (
     ExecOp,
     FsCapability,
     FsReadOp,
+    FsWriteOp,
     NetHttpCapability,
     NetHttpOp,
     ProcCapability,
@@ -36,6 +38,8 @@ PORTS = ["443", "8443"]
 ARGS = ['["status"]', '["log", /--(a|b)/ ...]', '[/x.*/]', '["status" | "log"]', '[/[a-z]+/ ...]',
         '["log", /.*/]']
 LIMITS = ["", " limits { bytes_in 10 }", " limits { bytes_in 20 }"]
+WRITE_GLOBS = ['"/workspace/**"', '"/workspace/a/**"', '"/workspace/*/b"']
+WHEN = ["", " when `request.size <= 3`", " when `request.size > 5 && request.size != 7`"]
 
 PATHS = ["/", "/a", "/a/b", "/a/c", "/a/b/c", "/a/.env", "/b", "/b/b", "/b/.env", "/ab",
          "/a-evil/b", "/c/b", "/c/.env", "/.env", "/a/b/.env"]
@@ -51,6 +55,9 @@ def _rule(i: int, effect: str, kind: str, draw: st.DrawFn) -> str:
         globs = draw(st.lists(st.sampled_from(GLOBS), min_size=1, max_size=2, unique=True))
         limits = draw(st.sampled_from(LIMITS)) if effect == "permit" else ""
         return f"{effect} {name} fs.read paths [{', '.join(globs)}]{limits}"
+    if kind == "fs.write":
+        globs = draw(st.lists(st.sampled_from(WRITE_GLOBS), min_size=1, max_size=2, unique=True))
+        return f"{effect} {name} fs.write paths [{', '.join(globs)}]{draw(st.sampled_from(WHEN))}"
     if kind == "net.http":
         hosts = draw(st.lists(st.sampled_from(HOSTS), min_size=1, max_size=2, unique=True))
         methods = draw(st.lists(st.sampled_from(METHODS), max_size=2, unique=True))
@@ -66,7 +73,7 @@ def _rule(i: int, effect: str, kind: str, draw: st.DrawFn) -> str:
 def policies(draw: st.DrawFn) -> str:
     n = draw(st.integers(min_value=0, max_value=4))
     rules = [_rule(i, draw(st.sampled_from(["permit", "permit", "forbid"])),
-                   draw(st.sampled_from(["fs.read", "net.http", "proc.exec"])), draw)
+                   draw(st.sampled_from(["fs.read", "fs.write", "net.http", "proc.exec"])), draw)
              for i in range(n)]
     return 'policy "p" version "1"\ndefaults { network on }\n' + "\n".join(rules) + "\n"
 
@@ -89,6 +96,10 @@ def universe() -> list[tuple[ExecOp, object]]:
                             NetHttpCapability(hosts=(h,), ports=(port,), schemes=("https",),
                                               methods=(m,))))
     out += [(ProcExecOp(tool="git", args=a), ProcCapability(tool="git")) for a in ARGVS]
+    for p in ("/workspace", "/workspace/a", "/workspace/a/b", "/workspace/c/b", "/workspace/c"):
+        for size in range(9):
+            out.append((FsWriteOp(path=p, bytes_b64=base64.b64encode(bytes(size)).decode()),
+                        FsCapability(kind="fs.write", paths=(p,))))
     return out
 
 

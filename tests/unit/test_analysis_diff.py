@@ -269,3 +269,16 @@ def test_lint_finds_duplicates_written_otherwise(tmp_path: Path) -> None:
     result = lint_paths([str(p)], LintConfig(), jobs=1)
     found = [(f.id, f.span.line) for f in result.active() if f.span and f.id == "SBP337"]
     assert found == [("SBP337", 4), ("SBP337", 6)]
+
+
+def test_an_international_host_is_compared_in_its_ascii_form(tmp_path: Path) -> None:
+    old = BASE.replace('hosts ["api.github.com"]', 'hosts ["bücher.example"]')
+    found = changes(tmp_path, old, old.replace('["bücher.example"]',
+                                               '["bücher.example", "*.bücher.example"]'))
+    urls = [c["op"]["url"] for c in found if c["widening"]]
+    assert urls
+    assert all(u.startswith("https://") and u.endswith(".xn--bcher-kva.example:443/")
+               for u in urls)
+    # the same name written in Unicode and in ASCII is one rule: nothing changes
+    code, _ = run(tmp_path, old, old.replace("bücher.example", "xn--bcher-kva.example"))
+    assert code == 0

@@ -16,7 +16,7 @@ from policy_engine.cli.lazy import LazyCommands
 # them sorted, as click does; a module is imported only when its command is used or listed.
 COMMAND_MODULES = ("check", "lint", "explain", "run", "schema", "plugins", "stats",
                    "conformance", "test", "fmt", "serve", "tokens", "evidence", "replay",
-                   "diff", "skills", "mcp", "new-plugin", "lsp", "sandbox")
+                   "diff", "skills", "mcp", "new-plugin", "lsp", "sandbox", "analyze")
 
 
 @click.group(cls=BoundaryGroup, context_settings={"help_option_names": ["-h", "--help"]})

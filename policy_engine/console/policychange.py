@@ -24,16 +24,18 @@ class CandidateReport:
     version: str = ""
     version_hash: str = ""
     problems: list[str] = field(default_factory=list)
-    diff: list[Replayed] = field(default_factory=list)
+    changes: list[dict[str, str]] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)
     replayed: list[Replayed] = field(default_factory=list)
 
 
 def candidate_report(current: PolicySet, source: str, recent: Sequence[RecordedCall],
                      state_dir: Path) -> CandidateReport:
-    """Compile ``source`` as one ``.sbpolicy`` file and compare it with ``current``: every
-    boundary witness of both (``policy-engine diff --boundary``) and the recent calls."""
-    from policy_engine.replay.boundary import boundary_probes
-    from policy_engine.replay.diff import compare
+    """Compile ``source`` as one ``.sbpolicy`` file and compare it with ``current``: the exact
+    difference (``policy-engine diff``: every request class decided differently, with a
+    witness checked under both) and the recent calls replayed under the candidate."""
+    from policy_engine.analysis.difference import diff
+    from policy_engine.analysis.render import change_line, verdict_text
 
     report = CandidateReport()
     if len(source.encode("utf-8", "surrogatepass")) > MAX_CANDIDATE_BYTES:
@@ -51,8 +53,14 @@ def candidate_report(current: PolicySet, source: str, recent: Sequence[RecordedC
             report.problems = [f"the candidate does not compile: {exc}"]
             return report
     report.version, report.version_hash = candidate.version, candidate.version_hash
-    report.diff = [r for r in compare(current, candidate, boundary_probes(current, candidate))
-                   if r.status != "same"]
+    exact = diff(current, candidate)
+    report.changes = [{"request": change_line(c), "category": c.category,
+                       "now": verdict_text(c.old), "candidate": verdict_text(c.new),
+                       "limits": "; ".join(f"{lc.field}: {lc.old} → {lc.new}"
+                                           for lc in c.limits)}
+                      for c in exact.changes]
+    report.undecided = [f"{u.kind} {u.dimension} ({', '.join(u.rules)}): {u.reason}"
+                        for u in exact.undecided]
     report.replayed = replay(candidate, recent, _seal_key(state_dir))
     return report
 

@@ -301,6 +301,7 @@ def test_an_admin_compares_a_candidate_policy(world: dict[str, Any]) -> None:
     assert "Decision changes" in main
     assert "Recent calls under the candidate" in main
     assert "changed" in main  # the denied secret read now replays as allowed
+    assert "widening" in page.inner_text("section[aria-labelledby=diff-h]")  # the exact diff
     _accessible(page)
     _shot(page, "policy")
     # a candidate that does not compile says where

@@ -221,13 +221,24 @@ def test_the_diff_step_writes_a_markdown_comment_of_the_changed_decisions(
     # the base branch's policies, as `git archive` unpacks them, and a change in the PR
     shutil.copytree(repo / "policies", repo / "base" / "policies")
     org = repo / "policies" / "org.sbpolicy"
+    # removing a redundant forbid (no permit lets `git push` through) only renames the refusal
     org.write_text(org.read_text().replace('forbid "no-force-push"', '# forbid "no-force-push"'))
     code, output = _invoke(argv, repo)
-    assert code == 1, output  # 1: some decision changes (the step accepts it)
+    assert code == 0, output  # no widening: the gate stays quiet
     comment = (repo / argv[argv.index("--output") + 1]).read_text()
     assert comment.startswith("### Policy diff: `org.sbpolicy` → `org.sbpolicy`")
     assert "force push is refused" in comment
     assert "no-force-push@org.sbpolicy" in comment
+    # removing the release forbid lets writes into release/ through: a widening, exit 1
+    org.write_text(org.read_text().replace('forbid "no-release-edits"',
+                                           '# forbid "no-release-edits"'))
+    code, output = _invoke(argv, repo)
+    assert code == 1, output
+    comment = (repo / argv[argv.index("--output") + 1]).read_text()
+    assert "⚠️ widening | `fs.write /workspace/work/release" in comment
+    gate = _steps()[_steps().index(next(s for s in _steps() if s.get("id") == "diff")) + 2]
+    assert "steps.diff.outputs.widening == 'true'" in gate["if"]
+    assert "policy-widening" in gate["if"]
     step = next(s for s in _steps() if "policy-engine diff" in str(s.get("run", "")))
     assert "pull_request" in step["if"]
     post = _steps()[_steps().index(step) + 1]

@@ -1,4 +1,4 @@
-"""`policy-engine diff OLD NEW`: request files, policy tests, evidence and boundary witnesses."""
+"""`policy-engine diff OLD NEW`: request files, policy tests, evidence and the exact difference."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from policy_engine.analysis.difference import diff as exact_diff
 from policy_engine.cli.main import cli
 from policy_engine.compiler import compile_files
-from policy_engine.replay.boundary import boundary_probes, concrete_path, path_witnesses
-from policy_engine.replay.diff import compare
 
 OLD = '''policy "diff/test" version "1.0.0"
 defaults { network on }
@@ -56,7 +55,7 @@ def diff(tmp: Path, *extra: str) -> tuple[int, str]:
 def test_request_and_test_files_show_the_changed_decisions_with_both_rules(
         tmp_path: Path) -> None:
     project(tmp_path)
-    code, out = diff(tmp_path, "--no-boundary", "--request", str(tmp_path / "srv.json"),
+    code, out = diff(tmp_path, "--no-exact", "--request", str(tmp_path / "srv.json"),
                      "--request", str(tmp_path / "ws.json"),
                      "--tests", str(tmp_path / "p.sbtest.yaml"))
     assert code == 1
@@ -80,37 +79,33 @@ def test_identical_versions_exit_0_and_markdown_is_a_pr_comment(tmp_path: Path) 
     assert "| `fs.read:/srv/data.txt`" in md
 
 
-def test_boundary_witnesses_find_the_widening_without_any_request(tmp_path: Path) -> None:
+def test_the_exact_diff_finds_the_widening_without_any_request(tmp_path: Path) -> None:
     project(tmp_path)
     code, out = diff(tmp_path, "--format", "json")
     assert code == 1
-    changed = [c for c in json.loads(out)["calls"] if c["status"] == "changed"]
-    caps = {c["capability"] for c in changed}
-    assert "fs.read:/srv/a/b" in caps  # inside the new glob
-    assert any(c["capability"] == "proc.exec:git" and c["envelope_id"].endswith("git push")
-               for c in changed)
-    # the untouched rules' edges did not move
-    assert not any("api.example.com" in c for c in caps)
+    changes = json.loads(out)["exact"]["changes"]
+    ops = {json.dumps(c["op"], sort_keys=True): c for c in changes}
+    srv = next(c for c in changes if c["op"].get("path", "").startswith("/srv"))
+    assert srv["old"]["decision"] == "deny"
+    assert srv["new"]["decision"] == "allow"
+    assert srv["new"]["rule"] == "read-ws@new.sbpolicy:4:1"
+    assert srv["widening"]
+    push = next(c for c in changes if c["op"].get("args") == ["push"])
+    assert push["new"]["rule"] == "git@new.sbpolicy:6:1"
+    # the untouched API rule did not move
+    assert not any("api.example.com" in k for k in ops)
 
 
-def test_witnesses_sit_inside_and_just_outside_each_edge() -> None:
-    assert concrete_path("/workspace/**", "/root") == "/workspace/a/b"
-    assert concrete_path("~/.ssh/*", "/root") == "/root/.ssh/x"
-    assert "/workspace-outside/x" in path_witnesses("/workspace/**", "/root")
-
-
-def test_boundary_decisions_match_the_policy_directly(tmp_path: Path) -> None:
-    """Same policy on both sides: every boundary witness decides the same (no false diff)."""
+def test_identical_policies_are_decided_equal_everywhere(tmp_path: Path) -> None:
+    """Same policy on both sides: no change, and the diff says it decided exactly."""
     project(tmp_path)
     ps = compile_files([tmp_path / "old.sbpolicy"])
-    results = compare(ps, ps, boundary_probes(ps, ps))
-    assert results
-    assert {r.status for r in results} == {"same"}
-    allowed = {r.capability for r in results if r.new and r.new.decision == "allow"}
-    assert "fs.read:/workspace/a/b" in allowed
-    assert "fs.read:/workspace-outside/x" not in allowed
-    assert "net.http:GET:https://api.example.com:443/" in allowed
-    assert "net.http:GET:https://api.example.com:444/" not in allowed
+    report = exact_diff(ps, ps)
+    assert report.changes == []
+    assert report.exact
+    assert report.cells == 0  # the same rules: no region changed, nothing to walk
+    other = compile_files([tmp_path / "new.sbpolicy"])
+    assert exact_diff(ps, other).cells > 0
 
 
 def test_a_tightened_timeout_shows_at_its_edge(tmp_path: Path) -> None:
@@ -121,9 +116,15 @@ def test_a_tightened_timeout_shows_at_its_edge(tmp_path: Path) -> None:
         'args ["status" | "log"]', 'args ["status" | "log"] limits { timeout 20s }'))
     code, out = diff(tmp_path, "--format", "json")
     assert code == 1, out
-    changed = {c["envelope_id"] for c in json.loads(out)["calls"] if c["status"] == "changed"}
-    assert "boundary of `git`: proc.exec:git status (timeout 20000 ms)" in changed
-    assert "boundary of `git`: proc.exec:git status (timeout 10000 ms)" not in changed
+    changes = json.loads(out)["exact"]["changes"]
+    timeouts = {c["op"].get("timeout_ms") for c in changes if c["old"]["decision"] == "allow"
+                and c["new"]["decision"] == "deny"}
+    assert timeouts
+    assert all(10000 < t <= 20000 for t in timeouts)
+    limits = [lc for c in changes for lc in c["limits"] if lc["field"] == "timeout_ms"]
+    assert limits
+    assert limits[0] == {"field": "timeout_ms", "old": 20000, "new": 10000,
+                                    "stricter": "new"}
 
 
 def test_bad_policy_exits_2_with_a_diagnostic(tmp_path: Path) -> None:

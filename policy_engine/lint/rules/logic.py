@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from policy_engine.analysis.containment import covers as exact_covers
 from policy_engine.compiler.context import RuleDraft
 from policy_engine.dsl import ast
 from policy_engine.lint.cover import covers, segments
@@ -47,16 +48,26 @@ def check_conditions(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
 
 
 def _key(d: RuleDraft) -> tuple[Any, ...]:
-    caps = tuple(sorted((k.value, c.model_dump_json(by_alias=True))
+    # path lists compared as sets: `["/a/**", "/b/**"]` and `["/b/**", "/a/**"]` are one rule
+    caps = tuple(sorted((k.value, _canonical(c).model_dump_json(by_alias=True))
                         for k, c in d.capabilities.items()))
     limits = d.limits.model_dump_json(exclude_none=True) if d.limits else None
     cond = " ".join(d.condition.source.split()) if d.condition else None
     return (d.node.effect, d.node.mandatory, caps, limits, cond)
 
 
+def _canonical(c: Capability) -> Capability:
+    if isinstance(c, FsCapability) and list(c.paths) != sorted(set(c.paths)):
+        return c.model_copy(update={"paths": tuple(sorted(set(c.paths)))})
+    return c
+
+
 def check_duplicates(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
-    """SBP337: the same effect, capabilities, limits and condition as an earlier rule."""
+    """SBP337: the same effect, capabilities, limits and condition as an earlier rule — written
+    alike, or written otherwise but admitting exactly the same requests (the exact engine)."""
     first: dict[tuple[Any, ...], RuleDraft] = {}
+    groups: dict[tuple[Any, ...], list[RuleDraft]] = {}
+    spent = [0, 0]
     for d in view.policy.rules:
         if not d.capabilities:
             continue
@@ -66,6 +77,27 @@ def check_duplicates(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
             yield finding("SBP337", f"rule {label(d.node, d.id)} duplicates rule "
                           f"{label(earlier.node, earlier.id)} at {earlier.node.span}",
                           head(d.node), d.node.span)
+            continue
+        # same effect, limits and condition, capabilities written otherwise: equal languages?
+        loose = (key[0], key[1], tuple(k for k, _ in key[2]), key[3], key[4])
+        group = groups.setdefault(loose, [])
+        if d.unit.file is view.file:
+            same = next((e for e in group if _same(e, d, cfg.home, spent)), None)
+            if same is not None:
+                yield finding("SBP337", f"rule {label(d.node, d.id)} admits exactly what rule "
+                              f"{label(same.node, same.id)} at {same.node.span} does",
+                              head(d.node), d.node.span)
+                continue
+        group.append(d)
+
+
+def _same(a: RuleDraft, b: RuleDraft, home: str, spent: list[int]) -> bool:
+    """Each capability of ``a`` and ``b`` admits the other's (sound both ways)."""
+    return all(k in a.capabilities and _covers(a.capabilities[k], c, home, spent)
+               and _covers(c, a.capabilities[k], home, spent)
+               and exact_covers(a.capabilities[k], c, home) is not False
+               and exact_covers(c, a.capabilities[k], home) is not False
+               for k, c in b.capabilities.items())
 
 
 class _Index:
@@ -136,10 +168,44 @@ def _covered(d: RuleDraft, by: _Index, home: str, spent: list[int],
             spent[0] += 1
             if spent[0] > MAX_COMPARISONS:
                 raise _OutOfComparisons
-            if covers(big, cap, home):
+            if _covers(big, cap, home, spent):
                 out[kind] = other
                 break
     return out
+
+
+MAX_EXACT = 2_000
+"""Exact containment checks (≈ 1 ms each) one file may make where the sound approximation says
+"not covered"; past it the approximation alone answers (it never claims a false cover)."""
+
+
+def _covers(big: Capability, cap: Capability, home: str, spent: list[int]) -> bool:
+    """``covers`` (sound, fast) first; where it says no, the exact engine decides (it finds the
+    covers the approximation misses, e.g. `/--(a|b)/` under `/--.*/`) while the budget lasts."""
+    if covers(big, cap, home):
+        return True  # confirmed exactly before a finding is made (see _confirmed)
+    if not _regex_templates(big, cap):
+        return False  # elsewhere the approximation is already complete for what lint compares
+    if len(spent) < 2:
+        spent.append(0)
+    if spent[1] >= MAX_EXACT:
+        return False
+    spent[1] += 1
+    return exact_covers(big, cap, home) is True
+
+
+def _confirmed(d: RuleDraft, by: dict[CapabilityKind, RuleDraft], home: str) -> bool:
+    """The exact engine agrees with every cover found (no false "shadowed")."""
+    return all(exact_covers(by[k].capabilities[k], c, home) is not False
+               for k, c in d.capabilities.items())
+
+
+def _regex_templates(a: Capability, b: Capability) -> bool:
+    """Two templates of one tool with a regex: where `covers` compares templates only as equal
+    (`/--(a|b)/` under `/--.*/` is not seen), and only the exact engine decides."""
+    return (isinstance(a, ProcCapability) and isinstance(b, ProcCapability) and a.tool == b.tool
+            and any(alt.regex is not None for cap in (a, b) for slot in cap.args or ()
+                    for alt in slot.alternatives))
 
 
 def check_shadowed(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
@@ -172,13 +238,13 @@ def check_shadowed(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
 def _shadowed(d: RuleDraft, key: tuple[Any, ...], forbids: _Index, earlier: _Index,
               home: str, spent: list[int]) -> Iterator[Finding]:
     by_forbid = _covered(d, forbids, home, spent, _FORBID_COVERABLE)
-    if len(by_forbid) == len(d.capabilities):
+    if len(by_forbid) == len(d.capabilities) and _confirmed(d, by_forbid, home):
         names = ", ".join(sorted({label(f.node, f.id) for f in by_forbid.values()}))
         yield finding("SBP338", f"permit {label(d.node, d.id)} can never apply: forbid "
                       f"{names} covers all it permits", head(d.node), d.node.span)
         return
     by_permit = _covered(d, earlier, home, spent, skip_key=key)
-    if len(by_permit) == len(d.capabilities):
+    if len(by_permit) == len(d.capabilities) and _confirmed(d, by_permit, home):
         names = ", ".join(sorted({f"{label(e.node, e.id)} at {e.node.span}"
                                   for e in by_permit.values()}))
         yield finding("SBP339", f"permit {label(d.node, d.id)} is never the matching rule: "

@@ -1,0 +1,1 @@
+"""The exact policy engine: automata over rule dimensions, diff, witnesses and properties."""

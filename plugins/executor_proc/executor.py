@@ -33,6 +33,7 @@ from plugins.executor_proc import (
     unshare,
 )
 from plugins.executor_proc.bwrap import NetworkHook
+from plugins.executor_proc.cwdfacts import cwd_fact_note, cwd_fact_refusal
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import Outcome, pump
 from plugins.executor_proc.spec import Limits, Plan, build_plan, resolve_limits
@@ -288,7 +289,12 @@ class ProcExecutor:
                     ErrorCode.CAPABILITY_BLOCKED, f"{self.name} would bind "
                     f"{len(readable) + len(writable)} paths (at most {MAX_BINDS}): narrow the "
                     "fs rules")
-        return None
+        return cwd_fact_refusal(profile, op, self.name)  # in this executor's view
+
+    def fact_notes(self, profile: Profile, op: ExecOp) -> list[str]:
+        """What the dry run's trace says of the facts this executor judged (its view)."""
+        note = cwd_fact_note(profile, op, self.name)
+        return [note] if note is not None else []
 
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         if not isinstance(op, ProcExecOp):

@@ -158,6 +158,9 @@ class DockerExecutor:
             cannot be asked (only checked when ``runtime``/``gvisor_runtime`` is set)."""
         self.options = options or DockerOptions()
         self.state_dir = state_dir if state_dir is not None else default_state_dir()
+        # the state directory whose facts `refusal` judges: the run's own, also when a dry run
+        # built this executor in a throwaway one (explain.backend.judge_in_state_dir)
+        self.view_state_dir = self.state_dir
         self._lock = threading.Lock()
         self._client: docker.DockerClient | None = None
         self._streams: docker.APIClient | None = None
@@ -271,7 +274,7 @@ class DockerExecutor:
             except PolicyEngineError as exc:
                 return exc
         return _container_facts_refusal(profile, op, self.options.workspace_root,
-                                        self.state_dir)
+                                        self.view_state_dir)
 
     def fact_notes(self, profile: Profile, op: ExecOp) -> list[str]:
         """What the dry run's trace says of the facts this executor judged (its view)."""

@@ -16,10 +16,11 @@ import stat
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.guard.binds import cwd_refusal
 from policy_engine.guard.paths import normalize_path, quote, resolve_beneath
-from policy_engine.model import ExecOp, Profile, ProcExecOp
+from policy_engine.model import ExecOp, ProcExecOp, Profile
 
-VIEWS = {"proc-bwrap": "bwrap view", "proc-landlock": "landlock view (host paths)",
-         "proc-unshare": "unshare view (host paths)", "local": "host view"}
+VIEWS = {"proc-bwrap": "bwrap view", "proc-landlock": "landlock view",
+         "proc-unshare": "unshare view", "local": "host view"}
+"""How each proc executor's refusals name its view (landlock and unshare see host paths)."""
 
 
 def view_of(executor_name: str) -> str:

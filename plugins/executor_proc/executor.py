@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import copy
 import functools
 import json
 import os
@@ -25,6 +26,7 @@ from plugins.executor_proc import (
     cgroups,
     landlock,
     native,
+    owner,
     prespawn,
     sanitize,
     seccomp,
@@ -317,12 +319,28 @@ class ProcExecutor:
                                         deadline=ctx.deadline, consume=ctx.consume,
                                         limits=ctx.limits).start()
                 plan.env.update(net.env())  # INVARIANT: after the op's allow-listed values
-            return self._run(ctx, op, plan, stdin, private_tmp, ctx.profile.network.value, net)
+            return self._as_tree_owner(plan)._run(ctx, op, plan, stdin, private_tmp,
+                                                  ctx.profile.network.value, net)
         finally:
             if net is not None:
                 _record_proxy(ctx, net)
             if private_tmp is not None:
                 _rmtree(private_tmp)
+
+    writes_as_owner = False
+    """Set on the per-call copy that runs as the owner of the writable tree (``owner.py``)."""
+
+    def _as_tree_owner(self, plan: Plan) -> ProcExecutor:
+        """This executor, or a per-call copy running as the one non-root owner of every
+        writable bind (``owner.py``): its files stay that user's, nothing is handed over."""
+        if self.run_as is None:
+            return self
+        ident = owner.tree_owner(plan.writable)
+        if ident is None or ident == self.run_as:
+            return self
+        twin = copy.copy(self)
+        twin.run_as, twin.writes_as_owner = ident, True
+        return twin
 
     def _plan(self, ctx: ExecContext, op: ProcExecOp, tmpdir: str) -> Plan:
         """The call's sandbox plan (a subclass may widen it: the local runner)."""
@@ -532,7 +550,7 @@ class ProcExecutor:
         exe, degraded = self._launcher()
         reach = self._reach(plan, private_tmp, exe)
         ctx.started()  # every refusal above was free: nothing has been spawned yet
-        if self.run_as is not None:
+        if self.run_as is not None and not self.writes_as_owner:
             # what root left in a writable bind (an fs.write, a checkout) must stay writable for
             # the sandbox uid; masked secrets keep their owner; a writable bind holding or inside
             # a system tree (`fs.write "/**"`) is never walked: /usr, /etc and / stay root's
@@ -542,8 +560,8 @@ class ProcExecutor:
                 beneath(w, t) or beneath(t, w) for t in plan.system)
                 and enginedirs.shared_root_refusal(os.path.realpath(w)) is None],
                 *self.run_as, masked=plan.mask_files + plan.mask_dirs + plan.readonly)
-            if private_tmp is not None:
-                os.chown(private_tmp, *self.run_as)
+        if self.run_as is not None and private_tmp is not None:
+            os.chown(private_tmp, *self.run_as)  # the engine's own temp dir, not the user's
         layered = self.backend != "bwrap" or self.options.layer2
         spec = self._launcher_spec(plan, private_tmp, net) if layered else None
         cg_fds: list[int] = []

@@ -7,6 +7,7 @@ import os
 import posixpath
 import stat
 from collections.abc import Mapping
+from pathlib import Path
 
 from policy_engine.config import EngineConfig
 from policy_engine.executor import Executor
@@ -26,6 +27,15 @@ def requirements_shown(profile: Profile, op_kind: OpKind) -> list[str]:
             if r.capability in NEVER_DEGRADED and r.capability != "mandatory_denies"]
 
 
+def judge_in_state_dir(executors: Mapping[str, Executor], state_dir: Path) -> None:
+    """Let executors built in a dry run's throwaway state directory judge their facts against
+    the run's own (``view_state_dir``: Docker refuses a workspace beneath ``root_fs``, and
+    where its workspace lies is a fact of the run's state directory; second pass N6)."""
+    for executor in executors.values():
+        if hasattr(executor, "view_state_dir"):
+            executor.view_state_dir = state_dir
+
+
 def backend_step(decision: Decision, profile: Profile, op: ExecOp,
                  executors: Mapping[str, Executor], config: EngineConfig) -> Decision:
     """``decision`` (an allow) with a ``backend`` trace step; a deny carrying the selection's
@@ -35,11 +45,12 @@ def backend_step(decision: Decision, profile: Profile, op: ExecOp,
     sel = select(executors, config, profile, OpKind(op.kind), op)
     trace = decision.trace or ()
     if sel.error is not None:
-        node = "fact" if sel.error.reason.endswith("view)") or " view: " in sel.error.reason \
-            else "backend"
-        step = TraceStep(node=node, outcome="fail", detail=sel.error.reason)
+        step = TraceStep(node="backend", outcome="fail", detail=sel.error.reason)
+        # a refusal on a fact of the executor's own view names that view (`... (docker view)`)
+        facts = (TraceStep(node="fact", outcome="fail", detail=sel.error.reason),) \
+            if sel.error.reason.endswith(" view)") else ()
         return refusal_decision(decision, sel.error).model_copy(
-            update={"trace": (*trace, step)})
+            update={"trace": (*trace, *facts, step)})
     detail = f"backend `{sel.backend}`"
     if profile.isolation is not None:
         detail += f" provides isolation `{profile.isolation.value}`"

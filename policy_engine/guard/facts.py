@@ -190,5 +190,5 @@ def parse_declared(raw: Mapping[str, object], label: str = "declared",
         if (kind == "symlink") != isinstance(target, str) or \
                 (isinstance(target, str) and (not target or "\x00" in target)):
             raise ValueError(f"fact `{path}`: a symlink and only a symlink has a `target`")
-        paths[path] = PathFact(kind, size, target if isinstance(target, str) else None)  # type: ignore[arg-type]  # kind checked above
+        paths[path] = PathFact(kind, size, target if isinstance(target, str) else None)
     return FactSource(label, paths, fixture)

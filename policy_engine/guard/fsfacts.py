@@ -6,8 +6,9 @@ existing one without ``overwrite``. Those are facts of the file system a dry run
 as the run, so the guard refuses them with the same code (docs/cli.md, "Dry run equals run").
 One ``lstat`` of the already resolved path answers them; a path that does not exist yet is left
 to the run, one whose facts cannot be read (permission, a race) is refused with its own reason.
-``seen`` may come from a declared or unknown fact source instead (``facts.py``). What changes after the decision (a file grown, a link swapped in) the executor still
-catches on the descriptor it opens.
+``seen`` may come from a declared or unknown fact source instead (``facts.py``). What changes
+after the decision (a file grown, a link swapped in) the executor still catches on the
+descriptor it opens.
 """
 
 from __future__ import annotations

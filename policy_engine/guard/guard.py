@@ -18,8 +18,9 @@ Decision order (each step's code is pinned by ``tests/unit/test_guard_decide.py`
    → ``CAPABILITY_BLOCKED``
 7. limits of the matched capability met with the profile's → ``CAPABILITY_BLOCKED``
 8. consent required and missing or not current → ``PERMISSION_DENY``; then the facts, each
-   from a named source (``facts.py``): a proc.exec ``cwd`` outside ``root_fs`` (its existence
-   is the executor's view: its ``refusal``, asked by the backend selection), and for fs ops what
+   from a named source (``facts.py``): a proc.exec ``cwd`` the declared facts refuse (without
+   them the cwd is the executor's view: its ``refusal``, asked by the backend selection), and
+   for fs ops what
    the fs executor will find at the resolved path (not a regular file, a whole read over
    ``bytes_in``, an existing target without ``overwrite``, facts that cannot be read) →
    ``CAPABILITY_BLOCKED``. Policy before facts: a forbidden call is reported by its rule
@@ -51,7 +52,7 @@ from policy_engine.guard.facts import FactSource
 from policy_engine.guard.fsfacts import fs_refusal
 from policy_engine.guard.ipaddr import classify, is_address_allowed
 from policy_engine.guard.layers import PolicyPermits, consent_for, layer_steps
-from policy_engine.guard.paths import is_beneath, normalize_path, quote
+from policy_engine.guard.paths import normalize_path, quote
 from policy_engine.guard.resolve import (
     ABSENT,
     OP_KIND,
@@ -431,23 +432,21 @@ class Guard:
         return twin
 
     def _cwd_refusal(self, cp: CompiledProfile, cwd: str, tr: Tracer | None) -> str | None:
-        """Why ``cwd`` is refused before any executor is asked: outside ``root_fs`` (every
-        proc executor refuses it), or absent by the declared facts. Its existence in the
-        executor's own view is that executor's ``refusal`` (the backend step)."""
-        if not is_beneath(cp.root_fs, cwd):
-            why = f"cwd {quote(cwd)} is not beneath root_fs"
-        elif self.facts is not None:
-            why = self.facts.cwd_refusal(cp.root_fs, cwd)
-        else:
-            why = None
+        """Why the declared facts refuse ``cwd`` (absent, not a directory), else ``None``.
+
+        Without declared facts the cwd is a fact of the executor that runs the op, judged in
+        its own view by its ``refusal`` (the backend step of the run and of ``explain
+        --config``): beneath ``root_fs`` and bound for the proc sandboxes, beneath
+        ``/workspace/work`` in the container for Docker."""
+        why = self.facts.cwd_refusal(cp.root_fs, cwd) if self.facts is not None else None
         if tr is not None:
             if why is not None:
                 tr.step("fact", "fail", detail=why)
             elif self.facts is not None:
                 tr.step("fact", "pass", detail=f"cwd: {self.facts.describe(cp.root_fs, cwd)}")
             else:
-                tr.step("fact", "skip", detail=f"cwd {quote(cwd)} is beneath root_fs; whether "
-                        "it exists is the executor's view (the backend step)")
+                tr.step("fact", "skip", detail=f"cwd {quote(cwd)}: judged in the executor's "
+                        "view (the backend step), not on this host's disk")
         return why
 
     def _fact_note(self, cp: CompiledProfile, path: str, seen: Facts | str) -> str:

@@ -51,7 +51,7 @@ if [ "$MODE" = populated ]; then
 %s
 fi
 exec chroot "$ROOT" sh -c 'cd "$0" && exec "$@"' "$PWD" "$@"
-""" % textwrap.indent(POPULATE, "  ")
+""".replace("%s", textwrap.indent(POPULATE, "  "))
 
 
 def _run_in_namespace(tmp: Path, mode: str) -> dict[str, object]:
@@ -72,7 +72,8 @@ def _run_in_namespace(tmp: Path, mode: str) -> dict[str, object]:
 
 def _outcomes(report: dict[str, object]) -> list[tuple[str, str, str | None, str | None]]:
     files = report["files"]
-    assert isinstance(files, list) and files
+    assert isinstance(files, list)
+    assert files
     cases = [c for f in files for c in f["cases"]]
     assert len(cases) >= 29
     return sorted((c["name"], c["status"], (c.get("actual") or {}).get("decision"),
@@ -82,7 +83,8 @@ def _outcomes(report: dict[str, object]) -> list[tuple[str, str, str | None, str
 def test_examples_decide_the_same_with_an_empty_and_a_populated_workspace(
         tmp_path: Path) -> None:
     assert os.geteuid() == 0, "run as root: `unshare -m` makes the mount namespaces"
-    assert shutil.which("unshare") and shutil.which("chroot")
+    assert shutil.which("unshare")
+    assert shutil.which("chroot")
     empty = _run_in_namespace(tmp_path, "empty")
     populated = _run_in_namespace(tmp_path, "populated")
     assert _outcomes(empty) == _outcomes(populated)

@@ -311,7 +311,9 @@ class ProcExecutor:
         private_tmp = None if self.backend == "bwrap" else tempfile.mkdtemp(prefix="pe-proc-")
         net: RestrictedHandle | None = None
         try:
-            plan = self._plan(ctx, op, private_tmp or "/tmp")
+            # the identity first: the local runner's plan carves out what that uid owns
+            runner = self._as_tree_owner(bound_paths(ctx.profile)[1])
+            plan = runner._plan(ctx, op, private_tmp or "/tmp")
             self._refuse_engine_trees(plan)
             plan.limits = resolve_limits(ctx.profile, op, ctx.limits)  # the rule's included
             if plan.network == "restricted" and self.network_hook is None:
@@ -319,8 +321,8 @@ class ProcExecutor:
                                         deadline=ctx.deadline, consume=ctx.consume,
                                         limits=ctx.limits).start()
                 plan.env.update(net.env())  # INVARIANT: after the op's allow-listed values
-            return self._as_tree_owner(plan)._run(ctx, op, plan, stdin, private_tmp,
-                                                  ctx.profile.network.value, net)
+            return runner._run(ctx, op, plan, stdin, private_tmp, ctx.profile.network.value,
+                               net)
         finally:
             if net is not None:
                 _record_proxy(ctx, net)
@@ -330,12 +332,12 @@ class ProcExecutor:
     writes_as_owner = False
     """Set on the per-call copy that runs as the owner of the writable tree (``owner.py``)."""
 
-    def _as_tree_owner(self, plan: Plan) -> ProcExecutor:
+    def _as_tree_owner(self, writable: list[str]) -> ProcExecutor:
         """This executor, or a per-call copy running as the one non-root owner of every
         writable bind (``owner.py``): its files stay that user's, nothing is handed over."""
         if self.run_as is None:
             return self
-        ident = owner.tree_owner(plan.writable)
+        ident = owner.tree_owner(writable)
         if ident is None or ident == self.run_as:
             return self
         twin = copy.copy(self)

@@ -113,3 +113,29 @@ def test_a_permitted_write_keeps_every_owner(tmp_path: Path, place: Path,
     if backend != "docker":
         assert "a.txt" in status.stdout
         assert "sub/" in status.stdout
+
+
+PEEK = ("import sys\ntry:\n    print(open(sys.argv[1]).read())\nexcept OSError as exc:\n"
+        "    print('REFUSED', type(exc).__name__)\n")
+
+
+@pytest.mark.parametrize("backend", ["proc-bwrap", "proc-landlock", "proc-unshare", "local"])
+def test_running_as_the_owner_does_not_open_the_owners_other_files(
+        tmp_path: Path, place: Path, backend: str) -> None:
+    """The owner's identity reaches what the profile grants, not the rest of that user's
+    files: a 0700 directory of the owner's beside the repository stays out of reach (bind view,
+    Landlock rules, and the local runner's carve-out of the uid's other directories)."""
+    repo = _repo(place)
+    other = place / "private"
+    other.mkdir(mode=0o700)
+    (other / "secret.txt").write_text("OWNER-SECRET")
+    for path in (other, other / "secret.txt"):
+        os.lchown(path, *OWNER)
+    args = _args(tmp_path, repo, backend)
+    req = json.loads((tmp_path / "req.json").read_text())
+    req["op"]["args"] = ["-c", PEEK, str(other / "secret.txt")]
+    (tmp_path / "req.json").write_text(json.dumps(req))
+    out = json.loads(_cli("run", *args, "--format", "json").stdout)
+    assert out["result"]["ok"] is True, out["result"]
+    assert "OWNER-SECRET" not in out["result"]["out"]["stdout"]
+    assert out["result"]["out"]["stdout"].startswith("REFUSED"), out["result"]["out"]

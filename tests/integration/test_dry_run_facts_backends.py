@@ -116,3 +116,22 @@ def test_the_state_directory_under_root_fs(tmp_path: Path, backend: str) -> None
         assert said["decision"] == "deny", said
         assert "would lie beneath root_fs" in str(said["reason"])
         assert "(docker view)" in str(said["reason"])
+
+
+@pytest.mark.parametrize("backend", ["proc-bwrap", "docker"])
+def test_declared_facts_inconsistent_with_the_view_are_decided_on_the_view(
+        tmp_path: Path, backend: str) -> None:
+    """A request declaring its cwd absent (and, for proc, a directory that is there) is decided
+    on the executor's view, by explain --config and the run alike; the trace says the declared
+    facts were not used and names the one the host view contradicts."""
+    args, cwd = _files(tmp_path, backend, "cwd")
+    req = json.loads((tmp_path / "req.json").read_text())
+    req["facts"] = {cwd: "absent"}
+    (tmp_path / "req.json").write_text(json.dumps(req))
+    said = _agree(args, cwd)
+    assert said["decision"] == "allow", said
+    notes = [s["detail"] for s in said["trace"]  # type: ignore[union-attr,index]
+             if s["node"] == "fact" and "declared facts not used" in s["detail"]]
+    assert len(notes) == 1, said["trace"]
+    if backend != "docker":  # the host has the directory the request says is absent
+        assert f"`{cwd}` declared absent, the host view says dir" in notes[0]

@@ -41,18 +41,19 @@ def place() -> Iterator[Path]:
     shutil.rmtree(where, ignore_errors=True)
 
 
-def _repo(tmp_path: Path) -> Path:
+def _repo(tmp_path: Path, owner: tuple[int, int] = OWNER) -> Path:
     repo = tmp_path / "repo"
     (repo / "sub").mkdir(parents=True)
     (repo / "a.txt").write_text("a")
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     for path in [repo, *repo.rglob("*")]:
-        os.lchown(path, *OWNER)
+        os.lchown(path, *owner)
     return repo
 
 
-def _as_owner(*argv: str, home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["setpriv", f"--reuid={OWNER[0]}", f"--regid={OWNER[1]}",
+def _as_owner(*argv: str, home: Path, owner: tuple[int, int] = OWNER
+              ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["setpriv", f"--reuid={owner[0]}", f"--regid={owner[1]}",
                            "--clear-groups", *argv], capture_output=True, text=True,
                           env={"HOME": str(home), "PATH": os.environ["PATH"]}, check=False,
                           timeout=60)
@@ -90,15 +91,18 @@ require consent when `false`
             "--request", str(tmp_path / "req.json")]
 
 
+@pytest.mark.parametrize("owner", [OWNER, (0, 0)], ids=["user-owned", "root-owned"])
 @pytest.mark.parametrize("backend", ["proc-bwrap", "proc-landlock", "proc-unshare", "local",
                                      "docker"])
-def test_a_permitted_write_keeps_every_owner(tmp_path: Path, place: Path,
-                                            backend: str) -> None:
+def test_a_permitted_write_keeps_every_owner(tmp_path: Path, place: Path, backend: str,
+                                            owner: tuple[int, int]) -> None:
+    """A user-owned tree is written as its owner; a root-owned one through an id-mapped bind
+    (the sandbox still runs as the unprivileged `run_as`): no owner changes either way."""
     assert os.geteuid() == 0, "the engine must be root: that is when ownership was changed"
-    repo = _repo(place)
+    repo = _repo(place, owner)
     home = tmp_path / "home"
     home.mkdir()
-    os.chown(home, *OWNER)
+    os.chown(home, *owner)
     ran = _cli("run", *_args(tmp_path, repo, backend), "--format", "json")
     out = json.loads(ran.stdout)
     assert out["result"]["ok"] is True, out["result"]
@@ -107,8 +111,8 @@ def test_a_permitted_write_keeps_every_owner(tmp_path: Path, place: Path,
         assert (repo / "a.txt").read_text() == "edited"
         assert (repo / "sub" / "new.txt").read_text() == "new"
     owners = {str(p): (p.lstat().st_uid, p.lstat().st_gid) for p in [repo, *repo.rglob("*")]}
-    assert set(owners.values()) == {OWNER}, {p: o for p, o in owners.items() if o != OWNER}
-    status = _as_owner("git", "-C", str(repo), "status", "--porcelain", home=home)
+    assert set(owners.values()) == {owner}, {p: o for p, o in owners.items() if o != owner}
+    status = _as_owner("git", "-C", str(repo), "status", "--porcelain", home=home, owner=owner)
     assert status.returncode == 0, status.stderr
     if backend != "docker":
         assert "a.txt" in status.stdout

@@ -8,8 +8,8 @@ the tree changes owner (issue 26: a first run used to hand the whole repository 
 after which host git refused it as "dubious ownership"). The set-uid/set-gid protections are
 the same as for ``run_as`` (seccomp refuses those modes; ``nosuid`` binds).
 
-A tree owned by root (or by several users) runs as ``run_as`` as before; what root owns there is
-handed to ``run_as`` (``uid.adopt``) and the call records how many entries changed owner.
+A tree owned by root (or by several users) runs as ``run_as``; root's tree is bound through an
+id-mapped mount (``idmap.py``), so nothing changes owner there either.
 """
 
 from __future__ import annotations

@@ -355,6 +355,11 @@ class ProcExecutor:
         if self._launcher()[0] is None:
             twin.idmap_failed = "the Python launcher cannot bind id-mapped mounts"
             return twin
+        if self.backend == "bwrap" and not self.options.layer2:
+            # what the sandbox creates there is root's on disk: only the launcher's seccomp
+            # filter refuses set-uid/set-gid modes (a set-uid root file would be a host root)
+            twin.idmap_failed = "without layer 2 no seccomp filter refuses set-id modes"
+            return twin
         try:
             twin.idmapped = idmap.IdMapped([plan.resolved.get(w, w) for w in roots],
                                            *self.run_as)

@@ -143,3 +143,26 @@ def test_running_as_the_owner_does_not_open_the_owners_other_files(
     assert out["result"]["ok"] is True, out["result"]
     assert "OWNER-SECRET" not in out["result"]["out"]["stdout"]
     assert out["result"]["out"]["stdout"].startswith("REFUSED"), out["result"]["out"]
+
+
+SETUID = ("import os, sys, shutil\np = os.path.join(sys.argv[1], 'sh')\n"
+          "shutil.copy('/bin/sh', p)\ntry:\n    os.chmod(p, 0o4755)\n    print('SETUID-SET')\n"
+          "except OSError as exc:\n    print('REFUSED', exc.errno)\n")
+
+
+@pytest.mark.parametrize("backend", ["proc-bwrap", "proc-landlock", "proc-unshare", "local"])
+def test_no_set_uid_root_file_through_the_id_mapped_bind(tmp_path: Path, place: Path,
+                                                         backend: str) -> None:
+    """What the sandbox writes in a root-owned tree is root's on disk: a set-uid copy of a
+    shell there would be a host root shell. The seccomp filter refuses the mode; the copy
+    exists, owned by root, without the bit."""
+    repo = _repo(place, (0, 0))
+    args = _args(tmp_path, repo, backend)
+    req = json.loads((tmp_path / "req.json").read_text())
+    req["op"]["args"] = ["-c", SETUID, str(repo)]
+    (tmp_path / "req.json").write_text(json.dumps(req))
+    out = json.loads(_cli("run", *args, "--format", "json").stdout)
+    assert out["result"]["ok"] is True, out["result"]
+    assert out["result"]["out"]["stdout"].startswith("REFUSED"), out["result"]["out"]
+    st = (repo / "sh").lstat()
+    assert (st.st_uid, st.st_mode & 0o6000) == (0, 0)

@@ -321,21 +321,22 @@ def decide(lc: LoadedCase, case: Case, policies: PolicyCache, state: Path | None
     ps = policies.policyset(case, base)
     manifest, grant = manifest_of(case, base), grant_of(case, base)
     request = case.request.explain_request()
-    explained = None if case.revoked else explain(ps, manifest, grant, request)
     if not (case.execute or case.revoked):
-        assert explained is not None
+        explained = explain(ps, manifest, grant, request)
         return Result(explained.decision, explained)
     if state is None:
         raise ValueError(f"{lc.where}: an executed case needs a state directory")
-    outcome, records = orchestrate(case, ps, manifest, grant, request, state)
-    return Result(explained.decision if explained else outcome.decision, explained, outcome,
-                  records)
+    outcome, records, dry = orchestrate(case, ps, manifest, grant, request, state)
+    return Result(dry.decision if dry else outcome.decision, dry, outcome, records)
 
 
 def orchestrate(case: Case, ps: PolicySet, manifest: Manifest, grant: Grant,
-                request: ExplainRequest, state: Path) -> tuple[RunOutcome, list[dict[str, Any]]]:
+                request: ExplainRequest, state: Path
+                ) -> tuple[RunOutcome, list[dict[str, Any]], Explanation | None]:
     """One call through a fresh real Orchestrator (default plugins, JSONL evidence, memory
-    budget): its outcome and the evidence records the sink wrote for it."""
+    budget): its outcome, the evidence records the sink wrote for it, and (unless the case is
+    revoked: only the orchestrator sees that) its dry run with the same executors, as
+    ``explain --config`` makes it (a cwd is a fact of the executor's view, issue 26)."""
     opts = case.engine or EngineOptions()
     config = EngineConfig(
         state_dir=state, backends={OpKind(k): v for k, v in opts.backends.items()},
@@ -347,6 +348,7 @@ def orchestrate(case: Case, ps: PolicySet, manifest: Manifest, grant: Grant,
     if case.revoked:
         revocations.revoke(grant.call_id)
     with Orchestrator(ps, config=config, revocations=revocations) as orch:
+        dry = None if case.revoked else _dry_run(ps, manifest, grant, request, orch)
         used = request.budget_used or Usage()
         for kind, amount in used.model_dump().items():
             if amount:  # what the grant already consumed, as the dry run assumes it
@@ -358,7 +360,21 @@ def orchestrate(case: Case, ps: PolicySet, manifest: Manifest, grant: Grant,
     log = state / "evidence" / "evidence.jsonl"
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     mine = [r for r in records if r.get("envelope_id") == outcome.envelope_id]
-    return outcome, mine
+    return outcome, mine, dry
+
+
+def _dry_run(ps: PolicySet, manifest: Manifest, grant: Grant, request: ExplainRequest,
+             orch: Orchestrator) -> Explanation:
+    """The decision a case pins: the policy's, and the facts of the executor's own view (a
+    cwd; issue 26). A backend that cannot take the call (unavailable, not serving the kind) is
+    the run's status, not the decision."""
+    with_view = explain(ps, manifest, grant, request, executors=orch.components.executors,
+                        config=orch.config)
+    trace = with_view.decision.trace or ()
+    if with_view.decision.allowed or any(s.node == "fact" and s.outcome == "fail"
+                                         for s in trace):
+        return with_view
+    return explain(ps, manifest, grant, request)
 
 
 # ---- public views ------------------------------------------------------------------------------

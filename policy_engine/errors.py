@@ -328,6 +328,10 @@ _DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
                    "too)"),
     DiagnosticSpec("SBP410", Severity.ERROR, "unknown rule id in `want_rule`",
                    "`want_rule` is the id of a permit or forbid rule of the tested policy set"),
+    DiagnosticSpec("SBP411", Severity.ERROR, "malformed `facts` or `fixture`",
+                   "`facts` maps absolute paths to file, dir, symlink (with `target`), absent, "
+                   "other or unreadable; `fixture` names a directory relative to the test file "
+                   "(docs/policy-tests.md, \"Facts\")"),
     # --- formatter (SBP420-SBP429): `policy-engine fmt` ---
     DiagnosticSpec("SBP420", Severity.ERROR, "formatter would change the policy (internal error)",
                    "the file was left as it is; this is a bug in `policy-engine fmt`: please "

@@ -6,6 +6,14 @@ cd "$(dirname "$0")/.."
 source scripts/lib/system-deps.sh
 ensure_system_packages
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test,bench]"
+# the plain-install test (tests/integration/test_plain_install.py) installs the wheel's base
+# dependencies and the serve/mcp extras into a fresh virtualenv from this local wheelhouse, so
+# the test itself reaches no registry
+export PE_WHEELHOUSE="$PWD/var/wheelhouse"
+mkdir -p var
+python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; x = p["optional-dependencies"]; print("\n".join(p["dependencies"] + x["serve"] + x["mcp"]))' > var/wheelhouse.txt
+python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+  -d "$PE_WHEELHOUSE" -r var/wheelhouse.txt
 echo "== ruff"; python3 -m ruff check policy_engine plugins tests benchmarks conformance
 echo "== mypy --strict"; python3 -m mypy
 source scripts/lib/dockerd.sh; ensure_dockerd; bash scripts/build-images.sh

@@ -127,6 +127,20 @@ def _env(extra: dict[str, str], profile: Profile, tool: str) -> dict[str, str]:
     return {**BASE_ENV, **extra}
 
 
+def _container_facts_refusal(profile: Profile, op: ProcExecOp, workspace_root: str | None,
+                             state_dir: Path) -> PolicyEngineError | None:
+    """What ``execute`` refuses from the container's view alone (docker view, never the
+    host's disk at the op's paths): a cwd outside the container's ``/workspace/work``, and a
+    workspace root beneath ``root_fs`` (``default_root``: outsider N6, the dry run agrees)."""
+    try:
+        _cwd(op.cwd)
+        if not workspace_root:
+            default_root(state_dir, profile)
+    except PolicyEngineError as exc:
+        return PolicyEngineError(exc.code, f"{exc.reason} (docker view)", audit=exc.audit)
+    return None
+
+
 class DockerExecutor:
     """Serves proc.exec in containers with the seed 002 §4 flags."""
 
@@ -147,6 +161,9 @@ class DockerExecutor:
             cannot be asked (only checked when ``runtime``/``gvisor_runtime`` is set)."""
         self.options = options or DockerOptions()
         self.state_dir = state_dir if state_dir is not None else default_state_dir()
+        # the state directory whose facts `refusal` judges: the run's own, also when a dry run
+        # built this executor in a throwaway one (explain.backend.judge_in_state_dir)
+        self.view_state_dir = self.state_dir
         self._lock = threading.Lock()
         self._client: docker.DockerClient | None = None
         self._streams: docker.APIClient | None = None
@@ -268,11 +285,15 @@ class DockerExecutor:
                 network.check_bridge_binds(self.options.system_binds)
             except PolicyEngineError as exc:
                 return exc
-        try:
-            _cwd(op.cwd)
-        except PolicyEngineError as exc:
-            return exc
-        return None
+        return _container_facts_refusal(profile, op, self.options.workspace_root,
+                                        self.view_state_dir)
+
+    def fact_notes(self, profile: Profile, op: ExecOp) -> list[str]:
+        """What the dry run's trace says of the facts this executor judged (its view)."""
+        if not isinstance(op, ProcExecOp):
+            return []
+        return [f"cwd `{_cwd(op.cwd)}` lies in the container's workspace (docker view: the "
+                "container's filesystem, not this host's)"]
 
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         if not isinstance(op, ProcExecOp):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import copy
 import functools
 import json
 import os
@@ -25,6 +26,7 @@ from plugins.executor_proc import (
     cgroups,
     landlock,
     native,
+    owner,
     prespawn,
     sanitize,
     seccomp,
@@ -34,6 +36,7 @@ from plugins.executor_proc import (
     unshare,
 )
 from plugins.executor_proc.bwrap import NetworkHook
+from plugins.executor_proc.cwdfacts import cwd_fact_note, cwd_fact_refusal
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import Outcome, pump
 from plugins.executor_proc.spec import Limits, Plan, build_plan, resolve_limits
@@ -291,7 +294,12 @@ class ProcExecutor:
                     ErrorCode.CAPABILITY_BLOCKED, f"{self.name} would bind "
                     f"{len(readable) + len(writable)} paths (at most {MAX_BINDS}): narrow the "
                     "fs rules")
-        return None
+        return cwd_fact_refusal(profile, op, self.name)  # in this executor's view
+
+    def fact_notes(self, profile: Profile, op: ExecOp) -> list[str]:
+        """What the dry run's trace says of the facts this executor judged (its view)."""
+        note = cwd_fact_note(profile, op, self.name)
+        return [note] if note is not None else []
 
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         if not isinstance(op, ProcExecOp):
@@ -306,7 +314,9 @@ class ProcExecutor:
         private_tmp = None if self.backend == "bwrap" else tempfile.mkdtemp(prefix="pe-proc-")
         net: RestrictedHandle | None = None
         try:
-            plan = self._plan(ctx, op, private_tmp or "/tmp")
+            # the identity first: the local runner's plan carves out what that uid owns
+            runner = self._as_tree_owner(bound_paths(ctx.profile)[1])
+            plan = runner._plan(ctx, op, private_tmp or "/tmp")
             self._refuse_engine_trees(plan)
             plan.limits = resolve_limits(ctx.profile, op, ctx.limits)  # the rule's included
             if plan.network == "restricted" and self.network_hook is None:
@@ -314,12 +324,28 @@ class ProcExecutor:
                                         deadline=ctx.deadline, consume=ctx.consume,
                                         limits=ctx.limits).start()
                 plan.env.update(net.env())  # INVARIANT: after the op's allow-listed values
-            return self._run(ctx, op, plan, stdin, private_tmp, ctx.profile.network.value, net)
+            return runner._run(ctx, op, plan, stdin, private_tmp, ctx.profile.network.value,
+                               net)
         finally:
             if net is not None:
                 _record_proxy(ctx, net)
             if private_tmp is not None:
                 _rmtree(private_tmp)
+
+    writes_as_owner = False
+    """Set on the per-call copy that runs as the owner of the writable tree (``owner.py``)."""
+
+    def _as_tree_owner(self, writable: list[str]) -> ProcExecutor:
+        """This executor, or a per-call copy running as the one non-root owner of every
+        writable bind (``owner.py``): its files stay that user's, nothing is handed over."""
+        if self.run_as is None:
+            return self
+        ident = owner.tree_owner(writable)
+        if ident is None or ident == self.run_as:
+            return self
+        twin = copy.copy(self)
+        twin.run_as, twin.writes_as_owner = ident, True
+        return twin
 
     def _plan(self, ctx: ExecContext, op: ProcExecOp, tmpdir: str) -> Plan:
         """The call's sandbox plan (a subclass may widen it: the local runner)."""
@@ -537,18 +563,20 @@ class ProcExecutor:
         exe, degraded = self._launcher()
         reach = self._reach(plan, private_tmp, exe)
         ctx.started()  # every refusal above was free: nothing has been spawned yet
-        if self.run_as is not None:
+        if self.run_as is not None and not self.writes_as_owner:
             # what root left in a writable bind (an fs.write, a checkout) must stay writable for
             # the sandbox uid; masked secrets keep their owner; a writable bind holding or inside
             # a system tree (`fs.write "/**"`) is never walked: /usr, /etc and / stay root's
             # nor one that is or holds a shared root (`/opt`, `/home`: installed software, other
             # users' files) or the engine's own trees: those keep their owner (round 3, F7)
-            uid.adopt([w for w in plan.writable if not any(
+            handed = uid.adopt([w for w in plan.writable if not any(
                 beneath(w, t) or beneath(t, w) for t in plan.system)
                 and enginedirs.shared_root_refusal(os.path.realpath(w)) is None],
                 *self.run_as, masked=plan.mask_files + plan.mask_dirs + plan.readonly)
-            if private_tmp is not None:
-                os.chown(private_tmp, *self.run_as)
+        else:
+            handed = 0
+        if self.run_as is not None and private_tmp is not None:
+            os.chown(private_tmp, *self.run_as)  # the engine's own temp dir, not the user's
         layered = self.backend != "bwrap" or self.options.layer2
         spec = self._launcher_spec(plan, private_tmp, net) if layered else None
         cg_fds: list[int] = []
@@ -613,9 +641,13 @@ class ProcExecutor:
             outcome.rusage_cpu_ms = max(outcome.rusage_cpu_ms, cg_cpu)
         if spec is None:  # no seccomp layer refused setuid bits or device nodes: undo them
             sanitize.sanitize(plan.writable)
-        return self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
-                            asked_network, degraded, chained=net is not None and layered,
-                            oom_kills=oom_kills)
+        result = self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
+                              asked_network, degraded, chained=net is not None and layered,
+                              oom_kills=oom_kills)
+        if handed and self.run_as is not None and isinstance(result.out, dict):
+            # never a silent chown: the call says what changed owner, and why (owner.py)
+            result.out["owner_changes"] = owner.handed_over(handed, self.run_as)
+        return result
 
     def _spawn(self, plan: Plan, spec: dict[str, Any] | None, stdin: bytes | None,
                exe: str | None, lim: Limits, cg_fds: list[int], net: RestrictedHandle | None,

@@ -73,6 +73,7 @@ def _with_backends(config_path: Path, decide: Callable[..., Explanation]) -> Exp
     """``decide`` with the executors the config loads (built in a throwaway state directory
     and closed again: a dry run leaves nothing behind); exit 2 when the engine would not start."""
     from policy_engine.config import load_config
+    from policy_engine.explain.backend import judge_in_state_dir
     from policy_engine.orchestration.selection import unknown_backends
     from policy_engine.plugin_manager import PluginManager
 
@@ -82,10 +83,12 @@ def _with_backends(config_path: Path, decide: Callable[..., Explanation]) -> Exp
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     with tempfile.TemporaryDirectory(prefix="policy-engine-explain-") as tmp:
+        real_state = config.state_dir
         config = replace(config, state_dir=Path(tmp))
         plugins = PluginManager.default()
         plugins.configure(config)
         comps = plugins.components(config)
+        judge_in_state_dir(comps.executors, real_state)  # the run's, not the throwaway one
         try:
             causes = [f"plugin `{e.plugin}` failed to {e.stage}: {e.message}"
                       for e in dict.fromkeys(plugins.load_errors)]

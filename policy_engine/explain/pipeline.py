@@ -131,6 +131,12 @@ def explain(
         "tenant": request.context.get("tenant", {"id": grant.tenant}),
         "subject": request.context.get("subject", {"id": grant.subject_id}),
     }
+    with_view = executors is not None and config is not None
+    if request.facts is not None and not with_view:
+        # no executor to ask: the request's own facts, never this machine's disk
+        from policy_engine.guard.facts import parse_declared
+
+        guard = guard.with_facts(parse_declared(request.facts))
     decision = guard.decide(profile, request.op, context=context, now_ms=now_ms, trace=trace)
     if decision.allowed and request.budget_used is not None:
         decision = _dry_run_budget(decision, profile, request.budget_used)
@@ -138,6 +144,10 @@ def explain(
         from policy_engine.explain.backend import backend_step
 
         decision = backend_step(decision, profile, request.op, executors, config)
+    if request.facts is not None and with_view:
+        from policy_engine.explain.backend import declared_facts_step
+
+        decision = declared_facts_step(decision, profile, request.op, request.facts)
     return Explanation(decision, profile, policyset, manifest, grant, request)
 
 

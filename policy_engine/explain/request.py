@@ -45,6 +45,20 @@ class CallRequest(BaseModel):
     )
     manifest: str | None = None
     grant: str | None = None
+    facts: dict[str, Any] | None = Field(
+        default=None, description="declared file facts (path: kind or {kind, size, target}): "
+        "what a dry run without `--config` and `policy-engine test` decide on; a run, and "
+        "`explain --config`, decide on the executor's view and say where they differ",
+    )
+
+    @field_validator("facts")
+    @classmethod
+    def _well_formed_facts(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            from policy_engine.guard.facts import parse_declared
+
+            parse_declared(value)  # ValueError: located by the loader
+        return value
 
     @field_validator("manifest", "grant")
     @classmethod

@@ -5,12 +5,15 @@ file, a whole-file read larger than ``bytes_in``, and a write over a non-regular
 existing one without ``overwrite``. Those are facts of the file system a dry run can see as well
 as the run, so the guard refuses them with the same code (docs/cli.md, "Dry run equals run").
 One ``lstat`` of the already resolved path answers them; a path that does not exist yet is left
-to the run. What changes after the decision (a file grown, a link swapped in) the executor still
-catches on the descriptor it opens.
+to the run, one whose facts cannot be read (permission, a race) is refused with its own reason.
+``seen`` may come from a declared or unknown fact source instead (``facts.py``). What changes
+after the decision (a file grown, a link swapped in) the executor still catches on the
+descriptor it opens.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from typing import Any
@@ -41,8 +44,12 @@ def fs_refusal(kind: str, op: Any, path: str, max_bytes_in: int | None,
     else:
         try:
             st = os.lstat(path)
-        except OSError:
-            return None  # absent (yet), or unreadable: the executor's open answers it
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return None  # absent (yet): the executor's open answers it
+            # unreadable (permission, a race): a deny of its own, never decided as an allow
+            return "", (f"the facts of {quote(path)} cannot be read "
+                        f"({os.strerror(exc.errno or errno.EIO)}): refused")
         mode, size = st.st_mode, st.st_size
     if stat.S_ISLNK(mode):
         return None  # swapped in since the resolution: the executor's no-follow open refuses it

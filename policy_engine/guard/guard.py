@@ -17,9 +17,14 @@ Decision order (each step's code is pinned by ``tests/unit/test_guard_decide.py`
 6. a private, loopback, link-local or metadata IP literal not named by the capability's hosts
    → ``CAPABILITY_BLOCKED``
 7. limits of the matched capability met with the profile's → ``CAPABILITY_BLOCKED``
-8. consent required and missing or not current → ``PERMISSION_DENY``; then, for fs ops, what
+8. consent required and missing or not current → ``PERMISSION_DENY``; then the facts, each
+   from a named source (``facts.py``): a proc.exec ``cwd`` the declared facts refuse (without
+   them the cwd is the executor's view: its ``refusal``, asked by the backend selection), and
+   for fs ops what
    the fs executor will find at the resolved path (not a regular file, a whole read over
-   ``bytes_in``, an existing target without ``overwrite``) → ``CAPABILITY_BLOCKED``
+   ``bytes_in``, an existing target without ``overwrite``, facts that cannot be read) →
+   ``CAPABILITY_BLOCKED``. Policy before facts: a forbidden call is reported by its rule
+   whatever its facts.
 9. allow
 """
 
@@ -35,7 +40,6 @@ from typing import Any
 from policy_engine.errors import REGISTRY, ErrorCode, PolicyEngineError
 from policy_engine.graph import PolicySet
 from policy_engine.guard import gitfiles
-from policy_engine.guard.binds import cwd_refusal
 from policy_engine.guard.compiled import (
     CompiledCap,
     CompiledProfile,
@@ -44,11 +48,13 @@ from policy_engine.guard.compiled import (
     compile_profile,
     guard_condition,
 )
+from policy_engine.guard.facts import FactSource
 from policy_engine.guard.fsfacts import fs_refusal
 from policy_engine.guard.ipaddr import classify, is_address_allowed
 from policy_engine.guard.layers import PolicyPermits, consent_for, layer_steps
-from policy_engine.guard.paths import is_beneath, normalize_path, quote
+from policy_engine.guard.paths import normalize_path, quote
 from policy_engine.guard.resolve import (
+    ABSENT,
     OP_KIND,
     Facts,
     Resolved,
@@ -105,6 +111,7 @@ class Guard:
         self.policyset = policyset
         self.resolve_symlinks = resolve_symlinks
         self.fs_facts = resolve_symlinks if fs_facts is None else fs_facts
+        self.facts: FactSource | None = None  # None: this host's disk (``with_facts``)
         self._conditions = ConditionIndex(policyset)
         rules = policyset.consent_rules if policyset is not None else ()
         self._builtin_consent = any(r.condition is None for r in rules)
@@ -214,9 +221,14 @@ class Guard:
             path: str | None = None
             seen: Facts = None  # what resolving the path saw of the file (for step 8b)
             written: str | None = None
+            cwd: str | None = None  # a proc.exec's cwd, checked with the facts (step 8b)
             if kind in _FS_OPS:
-                path, seen, inside, written = resolve_fs(cp, op.path, self.resolve_symlinks,
-                                                         self.fs_facts and kind != "fs.list")
+                if self.facts is None:
+                    path, seen, inside, written = resolve_fs(cp, op.path, self.resolve_symlinks,
+                                                             self.fs_facts and kind != "fs.list")
+                else:  # declared or unknown facts, never this host's disk (guard/facts.py)
+                    path, seen, inside, written = self.facts.resolve(cp.root_fs, cp.tmp_dir,
+                                                                     op.path)
                 res: object = path
                 if kind == "fs.write" and not inside:
                     return _deny(phash, _BLOCKED,
@@ -226,15 +238,7 @@ class Guard:
                 rv = resolve_other(kind, op)
                 res = rv.res
                 if kind == "proc.exec" and op.cwd is not None:
-                    # the same refusal the proc executors make, so a dry run answers as a run does
-                    cwd = normalize_path(op.cwd)
-                    if not is_beneath(cp.root_fs, cwd):
-                        return _deny(phash, _BLOCKED, f"cwd {quote(cwd)} is not beneath root_fs",
-                                     None, tr)
-                    # followed through its symlinks and beneath a path the sandbox binds
-                    why_cwd = cwd_refusal(cp.profile, cwd) if self.fs_facts else None
-                    if why_cwd is not None:
-                        return _deny(phash, _BLOCKED, why_cwd, None, tr)
+                    cwd = normalize_path(op.cwd)  # judged after the policy (step 8b)
             if tr is not None:
                 tr.step("resolve", "pass", detail=_describe(rv, path))
             data: dict[str, object] | None = None  # the CEL context, built at the first condition
@@ -361,7 +365,7 @@ class Guard:
             # step 8: consent
             settled = cp.consent_settled
             required = cp.consent_required or (settled is not None and settled[0])
-            if required and tr is None and window is not None and \
+            if required and tr is None and window is not None and cwd is None and \
                     window[0] <= now < window[1] and (path is None or not self.fs_facts):
                 # required and current: consent_needed says None
                 return _allow(chosen, kind, op, phash)
@@ -385,9 +389,17 @@ class Guard:
                     return _deny(phash, _PERM, why, chosen.rule, tr)
             elif tr is not None:
                 tr.step("consent", "skip", detail="consent not required")
-            # step 8b: what the fs executor will find at the path (fsfacts.py); last, so a policy
-            # refusal is reported first and only an allow turns into this deny
+            # step 8b: the facts (fsfacts.py, facts.py): what the fs executor will find at the
+            # path, and the cwd of a process; last, so a policy refusal is reported first and
+            # only an allow turns into this deny
+            if cwd is not None:
+                why_cwd = self._cwd_refusal(cp, cwd, tr)
+                if why_cwd is not None:
+                    return _deny(phash, _BLOCKED, why_cwd, None, tr)
             if path is not None and self.fs_facts:
+                if tr is not None and kind != "fs.list":  # a listing reads no facts here
+                    tr.step("fact", "pass" if self.facts is not None or seen != ABSENT
+                            else "skip", detail=self._fact_note(cp, path, seen))
                 found = fs_refusal(kind, op, path, chosen.limits.max_bytes_in, seen)
                 if found is not None:
                     field, why = found
@@ -411,6 +423,40 @@ class Guard:
                 raise  # the traced call answers it, above
             return _failed(profile, exc, None)
 
+    def with_facts(self, facts: FactSource | None) -> Guard:
+        """This guard deciding on ``facts`` instead of this host's disk (``facts.py``): the same
+        policy, cache and conditions; ``None`` is the host again."""
+        twin = copy.copy(self)
+        twin.facts = facts
+        twin.resolve_symlinks = twin.fs_facts = facts is not None or self.resolve_symlinks
+        return twin
+
+    def _cwd_refusal(self, cp: CompiledProfile, cwd: str, tr: Tracer | None) -> str | None:
+        """Why the declared facts refuse ``cwd`` (absent, not a directory), else ``None``.
+
+        Without declared facts the cwd is a fact of the executor that runs the op, judged in
+        its own view by its ``refusal`` (the backend step of the run and of ``explain
+        --config``): beneath ``root_fs`` and bound for the proc sandboxes, beneath
+        ``/workspace/work`` in the container for Docker."""
+        why = self.facts.cwd_refusal(cp.root_fs, cwd) if self.facts is not None else None
+        if tr is not None:
+            if why is not None:
+                tr.step("fact", "fail", detail=why)
+            elif self.facts is not None:
+                tr.step("fact", "pass", detail=f"cwd: {self.facts.describe(cp.root_fs, cwd)}")
+            else:
+                tr.step("fact", "skip", detail=f"cwd {quote(cwd)}: judged in the executor's "
+                        "view (the backend step), not on this host's disk")
+        return why
+
+    def _fact_note(self, cp: CompiledProfile, path: str, seen: Facts | str) -> str:
+        """The trace's words for the fs facts of ``path`` and where they come from."""
+        if self.facts is not None:
+            return self.facts.describe(cp.root_fs, path)
+        if seen == ABSENT:
+            return f"{quote(path)} does not exist yet (host view: the fs executor's)"
+        return f"{quote(path)} read on this host (host view: the fs executor's)"
+
     def _with_layers(self, profile: Profile, op: Any, extra: Mapping[str, object] | None,
                      now_ms: int | None, decision: Decision) -> Decision:
         """``decision`` (a traced deny) with every layer's own verdict added before its last
@@ -426,7 +472,10 @@ class Guard:
             path: str | None = None
             written: str | None = None
             if kind in _FS_OPS:
-                path, _, _, written = resolve_fs(cp, op.path, self.resolve_symlinks, False)
+                if self.facts is None:
+                    path, _, _, written = resolve_fs(cp, op.path, self.resolve_symlinks, False)
+                else:
+                    path, _, _, written = self.facts.resolve(cp.root_fs, cp.tmp_dir, op.path)
                 res: object = path
             else:
                 rv = resolve_other(kind, op)

@@ -13,6 +13,7 @@ from typing import Any
 
 from policy_engine.compiler.loaders import PositionLookup, load_document, validate_document
 from policy_engine.errors import Diagnostic, DiagnosticsError, ErrorCode, Span
+from policy_engine.guard.facts import UNKNOWN_FACTS, FactSource, parse_declared
 from policy_engine.inputs.inputfile import DOCUMENT_SUFFIXES, named_like
 from policy_engine.policytest.model import PolicyTestCase, PolicyTestFile
 
@@ -32,6 +33,9 @@ class LoadedCase:
     manifest: str
     grant: str
     now_ms: int | None
+    facts: FactSource = UNKNOWN_FACTS
+    """What the case decides on: its declared facts over the file's, the file's fixture;
+    unknown where nothing is declared (never this machine's disk)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +94,23 @@ def _check(path: str, spec: PolicyTestFile, lookup: PositionLookup) -> LoadedTes
             diags.append(Diagnostic.make(
                 "SBP402", f"policy file `{rel}` not found (looked for `{target}`)", where))
         shown.append(target)
+    fixture: str | None = None
+    if spec.fixture is not None:
+        fixture = os.path.normpath(os.path.join(here, spec.fixture))
+        if "\x00" in spec.fixture or not os.path.isdir(fixture):
+            diags.append(Diagnostic.make(
+                "SBP411", f"fixture `{spec.fixture[:200]}` is not a directory (looked for "
+                f"`{fixture}`)", lookup.span(("fixture",))))
+            fixture = None
+    base = _facts(spec.facts or {}, None, fixture, lookup, ("facts",), diags)
     seen: dict[str, int] = {}
     cases: list[LoadedCase] = []
     for i, case in enumerate(spec.cases):
         loaded = _check_case(here, i, case, spec, lookup, seen, diags)
+        if loaded is not None and (case.facts or spec.facts or fixture):
+            declared = {**(spec.facts or {}), **(case.facts or {})}
+            loaded = _with_facts(loaded, _facts(declared, base, fixture, lookup,
+                                                ("cases", i, "facts"), diags))
         if loaded is not None:
             cases.append(loaded)
     if diags:
@@ -157,3 +174,20 @@ def _check_case(
         spec=case, index=i, span=span, manifest=fixtures[0], grant=fixtures[1],
         now_ms=case.now_ms if case.now_ms is not None else spec.now_ms,
     )
+
+
+def _facts(raw: dict[str, Any], fallback: FactSource | None, fixture: str | None,
+           lookup: PositionLookup, loc: Loc, diags: list[Diagnostic]) -> FactSource:
+    """The fact source of ``raw`` declarations over ``fixture`` (``fallback`` when malformed:
+    the diagnostic stops the run anyway)."""
+    label = "declared" if fixture is None else "declared, fixture"
+    try:
+        return parse_declared(raw, label, fixture)
+    except ValueError as exc:
+        diags.append(Diagnostic.make("SBP411", str(exc), lookup.span(loc)))
+        return fallback or UNKNOWN_FACTS
+
+
+def _with_facts(case: LoadedCase, facts: FactSource) -> LoadedCase:
+    return LoadedCase(case.spec, case.index, case.span, case.manifest, case.grant, case.now_ms,
+                      facts)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,6 +40,12 @@ class PolicyTestFile(BaseModel):
     manifest: str | None = Field(default=None, description="default tool manifest of every case")
     grant: str | None = Field(default=None, description="default grant of every case")
     now_ms: int | None = Field(default=None, description="default decision time")
+    facts: dict[str, Any] | None = Field(
+        default=None, description="file facts every case decides on (a case's own `facts` "
+        "adds to them); undeclared facts are unknown (docs/policy-tests.md, \"Facts\")")
+    fixture: str | None = Field(
+        default=None, description="a directory standing for the profile's root_fs: the facts "
+        "of paths beneath it are read there (relative to the test file)")
     cases: list[PolicyTestCase] = Field(min_length=1)
 
     @property

@@ -23,6 +23,7 @@ from policy_engine.explain import ExplainRequest, explain
 from policy_engine.explain.render_text import render_text
 from policy_engine.graph import PolicySet
 from policy_engine.guard import Guard
+from policy_engine.guard.facts import UNKNOWN_FACTS
 from policy_engine.policytest import coverage
 from policy_engine.policytest.coverage import CoverageData, SiteKey
 from policy_engine.policytest.loader import LoadedCase, LoadedTestFile, load_test_file
@@ -59,7 +60,8 @@ class Session:
             try:
                 ps = compile_files(list(tf.policies))
                 sites = coverage.rule_sites(ps)
-                got = _Compiled(ps, ProfileBuilder(ps), Guard(ps),
+                # hermetic: facts are the case's declarations, else unknown (never this disk)
+                got = _Compiled(ps, ProfileBuilder(ps), Guard(ps).with_facts(UNKNOWN_FACTS),
                                 frozenset(r.id for r in ps.rules), sites)
                 coverage.register(self.coverage, ps, sites)
             except DiagnosticsError as exc:
@@ -152,8 +154,9 @@ class Session:
             context=spec.context, budget_used=spec.budget_used,
         )
         start = time.perf_counter()
+        guard = comp.guard if case.facts is UNKNOWN_FACTS else comp.guard.with_facts(case.facts)
         exp = explain(comp.policyset, manifest, grant, request, builder=comp.builder,
-                      guard=comp.guard)
+                      guard=guard)
         elapsed = time.perf_counter() - start
         d = exp.decision
         self.coverage.fired |= coverage.fired(d, comp.sites)

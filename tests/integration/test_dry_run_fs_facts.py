@@ -65,8 +65,12 @@ class World:
     orch: Orchestrator
 
     def explain(self, op: Any) -> Decision:
+        # the run's dry run (`explain --config`): a cwd is a fact of the executor's view, which
+        # the backend step asks (issue 26)
         return explain(self.policyset, self.manifest, self.grant,
-                       ExplainRequest(op=op, settings=self.settings)).decision
+                       ExplainRequest(op=op, settings=self.settings),
+                       executors=self.orch.components.executors,
+                       config=self.orch.config).decision
 
     def run(self, op: Any) -> RunOutcome:
         return self.orch.run(self.grant, self.manifest, op, settings=self.settings)

@@ -3,9 +3,10 @@ dependencies only (no `scale` extra, so neither `redis` nor `psycopg`), lists th
 PostgreSQL plugins as "available with pip install 'policy-engine[scale]'" and exits 0, and
 `run`, the Python API, `serve` and `mcp` start without a word about them.
 
-The virtualenv has no system site-packages: the base dependencies come from the package
-registries pip is configured with here (the `serve`/`mcp` faces' extras are added for the last
-checks, still without `scale`).
+The virtualenv has no system site-packages: the base dependencies come from the local wheelhouse
+`scripts/test.sh` downloads before the suite (``PE_WHEELHOUSE``; installed with ``--no-index``,
+so the test reaches no registry), or, run without it, from the registries pip is configured with
+(the `serve`/`mcp` faces' extras are added for the last checks, still without `scale`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 NOISE = ("budget_redis", "evidence_postgres", "redis", "psycopg", "failed to import")
+WHEELHOUSE = os.environ.get("PE_WHEELHOUSE")
+LOCAL = ["--no-index", "--find-links", WHEELHOUSE] if WHEELHOUSE else []
+"""pip's source: the wheelhouse when the test command made one (never a registry then)."""
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +41,7 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                     "-q", "-w", str(work / "dist"), str(src)], check=True, timeout=600)
     wheel = next((work / "dist").glob("policy_engine-*.whl"))
     venv.EnvBuilder(system_site_packages=False, with_pip=True).create(work / "venv")
-    pip = [str(work / "venv" / "bin" / "python"), "-m", "pip", "install", "-q"]
+    pip = [str(work / "venv" / "bin" / "python"), "-m", "pip", "install", "-q", *LOCAL]
     subprocess.run([*pip, "--no-deps", str(wheel)], check=True, timeout=600)
     # the base dependencies exactly as the wheel declares them (markers without `extra`)
     meta = subprocess.run(
@@ -125,7 +129,7 @@ def test_plain_install_lists_optional_plugins_and_stays_quiet(
 def test_serve_and_mcp_start_quietly_without_the_scale_extra(
         plain: dict[str, Path], tmp_path: Path) -> None:
     python = plain["bin"] / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q",
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *LOCAL,
                     f"{plain['wheel']}[serve,mcp]"], check=True, timeout=900, env=_env())
     assert subprocess.run([str(python), "-c", "import psycopg"], env=_env(),
                           capture_output=True).returncode != 0

@@ -284,11 +284,20 @@ def test_available_names_the_reason_and_calls_are_refused(world: Path) -> None:
         ex.close()
 
 
-def test_a_sandbox_that_never_started_is_a_failure_not_a_result(unshare_ex: ProcExecutor,
-                                                                world: Path) -> None:
+def test_a_sandbox_that_never_started_is_a_failure_not_a_result(
+        unshare_ex: ProcExecutor, world: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The host launcher (no status pipe of its own) or `unshare` failing before the inner
     launcher reported: no tool ran, so no exit code is reported as the tool's."""
     ctx = ExecContext(profile=make_profile(world), deadline=time.monotonic() + 30)
+    # a missing cwd is refused before anything starts, in the unshare view (issue 26)
+    with pytest.raises(PolicyEngineError) as exc:
+        unshare_ex.execute(ctx, ProcExecOp(tool="/bin/true", cwd=str(world / "missing")))
+    assert exc.value.code == ErrorCode.CAPABILITY_BLOCKED
+    assert "does not exist (unshare view)" in exc.value.reason
+    # one removed between that check and the start (the race, simulated by skipping the
+    # check): `unshare --wd` fails before the inner launcher reports
+    monkeypatch.setattr("plugins.executor_proc.executor.cwd_fact_refusal",
+                        lambda *_: None)
     with pytest.raises(PolicyEngineError) as exc:
         unshare_ex.execute(ctx, ProcExecOp(tool="/bin/true", cwd=str(world / "missing")))
     assert exc.value.code == ErrorCode.EXECUTION_FAILED

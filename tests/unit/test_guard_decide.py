@@ -461,8 +461,10 @@ def test_trace_lists_visited_nodes_in_order() -> None:
     prof = read_profile(denies=(forbid(("fs.read",), fs("fs.read", "**/.env")),))
     d = decide(prof, FsReadOp(path="/workspace/a"), trace=True)
     assert d.trace is not None
+    # the fs facts last, naming their source (issue 26: facts have a source, and it is named)
     assert [s.node for s in d.trace] == ["kind", "resolve", "forbid", "permit", "limits",
-                                         "consent", "decision"]
+                                         "consent", "fact", "decision"]
+    assert "host view" in (d.trace[-2].detail or "")
     assert d.trace[-1].outcome == "allow"
     d = decide(make_profile(capabilities=(), granted=(fs("fs.read", "/**"),),
                             declared=(fs("fs.read", "/**"),)),

@@ -119,6 +119,9 @@ def test_lint_holds_json_manifest_capabilities_to_the_permit_rules(tmp_path: Pat
 def test_a_directory_walk_takes_documents_and_leaves_foreign_files(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     shutil.copytree(EXAMPLES / "manifests", repo / "manifests")
+    # the examples' reasoned suppressions aside: the manifests' real findings make exit 1
+    suppressions = (repo / "manifests" / ".sbpolicy-ignore.yaml").read_text()
+    (repo / "manifests" / ".sbpolicy-ignore.yaml").unlink()
     (repo / "package.json").write_text('{"name": "x", "scripts": {}, "dependencies": {}}')
     (repo / "ci.yml").write_text("name: ci\non: push\npermissions: {}\njobs: {}\n")
     code, out = run("lint", "--format", "json", str(repo))
@@ -127,6 +130,11 @@ def test_a_directory_walk_takes_documents_and_leaves_foreign_files(tmp_path: Pat
         "docs-browser.json", "file-editor.sbpolicy", "http-fetch.yaml", "shell.json"]
     assert report["unusable"] == []
     assert code == 1   # the example manifests' real findings (SBP302 on *.readthedocs.io)
+    (repo / "manifests" / ".sbpolicy-ignore.yaml").write_text(suppressions)
+    code, out = run("lint", "--format", "json", str(repo))
+    assert code == 0, out  # each finding suppressed with its reason; the file is no document
+    assert sorted(Path(f).name for f in json.loads(out)["files"]) == [
+        "docs-browser.json", "file-editor.sbpolicy", "http-fetch.yaml", "shell.json"]
 
 
 @pytest.mark.parametrize("suffix", ["r2.dev", "pythonanywhere.com", "s3.amazonaws.com"])

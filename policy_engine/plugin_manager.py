@@ -377,7 +377,12 @@ def describe(manager: PluginManager, config: EngineConfig) -> dict[str, Any]:
     # "*" asks every plugin for every sink and meter it has, in a throwaway state dir so that
     # listing creates no files where real evidence lives
     with tempfile.TemporaryDirectory(prefix="policy-engine-plugins-") as tmp:
-        listing = replace(config, evidence_sinks=("*",), budget_meter="*", state_dir=Path(tmp))
+        # keyless: a throwaway sink needs no signing key made (nor the notice that one was)
+        options = {**config.options, **{name: {**config.plugin_options(name),
+                                               "signing_key": False}
+                                        for name in ("evidence_jsonl", "evidence_sqlite")}}
+        listing = replace(config, evidence_sinks=("*",), budget_meter="*", state_dir=Path(tmp),
+                          options=options)
         return _describe(manager, listing)
 
 

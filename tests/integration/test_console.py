@@ -205,10 +205,11 @@ def test_bad_input_is_a_422_in_the_refusal_shape(world: dict[str, Any]) -> None:
             assert "Traceback" not in got.text
 
 
-def _consent_call(svc: Service, token: str, root: Path, out: list[httpx.Response]) -> None:
+def _consent_call(svc: Service, token: str, root: Path, out: list[httpx.Response],
+                  name: str = "hello.txt") -> None:
     with svc.client(token) as c:
         out.append(c.post("/v1/ops", json={
-            "op": {"kind": "fs.read", "path": f"{root}/data/hello.txt"},
+            "op": {"kind": "fs.read", "path": f"{root}/data/{name}"},
             "grant": {**grant("acme", "agent:alice", root), "tool_name": "reader-high"},
             "manifest": "reader-high"}))
 
@@ -318,3 +319,21 @@ def test_charts_render_without_script(world: dict[str, Any]) -> None:
     assert "SANDBOX.CAPABILITY_BLOCKED" in page.inner_text("main")
     _accessible(page)
     _shot(page, "charts")
+
+
+def test_markup_in_a_consent_request_and_an_answer_is_shown_as_text(
+        world: dict[str, Any]) -> None:
+    svc, root = world["svc"], world["root"]
+    page = _signed_in(world["browser"], svc, world["tokens"]["approver"])
+    got: list[httpx.Response] = []
+    waiting = threading.Thread(target=_consent_call, args=(svc, world["tokens"]["agent"], root,
+                                                           got, MARKUP))
+    waiting.start()
+    _answer_next(page, svc, "Deny", f"no: {MARKUP}")
+    waiting.join(timeout=30)
+    assert got, "the consent-needing call never answered"
+    for url in (page.url, f"{svc.url}/console/approvals"):
+        page.goto(url)
+        assert page.evaluate("window.__pwned") is None
+        assert page.locator("#pwned").count() == 0
+        assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in page.content()

@@ -134,6 +134,18 @@ def _wall_ms() -> int:
     return int(time.time() * 1000)
 
 
+class PolicyHolder:
+    """The running policy and the profile builder and guard that decide with it, replaced as
+    one (hot reload): every orchestrator holding it decides each new call with the same three."""
+
+    __slots__ = ("active",)
+
+    def __init__(self, policyset: PolicySet, builder: ProfileBuilderLike,
+                 guard: GuardLike) -> None:
+        self.active: tuple[PolicySet, ProfileBuilderLike, GuardLike] = (policyset, builder,
+                                                                        guard)
+
+
 class Orchestrator:
     """Runs tool calls end to end and leaves begin/end evidence for every one, allowed or not.
 
@@ -153,16 +165,17 @@ class Orchestrator:
                  profile_builder: ProfileBuilderLike | None = None,
                  guard: GuardLike | None = None, revocations: RevocationWatcher | None = None,
                  metrics: Metrics | None = None, ids: Callable[[], str] | None = None,
-                 shadow: PolicySet | None = None) -> None:
-        self.policyset = policyset
+                 shadow: PolicySet | None = None, holder: PolicyHolder | None = None) -> None:
         self.config = config
         self.plugins = plugins if plugins is not None else PluginManager.default()
         self.metrics = metrics or Metrics()
         self._clock = clock or _wall_ms
         self._ids = ids or (lambda: uuid.uuid4().hex)
-        self.builder: ProfileBuilderLike = profile_builder or _builder(policyset, config)
-        self.guard: GuardLike = guard or _guard(policyset, config)
-        self._active: tuple[ProfileBuilderLike, GuardLike] = (self.builder, self.guard)
+        # the running policy with its builder and guard: shared with the orchestrators pinned
+        # to a backend (runcode.OrchestratorPool), so one swap reloads them all
+        self.holder = holder or PolicyHolder(
+            policyset, profile_builder or _builder(policyset, config),
+            guard or _guard(policyset, config))
         # keys the per-argument and URL digests of the evidence (evidence/redact.py says why);
         # loaded before any plugin opens something that would need closing on failure
         self.evidence_key = load_or_create_key(config.state_dir)
@@ -204,9 +217,23 @@ class Orchestrator:
         """Make ``policyset`` the policy of every call that starts from now on (hot reload,
         policy_engine/rollout/reload.py); calls already running finish under the old one.
         """
-        builder, guard = _builder(policyset, self.config), _guard(policyset, self.config)
-        self._active = (builder, guard)  # one assignment: a call sees the old pair or the new
-        self.policyset, self.builder, self.guard = policyset, builder, guard
+        # one assignment: a call sees the old three or the new, on every orchestrator sharing
+        # the holder
+        self.holder.active = (policyset, _builder(policyset, self.config),
+                              _guard(policyset, self.config))
+
+    @property
+    def policyset(self) -> PolicySet:
+        """The running policy (``holder``)."""
+        return self.holder.active[0]
+
+    @property
+    def builder(self) -> ProfileBuilderLike:
+        return self.holder.active[1]
+
+    @property
+    def guard(self) -> GuardLike:
+        return self.holder.active[2]
 
     def _count_sink_failure(self, sink: str) -> None:
         self.metrics.sink_failures_total.labels(sink=sink).inc()
@@ -268,7 +295,7 @@ class Orchestrator:
         kind = OpKind(op.kind)
         # one read of the policy this call runs under, start to end: a reload (swap_policy)
         # between two steps must never mix two policies in one call
-        builder, guard = self._active
+        _, builder, guard = self.holder.active
 
         def replay(profile: Profile | None) -> dict[str, Any] | None:
             return self.replay.block(envelope, op, grant, manifest, profile, settings=settings,

@@ -102,7 +102,7 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     orch = Orchestrator(policyset, config=engine)
-    pool = OrchestratorPool(policyset, engine)
+    pool = OrchestratorPool(policyset, engine, holder=orch.holder)
     invoker = SkillInvoker(skills, policyset, engine, fs_root=str(root_fs.absolute()),
                            orchestrator=orch, pool=pool)
     gateway = Gateway.with_service(orch, confirm)

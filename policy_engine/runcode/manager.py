@@ -22,7 +22,7 @@ from policy_engine.model import (
     ProcExecOp,
     Settings,
 )
-from policy_engine.orchestrator import Orchestrator, RunOutcome
+from policy_engine.orchestrator import Orchestrator, PolicyHolder, RunOutcome
 from policy_engine.runcode.risk import (
     Language,
     RiskAssessment,
@@ -79,6 +79,9 @@ class OrchestratorPool:
 
     policyset: PolicySet
     config: EngineConfig
+    holder: PolicyHolder | None = None
+    """The running engine's policy holder (``Orchestrator.holder``): the pinned orchestrators
+    then decide with its builder and guard and follow its hot reload; ``None``: their own."""
     _made: dict[str, Orchestrator] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -87,7 +90,13 @@ class OrchestratorPool:
             if backend not in self._made:
                 pinned = replace(self.config, backends={**self.config.backends,
                                                         OpKind.PROC_EXEC: backend})
-                self._made[backend] = Orchestrator(self.policyset, config=pinned)
+                if self.holder is None:  # the first one's holder is every other one's
+                    made = Orchestrator(self.policyset, config=pinned)
+                    self.holder = made.holder
+                else:
+                    made = Orchestrator(self.holder.active[0], config=pinned,
+                                        holder=self.holder)
+                self._made[backend] = made
             return self._made[backend]
 
     def orchestrators(self) -> list[Orchestrator]:
@@ -97,11 +106,13 @@ class OrchestratorPool:
 
     def swap(self, policyset: PolicySet) -> None:
         """Every orchestrator of the pool, and those made later, run ``policyset`` (hot
-        reload; calls already running finish under the old one)."""
+        reload; calls already running finish under the old one). With the running engine's
+        holder this is not needed: its reload reaches the pool through the holder."""
         with self._lock:
             self.policyset = policyset
-            for orch in self._made.values():
-                orch.swap_policy(policyset)
+            made = next(iter(self._made.values()), None)
+            if made is not None:
+                made.swap_policy(policyset)  # the one holder every pinned orchestrator reads
 
     def close(self) -> None:
         with self._lock:

@@ -24,7 +24,6 @@ from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.explain import ExplainRequest
 from policy_engine.gateway.call import Call, Gateway
 from policy_engine.gateway.sessions import SandboxManager
-from policy_engine.graph.policyset import PolicySet
 from policy_engine.model import Manifest
 from policy_engine.orchestrator import Orchestrator
 from policy_engine.refusal import PolicyRefusal
@@ -94,12 +93,6 @@ class Engine:
     skills: SkillInvoker | None = None
     reloader: PolicyReloader | None = None
 
-    def swap(self, policyset: PolicySet) -> None:
-        """Hot reload: the reloader swaps ``orch`` first (its profile builder and guard are
-        the ones `/v1/decide`, `/v1/ops`, execs and skills decide with, through the gateway);
-        the orchestrators pinned to a backend (run_code, docker skills) follow here."""
-        self.pool.swap(policyset)
-
     def close(self) -> None:
         if self.reloader is not None:
             self.reloader.stop()
@@ -115,14 +108,16 @@ def open_engine(config: ServiceConfig) -> Engine:
     # PostgreSQL when `options.service_postgres.dsn` is set (replicas share them), else SQLite
     tokens, execs = open_token_store(config.engine), open_exec_store(config.engine)
     gateway = Gateway(orch, ConsentBroker(config.confirmation, state / "consent.jsonl"))
-    pool = OrchestratorPool(config.policyset, config.engine)
+    # the pinned orchestrators (run_code, docker skills) share the engine's policy holder: one
+    # swap of `orch` (the reloader's) reloads every orchestrator
+    pool = OrchestratorPool(config.policyset, config.engine, holder=orch.holder)
     fs_root = (config.op_settings.root_fs if config.op_settings else None) or "/workspace"
     skills = SkillInvoker(config.skills, config.policyset, config.engine, fs_root=fs_root,
                           orchestrator=orch, pool=pool) if config.skills else None
     eng = Engine(config, orch, tokens, execs, ExecRunner(config, gateway, execs), gateway,
                  pool, skills)
     if config.reload_interval_s > 0 and config.policy_files:
-        eng.reloader = PolicyReloader(orch, config.policy_files, on_swap=(eng.swap,))
+        eng.reloader = PolicyReloader(orch, config.policy_files)
         eng.reloader.start(config.reload_interval_s)
     return eng
 

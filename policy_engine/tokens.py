@@ -35,7 +35,10 @@ ROLES = ("agent", "viewer", "approver", "admin")
 PREFIX = "pet_"
 # tenants name a directory of the workspace: a safe path segment, never `.`/`..`
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_SUBJECT = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
+# printable: no control characters, and no invisible format characters (bidi overrides and
+# isolates, zero-width ones; Unicode Cf) that would show a person another name than the real one
+_SUBJECT = re.compile(r"[^\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+                      r"\u2060-\u206f\ufeff\ufff9-\ufffb]{1,200}")
 _TOKEN = re.compile(r"pet_([0-9a-f]{16})\.([A-Za-z0-9_-]{43})")
 
 
@@ -111,7 +114,8 @@ class TokenStore:
         check_tenant(tenant)
         check_role(role)
         if not _SUBJECT.fullmatch(subject):
-            raise ValueError("subject must be 1-200 printable characters")
+            raise ValueError("subject must be 1-200 printable characters (no control or "
+                             "invisible format characters)")
         token_id = secrets.token_hex(8)
         secret = secrets.token_urlsafe(32)
         info = TokenInfo(token_id, tenant, subject, label, int(time.time() * 1000), None, role)

@@ -64,9 +64,11 @@ class Asked:
 
     def seen(self) -> ConsentSeen:
         """The refusal document's ``consent`` for this question."""
+        # silence and a missing service have no approver: nobody answered
+        answered = self.kind in ("approved", "refused")
         return ConsentSeen(asked=True, answer=self.kind,  # type: ignore[arg-type]
-                           by=f"{self.answer.mode}:{self.answer.approver}",
-                           at=self.answer.decided_at_ms)
+                           by=f"{self.answer.mode}:{self.answer.approver}" if answered else None,
+                           at=self.answer.decided_at_ms if answered else None)
 
     def evidence(self) -> dict[str, Any]:
         """The question and answer as evidence keeps them: the redacted op and the digest of

@@ -70,6 +70,15 @@ class LateAnswer(Exception):
     """The question is no longer pending (answered, or its call stopped waiting)."""
 
 
+class SelfApproval(Exception):
+    """The person answering is the subject whose call asks: consent needs someone else."""
+
+
+ANSWER_MARGIN_MS = 1000
+"""An answer is taken until this long before the call stops waiting, so one the queue took is
+never late for the call (the broker refuses a yes after the timeout; docs/console.md)."""
+
+
 class ApprovalQueue:
     """The queue in ``path``; one connection per call (SQLite serializes the writers)."""
 
@@ -101,18 +110,24 @@ class ApprovalQueue:
                  request.capability, request.reason,
                  json.dumps(request.to_json(), sort_keys=True, ensure_ascii=False,
                             default=str),
-                 now, now + int(timeout_s * 1000)))
+                 now, now + _taking_ms(timeout_s)))
         return request.request_id
 
     def answer(self, request_id: str, *, approved: bool, approver: str, note: str,
-               valid_for_ms: int, tenant: str | None) -> Approval:
-        """Record a person's answer; :class:`LateAnswer` unless the question still waits.
+               valid_for_ms: int, tenant: str | None,
+               approver_subject: str | None = None) -> Approval:
+        """Record a person's answer; :class:`LateAnswer` unless the question still waits,
+        :class:`SelfApproval` when ``approver_subject`` (in ``tenant``) is the asking subject.
 
         :param tenant: the approver's tenant (``None``: an admin, any tenant); a question of
             another tenant is as absent as an unknown one.
         """
         now = _now()
         valid = max(0, min(int(valid_for_ms), MAX_VALID_MS)) if approved else 0
+        asked = self.get(request_id, tenant)
+        if asked is not None and approver_subject is not None and \
+                asked.subject_id == approver_subject:
+            raise SelfApproval(request_id)
         with self._db() as db:
             cur = db.execute(
                 "UPDATE approvals SET status = ?, approver = ?, answer_note = ?, "
@@ -202,7 +217,7 @@ class ConsoleConfirmation:
         asked_at = _now()
         try:
             self.queue.ask(request, self.timeout_s)
-            row = self.queue.wait(request.request_id, asked_at + int(self.timeout_s * 1000))
+            row = self.queue.wait(request.request_id, asked_at + _taking_ms(self.timeout_s))
         except sqlite3.Error as exc:  # a broken queue is a no, never a crash or a yes
             return ConsentAnswer(False, "console", _now(), 0, self.mode,
                                  f"the approval queue failed ({type(exc).__name__})")
@@ -217,6 +232,12 @@ class ConsoleConfirmation:
         return ConsentAnswer(False, "console", _now(), 0, self.mode,
                              f"timed_out: nobody answered within {self.timeout_s:g} s",
                              timed_out=True)
+
+
+def _taking_ms(timeout_s: float) -> int:
+    """How long the queue takes answers: the timeout less the margin (at least half of it)."""
+    total = int(timeout_s * 1000)
+    return max(total // 2, total - ANSWER_MARGIN_MS)
 
 
 def approval_queue(state_dir: Path) -> ApprovalQueue:

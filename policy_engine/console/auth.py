@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
 import sqlite3
 import time
@@ -71,6 +72,23 @@ class Sessions:
         self.tokens = tokens
         with self._db() as db:
             db.executescript(_SCHEMA)
+        self._secret = _secret(path.with_name("console-secret.key"))
+
+    def pre_token(self) -> str:
+        """A sign-in form's CSRF token: random, and signed by this console, so a value planted
+        in the pre-session cookie by another site (cookies ignore ports) is refused."""
+        nonce = secrets.token_urlsafe(24)
+        return f"{nonce}.{self._sign(nonce)}"
+
+    def pre_ok(self, value: str | None) -> bool:
+        """Whether ``value`` is a sign-in token this console made."""
+        if not value or len(value) > 200 or "." not in value:
+            return False
+        nonce, _, mac = value.rpartition(".")
+        return hmac.compare_digest(mac.encode(), self._sign(nonce).encode())
+
+    def _sign(self, nonce: str) -> str:
+        return hmac.new(self._secret, nonce.encode(), hashlib.sha256).hexdigest()[:43]
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -122,6 +140,21 @@ class Sessions:
         if sid:
             with self._db() as db:
                 db.execute("DELETE FROM console_sessions WHERE id_hash = ?", (_hash(sid),))
+
+
+def _secret(path: Path) -> bytes:
+    """The console's signing secret (32 random bytes, 0600), shared by every worker."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        data = path.read_bytes()
+        if len(data) < 32:
+            raise ValueError(f"console secret `{path}` is shorter than 32 bytes: delete it and "
+                             "restart (sign-in forms then made are refused)") from None
+        return data[:32]
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(secrets.token_bytes(32))
+    return path.read_bytes()[:32]
 
 
 def csrf_ok(expected: str, given: str | None) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import calendar
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from policy_engine.console.index import FILTERS
@@ -55,11 +55,17 @@ class CallQuery:
         return urlencode(values)
 
 
-def call_query(params: Mapping[str, str]) -> CallQuery:
+def call_query(items: Iterable[tuple[str, str]] | Mapping[str, str]) -> CallQuery:
+    pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
     known = set(FILTERS) | {"since", "until", "cursor", "size", "rule"}
-    unknown = sorted(set(params) - known)
+    names = [name for name, _ in pairs]
+    unknown = sorted(set(names) - known)
     if unknown:
-        raise BadInput(unknown[0], "not a filter of this page")
+        raise BadInput("query", "a parameter this page does not take")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise BadInput(twice[0], "given more than once")
+    params = dict(pairs)
     filters: dict[str, str] = {}
     for name in FILTERS:
         value = params.get("rule" if name == "rule_id" else name, "").strip()

@@ -49,7 +49,8 @@ CREATE TABLE IF NOT EXISTS calls (
   status      TEXT NOT NULL DEFAULT '',
   consent     TEXT NOT NULL DEFAULT '',
   begin_at    TEXT,
-  end_at      TEXT
+  end_at      TEXT,
+  conflict    INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS calls_ts ON calls (ts DESC, envelope_id);
 CREATE INDEX IF NOT EXISTS calls_tenant ON calls (tenant, ts DESC, envelope_id);
@@ -60,7 +61,8 @@ CREATE INDEX IF NOT EXISTS calls_code ON calls (code, ts DESC, envelope_id);
 CREATE INDEX IF NOT EXISTS calls_rule ON calls (rule_id, ts DESC, envelope_id);
 CREATE INDEX IF NOT EXISTS calls_backend_latency ON calls (backend, latency_ms);
 CREATE TABLE IF NOT EXISTS cursors (source TEXT PRIMARY KEY, position INTEGER NOT NULL,
-                                    unreadable INTEGER NOT NULL DEFAULT 0);
+                                    unreadable INTEGER NOT NULL DEFAULT 0,
+                                    linked INTEGER NOT NULL DEFAULT 0);
 """
 FILTERS = ("tenant", "subject", "tool", "decision", "code", "rule_id")
 """Columns a page filters on by equality (each has its own index)."""
@@ -280,9 +282,10 @@ class EvidenceIndex:
             # this one leaves, so no record is counted twice
             db.execute("BEGIN IMMEDIATE")
             try:
-                row = db.execute("SELECT position FROM cursors WHERE source = ?",
+                row = db.execute("SELECT position, linked FROM cursors WHERE source = ?",
                                  (source.name,)).fetchone()
                 start = int(row[0]) if row else 0
+                linked = bool(row[1]) if row else False  # a linked record was read before
                 stored, position = source.read(start, batch)
                 unreadable = 0
                 for item in stored:
@@ -291,12 +294,18 @@ class EvidenceIndex:
                         unreadable += 1
                         continue
                     _ingest(db, rec, f"{item.source}@{item.position}")
+                    if isinstance(rec.get("chain"), dict):
+                        linked = True
+                    elif linked:  # the chain never loses its links: this record was put there
+                        db.execute("UPDATE calls SET conflict = 1 WHERE envelope_id = ?",
+                                   (rec["envelope_id"],))
                 if position != start:
-                    db.execute("INSERT INTO cursors (source, position, unreadable) "
-                               "VALUES (?, ?, ?) ON CONFLICT(source) DO UPDATE SET "
+                    db.execute("INSERT INTO cursors (source, position, unreadable, linked) "
+                               "VALUES (?, ?, ?, ?) ON CONFLICT(source) DO UPDATE SET "
                                "position = excluded.position, "
-                               "unreadable = unreadable + excluded.unreadable",
-                               (source.name, position, unreadable))
+                               "unreadable = unreadable + excluded.unreadable, "
+                               "linked = excluded.linked",
+                               (source.name, position, unreadable, int(linked)))
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -361,6 +370,8 @@ class EvidenceIndex:
         end, end_chain = self._reread(out.pop("end_at"))
         out["begin"], out["end"] = begin, end
         states = [s for s in (begin_chain, end_chain) if s is not None]
+        if out.pop("conflict"):  # another record claimed this envelope: one of them was put there
+            states.append("tampered")
         out["chain"] = ("tampered" if "tampered" in states
                         else "unchecked" if not states or "unchecked" in states else "intact")
         return out
@@ -446,13 +457,21 @@ def _where(filters: dict[str, str], since: int | None,
 
 def _chain_state(record: dict[str, Any], raw: bytes, nxt: bytes | None) -> str:
     """``intact`` when the next record links to this one's exact bytes, ``tampered`` when it
-    links to other bytes, ``unchecked`` when nothing follows yet or the log is unchained."""
-    if not isinstance(record.get("chain"), dict):
-        return "unchecked"
+    links to other bytes (or a record without a link stands among linked ones), ``unchecked``
+    when nothing follows yet or the log was written before chaining."""
     following = _record(nxt) if nxt is not None else None
     chain = following.get("chain") if following else None
+    if not isinstance(record.get("chain"), dict):
+        # a record of a log written before chaining is followed by the first linked record
+        # (seq 0, linking to it) or by another unlinked one; anything else was put there
+        if isinstance(chain, dict):
+            return ("unchecked" if chain.get("seq") == 0 and chain.get("prev") == line_hash(raw)
+                    else "tampered")
+        return "unchecked"
     if not isinstance(chain, dict):
-        return "unchecked"  # the tail: only a signed checkpoint covers it (evidence verify)
+        # the tail (only a signed checkpoint covers it: evidence verify), or an unlinked
+        # record written after a linked one: the chain never loses its links
+        return "tampered" if following is not None else "unchecked"
     return "intact" if chain.get("prev") == line_hash(raw) else "tampered"
 
 
@@ -469,9 +488,17 @@ def _ingest(db: sqlite3.Connection, rec: dict[str, Any], where: str) -> None:
         db.execute(
             "INSERT INTO calls (envelope_id, ts, tenant, subject, tool, capability, kind, "
             "consent, begin_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(envelope_id) DO "
-            "UPDATE SET ts = excluded.ts, tenant = excluded.tenant, subject = excluded.subject, "
-            "tool = excluded.tool, capability = excluded.capability, kind = excluded.kind, "
-            "consent = excluded.consent, begin_at = excluded.begin_at",
+            # a second begin for one envelope never replaces the first: the call is flagged
+            "UPDATE SET conflict = CASE WHEN calls.begin_at IS NULL THEN calls.conflict ELSE 1 "
+            "END, ts = CASE WHEN calls.begin_at IS NULL THEN excluded.ts ELSE calls.ts END, "
+            "tenant = CASE WHEN calls.begin_at IS NULL THEN excluded.tenant ELSE calls.tenant "
+            "END, subject = CASE WHEN calls.begin_at IS NULL THEN excluded.subject ELSE "
+            "calls.subject END, tool = CASE WHEN calls.begin_at IS NULL THEN excluded.tool ELSE "
+            "calls.tool END, capability = CASE WHEN calls.begin_at IS NULL THEN "
+            "excluded.capability ELSE calls.capability END, kind = CASE WHEN calls.begin_at IS "
+            "NULL THEN excluded.kind ELSE calls.kind END, consent = CASE WHEN calls.begin_at IS "
+            "NULL THEN excluded.consent ELSE calls.consent END, begin_at = coalesce("
+            "calls.begin_at, excluded.begin_at)",
             (env, _int(rec.get("produced_at_ms")), _text(rec.get("tenant")),
              _text(rec.get("subject_id")), _text(rec.get("tool_name")), cap[:500],
              cap.split(":", 1)[0][:40], consent_text, where))
@@ -482,9 +509,16 @@ def _ingest(db: sqlite3.Connection, rec: dict[str, Any], where: str) -> None:
         db.execute(
             "INSERT INTO calls (envelope_id, ts, decision, code, rule_id, backend, latency_ms, "
             "status, end_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(envelope_id) DO "
-            "UPDATE SET decision = excluded.decision, code = excluded.code, "
-            "rule_id = excluded.rule_id, backend = excluded.backend, "
-            "latency_ms = excluded.latency_ms, status = excluded.status, end_at = excluded.end_at",
+            # a second end never replaces the first either
+            "UPDATE SET conflict = CASE WHEN calls.end_at IS NULL THEN calls.conflict ELSE 1 "
+            "END, decision = CASE WHEN calls.end_at IS NULL THEN excluded.decision ELSE "
+            "calls.decision END, code = CASE WHEN calls.end_at IS NULL THEN excluded.code ELSE "
+            "calls.code END, rule_id = CASE WHEN calls.end_at IS NULL THEN excluded.rule_id "
+            "ELSE calls.rule_id END, backend = CASE WHEN calls.end_at IS NULL THEN "
+            "excluded.backend ELSE calls.backend END, latency_ms = CASE WHEN calls.end_at IS "
+            "NULL THEN excluded.latency_ms ELSE calls.latency_ms END, status = CASE WHEN "
+            "calls.end_at IS NULL THEN excluded.status ELSE calls.status END, end_at = "
+            "coalesce(calls.end_at, excluded.end_at)",
             (env, _int(rec.get("finished_at_ms")),
              _text(rec.get("decision")) or ("deny" if rec.get("status") == "denied" else "allow"),
              _text(rec.get("error_code")), _text(rule.get("id")),

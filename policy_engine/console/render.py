@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import unicodedata
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -24,7 +25,8 @@ def _environment() -> Any:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
     env = Environment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined,
-                      autoescape=select_autoescape(default=True, default_for_string=True))
+                      autoescape=select_autoescape(default=True, default_for_string=True),
+                      finalize=reveal)
     env.filters["when"] = when
     env.filters["dtlocal"] = lambda ms: (time.strftime("%Y-%m-%dT%H:%M", time.gmtime(ms / 1000))
                                          if isinstance(ms, int) else "")
@@ -38,6 +40,23 @@ def page(name: str, request: Request, who: Viewer | None, **values: Any) -> str:
     base = str(request.scope.get("root_path", "")).rstrip("/")
     return str(_environment().get_template(name).render(request_path=request.url.path,
                                                        base=base, who=who, **values))
+
+
+def reveal(value: Any) -> Any:
+    """``value`` with every invisible format character (bidi overrides and isolates, zero-width
+    characters, Unicode category Cf) and control character shown as ``\\uXXXX``: a person
+    sees what an agent sent, in the order it was sent (Trojan Source, CVE-2021-42574).
+    Applied to every value a template prints, before HTML escaping."""
+    if not isinstance(value, str) or value.isascii() and value.isprintable():
+        return value
+    shown = "".join(c if c in "\n\t" or (unicodedata.category(c) not in ("Cf", "Cc", "Co", "Cs")
+                                            and c not in "\u2028\u2029")
+                    else f"\\u{ord(c):04x}" for c in value)
+    if hasattr(value, "__html__"):  # markup already escaped (the SVG charts): stays markup
+        from markupsafe import Markup
+
+        return Markup(shown)  # noqa: S704 - the input was markup; only characters were named
+    return shown
 
 
 def when(ms: Any) -> str:

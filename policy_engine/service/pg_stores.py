@@ -161,7 +161,8 @@ class PgTokenStore(TokenStore):
         check_tenant(tenant)
         check_role(role)
         if not _SUBJECT.fullmatch(subject):
-            raise ValueError("subject must be 1-200 printable characters")
+            raise ValueError("subject must be 1-200 printable characters (no control or "
+                             "invisible format characters)")
         token_id, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
         info = TokenInfo(token_id, tenant, subject, label, int(time.time() * 1000), None, role)
         with self.db.cursor() as cur:

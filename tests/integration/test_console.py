@@ -155,7 +155,14 @@ def test_every_page_has_a_strict_csp_and_safe_cookies(world: dict[str, Any]) -> 
         # a form posted without the session's CSRF token is refused
         no_csrf = c.post("/console/logout", data={})
         assert no_csrf.status_code == 403
-        assert no_csrf.json()["code"] == "AUTH.CSRF"
+        assert no_csrf.json()["code"] == "SANDBOX.PERMISSION_DENY"
+        assert no_csrf.json()["location"] == "csrf"
+    # a pre-session token the console never made is refused at sign-in (login CSRF: another
+    # site on this host could plant its own, cookies ignore ports)
+    with httpx.Client(base_url=svc.url, cookies={"pe_console_pre": "Z" * 43}) as c:
+        planted = c.post("/console/login", data={"csrf": "Z" * 43,
+                                                 "token": world["tokens"]["viewer"]})
+        assert planted.status_code == 403
 
 
 def test_one_tenant_cannot_reach_another(world: dict[str, Any]) -> None:
@@ -164,11 +171,13 @@ def test_one_tenant_cannot_reach_another(world: dict[str, Any]) -> None:
     answer = page.goto(f"{svc.url}/console/calls/{env['other_tenant']}")
     assert answer is not None
     assert answer.status == 404
-    assert "RESOURCE.NOT_FOUND" in page.inner_text("main")
-    answer = page.goto(f"{svc.url}/console/calls?tenant=globex")
-    assert answer is not None
-    assert answer.status == 422
-    assert "globex" not in page.inner_text("main").replace("tenant: you may only", "")
+    assert "SERVICE.NOT_FOUND" in page.inner_text("main")
+    # naming another tenant is refused on every page, however it is spelt
+    for url in ("calls?tenant=globex", "charts?tenant=globex",
+                "calls?tenant=acme&tenant=globex"):
+        answer = page.goto(f"{svc.url}/console/{url}")
+        assert answer is not None
+        assert answer.status == 422, url
     # an admin sees every tenant
     admin = _signed_in(world["browser"], svc, world["tokens"]["admin"])
     answer = admin.goto(f"{svc.url}/console/calls/{env['other_tenant']}")
@@ -206,11 +215,11 @@ def test_bad_input_is_a_422_in_the_refusal_shape(world: dict[str, Any]) -> None:
 
 
 def _consent_call(svc: Service, token: str, root: Path, out: list[httpx.Response],
-                  name: str = "hello.txt") -> None:
+                  name: str = "hello.txt", subject: str = "agent:alice") -> None:
     with svc.client(token) as c:
         out.append(c.post("/v1/ops", json={
             "op": {"kind": "fs.read", "path": f"{root}/data/{name}"},
-            "grant": {**grant("acme", "agent:alice", root), "tool_name": "reader-high"},
+            "grant": {**grant("acme", subject, root), "tool_name": "reader-high"},
             "manifest": "reader-high"}))
 
 
@@ -284,7 +293,8 @@ def test_a_viewer_may_look_but_not_answer(world: dict[str, Any]) -> None:
         got = c.post("/console/approvals/0123456789abcdef0123456789abcdef",
                      data={"csrf": csrf or "", "action": "approve", "reason": "x"})
     assert got.status_code == 403
-    assert got.json()["code"] == "AUTH.FORBIDDEN"
+    assert got.json()["code"] == "SANDBOX.PERMISSION_DENY"
+    assert "`approver` role" in got.json()["message"]
 
 
 def test_an_admin_compares_a_candidate_policy(world: dict[str, Any]) -> None:
@@ -337,3 +347,60 @@ def test_markup_in_a_consent_request_and_an_answer_is_shown_as_text(
         assert page.evaluate("window.__pwned") is None
         assert page.locator("#pwned").count() == 0
         assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in page.content()
+
+
+def test_an_approver_cannot_approve_their_own_call(world: dict[str, Any]) -> None:
+    svc, root = world["svc"], world["root"]
+    page = _signed_in(world["browser"], svc, world["tokens"]["approver"])
+    got: list[httpx.Response] = []
+    # the approver's token calls the API as its own subject, and the call needs consent
+    waiting = threading.Thread(target=_consent_call, args=(
+        svc, world["tokens"]["approver"], root, got, "hello.txt", "alex@acme.example"))
+    waiting.start()
+    page.goto(f"{svc.url}/console/approvals")
+    link = page.locator("tr.s-pending a").first
+    link.wait_for(timeout=30_000)
+    link.click()
+    rid = page.url.rsplit("/", 1)[1]
+    page.get_by_label("Reason (kept in the evidence)").fill("looks fine to me")
+    page.get_by_role("button", name="Approve").click()
+    assert "another approver must answer" in page.inner_text("main")
+    # a second person answers it
+    admin = _signed_in(world["browser"], svc, world["tokens"]["admin"])
+    admin.goto(f"{svc.url}/console/approvals/{rid}")
+    admin.get_by_label("Reason (kept in the evidence)").fill("no self-service approvals")
+    admin.get_by_role("button", name="Deny").click()
+    waiting.join(timeout=30)
+    assert got, "the consent-needing call never answered"
+    assert got[0].status_code == 403
+    assert got[0].json()["refusal"]["consent"]["by"].startswith("console:root@ops.example")
+
+
+def test_invisible_characters_are_shown_not_obeyed(world: dict[str, Any]) -> None:
+    svc, root = world["svc"], world["root"]
+    page = _signed_in(world["browser"], svc, world["tokens"]["approver"])
+    got: list[httpx.Response] = []
+    trojan = "report\u202e\u2066txt.exe\u2069\u202c.md"  # reads as report.md reversed
+    waiting = threading.Thread(target=_consent_call, args=(svc, world["tokens"]["agent"], root,
+                                                           got, trojan))
+    waiting.start()
+    _answer_next(page, svc, "Deny", "bidi characters in the path")
+    waiting.join(timeout=30)
+    assert got, "the consent-needing call never answered"
+    text = page.inner_text("main")
+    assert "\u202e" not in text  # never the character itself
+    assert "report\\u202e\\u2066txt.exe" in text  # its name, where it was
+
+
+def test_a_candidate_that_imports_a_file_is_refused(world: dict[str, Any]) -> None:
+    svc, root = world["svc"], world["root"]
+    secret = root / "private.sbpolicy"
+    secret.write_text("SECRET-CANDIDATE-MARKER\n")
+    page = _signed_in(world["browser"], svc, world["tokens"]["admin"])
+    page.goto(f"{svc.url}/console/policy")
+    page.get_by_label("Candidate policy (.sbpolicy text)").fill(
+        f'policy "x" version "1.0.0"\nimport "{secret}"\n')
+    page.get_by_role("button", name="Compare").click()
+    problems = page.inner_text("div.error")
+    assert "imports are not followed" in problems
+    assert "SECRET-CANDIDATE-MARKER" not in page.content()

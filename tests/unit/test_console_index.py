@@ -209,3 +209,63 @@ def test_query_fields_are_validated() -> None:
                 {"tenant": "a\x00b"}, {"since": "2026-02-30"}, {"until": "yesterday"}):
         with pytest.raises(BadInput):
             call_query(bad)
+
+
+def test_a_record_without_a_link_among_linked_ones_is_tampered(tmp_path: Path) -> None:
+    log = tmp_path / "evidence.jsonl"
+    lines = _write_chained(log, _records(2))
+    forged = {"type": "begin", "envelope_id": "forged", "tenant": "acme",
+              "subject_id": "agent:nochain", "produced_at_ms": 5}
+    # appended without a chain link, then a real record chained after it
+    raw = json.dumps(forged).encode()
+    seq, prev = next_link(raw)
+    after = chained(json.dumps({**_records(3)[4], "envelope_id": "later"}).encode(), seq, prev)
+    log.write_bytes(b"".join(x + b"\n" for x in [*lines, raw, after]))
+    index = EvidenceIndex(tmp_path / "index.sqlite", [JsonlSource(log)])
+    index.sync()
+    assert index.call("forged", None)["chain"] == "tampered"
+    # and a log written before chaining, followed by the first linked record, is unchecked
+    old = tmp_path / "old.jsonl"
+    first = json.dumps(_records(1)[0]).encode()
+    seq, prev = next_link(first)
+    old.write_bytes(first + b"\n" + chained(json.dumps(_records(1)[1]).encode(), seq, prev)
+                    + b"\n")
+    assert next_link(first)[0] == 0
+    index = EvidenceIndex(tmp_path / "old-index.sqlite", [JsonlSource(old)])
+    index.sync()
+    assert index.call("e00000", None)["begin"]["tenant"] == "acme"
+
+
+def test_a_second_record_for_one_envelope_never_replaces_the_first(tmp_path: Path) -> None:
+    log = tmp_path / "evidence.jsonl"
+    records = _records(2)
+    impostor = {**records[0], "tenant": "globex", "subject_id": "agent:fake"}
+    _write_chained(log, [*records, impostor])
+    index = EvidenceIndex(tmp_path / "index.sqlite", [JsonlSource(log)])
+    index.sync()
+    call = index.call("e00000", None)
+    assert call["tenant"] == "acme"  # the first record's call, not the impostor's
+    assert call["chain"] == "tampered"
+    assert index.call("e00000", "globex") is None
+
+
+def test_the_queue_stops_taking_answers_before_the_call_stops_waiting(tmp_path: Path) -> None:
+    """An answer the queue takes is never late for the call (outsider round 13, M1: a yes in
+    the last moment was recorded as approved while the call was refused as late)."""
+    queue = ApprovalQueue(tmp_path / "approvals.sqlite")
+    service = ConsoleConfirmation(queue, timeout_s=2.0)  # answers taken for 1 s of the 2
+    got = []
+    thread = threading.Thread(target=lambda: got.append(service.confirm(_question("q3"))))
+    thread.start()
+    while queue.pending_count("acme") == 0:
+        time.sleep(0.02)
+    time.sleep(1.2)
+    with pytest.raises(LateAnswer):
+        queue.answer("q3", approved=True, approver="alex", note="just in time?",
+                     valid_for_ms=60_000, tenant="acme")
+    thread.join(5)
+    assert not got[0].approved
+    assert got[0].timed_out
+    row = queue.get("q3", None)
+    assert row is not None
+    assert row.status == "timed_out"

@@ -1,0 +1,161 @@
+"""The session runtime on real bubblewrap: lifecycle, one workspace per session, cancel on
+delete and on TTL expiry (no process left behind), the per-tenant cap, owners only."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from policy_engine.compiler import compile_files
+from policy_engine.config import EngineConfig
+from policy_engine.gateway.call import Gateway
+from policy_engine.gateway.session_runtime import SessionLimits, Sessions
+from policy_engine.refusal import PolicyRefusal
+from policy_engine.runcode.manager import OrchestratorPool
+
+pytestmark = pytest.mark.integration
+
+POLICY = """policy "sessions/test" version "1.0.0"
+permit "py" proc.exec  tool "python3"
+permit "sh" proc.exec  tool "bash"
+permit "session-files" fs.read, fs.write  paths ["{ws}/**"]
+require consent when `profile.safety == "High"`
+"""
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> Iterator[Sessions]:
+    ws = tmp_path / "ws"
+    policy = tmp_path / "s.sbpolicy"
+    policy.write_text(POLICY.format(ws=ws))
+    config = EngineConfig(state_dir=tmp_path / "state")
+    pool = OrchestratorPool(compile_files([policy]), config)
+    made = Sessions(pool, Gateway(pool.get("proc-bwrap")), config=config, workspace_root=ws,
+                    limits=SessionLimits(max_live_per_tenant=3), reap_interval_s=0.2)
+    yield made
+    made.close()
+    pool.close()
+
+
+def _not_found(call: object) -> None:
+    with pytest.raises(PolicyRefusal) as err:
+        call()  # type: ignore[operator]
+    assert err.value.refusal.code == "SERVICE.NOT_FOUND"
+    assert err.value.refusal.http_status == 404
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_lifecycle_and_owner_only(sessions: Sessions) -> None:
+    s = sessions.create("acme", "alice", ttl_s=60, security_mode="permissive")
+    assert s.backend == "proc-bwrap" and s.live
+    assert [x.session_id for x in sessions.list("acme", "alice")] == [s.session_id]
+    assert sessions.list("acme", "bob") == [] and sessions.list("other", "alice") == []
+    _not_found(lambda: sessions.get("acme", "bob", s.session_id))
+    _not_found(lambda: sessions.get("other", "alice", s.session_id))
+    _not_found(lambda: sessions.run_code("acme", "bob", s.session_id, "print(1)"))
+    longer = sessions.extend("acme", "alice", s.session_id, ttl_s=3600)
+    assert longer.expires_ms > s.expires_ms
+    ended = sessions.delete("acme", "alice", s.session_id)
+    assert ended["reason"] == "deleted" and ended["workspace_removed"] is True
+    _not_found(lambda: sessions.get("acme", "alice", s.session_id))
+    _not_found(lambda: sessions.delete("acme", "alice", s.session_id))
+    kinds = [e["event"] for e in sessions.events("acme", "alice", s.session_id)]
+    assert kinds == ["created", "extended", "ended"]
+    with pytest.raises(PolicyRefusal) as err:
+        sessions.create("acme", "alice", ttl_s=0)
+    assert err.value.refusal.code == "SCHEMA.VALIDATION_FAILED"
+
+
+def test_a_file_outlives_the_call_whatever_its_risk_and_stays_in_its_session(
+        sessions: Sessions) -> None:
+    a = sessions.create("acme", "alice", security_mode="permissive")
+    b = sessions.create("acme", "alice", security_mode="permissive")
+    other = sessions.create("globex", "alice", security_mode="permissive")
+    wrote = sessions.run_code("acme", "alice", a.session_id,
+                              "open('note.txt', 'w').write('from a')")
+    assert wrote.success, wrote
+    read = sessions.run_code("acme", "alice", a.session_id, "cat note.txt", "shell")
+    assert read.success and read.stdout == "from a", read
+    assert read.risk.level != wrote.risk.level or read.risk.patterns != wrote.risk.patterns
+    where = sessions.workspace(a) / "note.txt"
+    assert where.read_text() == "from a"
+    for who, sid in (("acme", b.session_id), ("globex", other.session_id)):
+        relative = sessions.run_code(who, "alice", sid, "cat note.txt", "shell")
+        assert not relative.success and "from a" not in relative.stdout
+        absolute = sessions.run_code(who, "alice", sid, f"cat {where}", "shell")
+        assert "from a" not in absolute.stdout, absolute
+
+
+def test_delete_cancels_the_running_call_and_leaves_no_process(sessions: Sessions) -> None:
+    s = sessions.create("acme", "alice", security_mode="permissive")
+    marker = f"sleeper-{s.session_id}"
+    box: dict[str, object] = {}
+    runner = threading.Thread(target=lambda: box.update(r=sessions.run_code(
+        "acme", "alice", s.session_id, f"import time  # {marker}\ntime.sleep(30)",
+        timeout=60)))
+    runner.start()
+    deadline = time.monotonic() + 10
+    while not _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_with(marker), "the call never started"
+    started = time.monotonic()
+    ended = sessions.delete("acme", "alice", s.session_id)
+    runner.join(timeout=15)
+    assert time.monotonic() - started < 10
+    assert ended["calls_cancelled"] == 1 and ended["calls_drained"] is True
+    result = box["r"]
+    assert not result.success and result.error_code == "TOOL.EXECUTION_FAILED"  # type: ignore[attr-defined]
+    assert _processes_with(marker) == []
+    state = sessions.config.state_dir
+    lines = [json.loads(x) for p in state.rglob("*.jsonl") for x in p.read_text().splitlines()
+             if result.exec_id in x]  # type: ignore[attr-defined]
+    assert any("cancel" in json.dumps(x) for x in lines if x.get("type") == "end"), lines
+
+
+def test_ttl_expiry_ends_the_session_and_its_process(sessions: Sessions) -> None:
+    s = sessions.create("acme", "alice", ttl_s=2, security_mode="permissive")
+    marker = f"expiring-{s.session_id}"
+    box: dict[str, object] = {}
+    runner = threading.Thread(target=lambda: box.update(r=sessions.run_code(
+        "acme", "alice", s.session_id, f"import time  # {marker}\ntime.sleep(30)",
+        timeout=60)))
+    runner.start()
+    runner.join(timeout=15)
+    assert not runner.is_alive()
+    assert not box["r"].success  # type: ignore[attr-defined]
+    assert _processes_with(marker) == []
+    _not_found(lambda: sessions.get("acme", "alice", s.session_id))
+    ended = sessions.events("acme", "alice", s.session_id)[-1]
+    assert ended["event"] == "ended" and ended["detail"]["reason"] == "expired"
+    assert ended["detail"]["calls_cancelled"] == 1
+    assert not sessions.workspace(s).exists()
+
+
+def test_the_tenant_cap_and_the_fixed_backend(sessions: Sessions) -> None:
+    made = [sessions.create("acme", f"u{i}") for i in range(3)]
+    with pytest.raises(PolicyRefusal) as err:
+        sessions.create("acme", "u9")
+    assert err.value.refusal.http_status == 429 and err.value.refusal.refused_by == "limits"
+    sessions.create("globex", "u0")  # another tenant's cap
+    sessions.delete("acme", "u0", made[0].session_id)
+    strict = sessions.create("acme", "u9", backend="proc-bwrap")
+    with pytest.raises(PolicyRefusal) as blocked:  # strict: `import os` needs a container
+        sessions.run_code("acme", "u9", strict.session_id, "import os\nprint(os.getpid())")
+    assert blocked.value.refusal.code == "SANDBOX.CAPABILITY_BLOCKED"
+    assert blocked.value.refusal.refused_by == "backend"

@@ -3,6 +3,7 @@ and each session's run_code calls, every one through the gateway (docs/sessions.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import logging
 import secrets
@@ -149,7 +150,7 @@ class Sessions:
                                              location="session_id"))
         return info
 
-    def list(self, tenant: str, subject: str) -> list[SessionInfo]:
+    def list(self, tenant: str, subject: str) -> builtins.list[SessionInfo]:
         now = _now_ms()
         return [s for s in self.store.list(tenant, subject) if s.expires_ms > now]
 
@@ -193,7 +194,7 @@ class Sessions:
         log.info("session %s ended: %s", info.session_id, detail)
         return {"session_id": info.session_id, **detail}
 
-    def events(self, tenant: str, subject: str, session_id: str) -> list[dict[str, Any]]:
+    def events(self, tenant: str, subject: str, session_id: str) -> builtins.list[dict[str, Any]]:
         """The session's lifecycle record (created, extended, ended with what was released);
         readable after the end too, by its owner only."""
         info = self.store.get(tenant, subject, session_id)

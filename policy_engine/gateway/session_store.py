@@ -1,7 +1,8 @@
-"""The live sessions of the session runtime, and their lifecycle events (SQLite in the state dir)."""
+"""The session runtime's sessions and their lifecycle events (SQLite in the state dir)."""
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import sqlite3
@@ -107,7 +108,8 @@ class SessionStore:
                 (session_id, tenant, subject)).fetchone()
         return SessionInfo(*row) if row else None
 
-    def list(self, tenant: str, subject: str, *, live_only: bool = True) -> list[SessionInfo]:
+    def list(self, tenant: str, subject: str, *, live_only: bool = True
+             ) -> builtins.list[SessionInfo]:
         where = " AND ended_ms IS NULL" if live_only else ""
         with self._lock:
             rows = self._db.execute(
@@ -115,7 +117,7 @@ class SessionStore:
                 f"{where} ORDER BY created_ms DESC LIMIT 500", (tenant, subject)).fetchall()
         return [SessionInfo(*r) for r in rows]
 
-    def due(self, now_ms: int) -> list[SessionInfo]:
+    def due(self, now_ms: int) -> builtins.list[SessionInfo]:
         """Live sessions whose TTL has passed (the reaper ends them)."""
         with self._lock:
             rows = self._db.execute(
@@ -143,7 +145,7 @@ class SessionStore:
                              (info.session_id, info.tenant, at_ms, event,
                               json.dumps(detail, sort_keys=True)))
 
-    def events(self, session_id: str) -> list[dict[str, Any]]:
+    def events(self, session_id: str) -> builtins.list[dict[str, Any]]:
         with self._lock:
             rows = self._db.execute("SELECT at_ms, event, detail FROM session_events WHERE "
                                     "session_id = ? ORDER BY seq", (session_id,)).fetchall()

@@ -23,6 +23,7 @@ from policy_engine.confirm.broker import ConsentBroker
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.explain import ExplainRequest
 from policy_engine.gateway.call import Call, Gateway
+from policy_engine.gateway.session_runtime import Sessions
 from policy_engine.gateway.sessions import SandboxManager
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.model import Manifest
@@ -63,6 +64,7 @@ from policy_engine.service.models import (
     RunCodeResponse,
 )
 from policy_engine.service.pg_stores import open_exec_store, open_token_store, service_dsn
+from policy_engine.service.session_routes import register as register_session_routes
 from policy_engine.service.skill_routes import register as register_skill_routes
 from policy_engine.service.workspace import open_artifact
 from policy_engine.skills.invoke import SkillInvoker
@@ -91,6 +93,7 @@ class Engine:
     pool: OrchestratorPool
     skills: SkillInvoker | None = None
     reloader: PolicyReloader | None = None
+    sessions: Sessions | None = None
 
     def swap(self, policyset: PolicySet) -> None:
         """Hot reload: the reloader swaps ``orch`` first (its profile builder and guard are
@@ -101,6 +104,8 @@ class Engine:
     def close(self) -> None:
         if self.reloader is not None:
             self.reloader.stop()
+        if self.sessions is not None:
+            self.sessions.close()
         self.pool.close()
         self.execs.close()
         self.tokens.close()
@@ -118,7 +123,9 @@ def open_engine(config: ServiceConfig) -> Engine:
     skills = SkillInvoker(config.skills, config.policyset, config.engine, fs_root=fs_root,
                           orchestrator=orch, pool=pool) if config.skills else None
     eng = Engine(config, orch, tokens, execs, ExecRunner(config, gateway, execs), gateway,
-                 pool, skills)
+                 pool, skills, sessions=Sessions(pool, gateway, config=config.engine,
+                                                 workspace_root=config.workspace_root,
+                                                 default_mode=config.security_mode))
     if config.reload_interval_s > 0 and config.policy_files:
         eng.reloader = PolicyReloader(orch, config.policy_files, on_swap=(eng.swap,))
         eng.reloader.start(config.reload_interval_s)
@@ -381,6 +388,12 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
 
     register_skill_routes(app, Who, Annotated[SkillInvoker | None, Depends(skill_invoker)],
                           Annotated[Gateway, Depends(gateway)])
+
+    async def sessions(eng: Eng) -> Sessions:
+        assert eng.sessions is not None
+        return eng.sessions
+
+    register_session_routes(app, Who, Annotated[Sessions, Depends(sessions)])
 
     @app.get("/sandbox/health", tags=["sandbox"], response_model=Health)
     def health(eng: Eng) -> Health:

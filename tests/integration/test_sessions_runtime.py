@@ -63,16 +63,19 @@ def _processes_with(marker: str) -> list[int]:
 
 def test_lifecycle_and_owner_only(sessions: Sessions) -> None:
     s = sessions.create("acme", "alice", ttl_s=60, security_mode="permissive")
-    assert s.backend == "proc-bwrap" and s.live
+    assert s.backend == "proc-bwrap"
+    assert s.live
     assert [x.session_id for x in sessions.list("acme", "alice")] == [s.session_id]
-    assert sessions.list("acme", "bob") == [] and sessions.list("other", "alice") == []
+    assert sessions.list("acme", "bob") == []
+    assert sessions.list("other", "alice") == []
     _not_found(lambda: sessions.get("acme", "bob", s.session_id))
     _not_found(lambda: sessions.get("other", "alice", s.session_id))
     _not_found(lambda: sessions.run_code("acme", "bob", s.session_id, "print(1)"))
     longer = sessions.extend("acme", "alice", s.session_id, ttl_s=3600)
     assert longer.expires_ms > s.expires_ms
     ended = sessions.delete("acme", "alice", s.session_id)
-    assert ended["reason"] == "deleted" and ended["workspace_removed"] is True
+    assert ended["reason"] == "deleted"
+    assert ended["workspace_removed"] is True
     _not_found(lambda: sessions.get("acme", "alice", s.session_id))
     _not_found(lambda: sessions.delete("acme", "alice", s.session_id))
     kinds = [e["event"] for e in sessions.events("acme", "alice", s.session_id)]
@@ -91,13 +94,15 @@ def test_a_file_outlives_the_call_whatever_its_risk_and_stays_in_its_session(
                               "open('note.txt', 'w').write('from a')")
     assert wrote.success, wrote
     read = sessions.run_code("acme", "alice", a.session_id, "cat note.txt", "shell")
-    assert read.success and read.stdout == "from a", read
+    assert read.success, read
+    assert read.stdout == "from a"
     assert read.risk.level != wrote.risk.level or read.risk.patterns != wrote.risk.patterns
     where = sessions.workspace(a) / "note.txt"
     assert where.read_text() == "from a"
     for who, sid in (("acme", b.session_id), ("globex", other.session_id)):
         relative = sessions.run_code(who, "alice", sid, "cat note.txt", "shell")
-        assert not relative.success and "from a" not in relative.stdout
+        assert not relative.success
+        assert "from a" not in relative.stdout
         absolute = sessions.run_code(who, "alice", sid, f"cat {where}", "shell")
         assert "from a" not in absolute.stdout, absolute
 
@@ -118,9 +123,11 @@ def test_delete_cancels_the_running_call_and_leaves_no_process(sessions: Session
     ended = sessions.delete("acme", "alice", s.session_id)
     runner.join(timeout=15)
     assert time.monotonic() - started < 10
-    assert ended["calls_cancelled"] == 1 and ended["calls_drained"] is True
+    assert ended["calls_cancelled"] == 1
+    assert ended["calls_drained"] is True
     result = box["r"]
-    assert not result.success and result.error_code == "TOOL.EXECUTION_FAILED"  # type: ignore[attr-defined]
+    assert not result.success
+    assert result.error_code == "TOOL.EXECUTION_FAILED"
     assert _processes_with(marker) == []
     state = sessions.config.state_dir
     lines = [json.loads(x) for p in state.rglob("*.jsonl") for x in p.read_text().splitlines()
@@ -142,7 +149,8 @@ def test_ttl_expiry_ends_the_session_and_its_process(sessions: Sessions) -> None
     assert _processes_with(marker) == []
     _not_found(lambda: sessions.get("acme", "alice", s.session_id))
     ended = sessions.events("acme", "alice", s.session_id)[-1]
-    assert ended["event"] == "ended" and ended["detail"]["reason"] == "expired"
+    assert ended["event"] == "ended"
+    assert ended["detail"]["reason"] == "expired"
     assert ended["detail"]["calls_cancelled"] == 1
     assert not sessions.workspace(s).exists()
 
@@ -151,7 +159,8 @@ def test_the_tenant_cap_and_the_fixed_backend(sessions: Sessions) -> None:
     made = [sessions.create("acme", f"u{i}") for i in range(3)]
     with pytest.raises(PolicyRefusal) as err:
         sessions.create("acme", "u9")
-    assert err.value.refusal.http_status == 429 and err.value.refusal.refused_by == "limits"
+    assert err.value.refusal.http_status == 429
+    assert err.value.refusal.refused_by == "limits"
     sessions.create("globex", "u0")  # another tenant's cap
     sessions.delete("acme", "u0", made[0].session_id)
     strict = sessions.create("acme", "u9", backend="proc-bwrap")

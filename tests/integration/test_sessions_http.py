@@ -1,0 +1,101 @@
+"""`/v1/sessions` on the real server (a subprocess on a loopback port, real bubblewrap):
+lifecycle, owner-only 404s in the one refusal shape, files kept between calls, delete ending
+a running call."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.integration.service_server import Service, add_token, serving
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    with serving(tmp_path_factory.mktemp("sessions"), "--security-mode",
+                 "permissive") as service:
+        yield service
+
+
+def _refused(resp: httpx.Response, status: int, code: str) -> dict[str, object]:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert body["error"]["code"] == code
+    refusal: dict[str, object] = body["refusal"]
+    assert refusal["code"] == code
+    assert refusal["http_status"] == status
+    assert set(refusal) >= {"refused_by", "rule", "consent", "envelope_id", "location"}
+    return refusal
+
+
+def test_session_lifecycle_over_http(svc: Service) -> None:
+    alice = add_token(svc.state, "acme", "agent:alice")
+    bob = add_token(svc.state, "acme", "agent:bob")
+    eve = add_token(svc.state, "evil", "agent:alice")
+    with svc.client(alice) as c, svc.client(bob) as b, svc.client(eve) as e:
+        made = c.post("/v1/sessions", json={"ttl_s": 120, "backend": "proc-bwrap"})
+        assert made.status_code == 201, made.text
+        s = made.json()
+        sid = s["session_id"]
+        assert (s["tenant"], s["subject"], s["status"]) == ("acme", "agent:alice", "live")
+        assert [x["session_id"] for x in c.get("/v1/sessions").json()["sessions"]] == [sid]
+        assert b.get("/v1/sessions").json()["sessions"] == []
+        for other in (b, e):
+            for method, path in (("GET", ""), ("DELETE", ""), ("POST", "/extend"),
+                                 ("POST", "/run_code"), ("GET", "/events")):
+                body = {"code": "print(1)"} if path == "/run_code" else {}
+                resp = other.request(method, f"/v1/sessions/{sid}{path}",
+                                     json=body if method == "POST" else None)
+                _refused(resp, 404, "SERVICE.NOT_FOUND")
+        wrote = c.post(f"/v1/sessions/{sid}/run_code",
+                       json={"code": "open('n.txt','w').write('kept')"}).json()
+        assert wrote["success"], wrote
+        read = c.post(f"/v1/sessions/{sid}/run_code",
+                      json={"code": "cat n.txt", "language": "shell"}).json()
+        assert read["success"], read
+        assert read["stdout"] == "kept"
+        longer = c.post(f"/v1/sessions/{sid}/extend", json={"ttl_s": 600}).json()
+        assert longer["expires_ms"] > s["expires_ms"]
+        ended = c.delete(f"/v1/sessions/{sid}")
+        assert ended.status_code == 200
+        assert ended.json()["workspace_removed"] is True
+        _refused(c.get(f"/v1/sessions/{sid}"), 404, "SERVICE.NOT_FOUND")
+        events = c.get(f"/v1/sessions/{sid}/events").json()["events"]
+        assert [x["event"] for x in events] == ["created", "extended", "ended"]
+        bad = _refused(c.post("/v1/sessions", json={"ttl_s": 0}), 422,
+                       "SCHEMA.VALIDATION_FAILED")
+        assert bad["refused_by"] == "service"
+        _refused(c.get("/v1/sessions/not-a-session"), 400, "SERVICE.BAD_REQUEST")
+
+
+def test_delete_over_http_ends_a_running_call(svc: Service) -> None:
+    token = add_token(svc.state, "acme", "agent:carol")
+    with svc.client(token) as c:
+        sid = c.post("/v1/sessions", json={"backend": "proc-bwrap"}).json()["session_id"]
+        box: dict[str, httpx.Response] = {}
+
+        def call() -> None:
+            with svc.client(token) as runner:
+                box["r"] = runner.post(f"/v1/sessions/{sid}/run_code", timeout=60,
+                                       json={"code": "import time\ntime.sleep(30)",
+                                             "timeout_s": 60})
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        time.sleep(1.5)
+        started = time.monotonic()
+        ended = c.delete(f"/v1/sessions/{sid}").json()
+        thread.join(timeout=20)
+    assert time.monotonic() - started < 10
+    assert ended["calls_cancelled"] == 1
+    assert ended["calls_drained"] is True
+    result = box["r"].json()
+    assert result["success"] is False
+    assert result["error_code"] == "TOOL.EXECUTION_FAILED"
+    assert result["refusal"]["envelope_id"] == result["exec_id"]

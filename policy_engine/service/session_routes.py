@@ -3,13 +3,21 @@
 # no `from __future__ import annotations`: FastAPI reads the dependency types handed to
 # `register` from the route signatures, which must be real objects, not strings
 
+import base64
+import binascii
 from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, Path
+from fastapi import FastAPI, Path, Query, Request
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
 
+from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.gateway.session_files import SessionFiles
 from policy_engine.gateway.session_runtime import Sessions
 from policy_engine.gateway.session_store import SessionInfo
+from policy_engine.refusal import PolicyRefusal, engine_refusal
 from policy_engine.service.models import RunCodeResponse
 
 SESSION_ID = r"^s-[0-9a-f]{24}$"
@@ -85,11 +93,46 @@ class SessionEvents(_Body):
     events: list[SessionEvent]
 
 
+class UploadBody(_Body):
+    """A file as JSON: its path in the workspace and its bytes in base64."""
+
+    path: str = Field(max_length=1024)
+    content_b64: str
+    overwrite: bool = True
+
+
+class FileWritten(_Body):
+    path: str
+    size: int
+    digest: dict[str, Any] = Field(description="SHA-256 of the bytes written")
+    envelope_id: str = Field(description="the evidence envelope of the guarded fs.write")
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    path: str
+    type: str
+    size: int | None = None
+
+
+class FileList(_Body):
+    path: str
+    entries: list[FileEntry]
+    truncated: bool
+    envelope_id: str
+
+
+class FileDeleted(_Body):
+    path: str
+    envelope_id: str
+
+
 def _doc(info: SessionInfo) -> SessionDoc:
     return SessionDoc.model_validate(info.to_json())
 
 
-def register(app: FastAPI, who_dep: Any, sessions_dep: Any) -> None:
+def register(app: FastAPI, who_dep: Any, sessions_dep: Any, *,
+             max_upload_bytes: int = 1 << 20) -> None:
     """Add the session routes; ``who_dep`` authenticates, ``sessions_dep`` is the runtime."""
     Sid = Annotated[str, Path(pattern=SESSION_ID, description="`s-` and 24 hex digits")]
     tags: list[str | Any] = ["sessions"]
@@ -149,3 +192,77 @@ def register(app: FastAPI, who_dep: Any, sessions_dep: Any) -> None:
         result = rt.run_code(who.tenant, who.subject, session_id, body.code, body.language,
                              timeout=body.timeout_s)
         return RunCodeResponse.model_validate(result.to_json())
+
+    def files(rt: Sessions) -> SessionFiles:
+        return SessionFiles(rt, max_upload_bytes=max_upload_bytes)
+
+    Rel = Annotated[str, Path(max_length=1024, description="relative to the workspace")]
+
+    @app.post("/v1/sessions/{session_id}/files", tags=tags, status_code=201,
+              response_model=FileWritten)
+    def upload_json(session_id: Sid, body: UploadBody, who: who_dep,
+                    sessions: sessions_dep) -> FileWritten:
+        """Upload one file as JSON (`content_b64`); `413` over the cap, before writing."""
+        try:
+            data = base64.b64decode(body.content_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise PolicyRefusal(engine_refusal(PolicyEngineError(
+                ErrorCode.SCHEMA_VALIDATION_FAILED, "content_b64 is not base64"), "service",
+                location="content_b64")) from None
+        return FileWritten.model_validate(files(sessions).upload(
+            who.tenant, who.subject, session_id, body.path, data, overwrite=body.overwrite))
+
+    @app.put("/v1/sessions/{session_id}/files/{path:path}", tags=tags, status_code=201,
+             response_model=FileWritten)
+    async def upload_raw(session_id: Sid, path: Rel, request: Request, who: who_dep,
+                         sessions: sessions_dep) -> FileWritten:
+        """Upload one file as the raw body (any media type; `multipart/form-data` with one
+        `file` part too). `413` over the cap, before a byte is written."""
+        box = files(sessions)
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit():
+            box.check_size(int(declared) if "multipart" not in
+                           request.headers.get("content-type", "") else 0)
+        if "multipart/form-data" in request.headers.get("content-type", ""):
+            form = await request.form(max_files=1, max_fields=1)
+            part = form.get("file")
+            if not isinstance(part, UploadFile):
+                raise PolicyRefusal(engine_refusal(PolicyEngineError(
+                    ErrorCode.SCHEMA_VALIDATION_FAILED, "multipart body needs a `file` part"),
+                    "service", location="file"))
+            data = await part.read(box.max_upload_bytes + 1)
+        else:
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                box.check_size(size)  # stops reading at the cap
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        box.check_size(len(data))
+        return FileWritten.model_validate(await run_in_threadpool(
+            box.upload, who.tenant, who.subject, session_id, path, data))
+
+    @app.get("/v1/sessions/{session_id}/files", tags=tags, response_model=FileList)
+    def list_files(session_id: Sid, who: who_dep, sessions: sessions_dep,
+                   path: Annotated[str, Query(max_length=1024)] = ".",
+                   depth: Annotated[int, Query(ge=0, le=16)] = 3) -> FileList:
+        """The workspace's entries under `path` (one guarded fs.list)."""
+        return FileList.model_validate(files(sessions).list(
+            who.tenant, who.subject, session_id, path, depth))
+
+    @app.get("/v1/sessions/{session_id}/files/{path:path}", tags=tags,
+             response_class=StreamingResponse,
+             responses={200: {"content": {"application/octet-stream": {}}}})
+    def download(session_id: Sid, path: Rel, who: who_dep,
+                 sessions: sessions_dep) -> StreamingResponse:
+        """The file's bytes, streamed; each 64 KiB chunk is one guarded fs.read."""
+        chunks = files(sessions).download(who.tenant, who.subject, session_id, path)
+        return StreamingResponse(chunks, media_type="application/octet-stream")
+
+    @app.delete("/v1/sessions/{session_id}/files/{path:path}", tags=tags,
+                response_model=FileDeleted)
+    def delete_file(session_id: Sid, path: Rel, who: who_dep,
+                    sessions: sessions_dep) -> FileDeleted:
+        return FileDeleted.model_validate(files(sessions).delete(
+            who.tenant, who.subject, session_id, path))

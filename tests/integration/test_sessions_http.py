@@ -4,6 +4,7 @@ a running call."""
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from collections.abc import Iterator
@@ -99,3 +100,40 @@ def test_delete_over_http_ends_a_running_call(svc: Service) -> None:
     assert result["success"] is False
     assert result["error_code"] == "TOOL.EXECUTION_FAILED"
     assert result["refusal"]["envelope_id"] == result["exec_id"]
+
+
+def test_session_files_over_http(svc: Service) -> None:
+    token = add_token(svc.state, "acme", "agent:dora")
+    other = add_token(svc.state, "globex", "agent:dora")
+    blob = bytes(range(256)) * 600  # 153 600 bytes: three guarded reads
+    with svc.client(token) as c, svc.client(other) as o:
+        sid = c.post("/v1/sessions", json={"backend": "proc-bwrap"}).json()["session_id"]
+        raw = c.put(f"/v1/sessions/{sid}/files/in/blob.bin", content=blob)
+        assert raw.status_code == 201, raw.text
+        assert raw.json()["size"] == len(blob)
+        as_json = c.post(f"/v1/sessions/{sid}/files", json={
+            "path": "note.txt", "content_b64": base64.b64encode(b"hello").decode()})
+        assert as_json.status_code == 201, as_json.text
+        form = c.put(f"/v1/sessions/{sid}/files/form.txt",
+                     files={"file": ("form.txt", b"from a form")})
+        assert form.status_code == 201, form.text
+        ran = c.post(f"/v1/sessions/{sid}/run_code", json={
+            "language": "shell", "code": "cat note.txt form.txt; wc -c < in/blob.bin"}).json()
+        assert ran["stdout"] == f"hellofrom a form{len(blob)}\n", ran
+        with c.stream("GET", f"/v1/sessions/{sid}/files/in/blob.bin") as got:
+            assert got.status_code == 200
+            assert b"".join(got.iter_bytes()) == blob
+        listed = c.get(f"/v1/sessions/{sid}/files").json()
+        assert {"in/blob.bin", "note.txt", "form.txt"} <= {e["path"] for e in listed["entries"]}
+        too_big = c.put(f"/v1/sessions/{sid}/files/big.bin", content=b"x" * ((1 << 20) + 1))
+        _refused(too_big, 413, "SERVICE.PAYLOAD_TOO_LARGE")
+        _refused(o.get(f"/v1/sessions/{sid}/files/note.txt"), 404, "SERVICE.NOT_FOUND")
+        _refused(c.get(f"/v1/sessions/{sid}/files/missing.txt"), 404, "SERVICE.NOT_FOUND")
+        _refused(c.put(f"/v1/sessions/{sid}/files/a/%2E%2E/%2E%2E/x", content=b"x"), 422,
+                 "SCHEMA.VALIDATION_FAILED")
+        gone = c.delete(f"/v1/sessions/{sid}/files/note.txt")
+        assert gone.status_code == 200, gone.text
+        assert len(gone.json()["envelope_id"]) == 32
+        _refused(c.get(f"/v1/sessions/{sid}/files/note.txt"), 404, "SERVICE.NOT_FOUND")
+    state_files = [p for p in (svc.state / "workspace").rglob("big.bin")]
+    assert state_files == []

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 POLICY = """policy "sessions/test" version "1.0.0"
 permit "py" proc.exec  tool "python3"
 permit "sh" proc.exec  tool "bash"
-permit "session-files" fs.read, fs.write  paths ["{ws}/**"]
+permit "session-files" fs.read, fs.write, fs.list  paths ["{ws}/**"]
 require consent when `profile.safety == "High"`
 """
 
@@ -168,3 +168,39 @@ def test_the_tenant_cap_and_the_fixed_backend(sessions: Sessions) -> None:
         sessions.run_code("acme", "u9", strict.session_id, "import os\nprint(os.getpid())")
     assert blocked.value.refusal.code == "SANDBOX.CAPABILITY_BLOCKED"
     assert blocked.value.refusal.refused_by == "backend"
+
+
+def test_session_files_are_guarded_ops_and_stay_in_the_session(sessions: Sessions) -> None:
+    from policy_engine.gateway.session_files import SessionFiles
+
+    files = SessionFiles(sessions, max_upload_bytes=300_000)
+    s = sessions.create("acme", "alice", security_mode="permissive")
+    other = sessions.create("acme", "alice", security_mode="permissive")
+    blob = bytes(range(256)) * 1000  # 256 000 bytes: four guarded reads
+    up = files.upload("acme", "alice", s.session_id, "data/blob.bin", blob)
+    assert up["size"] == len(blob)
+    assert b"".join(files.download("acme", "alice", s.session_id, "data/blob.bin")) == blob
+    seen = sessions.run_code("acme", "alice", s.session_id,
+                             "import hashlib; print(len(open('data/blob.bin','rb').read()))")
+    assert seen.stdout == f"{len(blob)}\n", seen
+    listed = files.list("acme", "alice", s.session_id)
+    assert "data/blob.bin" in {e["path"] for e in listed["entries"]}, listed
+    assert files.list("acme", "alice", other.session_id)["entries"] == []
+    with pytest.raises(PolicyRefusal) as big:
+        files.upload("acme", "alice", s.session_id, "big.bin", b"x" * 300_001)
+    assert big.value.refusal.http_status == 413
+    assert not (sessions.workspace(s) / "big.bin").exists()
+    for bad in ("../escape", "/etc/passwd", ""):
+        with pytest.raises(PolicyRefusal) as err:
+            files.upload("acme", "alice", s.session_id, bad, b"x")
+        assert err.value.refusal.code == "SCHEMA.VALIDATION_FAILED"
+    _not_found(lambda: files.download("acme", "bob", s.session_id, "data/blob.bin"))
+    _not_found(lambda: files.download("acme", "alice", other.session_id, "data/blob.bin"))
+    gone = files.delete("acme", "alice", s.session_id, "data/blob.bin")
+    assert len(gone["envelope_id"]) == 32
+    assert not (sessions.workspace(s) / "data" / "blob.bin").exists()
+    _not_found(lambda: files.delete("acme", "alice", s.session_id, "data/blob.bin"))
+    state = sessions.config.state_dir
+    evidence = "\n".join(p.read_text() for p in state.rglob("*.jsonl"))
+    assert up["envelope_id"] in evidence
+    assert gone["envelope_id"] in evidence

@@ -233,7 +233,8 @@ class Orchestrator:
             context: Mapping[str, object] | None = None, cancel: CancelToken | None = None,
             now_ms: int | None = None,
             annotations: Mapping[str, Any] | None = None,
-            consent: ConsentHook | None = None) -> RunOutcome:
+            consent: ConsentHook | None = None,
+            on_output: Callable[[str, bytes], None] | None = None) -> RunOutcome:
         """Run ``op`` for ``grant`` under ``manifest``; never raises for a refusal or failure:
         those come back as ``RunOutcome.result.ok == False`` with a registry code.
 
@@ -321,13 +322,14 @@ class Orchestrator:
                                 status="denied", backend=sel.backend, degraded=sel.degraded)
         try:
             return self._execute(begin, decision, profile, op, started, sel, key, limits,
-                                 guard, cancel)
+                                 guard, cancel, on_output)
         finally:
             slot.release()
 
     def _execute(self, begin: EvidenceBegin, decision: Decision, profile: Profile, op: ExecOp,
                  started: float, sel: Selection, key: str, limits: Limits,
-                 guard: GuardLike, cancel: CancelToken | None) -> RunOutcome:
+                 guard: GuardLike, cancel: CancelToken | None,
+                 on_output: Callable[[str, bytes], None] | None = None) -> RunOutcome:
         """Steps 6 and 7: charge the call (before, or when the executor starts), run, end."""
         assert sel.executor is not None  # INVARIANT: run() returned on a failed selection
         kind = OpKind(op.kind)
@@ -358,7 +360,7 @@ class Orchestrator:
         ctx = ExecContext(profile=profile, deadline=time.monotonic() + timeout_ms / 1000,
                           degraded=sel.degraded, consume=consume, guard=guard,
                           limits=limits, on_start=charge_call if at_start else nothing,
-                          has_started=not at_start)
+                          has_started=not at_start, on_output=on_output)
         self.metrics.observe_exec(kind, profile)
         attempt = run_with_deadline(sel.executor, ctx, op, cancel)
         ran = ctx.has_started or attempt.result is not None

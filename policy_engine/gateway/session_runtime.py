@@ -10,6 +10,7 @@ import secrets
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -197,17 +198,31 @@ class Sessions:
     def events(self, tenant: str, subject: str, session_id: str) -> builtins.list[dict[str, Any]]:
         """The session's lifecycle record (created, extended, ended with what was released);
         readable after the end too, by its owner only."""
+        self.store_owner(tenant, subject, session_id)
+        return self.store.events(session_id)
+
+    def store_owner(self, tenant: str, subject: str, session_id: str) -> SessionInfo:
+        """The caller's session, live or ended (its execs stay readable after its end).
+
+        :raises PolicyRefusal: ``404`` for an unknown session or another owner's.
+        """
         info = self.store.get(tenant, subject, session_id)
         if info is None:
             raise PolicyRefusal(code_refusal("SERVICE.NOT_FOUND", 404,
                                              "not found: no such session", "service"))
-        return self.store.events(session_id)
+        return info
 
     # --- calls -------------------------------------------------------------------------------
 
     def run_code(self, tenant: str, subject: str, session_id: str, code: str,
-                 language: str = "python", timeout: float = 30.0) -> RunCodeResult:
+                 language: str = "python", timeout: float = 30.0, *,
+                 cancel: CancelToken | None = None,
+                 on_output: Callable[[str, bytes], None] | None = None) -> RunCodeResult:
         """One guarded call in the session's workspace, on the session's backend.
+
+        :param cancel: cancels the call (its process group is killed; evidence ends
+            ``cancelled``); deleting or expiring the session cancels it too.
+        :param on_output: sees stdout/stderr chunks as the process writes them.
 
         :raises PolicyRefusal: unknown session (404); the risk hint requires a stronger
             sandbox than the session's backend (``SANDBOX.CAPABILITY_BLOCKED``: a session never
@@ -226,14 +241,15 @@ class Sessions:
                 ErrorCode.CAPABILITY_BLOCKED, f"the code's risk ({plan.risk.level.name}) needs "
                 f"{needed} in {info.security_mode} mode; this session runs on {info.backend}: "
                 f"create a session with backend `{needed}`"), "backend"))
-        token = CancelToken()
+        token = cancel or CancelToken()
         live = self._enter(info, token)
         try:
             orch = self.pool.get(info.backend)
             called = self.gateway.run(
                 Call(plan.grant, self.manifest, plan.op, settings=plan.settings,
                      annotations={"risk": plan.risk.to_json(), "session": info.session_id},
-                     identity=(tenant, subject), cancel=token), orchestrator=orch)
+                     identity=(tenant, subject), cancel=token, on_output=on_output),
+                orchestrator=orch)
         finally:
             with live.idle:
                 live.running.discard(token)

@@ -5,15 +5,18 @@
 
 import base64
 import binascii
+import json
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Path, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.gateway.session_execs import ExecJob, SessionExecs
 from policy_engine.gateway.session_files import SessionFiles
 from policy_engine.gateway.session_runtime import Sessions
 from policy_engine.gateway.session_store import SessionInfo
@@ -125,6 +128,35 @@ class FileList(_Body):
 class FileDeleted(_Body):
     path: str
     envelope_id: str
+
+
+class ExecStartBody(SessionRunCodeBody):
+    """An exec of the session: `wait: false` answers at once (`202`, `queued|running`)."""
+
+    wait: bool = True
+
+
+class ExecDoc(_Body):
+    exec_id: str
+    session_id: str
+    status: Literal["queued", "running", "completed", "cancelled"]
+    created_ms: int
+    result: RunCodeResponse | None = Field(description="the final record, once ended")
+    refusal: dict[str, Any] | None = Field(
+        description="a refusal raised before the call ran (e.g. the session ended)")
+
+
+def _sse(job: ExecJob, execs: SessionExecs) -> Iterator[bytes]:
+    """`stdout`/`stderr` events in order (`data`: `{"seq", "text"}`), `: keep-alive`
+    comments while quiet, and one `end` event with the exec document."""
+    for chunk in execs.stream(job):
+        if chunk is None:
+            yield b": keep-alive\n\n"
+            continue
+        data = json.dumps({"seq": chunk.seq, "text": chunk.text})
+        yield f"event: {chunk.stream}\ndata: {data}\n\n".encode()
+    end = {**job.to_json(), "truncated": job.truncated}
+    yield f"event: end\ndata: {json.dumps(end)}\n\n".encode()
 
 
 def _doc(info: SessionInfo) -> SessionDoc:
@@ -266,3 +298,48 @@ def register(app: FastAPI, who_dep: Any, sessions_dep: Any, *,
                     sessions: sessions_dep) -> FileDeleted:
         return FileDeleted.model_validate(files(sessions).delete(
             who.tenant, who.subject, session_id, path))
+
+    boxes: dict[int, SessionExecs] = {}
+
+    def execs(rt: Sessions) -> SessionExecs:
+        return boxes.setdefault(id(rt), SessionExecs(rt))
+
+    Eid = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="32 hex digits")]
+
+    @app.post("/v1/sessions/{session_id}/execs", tags=tags, response_model=ExecDoc,
+              responses={202: {"model": ExecDoc, "description": "started (`wait: false`)"}})
+    def start_exec(session_id: Sid, body: ExecStartBody, who: who_dep,
+                   sessions: sessions_dep) -> JSONResponse:
+        """Run code in the session: by default answers the ended exec (`200`); with
+        `wait: false` answers at once (`202`) — poll it, stream its events, cancel it."""
+        job = execs(sessions).start(who.tenant, who.subject, session_id, body.code,
+                                    body.language, body.timeout_s, wait=body.wait)
+        doc = ExecDoc.model_validate(job.to_json())
+        return JSONResponse(doc.model_dump(mode="json"), status_code=200 if body.wait else 202)
+
+    @app.get("/v1/sessions/{session_id}/execs/{exec_id}", tags=tags, response_model=ExecDoc)
+    def get_exec(session_id: Sid, exec_id: Eid, who: who_dep,
+                 sessions: sessions_dep) -> ExecDoc:
+        return ExecDoc.model_validate(execs(sessions).get(
+            who.tenant, who.subject, session_id, exec_id).to_json())
+
+    @app.delete("/v1/sessions/{session_id}/execs/{exec_id}", tags=tags,
+                response_model=ExecDoc)
+    def cancel_exec(session_id: Sid, exec_id: Eid, who: who_dep,
+                    sessions: sessions_dep) -> ExecDoc:
+        """Cancel the exec: its process group is killed, its evidence ends `cancelled`."""
+        return ExecDoc.model_validate(execs(sessions).cancel(
+            who.tenant, who.subject, session_id, exec_id).to_json())
+
+    @app.get("/v1/sessions/{session_id}/execs/{exec_id}/events", tags=tags,
+             response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}}})
+    def exec_events(session_id: Sid, exec_id: Eid, who: who_dep,
+                    sessions: sessions_dep) -> StreamingResponse:
+        """stdout and stderr as Server-Sent Events while the exec runs (from its start,
+        order kept, capped per stream), then an `end` event with the final document."""
+        box = execs(sessions)
+        job = box.get(who.tenant, who.subject, session_id, exec_id)
+        return StreamingResponse(_sse(job, box), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store",
+                                          "X-Accel-Buffering": "no"})

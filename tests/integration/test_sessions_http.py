@@ -5,6 +5,7 @@ a running call."""
 from __future__ import annotations
 
 import base64
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -137,3 +138,67 @@ def test_session_files_over_http(svc: Service) -> None:
         _refused(c.get(f"/v1/sessions/{sid}/files/note.txt"), 404, "SERVICE.NOT_FOUND")
     state_files = [p for p in (svc.state / "workspace").rglob("big.bin")]
     assert state_files == []
+
+
+def _events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, object]]]:
+    kind = ""
+    for line in lines:
+        if line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: "):
+            yield kind, json.loads(line[6:])
+
+
+def test_async_exec_streams_polls_and_cancels(svc: Service) -> None:
+    token = add_token(svc.state, "acme", "agent:erin")
+    # logging writes stderr (unbuffered); `import sys` would need a container (risk hint)
+    code = ("import logging, time\nlogging.basicConfig(format='%(message)s')\n"
+            "for i in range(3):\n    print('out', i, flush=True)\n"
+            "    logging.warning('err %d', i)\n    time.sleep(0.3)\n")
+    with svc.client(token) as c:
+        sid = c.post("/v1/sessions", json={"backend": "proc-bwrap"}).json()["session_id"]
+        started = time.monotonic()
+        made = c.post(f"/v1/sessions/{sid}/execs", json={"code": code, "wait": False})
+        assert made.status_code == 202, made.text
+        assert time.monotonic() - started < 0.8  # answered before the code's ~0.9 s
+        job = made.json()
+        assert job["status"] in ("queued", "running")
+        assert job["result"] is None
+        seen: list[tuple[str, dict[str, object]]] = []
+        with c.stream("GET", f"/v1/sessions/{sid}/execs/{job['exec_id']}/events") as resp:
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            seen = list(_events(resp.iter_lines()))
+        outs = "".join(str(d["text"]) for k, d in seen if k == "stdout")
+        errs = "".join(str(d["text"]) for k, d in seen if k == "stderr")
+        assert outs == "out 0\nout 1\nout 2\n"
+        assert errs == "err 0\nerr 1\nerr 2\n"
+        seqs = [d["seq"] for k, d in seen if k in ("stdout", "stderr")]
+        assert seqs == sorted(seqs)
+        assert seen[-1][0] == "end"
+        final = c.get(f"/v1/sessions/{sid}/execs/{job['exec_id']}").json()
+        assert final["status"] == "completed"
+        assert final["result"]["stdout"] == outs  # the streamed bytes are the record's
+        assert seen[-1][1]["result"] == final["result"]
+        # cancel: the sleeping process group is killed and the evidence ends `cancelled`
+        slow = c.post(f"/v1/sessions/{sid}/execs", json={
+            "code": "import time\nprint('begun', flush=True)\ntime.sleep(60)",
+            "wait": False, "timeout_s": 30}).json()
+        time.sleep(1.0)
+        polled = c.get(f"/v1/sessions/{sid}/execs/{slow['exec_id']}").json()
+        assert polled["status"] == "running", polled
+        t0 = time.monotonic()
+        cancelled = c.delete(f"/v1/sessions/{sid}/execs/{slow['exec_id']}").json()
+        assert time.monotonic() - t0 < 10
+        assert cancelled["status"] == "cancelled"
+        assert cancelled["result"]["error_code"] == "TOOL.EXECUTION_FAILED"
+        envelope = cancelled["result"]["exec_id"]
+        ends = [json.loads(x) for p in svc.state.rglob("*.jsonl")
+                for x in p.read_text().splitlines() if envelope in x and '"end"' in x]
+        assert any("cancel" in json.dumps(e) for e in ends), ends
+        other = add_token(svc.state, "acme", "agent:frank")
+        with svc.client(other) as o:
+            _refused(o.get(f"/v1/sessions/{sid}/execs/{slow['exec_id']}"), 404,
+                     "SERVICE.NOT_FOUND")
+        sync = c.post(f"/v1/sessions/{sid}/execs", json={"code": "print(2 + 2)"}).json()
+        assert sync["status"] == "completed"
+        assert sync["result"]["stdout"] == "4\n"

@@ -148,6 +148,10 @@ def test_ttl_expiry_ends_the_session_and_its_process(sessions: Sessions) -> None
     assert not box["r"].success  # type: ignore[attr-defined]
     assert _processes_with(marker) == []
     _not_found(lambda: sessions.get("acme", "alice", s.session_id))
+    deadline = time.monotonic() + 10  # the reaper records the end after the call drained
+    while sessions.events("acme", "alice", s.session_id)[-1]["event"] != "ended" and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
     ended = sessions.events("acme", "alice", s.session_id)[-1]
     assert ended["event"] == "ended"
     assert ended["detail"]["reason"] == "expired"

@@ -91,7 +91,7 @@ class SessionExecs:
 
     def start(self, tenant: str, subject: str, session_id: str, code: str,
               language: str = "python", timeout: float = 30.0, *,
-              wait: bool = True) -> ExecJob:
+              wait: bool = True, stateful: bool = False) -> ExecJob:
         """Run ``code`` in the session; ``wait=False`` answers at once (``queued`` or
         ``running``)."""
         info = self.sessions.get(tenant, subject, session_id)
@@ -99,9 +99,9 @@ class SessionExecs:
                       self.max_stream_bytes)
         self._remember(job)
         if wait:
-            self._run(job, code, language, timeout)
+            self._run(job, code, language, timeout, stateful)
         else:
-            threading.Thread(target=self._run, args=(job, code, language, timeout),
+            threading.Thread(target=self._run, args=(job, code, language, timeout, stateful),
                              name=f"session-exec-{job.exec_id[:8]}", daemon=True).start()
         return job
 
@@ -143,13 +143,14 @@ class SessionExecs:
 
     # --- internals ---------------------------------------------------------------------------
 
-    def _run(self, job: ExecJob, code: str, language: str, timeout: float) -> None:
+    def _run(self, job: ExecJob, code: str, language: str, timeout: float,
+             stateful: bool) -> None:
         with job.changed:
             job.status = "running"
         try:
             result = self.sessions.run_code(job.tenant, job.subject, job.session_id, code,
                                             language, timeout, cancel=job.token,
-                                            on_output=job.feed)
+                                            on_output=job.feed, stateful=stateful)
         except PolicyRefusal as refused:
             result, job.error = None, refused.refusal.to_json()
         with job.changed:

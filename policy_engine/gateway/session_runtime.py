@@ -11,7 +11,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 from policy_engine.config import EngineConfig
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken
+from policy_engine.gateway import session_state
 from policy_engine.gateway.call import Call, Gateway
 from policy_engine.gateway.session_store import SessionInfo, SessionStore
 from policy_engine.refusal import PolicyRefusal, code_refusal, engine_refusal
@@ -217,12 +218,15 @@ class Sessions:
     def run_code(self, tenant: str, subject: str, session_id: str, code: str,
                  language: str = "python", timeout: float = 30.0, *,
                  cancel: CancelToken | None = None,
-                 on_output: Callable[[str, bytes], None] | None = None) -> RunCodeResult:
+                 on_output: Callable[[str, bytes], None] | None = None,
+                 stateful: bool = False) -> RunCodeResult:
         """One guarded call in the session's workspace, on the session's backend.
 
         :param cancel: cancels the call (its process group is killed; evidence ends
             ``cancelled``); deleting or expiring the session cancels it too.
         :param on_output: sees stdout/stderr chunks as the process writes them.
+        :param stateful: python only: keep the globals between calls (session_state.py); the
+            risk hint is the code's own, the op runs it in the wrapper.
 
         :raises PolicyRefusal: unknown session (404); the risk hint requires a stronger
             sandbox than the session's backend (``SANDBOX.CAPABILITY_BLOCKED``: a session never
@@ -235,6 +239,11 @@ class Sessions:
                              tenant=tenant, subject=subject, manifest=self.manifest,
                              security_mode=SecurityMode(info.security_mode), work=work,
                              root=work.parent, backend=info.backend)
+        if stateful:
+            if language != "python":
+                raise _bad("stateful calls run python", "language")
+            plan = replace(plan, op=plan.op.model_copy(
+                update={"args": (plan.op.args[0], session_state.stateful(code))}))
         needed = UnifiedRiskPolicy.required_sandbox(plan.risk, SecurityMode(info.security_mode))
         if _STRENGTH[needed] > _STRENGTH[info.backend]:
             raise PolicyRefusal(engine_refusal(PolicyEngineError(

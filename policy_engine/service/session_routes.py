@@ -54,6 +54,8 @@ class SessionRunCodeBody(_Body):
     code: str = Field(max_length=262_144)
     language: Literal["python", "shell"] = "python"
     timeout_s: float = Field(default=30.0, gt=0, le=600)
+    stateful: bool = Field(default=False, description="python: keep the globals between "
+                           "stateful calls of the session (docs/sessions.md)")
 
 
 class SessionDoc(_Body):
@@ -222,7 +224,7 @@ def register(app: FastAPI, who_dep: Any, sessions_dep: Any, *,
         with `success` false and `refusal` when the policy refused or the run failed."""
         rt: Sessions = sessions
         result = rt.run_code(who.tenant, who.subject, session_id, body.code, body.language,
-                             timeout=body.timeout_s)
+                             timeout=body.timeout_s, stateful=body.stateful)
         return RunCodeResponse.model_validate(result.to_json())
 
     def files(rt: Sessions) -> SessionFiles:
@@ -313,7 +315,8 @@ def register(app: FastAPI, who_dep: Any, sessions_dep: Any, *,
         """Run code in the session: by default answers the ended exec (`200`); with
         `wait: false` answers at once (`202`) — poll it, stream its events, cancel it."""
         job = execs(sessions).start(who.tenant, who.subject, session_id, body.code,
-                                    body.language, body.timeout_s, wait=body.wait)
+                                    body.language, body.timeout_s, wait=body.wait,
+                                    stateful=body.stateful)
         doc = ExecDoc.model_validate(job.to_json())
         return JSONResponse(doc.model_dump(mode="json"), status_code=200 if body.wait else 202)
 

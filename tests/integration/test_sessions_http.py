@@ -199,6 +199,10 @@ def test_async_exec_streams_polls_and_cancels(svc: Service) -> None:
         with svc.client(other) as o:
             _refused(o.get(f"/v1/sessions/{sid}/execs/{slow['exec_id']}"), 404,
                      "SERVICE.NOT_FOUND")
-        sync = c.post(f"/v1/sessions/{sid}/execs", json={"code": "print(2 + 2)"}).json()
+        kept = c.post(f"/v1/sessions/{sid}/run_code", json={"code": "y = 5",
+                                                            "stateful": True}).json()
+        assert kept["success"], kept
+        sync = c.post(f"/v1/sessions/{sid}/execs", json={"code": "print(y - 1)",
+                                                         "stateful": True}).json()
         assert sync["status"] == "completed"
         assert sync["result"]["stdout"] == "4\n"

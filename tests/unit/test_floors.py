@@ -20,7 +20,7 @@ FLOORS: dict[str, int] = {}
 """Unit (a folder of ``policy_engine/`` or a top-level module) → floor, 0 the lowest."""
 
 _TABLE = {
-    0: ("model", "errors", "lazy"),  # ground
+    0: ("model", "errors", "lazy", "refusal"),  # ground
     1: ("inputs",),  # facts: readers of untrusted files
     2: ("dsl", "patterns"),  # language
     3: ("sandbox",),  # backend facts: masks, runtime dirs, engine dirs, hard links, SBPL
@@ -32,7 +32,7 @@ _TABLE = {
         "analysis"),  # authoring
     7: ("skills", "runcode", "confirm"),  # agents
     8: ("gateway",),  # the one call path under every face
-    9: ("cli", "service", "mcp", "lsp", "sandbox_runner", "console", "templates",
+    9: ("cli", "service", "mcp", "lsp", "sandbox_runner", "console", "templates", "client",
         "__init__"),  # faces (``__init__``: the package face, `from policy_engine import …`)
 }
 for _floor, _units in _TABLE.items():

@@ -63,6 +63,7 @@ from policy_engine.service.models import (
     RunCodeBody,
     RunCodeResponse,
 )
+from policy_engine.service.outcome_models import DECIDE_RESPONSES, OP_RESPONSES
 from policy_engine.service.pg_stores import open_exec_store, open_token_store, service_dsn
 from policy_engine.service.session_routes import register as register_session_routes
 from policy_engine.service.skill_routes import register as register_skill_routes
@@ -72,8 +73,6 @@ from policy_engine.tokens import Principal, TokenStore
 
 # context keys the guard takes from the caller over its own views: the service sets them
 _RESERVED_CONTEXT = ("grant", "manifest", "tenant", "subject")
-_JSON_OBJECT: dict[str, Any] = {"content": {"application/json": {"schema": {"type": "object"}}},
-                                "description": "the outcome document (docs/service.md)"}
 _UNREADABLE = ("body: not JSON this service reads (UTF-8 text, at most ~1000 levels of "
                "nesting, integers of at most 4300 digits)")
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -302,7 +301,7 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         # step `/v1/ops` makes, so it answers a backend's refusal too (outsider round 5 F08)
         return engine_box[0].gateway.decide(manifest_of(body), body.grant, request).to_json()
 
-    @app.post("/v1/decide", tags=["decisions"], responses={200: _JSON_OBJECT})
+    @app.post("/v1/decide", tags=["decisions"], responses=DECIDE_RESPONSES)
     async def decide(body: DecideBody, who: Who) -> JSONResponse:
         """Decide one op without running it: the `explain --format json` document."""
         # rendered directly: FastAPI's generic encoder costs ~8x the decision itself
@@ -311,7 +310,7 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
     # the ordinary decide call skips FastAPI's per-request machinery (fastpath.py)
     app.state.decide_route = DecideRoute(admit=admission, decide=decision)
 
-    @app.post("/v1/ops", tags=["decisions"], responses={200: _JSON_OBJECT})
+    @app.post("/v1/ops", tags=["decisions"], responses=OP_RESPONSES)
     def run_op(body: CallBody, who: Who, eng: Eng) -> JSONResponse:
         """Run one op through the orchestrator (with begin/end evidence). A refusal or failure
         answers its code's HTTP status with `error` beside the outcome."""

@@ -206,3 +206,31 @@ def test_async_exec_streams_polls_and_cancels(svc: Service) -> None:
                                                          "stateful": True}).json()
         assert sync["status"] == "completed"
         assert sync["result"]["stdout"] == "4\n"
+
+
+def test_another_tenants_exec_and_run_code_cannot_read_a_session(svc: Service) -> None:
+    """Session workspaces sit under the service's workspace root, beside the projects of
+    `/sandbox/execs` and `/v1/run_code`: another tenant's calls there must not reach them."""
+    owner = add_token(svc.state, "acme", "agent:gina")
+    thief = add_token(svc.state, "evil", "agent:gina")
+    with svc.client(owner) as c, svc.client(thief) as t:
+        sid = c.post("/v1/sessions", json={"backend": "proc-bwrap"}).json()["session_id"]
+        c.put(f"/v1/sessions/{sid}/files/secret.txt", content=b"s3cret-of-gina")
+        found = [p for p in (svc.state / "workspace").rglob("secret.txt")]
+        assert len(found) == 1
+        where = found[0]
+        rec = t.post("/sandbox/execs", json={"project_id": "steal", "exec": {
+            "kind": "shell", "script": f"cat {where}; ls {where.parent}"}}).json()
+        assert rec["exit_code"] not in (0, None), rec  # it ran, and cat failed
+        stdout = t.get(f"/sandbox/execs/{rec['exec_id']}/artifacts/stdout.txt").text
+        assert "s3cret" not in stdout
+        assert "secret.txt" not in stdout
+        ran = t.post("/v1/run_code", json={"session_id": "steal", "language": "shell",
+                                            "code": f"cat {where}"}).json()
+        assert ran["exit_code"] not in (0, None), ran
+        assert "s3cret" not in ran["stdout"], ran
+        mine = t.post("/v1/sessions", json={"backend": "proc-bwrap"}).json()["session_id"]
+        took = t.post(f"/v1/sessions/{mine}/run_code", json={
+            "language": "shell", "code": f"cat {where}"}).json()
+        assert took["exit_code"] not in (0, None), took
+        assert "s3cret" not in took["stdout"], took

@@ -3,11 +3,12 @@ stderr while the call runs (each exec is one run_code call through the gateway).
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -125,20 +126,27 @@ class SessionExecs:
             job.changed.wait_for(lambda: job.done, timeout=15.0)
         return job
 
-    def stream(self, job: ExecJob, *, poll_s: float = 15.0) -> Iterator[Chunk | None]:
-        """The exec's chunks in order as they come; ``None`` as a keep-alive while it is
-        quiet; ends when the exec has ended and every chunk was given."""
-        seen = 0
+    async def astream(self, job: ExecJob, *, keep_alive_s: float = 15.0,
+                      poll_s: float = 0.005) -> AsyncIterator[Chunk | None]:
+        """The exec's chunks in order as they come (from its first), ``None`` as a keep-alive
+        while it is quiet; ends once the exec has ended and every chunk was given. Polls
+        (5 ms) rather than holding a thread: open streams never starve the worker threads."""
+        seen, quiet = 0, 0.0
         while True:
             with job.changed:
-                if seen >= len(job.chunks) and not job.done:
-                    job.changed.wait(poll_s)
                 fresh, done = job.chunks[seen:], job.done
             seen += len(fresh)
-            yield from fresh
+            for chunk in fresh:
+                yield chunk
             if done and seen >= len(job.chunks):
                 return
-            if not fresh:
+            if fresh:
+                quiet = 0.0
+                continue
+            await asyncio.sleep(poll_s)
+            quiet += poll_s
+            if quiet >= keep_alive_s:
+                quiet = 0.0
                 yield None
 
     # --- internals ---------------------------------------------------------------------------

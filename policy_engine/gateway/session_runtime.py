@@ -48,11 +48,14 @@ def _digest(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SessionLimits:
-    """The runtime's bounds: live sessions per tenant and the TTLs a caller may ask for."""
+    """The runtime's bounds: live sessions per tenant, the TTLs a caller may ask for, and
+    how many calls run at once (per session and in all: each is a sandboxed process)."""
 
     max_live_per_tenant: int = 16
     default_ttl_s: int = 600
     max_ttl_s: int = 86_400  # a session never lives longer than this after its creation
+    max_running_per_session: int = 4
+    max_running: int = 32
 
 
 @dataclass
@@ -271,7 +274,15 @@ class Sessions:
     def _enter(self, info: SessionInfo, token: CancelToken) -> _Live:
         with self._lock:
             live = self._live.setdefault(info.session_id, _Live())
+            running = sum(len(x.running) for x in self._live.values())
             with live.idle:
+                if len(live.running) >= self.limits.max_running_per_session or \
+                        running >= self.limits.max_running:
+                    raise PolicyRefusal(code_refusal(
+                        ErrorCode.BUDGET_EXCEEDED.value, 429, "too many calls running: "
+                        f"at most {self.limits.max_running_per_session} per session and "
+                        f"{self.limits.max_running} in all; wait for one to end or cancel "
+                        "one", "limits", retryable=True))
                 live.running.add(token)
         if self.store.get(info.tenant, info.subject, info.session_id) != info:
             # ended (or extended) between the check and the registration: re-check liveness

@@ -6,7 +6,7 @@
 import base64
 import binascii
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Path, Query, Request
@@ -148,10 +148,10 @@ class ExecDoc(_Body):
         description="a refusal raised before the call ran (e.g. the session ended)")
 
 
-def _sse(job: ExecJob, execs: SessionExecs) -> Iterator[bytes]:
+async def _sse(job: ExecJob, execs: SessionExecs) -> AsyncIterator[bytes]:
     """`stdout`/`stderr` events in order (`data`: `{"seq", "text"}`), `: keep-alive`
     comments while quiet, and one `end` event with the exec document."""
-    for chunk in execs.stream(job):
+    async for chunk in execs.astream(job):
         if chunk is None:
             yield b": keep-alive\n\n"
             continue

@@ -236,3 +236,34 @@ def test_stateful_calls_keep_variables_and_report_a_crash(sessions: Sessions) ->
     assert "died before saving" in after.stderr  # type: ignore[attr-defined]
     with pytest.raises(PolicyRefusal):
         sessions.run_code("acme", "alice", s.session_id, "echo", "shell", stateful=True)
+
+
+def test_running_calls_are_capped_per_session(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    policy = tmp_path / "s.sbpolicy"
+    policy.write_text(POLICY.format(ws=ws))
+    config = EngineConfig(state_dir=tmp_path / "state")
+    pool = OrchestratorPool(compile_files([policy]), config)
+    rt = Sessions(pool, Gateway(pool.get("proc-bwrap")), config=config, workspace_root=ws,
+                  limits=SessionLimits(max_running_per_session=1), reap_interval_s=0)
+    try:
+        s = rt.create("acme", "alice", security_mode="permissive")
+        runner = threading.Thread(target=rt.run_code, args=(
+            "acme", "alice", s.session_id, "import time\ntime.sleep(30)"))
+        runner.start()
+        deadline = time.monotonic() + 10
+        while not rt._live.get(s.session_id) or not rt._live[s.session_id].running:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with pytest.raises(PolicyRefusal) as err:
+            rt.run_code("acme", "alice", s.session_id, "print(1)")
+        assert err.value.refusal.http_status == 429
+        assert err.value.refusal.refused_by == "limits"
+        other = rt.create("acme", "alice", security_mode="permissive")
+        assert rt.run_code("acme", "alice", other.session_id, "print(1)").stdout == "1\n"
+        rt.delete("acme", "alice", s.session_id)
+        runner.join(timeout=15)
+        assert not runner.is_alive()
+    finally:
+        rt.close()
+        pool.close()

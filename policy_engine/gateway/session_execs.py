@@ -19,6 +19,7 @@ from policy_engine.runcode.manager import RunCodeResult
 
 Status = Literal["queued", "running", "completed", "cancelled"]
 _KEEP = 64  # finished execs remembered per session (their records are in the evidence too)
+_FORGET_MS = 3_600_000  # and for an hour at most
 
 
 @dataclass
@@ -167,8 +168,13 @@ class SessionExecs:
             job.changed.notify_all()
 
     def _remember(self, job: ExecJob) -> None:
+        """Keep ``job``; forget ended execs beyond the last ``_KEEP`` of a session and any
+        ended more than ``_FORGET_MS`` ago (sessions come and go: memory stays bounded)."""
         with self._lock:
             self._jobs[job.exec_id] = job
             mine = [j for j in self._jobs.values() if j.session_id == job.session_id and j.done]
-            for old in mine[:-_KEEP]:
-                del self._jobs[old.exec_id]
+            stale = job.created_ms - _FORGET_MS
+            old = mine[:-_KEEP] + [j for j in self._jobs.values()
+                                   if j.done and j.created_ms < stale]
+            for gone in old:
+                self._jobs.pop(gone.exec_id, None)

@@ -299,12 +299,17 @@ class Sessions:
         containers are keyed by tenant, subject and tool)."""
         if info.backend != "docker":
             return False
-        executor = self.pool.get("docker").components.executors.get("docker")
-        end = getattr(executor, "end_session", None)
-        if end is None:
+        try:
+            executor = self.pool.get("docker").components.executors.get("docker")
+            end = getattr(executor, "end_session", None)
+            if end is None:
+                return False
+            for tool in _TOOLS:
+                end(SimpleNamespace(tenant=info.tenant, subject_id=info.subject,
+                                    tool_name=tool))
+        except Exception:  # noqa: BLE001 -- the end is recorded whatever Docker says
+            log.exception("session %s: releasing the warm container failed", info.session_id)
             return False
-        for tool in _TOOLS:
-            end(SimpleNamespace(tenant=info.tenant, subject_id=info.subject, tool_name=tool))
         return True
 
     def _reap_loop(self, interval: float) -> None:

@@ -267,3 +267,14 @@ def test_running_calls_are_capped_per_session(tmp_path: Path) -> None:
     finally:
         rt.close()
         pool.close()
+
+
+def test_ending_a_docker_session_releases_its_warm_container(sessions: Sessions) -> None:
+    """The docker executor's `end_session` is called for the session's owner and tools (the
+    pool's slot is discarded); a bubblewrap session has no container to release."""
+    s = sessions.create("acme", "alice", backend="docker")
+    assert s.backend == "docker"
+    ended = sessions.delete("acme", "alice", s.session_id)
+    assert ended["pool_released"] is True
+    plain = sessions.create("acme", "alice", backend="proc-bwrap")
+    assert sessions.delete("acme", "alice", plain.session_id)["pool_released"] is False

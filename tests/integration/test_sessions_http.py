@@ -234,3 +234,14 @@ def test_another_tenants_exec_and_run_code_cannot_read_a_session(svc: Service) -
             "language": "shell", "code": f"cat {where}"}).json()
         assert took["exit_code"] not in (0, None), took
         assert "s3cret" not in took["stdout"], took
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", "/v1/sessions"), ("GET", "/v1/sessions"),
+    ("GET", "/v1/sessions/s-" + "0" * 24), ("DELETE", "/v1/sessions/s-" + "0" * 24),
+    ("POST", "/v1/sessions/s-" + "0" * 24 + "/run_code"),
+    ("PUT", "/v1/sessions/s-" + "0" * 24 + "/files/a.txt"),
+    ("GET", "/v1/sessions/s-" + "0" * 24 + "/execs/" + "0" * 32 + "/events")])
+def test_every_session_endpoint_needs_a_token(svc: Service, method: str, path: str) -> None:
+    with svc.client() as c:
+        _refused(c.request(method, path, json={}), 401, "AUTH.UNAUTHENTICATED")

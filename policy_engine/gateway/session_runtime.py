@@ -118,7 +118,8 @@ class Sessions:
 
         :param backend: ``proc-bwrap``, ``docker`` or ``auto`` (``docker`` in ``strict`` mode,
             ``proc-bwrap`` in ``permissive``).
-        :raises PolicyRefusal: a bad argument (422) or the tenant's live-session cap (429).
+        :raises PolicyRefusal: a bad argument (422), the tenant's live-session cap (429), or
+            a second live docker session of the same owner (``SANDBOX.CAPABILITY_BLOCKED``).
         """
         mode = self._mode(security_mode)
         if backend == "auto":
@@ -129,7 +130,16 @@ class Sessions:
         now = _now_ms()
         info = SessionInfo(f"s-{secrets.token_hex(12)}", tenant, subject, mode.value, backend,
                            now, now + ttl * 1000)
-        if not self.store.insert_capped(info, self.limits.max_live_per_tenant):
+        refused = self.store.insert_capped(info, self.limits.max_live_per_tenant,
+                                           alone_on="docker")
+        if refused == "alone":
+            # Docker runs a token's calls in one project (/workspace/work per tenant and
+            # subject): a second live session there would share its files
+            raise PolicyRefusal(engine_refusal(PolicyEngineError(
+                ErrorCode.CAPABILITY_BLOCKED, "this token already has a live docker session; "
+                "docker sessions of one tenant and subject would share /workspace/work: "
+                "delete it, or use backend `proc-bwrap`"), "backend"))
+        if refused == "cap":
             raise PolicyRefusal(code_refusal(
                 ErrorCode.BUDGET_EXCEEDED.value, 429, f"the tenant has "
                 f"{self.limits.max_live_per_tenant} live sessions (the cap): delete one or "

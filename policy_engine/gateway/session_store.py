@@ -80,22 +80,30 @@ class SessionStore:
         with self._lock:
             self._db.close()
 
-    def insert_capped(self, info: SessionInfo, cap: int) -> bool:
-        """Store ``info`` unless its tenant already has ``cap`` live sessions (one transaction,
-        so two concurrent creates cannot both pass the cap)."""
+    def insert_capped(self, info: SessionInfo, cap: int, *, alone_on: str | None = None
+                      ) -> str | None:
+        """Store ``info`` unless its tenant already has ``cap`` live sessions (``"cap"``) or,
+        when ``info.backend`` is ``alone_on``, its owner already has a live session there
+        (``"alone"``); one transaction, so two concurrent creates cannot both pass."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 (live,) = self._db.execute(
                     "SELECT COUNT(*) FROM sessions WHERE tenant = ? AND ended_ms IS NULL",
                     (info.tenant,)).fetchone()
-                if live >= cap:
+                (same,) = self._db.execute(
+                    "SELECT COUNT(*) FROM sessions WHERE tenant = ? AND subject = ? AND "
+                    "backend = ? AND ended_ms IS NULL",
+                    (info.tenant, info.subject, alone_on)).fetchone()
+                refused = "cap" if live >= cap else (
+                    "alone" if same and info.backend == alone_on else None)
+                if refused is not None:
                     self._db.execute("ROLLBACK")
-                    return False
+                    return refused
                 self._db.execute(f"INSERT INTO sessions VALUES ({','.join('?' * 9)})",
                                  tuple(getattr(info, c) for c in _COLUMNS))
                 self._db.execute("COMMIT")
-                return True
+                return None
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise

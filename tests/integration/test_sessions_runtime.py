@@ -274,7 +274,13 @@ def test_ending_a_docker_session_releases_its_warm_container(sessions: Sessions)
     pool's slot is discarded); a bubblewrap session has no container to release."""
     s = sessions.create("acme", "alice", backend="docker")
     assert s.backend == "docker"
+    with pytest.raises(PolicyRefusal) as shared:  # one docker project per tenant and subject
+        sessions.create("acme", "alice", backend="docker")
+    assert shared.value.refusal.code == "SANDBOX.CAPABILITY_BLOCKED"
+    sessions.create("acme", "bob", backend="docker")  # another subject: its own project
     ended = sessions.delete("acme", "alice", s.session_id)
     assert ended["pool_released"] is True
+    again = sessions.create("acme", "alice", backend="docker")  # the first one ended
+    assert again.backend == "docker"
     plain = sessions.create("acme", "alice", backend="proc-bwrap")
     assert sessions.delete("acme", "alice", plain.session_id)["pool_released"] is False

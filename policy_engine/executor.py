@@ -117,6 +117,8 @@ class ExecContext:
         ``PolicyEngineError(QUOTA.BUDGET_EXCEEDED)`` when over budget.
     :param on_start: what ``started()`` runs once: for an executor declaring
         ``charges_at_start``, the orchestrator charges the grant's ``calls`` budget there.
+    :param on_output: ``("stdout" | "stderr", bytes)`` as a process writes them (a session's
+        streamed exec); executors that capture output call it, in order, before capping.
     """
 
     profile: Profile
@@ -130,6 +132,7 @@ class ExecContext:
     limits: Limits = _PROFILE_LIMITS
     on_start: Callable[[], None] = field(default=lambda: None)
     has_started: bool = False
+    on_output: Callable[[str, bytes], None] | None = None
 
     def __post_init__(self) -> None:
         if self.limits is _PROFILE_LIMITS:

@@ -261,7 +261,8 @@ class Orchestrator:
             context: Mapping[str, object] | None = None, cancel: CancelToken | None = None,
             now_ms: int | None = None,
             annotations: Mapping[str, Any] | None = None,
-            consent: ConsentHook | None = None) -> RunOutcome:
+            consent: ConsentHook | None = None,
+            on_output: Callable[[str, bytes], None] | None = None) -> RunOutcome:
         """Run ``op`` for ``grant`` under ``manifest``; never raises for a refusal or failure:
         those come back as ``RunOutcome.result.ok == False`` with a registry code.
 
@@ -271,12 +272,15 @@ class Orchestrator:
             (the gateway's consent step, policy_engine/gateway/): the call is decided once and
             the approver sees that decision; after a yes the same profile, now carrying the
             consent, is decided again at the time of the answer.
+        :param on_output: handed each chunk of a process's stdout/stderr while it runs (a
+            session's streamed exec); the final result is the same with or without it.
         """
         with tracing.span("policy_engine.run", {"policy_engine.op": str(op.kind),
                                                 "policy_engine.tenant": grant.tenant}) as sp:
             outcome = self._run(grant, manifest, op, settings=settings, overrides=overrides,
                                 context=context, cancel=cancel, now_ms=now_ms,
-                                annotations=annotations, consent=consent)
+                                annotations=annotations, consent=consent,
+                                on_output=on_output)
             if sp.is_recording():
                 sp.set_attributes({**tracing.decision_attributes(outcome.decision),
                                    "policy_engine.status": outcome.end.status,
@@ -288,7 +292,8 @@ class Orchestrator:
              settings: Settings | None, overrides: Overrides | None,
              context: Mapping[str, object] | None, cancel: CancelToken | None,
              now_ms: int | None, annotations: Mapping[str, Any] | None,
-             consent: ConsentHook | None) -> RunOutcome:
+             consent: ConsentHook | None,
+             on_output: Callable[[str, bytes], None] | None) -> RunOutcome:
         started = time.perf_counter()
         now = now_ms if now_ms is not None else self._clock()
         envelope = self._ids()
@@ -368,13 +373,14 @@ class Orchestrator:
                                 status="denied", backend=sel.backend, degraded=sel.degraded)
         try:
             return self._execute(begin, decision, profile, op, started, sel, key, limits,
-                                 guard, cancel)
+                                 guard, cancel, on_output)
         finally:
             slot.release()
 
     def _execute(self, begin: EvidenceBegin, decision: Decision, profile: Profile, op: ExecOp,
                  started: float, sel: Selection, key: str, limits: Limits,
-                 guard: GuardLike, cancel: CancelToken | None) -> RunOutcome:
+                 guard: GuardLike, cancel: CancelToken | None,
+                 on_output: Callable[[str, bytes], None] | None = None) -> RunOutcome:
         """Steps 6 and 7: charge the call (before, or when the executor starts), run, end."""
         assert sel.executor is not None  # INVARIANT: run() returned on a failed selection
         kind = OpKind(op.kind)
@@ -405,7 +411,7 @@ class Orchestrator:
         ctx = ExecContext(profile=profile, deadline=time.monotonic() + timeout_ms / 1000,
                           degraded=sel.degraded, consume=consume, guard=guard,
                           limits=limits, on_start=charge_call if at_start else nothing,
-                          has_started=not at_start)
+                          has_started=not at_start, on_output=on_output)
         self.metrics.observe_exec(kind, profile)
         with tracing.span("policy_engine.execute", {"policy_engine.backend": sel.backend}):
             attempt = run_with_deadline(sel.executor, ctx, op, cancel)

@@ -624,7 +624,8 @@ class ProcExecutor:
             proc.stdin = None
         try:
             outcome = pump(proc.pid, proc.stdout.fileno(), proc.stderr.fileno(), status_r,
-                           stdin_fd, stdin or b"", out, err, deadline, ctx.cancel, kill, kill)
+                           stdin_fd, stdin or b"", out, err, deadline, ctx.cancel, kill, kill,
+                           on_output=ctx.on_output)
         finally:
             proc.returncode = -1  # reaped by pump's wait4; keep Popen from waiting again
             for fh in (proc.stdout, proc.stderr):

@@ -34,9 +34,11 @@ class Outcome:
 
 def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int | None,
          stdin_data: bytes, out: HeadTail, err: HeadTail, deadline: float, cancel: CancelToken,
-         on_exit: Callable[[], None], kill: Callable[[], None]) -> Outcome:
+         on_exit: Callable[[], None], kill: Callable[[], None], *,
+         on_output: Callable[[str, bytes], None] | None = None) -> Outcome:
     """Drain until exit and EOF; on deadline or cancel call ``kill``; returns the outcome.
 
+    :param on_output: sees each chunk as read (``stdout``/``stderr``), before capping.
     :param on_exit: called once the main child has exited, before it is reaped (its zombie keeps
         the process group id reserved), to kill what it left behind.
     """
@@ -84,10 +86,10 @@ def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int |
                         data = b""
                     if not data:
                         sel.unregister(key.fd)
-                    elif tag == "out":
-                        out.feed(data)
-                    elif tag == "err":
-                        err.feed(data)
+                    elif tag in ("out", "err"):
+                        (out if tag == "out" else err).feed(data)
+                        if on_output is not None:
+                            on_output("stdout" if tag == "out" else "stderr", data)
                     elif len(status_buf) < 4096:
                         status_buf += data
             if exited and not any(k.data in ("out", "err", "status") for k in

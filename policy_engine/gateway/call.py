@@ -10,7 +10,7 @@ outcome (:class:`~policy_engine.gateway.outcome.Called`). Faces parse, call
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ class Call:
     identity: tuple[str, str] | None = None
     annotations: Mapping[str, Any] | None = None
     cancel: CancelToken | None = None
+    on_output: Callable[[str, bytes], None] | None = None  # streamed stdout/stderr
 
 
 class Gateway:
@@ -99,7 +100,7 @@ class Gateway:
             outcome = orch.run(call.grant, call.manifest, call.op, settings=call.settings,
                                overrides=call.overrides, context=call.context or None,
                                cancel=call.cancel, annotations=call.annotations,
-                               consent=consent)
+                               consent=consent, on_output=call.on_output)
             asked = box[0] if box else None
             self.broker.record(asked, outcome.envelope_id)
             called = Called(outcome, asked, refusal_of(outcome, asked))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Callable
@@ -80,10 +81,28 @@ def _answer(result: InvokeResult) -> types.CallToolResult:
             result.code or ErrorCode.UNKNOWN_INTERNAL.value, result.http_status,
             result.message or "", "backend", envelope_id=result.envelope_id).to_json()
         return tool_error(_from_json(refusal))
+    output = _with_text(result.output)
+    shown = output["text"] if isinstance(output.get("text"), str) else json.dumps(
+        output, ensure_ascii=False)
     return types.CallToolResult(
-        content=[types.TextContent(text=json.dumps(result.output, ensure_ascii=False))],
-        structured_content=result.output, meta={"policy-engine/envelope_id":
-                                                result.envelope_id})
+        content=[types.TextContent(text=shown)],
+        structured_content=output, meta={"policy-engine/envelope_id": result.envelope_id})
+
+
+def _with_text(output: dict[str, Any]) -> dict[str, Any]:
+    """A file skill's bytes as text for the model when they are UTF-8 (``text`` beside
+    ``bytes_b64``; the model reads words, not base64); other bytes stay base64 only."""
+    raw = output.get("bytes_b64")
+    if not isinstance(raw, str) or "text" in output:
+        return output
+    try:
+        text = base64.b64decode(raw, validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return output
+    if output.get("preview_truncated"):
+        # a cut may split a character: the decode above would have failed then, not here
+        text += f"\n[… truncated: {output.get('size')} bytes in all]"
+    return {**output, "text": text}
 
 
 def _from_json(doc: dict[str, Any]) -> Refusal:

@@ -135,8 +135,9 @@ class RunCodePlan:
 
 def plan_run_code(code: str, language: str, timeout: float, *, session_id: str, tenant: str,
                   subject: str, manifest: Manifest, security_mode: SecurityMode,
-                  work: Path, root: Path) -> RunCodePlan:
-    """Assess ``code``, pick the sandbox the mode requires and build its one op.
+                  work: Path, root: Path, backend: str | None = None) -> RunCodePlan:
+    """Assess ``code``, pick the sandbox the mode requires (or run on ``backend``: a
+    session's fixed one, whose runtime checks the hint) and build its one op.
 
     :raises ValueError: ``language`` is not ``python`` or ``shell``.
     """
@@ -144,7 +145,7 @@ def plan_run_code(code: str, language: str, timeout: float, *, session_id: str, 
         raise ValueError("language must be `python` or `shell`")
     lang: Language = "python" if language == "python" else "shell"
     risk = UnifiedRiskPolicy.assess(code, lang)
-    backend = UnifiedRiskPolicy.required_sandbox(risk, security_mode)
+    backend = backend or UnifiedRiskPolicy.required_sandbox(risk, security_mode)
     tool, flag = _TOOLS[language]
     if backend == "docker":
         cwd, root_fs = CONTAINER_WORK, "/workspace"

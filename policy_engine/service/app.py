@@ -23,6 +23,7 @@ from policy_engine.confirm.broker import ConsentBroker
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.explain import ExplainRequest
 from policy_engine.gateway.call import Call, Gateway
+from policy_engine.gateway.session_runtime import Sessions
 from policy_engine.gateway.sessions import SandboxManager
 from policy_engine.model import Manifest
 from policy_engine.orchestrator import Orchestrator
@@ -63,7 +64,9 @@ from policy_engine.service.models import (
     RunCodeBody,
     RunCodeResponse,
 )
+from policy_engine.service.outcome_models import DECIDE_RESPONSES, OP_RESPONSES
 from policy_engine.service.pg_stores import open_exec_store, open_token_store, service_dsn
+from policy_engine.service.session_routes import register as register_session_routes
 from policy_engine.service.skill_routes import register as register_skill_routes
 from policy_engine.service.workspace import open_artifact
 from policy_engine.skills.invoke import SkillInvoker
@@ -71,8 +74,6 @@ from policy_engine.tokens import Principal, TokenStore
 
 # context keys the guard takes from the caller over its own views: the service sets them
 _RESERVED_CONTEXT = ("grant", "manifest", "tenant", "subject")
-_JSON_OBJECT: dict[str, Any] = {"content": {"application/json": {"schema": {"type": "object"}}},
-                                "description": "the outcome document (docs/service.md)"}
 _UNREADABLE = ("body: not JSON this service reads (UTF-8 text, at most ~1000 levels of "
                "nesting, integers of at most 4300 digits)")
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -92,10 +93,13 @@ class Engine:
     pool: OrchestratorPool
     skills: SkillInvoker | None = None
     reloader: PolicyReloader | None = None
+    sessions: Sessions | None = None
 
     def close(self) -> None:
         if self.reloader is not None:
             self.reloader.stop()
+        if self.sessions is not None:
+            self.sessions.close()
         self.pool.close()
         self.execs.close()
         self.tokens.close()
@@ -115,7 +119,9 @@ def open_engine(config: ServiceConfig) -> Engine:
     skills = SkillInvoker(config.skills, config.policyset, config.engine, fs_root=fs_root,
                           orchestrator=orch, pool=pool) if config.skills else None
     eng = Engine(config, orch, tokens, execs, ExecRunner(config, gateway, execs), gateway,
-                 pool, skills)
+                 pool, skills, sessions=Sessions(pool, gateway, config=config.engine,
+                                                 workspace_root=config.workspace_root,
+                                                 default_mode=config.security_mode))
     if config.reload_interval_s > 0 and config.policy_files:
         eng.reloader = PolicyReloader(orch, config.policy_files)
         eng.reloader.start(config.reload_interval_s)
@@ -302,7 +308,7 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         return answer(engine_box[0].gateway.decide(manifest_of(body), body.grant, request,
                                                    trace=view == "full"), view)
 
-    @app.post("/v1/decide", tags=["decisions"], responses={200: _JSON_OBJECT})
+    @app.post("/v1/decide", tags=["decisions"], responses=DECIDE_RESPONSES)
     async def decide(body: DecideBody, who: Who,
                      explain: Annotated[View, Query(description=_EXPLAIN)] = "compact"
                      ) -> JSONResponse:
@@ -314,7 +320,7 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
     # the ordinary decide call skips FastAPI's per-request machinery (fastpath.py)
     app.state.decide_route = DecideRoute(admit=admission, decide=decision)
 
-    @app.post("/v1/ops", tags=["decisions"], responses={200: _JSON_OBJECT})
+    @app.post("/v1/ops", tags=["decisions"], responses=OP_RESPONSES)
     def run_op(body: CallBody, who: Who, eng: Eng) -> JSONResponse:
         """Run one op through the orchestrator (with begin/end evidence). A refusal or failure
         answers its code's HTTP status with `error` beside the outcome."""
@@ -391,6 +397,12 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
 
     register_skill_routes(app, Who, Annotated[SkillInvoker | None, Depends(skill_invoker)],
                           Annotated[Gateway, Depends(gateway)])
+
+    async def sessions(eng: Eng) -> Sessions:
+        assert eng.sessions is not None
+        return eng.sessions
+
+    register_session_routes(app, Who, Annotated[Sessions, Depends(sessions)])
 
     @app.get("/sandbox/health", tags=["sandbox"], response_model=Health)
     def health(eng: Eng) -> Health:

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import Client
+from mcp import Client, types
 from mcp.client.stdio import StdioServerParameters
 
 from tests.integration.mcp_fixtures import Setup, make_setup
@@ -79,6 +79,10 @@ def test_allowed_and_denied_calls_leave_evidence(setup: Setup) -> None:
             assert ok.structured_content is not None
             assert base64.b64decode(ok.structured_content["bytes_b64"]) == b"hello\n"
             assert ok.structured_content["size"] == 6
+            # UTF-8 bytes reach the model as text, not base64 (issue 28 item 7)
+            assert ok.structured_content["text"] == "hello\n"
+            assert [c.text for c in ok.content if isinstance(c, types.TextContent)] == \
+                ["hello\n"]
             envelope = (ok.meta or {})["policy-engine/envelope_id"]
             assert [e["status"] for e in setup.ends(envelope)] == ["ok"]
 

@@ -32,7 +32,7 @@ _TABLE = {
         "analysis"),  # authoring
     7: ("skills", "runcode", "confirm"),  # agents
     8: ("gateway",),  # the one call path under every face
-    9: ("cli", "service", "mcp", "lsp", "sandbox_runner", "console", "templates",
+    9: ("cli", "service", "mcp", "lsp", "sandbox_runner", "console", "templates", "client",
         "__init__"),  # faces (``__init__``: the package face, `from policy_engine import …`)
 }
 for _floor, _units in _TABLE.items():

@@ -50,9 +50,11 @@ def test_ops_and_decide_declare_their_outcomes() -> None:
     assert refs == {"OpDocument", "ErrorBody"}
     assert {"result", "envelope_id", "refusal", "error", "decision", "evidence"} <= set(
         schemas["OpDocument"]["properties"])
-    assert decide["200"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/DecideDocument"}
-    assert schemas["DecideDocument"]["properties"]["decision"]["enum"] == ["allow", "deny"]
+    answers = decide["200"]["content"]["application/json"]["schema"]["anyOf"]
+    assert {alt["$ref"].rsplit("/", 1)[-1] for alt in answers} == {"DecideCompact",
+                                                                    "DecideDocument"}
+    for name in ("DecideCompact", "DecideDocument"):  # the compact answer, or explain=full
+        assert schemas[name]["properties"]["decision"]["enum"] == ["allow", "deny"]
     for path in ("/v1/ops", "/v1/decide"):
         for resp in doc["paths"][path]["post"]["responses"].values():
             for media in resp.get("content", {}).values():

@@ -24,7 +24,6 @@ from typing import Any, Literal
 from plugins.executor_proc import (
     bwrap,
     cgroups,
-    idmap,
     landlock,
     native,
     owner,
@@ -311,12 +310,10 @@ class ProcExecutor:
         stdin = _decode_stdin(op)
         private_tmp = None if self.backend == "bwrap" else tempfile.mkdtemp(prefix="pe-proc-")
         net: RestrictedHandle | None = None
-        runner: ProcExecutor | None = None
         try:
             # the identity first: the local runner's plan carves out what that uid owns
             runner = self._as_tree_owner(bound_paths(ctx.profile)[1])
             plan = runner._plan(ctx, op, private_tmp or "/tmp")
-            runner = runner._with_idmapped(plan)  # a root-owned tree: mapped, not handed over
             self._refuse_engine_trees(plan)
             plan.limits = resolve_limits(ctx.profile, op, ctx.limits)  # the rule's included
             if plan.network == "restricted" and self.network_hook is None:
@@ -327,8 +324,6 @@ class ProcExecutor:
             return runner._run(ctx, op, plan, stdin, private_tmp, ctx.profile.network.value,
                                net)
         finally:
-            if runner is not None and runner.idmapped is not None:
-                runner.idmapped.close()
             if net is not None:
                 _record_proxy(ctx, net)
             if private_tmp is not None:
@@ -336,49 +331,6 @@ class ProcExecutor:
 
     writes_as_owner = False
     """Set on the per-call copy that runs as the owner of the writable tree (``owner.py``)."""
-    idmapped: idmap.IdMapped | None = None
-    """The per-call copy's id-mapped binds of root-owned writable paths (``idmap.py``)."""
-    idmap_failed: str | None = None
-    """Why no id-mapped bind could be made (the call then hands the tree over, recorded)."""
-
-    def _with_idmapped(self, plan: Plan) -> ProcExecutor:
-        """A per-call copy whose root-owned writable binds are id-mapped to ``run_as``
-        (``idmap.py``): the sandbox writes them as root, no owner changes. Without the native
-        launcher (which binds them) or where the kernel refuses, the tree is handed over as
-        before (``uid.adopt``) and the call records why."""
-        if self.run_as is None or self.writes_as_owner:
-            return self
-        roots = [w for w in self._adoptable(plan) if _owned_by_root(w)]
-        if not roots:
-            return self
-        twin = copy.copy(self)
-        if self._launcher()[0] is None:
-            twin.idmap_failed = "the Python launcher cannot bind id-mapped mounts"
-            return twin
-        if self.backend == "bwrap" and not self.options.layer2:
-            # what the sandbox creates there is root's on disk: only the launcher's seccomp
-            # filter refuses set-uid/set-gid modes (a set-uid root file would be a host root)
-            twin.idmap_failed = "without layer 2 no seccomp filter refuses set-id modes"
-            return twin
-        try:
-            twin.idmapped = idmap.IdMapped([plan.resolved.get(w, w) for w in roots],
-                                           *self.run_as)
-        except OSError as exc:
-            twin.idmap_failed = str(exc)
-            return twin
-        twin._idmap_targets = {w: twin.idmapped.mounts[plan.resolved.get(w, w)] for w in roots}
-        if self.backend == "bwrap":  # bwrap binds the mapped tree where the path was
-            for w, mounted in twin._idmap_targets.items():
-                plan.resolved[w] = mounted
-        return twin
-
-    _idmap_targets: dict[str, str] = {}  # noqa: RUF012 — replaced per call, never mutated
-
-    def _adoptable(self, plan: Plan) -> list[str]:
-        """The writable binds a root engine would hand to ``run_as`` (``uid.adopt``)."""
-        return [w for w in plan.writable if not any(beneath(w, t) or beneath(t, w)
-                                                    for t in plan.system)
-                and enginedirs.shared_root_refusal(os.path.realpath(w)) is None]
 
     def _as_tree_owner(self, writable: list[str]) -> ProcExecutor:
         """This executor, or a per-call copy running as the one non-root owner of every
@@ -598,30 +550,20 @@ class ProcExecutor:
                     f"binds (at most {MAX_LANDLOCK_RULES}): narrow the fs rules (a broad `/**` "
                     "exposes every secret beneath it) or use proc-bwrap, which masks by mounts")
         exe, degraded = self._launcher()
-        if self.idmap_failed is not None:
-            who = self.run_as[0] if self.run_as else "?"
-            why = (f"the writable paths root owns would be handed to uid {who} (chown): no "
-                   f"id-mapped bind ({self.idmap_failed})")
-            if self.mode == "strict":  # never a silent chown; in strict mode, none at all
-                raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: {why}; "
-                                        "run in compat mode to allow it, or keep the tree "
-                                        "owned by an unprivileged user")
-            degraded = f"{degraded}; {why}" if degraded else why
         reach = self._reach(plan, private_tmp, exe)
         ctx.started()  # every refusal above was free: nothing has been spawned yet
-        if self.idmapped is not None and self.backend != "bwrap":
-            for w, mounted in self._idmap_targets.items():  # bound back in place, mapped
-                reach.rebinds.append((int(reach.stage(mounted).rsplit("/", 1)[1]), w))
-        if self.run_as is not None and not self.writes_as_owner and self.idmapped is None:
+        if self.run_as is not None and not self.writes_as_owner:
             # what root left in a writable bind (an fs.write, a checkout) must stay writable for
             # the sandbox uid; masked secrets keep their owner; a writable bind holding or inside
             # a system tree (`fs.write "/**"`) is never walked: /usr, /etc and / stay root's
             # nor one that is or holds a shared root (`/opt`, `/home`: installed software, other
             # users' files) or the engine's own trees: those keep their owner (round 3, F7)
-            uid.adopt([w for w in plan.writable if not any(
+            handed = uid.adopt([w for w in plan.writable if not any(
                 beneath(w, t) or beneath(t, w) for t in plan.system)
                 and enginedirs.shared_root_refusal(os.path.realpath(w)) is None],
                 *self.run_as, masked=plan.mask_files + plan.mask_dirs + plan.readonly)
+        else:
+            handed = 0
         if self.run_as is not None and private_tmp is not None:
             os.chown(private_tmp, *self.run_as)  # the engine's own temp dir, not the user's
         layered = self.backend != "bwrap" or self.options.layer2
@@ -688,9 +630,13 @@ class ProcExecutor:
             outcome.rusage_cpu_ms = max(outcome.rusage_cpu_ms, cg_cpu)
         if spec is None:  # no seccomp layer refused setuid bits or device nodes: undo them
             sanitize.sanitize(plan.writable)
-        return self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
-                            asked_network, degraded, chained=net is not None and layered,
-                            oom_kills=oom_kills)
+        result = self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
+                              asked_network, degraded, chained=net is not None and layered,
+                              oom_kills=oom_kills)
+        if handed and self.run_as is not None and isinstance(result.out, dict):
+            # never a silent chown: the call says what changed owner, and why (owner.py)
+            result.out["owner_changes"] = owner.handed_over(handed, self.run_as)
+        return result
 
     def _spawn(self, plan: Plan, spec: dict[str, Any] | None, stdin: bytes | None,
                exe: str | None, lim: Limits, cg_fds: list[int], net: RestrictedHandle | None,
@@ -896,10 +842,3 @@ def _record_proxy(ctx: ExecContext, net: RestrictedHandle) -> None:
 
 def _rmtree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _owned_by_root(path: str) -> bool:
-    try:
-        return os.lstat(path).st_uid == 0
-    except OSError:
-        return False

@@ -8,8 +8,11 @@ the tree changes owner (issue 26: a first run used to hand the whole repository 
 after which host git refused it as "dubious ownership"). The set-uid/set-gid protections are
 the same as for ``run_as`` (seccomp refuses those modes; ``nosuid`` binds).
 
-A tree owned by root (or by several users) runs as ``run_as``; root's tree is bound through an
-id-mapped mount (``idmap.py``), so nothing changes owner there either.
+A tree owned by root (or by several users) runs as ``run_as`` as before; what root owns there is
+handed to ``run_as`` (``uid.adopt``) and the call records how many entries changed owner
+(:func:`handed_over`, in the result's ``degraded``): never a silent ``chown``. An id-mapped bind
+(``MOUNT_ATTR_IDMAP``) would avoid it, but it maps every root inode of the tree, hard links to
+host files included (which the hand-over leaves to root): not built until those are masked.
 """
 
 from __future__ import annotations
@@ -35,3 +38,11 @@ def tree_owner(writable: Iterable[str]) -> tuple[int, int] | None:
         return None
     (uid, gid), = owners
     return (uid, gid) if uid != 0 and gid != 0 else None
+
+
+def handed_over(count: int, run_as: tuple[int, int]) -> str:
+    """What a call records when it handed ``count`` root-owned entries to ``run_as``."""
+    return (f"{count} root-owned entries of the writable paths were handed to uid {run_as[0]} "
+            "(chown) so the unprivileged sandbox can write them; keep agent workspaces owned "
+            "by an unprivileged user to have them written as that user instead "
+            "(docs/operations.md, \"Who writes your files\")")

@@ -29,7 +29,7 @@ from policy_engine.guard.resolve import (
     resolve_other,
 )
 from policy_engine.guard.shapes import same_profile
-from policy_engine.guard.steps import consent_needed, diagnose, limit_violation, why_not
+from policy_engine.guard.steps import LIMIT_CHECKS, consent_needed, diagnose, why_not
 from policy_engine.guard.tracer import Tracer
 from policy_engine.guard.verdict import allow as _allow
 from policy_engine.guard.verdict import deny as _deny
@@ -60,16 +60,18 @@ class Call:
     def __init__(self, guard: Guard, profile: Profile, op: Any,
                  context: Mapping[str, object] | None, now_ms: int | None,
                  tr: Tracer | None) -> None:
-        self.guard = guard
-        self.profile = profile
-        self.op = op
-        self.context = context
-        self.now_ms = now_ms  # the caller's clock, or None: ``expiry`` reads the system's
-        self.tr = tr
-        self.data: dict[str, object] | None = None  # the CEL context, built at its first use
-        # set by the steps, in order: kind, cap_kind, phash, cp, expires_at, window (kind);
-        # rv, path, seen, written, cwd, res (resolve); chosen (permits)
-        self.now: int  # set by ``expiry``
+        # ``Guard.decide`` fills the same slots itself (``start``): see there why
+        start(self, guard, profile, op, context, now_ms, tr)
+        # set by the steps, in order: now (expiry); kind, cap_kind, phash, cp, expires_at,
+        # window (kind); rv, path, seen, written, cwd, res (resolve); chosen (permits)
+        self.guard: Guard
+        self.profile: Profile
+        self.op: Any
+        self.context: Mapping[str, object] | None
+        self.now_ms: int | None  # the caller's clock, or None: ``expiry`` reads the system's
+        self.tr: Tracer | None
+        self.data: dict[str, object] | None  # the CEL context, built at its first use
+        self.now: int
         self.kind: str
         self.cap_kind: str
         self.phash: str
@@ -91,6 +93,13 @@ class Call:
             data = self.data = build_context(self.cp, self.op, self.kind, self.path, self.rv,
                                              self.now, self.context)
         return data
+
+
+def start(c: Call, guard: Guard, profile: Profile, op: Any,
+          context: Mapping[str, object] | None, now_ms: int | None, tr: Tracer | None) -> None:
+    """Fill the inputs of ``c`` (the slots no step sets)."""
+    c.guard, c.profile, c.op, c.context, c.now_ms, c.tr, c.data = (
+        guard, profile, op, context, now_ms, tr, None)
 
 
 Step = Callable[[Call], "Decision | None"]
@@ -294,7 +303,8 @@ def limits(s: Call) -> Decision | None:
     """7: the limits of the chosen capability met with the profile's; the permit rule is blamed
     only when its own limits set the one exceeded."""
     chosen, tr = s.chosen, s.tr
-    violation = limit_violation(s.kind, s.op, chosen.limits, s.rv, s.path)
+    check = LIMIT_CHECKS.get(s.kind)  # ``steps.limit_violation``, a call less a decision
+    violation = check(s.op, chosen.limits, s.rv) if check is not None else None
     if violation is not None:
         field, over = violation
         layer = ("tmp.use size" if field == "tmp_max_bytes"

@@ -57,34 +57,31 @@ class Call:
                  "cap_kind", "phash", "cp", "expires_at", "window", "rv", "path", "seen",
                  "written", "cwd", "res", "data", "chosen")
 
-    def __init__(self, guard: Guard, profile: Profile, op: Any,
-                 context: Mapping[str, object] | None, now_ms: int | None,
-                 tr: Tracer | None) -> None:
-        # ``Guard.decide`` fills the same slots itself (``start``): see there why
-        start(self, guard, profile, op, context, now_ms, tr)
-        # set by the steps, in order: now (expiry); kind, cap_kind, phash, cp, expires_at,
-        # window (kind); rv, path, seen, written, cwd, res (resolve); chosen (permits)
-        self.guard: Guard
-        self.profile: Profile
-        self.op: Any
-        self.context: Mapping[str, object] | None
-        self.now_ms: int | None  # the caller's clock, or None: ``expiry`` reads the system's
-        self.tr: Tracer | None
-        self.data: dict[str, object] | None  # the CEL context, built at its first use
-        self.now: int
-        self.kind: str
-        self.cap_kind: str
-        self.phash: str
-        self.cp: CompiledProfile
-        self.expires_at: int
-        self.window: tuple[int, int] | None
-        self.rv: Resolved | None
-        self.path: str | None
-        self.seen: Facts
-        self.written: str | None
-        self.cwd: str | None
-        self.res: object
-        self.chosen: CompiledCap
+    # filled by ``Guard.decide`` (guard, profile, op, context, now_ms, tr, data: no
+    # ``__init__``, see there why), then by the steps, in order: now (expiry); kind, cap_kind,
+    # phash, cp, expires_at, window (kind); rv, path, seen, written, cwd, res (resolve);
+    # chosen (permits)
+    guard: Guard
+    profile: Profile
+    op: Any
+    context: Mapping[str, object] | None
+    now_ms: int | None  # the caller's clock, or None: ``expiry`` reads the system's
+    tr: Tracer | None
+    data: dict[str, object] | None  # the CEL context, built at its first use
+    now: int
+    kind: str
+    cap_kind: str
+    phash: str
+    cp: CompiledProfile
+    expires_at: int
+    window: tuple[int, int] | None
+    rv: Resolved | None
+    path: str | None
+    seen: Facts
+    written: str | None
+    cwd: str | None
+    res: object
+    chosen: CompiledCap
 
     def context_data(self) -> dict[str, object]:
         """The CEL context, built once, at the first condition that needs it."""
@@ -93,13 +90,6 @@ class Call:
             data = self.data = build_context(self.cp, self.op, self.kind, self.path, self.rv,
                                              self.now, self.context)
         return data
-
-
-def start(c: Call, guard: Guard, profile: Profile, op: Any,
-          context: Mapping[str, object] | None, now_ms: int | None, tr: Tracer | None) -> None:
-    """Fill the inputs of ``c`` (the slots no step sets)."""
-    c.guard, c.profile, c.op, c.context, c.now_ms, c.tr, c.data = (
-        guard, profile, op, context, now_ms, tr, None)
 
 
 Step = Callable[[Call], "Decision | None"]

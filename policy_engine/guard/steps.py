@@ -105,7 +105,7 @@ def with_request_timeout(allow: Decision, timeout_ms: int) -> Decision:
 def limit_violation(kind: str, op: Any, lim: EffLimits, rv: Resolved | None,
                     path: str | None) -> Violation | None:
     """The first limit the op exceeds (its field and a public reason), or ``None``."""
-    check = _LIMITS.get(kind)
+    check = LIMIT_CHECKS.get(kind)
     return check(op, lim, rv) if check is not None else None
 
 
@@ -152,7 +152,7 @@ def _tmp(op: Any, lim: EffLimits, rv: Resolved | None) -> Violation | None:
     return _over("tmp size", "tmp_max_bytes", op.size_bytes, lim.tmp_max_bytes)
 
 
-_LIMITS: dict[str, Callable[[Any, EffLimits, Resolved | None], Violation | None]] = {
+LIMIT_CHECKS: dict[str, Callable[[Any, EffLimits, Resolved | None], Violation | None]] = {
     "fs.read": _fs_read, "fs.write": _fs_write, "fs.list": _fs_list, "net.http": _net,
     "browser.screenshot": _screenshot, "proc.exec": _proc, "tmp.alloc": _tmp,
 }

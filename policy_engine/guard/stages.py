@@ -1,0 +1,382 @@
+"""The guard's decision as a table of named steps (``STEPS``), in the order ``guard.py`` documents.
+
+Each step reads and fills one :class:`Call` and answers a :class:`Decision` (the call is
+decided: a refusal, or an early allow) or ``None`` (the next step runs), as OPA's compiler runs
+its ``stages`` and Cedar's ``is_authorized`` its core. The traced and the untraced call run the
+same steps; a tracer only adds the words.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from policy_engine.errors import ErrorCode
+from policy_engine.guard import gitfiles
+from policy_engine.guard.compiled import CompiledCap, CompiledProfile
+from policy_engine.guard.fsfacts import fs_refusal
+from policy_engine.guard.ipaddr import classify, is_address_allowed
+from policy_engine.guard.paths import normalize_path, quote
+from policy_engine.guard.resolve import (
+    ABSENT,
+    OP_KIND,
+    Facts,
+    Resolved,
+    build_context,
+    coerce_op,
+    resolve_fs,
+    resolve_other,
+)
+from policy_engine.guard.shapes import same_profile
+from policy_engine.guard.steps import LIMIT_CHECKS, consent_needed, diagnose, why_not
+from policy_engine.guard.tracer import Tracer
+from policy_engine.guard.verdict import allow as _allow
+from policy_engine.guard.verdict import deny as _deny
+from policy_engine.guard.verdict import describe as _describe
+from policy_engine.model import Decision, Profile, RuleRef
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from policy_engine.guard.guard import Guard
+
+FS_OPS = frozenset({"fs.read", "fs.write", "fs.list"})
+_NET_OPS = frozenset({"net.http", "browser.nav", "browser.screenshot"})
+_BLOCKED, _PERM = ErrorCode.CAPABILITY_BLOCKED, ErrorCode.PERMISSION_DENY
+_NONE_REFUSED: list[tuple[CompiledCap, str | None]] = []  # shared, never appended to
+
+
+class Call:
+    """One decision in progress: its inputs and what the steps have found so far.
+
+    Slots, filled by the step that learns them (``resolve`` sets every resource field), so a
+    decision allocates this one object and nothing per step."""
+
+    __slots__ = ("guard", "profile", "op", "context", "now_ms", "tr", "now", "kind",
+                 "cap_kind", "phash", "cp", "expires_at", "window", "rv", "path", "seen",
+                 "written", "cwd", "res", "data", "chosen")
+
+    # filled by ``Guard.decide`` (guard, profile, op, context, now_ms, tr, data: no
+    # ``__init__``, see there why), then by the steps, in order: now (expiry); kind, cap_kind,
+    # phash, cp, expires_at, window (kind); rv, path, seen, written, cwd, res (resolve);
+    # chosen (permits)
+    guard: Guard
+    profile: Profile
+    op: Any
+    context: Mapping[str, object] | None
+    now_ms: int | None  # the caller's clock, or None: ``expiry`` reads the system's
+    tr: Tracer | None
+    data: dict[str, object] | None  # the CEL context, built at its first use
+    now: int
+    kind: str
+    cap_kind: str
+    phash: str
+    cp: CompiledProfile
+    expires_at: int
+    window: tuple[int, int] | None
+    rv: Resolved | None
+    path: str | None
+    seen: Facts
+    written: str | None
+    cwd: str | None
+    res: object
+    chosen: CompiledCap
+
+    def context_data(self) -> dict[str, object]:
+        """The CEL context, built once, at the first condition that needs it."""
+        data = self.data
+        if data is None:
+            data = self.data = build_context(self.cp, self.op, self.kind, self.path, self.rv,
+                                             self.now, self.context)
+        return data
+
+
+Step = Callable[[Call], "Decision | None"]
+
+
+def kind(s: Call) -> Decision | None:
+    """0: the op kind maps to a capability kind (a mapping is validated), and the profile's
+    compilation is found (cached by hash, or the shape's with this call's expiry and consent)."""
+    op, profile, guard, tr = s.op, s.profile, s.guard, s.tr
+    k = getattr(op, "kind", None)
+    cap_kind = OP_KIND.get(k) if type(k) is str else None
+    if cap_kind is None:
+        s.op = op = coerce_op(op)
+        k = op.kind
+        cap_kind = OP_KIND[k]
+    assert k is not None  # INVARIANT: a kind OP_KIND maps (narrowing for mypy)
+    s.kind, s.cap_kind = k, cap_kind
+    s.phash = phash = profile.profile_hash
+    key = phash or id(profile)
+    cp = guard._cache.get(key)
+    # a hash names a compilation only for a profile that holds what it was compiled from
+    # (a ``model_copy`` keeping another profile's hash compiles on its own)
+    if cp is not None and (cp.profile is profile or (phash and same_profile(cp.profile,
+                                                                            profile))):
+        s.expires_at, s.window = cp.expires_at, cp.consent_window
+    else:
+        # a new call of a cached shape (untraced): decided on the shape's compilation with this
+        # call's expiry, consent window and hash, as ``shapes.derive`` sets them
+        base = guard._shapes.base_for(profile) if tr is None else None
+        if base is not None:
+            cp = base
+            consent = profile.consent
+            s.expires_at = profile.expires_at
+            s.window = None if consent is None else (consent.granted_at, consent.expires_at)
+        else:
+            cp = guard._compile_into_cache(profile, key)
+            s.expires_at, s.window = cp.expires_at, cp.consent_window
+    s.cp = cp
+    if tr is not None:
+        tr.step("kind", "pass", detail=f"{k} needs {cap_kind}")
+    return None
+
+
+def expiry(s: Call) -> Decision | None:
+    """1: the grant has not expired."""
+    now_ms = s.now_ms
+    s.now = now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    if s.expires_at <= now:
+        if s.tr is not None:
+            s.tr.step("expiry", "fail", detail="grant expired")
+        return _deny(s.phash, _PERM, "grant expired", None, s.tr)
+    return None
+
+
+def resolve(s: Call) -> Decision | None:
+    """2: the resource, resolved: the path beneath the root (an fs.write inside the fs root or
+    the tmp dir), the URL parsed, the argv's shape; a proc.exec's cwd normalized for ``facts``.
+    A resolver's refusal raises ``PolicyEngineError`` (the caller's failure deny)."""
+    kind, op, guard = s.kind, s.op, s.guard
+    s.cwd = None
+    if kind in FS_OPS:
+        s.rv = None
+        cp = s.cp
+        if guard.facts is None:
+            path, s.seen, inside, s.written = resolve_fs(
+                cp, op.path, guard.resolve_symlinks, guard.fs_facts and kind != "fs.list")
+        else:  # declared or unknown facts, never this host's disk (guard/facts.py)
+            path, s.seen, inside, s.written = guard.facts.resolve(cp.root_fs, cp.tmp_dir,
+                                                                  op.path)
+        s.path = s.res = path
+        if kind == "fs.write" and not inside:
+            return _deny(s.phash, _BLOCKED,
+                         f"write to {quote(path)} is outside the fs root and the tmp dir",
+                         None, s.tr)
+    else:
+        s.path = s.written = s.seen = None
+        s.rv = rv = resolve_other(kind, op)
+        s.res = rv.res
+        if kind == "proc.exec" and op.cwd is not None:
+            s.cwd = normalize_path(op.cwd)  # judged after the policy (step ``facts``)
+    if s.tr is not None:
+        s.tr.step("resolve", "pass", detail=_describe(s.rv, s.path))
+    return None
+
+
+def forbids(s: Call) -> Decision | None:
+    """3: forbids, deny-overrides: a matching forbid whose condition holds or fails blocks.
+
+    Forbids see the resolved path and ``written``, the path as the op spelt it when resolving
+    its links changed it (a forbid on `/ws/cur/private/**` covers that spelling). With a tracer,
+    URL and tool forbids are scanned one by one so the trace names each."""
+    fset = s.cp.forbids.get(s.cap_kind)
+    if fset is None:
+        return None
+    res, written, tr = s.res, s.written, s.tr
+    if fset.screen is not None and (tr is None or fset.by_globs) and \
+            not fset.screen(res) and (written is None or not fset.screen(written)):
+        if tr is not None:
+            tr.step("forbid", "no-match", detail="no forbid glob matches")
+        return None
+    for d in fset.denies:
+        if not d.admits(res, written):
+            if tr is not None:
+                tr.step("forbid", "no-match", d.rule)
+            continue
+        if d.condition is not None:
+            val, err = d.condition.run(s.context_data())
+            if err is None and not val:
+                if tr is not None:
+                    tr.step("forbid", "condition-false", d.rule)
+                continue
+            if err is not None:
+                if tr is not None:
+                    tr.step("forbid", "condition-error", d.rule, err)
+                return _deny(s.phash, _BLOCKED,
+                             f"forbid rule `{d.label}` could not be evaluated, so it blocks "
+                             f"{_describe(s.rv, s.path)}", d.rule, tr)
+        if tr is not None:
+            tr.step("forbid", "match", d.rule, "deny")
+        what = f"forbid rule `{d.label}`" if d.rule else "the deny-list"
+        return _deny(s.phash, _BLOCKED, f"{what} blocks {_describe(s.rv, s.path)}", d.rule, tr)
+    return None
+
+
+def network(s: Call) -> Decision | None:
+    """4: the network is not off for a net.http or browser op."""
+    if s.cp.network_off and s.kind in _NET_OPS:
+        if s.tr is not None:
+            s.tr.step("network", "fail", detail="network is off")
+        return _deny(s.phash, _BLOCKED, "network is off for this profile", None, s.tr)
+    return None
+
+
+def permits(s: Call) -> Decision | None:
+    """5–6: the first capability whose members admit, whose env allow-list and condition hold,
+    preferring one that names a private address the URL is; else the layer that refused."""
+    kind, op, cp, tr, res, path, rv = s.kind, s.op, s.cp, s.tr, s.res, s.path, s.rv
+    url = rv.url if rv is not None else None
+    special = classify(url.ip) if url is not None and url.ip is not None else None
+    unnamed: CompiledCap | None = None
+    refused: list[tuple[CompiledCap, str | None]] = _NONE_REFUSED
+    env = op.env if kind == "proc.exec" and op.env else None
+    env_refused: tuple[str, RuleRef | None] | None = None
+    # built-in: git's control files only under a permit naming `.git` (gitfiles.py)
+    git_part = gitfiles.git_control_file(path) if kind == "fs.write" and path else None
+    caps = cp.caps.get(s.cap_kind, ())
+    index = cp.permit_index.get(s.cap_kind) if tr is None else None
+    if index is not None:  # only permits that can admit res (permit_index.py); untraced
+        picks = index.candidates(res)
+        if picks is not None:
+            caps = [caps[i] for i in picks]  # type: ignore[assignment]  # iterated once
+    for c in caps:
+        if not c.test(res):
+            if tr is not None:
+                tr.step("permit", "no-match", c.rule, why_not(c, res))
+            continue
+        if git_part is not None and not gitfiles.names_git(c.members):
+            why_git = gitfiles.refusal(path or "", c.members)
+            env_refused = env_refused or (why_git or "", c.rule)
+            if tr is not None:
+                tr.step("permit", "no-match", c.rule, why_git or "")
+            continue
+        if env is not None and c.env is not None:
+            why_env = c.env.refusal(env)
+            if why_env is not None:
+                env_refused = env_refused or (why_env, c.rule)
+                if tr is not None:
+                    tr.step("permit", "no-match", c.rule, why_env)
+                continue
+        if c.condition is not None:
+            val, err = c.condition.run(s.context_data())
+            if err is not None or not val:
+                if refused is _NONE_REFUSED:
+                    refused = []
+                refused.append((c, err))
+                if tr is not None:
+                    tr.step("permit", "condition-error" if err else "condition-false",
+                            c.rule, err or "")
+                continue
+        if special is not None and url is not None and url.ip is not None and \
+                not is_address_allowed(url.host, url.ip, c.hosts):
+            if unnamed is None:
+                unnamed = c
+            if tr is not None:
+                tr.step("address", "fail", c.rule, f"{special} address not named")
+            continue
+        if tr is not None:
+            tr.step("permit", "match", c.rule)
+        s.chosen = c
+        return None
+    if unnamed is not None:
+        host = quote(url.host if url else "")
+        return _deny(s.phash, _BLOCKED, f"{special} address {host} is not named by any rule",
+                     unnamed.rule, tr)
+    code, reason, rule = diagnose(cp, s.cap_kind, res, _describe(rv, path), refused, tr,
+                                  env_refused, "git" if git_part else "env")
+    return _deny(s.phash, code, reason, rule, tr)
+
+
+def limits(s: Call) -> Decision | None:
+    """7: the limits of the chosen capability met with the profile's; the permit rule is blamed
+    only when its own limits set the one exceeded."""
+    chosen, tr = s.chosen, s.tr
+    check = LIMIT_CHECKS.get(s.kind)  # ``steps.limit_violation``, a call less a decision
+    violation = check(s.op, chosen.limits, s.rv) if check is not None else None
+    if violation is not None:
+        field, over = violation
+        layer = ("tmp.use size" if field == "tmp_max_bytes"
+                 else chosen.layers.get(field, "profile"))
+        blamed = chosen.rule if layer in ("rule", "tmp.use size") else None
+        over = f"{over} (set by {layer})"
+        if tr is not None:
+            tr.step("limits", "fail", blamed, over)
+        return _deny(s.phash, _BLOCKED, over, blamed, tr)
+    if tr is not None:
+        tr.step("limits", "pass", chosen.rule)
+    return None
+
+
+def consent(s: Call) -> Decision | None:
+    """8: consent, when the profile or a consent rule requires it, recorded and current."""
+    cp, tr, window, now = s.cp, s.tr, s.window, s.now
+    settled = cp.consent_settled
+    required = cp.consent_required or (settled is not None and settled[0])
+    if required and tr is None and window is not None and s.cwd is None and \
+            window[0] <= now < window[1] and (s.path is None or not s.guard.fs_facts):
+        # required and current, and no facts to read: the allow, without the last two steps
+        return _allow(s.chosen, s.kind, s.op, s.phash)
+    if settled is not None and (not required or tr is None and window is not None
+                                and window[0] <= now < window[1]):
+        # the verdict was settled at compile time (settle_consent): not required, or required
+        # with a current consent (untraced: the trace names the rule)
+        if tr is not None:
+            tr.step("consent", "skip", detail="consent not required")
+        return None
+    guard = s.guard
+    if cp.consent_required or guard._consent_rules:
+        why = consent_needed(cp, guard._consent_rules, s.context_data, now, tr,
+                             guard._consent_refs, guard._builtin_ref, window=window)
+        if why is not None:
+            return _deny(s.phash, _PERM, why, s.chosen.rule, tr)
+    elif tr is not None:
+        tr.step("consent", "skip", detail="consent not required")
+    return None
+
+
+def facts(s: Call) -> Decision | None:
+    """8b: the facts (fsfacts.py, facts.py): what the fs executor will find at the path, and
+    the cwd of a process; last, so a policy refusal is reported first and only an allow turns
+    into this deny."""
+    guard, tr = s.guard, s.tr
+    if s.cwd is not None:
+        why_cwd = guard._cwd_refusal(s.cp, s.cwd, tr)
+        if why_cwd is not None:
+            return _deny(s.phash, _BLOCKED, why_cwd, None, tr)
+    path = s.path
+    if path is not None and guard.fs_facts:
+        kind, chosen, seen = s.kind, s.chosen, s.seen
+        if tr is not None and kind != "fs.list":  # a listing reads no facts here
+            tr.step("fact", "pass" if guard.facts is not None or seen != ABSENT else "skip",
+                    detail=guard._fact_note(s.cp, path, seen))
+        found = fs_refusal(kind, s.op, path, chosen.limits.max_bytes_in, seen)
+        if found is not None:
+            field, why = found
+            layer = chosen.layers.get(field, "profile") if field else ""
+            if layer:
+                why = f"{why} (set by {layer})"
+            blamed = chosen.rule if layer == "rule" else None
+            if tr is not None:
+                tr.step("resource", "fail", blamed, why)
+            return _deny(s.phash, _BLOCKED, why, blamed, tr)
+    return None
+
+
+def allow(s: Call) -> Decision:
+    """9: allow, with the chosen capability's limits (the op's narrower timeout)."""
+    chosen, tr = s.chosen, s.tr
+    answer = _allow(chosen, s.kind, s.op, s.phash)
+    if tr is None:
+        return answer
+    tr.step("decision", "allow", chosen.rule)
+    return Decision(decision="allow", code=None, http_status=200, reason="", rule=chosen.rule,
+                    profile_hash=s.phash, trace=tr.freeze(), limits=answer.limits,
+                    limit_layers=answer.limit_layers)
+
+
+STEPS: tuple[Step, ...] = (kind, expiry, resolve, forbids, network, permits, limits, consent,
+                           facts, allow)
+"""The decision order; ``guard.py``'s docstring lists the same names (a test keeps them equal).
+The last step always answers."""

@@ -153,3 +153,35 @@ def test_a_walk_past_its_directory_budget_is_refused_and_a_reuse_is_free(world: 
     plan_masks([str(world)], [], PATTERNS, "/root", cache, max_dirs=500)
     again = plan_masks([str(world)], [], PATTERNS, "/root", cache, max_dirs=5)  # reused
     assert again.dirs_listed == 0
+
+
+def test_a_forked_worker_plans_without_the_parents_warm_up(world: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """`serve --workers` forks after the executor started its warm-up thread: a child has no
+    such thread, so waiting for it would hang every process call (it did: the workers test's
+    execs timed out). The child plans on its own, with a cache and inotify instance of its own."""
+    import threading
+
+    from plugins.executor_proc import spec
+    monkeypatch.setattr(spec, "_warming", [])  # as in a fresh engine: no warm-up yet
+    monkeypatch.setattr(spec, "_warmed", threading.Event())
+    spec.prewarm()  # started, not waited for: the fork below comes while it walks
+    pid = os.fork()
+    if pid == 0:  # the worker
+        code = 1
+        try:
+            build_plan(make_profile(world), ProcExecOp(tool="true"))
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked worker's plan waited for the parent's warm-up thread")

@@ -127,11 +127,13 @@ class DirCache:
         self.entries_listed = 0  # names read by getdents since start (a bound, for tests)
         _CACHES.add(self)
 
-    def _forget_after_fork(self) -> None:
-        """In a forked child (``serve --workers``): start empty, with locks of its own and an
-        inotify instance of its own. The parent's instance is shared with every sibling, and
-        the events one process reads the others never see: a child trusting its inherited walk
-        records would miss a file planted after the fork (a secret left unmasked)."""
+    def forget(self) -> None:
+        """Start empty, with a lock and an inotify instance of its own (every plan walks again).
+
+        Run in a forked child (``serve --workers``): the parent's inotify instance is shared
+        with every sibling, and the events one process reads the others never see, so a child
+        trusting its inherited walk records would miss a file planted after the fork (a secret
+        left unmasked); and a lock held by a parent's thread at the fork is never released."""
         self._lock = threading.Lock()
         self._data, self._data_bytes = {}, 0
         self.walks, self._walk_bytes = {}, 0
@@ -261,7 +263,7 @@ _CACHES: weakref.WeakSet[DirCache] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for cache in list(_CACHES):
-        cache._forget_after_fork()
+        cache.forget()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -100,10 +100,13 @@ def test_a_second_workspace_reuses_the_system_trees_walk(world: Path) -> None:
         second = plan_masks([str(other)], ["/etc", "/usr"], PATTERNS, "/root", cache)
         assert second.dirs_listed <= 2, second.dirs_listed  # `other` and `other/sub` only
         assert str(other / "sub" / ".env") in second.files
-        # a change in an unrelated tree re-walks nothing of these records
+        # a change in an unrelated tree re-walks nothing of these records (while inotify has
+        # watches to give: past the user's max_user_watches, which the suite's planted trees
+        # can reach, every plan walks again, the safe way)
         (world / "out" / "new").mkdir()
         third = plan_masks([str(other)], ["/etc", "/usr"], PATTERNS, "/root", cache)
-        assert third.dirs_listed == 0
+        assert cache.watcher is not None
+        assert third.dirs_listed == 0 or not cache.watcher.usable, third.dirs_listed
         assert str(other / "sub" / ".env") in third.files
     finally:
         shutil.rmtree(other, ignore_errors=True)
@@ -131,10 +134,18 @@ def test_the_caches_stay_within_their_bytes_over_many_distinct_binds(world: Path
     assert len(cache.walks) < 200  # old records went
 
 
-def test_build_plan_plans_from_the_cache_after_warm_up(world: Path) -> None:
+def test_build_plan_plans_from_the_cache_after_warm_up(world: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The executor's start warms the system trees (``spec.prewarm``): the first call's plan
     lists only its own workspace."""
+    import threading
+
     from plugins.executor_proc import spec
+    # as a fresh engine starts: an empty cache (earlier tests' planted trees pushed the system
+    # walk out of its byte budget) and no warm-up yet
+    masks.DEFAULT_CACHE.forget()
+    monkeypatch.setattr(spec, "_warming", [])
+    monkeypatch.setattr(spec, "_warmed", threading.Event())
     spec.prewarm(wait=True)
     before = masks.DEFAULT_CACHE.entries_listed
     build_plan(make_profile(world), ProcExecOp(tool="true"))

@@ -137,6 +137,17 @@ _warmed = threading.Event()
 _warming: list[threading.Thread] = []
 
 
+def _warm_again_after_fork() -> None:
+    # a forked child has none of the parent's threads: a warm-up begun there never ends here
+    # (a call would wait for it forever), and the child's cache starts empty (masks.py)
+    global _warm_lock, _warmed
+    _warm_lock, _warmed = threading.Lock(), threading.Event()
+    _warming.clear()
+
+
+os.register_at_fork(after_in_child=_warm_again_after_fork)
+
+
 def system_trees(extra_ro: Iterable[str] = ()) -> list[str]:
     """The system binds every sandbox gets: ``SYSTEM_RO``, the interpreter's prefix, extras."""
     interp = os.path.realpath(sys.base_prefix)

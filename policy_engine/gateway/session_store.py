@@ -108,6 +108,13 @@ class SessionStore:
                 self._db.execute("ROLLBACK")
                 raise
 
+    def live_count(self, now_ms: int) -> int:
+        """Sessions not ended and not expired at ``now_ms``, of every tenant (``/metrics``)."""
+        with self._lock:
+            row = self._db.execute("SELECT count(*) FROM sessions WHERE ended_ms IS NULL AND "
+                                   "expires_ms > ?", (now_ms,)).fetchone()
+        return int(row[0])
+
     def get(self, tenant: str, subject: str, session_id: str) -> SessionInfo | None:
         with self._lock:
             row = self._db.execute(

@@ -46,6 +46,7 @@ import os
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +125,22 @@ class DirCache:
                                                                     ...]]] = {}
         self._linked_bytes = 0
         self.entries_listed = 0  # names read by getdents since start (a bound, for tests)
+        _CACHES.add(self)
+
+    def forget(self) -> None:
+        """Start empty, with a lock and an inotify instance of its own (every plan walks again).
+
+        Run in a forked child (``serve --workers``): the parent's inotify instance is shared
+        with every sibling, and the events one process reads the others never see, so a child
+        trusting its inherited walk records would miss a file planted after the fork (a secret
+        left unmasked); and a lock held by a parent's thread at the fork is never released."""
+        self._lock = threading.Lock()
+        self._data, self._data_bytes = {}, 0
+        self.walks, self._walk_bytes = {}, 0
+        self._linked, self._linked_bytes = {}, 0
+        if self.watcher is not None:
+            self.watcher.close()
+            self.watcher = Watcher()
 
     def held_bytes(self) -> int:
         """The approximate bytes held (listings, walk records, hard-link listings)."""
@@ -241,6 +258,15 @@ def _linked_cost(entry: tuple[object, tuple[tuple[str, tuple[int, int]], ...]]) 
     return _DIR_COST + sum(_NAME_COST + 60 + len(n) for n, _ in entry[1])
 
 
+_CACHES: weakref.WeakSet[DirCache] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for cache in list(_CACHES):
+        cache.forget()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 DEFAULT_CACHE = DirCache()
 
 

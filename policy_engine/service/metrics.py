@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from policy_engine import tracing
 from policy_engine.confirm.services import ConfirmationService, ConsentAnswer, ConsentRequest
 from policy_engine.observe import Metrics
+from policy_engine.service.listen import set_nodelay
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +61,11 @@ class ServiceMetrics:
                               "metrics or trace work that failed (never the call)",
                               ["stage"], registry=r)
         self.sessions_live = Gauge("policy_engine_sessions_live",
-                                   f"run_code sessions used in the last {SESSION_IDLE_S} s",
-                                   registry=r)
+                                   "sessions live (/v1/sessions) plus run_code sessions used in "
+                                   f"the last {SESSION_IDLE_S} s", registry=r)
         self._sources: list[Callable[[], Iterable[Metrics]]] = []
         self._workspace: Path | None = None
+        self._sessions: Any = None
         self.sessions_live.set_function(self._count_sessions)
 
     # -- what is measured -------------------------------------------------------------------
@@ -73,11 +75,24 @@ class ServiceMetrics:
         answers (``engine`` is a service ``Engine``; typed loosely to keep app.py's imports
         out of this module)."""
         self._workspace = Path(engine.config.workspace_root)
+        self._sessions = getattr(engine, "sessions", None)  # the session runtime, when served
         self._sources.append(lambda: [engine.orch.metrics,
                                       *(o.metrics for o in engine.pool.orchestrators())])
-        engine.broker.service = CountedConfirmation(engine.broker.service, self)
+        broker = engine.gateway.broker  # every face's consent goes through the gateway's
+        broker.service = CountedConfirmation(broker.service, self)
 
     def _count_sessions(self) -> float:
+        """Live sessions: those with a lifecycle (``/v1/sessions``, exact) and the run_code
+        session directories used lately (``/v1/run_code`` names a session per call)."""
+        lifecycle = 0.0
+        if self._sessions is not None:
+            try:
+                lifecycle = float(self._sessions.store.live_count(int(time.time() * 1000)))
+            except Exception:  # noqa: BLE001 - a scrape never fails a call; counted
+                self.errors.labels(stage="sessions").inc()
+        return lifecycle + self._count_run_code_sessions()
+
+    def _count_run_code_sessions(self) -> float:
         root = self._workspace
         if root is None:
             return 0.0
@@ -143,6 +158,9 @@ class ServiceMetrics:
         view = CollectorRegistry(auto_describe=False)
         view.register(_View(self))
         server, _thread = start_http_server(port, addr=host, registry=view)
+        # Linux copies the listener's TCP_NODELAY to every connection it accepts: a scrape's
+        # answer never waits for the scraper's delayed ACK (issue 27 item 1)
+        set_nodelay(server.socket)
         return int(server.server_port)
 
 

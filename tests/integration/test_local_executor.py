@@ -555,7 +555,8 @@ def _cli(tmp: Path, config: str) -> tuple[subprocess.CompletedProcess[str], dict
         capture_output=True, text=True, timeout=180, check=False, cwd=tmp, env=env)
     assert "Traceback" not in res.stderr, res.stderr
     lines = (tmp / "state" / "evidence" / "evidence.jsonl").read_text().splitlines()
-    return res, json.loads(lines[-1])
+    # the last end record (a closed log ends with its signed checkpoint)
+    return res, [r for r in map(json.loads, lines) if r.get("type") == "end"][-1]
 
 
 def test_strict_mode_refuses_the_local_runner(cli: Path) -> None:

@@ -88,6 +88,23 @@ def test_serve_turns_nagle_off_on_each_connection(tmp_path: Path) -> None:
                 assert _nodelay_of_server_end({svc.proc.pid}, client) == 1
 
 
+def test_the_metrics_listener_turns_nagle_off(tmp_path: Path) -> None:
+    with start(tmp_path, "--metrics-port", "0") as svc:
+        log = svc.root / "serve.log"
+        deadline = time.monotonic() + 30
+        while "/metrics" not in (text := log.read_text()):
+            assert time.monotonic() < deadline, text
+            time.sleep(0.05)
+        url = text.split("metrics on ")[1].split()[0].removesuffix("/metrics")
+        host, port = url.removeprefix("http://").split(":")
+        # an HTTP/1.0 server closes after one answer: the connection is looked at while its
+        # request is still being read (the accepted socket is the one that answers)
+        with socket.create_connection((host, int(port)), timeout=10) as client:
+            client.sendall(b"GET /metrics HTTP/1.1\r\n")
+            time.sleep(0.2)
+            assert _nodelay_of_server_end({svc.proc.pid}, client) == 1
+
+
 def test_serve_workers_turn_nagle_off_in_every_worker(tmp_path: Path) -> None:
     with start(tmp_path, "--workers", "2") as svc:
         deadline = time.monotonic() + 30

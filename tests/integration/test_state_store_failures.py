@@ -121,13 +121,15 @@ def test_api_unwritable_budget_store_denies_then_recovers(fx: Fixture, tmp_path:
 
 def test_api_budget_store_failing_mid_call_withholds_the_output(
         fx: Fixture, tmp_path: Path) -> None:
-    """An open connection still writes its WAL, so the call's `calls` charge can pass and a
-    later charge (bytes read) fail: the output is withheld and the end records the code.
+    """The budget store starts refusing writes while the engine runs (the database and its
+    write-ahead log made immutable: an open connection would otherwise go on writing its WAL,
+    and whether a charge then fails depends on when SQLite checkpoints): the output is
+    withheld and the end records the code.
     """
     state = tmp_path / "state"
     with fx.orchestrator(state) as orch:
         assert fx.run(orch).result.ok
-        with immutable(state / "budget.sqlite"):
+        with immutable(state / "budget.sqlite"), immutable(state / "budget.sqlite-wal"):
             failed = fx.run(orch)
     assert failed.result.code == UNAVAILABLE
     assert failed.result.out == {}

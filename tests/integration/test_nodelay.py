@@ -8,6 +8,7 @@ reads ``TCP_NODELAY`` from it: the socket option itself, not a timing.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import socket
 import subprocess
@@ -46,9 +47,15 @@ def _server_ends(pids: set[int]) -> Iterator[socket.socket]:
         pidfd = os.pidfd_open(pid)
         try:
             for name in os.listdir(f"/proc/{pid}/fd"):
-                if not os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{name}")
+                except FileNotFoundError:  # closed since the listing: not the one we look for
+                    continue
+                if not target.startswith("socket:"):
                     continue
                 fd = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, int(name), 0)
+                if fd < 0 and ctypes.get_errno() == errno.EBADF:
+                    continue  # closed since its readlink
                 assert fd >= 0, os.strerror(ctypes.get_errno())
                 yield socket.socket(fileno=fd)
         finally:

@@ -53,8 +53,9 @@ def relative(path: str) -> str:
     :raises PolicyRefusal: absolute, empty, ``..`` or NUL (``SCHEMA.VALIDATION_FAILED``).
     """
     pure = PurePosixPath(path)
+    # `.` (or `./`) names the workspace itself: a write there would replace the directory
     if (not path or "\0" in path or pure.is_absolute() or ".." in pure.parts
-            or len(path) > 1024):
+            or not pure.parts or pure.parts == (".",) or len(path) > 1024):
         raise PolicyRefusal(engine_refusal(PolicyEngineError(
             ErrorCode.SCHEMA_VALIDATION_FAILED, "path must be a relative path inside the "
             "session workspace (no `..`, at most 1024 characters)"), "service",
@@ -176,7 +177,8 @@ class SessionFiles:
                  annotations={"session": info.session_id},
                  identity=(info.tenant, info.subject)), orchestrator=orch)
         if called.refusal is not None:
-            if "no such file" in called.refusal.message.lower():
+            message = called.refusal.message.lower()
+            if "no such file" in message or "not a directory" in message:
                 raise PolicyRefusal(code_refusal(
                     "SERVICE.NOT_FOUND", 404, "not found: no such file", "service",
                     envelope_id=called.envelope_id, location="path"))

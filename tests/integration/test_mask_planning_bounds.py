@@ -142,8 +142,8 @@ def test_build_plan_plans_from_the_cache_after_warm_up(world: Path,
 
     from plugins.executor_proc import spec
     # as a fresh engine starts: an empty cache (earlier tests' planted trees pushed the system
-    # walk out of its byte budget) and no warm-up yet
-    masks.DEFAULT_CACHE.forget()
+    # walk out of its byte budget) and no warm-up yet; the warm cache comes back after the test
+    monkeypatch.setattr(masks, "DEFAULT_CACHE", DirCache())
     monkeypatch.setattr(spec, "_warming", [])
     monkeypatch.setattr(spec, "_warmed", threading.Event())
     spec.prewarm(wait=True)

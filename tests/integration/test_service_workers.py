@@ -61,11 +61,15 @@ def _owner(pids: set[int], server_port: int, client_port: int) -> int | None:
         return None
     for pid in pids:
         try:
-            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue
-        if f"socket:[{inode}]" in links:
-            return pid
+        for fd in fds:
+            try:  # one fd closing while the others are read must not hide the whole process
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
+                    return pid
+            except OSError:
+                continue
     return None
 
 

@@ -84,7 +84,10 @@ def test_a_tree_planted_from_inside_a_sandbox_is_masked_whole_not_listed(world: 
     assert "entries 0" in str(out["stdout"]), out  # an empty cover, not the planted names
     assert str(huge) in out["masked"], out["masked"]  # type: ignore[operator]
     assert first <= masks.MAX_DIR_ENTRIES + 1_000, first
-    assert second == 0, second
+    # nothing listed again while inotify has watches to give (past the user's
+    # max_user_watches, shared with every other process of the user, every plan walks again)
+    watcher = masks.DEFAULT_CACHE.watcher
+    assert second == 0 or watcher is None or not watcher.usable, second
     assert "planted-dir-secret" not in str(out2["stdout"]), out2
 
 
@@ -162,8 +165,9 @@ def test_a_walk_past_its_directory_budget_is_refused_and_a_reuse_is_free(world: 
     with pytest.raises(masks.PlanTooLarge):
         plan_masks([str(world)], [], PATTERNS, "/root", cache, max_dirs=50)
     plan_masks([str(world)], [], PATTERNS, "/root", cache, max_dirs=500)
-    again = plan_masks([str(world)], [], PATTERNS, "/root", cache, max_dirs=5)  # reused
-    assert again.dirs_listed == 0
+    if cache.watcher is not None and cache.watcher.usable:  # a reuse needs inotify's watches
+        again = plan_masks([str(world)], [], PATTERNS, "/root", cache, max_dirs=5)  # reused
+        assert again.dirs_listed == 0
 
 
 def test_a_forked_worker_plans_without_the_parents_warm_up(world: Path,

@@ -173,13 +173,15 @@ def console_app(ctx: ConsoleContext) -> Starlette:
         query = call_query(request.query_params.multi_items())
         filters = scoped(query.filters, who)
 
-        def read() -> Any:
+        def read() -> tuple[Any, int]:
+            # SQLite reads stay off the event loop (the count of unreadable records too)
             ctx.index.sync()
-            return ctx.index.page(filters, since=query.since, until=query.until,
-                                  cursor=query.cursor, size=query.size)
-        page = await run_in_threadpool(read)
+            return (ctx.index.page(filters, since=query.since, until=query.until,
+                                   cursor=query.cursor, size=query.size),
+                    ctx.index.unreadable())
+        page, unreadable = await run_in_threadpool(read)
         return HTMLResponse(render.page("calls.html", request, who, query=query, page=page,
-                                        unreadable=ctx.index.unreadable()))
+                                        unreadable=unreadable))
 
     @signed_in()
     async def call(request: Request, who: Viewer) -> Response:

@@ -142,10 +142,18 @@ def _session_tools(pool: OrchestratorPool, gateway: Gateway, engine: EngineConfi
     from policy_engine.gateway.session_runtime import Sessions
     from policy_engine.mcp.session_tools import SessionTools
     from policy_engine.runcode.risk import SecurityMode
+    from policy_engine.service.pg_sessions import open_session_store
+    from policy_engine.service.pg_stores import StoreUnavailable
 
     root = (workspace or engine.state_dir / "workspace").absolute()
+    try:
+        store = open_session_store(engine)
+    except ValueError as exc:
+        _fail(str(exc))
+    except StoreUnavailable as exc:
+        _fail(exc.reason)
     return SessionTools(Sessions(pool, gateway, config=engine, workspace_root=root,
-                                 default_mode=SecurityMode(security_mode)))
+                                 default_mode=SecurityMode(security_mode), store=store))
 
 
 def _serve_http(invoker: SkillInvoker, gateway: Gateway, op_tools: tuple[OpTool, ...],

@@ -102,7 +102,8 @@ async def _lifecycle(client: Client) -> str:
     assert longer["expires_ms"] > s["expires_ms"]
     up = await _ok(client, "session.files.upload",
                    {"session_id": sid, "path": "data/in.csv", "text": "a,b\n1,2\n"})
-    assert up["size"] == 8 and up["envelope_id"]
+    assert up["size"] == 8
+    assert up["envelope_id"]
     ran = await _ok(client, "session.run_code", {
         "session_id": sid, "stateful": True,
         "code": "rows = open('data/in.csv').read().splitlines()\n"
@@ -121,7 +122,8 @@ async def _lifecycle(client: Client) -> str:
     await _ok(client, "session.files.upload",
               {"session_id": sid, "path": "bin.dat", "content_b64": "gAD/"})
     binary = await _ok(client, "session.files.read", {"session_id": sid, "path": "bin.dat"})
-    assert binary["bytes_b64"] == "gAD/" and "text" not in binary
+    assert binary["bytes_b64"] == "gAD/"
+    assert "text" not in binary
     listed = await _ok(client, "session.files.list", {"session_id": sid})
     assert {"out.txt", "bin.dat"} <= {Path(e["path"]).name for e in listed["entries"]}
     await _ok(client, "session.files.delete", {"session_id": sid, "path": "bin.dat"})
@@ -138,7 +140,7 @@ async def _lifecycle(client: Client) -> str:
         polled = await _ok(client, "session.exec.get",
                            {"session_id": sid, "exec_id": started["exec_id"]})
     assert polled["result"]["stdout"] == "7\n"
-    return sid
+    return str(sid)
 
 
 async def _streams_then_cancels(client: Client, setup: Setup, sid: str) -> None:
@@ -161,15 +163,18 @@ async def _streams_then_cancels(client: Client, setup: Setup, sid: str) -> None:
     marker = f"mcp-cancel-{sid}"
     seen.clear()
     with anyio.move_on_after(30) as scope:
-        async def cancel_at_first(value: float, total: float | None, msg: str | None) -> None:
-            seen.append((time.monotonic(), value, msg))
+        async def cancel_at_first(value: float, total: float | None,
+                                  message: str | None) -> None:
+            seen.append((time.monotonic(), value, message))
             scope.cancel()
 
         await client.call_tool("session.exec", {
             "session_id": sid, "timeout_s": 50,
             "code": f"import time  # {marker}\nprint('begun', flush=True)\ntime.sleep(40)"},
             progress_callback=cancel_at_first)
-    assert scope.cancelled_caught and seen and seen[0][2] == "begun\n"
+    assert scope.cancelled_caught
+    assert seen
+    assert seen[0][2] == "begun\n"
     cancelled_at = time.monotonic()
     ends: list[dict[str, Any]] = []
     while time.monotonic() < cancelled_at + 20 and not ends:
@@ -183,7 +188,8 @@ async def _streams_then_cancels(client: Client, setup: Setup, sid: str) -> None:
     assert (await _ok(client, "session.run_code", {"session_id": sid, "code": "print(1)"}
                       ))["stdout"] == "1\n"
     deleted = await _ok(client, "session.delete", {"session_id": sid})
-    assert deleted["reason"] == "deleted" and deleted["workspace_removed"] is True
+    assert deleted["reason"] == "deleted"
+    assert deleted["workspace_removed"] is True
     missing = await _refusal(client, "session.get", {"session_id": sid})
     assert (missing["code"], missing["http_status"]) == ("SERVICE.NOT_FOUND", 404)
 
@@ -197,7 +203,8 @@ def test_sessions_over_stdio(tmp_path: Path) -> None:
             await _streams_then_cancels(client, setup, sid)
             # every call was a guarded op of tenant acme with its own evidence
             begins = [r for r in setup.evidence() if r.get("type") == "begin"]
-            assert begins and all(json.dumps(r).count("acme") for r in begins)
+            assert begins
+            assert all(json.dumps(r).count("acme") for r in begins)
 
     anyio.run(main)
 

@@ -163,9 +163,9 @@ async def _streams_then_cancels(client: Client, setup: Setup, sid: str) -> None:
     marker = f"mcp-cancel-{sid}"
     seen.clear()
     with anyio.move_on_after(30) as scope:
-        async def cancel_at_first(value: float, total: float | None,
+        async def cancel_at_first(progress: float, total: float | None,
                                   message: str | None) -> None:
-            seen.append((time.monotonic(), value, message))
+            seen.append((time.monotonic(), progress, message))
             scope.cancel()
 
         await client.call_tool("session.exec", {

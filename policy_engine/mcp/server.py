@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import codecs
 import json
 import logging
 from collections.abc import Callable
@@ -96,12 +97,15 @@ def _with_text(output: dict[str, Any]) -> dict[str, Any]:
     raw = output.get("bytes_b64")
     if not isinstance(raw, str) or "text" in output:
         return output
+    cut = bool(output.get("preview_truncated"))
     try:
-        text = base64.b64decode(raw, validate=True).decode("utf-8")
+        # a preview's cut may split a character: its incomplete tail is dropped, not a reason
+        # to give the model base64 (`final=False`); anywhere else a bad byte means not text
+        text = codecs.getincrementaldecoder("utf-8")().decode(
+            base64.b64decode(raw, validate=True), final=not cut)
     except (ValueError, UnicodeDecodeError):
         return output
-    if output.get("preview_truncated"):
-        # a cut may split a character: the decode above would have failed then, not here
+    if cut:
         text += f"\n[… truncated: {output.get('size')} bytes in all]"
     return {**output, "text": text}
 

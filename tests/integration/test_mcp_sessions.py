@@ -162,10 +162,12 @@ async def _streams_then_cancels(client: Client, setup: Setup, sid: str) -> None:
     # notifications/cancelled: the process group is killed, the evidence ends cancelled
     marker = f"mcp-cancel-{sid}"
     seen.clear()
+    running: list[int] = []
     with anyio.move_on_after(30) as scope:
         async def cancel_at_first(progress: float, total: float | None,
                                   message: str | None) -> None:
             seen.append((time.monotonic(), progress, message))
+            running.extend(_processes_with(marker))  # it runs: the check below can fail
             scope.cancel()
 
         await client.call_tool("session.exec", {
@@ -175,6 +177,7 @@ async def _streams_then_cancels(client: Client, setup: Setup, sid: str) -> None:
     assert scope.cancelled_caught
     assert seen
     assert seen[0][2] == "begun\n"
+    assert running
     cancelled_at = time.monotonic()
     ends: list[dict[str, Any]] = []
     while time.monotonic() < cancelled_at + 20 and not ends:

@@ -165,9 +165,15 @@ def _serve_http(invoker: SkillInvoker, gateway: Gateway, op_tools: tuple[OpTool,
     from policy_engine.mcp.transports import http_app, token_principal
     from policy_engine.service.guards import charge_rate
     from policy_engine.service.listen import tcp_listener
-    from policy_engine.tokens import Principal, TokenStore
+    from policy_engine.service.pg_stores import StoreUnavailable, open_token_store
+    from policy_engine.tokens import Principal
 
-    tokens = TokenStore(engine.state_dir / "tokens.sqlite")
+    try:  # the service's tokens: PostgreSQL under service_postgres, else tokens.sqlite
+        tokens = open_token_store(engine)
+    except ValueError as exc:
+        _fail(str(exc))
+    except StoreUnavailable as exc:
+        _fail(exc.reason)
     try:
         sock = tcp_listener(host, port)  # TCP_NODELAY on every connection (issue 27)
     except OSError as exc:

@@ -1,6 +1,7 @@
-"""Sessions in PostgreSQL (`service_postgres`) on a real server: two store instances and two
-real `policy-engine serve` replicas (separate state directories, one workspace volume) see the
-same session; the tenant cap holds across replicas; a session is ended once."""
+"""Sessions in PostgreSQL (`service_postgres`) on a real server: two store instances, and two
+real `policy-engine serve` replicas plus a `policy-engine mcp --sessions` server (separate state
+directories, one workspace volume) see the same session; the tenant cap holds across replicas;
+a session is ended once."""
 
 from __future__ import annotations
 
@@ -10,18 +11,24 @@ import sys
 import threading
 from pathlib import Path
 
+import anyio
 import httpx
+import httpx2
 import psycopg
 import pytest
+from mcp import Client as McpClient
+from mcp.client.streamable_http import streamable_http_client
 
 from policy_engine.config import EngineConfig
 from policy_engine.gateway.session_store import SessionInfo
 from policy_engine.service.pg_sessions import PgSessionStore, open_session_store
+from tests.integration.mcp_fixtures import make_setup
 from tests.integration.service_server import POLICY, start
 from tests.integration.shared_servers import (  # noqa: F401  (the *_fixture ones)
     pg_dsn_fixture,
     pg_server_fixture,
 )
+from tests.integration.test_mcp_http import _serve
 
 pytestmark = pytest.mark.integration
 
@@ -117,6 +124,8 @@ def test_two_serve_replicas_see_the_same_session(tmp_path: Path, pg_dsn: str) ->
             read = b.post(f"/v1/sessions/{sid}/run_code",
                           json={"code": "print(open('note.txt').read())"}).json()
             assert read["stdout"] == "from a\n", read
+            seen = _over_mcp(tmp_path, pg_dsn, shared, made.stdout.strip(), sid)
+            assert seen == ("live", "from a\n")
             longer = b.post(f"/v1/sessions/{sid}/extend", json={"ttl_s": 900}).json()
             assert a.get(f"/v1/sessions/{sid}").json()["expires_ms"] == longer["expires_ms"]
             ended = b.delete(f"/v1/sessions/{sid}")
@@ -131,3 +140,34 @@ def test_two_serve_replicas_see_the_same_session(tmp_path: Path, pg_dsn: str) ->
     finally:
         logs = [r.stop() for r in replicas]
     assert all("Traceback" not in log for log in logs), logs
+
+
+def _over_mcp(tmp_path: Path, pg_dsn: str, shared: Path, token: str, sid: str
+              ) -> tuple[str, str]:
+    """The session through an MCP server on the same database and volume (its own state
+    directory): its status and what a call there reads from the workspace."""
+    setup = make_setup(tmp_path / "mcp", f'permit "ws" fs.read, fs.write, fs.list  paths '
+                       f'["{shared}/**"]\n')
+    config = setup.root / "config.json"
+    config.write_text(json.dumps({"options": {"service_postgres": {"dsn": pg_dsn}}}))
+    serving = _serve(setup, {"acme": token}, "--sessions", "--workspace", str(shared),
+                     "--security-mode", "permissive", "--config", str(config))
+    server = next(serving)
+
+    async def main() -> tuple[str, str]:
+        auth = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                  timeout=httpx2.Timeout(30, read=120))
+        async with auth, McpClient(streamable_http_client(server.url, http_client=auth),
+                                   read_timeout_seconds=120) as client:
+            got = await client.call_tool("session.get", {"session_id": sid})
+            ran = await client.call_tool("session.run_code", {
+                "session_id": sid, "code": "print(open('note.txt').read())"})
+            assert got.structured_content is not None, got
+            assert ran.structured_content is not None, ran
+            return (str(got.structured_content["status"]),
+                    str(ran.structured_content["stdout"]))
+
+    try:
+        return anyio.run(main)
+    finally:
+        next(serving, None)

@@ -129,6 +129,10 @@ async def _lifecycle(client: Client) -> str:
     await _ok(client, "session.files.delete", {"session_id": sid, "path": "bin.dat"})
     gone = await _refusal(client, "session.files.read", {"session_id": sid, "path": "bin.dat"})
     assert gone["http_status"] == 404
+    # a risk hint needing a container is refused on this bubblewrap session, not moved
+    risky = await _refusal(client, "session.run_code", {
+        "session_id": sid, "code": "import subprocess\nsubprocess.run(['id'])"})
+    assert (risky["code"], risky["refused_by"]) == ("SANDBOX.CAPABILITY_BLOCKED", "backend")
     bad = await _refusal(client, "session.run_code", {"session_id": sid, "code": 5})
     assert (bad["code"], bad["location"]) == ("SCHEMA.VALIDATION_FAILED", "/code")
     started = await _ok(client, "session.exec", {"session_id": sid, "code": "print(7)",

@@ -17,6 +17,8 @@ from policy_engine.config import EngineConfig
 if TYPE_CHECKING:
     from policy_engine.gateway.call import Gateway
     from policy_engine.mcp.ops import OpTool
+    from policy_engine.mcp.session_tools import SessionTools
+    from policy_engine.runcode.manager import OrchestratorPool
     from policy_engine.skills.invoke import SkillInvoker
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
@@ -49,11 +51,19 @@ def _fail(message: str) -> NoReturn:
               help="http: port (0 picks a free one; the chosen port is printed)")
 @click.option("--rate-per-minute", default=6000, show_default=True, type=click.IntRange(1),
               help="http: requests per tenant per minute (counted by the budget meter)")
+@click.option("--sessions", "with_sessions", is_flag=True,
+              help="offer the session tools `session.*` (create, run_code, execs with progress "
+              "and cancel, files: docs/mcp.md); the policy must permit them (docs/sessions.md)")
+@click.option("--workspace", type=_DIR, help="sessions: the root of their workspaces "
+              "(default STATE_DIR/workspace)")
+@click.option("--security-mode", type=click.Choice(["strict", "permissive"]), default="strict",
+              show_default=True, help="sessions: the default mode (strict: docker for `auto`)")
 @confirm_options
 def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path, ...],
             config_path: Path | None,
             state_dir: Path | None, root_fs: Path, transport: str, tenant: str | None,
             subject: str | None, host: str, port: int, rate_per_minute: int,
+            with_sessions: bool, workspace: Path | None, security_mode: str,
             confirm_mode: str, approver_url: str | None, approver_secret_file: Path | None,
             approver_timeout: float) -> None:
     """Serve the skills as MCP tools `skill.<id>`; every call is decided by the policy and
@@ -106,31 +116,64 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
     invoker = SkillInvoker(skills, policyset, engine, fs_root=str(root_fs.absolute()),
                            orchestrator=orch, pool=pool)
     gateway = Gateway.with_service(orch, confirm)
+    tools = _session_tools(pool, gateway, engine, workspace, security_mode) \
+        if with_sessions else None
     try:
         if transport == "stdio":
             import anyio
 
             server = build_server(invoker, fixed_principal(str(tenant), str(subject)),
-                                  op_tools, gateway)
+                                  op_tools, gateway, tools)
             anyio.run(run_stdio, server)
         else:
-            _serve_http(invoker, gateway, op_tools, engine, host, port, rate_per_minute)
+            _serve_http(invoker, gateway, op_tools, engine, host, port, rate_per_minute,
+                        tools)
     finally:
+        if tools is not None:
+            tools.sessions.close()
         pool.close()
         orch.close()
 
 
+def _session_tools(pool: OrchestratorPool, gateway: Gateway, engine: EngineConfig,
+                   workspace: Path | None, security_mode: str) -> SessionTools:
+    """The session runtime the service would run on this state directory (its session
+    store: PostgreSQL under ``service_postgres``, else ``STATE_DIR/sessions.db``)."""
+    from policy_engine.gateway.session_runtime import Sessions
+    from policy_engine.mcp.session_tools import SessionTools
+    from policy_engine.runcode.risk import SecurityMode
+    from policy_engine.service.pg_sessions import open_session_store
+    from policy_engine.service.pg_stores import StoreUnavailable
+
+    root = (workspace or engine.state_dir / "workspace").absolute()
+    try:
+        store = open_session_store(engine)
+    except ValueError as exc:
+        _fail(str(exc))
+    except StoreUnavailable as exc:
+        _fail(exc.reason)
+    return SessionTools(Sessions(pool, gateway, config=engine, workspace_root=root,
+                                 default_mode=SecurityMode(security_mode), store=store))
+
+
 def _serve_http(invoker: SkillInvoker, gateway: Gateway, op_tools: tuple[OpTool, ...],
-                engine: EngineConfig, host: str, port: int, rate_per_minute: int) -> None:
+                engine: EngineConfig, host: str, port: int, rate_per_minute: int,
+                sessions: SessionTools | None) -> None:
     import uvicorn
 
     from policy_engine.mcp.server import build_server
     from policy_engine.mcp.transports import http_app, token_principal
     from policy_engine.service.guards import charge_rate
     from policy_engine.service.listen import tcp_listener
-    from policy_engine.tokens import Principal, TokenStore
+    from policy_engine.service.pg_stores import StoreUnavailable, open_token_store
+    from policy_engine.tokens import Principal
 
-    tokens = TokenStore(engine.state_dir / "tokens.sqlite")
+    try:  # the service's tokens: PostgreSQL under service_postgres, else tokens.sqlite
+        tokens = open_token_store(engine)
+    except ValueError as exc:
+        _fail(str(exc))
+    except StoreUnavailable as exc:
+        _fail(exc.reason)
     try:
         sock = tcp_listener(host, port)  # TCP_NODELAY on every connection (issue 27)
     except OSError as exc:
@@ -141,7 +184,8 @@ def _serve_http(invoker: SkillInvoker, gateway: Gateway, op_tools: tuple[OpTool,
     def admit(who: Principal) -> None:  # the service's per-tenant rate, the same meter key
         charge_rate(meter, who.tenant, rate_per_minute)
 
-    app = http_app(build_server(invoker, token_principal(tokens), op_tools, gateway), tokens,
+    app = http_app(build_server(invoker, token_principal(tokens), op_tools, gateway,
+                                sessions), tokens,
                    host=host, admit=admit)
     click.echo(f"policy-engine mcp: listening on http://{host}:{bound}/mcp "
                f"(state {engine.state_dir})", err=True)

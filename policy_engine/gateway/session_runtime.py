@@ -74,12 +74,14 @@ class Sessions:
         orchestrator pinned to the session's backend.
     :param workspace_root: the host directory holding every session's workspace.
     :param reap_interval_s: how often expired sessions are ended (``0``: only on access).
+    :param store: where sessions are kept (default ``STATE_DIR/sessions.db``; the service
+        passes PostgreSQL's under ``service_postgres``, shared by its replicas).
     """
 
     def __init__(self, pool: OrchestratorPool, gateway: Gateway, *, config: EngineConfig,
                  workspace_root: Path | None = None, limits: SessionLimits | None = None,
                  default_mode: SecurityMode = SecurityMode.STRICT,
-                 reap_interval_s: float = 1.0) -> None:
+                 reap_interval_s: float = 1.0, store: SessionStore | None = None) -> None:
         self.pool = pool
         self.gateway = gateway
         self.config = config
@@ -87,7 +89,7 @@ class Sessions:
         self.default_mode = SecurityMode(default_mode)
         self.root = (workspace_root or config.state_dir / "run_code").absolute()
         self.manifest = run_code_manifest(self.root)
-        self.store = SessionStore(config.state_dir / "sessions.db")
+        self.store = store or SessionStore(config.state_dir / "sessions.db")
         self._live: dict[str, _Live] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import codecs
 import json
 import logging
 from collections.abc import Callable
@@ -21,8 +22,9 @@ from policy_engine.executor import CancelToken
 from policy_engine.gateway.call import Gateway
 from policy_engine.gateway.skills import invoke_skill
 from policy_engine.mcp.ops import OpTool, run_op
+from policy_engine.mcp.session_tools import SessionTools, text_of
+from policy_engine.mcp.session_tools import refusal_from_json as _from_json
 from policy_engine.refusal import (
-    ConsentSeen,
     PolicyRefusal,
     Refusal,
     code_refusal,
@@ -95,23 +97,17 @@ def _with_text(output: dict[str, Any]) -> dict[str, Any]:
     raw = output.get("bytes_b64")
     if not isinstance(raw, str) or "text" in output:
         return output
+    cut = bool(output.get("preview_truncated"))
     try:
-        text = base64.b64decode(raw, validate=True).decode("utf-8")
+        # a preview's cut may split a character: its incomplete tail is dropped, not a reason
+        # to give the model base64 (`final=False`); anywhere else a bad byte means not text
+        text = codecs.getincrementaldecoder("utf-8")().decode(
+            base64.b64decode(raw, validate=True), final=not cut)
     except (ValueError, UnicodeDecodeError):
         return output
-    if output.get("preview_truncated"):
-        # a cut may split a character: the decode above would have failed then, not here
+    if cut:
         text += f"\n[… truncated: {output.get('size')} bytes in all]"
     return {**output, "text": text}
-
-
-def _from_json(doc: dict[str, Any]) -> Refusal:
-    consent = doc.get("consent") or {}
-    return Refusal(code=doc["code"], http_status=doc["http_status"],
-                   retryable=doc["retryable"], message=doc["message"],
-                   refused_by=doc["refused_by"], rule=doc.get("rule"),
-                   consent=ConsentSeen(**consent), envelope_id=doc.get("envelope_id"),
-                   location=doc.get("location"))
 
 
 def op_tool_of(tool: OpTool) -> types.Tool:
@@ -129,6 +125,38 @@ def op_tool_of(tool: OpTool) -> types.Tool:
               "policy-engine/side_effects": [str(e) for e in tool.manifest.side_effects]})
 
 
+def _refused(exc: InputError | PolicyEngineError) -> types.CallToolResult:
+    """A call refused before or by the gateway, as a tool error."""
+    if isinstance(exc, InputError):
+        return tool_error(Refusal(ErrorCode.SCHEMA_VALIDATION_FAILED.value, 422, False,
+                                  exc.public_message(), "service",
+                                  envelope_id=exc.envelope_id, location=exc.pointer or "/"),
+                          pointer=exc.pointer)
+    if isinstance(exc, PolicyRefusal):
+        return tool_error(exc.refusal)
+    return tool_error(engine_refusal(exc, "manifest"))  # refused before an op (its image)
+
+
+async def _session_call(ctx: ServerRequestContext[Any, Any],
+                        params: types.CallToolRequestParams, sessions: SessionTools,
+                        tenant: str, subject: str) -> types.CallToolResult:
+    """A ``session.*`` tool: stdout/stderr as progress notifications when the caller sent a
+    progressToken; a ``notifications/cancelled`` cancels the running exec (session_tools)."""
+
+    async def report(progress: float, message: str) -> None:
+        await ctx.session.report_progress(progress, None, message)
+
+    try:
+        with tracing.remote_parent(_trace_carrier(ctx, params)), tracing.span(
+                "mcp tools/call", {"mcp.tool": params.name, "policy_engine.tenant": tenant}):
+            output = await sessions.call(params.name, params.arguments or {}, tenant=tenant,
+                                         subject=subject, report=report)
+    except (InputError, PolicyEngineError) as exc:
+        return _refused(exc)
+    return types.CallToolResult(content=[types.TextContent(text=text_of(params.name, output))],
+                                structured_content=output)
+
+
 def _trace_carrier(ctx: Any, params: types.CallToolRequestParams) -> dict[str, Any]:
     meta = dict(params.meta or {})
     if "traceparent" in meta:
@@ -140,15 +168,18 @@ def _trace_carrier(ctx: Any, params: types.CallToolRequestParams) -> dict[str, A
 
 
 def build_server(invoker: SkillInvoker, principal_of: PrincipalOf,
-                 op_tools: tuple[OpTool, ...] = (), gateway: Gateway | None = None
-                 ) -> Server[Any]:
-    """An MCP server offering ``invoker``'s skills as tools named ``skill.<id>`` and each
-    operator manifest of ``op_tools`` as ``op.<name>``, every call run through ``gateway``
-    (default: one over ``invoker``'s orchestrator asking nobody, ``--confirm deny``)."""
+                 op_tools: tuple[OpTool, ...] = (), gateway: Gateway | None = None,
+                 sessions: SessionTools | None = None) -> Server[Any]:
+    """An MCP server offering ``invoker``'s skills as tools named ``skill.<id>``, each
+    operator manifest of ``op_tools`` as ``op.<name>`` and, given ``sessions``, the session
+    tools ``session.*``; every call run through ``gateway`` (default: one over ``invoker``'s
+    orchestrator asking nobody, ``--confirm deny``)."""
     gate = gateway or Gateway(invoker.orch)
     by_tool = {s.tool_name: s for s in invoker.skills.values()}
     by_op = {t.name: t for t in op_tools}
     listed = [tool_of(s) for s in by_tool.values()] + [op_tool_of(t) for t in op_tools]
+    if sessions is not None:
+        listed += sessions.tools()
 
     async def list_tools(ctx: ServerRequestContext[Any, Any],
                          params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
@@ -163,6 +194,8 @@ def build_server(invoker: SkillInvoker, principal_of: PrincipalOf,
             return tool_error(code_refusal("AUTH.UNAUTHENTICATED", 401, "authentication "
                                            "required: the token is not valid", "service"))
         skill, op_tool = by_tool.get(params.name), by_op.get(params.name)
+        if sessions is not None and sessions.handles(params.name):
+            return await _session_call(ctx, params, sessions, tenant, subject)
         cancel = CancelToken()
         run: Callable[[], InvokeResult]
         if skill is not None:
@@ -186,15 +219,8 @@ def build_server(invoker: SkillInvoker, principal_of: PrincipalOf,
         except anyio.get_cancelled_exc_class():
             cancel.cancel("cancelled by the MCP client")
             raise
-        except InputError as exc:
-            return tool_error(Refusal(ErrorCode.SCHEMA_VALIDATION_FAILED.value, 422, False,
-                                      exc.public_message(),
-                                      "service", envelope_id=exc.envelope_id,
-                                      location=exc.pointer or "/"), pointer=exc.pointer)
-        except PolicyRefusal as exc:
-            return tool_error(exc.refusal)
-        except PolicyEngineError as exc:  # refused before an op existed (e.g. its image)
-            return tool_error(engine_refusal(exc, "manifest"))
+        except (InputError, PolicyEngineError) as exc:
+            return _refused(exc)
         return _answer(result)
 
     return Server("policy-engine", version=__version__, title="policy-engine skills",

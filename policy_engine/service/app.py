@@ -65,6 +65,7 @@ from policy_engine.service.models import (
     RunCodeResponse,
 )
 from policy_engine.service.outcome_models import DECIDE_RESPONSES, OP_RESPONSES
+from policy_engine.service.pg_sessions import open_session_store
 from policy_engine.service.pg_stores import open_exec_store, open_token_store, service_dsn
 from policy_engine.service.session_routes import register as register_session_routes
 from policy_engine.service.skill_routes import register as register_skill_routes
@@ -121,7 +122,8 @@ def open_engine(config: ServiceConfig) -> Engine:
     eng = Engine(config, orch, tokens, execs, ExecRunner(config, gateway, execs), gateway,
                  pool, skills, sessions=Sessions(pool, gateway, config=config.engine,
                                                  workspace_root=config.workspace_root,
-                                                 default_mode=config.security_mode))
+                                                 default_mode=config.security_mode,
+                                                 store=open_session_store(config.engine)))
     if config.reload_interval_s > 0 and config.policy_files:
         eng.reloader = PolicyReloader(orch, config.policy_files)
         eng.reloader.start(config.reload_interval_s)

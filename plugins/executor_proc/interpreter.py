@@ -1,0 +1,352 @@
+"""A live Python interpreter inside a proc-bwrap sandbox: started once under a call's plan,
+fed one call's code at a time over a framed pipe protocol (``interpreter_server.py``).
+
+The process is spawned exactly as a call of that profile would be (its bubblewrap plan, layer 2
+Landlock + seccomp, its cgroup's memory, pids and cpu quota, rlimits) and lives on between
+calls; each call gets its own wall deadline, its own captured (and streamed) output and its own
+CPU charge (the cgroup's delta). A call that times out or is cancelled kills the process group
+and the cgroup; one that ends the process (``os._exit``, a signal, the OOM killer) is reported
+as a crash. Either way the process is gone and never silently replaced mid-call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import json
+import os
+import selectors
+import signal
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from plugins.executor_proc import cgroups, sanitize, status_pipe
+from plugins.executor_proc.limits import describe
+from plugins.executor_proc.spec import Limits, Plan, resolve_limits
+from policy_engine import ErrorCode, PolicyEngineError
+from policy_engine.capture import HeadTail
+from policy_engine.executor import ExecContext
+from policy_engine.guard.binds import bound_paths
+from policy_engine.model import Digest, ExecResult, NetworkMode, ProcExecOp, SideEffect, \
+    SideEffectRec, Usage
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from plugins.executor_proc.executor import ProcExecutor
+
+SERVER_SOURCE = (Path(__file__).parent / "interpreter_server.py").read_text()
+MAX_FRAME = 1 << 20  # a reply frame is 64 KiB of output or a small JSON; more is a broken peer
+MAX_CODE = 16 << 20  # the server's own cap on a call's code
+_HEAD = struct.Struct(">cI")
+
+
+class InterpreterProcess:
+    """One live interpreter; :meth:`call` runs one call at a time (the caller serialises).
+
+    ``ended`` is ``None`` while it lives, else why it ended (``timed out``, ``crashed (exit
+    code 3)``, ``closed: ...``): the session reports it on the next call.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], cg: cgroups.ExecCgroup | None,
+                 pool: cgroups.CgroupPool | None, status_r: int, plan: Plan,
+                 executor: ProcExecutor, layered: bool) -> None:
+        self.proc, self.cg, self.pool, self.plan = proc, cg, pool, plan
+        self.executor, self.layered = executor, layered
+        self.status_r = status_r
+        self.status = bytearray()
+        self.buf = bytearray()
+        self.ended: str | None = None
+        self.info: dict[str, Any] = {}
+        self.exit_code: int | None = None
+        self.started_ms = int(time.time() * 1000)
+        self._lock = threading.Lock()
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        self.w, self.r, self.e = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
+        for fd in (self.w, self.r, self.e, status_r):
+            os.set_blocking(fd, False)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.ended is None
+
+    # --- the calls ---------------------------------------------------------------------------
+
+    def wait_ready(self, ctx: ExecContext) -> None:
+        """Wait for the server's ``R`` frame within the call's deadline.
+
+        :raises PolicyEngineError: the sandbox could not be set up or the server died first.
+        """
+        err = HeadTail(4096)
+        got = self._exchange(b"", ctx, ctx.deadline, HeadTail(4096), err, until=b"R")
+        if got is None:
+            why = err.kept(mark=False).decode(errors="replace")[:300]
+            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "the interpreter could not "
+                                    f"start in the sandbox ({self.ended}): {why}")
+        self.info = _json(got)
+
+    def call(self, ctx: ExecContext, op: ProcExecOp, code: str) -> ExecResult:
+        """Run ``code`` (the decided op's) in the interpreter under ``ctx``'s deadline.
+
+        :raises PolicyEngineError: ``LLM.TIMEOUT`` (deadline or cancel: the interpreter was
+            killed), ``QUOTA.BUDGET_EXCEEDED`` (the memory cgroup's OOM killer ended it).
+        """
+        lim = resolve_limits(ctx.profile, op, ctx.limits)
+        data = code.encode("utf-8", "surrogatepass")
+        if len(data) > MAX_CODE:
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"the code is {len(data)} "
+                                    f"bytes; a stateful call takes at most {MAX_CODE}")
+        ctx.started()  # idempotent: the first call's spawn already said it
+        out, err = HeadTail(lim.max_stdout), HeadTail(lim.max_stderr)
+        start, cpu0 = time.monotonic(), self._cpu_ms()
+        deadline = min(ctx.deadline, start + lim.timeout_s)
+        done = self._exchange(_HEAD.pack(b"C", len(data)) + data, ctx, deadline, out, err,
+                              until=b"D")
+        duration_ms = int((time.monotonic() - start) * 1000)
+        cpu_ms = max(0, (self._cpu_ms() or 0) - (cpu0 or 0))
+        audit = {"backend": self.executor.name, "duration_ms": duration_ms, "cpu_ms": cpu_ms,
+                 "stdout": out.digest().model_dump(), "stderr": err.digest().model_dump(),
+                 "interpreter": {"pid": self.pid, "ended": self.ended}}
+        if done is None and self.ended in ("timed out", "cancelled"):
+            raise PolicyEngineError(ErrorCode.TIMEOUT, (
+                "process exceeded its wall-clock timeout" if self.ended == "timed out" else
+                "process cancelled") + ": the interpreter was killed, its state is lost",
+                audit=audit)
+        oom = self.cg.oom_kills() if self.cg is not None else 0
+        if done is None and oom:
+            raise PolicyEngineError(
+                ErrorCode.BUDGET_EXCEEDED, "memory limit exceeded: the out-of-memory killer "
+                f"ended the interpreter at the {lim.memory_bytes}-byte limit (`memory`); its "
+                "state is lost", audit={**audit, "oom_kills": oom})
+        ctx.consume("cpu_ms", cpu_ms)
+        if not self.layered or not str(self._status().get("seccomp", "")).startswith("enforced"):
+            sanitize.sanitize(self.plan.writable)  # no seccomp refused setuid bits or devices
+        ended = _json(done) if done is not None else {}
+        code_ = (0 if ended.get("ok") else 1) if done is not None else self.exit_code
+        ctx.record_side_effect(SideEffectRec(kind=SideEffect.PROCESS, meta={
+            "op": "proc.exec", "tool": op.tool, "argc": len(op.args) + 1,
+            "argv_digest": Digest.of("\0".join((op.tool, *op.args)).encode()).model_dump(),
+            "exit_code": code_, "backend": self.executor.name, "interpreter_pid": self.pid}))
+        assert self.plan.limits is not None
+        return ExecResult(ok=True, out={
+            "exit_code": code_, "duration_ms": duration_ms, "cpu_ms": cpu_ms,
+            "stdout": out.kept(mark=False).decode(errors="replace"),
+            "stderr": err.kept(mark=False).decode(errors="replace"),
+            "stdout_truncated": out.truncated, "stderr_truncated": err.truncated,
+            "stdout_bytes": out.total, "stderr_bytes": err.total,
+            "stdout_digest": out.digest().model_dump(), "stderr_digest": err.digest().model_dump(),
+            "backend": self.executor.name, "network": self.plan.network,
+            "network_requested": ctx.profile.network.value,
+            "isolation": self.executor._isolation(self._status(), self.plan.network),
+            "limits": {**describe(self.plan.limits, self.cg),
+                       "wall": f"{lim.timeout_s}s a call, the interpreter killed"},
+            "memory_peak_bytes": self.cg.memory_peak() if self.cg else None,
+            **({"error_name": ended.get("error")} if ended.get("error") else {}),
+        }, used=Usage(cpu_ms=cpu_ms))
+
+    def close(self, reason: str) -> bool:
+        """Kill the process group and the cgroup, reap, release; ``True`` if it was alive."""
+        with self._lock:
+            was = self.proc.returncode is None
+            if self.ended is None:
+                self.ended = reason
+            if was:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pid, signal.SIGKILL)
+                if self.cg is not None:
+                    self.cg.kill_all()
+                with contextlib.suppress(ChildProcessError):
+                    _, status = os.waitpid(self.pid, 0)
+                    self.exit_code = _exit_code(status)
+                self.proc.returncode = -1  # reaped here; Popen must not wait again
+                for fh in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                    if fh is not None:
+                        with contextlib.suppress(OSError):
+                            fh.close()
+                with contextlib.suppress(OSError):
+                    os.close(self.status_r)
+                if self.cg is not None and self.pool is not None:
+                    self.pool.release(self.cg)
+            return was
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _exchange(self, send: bytes, ctx: ExecContext, deadline: float, out: HeadTail,
+                  err: HeadTail, *, until: bytes) -> bytes | None:
+        """Write ``send``, read frames until one tagged ``until`` (its payload) or the end
+        (``None``: ``self.ended`` says why; the process is gone by then)."""
+        if self.ended is not None:
+            return None
+        sel = selectors.DefaultSelector()
+        pidfd = os.pidfd_open(self.pid)
+        sel.register(pidfd, selectors.EVENT_READ, "exit")
+        sel.register(self.r, selectors.EVENT_READ, "frames")
+        sel.register(self.e, selectors.EVENT_READ, "stderr")
+        sel.register(self.status_r, selectors.EVENT_READ, "status")
+        view = memoryview(send)
+        if view:
+            sel.register(self.w, selectors.EVENT_WRITE, "in")
+        try:
+            while True:
+                if ctx.cancel.cancelled or time.monotonic() >= deadline:
+                    self.close("cancelled" if ctx.cancel.cancelled else "timed out")
+                    return None
+                for key, _ in sel.select(max(0.0, min(deadline - time.monotonic(), 0.2))):
+                    if key.data == "in":
+                        try:
+                            view = view[os.write(self.w, view[:65536]):]
+                        except BlockingIOError:
+                            continue
+                        except BrokenPipeError:
+                            view = view[len(view):]
+                        if not view:
+                            sel.unregister(self.w)
+                        continue
+                    if key.data == "exit":
+                        self._drain_end(ctx, out, err)
+                        self.close(self._crash_reason())
+                        return None
+                    data = _read(key.fd)
+                    if data == b"":
+                        sel.unregister(key.fd)  # EOF: the exit comes through the pidfd
+                    elif key.data == "status":
+                        if data and len(self.status) < 8192:
+                            self.status += data
+                    elif key.data == "stderr":  # the server's own (before its set-up)
+                        if data:
+                            err.feed(data)
+                            _emit(ctx, "stderr", data)
+                    elif data is not None:
+                        self.buf += data
+                        got = self._frames(ctx, out, err, until)
+                        if got is not None:
+                            return got
+        finally:
+            sel.close()
+            os.close(pidfd)
+
+    def _frames(self, ctx: ExecContext, out: HeadTail, err: HeadTail,
+                until: bytes) -> bytes | None:
+        while len(self.buf) >= _HEAD.size:
+            tag, size = _HEAD.unpack_from(self.buf)
+            if size > MAX_FRAME or tag not in b"ROED":
+                self.close("crashed (it broke the frame protocol)")
+                raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "the interpreter sent a "
+                                        "malformed frame and was killed; its state is lost")
+            if len(self.buf) < _HEAD.size + size:
+                return None
+            payload = bytes(self.buf[_HEAD.size:_HEAD.size + size])
+            del self.buf[:_HEAD.size + size]
+            if tag in (b"O", b"E"):
+                (out if tag == b"O" else err).feed(payload)
+                _emit(ctx, "stdout" if tag == b"O" else "stderr", payload)
+            elif tag == until:
+                return payload
+        return None
+
+    def _drain_end(self, ctx: ExecContext, out: HeadTail, err: HeadTail) -> None:
+        """The process exited: keep what its pipes still hold (bounded reads)."""
+        for _ in range(64):
+            data = _read(self.r)
+            if not data:
+                break
+            self.buf += data
+            with contextlib.suppress(PolicyEngineError):
+                self._frames(ctx, out, err, b"-")
+        for _ in range(64):
+            data = _read(self.e)
+            if not data:
+                break
+            err.feed(data)
+            _emit(ctx, "stderr", data)
+        with contextlib.suppress(OSError):
+            self.status += os.read(self.status_r, 8192)
+
+    def _crash_reason(self) -> str:
+        with contextlib.suppress(ChildProcessError):
+            _, status = os.waitpid(self.pid, 0)
+            self.exit_code = _exit_code(status)
+            self.proc.returncode = -1
+        end = status_pipe.end_signal(self._status().get("tool_end"), 0, False)
+        if end:
+            self.exit_code = 128 + end
+        oom = self.cg.oom_kills() if self.cg is not None else 0
+        return "crashed (" + ("killed by the out-of-memory killer" if oom else
+                              f"signal {end}" if end else f"exit code {self.exit_code}") + ")"
+
+    def _status(self) -> dict[str, Any]:
+        return status_pipe.parse(bytes(self.status), 1)
+
+    def _cpu_ms(self) -> int | None:
+        return self.cg.cpu_ms() if self.cg is not None else None
+
+
+def start(executor: ProcExecutor, ctx: ExecContext, op: ProcExecOp,
+          lifetime_s: float) -> InterpreterProcess:
+    """Spawn the interpreter under the plan ``op`` (the decided call) gets, as its tool.
+
+    :param lifetime_s: the interpreter's CPU-time backstop (RLIMIT_CPU = lifetime × cores);
+        each call has its own wall deadline besides.
+    :raises PolicyEngineError: not proc-bwrap, a restricted network (its proxy is per call),
+        or the sandbox could not start.
+    """
+    if executor.backend != "bwrap":
+        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{executor.name} keeps no live "
+                                "interpreter (stateful sessions run on proc-bwrap)")
+    if ctx.profile.network == NetworkMode.RESTRICTED:
+        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "a stateful call cannot run "
+                                "with the restricted network: its proxy lives for one call")
+    server = op.model_copy(update={"args": ("-c", SERVER_SOURCE), "stdin_b64": None})
+    runner = executor._as_tree_owner(bound_paths(ctx.profile)[1])
+    plan = runner._plan(ctx, server, "/tmp")
+    runner._refuse_engine_trees(plan)
+    lim: Limits = resolve_limits(ctx.profile, server, ctx.limits)
+    plan.limits = dataclasses.replace(lim, timeout_s=lifetime_s)
+    exe, _ = runner._launcher()
+    reach = runner._reach(plan, None, exe)
+    ctx.started()
+    runner._hand_over(plan)
+    layered = runner.options.layer2
+    spec = runner._launcher_spec(plan, None, None) if layered else None
+    proc, cg, status_r = runner._spawn(plan, spec, b"\0", exe, plan.limits, [], None, reach)
+    live = InterpreterProcess(proc, cg, runner._pool, status_r, plan, runner, layered)
+    try:
+        live.wait_ready(ctx)
+    except BaseException:
+        live.close("did not start")
+        raise
+    return live
+
+
+def _read(fd: int) -> bytes | None:
+    """Up to 64 KiB; ``b""`` at EOF, ``None`` when nothing is there yet."""
+    try:
+        return os.read(fd, 65536)
+    except OSError as exc:
+        return None if exc.errno == errno.EAGAIN else b""
+
+
+def _emit(ctx: ExecContext, stream: str, data: bytes) -> None:
+    if ctx.on_output is not None:
+        ctx.on_output(stream, data)
+
+
+def _json(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code

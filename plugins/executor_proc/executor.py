@@ -670,8 +670,10 @@ class ProcExecutor:
 
     def _spawn(self, plan: Plan, spec: dict[str, Any] | None, stdin: bytes | None,
                exe: str | None, lim: Limits, cg_fds: list[int], net: RestrictedHandle | None,
-               reach: uid.Reach) -> tuple[subprocess.Popen[bytes], cgroups.ExecCgroup | None, int]:
-        """Spawn per call: the Python launcher (preexec_fn), or native with ``prespawn: 0``."""
+               reach: uid.Reach, *, stdin_fd: int | None = None,
+               ) -> tuple[subprocess.Popen[bytes], cgroups.ExecCgroup | None, int]:
+        """Spawn per call: the Python launcher (preexec_fn), or native with ``prespawn: 0``.
+        ``stdin_fd``: the tool's stdin as it is (a live interpreter's protocol socket)."""
         cg = self._pool.acquire(lim.pids, lim.memory_bytes, lim.cpu_cores) \
             if self._pool is not None else None
         status_r, status_w = os.pipe()
@@ -690,7 +692,8 @@ class ProcExecutor:
             argv = self._command(plan, spec, status_w, exe, host if exe is not None else [], net,
                                  reach)
             proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                argv, stdin=stdin_fd if stdin_fd is not None else
+                subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=plan.env if self.backend == "landlock" else {},  # unshare: in argv
                 cwd=plan.cwd if self.backend != "bwrap" else "/", start_new_session=True,

@@ -18,6 +18,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import struct
 import threading
 import time
@@ -53,21 +54,20 @@ class InterpreterProcess:
     """
 
     def __init__(self, proc: subprocess.Popen[bytes], cg: cgroups.ExecCgroup | None,
-                 pool: cgroups.CgroupPool | None, status_r: int, plan: Plan,
-                 executor: ProcExecutor, layered: bool) -> None:
+                 pool: cgroups.CgroupPool | None, status_r: int, channel: socket.socket,
+                 plan: Plan, executor: ProcExecutor, layered: bool) -> None:
         self.proc, self.cg, self.pool, self.plan = proc, cg, pool, plan
         self.executor, self.layered = executor, layered
-        self.status_r = status_r
+        self.status_r, self.channel = status_r, channel
         self.status = bytearray()
         self.buf = bytearray()
         self.ended: str | None = None
         self.info: dict[str, Any] = {}
         self.exit_code: int | None = None
-        self.started_ms = int(time.time() * 1000)
         self._lock = threading.Lock()
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        self.w, self.r, self.e = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
-        for fd in (self.w, self.r, self.e, status_r):
+        assert proc.stdout is not None and proc.stderr is not None
+        self.c, self.r, self.e = channel.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
+        for fd in (self.c, self.r, self.e, status_r):
             os.set_blocking(fd, False)
 
     @property
@@ -167,7 +167,8 @@ class InterpreterProcess:
                     _, status = os.waitpid(self.pid, 0)
                     self.exit_code = _exit_code(status)
                 self.proc.returncode = -1  # reaped here; Popen must not wait again
-                for fh in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                self.channel.close()
+                for fh in (self.proc.stdout, self.proc.stderr):
                     if fh is not None:
                         with contextlib.suppress(OSError):
                             fh.close()
@@ -181,63 +182,65 @@ class InterpreterProcess:
 
     def _exchange(self, send: bytes, ctx: ExecContext, deadline: float, out: HeadTail,
                   err: HeadTail, *, until: bytes) -> bytes | None:
-        """Write ``send``, read frames until one tagged ``until`` (its payload) or the end
-        (``None``: ``self.ended`` says why; the process is gone by then)."""
+        """Write ``send``, capture the output until the frame tagged ``until`` (its payload)
+        or the end (``None``: ``self.ended`` says why; the process is gone by then)."""
         if self.ended is not None:
             return None
         sel = selectors.DefaultSelector()
         pidfd = os.pidfd_open(self.pid)
         sel.register(pidfd, selectors.EVENT_READ, "exit")
-        sel.register(self.r, selectors.EVENT_READ, "frames")
+        sel.register(self.r, selectors.EVENT_READ, "stdout")
         sel.register(self.e, selectors.EVENT_READ, "stderr")
         sel.register(self.status_r, selectors.EVENT_READ, "status")
         view = memoryview(send)
-        if view:
-            sel.register(self.w, selectors.EVENT_WRITE, "in")
+        sel.register(self.c, selectors.EVENT_READ | (selectors.EVENT_WRITE if view else 0),
+                     "channel")
         try:
             while True:
                 if ctx.cancel.cancelled or time.monotonic() >= deadline:
-                    self.close("cancelled" if ctx.cancel.cancelled else "timed out")
+                    # the orchestrator's watcher cancels with reason "timeout" at the deadline
+                    late = time.monotonic() >= deadline or ctx.cancel.reason == "timeout"
+                    self._drain(ctx, out, err)
+                    self.close("timed out" if late else "cancelled")
                     return None
-                for key, _ in sel.select(max(0.0, min(deadline - time.monotonic(), 0.2))):
-                    if key.data == "in":
-                        try:
-                            view = view[os.write(self.w, view[:65536]):]
-                        except BlockingIOError:
-                            continue
-                        except BrokenPipeError:
-                            view = view[len(view):]
-                        if not view:
-                            sel.unregister(self.w)
-                        continue
+                for key, events in sel.select(max(0.0, min(deadline - time.monotonic(), 0.2))):
                     if key.data == "exit":
-                        self._drain_end(ctx, out, err)
+                        self._drain(ctx, out, err)
                         self.close(self._crash_reason())
                         return None
+                    if key.data == "channel" and events & selectors.EVENT_WRITE:
+                        with contextlib.suppress(BlockingIOError, BrokenPipeError):
+                            view = view[os.write(self.c, view[:65536]):]
+                        if not view:
+                            sel.modify(self.c, selectors.EVENT_READ, "channel")
+                    if not events & selectors.EVENT_READ:
+                        continue
                     data = _read(key.fd)
                     if data == b"":
                         sel.unregister(key.fd)  # EOF: the exit comes through the pidfd
+                    elif data is None:
+                        continue
                     elif key.data == "status":
-                        if data and len(self.status) < 8192:
+                        if len(self.status) < 8192:
                             self.status += data
-                    elif key.data == "stderr":  # the server's own (before its set-up)
-                        if data:
-                            err.feed(data)
-                            _emit(ctx, "stderr", data)
-                    elif data is not None:
+                    elif key.data in ("stdout", "stderr"):
+                        _capture(ctx, key.data, data, out if key.data == "stdout" else err)
+                    else:
                         self.buf += data
-                        got = self._frames(ctx, out, err, until)
+                        got = self._frame(until)
                         if got is not None:
+                            # what the code wrote before its end frame is in the pipes now
+                            self._drain(ctx, out, err)
                             return got
         finally:
             sel.close()
             os.close(pidfd)
 
-    def _frames(self, ctx: ExecContext, out: HeadTail, err: HeadTail,
-                until: bytes) -> bytes | None:
+    def _frame(self, until: bytes) -> bytes | None:
+        """The payload of the first complete frame tagged ``until`` (others are dropped)."""
         while len(self.buf) >= _HEAD.size:
             tag, size = _HEAD.unpack_from(self.buf)
-            if size > MAX_FRAME or tag not in b"ROED":
+            if size > MAX_FRAME or tag not in (b"R", b"D"):
                 self.close("crashed (it broke the frame protocol)")
                 raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "the interpreter sent a "
                                         "malformed frame and was killed; its state is lost")
@@ -245,30 +248,21 @@ class InterpreterProcess:
                 return None
             payload = bytes(self.buf[_HEAD.size:_HEAD.size + size])
             del self.buf[:_HEAD.size + size]
-            if tag in (b"O", b"E"):
-                (out if tag == b"O" else err).feed(payload)
-                _emit(ctx, "stdout" if tag == b"O" else "stderr", payload)
-            elif tag == until:
+            if tag == until:
                 return payload
         return None
 
-    def _drain_end(self, ctx: ExecContext, out: HeadTail, err: HeadTail) -> None:
-        """The process exited: keep what its pipes still hold (bounded reads)."""
-        for _ in range(64):
-            data = _read(self.r)
-            if not data:
-                break
-            self.buf += data
-            with contextlib.suppress(PolicyEngineError):
-                self._frames(ctx, out, err, b"-")
-        for _ in range(64):
-            data = _read(self.e)
-            if not data:
-                break
-            err.feed(data)
-            _emit(ctx, "stderr", data)
+    def _drain(self, ctx: ExecContext, out: HeadTail, err: HeadTail) -> None:
+        """What the pipes hold now (bounded: a busy writer cannot keep the call open)."""
+        for fd, stream, cap in ((self.r, "stdout", out), (self.e, "stderr", err)):
+            for _ in range(256):
+                data = _read(fd)
+                if not data:
+                    break
+                _capture(ctx, stream, data, cap)
         with contextlib.suppress(OSError):
-            self.status += os.read(self.status_r, 8192)
+            if len(self.status) < 8192:
+                self.status += os.read(self.status_r, 8192)
 
     def _crash_reason(self) -> str:
         with contextlib.suppress(ChildProcessError):
@@ -316,8 +310,16 @@ def start(executor: ProcExecutor, ctx: ExecContext, op: ProcExecOp,
     runner._hand_over(plan)
     layered = runner.options.layer2
     spec = runner._launcher_spec(plan, None, None) if layered else None
-    proc, cg, status_r = runner._spawn(plan, spec, b"\0", exe, plan.limits, [], None, reach)
-    live = InterpreterProcess(proc, cg, runner._pool, status_r, plan, runner, layered)
+    mine, theirs = socket.socketpair()
+    try:
+        proc, cg, status_r = runner._spawn(plan, spec, None, exe, plan.limits, [], None, reach,
+                                           stdin_fd=theirs.fileno())
+    except BaseException:
+        mine.close()
+        raise
+    finally:
+        theirs.close()
+    live = InterpreterProcess(proc, cg, runner._pool, status_r, mine, plan, runner, layered)
     try:
         live.wait_ready(ctx)
     except BaseException:
@@ -334,7 +336,8 @@ def _read(fd: int) -> bytes | None:
         return None if exc.errno == errno.EAGAIN else b""
 
 
-def _emit(ctx: ExecContext, stream: str, data: bytes) -> None:
+def _capture(ctx: ExecContext, stream: str, data: bytes, cap: HeadTail) -> None:
+    cap.feed(data)
     if ctx.on_output is not None:
         ctx.on_output(stream, data)
 

@@ -32,8 +32,15 @@ from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
 from policy_engine.executor import ExecContext
 from policy_engine.guard.binds import bound_paths
-from policy_engine.model import Digest, ExecResult, NetworkMode, ProcExecOp, SideEffect, \
-    SideEffectRec, Usage
+from policy_engine.model import (
+    Digest,
+    ExecResult,
+    NetworkMode,
+    ProcExecOp,
+    SideEffect,
+    SideEffectRec,
+    Usage,
+)
 
 if TYPE_CHECKING:
     import subprocess
@@ -65,7 +72,8 @@ class InterpreterProcess:
         self.info: dict[str, Any] = {}
         self.exit_code: int | None = None
         self._lock = threading.Lock()
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
         self.c, self.r, self.e = channel.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
         for fd in (self.c, self.r, self.e, status_r):
             os.set_blocking(fd, False)

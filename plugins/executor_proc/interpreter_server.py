@@ -11,6 +11,8 @@ read or forge frames): the engine bounds every frame and trusts them for nothing
 the call's own output.
 """
 
+import contextlib
+import io
 import json
 import os
 import struct
@@ -26,9 +28,10 @@ def _main() -> None:
     os.dup2(null, 0)
     os.close(null)
     for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=True)  # a print streams as it is made
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True)  # a print streams as it is made
 
-    def send(tag: bytes, doc: dict) -> None:
+    def send(tag: bytes, doc: dict[str, object]) -> None:
         payload = json.dumps(doc).encode()
         view = memoryview(tag + struct.pack(">I", len(payload)) + payload)
         while view:
@@ -55,12 +58,12 @@ def _main() -> None:
             exec(compile(code, "<cell>", "exec"), names)  # noqa: S102 -- its purpose
         except BaseException as exc:  # noqa: BLE001 -- SystemExit too: the interpreter stays
             error = type(exc).__name__
-            traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+            tb = exc.__traceback__
+            traceback.print_exception(type(exc), exc, tb.tb_next if tb else None)
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001, S110 -- a stream the code replaced or closed
-                pass
+            # a stream the code replaced or closed
+            with contextlib.suppress(Exception):
+                stream.flush()  # type: ignore[union-attr]  # None: suppressed as well
         send(b"D", {"ok": error is None, "error": error})
 
 

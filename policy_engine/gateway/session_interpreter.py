@@ -157,9 +157,6 @@ class _Via:
         self.name = selected.name
         self.capabilities = selected.capabilities
 
-    def available(self) -> bool | str:
-        return self.selected.available()
-
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         return self.slot.run(self.selected, ctx, op)
 

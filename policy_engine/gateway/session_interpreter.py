@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, Executor
-from policy_engine.model import ExecOp, ExecResult, ProcExecOp, Profile
+from policy_engine.model import ExecOp, ExecResult, Limits, ProcExecOp, Profile
 
 Record = Callable[[str, dict[str, Any]], None]
 """Writes a lifecycle event of the session (``interpreter_started``, ``interpreter_ended``)."""
@@ -98,7 +98,7 @@ class SessionInterpreter:
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "the session ended")
         if self.live is not None and self.live.ended is not None:
             self._end(f"it died between calls: {self.live.ended}")
-        key = sandbox_key(ctx.profile)
+        key = sandbox_key(ctx.profile, ctx.limits)
         if self.live is not None and self.profile_hash != key:
             # what runs is what was decided: never old code's process under a new profile
             self._end(f"the profile changed ({self.profile_hash[:12]} -> {key[:12]}): "
@@ -132,12 +132,13 @@ class SessionInterpreter:
         return result
 
 
-def sandbox_key(profile: Profile) -> str:
-    """The digest of what shapes the interpreter's sandbox: the profile without what each call
-    has of its own (call id, expiry, consent, the op's timeout). Two calls with one key would
-    get the same bubblewrap plan, limits and filters."""
+def sandbox_key(profile: Profile, limits: Limits) -> str:
+    """The digest of what shapes the interpreter's sandbox: the profile and the decision's
+    limits without what each call has of its own (call id, expiry, consent, the wall timeout).
+    Two calls with one key would get the same bubblewrap plan, limits and filters."""
     doc = profile.model_dump(mode="json", exclude=_PER_CALL)
     doc["limits"].pop("timeout_ms", None)
+    doc["decided_limits"] = limits.model_dump(mode="json", exclude={"timeout_ms"})
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 

@@ -100,10 +100,15 @@ class Sessions:
             self._reaper.start()
 
     def close(self) -> None:
-        """Stop the reaper; live sessions stay stored (their workspaces outlive a restart)."""
+        """Stop the reaper and the live interpreters (processes of this engine); live sessions
+        stay stored (their workspaces outlive a restart; a stateful call then starts afresh)."""
         self._stop.set()
         if self._reaper is not None:
             self._reaper.join(timeout=5)
+        with self._lock:
+            slots, self._interpreters = list(self._interpreters.values()), {}
+        for slot in slots:
+            slot.close("the session runtime closed")
         self.store.close()
 
     # --- lifecycle ---------------------------------------------------------------------------

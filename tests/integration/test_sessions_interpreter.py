@@ -65,6 +65,18 @@ def _interpreters() -> set[int]:
     return found
 
 
+def _cgroups(pid: int) -> list[Path]:
+    """The engine-made cgroup directories ``pid`` is in (v1 per controller, or v2)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, ctrls, rel = line.split(":", 2)
+            if "policy-engine-" in rel:
+                base = Path("/sys/fs/cgroup") / (ctrls.split(",")[0] if ctrls else "")
+                found.append(base / rel.lstrip("/"))
+    return found
+
+
 def _evidence(sessions: Sessions) -> dict[str, dict[str, dict[str, Any]]]:
     """envelope id → {"begin": record, "end": record}."""
     found: dict[str, dict[str, dict[str, Any]]] = {}
@@ -187,10 +199,11 @@ def test_restart_on_request_and_a_profile_change_restart_the_interpreter(
     # and the new interpreter runs under the new limits: its cgroup's memory.max
     caps = set()
     for pid in _interpreters():
-        with contextlib.suppress(OSError):
-            rel = Path(f"/proc/{pid}/cgroup").read_text().strip().split("::", 1)[-1]
-            caps.add((Path("/sys/fs/cgroup") / rel.lstrip("/") / "memory.max").read_text())
-    assert f"{256 << 20}\n" in caps, caps
+        for group in _cgroups(pid):
+            for name in ("memory.max", "memory.limit_in_bytes"):
+                with contextlib.suppress(OSError):
+                    caps.add((group / name).read_text().strip())
+    assert str(256 << 20) in caps, caps
 
 
 def test_a_denied_call_never_reaches_the_interpreter(sessions: Sessions) -> None:
@@ -243,14 +256,19 @@ def test_nothing_of_the_interpreter_survives_the_session(sessions: Sessions) -> 
                 "platform.os.system('sleep 300 &')\nz = 1").success
     mine = _interpreters() - before
     assert mine
-    cgroups = {Path(f"/proc/{pid}/cgroup").read_text().strip() for pid in mine}
+    groups = {g for pid in mine for g in _cgroups(pid)}
+    assert groups, "the interpreter runs in its own cgroup"
+    procs = {int(x) for g in groups for x in (g / "cgroup.procs").read_text().split()}
+    assert len(procs) > len(mine), "the backgrounded sleeper is in the interpreter's cgroup"
     ended = sessions.delete("acme", "alice", s.session_id)
     assert ended["interpreter_killed"], ended
     assert not mine & _interpreters()
-    for line in cgroups:  # the interpreter's cgroup holds no process (the sleeper neither)
-        path = Path("/sys/fs/cgroup") / line.split("::", 1)[-1].lstrip("/") / "cgroup.procs"
-        if path.exists() and path.parent != Path("/sys/fs/cgroup"):
-            assert path.read_text().strip() == "", path
+    for pid in procs:  # every process of its cgroup is gone (the sleeper too)
+        assert not Path(f"/proc/{pid}").exists() or \
+            Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", pid
+    for g in groups:  # and the group is emptied (released to the pool, or removed)
+        if (g / "cgroup.procs").exists():
+            assert (g / "cgroup.procs").read_text().strip() == "", g
     events = [e["event"] for e in sessions.events("acme", "alice", s.session_id)]
     assert events[-2:] == ["interpreter_ended", "ended"]
 

@@ -57,8 +57,7 @@ class RunCodeResult:
                 "exit_code": self.exit_code, "sandbox_type": self.sandbox_type,
                 "risk": self.risk.to_json(), "error": self.error,
                 "error_code": self.error_code, "exec_id": self.exec_id,
-                "refusal": self.refusal,
-                **({"interpreter": self.interpreter} if self.interpreter else {})}
+                "refusal": self.refusal, "interpreter": self.interpreter}
 
 
 def run_code_manifest(workspace_root: Path) -> Manifest:

@@ -113,6 +113,12 @@ class InterpreterProcess:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"the code is {len(data)} "
                                     f"bytes; a stateful call takes at most {MAX_CODE}")
         ctx.started()  # idempotent: the first call's spawn already said it
+        # frames a thread of an earlier call wrote after its end belong to no call: dropped
+        # (bounded), so a stale `D` cannot end this call before it ran
+        self.buf.clear()
+        for _ in range(64):
+            if not _read(self.c):
+                break
         out, err = HeadTail(lim.max_stdout), HeadTail(lim.max_stderr)
         start, cpu0 = time.monotonic(), self._cpu_ms()
         deadline = min(ctx.deadline, start + lim.timeout_s)

@@ -302,3 +302,25 @@ def test_concurrent_stateful_calls_take_turns(sessions: Sessions) -> None:
         t.join(timeout=30)
     assert all(r.success for r in results), results
     assert _run(sessions, s.session_id, "print(n)").stdout == "3\n"
+
+
+def test_a_stale_end_frame_from_a_background_thread_cannot_end_the_next_call(
+        sessions: Sessions) -> None:
+    s = sessions.create("acme", "alice", security_mode="permissive")
+    # the code owns the interpreter: here a thread writes a forged `D` frame on the protocol
+    # socket (fd 0 was duplicated to the lowest free fd, 3 or above) after its call ended
+    forged = _run(sessions, s.session_id, "import platform, struct\n"
+                  "def forge():\n"
+                  "    import time\n"
+                  "    time.sleep(0.3)\n"
+                  "    body = b'{\"ok\": true, \"error\": null}'\n"
+                  "    for fd in range(3, 8):\n"
+                  "        try:\n"
+                  "            platform.os.write(fd, b'D' + struct.pack('>I', len(body)) + body)\n"
+                  "        except OSError:\n"
+                  "            pass\n"
+                  "import _thread\n_thread.start_new_thread(forge, ())")
+    assert forged.success, forged
+    time.sleep(0.8)
+    real = _run(sessions, s.session_id, "import time\ntime.sleep(0.2)\nprint('ran to the end')")
+    assert real.stdout == "ran to the end\n", real

@@ -97,13 +97,15 @@ def run(rounds: int) -> dict[str, float]:
             t0 = time.perf_counter()
             res = rt.run_code("t", "s", warm.session_id, OWN_TIME, stateful=True)
             over.append(time.perf_counter() - t0 - float(res.stdout))
-            assert res.interpreter is not None and not res.interpreter["fresh"], res
+            assert res.interpreter is not None, res
+            assert not res.interpreter["fresh"], res
         for i in range(max(3, rounds // 4)):
             s = rt.create("t", f"i{i}", backend="proc-bwrap")
             t0 = time.perf_counter()
             res = rt.run_code("t", f"i{i}", s.session_id, "x = 1", stateful=True)
             starts.append(time.perf_counter() - t0)
-            assert res.interpreter is not None and res.interpreter["fresh"], res
+            assert res.interpreter is not None, res
+            assert res.interpreter["fresh"], res
             rt.delete("t", f"i{i}", s.session_id)
         gaps: list[float] = []
         for _ in range(rounds):

@@ -324,3 +324,34 @@ def test_a_stale_end_frame_from_a_background_thread_cannot_end_the_next_call(
     time.sleep(0.8)
     real = _run(sessions, s.session_id, "import time\ntime.sleep(0.2)\nprint('ran to the end')")
     assert real.stdout == "ran to the end\n", real
+
+
+def test_the_interpreter_over_http(tmp_path: Path) -> None:
+    """The real server: the `interpreter` note, the restart route (owner only), and the
+    session's delete answering the killed interpreter."""
+    from tests.integration.service_server import add_token, serving
+
+    with serving(tmp_path, "--security-mode", "permissive") as svc:
+        alice = add_token(svc.state, "acme", "agent:alice")
+        bob = add_token(svc.state, "acme", "agent:bob")
+        with svc.client(alice) as c, svc.client(bob) as b:
+            sid = c.post("/v1/sessions", json={"backend": "proc-bwrap"}).json()["session_id"]
+            url = f"/v1/sessions/{sid}"
+            first = c.post(f"{url}/run_code", json={"code": "q = 3", "stateful": True}).json()
+            assert first["interpreter"] == {"generation": 1, "fresh": True,
+                                            "state_lost": None, "crashed": None}, first
+            assert b.post(f"{url}/interpreter/restart").status_code == 404
+            again = c.post(f"{url}/run_code", json={"code": "print(q)", "stateful": True})
+            assert again.json()["stdout"] == "3\n"
+            restarted = c.post(f"{url}/interpreter/restart").json()
+            assert restarted["killed"] is True
+            assert restarted["reason"] == "restarted on request"
+            lost = c.post(f"{url}/run_code", json={"code": "q = 4", "stateful": True}).json()
+            assert lost["interpreter"]["state_lost"] == "restarted on request", lost
+            plain = c.post(f"{url}/run_code", json={"code": "print(1)"}).json()
+            assert plain["interpreter"] is None
+            ended = c.delete(url).json()
+            assert ended["interpreter_killed"], ended
+            events = [e["event"] for e in c.get(f"{url}/events").json()["events"]]
+            assert events.count("interpreter_started") == 2
+            assert events[-1] == "ended"

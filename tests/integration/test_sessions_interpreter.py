@@ -355,3 +355,24 @@ def test_the_interpreter_over_http(tmp_path: Path) -> None:
             events = [e["event"] for e in c.get(f"{url}/events").json()["events"]]
             assert events.count("interpreter_started") == 2
             assert events[-1] == "ended"
+
+
+def test_a_malformed_frame_kills_the_interpreter_as_a_crash(sessions: Sessions) -> None:
+    s = sessions.create("acme", "alice", security_mode="permissive")
+    assert _run(sessions, s.session_id, "kept = 1").success
+    before = _interpreters()
+    # a header announcing 1 GiB: the engine never reads that far, it kills the interpreter
+    broken = _run(sessions, s.session_id, "import platform, struct\n"
+                  "for fd in range(3, 8):\n"
+                  "    try:\n"
+                  "        platform.os.write(fd, b'D' + struct.pack('>I', 1 << 30))\n"
+                  "    except OSError:\n"
+                  "        pass\n"
+                  "import time\ntime.sleep(30)", timeout=20)
+    assert broken.error_code == "TOOL.EXECUTION_FAILED", broken
+    assert "malformed frame" in (broken.error or "")
+    assert not before & _interpreters()
+    after = _run(sessions, s.session_id, "print('kept' in dir())")
+    assert after.stdout == "False\n"
+    assert after.interpreter is not None
+    assert "frame protocol" in after.interpreter["state_lost"]

@@ -71,6 +71,7 @@ class InterpreterProcess:
         self.ended: str | None = None
         self.info: dict[str, Any] = {}
         self.exit_code: int | None = None
+        self.oom_kills = 0
         self._lock = threading.Lock()
         assert proc.stdout is not None
         assert proc.stderr is not None
@@ -134,7 +135,7 @@ class InterpreterProcess:
                 "process exceeded its wall-clock timeout" if self.ended == "timed out" else
                 "process cancelled") + ": the interpreter was killed, its state is lost",
                 audit=audit)
-        oom = self.cg.oom_kills() if self.cg is not None else 0
+        oom = self.oom_kills  # read by the crash's report, before its cgroup went back
         if done is None and oom:
             raise PolicyEngineError(
                 ErrorCode.BUDGET_EXCEEDED, "memory limit exceeded: the out-of-memory killer "
@@ -162,7 +163,8 @@ class InterpreterProcess:
             "isolation": self.executor._isolation(self._status(), self.plan.network),
             "limits": {**describe(self.plan.limits, self.cg),
                        "wall": f"{lim.timeout_s}s a call, the interpreter killed"},
-            "memory_peak_bytes": self.cg.memory_peak() if self.cg else None,
+            # a crashed interpreter's cgroup is back in the pool: no peak to read then
+            "memory_peak_bytes": self.cg.memory_peak() if self.cg and self.alive else None,
             **({"error_name": ended.get("error")} if ended.get("error") else {}),
         }, used=Usage(cpu_ms=cpu_ms))
 
@@ -286,7 +288,7 @@ class InterpreterProcess:
         end = status_pipe.end_signal(self._status().get("tool_end"), 0, False)
         if end:
             self.exit_code = 128 + end
-        oom = self.cg.oom_kills() if self.cg is not None else 0
+        oom = self.oom_kills = self.cg.oom_kills() if self.cg is not None else 0
         return "crashed (" + ("killed by the out-of-memory killer" if oom else
                               f"signal {end}" if end else f"exit code {self.exit_code}") + ")"
 

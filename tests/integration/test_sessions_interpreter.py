@@ -376,3 +376,20 @@ def test_a_malformed_frame_kills_the_interpreter_as_a_crash(sessions: Sessions) 
     assert after.stdout == "False\n"
     assert after.interpreter is not None
     assert "frame protocol" in after.interpreter["state_lost"]
+
+
+def test_the_profile_memory_limit_holds_the_interpreter(
+        env: tuple[Sessions, OrchestratorPool, Path]) -> None:
+    sessions, pool, policy = env
+    policy.write_text(POLICY.format(ws=sessions.root, limits="limits { memory 128MiB }"))
+    pool.swap(compile_files([policy]))
+    s = sessions.create("acme", "alice", security_mode="permissive")
+    assert _run(sessions, s.session_id, "keep = [1]").success
+    grown = _run(sessions, s.session_id, "keep.append(bytearray(400 << 20))\nprint('no')")
+    assert grown.error_code == "QUOTA.BUDGET_EXCEEDED", grown
+    assert "state is lost" in (grown.error or "")
+    assert "no" not in grown.stdout
+    after = _run(sessions, s.session_id, "print('keep' in dir())")
+    assert after.stdout == "False\n", after
+    assert after.interpreter is not None
+    assert "out-of-memory" in after.interpreter["state_lost"]

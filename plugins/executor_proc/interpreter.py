@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from plugins.executor_proc.executor import ProcExecutor
 
 SERVER_SOURCE = (Path(__file__).parent / "interpreter_server.py").read_text()
-MAX_FRAME = 1 << 20  # a reply frame is 64 KiB of output or a small JSON; more is a broken peer
+MAX_FRAME = 1 << 20  # a reply frame is a small JSON document; more is a broken peer
 MAX_CODE = 16 << 20  # the server's own cap on a call's code
 _HEAD = struct.Struct(">cI")
 

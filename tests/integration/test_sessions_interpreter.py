@@ -319,9 +319,13 @@ def test_a_stale_end_frame_from_a_background_thread_cannot_end_the_next_call(
                   "            platform.os.write(fd, b'D' + struct.pack('>I', len(body)) + body)\n"
                   "        except OSError:\n"
                   "            pass\n"
+                  "    open('forged', 'w').close()\n"
                   "import _thread\n_thread.start_new_thread(forge, ())")
     assert forged.success, forged
-    time.sleep(0.8)
+    deadline = time.monotonic() + 15
+    while not (sessions.workspace(s) / "forged").exists():  # the stale frame is on the socket
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     real = _run(sessions, s.session_id, "import time\ntime.sleep(0.2)\nprint('ran to the end')")
     assert real.stdout == "ran to the end\n", real
 

@@ -51,6 +51,7 @@ class SessionInterpreter:
         self.record = record
         self.lifetime_s = lifetime_s
         self.lock = threading.Lock()  # held by the session for a whole call
+        self._busy = threading.Lock()  # held by the worker running the call
         self.live: LiveInterpreter | None = None
         self.profile_hash = ""
         self.generation = 0
@@ -85,7 +86,13 @@ class SessionInterpreter:
         return live.pid
 
     def run(self, selected: Executor, ctx: ExecContext, op: ExecOp) -> ExecResult:
-        """One call (the session holds ``self.lock``)."""
+        """One call (the session holds ``self.lock``). Serialised on its own as well: the
+        orchestrator stops waiting for a killed call after a grace period, and the next call
+        must not start while the previous one's worker is still tearing its interpreter down."""
+        with self._busy:
+            return self._run(selected, ctx, op)
+
+    def _run(self, selected: Executor, ctx: ExecContext, op: ExecOp) -> ExecResult:
         if not isinstance(op, ProcExecOp) or op.tool != "python3" or len(op.args) != 2 \
                 or op.args[0] != "-c":
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,

@@ -197,7 +197,6 @@ class Sessions:
             return {"session_id": info.session_id, "reason": reason, "already_ended": True}
         with self._lock:
             live = self._live.pop(info.session_id, None)
-            interp = self._interpreters.pop(info.session_id, None)
         cancelled = drained = 0
         if live is not None:
             with live.idle:
@@ -206,7 +205,10 @@ class Sessions:
                     token.cancel(f"session {reason}")
                 # the calls' evidence ends (`cancelled`) are written before the files go
                 drained = int(live.idle.wait_for(lambda: not live.running, timeout=10.0))
-        # after the calls' ends: a running stateful call killed it already, this reaps the rest
+        # after the calls' ends (a running stateful call killed it already; a slot a racing
+        # call made is popped too): the live interpreter is killed with its cgroup
+        with self._lock:
+            interp = self._interpreters.pop(info.session_id, None)
         killed = interp.close(f"session {reason}") if interp is not None else None
         work = self.workspace(info)
         files = sum(1 for _ in work.rglob("*")) if work.is_dir() else 0
@@ -263,15 +265,12 @@ class Sessions:
                              tenant=tenant, subject=subject, manifest=self.manifest,
                              security_mode=SecurityMode(info.security_mode), work=work,
                              root=work.parent, backend=info.backend)
-        slot = None
         if stateful:
             if language != "python":
                 raise _bad("stateful calls run python", "language")
             if info.backend == "docker":  # no live interpreter there: the pickled globals
                 plan = replace(plan, op=plan.op.model_copy(
                     update={"args": (plan.op.args[0], session_state.stateful(code))}))
-            else:
-                slot = self._interpreter(info)
         needed = UnifiedRiskPolicy.required_sandbox(plan.risk, SecurityMode(info.security_mode))
         if _STRENGTH[needed] > _STRENGTH[info.backend]:
             raise PolicyRefusal(engine_refusal(PolicyEngineError(
@@ -281,6 +280,7 @@ class Sessions:
         token = cancel or CancelToken()
         live = self._enter(info, token)
         try:
+            slot = self._interpreter(info) if stateful and info.backend != "docker" else None
             if slot is not None and not slot.lock.acquire(timeout=timeout):
                 raise PolicyRefusal(code_refusal(
                     ErrorCode.BUDGET_EXCEEDED.value, 429, "the session's interpreter is busy "

@@ -354,10 +354,20 @@ def test_the_interpreter_over_http(tmp_path: Path) -> None:
             assert lost["interpreter"]["state_lost"] == "restarted on request", lost
             plain = c.post(f"{url}/run_code", json={"code": "print(1)"}).json()
             assert plain["interpreter"] is None
+            slow = c.post(f"{url}/execs", json={"code": "import time\ntime.sleep(60)",
+                                                "stateful": True, "wait": False}).json()
+            time.sleep(0.5)
+            cancelled = c.delete(f"{url}/execs/{slow['exec_id']}").json()
+            assert cancelled["status"] == "cancelled", cancelled
+            assert cancelled["result"]["exec_id"]
+            after = c.post(f"{url}/run_code", json={"code": "print('q' in dir())",
+                                                    "stateful": True}).json()
+            assert after["stdout"] == "False\n", after
+            assert "cancelled" in after["interpreter"]["state_lost"], after
             ended = c.delete(url).json()
             assert ended["interpreter_killed"], ended
             events = [e["event"] for e in c.get(f"{url}/events").json()["events"]]
-            assert events.count("interpreter_started") == 2
+            assert events.count("interpreter_started") == 3
             assert events[-1] == "ended"
 
 

@@ -14,6 +14,7 @@ the call's own output.
 import contextlib
 import io
 import json
+import linecache
 import os
 import struct
 import sys
@@ -47,6 +48,7 @@ def _main() -> None:
         return bytes(buf)
 
     names = {"__name__": "__main__", "__builtins__": __builtins__}
+    cells = 0
     send(b"R", {"python": sys.version.split()[0]})
     while True:
         tag, size = struct.unpack(">cI", read_exact(5))
@@ -54,8 +56,11 @@ def _main() -> None:
             os._exit(70)  # not the engine's frame: nothing is run
         code = read_exact(size).decode("utf-8", "surrogateescape")
         error = None
+        cells += 1
+        name = f"<cell {cells}>"  # a traceback shows the cell's lines, as a notebook does
+        linecache.cache[name] = (len(code), None, code.splitlines(True), name)
         try:
-            exec(compile(code, "<cell>", "exec"), names)  # noqa: S102 -- its purpose
+            exec(compile(code, name, "exec"), names)  # noqa: S102 -- its purpose
         except BaseException as exc:  # noqa: BLE001 -- SystemExit too: the interpreter stays
             error = type(exc).__name__
             tb = exc.__traceback__

@@ -110,6 +110,8 @@ def test_state_survives_calls_each_decided_and_recorded_per_session(sessions: Se
     other = _run(sessions, b.session_id, "print(x)")
     assert not other.success
     assert "NameError" in other.stderr
+    assert 'File "<cell 1>", line 1' in other.stderr  # with the line, as a notebook shows it
+    assert "    print(x)" in other.stderr
     assert other.interpreter is not None
     assert other.interpreter["fresh"] is True
     assert _interpreters() - before - mine, "session b runs its own interpreter process"

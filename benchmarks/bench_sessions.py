@@ -11,8 +11,12 @@ default executor configuration. Rows:
 
 - create → first result: ``create()`` then ``run_code("print(1)")``, wall time, a new session
   each round (the issue's goal: ≤ 300 ms on proc-bwrap).
-- stateful overhead: the same trivial call stateful minus stateless, interleaved round by round
-  in one session (goal ≤ 20 ms over the code's own time).
+- stateful calls run in the session's live interpreter (one process for the session,
+  docs/sessions.md "Stateful Python"): a trivial call stateless (a sandboxed process each) and
+  stateful, interleaved round by round in one session; the stateful overhead is a stateful
+  call's wall time minus the code's own time (the code measures itself with
+  ``time.perf_counter`` around ~20 ms of work and prints it; goal ≤ 20 ms); the interpreter's
+  start is a fresh session's first stateful call.
 - first streamed byte: the sandboxed code prints ``time.time()`` and flushes; the gap to the
   ``on_output`` hook (the hook the SSE stream reads) seeing it, and over HTTP: a real
   `policy-engine serve` on loopback, the client reading the SSE event (goal ≤ 50 ms).
@@ -49,6 +53,13 @@ require consent when `profile.safety == "High"`
 """
 
 
+OWN_TIME = """import time
+t0 = time.perf_counter()
+while time.perf_counter() - t0 < 0.02:
+    pass
+print(time.perf_counter() - t0)"""
+
+
 def _ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 
@@ -75,12 +86,27 @@ def run(rounds: int) -> dict[str, float]:
             rt.delete("t", f"s{i}", s.session_id)
         plain: list[float] = []
         kept: list[float] = []
+        over: list[float] = []
+        starts: list[float] = []
         for _ in range(rounds):
             for stateful, into in ((False, plain), (True, kept)):
                 t0 = time.perf_counter()
                 res = rt.run_code("t", "s", warm.session_id, "x = 1", stateful=stateful)
                 into.append(time.perf_counter() - t0)
                 assert res.success, res
+            t0 = time.perf_counter()
+            res = rt.run_code("t", "s", warm.session_id, OWN_TIME, stateful=True)
+            over.append(time.perf_counter() - t0 - float(res.stdout))
+            assert res.interpreter is not None, res
+            assert not res.interpreter["fresh"], res
+        for i in range(max(3, rounds // 4)):
+            s = rt.create("t", f"i{i}", backend="proc-bwrap")
+            t0 = time.perf_counter()
+            res = rt.run_code("t", f"i{i}", s.session_id, "x = 1", stateful=True)
+            starts.append(time.perf_counter() - t0)
+            assert res.interpreter is not None, res
+            assert res.interpreter["fresh"], res
+            rt.delete("t", f"i{i}", s.session_id)
         gaps: list[float] = []
         for _ in range(rounds):
             seen: list[float] = []
@@ -100,7 +126,7 @@ def run(rounds: int) -> dict[str, float]:
         rt.close()
         pool.close()
     return {"first": _ms(first), "plain": _ms(plain), "stateful": _ms(kept),
-            "overhead": _ms(kept) - _ms(plain), "stream": _ms(gaps)}
+            "overhead": _ms(over), "start": _ms(starts), "stream": _ms(gaps)}
 
 
 def run_http(rounds: int) -> float:
@@ -164,8 +190,11 @@ def table(r: dict[str, float], rounds: int) -> str:
             "| measure | median | goal |\n|---|---|---|\n"
             f"| session create → first run_code result | {r['first']:.1f} ms | ≤ 300 ms |\n"
             f"| trivial call, stateless | {r['plain']:.1f} ms | |\n"
-            f"| trivial call, stateful | {r['stateful']:.1f} ms | |\n"
-            f"| stateful overhead | {r['overhead']:.1f} ms | ≤ 20 ms |\n"
+            f"| trivial call, stateful (the session's live interpreter) | {r['stateful']:.1f} ms "
+            "| |\n"
+            f"| stateful overhead (wall minus the code's own time) | {r['overhead']:.1f} ms "
+            "| ≤ 20 ms |\n"
+            f"| interpreter start (a session's first stateful call) | {r['start']:.1f} ms | |\n"
             f"| first streamed byte (process write → on_output hook) | {r['stream']:.1f} ms "
             "| ≤ 50 ms |\n"
             f"| first streamed byte over HTTP (process write → SSE event read by the client, "

@@ -25,7 +25,7 @@ from policy_engine.evidence import (
     redact_audit,
     request_summary,
 )
-from policy_engine.executor import CancelToken, ExecContext
+from policy_engine.executor import CancelToken, ExecContext, Executor
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.guard import Guard
 from policy_engine.model import (
@@ -262,7 +262,8 @@ class Orchestrator:
             now_ms: int | None = None,
             annotations: Mapping[str, Any] | None = None,
             consent: ConsentHook | None = None,
-            on_output: Callable[[str, bytes], None] | None = None) -> RunOutcome:
+            on_output: Callable[[str, bytes], None] | None = None,
+            via: Callable[[Executor], Executor] | None = None) -> RunOutcome:
         """Run ``op`` for ``grant`` under ``manifest``; never raises for a refusal or failure:
         those come back as ``RunOutcome.result.ok == False`` with a registry code.
 
@@ -274,13 +275,16 @@ class Orchestrator:
             consent, is decided again at the time of the answer.
         :param on_output: handed each chunk of a process's stdout/stderr while it runs (a
             session's streamed exec); the final result is the same with or without it.
+        :param via: given the selected executor, the one that runs the decided op in its place
+            (a stateful session's live interpreter inside that executor's sandbox); the
+            decision, selection, budget and evidence are the call's as ever.
         """
         with tracing.span("policy_engine.run", {"policy_engine.op": str(op.kind),
                                                 "policy_engine.tenant": grant.tenant}) as sp:
             outcome = self._run(grant, manifest, op, settings=settings, overrides=overrides,
                                 context=context, cancel=cancel, now_ms=now_ms,
                                 annotations=annotations, consent=consent,
-                                on_output=on_output)
+                                on_output=on_output, via=via)
             if sp.is_recording():
                 sp.set_attributes({**tracing.decision_attributes(outcome.decision),
                                    "policy_engine.status": outcome.end.status,
@@ -293,7 +297,8 @@ class Orchestrator:
              context: Mapping[str, object] | None, cancel: CancelToken | None,
              now_ms: int | None, annotations: Mapping[str, Any] | None,
              consent: ConsentHook | None,
-             on_output: Callable[[str, bytes], None] | None) -> RunOutcome:
+             on_output: Callable[[str, bytes], None] | None,
+             via: Callable[[Executor], Executor] | None = None) -> RunOutcome:
         started = time.perf_counter()
         now = now_ms if now_ms is not None else self._clock()
         envelope = self._ids()
@@ -373,14 +378,15 @@ class Orchestrator:
                                 status="denied", backend=sel.backend, degraded=sel.degraded)
         try:
             return self._execute(begin, decision, profile, op, started, sel, key, limits,
-                                 guard, cancel, on_output)
+                                 guard, cancel, on_output, via)
         finally:
             slot.release()
 
     def _execute(self, begin: EvidenceBegin, decision: Decision, profile: Profile, op: ExecOp,
                  started: float, sel: Selection, key: str, limits: Limits,
                  guard: GuardLike, cancel: CancelToken | None,
-                 on_output: Callable[[str, bytes], None] | None = None) -> RunOutcome:
+                 on_output: Callable[[str, bytes], None] | None = None,
+                 via: Callable[[Executor], Executor] | None = None) -> RunOutcome:
         """Steps 6 and 7: charge the call (before, or when the executor starts), run, end."""
         assert sel.executor is not None  # INVARIANT: run() returned on a failed selection
         kind = OpKind(op.kind)
@@ -414,7 +420,8 @@ class Orchestrator:
                           has_started=not at_start, on_output=on_output)
         self.metrics.observe_exec(kind, profile)
         with tracing.span("policy_engine.execute", {"policy_engine.backend": sel.backend}):
-            attempt = run_with_deadline(sel.executor, ctx, op, cancel)
+            attempt = run_with_deadline(sel.executor if via is None else via(sel.executor),
+                                        ctx, op, cancel)
         ran = ctx.has_started or attempt.result is not None
         if not ctx.has_started and attempt.error is None:
             # it returned without saying it started: charge now, withholding the output

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from plugins.executor_proc import (
     bwrap,
     cgroups,
+    interpreter,
     landlock,
     native,
     owner,
@@ -563,18 +564,7 @@ class ProcExecutor:
         exe, degraded = self._launcher()
         reach = self._reach(plan, private_tmp, exe)
         ctx.started()  # every refusal above was free: nothing has been spawned yet
-        if self.run_as is not None and not self.writes_as_owner:
-            # what root left in a writable bind (an fs.write, a checkout) must stay writable for
-            # the sandbox uid; masked secrets keep their owner; a writable bind holding or inside
-            # a system tree (`fs.write "/**"`) is never walked: /usr, /etc and / stay root's
-            # nor one that is or holds a shared root (`/opt`, `/home`: installed software, other
-            # users' files) or the engine's own trees: those keep their owner (round 3, F7)
-            handed = uid.adopt([w for w in plan.writable if not any(
-                beneath(w, t) or beneath(t, w) for t in plan.system)
-                and enginedirs.shared_root_refusal(os.path.realpath(w)) is None],
-                *self.run_as, masked=plan.mask_files + plan.mask_dirs + plan.readonly)
-        else:
-            handed = 0
+        handed = self._hand_over(plan)
         if self.run_as is not None and private_tmp is not None:
             os.chown(private_tmp, *self.run_as)  # the engine's own temp dir, not the user's
         layered = self.backend != "bwrap" or self.options.layer2
@@ -650,10 +640,40 @@ class ProcExecutor:
             result.out["owner_changes"] = owner.handed_over(handed, self.run_as)
         return result
 
+    def _hand_over(self, plan: Plan) -> int:
+        """Root runs the sandbox as ``run_as``: the writable binds become its (a count)."""
+        if self.run_as is None or self.writes_as_owner:
+            return 0
+        # what root left in a writable bind (an fs.write, a checkout) must stay writable for
+        # the sandbox uid; masked secrets keep their owner; a writable bind holding or inside
+        # a system tree (`fs.write "/**"`) is never walked: /usr, /etc and / stay root's
+        # nor one that is or holds a shared root (`/opt`, `/home`: installed software, other
+        # users' files) or the engine's own trees: those keep their owner (round 3, F7)
+        return uid.adopt([w for w in plan.writable if not any(
+            beneath(w, t) or beneath(t, w) for t in plan.system)
+            and enginedirs.shared_root_refusal(os.path.realpath(w)) is None],
+            *self.run_as, masked=plan.mask_files + plan.mask_dirs + plan.readonly)
+
+    def start_interpreter(self, ctx: ExecContext, op: ExecOp,
+                          lifetime_s: float) -> interpreter.InterpreterProcess:
+        """A live Python interpreter under the plan ``op`` gets (a stateful session's,
+        ``interpreter.py``); refused by every backend but bwrap."""
+        if not isinstance(op, ProcExecOp):
+            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, f"proc cannot run `{op.kind}`")
+        if not self.usable:
+            raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                    f"{self.name}: {self.unavailable_reason}")
+        refused = refusal_of(self, ctx.profile, op)
+        if refused is not None:
+            raise refused
+        return interpreter.start(self, ctx, op, lifetime_s)
+
     def _spawn(self, plan: Plan, spec: dict[str, Any] | None, stdin: bytes | None,
                exe: str | None, lim: Limits, cg_fds: list[int], net: RestrictedHandle | None,
-               reach: uid.Reach) -> tuple[subprocess.Popen[bytes], cgroups.ExecCgroup | None, int]:
-        """Spawn per call: the Python launcher (preexec_fn), or native with ``prespawn: 0``."""
+               reach: uid.Reach, *, stdin_fd: int | None = None,
+               ) -> tuple[subprocess.Popen[bytes], cgroups.ExecCgroup | None, int]:
+        """Spawn per call: the Python launcher (preexec_fn), or native with ``prespawn: 0``.
+        ``stdin_fd``: the tool's stdin as it is (a live interpreter's protocol socket)."""
         cg = self._pool.acquire(lim.pids, lim.memory_bytes, lim.cpu_cores) \
             if self._pool is not None else None
         status_r, status_w = os.pipe()
@@ -672,7 +692,8 @@ class ProcExecutor:
             argv = self._command(plan, spec, status_w, exe, host if exe is not None else [], net,
                                  reach)
             proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                argv, stdin=stdin_fd if stdin_fd is not None else
+                subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=plan.env if self.backend == "landlock" else {},  # unshare: in argv
                 cwd=plan.cwd if self.backend != "bwrap" else "/", start_new_session=True,

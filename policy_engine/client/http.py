@@ -107,6 +107,10 @@ class Client:
             json={"code": code, "language": language, "timeout_s": timeout_s,
                   "stateful": stateful})))
 
+    def restart_interpreter(self, session_id: str) -> dict[str, Any]:
+        """Kill the session's stateful interpreter; the next stateful call starts afresh."""
+        return _check(self.http.post(f"/v1/sessions/{session_id}/interpreter/restart"))
+
     def start_exec(self, session_id: str, code: str, language: str = "python", *,
                    timeout_s: float = 30.0, stateful: bool = False,
                    wait: bool = False) -> Exec:
@@ -203,6 +207,9 @@ class AsyncClient:
             f"/v1/sessions/{session_id}/run_code",
             json={"code": code, "language": language, "timeout_s": timeout_s,
                   "stateful": stateful})))
+
+    async def restart_interpreter(self, session_id: str) -> dict[str, Any]:
+        return _check(await self.http.post(f"/v1/sessions/{session_id}/interpreter/restart"))
 
     async def start_exec(self, session_id: str, code: str, language: str = "python", *,
                          timeout_s: float = 30.0, stateful: bool = False,

@@ -49,13 +49,15 @@ class CodeResult:
     exec_id: str
     refusal: Refusal | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    interpreter: dict[str, Any] | None = None
+    """A stateful call's interpreter: ``generation``, ``fresh``, ``state_lost``, ``crashed``."""
 
     @classmethod
     def of(cls, doc: dict[str, Any]) -> CodeResult:
         ref = doc.get("refusal")
         return cls(doc["success"], doc["stdout"], doc["stderr"], doc.get("exit_code"),
                    doc["sandbox_type"], doc.get("error_code"), doc["exec_id"],
-                   refusal_from(ref) if ref else None, doc)
+                   refusal_from(ref) if ref else None, doc, interpreter=doc.get("interpreter"))
 
 
 @dataclass(frozen=True, slots=True)

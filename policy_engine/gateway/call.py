@@ -19,7 +19,7 @@ from policy_engine import tracing
 from policy_engine.confirm.broker import Asked, ConsentBroker, consent_notes
 from policy_engine.confirm.services import ConfirmationService, DenyConfirmation
 from policy_engine.errors import ErrorCode, PolicyEngineError
-from policy_engine.executor import CancelToken
+from policy_engine.executor import CancelToken, Executor
 from policy_engine.explain import ExplainRequest, Explanation, explain
 from policy_engine.gateway.outcome import Called, refusal_of
 from policy_engine.guard import Guard
@@ -47,6 +47,7 @@ class Call:
     annotations: Mapping[str, Any] | None = None
     cancel: CancelToken | None = None
     on_output: Callable[[str, bytes], None] | None = None  # streamed stdout/stderr
+    via: Callable[[Executor], Executor] | None = None  # runs the decided op (Orchestrator.run)
 
 
 class Gateway:
@@ -100,7 +101,7 @@ class Gateway:
             outcome = orch.run(call.grant, call.manifest, call.op, settings=call.settings,
                                overrides=call.overrides, context=call.context or None,
                                cancel=call.cancel, annotations=call.annotations,
-                               consent=consent, on_output=call.on_output)
+                               consent=consent, on_output=call.on_output, via=call.via)
             asked = box[0] if box else None
             self.broker.record(asked, outcome.envelope_id)
             called = Called(outcome, asked, refusal_of(outcome, asked))

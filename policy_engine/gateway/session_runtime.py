@@ -21,6 +21,7 @@ from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken
 from policy_engine.gateway import session_state
 from policy_engine.gateway.call import Call, Gateway
+from policy_engine.gateway.session_interpreter import SessionInterpreter
 from policy_engine.gateway.session_store import SessionInfo, SessionStore
 from policy_engine.refusal import PolicyRefusal, code_refusal, engine_refusal
 from policy_engine.runcode.manager import (
@@ -91,6 +92,7 @@ class Sessions:
         self.manifest = run_code_manifest(self.root)
         self.store = store or SessionStore(config.state_dir / "sessions.db")
         self._live: dict[str, _Live] = {}
+        self._interpreters: dict[str, SessionInterpreter] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
@@ -100,10 +102,15 @@ class Sessions:
             self._reaper.start()
 
     def close(self) -> None:
-        """Stop the reaper; live sessions stay stored (their workspaces outlive a restart)."""
+        """Stop the reaper and the live interpreters (processes of this engine); live sessions
+        stay stored (their workspaces outlive a restart; a stateful call then starts afresh)."""
         self._stop.set()
         if self._reaper is not None:
             self._reaper.join(timeout=5)
+        with self._lock:
+            slots, self._interpreters = list(self._interpreters.values()), {}
+        for slot in slots:
+            slot.close("the session runtime closed")
         self.store.close()
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -200,13 +207,19 @@ class Sessions:
                     token.cancel(f"session {reason}")
                 # the calls' evidence ends (`cancelled`) are written before the files go
                 drained = int(live.idle.wait_for(lambda: not live.running, timeout=10.0))
+        # after the calls' ends (a running stateful call killed it already; a slot a racing
+        # call made is popped too): the live interpreter is killed with its cgroup
+        with self._lock:
+            interp = self._interpreters.pop(info.session_id, None)
+        killed = interp.close(f"session {reason}") if interp is not None else None
         work = self.workspace(info)
         files = sum(1 for _ in work.rglob("*")) if work.is_dir() else 0
         shutil.rmtree(work.parent, ignore_errors=True)
         detail: dict[str, Any] = {
             "reason": reason, "calls_cancelled": cancelled, "calls_drained": bool(drained),
             "workspace_removed": not work.parent.exists(), "files_removed": files,
-            "pool_released": self._release_pool(info)}
+            "pool_released": self._release_pool(info),
+            **({"interpreter_killed": killed} if killed is not None else {})}
         self.store.event(info, _now_ms(), "ended", detail)
         log.info("session %s ended: %s", info.session_id, detail)
         return {"session_id": info.session_id, **detail}
@@ -240,8 +253,8 @@ class Sessions:
         :param cancel: cancels the call (its process group is killed; evidence ends
             ``cancelled``); deleting or expiring the session cancels it too.
         :param on_output: sees stdout/stderr chunks as the process writes them.
-        :param stateful: python only: keep the globals between calls (session_state.py); the
-            risk hint is the code's own, the op runs it in the wrapper.
+        :param stateful: python only: run in the session's live interpreter, its variables
+            kept between calls (session_interpreter.py; docker sessions: session_state.py).
 
         :raises PolicyRefusal: unknown session (404); the risk hint requires a stronger
             sandbox than the session's backend (``SANDBOX.CAPABILITY_BLOCKED``: a session never
@@ -257,8 +270,9 @@ class Sessions:
         if stateful:
             if language != "python":
                 raise _bad("stateful calls run python", "language")
-            plan = replace(plan, op=plan.op.model_copy(
-                update={"args": (plan.op.args[0], session_state.stateful(code))}))
+            if info.backend == "docker":  # no live interpreter there: the pickled globals
+                plan = replace(plan, op=plan.op.model_copy(
+                    update={"args": (plan.op.args[0], session_state.stateful(code))}))
         needed = UnifiedRiskPolicy.required_sandbox(plan.risk, SecurityMode(info.security_mode))
         if _STRENGTH[needed] > _STRENGTH[info.backend]:
             raise PolicyRefusal(engine_refusal(PolicyEngineError(
@@ -268,12 +282,24 @@ class Sessions:
         token = cancel or CancelToken()
         live = self._enter(info, token)
         try:
-            orch = self.pool.get(info.backend)
-            called = self.gateway.run(
-                Call(plan.grant, self.manifest, plan.op, settings=plan.settings,
-                     annotations={"risk": plan.risk.to_json(), "session": info.session_id},
-                     identity=(tenant, subject), cancel=token, on_output=on_output),
-                orchestrator=orch)
+            slot = self._interpreter(info) if stateful and info.backend != "docker" else None
+            if slot is not None and not slot.lock.acquire(timeout=timeout):
+                raise PolicyRefusal(code_refusal(
+                    ErrorCode.BUDGET_EXCEEDED.value, 429, "the session's interpreter is busy "
+                    f"with another call for {timeout}s: one stateful call runs at a time",
+                    "limits", retryable=True))
+            try:
+                orch = self.pool.get(info.backend)
+                called = self.gateway.run(
+                    Call(plan.grant, self.manifest, plan.op, settings=plan.settings,
+                         annotations={"risk": plan.risk.to_json(), "session": info.session_id,
+                                      **({"stateful": True} if stateful else {})},
+                         identity=(tenant, subject), cancel=token, on_output=on_output,
+                         via=slot.via if slot is not None else None),
+                    orchestrator=orch)
+            finally:
+                if slot is not None:
+                    slot.lock.release()
         finally:
             with live.idle:
                 live.running.discard(token)
@@ -281,7 +307,24 @@ class Sessions:
         return run_code_result(called.outcome, info.backend, plan.risk,
                                called.refusal.to_json() if called.refusal else None)
 
+    def restart_interpreter(self, tenant: str, subject: str,
+                            session_id: str) -> dict[str, Any]:
+        """Kill the session's live interpreter (waiting for a running stateful call to end);
+        the next stateful call starts a fresh one and says so (``state_lost``)."""
+        info = self.get(tenant, subject, session_id)
+        done = self._interpreter(info).restart("restarted on request")
+        return {"session_id": info.session_id, **done}
+
     # --- internals ---------------------------------------------------------------------------
+
+    def _interpreter(self, info: SessionInfo) -> SessionInterpreter:
+        with self._lock:
+            slot = self._interpreters.get(info.session_id)
+            if slot is None:
+                slot = self._interpreters[info.session_id] = SessionInterpreter(
+                    lambda event, detail: self.store.event(info, _now_ms(), event, detail),
+                    float(self.limits.max_ttl_s))
+            return slot
 
     def _enter(self, info: SessionInfo, token: CancelToken) -> _Live:
         with self._lock:

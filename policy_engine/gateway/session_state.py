@@ -1,4 +1,5 @@
-"""The stateful interpreter of a session: a python call's globals kept for the next call.
+"""Docker sessions' stateful calls: a python call's globals pickled for the next call
+(proc-bwrap sessions run a live interpreter instead: session_interpreter.py).
 
 Each stateful call is still one guarded proc.exec (its own decision, limits and evidence); the
 code runs under a small wrapper that loads the session's globals from the workspace, runs the

@@ -50,13 +50,14 @@ class RunCodeResult:
     error_code: str | None
     exec_id: str
     refusal: dict[str, Any] | None = None  # the refusal document when refused or failed
+    interpreter: dict[str, Any] | None = None  # a stateful call's (session_interpreter.py)
 
     def to_json(self) -> dict[str, Any]:
         return {"success": self.success, "stdout": self.stdout, "stderr": self.stderr,
                 "exit_code": self.exit_code, "sandbox_type": self.sandbox_type,
                 "risk": self.risk.to_json(), "error": self.error,
                 "error_code": self.error_code, "exec_id": self.exec_id,
-                "refusal": self.refusal}
+                "refusal": self.refusal, "interpreter": self.interpreter}
 
 
 def run_code_manifest(workspace_root: Path) -> Manifest:
@@ -181,4 +182,5 @@ def run_code_result(outcome: RunOutcome, backend: str, risk: RiskAssessment,
         stderr=str(out.get("stderr", "")), exit_code=exit_code,
         sandbox_type=outcome.end.sandbox_backend or backend, risk=risk, error=error,
         error_code=None if res.ok else res.code, exec_id=outcome.envelope_id,
-        refusal=refusal)
+        refusal=refusal, interpreter=out.get("interpreter") if isinstance(
+            out.get("interpreter"), dict) else None)

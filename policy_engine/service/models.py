@@ -211,6 +211,16 @@ class RiskBody(_Body):
     language: str
 
 
+class InterpreterNote(_Body):
+    """A stateful call's interpreter (docs/sessions.md "Stateful Python")."""
+
+    generation: int = Field(description="the session's interpreters started so far")
+    fresh: bool = Field(description="this call started the interpreter")
+    state_lost: str | None = Field(default=None, description="why the previous interpreter "
+                                   "ended (timeout, cancel, crash, restart, policy change)")
+    crashed: str | None = Field(default=None, description="this call ended the interpreter")
+
+
 class RunCodeResponse(_Body):
     success: bool
     stdout: str
@@ -222,6 +232,7 @@ class RunCodeResponse(_Body):
     error_code: str | None
     exec_id: str = Field(description="the evidence envelope id of the run")
     refusal: RefusalBody | None = Field(default=None, description="when refused or failed")
+    interpreter: InterpreterNote | None = Field(default=None, description="stateful calls")
 
 
 class PolicyHealth(_Body):

@@ -85,11 +85,23 @@ class SessionEnded(_Body):
     workspace_removed: bool
     files_removed: int
     pool_released: bool = Field(description="the session's warm container was released")
+    interpreter_killed: int | None = Field(default=None, description="the pid of the "
+                                           "session's live interpreter, killed")
+
+
+class InterpreterRestarted(_Body):
+    """The session's interpreter was killed; the next stateful call starts a fresh one."""
+
+    session_id: str
+    killed: bool = Field(description="an interpreter was live")
+    pid: int | None
+    reason: str
 
 
 class SessionEvent(_Body):
     at_ms: int
-    event: Literal["created", "extended", "ended"]
+    event: Literal["created", "extended", "ended", "interpreter_started",
+                   "interpreter_ended"]
     detail: dict[str, Any]
 
 
@@ -206,6 +218,16 @@ def register(app: FastAPI, who_dep: Any, sessions_dep: Any, *,
         released."""
         rt: Sessions = sessions
         return SessionEnded.model_validate(rt.delete(who.tenant, who.subject, session_id))
+
+    @app.post("/v1/sessions/{session_id}/interpreter/restart", tags=tags,
+              response_model=InterpreterRestarted)
+    def restart_interpreter(session_id: Sid, who: who_dep, sessions: sessions_dep
+                            ) -> InterpreterRestarted:
+        """Kill the session's stateful interpreter (after a running stateful call ends); the
+        next stateful call starts a fresh one and reports `interpreter.state_lost`."""
+        rt: Sessions = sessions
+        return InterpreterRestarted.model_validate(
+            rt.restart_interpreter(who.tenant, who.subject, session_id))
 
     @app.get("/v1/sessions/{session_id}/events", tags=tags, response_model=SessionEvents)
     def session_events(session_id: Sid, who: who_dep, sessions: sessions_dep

@@ -33,7 +33,15 @@ def test_the_sync_client_covers_a_session(svc: Service) -> None:
         assert "in/data.txt" in {e["path"] for e in c.list_files(s.session_id)}
         assert c.run_code(s.session_id, "n = len(open('in/data.txt').read())",
                           stateful=True).success
-        assert c.run_code(s.session_id, "print(n * 2)", stateful=True).stdout == "6\n"
+        doubled = c.run_code(s.session_id, "print(n * 2)", stateful=True)
+        assert doubled.stdout == "6\n"
+        assert doubled.interpreter is not None
+        assert doubled.interpreter["fresh"] is False
+        assert c.restart_interpreter(s.session_id)["killed"] is True
+        lost = c.run_code(s.session_id, "print('n' in dir())", stateful=True)
+        assert lost.stdout == "False\n"
+        assert lost.interpreter is not None
+        assert lost.interpreter["state_lost"] == "restarted on request"
         job = c.start_exec(s.session_id, "import time\nfor i in range(3):\n"
                            "    print(i, flush=True)\n    time.sleep(0.2)")
         events = list(c.stream_exec(s.session_id, job.exec_id))
@@ -71,6 +79,9 @@ def test_the_async_client_streams_and_refuses(svc: Service) -> None:
     async def main() -> tuple[str, str, int]:
         async with AsyncClient(svc.url, token) as c:
             s = await c.create_session(backend="proc-bwrap")
+            await c.run_code(s.session_id, "k = 1", stateful=True)
+            restarted = await c.restart_interpreter(s.session_id)
+            assert restarted["killed"] is True
             await c.upload_b64(s.session_id, "x.txt", b"hi")
             job = await c.start_exec(s.session_id, "print(open('x.txt').read())")
             text = "".join([e.text async for e in c.stream_exec(s.session_id, job.exec_id)

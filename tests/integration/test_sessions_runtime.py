@@ -210,34 +210,6 @@ def test_session_files_are_guarded_ops_and_stay_in_the_session(sessions: Session
     assert gone["envelope_id"] in evidence
 
 
-def test_stateful_calls_keep_variables_and_report_a_crash(sessions: Sessions) -> None:
-    s = sessions.create("acme", "alice", security_mode="permissive")
-
-    def run(code: str) -> object:
-        return sessions.run_code("acme", "alice", s.session_id, code, stateful=True)
-
-    first = run("import json\nx = 41\nitems = [1, 2]")
-    assert first.success, first  # type: ignore[attr-defined]
-    second = run("x += 1\nitems.append(3)\nprint(x, json.dumps(items))")
-    assert second.stdout == "42 [1, 2, 3]\n", second  # type: ignore[attr-defined]
-    assert second.exec_id != first.exec_id  # type: ignore[attr-defined]
-    stateless = sessions.run_code("acme", "alice", s.session_id, "print(x)")
-    assert not stateless.success  # a plain call is a fresh process: no `x`
-    other = sessions.create("acme", "alice", security_mode="permissive")
-    assert not sessions.run_code("acme", "alice", other.session_id, "print(x)",
-                                 stateful=True).success
-    # killed by its own timeout, mid-call
-    died_fast = sessions.run_code("acme", "alice", s.session_id,
-                                  "import time\nx = 1000\ntime.sleep(30)", stateful=True,
-                                  timeout=1)
-    assert died_fast.error_code == "LLM.TIMEOUT", died_fast
-    after = run("print(x)")
-    assert after.stdout == "42\n", after  # type: ignore[attr-defined]
-    assert "died before saving" in after.stderr  # type: ignore[attr-defined]
-    with pytest.raises(PolicyRefusal):
-        sessions.run_code("acme", "alice", s.session_id, "echo", "shell", stateful=True)
-
-
 def test_running_calls_are_capped_per_session(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     policy = tmp_path / "s.sbpolicy"

@@ -24,6 +24,7 @@ def test_document_is_openapi_3_1_with_every_endpoint_and_bearer_auth() -> None:
         "/sandbox/health", "/skills", "/skills/{skill_id}/invoke",
         "/v1/sessions", "/v1/sessions/{session_id}", "/v1/sessions/{session_id}/extend",
         "/v1/sessions/{session_id}/events", "/v1/sessions/{session_id}/run_code",
+        "/v1/sessions/{session_id}/interpreter/restart",
         "/v1/sessions/{session_id}/files", "/v1/sessions/{session_id}/files/{path}",
         "/v1/sessions/{session_id}/execs", "/v1/sessions/{session_id}/execs/{exec_id}",
         "/v1/sessions/{session_id}/execs/{exec_id}/events"}

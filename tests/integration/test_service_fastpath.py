@@ -264,7 +264,8 @@ def test_the_ops_fast_path_answers_as_the_route_does(tmp_path: Path) -> None:
         assert verify_records(logs[fast]).ok, fast
     ran = [a for a in answers[True] if isinstance(a[2], dict) and "envelope_id" in a[2]]
     assert len(ran) >= 8  # allowed, denied, the odd bodies that still run
-    assert any(a[0] == 200 for a in ran) and any(a[0] == 403 for a in ran)
+    assert any(a[0] == 200 for a in ran)
+    assert any(a[0] == 403 for a in ran)
     for i, (quick, full) in enumerate(zip(answers[True], answers[False], strict=True)):
         assert _stable(quick) == _stable(full), f"case {i}: {quick[:2]} != {full[:2]}"
     # every run wrote its begin and end record on both paths (plus the same checkpoints)

@@ -438,9 +438,11 @@ def _chunks(fd: int) -> Iterator[bytes]:
 
 def asgi_app(config: ServiceConfig, opened: Engine | None = None, *,
              fast_decide: bool = True, metrics: ServiceMetrics | None = None) -> ASGIApp:
-    """The application wrapped in the body-size limit (and, unless ``fast_decide`` is off,
-    the fast path of `/v1/decide` and `/v1/ops`), behind the exact-request check, counted
-    and traced (metrics.py) outermost: what uvicorn serves."""
+    """The application wrapped in the body-size limit behind the exact-request check (and,
+    unless ``fast_decide`` is off, the fast path of `/v1/decide` and `/v1/ops` in front of
+    both), counted and traced (metrics.py) outermost: what uvicorn serves."""
     app = create_app(config, opened)
-    inner: ASGIApp = FastPath(app, app.state.fast_routes) if fast_decide else app
-    return instrument(ExactRequest(BodyLimit(inner, config.max_body_bytes)), app, metrics)
+    checked: ASGIApp = ExactRequest(BodyLimit(app, config.max_body_bytes))
+    if fast_decide:  # outermost but the metrics: it makes the two checks itself (fastpath.py)
+        checked = FastPath(checked, app.state.fast_routes, config.max_body_bytes)
+    return instrument(checked, app, metrics)

@@ -47,7 +47,13 @@ from policy_engine.service.errors import (
     error_response,
     refused_response,
 )
-from policy_engine.service.guards import ADMITTED, admit_or_answer, replaying
+from policy_engine.service.guards import (
+    ADMITTED,
+    admit_or_answer,
+    replaying,
+    send_error,
+    too_large,
+)
 from policy_engine.service.models import CallBody, DecideBody
 from policy_engine.tokens import Principal
 
@@ -56,6 +62,7 @@ _DECIDE, _OPS = "/v1/decide", "/v1/ops"
 # takes some of them: such a body goes the json.loads way, as the route parses it
 _LONG_INT = re.compile(rb"[0-9]{4301}")
 _Body = TypeVar("_Body", bound=BaseModel)
+_TOO_LARGE = b"<over the limit>"  # compared by identity
 
 
 @dataclass(frozen=True)
@@ -79,9 +86,10 @@ class FastPath:
     """ASGI middleware in front of the FastAPI app: serves ordinary `POST /v1/decide` and
     `POST /v1/ops` calls."""
 
-    def __init__(self, app: ASGIApp, routes: FastRoutes) -> None:
+    def __init__(self, app: ASGIApp, routes: FastRoutes, max_body_bytes: int) -> None:
         self.app = app
         self.routes = routes
+        self.limit = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
@@ -93,19 +101,33 @@ class FastPath:
             view = view_of_query(query)
         elif path == _OPS and not query:
             view = "compact"  # unused: ops has one answer
-        if view is None:  # another path or query: the route validates it
+        raw = scope.get("raw_path")
+        if view is None or (raw is not None and raw.split(b"?", 1)[0] != path.encode()):
+            # another path or query (the route validates it), or a target written another
+            # way (`/v1%2fops`: the exact-request check answers it)
             await self.app(scope, receive, send)
             return
         auth: str | None = None
         ctype: bytes | None = None
+        auths, declared_over = 0, False
         for key, value in scope["headers"]:  # the first of each, as starlette's Headers.get
-            if key == b"authorization" and auth is None:
-                auth = value.decode("latin-1")
+            if key == b"authorization":
+                auths += 1
+                if auth is None:
+                    auth = value.decode("latin-1")
             elif key == b"content-type" and ctype is None:
                 ctype = value
-        body = await _read_body(receive)
+            elif key == b"content-length":
+                declared_over |= not value.isdigit() or int(value) > self.limit
+        if auths > 1 or declared_over:
+            await self.app(scope, receive, send)  # the exact-request check or the body limit
+            return
+        body = await _read_body(receive, self.limit)
         if body is None:
             return  # the client went away
+        if body is _TOO_LARGE:
+            await send_error(send, too_large(self.limit))
+            return
         replay = replaying(body, receive)
         who = await admit_or_answer(self.routes.admit, auth, scope, replay, send)
         if who is None:
@@ -133,14 +155,20 @@ class FastPath:
         await response(scope, replay, send)
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    """The whole body (bounded by ``BodyLimit`` in front); ``None`` when the client left."""
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole body; ``None`` when the client left, ``_TOO_LARGE`` (unread past the limit,
+    as ``BodyLimit`` reads) when it grew over ``limit`` bytes."""
     chunks: list[bytes] = []
+    seen = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
             return None
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        seen += len(chunk)
+        if seen > limit:
+            return _TOO_LARGE
+        chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
 

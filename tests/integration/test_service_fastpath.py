@@ -52,9 +52,8 @@ async def _serve(config: ServiceConfig, fast: bool,
     engine = open_engine(config)
     token, _ = engine.tokens.add("acme", "agent:alice")
     app = asgi_app(config, engine, fast_decide=fast)
-    below = app.app.app  # ExactRequest -> BodyLimit -> the fast path or FastAPI
-    fastapi_app = below.app if isinstance(below, FastPath) else below
-    assert isinstance(below, FastPath) is fast
+    assert isinstance(app, FastPath) is fast  # in front of ExactRequest -> BodyLimit -> FastAPI
+    fastapi_app = _fastapi(app)
     answers = []
     async with fastapi_app.router.lifespan_context(fastapi_app):  # type: ignore[attr-defined]
         transport = httpx.ASGITransport(app=app)
@@ -67,6 +66,13 @@ async def _serve(config: ServiceConfig, fast: bool,
                 is_json = kept.get("content-type") == "application/json"
                 answers.append((resp.status_code, kept, resp.json() if is_json else resp.text))
     return answers
+
+
+def _fastapi(app: Any) -> Any:
+    """The FastAPI app beneath the ASGI layers of ``app``."""
+    while not hasattr(app, "router"):
+        app = app.app
+    return app
 
 
 def _cases(root: Path) -> list[Callable[[str], Request]]:
@@ -126,6 +132,12 @@ def _cases(root: Path) -> list[Callable[[str], Request]]:
         post(b'{"op":' + b"[" * 30_000 + b"]" * 30_000 + b"}"),
         post(json.dumps(ok).encode()[:-1] + b', "now_ms": ' + b"9" * 5000 + b"}"),
         post(b'{"op":' + b"[" * 30_000 + b"]" * 30_000 + b"}", auth=None),
+        # the exact-request check and the body limit, made in front by the fast path
+        post(ok, path="/v1%2fdecide"),
+        post(ok, path="/v1%2Fdecide?explain=full"),
+        post({**ok, "context": {"pad": "x" * 70_000}}),  # over max_body_bytes: 413
+        post({**ok, "context": {"pad": "x" * 70_000}}, auth=None),  # 413 before the token
+        post(ok, headers={"Content-Type": "application/json", "Content-Length": "99999999"}),
     ]
 
 
@@ -141,7 +153,8 @@ def test_the_fast_path_answers_as_the_route_does(tmp_path: Path) -> None:
     assert answers[True][1][2]["decision"] == "deny"
     assert statuses[6] == 401, statuses  # broken JSON without a token: the token comes first
     assert statuses[22] == 404, statuses  # a trailing slash: no redirect
-    assert statuses[-5:] == [422, 401, 422, 422, 401], statuses
+    assert statuses[-10:-5] == [422, 401, 422, 422, 401], statuses
+    assert statuses[-5:] == [404, 404, 413, 413, 413], statuses  # made in front
     assert statuses[24:30] == [200, 200, 200, 400, 200, 401], statuses
     compact, full, full_deny = (answers[True][i][2] for i in (0, 24, 26))
     assert "trace" not in compact
@@ -167,9 +180,10 @@ def test_ordinary_calls_never_reach_fastapi(tmp_path: Path) -> None:
     engine = open_engine(config)
     token, _ = engine.tokens.add("acme", "agent:alice")
     app = asgi_app(config, engine)
-    fast = app.app.app
+    fast = app
     assert isinstance(fast, FastPath)
     inner = fast.app
+    fastapi_app = _fastapi(app)
     reached: list[str] = []
 
     async def counting(scope: Any, receive: Any, send: Any) -> None:
@@ -181,7 +195,7 @@ def test_ordinary_calls_never_reach_fastapi(tmp_path: Path) -> None:
 
     async def drive() -> list[int]:
         statuses = []
-        async with inner.router.lifespan_context(inner):  # type: ignore[attr-defined]
+        async with fastapi_app.router.lifespan_context(fastapi_app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
                 for make in (cases[0], cases[1], cases[3], cases[16], cases[14]):
@@ -284,9 +298,10 @@ def test_ordinary_ops_calls_never_reach_fastapi(tmp_path: Path) -> None:
     engine = open_engine(config)
     token, _ = engine.tokens.add("acme", "agent:alice")
     app = asgi_app(config, engine)
-    fast = app.app.app
+    fast = app
     assert isinstance(fast, FastPath)
     inner = fast.app
+    fastapi_app = _fastapi(app)
     reached: list[str] = []
 
     async def counting(scope: Any, receive: Any, send: Any) -> None:
@@ -298,10 +313,11 @@ def test_ordinary_ops_calls_never_reach_fastapi(tmp_path: Path) -> None:
 
     async def drive() -> list[int]:
         statuses = []
-        async with inner.router.lifespan_context(inner):  # type: ignore[attr-defined]
+        async with fastapi_app.router.lifespan_context(fastapi_app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
-                for make in (cases[0], cases[1], cases[3], cases[16], cases[14], cases[35]):
+                query = cases[len(_cases(root))]  # the first of the ops-only cases: `?x=1`
+                for make in (cases[0], cases[1], cases[3], cases[16], cases[14], query):
                     method, path, headers, body = make(token)
                     resp = await client.request(method, path, headers=headers, content=body)
                     statuses.append(resp.status_code)

@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 log = logging.getLogger(__name__)
@@ -95,12 +95,31 @@ def _clean(attributes: Attributes | None) -> dict[str, Any]:
     return {k: v for k, v in (attributes or {}).items() if v is not None}
 
 
-@contextmanager
-def span(name: str, attributes: Attributes | None = None) -> Iterator[Any]:
+class _NotRecording:
+    """What :func:`span` returns when nothing records: one shared context manager, no
+    generator built per span (an op opens five; issue 27)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Any:
+        return NO_SPAN
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NOT_RECORDING = _NotRecording()
+
+
+def span(name: str, attributes: Attributes | None = None) -> AbstractContextManager[Any]:
     """A child span of the current one named ``name`` (``NO_SPAN`` when not recording)."""
     if not enabled():
-        yield NO_SPAN
-        return
+        return _NOT_RECORDING
+    return _recorded_span(name, attributes)
+
+
+@contextmanager
+def _recorded_span(name: str, attributes: Attributes | None) -> Iterator[Any]:
     tracer = _tracer()
     with tracer.start_as_current_span(name, attributes=_clean(attributes)) as current:
         yield current

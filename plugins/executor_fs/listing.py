@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import time
@@ -38,12 +39,18 @@ def printable_name(name: str) -> str | None:
         return printable_path(name)
 
 
+@functools.lru_cache(maxsize=4096)
+def _glob(pattern: str, home: str) -> PathGlob:
+    """A deny's compiled glob: built once, not per call (≈ 18 per fs op; issue 27)."""
+    return PathGlob.of(pattern, home)
+
+
 def mandatory_denied(profile: Profile, normalized: str) -> str | None:
     """The id of a mandatory deny whose path glob matches ``normalized``, or ``None``."""
+    home = profile.mappings.home
     for deny in profile.denies:
         paths = getattr(deny.capability, "paths", ())
-        if deny.mandatory and any(
-                PathGlob.of(p, profile.mappings.home).matches(normalized) for p in paths):
+        if deny.mandatory and any(_glob(p, home).matches(normalized) for p in paths):
             return deny.rule.id
     return None
 

@@ -7,6 +7,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,16 @@ log = logging.getLogger(__name__)
 
 Record = EvidenceBegin | EvidenceEnd
 _RECORD: TypeAdapter[Record] = TypeAdapter(Record)
+# How long a spool seen empty is trusted without a look (a ``stat`` per record was ≈ 5 % of an
+# op's CPU, issue 27): this process's own spooling marks its spool non-empty at once, so only a
+# record another process spooled (and did not replay itself, having died) waits this long
+RELOOK_S = 1.0
+# spool path -> monotonic time until which it is known empty; shared by every sink of the
+# process writing that spool (the engine's orchestrator and the pinned ones). A look that
+# raced with a record being spooled (its generation moved) marks nothing.
+_EMPTY_UNTIL: dict[Path, float] = {}
+_GENERATION: dict[Path, int] = {}
+_EMPTY_LOCK = threading.Lock()
 
 
 class SpoolingSink:
@@ -114,6 +125,9 @@ class SpoolingSink:
         return True
 
     def _spool(self, ev: Record) -> None:
+        with _EMPTY_LOCK:  # before the write: never a window where it is thought empty
+            _EMPTY_UNTIL.pop(self.spool_path, None)
+            _GENERATION[self.spool_path] = _GENERATION.get(self.spool_path, 0) + 1
         line = ev.model_dump_json().encode() + b"\n"
         self.spool_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.spool_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -132,7 +146,11 @@ class SpoolingSink:
 
     def _replay(self) -> bool:
         """Deliver spooled records in order; keep the rest. ``True`` when the spool is empty."""
+        if _EMPTY_UNTIL.get(self.spool_path, 0.0) > time.monotonic():
+            return True
+        generation = _GENERATION.get(self.spool_path, 0)
         if not self.spool_path.exists():
+            self._seen_empty(generation)
             return True
         fd = os.open(self.spool_path, os.O_RDWR)
         try:
@@ -159,9 +177,17 @@ class SpoolingSink:
                     view, at = view[n:], at + n
                 os.ftruncate(fd, len(rest))
                 os.fsync(fd)
+            if sent == len(lines):
+                self._seen_empty(generation)
             return sent == len(lines)
         finally:
             os.close(fd)
+
+
+    def _seen_empty(self, generation: int) -> None:
+        with _EMPTY_LOCK:
+            if _GENERATION.get(self.spool_path, 0) == generation:
+                _EMPTY_UNTIL[self.spool_path] = time.monotonic() + RELOOK_S
 
 
 def _cause(exc: OSError) -> str:

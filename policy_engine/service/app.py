@@ -36,11 +36,12 @@ from policy_engine.service.errors import (
     ServiceError,
     crash_response,
     error_response,
+    refused_response,
     service_error,
 )
 from policy_engine.service.execs import ExecRunner
 from policy_engine.service.execstore import ExecStore
-from policy_engine.service.fastpath import DecideFastPath, DecideRoute
+from policy_engine.service.fastpath import FastPath, FastRoutes
 from policy_engine.service.guards import (
     ADMITTED,
     AdmitFirst,
@@ -222,10 +223,7 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
 
     @app.exception_handler(PolicyRefusal)
     async def _refused(_: Request, exc: PolicyRefusal) -> JSONResponse:
-        r = exc.refusal
-        return JSONResponse({"error": {"code": r.code, "http_status": r.http_status,
-                                       "retryable": r.retryable, "message": r.message},
-                             "refusal": r.to_json()}, status_code=r.http_status)
+        return refused_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -319,17 +317,11 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         # rendered directly: FastAPI's generic encoder costs ~8x the decision itself
         return JSONResponse(decision(body, who, explain))
 
-    # the ordinary decide call skips FastAPI's per-request machinery (fastpath.py)
-    app.state.decide_route = DecideRoute(admit=admission, decide=decision)
-
-    @app.post("/v1/ops", tags=["decisions"], responses=OP_RESPONSES)
-    def run_op(body: CallBody, who: Who, eng: Eng) -> JSONResponse:
-        """Run one op through the orchestrator (with begin/end evidence). A refusal or failure
-        answers its code's HTTP status with `error` beside the outcome."""
+    def run_call(body: CallBody, who: Principal) -> JSONResponse:
         context = check_call(who, body)
-        called = eng.gateway.run(Call(body.grant, manifest_of(body), body.op,
-                                      settings=config.op_settings, overrides=body.overrides,
-                                      context=context, identity=(who.tenant, who.subject)))
+        called = engine_box[0].gateway.run(Call(
+            body.grant, manifest_of(body), body.op, settings=config.op_settings,
+            overrides=body.overrides, context=context, identity=(who.tenant, who.subject)))
         data = called.to_json()
         r = called.refusal
         if r is None:
@@ -337,6 +329,15 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         data["error"] = {"code": r.code, "http_status": r.http_status,
                          "retryable": r.retryable, "message": r.message}
         return JSONResponse(data, status_code=r.http_status)
+
+    # the ordinary decide and ops calls skip FastAPI's per-request machinery (fastpath.py)
+    app.state.fast_routes = FastRoutes(admit=admission, decide=decision, run=run_call)
+
+    @app.post("/v1/ops", tags=["decisions"], responses=OP_RESPONSES)
+    def run_op(body: CallBody, who: Who) -> JSONResponse:
+        """Run one op through the orchestrator (with begin/end evidence). A refusal or failure
+        answers its code's HTTP status with `error` beside the outcome."""
+        return run_call(body, who)
 
     @app.post("/v1/run_code", tags=["decisions"], response_model=RunCodeResponse)
     def run_code(body: RunCodeBody, who: Who, eng: Eng) -> RunCodeResponse:
@@ -439,9 +440,11 @@ def _chunks(fd: int) -> Iterator[bytes]:
 
 def asgi_app(config: ServiceConfig, opened: Engine | None = None, *,
              fast_decide: bool = True, metrics: ServiceMetrics | None = None) -> ASGIApp:
-    """The application wrapped in the body-size limit (and, unless ``fast_decide`` is off,
-    the decide fast path), behind the exact-request check, counted and traced (metrics.py)
-    outermost: what uvicorn serves."""
+    """The application wrapped in the body-size limit behind the exact-request check (and,
+    unless ``fast_decide`` is off, the fast path of `/v1/decide` and `/v1/ops` in front of
+    both), counted and traced (metrics.py) outermost: what uvicorn serves."""
     app = create_app(config, opened)
-    inner: ASGIApp = DecideFastPath(app, app.state.decide_route) if fast_decide else app
-    return instrument(ExactRequest(BodyLimit(inner, config.max_body_bytes)), app, metrics)
+    checked: ASGIApp = ExactRequest(BodyLimit(app, config.max_body_bytes))
+    if fast_decide:  # outermost but the metrics: it makes the two checks itself (fastpath.py)
+        checked = FastPath(checked, app.state.fast_routes, config.max_body_bytes)
+    return instrument(checked, app, metrics)

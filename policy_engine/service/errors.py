@@ -9,7 +9,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
-from policy_engine.refusal import Refusal, RefusedBy, code_refusal
+from policy_engine.refusal import PolicyRefusal, Refusal, RefusedBy, code_refusal
 
 # the name the handler in app.py logged under before the decide fast path shared it
 log = logging.getLogger("policy_engine.service.app")
@@ -74,6 +74,14 @@ def error_response(err: ServiceError, headers: Mapping[str, str] | None = None
                    ) -> JSONResponse:
     """The JSON error document of ``err`` with its HTTP status."""
     return JSONResponse(err.body(), status_code=err.http_status, headers=headers)
+
+
+def refused_response(exc: PolicyRefusal) -> JSONResponse:
+    """A ``PolicyRefusal`` raised by a route: its public error and the refusal document."""
+    r = exc.refusal
+    return JSONResponse({"error": {"code": r.code, "http_status": r.http_status,
+                                   "retryable": r.retryable, "message": r.message},
+                         "refusal": r.to_json()}, status_code=r.http_status)
 
 
 def crash_response(exc: BaseException) -> JSONResponse:

@@ -120,10 +120,10 @@ class ExactRequest:
         if scope["type"] == "http":
             raw = (scope.get("raw_path") or b"").split(b"?", 1)[0].lower()
             if b"%2f" in raw or b"%5c" in raw:
-                await _send_error(send, service_error("SERVICE.NOT_FOUND", "no such endpoint"))
+                await send_error(send, service_error("SERVICE.NOT_FOUND", "no such endpoint"))
                 return
             if sum(1 for k, _ in scope["headers"] if k == b"authorization") > 1:
-                await _send_error(send, service_error(
+                await send_error(send, service_error(
                     "SERVICE.BAD_REQUEST", "more than one Authorization header; send one"))
                 return
         await self.app(scope, receive, send)
@@ -162,7 +162,7 @@ class BodyLimit:
                 except ValueError:
                     declared = self.limit + 1
                 if declared > self.limit:
-                    await _send_error(send, self._error())
+                    await send_error(send, self._error())
                     return
         # read the whole (bounded) body first: an app that fails half-way through reading
         # would answer 500, and a refusal must be a clean 413
@@ -175,7 +175,7 @@ class BodyLimit:
             chunk = message.get("body", b"")
             seen += len(chunk)
             if seen > self.limit:
-                await _send_error(send, self._error())
+                await send_error(send, self._error())
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -183,11 +183,17 @@ class BodyLimit:
         await self.app(scope, replaying(b"".join(chunks), receive), send)
 
     def _error(self) -> ServiceError:
-        return service_error("SERVICE.PAYLOAD_TOO_LARGE",
-                             f"request bodies are limited to {self.limit} bytes")
+        return too_large(self.limit)
 
 
-async def _send_error(send: Send, err: ServiceError) -> None:
+def too_large(limit: int) -> ServiceError:
+    """The 413 of a body over ``limit`` bytes."""
+    return service_error("SERVICE.PAYLOAD_TOO_LARGE",
+                         f"request bodies are limited to {limit} bytes")
+
+
+async def send_error(send: Send, err: ServiceError) -> None:
+    """Answer ``err`` with nothing read or called before (no app, no request object)."""
     import json
 
     body = json.dumps(err.body()).encode()

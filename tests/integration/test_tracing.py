@@ -38,7 +38,7 @@ from policy_engine.orchestrator import Orchestrator
 from policy_engine.runcode.manager import OrchestratorPool
 from policy_engine.service.app import asgi_app, open_engine
 from policy_engine.service.config import ServiceConfig
-from policy_engine.service.guards import ExactRequest
+from policy_engine.service.fastpath import FastPath
 from policy_engine.skills.invoke import SkillInvoker
 from policy_engine.tokens import TokenStore
 from tests.integration.service_server import POLICY, grant, manifest
@@ -217,7 +217,7 @@ def test_without_a_tracer_provider_nothing_is_recorded_and_calls_run(tmp_path: P
     config, _ = _setup(tmp_path)
     engine = open_engine(config)
     try:  # no middleware at all when neither metrics nor tracing is on
-        assert isinstance(asgi_app(config, engine), ExactRequest)
+        assert isinstance(asgi_app(config, engine), FastPath)  # the first of the app's own
     finally:
         engine.close()
 

@@ -34,6 +34,7 @@ from plugins.executor_proc import (
     status_pipe,
     uid,
     unshare,
+    writewatch,
 )
 from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.cwdfacts import cwd_fact_note, cwd_fact_refusal
@@ -613,6 +614,8 @@ class ProcExecutor:
             if cg:
                 cg.kill_all()
 
+        watch = writewatch.start(lim.disk_write, proc.pid, cg, kill,
+                                 preexisting=exe is not None and self._held is not None)
         out, err = HeadTail(lim.max_stdout), HeadTail(lim.max_stderr)
         # pump owns (and closes) the stdin descriptor it is given: hand it a duplicate and close
         # the file object now, so the number is never closed twice (a second close could hit
@@ -627,6 +630,7 @@ class ProcExecutor:
                            stdin_fd, stdin or b"", out, err, deadline, ctx.cancel, kill, kill,
                            on_output=ctx.on_output)
         finally:
+            watch.stop()
             proc.returncode = -1  # reaped by pump's wait4; keep Popen from waiting again
             for fh in (proc.stdout, proc.stderr):
                 fh.close()
@@ -642,6 +646,10 @@ class ProcExecutor:
             outcome.rusage_cpu_ms = max(outcome.rusage_cpu_ms, cg_cpu)
         if spec is None:  # no seccomp layer refused setuid bits or device nodes: undo them
             sanitize.sanitize(plan.writable)
+        if watch.over(outcome.rusage_written):
+            raise PolicyEngineError(ErrorCode.BUDGET_EXCEEDED, watch.message("disk_write"),
+                                    audit={"backend": self.name, "disk_write_bytes": watch.used,
+                                           "limit": watch.limit})
         result = self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
                               asked_network, degraded, chained=net is not None and layered,
                               oom_kills=oom_kills)

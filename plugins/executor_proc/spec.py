@@ -61,6 +61,7 @@ class Limits:
     max_stdout: int
     max_stderr: int
     max_stdin: int
+    disk_write: int = 2 << 30  # bytes written to disk by the whole call (writewatch.py)
 
 
 @dataclass(slots=True)
@@ -259,7 +260,7 @@ def resolve_limits(profile: Profile, op: ProcExecOp, limits: ModelLimits | None 
         cpu_cores=float(lim.cpu_cores or dflt.cpu_cores or 1.0),
         memory_bytes=pick("memory_bytes"), pids=pick("pids"),
         max_stdout=pick("max_stdout_bytes"), max_stderr=pick("max_stderr_bytes"),
-        max_stdin=pick("max_bytes_in"),
+        max_stdin=pick("max_bytes_in"), disk_write=pick("disk_write_bytes"),
     )
 
 

@@ -101,7 +101,7 @@ class WriteWatch:
     ``limit`` it calls ``kill`` once and says so (``tripped``)."""
 
     def __init__(self, limit: int, members: Callable[[], list[int]],
-                 kill: Callable[[], None], interval_s: float = INTERVAL_S) -> None:
+                 kill: Callable[[], object], interval_s: float = INTERVAL_S) -> None:
         self.limit = limit
         self._members = members
         self._kill = kill
@@ -157,7 +157,7 @@ class WriteWatch:
                 f"{self.limit}-byte `{option}` limit")
 
 
-def start(limit: int, root: int, cg: ExecCgroup | None, kill: Callable[[], None], *,
+def start(limit: int, root: int, cg: ExecCgroup | None, kill: Callable[[], object], *,
           preexisting: bool = False) -> WriteWatch:
     """The proc executors' watch over one call: the tree of ``root`` together with its exec
     cgroup's members (which keep a double-forked process); ``preexisting``: ``root`` is a held

@@ -18,8 +18,8 @@ from plugins.executor_docker.executor import DockerExecutor
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext
 from policy_engine.model import ProcExecOp
-from tests.integration.test_docker_executor import make_profile
 from tests.integration.test_disk_write_quota import QUOTA, WRITER
+from tests.integration.test_docker_executor import make_profile
 from tests.integration.test_host_ipc_disk import FALLOC, PROBE, host_listener
 
 pytestmark = pytest.mark.integration

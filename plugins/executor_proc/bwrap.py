@@ -139,7 +139,10 @@ def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | 
             if not any(q != c and beneath(c, q) for q in closed):
                 args += ["--tmpfs", c]
     args += _system_args(plan.system, root_bound=any(p == "/" for p, _ in binds), source=source)
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # the writable tmpfs mounts are page cache the write watchdog does not see: each is sized
+    # to the call's disk write quota (writewatch.py), and charged to its memory cgroup
+    size = ["--size", str(plan.limits.disk_write)] if plan.limits is not None else []
+    args += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp"]
     for path, flag in sorted(binds, key=lambda b: (b[0].count("/"), b[0])):
         if path != "/":
             args += [flag, source(path), path]
@@ -149,7 +152,8 @@ def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | 
     for path in plan.mask_files:
         args += ["--ro-bind", source(fake.get(path, "/dev/null")), path]
     for path in plan.mask_dirs:
-        args += ["--tmpfs", path] + ([] if path in RUNTIME_DIRS else ["--remount-ro", path])
+        args += [*size, "--tmpfs", path] if path in RUNTIME_DIRS else [
+            "--tmpfs", path, "--remount-ro", path]
     if launcher_src is not None:
         args += ["--ro-bind", source(launcher_src), LAUNCHER_DIR]
     if native_launcher is not None:

@@ -102,3 +102,27 @@ def test_a_call_under_the_quota_succeeds(
     assert out["exit_code"] == 0, out["stderr"]
     assert "wrote 4" in str(out["stdout"])
     assert _on_disk(world / "out" / "w") >= 4 * (MiB - 1)
+
+
+def test_the_private_tmpfs_is_sized_to_the_quota(
+        executors: dict[str, ProcExecutor], world: Path) -> None:
+    """bwrap's own /tmp is a tmpfs (page cache the watchdog cannot see): it holds no more than
+    the quota (ENOSPC), where it was unbounded."""
+    code = textwrap.dedent("""
+        import errno, os
+        block, n = b"x" * (1 << 20), 0
+        try:
+            while n < 64:
+                with open(f"/tmp/t{n}", "wb") as fh:
+                    fh.write(block)
+                n += 1
+        except OSError as e:
+            print("stopped", errno.errorcode[e.errno])
+        print("files", n)
+    """)
+    profile = make_profile(world, disk_write_bytes=QUOTA)
+    ctx = ExecContext(profile=profile, deadline=time.monotonic() + 60, limits=profile.limits)
+    out = executors["bwrap"].execute(ctx, ProcExecOp(tool=PYTHON, args=("-c", code))).out
+    assert out["exit_code"] == 0, out["stderr"]
+    assert "stopped ENOSPC" in str(out["stdout"]), out["stdout"]
+    assert int(str(out["stdout"]).split("files ")[1]) <= QUOTA // MiB

@@ -180,6 +180,9 @@ class ProcExecutor:
     charges_at_start = True  # ctx.started() right before the spawn
     prespawn_at_start = True  # hold launchers from the start (the backends that are defaults)
 
+    # the last preview's host-wide mask globs (`sandbox profile`; preview_masks.py)
+    masked_at_run: tuple[str, ...] = ()
+
     def __init__(self, backend: Backend, options: ProcOptions | None = None, *,
                  network_hook: NetworkHook | None = None, guard: Decider | None = None,
                  mode: Literal["strict", "compat"] = "strict") -> None:
@@ -486,8 +489,9 @@ class ProcExecutor:
         private_tmp = None if self.backend == "bwrap" else "/tmp/pe-proc-PREVIEW"
         plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
                           env_base=self.options.env_base, extra_ro=self.options.extra_ro_binds,
-                          tmpdir=private_tmp or "/tmp")
+                          tmpdir=private_tmp or "/tmp", preview=True)
         self._refuse_engine_trees(plan)
+        self.masked_at_run = tuple(plan.masked_at_run)
         plan.limits = resolve_limits(ctx.profile, op, ctx.limits)
         exe, _ = self._launcher()
         spec = (self._launcher_spec(plan, private_tmp, None)

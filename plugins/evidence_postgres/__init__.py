@@ -1,5 +1,6 @@
 """PostgreSQL evidence sink (``postgres``): begin/end records of every replica in one database,
-hash-chained per replica (policy_engine/evidence/chain.py), migrated at start-up.
+hash-chained per replica (policy_engine/evidence/chain.py), migrated at start-up; checkpoints
+signed with ``signing_key`` or, by default, the key beside the state's evidence.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from policy_engine.config import EngineConfig
 from policy_engine.evidence import EvidenceSink
-from policy_engine.evidence.chain import chained, checkpoint, line_hash, next_link, signing_options
+from policy_engine.evidence.chain import (
+    chained,
+    checkpoint,
+    line_hash,
+    link_of,
+    next_link,
+    signing_options,
+)
 from policy_engine.hookspecs import hookimpl
 from policy_engine.model import EvidenceBegin, EvidenceEnd
 from policy_engine.pgschema import display_dsn, migrate
@@ -177,11 +185,36 @@ class PostgresSink:
         for table, row in rows:
             yield json.dumps({"table": table, "row": list(row)}, default=str)
 
+    def _close_checkpoint(self) -> None:
+        """Sign this replica's last record at close unless a checkpoint covers it already: a
+        cut or edited tail then fails ``evidence verify --public-key`` (as JSONL/SQLite)."""
+        if self._key is None or self._conn is None or self._conn.closed:
+            return
+        try:
+            row = self._conn.execute("SELECT record FROM evidence_records WHERE replica = %s "
+                                     "ORDER BY seq DESC LIMIT 1", (self.replica,)).fetchone()
+            link = link_of(row[0].encode()) if row else None
+            if link is None:
+                return
+            done = self._conn.execute(
+                "SELECT 1 FROM evidence_checkpoints WHERE replica = %s AND "
+                "(record::jsonb ->> 'covers_seq')::bigint = %s LIMIT 1",
+                (self.replica, link[0])).fetchone()
+        except psycopg.Error as exc:
+            log.error("evidence database `%s`: closing checkpoint of replica `%s` not written: "
+                      "%s", self.where, self.replica, exc)
+            return
+        if not done:
+            self._checkpoint(self._conn, link[0], link[1])
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+                try:
+                    self._close_checkpoint()
+                finally:
+                    self._conn.close()
+                    self._conn = None
 
 
 def sink_from(config: EngineConfig) -> PostgresSink:
@@ -200,7 +233,10 @@ def sink_from(config: EngineConfig) -> PostgresSink:
     timeout = options.get("timeout_s", 5)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 60:
         raise ValueError(f"{PLUGIN}: `timeout_s` must be a number of seconds in (0, 60]")
-    key, every = signing_options(config, PLUGIN)
+    # the default key, as JSONL and SQLite have it: beside the state's evidence, 0600, made at
+    # first start (issue 32 item 10). Replicas on other hosts each make their own unless they
+    # are given one (docs/operations.md): a checkpoint names its key, so both still verify.
+    key, every = signing_options(config, PLUGIN, config.state_dir / "evidence")
     return PostgresSink(dsn, replica=replica, timeout_s=float(timeout), signing_key=key,
                         checkpoint_every=every)
 

@@ -24,7 +24,16 @@ from typing import Any
 
 import docker
 
-from plugins.executor_docker import cpu, engine, masks, network, runtimes, setid, transfer
+from plugins.executor_docker import (
+    cpu,
+    engine,
+    masks,
+    network,
+    runtimes,
+    setid,
+    transfer,
+    writequota,
+)
 from plugins.executor_docker.engine import DockerOptions, Hardening
 from plugins.executor_docker.pool import Slot, WarmPool
 from plugins.executor_docker.runner import (
@@ -349,6 +358,10 @@ class DockerExecutor:
         ctx.record_side_effect(SideEffectRec(kind=SideEffect.PROCESS, meta={
             "backend": "docker", "tool": op.tool, "exit_code": out.exit_code,
             "exec_id": ws.exec_id, "artifacts": len(manifest)}))
+        if out.write_watch is not None and out.write_watch.over():
+            raise PolicyEngineError(ErrorCode.BUDGET_EXCEEDED,
+                                    out.write_watch.message("disk_write"),
+                                    audit={**audit, "disk_write_bytes": out.write_watch.used})
         if out.exit_code == 128 + signal.SIGXFSZ:
             raise PolicyEngineError(
                 ErrorCode.BUDGET_EXCEEDED, "disk quota exceeded: a file written reached the "
@@ -397,7 +410,8 @@ class DockerExecutor:
         try:
             out = run_once(client, streams, self.options.image, argv, env, cwd, hard, mounts,
                            limits, deadline, cgroup_parent=cpu.parent_for(ws.exec_id),
-                           cancel=ctx.cancel, stdin=stdin)
+                           cancel=ctx.cancel, stdin=stdin,
+                           disk_write=_limit(ctx, "disk_write_bytes"))
         finally:
             if net is not None:
                 proxied = network.record_effects(ctx, net)
@@ -443,11 +457,18 @@ class DockerExecutor:
                 raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
                                         "the session's warm container ran another command of "
                                         "the session until this call's deadline")
+            watch = writequota.watch_warm(
+                _limit(ctx, "disk_write_bytes"), cgroup,
+                lambda: run_quiet(client, slot.container_id, list(KILL_ALL), timeout_s=10)
+            ) if cgroup else None
             try:
                 out, changed = self._exec_warm(slot, client, streams, argv, env, cwd, limits,
                                                deadline, ctx, stdin_b64)
             finally:
+                if watch is not None:
+                    watch.stop()
                 slot.running.release()
+            out.write_watch = watch
         finally:
             if net is not None:
                 proxied = network.record_effects(ctx, net)

@@ -14,17 +14,20 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
 import requests.exceptions
 from docker.types import Mount
 
-from plugins.executor_docker import cpu
+from plugins.executor_docker import cpu, writequota
 from plugins.executor_docker.engine import SANDBOX_USER, Hardening, map_error
 from policy_engine.capture import HeadTail
 from policy_engine.executor import CancelToken
+
+if TYPE_CHECKING:
+    from plugins.executor_proc.writewatch import WriteWatch
 
 KILL_ALL = ("/bin/kill", "-9", "-1")
 _CANCEL_POLL_S = 0.1
@@ -42,6 +45,8 @@ class Outcome:
     started: float = field(default_factory=time.time)
     ended: float = 0.0
     cpu_ns: int | None = None  # from the cgroup (cpu.py); None where it cannot be read
+    # the disk write quota's watch (writequota.py), when one ran
+    write_watch: WriteWatch | None = None
 
     @property
     def duration_ms(self) -> float:
@@ -119,7 +124,7 @@ def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
              argv: list[str], env: dict[str, str], cwd: str, hard: Hardening,
              mounts: list[Mount], limits: tuple[int, int], deadline: float,
              cgroup_parent: str | None = None, cancel: CancelToken | None = None,
-             stdin: bytes | None = None) -> Outcome:
+             stdin: bytes | None = None, disk_write: int | None = None) -> Outcome:
     """Create, attach, start, wait (until ``deadline`` or ``cancel``), remove; with
     ``cgroup_parent``, the CPU time the container used is read from it (``cpu.py``) and the
     parent removed."""
@@ -151,6 +156,9 @@ def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
             out.exit_code = code
             out.ended = time.time()
             return out
+        if disk_write is not None and cgroup_parent:
+            out.write_watch = writequota.watch_run_once(disk_write, cgroup_parent,
+                                                        container.kill)
         if feeder is not None and stdin is not None:
             threading.Thread(target=_feed, args=(feeder, stdin), daemon=True,
                              name="docker-stdin").start()
@@ -169,6 +177,8 @@ def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
             raise map_error(errors[0])
         return out
     finally:
+        if out.write_watch is not None:
+            out.write_watch.stop()
         # never mask the result: a leftover container is visible in `docker ps -a`
         with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):
             container.remove(force=True)

@@ -106,6 +106,22 @@ def synthetic_etc() -> dict[str, str]:
         return dict(_synthetic)
 
 
+_SIZES: dict[str, bool] = {}
+
+
+def sizes_tmpfs(bwrap: str) -> bool:
+    """Whether this bwrap has ``--size`` (0.7 and later): asked once per binary; an older
+    one keeps its tmpfs mounts unsized (bounded by the memory cgroup only)."""
+    if bwrap not in _SIZES:
+        try:
+            done = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10,
+                                  check=False)
+            _SIZES[bwrap] = "--size" in done.stdout + done.stderr
+        except (OSError, subprocess.SubprocessError):
+            _SIZES[bwrap] = False
+    return _SIZES[bwrap]
+
+
 def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | None,
                network_hook: NetworkHook | None = None,
                native_launcher: str | None = None, run_as: tuple[int, int] | None = None,
@@ -139,7 +155,11 @@ def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | 
             if not any(q != c and beneath(c, q) for q in closed):
                 args += ["--tmpfs", c]
     args += _system_args(plan.system, root_bound=any(p == "/" for p, _ in binds), source=source)
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # the writable tmpfs mounts are page cache the write watchdog does not see: each is sized
+    # to the call's disk write quota (writewatch.py), and charged to its memory cgroup
+    size = (["--size", str(plan.limits.disk_write)]
+            if plan.limits is not None and sizes_tmpfs(bwrap) else [])
+    args += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp"]
     for path, flag in sorted(binds, key=lambda b: (b[0].count("/"), b[0])):
         if path != "/":
             args += [flag, source(path), path]
@@ -149,7 +169,8 @@ def build_argv(bwrap: str, plan: Plan, *, inner: list[str], launcher_src: str | 
     for path in plan.mask_files:
         args += ["--ro-bind", source(fake.get(path, "/dev/null")), path]
     for path in plan.mask_dirs:
-        args += ["--tmpfs", path] + ([] if path in RUNTIME_DIRS else ["--remount-ro", path])
+        args += [*size, "--tmpfs", path] if path in RUNTIME_DIRS else [
+            "--tmpfs", path, "--remount-ro", path]
     if launcher_src is not None:
         args += ["--ro-bind", source(launcher_src), LAUNCHER_DIR]
     if native_launcher is not None:

@@ -35,6 +35,7 @@ from plugins.executor_proc import (
     status_pipe,
     uid,
     unshare,
+    writewatch,
 )
 from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.cwdfacts import cwd_fact_note, cwd_fact_refusal
@@ -179,6 +180,9 @@ class ProcExecutor:
     enforces_deadline = True
     charges_at_start = True  # ctx.started() right before the spawn
     prespawn_at_start = True  # hold launchers from the start (the backends that are defaults)
+
+    # the last preview's host-wide mask globs (`sandbox profile`; preview_masks.py)
+    masked_at_run: tuple[str, ...] = ()
 
     def __init__(self, backend: Backend, options: ProcOptions | None = None, *,
                  network_hook: NetworkHook | None = None, guard: Decider | None = None,
@@ -486,8 +490,9 @@ class ProcExecutor:
         private_tmp = None if self.backend == "bwrap" else "/tmp/pe-proc-PREVIEW"
         plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
                           env_base=self.options.env_base, extra_ro=self.options.extra_ro_binds,
-                          tmpdir=private_tmp or "/tmp")
+                          tmpdir=private_tmp or "/tmp", preview=True)
         self._refuse_engine_trees(plan)
+        self.masked_at_run = tuple(plan.masked_at_run)
         plan.limits = resolve_limits(ctx.profile, op, ctx.limits)
         exe, _ = self._launcher()
         spec = (self._launcher_spec(plan, private_tmp, None)
@@ -603,6 +608,8 @@ class ProcExecutor:
             if cg:
                 cg.kill_all()
 
+        watch = writewatch.start(lim.disk_write, proc.pid, cg, kill,
+                                 preexisting=exe is not None and self._held is not None)
         out, err = HeadTail(lim.max_stdout), HeadTail(lim.max_stderr)
         # pump owns (and closes) the stdin descriptor it is given: hand it a duplicate and close
         # the file object now, so the number is never closed twice (a second close could hit
@@ -617,6 +624,7 @@ class ProcExecutor:
                            stdin_fd, stdin or b"", out, err, deadline, ctx.cancel, kill, kill,
                            on_output=ctx.on_output)
         finally:
+            watch.stop()
             proc.returncode = -1  # reaped by pump's wait4; keep Popen from waiting again
             for fh in (proc.stdout, proc.stderr):
                 fh.close()
@@ -632,6 +640,10 @@ class ProcExecutor:
             outcome.rusage_cpu_ms = max(outcome.rusage_cpu_ms, cg_cpu)
         if spec is None:  # no seccomp layer refused setuid bits or device nodes: undo them
             sanitize.sanitize(plan.writable)
+        if watch.over(outcome.rusage_written):
+            raise PolicyEngineError(ErrorCode.BUDGET_EXCEEDED, watch.message("disk_write"),
+                                    audit={"backend": self.name, "disk_write_bytes": watch.used,
+                                           "limit": watch.limit})
         result = self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
                               asked_network, degraded, chained=net is not None and layered,
                               oom_kills=oom_kills)

@@ -4,7 +4,8 @@ Which mechanism holds which limit is reported in ``out["limits"]``:
 pids — the per-exec pids cgroup when one can be made, else RLIMIT_NPROC (per user, and ignored
 for root, so the report says ``unenforced``); memory — the memory cgroup, else RLIMIT_AS;
 cpu — RLIMIT_CPU always (CPU seconds = timeout × cores, a backstop) plus the cpu cgroup quota;
-disk — RLIMIT_FSIZE (the proc option ``max_file_bytes``): no file written grows past it.
+disk — RLIMIT_FSIZE (the proc option ``max_file_bytes``): no file written grows past it; the
+call's total, ``disk_write_bytes``, by the write watchdog (writewatch.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def describe(limits: Limits, cg: ExecCgroup | None) -> dict[str, str]:
         "cpu": f"RLIMIT_CPU={cpu_seconds(limits)}s"
                + (f" + cgroup quota {limits.cpu_cores} cores" if "cpu" in ctrls else ""),
         "wall": f"{limits.timeout_s}s, process group killed",
+        "disk": f"{limits.disk_write} bytes written by the call, write watchdog (writewatch.py)",
     }
 
 

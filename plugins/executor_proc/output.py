@@ -27,6 +27,8 @@ class Outcome:
 
     status: int | None  # raw wait status; None if the child was never reaped
     rusage_cpu_ms: int = 0
+    # bytes the reaped tree wrote to storage (ru_oublock, in 512-byte blocks: write_bytes)
+    rusage_written: int = 0
     timed_out: bool = False
     cancelled: bool = False
     status_json: bytes = b""
@@ -106,5 +108,6 @@ def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int |
     _, status, ru = os.wait4(pid, 0)
     result.status = status
     result.rusage_cpu_ms = int((ru.ru_utime + ru.ru_stime) * 1000)
+    result.rusage_written = ru.ru_oublock * 512
     result.status_json = bytes(status_buf)
     return result

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from plugins.executor_proc import preview_masks
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.compiler.builtins import MANDATORY_DENY_PATHS
 from policy_engine.guard.binds import beneath, bound_paths, cwd_refusal
@@ -61,6 +62,7 @@ class Limits:
     max_stdout: int
     max_stderr: int
     max_stdin: int
+    disk_write: int = 2 << 30  # bytes written to disk by the whole call (writewatch.py)
 
 
 @dataclass(slots=True)
@@ -86,6 +88,8 @@ class Plan:
     network: str = "off"
     # trees readable and executable (the local runner's host view), carved around the masks
     open_trees: list[str] = field(default_factory=list)
+    # a preview's host-wide mask globs, planned by the run only (preview_masks.py)
+    masked_at_run: list[str] = field(default_factory=list)
     # landlock_rules' carving (a directory walk), by carve_masks; a plan is built per call
     _carved: dict[bool, list[tuple[str, str]]] = field(default_factory=dict, repr=False,
                                                        compare=False)
@@ -196,8 +200,8 @@ def bounded_plan(bound: Sequence[str], system: Sequence[str], patterns: Sequence
 
 
 def _masks(profile: Profile, bound: list[str], system: list[str], *,
-           foreign_owner: int | None = None,
-           keep: Sequence[str] = ()) -> tuple[list[str], list[str], list[str]]:
+           foreign_owner: int | None = None, keep: Sequence[str] = (),
+           deferred: list[str] | None = None) -> tuple[list[str], list[str], list[str]]:
     """Existing paths under mandatory denies, the built-ins and the host runtime directories
     that a bind would expose (one pruned, cached walk: ``policy_engine.sandbox.masks``).
     What other host users may not read (``/etc/docker/key.json``) needs no mask: the sandbox
@@ -214,7 +218,13 @@ def _masks(profile: Profile, bound: list[str], system: list[str], *,
         reads = deny.mandatory or CapabilityKind.FS_READ in deny.kinds
         if reads and isinstance(deny.capability, FsCapability):
             patterns += [expand_home(p, home) for p in deny.capability.paths]
-    plan = bounded_plan(bound, system, patterns, home, foreign_owner=foreign_owner, keep=keep)
+    if deferred is None:
+        plan = bounded_plan(bound, system, patterns, home, foreign_owner=foreign_owner,
+                            keep=keep)
+    else:  # a preview: host-wide globs named, not searched (preview_masks.py)
+        plan, later = preview_masks.plan(bound, system, patterns, lambda b, s, p: bounded_plan(
+            b, s, p, home, foreign_owner=foreign_owner, keep=keep))
+        deferred += later
     # /var/run -> /run: the link's target is masked itself, and a file bind would follow it
     files = [p for p in plan.files if not (os.path.islink(p) and under_runtime(p))]
     # a file inside a masked directory is hidden already; binding over it as well fails when
@@ -259,7 +269,7 @@ def resolve_limits(profile: Profile, op: ProcExecOp, limits: ModelLimits | None 
         cpu_cores=float(lim.cpu_cores or dflt.cpu_cores or 1.0),
         memory_bytes=pick("memory_bytes"), pids=pick("pids"),
         max_stdout=pick("max_stdout_bytes"), max_stderr=pick("max_stderr_bytes"),
-        max_stdin=pick("max_bytes_in"),
+        max_stdin=pick("max_bytes_in"), disk_write=pick("disk_write_bytes"),
     )
 
 
@@ -313,7 +323,7 @@ def resolve_trusted_links(path: str) -> str:
 def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (),
                env_base: Mapping[str, str] | None = None, extra_ro: Iterable[str] = (),
                tmpdir: str = "/tmp", host_roots: Sequence[str] = (),
-               foreign_owner: int | None = None) -> Plan:
+               foreign_owner: int | None = None, preview: bool = False) -> Plan:
     """Compute the plan; refuses a cwd outside root_fs or outside every bound path.
 
     ``host_roots`` (the local runner): these trees readable and executable besides the
@@ -321,7 +331,9 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
     every existing path under a mandatory deny or a forbid of fs.read and the host runtime
     directories, searched over all of them as binds; the host's network. ``foreign_owner``
     (the sandbox uid, with ``host_roots``): its directories outside the profile's paths are
-    masked too (other calls' workspaces, ``policy_engine.sandbox.masks``).
+    masked too (other calls' workspaces, ``policy_engine.sandbox.masks``). ``preview``
+    (`sandbox profile`): a whole-host bind is not searched for host-wide globs; they are
+    listed in ``Plan.masked_at_run`` (preview_masks.py).
     """
     if any("\x00" in a for a in (op.tool, *op.args)):
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "argv contains a NUL byte")
@@ -340,8 +352,9 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
         if why is not None:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, why)
         cwd = resolve_beneath(root, cwd)
+    later: list[str] | None = [] if preview else None
     files, dirs, hidden = _masks(profile, [*host_roots, *bound], system,
-                                 foreign_owner=foreign_owner, keep=bound)
+                                 foreign_owner=foreign_owner, keep=bound, deferred=later)
     return Plan(
         argv=[op.tool, *op.args], cwd=cwd, readable=readable, writable=writable, system=system,
         env=build_env(profile, op, env_allow, env_base or {}, tmpdir), mask_files=files,
@@ -349,5 +362,5 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
         readonly=_write_forbidden(profile, writable, files + dirs),
         limits=resolve_limits(profile, op),
         network="on" if host_roots else profile.network.value,
-        open_trees=list(host_roots),
+        open_trees=list(host_roots), masked_at_run=later or [],
     )

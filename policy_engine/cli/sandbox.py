@@ -232,6 +232,9 @@ def profile(config_path: Path | None, engine_path: Path | None, state_dir: Path 
             lines.append(data["sbpl"].rstrip("\n"))
         elif "argv" in data:
             lines.append(shlex.join(data["argv"]))
+        if data.get("masked_at_run"):
+            lines.append("masked at run time (the host is searched when the command runs, "
+                         "every match masked): " + ", ".join(data["masked_at_run"]))
         if data.get("error"):
             lines.append(f"error: {data['error']}")
         click.echo("\n".join(lines))

@@ -97,6 +97,7 @@ LIMIT_NAMES: dict[str, _LimitField] = {
     "pids": _LimitField(("pids",), parse_int),
     "stdout": _LimitField(("max_stdout_bytes",), parse_size),
     "stderr": _LimitField(("max_stderr_bytes",), parse_size),
+    "disk_write": _LimitField(("disk_write_bytes",), parse_size),
     "screenshot": _LimitField(("max_screenshot_width", "max_screenshot_height"), parse_dimension),
 }
 """Limit names of the language and the ``Limits`` field(s) each one sets."""

@@ -104,7 +104,7 @@ def render_text(exp: Explanation) -> str:
 
 _UNITS = {"timeout_ms": " ms", "max_bytes_in": " bytes", "max_bytes_out": " bytes",
           "memory_bytes": " bytes", "max_stdout_bytes": " bytes", "max_stderr_bytes": " bytes",
-          "cpu_cores": " cores"}
+          "disk_write_bytes": " bytes", "cpu_cores": " cores"}
 
 
 def _limit_lines(exp: Explanation) -> list[str]:

@@ -35,6 +35,9 @@ class Limits(BaseModel):
     pids: int | None = Field(default=None, ge=1)
     max_stdout_bytes: int | None = Field(default=None, ge=0)
     max_stderr_bytes: int | None = Field(default=None, ge=0)
+    # bytes a process call may write to disk in total, every file and process of the call
+    # together (issue 32 item 2); the executors' write watchdog enforces it
+    disk_write_bytes: int | None = Field(default=None, ge=0)
     max_screenshot_width: int | None = Field(default=None, ge=1)
     max_screenshot_height: int | None = Field(default=None, ge=1)
 
@@ -53,6 +56,7 @@ SYSTEM_DEFAULT_LIMITS = Limits(
     pids=256,
     max_stdout_bytes=1024 * 1024,
     max_stderr_bytes=1024 * 1024,
+    disk_write_bytes=2 * 1024 * 1024 * 1024,
     max_screenshot_width=1920,
     max_screenshot_height=1080,
 )

@@ -224,6 +224,10 @@ class SandboxRunner:
                           limits=call_limits(decision, profile))
         try:
             out["argv"] = list(previewer(ctx, op))
+            # host-wide globs over a whole-host bind: masked by the run, not searched here
+            later = getattr(sel.executor, "masked_at_run", ())
+            if later:
+                out["masked_at_run"] = list(later)
         except PolicyEngineError as exc:
             out["error"] = f"{exc.code.value}: {exc.reason}"
         return out

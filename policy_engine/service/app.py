@@ -69,6 +69,7 @@ from policy_engine.service.outcome_models import DECIDE_RESPONSES, OP_RESPONSES
 from policy_engine.service.pg_sessions import open_session_store
 from policy_engine.service.pg_stores import open_exec_store, open_token_store, service_dsn
 from policy_engine.service.session_routes import register as register_session_routes
+from policy_engine.service.skill_routes import document_skills
 from policy_engine.service.skill_routes import register as register_skill_routes
 from policy_engine.service.workspace import open_artifact
 from policy_engine.skills.invoke import SkillInvoker
@@ -416,7 +417,9 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = _require_discriminators(plain_openapi())
+            # the skills this server serves, each with its own input schema
+            app.openapi_schema = document_skills(_require_discriminators(plain_openapi()),
+                                                 config.skills)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -15,8 +15,10 @@ import pytest
 
 from plugins.executor_docker.engine import DockerOptions
 from plugins.executor_docker.executor import DockerExecutor
+from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext
 from policy_engine.model import ProcExecOp
+from tests.integration.test_disk_write_quota import QUOTA, WRITER
 from tests.integration.test_docker_executor import make_profile
 from tests.integration.test_host_ipc_disk import FALLOC, PROBE, host_listener
 
@@ -71,3 +73,34 @@ def test_fallocate_cannot_preallocate_past_the_file_cap(tmp_path: Path) -> None:
     assert "plain 0" in stdout, stdout
     allocated = int(stdout.split("allocated ")[1].split()[0])
     assert allocated <= CAP, stdout
+
+
+@pytest.mark.parametrize("mode", ["run-once", "pool"])
+def test_many_files_past_the_write_quota_are_killed_and_refused(
+        tmp_path: Path, mode: str) -> None:
+    """The per-file cap bounds one file; 160 files of 1 MiB - 1 each went through it. With a
+    `disk_write_bytes` of 8 MiB the container is killed near it: QUOTA.BUDGET_EXCEEDED."""
+    ex = DockerExecutor(DockerOptions(mode=mode, pool_size=1, max_file_bytes=CAP,
+                                      workspace_root=str(tmp_path / "ws")))
+    profile = make_profile(tmp_path, disk_write_bytes=QUOTA)
+    ctx = ExecContext(profile=profile, deadline=time.monotonic() + 90, limits=profile.limits)
+    op = ProcExecOp(tool="/usr/bin/python3", args=("-c", WRITER, "/workspace/work", "160",
+                                                  "self"))
+    started = time.monotonic()
+    try:
+        with pytest.raises(PolicyEngineError) as err:
+            ex.execute(ctx, op)
+        under = ExecContext(profile=profile, deadline=time.monotonic() + 90,
+                            limits=profile.limits)
+        ok = ex.execute(under, ProcExecOp(tool="/usr/bin/python3", args=(
+            "-c", WRITER, "/workspace/work", "4", "self"))).out  # 4 MiB of 8: runs
+    finally:
+        ex.close()
+    assert err.value.code is ErrorCode.BUDGET_EXCEEDED, err.value
+    assert "disk write quota exceeded" in str(err.value)
+    assert time.monotonic() - started < 60
+    written = sum(p.stat().st_blocks * 512 for p in (tmp_path / "ws").rglob("f*")
+                  if p.is_file())
+    assert written < 6 * QUOTA + 4 * CAP, written
+    assert ok["exit_code"] == 0, ok
+    assert "wrote 4" in str(ok["stdout"])

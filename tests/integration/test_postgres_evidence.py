@@ -188,3 +188,64 @@ def test_the_sink_conformance_kit_passes(pg_dsn: str) -> None:
     assert failed == []
     assert {r.id for r in report.results} >= {"sink.readable", "sink.complete",
                                                      "sink.no-raw-content", "sink.durable"}
+
+
+def _default_signed_run(tmp_path: Path, pg_dsn: str, replica: str) -> tuple[Path, Path]:
+    """Three calls under a default install (no `signing_key`); the default key's public half."""
+    fx = make_fixture(tmp_path / "fx")
+    state = tmp_path / "s"
+    with _orchestrator(fx, state, pg_dsn, replica) as orch:
+        for _ in range(3):
+            assert fx.run(orch).result.ok
+    key = state / "evidence" / "evidence-signing.pem"
+    public = key.with_name(key.name + ".pub")
+    return key, public
+
+
+def _verify_signed(pg_dsn: str, replica: str, out: Path,
+                   public: Path) -> subprocess.CompletedProcess[str]:
+    assert subprocess.run([sys.executable, "-m", "plugins.evidence_postgres.export", pg_dsn,
+                           replica, str(out)], check=False, timeout=60).returncode == 0
+    return subprocess.run([sys.executable, "-m", "policy_engine.cli", "evidence", "verify",
+                           str(out), "--public-key", str(public), "--format", "json"],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_default_install_signs_postgres_checkpoints(tmp_path: Path, pg_dsn: str) -> None:
+    replica = f"dflt-{tmp_path.name[-12:]}"
+    key, public = _default_signed_run(tmp_path, pg_dsn, replica)
+    # like JSONL and SQLite: a 0600 key beside the state's evidence, created at first start
+    assert key.is_file()
+    assert public.is_file()
+    assert key.stat().st_mode & 0o777 == 0o600
+    done = _verify_signed(pg_dsn, replica, tmp_path / "whole.sqlite", public)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["fully_signed"] is True
+
+
+@pytest.mark.parametrize("tamper", ["cut", "edit"])
+def test_a_cut_or_edited_postgres_tail_is_detected_by_default(
+        tmp_path: Path, pg_dsn: str, tamper: str) -> None:
+    replica = f"tail-{tamper}-{tmp_path.name[-12:]}"
+    _key, public = _default_signed_run(tmp_path, pg_dsn, replica)
+    with psycopg.connect(pg_dsn) as conn:
+        last = conn.execute("SELECT max(seq) FROM evidence_records WHERE replica = %s",
+                            (replica,)).fetchone()
+        assert last is not None
+        assert last[0] == 5
+        if tamper == "cut":  # the last call's end record removed: a chain alone cannot tell
+            changed = conn.execute("DELETE FROM evidence_records WHERE replica = %s AND "
+                                   "seq = 5", (replica,))
+        else:  # the last record rewritten: nothing after it in the chain to disagree
+            changed = conn.execute("UPDATE evidence_records SET record = replace(record, "
+                                   "'\"status\":\"ok\"', '\"status\":\"error\"') "
+                                   "WHERE replica = %s AND seq = 5 AND record LIKE "
+                                   "'%%\"status\":\"ok\"%%'", (replica,))
+        assert changed.rowcount == 1
+    done = _verify_signed(pg_dsn, replica, tmp_path / "tampered.sqlite", public)
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    # cut: the last record is no longer the one a checkpoint signed, so nothing is signed to
+    # the end; edit: the signed checkpoint covers a different record
+    assert report["fully_signed"] is False
+    assert tamper == "cut" or report["problems"][0]["kind"] == "edited"

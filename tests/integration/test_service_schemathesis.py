@@ -31,3 +31,25 @@ def test_no_server_errors_and_conforming_responses(tmp_path: Path) -> None:
         log = svc.stop()
     assert done.returncode == 0, done.stdout[-6000:]
     assert "Traceback" not in log, log[-4000:]
+
+
+def test_skill_invocations_conform_to_the_served_document(tmp_path: Path) -> None:
+    """With skills served, a body the document calls valid is accepted (ST202, fuzz round 2:
+    `{}` to `POST /skills/docs.browse/invoke` was documented valid and answered 422)."""
+    st = shutil.which("schemathesis") or shutil.which("st")
+    assert st is not None, "schemathesis is a test dependency (pip install -e '.[test]')"
+    skills = Path(__file__).resolve().parents[2] / "skills"
+    with start(tmp_path, "--rate-per-minute", "1000000", "--skills", str(skills)) as svc:
+        token = add_token(svc.state, "acme", "agent:fuzz")
+        done = subprocess.run(
+            [st, "run", f"{svc.url}/openapi.json", "-H", f"Authorization: Bearer {token}",
+             "--checks", "not_a_server_error,status_code_conformance,"
+             "content_type_conformance,response_schema_conformance,positive_data_acceptance",
+             "--include-path-regex", "^/skills",
+             # the read-only skills: a shell or python skill would run generated code
+             "--exclude-path-regex", "(shell|python)\\.run",
+             "--max-examples", "10", "--seed", "1", "--no-color"],
+            capture_output=True, text=True, timeout=600, check=False, cwd=tmp_path)
+        log = svc.stop()
+    assert done.returncode == 0, done.stdout[-6000:]
+    assert "Traceback" not in log, log[-4000:]

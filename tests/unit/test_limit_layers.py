@@ -161,3 +161,20 @@ def test_explain_cli_shows_rule_limits_by_rule_id(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "memory_bytes           536870912 bytes  (rule git-readonly)" in done.stdout
     assert "max_stdout_bytes       262144 bytes  (manifest)" in done.stdout
+
+
+def test_the_disk_write_quota_is_a_limit_the_guard_decides(tmp_path: Path) -> None:
+    """`disk_write` (issue 32 item 2): a language limit, a built-in default, and a rule's
+    value on the decision with its layer, as every other limit."""
+    ps = compile_text(tmp_path, 'defaults { network off }\n'
+                      'permit "small" proc.exec tool "make" limits { disk_write 8MiB }\n')
+    manifest, grant = tool()
+    profile = ProfileBuilder(ps).build(grant, manifest)
+    assert profile.limits.disk_write_bytes == SYSTEM_DEFAULT_LIMITS.disk_write_bytes
+    assert profile.limit_layers["disk_write_bytes"] == "built-in"
+    d = Guard(ps).decide(profile, ProcExecOp(tool="make"), now_ms=0)
+    assert d.allowed, d.reason
+    assert d.limits is not None
+    assert d.limit_layers is not None
+    assert d.limits.disk_write_bytes == 8 * 1024**2
+    assert d.limit_layers["disk_write_bytes"] == "rule"

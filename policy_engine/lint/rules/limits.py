@@ -83,7 +83,7 @@ def _show(field: str, value: float) -> str:
     if field == "timeout_ms":
         return f"{value / 1000:g}s"
     if field in ("max_bytes_in", "max_bytes_out", "memory_bytes", "max_stdout_bytes",
-                 "max_stderr_bytes"):
+                 "max_stderr_bytes", "disk_write_bytes"):
         return f"{value} bytes"
     return f"{value:g}"
 

@@ -1,0 +1,173 @@
+"""The per-call disk write quota (``disk_write_bytes``): a watchdog summing what the call's
+processes wrote, killing the call when the sum passes the limit (issue 32 item 2).
+
+Why this measure: ``RLIMIT_FSIZE`` bounds each file, not how many there are, and seccomp
+refuses the preallocating ``fallocate`` modes, but a call could still fill the disk with many
+files. The kernel's per-task I/O accounting (``/proc/PID/io`` ``write_bytes``) counts the bytes
+a task causes to be written to storage when it dirties the page cache (buffered writes, shared
+mmap writes and direct I/O alike), on whatever file system — the workspace bind, the private
+tmp directory, Docker's overlay upper layer. A reaped process's counts are added to the
+process that reaped it (``wait_task_zombie``), so the sum over the call's live processes
+never forgets the exited ones as long as their reaper is one of them (bwrap's pid 1, the
+tool, a container's init). No tree is walked, no file system is measured: one sample reads
+two small ``/proc`` files per process of the call.
+
+Not counted: tmpfs (page cache only; a sandbox's own ``/tmp`` tmpfs is charged to its memory
+cgroup) and pages rewritten before they were written back (the same bytes, not more disk).
+
+The overshoot is bounded by the write rate times ``INTERVAL_S``; after the call the
+executor checks the exact total of the reaped tree (``wait4``'s ``ru_oublock``) too.
+Overwriting counts again (a write budget, like the other byte limits), truncation gives
+nothing back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from plugins.executor_proc.cgroups import ExecCgroup
+
+INTERVAL_S = 0.01
+"""Sample period: a call writing 1 GB/s overshoots its quota by about 10 MB."""
+
+MAX_PIDS = 4096
+"""Processes read per sample, at most (the pids limit bounds a call far below this)."""
+
+
+def available() -> bool:
+    """Whether the kernel keeps per-task I/O accounting (``CONFIG_TASK_IO_ACCOUNTING``)."""
+    return os.path.exists("/proc/self/io")
+
+
+def written(pid: int) -> int | None:
+    """``write_bytes`` of ``pid`` (its thread group and the children it reaped), or ``None``
+    when it is gone or cannot be read."""
+    try:
+        with open(f"/proc/{pid}/io", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    for line in data.splitlines():
+        if line.startswith(b"write_bytes:"):
+            return int(line.split(b":", 1)[1])
+    return None
+
+
+def tree(root: int) -> list[int]:
+    """``root`` and its descendants, through ``/proc/PID/task/TID/children`` (no scan of
+    ``/proc``); bounded by ``MAX_PIDS``."""
+    out: list[int] = []
+    todo = [root]
+    while todo and len(out) < MAX_PIDS:
+        pid = todo.pop()
+        out.append(pid)
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError), \
+                        open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+    return out
+
+
+def cgroup_members(procs_files: Iterable[str], *, nested: bool = True
+                   ) -> Callable[[], list[int]]:
+    """The processes of a cgroup (``cgroup.procs`` of it and, ``nested``, of its child
+    groups): every process of the call, also one that left the tree by a double fork."""
+    files = list(procs_files)
+
+    def members() -> list[int]:
+        pids: list[int] = []
+        for path in files:
+            candidates = [path]
+            if nested:
+                with contextlib.suppress(OSError), os.scandir(os.path.dirname(path)) as entries:
+                    candidates += [os.path.join(e.path, "cgroup.procs") for e in entries
+                                   if e.is_dir(follow_symlinks=False)]
+            for name in candidates:
+                with contextlib.suppress(OSError, ValueError), open(name, "rb") as fh:
+                    pids.extend(int(p) for p in fh.read().split())
+        return sorted(set(pids))[:MAX_PIDS]
+
+    return members
+
+
+class WriteWatch:
+    """Samples the bytes the call's processes wrote every ``INTERVAL_S`` on a thread; over
+    ``limit`` it calls ``kill`` once and says so (``tripped``)."""
+
+    def __init__(self, limit: int, members: Callable[[], list[int]],
+                 kill: Callable[[], object], interval_s: float = INTERVAL_S) -> None:
+        self.limit = limit
+        self._members = members
+        self._kill = kill
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._base: dict[int, int] = {}  # what a process had written before the call
+        self.used = 0  # the most the call was seen to have written
+        self.tripped = False
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="write-watch")
+
+    def start(self, preexisting: Iterable[int] = ()) -> WriteWatch:
+        """Start sampling; ``preexisting`` processes (a held launcher) count from now."""
+        for pid in preexisting:
+            self._base[pid] = written(pid) or 0
+        self._thread.start()
+        return self
+
+    def sample(self) -> int:
+        total = 0
+        for pid in self._members():
+            n = written(pid)
+            if n is not None:
+                total += max(0, n - self._base.get(pid, 0))
+        self.used = max(self.used, total)
+        return total
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            if self.sample() > self.limit:
+                self.tripped = True
+                with contextlib.suppress(OSError):
+                    self._kill()
+                return
+
+    def stop(self) -> None:
+        """Stop sampling (the call has ended); waits for a sample under way."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def over(self, reaped_bytes: int | None = None) -> bool:
+        """Whether the call passed its quota: seen by a sample, or in the exact total of the
+        reaped tree (``reaped_bytes``, from ``wait4``) after it ended."""
+        if reaped_bytes is not None:
+            self.used = max(self.used, reaped_bytes)
+        return self.tripped or self.used > self.limit
+
+    def message(self, option: str) -> str:
+        return (f"disk write quota exceeded: the call wrote more than its {self.limit}-byte "
+                f"`{option}` limit (at least {self.used} bytes) and was killed"
+                if self.tripped else
+                f"disk write quota exceeded: the call wrote {self.used} bytes, over its "
+                f"{self.limit}-byte `{option}` limit")
+
+
+def start(limit: int, root: int, cg: ExecCgroup | None, kill: Callable[[], object], *,
+          preexisting: bool = False) -> WriteWatch:
+    """The proc executors' watch over one call: the tree of ``root`` together with its exec
+    cgroup's members (which keep a double-forked process); ``preexisting``: ``root`` is a held
+    launcher, started before the call, whose earlier writes do not count."""
+    in_group = cgroup_members(cg.procs_files[:1], nested=False) if cg else None
+
+    def members() -> list[int]:
+        pids = tree(root)
+        if in_group is not None:
+            pids = sorted({*pids, *in_group()})[:MAX_PIDS]
+        return pids
+
+    return WriteWatch(limit, members, kill).start([root] if preexisting else [])

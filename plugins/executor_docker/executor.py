@@ -25,6 +25,7 @@ from typing import Any
 import docker
 
 from plugins.executor_docker import cpu, engine, masks, network, runtimes, setid, transfer
+from plugins.executor_docker.bound import bound_note, bound_refusal, bound_root, root_refusal
 from plugins.executor_docker.engine import DockerOptions, Hardening
 from plugins.executor_docker.pool import Slot, WarmPool
 from plugins.executor_docker.runner import (
@@ -36,12 +37,14 @@ from plugins.executor_docker.runner import (
     run_quiet,
 )
 from plugins.executor_docker.workspace import (
+    SANDBOX_UID,
     ExecWorkspace,
     collect_artifacts,
     default_root,
     prepare,
     write_record,
 )
+from plugins.executor_proc import uid
 from plugins.executor_proc.seccomp import unix_filter
 from policy_engine.config import default_state_dir
 from policy_engine.errors import ErrorCode, PolicyEngineError
@@ -62,6 +65,7 @@ from policy_engine.model import (
     Usage,
 )
 from policy_engine.netproxy import SANDBOX_DIR, RestrictedHandle
+from policy_engine.sandbox.artifacts import ARTIFACTS_ENV, artifacts_dir
 
 # GIT_PINS: git never runs a program a workspace file names (repo config, hooks, ~/.gitconfig)
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace/work",
@@ -72,6 +76,11 @@ _UNIX_FILTER = unix_filter().hex()  # a pooled command's, with network off (``_e
 def session_key(profile: Profile) -> str:
     """Warm containers are bound per tenant, subject and tool (the caller's session)."""
     return f"{profile.tenant}\x1f{profile.subject_id}\x1f{profile.tool_name}"
+
+
+def bound_key(tenant: str, subject_id: str, root: str) -> str:
+    """A bound call's warm container is its root's own (a session's workspace)."""
+    return f"{tenant}\x1f{subject_id}\x1fbound:{root}"
 
 
 def _limit(ctx: ExecContext, name: str) -> int:
@@ -243,6 +252,31 @@ class DockerExecutor:
         """Release the caller's warm container: it is discarded, a fresh one takes its slot."""
         self.release_session(profile.tenant, profile.subject_id, profile.tool_name)
 
+    def prewarm_bound(self, tenant: str, subject_id: str, root: str) -> bool:
+        """Make a bound session's own warm container now (a session is created: its first
+        call then finds it), on the default runtime, in pool mode only. ``False``: nothing
+        made (run-once, or a root that may not be bound: its calls are refused the same)."""
+        if self.options.mode != "pool" or root_refusal(
+                root, self.options.system_binds, str(self._docker_root(self.state_dir))):
+            return False
+        pool = self.pool(self.runtimes.default)
+        slot = pool.acquire_bound(bound_key(tenant, subject_id, root),
+                                  tuple(bind_mounts([], [(root, root, False)])), timeout_s=60)
+        pool.done(slot)
+        return True
+
+    def release_bound(self, tenant: str, subject_id: str, root: str) -> int:
+        """A bound session ends (docs/sessions.md): its own warm containers on every runtime
+        are removed; answers how many were held."""
+        key = bound_key(tenant, subject_id, root)
+        with self._lock:
+            pools = list(self._pools.values())
+        held = 0
+        for pool in pools:
+            held += pool.holds(key)
+            pool.release(key)
+        return held
+
     def release_session(self, tenant: str, subject_id: str, tool_name: str) -> None:
         """The session-end call (the sessions feature calls it when a session closes; until
         then ``pool_idle_s`` gives an idle session's container back): the session's warm
@@ -285,15 +319,41 @@ class DockerExecutor:
                 network.check_bridge_binds(self.options.system_binds)
             except PolicyEngineError as exc:
                 return exc
+        if bound_root(op):
+            return bound_refusal(profile, op, self.options.system_binds,
+                                 str(self._docker_root(self.view_state_dir)))
         return _container_facts_refusal(profile, op, self.options.workspace_root,
                                         self.view_state_dir)
+
+    def _docker_root(self, state_dir: Path) -> Path:
+        """Where ``projects/`` lie (a bound root may neither hold nor lie in it)."""
+        return (Path(self.options.workspace_root) if self.options.workspace_root
+                else (state_dir / "docker").absolute())
 
     def fact_notes(self, profile: Profile, op: ExecOp) -> list[str]:
         """What the dry run's trace says of the facts this executor judged (its view)."""
         if not isinstance(op, ProcExecOp):
             return []
-        return [f"cwd `{_cwd(op.cwd)}` lies in the container's workspace (docker view: the "
-                "container's filesystem, not this host's)"]
+        cwd, bound = self._placement(profile, op)
+        env = f"the engine sets {ARTIFACTS_ENV}=`{self._artifacts(cwd, bound)}`"
+        if bound is not None:
+            return [bound_note(profile, op), env]
+        return [f"cwd `{cwd}` lies in the container's workspace (docker view: the "
+                "container's filesystem, not this host's)", env]
+
+    @staticmethod
+    def _placement(profile: Profile, op: ProcExecOp) -> tuple[str, str | None]:
+        """The call's cwd in the container and its bound root (``None``: the project's
+        ``/workspace/work``)."""
+        if bound_root(op):
+            return posixpath.normpath(str(op.cwd)), posixpath.normpath(profile.mappings.root_fs)
+        return _cwd(op.cwd), None
+
+    @staticmethod
+    def _artifacts(cwd: str, bound: str | None) -> str:
+        """The engine's artifacts directory of a call: the per-exec one mounted at
+        ``/workspace/artifacts``, or a bound call's beneath its cwd (a session's files)."""
+        return artifacts_dir(cwd) if bound is not None else "/workspace/artifacts"
 
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         if not isinstance(op, ProcExecOp):
@@ -310,7 +370,10 @@ class DockerExecutor:
         if self.options.mode != "pool" and profile.network is NetworkMode.OFF:
             # nothing in a run-once container needs AF_UNIX then (engine.Hardening.deny_unix)
             hard = replace(hard, deny_unix=True)
-        cwd, env = _cwd(op.cwd), _env(op.env, profile, op.tool)
+        cwd, bound = self._placement(profile, op)
+        env = {**_env(op.env, profile, op.tool), ARTIFACTS_ENV: self._artifacts(cwd, bound)}
+        if bound is not None:
+            env["HOME"] = cwd  # the container's /workspace/work is not there
         # ctx.limits.timeout_ms already holds the profile's (or a rule's replacing a built-in)
         timeout_s = min((t for t in (op.timeout_ms, ctx.limits.timeout_ms) if t),
                         default=profile.timeout_ms) / 1000
@@ -319,7 +382,12 @@ class DockerExecutor:
         client, streams = self.client()
         root = (Path(self.options.workspace_root) if self.options.workspace_root
                 else default_root(self.state_dir, profile))
-        ws = prepare(root, profile)
+        ws = prepare(root, profile, bound)
+        if bound is not None:
+            # the container's uid writes the session's files (bubblewrap runs as their owner,
+            # plugins/executor_proc/owner.py): what the engine wrote there (uploads) is handed
+            # over, never following a link, masked paths left alone
+            uid.adopt([bound], SANDBOX_UID, SANDBOX_UID, masks.masked(profile, [bound]))
         argv = [op.tool, *op.args]
         limits = (_limit(ctx, "max_stdout_bytes"), _limit(ctx, "max_stderr_bytes"))
         art_limit = self.options.max_artifacts_bytes
@@ -412,7 +480,16 @@ class DockerExecutor:
                 ) -> tuple[Outcome, list[dict[str, Any]], list[str], dict[str, int] | None]:
         pool = self.pool(hard.runtime)
         client, streams = self.client()
-        slot = pool.acquire(session_key(ctx.profile), max(0.0, deadline - time.monotonic()))
+        left = max(0.0, deadline - time.monotonic())
+        if ws.bound is not None:
+            # a warm container cannot get a mount later: the root's own, made on its first
+            # call, with the masks of this call (re-made when they change)
+            bind = (ws.bound, ws.bound, False)
+            extra = (*bind_mounts([], [bind]), *masks.mask_mounts(ctx.profile, [bind]))
+            slot = pool.acquire_bound(bound_key(ctx.profile.tenant, ctx.profile.subject_id,
+                                                ws.bound), extra, left)
+        else:
+            slot = pool.acquire(session_key(ctx.profile), left)
         try:
             slot = pool.update_limits(slot, hard)
             return self._in_slot(ctx, ws, slot, client, streams, argv, env, cwd, limits,
@@ -464,7 +541,8 @@ class DockerExecutor:
         mounts = [{"source": p, "target": p, "read_only": True}
                   for p in self.options.system_binds]
         mounts.append({"container": slot.container_id[:12], "inputs": "copied in, read-only",
-                       "work": "container-local for the session",
+                       "work": (f"{ws.bound} bound at its own path" if ws.bound else
+                                "container-local for the session"),
                        "artifacts": "copied out to the per-exec directory"})
         if net is not None:
             mounts.append({"source": slot.net_dir, "target": SANDBOX_DIR,

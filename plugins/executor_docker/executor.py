@@ -252,6 +252,16 @@ class DockerExecutor:
         """Release the caller's warm container: it is discarded, a fresh one takes its slot."""
         self.release_session(profile.tenant, profile.subject_id, profile.tool_name)
 
+    def adopt_bound(self, root: str) -> int:
+        """Hand what the engine owns beneath a bound root to the container's uid (a session is
+        created: bubblewrap then runs its calls as that owner too, plugins/executor_proc/
+        owner.py, so files one backend writes stay writable for the other); answers how many
+        entries changed. No-op for a root that may not be bound."""
+        if root_refusal(root, self.options.system_binds,
+                        str(self._docker_root(self.state_dir))):
+            return 0
+        return uid.adopt([root], SANDBOX_UID, SANDBOX_UID)
+
     def prewarm_bound(self, tenant: str, subject_id: str, root: str) -> bool:
         """Make a bound session's own warm container now (a session is created: its first
         call then finds it), on the default runtime, in pool mode only. ``False``: nothing

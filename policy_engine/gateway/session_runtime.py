@@ -139,6 +139,7 @@ class Sessions:
         self.store.event(info, now, "created", {"backend": backend, "security_mode":
                                                 mode.value, "ttl_s": ttl})
         if backend == "docker":  # its own warm container, made while the caller goes on
+            self._docker_call("adopt_bound", info)  # before any upload: one owner
             threading.Thread(target=self._prewarm, args=(info,), name="session-prewarm",
                              daemon=True).start()
         return info
@@ -305,11 +306,9 @@ class Sessions:
         if info.backend != "docker":
             return False
         try:
-            executor = self.pool.get("docker").components.executors.get("docker")
-            release = getattr(executor, "release_bound", None)
-            if release is None:
+            held = self._docker_call("release_bound", info, info.tenant, info.subject)
+            if held is None:
                 return False
-            held = release(info.tenant, info.subject, str(self.workspace(info).parent))
             log.info("session %s: %d warm container(s) removed", info.session_id, held)
         except Exception:  # noqa: BLE001 -- the end is recorded whatever Docker says
             log.exception("session %s: releasing the warm container failed", info.session_id)
@@ -320,12 +319,16 @@ class Sessions:
         """Make the docker session's own warm container (pool mode); its first call waits for
         it rather than making a second. Nothing is lost on failure: the call makes one."""
         try:
-            executor = self.pool.get("docker").components.executors.get("docker")
-            warm = getattr(executor, "prewarm_bound", None)
-            if warm is not None:
-                warm(info.tenant, info.subject, str(self.workspace(info).parent))
+            self._docker_call("prewarm_bound", info, info.tenant, info.subject)
         except Exception as exc:  # noqa: BLE001 -- the first call reports what is wrong
             log.warning("session %s: no warm container made ahead: %s", info.session_id, exc)
+
+    def _docker_call(self, name: str, info: SessionInfo, *args: str) -> Any:
+        """``name(*args, <the session's root>)`` of the docker executor (``None``: it has no
+        such method, e.g. a test double)."""
+        executor = self.pool.get("docker").components.executors.get("docker")
+        method = getattr(executor, name, None)
+        return None if method is None else method(*args, str(self.workspace(info).parent))
 
     def _reap_loop(self, interval: float) -> None:
         while not self._stop.wait(interval):

@@ -189,7 +189,9 @@ def test_session_files_are_guarded_ops_and_stay_in_the_session(sessions: Session
     assert seen.stdout == f"{len(blob)}\n", seen
     listed = files.list("acme", "alice", s.session_id)
     assert "data/blob.bin" in {e["path"] for e in listed["entries"]}, listed
-    assert files.list("acme", "alice", other.session_id)["entries"] == []
+    # nothing of another session; only the artifacts directory every session starts with
+    assert [e["path"] for e in files.list("acme", "alice", other.session_id)["entries"]] == [
+        "artifacts"]
     with pytest.raises(PolicyRefusal) as big:
         files.upload("acme", "alice", s.session_id, "big.bin", b"x" * 300_001)
     assert big.value.refusal.http_status == 413

@@ -25,7 +25,13 @@ from typing import Any
 import docker
 
 from plugins.executor_docker import cpu, engine, masks, network, runtimes, setid, transfer
-from plugins.executor_docker.bound import bound_note, bound_refusal, bound_root, root_refusal
+from plugins.executor_docker.bound import (
+    binds_of,
+    bound_note,
+    bound_refusal,
+    bound_root,
+    root_refusal,
+)
 from plugins.executor_docker.engine import DockerOptions, Hardening
 from plugins.executor_docker.pool import Slot, WarmPool
 from plugins.executor_docker.runner import (
@@ -262,16 +268,17 @@ class DockerExecutor:
             return 0
         return uid.adopt([root], SANDBOX_UID, SANDBOX_UID)
 
-    def prewarm_bound(self, tenant: str, subject_id: str, root: str) -> bool:
+    def prewarm_bound(self, tenant: str, subject_id: str, work: str, root: str) -> bool:
         """Make a bound session's own warm container now (a session is created: its first
-        call then finds it), on the default runtime, in pool mode only. ``False``: nothing
-        made (run-once, or a root that may not be bound: its calls are refused the same)."""
+        call then finds it), with ``work`` bound read-write (what its calls' profiles bind: a
+        call binding other paths re-makes it), on the default runtime, in pool mode only.
+        ``False``: nothing made (run-once, or a path that may not be bound)."""
         if self.options.mode != "pool" or root_refusal(
-                root, self.options.system_binds, str(self._docker_root(self.state_dir))):
+                work, self.options.system_binds, str(self._docker_root(self.state_dir))):
             return False
         pool = self.pool(self.runtimes.default)
         slot = pool.acquire_bound(bound_key(tenant, subject_id, root),
-                                  tuple(bind_mounts([], [(root, root, False)])), timeout_s=60)
+                                  tuple(bind_mounts([], [(work, work, False)])), timeout_s=60)
         pool.done(slot)
         return True
 
@@ -392,12 +399,14 @@ class DockerExecutor:
         client, streams = self.client()
         root = (Path(self.options.workspace_root) if self.options.workspace_root
                 else default_root(self.state_dir, profile))
-        ws = prepare(root, profile, bound)
+        binds = binds_of(profile) if bound is not None else ()
+        ws = prepare(root, profile, bound, binds)
         if bound is not None:
             # the container's uid writes the session's files (bubblewrap runs as their owner,
             # plugins/executor_proc/owner.py): what the engine wrote there (uploads) is handed
             # over, never following a link, masked paths left alone
-            uid.adopt([bound], SANDBOX_UID, SANDBOX_UID, masks.masked(profile, [bound]))
+            rw = [p for p, ro in binds if not ro]
+            uid.adopt(rw, SANDBOX_UID, SANDBOX_UID, masks.masked(profile, rw))
         argv = [op.tool, *op.args]
         limits = (_limit(ctx, "max_stdout_bytes"), _limit(ctx, "max_stderr_bytes"))
         art_limit = self.options.max_artifacts_bytes
@@ -494,8 +503,8 @@ class DockerExecutor:
         if ws.bound is not None:
             # a warm container cannot get a mount later: the root's own, made on its first
             # call, with the masks of this call (re-made when they change)
-            bind = (ws.bound, ws.bound, False)
-            extra = (*bind_mounts([], [bind]), *masks.mask_mounts(ctx.profile, [bind]))
+            binds = [(p, p, ro) for p, ro in ws.binds]
+            extra = (*bind_mounts([], binds), *masks.mask_mounts(ctx.profile, binds))
             slot = pool.acquire_bound(bound_key(ctx.profile.tenant, ctx.profile.subject_id,
                                                 ws.bound), extra, left)
         else:
@@ -551,7 +560,8 @@ class DockerExecutor:
         mounts = [{"source": p, "target": p, "read_only": True}
                   for p in self.options.system_binds]
         mounts.append({"container": slot.container_id[:12], "inputs": "copied in, read-only",
-                       "work": (f"{ws.bound} bound at its own path" if ws.bound else
+                       "work": ([{"source": p, "target": p, "read_only": ro}
+                                 for p, ro in ws.binds] if ws.bound else
                                 "container-local for the session"),
                        "artifacts": "copied out to the per-exec directory"})
         if net is not None:

@@ -73,7 +73,8 @@ class ExecWorkspace:
     root: Path
     project_id: str
     exec_id: str
-    bound: str | None = None  # a bound call's root_fs: mounted at its own path instead of work
+    bound: str | None = None  # a bound call's root_fs (bound.py): its project is the root's
+    binds: tuple[tuple[str, bool], ...] = ()  # a bound call's (host path, read-only), in place
 
     @property
     def project(self) -> Path:
@@ -94,20 +95,21 @@ class ExecWorkspace:
     def mounts(self) -> list[tuple[str, str, bool]]:
         """(host source, container target, read-only) for the three template paths only (a
         bound call: its root at its own path in place of ``work``)."""
-        work = (self.bound, self.bound) if self.bound else (str(self.work),
-                                                              f"{CONTAINER_ROOT}/work")
+        work = ([(p, p, ro) for p, ro in self.binds] if self.bound else
+                [(str(self.work), f"{CONTAINER_ROOT}/work", False)])
         return [
             (str(self.inputs), f"{CONTAINER_ROOT}/inputs", True),
-            (work[0], work[1], False),
+            *work,
             (str(self.artifacts), f"{CONTAINER_ROOT}/artifacts", False),
         ]
 
 
-def prepare(root: Path, profile: Profile, bound: str | None = None) -> ExecWorkspace:
+def prepare(root: Path, profile: Profile, bound: str | None = None,
+            binds: tuple[tuple[str, bool], ...] = ()) -> ExecWorkspace:
     """Create the project's directories and a fresh per-exec artifacts directory."""
     ws = ExecWorkspace(root=root, project_id=project_id_of(profile, bound),
                        exec_id=f"{slug(profile.call_id, 48)}-{secrets.token_hex(4)}",
-                       bound=bound)
+                       bound=bound, binds=binds)
     ws.inputs.mkdir(parents=True, exist_ok=True, mode=0o755)
     # only the engine (and the engine's user) may reach work/ and artifacts/ on the host: the
     # container's uid 1000 can be a real host account, whatever it writes must stay out of
@@ -125,14 +127,15 @@ def prepare(root: Path, profile: Profile, bound: str | None = None) -> ExecWorks
 def check_mounts(ws: ExecWorkspace, mounts: list[tuple[str, str, bool]]) -> None:
     """Refuse any mount source that is not exactly one of the three template paths (or a
     bound call's root)."""
-    allowed = {str(ws.inputs): True, str(ws.bound or ws.work): False,
-               str(ws.artifacts): False}
+    allowed = {str(ws.inputs): True, str(ws.artifacts): False,
+               **(dict(ws.binds) if ws.bound else {str(ws.work): False})}
     for source, _target, read_only in mounts:
         if source not in allowed or (allowed[source] and not read_only):
             raise PolicyEngineError(
                 ErrorCode.CAPABILITY_BLOCKED, f"mount source `{source}` is not a workspace "
                 "template path", audit={"source": source})
-        if os.path.realpath(source) != source or not Path(source).is_dir():
+        if os.path.realpath(source) != source or not (
+                Path(source).is_dir() or read_only and Path(source).is_file()):
             raise PolicyEngineError(
                 ErrorCode.CAPABILITY_BLOCKED, f"mount source `{source}` is not a plain directory "
                 "(symlink on the way?)", audit={"source": source})

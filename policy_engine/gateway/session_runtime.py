@@ -319,7 +319,8 @@ class Sessions:
         """Make the docker session's own warm container (pool mode); its first call waits for
         it rather than making a second. Nothing is lost on failure: the call makes one."""
         try:
-            self._docker_call("prewarm_bound", info, info.tenant, info.subject)
+            self._docker_call("prewarm_bound", info, info.tenant, info.subject,
+                              str(self.workspace(info)))
         except Exception as exc:  # noqa: BLE001 -- the first call reports what is wrong
             log.warning("session %s: no warm container made ahead: %s", info.session_id, exc)
 

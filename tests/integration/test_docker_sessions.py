@@ -45,7 +45,7 @@ def rt(tmp_path: Path) -> Iterator[Sessions]:
 
 
 def _containers_binding(path: Path) -> list[str]:
-    """Ids of the running pool containers with ``path`` bound (at its own path)."""
+    """Ids of the running pool containers with ``path`` bound at its own path."""
     client = docker.from_env()
     try:
         found = []
@@ -82,7 +82,7 @@ def test_two_docker_sessions_of_one_token_and_two_tenants_share_nothing(rt: Sess
         assert not relative.success and "from a" not in relative.stdout, relative
         assert "from a" not in absolute.stdout and not absolute.success, absolute
     # each session runs in its own container, binding its own workspace
-    held = {s.session_id: _containers_binding(rt.workspace(s).parent) for s in (a, b, other)}
+    held = {s.session_id: _containers_binding(rt.workspace(s)) for s in (a, b, other)}
     assert all(len(ids) == 1 for ids in held.values()), held
     assert len({ids[0] for ids in held.values()}) == 3, held
 
@@ -123,14 +123,14 @@ def test_code_finds_its_artifacts_directory(rt: Sessions, backend: str) -> None:
 
 def test_delete_removes_the_sessions_container_and_workspace(rt: Sessions) -> None:
     s = rt.create("acme", "alice", backend="docker")
-    root = rt.workspace(s).parent
+    root = rt.workspace(s)
     _ok(rt.run_code("acme", "alice", s.session_id, "open('x', 'w').write('1')"))
     held = _containers_binding(root)
     assert len(held) == 1, held
     ended = rt.delete("acme", "alice", s.session_id)
     assert ended["pool_released"] is True and ended["workspace_removed"] is True, ended
     assert _containers_binding(root) == []  # removed before the delete answered
-    assert not root.exists()
+    assert not root.parent.exists()
     client = docker.from_env()
     try:
         with pytest.raises(docker.errors.NotFound):
@@ -145,7 +145,7 @@ def test_the_container_is_made_at_create(rt: Sessions) -> None:
     """A docker session's own warm container is made while the caller goes on (pool mode):
     it is there before the first call."""
     s = rt.create("acme", "alice", backend="docker")
-    root = rt.workspace(s).parent
+    root = rt.workspace(s)
     deadline = time.monotonic() + 30
     while not _containers_binding(root) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -162,7 +162,7 @@ def test_a_session_workspace_at_its_own_path(tmp_path: Path, backend: str) -> No
     facts = " | ".join(s["detail"] for s in said["trace"] if s["node"] == "fact")
     assert f"PE_ARTIFACTS_DIR=`{cwd}/artifacts`" in facts, facts
     if backend == "docker":
-        assert "bound read-write at its own path" in facts, facts
+        assert f"bound at their own paths: `{tmp_path}/ws` (ro)" in facts, facts
     ran = json.loads(_cli("run", *args, "--format", "json").stdout)
     assert ran["result"]["ok"] is True, ran["result"]
     assert ran["result"]["out"]["stdout"].split() == ["RAN", cwd, f"{cwd}/artifacts"]
@@ -183,3 +183,26 @@ def test_a_docker_session_root_holding_the_docker_projects(tmp_path: Path) -> No
     said = _agree(*_files(tmp_path, "docker", "session-over-state"))
     assert said["decision"] == "deny", said
     assert "overlaps" in str(said["reason"]) and "(docker view)" in str(said["reason"])
+
+
+def test_a_bound_docker_call_sees_only_what_the_profile_binds(tmp_path: Path) -> None:
+    """A bound call gets bubblewrap's binds, not its whole root_fs: with fs.read on
+    ``ws/work/**`` only, a file beside ``work`` is not in the container (a first cut bound
+    root_fs whole: the process read it)."""
+    args, cwd = _files(tmp_path, "docker", "session")
+    ws = tmp_path / "ws"
+    (ws / "secret.txt").write_text("s3cret")
+    policy = tmp_path / "p.sbpolicy"
+    policy.write_text(policy.read_text().replace(f'["{ws}/**"]', f'["{ws}/work/**"]'))
+    req = json.loads((tmp_path / "req.json").read_text())
+    req["op"]["args"] = ["-c", "import os; print(os.listdir('..')); print(open('../secret.txt')"
+                               ".read())"]
+    (tmp_path / "req.json").write_text(json.dumps(req))
+    said = json.loads(_cli("explain", *args, "--format", "json").stdout)
+    assert said["decision"] == "allow", said
+    facts = " | ".join(s["detail"] for s in said["trace"] if s["node"] == "fact")
+    assert f"bound at their own paths: `{cwd}` (ro)" in facts, facts
+    ran = json.loads(_cli("run", *args, "--format", "json").stdout)
+    out = ran["result"]["out"]
+    assert "s3cret" not in out["stdout"] and out["exit_code"] != 0, out
+    assert out["stdout"].splitlines()[0] == "['work']", out  # only the bind's mountpoint

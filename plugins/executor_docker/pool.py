@@ -24,6 +24,10 @@ A session holds its container from its first call until it is released: at sessi
 no call for ``idle_s`` seconds (issue 32 item 3: nothing else gave a container back, so with
 one slot a second tenant waited and got ``PROVIDER.UNAVAILABLE``). A slot with a call in
 progress is never taken back; the idle clock starts when the session's last call ends.
+
+A bound session (``bound.py``: a session's workspace at its own path) cannot use a pre-made
+container (a mount cannot be added later): ``acquire_bound`` makes it its own, with its binds
+and masks, outside the slots; it is released the same ways and then removed, not replaced.
 """
 
 from __future__ import annotations

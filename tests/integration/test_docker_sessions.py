@@ -153,3 +153,22 @@ def test_the_container_is_made_at_create(rt: Sessions) -> None:
     assert len(held) == 1, held
     _ok(rt.run_code("acme", "alice", s.session_id, "print(1)"))
     assert _containers_binding(root) == held  # the first call used it
+
+
+def test_a_denied_file_that_appears_later_is_masked_in_the_warm_container(
+        rt: Sessions) -> None:
+    """The session's container outlives its calls, and masks are mounts made with it: a file
+    under a mandatory deny (``**/.env``) that appears after it was made must still be hidden
+    from the next call, as bubblewrap hides it (masks are planned per call). The container is
+    re-made with the call's masks; the file stays on the host, unread."""
+    s = rt.create("acme", "alice", backend="docker")
+    work = rt.workspace(s)
+    _ok(rt.run_code("acme", "alice", s.session_id, "print(1)"))
+    before = _containers_binding(work)
+    (work / ".env").write_text("TOKEN=s3cret\n")  # planted beside the sandbox, not uploaded
+    seen = rt.run_code("acme", "alice", s.session_id, "cat .env; echo end", "shell")
+    assert "s3cret" not in seen.stdout, seen
+    assert seen.stdout.strip().endswith("end"), seen
+    after = _containers_binding(work)
+    assert len(after) == 1 and after != before, (before, after)
+    assert (work / ".env").read_text() == "TOKEN=s3cret\n"

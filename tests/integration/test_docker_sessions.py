@@ -23,7 +23,7 @@ from policy_engine.config import EngineConfig
 from policy_engine.gateway.call import Gateway
 from policy_engine.gateway.session_files import SessionFiles
 from policy_engine.gateway.session_runtime import SessionLimits, Sessions
-from policy_engine.runcode.manager import OrchestratorPool
+from policy_engine.runcode.manager import OrchestratorPool, RunCodeResult
 from tests.integration.test_sessions_runtime import POLICY
 
 pytestmark = pytest.mark.integration
@@ -58,9 +58,9 @@ def _containers_binding(path: Path) -> list[str]:
         client.close()
 
 
-def _ok(res: object) -> str:
-    assert getattr(res, "success", False), res
-    return str(getattr(res, "stdout"))
+def _ok(res: RunCodeResult) -> str:
+    assert res.success, res
+    return res.stdout
 
 
 def test_two_docker_sessions_of_one_token_and_two_tenants_share_nothing(rt: Sessions) -> None:
@@ -79,8 +79,10 @@ def test_two_docker_sessions_of_one_token_and_two_tenants_share_nothing(rt: Sess
         relative = rt.run_code(who, "alice", sid, "cat note.txt", "shell")
         absolute = rt.run_code(who, "alice", sid, f"cat {work}/note.txt; ls {work.parent}",
                                "shell")
-        assert not relative.success and "from a" not in relative.stdout, relative
-        assert "from a" not in absolute.stdout and not absolute.success, absolute
+        assert not relative.success, relative
+        assert "from a" not in relative.stdout, relative
+        assert not absolute.success, absolute
+        assert "from a" not in absolute.stdout, absolute
     # each session runs in its own container, binding its own workspace
     held = {s.session_id: _containers_binding(rt.workspace(s)) for s in (a, b, other)}
     assert all(len(ids) == 1 for ids in held.values()), held
@@ -128,7 +130,8 @@ def test_delete_removes_the_sessions_container_and_workspace(rt: Sessions) -> No
     held = _containers_binding(root)
     assert len(held) == 1, held
     ended = rt.delete("acme", "alice", s.session_id)
-    assert ended["pool_released"] is True and ended["workspace_removed"] is True, ended
+    assert ended["pool_released"] is True, ended
+    assert ended["workspace_removed"] is True, ended
     assert _containers_binding(root) == []  # removed before the delete answered
     assert not root.parent.exists()
     client = docker.from_env()
@@ -138,7 +141,8 @@ def test_delete_removes_the_sessions_container_and_workspace(rt: Sessions) -> No
     finally:
         client.close()
     last = rt.events("acme", "alice", s.session_id)[-1]
-    assert last["event"] == "ended" and last["detail"]["pool_released"] is True, last
+    assert last["event"] == "ended", last
+    assert last["detail"]["pool_released"] is True, last
 
 
 def test_the_container_is_made_at_create(rt: Sessions) -> None:
@@ -170,5 +174,6 @@ def test_a_denied_file_that_appears_later_is_masked_in_the_warm_container(
     assert "s3cret" not in seen.stdout, seen
     assert seen.stdout.strip().endswith("end"), seen
     after = _containers_binding(work)
-    assert len(after) == 1 and after != before, (before, after)
+    assert len(after) == 1, after
+    assert after != before, (before, after)
     assert (work / ".env").read_text() == "TOKEN=s3cret\n"

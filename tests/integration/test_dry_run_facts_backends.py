@@ -182,7 +182,8 @@ def test_a_docker_session_root_holding_the_docker_projects(tmp_path: Path) -> No
     container: refused by explain and run alike, naming the view."""
     said = _agree(*_files(tmp_path, "docker", "session-over-state"))
     assert said["decision"] == "deny", said
-    assert "overlaps" in str(said["reason"]) and "(docker view)" in str(said["reason"])
+    assert "overlaps" in str(said["reason"]), said["reason"]
+    assert "(docker view)" in str(said["reason"]), said["reason"]
 
 
 def test_a_bound_docker_call_sees_only_what_the_profile_binds(tmp_path: Path) -> None:
@@ -204,5 +205,6 @@ def test_a_bound_docker_call_sees_only_what_the_profile_binds(tmp_path: Path) ->
     assert f"bound at their own paths: `{cwd}` (ro)" in facts, facts
     ran = json.loads(_cli("run", *args, "--format", "json").stdout)
     out = ran["result"]["out"]
-    assert "s3cret" not in out["stdout"] and out["exit_code"] != 0, out
+    assert "s3cret" not in out["stdout"], out
+    assert out["exit_code"] != 0, out
     assert out["stdout"].splitlines()[0] == "['work']", out  # only the bind's mountpoint

@@ -352,11 +352,11 @@ class DockerExecutor:
         if not isinstance(op, ProcExecOp):
             return []
         cwd, bound = self._placement(profile, op)
-        env = f"the engine sets {ARTIFACTS_ENV}=`{self._artifacts(cwd, bound)}`"
+        env = f"; the engine sets {ARTIFACTS_ENV}=`{self._artifacts(cwd, bound)}`"
         if bound is not None:
-            return [bound_note(profile, op), env]
+            return [bound_note(profile, op) + env]
         return [f"cwd `{cwd}` lies in the container's workspace (docker view: the "
-                "container's filesystem, not this host's)", env]
+                "container's filesystem, not this host's)" + env]
 
     @staticmethod
     def _placement(profile: Profile, op: ProcExecOp) -> tuple[str, str | None]:

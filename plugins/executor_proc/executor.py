@@ -300,7 +300,8 @@ class ProcExecutor:
     def fact_notes(self, profile: Profile, op: ExecOp) -> list[str]:
         """What the dry run's trace says of the facts this executor judged (its view)."""
         note = cwd_fact_note(profile, op, self.name)
-        return ([note] if note is not None else []) + artifacts_note(op)
+        # one fact step per judged cwd (the engine's variable is said with it)
+        return [f"{note}; {artifacts_note(op)}"] if note is not None else []
 
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         if not isinstance(op, ProcExecOp):

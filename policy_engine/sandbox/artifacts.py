@@ -25,9 +25,8 @@ def artifacts_dir(cwd: str) -> str:
     return posixpath.join(posixpath.normpath(cwd), "artifacts")
 
 
-def artifacts_note(op: ExecOp) -> list[str]:
-    """The dry run's words for the variable a proc.exec gets (``fact_notes``)."""
-    if not isinstance(op, ProcExecOp):
-        return []
-    where = f"`{artifacts_dir(normalize_path(op.cwd))}`" if op.cwd else "`<cwd>/artifacts`"
-    return [f"the engine sets {ARTIFACTS_ENV}={where}"]
+def artifacts_note(op: ExecOp) -> str:
+    """The dry run's words for the variable a proc.exec gets (with its cwd's ``fact_notes``)."""
+    cwd = op.cwd if isinstance(op, ProcExecOp) else None
+    where = f"`{artifacts_dir(normalize_path(cwd))}`" if cwd else "`<cwd>/artifacts`"
+    return f"the engine sets {ARTIFACTS_ENV}={where}"

@@ -423,6 +423,8 @@ class DockerExecutor:
             raise engine.map_error(exc) from None
         # third line after seccomp and the 0700 project: no set-id file or device node stays
         stripped = [f"work/{p}" for p in setid.sweep(ws.work)]
+        stripped += [f"{top}/{p}" for top, ro in ws.binds if not ro  # a bound call's
+                     for p in setid.sweep(Path(top))]
         stripped += [f"artifacts/{p}" for p in setid.sweep(ws.artifacts)]
         manifest, over = collect_artifacts(ws, art_limit)
         removed += over

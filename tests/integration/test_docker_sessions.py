@@ -23,6 +23,7 @@ from policy_engine.config import EngineConfig
 from policy_engine.gateway.call import Gateway
 from policy_engine.gateway.session_files import SessionFiles
 from policy_engine.gateway.session_runtime import SessionLimits, Sessions
+from policy_engine.refusal import PolicyRefusal
 from policy_engine.runcode.manager import OrchestratorPool, RunCodeResult
 from tests.integration.test_sessions_runtime import POLICY
 
@@ -177,3 +178,18 @@ def test_a_denied_file_that_appears_later_is_masked_in_the_warm_container(
     assert len(after) == 1, after
     assert after != before, (before, after)
     assert (work / ".env").read_text() == "TOKEN=s3cret\n"
+
+
+def test_ttl_expiry_removes_the_sessions_container(rt: Sessions) -> None:
+    s = rt.create("acme", "alice", backend="docker", ttl_s=1)
+    work = rt.workspace(s)
+    _ok(rt.run_code("acme", "alice", s.session_id, "print(1)"))
+    assert len(_containers_binding(work)) == 1
+    time.sleep(1.2)
+    with pytest.raises(PolicyRefusal):  # expired: ended on access (the reaper does it too)
+        rt.get("acme", "alice", s.session_id)
+    assert _containers_binding(work) == []
+    assert not work.parent.exists()
+    last = rt.events("acme", "alice", s.session_id)[-1]
+    assert last["detail"]["reason"] == "expired", last
+    assert last["detail"]["pool_released"] is True, last

@@ -154,10 +154,13 @@ class WarmPool:
                 mounts.append(docker.types.Mount(target=CONTROL_DIR, source=str(net_dir / "ctl"),
                                                  type="bind", read_only=True))
                 command = launcher_argv()
-            container = self.client.containers.run(
-                self.image, command, detach=True, mounts=mounts,
+            # created, then started: a start that fails (a bind source gone) leaves a
+            # container that must be removed, and `run` would not say its id
+            container = self.client.containers.create(
+                self.image, command, mounts=mounts,
                 labels={POOL_LABEL: self.pool_id}, **self.hard.create_kwargs())
             container_id = str(container.id)
+            container.start()
             if control is not None:
                 control.accept(timeout_s=30)
         except Exception as exc:  # noqa: BLE001 -- every failure gets a registry code

@@ -13,11 +13,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
 
+from plugins.executor_docker.engine import DockerOptions
+from plugins.executor_docker.executor import DockerExecutor
 from plugins.executor_docker.pool import POOL_LABEL
+from policy_engine import PolicyEngineError
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig
 from policy_engine.gateway.call import Gateway
@@ -193,3 +197,33 @@ def test_ttl_expiry_removes_the_sessions_container(rt: Sessions) -> None:
     last = rt.events("acme", "alice", s.session_id)[-1]
     assert last["detail"]["reason"] == "expired", last
     assert last["detail"]["pool_released"] is True, last
+
+
+def test_a_session_container_that_cannot_start_leaves_nothing(tmp_path: Path) -> None:
+    """A session's container that is created but cannot start (its workspace removed between
+    the two: the session ended while it was being made; here, deterministically, a file bound
+    over a directory) is removed, not left behind in `Created` state (`containers.run` raised
+    before the pool knew its id)."""
+    ex = DockerExecutor(DockerOptions(mode="pool", pool_size=1,
+                                      workspace_root=str(tmp_path / "docker")))
+    try:
+        afile = tmp_path / "afile"
+        afile.write_text("x")
+        pool = ex.pool(None)
+        before = {c.id for c in _pool_containers(pool.pool_id)}
+        with pytest.raises(PolicyEngineError):
+            pool.acquire_bound("t\x1fs\x1fbound:x", (docker.types.Mount(
+                target="/usr/bin", source=str(afile), type="bind", read_only=True),),
+                timeout_s=30)
+        assert {c.id for c in _pool_containers(pool.pool_id)} == before
+    finally:
+        ex.close()
+
+
+def _pool_containers(pool_id: str) -> list[Any]:
+    client = docker.from_env()
+    try:
+        return list(client.containers.list(all=True,
+                                           filters={"label": f"{POOL_LABEL}={pool_id}"}))
+    finally:
+        client.close()

@@ -34,6 +34,13 @@ from plugins.executor_docker import (
     transfer,
     writequota,
 )
+from plugins.executor_docker.bound import (
+    binds_of,
+    bound_note,
+    bound_refusal,
+    bound_root,
+    root_refusal,
+)
 from plugins.executor_docker.engine import DockerOptions, Hardening
 from plugins.executor_docker.pool import Slot, WarmPool
 from plugins.executor_docker.runner import (
@@ -45,12 +52,14 @@ from plugins.executor_docker.runner import (
     run_quiet,
 )
 from plugins.executor_docker.workspace import (
+    SANDBOX_UID,
     ExecWorkspace,
     collect_artifacts,
     default_root,
     prepare,
     write_record,
 )
+from plugins.executor_proc import uid
 from plugins.executor_proc.seccomp import unix_filter
 from policy_engine.config import default_state_dir
 from policy_engine.errors import ErrorCode, PolicyEngineError
@@ -71,6 +80,7 @@ from policy_engine.model import (
     Usage,
 )
 from policy_engine.netproxy import SANDBOX_DIR, RestrictedHandle
+from policy_engine.sandbox.artifacts import ARTIFACTS_ENV, artifacts_dir
 
 # GIT_PINS: git never runs a program a workspace file names (repo config, hooks, ~/.gitconfig)
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace/work",
@@ -81,6 +91,11 @@ _UNIX_FILTER = unix_filter().hex()  # a pooled command's, with network off (``_e
 def session_key(profile: Profile) -> str:
     """Warm containers are bound per tenant, subject and tool (the caller's session)."""
     return f"{profile.tenant}\x1f{profile.subject_id}\x1f{profile.tool_name}"
+
+
+def bound_key(tenant: str, subject_id: str, root: str) -> str:
+    """A bound call's warm container is its root's own (a session's workspace)."""
+    return f"{tenant}\x1f{subject_id}\x1fbound:{root}"
 
 
 def _limit(ctx: ExecContext, name: str) -> int:
@@ -252,6 +267,42 @@ class DockerExecutor:
         """Release the caller's warm container: it is discarded, a fresh one takes its slot."""
         self.release_session(profile.tenant, profile.subject_id, profile.tool_name)
 
+    def adopt_bound(self, root: str) -> int:
+        """Hand what the engine owns beneath a bound root to the container's uid (a session is
+        created: bubblewrap then runs its calls as that owner too, plugins/executor_proc/
+        owner.py, so files one backend writes stay writable for the other); answers how many
+        entries changed. No-op for a root that may not be bound."""
+        if root_refusal(root, self.options.system_binds,
+                        str(self._docker_root(self.state_dir))):
+            return 0
+        return uid.adopt([root], SANDBOX_UID, SANDBOX_UID)
+
+    def prewarm_bound(self, tenant: str, subject_id: str, work: str, root: str) -> bool:
+        """Make a bound session's own warm container now (a session is created: its first
+        call then finds it), with ``work`` bound read-write (what its calls' profiles bind: a
+        call binding other paths re-makes it), on the default runtime, in pool mode only.
+        ``False``: nothing made (run-once, or a path that may not be bound)."""
+        if self.options.mode != "pool" or root_refusal(
+                work, self.options.system_binds, str(self._docker_root(self.state_dir))):
+            return False
+        pool = self.pool(self.runtimes.default)
+        slot = pool.acquire_bound(bound_key(tenant, subject_id, root),
+                                  tuple(bind_mounts([], [(work, work, False)])), timeout_s=60)
+        pool.done(slot)
+        return True
+
+    def release_bound(self, tenant: str, subject_id: str, root: str) -> int:
+        """A bound session ends (docs/sessions.md): its own warm containers on every runtime
+        are removed; answers how many were held."""
+        key = bound_key(tenant, subject_id, root)
+        with self._lock:
+            pools = list(self._pools.values())
+        held = 0
+        for pool in pools:
+            held += pool.holds(key)
+            pool.release(key)
+        return held
+
     def release_session(self, tenant: str, subject_id: str, tool_name: str) -> None:
         """The session-end call (the sessions feature calls it when a session closes; until
         then ``pool_idle_s`` gives an idle session's container back): the session's warm
@@ -294,15 +345,41 @@ class DockerExecutor:
                 network.check_bridge_binds(self.options.system_binds)
             except PolicyEngineError as exc:
                 return exc
+        if bound_root(op):
+            return bound_refusal(profile, op, self.options.system_binds,
+                                 str(self._docker_root(self.view_state_dir)))
         return _container_facts_refusal(profile, op, self.options.workspace_root,
                                         self.view_state_dir)
+
+    def _docker_root(self, state_dir: Path) -> Path:
+        """Where ``projects/`` lie (a bound root may neither hold nor lie in it)."""
+        return (Path(self.options.workspace_root) if self.options.workspace_root
+                else (state_dir / "docker").absolute())
 
     def fact_notes(self, profile: Profile, op: ExecOp) -> list[str]:
         """What the dry run's trace says of the facts this executor judged (its view)."""
         if not isinstance(op, ProcExecOp):
             return []
-        return [f"cwd `{_cwd(op.cwd)}` lies in the container's workspace (docker view: the "
-                "container's filesystem, not this host's)"]
+        cwd, bound = self._placement(profile, op)
+        env = f"; the engine sets {ARTIFACTS_ENV}=`{self._artifacts(cwd, bound)}`"
+        if bound is not None:
+            return [bound_note(profile, op) + env]
+        return [f"cwd `{cwd}` lies in the container's workspace (docker view: the "
+                "container's filesystem, not this host's)" + env]
+
+    @staticmethod
+    def _placement(profile: Profile, op: ProcExecOp) -> tuple[str, str | None]:
+        """The call's cwd in the container and its bound root (``None``: the project's
+        ``/workspace/work``)."""
+        if bound_root(op):
+            return posixpath.normpath(str(op.cwd)), posixpath.normpath(profile.mappings.root_fs)
+        return _cwd(op.cwd), None
+
+    @staticmethod
+    def _artifacts(cwd: str, bound: str | None) -> str:
+        """The engine's artifacts directory of a call: the per-exec one mounted at
+        ``/workspace/artifacts``, or a bound call's beneath its cwd (a session's files)."""
+        return artifacts_dir(cwd) if bound is not None else "/workspace/artifacts"
 
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         if not isinstance(op, ProcExecOp):
@@ -319,7 +396,10 @@ class DockerExecutor:
         if self.options.mode != "pool" and profile.network is NetworkMode.OFF:
             # nothing in a run-once container needs AF_UNIX then (engine.Hardening.deny_unix)
             hard = replace(hard, deny_unix=True)
-        cwd, env = _cwd(op.cwd), _env(op.env, profile, op.tool)
+        cwd, bound = self._placement(profile, op)
+        env = {**_env(op.env, profile, op.tool), ARTIFACTS_ENV: self._artifacts(cwd, bound)}
+        if bound is not None:
+            env["HOME"] = cwd  # the container's /workspace/work is not there
         # ctx.limits.timeout_ms already holds the profile's (or a rule's replacing a built-in)
         timeout_s = min((t for t in (op.timeout_ms, ctx.limits.timeout_ms) if t),
                         default=profile.timeout_ms) / 1000
@@ -328,7 +408,14 @@ class DockerExecutor:
         client, streams = self.client()
         root = (Path(self.options.workspace_root) if self.options.workspace_root
                 else default_root(self.state_dir, profile))
-        ws = prepare(root, profile)
+        binds = binds_of(profile) if bound is not None else ()
+        ws = prepare(root, profile, bound, binds)
+        if bound is not None:
+            # the container's uid writes the session's files (bubblewrap runs as their owner,
+            # plugins/executor_proc/owner.py): what the engine wrote there (uploads) is handed
+            # over, never following a link, masked paths left alone
+            rw = [p for p, ro in binds if not ro]
+            uid.adopt(rw, SANDBOX_UID, SANDBOX_UID, masks.masked(profile, rw))
         argv = [op.tool, *op.args]
         limits = (_limit(ctx, "max_stdout_bytes"), _limit(ctx, "max_stderr_bytes"))
         art_limit = self.options.max_artifacts_bytes
@@ -345,6 +432,8 @@ class DockerExecutor:
             raise engine.map_error(exc) from None
         # third line after seccomp and the 0700 project: no set-id file or device node stays
         stripped = [f"work/{p}" for p in setid.sweep(ws.work)]
+        stripped += [f"{top}/{p}" for top, ro in ws.binds if not ro  # a bound call's
+                     for p in setid.sweep(Path(top))]
         stripped += [f"artifacts/{p}" for p in setid.sweep(ws.artifacts)]
         manifest, over = collect_artifacts(ws, art_limit)
         removed += over
@@ -426,7 +515,16 @@ class DockerExecutor:
                 ) -> tuple[Outcome, list[dict[str, Any]], list[str], dict[str, int] | None]:
         pool = self.pool(hard.runtime)
         client, streams = self.client()
-        slot = pool.acquire(session_key(ctx.profile), max(0.0, deadline - time.monotonic()))
+        left = max(0.0, deadline - time.monotonic())
+        if ws.bound is not None:
+            # a warm container cannot get a mount later: the root's own, made on its first
+            # call, with the masks of this call (re-made when they change)
+            binds = [(p, p, ro) for p, ro in ws.binds]
+            extra = (*bind_mounts([], binds), *masks.mask_mounts(ctx.profile, binds))
+            slot = pool.acquire_bound(bound_key(ctx.profile.tenant, ctx.profile.subject_id,
+                                                ws.bound), extra, left)
+        else:
+            slot = pool.acquire(session_key(ctx.profile), left)
         try:
             slot = pool.update_limits(slot, hard)
             return self._in_slot(ctx, ws, slot, client, streams, argv, env, cwd, limits,
@@ -485,7 +583,9 @@ class DockerExecutor:
         mounts = [{"source": p, "target": p, "read_only": True}
                   for p in self.options.system_binds]
         mounts.append({"container": slot.container_id[:12], "inputs": "copied in, read-only",
-                       "work": "container-local for the session",
+                       "work": ([{"source": p, "target": p, "read_only": ro}
+                                 for p, ro in ws.binds] if ws.bound else
+                                "container-local for the session"),
                        "artifacts": "copied out to the per-exec directory"})
         if net is not None:
             mounts.append({"source": slot.net_dir, "target": SANDBOX_DIR,

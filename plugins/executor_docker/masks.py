@@ -45,3 +45,9 @@ def hidden_inputs(profile: Profile, inputs: str) -> frozenset[str]:
     under a mandatory deny are left out of the copy instead."""
     plan = _plan(profile, [inputs])
     return frozenset(plan.files + plan.dirs)
+
+
+def masked(profile: Profile, sources: list[str]) -> list[str]:
+    """The host paths under a mandatory deny beneath ``sources`` (left alone by ``adopt``)."""
+    plan = _plan(profile, sources)
+    return [*plan.files, *plan.dirs]

@@ -24,6 +24,10 @@ A session holds its container from its first call until it is released: at sessi
 no call for ``idle_s`` seconds (issue 32 item 3: nothing else gave a container back, so with
 one slot a second tenant waited and got ``PROVIDER.UNAVAILABLE``). A slot with a call in
 progress is never taken back; the idle clock starts when the session's last call ends.
+
+A bound session (``bound.py``: a session's workspace at its own path) cannot use a pre-made
+container (a mount cannot be added later): ``acquire_bound`` makes it its own, with its binds
+and masks, outside the slots; it is released the same ways and then removed, not replaced.
 """
 
 from __future__ import annotations
@@ -74,6 +78,9 @@ class Slot:
     running: threading.Lock = field(default_factory=threading.Lock)
     calls: int = 0  # the session's calls between acquire and done: never reaped while > 0
     last_used: float = 0.0  # monotonic end of the session's last call
+    # a bound session's own container (``acquire_bound``): not one of the pool's slots, made
+    # with these extra mounts (its root, the masks over it), removed (not replaced) on release
+    extra: tuple[docker.types.Mount, ...] | None = None
 
 
 class WarmPool:
@@ -108,6 +115,9 @@ class WarmPool:
         self._cond = threading.Condition()
         self._slots: list[Slot] = []
         self._by_session: dict[str, Slot] = {}
+        self._creating: set[str] = set()  # bound sessions whose container is being made
+        self._abandoned: set[str] = set()  # released while being made: removed once made
+        self.bound_released = 0  # bound sessions' containers removed
         self._closed = False
         self._net_root = Path(tempfile.mkdtemp(prefix="pe-pool-net-"))
         self._net_root.chmod(0o755)
@@ -124,14 +134,16 @@ class WarmPool:
         self._reaper.start()
 
     def _create(self, hard: Hardening, state: SlotState = SlotState.IDLE,
-                session: str | None = None) -> Slot:
+                session: str | None = None,
+                extra: tuple[docker.types.Mount, ...] | None = None) -> Slot:
         net_dir = Path(tempfile.mkdtemp(prefix="slot-", dir=self._net_root))
         net_dir.chmod(0o755)  # INVARIANT: only proxy runtime directories are made in here
         (net_dir / "net").mkdir(mode=0o755)
         mounts = [*self.mounts, docker.types.Mount(target=SANDBOX_DIR, source=str(net_dir / "net"),
                                                    type="bind", read_only=True)]
         mounts += [docker.types.Mount(target=t, source=None, type="volume")
-                   for t in WORKSPACE_VOLUMES]
+                   for t in WORKSPACE_VOLUMES if extra is None or t != "/workspace/work"]
+        mounts += list(extra or ())
         control: Control | None = None
         command = ["/usr/bin/sleep", "infinity"]
         container_id: str | None = None
@@ -142,10 +154,13 @@ class WarmPool:
                 mounts.append(docker.types.Mount(target=CONTROL_DIR, source=str(net_dir / "ctl"),
                                                  type="bind", read_only=True))
                 command = launcher_argv()
-            container = self.client.containers.run(
-                self.image, command, detach=True, mounts=mounts,
+            # created, then started: a start that fails (a bind source gone) leaves a
+            # container that must be removed, and `run` would not say its id
+            container = self.client.containers.create(
+                self.image, command, mounts=mounts,
                 labels={POOL_LABEL: self.pool_id}, **self.hard.create_kwargs())
             container_id = str(container.id)
+            container.start()
             if control is not None:
                 control.accept(timeout_s=30)
         except Exception as exc:  # noqa: BLE001 -- every failure gets a registry code
@@ -158,7 +173,7 @@ class WarmPool:
             shutil.rmtree(net_dir, ignore_errors=True)
             raise map_error(exc) from None
         return Slot(container_id, hard, str(net_dir / "net"), control=control, state=state,
-                    session=session)
+                    session=session, extra=extra)
 
     def states(self) -> dict[str, str]:
         with self._cond:
@@ -203,6 +218,57 @@ class WarmPool:
             idle.state = SlotState.BUSY
         return idle
 
+    def acquire_bound(self, session: str, extra: tuple[docker.types.Mount, ...],
+                      timeout_s: float) -> Slot:
+        """A bound session's own container (``bound.py``), made on its first call with
+        ``extra`` (its root at its own path, the masks over it): a warm container cannot get
+        a mount later. A held one made with other masks (a denied path appeared since) is
+        replaced, so the masks are always the call's own. Released like a pool slot (session
+        end, ``idle_s``), then removed without replacement."""
+        end = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "pool is closed")
+                held = self._by_session.get(session)
+                if session not in self._creating:
+                    if held is not None and held.extra == extra:
+                        held.calls += 1
+                        return held
+                    if held is None or held.calls == 0:  # made now, or re-made with our masks
+                        if held is not None:
+                            del self._by_session[session]  # out of the idle reaper's reach
+                        self._creating.add(session)
+                        break
+                left = end - time.monotonic()  # being made, or other calls on old masks
+                if left <= 0:
+                    raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "the session's "
+                                            "container was not ready before the deadline")
+                self._cond.wait(left)
+        if held is not None:
+            self._remove(held)
+            with self._cond:
+                self.bound_released += 1
+        try:
+            fresh = self._create(self.hard, SlotState.BUSY, session, extra)
+        except BaseException:
+            with self._cond:
+                self._creating.discard(session)
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self._creating.discard(session)
+            closed = self._closed or session in self._abandoned
+            self._abandoned.discard(session)
+            if not closed:
+                fresh.calls = 1
+                self._by_session[session] = fresh
+            self._cond.notify_all()
+        if closed:
+            self._remove(fresh)
+            raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "pool is closed")
+        return fresh
+
     def done(self, slot: Slot) -> None:
         """One call of the slot's session ended: the idle clock starts when none is left."""
         with self._cond:
@@ -210,10 +276,27 @@ class WarmPool:
             slot.last_used = time.monotonic()
             self._cond.notify_all()
 
-    def release(self, session: str) -> None:
-        """Discard the session's container; a fresh one takes its place in the background."""
+    def holds(self, session: str) -> bool:
+        """Whether ``session`` holds a container now."""
         with self._cond:
-            self._release_locked(session)
+            return session in self._by_session
+
+    def release(self, session: str) -> None:
+        """Discard the session's container; a fresh one takes its place in the background (a
+        bound session's own is removed before this returns: its end is recorded after)."""
+        with self._cond:
+            slot = self._by_session.get(session)
+            if session in self._creating:
+                self._abandoned.add(session)  # its maker removes it
+            if slot is None or slot.extra is None:
+                self._release_locked(session)
+                return
+            del self._by_session[session]
+            slot.state = SlotState.RESETTING
+        self._remove(slot)
+        with self._cond:
+            self.bound_released += 1
+            self._cond.notify_all()
 
     def _release_locked(self, session: str) -> None:
         slot = self._by_session.pop(session, None)
@@ -277,6 +360,11 @@ class WarmPool:
         """Remove a released container and put a fresh one in its slot (never reused)."""
         started = time.monotonic()
         self._remove(old)
+        if old.extra is not None:  # a bound session's own: not a slot of the pool
+            with self._cond:
+                self.bound_released += 1
+                self._cond.notify_all()
+            return
         fresh: Slot | None = None
         with contextlib.suppress(PolicyEngineError):
             fresh = self._create(self.hard)
@@ -300,10 +388,12 @@ class WarmPool:
         """A fresh container (with ``hard``, default the pool's) for an unhealthy one, or one
         whose limits cannot be updated, kept by the same session."""
         self._remove(slot)
-        fresh = self._create(hard or self.hard, state=slot.state, session=slot.session)
+        fresh = self._create(hard or self.hard, state=slot.state, session=slot.session,
+                             extra=slot.extra)
         fresh.calls, fresh.last_used = slot.calls, slot.last_used
         with self._cond:
-            self._slots[self._slots.index(slot)] = fresh
+            if slot in self._slots:
+                self._slots[self._slots.index(slot)] = fresh
             if fresh.session is not None:
                 self._by_session[fresh.session] = fresh
         self.replaced += 1
@@ -324,6 +414,7 @@ class WarmPool:
         with self._cond:
             self._closed = True
             slots, self._slots = list(self._slots), []
+            slots += [s for s in self._by_session.values() if s.extra is not None]
             recyclers, self._recyclers = self._recyclers, []
             self._by_session.clear()
             self._cond.notify_all()

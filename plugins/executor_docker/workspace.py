@@ -38,14 +38,16 @@ def slug(text: str, limit: int = 64) -> str:
     return s or "x"
 
 
-def project_id_of(profile: Profile) -> str:
-    """Seed 002 §2: without a project concept, one project per tenant and subject.
+def project_id_of(profile: Profile, bound: str | None = None) -> str:
+    """Seed 002 §2: without a project concept, one project per tenant and subject; a bound
+    call (``bound.py``: a session's workspace) gets one per tenant, subject and bound root.
 
     A readable prefix (the slugged pair) and a digest of the exact pair: slugging alone is not
     injective (``acme`` + ``x--y`` and ``acme--x`` + ``y``; ``agent:alice`` and
     ``agent_alice``), the digest (128 bits of SHA-256 over an unambiguous encoding) is.
     """
-    exact = json.dumps([profile.tenant, profile.subject_id], ensure_ascii=True)
+    pair = [profile.tenant, profile.subject_id]
+    exact = json.dumps(pair if bound is None else [*pair, bound], ensure_ascii=True)
     digest = hashlib.sha256(exact.encode("ascii")).hexdigest()[:32]
     return f"{slug(profile.tenant, 40)}--{slug(profile.subject_id, 80)}--{digest}"
 
@@ -71,6 +73,8 @@ class ExecWorkspace:
     root: Path
     project_id: str
     exec_id: str
+    bound: str | None = None  # a bound call's root_fs (bound.py): its project is the root's
+    binds: tuple[tuple[str, bool], ...] = ()  # a bound call's (host path, read-only), in place
 
     @property
     def project(self) -> Path:
@@ -89,18 +93,23 @@ class ExecWorkspace:
         return self.project / "artifacts" / self.exec_id
 
     def mounts(self) -> list[tuple[str, str, bool]]:
-        """(host source, container target, read-only) for the three template paths only."""
+        """(host source, container target, read-only) for the three template paths only (a
+        bound call: its root at its own path in place of ``work``)."""
+        work = ([(p, p, ro) for p, ro in self.binds] if self.bound else
+                [(str(self.work), f"{CONTAINER_ROOT}/work", False)])
         return [
             (str(self.inputs), f"{CONTAINER_ROOT}/inputs", True),
-            (str(self.work), f"{CONTAINER_ROOT}/work", False),
+            *work,
             (str(self.artifacts), f"{CONTAINER_ROOT}/artifacts", False),
         ]
 
 
-def prepare(root: Path, profile: Profile) -> ExecWorkspace:
+def prepare(root: Path, profile: Profile, bound: str | None = None,
+            binds: tuple[tuple[str, bool], ...] = ()) -> ExecWorkspace:
     """Create the project's directories and a fresh per-exec artifacts directory."""
-    ws = ExecWorkspace(root=root, project_id=project_id_of(profile),
-                       exec_id=f"{slug(profile.call_id, 48)}-{secrets.token_hex(4)}")
+    ws = ExecWorkspace(root=root, project_id=project_id_of(profile, bound),
+                       exec_id=f"{slug(profile.call_id, 48)}-{secrets.token_hex(4)}",
+                       bound=bound, binds=binds)
     ws.inputs.mkdir(parents=True, exist_ok=True, mode=0o755)
     # only the engine (and the engine's user) may reach work/ and artifacts/ on the host: the
     # container's uid 1000 can be a real host account, whatever it writes must stay out of
@@ -116,14 +125,17 @@ def prepare(root: Path, profile: Profile) -> ExecWorkspace:
 
 
 def check_mounts(ws: ExecWorkspace, mounts: list[tuple[str, str, bool]]) -> None:
-    """Refuse any mount source that is not exactly one of the three template paths."""
-    allowed = {str(ws.inputs): True, str(ws.work): False, str(ws.artifacts): False}
+    """Refuse any mount source that is not exactly one of the three template paths (or a
+    bound call's root)."""
+    allowed = {str(ws.inputs): True, str(ws.artifacts): False,
+               **(dict(ws.binds) if ws.bound else {str(ws.work): False})}
     for source, _target, read_only in mounts:
         if source not in allowed or (allowed[source] and not read_only):
             raise PolicyEngineError(
                 ErrorCode.CAPABILITY_BLOCKED, f"mount source `{source}` is not a workspace "
                 "template path", audit={"source": source})
-        if os.path.realpath(source) != source or not Path(source).is_dir():
+        if os.path.realpath(source) != source or not (
+                Path(source).is_dir() or read_only and Path(source).is_file()):
             raise PolicyEngineError(
                 ErrorCode.CAPABILITY_BLOCKED, f"mount source `{source}` is not a plain directory "
                 "(symlink on the way?)", audit={"source": source})

@@ -67,6 +67,7 @@ from policy_engine.model import (
 from policy_engine.model.text import printable_path
 from policy_engine.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine.sandbox import enginedirs
+from policy_engine.sandbox.artifacts import artifacts_note
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 Backend = Literal["bwrap", "landlock", "unshare"]
@@ -304,7 +305,8 @@ class ProcExecutor:
     def fact_notes(self, profile: Profile, op: ExecOp) -> list[str]:
         """What the dry run's trace says of the facts this executor judged (its view)."""
         note = cwd_fact_note(profile, op, self.name)
-        return [note] if note is not None else []
+        # one fact step per judged cwd (the engine's variable is said with it)
+        return [f"{note}; {artifacts_note(op)}"] if note is not None else []
 
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         if not isinstance(op, ProcExecOp):

@@ -31,6 +31,7 @@ from policy_engine.model import (
 )
 from policy_engine.model import Limits as ModelLimits
 from policy_engine.patterns.paths import expand_home
+from policy_engine.sandbox.artifacts import ARTIFACTS_ENV, artifacts_dir
 from policy_engine.sandbox.masks import (
     MAX_PLAN_DIRS,
     RUNTIME_DIRS,
@@ -345,6 +346,7 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
     bound = readable + writable
     resolved = {p: resolve_trusted_links(p) for p in bound}
     cwd = op.cwd or (root if any(beneath(root, b) for b in bound) else tmpdir)
+    named = normalize_path(op.cwd) if op.cwd is not None else cwd  # as decided, unresolved
     if op.cwd is not None:
         cwd = normalize_path(op.cwd)  # what the guard decided on (`//w` is `/w`: round 6, F04)
         # the guard's own check (guard/binds.py); the directory entered is the resolved one
@@ -357,7 +359,8 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
                                  foreign_owner=foreign_owner, keep=bound, deferred=later)
     return Plan(
         argv=[op.tool, *op.args], cwd=cwd, readable=readable, writable=writable, system=system,
-        env=build_env(profile, op, env_allow, env_base or {}, tmpdir), mask_files=files,
+        env={**build_env(profile, op, env_allow, env_base or {}, tmpdir),
+             ARTIFACTS_ENV: artifacts_dir(named)}, mask_files=files,
         mask_dirs=dirs, hidden_dirs=hidden, resolved=resolved,
         readonly=_write_forbidden(profile, writable, files + dirs),
         limits=resolve_limits(profile, op),

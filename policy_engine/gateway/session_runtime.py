@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from policy_engine.config import EngineConfig
@@ -36,7 +35,6 @@ from policy_engine.runcode.risk import SecurityMode, UnifiedRiskPolicy
 log = logging.getLogger(__name__)
 BACKENDS = ("proc-bwrap", "docker")
 _STRENGTH = {"proc-bwrap": 0, "docker": 1}  # a container isolates more than bubblewrap
-_TOOLS = ("python3", "bash")
 
 
 def _now_ms() -> int:
@@ -127,8 +125,7 @@ class Sessions:
 
         :param backend: ``proc-bwrap``, ``docker`` or ``auto`` (``docker`` in ``strict`` mode,
             ``proc-bwrap`` in ``permissive``).
-        :raises PolicyRefusal: a bad argument (422), the tenant's live-session cap (429), or
-            a second live docker session of the same owner (``SANDBOX.CAPABILITY_BLOCKED``).
+        :raises PolicyRefusal: a bad argument (422), the tenant's live-session cap (429).
         """
         mode = self._mode(security_mode)
         if backend == "auto":
@@ -139,23 +136,24 @@ class Sessions:
         now = _now_ms()
         info = SessionInfo(f"s-{secrets.token_hex(12)}", tenant, subject, mode.value, backend,
                            now, now + ttl * 1000)
-        refused = self.store.insert_capped(info, self.limits.max_live_per_tenant,
-                                           alone_on="docker")
-        if refused == "alone":
-            # Docker runs a token's calls in one project (/workspace/work per tenant and
-            # subject): a second live session there would share its files
-            raise PolicyRefusal(engine_refusal(PolicyEngineError(
-                ErrorCode.CAPABILITY_BLOCKED, "this token already has a live docker session; "
-                "docker sessions of one tenant and subject would share /workspace/work: "
-                "delete it, or use backend `proc-bwrap`"), "backend"))
+        # every backend runs the session in its own workspace (docker binds it at its own
+        # path): any number of docker sessions per owner, nothing shared
+        refused = self.store.insert_capped(info, self.limits.max_live_per_tenant)
         if refused == "cap":
             raise PolicyRefusal(code_refusal(
                 ErrorCode.BUDGET_EXCEEDED.value, 429, f"the tenant has "
                 f"{self.limits.max_live_per_tenant} live sessions (the cap): delete one or "
                 "wait for one to expire", "limits", retryable=True))
-        self.workspace(info).mkdir(parents=True, exist_ok=True)
+        (self.workspace(info) / "artifacts").mkdir(parents=True, exist_ok=True)  # $PE_ARTIFACTS_DIR
         self.store.event(info, now, "created", {"backend": backend, "security_mode":
                                                 mode.value, "ttl_s": ttl})
+        if backend == "docker":  # its own warm container, made while the caller goes on
+            try:  # before any upload: one owner for both backends (each docker call too)
+                self._docker_call("adopt_bound", info)
+            except Exception as exc:  # noqa: BLE001 -- the first docker call hands it over
+                log.warning("session %s: workspace not handed over: %s", info.session_id, exc)
+            threading.Thread(target=self._prewarm, args=(info,), name="session-prewarm",
+                             daemon=True).start()
         return info
 
     def get(self, tenant: str, subject: str, session_id: str) -> SessionInfo:
@@ -213,12 +211,13 @@ class Sessions:
             interp = self._interpreters.pop(info.session_id, None)
         killed = interp.close(f"session {reason}") if interp is not None else None
         work = self.workspace(info)
+        released = self._release_pool(info)  # the container goes before the files it binds
         files = sum(1 for _ in work.rglob("*")) if work.is_dir() else 0
         shutil.rmtree(work.parent, ignore_errors=True)
         detail: dict[str, Any] = {
             "reason": reason, "calls_cancelled": cancelled, "calls_drained": bool(drained),
             "workspace_removed": not work.parent.exists(), "files_removed": files,
-            "pool_released": self._release_pool(info),
+            "pool_released": released,
             **({"interpreter_killed": killed} if killed is not None else {})}
         self.store.event(info, _now_ms(), "ended", detail)
         log.info("session %s ended: %s", info.session_id, detail)
@@ -266,7 +265,7 @@ class Sessions:
         plan = plan_run_code(code, language, timeout, session_id=info.session_id,
                              tenant=tenant, subject=subject, manifest=self.manifest,
                              security_mode=SecurityMode(info.security_mode), work=work,
-                             root=work.parent, backend=info.backend)
+                             root=work.parent, backend=info.backend, host_paths=True)
         if stateful:
             if language != "python":
                 raise _bad("stateful calls run python", "language")
@@ -350,22 +349,35 @@ class Sessions:
         return live
 
     def _release_pool(self, info: SessionInfo) -> bool:
-        """Release the warm container the session's calls used (docker's ``end_session``;
-        containers are keyed by tenant, subject and tool)."""
+        """Remove the session's own warm containers (docker binds its workspace into one per
+        runtime, plugins/executor_docker/bound.py); ``True`` once none is left."""
         if info.backend != "docker":
             return False
         try:
-            executor = self.pool.get("docker").components.executors.get("docker")
-            end = getattr(executor, "end_session", None)
-            if end is None:
+            held = self._docker_call("release_bound", info, info.tenant, info.subject)
+            if held is None:
                 return False
-            for tool in _TOOLS:
-                end(SimpleNamespace(tenant=info.tenant, subject_id=info.subject,
-                                    tool_name=tool))
+            log.info("session %s: %d warm container(s) removed", info.session_id, held)
         except Exception:  # noqa: BLE001 -- the end is recorded whatever Docker says
             log.exception("session %s: releasing the warm container failed", info.session_id)
             return False
         return True
+
+    def _prewarm(self, info: SessionInfo) -> None:
+        """Make the docker session's own warm container (pool mode); its first call waits for
+        it rather than making a second. Nothing is lost on failure: the call makes one."""
+        try:
+            self._docker_call("prewarm_bound", info, info.tenant, info.subject,
+                              str(self.workspace(info)))
+        except Exception as exc:  # noqa: BLE001 -- the first call reports what is wrong
+            log.warning("session %s: no warm container made ahead: %s", info.session_id, exc)
+
+    def _docker_call(self, name: str, info: SessionInfo, *args: str) -> Any:
+        """``name(*args, <the session's root>)`` of the docker executor (``None``: it has no
+        such method, e.g. a test double)."""
+        executor = self.pool.get("docker").components.executors.get("docker")
+        method = getattr(executor, name, None)
+        return None if method is None else method(*args, str(self.workspace(info).parent))
 
     def _reap_loop(self, interval: float) -> None:
         while not self._stop.wait(interval):

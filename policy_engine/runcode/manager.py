@@ -136,9 +136,14 @@ class RunCodePlan:
 
 def plan_run_code(code: str, language: str, timeout: float, *, session_id: str, tenant: str,
                   subject: str, manifest: Manifest, security_mode: SecurityMode,
-                  work: Path, root: Path, backend: str | None = None) -> RunCodePlan:
+                  work: Path, root: Path, backend: str | None = None,
+                  host_paths: bool = False) -> RunCodePlan:
     """Assess ``code``, pick the sandbox the mode requires (or run on ``backend``: a
     session's fixed one, whose runtime checks the hint) and build its one op.
+
+    :param host_paths: docker too runs at ``work`` beneath ``root`` (a session: docker binds
+        ``root`` at its own path, plugins/executor_docker/bound.py), not at the container's
+        ``/workspace/work`` of the token's project.
 
     :raises ValueError: ``language`` is not ``python`` or ``shell``.
     """
@@ -148,7 +153,7 @@ def plan_run_code(code: str, language: str, timeout: float, *, session_id: str, 
     risk = UnifiedRiskPolicy.assess(code, lang)
     backend = backend or UnifiedRiskPolicy.required_sandbox(risk, security_mode)
     tool, flag = _TOOLS[language]
-    if backend == "docker":
+    if backend == "docker" and not host_paths:
         cwd, root_fs = CONTAINER_WORK, "/workspace"
     else:
         work.mkdir(parents=True, exist_ok=True)

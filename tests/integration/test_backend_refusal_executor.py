@@ -5,7 +5,9 @@ SANDBOX.CAPABILITY_BLOCKED and still reported `decision: allow`, for
 - a proc.exec whose effective network mode is `restricted` (manifest `network: restricted`, or
   `on` beside the policy's net.http rules) on proc-landlock, proc-unshare or local: they "cannot
   restrict the network to the policy proxy";
-- the docker backend with a cwd outside /workspace/work.
+- the docker backend with a cwd outside /workspace/work (since sessions: a cwd outside
+  /workspace is a bound call, bubblewrap's binds at their own paths, and one that does not exist
+  there is what docker refuses).
 
 Run through the CLI on the real backends; nothing starts (the refusal comes before any sandbox).
 """
@@ -68,7 +70,7 @@ REFUSED = [
     # `on` beside net.http rules becomes `restricted`
     ("proc-unshare", "compat", "on", None, "cannot restrict the network"),
     ("local", "compat", "on", None, "cannot restrict the network"),
-    ("docker", "compat", None, "{ws}", "is outside /workspace/work"),
+    ("docker", "compat", None, "{ws}/gone", "does not exist (docker view)"),
 ]
 
 
@@ -93,6 +95,7 @@ ALLOWED = [
     ("proc-bwrap", "compat", "restricted", None),  # bwrap bridges to the policy proxy
     ("proc-landlock", "compat", "off", None),
     ("docker", "strict", None, None),
+    ("docker", "compat", None, "{ws}"),  # a bound call (a session's shape)
 ]
 
 

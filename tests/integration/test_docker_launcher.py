@@ -75,7 +75,7 @@ def test_the_control_socket_is_gone_and_pid1_cannot_be_touched(
     assert seen["pid1"] == f"{CONTROL_DIR}/launcher.py"
     # exactly the executor's environment, nothing inherited from the launcher
     assert seen["env"] == ["GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM", "GIT_CONFIG_PARAMETERS",
-                           "HOME", "LANG", "ONLY", "PATH"]
+                           "HOME", "LANG", "ONLY", "PATH", "PE_ARTIFACTS_DIR"]
     # the SIGKILL to PID 1 from inside the namespace was ignored: the launcher still serves
     assert run(pooled, tmp_path, "python3", "-c", "print(6 * 7)")["stdout"] == "42\n"
 

@@ -37,7 +37,14 @@ def _files(tmp_path: Path, backend: str, case: str) -> tuple[list[str], str]:
     if docker:
         cwd = "/workspace/work"  # the container's view; this host has no such directory
         root_fs = "/workspace"
-    if case == "absent-workspace":
+    if case.startswith("session"):
+        # a session's shape (docs/sessions.md): root_fs a host directory, cwd in it; docker
+        # binds the root at its own path, so every backend sees the same path
+        root_fs, cwd = str(ws), f"{ws}/work" if case == "session" else f"{ws}/gone"
+        if case == "session-over-state":  # the docker projects of every tenant lie in there
+            state = ws / "state"
+            cwd = f"{ws}/work"
+    elif case == "absent-workspace":
         # a root_fs this host does not have: proc backends see nothing there, Docker its own
         root_fs = f"/pe-absent-{secrets.token_hex(6)}"
         cwd = "/workspace/work" if docker else f"{root_fs}/work"
@@ -135,3 +142,69 @@ def test_declared_facts_inconsistent_with_the_view_are_decided_on_the_view(
     assert len(notes) == 1, said["trace"]
     if backend != "docker":  # the host has the directory the request says is absent
         assert f"`{cwd}` declared absent, the host view says dir" in notes[0]
+
+
+ENV_PRINT = "import os; print('RAN', os.getcwd(), os.environ['PE_ARTIFACTS_DIR'])"
+
+
+@pytest.mark.parametrize("backend", ["proc-bwrap", "docker"])
+def test_a_session_workspace_at_its_own_path(tmp_path: Path, backend: str) -> None:
+    """Both backends run a session's call at the host path of its workspace (docker binds the
+    root there); explain names the engine's PE_ARTIFACTS_DIR and the run's process gets it.
+    Before: docker refused every cwd outside /workspace/work, explain and run alike."""
+    args, cwd = _files(tmp_path, backend, "session")
+    req = json.loads((tmp_path / "req.json").read_text())
+    req["op"]["args"] = ["-c", ENV_PRINT]
+    (tmp_path / "req.json").write_text(json.dumps(req))
+    dry = _cli("explain", *args, "--format", "json")
+    said = json.loads(dry.stdout)
+    assert said["decision"] == "allow", said
+    facts = " | ".join(s["detail"] for s in said["trace"] if s["node"] == "fact")
+    assert f"PE_ARTIFACTS_DIR=`{cwd}/artifacts`" in facts, facts
+    if backend == "docker":
+        assert f"bound at their own paths: `{tmp_path}/ws` (ro)" in facts, facts
+    ran = json.loads(_cli("run", *args, "--format", "json").stdout)
+    assert ran["result"]["ok"] is True, ran["result"]
+    assert ran["result"]["out"]["stdout"].split() == ["RAN", cwd, f"{cwd}/artifacts"]
+
+
+@pytest.mark.parametrize("backend", ["proc-bwrap", "docker"])
+def test_a_session_cwd_that_is_gone(tmp_path: Path, backend: str) -> None:
+    said = _agree(*_files(tmp_path, backend, "session-gone"))
+    assert said["decision"] == "deny", said
+    assert "does not exist" in str(said["reason"]), said["reason"]
+    view = "(docker view)" if backend == "docker" else "(bwrap view)"
+    assert view in str(said["reason"]), said["reason"]
+
+
+def test_a_docker_session_root_holding_the_docker_projects(tmp_path: Path) -> None:
+    """A root_fs above the docker workspace would bind every tenant's project into the
+    container: refused by explain and run alike, naming the view."""
+    said = _agree(*_files(tmp_path, "docker", "session-over-state"))
+    assert said["decision"] == "deny", said
+    assert "overlaps" in str(said["reason"]), said["reason"]
+    assert "(docker view)" in str(said["reason"]), said["reason"]
+
+
+def test_a_bound_docker_call_sees_only_what_the_profile_binds(tmp_path: Path) -> None:
+    """A bound call gets bubblewrap's binds, not its whole root_fs: with fs.read on
+    ``ws/work/**`` only, a file beside ``work`` is not in the container (a first cut bound
+    root_fs whole: the process read it)."""
+    args, cwd = _files(tmp_path, "docker", "session")
+    ws = tmp_path / "ws"
+    (ws / "secret.txt").write_text("s3cret")
+    policy = tmp_path / "p.sbpolicy"
+    policy.write_text(policy.read_text().replace(f'["{ws}/**"]', f'["{ws}/work/**"]'))
+    req = json.loads((tmp_path / "req.json").read_text())
+    req["op"]["args"] = ["-c", "import os; print(os.listdir('..')); print(open('../secret.txt')"
+                               ".read())"]
+    (tmp_path / "req.json").write_text(json.dumps(req))
+    said = json.loads(_cli("explain", *args, "--format", "json").stdout)
+    assert said["decision"] == "allow", said
+    facts = " | ".join(s["detail"] for s in said["trace"] if s["node"] == "fact")
+    assert f"bound at their own paths: `{cwd}` (ro)" in facts, facts
+    ran = json.loads(_cli("run", *args, "--format", "json").stdout)
+    out = ran["result"]["out"]
+    assert "s3cret" not in out["stdout"], out
+    assert out["exit_code"] != 0, out
+    assert out["stdout"].splitlines()[0] == "['work']", out  # only the bind's mountpoint

@@ -411,7 +411,8 @@ def test_environment_is_exactly_what_the_guard_decided(world: Path) -> None:
     assert env["GIT_AUTHOR_NAME"] == "a"
     assert "PE_HOST_ONLY_SECRET" not in env
     assert set(env) == {"GIT_AUTHOR_NAME", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM",
-                        "GIT_CONFIG_PARAMETERS", "HOME", "LANG", "PATH", "TMPDIR", "TZ"}
+                        "GIT_CONFIG_PARAMETERS", "HOME", "LANG", "PATH", "TMPDIR", "TZ",
+                        "PE_ARTIFACTS_DIR"}  # the engine's own (docs/sessions.md)
 
 
 def test_file_size_memory_pids_and_output_limits(world: Path) -> None:

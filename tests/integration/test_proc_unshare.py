@@ -472,4 +472,4 @@ def test_an_argument_shaped_like_a_variable_never_enters_the_environment(
     assert "LD_PRELOAD" not in keys, keys
     assert "PE_INJECTED" not in keys
     assert keys == sorted(["GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM", "GIT_CONFIG_PARAMETERS",
-                           "HOME", "LANG", "PATH", "TMPDIR", "TZ"])
+                           "HOME", "LANG", "PATH", "PE_ARTIFACTS_DIR", "TMPDIR", "TZ"])

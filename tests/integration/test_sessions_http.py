@@ -245,3 +245,36 @@ def test_another_tenants_exec_and_run_code_cannot_read_a_session(svc: Service) -
 def test_every_session_endpoint_needs_a_token(svc: Service, method: str, path: str) -> None:
     with svc.client() as c:
         _refused(c.request(method, path, json={}), 401, "AUTH.UNAUTHENTICATED")
+
+
+def test_docker_sessions_over_http_each_their_own_workspace(svc: Service) -> None:
+    """Two docker sessions of one token (one was refused before), each its own workspace at
+    its host path; an upload is there for the session's docker call, the other session sees
+    nothing; the code's artifacts are downloadable; delete answers what it released."""
+    alice = add_token(svc.state, "acme", "agent:docker")
+    with svc.client(alice) as c:
+        one = c.post("/v1/sessions", json={"backend": "docker"})
+        two = c.post("/v1/sessions", json={"backend": "docker"})
+        assert one.status_code == 201, one.text
+        assert two.status_code == 201, two.text
+        a, b = one.json()["session_id"], two.json()["session_id"]
+        put = c.put(f"/v1/sessions/{a}/files/in.txt", content=b"uploaded")
+        assert put.status_code in (200, 201), put.text
+        code = ("import os\nd = os.environ['PE_ARTIFACTS_DIR']\n"
+                "open(os.path.join(d, 'r.txt'), 'w').write(open('in.txt').read() + '!')\n"
+                "print(os.getcwd())")
+        ran = c.post(f"/v1/sessions/{a}/run_code", json={"code": code, "timeout_s": 60}).json()
+        assert ran["success"], ran
+        assert ran["sandbox_type"] == "docker", ran
+        where = ran["stdout"].strip()
+        assert where.endswith(f"/{a}/work"), where
+        got = c.get(f"/v1/sessions/{a}/files/artifacts/r.txt")
+        assert got.content == b"uploaded!", got.text
+        seen = c.post(f"/v1/sessions/{b}/run_code",
+                      json={"code": f"cat {where}/in.txt", "language": "shell"}).json()
+        assert "uploaded" not in seen["stdout"], seen
+        assert not seen["success"], seen
+        for sid in (a, b):
+            ended = c.delete(f"/v1/sessions/{sid}").json()
+            assert ended["pool_released"] is True, ended
+            assert ended["workspace_removed"] is True, ended

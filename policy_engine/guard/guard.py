@@ -65,20 +65,7 @@ from policy_engine.guard.resolve import (
     resolve_other,
 )
 from policy_engine.guard.shapes import ShapeCache, same_profile
-from policy_engine.guard.stages import (
-    FS_OPS,
-    Call,
-    allow,
-    consent,
-    expiry,
-    facts,
-    forbids,
-    kind,
-    limits,
-    network,
-    permits,
-    resolve,
-)
+from policy_engine.guard.stages import FS_OPS, Call, kind
 from policy_engine.guard.steps import settle_consent
 from policy_engine.guard.tracer import Tracer
 from policy_engine.guard.verdict import failed
@@ -187,14 +174,18 @@ class Guard:
         # the Call is filled here, not by an ``__init__``: measured, the constructor's frame
         # costs ≈ 0.1 µs a decision
         call = _NEW_CALL(Call)
-        call.guard, call.profile, call.op, call.context, call.now_ms, call.tr, call.data = (
-            self, profile, op, context, now_ms, _tracer, None)
+        call.guard = self
+        call.profile = profile
+        call.op = op
+        call.context = context
+        call.now_ms = now_ms
+        call.tr = _tracer
+        call.data = None
         try:
-            # ``stages.STEPS`` unrolled: a loop over the table costs ≈ 0.07 µs a decision more
-            # (benchmarks/bench_guard.py); tests/unit/test_guard_stages.py keeps the two equal
-            return (kind(call) or expiry(call) or resolve(call) or forbids(call)
-                    or network(call) or permits(call) or limits(call) or consent(call)
-                    or facts(call) or allow(call))
+            # ``kind`` finds the compilation and the chain of steps after it this call runs
+            # (``stages.plan``: all of them traced, else those that can answer for the kind and
+            # profile); the chain's last step always answers
+            return kind(call) or call.run(call)
         except Exception as exc:  # noqa: BLE001 — a guard failure must be a deny, never an allow
             if _tracer is not None:
                 raise  # the traced call answers it, above

@@ -1,0 +1,87 @@
+"""Steady cached-decision cost of two engine checkouts, interleaved A, B, A, B in one process.
+
+Usage::
+
+    python benchmarks/bench_guard_ab.py BEFORE_CHECKOUT [AFTER_CHECKOUT] [--repeats 200]
+
+Each checkout's engine is imported in turn (its modules dropped from ``sys.modules`` before
+the next is imported: the loaded functions keep their own globals), so both decide in one
+process on one machine state. Per domain of the plain benchmark policy (untraced, no CEL,
+``Guard.decide`` as ``bench_guard.py`` times it) the two engines' timeit repeats alternate,
+A, B, A, B, each a few milliseconds long; the figure is the fastest repeat of each, the one
+least disturbed by other processes on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import timeit
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REPEAT_S = 0.003
+_OWN = ("policy_engine", "benchmarks", "plugins", "dsl")
+
+
+def _drop_engine_modules() -> None:
+    for name in list(sys.modules):
+        if name.split(".", 1)[0] in _OWN:
+            del sys.modules[name]
+
+
+def load(checkout: str) -> dict[str, list[Callable[[], object]]]:
+    """Per domain, the timed calls of ``checkout``'s engine (built while its tree is first)."""
+    _drop_engine_modules()
+    sys.path.insert(0, checkout)
+    try:
+        common = importlib.import_module("benchmarks.peers.common")
+        peer = importlib.import_module("benchmarks.peers.policy_engine_peer")
+        assert str(Path(peer.__file__ or "").resolve()).startswith(str(Path(checkout).resolve()))
+        cases = common.load_cases("plain")
+        engine = peer.Engine("plain", cases)
+        return {d: [engine.timed_call(engine.prepare(c)) for c in cases if c.domain == d]
+                for d in common.DOMAINS}
+    finally:
+        sys.path.remove(checkout)
+        _drop_engine_modules()
+
+
+def _timer(calls: Sequence[Callable[[], object]]) -> tuple[timeit.Timer, int]:
+    def one_round() -> None:
+        for f in calls:
+            f()
+
+    timer = timeit.Timer(one_round)
+    number, took = timer.autorange()
+    return timer, max(1, int(number * REPEAT_S / took))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("before")
+    ap.add_argument("after", nargs="?", default=str(ROOT))
+    ap.add_argument("--repeats", type=int, default=200)
+    args = ap.parse_args(argv)
+    engines = [load(args.before), load(args.after)]
+    load_start = os.getloadavg()[0]
+    print("| domain | before | after | Δ µs | Δ |\n|---|---:|---:|---:|---:|")
+    for domain in engines[0]:
+        timers = [_timer(e[domain]) for e in engines]
+        n = len(engines[0][domain])
+        best = [float("inf"), float("inf")]
+        for _ in range(args.repeats):
+            for i, (timer, number) in enumerate(timers):
+                best[i] = min(best[i], timer.timeit(number) / number / n * 1e6)
+        b, a = best
+        print(f"| {domain} | {b:.2f} | {a:.2f} | {a - b:+.2f} | {(a - b) / b * 100:+.0f} % |")
+    print(f"load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
+          f"fastest of {args.repeats} alternating repeats of ~{REPEAT_S * 1e3:.0f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

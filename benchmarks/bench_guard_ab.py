@@ -9,7 +9,8 @@ the next is imported: the loaded functions keep their own globals), so both deci
 process on one machine state. Per domain of the plain benchmark policy (untraced, no CEL,
 ``Guard.decide`` as ``bench_guard.py`` times it) the two engines' timeit repeats alternate,
 A, B, A, B, each a few milliseconds long; the figure is the fastest repeat of each, the one
-least disturbed by other processes on a shared machine.
+least disturbed by other processes on a shared machine; "Δ paired" is the median over the
+repeats of each after repeat's time over the before repeat just preceding it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import statistics
 import sys
 import timeit
 from collections.abc import Callable, Sequence
@@ -68,16 +70,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     engines = [load(args.before), load(args.after)]
     load_start = os.getloadavg()[0]
-    print("| domain | before | after | Δ µs | Δ |\n|---|---:|---:|---:|---:|")
+    print("| domain | before | after | Δ µs | Δ | Δ paired |\n|---|---:|---:|---:|---:|---:|")
     for domain in engines[0]:
         timers = [_timer(e[domain]) for e in engines]
         n = len(engines[0][domain])
-        best = [float("inf"), float("inf")]
+        runs: list[list[float]] = [[], []]
         for _ in range(args.repeats):
             for i, (timer, number) in enumerate(timers):
-                best[i] = min(best[i], timer.timeit(number) / number / n * 1e6)
-        b, a = best
-        print(f"| {domain} | {b:.2f} | {a:.2f} | {a - b:+.2f} | {(a - b) / b * 100:+.0f} % |")
+                runs[i].append(timer.timeit(number) / number / n * 1e6)
+        b, a = min(runs[0]), min(runs[1])
+        # each after repeat over the before repeat just preceding it: a load change between
+        # two repeats a few ms apart is rare, so the median of these ratios is the steadier
+        paired = statistics.median(y / x for x, y in zip(runs[0], runs[1], strict=True))
+        print(f"| {domain} | {b:.2f} | {a:.2f} | {a - b:+.2f} | {(a - b) / b * 100:+.0f} % "
+              f"| {(paired - 1) * 100:+.0f} % |")
     print(f"load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
           f"fastest of {args.repeats} alternating repeats of ~{REPEAT_S * 1e3:.0f} ms")
     return 0

@@ -180,7 +180,6 @@ class Guard:
         call.context = context
         call.now_ms = now_ms
         call.tr = _tracer
-        call.data = None
         try:
             # ``kind`` finds the compilation and the chain of steps after it this call runs
             # (``stages.plan``: all of them traced, else those that can answer for the kind and

@@ -58,7 +58,7 @@ class Call:
                  "cap_kind", "phash", "cp", "expires_at", "window", "rv", "path", "seen",
                  "written", "cwd", "res", "data", "chosen", "run")
 
-    # filled by ``Guard.decide`` (guard, profile, op, context, now_ms, tr, data: no
+    # filled by ``Guard.decide`` (guard, profile, op, context, now_ms, tr: no
     # ``__init__``, see there why), then by the steps, in order: now (expiry); kind, cap_kind,
     # phash, cp, expires_at, window, run (kind); rv, path, seen, written, cwd, res
     # (resolve); chosen (permits)
@@ -68,7 +68,7 @@ class Call:
     context: Mapping[str, object] | None
     now_ms: int | None  # the caller's clock, or None: ``expiry`` reads the system's
     tr: Tracer | None
-    data: dict[str, object] | None  # the CEL context, built at its first use
+    data: dict[str, object]  # the CEL context, set at its first use (``context_data``)
     now: int
     kind: str
     cap_kind: str
@@ -87,8 +87,9 @@ class Call:
 
     def context_data(self) -> dict[str, object]:
         """The CEL context, built once, at the first condition that needs it."""
-        data = self.data
-        if data is None:
+        try:
+            return self.data
+        except AttributeError:  # unset until the first condition (``Guard.decide``)
             data = self.data = build_context(self.cp, self.op, self.kind, self.path, self.rv,
                                              self.now, self.context)
         return data
@@ -101,7 +102,11 @@ Step = Callable[[Call], "Decision | None"]
 def kind(s: Call) -> Decision | None:
     """0: the op kind maps to a capability kind (a mapping is validated), and the profile's
     compilation is found (cached by hash, or the shape's with this call's expiry and consent)."""
-    op, profile, guard, tr = s.op, s.profile, s.guard, s.tr
+    # one load a line: a tuple assignment of four or more builds and frees a tuple (measured)
+    op = s.op
+    profile = s.profile
+    guard = s.guard
+    tr = s.tr
     k = getattr(op, "kind", None)
     cap_kind = OP_KIND.get(k) if type(k) is str else None
     if cap_kind is None:
@@ -234,7 +239,8 @@ def network(s: Call) -> Decision | None:
 def permits(s: Call) -> Decision | None:
     """5–6: the first capability whose members admit, whose env allow-list and condition hold,
     preferring one that names a private address the URL is; else the layer that refused."""
-    kind, cp, tr, res, path, rv = s.kind, s.cp, s.tr, s.res, s.path, s.rv
+    kind, cp, tr = s.kind, s.cp, s.tr
+    res, path, rv = s.res, s.path, s.rv
     # what only some kinds carry: the URL's address class, a process's env, an fs.write's git
     # control file (built-in: only under a permit naming `.git`, gitfiles.py)
     url: ParsedUrl | None = None
@@ -329,7 +335,8 @@ def limits(s: Call) -> Decision | None:
 
 def consent(s: Call) -> Decision | None:
     """8: consent, when the profile or a consent rule requires it, recorded and current."""
-    cp, tr, window, now = s.cp, s.tr, s.window, s.now
+    cp, tr = s.cp, s.tr
+    window, now = s.window, s.now
     settled = cp.consent_settled
     required = cp.consent_required or (settled is not None and settled[0])
     if required and tr is None and window is not None and s.cwd is None and \

@@ -134,7 +134,7 @@ def test_an_untraced_chain_answers_as_the_whole_table(variant: str) -> None:
             chained = g.decide(profile, op, now_ms=now)
             call = stages.Call.__new__(stages.Call)
             call.guard, call.profile, call.op, call.context = g, profile, op, None
-            call.now_ms, call.tr, call.data = now, None, None
+            call.now_ms, call.tr = now, None
             assert stages.kind(call) is None
             skipped += len(NAMES) - 1 - len(call.run.__code__.co_names)
             try:

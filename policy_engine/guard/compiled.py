@@ -127,7 +127,7 @@ class CompiledCap:
 
     kind: str
     members: tuple[Matcher, ...]
-    test: Callable[[Any], bool]  # ``admits``, or the one member's own bound test
+    test: Callable[[Any], object]  # true when admitted: ``admits``, a member's own, ``type``
     rule: RuleRef | None
     condition: GuardCondition | None
     limits: EffLimits
@@ -408,8 +408,12 @@ def _permit_indexes(caps: Mapping[str, list[CompiledCap]]) -> dict[str, PermitIn
     return out
 
 
-def _member_test(members: tuple[Matcher, ...]) -> Callable[[Any], bool]:
+def _member_test(members: tuple[Matcher, ...]) -> Callable[[Any], object]:
     """The conjunction of ``members`` as one callable (the member's own when there is one)."""
+    if all(isinstance(m, KindMatcher) for m in members):
+        # the kind alone admits: ``type`` is a C-level callable whose answer (a class) is always
+        # true, so a tmp.use permit's test costs no Python frame
+        return type
     if len(members) == 1:
         m = members[0]
         return m.admits_path if isinstance(m, FsMatcher) else m.admits

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-REPEAT_S = 0.003
+REPEAT_S = 0.001
 _OWN = ("policy_engine", "benchmarks", "plugins", "dsl")
 
 
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("before")
     ap.add_argument("after", nargs="?", default=str(ROOT))
-    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=600)
     args = ap.parse_args(argv)
     engines = [load(args.before), load(args.after)]
     load_start = os.getloadavg()[0]

@@ -130,9 +130,11 @@ def resolve_fs(cp: CompiledProfile, raw: str, follow: bool,
             path if resolved != path else None)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Resolved:
-    """Step 2's output for the kinds other than the fs fast path.
+    """Step 2's output for the kinds other than the fs fast path; built by the resolvers below
+    as ``Resolved()`` then slot by slot (no ``__init__``: its frame, on every decision of these
+    kinds, cost more than the rest of building it; benchmarks/bench_guard_ab.py).
 
     :attr label: what the public description starts with (the method or browser action; the
         tool of a proc.exec); the description itself is built only for a deny or a trace.
@@ -171,9 +173,6 @@ def resolve_other(kind: str, op: Any) -> Resolved:
     return resolver(op)
 
 
-_NEW_RESOLVED = Resolved.__new__
-# The resolvers fill a ``Resolved`` slot by slot: what ``Resolved(...)`` builds, without its
-# ``__init__``'s frame, on every decision of these kinds (benchmarks/bench_guard_ab.py).
 
 
 def _net_http(op: Any) -> Resolved:
@@ -182,7 +181,7 @@ def _net_http(op: Any) -> Resolved:
     if op.headers:
         check_headers(op.headers)
     body = op.body_b64
-    rv = _NEW_RESOLVED(Resolved)
+    rv = Resolved()
     rv.kind = "net.http"
     rv.res = (url, method)
     rv.url = url
@@ -193,7 +192,7 @@ def _net_http(op: Any) -> Resolved:
 
 def _browser_nav(op: Any) -> Resolved:
     url = parse_url(op.url)
-    rv = _NEW_RESOLVED(Resolved)
+    rv = Resolved()
     rv.kind = "browser.nav"
     rv.url = url
     rv.size = None
@@ -205,7 +204,7 @@ def _browser_nav(op: Any) -> Resolved:
 def _browser_screenshot(op: Any) -> Resolved:
     check_selector(op.selector)
     shot_url = parse_url(op.url) if op.url else None
-    rv = _NEW_RESOLVED(Resolved)
+    rv = Resolved()
     rv.kind = "browser.screenshot"
     rv.res = (shot_url, _SCREENSHOT)
     rv.url = shot_url
@@ -221,7 +220,7 @@ def _proc_exec(op: Any) -> Resolved:
     if op.stdin_b64:
         decoded_size(op.stdin_b64, "stdin_b64")
     tool = op.tool
-    rv = _NEW_RESOLVED(Resolved)
+    rv = Resolved()
     rv.kind = "proc.exec"
     rv.res = (tool, tuple(op.args))
     rv.url = rv.size = None
@@ -231,7 +230,7 @@ def _proc_exec(op: Any) -> Resolved:
 
 def _tmp_alloc(op: Any) -> Resolved:
     size = op.size_bytes
-    rv = _NEW_RESOLVED(Resolved)
+    rv = Resolved()
     rv.kind = "tmp.alloc"
     rv.res = rv.size = size
     rv.url = None

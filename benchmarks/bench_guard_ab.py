@@ -1,8 +1,8 @@
-"""Steady cached-decision cost of two engine checkouts, interleaved A, B, A, B in one process.
+"""Steady cached-decision cost of engine checkouts, interleaved A, B, A, B in one process.
 
 Usage::
 
-    python benchmarks/bench_guard_ab.py BEFORE_CHECKOUT [AFTER_CHECKOUT] [--repeats 200]
+    python benchmarks/bench_guard_ab.py BEFORE_CHECKOUT [OTHER_CHECKOUT ...] [--repeats 600]
 
 Each checkout's engine is imported in turn (its modules dropped from ``sys.modules`` before
 the next is imported: the loaded functions keep their own globals), so both decide in one
@@ -65,25 +65,28 @@ def _timer(calls: Sequence[Callable[[], object]]) -> tuple[timeit.Timer, int]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("before")
-    ap.add_argument("after", nargs="?", default=str(ROOT))
+    ap.add_argument("after", nargs="*", help="checkouts to compare with BEFORE (default: this)")
     ap.add_argument("--repeats", type=int, default=600)
     args = ap.parse_args(argv)
-    engines = [load(args.before), load(args.after)]
+    paths = [args.before, *(args.after or [str(ROOT)])]
+    engines = [load(p) for p in paths]
     load_start = os.getloadavg()[0]
-    print("| domain | before | after | Δ µs | Δ | Δ paired |\n|---|---:|---:|---:|---:|---:|")
+    head = "| domain | before µs |" + "".join(f" {Path(p).name} µs | Δ paired |" for p in paths[1:])
+    print(head + "\n|---|" + "---:|" * (1 + 2 * (len(paths) - 1)))
     for domain in engines[0]:
         timers = [_timer(e[domain]) for e in engines]
         n = len(engines[0][domain])
-        runs: list[list[float]] = [[], []]
+        runs: list[list[float]] = [[] for _ in engines]
         for _ in range(args.repeats):
             for i, (timer, number) in enumerate(timers):
                 runs[i].append(timer.timeit(number) / number / n * 1e6)
-        b, a = min(runs[0]), min(runs[1])
-        # each after repeat over the before repeat just preceding it: a load change between
-        # two repeats a few ms apart is rare, so the median of these ratios is the steadier
-        paired = statistics.median(y / x for x, y in zip(runs[0], runs[1], strict=True))
-        print(f"| {domain} | {b:.2f} | {a:.2f} | {a - b:+.2f} | {(a - b) / b * 100:+.0f} % "
-              f"| {(paired - 1) * 100:+.0f} % |")
+        row = f"| {domain} | {min(runs[0]):.2f} |"
+        for other in runs[1:]:
+            # each repeat over the before repeat of the same round, a few ms apart: a load
+            # change between them is rare, so the median of these ratios is the steadier
+            paired = statistics.median(y / x for x, y in zip(runs[0], other, strict=True))
+            row += f" {min(other):.2f} | {(paired - 1) * 100:+.0f} % |"
+        print(row)
     print(f"load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
           f"fastest of {args.repeats} alternating repeats of ~{REPEAT_S * 1e3:.0f} ms")
     return 0

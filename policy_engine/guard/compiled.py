@@ -190,7 +190,7 @@ class CompiledProfile:
     # per compilation: (required, the rule that requires it, its label); None: decided per call
     consent_settled: tuple[bool, RuleRef | None, str] | None = None
     # per ``fs_facts`` (False, True) and op kind, the steps an untraced call runs after
-    # ``kind`` (``stages.plan``), filled at first use; shared by the per-call copies of a shape
+    # ``kind`` (``chain.plan``), filled at first use; shared by the per-call copies of a shape
     plans: tuple[dict[str, Any], dict[str, Any]] = dc_field(
         default_factory=lambda: ({}, {}), init=False, compare=False, repr=False)
 

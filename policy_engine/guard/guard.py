@@ -1,9 +1,10 @@
 """The guard: decides one concrete operation under one profile, on resolved values, fast.
 
 Decision order: ``stages.STEPS``, one function a step, each answering a deny (or an early
-allow) or passing to the next; the traced call runs the same steps. Each step's code is pinned
-by ``tests/unit/test_guard_decide.py``; ``tests/unit/test_guard_stages.py`` keeps the names
-below equal to the table's.
+allow) or passing to the next; the traced call runs the same steps (untraced, those that
+cannot answer for the kind and profile are left out: ``chain.plan``). Each step's code is
+pinned by ``tests/unit/test_guard_decide.py``; ``tests/unit/test_guard_stages.py`` keeps the
+names below equal to the table's.
 
 0. ``kind``: the op kind maps to a capability kind; malformed input →
    ``SCHEMA.VALIDATION_FAILED``
@@ -70,7 +71,6 @@ from policy_engine.guard.steps import settle_consent
 from policy_engine.guard.tracer import Tracer
 from policy_engine.guard.verdict import failed
 from policy_engine.model import Decision, Profile, RuleRef
-
 
 
 class Guard:
@@ -152,7 +152,9 @@ class Guard:
                _tracer: Tracer | None = None) -> Decision:
         """Decide ``op`` under ``profile``; never raises for bad input (it is a deny).
 
-        Runs the steps of ``stages.STEPS`` in order until one answers (the last always does).
+        Runs the steps of ``stages.STEPS`` in order until one answers (the last always does);
+        untraced, the steps that cannot answer for the op's kind and the profile are left out
+        (``chain.plan``).
 
         :param trace: record every step; a deny then lists each layer that would refuse.
         :param _tracer: internal: the tracer of the traced call this one records into.
@@ -181,7 +183,7 @@ class Guard:
         call.tr = _tracer
         try:
             # ``kind`` finds the compilation and the chain of steps after it this call runs
-            # (``stages.plan``: all of them traced, else those that can answer for the kind and
+            # (``chain.plan``: all of them traced, else those that can answer for the kind and
             # profile); the chain's last step always answers
             return kind(call) or call.run(call)
         except Exception as exc:  # noqa: BLE001 — a guard failure must be a deny, never an allow

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from policy_engine.errors import ErrorCode
 from policy_engine.guard import gitfiles
+from policy_engine.guard.chain import Runner, plan
 from policy_engine.guard.compiled import CompiledCap, CompiledProfile
 from policy_engine.guard.fsfacts import fs_refusal
 from policy_engine.guard.ipaddr import classify, is_address_allowed
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from policy_engine.guard.urls import ParsedUrl
 
 FS_OPS = frozenset({"fs.read", "fs.write", "fs.list"})
-_NET_OPS = frozenset({"net.http", "browser.nav", "browser.screenshot"})
+NET_OPS = frozenset({"net.http", "browser.nav", "browser.screenshot"})
 _BLOCKED, _PERM = ErrorCode.CAPABILITY_BLOCKED, ErrorCode.PERMISSION_DENY
 _NONE_REFUSED: list[tuple[CompiledCap, str | None]] = []  # shared, never appended to
 
@@ -229,7 +230,7 @@ def forbids(s: Call) -> Decision | None:
 
 def network(s: Call) -> Decision | None:
     """4: the network is not off for a net.http or browser op."""
-    if s.cp.network_off and s.kind in _NET_OPS:
+    if s.cp.network_off and s.kind in NET_OPS:
         if s.tr is not None:
             s.tr.step("network", "fail", detail="network is off")
         return _deny(s.phash, _BLOCKED, "network is off for this profile", None, s.tr)
@@ -406,50 +407,3 @@ STEPS: tuple[Step, ...] = (kind, expiry, resolve, forbids, network, permits, lim
 """The decision order; ``guard.py``'s docstring lists the same names (a test keeps them equal).
 The last step always answers."""
 
-
-def plan(cp: CompiledProfile, kind: str, fs_facts: bool, traced: bool) -> Runner:
-    """The steps after ``kind`` a call of ``kind`` runs under ``cp``, as one unrolled chain.
-
-    Traced, every step (each adds its words). Untraced, the table less the steps that can
-    neither answer nor change such a call (each would return ``None`` at its first test),
-    decided once per compilation, kind and ``fs_facts``:
-
-    - ``forbids``: the profile forbids nothing of the kind;
-    - ``network``: not a network op, or the network is on;
-    - ``limits``: no limit applies to the kind (``LIMIT_CHECKS``);
-    - ``consent``: settled at compile time as not required;
-    - ``facts``: neither a proc.exec (its ``cwd``) nor an fs op with ``fs_facts``.
-    """
-    settled = cp.consent_settled
-    skip = set() if traced else {name for name, skipped in (
-        ("forbids", cp.forbids.get(OP_KIND[kind]) is None),
-        ("network", kind not in _NET_OPS or not cp.network_off),
-        ("limits", kind not in LIMIT_CHECKS),
-        ("consent", not cp.consent_required and settled is not None and not settled[0]),
-        ("facts", kind != "proc.exec" and (kind not in FS_OPS or not fs_facts)),
-    ) if skipped}
-    steps = tuple((name, step) for name, step in zip(NAMES[1:], STEPS[1:], strict=True)
-                  if name not in skip)
-    runner = _RUNNERS.get(steps)
-    if runner is None:
-        runner = _RUNNERS[steps] = _chain(steps)
-    return runner
-
-
-def _chain(steps: tuple[tuple[str, Step], ...]) -> Runner:
-    """``steps`` as one function ``step1(s) or step2(s) or ...``: measured, a loop over the
-    steps costs ≈ 0.1 µs a decision more than the unrolled calls, which is why this is built
-    from source (names of this module's table only) rather than looped over."""
-    names = {f"_{i}": step for i, (_, step) in enumerate(steps)}
-    source = "def run(s):\n    return " + " or ".join(f"{n}(s)" for n in names)
-    exec(compile(source, f"<guard steps: {', '.join(n for n, _ in steps)}>", "exec"), names)  # noqa: S102
-    run: Runner = names["run"]  # type: ignore[assignment]
-    return run
-
-
-NAMES = ("kind", "expiry", "resolve", "forbids", "network", "permits", "limits", "consent",
-         "facts", "allow")
-"""The steps' names, in the table's order (a test replacing a step keeps its place)."""
-Runner = Callable[[Call], Decision]
-_RUNNERS: dict[tuple[tuple[str, Step], ...], Runner] = {}
-"""One chain per distinct plan (at most 2^5 plans of the one table)."""

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
-from policy_engine.guard import Guard, guard, stages
+from policy_engine.guard import Guard, chain, guard, stages
 from policy_engine.guard.verdict import failed
 from policy_engine.model import TmpAllocOp, TmpCapability
 from tests.unit.guard_fixtures import NOW, make_profile, permit
@@ -30,7 +30,7 @@ def test_a_traced_call_runs_the_whole_table_in_its_order() -> None:
               if i.opname == "LOAD_GLOBAL" and i.argval in NAMES]
     assert tuple(loaded) == ("kind",)
     assert guard.kind is stages.kind
-    assert stages.NAMES == NAMES
+    assert chain.NAMES == NAMES
 
 
 def run_names(trace: bool, profile: Any = None, op: Any = None) -> tuple[list[str], Any]:
@@ -65,7 +65,7 @@ def test_every_step_runs_for_a_traced_allow() -> None:
 
 def test_an_untraced_call_skips_only_the_steps_that_cannot_answer() -> None:
     # a tmp.alloc under a profile forbidding nothing, network on, consent not required: no
-    # forbids, network or facts step (``stages.plan``), the rest in the table's order
+    # forbids, network or facts step (``chain.plan``), the rest in the table's order
     ran, d = run_names(trace=False)
     assert d.allowed
     assert ran == ["kind", "expiry", "resolve", "permits", "limits", "allow"]
@@ -123,7 +123,7 @@ def patch_step(monkeypatch: pytest.MonkeyPatch, name: str, fn: Any) -> None:
 @pytest.mark.parametrize("variant", ["plain", "cel"])
 def test_an_untraced_chain_answers_as_the_whole_table(variant: str) -> None:
     # every case of the benchmark corpus (each domain; allows, forbids, permits refused,
-    # limits, CEL conditions), with the disk facts off and on: the chain ``stages.plan``
+    # limits, CEL conditions), with the disk facts off and on: the chain ``chain.plan``
     # picked answers exactly as running every step of the table, untraced
     from benchmarks.peers import common, policy_engine_peer
 
@@ -140,7 +140,7 @@ def test_an_untraced_chain_answers_as_the_whole_table(variant: str) -> None:
             assert stages.kind(call) is None
             skipped += len(NAMES) - 1 - len(call.run.__code__.co_names)
             try:
-                whole = stages.plan(call.cp, call.kind, g.fs_facts, True)(call)
+                whole = chain.plan(call.cp, call.kind, g.fs_facts, True)(call)
             except Exception as exc:  # noqa: BLE001 — decide's own answer to a step raising
                 whole = failed(profile, exc, None)
             assert chained == whole, case

@@ -30,7 +30,9 @@ from policy_engine.model import (
 )
 from policy_engine.model import Limits as ModelLimits
 from policy_engine.patterns.paths import expand_home
+from policy_engine.sandbox import listing_store
 from policy_engine.sandbox.masks import (
+    DEFAULT_CACHE,
     MAX_PLAN_DIRS,
     RUNTIME_DIRS,
     RUNTIME_GLOBS,
@@ -157,13 +159,20 @@ def system_trees(extra_ro: Iterable[str] = ()) -> list[str]:
 
 
 def _warm() -> None:
+    trees: list[str] = []
+    listed = DEFAULT_CACHE.entries_listed
     try:
         patterns = [*BUILTIN_MASKS, *(f"{d}/**" for d in RUNTIME_DIRS), *RUNTIME_GLOBS,
                     *MANDATORY_DENY_PATHS]
+        trees = system_trees()
+        # the last run's listings: only directories changed since are listed (listing_store)
+        listing_store.load(DEFAULT_CACHE)
         with contextlib.suppress(PlanTooLarge):  # the call's own plan says so, cleanly
-            plan_masks([], system_trees(), patterns, "/nonexistent")
+            plan_masks([], trees, patterns, "/nonexistent")
     finally:
         _warmed.set()
+    if trees and DEFAULT_CACHE.entries_listed != listed:  # after the set: no call waits for it
+        listing_store.save(DEFAULT_CACHE, trees)
 
 
 def prewarm(*, wait: bool = False) -> None:

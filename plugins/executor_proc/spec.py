@@ -7,6 +7,7 @@ glob of fs ops, the sandbox only bounds what a process can reach.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import stat
@@ -148,6 +149,14 @@ def _warm_again_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_warm_again_after_fork)
+
+
+@atexit.register
+def _finish_warmup() -> None:
+    # the warm-up stores its listings after a call may go on (``_warm``): a short run (one
+    # CLI call) would end before the store is written, and every start would list again
+    for t in list(_warming):
+        t.join(timeout=30)
 
 
 def system_trees(extra_ro: Iterable[str] = ()) -> list[str]:

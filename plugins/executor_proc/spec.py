@@ -7,6 +7,7 @@ glob of fs ops, the sandbox only bounds what a process can reach.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import stat
@@ -31,8 +32,10 @@ from policy_engine.model import (
 )
 from policy_engine.model import Limits as ModelLimits
 from policy_engine.patterns.paths import expand_home
+from policy_engine.sandbox import listing_store
 from policy_engine.sandbox.artifacts import ARTIFACTS_ENV, artifacts_dir
 from policy_engine.sandbox.masks import (
+    DEFAULT_CACHE,
     MAX_PLAN_DIRS,
     RUNTIME_DIRS,
     RUNTIME_GLOBS,
@@ -153,6 +156,14 @@ def _warm_again_after_fork() -> None:
 os.register_at_fork(after_in_child=_warm_again_after_fork)
 
 
+@atexit.register
+def _finish_warmup() -> None:
+    # the warm-up stores its listings after a call may go on (``_warm``): a short run (one
+    # CLI call) would end before the store is written, and every start would list again
+    for t in list(_warming):
+        t.join(timeout=30)
+
+
 def system_trees(extra_ro: Iterable[str] = ()) -> list[str]:
     """The system binds every sandbox gets: ``SYSTEM_RO``, the interpreter's prefix, extras."""
     interp = os.path.realpath(sys.base_prefix)
@@ -162,13 +173,20 @@ def system_trees(extra_ro: Iterable[str] = ()) -> list[str]:
 
 
 def _warm() -> None:
+    trees: list[str] = []
+    listed = DEFAULT_CACHE.entries_listed
     try:
         patterns = [*BUILTIN_MASKS, *(f"{d}/**" for d in RUNTIME_DIRS), *RUNTIME_GLOBS,
                     *MANDATORY_DENY_PATHS]
+        trees = system_trees()
+        # the last run's listings: only directories changed since are listed (listing_store)
+        listing_store.load(DEFAULT_CACHE)
         with contextlib.suppress(PlanTooLarge):  # the call's own plan says so, cleanly
-            plan_masks([], system_trees(), patterns, "/nonexistent")
+            plan_masks([], trees, patterns, "/nonexistent")
     finally:
         _warmed.set()
+    if trees and DEFAULT_CACHE.entries_listed != listed:  # after the set: no call waits for it
+        listing_store.save(DEFAULT_CACHE, trees)
 
 
 def prewarm(*, wait: bool = False) -> None:

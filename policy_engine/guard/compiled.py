@@ -127,7 +127,7 @@ class CompiledCap:
 
     kind: str
     members: tuple[Matcher, ...]
-    test: Callable[[Any], bool]  # ``admits``, or the one member's own bound test
+    test: Callable[[Any], object]  # true when admitted: ``admits``, a member's own, ``type``
     rule: RuleRef | None
     condition: GuardCondition | None
     limits: EffLimits
@@ -189,6 +189,10 @@ class CompiledProfile:
     # when every conditional consent rule reads the profile alone, their verdict, settled once
     # per compilation: (required, the rule that requires it, its label); None: decided per call
     consent_settled: tuple[bool, RuleRef | None, str] | None = None
+    # per ``fs_facts`` (False, True) and op kind, the steps an untraced call runs after
+    # ``kind`` (``chain.plan``), filled at first use; shared by the per-call copies of a shape
+    plans: tuple[dict[str, Any], dict[str, Any]] = dc_field(
+        default_factory=lambda: ({}, {}), init=False, compare=False, repr=False)
 
 
 def _min(*values: int | None) -> int | None:
@@ -404,8 +408,12 @@ def _permit_indexes(caps: Mapping[str, list[CompiledCap]]) -> dict[str, PermitIn
     return out
 
 
-def _member_test(members: tuple[Matcher, ...]) -> Callable[[Any], bool]:
+def _member_test(members: tuple[Matcher, ...]) -> Callable[[Any], object]:
     """The conjunction of ``members`` as one callable (the member's own when there is one)."""
+    if all(isinstance(m, KindMatcher) for m in members):
+        # the kind alone admits: ``type`` is a C-level callable whose answer (a class) is always
+        # true, so a tmp.use permit's test costs no Python frame
+        return type
     if len(members) == 1:
         m = members[0]
         return m.admits_path if isinstance(m, FsMatcher) else m.admits

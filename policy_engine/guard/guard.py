@@ -1,9 +1,10 @@
 """The guard: decides one concrete operation under one profile, on resolved values, fast.
 
 Decision order: ``stages.STEPS``, one function a step, each answering a deny (or an early
-allow) or passing to the next; the traced call runs the same steps. Each step's code is pinned
-by ``tests/unit/test_guard_decide.py``; ``tests/unit/test_guard_stages.py`` keeps the names
-below equal to the table's.
+allow) or passing to the next; the traced call runs the same steps (untraced, those that
+cannot answer for the kind and profile are left out: ``chain.plan``). Each step's code is
+pinned by ``tests/unit/test_guard_decide.py``; ``tests/unit/test_guard_stages.py`` keeps the
+names below equal to the table's.
 
 0. ``kind``: the op kind maps to a capability kind; malformed input →
    ``SCHEMA.VALIDATION_FAILED``
@@ -65,26 +66,11 @@ from policy_engine.guard.resolve import (
     resolve_other,
 )
 from policy_engine.guard.shapes import ShapeCache, same_profile
-from policy_engine.guard.stages import (
-    FS_OPS,
-    Call,
-    allow,
-    consent,
-    expiry,
-    facts,
-    forbids,
-    kind,
-    limits,
-    network,
-    permits,
-    resolve,
-)
+from policy_engine.guard.stages import FS_OPS, Call, kind
 from policy_engine.guard.steps import settle_consent
 from policy_engine.guard.tracer import Tracer
 from policy_engine.guard.verdict import failed
 from policy_engine.model import Decision, Profile, RuleRef
-
-_NEW_CALL = Call.__new__
 
 
 class Guard:
@@ -166,7 +152,9 @@ class Guard:
                _tracer: Tracer | None = None) -> Decision:
         """Decide ``op`` under ``profile``; never raises for bad input (it is a deny).
 
-        Runs the steps of ``stages.STEPS`` in order until one answers (the last always does).
+        Runs the steps of ``stages.STEPS`` in order until one answers (the last always does);
+        untraced, the steps that cannot answer for the op's kind and the profile are left out
+        (``chain.plan``).
 
         :param trace: record every step; a deny then lists each layer that would refuse.
         :param _tracer: internal: the tracer of the traced call this one records into.
@@ -184,17 +172,20 @@ class Guard:
             if decision.decision == "deny":
                 return self._with_layers(profile, op, context, now_ms, decision)
             return decision
-        # the Call is filled here, not by an ``__init__``: measured, the constructor's frame
-        # costs ≈ 0.1 µs a decision
-        call = _NEW_CALL(Call)
-        call.guard, call.profile, call.op, call.context, call.now_ms, call.tr, call.data = (
-            self, profile, op, context, now_ms, _tracer, None)
+        # the Call is filled here, not by an ``__init__`` (its frame costs ≈ 0.1 µs a decision);
+        # ``Call()`` without one costs less than ``Call.__new__(Call)`` (no argument tuple)
+        call = Call()
+        call.guard = self
+        call.profile = profile
+        call.op = op
+        call.context = context
+        call.now_ms = now_ms
+        call.tr = _tracer
         try:
-            # ``stages.STEPS`` unrolled: a loop over the table costs ≈ 0.07 µs a decision more
-            # (benchmarks/bench_guard.py); tests/unit/test_guard_stages.py keeps the two equal
-            return (kind(call) or expiry(call) or resolve(call) or forbids(call)
-                    or network(call) or permits(call) or limits(call) or consent(call)
-                    or facts(call) or allow(call))
+            # ``kind`` finds the compilation and the chain of steps after it this call runs
+            # (``chain.plan``: all of them traced, else those that can answer for the kind and
+            # profile); the chain's last step always answers
+            return kind(call) or call.run(call)
         except Exception as exc:  # noqa: BLE001 — a guard failure must be a deny, never an allow
             if _tracer is not None:
                 raise  # the traced call answers it, above

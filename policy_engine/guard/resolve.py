@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import binascii
 import datetime as _dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Final
@@ -130,9 +130,11 @@ def resolve_fs(cp: CompiledProfile, raw: str, follow: bool,
             path if resolved != path else None)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Resolved:
-    """Step 2's output for the kinds other than the fs fast path.
+    """Step 2's output for the kinds other than the fs fast path; built by the resolvers below
+    as ``Resolved()`` then slot by slot (no ``__init__``: its frame, on every decision of these
+    kinds, cost more than the rest of building it; benchmarks/bench_guard_ab.py).
 
     :attr label: what the public description starts with (the method or browser action; the
         tool of a proc.exec); the description itself is built only for a deny or a trace.
@@ -164,33 +166,83 @@ _SCREENSHOT = frozenset({"screenshot"})
 
 def resolve_other(kind: str, op: Any) -> Resolved:
     """Resolve a net, browser, proc or tmp operation."""
-    if kind == "net.http":
-        method = check_method(op.method)
-        url = parse_url(op.url)
-        if op.headers:
-            check_headers(op.headers)
-        body = op.body_b64
-        return Resolved(kind, (url, method), url, decoded_size(body, "body") if body else 0,
-                        method)
-    if kind == "browser.nav":
-        url = parse_url(op.url)
-        return Resolved(kind, (url, _OPEN_EXTRACT if op.extract != "none" else _OPEN), url,
-                        None, "open")
-    if kind == "browser.screenshot":
-        check_selector(op.selector)
-        shot_url = parse_url(op.url) if op.url else None
-        return Resolved(kind, (shot_url, _SCREENSHOT), shot_url, None, "screenshot")
-    if kind == "proc.exec":
-        check_argv_shape(op.tool, op.args)
-        if op.env:
-            check_env_shape(op.env)
-        if op.stdin_b64:
-            decoded_size(op.stdin_b64, "stdin_b64")
-        return Resolved(kind, (op.tool, tuple(op.args)), None, None, op.tool)
-    if kind == "tmp.alloc":
-        return Resolved(kind, op.size_bytes, None, op.size_bytes)
-    raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
-                            f"operation kind {quote(kind)} does not map to a capability")
+    resolver = RESOLVERS.get(kind)
+    if resolver is None:
+        raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
+                                f"operation kind {quote(kind)} does not map to a capability")
+    return resolver(op)
+
+
+
+
+def _net_http(op: Any) -> Resolved:
+    method = check_method(op.method)
+    url = parse_url(op.url)
+    if op.headers:
+        check_headers(op.headers)
+    body = op.body_b64
+    rv = Resolved()
+    rv.kind = "net.http"
+    rv.res = (url, method)
+    rv.url = url
+    rv.label = method
+    rv.size = decoded_size(body, "body") if body else 0
+    return rv
+
+
+def _browser_nav(op: Any) -> Resolved:
+    url = parse_url(op.url)
+    rv = Resolved()
+    rv.kind = "browser.nav"
+    rv.url = url
+    rv.size = None
+    rv.label = "open"
+    rv.res = (url, _OPEN_EXTRACT if op.extract != "none" else _OPEN)
+    return rv
+
+
+def _browser_screenshot(op: Any) -> Resolved:
+    check_selector(op.selector)
+    shot_url = parse_url(op.url) if op.url else None
+    rv = Resolved()
+    rv.kind = "browser.screenshot"
+    rv.res = (shot_url, _SCREENSHOT)
+    rv.url = shot_url
+    rv.size = None
+    rv.label = "screenshot"
+    return rv
+
+
+def _proc_exec(op: Any) -> Resolved:
+    check_argv_shape(op.tool, op.args)
+    if op.env:
+        check_env_shape(op.env)
+    if op.stdin_b64:
+        decoded_size(op.stdin_b64, "stdin_b64")
+    tool = op.tool
+    rv = Resolved()
+    rv.kind = "proc.exec"
+    rv.res = (tool, tuple(op.args))
+    rv.url = rv.size = None
+    rv.label = tool
+    return rv
+
+
+def _tmp_alloc(op: Any) -> Resolved:
+    size = op.size_bytes
+    rv = Resolved()
+    rv.kind = "tmp.alloc"
+    rv.res = rv.size = size
+    rv.url = None
+    rv.label = ""
+    return rv
+
+
+RESOLVERS: dict[str, Callable[[Any], Resolved]] = {
+    "net.http": _net_http, "browser.nav": _browser_nav, "browser.screenshot": _browser_screenshot,
+    "proc.exec": _proc_exec, "tmp.alloc": _tmp_alloc,
+}
+"""Per op kind other than the fs ones, its resolver (``resolve_other``)."""
 
 
 def build_context(

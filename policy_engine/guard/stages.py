@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from policy_engine.errors import ErrorCode
 from policy_engine.guard import gitfiles
+from policy_engine.guard.chain import Runner, plan
 from policy_engine.guard.compiled import CompiledCap, CompiledProfile
 from policy_engine.guard.fsfacts import fs_refusal
 from policy_engine.guard.ipaddr import classify, is_address_allowed
@@ -21,12 +22,12 @@ from policy_engine.guard.paths import normalize_path, quote
 from policy_engine.guard.resolve import (
     ABSENT,
     OP_KIND,
+    RESOLVERS,
     Facts,
     Resolved,
     build_context,
     coerce_op,
     resolve_fs,
-    resolve_other,
 )
 from policy_engine.guard.shapes import same_profile
 from policy_engine.guard.steps import LIMIT_CHECKS, consent_needed, diagnose, why_not
@@ -40,9 +41,10 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from policy_engine.guard.guard import Guard
+    from policy_engine.guard.urls import ParsedUrl
 
 FS_OPS = frozenset({"fs.read", "fs.write", "fs.list"})
-_NET_OPS = frozenset({"net.http", "browser.nav", "browser.screenshot"})
+NET_OPS = frozenset({"net.http", "browser.nav", "browser.screenshot"})
 _BLOCKED, _PERM = ErrorCode.CAPABILITY_BLOCKED, ErrorCode.PERMISSION_DENY
 _NONE_REFUSED: list[tuple[CompiledCap, str | None]] = []  # shared, never appended to
 
@@ -55,19 +57,19 @@ class Call:
 
     __slots__ = ("guard", "profile", "op", "context", "now_ms", "tr", "now", "kind",
                  "cap_kind", "phash", "cp", "expires_at", "window", "rv", "path", "seen",
-                 "written", "cwd", "res", "data", "chosen")
+                 "written", "cwd", "res", "data", "chosen", "run")
 
-    # filled by ``Guard.decide`` (guard, profile, op, context, now_ms, tr, data: no
+    # filled by ``Guard.decide`` (guard, profile, op, context, now_ms, tr: no
     # ``__init__``, see there why), then by the steps, in order: now (expiry); kind, cap_kind,
-    # phash, cp, expires_at, window (kind); rv, path, seen, written, cwd, res (resolve);
-    # chosen (permits)
+    # phash, cp, expires_at, window, run (kind); rv, path, seen, written, cwd, res
+    # (resolve); chosen (permits)
     guard: Guard
     profile: Profile
     op: Any
     context: Mapping[str, object] | None
     now_ms: int | None  # the caller's clock, or None: ``expiry`` reads the system's
     tr: Tracer | None
-    data: dict[str, object] | None  # the CEL context, built at its first use
+    data: dict[str, object]  # the CEL context, set at its first use (``context_data``)
     now: int
     kind: str
     cap_kind: str
@@ -82,23 +84,30 @@ class Call:
     cwd: str | None
     res: object
     chosen: CompiledCap
+    run: Runner  # the steps after ``kind`` this call runs (``plan``)
 
     def context_data(self) -> dict[str, object]:
         """The CEL context, built once, at the first condition that needs it."""
-        data = self.data
-        if data is None:
+        try:
+            return self.data
+        except AttributeError:  # unset until the first condition (``Guard.decide``)
             data = self.data = build_context(self.cp, self.op, self.kind, self.path, self.rv,
                                              self.now, self.context)
         return data
 
 
 Step = Callable[[Call], "Decision | None"]
+"""A step: the call's answer (a refusal, or an early allow), or ``None`` for the next step."""
 
 
 def kind(s: Call) -> Decision | None:
     """0: the op kind maps to a capability kind (a mapping is validated), and the profile's
     compilation is found (cached by hash, or the shape's with this call's expiry and consent)."""
-    op, profile, guard, tr = s.op, s.profile, s.guard, s.tr
+    # one load a line: a tuple assignment of four or more builds and frees a tuple (measured)
+    op = s.op
+    profile = s.profile
+    guard = s.guard
+    tr = s.tr
     k = getattr(op, "kind", None)
     cap_kind = OP_KIND.get(k) if type(k) is str else None
     if cap_kind is None:
@@ -130,6 +139,11 @@ def kind(s: Call) -> Decision | None:
     s.cp = cp
     if tr is not None:
         tr.step("kind", "pass", detail=f"{k} needs {cap_kind}")
+        s.run = plan(cp, k, guard.fs_facts, True)
+        return None
+    plans = cp.plans[guard.fs_facts]
+    run = plans.get(k)
+    s.run = run if run is not None else plans.setdefault(k, plan(cp, k, guard.fs_facts, False))
     return None
 
 
@@ -166,7 +180,7 @@ def resolve(s: Call) -> Decision | None:
                          None, s.tr)
     else:
         s.path = s.written = s.seen = None
-        s.rv = rv = resolve_other(kind, op)
+        s.rv = rv = RESOLVERS[kind](op)  # every other kind OP_KIND maps (resolve_other)
         s.res = rv.res
         if kind == "proc.exec" and op.cwd is not None:
             s.cwd = normalize_path(op.cwd)  # judged after the policy (step ``facts``)
@@ -216,7 +230,7 @@ def forbids(s: Call) -> Decision | None:
 
 def network(s: Call) -> Decision | None:
     """4: the network is not off for a net.http or browser op."""
-    if s.cp.network_off and s.kind in _NET_OPS:
+    if s.cp.network_off and s.kind in NET_OPS:
         if s.tr is not None:
             s.tr.step("network", "fail", detail="network is off")
         return _deny(s.phash, _BLOCKED, "network is off for this profile", None, s.tr)
@@ -226,17 +240,28 @@ def network(s: Call) -> Decision | None:
 def permits(s: Call) -> Decision | None:
     """5–6: the first capability whose members admit, whose env allow-list and condition hold,
     preferring one that names a private address the URL is; else the layer that refused."""
-    kind, op, cp, tr, res, path, rv = s.kind, s.op, s.cp, s.tr, s.res, s.path, s.rv
-    url = rv.url if rv is not None else None
-    special = classify(url.ip) if url is not None and url.ip is not None else None
+    kind, cp, tr = s.kind, s.cp, s.tr
+    res, path, rv = s.res, s.path, s.rv
+    # what only some kinds carry: the URL's address class, a process's env, an fs.write's git
+    # control file (built-in: only under a permit naming `.git`, gitfiles.py)
+    url: ParsedUrl | None = None
+    special: str | None = None
+    env: Mapping[str, str] | None = None
+    git_part: str | None = None
+    if rv is not None:
+        url = rv.url
+        if url is not None and url.ip is not None:
+            special = classify(url.ip)
+        elif kind == "proc.exec":
+            env = s.op.env or None
+    elif kind == "fs.write" and path:
+        git_part = gitfiles.git_control_file(path)
     unnamed: CompiledCap | None = None
     refused: list[tuple[CompiledCap, str | None]] = _NONE_REFUSED
-    env = op.env if kind == "proc.exec" and op.env else None
     env_refused: tuple[str, RuleRef | None] | None = None
-    # built-in: git's control files only under a permit naming `.git` (gitfiles.py)
-    git_part = gitfiles.git_control_file(path) if kind == "fs.write" and path else None
-    caps = cp.caps.get(s.cap_kind, ())
-    index = cp.permit_index.get(s.cap_kind) if tr is None else None
+    cap_kind = s.cap_kind
+    caps = cp.caps.get(cap_kind, ())
+    index = cp.permit_index.get(cap_kind) if tr is None else None
     if index is not None:  # only permits that can admit res (permit_index.py); untraced
         picks = index.candidates(res)
         if picks is not None:
@@ -284,7 +309,7 @@ def permits(s: Call) -> Decision | None:
         host = quote(url.host if url else "")
         return _deny(s.phash, _BLOCKED, f"{special} address {host} is not named by any rule",
                      unnamed.rule, tr)
-    code, reason, rule = diagnose(cp, s.cap_kind, res, _describe(rv, path), refused, tr,
+    code, reason, rule = diagnose(cp, cap_kind, res, _describe(rv, path), refused, tr,
                                   env_refused, "git" if git_part else "env")
     return _deny(s.phash, code, reason, rule, tr)
 
@@ -311,7 +336,8 @@ def limits(s: Call) -> Decision | None:
 
 def consent(s: Call) -> Decision | None:
     """8: consent, when the profile or a consent rule requires it, recorded and current."""
-    cp, tr, window, now = s.cp, s.tr, s.window, s.now
+    cp, tr = s.cp, s.tr
+    window, now = s.window, s.now
     settled = cp.consent_settled
     required = cp.consent_required or (settled is not None and settled[0])
     if required and tr is None and window is not None and s.cwd is None and \
@@ -380,3 +406,4 @@ STEPS: tuple[Step, ...] = (kind, expiry, resolve, forbids, network, permits, lim
                            facts, allow)
 """The decision order; ``guard.py``'s docstring lists the same names (a test keeps them equal).
 The last step always answers."""
+

@@ -11,7 +11,7 @@ from policy_engine.guard.resolve import Resolved
 from policy_engine.guard.steps import with_request_timeout
 from policy_engine.guard.tracer import Tracer
 from policy_engine.model import Decision, Profile, RuleRef, TraceStep
-from policy_engine.model.unchecked import SET_EXTRA, SET_FIELDS_SET, SET_PRIVATE
+from policy_engine.model.unchecked import SET_DICT, SET_EXTRA, SET_FIELDS_SET, SET_PRIVATE
 
 _STATUS: dict[ErrorCode, tuple[str, int]] = {c: (c.value, REGISTRY[c].http_status)
                                              for c in ErrorCode}
@@ -88,16 +88,10 @@ def deny(phash: str, code: ErrorCode, reason: str, rule: RuleRef | None,
         trace = tr.freeze()
     value, status = _STATUS[code]
     d = _NEW(Decision)
-    fields = d.__dict__
-    fields["decision"] = "deny"
-    fields["code"] = value
-    fields["http_status"] = status
-    fields["reason"] = reason
-    fields["rule"] = rule
-    fields["profile_hash"] = phash
-    fields["trace"] = trace
-    fields["limits"] = None
-    fields["limit_layers"] = None
+    # one dict display set as the ``__dict__``: ≈ 25 bytecodes less than a store a field
+    SET_DICT(d, {"decision": "deny", "code": value, "http_status": status, "reason": reason,
+                 "rule": rule, "profile_hash": phash, "trace": trace, "limits": None,
+                 "limit_layers": None})
     SET_FIELDS_SET(d, _FIELDS_SET)
     SET_EXTRA(d, None)
     SET_PRIVATE(d, None)

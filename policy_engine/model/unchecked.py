@@ -13,3 +13,4 @@ from pydantic import BaseModel
 SET_FIELDS_SET = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 SET_EXTRA = BaseModel.__dict__["__pydantic_extra__"].__set__
 SET_PRIVATE = BaseModel.__dict__["__pydantic_private__"].__set__
+SET_DICT = BaseModel.__dict__["__dict__"].__set__  # the whole ``__dict__`` at once

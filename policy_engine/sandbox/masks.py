@@ -100,6 +100,36 @@ class _Listing:
     too_big: bool = False  # more than MAX_DIR_ENTRIES: not listed, masked whole
     cost: int = 0  # approximate bytes held
 
+    def to_row(self, path: str) -> tuple[object, ...]:
+        """Plain values for ``listing_store`` (``marshal`` keeps the frozenset as it is)."""
+        return (path, self.key, self.names, self.subdirs, self.subpaths, self.too_big, self.cost)
+
+    @staticmethod
+    def from_row(row: Any) -> tuple[str, _Listing]:
+        """A stored row back, trusted as it was when saved; another shape is a ValueError (the
+        file is this user's own, ``listing_store``: the checks catch a format change)."""
+        if type(row) is not tuple or len(row) != 7:
+            raise ValueError("not a stored listing")
+        path, key, names, subdirs, subpaths, too_big, cost = row
+        if type(path) is not str or type(key) is not tuple or len(key) != 3 or \
+                type(names) is not frozenset or type(subdirs) is not tuple or \
+                type(subpaths) is not tuple or len(subpaths) != len(subdirs) or \
+                type(too_big) is not bool or type(cost) is not int:
+            raise ValueError("not a stored listing")
+        # the slots' own setters: the frozen dataclass's ``__init__`` (``object.__setattr__`` a
+        # field) cost 8 µs a row, 26,000 rows at a start
+        listing = _NEW_LISTING(_Listing)
+        for setter, value in zip(_LISTING_SETTERS, (key, names, subdirs, subpaths, True, too_big,
+                                                     cost), strict=True):
+            setter(listing, value)
+        return path, listing
+
+
+Listing = _Listing
+_NEW_LISTING = object.__new__
+_LISTING_SETTERS = tuple(getattr(_Listing, f).__set__ for f in (
+    "key", "names", "subdirs", "subpaths", "trusted", "too_big", "cost"))
+
 
 def _cost(names: Sequence[str], subpaths: Sequence[str]) -> int:
     return (_DIR_COST + sum(_NAME_COST + len(n) for n in names)
@@ -141,6 +171,25 @@ class DirCache:
         if self.watcher is not None:
             self.watcher.close()
             self.watcher = Watcher()
+
+    def adopt(self, listings: Iterable[tuple[str, _Listing]]) -> int:
+        """Take stored listings (``listing_store``) for paths not listed here yet; each is
+        reused only under its own ``(st_dev, st_ino, st_ctime_ns)``, as a fresh one is."""
+        n = 0
+        with self._lock:
+            for path, listing in listings:
+                if path not in self._data:
+                    self._data[path] = listing
+                    self._data_bytes += listing.cost
+                    n += 1
+            self._data_bytes = self._evict(self._data, self._data_bytes, self.max_bytes // 2,
+                                           lambda listing: int(listing.cost))
+        return n
+
+    def trusted_listings(self) -> list[tuple[str, _Listing]]:
+        """The listings a later run may reuse (taken past ``RACY_NS``), a snapshot."""
+        with self._lock:
+            return [(p, lst) for p, lst in self._data.items() if lst.trusted]
 
     def held_bytes(self) -> int:
         """The approximate bytes held (listings, walk records, hard-link listings)."""

@@ -365,7 +365,7 @@ class ProcExecutor:
             mapped = owner.map_root_trees(roots, plan.resolved, self.run_as,
                                           plan.mask_files + plan.mask_dirs + plan.readonly,
                                           unavailable)
-        except owner.TooManyLinks as exc:
+        except (owner.TooManyLinks, ValueError) as exc:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: {exc}") from None
         twin = copy.copy(self)
         twin.root_trees = mapped

@@ -130,9 +130,10 @@ def _open_beneath(root: str, rel: str) -> int:
 
 
 def _mask_file(plain_root: str, mapped_root: str, rel: str) -> None:
-    """Bind ``plain_root/rel`` read-only (and nosuid, nodev) over the same file seen through
-    the id-mapped ``mapped_root``: a root file with a name outside the tree (a hard link to a
-    host file) stays root's there, unwritable, its mode unchangeable by the sandbox."""
+    """Bind ``plain_root/rel`` read-only (and nosuid, nodev) over the same file or directory
+    seen through the id-mapped ``mapped_root``: a root file with a name outside the tree (a hard
+    link to a host file), a masked or write-forbidden one, stays root's there, unwritable, its
+    mode unchangeable by the sandbox (Landlock governs no ``chmod``)."""
     try:
         src = _open_beneath(plain_root, rel)
     except FileNotFoundError:
@@ -141,8 +142,10 @@ def _mask_file(plain_root: str, mapped_root: str, rel: str) -> None:
         dst = _open_beneath(mapped_root, rel)
         try:
             a, b = os.fstat(src), os.fstat(dst)
-            if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) or not stat.S_ISREG(a.st_mode):
+            if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
                 raise IdmapError(0, f"{rel} changed while the call was planned")
+            if not stat.S_ISREG(a.st_mode) and not stat.S_ISDIR(a.st_mode):
+                return  # a symlink's mode is not the sandbox's to change
             tree = _libc.syscall(_SYS_OPEN_TREE, src, b"",
                                  _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_EMPTY_PATH)
             if tree < 0:

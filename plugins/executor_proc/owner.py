@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from plugins.executor_proc import idmap, uid
+from policy_engine.guard.binds import beneath
 
 
 def tree_owner(writable: Iterable[str]) -> tuple[int, int] | None:
@@ -82,13 +83,21 @@ class TooManyLinks(Exception):
         self.paths = paths
 
 
+MAX_PLAIN = 256
+"""Masked and write-forbidden paths bound from the plain tree beneath the id-mapped binds of one
+call (each a mount); past it the call is refused."""
+
+
 def map_root_trees(roots: list[str], resolved: dict[str, str], run_as: tuple[int, int],
                    masked: Iterable[str], unavailable: str | None) -> RootTrees:
     """Id-mapped binds of ``roots`` (writable paths root owns, system trees and shared roots
-    already left out by the caller), their hard-linked root files found first.
-    ``unavailable`` says why this launcher cannot carry one (then none is tried).
+    already left out by the caller), their hard-linked root files found first. The ``masked``
+    paths beneath them (secrets, write-forbidden paths) are bound from the plain tree too: the
+    mapping would make them the sandbox's, whose mode it could then change (Landlock governs
+    no ``chmod``). ``unavailable`` says why this launcher cannot carry one (then none is tried).
 
     :raises TooManyLinks: past ``uid.MAX_LINKED`` linked files (nothing mounted).
+    :raises ValueError: past ``MAX_PLAIN`` masked paths beneath the roots (nothing mounted).
     """
     out = RootTrees(roots)
     if not roots:
@@ -103,8 +112,14 @@ def map_root_trees(roots: list[str], resolved: dict[str, str], run_as: tuple[int
     out.linked = [w + p[len(src):] for w, src in sources.items() for p in linked[src]]
     if len(out.linked) > uid.MAX_LINKED:
         raise TooManyLinks(out.linked)
+    plain = {src: [*linked[src], *(src + p[len(w):] for p in skip if p != w and beneath(p, w))]
+             for w, src in sources.items()}
+    if sum(len(v) for v in plain.values()) - len(out.linked) > MAX_PLAIN:
+        raise ValueError(f"more than {MAX_PLAIN} masked or write-forbidden paths beneath the "
+                         "writable paths root owns would each need a bind of their own: narrow "
+                         "the fs rules, or keep the workspace owned by an unprivileged user")
     try:
-        out.mounted = idmap.IdMapped(list(sources.values()), *run_as, readonly=linked)
+        out.mounted = idmap.IdMapped(list(sources.values()), *run_as, readonly=plain)
     except OSError as exc:
         out.failed, out.linked = str(exc), []
         return out

@@ -187,3 +187,32 @@ def test_links_kept_inside_the_tree_stay_writable(place: Path) -> None:  # noqa:
     os.link(root / "out" / "a.txt", place / "elsewhere.txt")
     assert uid.linked_files([str(root / "out")]) == sorted(
         [str(root / "out" / "a.txt"), str(root / "out" / "b.txt")])
+
+
+CHMOD = ("import errno, json, os, sys\nr = {}\nfor p in sys.argv[2:]:\n"
+         "    try:\n        os.chmod(p, 0o666); r[p] = 'ok'\n"
+         "    except OSError as e:\n        r[p] = errno.errorcode.get(e.errno, str(e.errno))\n"
+         "print(json.dumps(r))\n")
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "landlock", "unshare"])
+def test_masked_files_in_a_mapped_tree_keep_their_mode(place: Path, backend: str) -> None:  # noqa: F811
+    """Through the id-mapped bind root's files look like the sandbox's own, and Landlock
+    governs no ``chmod``: a masked ``.env`` (0600) must not be opened to every host user by a
+    mode change; it is bound from the plain tree, root's, like a hard-linked file."""
+    root = _tree(place)
+    env = root / "out" / ".env"
+    env.write_text("SECRET=1")
+    env.chmod(0o600)
+    ex = ProcExecutor(backend)
+    try:
+        ctx = ExecContext(profile=make_profile(root), deadline=time.monotonic() + 60)
+        out = ex.execute(ctx, ProcExecOp(tool="/usr/bin/python3", args=(
+            "-c", CHMOD, "-", str(env), str(root / "out" / "a.txt")))).out
+    finally:
+        ex.close()
+    assert isinstance(out, dict)
+    seen = json.loads(str(out["stdout"]))
+    assert seen[str(env)] != "ok", seen
+    assert seen[str(root / "out" / "a.txt")] == "ok", seen  # the tree's own files: as before
+    assert (stat.S_IMODE(env.lstat().st_mode), env.lstat().st_uid) == (0o600, 0)

@@ -243,8 +243,9 @@ class ProcExecutor:
     def _refuse_engine_trees(self, plan: Plan) -> None:
         """A writable bind that is, holds or lies inside the launcher cache, the engine's
         config or a login hook directory is refused, whatever the policy permits: the sandbox
-        uid would get the launcher handed over (``uid.adopt``) and replace it, and the engine
-        would run the replacement as its own uid (outsider attack round 3, F7)."""
+        uid could replace the launcher (root's files there are its own through the id-mapped
+        bind, ``owner.py``), and the engine would run the replacement as its own uid (outsider
+        attack round 3, F7)."""
         cache = self.options.launcher_cache
         extra = [(cache, "the engine's native launcher cache")] if cache else []
         trees = enginedirs.protected_trees(os.environ, extra)

@@ -1,8 +1,8 @@
 """Id-mapped binds: the sandbox uid writes a root-owned tree as root, and no owner changes.
 
-A root engine runs its sandboxes as ``run_as`` (65533). A writable bind that root owns was
-handed to that uid before a call (``uid.adopt``: a ``chown`` of the user's tree; host git then
-called the repository "dubious ownership"). With an id-mapped mount (``mount_setattr`` with
+A root engine runs its sandboxes as ``run_as`` (65533). A writable bind that root owns used to
+be handed to that uid before a call (a ``chown`` of the user's tree; host git then called the
+repository "dubious ownership"; issue 26). With an id-mapped mount (``mount_setattr`` with
 ``MOUNT_ATTR_IDMAP``, Linux ≥ 5.12, on the file systems that support it) the tree is mounted
 once more, for the call, with on-disk uid/gid 0 shown as ``run_as``: the sandbox owns it inside,
 and what it writes lands on disk as root. Other owners' entries show as the overflow id
@@ -13,9 +13,10 @@ The mount is made by the engine (root) in the host's mount namespace under
 the root launcher binds it where the sandbox sees the writable path (staged for bubblewrap,
 bound back in place for the others). Root's files there with a name outside the tree (hard links
 to host files, which the mapping would make the sandbox's) are bound read-only over it from the
-plain tree first (:func:`_mask_file`; the staging binds are recursive, so they come along). It
-is detached, with those binds, when the call ends. The user namespace
-that carries the mapping (``0 run_as 1``) is made once per uid and kept open.
+plain tree first (:func:`_mask_file`; the staging binds are recursive, so they come along), and
+so are masked and write-forbidden paths. All is detached when the call ends. The user namespace
+that carries the mapping (``0 run_as 1``) is made once per uid and kept open. The mapped mount
+is not recursive: a mount point inside the tree shows its underlying directory there.
 """
 
 from __future__ import annotations

@@ -295,6 +295,14 @@ class ProcExecutor:
                     ErrorCode.CAPABILITY_BLOCKED, f"{self.name} would bind "
                     f"{len(readable) + len(writable)} paths (at most {MAX_BINDS}): narrow the "
                     "fs rules")
+        if self.run_as is not None and self.mode == "strict":  # dry run = run (owner.py)
+            writable = bound_paths(profile)[1]
+            why = self._idmap_unavailable()
+            roots = [w for w in writable if self._mappable(w)]
+            if why is not None and roots and owner.tree_owner(writable) is None:
+                note = owner.RootTrees(roots, failed=why).unwritable(self.run_as)
+                return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                         f"{self.name}: {note}{owner.STRICT_ADVICE}")
         return cwd_fact_refusal(profile, op, self.name)  # in this executor's view
 
     def fact_notes(self, profile: Profile, op: ExecOp) -> list[str]:
@@ -350,18 +358,13 @@ class ProcExecutor:
             return self
         # a bind holding or inside a system tree (`fs.write "/**"`), a shared root (`/opt`,
         # `/home`: installed software, other users' files) keeps root's entries root's
-        roots = [w for w in plan.writable if owner.owned_by_root(w)
-                 and not any(beneath(w, t) or beneath(t, w) for t in plan.system)
-                 and enginedirs.shared_root_refusal(os.path.realpath(w)) is None]
+        roots = [w for w in plan.writable if self._mappable(w)
+                 and not any(beneath(w, t) or beneath(t, w) for t in plan.system)]
         if not roots:
             return self
-        unavailable = None
-        if self._launcher()[0] is None:
+        unavailable = self._idmap_unavailable()
+        if unavailable is None and self._launcher()[0] is None:
             unavailable = "the Python launcher cannot bind id-mapped mounts"
-        elif self.backend == "bwrap" and not self.options.layer2:
-            # what the sandbox creates there is root's on disk: only the launcher's seccomp
-            # filter refuses set-uid/set-gid modes (a set-uid root file would be a host root)
-            unavailable = "without layer 2 no seccomp filter refuses set-id modes"
         try:
             mapped = owner.map_root_trees(roots, plan.resolved, self.run_as,
                                           plan.mask_files + plan.mask_dirs + plan.readonly,
@@ -373,6 +376,23 @@ class ProcExecutor:
         if self.backend == "bwrap":  # bwrap binds the mapped tree where the path was
             plan.resolved.update(mapped.targets)
         return twin
+
+    def _idmap_unavailable(self) -> str | None:
+        """Why this executor cannot carry an id-mapped bind, from its configuration alone."""
+        if self.options.launcher == "python":
+            return "the Python launcher cannot bind id-mapped mounts"
+        if self.backend == "bwrap" and not self.options.layer2:
+            # what the sandbox creates there is root's on disk: only the launcher's seccomp
+            # filter refuses set-uid/set-gid modes (a set-uid root file would be a host root)
+            return "without layer 2 no seccomp filter refuses set-id modes"
+        return None
+
+    @staticmethod
+    def _mappable(path: str) -> bool:
+        """A writable path root owns that is no shared root (`/opt`, `/home`: installed
+        software, other users' files keep root's entries root's)."""
+        return owner.owned_by_root(path) and enginedirs.shared_root_refusal(
+            os.path.realpath(path)) is None
 
     def _as_tree_owner(self, writable: list[str]) -> ProcExecutor:
         """This executor, or a per-call copy running as the one non-root owner of every
@@ -606,10 +626,8 @@ class ProcExecutor:
         mapped = self.root_trees
         if mapped is not None and mapped.failed is not None and self.run_as is not None:
             if self.mode == "strict":  # never a chown; in strict mode, no unwritable tree either
-                raise PolicyEngineError(
-                    ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: {mapped.unwritable(self.run_as)}"
-                    "; run in compat mode to run it so, use the native launcher with layer 2, "
-                    "or keep the tree owned by an unprivileged user")
+                raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: "
+                                        f"{mapped.unwritable(self.run_as)}{owner.STRICT_ADVICE}")
             why = mapped.unwritable(self.run_as)
             degraded = f"{degraded}; {why}" if degraded else why
         reach = self._reach(plan, private_tmp, exe)

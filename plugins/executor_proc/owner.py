@@ -71,6 +71,10 @@ class RootTrees:
                 "nothing changed owner (docs/operations.md, \"Who writes your files\")")
 
 
+STRICT_ADVICE = ("; run in compat mode to run it so, use the native launcher with layer 2, or "
+                 "keep the tree owned by an unprivileged user")
+
+
 class TooManyLinks(Exception):
     """More hard-linked root files than ``uid.MAX_LINKED`` beneath the root-owned binds."""
 

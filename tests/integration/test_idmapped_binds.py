@@ -17,7 +17,10 @@ from plugins.executor_proc.executor import ProcExecutor, ProcOptions
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext
 from policy_engine.model import ProcExecOp
-from tests.integration.test_backend_refusal_decision import _cli
+from tests.integration.test_backend_refusal_decision import (
+    _cli,
+    assert_run_denies_as_explain_said,
+)
 from tests.integration.test_proc_sandbox import make_profile
 from tests.integration.test_write_identity import _args, _repo, place  # noqa: F401 (fixture)
 
@@ -216,3 +219,24 @@ def test_masked_files_in_a_mapped_tree_keep_their_mode(place: Path, backend: str
     assert seen[str(env)] != "ok", seen
     assert seen[str(root / "out" / "a.txt")] == "ok", seen  # the tree's own files: as before
     assert (stat.S_IMODE(env.lstat().st_mode), env.lstat().st_uid) == (0o600, 0)
+
+
+def test_explain_refuses_what_the_run_refuses_without_an_id_mapped_bind(
+        tmp_path: Path, place: Path) -> None:  # noqa: F811
+    """Dry run equals run: proc-bwrap without layer 2 in strict mode is refused for a
+    root-owned tree by `explain` and by `run` alike, the same code and reason."""
+    repo = _repo(place, (0, 0))
+    args = _args(tmp_path, repo, "proc-bwrap")
+    (tmp_path / "engine.yaml").write_text(
+        f"state_dir: {tmp_path / 'state'}\nmode: strict\nbackends: {{proc.exec: proc-bwrap}}\n"
+        "options: {proc: {layer2: false}}\n")
+    dry = _cli("explain", *args, "--format", "json")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    said = json.loads(dry.stdout)
+    assert said["decision"] == "deny", said
+    assert said["code"] == "SANDBOX.CAPABILITY_BLOCKED", said
+    assert "no id-mapped bind" in said["reason"], said
+    assert_run_denies_as_explain_said(_cli("run", *args, "--format", "json"), said)
+    assert (repo / "a.txt").read_text() == "a"
+    owners = {(p.lstat().st_uid, p.lstat().st_gid) for p in [repo, *repo.rglob("*")]}
+    assert owners == {(0, 0)}, owners

@@ -21,6 +21,7 @@ is not recursive: a mount point inside the tree shows its underlying directory t
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
@@ -167,6 +168,35 @@ def _mask_file(plain_root: str, mapped_root: str, rel: str) -> None:
         os.close(src)
 
 
+_MS_BIND, _MS_PRIVATE = 0x1000, 1 << 18
+_private = False
+_pending: set[threading.Thread] = set()
+
+
+def _private_dir() -> None:
+    """``IDMAP_DIR``, root's 0700, made a private mount once: a mapping made under it is not
+    copied to every peer of the host's shared ``/run`` (each copy costs, and is one more place
+    it shows). The launcher's own namespace, made after the mapping, still copies it."""
+    global _private
+    with _lock:
+        os.makedirs(IDMAP_DIR, mode=0o700, exist_ok=True)
+        os.chmod(IDMAP_DIR, 0o700)  # INVARIANT: only root reaches the mappings
+        if _private:
+            return
+        where = os.fsencode(IDMAP_DIR)
+        if not os.path.ismount(IDMAP_DIR):
+            _libc.mount(where, where, None, _MS_BIND, None)
+        # best effort: a shared one only costs the copies
+        _private = _libc.mount(None, where, None, _MS_PRIVATE, None) == 0
+
+
+@atexit.register
+def _drain() -> None:
+    """Detach what is still being detached before the engine exits (no mapping left behind)."""
+    for thread in list(_pending):
+        thread.join(timeout=5)
+
+
 class IdMapped:
     """The id-mapped mounts of one call: ``source → mount point``; :meth:`close` detaches
     them. :raises IdmapError: from the constructor when one cannot be made (none is left)."""
@@ -174,8 +204,7 @@ class IdMapped:
     def __init__(self, sources: Iterable[str], uid: int, gid: int,
                  readonly: Mapping[str, Iterable[str]] | None = None) -> None:
         self.mounts: dict[str, str] = {}
-        os.makedirs(IDMAP_DIR, mode=0o700, exist_ok=True)
-        os.chmod(IDMAP_DIR, 0o700)  # INVARIANT: only root reaches the mappings
+        _private_dir()
         self._dir = os.path.join(IDMAP_DIR, secrets.token_hex(8))
         os.mkdir(self._dir, 0o700)
         try:
@@ -190,6 +219,24 @@ class IdMapped:
         except BaseException:
             self.close()
             raise
+
+    def close_later(self) -> None:
+        """:meth:`close` in a thread: a detach waits for an RCU grace period (milliseconds,
+        more under load) that the call's result need not wait for. Only root reaches the
+        mapping meanwhile, and the process waits for it at exit."""
+        self.mounts = {}
+        thread = threading.Thread(target=self._close_and_forget, name="idmap-detach",
+                                  daemon=True)
+        with _lock:
+            _pending.add(thread)
+        thread.start()
+
+    def _close_and_forget(self) -> None:
+        try:
+            self.close()
+        finally:
+            with _lock:
+                _pending.discard(threading.current_thread())
 
     def close(self) -> None:
         # rmdir only: a mount point that failed to detach still shows the user's tree, which

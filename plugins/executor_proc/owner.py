@@ -59,8 +59,9 @@ class RootTrees:
     failed: str | None = None  # why no id-mapped bind: strict refuses, compat runs unwritable
 
     def close(self) -> None:
+        """Detach the mappings (in the background: the call's result does not wait)."""
         if self.mounted is not None:
-            self.mounted.close()
+            self.mounted.close_later()
             self.mounted = None
 
     def unwritable(self, run_as: tuple[int, int]) -> str:

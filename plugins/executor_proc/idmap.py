@@ -190,6 +190,17 @@ def _private_dir() -> None:
         _private = _libc.mount(None, where, None, _MS_PRIVATE, None) == 0
 
 
+def _after_fork_in_child() -> None:
+    """A forked worker (prefork) starts with a fresh lock (another thread may have held the
+    parent's) and no detaches of its own to wait for; the user namespaces stay usable."""
+    global _lock
+    _lock = threading.Lock()
+    _pending.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @atexit.register
 def _drain() -> None:
     """Detach what is still being detached before the engine exits (no mapping left behind)."""

@@ -249,8 +249,9 @@ class ProcExecutor:
     def _refuse_engine_trees(self, plan: Plan) -> None:
         """A writable bind that is, holds or lies inside the launcher cache, the engine's
         config or a login hook directory is refused, whatever the policy permits: the sandbox
-        uid would get the launcher handed over (``uid.adopt``) and replace it, and the engine
-        would run the replacement as its own uid (outsider attack round 3, F7)."""
+        uid could replace the launcher (root's files there are its own through the id-mapped
+        bind, ``owner.py``), and the engine would run the replacement as its own uid (outsider
+        attack round 3, F7)."""
         cache = self.options.launcher_cache
         extra = [(cache, "the engine's native launcher cache")] if cache else []
         trees = enginedirs.protected_trees(os.environ, extra)
@@ -300,6 +301,14 @@ class ProcExecutor:
                     ErrorCode.CAPABILITY_BLOCKED, f"{self.name} would bind "
                     f"{len(readable) + len(writable)} paths (at most {MAX_BINDS}): narrow the "
                     "fs rules")
+        if self.run_as is not None and self.mode == "strict":  # dry run = run (owner.py)
+            writable = bound_paths(profile)[1]
+            why = self._idmap_unavailable()
+            roots = [w for w in writable if self._mappable(w)]
+            if why is not None and roots and owner.tree_owner(writable) is None:
+                note = owner.RootTrees(roots, failed=why).unwritable(self.run_as)
+                return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                         f"{self.name}: {note}{owner.STRICT_ADVICE}")
         return cwd_fact_refusal(profile, op, self.name)  # in this executor's view
 
     def fact_notes(self, profile: Profile, op: ExecOp) -> list[str]:
@@ -320,11 +329,13 @@ class ProcExecutor:
         stdin = _decode_stdin(op)
         private_tmp = None if self.backend == "bwrap" else tempfile.mkdtemp(prefix="pe-proc-")
         net: RestrictedHandle | None = None
+        runner: ProcExecutor | None = None
         try:
             # the identity first: the local runner's plan carves out what that uid owns
             runner = self._as_tree_owner(bound_paths(ctx.profile)[1])
             plan = runner._plan(ctx, op, private_tmp or "/tmp")
             self._refuse_engine_trees(plan)
+            runner = runner._with_idmapped(plan)  # a root-owned tree: mapped, never handed over
             plan.limits = resolve_limits(ctx.profile, op, ctx.limits)  # the rule's included
             if plan.network == "restricted" and self.network_hook is None:
                 net = RestrictedNetwork(ctx.profile, ctx.guard or self.guard,
@@ -334,6 +345,8 @@ class ProcExecutor:
             return runner._run(ctx, op, plan, stdin, private_tmp, ctx.profile.network.value,
                                net)
         finally:
+            if runner is not None and runner.root_trees is not None:
+                runner.root_trees.close()
             if net is not None:
                 _record_proxy(ctx, net)
             if private_tmp is not None:
@@ -341,6 +354,52 @@ class ProcExecutor:
 
     writes_as_owner = False
     """Set on the per-call copy that runs as the owner of the writable tree (``owner.py``)."""
+    root_trees: owner.RootTrees | None = None
+    """The per-call copy's id-mapped binds of root-owned writable paths (``owner.py``)."""
+
+    def _with_idmapped(self, plan: Plan) -> ProcExecutor:
+        """A per-call copy whose root-owned writable binds are id-mapped to ``run_as``, their
+        hard-linked root files bound read-only (``owner.map_root_trees``); where no id-mapped
+        bind can be made the copy records why (strict refuses in ``_run``)."""
+        if self.run_as is None or self.writes_as_owner:
+            return self
+        # a bind holding or inside a system tree (`fs.write "/**"`), a shared root (`/opt`,
+        # `/home`: installed software, other users' files) keeps root's entries root's
+        roots = [w for w in plan.writable if self._mappable(w)
+                 and not any(beneath(w, t) or beneath(t, w) for t in plan.system)]
+        if not roots:
+            return self
+        unavailable = self._idmap_unavailable()
+        if unavailable is None and self._launcher()[0] is None:
+            unavailable = "the Python launcher cannot bind id-mapped mounts"
+        try:
+            mapped = owner.map_root_trees(roots, plan.resolved, self.run_as,
+                                          plan.mask_files + plan.mask_dirs + plan.readonly,
+                                          unavailable)
+        except (owner.TooManyLinks, ValueError) as exc:
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: {exc}") from None
+        twin = copy.copy(self)
+        twin.root_trees = mapped
+        if self.backend == "bwrap":  # bwrap binds the mapped tree where the path was
+            plan.resolved.update(mapped.targets)
+        return twin
+
+    def _idmap_unavailable(self) -> str | None:
+        """Why this executor cannot carry an id-mapped bind, from its configuration alone."""
+        if self.options.launcher == "python":
+            return "the Python launcher cannot bind id-mapped mounts"
+        if self.backend == "bwrap" and not self.options.layer2:
+            # what the sandbox creates there is root's on disk: only the launcher's seccomp
+            # filter refuses set-uid/set-gid modes (a set-uid root file would be a host root)
+            return "without layer 2 no seccomp filter refuses set-id modes"
+        return None
+
+    @staticmethod
+    def _mappable(path: str) -> bool:
+        """A writable path root owns that is no shared root (`/opt`, `/home`: installed
+        software, other users' files keep root's entries root's)."""
+        return owner.owned_by_root(path) and enginedirs.shared_root_refusal(
+            os.path.realpath(path)) is None
 
     def _as_tree_owner(self, writable: list[str]) -> ProcExecutor:
         """This executor, or a per-call copy running as the one non-root owner of every
@@ -388,7 +447,10 @@ class ProcExecutor:
             # N2); that refusal is a mandatory one, so strict mode requires the filter
             "seccomp": {"deny_inet": off and net is None, "deny_setsid": strict,
                         "deny_unix": strict or unix_off,
-                        "required": strict or unix_off and self.mode == "strict"},
+                        # through an id-mapped bind what it creates is root's: set-id modes
+                        # must be refused (owner.py)
+                        "required": strict or unix_off and self.mode == "strict"
+                        or bool(self.root_trees and self.root_trees.targets)},
             "keep_status": net is not None,
             # proc-unshare: the launcher is pid 1 of the namespace; it stays, the tool is pid 2
             "init": self.backend == "unshare",
@@ -569,9 +631,18 @@ class ProcExecutor:
                     f"binds (at most {MAX_LANDLOCK_RULES}): narrow the fs rules (a broad `/**` "
                     "exposes every secret beneath it) or use proc-bwrap, which masks by mounts")
         exe, degraded = self._launcher()
+        mapped = self.root_trees
+        if mapped is not None and mapped.failed is not None and self.run_as is not None:
+            if self.mode == "strict":  # never a chown; in strict mode, no unwritable tree either
+                raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: "
+                                        f"{mapped.unwritable(self.run_as)}{owner.STRICT_ADVICE}")
+            why = mapped.unwritable(self.run_as)
+            degraded = f"{degraded}; {why}" if degraded else why
         reach = self._reach(plan, private_tmp, exe)
         ctx.started()  # every refusal above was free: nothing has been spawned yet
-        handed = self._hand_over(plan)
+        if mapped is not None and self.backend != "bwrap":
+            for w, mounted in mapped.targets.items():  # bound back in place, mapped
+                reach.rebinds.append((int(reach.stage(mounted).rsplit("/", 1)[1]), w))
         if self.run_as is not None and private_tmp is not None:
             os.chown(private_tmp, *self.run_as)  # the engine's own temp dir, not the user's
         layered = self.backend != "bwrap" or self.options.layer2
@@ -649,24 +720,7 @@ class ProcExecutor:
         result = self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
                               asked_network, degraded, chained=net is not None and layered,
                               oom_kills=oom_kills)
-        if handed and self.run_as is not None and isinstance(result.out, dict):
-            # never a silent chown: the call says what changed owner, and why (owner.py)
-            result.out["owner_changes"] = owner.handed_over(handed, self.run_as)
         return result
-
-    def _hand_over(self, plan: Plan) -> int:
-        """Root runs the sandbox as ``run_as``: the writable binds become its (a count)."""
-        if self.run_as is None or self.writes_as_owner:
-            return 0
-        # what root left in a writable bind (an fs.write, a checkout) must stay writable for
-        # the sandbox uid; masked secrets keep their owner; a writable bind holding or inside
-        # a system tree (`fs.write "/**"`) is never walked: /usr, /etc and / stay root's
-        # nor one that is or holds a shared root (`/opt`, `/home`: installed software, other
-        # users' files) or the engine's own trees: those keep their owner (round 3, F7)
-        return uid.adopt([w for w in plan.writable if not any(
-            beneath(w, t) or beneath(t, w) for t in plan.system)
-            and enginedirs.shared_root_refusal(os.path.realpath(w)) is None],
-            *self.run_as, masked=plan.mask_files + plan.mask_dirs + plan.readonly)
 
     def start_interpreter(self, ctx: ExecContext, op: ExecOp,
                           lifetime_s: float) -> interpreter.InterpreterProcess:

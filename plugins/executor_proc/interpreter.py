@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plugins.executor_proc import cgroups, sanitize, status_pipe
+from plugins.executor_proc import cgroups, owner, sanitize, status_pipe
 from plugins.executor_proc.limits import describe
 from plugins.executor_proc.spec import Limits, Plan, resolve_limits
 from policy_engine import ErrorCode, PolicyEngineError
@@ -192,6 +192,8 @@ class InterpreterProcess:
                     os.close(self.status_r)
                 if self.cg is not None and self.pool is not None:
                     self.pool.release(self.cg)
+            if self.executor.root_trees is not None:  # its id-mapped binds (idempotent)
+                self.executor.root_trees.close()
             return was
 
     # --- internals ---------------------------------------------------------------------------
@@ -318,12 +320,20 @@ def start(executor: ProcExecutor, ctx: ExecContext, op: ProcExecOp,
     runner = executor._as_tree_owner(bound_paths(ctx.profile)[1])
     plan = runner._plan(ctx, server, "/tmp")
     runner._refuse_engine_trees(plan)
+    # a root-owned workspace: an id-mapped bind for the interpreter's life, never a chown;
+    # detached when the interpreter is closed
+    runner = runner._with_idmapped(plan)
+    mapped = runner.root_trees
+    if mapped is not None and mapped.failed is not None and runner.run_as is not None:
+        mapped.close()
+        if runner.mode == "strict":
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{runner.name}: "
+                                    f"{mapped.unwritable(runner.run_as)}{owner.STRICT_ADVICE}")
     lim: Limits = resolve_limits(ctx.profile, server, ctx.limits)
     plan.limits = dataclasses.replace(lim, timeout_s=lifetime_s)
     exe, _ = runner._launcher()
     reach = runner._reach(plan, None, exe)
     ctx.started()
-    runner._hand_over(plan)
     layered = runner.options.layer2
     spec = runner._launcher_spec(plan, None, None) if layered else None
     mine, theirs = socket.socketpair()

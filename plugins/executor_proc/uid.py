@@ -13,9 +13,10 @@ writable for the next call of the same workspace. Concurrent sandboxes sharing i
 each other: each has its own pid, ipc, network and mount namespace (no process, signal, socket
 or path of one is visible to another).
 
-Writable binds: entries the engine's own uid (root) owns are handed to the sandbox uid before a
-call (``adopt``: no symlink followed, no hard-linked file, no masked path touched); entries of
-other users keep their owner and only their mode decides.
+Writable binds the engine's own uid (root) owns are bound through an id-mapped mount that shows
+root as the sandbox uid (``idmap.py``): nothing changes owner, and what the tool writes there is
+root's; root's files with a name outside the tree (:func:`linked_files`) stay read-only.
+Entries of other users keep their owner and only their mode decides.
 """
 
 from __future__ import annotations
@@ -114,39 +115,49 @@ def closed_ancestor(path: str, uid: int, gid: int) -> str | None:
     return None
 
 
-def adopt(roots: Iterable[str], uid: int, gid: int, masked: Iterable[str] = ()) -> int:
-    """Hand what the engine's uid owns beneath ``roots`` to ``uid:gid``; returns how many entries
-    changed. Directories and regular files only, each through a descriptor opened with
-    ``O_NOFOLLOW`` and checked after opening (a name swapped for a symlink or a hard link to a
-    foreign file changes nothing); a file with more than one link keeps its owner; the walk
-    stays on the root's file system. The caller keeps system trees out of ``roots``.
+MAX_LINKED = 64
+"""Hard-linked root files masked read-only beneath the id-mapped binds of one call; past it the
+call is refused (each one is a bind the launcher stages)."""
 
-    A directory whose ``(st_dev, st_ino, st_ctime_ns)`` is what it was when it was last fully
-    handled (and older than ``RACY_NS`` then) is not listed again: a new entry changes its ctime.
-    So a warm call costs one ``open`` + ``fstat`` per directory, not one ``lstat`` per file.
+
+def linked_files(roots: Iterable[str], masked: Iterable[str] = ()) -> list[str]:
+    """Regular files the engine's uid owns beneath ``roots`` with a name outside their root: more
+    links than the walk found names for inside it (a hard link in the workspace to a host file).
+    An id-mapped bind shows every root inode of the tree as the sandbox's own, so these are
+    bound read-only from the plain tree (``idmap.py``). Symlinks are never followed; the walk
+    stays on the root's file system; masked paths are skipped (they are covered anyway).
+
+    A directory whose ``(st_dev, st_ino, st_ctime_ns)`` is what it was when it was last listed
+    (and older than ``RACY_NS`` then) is not listed again: a new entry changes its ctime. Only
+    its remembered subdirectories are entered and its remembered linked files looked at afresh
+    (their link count may have changed), so a warm call costs one ``open`` + ``fstat`` per
+    directory, not one ``lstat`` per file. Known gap (as ``policy_engine.sandbox.hardlinks``): a
+    file listed with one link that later gains a name elsewhere, its directory unchanged, is not
+    seen until its directory changes; only host root can make such a link.
     """
     me = os.geteuid()
     skip = set(masked)
-    changed = 0
+    out: list[str] = []
     for root in roots:
         try:
             fd = os.open(root, _FLAGS | os.O_DIRECTORY)
         except OSError:
             continue
         dev = os.fstat(fd).st_dev
+        found: dict[tuple[int, int], tuple[int, list[str]]] = {}  # inode: (links, names here)
         # depth first, one open descriptor per level: a wide tree holds few descriptors
         stack: list[_Level] = []
-        changed += _enter(fd, root, me, uid, gid, stack)
+        _enter(fd, root, me, stack)
         while stack:
             level = stack[-1]
             e = next(level.entries, None)
             if e is None:
                 stack.pop()
-                if level.key is not None:  # every entry handled: remember the directory
+                if level.key is not None:  # every entry seen: remember the directory
                     with _lock:
                         if len(_done) >= MAX_REMEMBERED:  # a bound, not an LRU: rare, cheap
                             _done.clear()
-                        _done[level.key] = tuple(level.subdirs)
+                        _done[level.key] = (tuple(level.subdirs), tuple(level.linked))
                 os.close(level.fd)
                 continue
             name, is_dir = e
@@ -160,68 +171,59 @@ def adopt(roots: Iterable[str], uid: int, gid: int, masked: Iterable[str] = ()) 
                         os.close(sub)
                         continue
                     level.subdirs.append(name)
-                    changed += _enter(sub, path, me, uid, gid, stack)
-                else:
-                    changed += _adopt_file(level.fd, name, me, uid, gid)
-    return changed
+                    _enter(sub, path, me, stack)
+                    continue
+                st = os.lstat(name, dir_fd=level.fd)
+                if stat.S_ISREG(st.st_mode) and st.st_uid == me and st.st_nlink > 1:
+                    level.linked.append(name)
+                    links, names = found.setdefault((st.st_dev, st.st_ino), (st.st_nlink, []))
+                    names.append(path)
+        # every name of an inode inside this root: the links stay in the tree, nothing to mask
+        out += [p for links, names in found.values() if len(names) < links for p in names]
+    return sorted(out)
 
 
 @dataclass(slots=True)
 class _Level:
     fd: int
     path: str
-    entries: Iterator[tuple[str, bool]]  # (name, is a directory); files listed only if root's
-    key: tuple[int, int, int, int, int] | None  # cache key once trusted
+    entries: Iterator[tuple[str, bool]]  # (name, is a directory); files: root's, linked
+    key: tuple[int, int, int] | None  # cache key once trusted
     subdirs: list[str]
+    linked: list[str]
 
 
 _lock = threading.Lock()
-_done: dict[tuple[int, int, int, int, int], tuple[str, ...]] = {}
+_done: dict[tuple[int, int, int], tuple[tuple[str, ...], tuple[str, ...]]] = {}
 RACY_NS = 2_000_000_000
 MAX_REMEMBERED = 200_000  # directories; a forgotten one is listed again, nothing else
 
 
-def _enter(fd: int, path: str, me: int, uid: int, gid: int, stack: list[_Level]) -> int:
-    """Adopt the directory open as ``fd`` and push what is left to do in it (its listing, or
-    only its subdirectories when it did not change since it was last handled)."""
+def _enter(fd: int, path: str, me: int, stack: list[_Level]) -> None:
+    """Push what is left to do in the directory open as ``fd``: its listing, or only its
+    remembered subdirectories and linked files when it did not change since it was listed."""
     try:
         st = os.fstat(fd)
-        adopted = 0
-        if st.st_uid == me:
-            os.fchown(fd, uid, gid)
-            adopted = 1
-            st = os.fstat(fd)  # the chown changed its ctime
-        key = (st.st_dev, st.st_ino, st.st_ctime_ns, uid, gid)
+        key = (st.st_dev, st.st_ino, st.st_ctime_ns)
         with _lock:
             known = _done.get(key)
         if known is not None:
-            stack.append(_Level(fd, path, iter([(n, True) for n in known]), None, []))
-            return adopted
-        entries: list[tuple[str, bool]] = []
+            subdirs, linked = known
+            entries = [(n, True) for n in subdirs] + [(n, False) for n in linked]
+            stack.append(_Level(fd, path, iter(entries), None, [], []))
+            return
+        listed: list[tuple[str, bool]] = []
         with os.scandir(fd) as it:
             for e in it:  # the descriptor scandir dup()s is closed when the listing ends
                 if e.is_symlink():
                     continue
                 est = e.stat(follow_symlinks=False)
                 if stat.S_ISDIR(est.st_mode):
-                    entries.append((e.name, True))
-                elif stat.S_ISREG(est.st_mode) and est.st_uid == me:
-                    entries.append((e.name, False))
+                    listed.append((e.name, True))
+                elif stat.S_ISREG(est.st_mode) and est.st_uid == me and est.st_nlink > 1:
+                    listed.append((e.name, False))
     except OSError:
         os.close(fd)
-        return 0
+        return
     trusted = time.time_ns() - st.st_ctime_ns > RACY_NS
-    stack.append(_Level(fd, path, iter(entries), key if trusted else None, []))
-    return adopted
-
-
-def _adopt_file(dfd: int, name: str, me: int, uid: int, gid: int) -> int:
-    fd = os.open(name, _FLAGS, dir_fd=dfd)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != me:
-            return 0
-        os.fchown(fd, uid, gid)
-        return 1
-    finally:
-        os.close(fd)
+    stack.append(_Level(fd, path, iter(listed), key if trusted else None, [], []))

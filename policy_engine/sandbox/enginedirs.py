@@ -58,9 +58,9 @@ def engine_code() -> list[str]:
 SHARED_ROOTS: tuple[str, ...] = ("/opt", "/srv", "/home", "/mnt", "/media", "/var", "/var/www",
                                  "/var/opt", "/var/backups", "/var/tmp", "/usr/local", "/root")
 """Trees holding other users' or installed software's files: a writable entry may not be or hold
-one (``/opt/myproject`` is fine). An engine running as root hands what root owns in a writable
-bind to the sandbox uid (``plugins/executor_proc/uid.py``: ``adopt``), which would take every
-root-owned file beneath ``/opt`` or ``/home`` (outsider attack round 3, F7 note)."""
+one (``/opt/myproject`` is fine). An engine running as root lets the sandbox uid write what root
+owns in a writable bind (an id-mapped bind, ``plugins/executor_proc/owner.py``), which would make
+every root-owned file beneath ``/opt`` or ``/home`` writable (outsider attack round 3, F7 note)."""
 
 
 def shared_root_refusal(path: str, shown: str | None = None) -> str | None:

@@ -83,6 +83,10 @@ def executors() -> Iterator[dict[str, ProcExecutor]]:
 def world() -> Iterator[Path]:
     with planted_world("pe-hostipc-") as r:
         (r / "work").mkdir(mode=0o777)
+        # the sandbox uid's, as an earlier call leaves it: a root-owned tree would be id-mapped,
+        # which the Python launcher cannot carry (refused in strict mode, issue 26)
+        for tree in (r / "work", r / "out"):
+            os.chown(tree, 65533, 65533)
         yield r
 
 

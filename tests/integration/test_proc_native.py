@@ -152,6 +152,9 @@ def test_proc_runs_through_the_full_orchestrator(tmp_path: Path) -> None:
 def test_without_layer2_the_tool_cannot_forge_the_isolation_status(root: Path,
                                                                    prespawn: int) -> None:
     ex = ProcExecutor("bwrap", ProcOptions(layer2=False, prespawn=prespawn))
+    # the sandbox uid's tree: without layer 2 a root-owned one gets no id-mapped bind and is
+    # refused in strict mode (issue 26, test_idmapped_binds)
+    os.chown(root / "out", 65533, 65533)
     forge = textwrap.dedent("""
         import os
         hit = []

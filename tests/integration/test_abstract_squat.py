@@ -39,6 +39,10 @@ SQUAT = textwrap.dedent("""
         except OSError as e:
             print(what, "refused", e.errno, flush=True)
     a.sendall(b"pair"); print("pair", b.recv(4).decode())
+    try:  # a host port: the local runner keeps the host's network, the profile says off
+        t = socket.socket(); t.bind(("127.0.0.1", 0)); print("tcp BOUND", t.getsockname())
+    except OSError as e:
+        print("tcp refused", e.errno, flush=True)
     open(out + "/attempted", "w").close()
     deadline = time.monotonic() + 20
     while not os.path.exists(out + "/done") and time.monotonic() < deadline:
@@ -106,3 +110,4 @@ def test_a_sandbox_cannot_squat_a_host_abstract_socket_name(
     if backend in HOST_NETNS:
         assert "named refused" in stdout, stdout
         assert "autobind refused" in stdout, stdout
+        assert "tcp refused" in stdout, stdout

@@ -445,8 +445,11 @@ class ProcExecutor:
             # network off no AF_UNIX socket under bwrap either: its own network namespace hides
             # abstract sockets, not a host listener's socket file in a bound tree (second pass,
             # N2); that refusal is a mandatory one, so strict mode requires the filter
+            # no bind with network off (abstract names live in the host's namespace under
+            # proc-landlock and local: attack32 L6); the local runner's plan keeps the host's
+            # network, so the profile's own mode says it
             "seccomp": {"deny_inet": off and net is None, "deny_setsid": strict,
-                        "deny_unix": strict or unix_off,
+                        "deny_unix": strict or unix_off, "deny_bind": plan.no_bind and net is None,
                         # through an id-mapped bind what it creates is root's: set-id modes
                         # must be refused (owner.py)
                         "required": strict or unix_off and self.mode == "strict"
@@ -487,7 +490,8 @@ class ProcExecutor:
             args += ["-p", f"{landlock.ACCESS[access]}:{path}"]
         if sc is not None:
             args += ["-F" if sc["required"] else "-f",
-                     _filter_hex(sc["deny_inet"], sc["deny_setsid"], sc["deny_unix"])]
+                     _filter_hex(sc["deny_inet"], sc["deny_setsid"], sc["deny_unix"],
+                                 sc.get("deny_bind", False))]
         return args
 
     def _command(self, plan: Plan, spec: dict[str, Any] | None, status_fd: int,
@@ -917,9 +921,9 @@ def host_rlimits(lim: Limits, cg: cgroups.ExecCgroup | None,
 
 
 @functools.lru_cache(maxsize=8)
-def _filter_hex(deny_inet: bool, deny_setsid: bool, deny_unix: bool) -> str:
+def _filter_hex(deny_inet: bool, deny_setsid: bool, deny_unix: bool, deny_bind: bool) -> str:
     return seccomp.build_filter(deny_inet=deny_inet, deny_setsid=deny_setsid,
-                                deny_unix=deny_unix).hex()
+                                deny_unix=deny_unix, deny_bind=deny_bind).hex()
 
 
 def _decode_stdin(op: ProcExecOp) -> bytes | None:

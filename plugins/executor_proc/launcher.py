@@ -76,7 +76,8 @@ def apply(spec: dict[str, Any]) -> dict[str, Any]:
     if sc is not None:
         try:
             n = seccomp.install(deny_inet=sc["deny_inet"], deny_setsid=sc["deny_setsid"],
-                                deny_unix=sc.get("deny_unix", False))
+                                deny_unix=sc.get("deny_unix", False),
+                                deny_bind=sc.get("deny_bind", False))
             status["seccomp"] = f"enforced ({n} instructions)"
         except OSError as err:
             status["seccomp"] = f"unavailable: {err}"

@@ -47,6 +47,7 @@ _CLONE_NS_FLAGS = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x1000000
 _PERSONALITY_OK = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)  # Docker's list; no ADDR_NO_RANDOMIZE
 _AF_UNIX = 1
 _NR_SOCKETPAIR, _SOCK_TYPE_MASK, _SOCK_DGRAM = 53, 0xF, 2
+_NR_BIND = 49
 _NR_OPENAT2 = 437
 # fallocate(fd, mode, ...): RLIMIT_FSIZE bounds a file's size, not its allocation, and
 # FALLOC_FL_KEEP_SIZE allocates any amount without growing the size (second pass, N1: 3 GiB
@@ -95,7 +96,8 @@ def _arg_rule(nr: int, conds: tuple[tuple[int, int], ...], eperm: bytes) -> list
     return [*out, eperm, _ins(_LD_W_ABS, _OFF_NR)]
 
 
-def build_filter(*, deny_inet: bool, deny_setsid: bool, deny_unix: bool = False) -> bytes:
+def build_filter(*, deny_inet: bool, deny_setsid: bool, deny_unix: bool = False,
+                 deny_bind: bool = False) -> bytes:
     """The BPF program: EPERM for denied calls, ENOSYS for clone3 and openat2 (so libc falls
     back to clone and openat, whose arguments we can inspect), namespace flags on clone refused,
     setuid/setgid modes and device nodes refused, preallocating ``fallocate`` modes refused
@@ -107,6 +109,15 @@ def build_filter(*, deny_inet: bool, deny_setsid: bool, deny_unix: bool = False)
     socket file connectable, so this is what keeps a sandbox with network off away from every
     host process listening on a path it can see (second pass, N2). A stream ``socketpair``
     stays: its two ends are connected to each other and to nothing else.
+
+    ``deny_bind`` (network off): no ``bind`` at all. Binding an end of the stream socketpair
+    to an abstract name takes that name in the network namespace, which for proc-landlock and
+    the local runner is the host's: a host service binding the same name got EADDRINUSE while
+    the call ran (attack32 L6). Landlock's abstract-socket scope (ABI 6) refuses only
+    ``connect``/``sendto`` across the domain, not ``bind``, and seccomp cannot read the
+    address, so the whole call goes; with network off nothing needs it (the socketpair needs
+    no name), and under the local runner, which keeps the host's network, it is also what stops
+    a network-off call from listening on a host port.
     """
     eperm = _ret(_RET_ERRNO | errno.EPERM)
     prog = [_ins(_LD_W_ABS, _OFF_ARCH), _ins(_JEQ_K, _AUDIT_ARCH_X86_64, 1, 0),
@@ -135,6 +146,8 @@ def build_filter(*, deny_inet: bool, deny_setsid: bool, deny_unix: bool = False)
                  _ins(_LD_W_ABS, _OFF_NR)]
     if deny_unix:
         prog += _unix_rules(eperm)
+    if deny_bind:
+        prog += [_ins(_JEQ_K, _NR_BIND, 0, 1), eperm]
     prog.append(_ret(_RET_ALLOW))
     return b"".join(prog)
 
@@ -163,14 +176,16 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def install(*, deny_inet: bool, deny_setsid: bool = False, deny_unix: bool = False) -> int:
+def install(*, deny_inet: bool, deny_setsid: bool = False, deny_unix: bool = False,
+            deny_bind: bool = False) -> int:
     """Install the filter on this thread (inherited across fork and exec); returns its length.
 
     :raises OSError: when seccomp is unsupported here or prctl fails.
     """
     if not supported():
         raise OSError(errno.ENOSYS, f"seccomp filter has no table for {platform.machine()}")
-    code = build_filter(deny_inet=deny_inet, deny_setsid=deny_setsid, deny_unix=deny_unix)
+    code = build_filter(deny_inet=deny_inet, deny_setsid=deny_setsid, deny_unix=deny_unix,
+                        deny_bind=deny_bind)
     buf = ctypes.create_string_buffer(code, len(code))
     prog = _SockFprog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p).value)
     libc = ctypes.CDLL(None, use_errno=True)

@@ -27,6 +27,7 @@ from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
     CapabilityKind,
     FsCapability,
+    NetworkMode,
     ProcExecOp,
     Profile,
 )
@@ -90,6 +91,9 @@ class Plan:
     readonly: list[str] = field(default_factory=list)
     limits: Limits | None = None
     network: str = "off"
+    # the profile's network is off: no socket may be given a name (the local runner keeps the
+    # host's network whatever the profile says; seccomp.build_filter's ``deny_bind``)
+    no_bind: bool = False
     # trees readable and executable (the local runner's host view), carved around the masks
     open_trees: list[str] = field(default_factory=list)
     # a preview's host-wide mask globs, planned by the run only (preview_masks.py)
@@ -383,5 +387,6 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
         readonly=_write_forbidden(profile, writable, files + dirs),
         limits=resolve_limits(profile, op),
         network="on" if host_roots else profile.network.value,
+        no_bind=profile.network is NetworkMode.OFF,
         open_trees=list(host_roots), masked_at_run=later or [],
     )

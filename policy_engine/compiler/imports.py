@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from policy_engine.compiler.context import CompileContext, Unit
@@ -85,3 +86,19 @@ def _visit(walk: _Walk, real: str, shown: str, *, root: bool, via: ast.Import | 
     walk.stack.pop()
     rel = os.path.relpath(real, walk.base_dir).replace(os.sep, "/")
     ctx.units.append(Unit(pf, rel, root))
+
+
+def bundle_files(paths: Sequence[str | os.PathLike[str]], home: str) -> list[str]:
+    """What compiling ``paths`` would read now (display paths, as ``PolicySet.files`` names
+    them), plus every ``.sbpolicy`` import target that is not there yet: the files a watcher
+    of the bundle on disk must look at (the reloader's writer check covers each of them)."""
+    ctx = CompileContext(paths=tuple(paths), home=home)
+    resolve_imports(ctx)
+    files = {os.fspath(p) for p in paths}
+    for unit in ctx.units:
+        files.add(unit.file.file)
+        here = os.path.dirname(unit.file.file)
+        for imp in unit.file.imports:
+            if imp.path.value.endswith(POLICY_SUFFIX):
+                files.add(os.path.normpath(os.path.join(here, imp.path.value)))
+    return sorted(files)

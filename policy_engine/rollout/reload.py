@@ -1,9 +1,12 @@
 """Hot reload: a long-running orchestrator picks up a changed policy bundle, atomically.
 
 ``PolicyReloader.check()`` hashes the bundle's files (the entry files and every import the last
-good compilation followed). When the content changed and has stayed the same for one more
-check (an editor or a `git checkout` writing several files is not caught half-way), the new
-bundle is compiled and checked; only a bundle that compiles is swapped in
+good compilation followed); once one changed, the imports of the bundle now on disk are followed
+again, so every file of the candidate bundle is watched and checked (issue 32 follow-up, attack32
+M4: a new import still being written went live). When the content changed and has stayed the
+same for one more check (an editor or a `git checkout` writing several files is not caught
+half-way), the new bundle is compiled and checked; its files are hashed again after the compile
+(one changed meanwhile: dropped, settle again); only a bundle that compiles is swapped in
 (``Orchestrator.swap_policy``: one assignment). New calls see it at once; calls already
 running finish under the policy they started with, and every call's evidence records the
 version it ran under (``policy_version_hash``). A bundle that does not compile keeps the old
@@ -39,6 +42,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from policy_engine.compiler import compile_files
+from policy_engine.compiler.imports import bundle_files
 from policy_engine.dsl.parser import MAX_POLICY_BYTES
 from policy_engine.errors import DIAGNOSTICS, DiagnosticsError
 from policy_engine.graph.policyset import PolicySet
@@ -86,6 +90,10 @@ def _leases_safe() -> bool:
     return True
 
 
+FileState = tuple[tuple[int, int] | None, str]
+"""A bundle file's (device, inode) and the SHA-256 of its content."""
+
+
 def _identity(path: Path) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -111,8 +119,10 @@ class PolicyReloader:
         # False: never ask the kernel about writers, take atomic replaces only (the fallback)
         self.writer_probe = writer_probe and _leases_safe()
         self._files = self._bundle_files()
-        self._loaded = self._fingerprint()
         self._loaded_files = self._per_file()
+        self._loaded = self._fingerprint(self._loaded_files)
+        # the content the watched file set was last resolved from (the imports it names)
+        self._resolved_at: str | None = self._loaded
         self._seen: str | None = None  # content seen once, waiting for a second sighting
         self._failed: str | None = None  # content that did not compile (not retried)
         self.last_error: str | None = None
@@ -128,13 +138,32 @@ class PolicyReloader:
         files = {Path(f) for f in self.orchestrator.policyset.files} | set(self.entries)
         return tuple(sorted(files))
 
-    def _fingerprint(self) -> str:
+    def _candidate(self) -> str:
+        """The fingerprint of the bundle now on disk. When any watched file changed since the
+        set was last resolved, the entries' imports are followed again first, so a file the
+        new content imports is watched (and writer-checked) before anything is compiled."""
+        current = self._fingerprint()
+        if current == self._resolved_at:
+            return current
+        try:
+            found = bundle_files(list(self.entries), os.path.expanduser("~"))
+        except Exception:  # the compile that follows reports it, with its place
+            log.exception("following the policy's imports failed")
+            found = [str(p) for p in self._files]
+        files = tuple(sorted({Path(f) for f in found} | set(self.entries)))
+        if files == self._files:
+            self._resolved_at = current
+            return current
+        # resolved from content that may have moved on since: resolved again at the next poll
+        self._files, self._resolved_at = files, None
+        return self._fingerprint()
+
+    def _fingerprint(self, files: dict[Path, FileState] | None = None) -> str:
         h = hashlib.sha256()
-        for path in self._files:
-            h.update(str(path).encode() + b"\0")
-            h.update(self._content(path))
+        for path, (ident, digest) in sorted((files or self._per_file()).items()):
+            h.update(str(path).encode() + b"\0" + digest.encode())
             if not self.writer_probe:  # a rename of refused in-place content is a change
-                h.update(repr(_identity(path)).encode())
+                h.update(repr(ident).encode())
             h.update(b"\0")
         return h.hexdigest()
 
@@ -146,7 +175,7 @@ class PolicyReloader:
         except OSError as exc:  # a file being replaced: its absence is content too
             return f"<{exc.errno}>".encode()
 
-    def _per_file(self) -> dict[Path, tuple[tuple[int, int] | None, str]]:
+    def _per_file(self) -> dict[Path, FileState]:
         return {p: (_identity(p), hashlib.sha256(self._content(p)).hexdigest())
                 for p in self._files}
 
@@ -170,7 +199,7 @@ class PolicyReloader:
     def check(self) -> bool:
         """One poll; ``True`` when a new policy was swapped in."""
         with self._lock:
-            current = self._fingerprint()
+            current = self._candidate()
             if current == self._loaded:  # unchanged, or a broken edit taken back
                 self._seen, self._failed, self.last_error = None, None, None
                 return False
@@ -207,12 +236,19 @@ class PolicyReloader:
             except Exception as exc:  # an unreadable file, a compiler bug: keep the old one
                 return self._fail(current, f"{type(exc).__name__}: {exc}",
                                   f"{type(exc).__name__} while compiling the policy (see the log)")
+            after = self._per_file()
+            unread = {Path(f) for f in policyset.files} - set(self._files)
+            if unread or self._fingerprint(after) != current:
+                # a file changed while it was compiled (or the compile read one not checked):
+                # what was compiled may be a mix; settle and check again
+                log.info("policy changed while it was compiled; not loaded yet")
+                self._resolved_at = None
+                return False
             self.orchestrator.swap_policy(policyset)
             for listener in self.on_swap:
                 listener(policyset)
-            self._files = self._bundle_files()  # imports may have changed
-            self._loaded = self._fingerprint()
-            self._loaded_files = self._per_file()
+            self._loaded, self._loaded_files = current, after
+            self._resolved_at = current
             self._failed = None
             self.last_error = None
             self.reloads += 1

@@ -197,3 +197,62 @@ def test_a_half_written_policy_never_decides(svc: Service) -> None:
     assert len(seen) > 20
     assert {h for h, _ in seen} == {loaded["version_hash"], now["version_hash"]}
     assert {d for _, d in seen} == {"deny"}  # the prefix (no forbid) never decided
+
+
+HOLD_NEW = """import sys, time
+path, head, tail, pause = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+with open(path, "w") as fh:  # a new file, written in one open
+    fh.write(head)
+    fh.flush()
+    print("open", flush=True)
+    time.sleep(pause)
+    fh.write(tail)
+"""
+
+
+def test_a_newly_imported_file_still_being_written_never_decides(svc: Service) -> None:
+    """Outsider round attack32 M4: the forbid moves from the entry file into a new
+    `sub.sbpolicy`, still open for writing with only its header on disk, and the entry file is
+    replaced atomically by one that imports it. The writer check covered only the files the
+    last good bundle imported, so the prefix went live and `/v1/decide` allowed the read."""
+    token = add_token(svc.state, "acme", "agent:alice")
+    loaded = health(svc)["policy"]
+    sub = svc.root / "sub.sbpolicy"
+    head = 'policy "svc/sub" version "1.0.0"\n# the forbid moves here\n'
+    tail = FORBID_HELLO.format(root=svc.root)
+    seen: list[tuple[str, str]] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        with svc.client(token) as c:
+            while not stop.is_set():
+                out = c.post("/v1/decide", json=read_hello(svc)).json()
+                seen.append((out["policy"]["version_hash"], out["decision"]))
+                time.sleep(0.02)
+
+    write_policy(svc, policy_text(svc, forbid=True))
+    wait_for(svc, lambda b: b["policy"]["reloads"] == 1, "the forbid in the entry file")
+    worker = threading.Thread(target=probe)
+    worker.start()
+    writer = subprocess.Popen([sys.executable, "-c", HOLD_NEW, str(sub), head, tail, "2.0"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None
+        assert writer.stdout.readline() == "open\n"
+        base = policy_text(svc, forbid=False)
+        write_policy(svc, base.replace("\n", '\nimport "sub.sbpolicy"\n', 1))
+        assert writer.wait(timeout=30) == 0
+        wait_for(svc, lambda b: b["policy"]["reloads"] >= 2, "the new bundle")
+        time.sleep(0.5)  # five more polls: a second reload would show
+    finally:
+        writer.kill()
+        writer.wait()
+        stop.set()
+        worker.join(30)
+    assert len(seen) > 20
+    allowed = [h for h, d in seen if d != "deny"]
+    assert not allowed, f"{len(allowed)} of {len(seen)} answers allowed the read"
+    now = health(svc)["policy"]
+    assert now["reloads"] == 2  # the whole new bundle, loaded once
+    assert now["version_hash"] != loaded["version_hash"]
+    assert now["reload_error"] is None

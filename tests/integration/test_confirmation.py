@@ -171,7 +171,8 @@ def test_a_signed_answer_with_a_duplicated_key_is_a_no(tmp_path: Path, approver:
     no recorded as ``no_service`` with the reason, and the file is not read."""
     approver.mode = mode
     ok, code, lines = _call(tmp_path, WebhookConfirmation(approver.url, SECRET, timeout_s=5))
-    assert approver.seen and approver.seen[0]["valid"] is True
+    assert approver.seen
+    assert approver.seen[0]["valid"] is True
     assert not ok
     assert code == "SANDBOX.PERMISSION_DENY"
     answer = lines[0]["answer"]

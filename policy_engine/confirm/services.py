@@ -129,6 +129,22 @@ def sign(secret: bytes, timestamp: str, body: bytes) -> str:
     return hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key[:64]
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object whose keys are all distinct, else :class:`_DuplicateKey` (issue 32 L3)."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 class WebhookConfirmation:
     """POSTs the signed request to an approver URL and waits up to ``timeout_s`` for a signed
     answer. Headers: ``X-PE-Timestamp`` (ms) and ``X-PE-Signature`` (HMAC-SHA256 of
@@ -180,7 +196,10 @@ class WebhookConfirmation:
         if not ts.isdigit() or abs(_now() - int(ts)) > self.max_skew_ms:
             return self._no("the answer's timestamp is stale")
         try:
-            data = json.loads(resp.content)
+            data = json.loads(resp.content, object_pairs_hook=_no_duplicate_keys)
+        except _DuplicateKey as exc:
+            # readers disagree on which of two equal keys wins: the answer means nothing
+            return self._no(f"the answer is garbage: duplicate key `{exc.key}`")
         except ValueError:
             return self._no("the answer is not JSON")
         if not isinstance(data, dict) or data.get("request_id") != request.request_id:

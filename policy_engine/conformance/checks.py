@@ -43,6 +43,8 @@ CATALOG: tuple[tuple[str, str], ...] = (
     ("limits.timeout", "a call runs under ExecContext.limits: a 1 s timeout there ends it "
                        "with LLM.TIMEOUT although the profile says 60 s"),
     ("lifecycle.close", "close() releases the executor without raising"),
+    ("claims.probes-run", "every claim probe ran inside the sandbox and reported what it "
+                          "could do: an executor refusing a probe proves nothing"),
     ("claims.network-off", "a network-off sandbox cannot reach a loopback canary listener"),
     ("claims.writes-confined", "a sandbox writes only the profile's writable paths"),
     ("claims.no-setid-plant", "nothing written to a writable bind carries set-id bits or is "

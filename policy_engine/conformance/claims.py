@@ -27,6 +27,7 @@ from policy_engine.conformance.checks import result
 from policy_engine.conformance.harness import Run
 from policy_engine.conformance.probes import Probe, ProbeEnv, _proc_cap
 from policy_engine.conformance.report import CheckResult
+from policy_engine.errors import ErrorCode
 from policy_engine.executor import ExecutorCapabilities
 from policy_engine.model import (
     ArgAlternative,
@@ -95,8 +96,13 @@ class ClaimEnv:
 
 
 def _program(body: str) -> str:
-    """A one-argument ``python3 -c`` program that never raises: each attempt is recorded."""
-    return ("import json, os, socket, subprocess, sys, time, ctypes, shutil, stat\n"
+    """A one-argument ``python3 -c`` program that never raises: each attempt is recorded.
+
+    The argv carries the program hex-encoded (issue 32 attack H1): an executor cannot pass the
+    kit by refusing programs that *look* like attacks (a word filter on ``socket``, ``.env``,
+    ``chmod``); it must run them, and a refused probe fails ``claims.probes-run`` anyway.
+    """
+    text = ("import json, os, socket, subprocess, sys, time, ctypes, shutil, stat\n"
             "R = {}\n"
             "def attempt(name, fn):\n"
             "    try:\n"
@@ -104,6 +110,7 @@ def _program(body: str) -> str:
             "    except BaseException as exc:\n"
             "        R[name] = 'refused: ' + type(exc).__name__\n"
             + body)
+    return f"exec(bytes.fromhex('{text.encode().hex()}').decode())"
 
 
 REPORT_PREFIX = "pe-conformance-report "
@@ -149,7 +156,8 @@ def escape_probe(c: ClaimEnv) -> Probe:
 def orphan_probe(c: ClaimEnv) -> Probe:
     """Leaves a detached child behind, then outlives the kit's timeout."""
     child = f"import time; time.sleep(120)  # orphan-{c.marker}"
-    body = (f"subprocess.Popen([sys.executable, '-c', {child!r}], start_new_session=True,"
+    body = (_mark_first(c, "orphans")
+            + f"subprocess.Popen([sys.executable, '-c', {child!r}], start_new_session=True,"
             " stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
             "time.sleep(30)\n")
     program = _program(body)
@@ -319,6 +327,75 @@ def _remove_sysv(key: int) -> None:
         libc.shmctl(shmid, 0, None)  # IPC_RMID
 
 
+_EXPECTED_ENDS = {"orphans": frozenset({ErrorCode.TIMEOUT.value}),
+                  "memory": frozenset({ErrorCode.BUDGET_EXCEEDED.value,
+                                       ErrorCode.EXECUTION_FAILED.value})}
+"""Ends a probe is built to meet on an honest sandbox (the orphan probe sleeps past its
+timeout, the memory probe outgrows its limit and may be killed before it reports), accepted
+only once the probe's first act, a file written in the writable bind, shows it ran."""
+_NO_REPORT = frozenset({"orphans", "markers"})
+"""Probes that print no report (what they leave behind is looked at on the host)."""
+
+
+def started_mark(c: ClaimEnv, key: str) -> Path:
+    """The file the ``key`` probe writes before anything else (seen from the host)."""
+    return c.work / f"ran-{key}-{c.marker}"
+
+
+STARTED_PREFIX = "pe-conformance-started "
+
+
+def _mark_first(c: ClaimEnv, key: str) -> str:
+    """The probe's first act: a file in the writable bind (for a backend that binds it at the
+    same path) and a flushed stdout line (for one that returns a killed tool's output)."""
+    return (f"attempt('started', lambda: open({str(started_mark(c, key))!r}, 'w').write('r'))\n"
+            f"print({STARTED_PREFIX + key + ' ' + c.marker!r}, flush=True)\n")
+
+
+def _started(c: ClaimEnv, key: str, run: Run) -> bool:
+    """Whether the ``key`` probe's first act is seen: it ran, whatever ended it."""
+    out = run.outcome.result.out
+    stdout = out.get("stdout") if isinstance(out, dict) else None
+    # a tool killed at its deadline may leave neither behind on a backend with its own
+    # layout: having held the call until then is the sign it ran
+    held = run.timeout_ms is not None and run.elapsed_s >= run.timeout_ms / 1000
+    return held or started_mark(c, key).exists() \
+        or f"{STARTED_PREFIX}{key} {c.marker}" in str(stdout or "")
+
+
+def probe_ran(key: str, run: Run, c: ClaimEnv) -> str | None:
+    """Why the ``key`` probe proves nothing about a claim (it never reached the executor, the
+    executor refused or failed it, or its report did not come back), or ``None``: it ran."""
+    got = run.outcome.result
+    if not run.calls:
+        return (f"the {key} probe never reached the executor ({got.code}: {got.message}); "
+                "a declared claim must be testable")
+    if key in _EXPECTED_ENDS and (got.ok or got.code in _EXPECTED_ENDS[key]) \
+            and _started(c, key, run):
+        return None  # it ran; what it managed is judged by the claim's own check
+    if not got.ok:
+        return (f"the executor did not run the {key} probe: it ended with {got.code} "
+                f"({str(got.message)[:200]}). A claim holds only when its probe runs inside "
+                "the sandbox and reports what it could do; refusing a program that looks like "
+                "an attack is not isolation. Run every program the profile allows and let the "
+                "sandbox (namespaces, masks, seccomp, limits) stop what it attempts")
+    if got.ok and key not in _NO_REPORT and read_report(run) is None:
+        return (f"the {key} probe ran but its report did not come back in "
+                "result.out['stdout']")
+    return None
+
+
+def probes_run_result(c: ClaimEnv, caps: ExecutorCapabilities,
+                      runs: dict[str, Run]) -> CheckResult:
+    """``claims.probes-run``: the positive control. Every probe must run: a claim whose probe
+    was refused would otherwise pass on what the probe never got to try."""
+    if not caps.mandatory_denies:
+        return result("claims.probes-run", (), na="proc.exec is refused on this executor (no "
+                      "mandatory_denies): see claims.mandatory-denies")
+    return result("claims.probes-run",
+                  [why for key, run in runs.items() if (why := probe_ran(key, run, c))])
+
+
 def claims_of(caps: ExecutorCapabilities) -> dict[str, bool]:
     """Which claims the kit tests: only what the executor declares."""
     isolating = caps.bind_mounts or caps.readonly_rootfs
@@ -365,16 +442,14 @@ def claim_results(c: ClaimEnv, caps: ExecutorCapabilities,
                          f"the host afterwards (pids {left}); kill the whole process tree "
                          "(a pid namespace or cgroup) when a call ends or times out"]
                         if left else [])
-    out = []
+    out = [probes_run_result(c, caps, runs)]
     for key, cid in _IDS.items():
         if not claimed[key]:
             out.append(result(cid, (), na=_NOT_CLAIMED[key]))
             continue
-        run = runs[{"ipc": "ipc-look", "orphans": "orphans"}.get(key, "escape")]
-        if not run.calls:
-            got = run.outcome.result
-            out.append(result(cid, [f"the attack never reached the executor ({got.code}: "
-                                    f"{got.message}); a declared claim must be testable"]))
-            continue
-        out.append(result(cid, found[key]))
+        probes = {"ipc": ("ipc-plant", "ipc-look"), "orphans": ("orphans",)}.get(key,
+                                                                                ("escape",))
+        unproven = [why for p in probes if (why := probe_ran(p, runs[p], c))]
+        # a refused probe found nothing: that is no evidence the claim holds
+        out.append(result(cid, unproven or found[key]))
     return out

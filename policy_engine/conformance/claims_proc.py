@@ -24,7 +24,9 @@ from policy_engine.conformance.claims import (
     PYTHON,
     ClaimEnv,
     _caps,
+    _mark_first,
     _program,
+    probe_ran,
     read_report,
 )
 from policy_engine.conformance.harness import Run
@@ -109,7 +111,8 @@ def pids_probe(c: ClaimEnv) -> Probe:
 
 def memory_probe(c: ClaimEnv) -> Probe:
     # b"\x01" * n writes every page: a lazily mapped buffer would pass a limit it never touched
-    body = (f"attempt('memory', lambda: len(b'\\x01' * {4 * MEMORY_LIMIT}))\n" + _REPORT)
+    body = (_mark_first(c, "memory")
+            + f"attempt('memory', lambda: len(b'\\x01' * {4 * MEMORY_LIMIT}))\n" + _REPORT)
     program = _program(body)
     return Probe(ProcExecOp(tool=PYTHON, args=("-c", program)), _caps(c, program),
                  limits=Limits(memory_bytes=MEMORY_LIMIT),
@@ -166,10 +169,7 @@ def _limit_problems(runs: dict[str, Run], timed: Run | None, grace_s: float) -> 
         problems.append(f"a tool sleeping past its {timed.timeout_ms} ms timeout ran "
                         f"{timed.elapsed_s:.1f} s (ended with {timed.outcome.result.code or 'ok'})"
                         "; kill its process tree at the deadline")
-    for key in ("pids", "memory"):
-        run = runs[key]
-        if run.outcome.result.ok and not read_report(run):
-            problems.append(f"the {key} probe ran but printed no report")
+    # a probe that ran without reporting is claims.probes-run's (and _reached's) finding
     return problems
 
 
@@ -222,12 +222,12 @@ def proc_claim_results(c: ClaimEnv, caps: ExecutorCapabilities, plants: Plants,
                     result("claims.resource-limits", (), na="proc.exec is refused on this "
                            "executor (no mandatory_denies): see claims.mandatory-denies")]
         files, env = _secret_problems(plants, runs["secrets"])
-        out = [_reached("claims.mandatory-denies", runs["secrets"], files)]
-        out.append(_reached("claims.env-filtering", runs["secrets"], env)
+        out = [_reached(c, "claims.mandatory-denies", runs, ("secrets",), files)]
+        out.append(_reached(c, "claims.env-filtering", runs, ("secrets",), env)
                    if caps.env_filtering else result(
                        "claims.env-filtering", (), na="the executor does not declare "
                        "env_filtering (compat mode runs its calls degraded, recorded)"))
-        out.append(_reached("claims.resource-limits", runs["pids"],
+        out.append(_reached(c, "claims.resource-limits", runs, ("pids", "memory"),
                             _limit_problems(runs, timed, grace_s))
                    if caps.resource_limits else result(
                        "claims.resource-limits", (), na="the executor does not declare "
@@ -239,9 +239,8 @@ def proc_claim_results(c: ClaimEnv, caps: ExecutorCapabilities, plants: Plants,
                 path.unlink()
 
 
-def _reached(check_id: str, run: Run, problems: list[str]) -> CheckResult:
-    if not run.calls:
-        got = run.outcome.result
-        return result(check_id, [f"the attack never reached the executor ({got.code}: "
-                                 f"{got.message}); a declared claim must be testable"])
-    return result(check_id, problems)
+def _reached(c: ClaimEnv, check_id: str, runs: dict[str, Run], keys: tuple[str, ...],
+             problems: list[str]) -> CheckResult:
+    # a refused (or report-less) probe found nothing: no evidence the claim holds
+    unproven = [why for key in keys if (why := probe_ran(key, runs[key], c))]
+    return result(check_id, unproven or problems)

@@ -13,7 +13,13 @@ from typing import Any, Literal
 
 from policy_engine.config import EngineConfig
 from policy_engine.conformance import checks
-from policy_engine.conformance.claims import Canary, ClaimEnv, claim_probes, claim_results
+from policy_engine.conformance.claims import (
+    Canary,
+    ClaimEnv,
+    claim_probes,
+    claim_results,
+    started_mark,
+)
 from policy_engine.conformance.claims_proc import (
     Plants,
     plant,
@@ -232,5 +238,11 @@ def _claims(harness: Harness, caps: ExecutorCapabilities | None, claim_env: Clai
         with planted_variable(plants) if key == "secrets" else contextlib.nullcontext():
             runs[key] = harness.run(probe, f"claims:{key}",
                                     timeout_ms=timeout_ms if probe.role == "slow" else None)
-    return (claim_results(claim_env, caps, runs)
-            + proc_claim_results(claim_env, caps, plants, runs, runs.get("orphans"), GRACE_S))
+    try:
+        return (claim_results(claim_env, caps, runs)
+                + proc_claim_results(claim_env, caps, plants, runs, runs.get("orphans"),
+                                     GRACE_S))
+    finally:
+        for key in attacks:
+            with contextlib.suppress(OSError):
+                started_mark(claim_env, key).unlink()

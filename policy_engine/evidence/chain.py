@@ -135,6 +135,37 @@ def checkpoint(key: Ed25519PrivateKey, covers_seq: int, head: str) -> bytes:
                        "sig": base64.b64encode(sig).decode()}, separators=(",", ":")).encode()
 
 
+CHECKPOINT_FIELDS = ("type", "covers_seq", "head", "key_id", "sig")
+
+
+def checkpoint_form_problem(record: dict[str, Any], raw: bytes | None) -> str | None:
+    """Why ``record`` is not a checkpoint exactly as a writer stores it, or ``None``.
+
+    The signature covers ``covers_seq`` and ``head`` only, and the last checkpoint of a log
+    has no record after it whose link would break (issue 32 attack L5): so a field outside
+    :data:`CHECKPOINT_FIELDS` (and ``chain`` for a chain member) is an edit, and a chain
+    member's ``raw`` line must be byte for byte the one :func:`checkpoint` and
+    :func:`chained` write.
+    """
+    extra = sorted(set(record) - set(CHECKPOINT_FIELDS) - ({"chain"} if raw is not None
+                                                           else set()))
+    if extra:
+        return ("carries field(s) no signature covers: "
+                + ", ".join(f"`{k[:64]}`" for k in extra[:8]) + (", ..." if extra[8:] else ""))
+    if raw is None:
+        return None
+    chain = record.get("chain")
+    try:
+        body = json.dumps({k: record[k] for k in CHECKPOINT_FIELDS}, separators=(",", ":"))
+        assert isinstance(chain, dict)
+        canonical = chained(body.encode(), chain["seq"], chain["prev"])
+    except (KeyError, TypeError, ValueError, AssertionError):
+        return "is not a complete checkpoint"
+    if raw != canonical:
+        return "is not byte for byte the line its writer wrote (spacing, order or members)"
+    return None
+
+
 def signature_ok(public: Ed25519PublicKey, record: dict[str, Any]) -> bool:
     try:
         sig = base64.b64decode(str(record.get("sig", "")), validate=True)

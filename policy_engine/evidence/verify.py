@@ -10,7 +10,13 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from policy_engine.evidence.chain import GENESIS, key_id, line_hash, signature_ok
+from policy_engine.evidence.chain import (
+    GENESIS,
+    checkpoint_form_problem,
+    key_id,
+    line_hash,
+    signature_ok,
+)
 from policy_engine.evidence.jsonline import load_line
 from policy_engine.inputs.inputfile import MAX_EVIDENCE_BYTES, read_bounded, read_limited
 
@@ -147,14 +153,16 @@ def verify_records(raws: list[bytes], public: Ed25519PublicKey | None = None,
         expected_seq, expected_prev = seq + 1, line_hash(raws[i])
         hashes[seq] = (pos, expected_prev)
         report.hashes[seq] = expected_prev
-    checkpoints = [(at_[i], p) for i, p in enumerate(parsed)
-                   if p is not None and p.get("type") == "checkpoint"]
-    checkpoints += [(0, c) for c in external_checkpoints or []]
+    checkpoints: list[tuple[int, dict[str, Any], bytes | None]] = [
+        (at_[i], p, raws[i]) for i, p in enumerate(parsed)
+        if p is not None and p.get("type") == "checkpoint"]
+    checkpoints += [(0, c, None) for c in external_checkpoints or []]
     _check_signatures(report, checkpoints, hashes, public, unit)
     return report
 
 
-def _check_signatures(report: Report, checkpoints: list[tuple[int, dict[str, Any]]],
+def _check_signatures(report: Report,
+                      checkpoints: list[tuple[int, dict[str, Any], bytes | None]],
                       hashes: dict[int, tuple[int, str]], public: Ed25519PublicKey | None,
                       unit: str) -> None:
     report.checkpoints = len(checkpoints)
@@ -162,12 +170,19 @@ def _check_signatures(report: Report, checkpoints: list[tuple[int, dict[str, Any
         report.unsigned = bool(checkpoints)
         return
     kid = key_id(public)
-    for pos, cp in checkpoints:
+    for pos, cp, raw in checkpoints:
         covers = cp.get("covers_seq")
         if not isinstance(covers, int) or covers not in hashes:
             continue  # beyond the break (already reported) or a checkpoint of another log
         at, digest = hashes[covers]
         where = f"checkpoint at {unit} {pos}" if pos else f"checkpoint over record #{covers}"
+        # a checkpoint's bytes beyond what its signature covers are checked too: the last
+        # one has no later link to break (issue 32 attack L5)
+        bad_form = checkpoint_form_problem(cp, raw)
+        if bad_form is not None:
+            report.problems.append(Problem(pos or at, "edited", f"{where} {bad_form}: "
+                                           "edited after it was signed"))
+            return
         if cp.get("key_id") != kid or not signature_ok(public, cp):
             report.problems.append(Problem(pos or at, "bad-signature", f"{where}: the "
                                            "signature does not verify with this public key "

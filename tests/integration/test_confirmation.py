@@ -62,6 +62,14 @@ class Approver:
                 answer = json.dumps({"request_id": rid,
                                      "approved": valid and approver.mode != "refuse",
                                      "approver": "user:dana", "valid_for_ms": 60_000}).encode()
+                if approver.mode.startswith("dupkey"):
+                    # the same key twice (issue 32 attack L3): a reader keeping the last key
+                    # sees yes, one keeping the first sees no; `dupkey-no` has the yes first
+                    first, last = ("true", "false") if approver.mode == "dupkey-no" \
+                        else ("false", "true")
+                    answer = (f'{{"request_id": "{rid}", "approved": {first}, '
+                              f'"approver": "user:dana", "valid_for_ms": 60000, '
+                              f'"approved": {last}}}').encode()
                 now = str(int(time.time() * 1000))
                 key = b"not-the-secret-at-all" if approver.mode == "forged" else SECRET
                 self.send_response(200)
@@ -153,6 +161,24 @@ def test_anything_but_a_signed_yes_for_this_request_denies(tmp_path: Path, appro
     assert code == "SANDBOX.PERMISSION_DENY"
     assert lines[0]["answer"]["approved"] is False
     assert approver.seen  # it was asked
+
+
+@pytest.mark.parametrize("mode", ["dupkey", "dupkey-no"])
+def test_a_signed_answer_with_a_duplicated_key_is_a_no(tmp_path: Path, approver: Approver,
+                                                       mode: str) -> None:
+    """Issue 32 attack L3: ``{"approved": false, ..., "approved": true}``, correctly signed, is
+    ambiguous (the last key wins in Python, the first in other readers), so it is garbage: a
+    no recorded as ``no_service`` with the reason, and the file is not read."""
+    approver.mode = mode
+    ok, code, lines = _call(tmp_path, WebhookConfirmation(approver.url, SECRET, timeout_s=5))
+    assert approver.seen
+    assert approver.seen[0]["valid"] is True
+    assert not ok
+    assert code == "SANDBOX.PERMISSION_DENY"
+    answer = lines[0]["answer"]
+    assert answer["approved"] is False
+    assert "duplicate key `approved`" in answer["detail"]
+    assert answer["kind"] == "no_service"
 
 
 def test_silence_until_the_timeout_denies(tmp_path: Path, approver: Approver) -> None:

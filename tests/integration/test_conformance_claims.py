@@ -206,3 +206,26 @@ def test_first_party_sinks_pass_the_sink_kit_through_pytest(sink: str, tmp_path:
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4 passed" in proc.stdout
+
+
+class RefusingExecutor(SubprocessExecutor):
+    """Declares every claim and refuses every program with a registry code (issue 32 attack
+    H1, in its simplest form): it never runs anything, so nothing it claims is shown."""
+
+    def execute(self, ctx: ExecContext, op: Any) -> ExecResult:
+        ctx.started()
+        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "refused by the sandbox")
+
+
+def test_an_executor_refusing_the_probes_fails_every_claim_it_makes() -> None:
+    refuser = RefusingExecutor("refusing-proc", LIAR.capabilities)
+    results = statuses("refusing-proc", refuser, "strict")
+    for cid in ("claims.probes-run", "claims.network-off", "claims.writes-confined",
+                "claims.no-setid-plant", "claims.not-host-root", "claims.no-orphans",
+                "claims.ipc-isolated", "claims.mandatory-denies", "claims.env-filtering",
+                "claims.resource-limits"):
+        assert results[cid].status == "fail", (cid, results[cid])
+        assert "did not run the" in results[cid].message
+        assert "SANDBOX.CAPABILITY_BLOCKED" in results[cid].message
+    assert "refusing a program that looks like an attack is not isolation" in \
+        results["claims.probes-run"].message

@@ -249,3 +249,23 @@ def test_a_cut_or_edited_postgres_tail_is_detected_by_default(
     # the end; edit: the signed checkpoint covers a different record
     assert report["fully_signed"] is False
     assert tamper == "cut" or report["problems"][0]["kind"] == "edited"
+
+
+def test_an_edited_postgres_checkpoint_row_fails(tmp_path: Path, pg_dsn: str) -> None:
+    """Issue 32 attack L5 on PostgreSQL: fields added to the last signed checkpoint row (the
+    signature covers only ``covers_seq``/``head``) fail verification of the export."""
+    replica = f"cpedit-{tmp_path.name[-12:]}"
+    _key, public = _default_signed_run(tmp_path, pg_dsn, replica)
+    assert _verify_signed(pg_dsn, replica, tmp_path / "good.sqlite", public).returncode == 0
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute("SELECT id, record FROM evidence_checkpoints WHERE replica = %s "
+                           "ORDER BY id DESC LIMIT 1", (replica,)).fetchone()
+        assert row is not None
+        forged = json.dumps({**json.loads(row[1]), "tenant": "acme", "decision": "allow"})
+        conn.execute("UPDATE evidence_checkpoints SET record = %s WHERE id = %s",
+                     (forged, row[0]))
+    done = _verify_signed(pg_dsn, replica, tmp_path / "tampered.sqlite", public)
+    assert done.returncode == 1, done.stdout + done.stderr
+    problem = json.loads(done.stdout)["problems"][0]
+    assert problem["kind"] == "edited"
+    assert "`decision`, `tenant`" in problem["message"]

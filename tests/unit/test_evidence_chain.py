@@ -267,3 +267,56 @@ def test_a_tail_cut_at_a_checkpoint_is_caught_by_a_head_kept_outside(
     assert "TAMPERED" in out
     code, out = verify(log, "--head", "7:nothex")
     assert code == 2, out
+
+
+_FORGED = {"tenant": "acme", "decision": "allow", "status": "ok", "note": "FORGED"}
+
+
+@pytest.mark.parametrize("edit", ["fields", "chain-field", "cr", "spaces"])
+def test_an_edited_last_checkpoint_line_fails_with_the_key(tmp_path: Path,
+                                                           keys: tuple[Path, Path],
+                                                           edit: str) -> None:
+    """Issue 32 attack L5: the final signed checkpoint has no record after it whose link would
+    break, and its signature covers only ``covers_seq``/``head``: fields added to it (or its
+    bytes otherwise changed) must still fail, located at that line."""
+    log = tmp_path / "ev.jsonl"
+    write_log(log, 2, keys[0], every=3)
+    rows = lines(log)
+    last = json.loads(rows[-1])
+    assert last["type"] == "checkpoint"
+    if edit == "fields":
+        rows[-1] = json.dumps({**last, **_FORGED}).encode()
+    elif edit == "chain-field":
+        last["chain"]["note"] = "FORGED"
+        rows[-1] = json.dumps(last, separators=(",", ":")).encode()
+    elif edit == "cr":
+        rows[-1] += b"\r"
+    else:
+        rows[-1] = json.dumps(last).encode()  # same members, other bytes
+    put(log, rows)
+    code, out = verify(log, "--public-key", str(keys[1]), "--require-signature")
+    assert code == 1, out
+    assert f"{log}:{len(rows)}: edited: checkpoint at line {len(rows)}" in out
+    assert "TAMPERED" in out
+    if edit == "fields":
+        assert "`decision`, `note`, `status`, `tenant`" in out
+
+
+def test_an_edited_sqlite_checkpoint_row_fails(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    db_path = tmp_path / "ev.sqlite"
+    sink = SqliteSink(db_path, signing_key=load_signing_key(keys[0]), checkpoint_every=3)
+    for i in range(3):
+        sink.begin(begin(f"e{i}"))
+        sink.end(end(f"e{i}"))
+    sink.close()
+    assert verify(db_path, "--public-key", str(keys[1]), "--require-signature")[0] == 0
+    db = sqlite3.connect(db_path)
+    (text,) = db.execute("SELECT record FROM evidence_checkpoints ORDER BY id DESC").fetchone()
+    forged = json.dumps({**json.loads(text), **_FORGED})
+    db.execute("UPDATE evidence_checkpoints SET record = ? WHERE record = ?", (forged, text))
+    db.commit()
+    db.close()
+    code, out = verify(db_path, "--public-key", str(keys[1]), "--require-signature")
+    assert code == 1, out
+    assert "edited: checkpoint over record #5" in out
+    assert "`decision`, `note`, `status`, `tenant`" in out

@@ -15,7 +15,7 @@ from policy_engine.model import Decision, ExecOp, OpKind, Profile, TraceStep
 from policy_engine.orchestration.selection import (
     NEVER_DEGRADED,
     refusal_decision,
-    required_capabilities,
+    requirements,
     select,
 )
 
@@ -23,7 +23,7 @@ from policy_engine.orchestration.selection import (
 def requirements_shown(profile: Profile, op_kind: OpKind) -> list[str]:
     """The requirements a backend can never be excused from, as explain lists them."""
     return [f"{r.capability} ({r.why}; never degraded)"
-            for r in required_capabilities(profile, op_kind)
+            for r in requirements(profile, op_kind)
             if r.capability in NEVER_DEGRADED and r.capability != "mandatory_denies"]
 
 
@@ -37,12 +37,19 @@ def judge_in_state_dir(executors: Mapping[str, Executor], state_dir: Path) -> No
 
 
 def backend_step(decision: Decision, profile: Profile, op: ExecOp,
-                 executors: Mapping[str, Executor], config: EngineConfig) -> Decision:
+                 executors: Mapping[str, Executor], config: EngineConfig, *,
+                 trace: bool = True) -> Decision:
     """``decision`` (an allow) with a ``backend`` trace step; a deny carrying the selection's
     code when the run would refuse the backend (``SANDBOX.CAPABILITY_BLOCKED`` for a missing
     capability or an op the executor refuses, ``PROVIDER.UNAVAILABLE`` for a backend that is
-    not loaded)."""
+    not loaded).
+
+    :param trace: add the trace steps; without (the untraced decision, as the run makes it)
+        the allow comes back as it is, the refusal as the run records it (``refusal_decision``).
+    """
     sel = select(executors, config, profile, OpKind(op.kind), op)
+    if not trace:
+        return decision if sel.error is None else refusal_decision(decision, sel.error)
     trace = decision.trace or ()
     if sel.error is not None:
         step = TraceStep(node="backend", outcome="fail", detail=sel.error.reason)

@@ -14,6 +14,7 @@ from policy_engine.executor import Executor
 from policy_engine.model import Decision, ExecOp, OpKind, Profile, TraceStep
 from policy_engine.orchestration.selection import (
     NEVER_DEGRADED,
+    Requirement,
     refusal_decision,
     requirements,
     select,
@@ -22,9 +23,21 @@ from policy_engine.orchestration.selection import (
 
 def requirements_shown(profile: Profile, op_kind: OpKind) -> list[str]:
     """The requirements a backend can never be excused from, as explain lists them."""
-    return [f"{r.capability} ({r.why}; never degraded)"
-            for r in requirements(profile, op_kind)
-            if r.capability in NEVER_DEGRADED and r.capability != "mandatory_denies"]
+    reqs = requirements(profile, op_kind)  # memoized: the same tuple for the same inputs
+    hit = _SHOWN.get(id(reqs))
+    if hit is None or hit[0] is not reqs:
+        hit = (reqs, tuple(f"{r.capability} ({r.why}; never degraded)" for r in reqs
+                           if r.capability in NEVER_DEGRADED
+                           and r.capability != "mandatory_denies"))
+        if len(_SHOWN) >= 256:
+            _SHOWN.clear()
+        _SHOWN[id(reqs)] = hit
+    return list(hit[1])
+
+
+# requirement tuple's id → (that tuple, its lines): the entry keeps the tuple, so a reused id
+# never matches
+_SHOWN: dict[int, tuple[tuple[Requirement, ...], tuple[str, ...]]] = {}
 
 
 def judge_in_state_dir(executors: Mapping[str, Executor], state_dir: Path) -> None:

@@ -299,10 +299,9 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
 
     def decision(body: DecideBody, who: Principal, view: View = "compact") -> dict[str, Any]:
         context = check_call(who, body)
-        # every field already validated (the body, the server's settings): not again
-        request = ExplainRequest.model_construct(
-            op=body.op, now_ms=body.now_ms, overrides=body.overrides,
-            settings=config.op_settings, context=context, budget_used=body.budget_used)
+        request = ExplainRequest(op=body.op, now_ms=body.now_ms, overrides=body.overrides,
+                                 settings=config.op_settings, context=context,
+                                 budget_used=body.budget_used)
         # the gateway's dry run: the running engine's own builder and guard, and the backend
         # step `/v1/ops` makes, so it answers a backend's refusal too (outsider round 5 F08);
         # traced only for the full explain document

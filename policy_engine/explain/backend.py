@@ -63,21 +63,21 @@ def backend_step(decision: Decision, profile: Profile, op: ExecOp,
     sel = select(executors, config, profile, OpKind(op.kind), op)
     if not trace:
         return decision if sel.error is None else refusal_decision(decision, sel.error)
-    trace = decision.trace or ()
+    steps = decision.trace or ()
     if sel.error is not None:
         step = TraceStep(node="backend", outcome="fail", detail=sel.error.reason)
         # a refusal on a fact of the executor's own view names that view (`... (docker view)`)
         facts = (TraceStep(node="fact", outcome="fail", detail=sel.error.reason),) \
             if sel.error.reason.endswith(" view)") else ()
         return refusal_decision(decision, sel.error).model_copy(
-            update={"trace": (*trace, *facts, step)})
+            update={"trace": (*steps, *facts, step)})
     detail = f"backend `{sel.backend}`"
     if profile.isolation is not None:
         detail += f" provides isolation `{profile.isolation.value}`"
     if sel.degraded:
         detail += "; degraded: " + "; ".join(sel.degraded)
     step = TraceStep(node="backend", outcome="pass", detail=detail)
-    return decision.model_copy(update={"trace": (*trace, *_fact_steps(sel.executor, profile, op),
+    return decision.model_copy(update={"trace": (*steps, *_fact_steps(sel.executor, profile, op),
                                                  step)})
 
 

@@ -12,6 +12,7 @@ run and then run for real (the fs executor reads a real file) and the two must a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ permit "teams" fs.read paths ["{root}/data/**"] when `subject.team == "red"`
 
 
 @pytest.fixture
-def gateway(tmp_path: Path) -> Gateway:
+def gateway(tmp_path: Path) -> Iterator[Gateway]:
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "hello.txt").write_text("hello\n")
     policy = tmp_path / "p.sbpolicy"

@@ -415,10 +415,12 @@ def test_an_equal_grant_in_another_object_gets_the_very_profile(ps: PolicySet) -
     again = b.build(Grant.model_validate_json(grant().model_dump_json()), manifest())
     assert again is first
     other = b.build(grant(call_id="ok-2"), manifest())
-    assert other is not first and other.call_id == "ok-2"
+    assert other is not first
+    assert other.call_id == "ok-2"
     assert other.profile_hash != first.profile_hash
     later = b.build(grant(expires_at=first.expires_at + 1), manifest())
-    assert later is not first and later.expires_at == first.expires_at + 1
+    assert later is not first
+    assert later.expires_at == first.expires_at + 1
     loose = grant().model_copy(update={"expires_at": True})
     assert b.cache.call_key(loose, ("", "", "")) is None
     assert b.build(loose, manifest()).expires_at == 1  # validated as a full build does

@@ -14,17 +14,30 @@ from policy_engine.executor import Executor
 from policy_engine.model import Decision, ExecOp, OpKind, Profile, TraceStep
 from policy_engine.orchestration.selection import (
     NEVER_DEGRADED,
+    Requirement,
     refusal_decision,
-    required_capabilities,
+    requirements,
     select,
 )
 
 
 def requirements_shown(profile: Profile, op_kind: OpKind) -> list[str]:
     """The requirements a backend can never be excused from, as explain lists them."""
-    return [f"{r.capability} ({r.why}; never degraded)"
-            for r in required_capabilities(profile, op_kind)
-            if r.capability in NEVER_DEGRADED and r.capability != "mandatory_denies"]
+    reqs = requirements(profile, op_kind)  # memoized: the same tuple for the same inputs
+    hit = _SHOWN.get(id(reqs))
+    if hit is None or hit[0] is not reqs:
+        hit = (reqs, tuple(f"{r.capability} ({r.why}; never degraded)" for r in reqs
+                           if r.capability in NEVER_DEGRADED
+                           and r.capability != "mandatory_denies"))
+        if len(_SHOWN) >= 256:
+            _SHOWN.clear()
+        _SHOWN[id(reqs)] = hit
+    return list(hit[1])
+
+
+# requirement tuple's id → (that tuple, its lines): the entry keeps the tuple, so a reused id
+# never matches
+_SHOWN: dict[int, tuple[tuple[Requirement, ...], tuple[str, ...]]] = {}
 
 
 def judge_in_state_dir(executors: Mapping[str, Executor], state_dir: Path) -> None:
@@ -37,27 +50,34 @@ def judge_in_state_dir(executors: Mapping[str, Executor], state_dir: Path) -> No
 
 
 def backend_step(decision: Decision, profile: Profile, op: ExecOp,
-                 executors: Mapping[str, Executor], config: EngineConfig) -> Decision:
+                 executors: Mapping[str, Executor], config: EngineConfig, *,
+                 trace: bool = True) -> Decision:
     """``decision`` (an allow) with a ``backend`` trace step; a deny carrying the selection's
     code when the run would refuse the backend (``SANDBOX.CAPABILITY_BLOCKED`` for a missing
     capability or an op the executor refuses, ``PROVIDER.UNAVAILABLE`` for a backend that is
-    not loaded)."""
+    not loaded).
+
+    :param trace: add the trace steps; without (the untraced decision, as the run makes it)
+        the allow comes back as it is, the refusal as the run records it (``refusal_decision``).
+    """
     sel = select(executors, config, profile, OpKind(op.kind), op)
-    trace = decision.trace or ()
+    if not trace:
+        return decision if sel.error is None else refusal_decision(decision, sel.error)
+    steps = decision.trace or ()
     if sel.error is not None:
         step = TraceStep(node="backend", outcome="fail", detail=sel.error.reason)
         # a refusal on a fact of the executor's own view names that view (`... (docker view)`)
         facts = (TraceStep(node="fact", outcome="fail", detail=sel.error.reason),) \
             if sel.error.reason.endswith(" view)") else ()
         return refusal_decision(decision, sel.error).model_copy(
-            update={"trace": (*trace, *facts, step)})
+            update={"trace": (*steps, *facts, step)})
     detail = f"backend `{sel.backend}`"
     if profile.isolation is not None:
         detail += f" provides isolation `{profile.isolation.value}`"
     if sel.degraded:
         detail += "; degraded: " + "; ".join(sel.degraded)
     step = TraceStep(node="backend", outcome="pass", detail=detail)
-    return decision.model_copy(update={"trace": (*trace, *_fact_steps(sel.executor, profile, op),
+    return decision.model_copy(update={"trace": (*steps, *_fact_steps(sel.executor, profile, op),
                                                  step)})
 
 

@@ -125,12 +125,12 @@ def explain(
             trace=(TraceStep(node="profile", outcome="deny", detail=exc.reason),),
         )
         return Explanation(decision, None, policyset, manifest, grant, request)
-    context: dict[str, object] = {
-        "grant": grant.model_dump(mode="json"),
-        "manifest": manifest.model_dump(mode="json"),
-        "tenant": request.context.get("tenant", {"id": grant.tenant}),
-        "subject": request.context.get("subject", {"id": grant.subject_id}),
-    }
+    # the call's own context, as the run hands it to the guard (``Orchestrator.run``): the
+    # guard's per-profile ``grant``/``manifest``/``tenant``/``subject`` views (built once per
+    # compiled profile) unless the caller's context gives one. A context of its own (the grant
+    # and manifest as sent) decided some conditions otherwise than the run (side effects in
+    # the caller's order and with repeats; its grant over the caller's), and cost ≈ 7 µs
+    context = request.context or None
     with_view = executors is not None and config is not None
     if request.facts is not None and not with_view:
         # no executor to ask: the request's own facts, never this machine's disk
@@ -143,7 +143,8 @@ def explain(
     if decision.allowed and executors is not None and config is not None:
         from policy_engine.explain.backend import backend_step
 
-        decision = backend_step(decision, profile, request.op, executors, config)
+        decision = backend_step(decision, profile, request.op, executors, config,
+                                trace=trace)
     if request.facts is not None and with_view:
         from policy_engine.explain.backend import declared_facts_step
 

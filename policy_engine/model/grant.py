@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from policy_engine.model.capability import Capability
 from policy_engine.model.enums import NetworkMode, SafetyClass, SideEffect
@@ -30,8 +37,8 @@ class Grant(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _unicode_only(cls, data: Any) -> Any:
-        return reject_lone_surrogates(data)
+    def _unicode_only(cls, data: Any, info: ValidationInfo) -> Any:
+        return reject_lone_surrogates(data, info)
 
     tenant: str = Field(min_length=1)
     subject_id: str = Field(min_length=1)
@@ -52,8 +59,8 @@ class Manifest(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _unicode_only(cls, data: Any) -> Any:
-        return reject_lone_surrogates(data)
+    def _unicode_only(cls, data: Any, info: ValidationInfo) -> Any:
+        return reject_lone_surrogates(data, info)
 
     name: str = Field(min_length=1)
     version: str = Field(min_length=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from policy_engine.model.text import reject_lone_surrogates
 
@@ -14,8 +14,8 @@ class _Op(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _unicode_only(cls, data: Any) -> Any:
-        return reject_lone_surrogates(data)
+    def _unicode_only(cls, data: Any, info: ValidationInfo) -> Any:
+        return reject_lone_surrogates(data, info)
 
 
 class FsReadOp(_Op):

@@ -88,9 +88,17 @@ class ProfileBuilder:
         hit = cache.by_identity(grant, manifest, settings, overrides)
         if hit is not None:
             return hit
-        shape_key = (grant_shape_key(grant), cache.input_key(manifest),
-                     "null" if settings is None else cache.input_key(settings),
-                     "null" if overrides is None else cache.input_key(overrides))
+        inputs = (cache.input_key(manifest),
+                  "null" if settings is None else cache.input_key(settings),
+                  "null" if overrides is None else cache.input_key(overrides))
+        # an equal grant again in another object (each request's own): its very profile
+        call_key = cache.call_key(grant, inputs)
+        if call_key is not None:
+            hit = cache.by_call(call_key)
+            if hit is not None:
+                cache.remember(grant, manifest, settings, overrides, hit)
+                return hit
+        shape_key = (grant_shape_key(grant), *inputs)
         shape = cache.by_shape(shape_key)
         if shape is None:
             # the meet: once per shape; later grants differing only in call fields copy it
@@ -98,6 +106,8 @@ class ProfileBuilder:
                                       self._build_shape(grant, manifest, settings, overrides))
         profile = shape.instantiate(grant)
         cache.remember(grant, manifest, settings, overrides, profile)
+        if call_key is not None:
+            cache.remember_call(call_key, profile)
         return profile
 
     def build_uncached(

@@ -6,20 +6,26 @@ Two levels, tried in order by ``ProfileBuilder.build``:
   grant's ``id``). An entry holds a weak reference to the grant and a hit checks every input is
   the same object, so an ``id`` reused by another grant never matches and no grant is kept
   alive;
+- call: equal inputs in other objects (a service parses each request's grant anew): the exact
+  JSON of the whole grant (SHA-256 of it, call fields included) with the other inputs' exact
+  JSON finds the profile an equal grant got, the very object, so the guard's compiled profile
+  is found by identity too. Only grants whose call fields are of their validated types take
+  this level (a grant built without validation goes through the copy, which validates them);
 - shape: inputs equal but for the grant's per-call fields (``shape.PER_CALL_FIELDS``: call id,
   expiry, consent, budget) share one template, compared as exact JSON, and the call's profile
   is a copy of it with its own fields and hash (``shape.ProfileShape``), so a new grant per call
   skips the meet.
 
-Equal inputs in other objects therefore get equal profiles (same fields, same hash), not the
-same object: a copy costs less than the lookup that would find an earlier one.
+Equal inputs in other objects therefore get equal profiles (same fields, same hash), the same
+object while the call level holds it.
 
-Both levels are LRUs bounded by ``size`` entries (the shape level by ``shape_size``), so a
+All levels are LRUs bounded by ``size`` entries (the shape level by ``shape_size``), so a
 long-running engine holds at most that many profiles whatever its callers send.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import weakref
 from collections import OrderedDict
@@ -27,11 +33,14 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from policy_engine.model import Grant, Manifest, Overrides, Profile, Settings
+from policy_engine.model import Budget, Consent, Grant, Manifest, Overrides, Profile, Settings
 from policy_engine.profile.shape import ProfileShape, model_key
 
 ShapeKey = tuple[bytes, str, str, str]
 """Exact JSON of the grant without its call fields, the manifest, the settings, the overrides."""
+
+CallKey = tuple[bytes, str, str, str]
+"""SHA-256 of the whole grant's exact JSON, then the manifest, settings and overrides JSON."""
 
 DEFAULT_SIZE = 4096
 DEFAULT_SHAPE_SIZE = 1024
@@ -73,6 +82,7 @@ class ProfileCache:
         self._lock = threading.Lock()
         self._by_identity: OrderedDict[int, _IdentityEntry] = OrderedDict()
         self._shapes: OrderedDict[ShapeKey, ProfileShape] = OrderedDict()
+        self._by_call: OrderedDict[CallKey, Profile] = OrderedDict()
         # input JSON by identity (manifests and settings are reused call after call); the
         # object is kept with its JSON so its id cannot be reused while the entry lives
         self._inputs: OrderedDict[int, tuple[BaseModel, str]] = OrderedDict()
@@ -132,6 +142,42 @@ class ProfileCache:
         except KeyError:
             pass
 
+    def call_key(self, grant: Grant, inputs: tuple[str, str, str]) -> CallKey | None:
+        """The call level's key of ``grant`` with the other inputs' JSON (``input_key``), or
+        ``None`` when the level is off or a call field is not of its validated type."""
+        if not self._identity_size:
+            return None
+        g = grant.__dict__
+        consent = g["consent"]
+        if type(g["call_id"]) is not str or type(g["expires_at"]) is not int or \
+                type(g["budget"]) is not Budget or not (consent is None or
+                                                        type(consent) is Consent):
+            return None
+        exact = grant.__pydantic_serializer__.to_json(grant)
+        return (hashlib.sha256(exact).digest(), *inputs)
+
+    def by_call(self, key: CallKey) -> Profile | None:
+        """The profile an equal grant with equal inputs got, if it is still cached."""
+        calls = self._by_call
+        profile = calls.get(key)
+        if profile is not None:
+            try:  # noqa: SIM105 - see ``remember``
+                calls.move_to_end(key)
+            except KeyError:
+                pass
+        return profile
+
+    def remember_call(self, key: CallKey, profile: Profile) -> None:
+        """Record the profile built for ``key`` (for ``by_call``)."""
+        lru = self._by_call
+        lru[key] = profile  # atomic under the GIL (bytes and str keys), as in ``remember``
+        try:  # noqa: SIM105 - see ``remember``
+            lru.move_to_end(key)
+            if len(lru) > self._identity_size:
+                lru.popitem(last=False)
+        except KeyError:
+            pass
+
     def by_shape(self, key: ShapeKey) -> ProfileShape | None:
         # no lock on the hit path: each OrderedDict call is atomic under the GIL (keys are
         # bytes and str tuples: no Python code runs inside), and a key evicted between the two
@@ -157,6 +203,7 @@ class ProfileCache:
     def clear(self) -> None:
         with self._lock:
             self._by_identity.clear()
+            self._by_call.clear()
             self._shapes.clear()
             self._inputs.clear()
 
@@ -166,4 +213,5 @@ class ProfileCache:
     def stats(self) -> dict[str, int]:
         """Entries per level (for operators and tests)."""
         with self._lock:
-            return {"identity": len(self._by_identity), "shapes": len(self._shapes)}
+            return {"identity": len(self._by_identity), "calls": len(self._by_call),
+                    "shapes": len(self._shapes)}

@@ -39,6 +39,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from policy_engine.model.text import SURROGATE_FREE, surrogate_free_json
 from policy_engine.refusal import PolicyRefusal
 from policy_engine.service.decide_answer import View, view_of_query
 from policy_engine.service.errors import (
@@ -173,6 +174,9 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
             return b"".join(chunks)
 
 
+_SCANNED = {SURROGATE_FREE: True}
+
+
 def _parsed(model: type[_Body], body: bytes) -> _Body | None:
     """``body`` validated as ``model``, or ``None`` for anything FastAPI should answer itself
     (not a JSON object, or invalid)."""
@@ -180,7 +184,10 @@ def _parsed(model: type[_Body], body: bytes) -> _Body | None:
         return None
     if len(body) <= 4300 or _LONG_INT.search(body) is None:
         try:
-            return model.model_validate_json(body)
+            # a body with no surrogate escape cannot hold a lone surrogate: the models' walk
+            # of every string for one is skipped (``model/text.py``)
+            return model.model_validate_json(
+                body, context=_SCANNED if surrogate_free_json(body) else None)
         except ValidationError:
             pass  # perhaps JSON pydantic's parser refuses and json.loads takes: parse again
     data = _json_object(body)

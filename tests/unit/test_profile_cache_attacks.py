@@ -132,7 +132,7 @@ def test_f6_cache_sizes_are_checked_up_front(org: PolicySet) -> None:
             Guard(org, cache_size=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="identity"):
         ProfileCache(size=1, shape_size=1, identity_size=-1)
-    assert ProfileCache(identity_size=0).stats() == {"identity": 0, "shapes": 0}
+    assert ProfileCache(identity_size=0).stats() == {"identity": 0, "calls": 0, "shapes": 0}
 
 
 def test_f9_a_cache_serves_one_policy_set(org: PolicySet, shell: tuple[Grant, Manifest],

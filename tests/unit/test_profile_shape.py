@@ -168,7 +168,7 @@ def test_profile_cache_is_a_bounded_lru(ps: PolicySet) -> None:
     b = ProfileBuilder(ps, cache=ProfileCache(size=3, shape_size=2))
     for i in range(10):
         b.build(grant(subject_id=f"agent:{i}"), manifest())
-    assert b.cache.stats() == {"identity": 3, "shapes": 2}
+    assert b.cache.stats() == {"identity": 3, "calls": 3, "shapes": 2}
     with pytest.raises(ValueError, match="at least 1"):
         ProfileCache(size=0)
 
@@ -351,7 +351,7 @@ def test_profile_cache_size_is_configured_and_checked(ps: PolicySet, tmp_path: P
         for i in range(5):
             builder.build(grant(subject_id=f"agent:{i}"), manifest())
         # shapes: a quarter of the size, at least 16
-        assert builder.cache.stats() == {"identity": 2, "shapes": 5}
+        assert builder.cache.stats() == {"identity": 2, "calls": 2, "shapes": 5}
     finally:
         orch.close()
     for bad in (0, -1, True, "10", 1.5):
@@ -403,3 +403,25 @@ def test_a_profile_only_condition_runs_once_per_profile_view(
     assert d.decision == "deny"  # Write side effect: consent required, none recorded
     assert "consent" in d.reason
     assert len(runs) == 2
+
+
+def test_an_equal_grant_in_another_object_gets_the_very_profile(ps: PolicySet) -> None:
+    """The call level: a grant parsed anew with the same content (each service request's own)
+    gets the profile the first one got (so the guard finds its compilation by identity); any
+    difference, a call field included, is another profile; a grant built without validation
+    (a call field of another type) is not looked up there and still gets its fields checked."""
+    b = ProfileBuilder(ps)
+    first = b.build(grant(), manifest())
+    again = b.build(Grant.model_validate_json(grant().model_dump_json()), manifest())
+    assert again is first
+    other = b.build(grant(call_id="ok-2"), manifest())
+    assert other is not first
+    assert other.call_id == "ok-2"
+    assert other.profile_hash != first.profile_hash
+    later = b.build(grant(expires_at=first.expires_at + 1), manifest())
+    assert later is not first
+    assert later.expires_at == first.expires_at + 1
+    loose = grant().model_copy(update={"expires_at": True})
+    assert b.cache.call_key(loose, ("", "", "")) is None
+    assert b.build(loose, manifest()).expires_at == 1  # validated as a full build does
+    assert b.build(grant(), manifest(version="1.0.1")) is not first  # another manifest

@@ -49,7 +49,9 @@ def project(tmp_path: Path) -> Path:
 def run(project: Path) -> subprocess.CompletedProcess[str]:
     # the caller's PYTHONPATH stays after the copy: the engine under test is the caller's
     paths = [str(project), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    # a session of its own, not one more xdist worker of ours (syrupy would defer its report)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")},
+           "PYTHONPATH": os.pathsep.join(paths)}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
          str(project), "-c", os.devnull, "conformance/test_cases.py"],

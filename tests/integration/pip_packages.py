@@ -1,8 +1,9 @@
-"""Install throwaway plugin packages for a test module with pip, from copies, and remove them."""
+"""Install throwaway plugin packages for a test module with pip, from copies, privately."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -18,8 +19,12 @@ def pip(*args: str) -> None:
 
 @contextmanager
 def installed_packages(sources: Mapping[str, Path], workdir: Path) -> Iterator[None]:
-    """pip-install each source tree (distribution name -> directory), then uninstall them all.
+    """pip-install each source tree (distribution name -> directory) into a directory of this
+    test's own, on ``PYTHONPATH`` for the child processes it starts meanwhile.
 
+    Never into the interpreter's site-packages: every other process of that interpreter (the
+    other test workers, other suites on the machine) would load these plugins — the broken ones
+    too — while they are installed. Entry points are found there as in site-packages.
     Builds from a copy under ``workdir``: an in-tree build would leave build/ and *.egg-info in
     the repository. No build isolation when the build backend is already here (nothing to
     download); setuptools without `wheel` cannot build one, so then pip fetches the build
@@ -27,11 +32,17 @@ def installed_packages(sources: Mapping[str, Path], workdir: Path) -> Iterator[N
     """
     has_backend = all(importlib.util.find_spec(m) for m in ("setuptools", "wheel"))
     isolation = ["--no-build-isolation"] if has_backend else []
+    site = workdir / "site-packages"
+    for dist, src in sources.items():
+        copy = workdir / dist
+        shutil.copytree(src, copy)
+        pip("install", "--no-deps", *isolation, "--target", str(site), str(copy))
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(site), *([before] if before else [])])
     try:
-        for dist, src in sources.items():
-            copy = workdir / dist
-            shutil.copytree(src, copy)
-            pip("install", "--no-deps", *isolation, str(copy))
         yield
     finally:
-        pip("uninstall", "-y", *sources)
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before

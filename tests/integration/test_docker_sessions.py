@@ -21,6 +21,7 @@ import pytest
 from plugins.executor_docker.engine import DockerOptions
 from plugins.executor_docker.executor import DockerExecutor
 from plugins.executor_docker.pool import POOL_LABEL
+from plugins.executor_proc.idmap import IDMAP_DIR
 from policy_engine import PolicyEngineError
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig
@@ -50,12 +51,14 @@ def rt(tmp_path: Path) -> Iterator[Sessions]:
 
 
 def _containers_binding(path: Path) -> list[str]:
-    """Ids of the running pool containers with ``path`` bound at its own path."""
+    """Ids of the running pool containers with ``path`` bound at its own path (from the
+    workspace's id-mapped mount: it stays root's, plugins/executor_docker/identity.py)."""
     client = docker.from_env()
     try:
         found = []
         for c in client.containers.list(filters={"label": POOL_LABEL}):
-            if any(m.get("Source") == str(path) and m.get("Destination") == str(path)
+            if any(m.get("Source", "").startswith(f"{IDMAP_DIR}/")
+                   and m.get("Destination") == str(path)
                    for m in c.attrs.get("Mounts", [])):
                 found.append(str(c.id))
         return found
@@ -104,11 +107,15 @@ def test_files_api_and_calls_see_one_workspace(rt: Sessions) -> None:
                           "open('data/in.csv', 'a').write('3,4\\n')\nprint(len(rows))"))
     assert out == "2\n"
     assert b"".join(files.download("acme", "alice", s.session_id, "data/out.txt")) == b"2"
-    # an upload the engine wrote (as root) was handed to the container's uid: appendable
+    # an upload the engine wrote (as root) is appendable through the id-mapped bind, and
+    # nothing changed owner
     assert b"".join(files.download("acme", "alice", s.session_id,
                                    "data/in.csv")) == b"a,b\n1,2\n3,4\n"
     names = {e["path"] for e in files.list("acme", "alice", s.session_id)["entries"]}
     assert {"data", "data/in.csv", "data/out.txt"} <= names, names
+    work = rt.workspace(s)
+    owners = {(p.lstat().st_uid, p.lstat().st_gid) for p in [work, *work.rglob("*")]}
+    assert owners == {(0, 0)}, owners  # the engine's workspace stays the engine's
 
 
 @pytest.mark.parametrize("backend", ["docker", "proc-bwrap"])

@@ -280,7 +280,9 @@ class DockerExecutor:
                 work, self.options.system_binds, str(self._docker_root(self.state_dir))):
             return False
         try:  # the identity its calls get: the workspace (root's) through an id-mapped bind
-            ident = identity.plan(((work, False),), [], self.options, self.mode)
+            ident = identity.plan(((work, False),), [], self.options, self.mode,
+                                  self.runtimes.default is not None
+                                  and self.runtimes.default == self.runtimes.gvisor)
         except PolicyEngineError:
             return False  # its first call says why
         pool = self.pool(self.runtimes.default)
@@ -359,9 +361,18 @@ class DockerExecutor:
             return bound_refusal(profile, op, self.options.system_binds,
                                  str(self._docker_root(self.view_state_dir))
                                  ) or identity.strict_refusal(binds_of(profile), self.options,
-                                                              self.mode)
+                                                              self.mode, self._on_gvisor(profile))
         return _container_facts_refusal(profile, op, self.options.workspace_root,
                                         self.view_state_dir)
+
+    def _on_gvisor(self, profile: Profile) -> bool:
+        """Whether ``profile``'s calls run on the gVisor runtime (a profile requiring one this
+        executor lacks is the backend selection's refusal, not this one's)."""
+        try:
+            runtime = runtimes.for_profile(profile, self.runtimes)
+        except PolicyEngineError:
+            return False
+        return runtime is not None and runtime == self.runtimes.gvisor
 
     def _docker_root(self, state_dir: Path) -> Path:
         """Where ``projects/`` lie (a bound root may neither hold nor lie in it)."""
@@ -419,7 +430,7 @@ class DockerExecutor:
         binds = binds_of(profile) if bound is not None else ()
         # who writes a bound call's files, and through which binds: never a chown
         ident = (identity.plan(binds, masks.masked(profile, [p for p, ro in binds if not ro]),
-                               self.options, self.mode)
+                               self.options, self.mode, hard.gvisor)
                  if bound is not None else identity.BoundIdentity(SANDBOX_USER))
         ctx.started()  # refusals above (stdin, cwd, env, network mode) created nothing
         client, streams = self.client()

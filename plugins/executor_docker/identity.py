@@ -13,9 +13,9 @@ which host git called it "dubious ownership"):
   read-only from the plain tree inside the mapped mount; Docker's binds are recursive, so they
   come along. The mapping lives as long as the container: one call for a run-once container,
   the session for a bound session's warm container (detached when it is removed);
-- no id-mapped mount can be made (the engine is not root, a remote docker engine, a kernel or
-  file system without them): strict mode refuses the call, compat mode runs it with the tree
-  bound as it is (uid 1000 cannot write root's entries) and records why (``degraded``).
+- no id-mapped mount can be made (the engine is not root, a remote docker engine, gVisor, a
+  kernel or file system without them): strict mode refuses the call, compat mode runs it with
+  the tree bound as it is (uid 1000 cannot write root's entries) and records why (``degraded``).
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ RUN_AS = (SANDBOX_UID, SANDBOX_UID)
 """The container's uid: what root shows as through an id-mapped bind."""
 
 
-def idmap_unavailable(options: DockerOptions) -> str | None:
-    """Why this executor cannot bind an id-mapped mount, from its configuration alone."""
+def idmap_unavailable(options: DockerOptions, gvisor: bool) -> str | None:
+    """Why this executor cannot bind an id-mapped mount, from its configuration alone (and
+    the call's runtime: ``gvisor``)."""
+    if gvisor:  # its gofer, root of another namespace, gets EOVERFLOW from the mapped mount
+        return "gVisor's file proxy cannot use an id-mapped mount"
     if not options.base_url.startswith("unix://"):
         return "the docker engine is not on this host (its binds cannot see the engine's mounts)"
     if os.geteuid() != 0:
@@ -61,12 +64,12 @@ def user_of(binds: tuple[tuple[str, bool], ...]) -> str:
 
 
 def strict_refusal(binds: tuple[tuple[str, bool], ...], options: DockerOptions,
-                   mode: str) -> PolicyEngineError | None:
+                   mode: str, gvisor: bool) -> PolicyEngineError | None:
     """What a strict run refuses from the configuration and the binds' owners alone (the
     executor's ``refusal``: the dry run says the same)."""
     if mode != "strict" or user_of(binds) != SANDBOX_USER:
         return None
-    why, roots = idmap_unavailable(options), _roots(binds)
+    why, roots = idmap_unavailable(options, gvisor), _roots(binds)
     if why is None or not roots:
         return None
     note = owner.RootTrees(roots, failed=why).unwritable(RUN_AS)
@@ -94,7 +97,7 @@ class BoundIdentity:
 
 
 def plan(binds: tuple[tuple[str, bool], ...], masked: list[str], options: DockerOptions,
-         mode: str) -> BoundIdentity:
+         mode: str, gvisor: bool = False) -> BoundIdentity:
     """The identity of a bound call (no mount made yet: :func:`mount` makes it).
 
     :raises PolicyEngineError: strict mode without an id-mapped bind, or too many hard-linked
@@ -104,7 +107,7 @@ def plan(binds: tuple[tuple[str, bool], ...], masked: list[str], options: Docker
     roots = _roots(binds) if user == SANDBOX_USER else []
     if not roots:
         return BoundIdentity(user)
-    why = idmap_unavailable(options)
+    why = idmap_unavailable(options, gvisor)
     if why is not None:
         return _unmapped(BoundIdentity(user, roots=tuple(roots)), why, mode)
     linked = uid.linked_files(roots, masked)

@@ -45,14 +45,15 @@ MODES = ["run-once", "pool"]
 
 def _bound(tmp_path: Path, repo: Path, mode: str, code: str = EDIT,
            backend: str = "docker", security: str = "strict",
-           base_url: str | None = None) -> list[str]:
+           base_url: str | None = None, runtime: str | None = None) -> list[str]:
     """CLI arguments of one call with ``cwd`` = the repository: a docker bound call."""
     args = _args(tmp_path, repo, "proc-bwrap")  # the host paths, as bubblewrap sees them
     req = json.loads((tmp_path / "req.json").read_text())
     req["op"]["args"] = ["-c", code, str(repo)]
     req["op"]["cwd"] = str(repo)
     (tmp_path / "req.json").write_text(json.dumps(req))
-    docker = {"mode": mode, "pool_size": 1, **({"base_url": base_url} if base_url else {})}
+    docker = {"mode": mode, "pool_size": 1, **({"base_url": base_url} if base_url else {}),
+              **({"runtime": runtime} if runtime else {})}
     (tmp_path / "engine.yaml").write_text(json.dumps({
         "state_dir": str(tmp_path / "state"), "mode": security,
         "backends": {"proc.exec": backend}, "options": {"docker": docker}}))
@@ -74,8 +75,9 @@ def _owners(repo: Path) -> set[tuple[int, int]]:
 @pytest.mark.parametrize("owner", [OWNER, (0, 0), (1234, 1234)],
                          ids=["uid-1000", "root-owned", "uid-1234"])
 @pytest.mark.parametrize("mode", MODES)
-def test_a_docker_bound_write_keeps_every_owner(tmp_path: Path, place: Path, mode: str,
-                                               owner: tuple[int, int]) -> None:
+def test_a_docker_bound_write_keeps_every_owner(
+        tmp_path: Path, place: Path, mode: str,  # noqa: F811
+        owner: tuple[int, int]) -> None:
     """The tool edits a file and creates one in a subdirectory of the user's tree: written,
     every owner unchanged (root's through the id-mapped bind), the new file the owner's, the
     owner's git reads the repository (root's with no `safe.directory`)."""
@@ -93,7 +95,8 @@ def test_a_docker_bound_write_keeps_every_owner(tmp_path: Path, place: Path, mod
     assert _owners(repo) == {owner}
     status = _as_owner("git", "-C", str(repo), "status", "--porcelain", home=home, owner=owner)
     assert status.returncode == 0, status.stderr
-    assert "a.txt" in status.stdout and "sub/" in status.stdout, status.stdout
+    assert "a.txt" in status.stdout, status.stdout
+    assert "sub/" in status.stdout, status.stdout
     meta = json.loads(next((tmp_path / "state").rglob("meta.json")).read_text())
     user = "1000:1000" if owner == (0, 0) else f"{owner[0]}:{owner[1]}"
     assert meta["policy_snapshot"]["container"]["user"] == user, meta
@@ -113,7 +116,7 @@ def _detached() -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_hard_link_in_a_root_tree_stays_unwritable_from_the_container(
-        tmp_path: Path, place: Path, mode: str) -> None:
+        tmp_path: Path, place: Path, mode: str) -> None:  # noqa: F811
     """The id-mapped bind shows root's inodes as uid 1000's; a name in the tree for a host
     file outside it is bound read-only from the plain tree inside the mapped mount, and Docker's
     recursive bind carries that bind into the container: unwritable, its mode unchangeable."""
@@ -136,7 +139,7 @@ def test_a_hard_link_in_a_root_tree_stays_unwritable_from_the_container(
 
 
 def test_no_set_uid_root_file_through_the_docker_id_mapped_bind(
-        tmp_path: Path, place: Path) -> None:
+        tmp_path: Path, place: Path) -> None:  # noqa: F811
     """What the container writes in a root-owned tree is root's on disk: the set-id modes
     are refused (the container's seccomp profile) and nothing set-id is left behind."""
     repo = _repo(place, (0, 0))
@@ -154,8 +157,8 @@ APPEND = ("import sys, pathlib\nr = pathlib.Path(sys.argv[1])\n"
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_bubblewrap_and_docker_write_each_others_files(tmp_path: Path, place: Path,
-                                                      mode: str) -> None:
+def test_bubblewrap_and_docker_write_each_others_files(
+        tmp_path: Path, place: Path, mode: str) -> None:  # noqa: F811
     """One root-owned tree, calls alternating between bubblewrap (root seen as 65533) and
     Docker (root seen as 1000): each appends to the file the other created, all stays root's."""
     repo = _repo(place, (0, 0))
@@ -175,7 +178,7 @@ def test_bubblewrap_and_docker_write_each_others_files(tmp_path: Path, place: Pa
 
 
 def test_strict_refuses_without_an_id_mapped_bind_as_explain_said(
-        tmp_path: Path, place: Path) -> None:
+        tmp_path: Path, place: Path) -> None:  # noqa: F811
     """A docker engine not on this host cannot bind the engine's id-mapped mount: strict mode
     refuses the bound call on a root-owned tree, explain first and run alike, never a chown."""
     repo = _repo(place, (0, 0))
@@ -191,18 +194,42 @@ def test_strict_refuses_without_an_id_mapped_bind_as_explain_said(
     assert _owners(repo) == {(0, 0)}
 
 
-def test_compat_binds_root_s_tree_unwritable_and_says_so(place: Path) -> None:
+def test_compat_binds_root_s_tree_unwritable_and_says_so(place: Path) -> None:  # noqa: F811
     """Without an id-mapped bind compat mode plans the tree bound as it is (uid 1000 cannot
     write root's entries) with the reason recorded; strict raises; a tree owned by one user
     needs no mapping at all (its owner runs the container)."""
     repo = _repo(place, (0, 0))
     remote = DockerOptions(base_url="tcp://127.0.0.1:9")
     ident = plan(((str(repo), False),), [], remote, "compat")
-    assert ident.roots == () and ident.user == "1000:1000"
-    assert ident.degraded is not None and "nothing changed owner" in ident.degraded
+    assert (ident.roots, ident.user) == ((), "1000:1000")
+    assert "nothing changed owner" in str(ident.degraded)
     with pytest.raises(PolicyEngineError) as refused:
         plan(((str(repo), False),), [], remote, "strict")
     assert refused.value.code is ErrorCode.CAPABILITY_BLOCKED
     mine = _repo(place / "u", (1234, 1234))
     assert plan(((str(mine), False),), [], remote, "strict").user == "1234:1234"
+    assert _owners(repo) == {(0, 0)}
+
+
+WRITE_A = ("import sys, pathlib\ntry:\n    (pathlib.Path(sys.argv[1]) / 'a.txt').write_text('x')\n"
+           "    print('WROTE')\nexcept OSError as exc:\n    print('REFUSED', exc.errno)")
+
+
+def test_gvisor_cannot_carry_the_mapping_strict_refuses_compat_degrades(
+        tmp_path: Path, place: Path) -> None:  # noqa: F811
+    """gVisor's file proxy cannot use an id-mapped mount (EOVERFLOW): on runsc, strict mode
+    refuses the bound call on a root-owned tree (explain = run); compat runs it with the tree
+    unwritable to uid 1000 and says so in `degraded`. Nothing changes owner either way."""
+    repo = _repo(place, (0, 0))
+    args = _bound(tmp_path, repo, "run-once", WRITE_A, runtime="runsc")
+    dry = _cli("explain", *args, "--format", "json")
+    said = json.loads(dry.stdout)
+    assert said["decision"] == "deny", said
+    assert "gVisor" in said["reason"], said
+    assert_run_denies_as_explain_said(_cli("run", *args, "--format", "json"), said)
+    args = _bound(tmp_path, repo, "run-once", WRITE_A, runtime="runsc", security="compat")
+    out = _run(args)
+    assert str(out["stdout"]).startswith("REFUSED"), out
+    assert "nothing changed owner" in json.dumps(out["degraded"]), out
+    assert (repo / "a.txt").read_text() == "a"
     assert _owners(repo) == {(0, 0)}

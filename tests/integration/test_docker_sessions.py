@@ -10,6 +10,7 @@ docker session of the owner was refused, and no variable named an artifacts dire
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ from policy_engine.gateway.session_files import SessionFiles
 from policy_engine.gateway.session_runtime import SessionLimits, Sessions
 from policy_engine.refusal import PolicyRefusal
 from policy_engine.runcode.manager import OrchestratorPool, RunCodeResult
+from tests.integration.test_docker_write_identity import mount_points
 from tests.integration.test_sessions_runtime import POLICY
 
 pytestmark = pytest.mark.integration
@@ -62,6 +64,16 @@ def _containers_binding(path: Path) -> list[str]:
                    for m in c.attrs.get("Mounts", [])):
                 found.append(str(c.id))
         return found
+    finally:
+        client.close()
+
+
+def _mapped_source(container_id: str, path: Path) -> str:
+    """The host source of the container's bind at ``path``."""
+    client = docker.from_env()
+    try:
+        mounts = client.containers.get(container_id).attrs.get("Mounts", [])
+        return str(next(m["Source"] for m in mounts if m.get("Destination") == str(path)))
     finally:
         client.close()
 
@@ -141,10 +153,17 @@ def test_delete_removes_the_sessions_container_and_workspace(rt: Sessions) -> No
     _ok(rt.run_code("acme", "alice", s.session_id, "open('x', 'w').write('1')"))
     held = _containers_binding(root)
     assert len(held) == 1, held
+    mapped = _mapped_source(held[0], root)
+    assert mapped in mount_points(), mapped  # the container's id-mapped bind of the workspace
     ended = rt.delete("acme", "alice", s.session_id)
     assert ended["pool_released"] is True, ended
     assert ended["workspace_removed"] is True, ended
     assert _containers_binding(root) == []  # removed before the delete answered
+    deadline = time.monotonic() + 10  # detached in the background once the container is gone
+    while mapped in mount_points() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mapped not in mount_points()
+    assert not os.path.exists(mapped), mapped
     assert not root.parent.exists()
     client = docker.from_env()
     try:

@@ -16,6 +16,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -100,18 +101,26 @@ def test_a_docker_bound_write_keeps_every_owner(
     meta = json.loads(next((tmp_path / "state").rglob("meta.json")).read_text())
     user = "1000:1000" if owner == (0, 0) else f"{owner[0]}:{owner[1]}"
     assert meta["policy_snapshot"]["container"]["user"] == user, meta
-    if mode == "run-once":  # the call's mapping is detached once it ends
-        _detached()
+    mapped = [m["source"] for m in meta["mounts"] if m.get("target") == str(repo)]
+    if owner == (0, 0) and mode == "run-once":  # bound from the mapping, detached after
+        assert mapped[0].startswith(f"{IDMAP_DIR}/"), meta["mounts"]
+        _detached(mapped[0])
+    elif mode == "run-once":  # its owner writes it: the plain tree
+        assert mapped == [str(repo)], meta["mounts"]
 
 
-def _detached() -> None:
-    import time
-    deadline = time.monotonic() + 5
-    while os.path.isdir(IDMAP_DIR) and os.listdir(IDMAP_DIR) and time.monotonic() < deadline:
-        time.sleep(0.05)  # other tests' mappings may come and go: wait for none of ours
-    left = [os.path.join(IDMAP_DIR, d) for d in os.listdir(IDMAP_DIR)] if os.path.isdir(
-        IDMAP_DIR) else []
-    assert not [d for d in left if os.path.ismount(os.path.join(d, "0"))], left
+def mount_points() -> set[str]:
+    """The mount points of the engine's mount namespace (``os.path.ismount`` cannot tell a
+    bind of a directory of the same file system)."""
+    with open("/proc/self/mountinfo") as fh:
+        return {line.split()[4] for line in fh}
+
+
+def _detached(mapped: str) -> None:
+    deadline = time.monotonic() + 10  # detached in the background after the result
+    while mapped in mount_points() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mapped not in mount_points()
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -20,13 +20,14 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import docker
 
 from plugins.executor_docker import (
     cpu,
     engine,
+    identity,
     masks,
     network,
     runtimes,
@@ -41,7 +42,7 @@ from plugins.executor_docker.bound import (
     bound_root,
     root_refusal,
 )
-from plugins.executor_docker.engine import DockerOptions, Hardening
+from plugins.executor_docker.engine import SANDBOX_USER, DockerOptions, Hardening
 from plugins.executor_docker.pool import Slot, WarmPool
 from plugins.executor_docker.runner import (
     KILL_ALL,
@@ -52,14 +53,12 @@ from plugins.executor_docker.runner import (
     run_quiet,
 )
 from plugins.executor_docker.workspace import (
-    SANDBOX_UID,
     ExecWorkspace,
     collect_artifacts,
     default_root,
     prepare,
     write_record,
 )
-from plugins.executor_proc import uid
 from plugins.executor_proc.seccomp import unix_filter
 from policy_engine.config import default_state_dir
 from policy_engine.errors import ErrorCode, PolicyEngineError
@@ -178,12 +177,17 @@ class DockerExecutor:
     charges_at_start = True  # ctx.started() before a workspace or container is made
 
     def __init__(self, options: DockerOptions | None = None,
-                 state_dir: Path | None = None) -> None:
+                 state_dir: Path | None = None,
+                 mode: Literal["strict", "compat"] = "strict") -> None:
         """:param state_dir: holds ``docker/projects/`` unless ``options.workspace_root`` is
         set (default ``$POLICY_ENGINE_STATE`` or ``./var``).
+        :param mode: the engine's; strict refuses a bound call on a root-owned tree where no
+            id-mapped bind can be made, compat runs it with that tree unwritable
+            (``identity.py``).
         :raises ValueError: a configured OCI runtime is not registered with dockerd, or dockerd
             cannot be asked (only checked when ``runtime``/``gvisor_runtime`` is set)."""
         self.options = options or DockerOptions()
+        self.mode = mode
         self.state_dir = state_dir if state_dir is not None else default_state_dir()
         # the state directory whose facts `refusal` judges: the run's own, also when a dry run
         # built this executor in a throwaway one (explain.backend.judge_in_state_dir)
@@ -267,16 +271,6 @@ class DockerExecutor:
         """Release the caller's warm container: it is discarded, a fresh one takes its slot."""
         self.release_session(profile.tenant, profile.subject_id, profile.tool_name)
 
-    def adopt_bound(self, root: str) -> int:
-        """Hand what the engine owns beneath a bound root to the container's uid (a session is
-        created: bubblewrap then runs its calls as that owner too, plugins/executor_proc/
-        owner.py, so files one backend writes stay writable for the other); answers how many
-        entries changed. No-op for a root that may not be bound."""
-        if root_refusal(root, self.options.system_binds,
-                        str(self._docker_root(self.state_dir))):
-            return 0
-        return uid.adopt([root], SANDBOX_UID, SANDBOX_UID)
-
     def prewarm_bound(self, tenant: str, subject_id: str, work: str, root: str) -> bool:
         """Make a bound session's own warm container now (a session is created: its first
         call then finds it), with ``work`` bound read-write (what its calls' profiles bind: a
@@ -285,11 +279,29 @@ class DockerExecutor:
         if self.options.mode != "pool" or root_refusal(
                 work, self.options.system_binds, str(self._docker_root(self.state_dir))):
             return False
+        try:  # the identity its calls get: the workspace (root's) through an id-mapped bind
+            ident = identity.plan(((work, False),), [], self.options, self.mode,
+                                  self.runtimes.default is not None
+                                  and self.runtimes.default == self.runtimes.gvisor)
+        except PolicyEngineError:
+            return False  # its first call says why
         pool = self.pool(self.runtimes.default)
-        slot = pool.acquire_bound(bound_key(tenant, subject_id, root),
-                                  tuple(bind_mounts([], [(work, work, False)])), timeout_s=60)
+        slot = self._acquire_bound(pool, bound_key(tenant, subject_id, root), ident,
+                                   [(work, work, False)], [], 60)
         pool.done(slot)
         return True
+
+    def _acquire_bound(self, pool: WarmPool, key: str, ident: identity.BoundIdentity,
+                       binds: list[tuple[str, str, bool]], masked: list[Any],
+                       timeout_s: float) -> Slot:
+        """A bound session's warm container, made with ``binds`` (root's writable ones through
+        their id-mapped mounts, which live as long as it) and the ``masked`` mounts over them."""
+        def make() -> tuple[tuple[Any, ...], identity.Detach | None, str | None]:
+            mapped, detach, note = identity.mount(ident, binds, self.mode)
+            return (*bind_mounts([], mapped), *masked), detach, note
+
+        return pool.acquire_bound(key, (*bind_mounts([], binds), *masked), timeout_s,
+                                  user=ident.user, ident=ident.key, make=make)
 
     def release_bound(self, tenant: str, subject_id: str, root: str) -> int:
         """A bound session ends (docs/sessions.md): its own warm containers on every runtime
@@ -347,9 +359,20 @@ class DockerExecutor:
                 return exc
         if bound_root(op):
             return bound_refusal(profile, op, self.options.system_binds,
-                                 str(self._docker_root(self.view_state_dir)))
+                                 str(self._docker_root(self.view_state_dir))
+                                 ) or identity.strict_refusal(binds_of(profile), self.options,
+                                                              self.mode, self._on_gvisor(profile))
         return _container_facts_refusal(profile, op, self.options.workspace_root,
                                         self.view_state_dir)
+
+    def _on_gvisor(self, profile: Profile) -> bool:
+        """Whether ``profile``'s calls run on the gVisor runtime (a profile requiring one this
+        executor lacks is the backend selection's refusal, not this one's)."""
+        try:
+            runtime = runtimes.for_profile(profile, self.runtimes)
+        except PolicyEngineError:
+            return False
+        return runtime is not None and runtime == self.runtimes.gvisor
 
     def _docker_root(self, state_dir: Path) -> Path:
         """Where ``projects/`` lie (a bound root may neither hold nor lie in it)."""
@@ -404,18 +427,16 @@ class DockerExecutor:
         timeout_s = min((t for t in (op.timeout_ms, ctx.limits.timeout_ms) if t),
                         default=profile.timeout_ms) / 1000
         deadline = min(ctx.deadline, time.monotonic() + timeout_s)
+        binds = binds_of(profile) if bound is not None else ()
+        # who writes a bound call's files, and through which binds: never a chown
+        ident = (identity.plan(binds, masks.masked(profile, [p for p, ro in binds if not ro]),
+                               self.options, self.mode, hard.gvisor)
+                 if bound is not None else identity.BoundIdentity(SANDBOX_USER))
         ctx.started()  # refusals above (stdin, cwd, env, network mode) created nothing
         client, streams = self.client()
         root = (Path(self.options.workspace_root) if self.options.workspace_root
                 else default_root(self.state_dir, profile))
-        binds = binds_of(profile) if bound is not None else ()
         ws = prepare(root, profile, bound, binds)
-        if bound is not None:
-            # the container's uid writes the session's files (bubblewrap runs as their owner,
-            # plugins/executor_proc/owner.py): what the engine wrote there (uploads) is handed
-            # over, never following a link, masked paths left alone
-            rw = [p for p, ro in binds if not ro]
-            uid.adopt(rw, SANDBOX_UID, SANDBOX_UID, masks.masked(profile, rw))
         argv = [op.tool, *op.args]
         limits = (_limit(ctx, "max_stdout_bytes"), _limit(ctx, "max_stderr_bytes"))
         art_limit = self.options.max_artifacts_bytes
@@ -424,10 +445,11 @@ class DockerExecutor:
         try:
             if self.options.mode == "pool":
                 out, mounts, removed, proxied = self._pooled(ctx, ws, hard, argv, env, cwd,
-                                                             limits, deadline, op.stdin_b64)
+                                                             limits, deadline, op.stdin_b64,
+                                                             ident)
             else:
                 out, mounts, proxied = self._run_once(ctx, ws, hard, argv, env, cwd, limits,
-                                                      deadline, stdin)
+                                                      deadline, stdin, ident)
         except Exception as exc:  # noqa: BLE001 -- every failure leaves with a registry code
             raise engine.map_error(exc) from None
         # third line after seccomp and the 0700 project: no set-id file or device node stays
@@ -440,6 +462,10 @@ class DockerExecutor:
         meta = self._meta(profile, ctx, hard, ws, out, argv, cwd, env, mounts, removed)
         if proxied is not None:
             meta["network_proxy"] = proxied
+        if bound is not None:  # the container's uid:gid (the tree's owner, or uid 1000)
+            meta["policy_snapshot"]["container"]["user"] = ident.user
+        if out.degraded:
+            meta["degraded"] = [out.degraded]
         if stripped:
             meta["setid_stripped"] = stripped[:100]
         write_record(ws, out.stdout.kept(), out.stderr.kept(), manifest, meta)
@@ -480,14 +506,30 @@ class DockerExecutor:
             "artifacts_dir": str(ws.artifacts), "artifacts": manifest,
             "duration_ms": out.duration_ms, "mode": self.options.mode,
             "cpu_ms": cpu_ms, "cpu_source": cpu_source,
+            **({"degraded": [out.degraded]} if out.degraded else {}),
         }, used=used)
 
     def _run_once(self, ctx: ExecContext, ws: ExecWorkspace, hard: Hardening, argv: list[str],
                   env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float,
-                  stdin: bytes | None
+                  stdin: bytes | None, ident: identity.BoundIdentity
                   ) -> tuple[Outcome, list[dict[str, Any]], dict[str, int] | None]:
         client, streams = self.client()
-        mounts = bind_mounts(self.options.system_binds, ws.mounts())
+        # a root-owned writable bind comes from its id-mapped mount, made for this container
+        binds, detach, note = identity.mount(ident, ws.mounts(), self.mode)
+        try:
+            return self._run_once_bound(ctx, ws, hard, argv, env, cwd, limits, deadline, stdin,
+                                        ident.user, binds, note)
+        finally:
+            if detach is not None:
+                detach()
+
+    def _run_once_bound(self, ctx: ExecContext, ws: ExecWorkspace, hard: Hardening,
+                        argv: list[str], env: dict[str, str], cwd: str, limits: tuple[int, int],
+                        deadline: float, stdin: bytes | None, user: str,
+                        binds: list[tuple[str, str, bool]], note: str | None
+                        ) -> tuple[Outcome, list[dict[str, Any]], dict[str, int] | None]:
+        client, streams = self.client()
+        mounts = bind_mounts(self.options.system_binds, binds)
         mounts += masks.mask_mounts(ctx.profile, [m for m in ws.mounts() if "/artifacts" not in
                                                   m[1]])
         net: RestrictedHandle | None = None
@@ -500,7 +542,8 @@ class DockerExecutor:
             out = run_once(client, streams, self.options.image, argv, env, cwd, hard, mounts,
                            limits, deadline, cgroup_parent=cpu.parent_for(ws.exec_id),
                            cancel=ctx.cancel, stdin=stdin,
-                           disk_write=_limit(ctx, "disk_write_bytes"))
+                           disk_write=_limit(ctx, "disk_write_bytes"), user=user)
+            out.degraded = note
         finally:
             if net is not None:
                 proxied = network.record_effects(ctx, net)
@@ -511,7 +554,7 @@ class DockerExecutor:
 
     def _pooled(self, ctx: ExecContext, ws: ExecWorkspace, hard: Hardening, argv: list[str],
                 env: dict[str, str], cwd: str, limits: tuple[int, int], deadline: float,
-                stdin_b64: str | None
+                stdin_b64: str | None, ident: identity.BoundIdentity
                 ) -> tuple[Outcome, list[dict[str, Any]], list[str], dict[str, int] | None]:
         pool = self.pool(hard.runtime)
         client, streams = self.client()
@@ -520,9 +563,9 @@ class DockerExecutor:
             # a warm container cannot get a mount later: the root's own, made on its first
             # call, with the masks of this call (re-made when they change)
             binds = [(p, p, ro) for p, ro in ws.binds]
-            extra = (*bind_mounts([], binds), *masks.mask_mounts(ctx.profile, binds))
-            slot = pool.acquire_bound(bound_key(ctx.profile.tenant, ctx.profile.subject_id,
-                                                ws.bound), extra, left)
+            slot = self._acquire_bound(
+                pool, bound_key(ctx.profile.tenant, ctx.profile.subject_id, ws.bound), ident,
+                binds, masks.mask_mounts(ctx.profile, binds), left)
         else:
             slot = pool.acquire(session_key(ctx.profile), left)
         try:
@@ -557,7 +600,8 @@ class DockerExecutor:
                                         "the session until this call's deadline")
             watch = writequota.watch_warm(
                 _limit(ctx, "disk_write_bytes"), cgroup,
-                lambda: run_quiet(client, slot.container_id, list(KILL_ALL), timeout_s=10)
+                lambda: run_quiet(client, slot.container_id, list(KILL_ALL), timeout_s=10,
+                                  user=slot.user)
             ) if cgroup else None
             try:
                 out, changed = self._exec_warm(slot, client, streams, argv, env, cwd, limits,
@@ -567,6 +611,7 @@ class DockerExecutor:
                     watch.stop()
                 slot.running.release()
             out.write_watch = watch
+            out.degraded = slot.note
         finally:
             if net is not None:
                 proxied = network.record_effects(ctx, net)
@@ -605,11 +650,11 @@ class DockerExecutor:
             return slot.control.run(argv, env, cwd, limits, deadline, ctx.cancel, stdin_b64,
                                     _UNIX_FILTER if off else None)
         out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits, deadline,
-                      ctx.cancel)
+                      ctx.cancel, user=slot.user)
         # no process of the call outlives it (issue 32 item 3): a background child would run
         # on into the session's next call, outside any deadline or evidence; the launcher does
         # the same from PID 1 before it reports
-        run_quiet(client, slot.container_id, list(KILL_ALL), timeout_s=10)
+        run_quiet(client, slot.container_id, list(KILL_ALL), timeout_s=10, user=slot.user)
         return out, bool(transfer.artifacts_changed(client, slot.container_id))
 
     def _cgroup_of(self, container_id: str) -> str | None:

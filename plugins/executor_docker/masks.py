@@ -48,6 +48,7 @@ def hidden_inputs(profile: Profile, inputs: str) -> frozenset[str]:
 
 
 def masked(profile: Profile, sources: list[str]) -> list[str]:
-    """The host paths under a mandatory deny beneath ``sources`` (left alone by ``adopt``)."""
+    """The host paths under a mandatory deny beneath ``sources`` (bound from the plain tree
+    inside an id-mapped bind: ``identity.py``)."""
     plan = _plan(profile, sources)
     return [*plan.files, *plan.dirs]

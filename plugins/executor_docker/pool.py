@@ -38,6 +38,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +47,7 @@ import docker.errors
 import requests.exceptions
 
 from plugins.executor_docker.control import CONTROL_DIR, Control, launcher_argv
-from plugins.executor_docker.engine import Hardening, map_error
+from plugins.executor_docker.engine import SANDBOX_USER, Hardening, map_error
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.netproxy import SANDBOX_DIR
 
@@ -81,6 +82,13 @@ class Slot:
     # a bound session's own container (``acquire_bound``): not one of the pool's slots, made
     # with these extra mounts (its root, the masks over it), removed (not replaced) on release
     extra: tuple[docker.types.Mount, ...] | None = None
+    user: str = SANDBOX_USER  # the container's uid:gid (a bound tree's owner, identity.py)
+    ident: tuple[object, ...] = ()  # what else it was made for (user, id-mapped roots, links)
+    # the mounts it was made with when not ``extra`` (an id-mapped bind's) and what detaches
+    # them once it is removed
+    made: tuple[docker.types.Mount, ...] | None = None
+    detach: Callable[[], None] | None = None
+    note: str | None = None  # compat: why its root-owned tree was bound unwritable
 
 
 class WarmPool:
@@ -135,7 +143,9 @@ class WarmPool:
 
     def _create(self, hard: Hardening, state: SlotState = SlotState.IDLE,
                 session: str | None = None,
-                extra: tuple[docker.types.Mount, ...] | None = None) -> Slot:
+                extra: tuple[docker.types.Mount, ...] | None = None,
+                made: tuple[docker.types.Mount, ...] | None = None,
+                user: str = SANDBOX_USER) -> Slot:
         net_dir = Path(tempfile.mkdtemp(prefix="slot-", dir=self._net_root))
         net_dir.chmod(0o755)  # INVARIANT: only proxy runtime directories are made in here
         (net_dir / "net").mkdir(mode=0o755)
@@ -143,7 +153,7 @@ class WarmPool:
                                                    type="bind", read_only=True)]
         mounts += [docker.types.Mount(target=t, source=None, type="volume")
                    for t in WORKSPACE_VOLUMES if extra is None or t != "/workspace/work"]
-        mounts += list(extra or ())
+        mounts += list(made if made is not None else extra or ())
         control: Control | None = None
         command = ["/usr/bin/sleep", "infinity"]
         container_id: str | None = None
@@ -158,7 +168,8 @@ class WarmPool:
             # container that must be removed, and `run` would not say its id
             container = self.client.containers.create(
                 self.image, command, mounts=mounts,
-                labels={POOL_LABEL: self.pool_id}, **self.hard.create_kwargs())
+                labels={POOL_LABEL: self.pool_id}, **{**self.hard.create_kwargs(),
+                                                      "user": user})
             container_id = str(container.id)
             container.start()
             if control is not None:
@@ -173,7 +184,7 @@ class WarmPool:
             shutil.rmtree(net_dir, ignore_errors=True)
             raise map_error(exc) from None
         return Slot(container_id, hard, str(net_dir / "net"), control=control, state=state,
-                    session=session, extra=extra)
+                    session=session, extra=extra, user=user, made=made)
 
     def states(self) -> dict[str, str]:
         with self._cond:
@@ -219,12 +230,19 @@ class WarmPool:
         return idle
 
     def acquire_bound(self, session: str, extra: tuple[docker.types.Mount, ...],
-                      timeout_s: float) -> Slot:
+                      timeout_s: float, user: str = SANDBOX_USER, ident: tuple[object, ...] = (),
+                      make: Callable[[], tuple[tuple[docker.types.Mount, ...],
+                                               Callable[[], None] | None, str | None]]
+                      | None = None
+                      ) -> Slot:
         """A bound session's own container (``bound.py``), made on its first call with
-        ``extra`` (its root at its own path, the masks over it): a warm container cannot get
-        a mount later. A held one made with other masks (a denied path appeared since) is
-        replaced, so the masks are always the call's own. Released like a pool slot (session
-        end, ``idle_s``), then removed without replacement."""
+        ``extra`` (its root at its own path, the masks over it) as ``user``: a warm container
+        cannot get a mount later. A held one made with other masks (a denied path appeared
+        since), another user or ``ident`` (``identity.BoundIdentity.key``) is replaced, so the
+        masks are always the call's own. ``make`` gives the mounts a new container gets instead
+        of ``extra`` (an id-mapped bind of its root) and what detaches them once it is removed.
+        Released like a pool slot (session end, ``idle_s``), then removed without
+        replacement (its mappings detached)."""
         end = time.monotonic() + timeout_s
         with self._cond:
             while True:
@@ -232,7 +250,8 @@ class WarmPool:
                     raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "pool is closed")
                 held = self._by_session.get(session)
                 if session not in self._creating:
-                    if held is not None and held.extra == extra:
+                    if held is not None and (held.extra, held.user, held.ident) == (
+                            extra, user, ident):
                         held.calls += 1
                         return held
                     if held is None or held.calls == 0:  # made now, or re-made with our masks
@@ -249,9 +268,14 @@ class WarmPool:
             self._remove(held)
             with self._cond:
                 self.bound_released += 1
+        detach: Callable[[], None] | None = None
         try:
-            fresh = self._create(self.hard, SlotState.BUSY, session, extra)
+            made, detach, note = make() if make is not None else (None, None, None)
+            fresh = self._create(self.hard, SlotState.BUSY, session, extra, made, user)
+            fresh.ident, fresh.detach, fresh.note = ident, detach, note
         except BaseException:
+            if detach is not None:
+                detach()
             with self._cond:
                 self._creating.discard(session)
                 self._cond.notify_all()
@@ -387,9 +411,15 @@ class WarmPool:
     def _replace(self, slot: Slot, hard: Hardening | None = None) -> Slot:
         """A fresh container (with ``hard``, default the pool's) for an unhealthy one, or one
         whose limits cannot be updated, kept by the same session."""
+        detach, slot.detach = slot.detach, None  # the id-mapped binds go to its successor
         self._remove(slot)
-        fresh = self._create(hard or self.hard, state=slot.state, session=slot.session,
-                             extra=slot.extra)
+        try:
+            fresh = self._create(hard or self.hard, state=slot.state, session=slot.session,
+                                 extra=slot.extra, made=slot.made, user=slot.user)
+        except BaseException:
+            slot.detach = detach  # still the slot's: detached when it is removed again
+            raise
+        fresh.ident, fresh.detach, fresh.note = slot.ident, detach, slot.note
         fresh.calls, fresh.last_used = slot.calls, slot.last_used
         with self._cond:
             if slot in self._slots:
@@ -408,6 +438,9 @@ class WarmPool:
             slot.control.close()
         if slot.net_dir:
             shutil.rmtree(Path(slot.net_dir).parent, ignore_errors=True)
+        detach, slot.detach = slot.detach, None
+        if detach is not None:  # its id-mapped binds, once no container holds them
+            detach()
 
     def close(self) -> None:
         """Remove every container of the pool."""

@@ -47,6 +47,8 @@ class Outcome:
     cpu_ns: int | None = None  # from the cgroup (cpu.py); None where it cannot be read
     # the disk write quota's watch (writequota.py), when one ran
     write_watch: WriteWatch | None = None
+    # compat: why a bound call's root-owned tree was bound unwritable (identity.py)
+    degraded: str | None = None
 
     @property
     def duration_ms(self) -> float:
@@ -124,7 +126,8 @@ def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
              argv: list[str], env: dict[str, str], cwd: str, hard: Hardening,
              mounts: list[Mount], limits: tuple[int, int], deadline: float,
              cgroup_parent: str | None = None, cancel: CancelToken | None = None,
-             stdin: bytes | None = None, disk_write: int | None = None) -> Outcome:
+             stdin: bytes | None = None, disk_write: int | None = None,
+             user: str = SANDBOX_USER) -> Outcome:
     """Create, attach, start, wait (until ``deadline`` or ``cancel``), remove; with
     ``cgroup_parent``, the CPU time the container used is read from it (``cpu.py``) and the
     parent removed."""
@@ -135,7 +138,7 @@ def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
         extra["stdin_open"] = True
     container = client.containers.create(
         image, argv, environment=env, mounts=mounts, detach=stdin is None,
-        **{**hard.create_kwargs(), "working_dir": cwd, **extra},
+        **{**hard.create_kwargs(), "working_dir": cwd, "user": user, **extra},
     )
     try:
         stream = streams.attach(container.id, stdout=True, stderr=True, stream=True, demux=True)
@@ -199,11 +202,13 @@ def _not_started(exc: docker.errors.APIError) -> int | None:
 
 def exec_in(client: docker.DockerClient, streams: docker.APIClient, container_id: str,
             argv: list[str], env: dict[str, str], cwd: str, limits: tuple[int, int],
-            deadline: float, cancel: CancelToken | None = None) -> Outcome:
-    """Run ``argv`` in a warm container as uid 1000; kill every sandbox process on timeout."""
+            deadline: float, cancel: CancelToken | None = None,
+            user: str = SANDBOX_USER) -> Outcome:
+    """Run ``argv`` in a warm container as ``user`` (the container's own: uid 1000, or a bound
+    tree's owner); kill every sandbox process on timeout."""
     out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]))
     api = client.api
-    created = api.exec_create(container_id, argv, user=SANDBOX_USER, workdir=cwd,
+    created = api.exec_create(container_id, argv, user=user, workdir=cwd,
                               environment=env, stdout=True, stderr=True)
     exec_id = created["Id"]
     out.started = time.time()
@@ -216,7 +221,7 @@ def exec_in(client: docker.DockerClient, streams: docker.APIClient, container_id
         pump.join(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
     if pump.is_alive():
         out.timed_out = not out.cancelled
-        run_quiet(client, container_id, list(KILL_ALL), timeout_s=10)
+        run_quiet(client, container_id, list(KILL_ALL), timeout_s=10, user=user)
         pump.join(timeout=10)
     out.ended = time.time()
     if errors and not (out.timed_out or out.cancelled):
@@ -237,10 +242,11 @@ def _exit_code(api: docker.APIClient, exec_id: str) -> int | None:
 
 
 def run_quiet(client: docker.DockerClient, container_id: str, argv: list[str],
-              timeout_s: float = 30) -> int | None:
-    """Run a housekeeping command as uid 1000 and return its exit code (output discarded)."""
+              timeout_s: float = 30, user: str = SANDBOX_USER) -> int | None:
+    """Run a housekeeping command as ``user`` (the container's) and return its exit code
+    (output discarded)."""
     api = client.api
-    created = api.exec_create(container_id, argv, user=SANDBOX_USER, stdout=True, stderr=True)
+    created = api.exec_create(container_id, argv, user=user, stdout=True, stderr=True)
     end = time.monotonic() + timeout_s
     api.exec_start(created["Id"], stream=False, demux=False)
     while time.monotonic() < end:

@@ -148,10 +148,8 @@ class Sessions:
         self.store.event(info, now, "created", {"backend": backend, "security_mode":
                                                 mode.value, "ttl_s": ttl})
         if backend == "docker":  # its own warm container, made while the caller goes on
-            try:  # before any upload: one owner for both backends (each docker call too)
-                self._docker_call("adopt_bound", info)
-            except Exception as exc:  # noqa: BLE001 -- the first docker call hands it over
-                log.warning("session %s: workspace not handed over: %s", info.session_id, exc)
+            # the workspace stays root's (the engine made it): every backend writes it through
+            # an id-mapped bind, nothing is handed over (plugins/executor_docker/identity.py)
             threading.Thread(target=self._prewarm, args=(info,), name="session-prewarm",
                              daemon=True).start()
         return info

@@ -10,6 +10,7 @@ docker session of the owner was refused, and no variable named an artifacts dire
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 from plugins.executor_docker.engine import DockerOptions
 from plugins.executor_docker.executor import DockerExecutor
 from plugins.executor_docker.pool import POOL_LABEL
+from plugins.executor_proc.idmap import IDMAP_DIR
 from policy_engine import PolicyEngineError
 from policy_engine.compiler import compile_files
 from policy_engine.config import EngineConfig
@@ -29,6 +31,7 @@ from policy_engine.gateway.session_files import SessionFiles
 from policy_engine.gateway.session_runtime import SessionLimits, Sessions
 from policy_engine.refusal import PolicyRefusal
 from policy_engine.runcode.manager import OrchestratorPool, RunCodeResult
+from tests.integration.test_docker_write_identity import mount_points
 from tests.integration.test_sessions_runtime import POLICY
 
 pytestmark = pytest.mark.integration
@@ -50,15 +53,27 @@ def rt(tmp_path: Path) -> Iterator[Sessions]:
 
 
 def _containers_binding(path: Path) -> list[str]:
-    """Ids of the running pool containers with ``path`` bound at its own path."""
+    """Ids of the running pool containers with ``path`` bound at its own path (from the
+    workspace's id-mapped mount: it stays root's, plugins/executor_docker/identity.py)."""
     client = docker.from_env()
     try:
         found = []
         for c in client.containers.list(filters={"label": POOL_LABEL}):
-            if any(m.get("Source") == str(path) and m.get("Destination") == str(path)
+            if any(m.get("Source", "").startswith(f"{IDMAP_DIR}/")
+                   and m.get("Destination") == str(path)
                    for m in c.attrs.get("Mounts", [])):
                 found.append(str(c.id))
         return found
+    finally:
+        client.close()
+
+
+def _mapped_source(container_id: str, path: Path) -> str:
+    """The host source of the container's bind at ``path``."""
+    client = docker.from_env()
+    try:
+        mounts = client.containers.get(container_id).attrs.get("Mounts", [])
+        return str(next(m["Source"] for m in mounts if m.get("Destination") == str(path)))
     finally:
         client.close()
 
@@ -104,11 +119,15 @@ def test_files_api_and_calls_see_one_workspace(rt: Sessions) -> None:
                           "open('data/in.csv', 'a').write('3,4\\n')\nprint(len(rows))"))
     assert out == "2\n"
     assert b"".join(files.download("acme", "alice", s.session_id, "data/out.txt")) == b"2"
-    # an upload the engine wrote (as root) was handed to the container's uid: appendable
+    # an upload the engine wrote (as root) is appendable through the id-mapped bind, and
+    # nothing changed owner
     assert b"".join(files.download("acme", "alice", s.session_id,
                                    "data/in.csv")) == b"a,b\n1,2\n3,4\n"
     names = {e["path"] for e in files.list("acme", "alice", s.session_id)["entries"]}
     assert {"data", "data/in.csv", "data/out.txt"} <= names, names
+    work = rt.workspace(s)
+    owners = {(p.lstat().st_uid, p.lstat().st_gid) for p in [work, *work.rglob("*")]}
+    assert owners == {(0, 0)}, owners  # the engine's workspace stays the engine's
 
 
 @pytest.mark.parametrize("backend", ["docker", "proc-bwrap"])
@@ -134,10 +153,17 @@ def test_delete_removes_the_sessions_container_and_workspace(rt: Sessions) -> No
     _ok(rt.run_code("acme", "alice", s.session_id, "open('x', 'w').write('1')"))
     held = _containers_binding(root)
     assert len(held) == 1, held
+    mapped = _mapped_source(held[0], root)
+    assert mapped in mount_points(), mapped  # the container's id-mapped bind of the workspace
     ended = rt.delete("acme", "alice", s.session_id)
     assert ended["pool_released"] is True, ended
     assert ended["workspace_removed"] is True, ended
     assert _containers_binding(root) == []  # removed before the delete answered
+    deadline = time.monotonic() + 10  # detached in the background once the container is gone
+    while mapped in mount_points() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mapped not in mount_points()
+    assert not os.path.exists(mapped), mapped
     assert not root.parent.exists()
     client = docker.from_env()
     try:

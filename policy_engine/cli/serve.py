@@ -48,6 +48,9 @@ def _fail(message: str) -> NoReturn:
               help="root of the file system ops of /v1/decide and /v1/ops (operator setting)")
 @click.option("--max-artifacts-bytes", default=50 * 1024 * 1024, show_default=True,
               type=click.IntRange(0), help="total size of one exec's artifacts (seed 002 §5.2)")
+@click.option("--max-artifacts", default=1000, show_default=True, type=click.IntRange(1, 100_000),
+              help="files of one exec listed (and other entries looked at); beyond, the "
+                   "listing stops and the record says `artifacts_truncated`")
 @click.option("--security-mode", type=click.Choice(["strict", "permissive"]),
               default="strict", show_default=True,
               help="run_code: strict sends anything not SAFE to a container")
@@ -92,7 +95,8 @@ def _fail(message: str) -> NoReturn:
               "on loopback or a monitoring network)")
 def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Path | None,
             manifests: tuple[Path, ...], skills_dir: Path | None, workspace: Path | None,
-            root_fs: Path | None, max_artifacts_bytes: int, security_mode: str, confirmation: str,
+            root_fs: Path | None, max_artifacts_bytes: int, max_artifacts: int,
+            security_mode: str, confirmation: str,
             approver_url: str | None, approver_secret_file: Path | None,
             approver_timeout: float, allow_inline_manifests: bool, host: str, port: int,
             max_body_bytes: int, rate_per_minute: int, max_concurrent_execs: int,
@@ -148,7 +152,8 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
                                         if root_fs is not None else None),
                            security_mode=SecurityMode(security_mode), confirmation=confirm,
                            allow_inline_manifests=allow_inline_manifests,
-                           max_artifacts_bytes=max_artifacts_bytes, skills=skills,
+                           max_artifacts_bytes=max_artifacts_bytes, max_artifacts=max_artifacts,
+                           skills=skills,
                            policy_files=tuple(p.absolute() for p in policies),
                            reload_interval_s=reload_interval, console=console,
                            console_secure_cookies=console_secure_cookies)

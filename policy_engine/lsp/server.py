@@ -17,7 +17,14 @@ from policy_engine.errors import Diagnostic, Severity, Span
 from policy_engine.fmt.runner import format_source
 from policy_engine.lsp import analysis, celhelp, scheduler, testfiles
 from policy_engine.lsp.analysis import rows_of
-from policy_engine.lsp.transport import BoundedProtocol, document_text, serve_stdio
+from policy_engine.lsp.transport import (
+    TOO_LARGE,
+    BoundedProtocol,
+    bound_document,
+    document_text,
+    serve_stdio,
+    too_large_message,
+)
 
 server = LanguageServer("policy-engine", __version__, protocol_cls=BoundedProtocol)
 
@@ -88,7 +95,9 @@ def _publish(ls: LanguageServer, uri: str) -> None:
 def _read(uri: str) -> tuple[str, int | None, str] | None:
     """The open buffer's text, version and path (None once closed), for the scheduler."""
     doc = server.workspace.text_documents.get(uri)
-    return None if doc is None else (doc.source, doc.version, _path(uri))
+    if doc is None or uri in TOO_LARGE:
+        return None
+    return doc.source, doc.version, _path(uri)
 
 
 _converted: dict[tuple[Diagnostic, str, str], types.Diagnostic] = {}
@@ -122,14 +131,34 @@ def _send(uri: str, text: str, version: int | None, found: Sequence[Diagnostic])
 _scheduler = scheduler.default()
 
 
+def _refuse_too_large(ls: LanguageServer, uri: str, version: int | None) -> None:
+    """The one diagnostic of a document dropped for its size (and no analysis of it)."""
+    _scheduler.closed(uri)
+    ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(
+        uri=uri, version=version, diagnostics=[types.Diagnostic(
+            range=types.Range(types.Position(0, 0), types.Position(0, 0)),
+            message=too_large_message(uri), severity=types.DiagnosticSeverity.Error,
+            code="SBP106", source="policy-engine")]))
+
+
 @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
 def did_open(ls: LanguageServer, params: types.DidOpenTextDocumentParams) -> None:
-    _scheduler.changed(params.text_document.uri, _read, _send, wait=False)
+    uri = params.text_document.uri
+    if bound_document(ls, uri, whole=True):
+        _refuse_too_large(ls, uri, params.text_document.version)
+        return
+    _scheduler.changed(uri, _read, _send, wait=False)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
 def did_change(ls: LanguageServer, params: types.DidChangeTextDocumentParams) -> None:
-    _scheduler.changed(params.text_document.uri, _read, _send)
+    uri = params.text_document.uri
+    whole = any(isinstance(c, types.TextDocumentContentChangeWholeDocument)
+                for c in params.content_changes)
+    if bound_document(ls, uri, whole=whole):
+        _refuse_too_large(ls, uri, params.text_document.version)
+        return
+    _scheduler.changed(uri, _read, _send)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
@@ -140,6 +169,7 @@ def did_save(ls: LanguageServer, params: types.DidSaveTextDocumentParams) -> Non
 
 @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
 def did_close(ls: LanguageServer, params: types.DidCloseTextDocumentParams) -> None:
+    TOO_LARGE.discard(params.text_document.uri)
     _scheduler.closed(params.text_document.uri)
 
 

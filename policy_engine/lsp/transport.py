@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 """A message body's bound: a whole `.sbpolicy` (at most 1 MiB) JSON-escaped, with room."""
+MAX_DOCUMENT_BYTES = MAX_FRAME_BYTES
+"""An open document's bound after edits (attack round 32, L1: incremental inserts, each under
+the frame bound, grew one buffer to 1.95 GiB); one past it is dropped and marked too large."""
+TOO_LARGE: set[str] = set()
+"""The URIs of documents over :data:`MAX_DOCUMENT_BYTES`: kept empty, never analysed, until
+the client sends their whole text again (a full change or didOpen) or closes them."""
 MAX_HEADER_BYTES = 8192
 """A header line's bound (``Content-Length: N`` and ``Content-Type`` need a few dozen)."""
 _DISCARD_CHUNK = 64 * 1024
@@ -160,12 +166,45 @@ def _roots(ls: LanguageServer) -> list[Path]:
     return [Path(os.path.realpath(p)) for p in (to_fs_path(u) for u in uris) if p]
 
 
+def too_large_message(uri: str) -> str:
+    return (f"`{unquote(uri)}` grew past {MAX_DOCUMENT_BYTES:,} bytes through edits: the server "
+            "dropped its text and analyses nothing more of it; send the whole text again (or "
+            "close and reopen it) once it is smaller")
+
+
+def _over(text: str) -> bool:
+    # a character is at most 4 UTF-8 bytes: only a long text is encoded to be measured
+    return len(text) > MAX_DOCUMENT_BYTES or (
+        len(text) * 4 > MAX_DOCUMENT_BYTES
+        and len(text.encode("utf-8", "surrogatepass")) > MAX_DOCUMENT_BYTES)
+
+
+def bound_document(ls: LanguageServer, uri: str, whole: bool) -> bool:
+    """After a change (``whole``: it carried the whole text): True when the document is over
+    :data:`MAX_DOCUMENT_BYTES` (now or still); its text is then dropped (the buffer emptied)."""
+    doc = ls.workspace.text_documents.get(uri)
+    if doc is None:
+        TOO_LARGE.discard(uri)
+        return False
+    if whole:
+        TOO_LARGE.discard(uri)
+    if uri not in TOO_LARGE and not _over(doc.source):
+        return False
+    TOO_LARGE.add(uri)
+    ls.workspace.put_text_document(types.TextDocumentItem(
+        uri=doc.uri, language_id=doc.language_id or "sbpolicy", version=doc.version or 0,
+        text=""))
+    return True
+
+
 def document_text(ls: LanguageServer, uri: str) -> str:
     """The text of ``uri``: the client's buffer when it opened it, else a regular file under
     the workspace it gave, read with the CLI's input rules (1 MiB, regular files only).
 
     :raises JsonRpcInvalidParams: neither (the reply says so; nothing is read).
     """
+    if uri in TOO_LARGE or unquote(uri) in TOO_LARGE:
+        raise JsonRpcInvalidParams(too_large_message(uri))
     opened = ls.workspace.text_documents.get(unquote(uri))
     if opened is not None:
         source: str = opened.source

@@ -9,10 +9,10 @@ from typing import Any
 
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
-from mcp.server.stdio import stdio_server
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policy_engine.mcp.server import PrincipalOf, Unauthenticated
+from policy_engine.mcp.stdio import bounded_stdio
 from policy_engine.service.errors import ServiceError
 from policy_engine.serving import bound_worker_threads, limit_malloc_arenas
 from policy_engine.tokens import Principal, TokenStore
@@ -125,10 +125,11 @@ async def _refuse(send: Send, status: int, code: str, message: str) -> None:
 
 async def run_stdio(server: Server[Any]) -> None:
     """Serve one host over this process's stdin/stdout until it closes them, at most
-    :data:`~policy_engine.serving.MAX_CONCURRENT_CALLS` calls at once (the rest wait)."""
+    :data:`~policy_engine.serving.MAX_CONCURRENT_CALLS` calls at once (the rest wait), each
+    JSON-RPC line at most :data:`~policy_engine.mcp.stdio.MAX_LINE_BYTES`."""
     limit_malloc_arenas()
     bound_worker_threads()
-    async with stdio_server() as (read, write):
+    async with bounded_stdio() as (read, write):
         await server.run(read, write, server.create_initialization_options())
 
 

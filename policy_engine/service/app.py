@@ -375,10 +375,12 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
     @app.get("/sandbox/execs/{exec_id}/artifacts", tags=["sandbox"],
              response_model=ArtifactList)
     def list_artifacts(exec_id: ExecId, who: Who, eng: Eng) -> ArtifactList:
+        record = eng.execs.get(who.tenant, exec_id)
         found = eng.execs.artifacts(who.tenant, exec_id)
-        if found is None:
+        if record is None or found is None:
             raise service_error("SERVICE.NOT_FOUND", "no such exec")
-        return ArtifactList(exec_id=exec_id, artifacts=found)
+        return ArtifactList(exec_id=exec_id, artifacts=found,
+                            truncated=record.artifacts_truncated)
 
     @app.get("/sandbox/execs/{exec_id}/artifacts/{name:path}", tags=["sandbox"],
              response_class=StreamingResponse,

@@ -18,6 +18,7 @@ MiB = 1024 * 1024
 EXEC_LIMITS = Limits(timeout_ms=60_000, max_stdout_bytes=MiB, max_stderr_bytes=MiB,
                      memory_bytes=1024 * MiB, cpu_cores=1.0, pids=256)
 MAX_ARTIFACTS_BYTES = 50 * MiB
+MAX_ARTIFACTS = 1000
 
 
 def exec_manifest(workspace_root: Path) -> Manifest:
@@ -41,6 +42,8 @@ class ServiceConfig:
     :param manifests: tool manifests a request may name instead of sending one inline, by name.
     :param max_body_bytes: largest request body accepted (413 beyond).
     :param max_input_bytes: largest total size of the ``inputs[]`` of one exec.
+    :param max_artifacts: files of one exec listed (and other entries looked at) before the
+        listing stops, marked ``artifacts_truncated``.
     :param rate_per_minute: requests per tenant per minute, counted by the budget meter.
     :param allow_inline_manifests: accept a manifest in the request body; a manifest declares
         the side effects and safety class the consent rules read, so by default only the
@@ -64,6 +67,7 @@ class ServiceConfig:
     rate_per_minute: int = 6000
     max_concurrent_execs: int = 2
     max_artifacts_bytes: int = MAX_ARTIFACTS_BYTES
+    max_artifacts: int = MAX_ARTIFACTS
     exec_settings: Settings | None = None
     op_settings: Settings | None = None
     security_mode: SecurityMode = SecurityMode.STRICT

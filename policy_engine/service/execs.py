@@ -25,7 +25,10 @@ from policy_engine.service.models import (
 )
 from policy_engine.service.slots import ExecSlots
 from policy_engine.service.workspace import (
+    SERVICE_FILES,
     ProjectDirs,
+    artifact_entry,
+    artifact_os_name,
     normalize_input_path,
     scan_artifacts,
     write_service_file,
@@ -129,19 +132,25 @@ class ExecRunner:
         res = outcome.result
         refusal = called.refusal.to_json() if called.refusal is not None else None
         out: dict[str, Any] = dict(res.out) if res.ok else {}
-        produced, total = scan_artifacts(out_dir)
+        # the service's own files are written below, replacing whatever the exec planted
+        scan = scan_artifacts(out_dir, self.config.max_artifacts, skip=SERVICE_FILES)
+        produced, total = scan.found, scan.total
         error_code, error_reason = (None, None) if res.ok else (res.code, res.message)
         if total > self.config.max_artifacts_bytes:
             # seed 002 §5.1: only artifacts/<exec_id>/ counts; over the cap nothing is kept
             for item in produced:
-                (out_dir / str(item["path"])).unlink(missing_ok=True)
+                (out_dir / artifact_os_name(str(item["path"]), bool(item["not_utf8"]))).unlink(
+                    missing_ok=True)
+            produced = []
             error_code = "QUOTA.BUDGET_EXCEEDED"
             error_reason = (f"budget exceeded: artifacts total {total} bytes over the cap of "
                             f"{self.config.max_artifacts_bytes}")
             refusal = code_refusal(error_code, 429, error_reason, "limits",
                                    envelope_id=outcome.envelope_id).to_json()
-        write_service_file(out_dir, "stdout.txt", str(out.get("stdout", "")).encode())
-        write_service_file(out_dir, "stderr.txt", str(out.get("stderr", "")).encode())
+        streams = {name: str(out.get(key, "")).encode()
+                   for name, key in (("stdout.txt", "stdout"), ("stderr.txt", "stderr"))}
+        for name, data in streams.items():
+            write_service_file(out_dir, name, data)
         exit_code = out.get("exit_code") if isinstance(out.get("exit_code"), int) else None
         if outcome.end.status == "denied":
             status = "denied"
@@ -165,14 +174,20 @@ class ExecRunner:
             artifacts_path=str(out_dir),
             stdout_truncated=bool(out.get("stdout_truncated", False)),
             stderr_truncated=bool(out.get("stderr_truncated", False)),
-            envelope_id=outcome.envelope_id, refusal=refusal)
-        listed, _ = scan_artifacts(out_dir)
-        write_service_file(out_dir, "manifest.json", json.dumps(
-            {"exec_id": exec_id, "artifacts": listed}, indent=2).encode())
+            envelope_id=outcome.envelope_id, refusal=refusal,
+            artifacts_truncated=scan.truncated)
+        listed = produced + [artifact_entry(name, data) for name, data in streams.items()]
+        listed.sort(key=lambda a: str(a["path"]))
+        written = {"manifest.json": json.dumps(
+            {"exec_id": exec_id, "artifacts": listed, "truncated": scan.truncated},
+            indent=2).encode()}
         mounts = {"inputs": f"{dirs.inputs}:ro", "work": f"{dirs.work}:rw",
                   "artifacts": f"{out_dir}:rw"}
-        write_service_file(out_dir, "meta.json", json.dumps(
-            {**record.model_dump(), "mounts": mounts}, indent=2).encode())
-        final, _ = scan_artifacts(out_dir)
+        written["meta.json"] = json.dumps(
+            {**record.model_dump(), "mounts": mounts}, indent=2).encode()
+        for name, data in written.items():
+            write_service_file(out_dir, name, data)
+        final = listed + [artifact_entry(name, data) for name, data in written.items()]
+        final.sort(key=lambda a: str(a["path"]))
         artifacts = [Artifact.model_validate(a) for a in final]
         return record, artifacts

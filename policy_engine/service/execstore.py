@@ -38,12 +38,13 @@ CREATE TABLE IF NOT EXISTS sandbox_execs (
   stderr_truncated INTEGER NOT NULL,
   envelope_id      TEXT NOT NULL,
   artifacts        TEXT NOT NULL,
-  refusal          TEXT
+  refusal          TEXT,
+  artifacts_truncated INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sandbox_execs_tenant_task ON sandbox_execs (tenant, task_id);
 """
 _JSON_COLUMNS = ("args", "env_keys", "policy_snapshot", "refusal")
-_BOOL_COLUMNS = ("stdout_truncated", "stderr_truncated")
+_BOOL_COLUMNS = ("stdout_truncated", "stderr_truncated", "artifacts_truncated")
 
 
 class ExecStore:
@@ -61,6 +62,9 @@ class ExecStore:
         known = {row[1] for row in self._db.execute("PRAGMA table_info(sandbox_execs)")}
         if "refusal" not in known:  # a store written before refusals were recorded
             self._db.execute("ALTER TABLE sandbox_execs ADD COLUMN refusal TEXT")
+        if "artifacts_truncated" not in known:  # a store written before the artifacts cap
+            self._db.execute("ALTER TABLE sandbox_execs ADD COLUMN artifacts_truncated "
+                             "INTEGER NOT NULL DEFAULT 0")
         self._lock = threading.Lock()
         self._columns = [c for c in ExecRecord.model_fields]
 

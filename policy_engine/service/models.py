@@ -176,6 +176,8 @@ class ExecRecord(_Body):
     stderr_truncated: bool
     envelope_id: str
     refusal: RefusalBody | None = Field(default=None, description="when denied or failed")
+    artifacts_truncated: bool = Field(
+        default=False, description="more artifacts than --max-artifacts: the rest are unlisted")
 
 
 class ExecList(_Body):
@@ -194,6 +196,8 @@ class Artifact(_Body):
 class ArtifactList(_Body):
     exec_id: str
     artifacts: list[Artifact]
+    truncated: bool = Field(
+        default=False, description="the exec left more than --max-artifacts: the rest are unlisted")
 
 
 class RunCodeBody(_Body):

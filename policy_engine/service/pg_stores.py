@@ -84,6 +84,8 @@ MIGRATIONS = [
     "ALTER TABLE sandbox_execs ADD COLUMN refusal JSONB;",
     # token roles (the console's viewer / approver / admin); existing tokens: agent
     "ALTER TABLE service_tokens ADD COLUMN role TEXT NOT NULL DEFAULT 'agent';",
+    # an exec's artifacts listed up to --max-artifacts: whether more were left unlisted
+    "ALTER TABLE sandbox_execs ADD COLUMN artifacts_truncated BOOLEAN NOT NULL DEFAULT FALSE;",
 ]
 
 

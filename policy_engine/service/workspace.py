@@ -10,7 +10,9 @@ import contextlib
 import hashlib
 import os
 import posixpath
+import re
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -19,6 +21,7 @@ from policy_engine.service.errors import ServiceError, service_error
 from policy_engine.service.models import Artifact
 
 SERVICE_FILES = ("stdout.txt", "stderr.txt", "manifest.json", "meta.json")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 def normalize_input_path(raw: str) -> str:
@@ -115,13 +118,16 @@ def write_service_file(directory: Path, name: str, data: bytes) -> None:
 
 def artifact_name(rel: str) -> tuple[str, bool]:
     """``rel`` (as ``os`` functions decode it) as text any JSON writer and a JSONB column take,
-    and whether it had to be escaped. A UTF-8 name is kept as it is; a name that is not
-    (``os.fsdecode`` keeps its stray bytes as lone surrogates) gets each such byte and each
-    ``%`` percent-encoded (``\\xff`` → ``%FF``, ``%`` → ``%25``), so the escape is lossless
-    (:func:`artifact_os_name`) and never mistaken for a real name: it is marked ``not_utf8``."""
+    and whether it had to be escaped. A UTF-8 name without control characters is kept as it
+    is; another (``os.fsdecode`` keeps stray bytes as lone surrogates; a newline would make a
+    path no URL route matches) gets each such byte, each control character and each ``%``
+    percent-encoded (``\\xff`` → ``%FF``, ``\\n`` → ``%0A``, ``%`` → ``%25``), so the escape is
+    lossless (:func:`artifact_os_name`) and never mistaken for a real name: it is marked
+    ``not_utf8``."""
     try:
         rel.encode("utf-8")
-        return rel, False
+        if not _CONTROL.search(rel):
+            return rel, False
     except UnicodeEncodeError:
         pass
     out = []
@@ -131,6 +137,8 @@ def artifact_name(rel: str) -> tuple[str, bool]:
             out.append(f"%{code - 0xDC00:02X}")
         elif ch == "%":
             out.append("%25")
+        elif code < 0x20 or code == 0x7F:  # a control character: no route matches a newline
+            out.append(f"%{code:02X}")
         elif 0xD800 <= code <= 0xDFFF:  # a surrogate fsdecode never makes: its UTF-8 bytes
             out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass")))
         else:
@@ -151,30 +159,83 @@ def stored_artifact(data: dict[str, Any]) -> Artifact:
                                                              else {}))
 
 
-def scan_artifacts(directory: Path) -> tuple[list[dict[str, object]], int]:
-    """Every regular file under ``directory`` (links and special files skipped), with size and
-    sha256, sorted by path; and their total size. A name that is not UTF-8 is listed escaped
-    (:func:`artifact_name`) with ``not_utf8: true``: the exec record is stored whatever the
-    names (issue 32 item 6)."""
+@dataclass(frozen=True, slots=True)
+class ArtifactScan:
+    """What :func:`scan_artifacts` found: the listed files, their total size, and whether it
+    stopped at its cap (files beyond it are neither listed nor counted)."""
+
+    found: list[dict[str, object]]
+    total: int
+    truncated: bool
+
+
+def artifact_entry(rel: str, data: bytes) -> dict[str, object]:
+    """The listing entry of a file the service wrote itself (``data`` is its content)."""
+    return {"path": rel, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+            "not_utf8": False}
+
+
+def scan_artifacts(directory: Path, limit: int, skip: tuple[str, ...] = ()) -> ArtifactScan:
+    """Regular files under ``directory`` (links and special files skipped; top-level names in
+    ``skip`` too), with size and sha256, sorted by path; at most ``limit`` files and ``limit``
+    other entries are looked at: the walk stops at the next one, so its time and the listing
+    are bounded whatever the exec left (attack round 32, M1). A name that is not UTF-8 or has
+    a control character is listed escaped (:func:`artifact_name`) with ``not_utf8: true``."""
     found: list[dict[str, object]] = []
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = os.path.join(dirpath, name)
-            st = os.lstat(full)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            digest = hashlib.sha256()
-            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 16), b""):
-                    digest.update(chunk)
-            rel, escaped = artifact_name(os.path.relpath(full, directory).replace(os.sep, "/"))
-            found.append({"path": rel, "size": st.st_size, "sha256": digest.hexdigest(),
-                          "not_utf8": escaped})
-            total += st.st_size
-    return found, total
+    total = others = 0
+    pending = [(str(directory), "")]
+    while pending:
+        path, prefix = pending.pop()
+        try:
+            entries = os.scandir(path)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                if not prefix and entry.name in skip:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    others += 1
+                    if others > limit:
+                        return ArtifactScan(_sorted(found), total, True)
+                    if stat.S_ISDIR(st.st_mode):
+                        pending.append((entry.path, f"{prefix}{entry.name}/"))
+                    continue
+                if len(found) >= limit:
+                    return ArtifactScan(_sorted(found), total, True)
+                item = _hashed(entry.path, f"{prefix}{entry.name}")
+                if item is not None:
+                    found.append(item)
+                    total += int(str(item["size"]))
+    return ArtifactScan(_sorted(found), total, False)
+
+
+def _sorted(found: list[dict[str, object]]) -> list[dict[str, object]]:
+    return sorted(found, key=lambda a: str(a["path"]))
+
+
+def _hashed(full: str, rel: str) -> dict[str, object] | None:
+    """The entry of one regular file, or ``None`` when it is no longer one (never a link
+    followed, never a FIFO waited on)."""
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        digest = hashlib.sha256()
+        size = 0
+        for chunk in iter(lambda: fh.read(1 << 16), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    shown, escaped = artifact_name(rel)
+    return {"path": shown, "size": size, "sha256": digest.hexdigest(), "not_utf8": escaped}
 
 
 def open_artifact(directory: Path, rel: str) -> int:

@@ -15,6 +15,7 @@ from jsonschema.exceptions import SchemaError, ValidationError
 from policy_engine.errors import Diagnostic, DiagnosticsError, Span
 from policy_engine.skills.jsonpos import JsonSyntaxError, Located, escape, parse
 from policy_engine.skills.model import OP_FIELDS, Skill, placeholder
+from policy_engine.skills.refs import ref_problems
 from policy_engine.skills.schemas import schema_problems
 
 SCHEMA_DIR = "_schema"
@@ -70,6 +71,8 @@ def _semantic(doc: Located, path: Path, dirname: str) -> list[Diagnostic]:
             at = f"/interface/{group}" + "".join(f"/{escape(str(p))}" for p in exc.path)
             found.append(_diag("SBP435", f"{at}: {exc.message}", path, doc, at))
         for at, message in schema_problems(value["interface"][group], f"/interface/{group}"):
+            found.append(_diag("SBP435", f"{at}: {message}", path, doc, at))
+        for at, message in ref_problems(value["interface"][group], f"/interface/{group}"):
             found.append(_diag("SBP435", f"{at}: {message}", path, doc, at))
     if any(d.id == "SBP435" for d in found):
         # the checks below read the inputs schema's shape (`properties` an object, `required`
@@ -130,8 +133,44 @@ def check_manifest(path: Path, dirname: str) -> tuple[Skill | None, list[Diagnos
         found = [_diag("SBP431", describe(e), path, doc, pointer_of(e)) for e in errors]
         return None, sorted(found, key=lambda d: (d.span.line, d.span.column) if d.span
                             else (0, 0))
-    found = _semantic(doc, path, dirname)
+    found = _limits(doc, path) + _semantic(doc, path, dirname)
     return (None if found else Skill(doc.value, path)), found
+
+
+_MAX_LIMIT = 2**63 - 1  # what every consumer of a limit stores (SQLite, PostgreSQL BIGINT, C)
+_MAX_CORES = 4096.0
+
+
+def _limits(doc: Located, path: Path) -> list[Diagnostic]:
+    """What the schema's ``integer`` lets through but no call can use: ``1e308`` (JSON Schema
+    counts a float without a fraction as an integer), values past 2^63-1, and whatever else
+    the engine's limits model refuses; each would have been a 500 on every invoke."""
+    from pydantic import ValidationError as ModelError
+
+    from policy_engine.model import Limits
+
+    limits = doc.value.get("limits", {})
+    found: list[Diagnostic] = []
+    for key, value in limits.items():
+        at = f"/limits/{escape(key)}"
+        if key == "cpu_cores":
+            if isinstance(value, int | float) and value > _MAX_CORES:
+                found.append(_diag("SBP431", f"{at}: {value!r} is over {_MAX_CORES:g} cores",
+                                   path, doc, at))
+        elif isinstance(value, float):
+            found.append(_diag("SBP431", f"{at}: {value!r} is not written as an integer "
+                               "(digits only, no exponent or fraction)", path, doc, at))
+        elif isinstance(value, int) and value > _MAX_LIMIT:
+            found.append(_diag("SBP431", f"{at}: {value} is over 2^63-1", path, doc, at))
+    if found:
+        return found
+    try:
+        Limits.model_validate(limits)
+    except ModelError as exc:
+        for err in exc.errors():
+            at = "/limits" + "".join(f"/{escape(str(p))}" for p in err["loc"])
+            found.append(_diag("SBP431", f"{at}: {err['msg']}", path, doc, at))
+    return found
 
 
 def check_dir(root: Path) -> tuple[list[Skill], list[Diagnostic]]:

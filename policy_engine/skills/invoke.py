@@ -90,8 +90,11 @@ def validate_against(schema: dict[str, Any], inputs: Any) -> None:
     """:raises InputError: at the first (shallowest) place ``inputs`` breaks ``schema``.
     The message names the rule, never the offending value (it may be a secret)."""
     validator = input_validator(schema)
-    errors = sorted(validator.iter_errors(inputs), key=lambda e: (len(e.absolute_path),
-                                                                  list(map(str, e.path))))
+    try:
+        errors = sorted(validator.iter_errors(inputs), key=lambda e: (len(e.absolute_path),
+                                                                      list(map(str, e.path))))
+    except RecursionError:  # `skills check` refuses reference loops; inputs nested too deep
+        raise InputError("", "nested too deeply to check against the schema") from None
     if errors:
         first = errors[0]
         rule = first.validator

@@ -151,6 +151,9 @@ def _request(path: str, data: Any, lookup: PositionLookup) -> BaseModel:
     # deferred: the request model lives with `explain`, which imports the guard
     from policy_engine.explain.request import ExplainRequest
 
+    settings = data.get("settings") if isinstance(data, dict) else None
+    if isinstance(settings, dict) and "session" in settings:
+        raise DiagnosticsError([_no_session(lookup, ("settings", "session"))])
     request = validate_document(ExplainRequest, data, lookup, "request")
     missing = []
     for what in ("manifest", "grant"):
@@ -166,7 +169,18 @@ def _request(path: str, data: Any, lookup: PositionLookup) -> BaseModel:
     return request
 
 
+def _no_session(lookup: PositionLookup, loc: tuple[str, ...]) -> Diagnostic:
+    """``settings.session`` is the engine's own context (a policy's ``$SESSION``): a caller's
+    file naming one would choose which directory the policy grants."""
+    return Diagnostic.make(
+        "SBP105", "`session` is set by the engine's session runtime, never by a document",
+        lookup.span(loc), help="run the call through a session (docs/sessions.md); outside "
+        "one, a `$SESSION` path matches nothing")
+
+
 def _settings(path: str, data: Any, lookup: PositionLookup) -> BaseModel:
+    if isinstance(data, dict) and "session" in data:
+        raise DiagnosticsError([_no_session(lookup, ("session",))])
     return validate_document(Settings, data, lookup, "settings")
 
 

@@ -21,6 +21,7 @@ from policy_engine.compiler.loaders import (
     PositionLookup,
     check_patterns,
     parse_document,
+    refuse_session,
     validate_document,
 )
 from policy_engine.dsl.source import read_source
@@ -48,7 +49,8 @@ _MARKERS: Mapping[str, frozenset[str]] = {
     "sandbox": frozenset({"enabled", "filesystem"}),
 }
 """Keys that only one kind of document uses (shared ones, `limits`, `network`, count for none)."""
-_SETTINGS_KEYS = frozenset({"limits", "network", "root_fs", "tmp_dir"})
+# `session` is recognised to be refused (``refuse_session``): the engine's own context
+_SETTINGS_KEYS = frozenset({"limits", "network", "root_fs", "tmp_dir", "session"})
 _FIELDS: Mapping[str, frozenset[str]] = {
     "manifest": _MARKERS["manifest"] | {"description", "limits", "network"},
     "grant": _MARKERS["grant"] | {"limits"},
@@ -151,9 +153,7 @@ def _request(path: str, data: Any, lookup: PositionLookup) -> BaseModel:
     # deferred: the request model lives with `explain`, which imports the guard
     from policy_engine.explain.request import ExplainRequest
 
-    settings = data.get("settings") if isinstance(data, dict) else None
-    if isinstance(settings, dict) and "session" in settings:
-        raise DiagnosticsError([_no_session(lookup, ("settings", "session"))])
+    refuse_session(data, lookup, "settings", "session")
     request = validate_document(ExplainRequest, data, lookup, "request")
     missing = []
     for what in ("manifest", "grant"):
@@ -169,18 +169,8 @@ def _request(path: str, data: Any, lookup: PositionLookup) -> BaseModel:
     return request
 
 
-def _no_session(lookup: PositionLookup, loc: tuple[str, ...]) -> Diagnostic:
-    """``settings.session`` is the engine's own context (a policy's ``$SESSION``): a caller's
-    file naming one would choose which directory the policy grants."""
-    return Diagnostic.make(
-        "SBP105", "`session` is set by the engine's session runtime, never by a document",
-        lookup.span(loc), help="run the call through a session (docs/sessions.md); outside "
-        "one, a `$SESSION` path matches nothing")
-
-
 def _settings(path: str, data: Any, lookup: PositionLookup) -> BaseModel:
-    if isinstance(data, dict) and "session" in data:
-        raise DiagnosticsError([_no_session(lookup, ("session",))])
+    refuse_session(data, lookup, "session")
     return validate_document(Settings, data, lookup, "settings")
 
 

@@ -2,8 +2,9 @@
 
 Syntax: absolute patterns (``/workspace/**``), home-relative (``~/.ssh/**``), anywhere-patterns
 (``**/.env``) and, in a permit rule only, a leading path variable (``$SESSION/**``: the calling
-session's workspace, resolved by the profile builder per call, ``resolve_variables``). ``**`` is a whole segment and matches zero or more segments, so ``/a/**`` admits
-``/a`` and everything beneath it but never ``/a-evil``; ``*`` and ``?`` stay inside one segment.
+session's workspace, resolved by the profile builder per call, ``resolve_variables``). ``**``
+is a whole segment and matches zero or more segments, so ``/a/**`` admits ``/a`` and everything
+beneath it but never ``/a-evil``; ``*`` and ``?`` stay inside one segment.
 """
 
 from __future__ import annotations

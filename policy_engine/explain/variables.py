@@ -32,6 +32,13 @@ def variable_steps(policyset: PolicySet, settings: Settings | None) -> tuple[Tra
                 steps.append(TraceStep(node="variables", outcome="skip", rule=rule.ref,
                                        detail=detail))
                 continue
+            if resolve_variables(written[0], values) is None:
+                steps.append(TraceStep(
+                    node="variables", outcome="skip", rule=rule.ref,
+                    detail=", ".join(f"`{p}`" for p in written) + f" match nothing: the "
+                    f"session's directory `{session}` is `/` or holds a `*`/`?`, which no "
+                    "glob names exactly"))
+                continue
             shown = ", ".join(f"`{p}` → `{resolve_variables(p, values)}`" for p in written)
             steps.append(TraceStep(node="variables", outcome="pass", rule=rule.ref,
                                    detail=f"`$SESSION` is `{session}` (the calling session's "

@@ -79,12 +79,15 @@ def validate_glob(pattern: str) -> str | None:
 
 def resolve_variables(pattern: str, values: Mapping[str, str | None]) -> str | None:
     """``pattern`` with its leading path variable replaced by its value; ``None`` when the
-    variable has no value here (a call outside a session: the pattern matches nothing)."""
+    variable has no usable value here (a call outside a session): the pattern matches nothing."""
     name = path_variable(pattern)
     if name is None:
         return pattern
     value = values.get(name)
-    if not value or not value.startswith("/"):
+    # fail closed on a value no glob can name exactly: relative, the root itself (`/**` would
+    # be everything) or holding a wildcard (the glob syntax has no escape: `*` would widen it)
+    if not value or not value.startswith("/") or not value.strip("/") \
+            or any(w in value for w in _WILDCARDS):
         return None
     return value.rstrip("/") + pattern[len(name):] if pattern != name else value
 

@@ -219,7 +219,9 @@ class ProfileBuilder:
         if self._index is None:
             return [(r, decompose(r.capabilities[kind], home, variables)) for r in rules]
         index = self._index.kind(kind)
-        with_vars = self._variable_rules.get(kind, frozenset())
+        with_vars = self._variable_rules.get(kind)
+        if not with_vars:  # the common case: nothing to resolve, the index's atoms as they are
+            return [(index.rules[i], index.atoms[i]) for i in index.candidates(base)]
         positions = set(index.candidates(base)) | with_vars
         return [(index.rules[i], decompose(index.rules[i].capabilities[kind], home, variables)
                  if i in with_vars else index.atoms[i]) for i in sorted(positions)]

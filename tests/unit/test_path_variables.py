@@ -88,6 +88,23 @@ def test_a_variable_is_never_a_glob_of_its_own() -> None:
     assert resolve_variables("$SESSION/**", {"$SESSION": "relative/dir"}) is None
     assert resolve_variables("$SESSION/**", {"$SESSION": A + "/"}) == f"{A}/**"
     assert resolve_variables("$SESSION", {"$SESSION": A}) == A
+    for unusable in ("/", "//", "/srv/ws*/a/work", "/srv/ws/a?/work"):
+        assert resolve_variables("$SESSION/**", {"$SESSION": unusable}) is None, unusable
+
+
+@pytest.mark.parametrize("session", ["/", "/srv/ws/sessions/*"])
+def test_a_session_directory_no_glob_names_exactly_grants_nothing(ps: PolicySet,
+                                                                  session: str) -> None:
+    """A workspace under `/srv/ws*` would make `$SESSION/**` a wildcard over its neighbours
+    (globs have no escape), and `/` would be everything: both match nothing, and say so."""
+    assert not _allowed(ps, Settings(session=session), f"{A}/x")
+    assert not _allowed(ps, Settings(session=session), "/etc/hostname")
+    grant, manifest = _inputs()
+    said = explain(ps, manifest, grant, ExplainRequest(op=FsReadOp(path=f"{A}/x"),
+                                                       settings=Settings(session=session)))
+    notes = [s for s in said.decision.trace or () if s.node == "variables"]
+    assert [n.outcome for n in notes] == ["skip"], notes
+    assert "no glob names exactly" in notes[0].detail
 
 
 @pytest.mark.parametrize(("line", "message"), [

@@ -235,3 +235,27 @@ def test_a_document_cannot_name_the_session(tmp_path: Path, where: str) -> None:
     assert "Traceback" not in said
     assert "`session` is set by the engine's session runtime" in said, said
     assert "doc.json:" in said, said
+
+
+def test_policy_tests_can_run_a_case_in_a_session(tmp_path: Path) -> None:
+    """A policy test asserts what the policy does, so its cases may name the session (the one
+    document that can): in it `$SESSION/**` allows the own directory, outside it nothing."""
+    (tmp_path / "p.sbpolicy").write_text(POLICY)
+    grant, manifest = _inputs()
+    (tmp_path / "m.json").write_text(manifest.model_dump_json())
+    (tmp_path / "g.json").write_text(grant.model_dump_json())
+    cases = [
+        {"name": "own", "op": {"kind": "fs.read", "path": f"{A}/x"},
+         "settings": {"session": A}, "want_decision": "allow", "want_rule": "own"},
+        {"name": "other", "op": {"kind": "fs.read", "path": f"{B}/x"},
+         "settings": {"session": A}, "want_decision": "deny"},
+        {"name": "no session", "op": {"kind": "fs.read", "path": f"{A}/x"},
+         "want_decision": "deny", "want_rule": None},
+    ]
+    (tmp_path / "p.sbtest.json").write_text(json.dumps({
+        "policy": "p.sbpolicy", "manifest": "m.json", "grant": "g.json",
+        "now_ms": 1795000000000, "cases": cases}))
+    out = subprocess.run([sys.executable, "-m", "policy_engine.cli", "test", str(tmp_path)],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "3 passed" in out.stdout, out.stdout

@@ -26,21 +26,25 @@ def variable_steps(policyset: PolicySet, settings: Settings | None) -> tuple[Tra
                 continue
             seen.add(rule.id)
             if session is None:
-                detail = (", ".join(f"`{p}`" for p in written) + " match nothing: this call "
-                          "is not in a session (`$SESSION` is set by the engine's session "
-                          "runtime, for its own calls only)")
+                detail = (", ".join(f"`{p}`" for p in written) + f" {_match(written)} "
+                          "nothing: this call is not in a session (`$SESSION` is set by "
+                          "the engine's session runtime, for its own calls only)")
                 steps.append(TraceStep(node="variables", outcome="skip", rule=rule.ref,
                                        detail=detail))
                 continue
             if resolve_variables(written[0], values) is None:
                 steps.append(TraceStep(
                     node="variables", outcome="skip", rule=rule.ref,
-                    detail=", ".join(f"`{p}`" for p in written) + f" match nothing: the "
-                    f"session's directory `{session}` is `/` or holds a `*`/`?`, which no "
-                    "glob names exactly"))
+                    detail=", ".join(f"`{p}`" for p in written) + f" {_match(written)} "
+                    f"nothing: the session's directory `{session}` is `/` or holds a "
+                    "`*`/`?`, which no glob names exactly"))
                 continue
             shown = ", ".join(f"`{p}` → `{resolve_variables(p, values)}`" for p in written)
             steps.append(TraceStep(node="variables", outcome="pass", rule=rule.ref,
                                    detail=f"`$SESSION` is `{session}` (the calling session's "
                                    f"workspace): {shown}"))
     return tuple(steps)
+
+
+def _match(written: list[str]) -> str:
+    return "matches" if len(written) == 1 else "match"

@@ -175,7 +175,7 @@ def test_explain_shows_the_resolved_path_and_decides_as_the_run(ps: PolicySet) -
     for settings, path, allowed, step in (
             (Settings(session=A), f"{A}/x", True, f"`$SESSION/**` → `{A}/**`"),
             (Settings(session=A), f"{B}/x", False, f"`$SESSION/**` → `{A}/**`"),
-            (None, f"{A}/x", False, "match nothing: this call is not in a session")):
+            (None, f"{A}/x", False, "matches nothing: this call is not in a session")):
         said = explain(ps, manifest, grant, ExplainRequest(op=FsReadOp(path=path),
                                                            settings=settings)).decision
         run = guard.decide(builder.build(grant, manifest, settings=settings),

@@ -21,6 +21,7 @@ from policy_engine.compiler.loaders import (
     PositionLookup,
     check_patterns,
     parse_document,
+    refuse_session,
     validate_document,
 )
 from policy_engine.dsl.source import read_source
@@ -48,7 +49,8 @@ _MARKERS: Mapping[str, frozenset[str]] = {
     "sandbox": frozenset({"enabled", "filesystem"}),
 }
 """Keys that only one kind of document uses (shared ones, `limits`, `network`, count for none)."""
-_SETTINGS_KEYS = frozenset({"limits", "network", "root_fs", "tmp_dir"})
+# `session` is recognised to be refused (``refuse_session``): the engine's own context
+_SETTINGS_KEYS = frozenset({"limits", "network", "root_fs", "tmp_dir", "session"})
 _FIELDS: Mapping[str, frozenset[str]] = {
     "manifest": _MARKERS["manifest"] | {"description", "limits", "network"},
     "grant": _MARKERS["grant"] | {"limits"},
@@ -151,6 +153,7 @@ def _request(path: str, data: Any, lookup: PositionLookup) -> BaseModel:
     # deferred: the request model lives with `explain`, which imports the guard
     from policy_engine.explain.request import ExplainRequest
 
+    refuse_session(data, lookup, "settings", "session")
     request = validate_document(ExplainRequest, data, lookup, "request")
     missing = []
     for what in ("manifest", "grant"):
@@ -167,6 +170,7 @@ def _request(path: str, data: Any, lookup: PositionLookup) -> BaseModel:
 
 
 def _settings(path: str, data: Any, lookup: PositionLookup) -> BaseModel:
+    refuse_session(data, lookup, "session")
     return validate_document(Settings, data, lookup, "settings")
 
 

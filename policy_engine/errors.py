@@ -221,7 +221,8 @@ _DIAGNOSTICS: tuple[DiagnosticSpec, ...] = (
     DiagnosticSpec("SBP205", Severity.ERROR, "invalid unit",
                    "sizes take B, KB, KiB, MB, MiB, GB, GiB; durations take ms, s, m, h"),
     DiagnosticSpec("SBP206", Severity.ERROR, "invalid path glob",
-                   "paths are absolute (or start with `~/` or `**/`); `**` is a whole segment"),
+                   "paths are absolute (or start with `~/`, `**/` or, in a permit, `$SESSION`); "
+                   "`**` is a whole segment"),
     DiagnosticSpec("SBP207", Severity.ERROR, "invalid host pattern",
                    "use an exact host, `*.suffix`, an IP literal or a CIDR block"),
     DiagnosticSpec("SBP208", Severity.ERROR, "invalid regular expression",

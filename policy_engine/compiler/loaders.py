@@ -156,6 +156,20 @@ def _reader_position(exc: BaseException, text: str) -> tuple[int, int]:
     return 1, 1
 
 
+def refuse_session(data: Any, lookup: PositionLookup, *loc: str) -> None:
+    """Refuse a document's ``settings.session`` (at ``loc``): it is the engine's own context
+    (a policy's ``$SESSION``), and a caller's file naming one would choose the directory the
+    policy grants. Raises ``DiagnosticsError`` (SBP105) at the key."""
+    node = data
+    for key in loc[:-1]:
+        node = node.get(key) if isinstance(node, dict) else None
+    if isinstance(node, dict) and loc[-1] in node:
+        raise DiagnosticsError([Diagnostic.make(
+            "SBP105", "`session` is set by the engine's session runtime, never by a document",
+            lookup.span(loc), help="run the call through a session (docs/sessions.md); "
+            "outside one, a `$SESSION` path matches nothing")])
+
+
 def validate_document(model: type[M], data: Any, lookup: PositionLookup, what: str) -> M:
     """Validate ``data`` as ``model``; every error becomes an SBP105 at the field's position."""
     if not isinstance(data, dict):

@@ -27,6 +27,7 @@ from policy_engine.dsl import ast
 from policy_engine.errors import Diagnostic, Span
 from policy_engine.model import ArgAlternative, ArgSlot, BrowserScope, Capability, CapabilityKind
 from policy_engine.patterns import validate_glob, validate_host_pattern
+from policy_engine.patterns.paths import path_variable, validate_policy_glob
 from policy_engine.patterns.regex import regex_problem
 
 _FS = ("paths",)
@@ -110,6 +111,8 @@ def build_capabilities(rule: ast.Rule, diags: list[Diagnostic]) -> dict[Capabili
                     help=f"`{kind}` takes: " + ", ".join(f"`{a}`" for a in ACCEPTS[kind]),
                 ))
         fields.update(_clause_fields(clause, diags))
+        if rule.effect != "permit":
+            _fixed_paths(clause, diags)
     out: dict[CapabilityKind, Any] = {}
     for kind in kinds:
         missing = [r for r in REQUIRES.get(kind, ()) if r not in seen]
@@ -127,6 +130,17 @@ def build_capabilities(rule: ast.Rule, diags: list[Diagnostic]) -> dict[Capabili
                 diags.append(Diagnostic.make(
                     "SBP213", f"invalid `{kind}` capability: {_first_error(exc)}", rule.span))
     return out
+
+
+def _fixed_paths(clause: ast.Clause, diags: list[Diagnostic]) -> None:
+    """A forbid names fixed paths: a variable resolved per call (``$SESSION``) could leave
+    a mandatory deny unresolved outside a session, so only permits take one."""
+    if not (isinstance(clause, ast.Resource) and clause.name == "paths"):
+        return
+    for value in clause.values:
+        if isinstance(value, ast.Str) and path_variable(value.value) is not None \
+                and validate_policy_glob(value.value) is None:
+            diags.append(Diagnostic.make("SBP206", str(validate_glob(value.value)), value.span))
 
 
 def _clause_name(clause: ast.Clause) -> str | None:
@@ -264,7 +278,7 @@ def _item(resource: str, value: ast.Value, diags: list[Diagnostic]) -> Any:
 
 def _check_string(resource: str, text: str, bad: Any) -> Any:
     if resource == "paths":
-        problem = validate_glob(text)
+        problem = validate_policy_glob(text)  # a forbid's variable: ``_fixed_paths``
         return bad("SBP206", problem) if problem else text
     if resource == "hosts":
         problem = validate_host_pattern(text)

@@ -138,6 +138,12 @@ def explain(
 
         guard = guard.with_facts(parse_declared(request.facts))
     decision = guard.decide(profile, request.op, context=context, now_ms=now_ms, trace=trace)
+    if trace and decision.trace is not None:
+        from policy_engine.explain.variables import variable_steps
+
+        steps = variable_steps(policyset, request.settings)
+        if steps:  # what the profile's `$SESSION` paths were, before the guard's steps
+            decision = decision.model_copy(update={"trace": (*steps, *decision.trace)})
     if decision.allowed and request.budget_used is not None:
         decision = _dry_run_budget(decision, profile, request.budget_used)
     if decision.allowed and executors is not None and config is not None:

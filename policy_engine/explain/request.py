@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from policy_engine.compiler.loaders import load_document, validate_document
+from policy_engine.compiler.loaders import load_document, refuse_session, validate_document
 from policy_engine.errors import Diagnostic, DiagnosticsError, Span
 from policy_engine.inputs.inputfile import DOCUMENT_SUFFIXES, named_like
 from policy_engine.model import ExecOp, Overrides, Settings, Usage
@@ -83,6 +83,7 @@ class ExplainRequest(CallRequest):
 def load_request(path: str | os.PathLike[str]) -> ExplainRequest:
     """Load a request file (JSON or YAML); malformed ones raise DiagnosticsError (SBP105)."""
     data, lookup = load_document(path)
+    refuse_session(data, lookup, "settings", "session")  # the engine's own, never a file's
     return validate_document(ExplainRequest, data, lookup, "request")
 
 

@@ -170,7 +170,8 @@ class SessionFiles:
             "tenant": info.tenant, "subject_id": info.subject,
             "tool_name": self.manifest.name, "call_id": f"files-{info.session_id}-{now}",
             "expires_at": now + _GRANT_TTL_MS, "capabilities": caps})
-        settings = Settings(network=NetworkMode.OFF, root_fs=str(work.parent))
+        settings = Settings(network=NetworkMode.OFF, root_fs=str(work.parent),
+                            session=str(work))  # the policy's `$SESSION`
         orch = self.sessions.pool.get(backend) if backend else None
         called = self.sessions.gateway.run(
             Call(grant, self.manifest, op, settings=settings,

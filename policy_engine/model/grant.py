@@ -84,8 +84,12 @@ class Settings(BaseModel):
     network: NetworkMode | None = None
     root_fs: str | None = None
     tmp_dir: str | None = None
+    session: str | None = None
+    """The calling session's workspace directory, the value of a policy's ``$SESSION`` path
+    variable. Only the engine sets it (the session runtime, per call); a document cannot
+    (policy_engine/documents.py), so a call outside a session leaves ``$SESSION`` unresolved."""
 
-    @field_validator("root_fs", "tmp_dir")
+    @field_validator("root_fs", "tmp_dir", "session")
     @classmethod
     def _root(cls, value: str | None) -> str | None:
         return check_root_path(value)

@@ -23,7 +23,7 @@ Any set that meets to nothing makes the whole atom empty.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -41,7 +41,7 @@ from policy_engine.model import (
 )
 from policy_engine.patterns.host_meet import simplify_hosts
 from policy_engine.patterns.path_meet import contains, simplify_globs
-from policy_engine.patterns.paths import expand_home
+from policy_engine.patterns.paths import expand_home, resolve_variables
 
 DEFAULT_SCHEMES: tuple[str, ...] = ("https",)
 DEFAULT_METHODS: tuple[str, ...] = ("GET", "HEAD")
@@ -100,10 +100,17 @@ def _sorted_set(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(set(values)))
 
 
-def decompose(cap: Capability, home: str = "/root") -> tuple[Atom, ...]:
-    """Split a capability into the atoms whose union it is, with defaults resolved."""
+def decompose(cap: Capability, home: str = "/root",
+              variables: Mapping[str, str | None] | None = None) -> tuple[Atom, ...]:
+    """Split a capability into the atoms whose union it is, with defaults resolved.
+
+    A path starting with a path variable (``$SESSION``, a permit's only) becomes its value in
+    ``variables``; without one it contributes no atom: it matches nothing (fail closed)."""
     if isinstance(cap, FsCapability):
-        return tuple(FsAtom(cap.kind, simplify_globs([expand_home(p, home)])) for p in cap.paths)
+        values = variables or {}
+        resolved = (resolve_variables(p, values) for p in cap.paths)
+        return tuple(FsAtom(cap.kind, simplify_globs([expand_home(p, home)]))
+                     for p in resolved if p is not None)
     if isinstance(cap, NetHttpCapability):
         schemes = _sorted_set(s.lower() for s in cap.schemes) or DEFAULT_SCHEMES
         methods = _sorted_set(m.upper() for m in cap.methods) or DEFAULT_METHODS

@@ -1,24 +1,66 @@
 """Path globs: validation, `~` expansion and segment-bounded matching on normalized paths.
 
-Syntax: absolute patterns (``/workspace/**``), home-relative (``~/.ssh/**``) and anywhere-patterns
-(``**/.env``). ``**`` is a whole segment and matches zero or more segments, so ``/a/**`` admits
-``/a`` and everything beneath it but never ``/a-evil``; ``*`` and ``?`` stay inside one segment.
+Syntax: absolute patterns (``/workspace/**``), home-relative (``~/.ssh/**``), anywhere-patterns
+(``**/.env``) and, in a permit rule only, a leading path variable (``$SESSION/**``: the calling
+session's workspace, resolved by the profile builder per call, ``resolve_variables``). ``**``
+is a whole segment and matches zero or more segments, so ``/a/**`` admits ``/a`` and everything
+beneath it but never ``/a-evil``; ``*`` and ``?`` stay inside one segment.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 _WILDCARDS = ("*", "?")
+PATH_VARIABLES: dict[str, str] = {
+    "$SESSION": "the calling session's workspace directory; nothing outside a session",
+}
+"""The variables a permit rule's path may start with, and what each names."""
+_VARIABLE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)?")
+
+
+def path_variable(pattern: str) -> str | None:
+    """The ``$NAME`` ``pattern`` starts with (known or not), or ``None``."""
+    if not pattern.startswith("$"):
+        return None
+    found = _VARIABLE.match(pattern)
+    return "$" + (found.group(1) or "") if found else "$"
+
+
+def validate_policy_glob(pattern: str) -> str | None:
+    """``validate_glob`` for a permit rule's paths: a known variable may start the pattern
+    (``$SESSION``, ``$SESSION/**``); the rest is checked as the absolute glob it resolves to."""
+    name = path_variable(pattern)
+    if name is None:
+        return validate_glob(pattern)
+    rest = pattern[len(name):]
+    if name not in PATH_VARIABLES or (rest and not rest.startswith("/")):
+        return validate_glob(pattern)  # the unknown-variable message, or a glued `$SESSIONx`
+    return _why_not(pattern, "/var" + rest) if rest else None
+
+
+def _why_not(pattern: str, stand_in: str) -> str | None:
+    why = validate_glob(stand_in)
+    return None if why is None else why.replace(f"`{stand_in}`", f"`{pattern}`")
 
 
 def validate_glob(pattern: str) -> str | None:
-    """Return why ``pattern`` is not a valid path glob, or ``None`` if it is."""
+    """Return why ``pattern`` is not a valid path glob, or ``None`` if it is (a path variable
+    is not one: it is resolved before a glob is matched, see ``validate_policy_glob``)."""
     if not pattern:
         return "empty path pattern"
+    name = path_variable(pattern)
+    if name is not None:
+        known = ", ".join(f"`{k}` ({v})" for k, v in PATH_VARIABLES.items())
+        if name not in PATH_VARIABLES or not (pattern == name or
+                                              pattern.startswith(name + "/")):
+            shown = pattern.split("/", 1)[0]
+            return f"unknown path variable `{shown}`: known are {known}"
+        return (f"path variable `{name}` may only start a permit rule's paths "
+                "(a forbid, a grant or a named profile names fixed paths)")
     if "\x00" in pattern:
         return "path pattern contains a NUL byte"
     if not (pattern.startswith("/") or pattern.startswith("~/") or pattern == "~"
@@ -33,6 +75,21 @@ def validate_glob(pattern: str) -> str | None:
         if seg == "" and not pattern.endswith("/"):
             return f"path pattern `{pattern}` contains an empty segment"
     return None
+
+
+def resolve_variables(pattern: str, values: Mapping[str, str | None]) -> str | None:
+    """``pattern`` with its leading path variable replaced by its value; ``None`` when the
+    variable has no usable value here (a call outside a session): the pattern matches nothing."""
+    name = path_variable(pattern)
+    if name is None:
+        return pattern
+    value = values.get(name)
+    # fail closed on a value no glob can name exactly: relative, the root itself (`/**` would
+    # be everything) or holding a wildcard (the glob syntax has no escape: `*` would widen it)
+    if not value or not value.startswith("/") or not value.strip("/") \
+            or any(w in value for w in _WILDCARDS):
+        return None
+    return value.rstrip("/") + pattern[len(name):] if pattern != name else value
 
 
 def expand_home(pattern: str, home: str) -> str:

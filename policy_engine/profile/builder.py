@@ -28,8 +28,8 @@ from policy_engine.model import (
     Settings,
     SideEffect,
 )
-from policy_engine.patterns.meet import decompose, group, meet_atom_sets, meet_many
-from policy_engine.patterns.paths import expand_home
+from policy_engine.patterns.meet import Atom, decompose, group, meet_atom_sets, meet_many
+from policy_engine.patterns.paths import expand_home, path_variable
 from policy_engine.profile.cache import ProfileCache
 from policy_engine.profile.hashing import canonical_json
 from policy_engine.profile.layers import (
@@ -66,6 +66,8 @@ class ProfileBuilder:
         self.cache.serve(policyset)  # a cache holds one policy set's profiles
         # which permit rules can meet a grant (``index=False``: all of them, for comparisons)
         self._index = RuleIndex(policyset) if index else None
+        # per kind, the positions of the permits with a path variable (resolved per call)
+        self._variable_rules = _variable_rules(policyset)
         # denies depend on the policy alone: compute them once, and their canonical JSON too
         # (with a thousand rules, most of a profile's hash input)
         self._denies, self._deny_lists = _policy_denies(policyset)
@@ -151,7 +153,7 @@ class ProfileBuilder:
             *(NetworkLayer(f"profile {p.name}", p.network) for p in named),
             NetworkLayer("override", overrides.network if overrides else None, strict=True),
         ])
-        capabilities = tuple(self._capabilities(grant, manifest, named, resolution))
+        capabilities = tuple(self._capabilities(grant, manifest, named, resolution, settings))
         side_effects = tuple(sorted(set(manifest.side_effects), key=lambda e: e.value))
         safety = manifest.safety_class  # the only source with a class; the max of one
         profile = Profile(
@@ -206,11 +208,32 @@ class ProfileBuilder:
             out.append(preset)
         return out
 
+    def _visits(
+        self, kind: CapabilityKind, rules: Sequence[CompiledRule], base: Sequence[Atom],
+        variables: Mapping[str, str | None],
+    ) -> list[tuple[CompiledRule, tuple[Atom, ...]]]:
+        """The permit rules of ``kind`` that may meet ``base``, each with its atoms; a rule
+        with a path variable gets its atoms resolved for this call (the index holds only
+        its fixed paths: a variable's atom is none until resolved)."""
+        home = self.policyset.home
+        if self._index is None:
+            return [(r, decompose(r.capabilities[kind], home, variables)) for r in rules]
+        index = self._index.kind(kind)
+        with_vars = self._variable_rules.get(kind)
+        if not with_vars:  # the common case: nothing to resolve, the index's atoms as they are
+            return [(index.rules[i], index.atoms[i]) for i in index.candidates(base)]
+        positions = set(index.candidates(base)) | with_vars
+        return [(index.rules[i], decompose(index.rules[i].capabilities[kind], home, variables)
+                 if i in with_vars else index.atoms[i]) for i in sorted(positions)]
+
     def _capabilities(
         self, grant: Grant, manifest: Manifest, named: Sequence[NamedProfile],
-        resolution: LimitResolution,
+        resolution: LimitResolution, settings: Settings | None,
     ) -> Iterable[ProfileCapability]:
         ps, home = self.policyset, self.policyset.home
+        # a permit's ``$SESSION`` is the calling session's directory, from the engine's own
+        # settings (the session runtime's): never the grant's or the manifest's words
+        variables = {"$SESSION": settings.session if settings is not None else None}
         for kind in CapabilityKind:
             rules = ps.permits_by_kind.get(kind, ())
             granted = [c for c in grant.capabilities if c.kind == kind]
@@ -227,11 +250,7 @@ class ProfileBuilder:
                         base = meet_atom_sets(base, decompose(writable, home))
             if not base:
                 continue
-            if self._index is not None:
-                index = self._index.kind(kind)
-                visits = [(index.rules[i], index.atoms[i]) for i in index.candidates(base)]
-            else:
-                visits = [(r, decompose(r.capabilities[kind], home)) for r in rules]
+            visits = self._visits(kind, rules, base, variables)
             for rule, rule_atoms in visits:
                 atoms = meet_atom_sets(base, rule_atoms)
                 # a rule without limits runs under the profile's (``limits`` None)
@@ -253,6 +272,18 @@ class ProfileBuilder:
         """
         builtin = safety is SafetyClass.HIGH or bool(_CONSENT_EFFECTS.intersection(side_effects))
         return builtin and any(r.condition is None for r in self.policyset.consent_rules)
+
+
+def _variable_rules(ps: PolicySet) -> dict[CapabilityKind, frozenset[int]]:
+    """Per kind, the positions (in ``permits_by_kind``) of the permits naming a path variable."""
+    out: dict[CapabilityKind, frozenset[int]] = {}
+    for kind, rules in ps.permits_by_kind.items():
+        found = frozenset(i for i, r in enumerate(rules)
+                          if isinstance(cap := r.capabilities.get(kind), FsCapability)
+                          and any(path_variable(p) is not None for p in cap.paths))
+        if found:
+            out[kind] = found
+    return out
 
 
 def _forbid_rules(ps: PolicySet) -> list[CompiledRule]:

@@ -166,7 +166,8 @@ def plan_run_code(code: str, language: str, timeout: float, *, session_id: str, 
                          {"kind": "fs.read", "paths": [f"{cwd}/**"]},
                          {"kind": "fs.write", "paths": [f"{cwd}/**"]}]})
     timeout_ms = max(1, int(timeout * 1000))
-    settings = Settings(network=NetworkMode.OFF, root_fs=root_fs,
+    # ``session``: the policy's ``$SESSION`` is this session's workspace, as the guard sees it
+    settings = Settings(network=NetworkMode.OFF, root_fs=root_fs, session=cwd,
                         limits=Limits(timeout_ms=timeout_ms, max_stdout_bytes=1 << 20,
                                       max_stderr_bytes=1 << 20))
     op = ProcExecOp(tool=tool, args=(flag, code), cwd=cwd, timeout_ms=timeout_ms)

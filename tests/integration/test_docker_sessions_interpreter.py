@@ -1,0 +1,178 @@
+"""A docker session's stateful interpreter on the real engine (issue 28 item 5): one long-lived
+``docker exec`` in the session's own container whose variables survive calls (plain calls in
+between do not kill it), each call decided and recorded on its own; a timeout kills it and the
+next call says the state was lost; a crash is reported and the next call restarts it; deleting
+the session leaves no process behind and removes the container.
+
+Before: docker sessions pickled a call's globals into the workspace (``.session/
+interpreter.pkl``): a module-level object that does not pickle (an open file, a lambda, a
+generator) was lost, and no process lived between calls."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from policy_engine.compiler import compile_files
+from policy_engine.config import EngineConfig
+from policy_engine.gateway.call import Gateway
+from policy_engine.gateway.session_runtime import SessionLimits, Sessions
+from policy_engine.runcode.manager import OrchestratorPool, RunCodeResult
+from tests.integration.test_docker_sessions import _containers_binding
+from tests.integration.test_sessions_runtime import POLICY
+
+pytestmark = pytest.mark.integration
+
+MARK = "long-lived Python interpreter a stateful session runs"  # the server's source
+
+
+@pytest.fixture
+def rt(tmp_path: Path) -> Iterator[Sessions]:
+    ws = tmp_path / "ws"
+    policy = tmp_path / "s.sbpolicy"
+    policy.write_text(POLICY.format(ws=ws))
+    config = EngineConfig(state_dir=tmp_path / "state",
+                          options={"docker": {"mode": "pool", "pool_size": 1}})
+    pool = OrchestratorPool(compile_files([policy]), config)
+    made = Sessions(pool, Gateway(pool.get("proc-bwrap")), config=config, workspace_root=ws,
+                    limits=SessionLimits(max_live_per_tenant=4), reap_interval_s=0)
+    yield made
+    made.close()
+    pool.close()
+
+
+def _run(rt: Sessions, sid: str, code: str, **kw: Any) -> RunCodeResult:
+    return rt.run_code("acme", "alice", sid, code, stateful=True, **kw)
+
+
+def _servers(container: str) -> list[int]:
+    """Pids (in the container) of processes whose command line is the interpreter server."""
+    client = docker.from_env()
+    try:
+        top = client.containers.get(container).top(ps_args="-eo pid,args")
+        return [int(row[0]) for row in top["Processes"] if MARK in row[-1]]
+    finally:
+        client.close()
+
+
+def _evidence(rt: Sessions) -> dict[str, dict[str, dict[str, Any]]]:
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    for path in rt.config.state_dir.rglob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("type") in ("begin", "end"):
+                found.setdefault(rec["envelope_id"], {})[rec["type"]] = rec
+    return found
+
+
+def test_state_survives_calls_and_plain_calls_each_decided_and_recorded(rt: Sessions) -> None:
+    s = rt.create("acme", "alice", backend="docker")
+    work = rt.workspace(s)
+    first = _run(rt, s.session_id, "import os\nx = 41\nfh = open('log.txt', 'w')\n"
+                 "square = lambda v: v * v\nprint(os.getcwd())")
+    assert first.success, first
+    assert first.stdout.strip() == str(work)  # the session's host path, as for a plain call
+    assert first.interpreter == {"generation": 1, "fresh": True, "state_lost": None}
+    [container] = _containers_binding(work)
+    [pid] = _servers(container)
+    # a plain call ends with the launcher killing every process but the interpreter's
+    plain = rt.run_code("acme", "alice", s.session_id,
+                        "import subprocess\nsubprocess.Popen(['sleep', '60'])\nprint('plain')")
+    assert plain.stdout == "plain\n", plain
+    second = _run(rt, s.session_id, "x += 1\nfh.write('kept'); fh.flush()\n"
+                  "import sys\nprint(square(x))\nprint('to-err', file=sys.stderr)")
+    assert second.success, second
+    assert second.stdout == "1764\n"
+    assert second.stderr == "to-err\n"
+    assert second.interpreter == {"generation": 1, "fresh": False, "state_lost": None}
+    assert (work / "log.txt").read_text() == "kept"  # an open file object survived
+    assert _servers(container) == [pid]
+    records = _evidence(rt)
+    for call in (first, plain, second):
+        rec = records[call.exec_id]
+        assert set(rec) == {"begin", "end"}
+        assert rec["end"]["decision"] == "allow"
+        assert rec["end"]["status"] == "ok"
+    assert records[second.exec_id]["begin"]["annotations"]["stateful"] is True
+    assert len({c.exec_id for c in (first, plain, second)}) == 3
+    assert not (work / ".session").exists()  # no pickled state any more
+
+
+def test_a_timeout_kills_the_interpreter_and_the_next_call_says_the_state_was_lost(
+        rt: Sessions) -> None:
+    s = rt.create("acme", "alice", backend="docker")
+    assert _run(rt, s.session_id, "x = 1").success
+    [container] = _containers_binding(rt.workspace(s))
+    assert len(_servers(container)) == 1
+    slow = _run(rt, s.session_id, "import subprocess, time\n"
+                "subprocess.Popen(['sleep', '300'])\nprint('started', flush=True)\n"
+                "time.sleep(30)", timeout=2)
+    assert slow.error_code == "LLM.TIMEOUT", slow
+    assert "state is lost" in (slow.error or "")
+    assert _servers(container) == [], "the timed-out interpreter is gone"
+    client = docker.from_env()
+    try:
+        top = client.containers.get(container).top(ps_args="-eo pid,args")["Processes"]
+    finally:
+        client.close()
+    assert not [row for row in top if "sleep" in row[-1]], top  # its child too
+    rec = _evidence(rt)[slow.exec_id]
+    assert rec["end"]["error_code"] == "LLM.TIMEOUT"
+    after = _run(rt, s.session_id, "print(x)")
+    assert "NameError" in after.stderr, after
+    assert after.interpreter is not None
+    assert after.interpreter["generation"] == 2
+    assert "timed out" in after.interpreter["state_lost"]
+
+
+def test_a_crash_is_reported_and_the_next_call_restarts(rt: Sessions) -> None:
+    s = rt.create("acme", "alice", backend="docker")
+    assert _run(rt, s.session_id, "kept = 'yes'").success
+    crash = _run(rt, s.session_id, "import platform\nprint('before', flush=True)\n"
+                 "platform.os._exit(3)")
+    assert crash.exit_code == 3, crash
+    assert crash.stdout == "before\n"
+    assert crash.interpreter is not None
+    assert crash.interpreter["crashed"] == "crashed (exit code 3)"
+    after = _run(rt, s.session_id, "print('kept' in dir())")
+    assert after.stdout == "False\n", after
+    assert after.interpreter is not None
+    assert "crashed (exit code 3)" in after.interpreter["state_lost"]
+    killed = _run(rt, s.session_id, "import platform\nplatform.os.kill(platform.os.getpid(), 9)")
+    assert killed.interpreter is not None
+    assert killed.interpreter["crashed"] == "crashed (signal 9)", killed
+
+
+def test_network_off_refuses_unix_sockets_in_the_interpreter(rt: Sessions) -> None:
+    s = rt.create("acme", "alice", backend="docker")
+    got = _run(rt, s.session_id, "import socket\ntry:\n"
+               "    socket.socket(socket.AF_UNIX)\n    print('made')\n"
+               "except OSError as exc:\n    print('refused', exc.errno)")
+    assert got.stdout.startswith("refused"), got
+
+
+def test_delete_leaves_no_process_and_removes_the_container(rt: Sessions) -> None:
+    s = rt.create("acme", "alice", backend="docker")
+    work = rt.workspace(s)
+    assert _run(rt, s.session_id, "import subprocess\nsubprocess.Popen(['sleep', '300'])\n"
+                "y = 2").success
+    [container] = _containers_binding(work)
+    assert _servers(container)
+    ended = rt.delete("acme", "alice", s.session_id)
+    assert ended["interpreter_killed"], ended
+    assert ended["pool_released"]
+    deadline = time.monotonic() + 10
+    while _containers_binding(work) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _containers_binding(work) == []
+    client = docker.from_env()
+    try:
+        assert not client.containers.list(all=True, filters={"id": container})
+    finally:
+        client.close()

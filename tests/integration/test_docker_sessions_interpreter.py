@@ -11,6 +11,7 @@ generator) was lost, and no process lived between calls."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -189,3 +190,34 @@ def test_delete_leaves_no_process_and_removes_the_container(rt: Sessions) -> Non
         assert not client.containers.list(all=True, filters={"id": container})
     finally:
         client.close()
+
+
+def test_restart_on_request_and_delete_during_a_call_kill_it(rt: Sessions) -> None:
+    s = rt.create("acme", "alice", backend="docker")
+    work = rt.workspace(s)
+    assert _run(rt, s.session_id, "v = 1").success
+    [container] = _containers_binding(work)
+    done = rt.restart_interpreter("acme", "alice", s.session_id)
+    assert done["killed"] is True
+    assert _servers(container) == []
+    fresh = _run(rt, s.session_id, "print('v' in dir())")
+    assert fresh.stdout == "False\n", fresh
+    assert fresh.interpreter is not None
+    assert fresh.interpreter["state_lost"] == "restarted on request"
+    # the session ends while a stateful call runs: the call is cancelled, nothing stays
+    got: list[RunCodeResult] = []
+    worker = threading.Thread(target=lambda: got.append(_run(
+        rt, s.session_id, "import subprocess, time\nsubprocess.Popen(['sleep', '300'])\n"
+        "print('busy', flush=True)\ntime.sleep(60)", timeout=60)))
+    worker.start()
+    deadline = time.monotonic() + 20
+    while not [p for p in _processes(container) if "sleep" in p]:
+        assert time.monotonic() < deadline, "the call never started"
+        time.sleep(0.05)
+    ended = rt.delete("acme", "alice", s.session_id)
+    worker.join(timeout=30)
+    assert got, "the call returned"
+    assert not got[0].success
+    assert "cancelled" in (got[0].error or ""), got[0]
+    assert ended["calls_cancelled"] == 1, ended
+    assert _containers_binding(work) == []

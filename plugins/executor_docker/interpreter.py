@@ -325,11 +325,9 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
                             gvisor=runtime is not None and runtime == executor.runtimes.gvisor)
     env = {**_env(op.env, profile, op.tool), ARTIFACTS_ENV: artifacts_dir(cwd), "HOME": cwd}
     ctx.started()
-    binds = [(p, p, ro) for p, ro in binds_of(profile)]
-    extra = (*bind_mounts([], binds), *masks.mask_mounts(profile, binds))
     pool = executor.pool(hard.runtime)
     key = bound_key(profile.tenant, profile.subject_id, bound)
-    slot = pool.acquire_bound(key, extra, max(0.0, ctx.deadline - time.monotonic()))
+    slot = _acquire(executor, pool, key, ctx, hard)
     try:
         slot = pool.update_limits(slot, hard)
         if slot.control is None:
@@ -349,8 +347,7 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
     try:
         try:
             made = api.exec_create(slot.container_id, argv, stdin=True, stdout=True,
-                                   stderr=True, tty=False, environment=env, workdir=cwd,
-                                   user=engine.SANDBOX_USER)
+                                   stderr=True, tty=False, environment=env, workdir=cwd)
             raw = api.exec_start(made["Id"], socket=True)
         except Exception as exc:  # noqa: BLE001 -- the daemon's errors leave with a code
             raise engine.map_error(exc) from None
@@ -381,6 +378,15 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
     finally:
         slot.running.release()
     return live
+
+
+def _acquire(executor: DockerExecutor, pool: WarmPool, key: str, ctx: ExecContext,
+             hard: engine.Hardening) -> Slot:
+    """The session's bound container, exactly as its plain calls get it (``_pooled``): the
+    call's binds and masks; the exec then runs as the container's own user."""
+    binds = [(p, p, ro) for p, ro in binds_of(ctx.profile)]
+    extra = (*bind_mounts([], binds), *masks.mask_mounts(ctx.profile, binds))
+    return pool.acquire_bound(key, extra, max(0.0, ctx.deadline - time.monotonic()))
 
 
 def _limit(ctx: ExecContext, name: str) -> int:

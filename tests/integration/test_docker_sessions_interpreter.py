@@ -99,11 +99,12 @@ def test_state_survives_calls_and_plain_calls_each_decided_and_recorded(rt: Sess
     slot = ex.pool(ex.runtimes.default)._by_session[
         bound_key("acme", "alice", str(work.parent))]
     assert slot.control is not None
-    out, _ = slot.control.run(["/usr/bin/python3", "-c", "import subprocess\n"
-                               "subprocess.Popen(['sleep', '60'])\nprint('plain')"],
+    out, _ = slot.control.run(["/usr/bin/python3", "-c", "import os, subprocess\n"
+                               "subprocess.Popen(['sleep', '60'])\nprint(os.getuid())"],
                               {"PATH": "/usr/bin:/bin"}, "/", (4096, 4096),
                               time.monotonic() + 30)
-    assert out.stdout.kept() == b"plain\n"
+    uid = _run(rt, s.session_id, "print(os.getuid())")
+    assert uid.stdout.encode() == out.stdout.kept(), uid  # the container's user, as a call
     assert not [p for p in _processes(container) if "sleep" in p], "the plain call's child"
     second = _run(rt, s.session_id, "x += 1\nimport sys\nprint(square(x), next(gen))\n"
                   "print('to-err', file=sys.stderr)")

@@ -10,7 +10,7 @@ before that. The container's launcher is told to spare the interpreter's session
 (``Control.keep``): a plain call's end still kills everything else. A call that times out or is
 cancelled, or a restart or the session's end, kills that session: the launcher forgets it and
 sweeps the container (``/bin/true`` through it; no host privilege needed), after a host-side
-``killpg`` where the engine may signal it. Each call holds the slot's command lock, so its CPU
+SIGKILL through the server's pidfd where the engine may signal it. Each call holds the slot's command lock, so its CPU
 charge is the container cgroup's delta, as for a warm call.
 """
 
@@ -75,6 +75,10 @@ class DockerInterpreter:
         self.info: dict[str, Any] = {}
         self.exit_code: int | None = None
         self.cgroup = executor._cgroup_of(slot.container_id)
+        self.pidfd: int | None = None  # the server on the host (exec_inspect's pid): a pid
+        # alone may be reused once it is reaped; its pidfd names this process only
+        self.memory_cgroup: str | None = None
+        self.oom_base = 0  # the container's OOM kills when it started
         self._lock = threading.Lock()
         sock.setblocking(False)
 
@@ -168,11 +172,12 @@ class DockerInterpreter:
                 self.ended = reason
             if self.pool is None:
                 return was
-            host_pid = self.info.get("host_pid")
-            if isinstance(host_pid, int) and host_pid > 0:
+            if self.pidfd is not None:
                 # at once where the engine may signal it (root); the sweep below anyway
                 with contextlib.suppress(OSError):
-                    os.killpg(host_pid, signal.SIGKILL)
+                    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                os.close(self.pidfd)
+                self.pidfd = None
             if held or self.slot.running.acquire(timeout=30):
                 try:
                     self._sweep()
@@ -279,7 +284,7 @@ class DockerInterpreter:
 
     def _crash_reason(self) -> str:
         code = self.exit_code
-        if self._ooms() > self.info.get("oom_kills", 0):
+        if self._ooms() > self.oom_base:
             return "crashed (killed by the out-of-memory killer)"
         if code is not None and code > 128:
             return f"crashed (signal {code - 128})"
@@ -289,16 +294,35 @@ class DockerInterpreter:
         return usage_ns(self.cgroup) if self.cgroup else None
 
     def _ooms(self) -> int:
-        """The container cgroup's OOM kills so far (cgroup v2 ``memory.events``)."""
-        if not self.cgroup:
+        """The container memory cgroup's OOM kills so far (v2 ``memory.events``, v1
+        ``memory.oom_control``)."""
+        rel = self.memory_cgroup
+        if rel is None:
             return 0
-        with contextlib.suppress(OSError, ValueError):
-            for line in (ROOT / self.cgroup.strip("/") / "memory.events").read_text().split(
-                    "\n"):
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
+        for path in (ROOT / rel.strip("/") / "memory.events",
+                     ROOT / "memory" / rel.strip("/") / "memory.oom_control"):
+            with contextlib.suppress(OSError, ValueError):
+                for line in path.read_text().split("\n"):
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
         return 0
+
+
+def _memory_cgroup(host_pid: int) -> str | None:
+    """The memory cgroup of a process (v1 ``memory`` controller, else the v2 one)."""
+    try:
+        lines = Path(f"/proc/{host_pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    unified = None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return path
+        if controllers == "":
+            unified = path
+    return unified
 
 
 def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
@@ -360,10 +384,12 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
             why = err.kept(mark=False).decode(errors="replace")[:300]
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "the interpreter could not "
                                     f"start in the container ({live.ended}): {why}")
-        live.info = {**_json(got), "container": slot.container_id[:12],
-                     "oom_kills": live._ooms()}
-        with contextlib.suppress(Exception):
-            live.info["host_pid"] = int(api.exec_inspect(made["Id"])["Pid"])
+        live.info = {**_json(got), "container": slot.container_id[:12]}
+        with contextlib.suppress(Exception):  # host facts: kept off the session's events
+            host_pid = int(api.exec_inspect(made["Id"])["Pid"])
+            live.pidfd = os.pidfd_open(host_pid)  # alive: it answered R and waits for code
+            live.memory_cgroup = _memory_cgroup(host_pid)
+        live.oom_base = live._ooms()
         try:
             slot.control.keep([int(live.info.get("sid") or live.pid)])  # spared from now on
         except ControlBroken as exc:

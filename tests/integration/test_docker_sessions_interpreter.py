@@ -222,3 +222,32 @@ def test_restart_on_request_and_delete_during_a_call_kill_it(rt: Sessions) -> No
     assert "cancelled" in (got[0].error or ""), got[0]
     assert ended["calls_cancelled"] == 1, ended
     assert _containers_binding(work) == []
+
+
+def test_the_profile_memory_limit_holds_the_interpreter(tmp_path: Path) -> None:
+    """The interpreter lives in the container's cgroup: the permitting rule's 128 MiB bound
+    its allocations; the OOM killer's end is reported as the budget, the next call restarts."""
+    ws = tmp_path / "ws"
+    policy = tmp_path / "s.sbpolicy"
+    policy.write_text(POLICY.format(ws=ws).replace(
+        'permit "py" proc.exec  tool "python3"',
+        'permit "py" proc.exec  tool "python3"  limits { memory 128MiB }'))
+    config = EngineConfig(state_dir=tmp_path / "state",
+                          options={"docker": {"mode": "pool", "pool_size": 1}})
+    pool = OrchestratorPool(compile_files([policy]), config)
+    rt = Sessions(pool, Gateway(pool.get("proc-bwrap")), config=config, workspace_root=ws,
+                  limits=SessionLimits(max_live_per_tenant=4), reap_interval_s=0)
+    try:
+        s = rt.create("acme", "alice", backend="docker")
+        assert _run(rt, s.session_id, "x = 1").success
+        big = _run(rt, s.session_id, "blocks = []\nfor _ in range(64):\n"
+                   "    blocks.append(bytearray(16 << 20))\nprint('all of it')")
+        assert big.error_code == "QUOTA.BUDGET_EXCEEDED", big
+        assert "state is lost" in (big.error or "")
+        after = _run(rt, s.session_id, "print('x' in dir())")
+        assert after.stdout == "False\n", after
+        assert after.interpreter is not None
+        assert after.interpreter["generation"] == 2
+    finally:
+        rt.close()
+        pool.close()

@@ -10,8 +10,8 @@ before that. The container's launcher is told to spare the interpreter's session
 (``Control.keep``): a plain call's end still kills everything else. A call that times out or is
 cancelled, or a restart or the session's end, kills that session: the launcher forgets it and
 sweeps the container (``/bin/true`` through it; no host privilege needed), after a host-side
-SIGKILL through the server's pidfd where the engine may signal it. Each call holds the slot's command lock, so its CPU
-charge is the container cgroup's delta, as for a warm call.
+SIGKILL through the server's pidfd where the engine may signal it. Each call holds the slot's
+command lock, so its CPU charge is the container cgroup's delta, as for a warm call.
 """
 
 from __future__ import annotations

@@ -12,11 +12,12 @@ the call's own output.
 
 Framed mode (``python3 -c <this file> framed <seccomp hex or -> <cpu seconds>``, a docker
 session's ``docker exec``: plugins/executor_docker/interpreter.py): the protocol's replies go to
-the original stdout, the only channel an exec has; the code's stdout and stderr are pipes this
-process reads and frames itself (``O``/``E``), drained before each ``D`` so a call's output never
-lands after its end. It first makes itself a session leader (the container's launcher spares
-that session between calls), sets its CPU-time backstop and installs the seccomp filter the
-engine passed (network off: no AF_UNIX), all before any code runs; ``R`` carries its pid.
+the original stdout, the only channel an exec has, through an output process forked before any
+code: the code's stdout and stderr are pipes it reads and frames (``O``/``E``), drained before
+each ``D`` so a call's output never lands after its end, and after a crash. It first makes
+itself a session leader (the container's launcher spares that session between calls), sets its
+CPU-time backstop and installs the seccomp filter the engine passed (network off: no AF_UNIX),
+all before any code runs; ``R`` carries its pid.
 """
 
 import contextlib
@@ -29,7 +30,6 @@ import resource
 import select
 import struct
 import sys
-import threading
 import traceback
 
 _MAX_CODE = 16 << 20
@@ -57,46 +57,82 @@ def _confine(hex_prog: str, cpu_s: int) -> None:
             os._exit(71)  # NO_NEW_PRIVS, SECCOMP_MODE_FILTER: never run code unfiltered
 
 
-class _Pump:
-    """Framed mode: the code's stdout/stderr pipes read and framed onto ``proto``; reads and
-    writes happen under one lock, so :meth:`drain` leaves nothing in flight."""
+def _write(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
-    def __init__(self, proto: int) -> None:
-        self.proto, self.lock, self.fds = proto, threading.Lock(), {}
-        for fd, tag in ((1, b"O"), (2, b"E")):
-            r, w = os.pipe()
-            os.dup2(w, fd)
-            os.close(w)
-            os.set_blocking(r, False)
-            self.fds[r] = tag
-        threading.Thread(target=self._run, daemon=True).start()
 
-    def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.proto, view):]
+def _pump(out: int, pipes: dict[int, bytes], ctl: int) -> None:
+    """Framed mode's output process (forked before any code runs): frames what the code writes
+    to its stdout/stderr pipes (``O``/``E``) onto the exec's stdout, and forwards the server's
+    own frames from ``ctl`` after draining the pipes, so a call's output never lands after
+    its end. A process of its own: what a crash (``os._exit``, a signal) left in the pipes is
+    still framed, then the end of ``ctl`` ends it and with it the exec's stream."""
+    for fd in pipes:
+        os.set_blocking(fd, False)
 
-    def _take(self, fd: int) -> bool:
+    def take(fd: int) -> bool:
         try:
             data = os.read(fd, 65536)
         except BlockingIOError:
             return False
-        if data:
-            self.write(self.fds[fd] + struct.pack(">I", len(data)) + data)
-        return bool(data)
+        if not data:
+            del pipes[fd]
+            return False
+        _write(out, pipes[fd] + struct.pack(">I", len(data)) + data)
+        return True
 
-    def _run(self) -> None:
-        while True:
-            ready, _, _ = select.select(list(self.fds), [], [])
-            with self.lock:
-                for fd in ready:
-                    self._take(fd)
-
-    def drain(self) -> None:
-        for fd in self.fds:
+    def drain() -> None:
+        for fd in list(pipes):
             for _ in range(256):  # bounded: a busy background writer cannot hold the end
-                if not self._take(fd):
+                if fd not in pipes or not take(fd):
                     break
+
+    buf = b""
+    while True:
+        ready, _, _ = select.select([*pipes, ctl], [], [])
+        for fd in ready:
+            if fd != ctl:
+                if fd in pipes:
+                    take(fd)
+                continue
+            part = os.read(ctl, 65536)
+            if not part:  # the server ended (a crash): what it left, then the end
+                drain()
+                os._exit(0)
+            buf += part
+            while len(buf) >= 5:
+                size = struct.unpack(">I", buf[1:5])[0]
+                if len(buf) < 5 + size:
+                    break
+                drain()
+                _write(out, buf[:5 + size])
+                buf = buf[5 + size:]
+
+
+def _framed_output() -> int:
+    """Start the output process; the code's stdout/stderr become its pipes. Answers the
+    descriptor the server's own frames go to."""
+    ctl_r, ctl_w = os.pipe()
+    pipes = {}
+    for fd, tag in ((1, b"O"), (2, b"E")):
+        r, w = os.pipe()
+        pipes[r] = (w, fd, tag)
+    if os.fork() == 0:  # no thread yet: a plain fork
+        os.close(ctl_w)
+        for w, _, _ in pipes.values():
+            os.close(w)
+        try:
+            _pump(1, {r: tag for r, (_, _, tag) in pipes.items()}, ctl_r)
+        finally:
+            os._exit(70)
+    os.close(ctl_r)
+    for r, (w, fd, _) in pipes.items():
+        os.dup2(w, fd)  # the exec's own stdout is the output process's alone from now on
+        os.close(w)
+        os.close(r)
+    return ctl_w
 
 
 def _main() -> None:
@@ -104,26 +140,17 @@ def _main() -> None:
     if framed:
         _confine(sys.argv[2], int(sys.argv[3]))
     proto = os.dup(0)
-    reply = os.dup(1) if framed else proto
+    reply = _framed_output() if framed else proto
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    pump = _Pump(reply) if framed else None
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(line_buffering=True)  # a print streams as it is made
 
     def send(tag: bytes, doc: dict[str, object]) -> None:
         payload = json.dumps(doc).encode()
-        data = tag + struct.pack(">I", len(payload)) + payload
-        if pump is None:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(proto, view):]
-            return
-        with pump.lock:  # what the code wrote goes first, then its end
-            pump.drain()
-            pump.write(data)
+        _write(reply, tag + struct.pack(">I", len(payload)) + payload)
 
     def read_exact(n: int) -> bytes:
         buf = bytearray()

@@ -149,10 +149,12 @@ def test_a_timeout_kills_the_interpreter_and_the_next_call_says_the_state_was_lo
 def test_a_crash_is_reported_and_the_next_call_restarts(rt: Sessions) -> None:
     s = rt.create("acme", "alice", backend="docker")
     assert _run(rt, s.session_id, "kept = 'yes'").success
+    # what the code and its child wrote right before the crash is still the call's
     crash = _run(rt, s.session_id, "import platform\nprint('before', flush=True)\n"
-                 "platform.os._exit(3)")
+                 "platform.os.system('echo child; echo child-err >&2')\nplatform.os._exit(3)")
     assert crash.exit_code == 3, crash
-    assert crash.stdout == "before\n"
+    assert crash.stdout == "before\nchild\n"
+    assert crash.stderr == "child-err\n"
     assert crash.interpreter is not None
     assert crash.interpreter["crashed"] == "crashed (exit code 3)"
     after = _run(rt, s.session_id, "print('kept' in dir())")

@@ -113,7 +113,7 @@ class DockerInterpreter:
                                     "container ran another command until this call's deadline")
         try:
             cpu0, oom0 = self._cpu_ns(), self._ooms()
-            self.buf.clear()  # frames written after an earlier call's end belong to no call
+            self._stale()
             done = self._exchange(_SERVER.pack(b"C", len(data)) + data, ctx, deadline, out,
                                   err, until=b"D", held=True)
             cpu_ms = max(0, (self._cpu_ns() or 0) - (cpu0 or 0)) // 1_000_000
@@ -239,7 +239,20 @@ class DockerInterpreter:
         finally:
             sel.close()
 
-    def _feed(self, ctx: ExecContext, data: bytes, out: HeadTail, err: HeadTail,
+    def _stale(self) -> None:
+        """Output a background child of an earlier call wrote after that call's end belongs to
+        no call: parsed (the frames stay aligned) and dropped, bounded; an end of the stream
+        is left for the call to see as a crash."""
+        for _ in range(64):
+            try:
+                data = self.sock.recv(65536)
+            except (BlockingIOError, OSError):
+                return
+            if not data:
+                return
+            self._feed(None, data, HeadTail(0), HeadTail(0), b"", held=True)
+
+    def _feed(self, ctx: ExecContext | None, data: bytes, out: HeadTail, err: HeadTail,
               until: bytes, held: bool) -> bytes | None:
         """Docker's stream frames, then the server's in its stdout."""
         self.mux += data
@@ -251,7 +264,7 @@ class DockerInterpreter:
             del self.mux[:_MUX.size + size]
             if stream == 1:
                 self.buf += chunk
-            else:  # the server's own stderr, before its pipes were in place
+            elif ctx is not None:  # the server's own stderr, before its pipes were in place
                 _capture(ctx, "stderr", chunk, err)
         while len(self.buf) >= _SERVER.size:
             tag, size = _SERVER.unpack_from(self.buf)
@@ -263,6 +276,8 @@ class DockerInterpreter:
                 break
             payload = bytes(self.buf[_SERVER.size:_SERVER.size + size])
             del self.buf[:_SERVER.size + size]
+            if ctx is None:
+                continue
             if tag == b"O":
                 _capture(ctx, "stdout", payload, out)
             elif tag == b"E":

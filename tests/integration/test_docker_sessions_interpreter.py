@@ -253,3 +253,15 @@ def test_the_profile_memory_limit_holds_the_interpreter(tmp_path: Path) -> None:
     finally:
         rt.close()
         pool.close()
+
+
+def test_output_written_after_a_calls_end_belongs_to_no_call(rt: Sessions) -> None:
+    s = rt.create("acme", "alice", backend="docker")
+    first = _run(rt, s.session_id, "import subprocess\nsubprocess.Popen(['sh', '-c', "
+                 "'sleep 0.5; echo late; echo late-err >&2'])\nprint('first')")
+    assert first.stdout == "first\n", first
+    time.sleep(1.5)  # the child wrote between the calls
+    second = _run(rt, s.session_id, "print('second')")
+    assert second.stdout == "second\n", second
+    assert second.stderr == ""
+    assert second.interpreter == {"generation": 1, "fresh": False, "state_lost": None}

@@ -80,6 +80,25 @@ class Control:
                 s.close()
         self._sock = self._listener = None
 
+    def keep(self, sids: list[int]) -> None:
+        """Name the sessions the launcher's kills spare (a live interpreter's), waiting for
+        a running command to end; acknowledged by a ``K`` frame.
+
+        :raises ControlBroken: the connection failed.
+        """
+        with self._lock:
+            sock = self._sock
+            if sock is None or self.broken:
+                raise ControlBroken("launcher not connected")
+            try:
+                sock.settimeout(10.0)
+                sock.sendall(json.dumps({"keep": sids}).encode() + b"\n")
+                if sock.recv(5, socket.MSG_WAITALL) != b"K\0\0\0\0":
+                    raise ValueError("no keep acknowledgement")
+            except (OSError, ValueError) as exc:
+                self.broken = True
+                raise ControlBroken(str(exc)) from exc
+
     def run(self, argv: list[str], env: dict[str, str], cwd: str, limits: tuple[int, int],
             deadline: float, cancel: CancelToken | None = None,
             stdin_b64: str | None = None, seccomp_hex: str | None = None

@@ -28,6 +28,7 @@ from plugins.executor_docker import (
     cpu,
     engine,
     identity,
+    interpreter,
     masks,
     network,
     runtimes,
@@ -314,6 +315,17 @@ class DockerExecutor:
             held += pool.holds(key)
             pool.release(key)
         return held
+
+    def start_interpreter(self, ctx: ExecContext, op: ExecOp,
+                          lifetime_s: float) -> interpreter.DockerInterpreter:
+        """A live Python interpreter in a stateful session's own container (interpreter.py)."""
+        if not isinstance(op, ProcExecOp):
+            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
+                                    f"the docker executor does not serve `{op.kind}`")
+        refused = refusal_of(self, ctx.profile, op)
+        if refused is not None:
+            raise refused
+        return interpreter.start(self, ctx, op, lifetime_s)
 
     def release_session(self, tenant: str, subject_id: str, tool_name: str) -> None:
         """The session-end call (the sessions feature calls it when a session closes; until

@@ -12,6 +12,11 @@ namespace); so does the end of every command, so nothing a call started outlives
 makes itself non-dumpable so a sandboxed process of the same uid cannot ptrace it or write its
 memory.
 
+A ``{"keep": [sid, ...]}`` line between commands names the sessions those kills spare: a
+stateful docker session's live interpreter (its own ``docker exec``, a session leader:
+plugins/executor_docker/interpreter.py) and what it started outlive the session's other
+calls. ``{"keep": []}`` forgets them (the interpreter was killed: its pid may be reused).
+
 This replaces ``docker exec`` (≈ 30–50 ms of runc per call) on the warm path; resource limits are
 the container's cgroup, the uid is the container's user (1000).
 """
@@ -70,15 +75,45 @@ def _reap() -> None:
             return
 
 
+KEEP: set[int] = set()  # sessions the kills spare (the host's ``keep`` line)
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2:].split()[3])  # field 6: the session id
+
+
+def _kill_all() -> bool:
+    """SIGKILL every process but PID 1 and the kept sessions; whether any was found."""
+    if not KEEP:
+        try:
+            os.kill(-1, signal.SIGKILL)  # every process PID 1 may signal, never itself
+        except ProcessLookupError:
+            return False
+        return True
+    found = False
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or name == "1":
+            continue
+        sid = _sid(int(name))
+        if sid is not None and sid not in KEEP:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(name), signal.SIGKILL)
+                found = True
+    return found
+
+
 def _kill_the_rest() -> None:
     """No process of the call outlives it: a background child (its own session, its output
     elsewhere) would run on into the session's next call, outside its deadline and evidence.
     Every process but PID 1 is the call's (one command at a time per container), so all are
     killed and reaped before the exit frame — and so before the artifacts are looked at."""
     for _ in range(KILL_ROUNDS):
-        try:
-            os.kill(-1, signal.SIGKILL)  # every process PID 1 may signal, never itself
-        except ProcessLookupError:
+        if not _kill_all():
             return  # none left (zombies count as found: they were reaped below)
         time.sleep(0.002)
         _reap()
@@ -191,8 +226,7 @@ def run(conn: Conn, req: dict[str, Any]) -> None:
                     os.kill(-1, signal.SIGKILL)
                     os._exit(0)
                 if any(json.loads(line).get("kill") for line in lines):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(-1, signal.SIGKILL)
+                    _kill_all()
             else:
                 data = os.read(key.fd, 65536)
                 if data:
@@ -222,6 +256,11 @@ def main(path: str) -> int:
         except EOFError:
             return 0
         req = json.loads(line)
+        if "keep" in req:
+            KEEP.clear()
+            KEEP.update(int(s) for s in req["keep"])
+            _frame(conn.sock, b"K", b"")
+            continue
         if req.get("kill"):
             continue  # a kill that arrived after its command ended
         run(conn, req)

@@ -4,7 +4,8 @@ timeout, a cancel or a policy change, and killed at the session's end (docs/sess
 
 Each stateful call is decided by the gateway like the plain run_code of the same code (its
 decision, consent, budget and evidence begin/end); only the execution differs: the executor
-the call selected is asked for its live interpreter (``start_interpreter``, proc-bwrap), and the
+the call selected is asked for its live interpreter (``start_interpreter``: proc-bwrap, and docker
+in pool mode, plugins/executor_docker/interpreter.py), and the
 decided code runs there. A call that finds the previous interpreter gone says so
 (``interpreter.state_lost``) and starts a fresh one; nothing is ever replaced mid-call.
 """
@@ -27,7 +28,8 @@ Record = Callable[[str, dict[str, Any]], None]
 
 
 class LiveInterpreter(Protocol):
-    """What an executor's ``start_interpreter`` returns (plugins/executor_proc/interpreter.py)."""
+    """What an executor's ``start_interpreter`` returns (plugins/executor_proc/interpreter.py,
+    plugins/executor_docker/interpreter.py)."""
 
     ended: str | None
     info: dict[str, Any]
@@ -100,7 +102,7 @@ class SessionInterpreter:
         start = getattr(selected, "start_interpreter", None)
         if start is None:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{selected.name} keeps no "
-                                    "live interpreter (stateful sessions run on proc-bwrap)")
+                                    "live interpreter (stateful sessions: proc-bwrap, docker)")
         if self.closed:
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "the session ended")
         if self.live is not None and self.live.ended is not None:

@@ -11,14 +11,13 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from policy_engine.config import EngineConfig
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken
-from policy_engine.gateway import session_state
 from policy_engine.gateway.call import Call, Gateway
 from policy_engine.gateway.session_interpreter import SessionInterpreter
 from policy_engine.gateway.session_store import SessionInfo, SessionStore
@@ -251,7 +250,8 @@ class Sessions:
             ``cancelled``); deleting or expiring the session cancels it too.
         :param on_output: sees stdout/stderr chunks as the process writes them.
         :param stateful: python only: run in the session's live interpreter, its variables
-            kept between calls (session_interpreter.py; docker sessions: session_state.py).
+            kept between calls (session_interpreter.py; on docker a long-lived exec in the
+            session's container, plugins/executor_docker/interpreter.py).
 
         :raises PolicyRefusal: unknown session (404); the risk hint requires a stronger
             sandbox than the session's backend (``SANDBOX.CAPABILITY_BLOCKED``: a session never
@@ -264,12 +264,8 @@ class Sessions:
                              tenant=tenant, subject=subject, manifest=self.manifest,
                              security_mode=SecurityMode(info.security_mode), work=work,
                              root=work.parent, backend=info.backend, host_paths=True)
-        if stateful:
-            if language != "python":
-                raise _bad("stateful calls run python", "language")
-            if info.backend == "docker":  # no live interpreter there: the pickled globals
-                plan = replace(plan, op=plan.op.model_copy(
-                    update={"args": (plan.op.args[0], session_state.stateful(code))}))
+        if stateful and language != "python":
+            raise _bad("stateful calls run python", "language")
         needed = UnifiedRiskPolicy.required_sandbox(plan.risk, SecurityMode(info.security_mode))
         if _STRENGTH[needed] > _STRENGTH[info.backend]:
             raise PolicyRefusal(engine_refusal(PolicyEngineError(
@@ -279,7 +275,7 @@ class Sessions:
         token = cancel or CancelToken()
         live = self._enter(info, token)
         try:
-            slot = self._interpreter(info) if stateful and info.backend != "docker" else None
+            slot = self._interpreter(info) if stateful else None
             if slot is not None and not slot.lock.acquire(timeout=timeout):
                 raise PolicyRefusal(code_refusal(
                     ErrorCode.BUDGET_EXCEEDED.value, 429, "the session's interpreter is busy "

@@ -40,22 +40,25 @@ def normalize_path(path: str) -> str:
     segments and relative paths are refused (``SANDBOX.CAPABILITY_BLOCKED``, "path traversal"):
     resolving them lexically could disagree with what the kernel opens through a symlink.
     """
+    # INVARIANT: the fast path returns only absolute strings with no NUL and no empty, `.` or
+    # `..` segment (every fs decision runs it: operators, no method or isinstance call, ≈ 35 %
+    # cheaper than the checks below; benchmarks/bench_guard_ab.py)
+    if type(path) is str and path[:1] == "/" and "/." not in path and "//" not in path and \
+            "\x00" not in path and (path[-1] != "/" or len(path) == 1):
+        return path
     if not isinstance(path, str):
         raise path_blocked("path traversal: path is not a string", repr(path))
     if "\x00" in path:
         raise path_blocked("path traversal: path contains a NUL byte", path)
     if not path.startswith("/"):
         raise path_blocked(f"path traversal: relative path {quote(path)} is not accepted", path)
-    # INVARIANT: the fast path returns only strings with no empty, `.` or `..` segment.
-    if "/." not in path and "//" not in path and (len(path) == 1 or not path.endswith("/")):
-        return path
-    out: list[str] = []
-    for seg in path.split("/"):
-        if seg == "..":
-            raise path_blocked(f"path traversal: {quote(path)} contains a `..` segment", path)
-        if seg and seg != ".":
-            out.append(seg)
-    return "/" + "/".join(out)
+    # the segments, less the empty ones and `.`, by C-level list operations (no loop here)
+    segs = list(filter(None, path.split("/")))
+    if ".." in segs:
+        raise path_blocked(f"path traversal: {quote(path)} contains a `..` segment", path)
+    if "." in segs:
+        segs = [seg for seg in segs if seg != "."]
+    return "/" + "/".join(segs)
 
 
 def is_beneath(root: str, path: str) -> bool:

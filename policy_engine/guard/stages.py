@@ -110,12 +110,12 @@ def kind(s: Call) -> Decision | None:
     guard = s.guard
     tr = s.tr
     k = getattr(op, "kind", None)
-    cap_kind = OP_KIND.get(k) if type(k) is str else None
+    # a str subclass could hash or compare as a kind it is not: only a plain str is looked up
+    cap_kind = OP_KIND.get(k) if k.__class__ is str else None
     if cap_kind is None:
         s.op = op = coerce_op(op)
         k = op.kind
         cap_kind = OP_KIND[k]
-    assert k is not None  # INVARIANT: a kind OP_KIND maps (narrowing for mypy)
     s.kind, s.cap_kind = k, cap_kind
     s.phash = phash = profile.profile_hash
     key = phash or id(profile)
@@ -151,9 +151,10 @@ def kind(s: Call) -> Decision | None:
         return None
     if expires_at <= now:
         return _deny(phash, _PERM, "grant expired", None, None)
-    plans = cp.plans[guard.fs_facts]
-    run = plans.get(k)
-    s.run = run if run is not None else plans.setdefault(k, plan(cp, k, guard.fs_facts, False))
+    try:
+        s.run = cp.plans[guard.fs_facts][k]
+    except KeyError:  # the first call of this kind under this compilation
+        s.run = cp.plans[guard.fs_facts].setdefault(k, plan(cp, k, guard.fs_facts, False))
     return None
 
 
@@ -162,9 +163,8 @@ def resolve(s: Call) -> Decision | None:
     the tmp dir), the URL parsed, the argv's shape; a proc.exec's cwd normalized for ``facts``.
     A resolver's refusal raises ``PolicyEngineError`` (the caller's failure deny)."""
     kind, op, guard = s.kind, s.op, s.guard
-    s.cwd = None
     if kind in FS_OPS:
-        s.rv = None
+        s.rv = s.cwd = None
         cp = s.cp
         if guard.facts is None:
             path, s.seen, inside, s.written = resolve_fs(
@@ -181,8 +181,8 @@ def resolve(s: Call) -> Decision | None:
         s.path = s.written = s.seen = None
         s.rv = rv = RESOLVERS[kind](op)  # every other kind OP_KIND maps (resolve_other)
         s.res = rv.res
-        if kind == "proc.exec" and op.cwd is not None:
-            s.cwd = normalize_path(op.cwd)  # judged after the policy (step ``facts``)
+        # a proc.exec's cwd, judged after the policy (step ``facts``)
+        s.cwd = normalize_path(op.cwd) if kind == "proc.exec" and op.cwd is not None else None
     if s.tr is not None:
         s.tr.step("resolve", "pass", detail=_describe(s.rv, s.path))
     return None
@@ -198,8 +198,9 @@ def forbids(s: Call) -> Decision | None:
     if fset is None:
         return None
     res, written, tr = s.res, s.written, s.tr
-    if fset.screen is not None and (tr is None or fset.by_globs) and \
-            not fset.screen(res) and (written is None or not fset.screen(written)):
+    screen = fset.screen  # side-effect free: asked first, whether or not the trace may use it
+    if screen is not None and not screen(res) and (written is None or not screen(written)) \
+            and (tr is None or fset.by_globs):
         if tr is not None:
             tr.step("forbid", "no-match", detail="no forbid glob matches")
         return None
@@ -342,6 +343,10 @@ def consent(s: Call) -> Decision | None:
     if required and tr is None and window is not None and s.cwd is None and \
             window[0] <= now < window[1] and (s.path is None or not s.guard.fs_facts):
         # required and current, and no facts to read: the allow, without the last two steps
+        # (as ``allow`` answers it: the prebuilt allow without ``verdict.allow``'s frame)
+        answer = s.chosen.allow
+        if answer.profile_hash == s.phash and s.kind != "proc.exec":
+            return answer
         return _allow(s.chosen, s.kind, s.op, s.phash)
     if settled is not None and (not required or tr is None and window is not None
                                 and window[0] <= now < window[1]):

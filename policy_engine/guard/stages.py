@@ -111,7 +111,7 @@ def kind(s: Call) -> Decision | None:
     tr = s.tr
     k = getattr(op, "kind", None)
     # a str subclass could hash or compare as a kind it is not: only a plain str is looked up
-    cap_kind = OP_KIND.get(k) if k.__class__ is str else None
+    cap_kind = OP_KIND.get(k) if type(k) is str else None
     if cap_kind is None:
         s.op = op = coerce_op(op)
         k = op.kind

@@ -244,21 +244,24 @@ def permits(s: Call) -> Decision | None:
     res, path, rv = s.res, s.path, s.rv
     # what only some kinds carry: the URL's address class, a process's env, an fs.write's git
     # control file (built-in: only under a permit naming `.git`, gitfiles.py)
-    url: ParsedUrl | None = None
-    special: str | None = None
-    env: Mapping[str, str] | None = None
-    git_part: str | None = None
+    url: ParsedUrl | None
+    special: str | None
+    env: Mapping[str, str] | None
+    git_part: str | None
     if rv is not None:
         url = rv.url
+        special = env = git_part = None  # one constant load for the three (chained)
         if url is not None and url.ip is not None:
             special = classify(url.ip)
         elif kind == "proc.exec":
             env = s.op.env or None
-    elif kind == "fs.write" and path:
-        git_part = gitfiles.git_control_file(path)
-    unnamed: CompiledCap | None = None
+    else:
+        url = special = env = None
+        git_part = gitfiles.git_control_file(path) if kind == "fs.write" and path else None
+    unnamed: CompiledCap | None
+    env_refused: tuple[str, RuleRef | None] | None
+    unnamed = env_refused = None
     refused: list[tuple[CompiledCap, str | None]] = _NONE_REFUSED
-    env_refused: tuple[str, RuleRef | None] | None = None
     cap_kind = s.cap_kind
     caps = cp.caps.get(cap_kind, ())
     index = cp.permit_index.get(cap_kind) if tr is None else None

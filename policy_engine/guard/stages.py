@@ -109,9 +109,13 @@ def kind(s: Call) -> Decision | None:
     profile = s.profile
     guard = s.guard
     tr = s.tr
-    k: Any = getattr(op, "kind", None)  # a str once looked up (no assert: 2 bytecodes a call)
-    # a str subclass could hash or compare as a kind it is not: only a plain str is looked up
-    cap_kind = OP_KIND.get(k) if type(k) is str else None
+    k: Any  # a str once looked up (no assert: 2 bytecodes a call)
+    try:  # attribute and subscript, no getattr/get call: a try costs nothing until it catches
+        k = op.kind
+        # a str subclass could hash or compare as a kind it is not: only a plain str is looked up
+        cap_kind = OP_KIND[k] if type(k) is str else None
+    except (AttributeError, KeyError):  # not an op model (a mapping), or a kind none maps
+        cap_kind = None
     if cap_kind is None:
         s.op = op = coerce_op(op)
         k = op.kind

@@ -352,7 +352,7 @@ def consent(s: Call) -> Decision | None:
         # required and current, and no facts to read: the allow, without the last two steps
         # (as ``allow`` answers it: the prebuilt allow without ``verdict.allow``'s frame)
         answer = s.chosen.allow
-        if answer.profile_hash == s.phash and s.kind != "proc.exec":
+        if answer.profile_hash == s.phash and (s.kind != "proc.exec" or not s.op.timeout_ms):
             return answer
         return _allow(s.chosen, s.kind, s.op, s.phash)
     if settled is not None and (not required or tr is None and window is not None
@@ -405,8 +405,10 @@ def allow(s: Call) -> Decision:
     """9: allow, with the chosen capability's limits (the op's narrower timeout)."""
     chosen, tr = s.chosen, s.tr
     answer = chosen.allow
-    if tr is None and answer.profile_hash == s.phash and s.kind != "proc.exec":
-        # ``verdict.allow`` without its frame: the prebuilt allow is this call's answer
+    if tr is None and answer.profile_hash == s.phash and (s.kind != "proc.exec" or
+                                                          not s.op.timeout_ms):
+        # ``verdict.allow`` without its frame: the prebuilt allow is this call's answer (its
+        # profile's, and no narrower timeout asked by a proc.exec)
         return answer
     answer = _allow(chosen, s.kind, s.op, s.phash)
     if tr is None:

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from policy_engine.guard.stages import Call, Step
     from policy_engine.model import Decision
 
-NAMES = ("kind", "expiry", "resolve", "forbids", "network", "permits", "limits", "consent",
-         "facts", "allow")
+NAMES = ("kind", "resolve", "forbids", "network", "permits", "limits", "consent", "facts",
+         "allow")
 """The steps' names, in the table's order (``stages.STEPS``; a test replacing a step keeps its
 place)."""
 Runner = Callable[["Call"], "Decision"]

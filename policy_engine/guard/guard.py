@@ -7,8 +7,8 @@ pinned by ``tests/unit/test_guard_decide.py``; ``tests/unit/test_guard_stages.py
 names below equal to the table's.
 
 0. ``kind``: the op kind maps to a capability kind; malformed input →
-   ``SCHEMA.VALIDATION_FAILED``
-1. ``expiry``: grant expiry: ``profile.expires_at <= now`` → ``SANDBOX.PERMISSION_DENY``
+   ``SCHEMA.VALIDATION_FAILED``; then (1) the grant's expiry, read with the compilation:
+   ``profile.expires_at <= now`` → ``SANDBOX.PERMISSION_DENY``
 2. ``resolve``: the resource: path normalized and symlinks resolved beneath the root (a root
    that is not its own real path refuses), fs.write bound to the fs root or tmp dir, URL parsed,
    argv shape → ``CAPABILITY_BLOCKED`` / ``SCHEMA.VALIDATION_FAILED`` / ``POLICY.DENY_TOOL``

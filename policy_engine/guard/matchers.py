@@ -238,13 +238,16 @@ class ProcMatcher:
         tail = self._tail
         if len(args) < n or (tail is None and len(args) != n):
             return False
-        # args may be longer (the tail reads the rest): zip stops at the fixed slots
+        # args may be longer (the tail reads the rest): zip stops at the fixed slots. A literal
+        # is looked up here, ``CompiledSlot.admits``'s own first test: most arguments are one
+        # (`status`, `--oneline`), and its frame was most of a proc.exec permit scan
         for slot, arg in zip(fixed, args, strict=False):  # noqa: SIM110 — cheaper than all()
-            if not slot.admits(arg):
+            if arg not in slot.literals and not slot.admits(arg):
                 return False
         if tail is not None:
+            lits = tail.literals
             for arg in args[n:]:  # noqa: SIM110
-                if not tail.admits(arg):
+                if arg not in lits and not tail.admits(arg):
                     return False
         return True
 

@@ -40,15 +40,22 @@ def normalize_path(path: str) -> str:
     segments and relative paths are refused (``SANDBOX.CAPABILITY_BLOCKED``, "path traversal"):
     resolving them lexically could disagree with what the kernel opens through a symlink.
     """
+    # INVARIANT: the fast path returns only absolute strings with no NUL and no empty, `.` or
+    # `..` segment; a dot-file (`/.env`) stays on it. Every fs decision runs it: operators, no
+    # method or isinstance call, ≈ 1/3 cheaper than the checks below (a normal path) and ≈ 2/5
+    # (a dot-file); benchmarks/bench_guard_ab.py. ``resolve.resolve_fs`` spells it out too
+    # (tests/unit/test_guard_paths.py keeps the two equal).
+    if type(path) is str and path[:1] == "/" and "//" not in path and "\x00" not in path and \
+            ("/." not in path or ("/./" not in path and "/../" not in path and
+                                  path[-2:] != "/." and path[-3:] != "/..")) and \
+            (path[-1] != "/" or len(path) == 1):
+        return path
     if not isinstance(path, str):
         raise path_blocked("path traversal: path is not a string", repr(path))
     if "\x00" in path:
         raise path_blocked("path traversal: path contains a NUL byte", path)
     if not path.startswith("/"):
         raise path_blocked(f"path traversal: relative path {quote(path)} is not accepted", path)
-    # INVARIANT: the fast path returns only strings with no empty, `.` or `..` segment.
-    if "/." not in path and "//" not in path and (len(path) == 1 or not path.endswith("/")):
-        return path
     out: list[str] = []
     for seg in path.split("/"):
         if seg == "..":

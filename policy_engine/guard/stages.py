@@ -56,18 +56,18 @@ class Call:
     decision allocates this one object and nothing per step."""
 
     __slots__ = ("guard", "profile", "op", "context", "now_ms", "tr", "now", "kind",
-                 "cap_kind", "phash", "cp", "expires_at", "window", "rv", "path", "seen",
+                 "cap_kind", "phash", "cp", "window", "rv", "path", "seen",
                  "written", "cwd", "res", "data", "chosen", "run")
 
     # filled by ``Guard.decide`` (guard, profile, op, context, now_ms, tr: no
-    # ``__init__``, see there why), then by the steps, in order: now (expiry); kind, cap_kind,
-    # phash, cp, expires_at, window, run (kind); rv, path, seen, written, cwd, res
+    # ``__init__``, see there why), then by the steps, in order: kind, cap_kind, phash, cp,
+    # window, now, run (kind); rv, path, seen, written, cwd, res
     # (resolve); chosen (permits)
     guard: Guard
     profile: Profile
     op: Any
     context: Mapping[str, object] | None
-    now_ms: int | None  # the caller's clock, or None: ``expiry`` reads the system's
+    now_ms: int | None  # the caller's clock, or None: ``kind`` reads the system's
     tr: Tracer | None
     data: dict[str, object]  # the CEL context, set at its first use (``context_data``)
     now: int
@@ -75,7 +75,6 @@ class Call:
     cap_kind: str
     phash: str
     cp: CompiledProfile
-    expires_at: int
     window: tuple[int, int] | None
     rv: Resolved | None
     path: str | None
@@ -101,20 +100,26 @@ Step = Callable[[Call], "Decision | None"]
 
 
 def kind(s: Call) -> Decision | None:
-    """0: the op kind maps to a capability kind (a mapping is validated), and the profile's
-    compilation is found (cached by hash, or the shape's with this call's expiry and consent)."""
+    """0: the op kind maps to a capability kind (a mapping is validated), the profile's
+    compilation is found (cached by hash, or the shape's with this call's expiry and consent),
+    and the grant has not expired (the expiry is read here, with the compilation: a step of its
+    own cost every decision a call, ≈ 1–2 %; benchmarks/bench_guard_ab.py)."""
     # one load a line: a tuple assignment of four or more builds and frees a tuple (measured)
     op = s.op
     profile = s.profile
     guard = s.guard
     tr = s.tr
-    k = getattr(op, "kind", None)
-    cap_kind = OP_KIND.get(k) if type(k) is str else None
+    k: Any  # a str once looked up (no assert: 2 bytecodes a call)
+    try:  # attribute and subscript, no getattr/get call: a try costs nothing until it catches
+        k = op.kind
+        # a str subclass could hash or compare as a kind it is not: only a plain str is looked up
+        cap_kind = OP_KIND[k] if type(k) is str else None
+    except (AttributeError, KeyError):  # not an op model (a mapping), or a kind none maps
+        cap_kind = None
     if cap_kind is None:
         s.op = op = coerce_op(op)
         k = op.kind
         cap_kind = OP_KIND[k]
-    assert k is not None  # INVARIANT: a kind OP_KIND maps (narrowing for mypy)
     s.kind, s.cap_kind = k, cap_kind
     s.phash = phash = profile.profile_hash
     key = phash or id(profile)
@@ -123,7 +128,8 @@ def kind(s: Call) -> Decision | None:
     # (a ``model_copy`` keeping another profile's hash compiles on its own)
     if cp is not None and (cp.profile is profile or (phash and same_profile(cp.profile,
                                                                             profile))):
-        s.expires_at, s.window = cp.expires_at, cp.consent_window
+        expires_at = cp.expires_at
+        s.window = cp.consent_window
     else:
         # a new call of a cached shape (untraced): decided on the shape's compilation with this
         # call's expiry, consent window and hash, as ``shapes.derive`` sets them
@@ -131,30 +137,28 @@ def kind(s: Call) -> Decision | None:
         if base is not None:
             cp = base
             consent = profile.consent
-            s.expires_at = profile.expires_at
+            expires_at = profile.expires_at
             s.window = None if consent is None else (consent.granted_at, consent.expires_at)
         else:
             cp = guard._compile_into_cache(profile, key)
-            s.expires_at, s.window = cp.expires_at, cp.consent_window
+            expires_at = cp.expires_at
+            s.window = cp.consent_window
     s.cp = cp
-    if tr is not None:
-        tr.step("kind", "pass", detail=f"{k} needs {cap_kind}")
-        s.run = plan(cp, k, guard.fs_facts, True)
-        return None
-    plans = cp.plans[guard.fs_facts]
-    run = plans.get(k)
-    s.run = run if run is not None else plans.setdefault(k, plan(cp, k, guard.fs_facts, False))
-    return None
-
-
-def expiry(s: Call) -> Decision | None:
-    """1: the grant has not expired."""
     now_ms = s.now_ms
     s.now = now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    if s.expires_at <= now:
-        if s.tr is not None:
-            s.tr.step("expiry", "fail", detail="grant expired")
-        return _deny(s.phash, _PERM, "grant expired", None, s.tr)
+    if tr is not None:
+        tr.step("kind", "pass", detail=f"{k} needs {cap_kind}")
+        if expires_at <= now:
+            tr.step("expiry", "fail", detail="grant expired")
+            return _deny(phash, _PERM, "grant expired", None, tr)
+        s.run = plan(cp, k, guard.fs_facts, True)
+        return None
+    if expires_at <= now:
+        return _deny(phash, _PERM, "grant expired", None, None)
+    try:
+        s.run = cp.plans[guard.fs_facts][k]
+    except KeyError:  # the first call of this kind under this compilation
+        s.run = cp.plans[guard.fs_facts].setdefault(k, plan(cp, k, guard.fs_facts, False))
     return None
 
 
@@ -163,9 +167,8 @@ def resolve(s: Call) -> Decision | None:
     the tmp dir), the URL parsed, the argv's shape; a proc.exec's cwd normalized for ``facts``.
     A resolver's refusal raises ``PolicyEngineError`` (the caller's failure deny)."""
     kind, op, guard = s.kind, s.op, s.guard
-    s.cwd = None
     if kind in FS_OPS:
-        s.rv = None
+        s.rv = s.cwd = None
         cp = s.cp
         if guard.facts is None:
             path, s.seen, inside, s.written = resolve_fs(
@@ -182,8 +185,8 @@ def resolve(s: Call) -> Decision | None:
         s.path = s.written = s.seen = None
         s.rv = rv = RESOLVERS[kind](op)  # every other kind OP_KIND maps (resolve_other)
         s.res = rv.res
-        if kind == "proc.exec" and op.cwd is not None:
-            s.cwd = normalize_path(op.cwd)  # judged after the policy (step ``facts``)
+        # a proc.exec's cwd, judged after the policy (step ``facts``)
+        s.cwd = normalize_path(op.cwd) if kind == "proc.exec" and op.cwd is not None else None
     if s.tr is not None:
         s.tr.step("resolve", "pass", detail=_describe(s.rv, s.path))
     return None
@@ -199,8 +202,9 @@ def forbids(s: Call) -> Decision | None:
     if fset is None:
         return None
     res, written, tr = s.res, s.written, s.tr
-    if fset.screen is not None and (tr is None or fset.by_globs) and \
-            not fset.screen(res) and (written is None or not fset.screen(written)):
+    screen = fset.screen  # side-effect free: asked first, whether or not the trace may use it
+    if screen is not None and not screen(res) and (written is None or not screen(written)) \
+            and (tr is None or fset.by_globs):
         if tr is not None:
             tr.step("forbid", "no-match", detail="no forbid glob matches")
         return None
@@ -244,21 +248,24 @@ def permits(s: Call) -> Decision | None:
     res, path, rv = s.res, s.path, s.rv
     # what only some kinds carry: the URL's address class, a process's env, an fs.write's git
     # control file (built-in: only under a permit naming `.git`, gitfiles.py)
-    url: ParsedUrl | None = None
-    special: str | None = None
-    env: Mapping[str, str] | None = None
-    git_part: str | None = None
+    url: ParsedUrl | None
+    special: str | None
+    env: Mapping[str, str] | None
+    git_part: str | None
     if rv is not None:
         url = rv.url
+        special = env = git_part = None  # one constant load for the three (chained)
         if url is not None and url.ip is not None:
             special = classify(url.ip)
         elif kind == "proc.exec":
             env = s.op.env or None
-    elif kind == "fs.write" and path:
-        git_part = gitfiles.git_control_file(path)
-    unnamed: CompiledCap | None = None
+    else:
+        url = special = env = None
+        git_part = gitfiles.git_control_file(path) if kind == "fs.write" and path else None
+    unnamed: CompiledCap | None
+    env_refused: tuple[str, RuleRef | None] | None
+    unnamed = env_refused = None
     refused: list[tuple[CompiledCap, str | None]] = _NONE_REFUSED
-    env_refused: tuple[str, RuleRef | None] | None = None
     cap_kind = s.cap_kind
     caps = cp.caps.get(cap_kind, ())
     index = cp.permit_index.get(cap_kind) if tr is None else None
@@ -343,6 +350,10 @@ def consent(s: Call) -> Decision | None:
     if required and tr is None and window is not None and s.cwd is None and \
             window[0] <= now < window[1] and (s.path is None or not s.guard.fs_facts):
         # required and current, and no facts to read: the allow, without the last two steps
+        # (as ``allow`` answers it: the prebuilt allow without ``verdict.allow``'s frame)
+        answer = s.chosen.allow
+        if answer.profile_hash == s.phash and (s.kind != "proc.exec" or not s.op.timeout_ms):
+            return answer
         return _allow(s.chosen, s.kind, s.op, s.phash)
     if settled is not None and (not required or tr is None and window is not None
                                 and window[0] <= now < window[1]):
@@ -393,6 +404,12 @@ def facts(s: Call) -> Decision | None:
 def allow(s: Call) -> Decision:
     """9: allow, with the chosen capability's limits (the op's narrower timeout)."""
     chosen, tr = s.chosen, s.tr
+    answer = chosen.allow
+    if tr is None and answer.profile_hash == s.phash and (s.kind != "proc.exec" or
+                                                          not s.op.timeout_ms):
+        # ``verdict.allow`` without its frame: the prebuilt allow is this call's answer (its
+        # profile's, and no narrower timeout asked by a proc.exec)
+        return answer
     answer = _allow(chosen, s.kind, s.op, s.phash)
     if tr is None:
         return answer
@@ -402,8 +419,8 @@ def allow(s: Call) -> Decision:
                     limit_layers=answer.limit_layers)
 
 
-STEPS: tuple[Step, ...] = (kind, expiry, resolve, forbids, network, permits, limits, consent,
-                           facts, allow)
+STEPS: tuple[Step, ...] = (kind, resolve, forbids, network, permits, limits, consent, facts,
+                           allow)
 """The decision order; ``guard.py``'s docstring lists the same names (a test keeps them equal).
 The last step always answers."""
 

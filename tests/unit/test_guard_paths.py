@@ -125,3 +125,53 @@ def test_path_outside_root_is_refused(root: Path) -> None:
     with pytest.raises(PolicyEngineError) as exc:
         resolve_beneath(str(root), f"{root}-evil/x")
     assert "outside the root" in exc.value.reason
+
+
+def _spellings() -> list[str]:
+    """Every path of up to three segments from a set covering each rule of the fast path."""
+    import itertools
+
+    segs = ["a", "", ".", "..", ".x", "..x", "x.", "a\x00", "workspace"]
+    out = ["", "/", "a", "a/"]
+    for n in (1, 2, 3):
+        for parts in itertools.product(segs, repeat=n):
+            body = "/".join(parts)
+            out += ["/" + body, "/" + body + "/", body]
+    return out
+
+
+def test_resolve_fs_normalizes_as_normalize_path() -> None:
+    # resolve_fs spells normalize_path's fast path out (a call less per fs decision): for every
+    # spelling it answers normalize_path's path, or refuses as it does
+    from policy_engine.guard import Guard
+    from policy_engine.guard.resolve import resolve_fs
+    from tests.unit.guard_fixtures import make_profile
+
+    cp = Guard().compiled(make_profile())
+    for raw in _spellings():
+        try:
+            want: object = normalize_path(raw)
+        except PolicyEngineError as exc:
+            want = (exc.code, exc.reason)
+        try:
+            got: object = resolve_fs(cp, raw, False, False)[0]
+        except PolicyEngineError as exc:
+            got = (exc.code, exc.reason)
+        assert got == want, raw
+
+
+def test_a_str_subclass_is_not_taken_for_a_normal_path() -> None:
+    class Lying(str):
+        def __contains__(self, item: object) -> bool:
+            return False
+
+    from policy_engine.guard import Guard
+    from policy_engine.guard.resolve import resolve_fs
+    from tests.unit.guard_fixtures import make_profile
+
+    cp = Guard().compiled(make_profile())
+    raw = Lying("/workspace/../etc/passwd")
+    for fn in (normalize_path, lambda p: resolve_fs(cp, p, False, False)[0]):
+        with pytest.raises(PolicyEngineError) as exc:
+            fn(raw)
+        assert "`..` segment" in exc.value.reason

@@ -20,8 +20,8 @@ NAMES = tuple(step.__name__ for step in stages.STEPS)
 def test_the_table_is_the_documented_order() -> None:
     documented = re.findall(r"^\d+b?\. ``(\w+)``", guard.__doc__ or "", flags=re.MULTILINE)
     assert tuple(documented) == NAMES
-    assert NAMES == ("kind", "expiry", "resolve", "forbids", "network", "permits", "limits",
-                     "consent", "facts", "allow")
+    assert NAMES == ("kind", "resolve", "forbids", "network", "permits", "limits", "consent",
+                     "facts", "allow")
 
 
 def test_a_traced_call_runs_the_whole_table_in_its_order() -> None:
@@ -68,11 +68,11 @@ def test_an_untraced_call_skips_only_the_steps_that_cannot_answer() -> None:
     # forbids, network or facts step (``chain.plan``), the rest in the table's order
     ran, d = run_names(trace=False)
     assert d.allowed
-    assert ran == ["kind", "expiry", "resolve", "permits", "limits", "allow"]
+    assert ran == ["kind", "resolve", "permits", "limits", "allow"]
     ran, d = run_names(trace=False, op=TmpAllocOp(size_bytes=1000))
     assert not d.allowed
     assert d.code == ErrorCode.CAPABILITY_BLOCKED.value
-    assert ran == ["kind", "expiry", "resolve", "permits", "limits"]
+    assert ran == ["kind", "resolve", "permits", "limits"]
 
 
 @pytest.mark.parametrize("name", NAMES)

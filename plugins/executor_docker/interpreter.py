@@ -139,7 +139,8 @@ class DockerInterpreter:
         stripped = [p for top, ro in binds_of(ctx.profile) if not ro
                     for p in setid.sweep(Path(top))]
         ended = _json(done) if done is not None else {}
-        exit_code = (0 if ended.get("ok") else 1) if done is not None else self.exit_code
+        exit_code = (0 if ended.get("ok") else _status(ended)) if done is not None \
+            else self.exit_code
         ctx.record_side_effect(SideEffectRec(kind=SideEffect.PROCESS, meta={
             "op": "proc.exec", "tool": op.tool, "argc": len(op.args) + 1,
             "argv_digest": Digest.of("\0".join((op.tool, *op.args)).encode()).model_dump(),
@@ -452,3 +453,10 @@ def _json(raw: bytes | None) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _status(ended: dict[str, Any]) -> int:
+    """A failed cell's exit status: a ``SystemExit``'s own code (0–255, as a process exit
+    gives it), else 1."""
+    status = ended.get("status")
+    return status & 0xFF if isinstance(status, int) and not isinstance(status, bool) else 1

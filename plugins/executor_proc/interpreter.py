@@ -145,7 +145,8 @@ class InterpreterProcess:
         if not self.layered or not str(self._status().get("seccomp", "")).startswith("enforced"):
             sanitize.sanitize(self.plan.writable)  # no seccomp refused setuid bits or devices
         ended = _json(done) if done is not None else {}
-        code_ = (0 if ended.get("ok") else 1) if done is not None else self.exit_code
+        code_ = (0 if ended.get("ok") else _status(ended)) if done is not None \
+            else self.exit_code
         ctx.record_side_effect(SideEffectRec(kind=SideEffect.PROCESS, meta={
             "op": "proc.exec", "tool": op.tool, "argc": len(op.args) + 1,
             "argv_digest": Digest.of("\0".join((op.tool, *op.args)).encode()).model_dump(),
@@ -379,3 +380,10 @@ def _json(raw: bytes) -> dict[str, Any]:
 def _exit_code(status: int) -> int:
     code = os.waitstatus_to_exitcode(status)
     return 128 - code if code < 0 else code
+
+
+def _status(ended: dict[str, Any]) -> int:
+    """A failed cell's exit status: a ``SystemExit``'s own code (0–255, as a process exit
+    gives it), else 1."""
+    status = ended.get("status")
+    return status & 0xFF if isinstance(status, int) and not isinstance(status, bool) else 1

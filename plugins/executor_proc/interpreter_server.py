@@ -169,13 +169,20 @@ def _main() -> None:
         if tag != b"C" or size > _MAX_CODE:
             os._exit(70)  # not the engine's frame: nothing is run
         code = read_exact(size).decode("utf-8", "surrogateescape")
-        error = None
+        error, status = None, 1
         cells += 1
         name = f"<cell {cells}>"  # a traceback shows the cell's lines, as a notebook does
         linecache.cache[name] = (len(code), None, code.splitlines(True), name)
         try:
             exec(compile(code, name, "exec"), names)  # noqa: S102 -- its purpose
-        except BaseException as exc:  # noqa: BLE001 -- SystemExit too: the interpreter stays
+        except SystemExit as exc:  # the cell's exit status, as `python3 -c` would give it; the
+            # interpreter stays (a notebook's cell ends, the kernel lives on)
+            error = "SystemExit"
+            if exc.code is None or isinstance(exc.code, int):
+                status = exc.code or 0
+            else:
+                print(exc.code, file=sys.stderr)
+        except BaseException as exc:  # noqa: BLE001 -- the interpreter stays
             error = type(exc).__name__
             tb = exc.__traceback__
             traceback.print_exception(type(exc), exc, tb.tb_next if tb else None)
@@ -183,7 +190,7 @@ def _main() -> None:
             # a stream the code replaced or closed
             with contextlib.suppress(Exception):
                 stream.flush()  # type: ignore[union-attr]  # None: suppressed as well
-        send(b"D", {"ok": error is None, "error": error})
+        send(b"D", {"ok": error is None, "error": error, "status": status})
 
 
 if __name__ == "__main__":  # `python3 -c` runs it as __main__; importing runs nothing

@@ -237,15 +237,18 @@ def test_forward_requests_share_the_calls_bytes_out_and_are_vetted_one_by_one(
         f"X-Policy-Engine-Code: {ErrorCode.SCHEMA_VALIDATION_FAILED.value}"]
     methods = [m for m, _p, _h in server.seen.requests if m != "BODY"]
     assert methods == ["POST", "GET"]
-    assert [r.get("refused") for r in effects] == [
+    # one record per request, written as its connection ends: the first connection may end
+    # after the second's refusal is recorded, so the records are matched by what they say
+    assert sorted(str(r.get("refused")) for r in effects) == sorted(str(c) for c in (
         None, ErrorCode.CAPABILITY_BLOCKED.value, None,
-        ErrorCode.SCHEMA_VALIDATION_FAILED.value]
+        ErrorCode.SCHEMA_VALIDATION_FAILED.value))
     # request lines and headers count too: urllib's POST head, then the raw GET's alone (the
     # pipelined DELETE behind it was never read)
     get_head = f"GET http://127.0.0.1:{server.port}/ok HTTP/1.1\r\nHost: x\r\n" \
         "Connection: keep-alive\r\n\r\n"
-    assert effects[2]["bytes_out"] == len(get_head)
-    assert 600 < effects[0]["bytes_out"] <= 1024 - len(get_head)
+    allowed = sorted(int(r["bytes_out"]) for r in effects if r.get("refused") is None)
+    assert allowed[0] == len(get_head)
+    assert 600 < allowed[1] <= 1024 - len(get_head)
 
 
 @pytest.fixture

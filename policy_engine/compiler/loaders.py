@@ -163,7 +163,8 @@ def refuse_session(data: Any, lookup: PositionLookup, *loc: str) -> None:
     node = data
     for key in loc[:-1]:
         node = node.get(key) if isinstance(node, dict) else None
-    if isinstance(node, dict) and loc[-1] in node:
+    # `null` is the default every serialized Settings carries (model_dump): it names nothing
+    if isinstance(node, dict) and node.get(loc[-1]) is not None:
         raise DiagnosticsError([Diagnostic.make(
             "SBP105", "`session` is set by the engine's session runtime, never by a document",
             lookup.span(loc), help="run the call through a session (docs/sessions.md); "

@@ -237,6 +237,27 @@ def test_a_document_cannot_name_the_session(tmp_path: Path, where: str) -> None:
     assert "doc.json:" in said, said
 
 
+def test_a_document_with_the_default_null_session_is_read(tmp_path: Path) -> None:
+    """A serialized Settings (`model_dump`) carries `"session": null`: that names no directory
+    and is read as the default (the evidence-marker test's request files failed with SBP105)."""
+    (tmp_path / "p.sbpolicy").write_text(POLICY)
+    grant, manifest = _inputs()
+    (tmp_path / "m.json").write_text(manifest.model_dump_json())
+    (tmp_path / "g.json").write_text(grant.model_dump_json())
+    doc = {"op": {"kind": "fs.read", "path": f"{A}/x"},
+           "settings": {"root_fs": WS, "session": None}}
+    (tmp_path / "doc.json").write_text(json.dumps(doc))
+    out = subprocess.run([sys.executable, "-m", "policy_engine.cli", "explain", "--policy",
+                          str(tmp_path / "p.sbpolicy"), "--manifest", str(tmp_path / "m.json"),
+                          "--grant", str(tmp_path / "g.json"), "--request",
+                          str(tmp_path / "doc.json")], capture_output=True, text=True,
+                         check=False)
+    said = out.stdout + out.stderr
+    assert "SBP105" not in said, said
+    assert "Traceback" not in said
+    assert "matches nothing" in said or "deny" in said.lower(), said
+
+
 def test_policy_tests_can_run_a_case_in_a_session(tmp_path: Path) -> None:
     """A policy test asserts what the policy does, so its cases may name the session (the one
     document that can): in it `$SESSION/**` allows the own directory, outside it nothing."""

@@ -41,7 +41,7 @@ from plugins.executor_proc.bwrap import NetworkHook
 from plugins.executor_proc.cwdfacts import cwd_fact_note, cwd_fact_refusal
 from plugins.executor_proc.limits import cpu_seconds, describe, preexec
 from plugins.executor_proc.output import Outcome, pump
-from plugins.executor_proc.spec import Limits, Plan, build_plan, resolve_limits
+from plugins.executor_proc.spec import Limits, Plan, artifacts_note, build_plan, resolve_limits
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
 from policy_engine.executor import (
@@ -67,7 +67,6 @@ from policy_engine.model import (
 from policy_engine.model.text import printable_path
 from policy_engine.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine.sandbox import enginedirs
-from policy_engine.sandbox.artifacts import artifacts_note
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 Backend = Literal["bwrap", "landlock", "unshare"]

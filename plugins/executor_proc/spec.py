@@ -26,6 +26,7 @@ from policy_engine.guard.paths import normalize_path, resolve_beneath
 from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
     CapabilityKind,
+    ExecOp,
     FsCapability,
     NetworkMode,
     ProcExecOp,
@@ -390,3 +391,11 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
         no_bind=profile.network is NetworkMode.OFF,
         open_trees=list(host_roots), masked_at_run=later or [],
     )
+
+
+def artifacts_note(op: ExecOp) -> str:
+    """The dry run's words for the variable a proc.exec gets (with its cwd's ``fact_notes``);
+    the cwd normalized as the plan normalizes it."""
+    cwd = op.cwd if isinstance(op, ProcExecOp) else None
+    where = f"`{artifacts_dir(normalize_path(cwd))}`" if cwd else "`<cwd>/artifacts`"
+    return f"the engine sets {ARTIFACTS_ENV}={where}"

@@ -23,8 +23,11 @@ def _record(exec_id: str, refusal: dict[str, object] | None) -> ExecRecord:
 
 def test_an_old_store_gains_the_refusal_column(tmp_path: Path) -> None:
     path = tmp_path / "service.sqlite"
-    old_schema = _SCHEMA.replace(",\n  refusal          TEXT\n", "\n")
+    # the schema before the refusal column (and the artifacts_truncated one after it)
+    old_schema = _SCHEMA.replace(
+        ",\n  refusal          TEXT,\n  artifacts_truncated INTEGER NOT NULL DEFAULT 0\n", "\n")
     assert "refusal" not in old_schema
+    assert "artifacts_truncated" not in old_schema
     with sqlite3.connect(path) as db:
         db.executescript(old_schema)
         db.execute("INSERT INTO sandbox_execs VALUES ('old', 'acme', 's', 'p', NULL, NULL, "

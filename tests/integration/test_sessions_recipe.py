@@ -40,7 +40,12 @@ def test_the_recipe_policy_is_lint_clean(tmp_path: Path) -> None:
 def test_the_recipe_runs(tmp_path: Path, backend: str) -> None:
     text = _policy().replace("{", "{{").replace("}", "}}")
     assert "/srv" not in text  # nothing to replace: the policy names no host path
-    with start(tmp_path, "--security-mode", "permissive", policy_text=text) as svc:
+    # docs/sessions.md step 2: Docker sessions keep their live interpreter in their own warm
+    # container (the executor's pool mode; run-once refuses stateful calls)
+    config = tmp_path / "engine.yaml"
+    config.write_text("options:\n  docker: {mode: pool, pool_size: 1}\n")
+    with start(tmp_path, "--security-mode", "permissive", "--config", str(config),
+               policy_text=text) as svc:
         token = add_token(svc.state, "acme", "agent:alice")
         with Client(svc.url, token) as c:
             s = c.create_session(backend=backend, ttl_s=900)
@@ -83,7 +88,12 @@ def test_outside_a_session_the_recipe_grants_nothing(tmp_path: Path) -> None:
     files rule matches nothing (fail closed) even for a grant naming a session's directory;
     `/v1/decide?explain=full` says why, and answers as the run."""
     text = _policy().replace("{", "{{").replace("}", "}}")
-    with start(tmp_path, "--security-mode", "permissive", policy_text=text) as svc:
+    # docs/sessions.md step 2: Docker sessions keep their live interpreter in their own warm
+    # container (the executor's pool mode; run-once refuses stateful calls)
+    config = tmp_path / "engine.yaml"
+    config.write_text("options:\n  docker: {mode: pool, pool_size: 1}\n")
+    with start(tmp_path, "--security-mode", "permissive", "--config", str(config),
+               policy_text=text) as svc:
         token = add_token(svc.state, "acme", "agent:alice")
         with Client(svc.url, token) as c:
             s = c.create_session(backend="proc-bwrap", ttl_s=900)

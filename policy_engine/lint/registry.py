@@ -245,10 +245,11 @@ CATALOGUE: tuple[RuleSpec, ...] = (
     RuleSpec(
         "SBP342", "shadowing-checks-stopped", "logic", _N,
         "unreachable-permit checks stopped early",
-        "SBP338 and SBP339 compare a permit with the rules that could cover it; when many rules "
-        "share a path prefix (or are network rules) that is every pair, and a file of thousands "
-        "of them would take minutes or hours. The checks stop after 50,000 comparisons in a "
-        "file and say where: the permits from there on were not checked.",
+        "SBP338 and SBP339 compare a permit with the rules that could cover it, and SBP337 a rule "
+        "with the earlier rules of its shape; when many rules share a path prefix (or are "
+        "network rules) that is every pair, and a file of thousands of them would take minutes "
+        "or hours. Each check stops after 50,000 comparisons in a file and says where: the "
+        "rules from there on were not checked by it.",
         "split the file, or order it so the rules that matter most come first",
         _H + 'permit "r1" fs.read paths ["/workspace/**/d1/**"]\n'
              'permit "r2" fs.read paths ["/workspace/**/d2/**"]\n'

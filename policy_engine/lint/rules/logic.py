@@ -68,6 +68,7 @@ def check_duplicates(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
     first: dict[tuple[Any, ...], RuleDraft] = {}
     groups: dict[tuple[Any, ...], list[RuleDraft]] = {}
     spent = [0, 0]
+    compared, stopped = 0, False  # rule pairs compared for "written otherwise" (SBP342)
     for d in view.policy.rules:
         if not d.capabilities:
             continue
@@ -81,7 +82,17 @@ def check_duplicates(view: FileView, cfg: LintConfig) -> Iterator[Finding]:
         # same effect, limits and condition, capabilities written otherwise: equal languages?
         loose = (key[0], key[1], tuple(k for k, _ in key[2]), key[3], key[4])
         group = groups.setdefault(loose, [])
-        if d.unit.file is view.file:
+        if d.unit.file is view.file and not stopped:
+            if compared + len(group) > MAX_COMPARISONS:
+                # a thousand rules of one shape are half a million pairs (≈ 20 s): the written-
+                # alike check above goes on, the pairwise one stops and says where
+                stopped = True
+                yield finding("SBP342", f"SBP337 (rules written otherwise) was not checked for "
+                              f"rule {label(d.node, d.id)} and the rules after it: the file "
+                              f"needs more than {MAX_COMPARISONS:,} rule comparisons",
+                              head(d.node), d.node.span)
+                continue
+            compared += len(group)
             same = next((e for e in group if _same(e, d, cfg.home, spent)), None)
             if same is not None:
                 yield finding("SBP337", f"rule {label(d.node, d.id)} admits exactly what rule "

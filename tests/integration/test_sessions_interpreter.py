@@ -65,6 +65,14 @@ def _interpreters() -> set[int]:
     return found
 
 
+def _cwd(pid: int) -> str:
+    """Where ``pid`` runs (bubblewrap binds the workspace at its host path), or ``""``."""
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
+
+
 def _cgroups(pid: int) -> list[Path]:
     """The engine-made cgroup directories ``pid`` is in (v1 per controller, or v2)."""
     found = []
@@ -376,7 +384,10 @@ def test_the_interpreter_over_http(tmp_path: Path) -> None:
 def test_a_malformed_frame_kills_the_interpreter_as_a_crash(sessions: Sessions) -> None:
     s = sessions.create("acme", "alice", security_mode="permissive")
     assert _run(sessions, s.session_id, "kept = 1").success
-    before = _interpreters()
+    # this session's interpreter only: other tests (other xdist workers) run theirs beside it
+    work = str(sessions.workspace(s))
+    before = {p for p in _interpreters() if _cwd(p).startswith(work)}
+    assert before, "the session's interpreter is running"
     # a header announcing 1 GiB: the engine never reads that far, it kills the interpreter
     broken = _run(sessions, s.session_id, "import platform, struct\n"
                   "for fd in range(3, 8):\n"

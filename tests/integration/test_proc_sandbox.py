@@ -347,9 +347,19 @@ def test_stdin_descriptor_is_closed_exactly_once(executors: dict[str, ProcExecut
         return outcome
 
     monkeypatch.setattr(executor_module, "pump", pump_then_reuse)
-    result = run(executors[backend], root, "import sys; sys.stdin.read()",
-                 stdin_b64=base64.b64encode(b"data").decode(), cwd=str(root / "proj"))
-    assert result.out["exit_code"] == 0
+    for _attempt in range(5):
+        # another thread of this process (the call's disk-write watchdog reads /proc files)
+        # can take the freed number first: then this run proves nothing, so run again
+        for fd in reused:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        reused.clear()
+        given.clear()
+        result = run(executors[backend], root, "import sys; sys.stdin.read()",
+                     stdin_b64=base64.b64encode(b"data").decode(), cwd=str(root / "proj"))
+        assert result.out["exit_code"] == 0
+        if reused == given:
+            break
     assert reused == given  # the descriptor pump closed was taken again by our open
     try:
         for fd in reused:

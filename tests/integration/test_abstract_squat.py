@@ -96,7 +96,8 @@ def test_a_sandbox_cannot_squat_a_host_abstract_socket_name(
     try:
         deadline = time.monotonic() + 30
         while not (out / "attempted").exists():
-            assert runner.is_alive(), result
+            # the call ended before its attempt: say how (exit code and stderr, not cut)
+            assert runner.is_alive(), (result.get("exit_code"), result.get("stderr"))
             assert time.monotonic() < deadline, "the sandbox never tried"
             time.sleep(0.05)
         during = _host_bind(name.encode())  # while the call still runs, holding its sockets

@@ -22,7 +22,7 @@ source scripts/lib/runsc.sh; ensure_runsc
 # the shared-state plugins (issue 18) run against real servers on loopback
 source scripts/lib/redis.sh; ensure_redis
 source scripts/lib/postgres.sh; ensure_postgres
-# most tests wait on child processes, sandboxes, containers and servers: more workers than cores
-# pay; a file's tests stay together on one worker (tests/conftest.py, docs/testing.md)
-echo "== pytest"; python3 -m pytest -q -p no:cacheprovider -n "${PE_TEST_WORKERS:-4}" \
+# most tests wait on child processes, sandboxes, containers and servers: two workers on two
+# cores pay; a file's tests stay together on one worker (tests/conftest.py, docs/testing.md)
+echo "== pytest"; python3 -m pytest -q -p no:cacheprovider -n "${PE_TEST_WORKERS:-2}" \
   --dist loadgroup --no-loadscope-reorder "$@"

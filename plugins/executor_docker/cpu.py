@@ -55,8 +55,9 @@ def remove_parent(cgroup: str) -> None:
         (ROOT / rel).rmdir()
 
 
-def of_process(pid: int) -> str | None:
-    """The cgroup of ``pid`` that CPU time is charged to (v1 cpuacct, else the v2 one)."""
+def of_process(pid: int, controller: str = "cpuacct") -> str | None:
+    """The cgroup of ``pid`` that ``controller`` charges (v1; else the v2 one): by default
+    the one CPU time is charged to."""
     try:
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except OSError:
@@ -64,7 +65,7 @@ def of_process(pid: int) -> str | None:
     unified = None
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        if "cpuacct" in controllers.split(","):
+        if controller in controllers.split(","):
             return path
         if controllers == "":
             unified = path

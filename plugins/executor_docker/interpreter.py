@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from plugins.executor_docker import engine, identity, masks, runtimes, setid
 from plugins.executor_docker.bound import binds_of
 from plugins.executor_docker.control import ControlBroken
-from plugins.executor_docker.cpu import ROOT, usage_ns
+from plugins.executor_docker.cpu import ROOT, of_process, usage_ns
 from plugins.executor_proc.interpreter import MAX_CODE, MAX_FRAME, SERVER_SOURCE
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
@@ -324,22 +324,6 @@ class DockerInterpreter:
         return 0
 
 
-def _memory_cgroup(host_pid: int) -> str | None:
-    """The memory cgroup of a process (v1 ``memory`` controller, else the v2 one)."""
-    try:
-        lines = Path(f"/proc/{host_pid}/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    unified = None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            return path
-        if controllers == "":
-            unified = path
-    return unified
-
-
 def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
           lifetime_s: float) -> DockerInterpreter:
     """Start the interpreter in the session's container, under the plan ``op`` would get.
@@ -403,7 +387,7 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
         with contextlib.suppress(Exception):  # host facts: kept off the session's events
             host_pid = int(api.exec_inspect(made["Id"])["Pid"])
             live.pidfd = os.pidfd_open(host_pid)  # alive: it answered R and waits for code
-            live.memory_cgroup = _memory_cgroup(host_pid)
+            live.memory_cgroup = of_process(host_pid, "memory")
         live.oom_base = live._ooms()
         try:
             slot.control.keep([int(live.info.get("sid") or live.pid)])  # spared from now on

@@ -316,7 +316,9 @@ class ProcExecutor:
         # one fact step per judged cwd (the engine's variable is said with it)
         return [f"{note}; {artifacts_note(op)}"] if note is not None else []
 
-    def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
+    def _admit(self, ctx: ExecContext, op: ExecOp) -> ProcExecOp:
+        """The op as this executor takes it: a proc.exec, the executor usable, and nothing its
+        own re-check refuses (raised otherwise)."""
         if not isinstance(op, ProcExecOp):
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, f"proc cannot run `{op.kind}`")
         if not self.usable:
@@ -325,6 +327,10 @@ class ProcExecutor:
         refused = refusal_of(self, ctx.profile, op)
         if refused is not None:
             raise refused
+        return op
+
+    def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
+        op = self._admit(ctx, op)
         stdin = _decode_stdin(op)
         private_tmp = None if self.backend == "bwrap" else tempfile.mkdtemp(prefix="pe-proc-")
         net: RestrictedHandle | None = None
@@ -729,15 +735,7 @@ class ProcExecutor:
                           lifetime_s: float) -> interpreter.InterpreterProcess:
         """A live Python interpreter under the plan ``op`` gets (a stateful session's,
         ``interpreter.py``); refused by every backend but bwrap."""
-        if not isinstance(op, ProcExecOp):
-            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, f"proc cannot run `{op.kind}`")
-        if not self.usable:
-            raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
-                                    f"{self.name}: {self.unavailable_reason}")
-        refused = refusal_of(self, ctx.profile, op)
-        if refused is not None:
-            raise refused
-        return interpreter.start(self, ctx, op, lifetime_s)
+        return interpreter.start(self, ctx, self._admit(ctx, op), lifetime_s)
 
     def _spawn(self, plan: Plan, spec: dict[str, Any] | None, stdin: bytes | None,
                exe: str | None, lim: Limits, cg_fds: list[int], net: RestrictedHandle | None,

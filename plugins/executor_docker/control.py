@@ -10,11 +10,13 @@ then closes and removes the socket. Commands then cost a fork inside the contain
 from __future__ import annotations
 
 import json
+import select
 import shutil
 import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from plugins.executor_docker.runner import Outcome
@@ -51,6 +53,9 @@ class Control:
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self.broken = False
+        # called once a call's kill is sent: the pool gives the container back the CPU the
+        # launcher needs to kill and report (the call's own quota may be a hundredth of a core)
+        self.on_kill: Callable[[], None] | None = None
 
     def accept(self, timeout_s: float) -> None:
         """Take the launcher's connection; then nobody else can connect (socket removed)."""
@@ -73,6 +78,21 @@ class Control:
     @property
     def alive(self) -> bool:
         return self._sock is not None and not self.broken
+
+    def connected(self) -> bool:
+        """``alive``, and the launcher has not hung up since (its container was killed or
+        stopped between calls): one non-blocking peek, no round trip."""
+        sock = self._sock
+        if sock is None or self.broken or not self._lock.acquire(blocking=False):
+            return self.alive
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+            # nothing to read: still connected; readable between calls: a hang-up (b"")
+            return not readable or sock.recv(1, socket.MSG_PEEK) != b""
+        except (OSError, ValueError):
+            return False
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         for s in (self._sock, self._listener):
@@ -167,6 +187,8 @@ class Control:
                 out.cancelled, out.timed_out = stop, not stop
                 sock.sendall(b'{"kill": true}\n')
                 end = time.monotonic() + KILL_GRACE_S
+                if self.on_kill is not None:
+                    self.on_kill()
                 continue
             # a pending cancellation is looked at every 50 ms
             sock.settimeout(min(left, 0.05) if cancel is not None else left)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import docker
@@ -28,6 +28,8 @@ _KEYS = frozenset({"image", "base_url", "client_timeout_s", "workspace_root", "m
                    "pool_launcher", "max_file_bytes", "runtime", "gvisor_runtime",
                    "pool_idle_s"})
 MAX_POOL_IDLE_S = 86_400
+# dockerd refuses NanoCpus between 1 and 0.01 cores and reads 0 as no limit at all
+MIN_NANO_CPUS = 10_000_000
 _RUNTIME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 GVISOR_PIDS_BASE, GVISOR_TASKS_PER_PROCESS = 64, 20
 """On runsc the host pids cgroup counts gVisor's own tasks: 42 idle (Sentry, gofer), then about
@@ -166,6 +168,13 @@ class Hardening:
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={self.mem_limit},mode=1777"},
         }
 
+    def on_host_of(self, ncpu: int) -> Hardening:
+        """These settings on a daemon with ``ncpu`` CPUs: dockerd refuses a ``NanoCpus`` above
+        them, and more cores than the host has limit nothing (``0``: unknown, unchanged)."""
+        if ncpu <= 0 or self.nano_cpus <= ncpu * 1_000_000_000:
+            return self
+        return replace(self, nano_cpus=ncpu * 1_000_000_000)
+
     def host_pids_limit(self) -> int:
         """The container's pids cgroup limit (see ``GVISOR_PIDS_BASE`` for runsc's)."""
         if self.gvisor:
@@ -214,7 +223,8 @@ def hardening(profile: Profile, options: DockerOptions, limits: Limits | None = 
     return Hardening(
         network_mode="none", pids_limit=int(_limit(lim, "pids")),
         mem_limit=int(_limit(lim, "memory_bytes")),
-        nano_cpus=int(float(_limit(lim, "cpu_cores")) * 1e9),
+        # second line under `Limits`' own minimum: Docker reads `NanoCpus: 0` as no limit
+        nano_cpus=max(MIN_NANO_CPUS, int(float(_limit(lim, "cpu_cores")) * 1e9)),
         max_file_bytes=options.max_file_bytes, runtime=runtime, gvisor=gvisor,
     )
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import docker
+import requests.exceptions
 
 from plugins.executor_docker import (
     cpu,
@@ -198,6 +199,7 @@ class DockerExecutor:
         self._streams: docker.APIClient | None = None
         self._pools: dict[str | None, WarmPool] = {}  # one per OCI runtime: never mixed
         self._cgroups: dict[str, str | None] = {}  # warm container id -> its cgroup (cpu.py)
+        self.daemon_cpus = 0  # the daemon's CPU count, read on connecting (0: not yet known)
         self.runtimes = self._check_runtimes()
         if self.runtimes.gvisor is not None:
             self.capabilities = replace(DockerExecutor.capabilities,
@@ -235,6 +237,7 @@ class DockerExecutor:
                                                 str(exc)) from None
                 self._client = client
                 self._streams = docker.APIClient(base_url=self.options.base_url, timeout=86400)
+                self.daemon_cpus = _daemon_cpus(client)
             elif self.options.base_url.startswith("unix://"):
                 sock = self.options.base_url.removeprefix("unix://")
                 if not Path(sock).exists():
@@ -446,6 +449,7 @@ class DockerExecutor:
                  if bound is not None else identity.BoundIdentity(SANDBOX_USER))
         ctx.started()  # refusals above (stdin, cwd, env, network mode) created nothing
         client, streams = self.client()
+        hard = hard.on_host_of(self.daemon_cpus)
         root = (Path(self.options.workspace_root) if self.options.workspace_root
                 else default_root(self.state_dir, profile))
         ws = prepare(root, profile, bound, binds)
@@ -662,7 +666,7 @@ class DockerExecutor:
             return slot.control.run(argv, env, cwd, limits, deadline, ctx.cancel, stdin_b64,
                                     _UNIX_FILTER if off else None)
         out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits, deadline,
-                      ctx.cancel, user=slot.user)
+                      ctx.cancel, user=slot.user, on_kill=slot.on_kill)
         # no process of the call outlives it (issue 32 item 3): a background child would run
         # on into the session's next call, outside any deadline or evidence; the launcher does
         # the same from PID 1 before it reports
@@ -702,3 +706,12 @@ class DockerExecutor:
             "mounts": mounts, "artifacts_removed": removed,
             "started_at": out.started, "ended_at": out.ended, "duration_ms": out.duration_ms,
         }
+
+
+def _daemon_cpus(client: docker.DockerClient) -> int:
+    """``docker info``'s ``NCPU`` (0 when the daemon does not say)."""
+    try:
+        return max(0, int(client.info().get("NCPU") or 0))
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError,
+            TypeError, ValueError):
+        return 0

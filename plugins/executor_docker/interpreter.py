@@ -348,7 +348,8 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
                             gvisor=runtime is not None and runtime == executor.runtimes.gvisor)
     env = {**_env(op.env, profile, op.tool), ARTIFACTS_ENV: artifacts_dir(cwd), "HOME": cwd}
     ctx.started()
-    pool = executor.pool(hard.runtime)
+    pool = executor.pool(hard.runtime)  # connects: the daemon's CPU count is known after it
+    hard = hard.on_host_of(executor.daemon_cpus)
     key = bound_key(profile.tenant, profile.subject_id, bound)
     slot = _acquire(executor, pool, key, ctx, hard)
     try:

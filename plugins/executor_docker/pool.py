@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import docker
@@ -89,6 +89,8 @@ class Slot:
     made: tuple[docker.types.Mount, ...] | None = None
     detach: Callable[[], None] | None = None
     note: str | None = None  # compat: why its root-owned tree was bound unwritable
+    # after a call's kill: the pool's CPU quota back (WarmPool._lift_cpu)
+    on_kill: Callable[[], None] | None = None
 
 
 class WarmPool:
@@ -183,8 +185,12 @@ class WarmPool:
                     self.client.api.remove_container(container_id, force=True, v=True)
             shutil.rmtree(net_dir, ignore_errors=True)
             raise map_error(exc) from None
-        return Slot(container_id, hard, str(net_dir / "net"), control=control, state=state,
+        slot = Slot(container_id, hard, str(net_dir / "net"), control=control, state=state,
                     session=session, extra=extra, user=user, made=made)
+        slot.on_kill = lambda: self._lift_cpu(slot)
+        if control is not None:
+            control.on_kill = slot.on_kill
+        return slot
 
     def states(self) -> dict[str, str]:
         with self._cond:
@@ -200,6 +206,11 @@ class WarmPool:
                 if self._closed:
                     raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "pool is closed")
                 held = self._by_session.get(session)
+                if held is not None and held.calls == 0 and not _usable(held):
+                    # its launcher's connection broke (a call it could not report): the
+                    # session gets a fresh container, this one is replaced in the background
+                    self._release_locked(session)
+                    held = None
                 if held is not None:
                     held.calls += 1
                     return held
@@ -250,8 +261,8 @@ class WarmPool:
                     raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "pool is closed")
                 held = self._by_session.get(session)
                 if session not in self._creating:
-                    if held is not None and (held.extra, held.user, held.ident) == (
-                            extra, user, ident):
+                    if held is not None and _usable(held) and (
+                            held.extra, held.user, held.ident) == (extra, user, ident):
                         held.calls += 1
                         return held
                     if held is None or held.calls == 0:  # made now, or re-made with our masks
@@ -369,6 +380,16 @@ class WarmPool:
         slot.hard = hard
         return slot
 
+    def _lift_cpu(self, slot: Slot) -> None:
+        """After a call's kill was sent: the pool's CPU quota again, so a launcher starved by
+        the call's (0.01 core) kills and reports within the grace instead of breaking the
+        slot. The call's processes are being killed; its other limits stay until release."""
+        if not self.updatable or slot.hard.nano_cpus >= self.hard.nano_cpus:
+            return
+        with contextlib.suppress(docker.errors.DockerException,
+                                 requests.exceptions.RequestException):
+            self.update_limits(slot, replace(slot.hard, nano_cpus=self.hard.nano_cpus))
+
     # --- health, recycling, replacement -----------------------------------------------------
 
     def _healthy(self, slot: Slot) -> bool:
@@ -458,3 +479,8 @@ class WarmPool:
         for worker in recyclers:  # each removes what it created once it sees the pool closed
             worker.join(timeout=60)
         shutil.rmtree(self._net_root, ignore_errors=True)
+
+
+def _usable(slot: Slot) -> bool:
+    """Whether a held slot can run a command: no launcher, or one still connected."""
+    return slot.control is None or slot.control.connected()

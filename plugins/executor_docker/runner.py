@@ -12,7 +12,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +96,25 @@ def _feed(attached: Any, data: bytes) -> None:
             attached.close()
 
 
+def _start_by(streams: docker.APIClient, container_id: str, deadline: float,
+              cancel: CancelToken | None) -> bool:
+    """Start the container; ``False`` when ``deadline`` passes or ``cancel`` fires first. The
+    start runs on the streaming client (no read timeout) on a thread: the control client's
+    short timeout would report a slow start as an unresponsive engine."""
+    box: list[Any] = []
+    t = threading.Thread(target=_into, args=(box, lambda: streams.start(container_id)),
+                         daemon=True, name="docker-start")
+    t.start()
+    while t.is_alive():
+        left = deadline - time.monotonic()
+        if left <= 0 or (cancel is not None and cancel.cancelled):
+            return False
+        t.join(min(left, 0.05))
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return True
+
+
 def _wait(container: Any, remaining: float, cancel: CancelToken | None
           ) -> tuple[dict[str, Any] | None, bool]:
     """The container's wait result (``None`` on the deadline) and whether ``cancel`` fired
@@ -147,7 +166,18 @@ def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
                   if stdin is not None else None)
         out.started = time.time()
         try:
-            container.start()
+            if not _start_by(streams, container.id, deadline, cancel):
+                # runc's own start-up runs in the container's cgroup: at a hundredth of a
+                # core it takes minutes, and it is the call's time, not the engine's
+                out.cancelled = cancel is not None and cancel.cancelled
+                out.timed_out = not out.cancelled
+                if cgroup_parent:  # the engine's kill waits for the start to finish
+                    writequota.kill_members(cgroup_parent)
+                with contextlib.suppress(docker.errors.APIError,
+                                         requests.exceptions.RequestException):
+                    container.kill()
+                out.ended = time.time()
+                return out
         except docker.errors.APIError as exc:
             code = _not_started(exc)
             if code is None:
@@ -203,32 +233,56 @@ def _not_started(exc: docker.errors.APIError) -> int | None:
 def exec_in(client: docker.DockerClient, streams: docker.APIClient, container_id: str,
             argv: list[str], env: dict[str, str], cwd: str, limits: tuple[int, int],
             deadline: float, cancel: CancelToken | None = None,
-            user: str = SANDBOX_USER) -> Outcome:
+            user: str = SANDBOX_USER, on_kill: Callable[[], None] | None = None) -> Outcome:
     """Run ``argv`` in a warm container as ``user`` (the container's own: uid 1000, or a bound
-    tree's owner); kill every sandbox process on timeout."""
+    tree's owner); kill every sandbox process on timeout, first calling ``on_kill`` (the pool
+    gives the container its CPU back: the kill runs in the call's cgroup too)."""
     out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]))
     api = client.api
     created = api.exec_create(container_id, argv, user=user, workdir=cwd,
                               environment=env, stdout=True, stderr=True)
     exec_id = created["Id"]
     out.started = time.time()
-    stream = streams.exec_start(exec_id, stream=True, demux=True)
-    pump, errors = _start_pump(stream, out)
-    while pump.is_alive() and time.monotonic() < deadline:
+    # the exec's start-up runs in the container's cgroup: at a hundredth of a core it takes
+    # minutes, so the start, like the run, ends at the deadline
+    box: list[Any] = []
+    starter = threading.Thread(target=_into, daemon=True, name="docker-exec-start", args=(
+        box, lambda: streams.exec_start(exec_id, stream=True, demux=True)))
+    starter.start()
+    pump: threading.Thread | None = None
+    errors: list[BaseException] = []
+    while time.monotonic() < deadline:
         if cancel is not None and cancel.cancelled:
             out.cancelled = True
             break
-        pump.join(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
-    if pump.is_alive():
+        if pump is None and not starter.is_alive():
+            if isinstance(box[0], BaseException):
+                raise map_error(box[0])
+            pump, errors = _start_pump(box[0], out)
+        if pump is not None and not pump.is_alive():
+            break
+        (pump or starter).join(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+    if pump is None or pump.is_alive():
         out.timed_out = not out.cancelled
+        if on_kill is not None:
+            on_kill()
         run_quiet(client, container_id, list(KILL_ALL), timeout_s=10, user=user)
-        pump.join(timeout=10)
+        if pump is not None:
+            pump.join(timeout=10)
     out.ended = time.time()
     if errors and not (out.timed_out or out.cancelled):
         raise map_error(errors[0])
     if not (out.timed_out or out.cancelled):
         out.exit_code = _exit_code(api, exec_id)
     return out
+
+
+def _into(box: list[Any], call: Callable[[], Any]) -> None:
+    """``call()``'s result, or what it raised, appended to ``box`` (for a thread)."""
+    try:
+        box.append(call())
+    except BaseException as exc:  # noqa: BLE001 -- handed to the caller
+        box.append(exc)
 
 
 def _exit_code(api: docker.APIClient, exec_id: str) -> int | None:

@@ -12,7 +12,9 @@ written before the call does not count.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from collections.abc import Callable
 
 from plugins.executor_docker.cpu import ROOT
@@ -40,6 +42,16 @@ def _members(cgroup: str, nested: bool) -> Callable[[], list[int]]:
         return found[0]()
 
     return members
+
+
+def kill_members(cgroup_parent: str) -> int:
+    """SIGKILL every process under a run-once parent (its container's, runc's start-up among
+    them: a container still starting does not answer the engine's kill); how many."""
+    pids = _members(cgroup_parent, nested=True)()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
 
 
 def watch_run_once(limit: int, cgroup_parent: str, kill: Callable[[], object]) -> WriteWatch:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+MIN_CPU_CORES = 0.01
+"""The smallest ``cpu_cores`` a limit may say: one millisecond of CPU per 100 ms period, the
+finest quota both cgroups and Docker enforce."""
+
 
 class Limits(BaseModel):
     """Per-call limits. ``None`` means "this source does not constrain it"; the meet takes the
@@ -29,8 +33,10 @@ class Limits(BaseModel):
     max_concurrency: int | None = Field(default=None, ge=1)
     timeout_ms: int | None = Field(default=None, ge=1)
     # finite: JSON has no infinity (it would be written as null, an unset limit) and a NaN
-    # would make the meet's minimum depend on the order of its layers
-    cpu_cores: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # would make the meet's minimum depend on the order of its layers. At least 0.01: the
+    # smallest quota cgroups (1 ms per 100 ms period) and Docker enforce; Docker read a
+    # smaller value, truncated to `NanoCpus: 0`, as no limit at all
+    cpu_cores: float | None = Field(default=None, ge=MIN_CPU_CORES, allow_inf_nan=False)
     memory_bytes: int | None = Field(default=None, ge=1)
     pids: int | None = Field(default=None, ge=1)
     max_stdout_bytes: int | None = Field(default=None, ge=0)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from plugins.executor_docker import engine
 from plugins.executor_docker.engine import DockerOptions
 from plugins.executor_docker.executor import DockerExecutor
 from plugins.executor_docker.plugin import policy_engine_executors
@@ -100,6 +101,54 @@ def test_container_has_the_seed_002_hardening(docker_ex: DockerExecutor, tmp_pat
     assert probe["mem_max"] == str(256 * 1024 * 1024)
     assert probe["cfs"] == "50000"
     assert probe["workspace"] == ["artifacts", "inputs", "work"]
+
+
+def test_a_tiny_cpu_limit_is_never_no_limit(docker_ex: DockerExecutor, tmp_path: Path) -> None:
+    """Docker reads ``NanoCpus: 0`` as "no limit": ``cpu_cores`` 1e-10 became ``int(0.1) == 0``
+    and the container ran with ``cfs_quota_us -1`` (a request that may only narrow a limit
+    lifted it). ``Limits`` now refuses less than 0.01 cores; the executor, as a second line,
+    still gives a profile built without validation the smallest quota Docker accepts (what
+    dockerd stored for a container created with the call's settings)."""
+    with pytest.raises(ValueError, match="0.01"):
+        Limits(cpu_cores=1e-10)
+    profile = make_profile(tmp_path).model_copy(
+        update={"limits": Limits.model_construct(cpu_cores=1e-10)})
+    hard = engine.hardening(profile, docker_ex.options).on_host_of(docker_ex.daemon_cpus)
+    client, _ = docker_ex.client()
+    made = client.containers.create(docker_ex.options.image, ["true"],
+                                    **{**hard.create_kwargs(), "network_mode": "none"})
+    try:
+        assert made.attrs["HostConfig"]["NanoCpus"] == 10_000_000
+        made.reload()
+        assert made.attrs["HostConfig"]["NanoCpus"] == 10_000_000
+    finally:
+        made.remove(force=True)
+
+
+def test_a_call_too_slow_to_start_ends_at_its_deadline(docker_ex: DockerExecutor,
+                                                        tmp_path: Path) -> None:
+    """At a hundredth of a core runc's own start-up in the container's cgroup takes minutes:
+    the call waited in ``container.start()`` on the engine's 10 s client timeout and failed as
+    ``PROVIDER.UNAVAILABLE: docker engine did not answer in time``. The call's own deadline
+    bounds its start: it ends as a timeout, at that deadline."""
+    start = time.monotonic()
+    with pytest.raises(PolicyEngineError) as exc:
+        docker_ex.execute(ctx_for(tmp_path, cpu_cores=0.01), py("print(1)", timeout_ms=3000))
+    took = time.monotonic() - start
+    assert exc.value.code is ErrorCode.TIMEOUT, exc.value
+    assert took < 9, took
+
+
+def test_a_cpu_limit_above_the_machine_is_the_machine(docker_ex: DockerExecutor,
+                                                      tmp_path: Path) -> None:
+    """dockerd refuses ``NanoCpus`` above its CPU count ("Range of CPUs is from 0.01 to 2.00"):
+    a policy saying ``cpu 4`` made every docker call on a 2-core host fail with
+    ``TOOL.EXECUTION_FAILED``. More cores than the host has limits nothing; the call runs with
+    all of them."""
+    ncpu = int(docker_ex.client()[0].info()["NCPU"])
+    res = docker_ex.execute(ctx_for(tmp_path, cpu_cores=ncpu + 2.0), py(HARDENING_PROBE))
+    assert res.out["exit_code"] == 0, res.out["stderr"]
+    assert json.loads(res.out["stdout"])["cfs"] == str(ncpu * 100_000)
 
 
 def test_workspace_mounts_and_per_exec_record(docker_ex: DockerExecutor, tmp_path: Path) -> None:

@@ -128,6 +128,46 @@ def test_pool_timeout_kills_processes_and_the_box_is_reused(pooled: DockerExecut
     assert run(pooled, prof, "print('alive')")["stdout"] == "alive\n"
 
 
+def test_a_starved_call_times_out_and_the_box_stays_usable(pooled: DockerExecutor,
+                                                            tmp_path: Path) -> None:
+    """At a hundredth of a core the launcher, in the call's cgroup, could not report the kill
+    within its grace: the call failed as ``TOOL.EXECUTION_FAILED`` ("launcher did not report
+    after the kill") after deadline + 10 s, and every later call of the session failed with
+    "launcher not connected". It ends as a timeout at its deadline; the next call runs."""
+    prof = make_profile(tmp_path)
+    assert run(pooled, prof, "print('warm')")["stdout"] == "warm\n"
+    start = time.monotonic()
+    with pytest.raises(PolicyEngineError) as exc:
+        run(pooled, make_profile(tmp_path, cpu_cores=0.01), "print(1)", timeout_ms=3000)
+    assert exc.value.code is ErrorCode.TIMEOUT, exc.value
+    assert time.monotonic() - start < 9
+    assert run(pooled, prof, "print('alive')")["stdout"] == "alive\n"
+
+
+def test_a_session_whose_container_died_gets_a_fresh_one(tmp_path: Path) -> None:
+    """A session's warm container killed between its calls (OOM, an operator, dockerd): the
+    held slot was handed out again and the call failed ("launcher connection closed"). The
+    launcher's hang-up is seen before the call; the session gets a fresh container."""
+    ex = DockerExecutor(DockerOptions(mode="pool", pool_size=1, workspace_root=str(tmp_path)))
+    try:
+        prof = make_profile(tmp_path)
+        assert run(ex, prof, "print('first')")["stdout"] == "first\n"
+        box = ex.pool().acquire(session_key(prof), 1)
+        ex.pool().done(box)
+        client, _ = ex.client()
+        client.api.kill(box.container_id)
+        deadline = time.monotonic() + 10
+        while client.api.inspect_container(box.container_id)["State"]["Running"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert run(ex, prof, "print('second')")["stdout"] == "second\n"
+        again = ex.pool().acquire(session_key(prof), 1)
+        ex.pool().done(again)
+        assert again.container_id != box.container_id
+    finally:
+        ex.close()
+
+
 def test_pool_copies_inputs_in_and_artifacts_out(pooled: DockerExecutor, tmp_path: Path) -> None:
     prof = make_profile(tmp_path)
     inputs = tmp_path / "projects" / project_id_of(prof) / "inputs"

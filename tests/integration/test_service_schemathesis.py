@@ -9,15 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.service_server import add_token, start
+from tests.integration.service_server import POLICY, add_token, start
 
 pytestmark = pytest.mark.integration
+
+# every exec of the fuzzed server ends within 5 s, below schemathesis's 10 s wait: a generated
+# `cpu_cores: 0.01` (the smallest a limit may say) makes `bash -lc ""` take half a minute
+FUZZ_POLICY = POLICY.replace('tool "bash"', 'tool "bash"  limits {{ timeout 5s }}').replace(
+    'tool "python3"', 'tool "python3"  limits {{ timeout 5s }}')
 
 
 def test_no_server_errors_and_conforming_responses(tmp_path: Path) -> None:
     st = shutil.which("schemathesis") or shutil.which("st")
     assert st is not None, "schemathesis is a test dependency (pip install -e '.[test]')"
-    with start(tmp_path, "--rate-per-minute", "1000000") as svc:
+    with start(tmp_path, "--rate-per-minute", "1000000", policy_text=FUZZ_POLICY) as svc:
         token = add_token(svc.state, "acme", "agent:fuzz")
         done = subprocess.run(
             [st, "run", f"{svc.url}/openapi.json", "-H", f"Authorization: Bearer {token}",

@@ -25,4 +25,4 @@ source scripts/lib/postgres.sh; ensure_postgres
 # most tests wait on child processes, sandboxes, containers and servers: two workers on two
 # cores pay; a file's tests stay together on one worker (tests/conftest.py, docs/testing.md)
 echo "== pytest"; python3 -m pytest -q -p no:cacheprovider -n "${PE_TEST_WORKERS:-2}" \
-  --dist loadgroup --no-loadscope-reorder "$@"
+  --dist loadgroup --no-loadscope-reorder --durations=30 "$@"

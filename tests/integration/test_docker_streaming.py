@@ -131,3 +131,27 @@ def test_the_stream_cap_is_the_same_on_both_backends(rt: Sessions, backend: str 
     assert streamed == job.result.stdout[:1000]
     assert job.truncated == {"stdout": True, "stderr": False}
     assert len(job.result.stdout) == 5000
+
+
+def test_a_cancelled_docker_exec_streams_until_its_end_and_no_further(
+        rt: Sessions) -> None:  # noqa: F811
+    """Cancelled once its first line streamed: the exec ends ``cancelled`` and its stream
+    holds what the process wrote until the kill; nothing is appended after the end."""
+    execs = SessionExecs(rt)
+    s = rt.create("acme", "alice", backend="docker")
+    job = execs.start("acme", "alice", s.session_id,
+                      "import time\nprint('begun', flush=True)\ntime.sleep(40)",
+                      timeout=50, wait=False)
+    with job.changed:
+        assert job.changed.wait_for(lambda: bool(job.chunks), timeout=30), job.to_json()
+    assert job.status == "running"
+    t0 = time.monotonic()
+    execs.cancel("acme", "alice", s.session_id, job.exec_id)
+    assert time.monotonic() - t0 < 10
+    assert job.status == "cancelled", job.to_json()
+    assert job.result is not None
+    assert job.result.error_code == "TOOL.EXECUTION_FAILED", job.result
+    kept = [(c.stream, c.text) for c in job.chunks]
+    assert kept == [("stdout", "begun\n")]
+    time.sleep(0.5)
+    assert [(c.stream, c.text) for c in job.chunks] == kept

@@ -121,15 +121,17 @@ class Control:
 
     def run(self, argv: list[str], env: dict[str, str], cwd: str, limits: tuple[int, int],
             deadline: float, cancel: CancelToken | None = None,
-            stdin_b64: str | None = None, seccomp_hex: str | None = None
+            stdin_b64: str | None = None, seccomp_hex: str | None = None,
+            on_output: Callable[[str, bytes], None] | None = None
             ) -> tuple[Outcome, bool]:
         """Run ``argv``; return its outcome and whether the artifacts directory has entries.
-        ``seccomp_hex``: a filter the launcher installs in the command before it runs.
+        ``seccomp_hex``: a filter the launcher installs in the command before it runs;
+        ``on_output``: sees each ``O``/``E`` frame's bytes as the frame arrives.
 
         :raises ControlBroken: the connection failed (the caller maps it to an error and the
             slot is replaced on release).
         """
-        out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]))
+        out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]), on_output=on_output)
         if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             out.timed_out, out.ended = True, time.time()
             return out, False
@@ -139,6 +141,7 @@ class Control:
             self.broken = True
             raise ControlBroken(str(exc)) from exc
         finally:
+            out.close()
             self._lock.release()
 
     def _run(self, out: Outcome, argv: list[str], env: dict[str, str], cwd: str,
@@ -165,9 +168,9 @@ class Control:
                     break
                 data, buf = buf[5:5 + size], buf[5 + size:]
                 if kind == b"O":
-                    out.stdout.feed(data)
+                    out.feed("stdout", data)
                 elif kind == b"E":
-                    out.stderr.feed(data)
+                    out.feed("stderr", data)
                 elif kind == b"X":
                     if buf:
                         raise ValueError("data after the exit frame")

@@ -558,7 +558,8 @@ class DockerExecutor:
             out = run_once(client, streams, self.options.image, argv, env, cwd, hard, mounts,
                            limits, deadline, cgroup_parent=cpu.parent_for(ws.exec_id),
                            cancel=ctx.cancel, stdin=stdin,
-                           disk_write=_limit(ctx, "disk_write_bytes"), user=user)
+                           disk_write=_limit(ctx, "disk_write_bytes"), user=user,
+                           on_output=ctx.on_output)
             out.degraded = note
         finally:
             if net is not None:
@@ -664,9 +665,10 @@ class DockerExecutor:
             # control connection; the container's profile cannot refuse it to one process)
             off = ctx.profile.network is NetworkMode.OFF
             return slot.control.run(argv, env, cwd, limits, deadline, ctx.cancel, stdin_b64,
-                                    _UNIX_FILTER if off else None)
+                                    _UNIX_FILTER if off else None, on_output=ctx.on_output)
         out = exec_in(client, streams, slot.container_id, argv, env, cwd, limits, deadline,
-                      ctx.cancel, user=slot.user, on_kill=slot.on_kill)
+                      ctx.cancel, user=slot.user, on_kill=slot.on_kill,
+                      on_output=ctx.on_output)
         # no process of the call outlives it (issue 32 item 3): a background child would run
         # on into the session's next call, outside any deadline or evidence; the launcher does
         # the same from PID 1 before it reports

@@ -49,10 +49,25 @@ class Outcome:
     write_watch: WriteWatch | None = None
     # compat: why a bound call's root-owned tree was bound unwritable (identity.py)
     degraded: str | None = None
+    # ExecContext.on_output: sees each chunk as it comes, before the caps (as proc-bwrap's
+    # pump); ``close()`` drops it once the call's result is made
+    on_output: Callable[[str, bytes], None] | None = None
 
     @property
     def duration_ms(self) -> float:
         return round((self.ended - self.started) * 1000, 3)
+
+    def feed(self, stream: str, data: bytes) -> None:
+        """One chunk of ``stdout`` or ``stderr``, in the order the process wrote them: handed
+        to the hook, then kept within the record's head + tail."""
+        hook = self.on_output
+        if hook is not None:
+            hook(stream, data)
+        (self.stdout if stream == "stdout" else self.stderr).feed(data)
+
+    def close(self) -> None:
+        """No chunk reaches the hook after this (a pump outliving its join after a kill)."""
+        self.on_output = None
 
 
 def _pump(stream: Iterable[Any], out: Outcome, errors: list[BaseException]) -> None:
@@ -60,9 +75,9 @@ def _pump(stream: Iterable[Any], out: Outcome, errors: list[BaseException]) -> N
         for chunk in stream:
             o, e = chunk if isinstance(chunk, tuple) else (chunk, None)
             if o:
-                out.stdout.feed(o)
+                out.feed("stdout", o)
             if e:
-                out.stderr.feed(e)
+                out.feed("stderr", e)
     except BaseException as exc:  # noqa: BLE001 -- reported by the caller after the join
         errors.append(exc)
 
@@ -146,11 +161,12 @@ def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
              mounts: list[Mount], limits: tuple[int, int], deadline: float,
              cgroup_parent: str | None = None, cancel: CancelToken | None = None,
              stdin: bytes | None = None, disk_write: int | None = None,
-             user: str = SANDBOX_USER) -> Outcome:
+             user: str = SANDBOX_USER,
+             on_output: Callable[[str, bytes], None] | None = None) -> Outcome:
     """Create, attach, start, wait (until ``deadline`` or ``cancel``), remove; with
     ``cgroup_parent``, the CPU time the container used is read from it (``cpu.py``) and the
-    parent removed."""
-    out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]))
+    parent removed. ``on_output`` sees each chunk of the attach stream as it comes."""
+    out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]), on_output=on_output)
     extra: dict[str, Any] = {"cgroup_parent": cgroup_parent} if cgroup_parent else {}
     if stdin is not None:
         # with detach=False the SDK also sets StdinOnce: EOF once our attachment closes
@@ -184,7 +200,7 @@ def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
                 raise
             # the tool could not be executed: report it as a shell would (127 not found,
             # 126 not executable), like the proc executors and the pool's launcher
-            out.stderr.feed(f"policy-engine: cannot execute `{argv[0]}`: "
+            out.feed("stderr", f"policy-engine: cannot execute `{argv[0]}`: "
                             f"{'not found' if code == 127 else 'not executable'}\n".encode())
             out.exit_code = code
             out.ended = time.time()
@@ -210,6 +226,7 @@ def run_once(client: docker.DockerClient, streams: docker.APIClient, image: str,
             raise map_error(errors[0])
         return out
     finally:
+        out.close()
         if out.write_watch is not None:
             out.write_watch.stop()
         # never mask the result: a leftover container is visible in `docker ps -a`
@@ -233,11 +250,13 @@ def _not_started(exc: docker.errors.APIError) -> int | None:
 def exec_in(client: docker.DockerClient, streams: docker.APIClient, container_id: str,
             argv: list[str], env: dict[str, str], cwd: str, limits: tuple[int, int],
             deadline: float, cancel: CancelToken | None = None,
-            user: str = SANDBOX_USER, on_kill: Callable[[], None] | None = None) -> Outcome:
+            user: str = SANDBOX_USER, on_kill: Callable[[], None] | None = None,
+            on_output: Callable[[str, bytes], None] | None = None) -> Outcome:
     """Run ``argv`` in a warm container as ``user`` (the container's own: uid 1000, or a bound
     tree's owner); kill every sandbox process on timeout, first calling ``on_kill`` (the pool
-    gives the container its CPU back: the kill runs in the call's cgroup too)."""
-    out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]))
+    gives the container its CPU back: the kill runs in the call's cgroup too). ``on_output``
+    sees each chunk of the exec's stream as it comes."""
+    out = Outcome(HeadTail(limits[0]), HeadTail(limits[1]), on_output=on_output)
     api = client.api
     created = api.exec_create(container_id, argv, user=user, workdir=cwd,
                               environment=env, stdout=True, stderr=True)
@@ -270,6 +289,7 @@ def exec_in(client: docker.DockerClient, streams: docker.APIClient, container_id
         if pump is not None:
             pump.join(timeout=10)
     out.ended = time.time()
+    out.close()
     if errors and not (out.timed_out or out.cancelled):
         raise map_error(errors[0])
     if not (out.timed_out or out.cancelled):

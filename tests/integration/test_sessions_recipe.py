@@ -63,9 +63,8 @@ def test_the_recipe_runs(tmp_path: Path, backend: str) -> None:
             assert final.status == "completed"
             assert final.result is not None
             assert final.result.stdout == "1\n2\n3\n", final
-            if backend == "proc-bwrap":  # streamed as written (Docker: the final result only)
-                assert "".join(e.text for e in events if e.event == "stdout") == "1\n2\n3\n", \
-                    final
+            # streamed as written, on both backends
+            assert "".join(e.text for e in events if e.event == "stdout") == "1\n2\n3\n", final
             c.run_code(s.session_id, "open('out.txt', 'w').write('done')")
             assert c.download(s.session_id, "out.txt") == b"done"
             wrote = c.run_code(s.session_id, "pwd", language="shell")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import fcntl
 import os
 import secrets
 import shutil
@@ -184,10 +185,25 @@ def _private_dir() -> None:
         if _private:
             return
         where = os.fsencode(IDMAP_DIR)
-        if not os.path.ismount(IDMAP_DIR):
-            _libc.mount(where, where, None, _MS_BIND, None)
-        # best effort: a shared one only costs the copies
-        _private = _libc.mount(None, where, None, _MS_PRIVATE, None) == 0
+        # one mount for every engine process: a second bind onto it, not recursive, would
+        # cover the mappings other processes made beneath (their containers got the empty
+        # directory). The lock: two engines starting at once must not both bind it
+        lock = os.open(IDMAP_DIR + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not _is_mount_point(IDMAP_DIR):
+                _libc.mount(where, where, None, _MS_BIND, None)
+            # best effort: a shared one only costs the copies
+            _private = _libc.mount(None, where, None, _MS_PRIVATE, None) == 0
+        finally:
+            os.close(lock)  # releases the lock
+
+
+def _is_mount_point(path: str) -> bool:
+    """Whether a mount sits at ``path`` (``/proc/self/mountinfo``): ``os.path.ismount`` says
+    no for a bind within one file system, so each engine start bound ``IDMAP_DIR`` again."""
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+        return any(line.split()[4] == path for line in fh if line.count(" ") >= 4)
 
 
 def _after_fork_in_child() -> None:

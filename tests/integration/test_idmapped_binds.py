@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -240,3 +242,44 @@ def test_explain_refuses_what_the_run_refuses_without_an_id_mapped_bind(
     assert (repo / "a.txt").read_text() == "a"
     owners = {(p.lstat().st_uid, p.lstat().st_gid) for p in [repo, *repo.rglob("*")]}
     assert owners == {(0, 0)}, owners
+
+
+_START_ANOTHER_ENGINE = """
+from plugins.executor_proc import idmap
+idmap._private_dir()
+"""
+
+
+def test_another_engine_starting_hides_no_mapping(tmp_path: Path) -> None:
+    """Each engine process made ``IDMAP_DIR`` a mount of its own (a bind onto itself:
+    ``os.path.ismount`` is false for a bind within one file system, so every start bound it
+    again; this host had 661 of them stacked). The new bind, not recursive, covered the
+    mappings other processes had made under it: a docker container then got the empty 0700
+    directory beneath, and its first command failed "Permission denied" (one in five runs of
+    test_docker_sessions.py beside other tests). Another engine starting leaves a live mapping
+    visible, and adds no mount."""
+    from plugins.executor_proc import idmap
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "kept.txt").write_text("kept")
+    mapped = idmap.IdMapped([str(tree)], 65533, 65533)
+    try:
+        target = mapped.mounts[str(tree)]
+        assert os.listdir(target) == ["kept.txt"]
+
+        def stacked() -> int:
+            with open("/proc/self/mountinfo") as fh:
+                return sum(line.split()[4] == idmap.IDMAP_DIR for line in fh)
+
+        before = stacked()
+        for _ in range(3):
+            done = subprocess.run([sys.executable, "-c", _START_ANOTHER_ENGINE],
+                                  cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                                  text=True, timeout=60, check=False)
+            assert done.returncode == 0, done.stderr
+        assert os.listdir(target) == ["kept.txt"]  # still the tree, not the empty mount point
+        assert os.stat(target).st_uid == 65533  # and still mapped
+        assert stacked() == before
+    finally:
+        mapped.close()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -139,3 +141,50 @@ def test_a_container_skill_runs_in_a_docker_sessions_own_container(svc: Service)
         assert refused.value.refusal.rule is None
         for sid in (s.session_id, b.session_id):
             c.delete_session(sid)
+
+
+def test_ending_the_session_cancels_a_running_skill(svc: Service) -> None:
+    """A skill call counts as one of the session's running calls: delete kills it (its
+    evidence ends before the answer) and says so."""
+    token = add_token(svc.state, "acme", "agent:cancel")
+    with svc.client(token) as c:
+        sid = c.post("/v1/sessions", json={"backend": "docker"}).json()["session_id"]
+    answered: list[httpx.Response] = []
+
+    def invoke() -> None:
+        with svc.client(token) as mine:
+            answered.append(_invoke(mine, sid, "python.run",
+                                    code="import time\nprint('up', flush=True)\n"
+                                         "time.sleep(25)"))
+
+    worker = threading.Thread(target=invoke)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not any(r.get("type") == "begin" and (r.get("annotations") or {}).get("session") == sid
+                  for r in _records(svc.state)):
+        assert time.monotonic() < deadline, "the skill call never began"
+        time.sleep(0.1)
+    time.sleep(1.0)  # let it start its process
+    with svc.client(token) as c:
+        ended = c.delete(f"/v1/sessions/{sid}").json()
+    worker.join(timeout=30)
+    assert ended["calls_cancelled"] == 1, ended
+    assert ended["calls_drained"] is True, ended
+    assert answered, "the skill call never answered"
+    doc = answered[0].json()
+    assert answered[0].status_code >= 400, doc
+    assert not doc.get("ok"), doc
+    ev = _evidence(svc.state, doc["envelope_id"])
+    assert ev["end"]["status"] != "ok", ev
+    assert ev["end"]["sandbox_error_kind"] == "cancelled", ev
+
+
+def _records(state: Path) -> list[dict[str, Any]]:
+    found = []
+    for path in state.rglob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                found.append(json.loads(line))
+            except ValueError:  # a line still being written
+                continue
+    return found

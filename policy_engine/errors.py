@@ -154,6 +154,15 @@ class PolicyEngineError(Exception):
         }
 
 
+class BackendRefusal(PolicyEngineError):
+    """A refusal an executor makes for what its backend cannot offer (a live interpreter
+    outside a session's container, more masked paths than its launcher takes, strict mode
+    without an id-mapped bind), as opposed to a second-line re-check of the policy: the guard
+    allowed the call and no rule can change the answer, so the refusal says
+    ``refused_by: backend``, names no rule, and the evidence records ``sandbox_error_kind:
+    capability`` like a refused backend selection (policy_engine/gateway/outcome.py)."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Diagnostics about policy files: SBP1xx parse, SBP2xx check, SBP3xx lint, SBP40x-41x policy
 # tests, SBP42x fmt

@@ -22,7 +22,7 @@ import posixpath
 from collections.abc import Iterable
 
 from plugins.executor_proc.cwdfacts import cwd_fact_refusal
-from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
 from policy_engine.guard.binds import bound_paths
 from policy_engine.guard.paths import is_beneath, quote
 from policy_engine.model import ProcExecOp, Profile
@@ -76,8 +76,8 @@ def bound_refusal(profile: Profile, op: ProcExecOp, system_binds: Iterable[str],
     for path, read_only in binds_of(profile):
         why = root_refusal(path, system_binds, workspace_root, read_only)
         if why is not None:
-            return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"bind {why} (docker view)",
-                                     audit={"bind": path})
+            return BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"bind {why} (docker view)",
+                                  audit={"bind": path})
     return cwd_fact_refusal(profile, op, "docker")
 
 

@@ -18,7 +18,7 @@ import requests.exceptions
 from docker.types import Ulimit
 
 from plugins.executor_docker.seccomp_profile import profile_json
-from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
 from policy_engine.model import SYSTEM_DEFAULT_LIMITS, Limits, NetworkMode, Profile
 
 DEFAULT_IMAGE = "policy-engine/sandbox:1"
@@ -201,12 +201,12 @@ def network_refusal(profile: Profile, options: DockerOptions) -> PolicyEngineErr
     """The profile's network mode when this executor does not offer it (``on``; ``restricted``
     turned off), else ``None``."""
     if profile.network is NetworkMode.RESTRICTED and not options.restricted_network:
-        return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                 "restricted network is turned off for docker "
-                                 "(`restricted_network = false`)")
+        return BackendRefusal(ErrorCode.CAPABILITY_BLOCKED,
+                              "restricted network is turned off for docker "
+                              "(`restricted_network = false`)")
     if profile.network is NetworkMode.ON:
-        return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                 "network `on` is not offered by the docker executor")
+        return BackendRefusal(ErrorCode.CAPABILITY_BLOCKED,
+                              "network `on` is not offered by the docker executor")
     return None
 
 

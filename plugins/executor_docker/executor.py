@@ -63,7 +63,7 @@ from plugins.executor_docker.workspace import (
 )
 from plugins.executor_proc.seccomp import unix_filter
 from policy_engine.config import default_state_dir
-from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, ExecutorCapabilities, refusal_of
 from policy_engine.guard.env import profile_env_refusal
 from policy_engine.guard.gitfiles import GIT_PINS
@@ -362,8 +362,8 @@ class DockerExecutor:
         if (op.stdin_b64 is not None and self.options.mode == "pool"
                 and not self.options.pool_launcher):
             # `docker exec` streams are read-only here; the launcher and run-once take stdin
-            return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "stdin is not offered by "
-                                     "the docker executor with `pool_launcher: false`")
+            return BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, "stdin is not offered by "
+                                  "the docker executor with `pool_launcher: false`")
         refused = engine.network_refusal(profile, self.options)
         if refused is not None:
             return refused

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from plugins.executor_docker.engine import SANDBOX_USER, DockerOptions
 from plugins.executor_docker.workspace import SANDBOX_UID
 from plugins.executor_proc import owner, uid
-from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
 from policy_engine.sandbox.enginedirs import shared_root_refusal
 
 RUN_AS = (SANDBOX_UID, SANDBOX_UID)
@@ -73,7 +73,7 @@ def strict_refusal(binds: tuple[tuple[str, bool], ...], options: DockerOptions,
     if why is None or not roots:
         return None
     note = owner.RootTrees(roots, failed=why).unwritable(RUN_AS)
-    return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"docker: {note}{STRICT_ADVICE}")
+    return BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"docker: {note}{STRICT_ADVICE}")
 
 
 STRICT_ADVICE = ("; run in compat mode to run it so, run the engine as root with a local docker "
@@ -112,15 +112,15 @@ def plan(binds: tuple[tuple[str, bool], ...], masked: list[str], options: Docker
         return _unmapped(BoundIdentity(user, roots=tuple(roots)), why, mode)
     linked = uid.linked_files(roots, masked)
     if len(linked) > uid.MAX_LINKED:
-        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                f"docker: {owner.TooManyLinks(linked)}")
+        raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED,
+                             f"docker: {owner.TooManyLinks(linked)}")
     return BoundIdentity(user, tuple(linked), tuple(roots), tuple(masked))
 
 
 def _unmapped(ident: BoundIdentity, why: str, mode: str) -> BoundIdentity:
     note = owner.RootTrees(list(ident.roots), failed=why).unwritable(RUN_AS)
     if mode == "strict":  # never a chown; in strict mode, no unwritable tree either
-        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"docker: {note}{STRICT_ADVICE}")
+        raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"docker: {note}{STRICT_ADVICE}")
     return BoundIdentity(ident.user, degraded=note)
 
 
@@ -140,7 +140,7 @@ def mount(ident: BoundIdentity, binds: list[tuple[str, str, bool]], mode: str
     try:
         trees = owner.map_root_trees(list(ident.roots), {}, RUN_AS, ident.masked, None)
     except (owner.TooManyLinks, ValueError) as exc:
-        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"docker: {exc}") from None
+        raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"docker: {exc}") from None
     if trees.failed is not None:
         return binds, None, _unmapped(ident, trees.failed, mode).degraded
     out = [(trees.targets.get(s, s), t, ro) for s, t, ro in binds]

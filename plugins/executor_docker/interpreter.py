@@ -35,6 +35,7 @@ from plugins.executor_docker.cpu import ROOT, of_process, usage_ns
 from plugins.executor_proc.interpreter import MAX_CODE, MAX_FRAME, SERVER_SOURCE
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
+from policy_engine.errors import BackendRefusal
 from policy_engine.executor import ExecContext
 from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
@@ -98,8 +99,8 @@ class DockerInterpreter:
         """
         data = code.encode("utf-8", "surrogatepass")
         if len(data) > MAX_CODE:
-            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"the code is {len(data)} "
-                                    f"bytes; a stateful call takes at most {MAX_CODE}")
+            raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"the code is {len(data)} "
+                                 f"bytes; a stateful call takes at most {MAX_CODE}")
         timeout_s = min((t for t in (op.timeout_ms, ctx.limits.timeout_ms) if t),
                         default=ctx.profile.timeout_ms) / 1000
         ctx.started()
@@ -337,12 +338,12 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
 
     profile = ctx.profile
     if profile.network == NetworkMode.RESTRICTED:
-        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "a stateful call cannot run "
-                                "with the restricted network: its proxy lives for one call")
+        raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, "a stateful call cannot run "
+                             "with the restricted network: its proxy lives for one call")
     cwd, bound = executor._placement(profile, op)
     if executor.options.mode != "pool" or bound is None:
-        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "docker keeps a live interpreter "
-                                "only for a session's calls in pool mode (its own container)")
+        raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, "docker keeps a live interpreter "
+                             "only for a session's calls in pool mode (its own container)")
     runtime = runtimes.for_profile(profile, executor.runtimes)
     hard = engine.hardening(profile, executor.options, ctx.limits, runtime=runtime,
                             gvisor=runtime is not None and runtime == executor.runtimes.gvisor)
@@ -355,8 +356,8 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
     try:
         slot = pool.update_limits(slot, hard)
         if slot.control is None:
-            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "docker keeps a live "
-                                    "interpreter only in containers run by the launcher")
+            raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, "docker keeps a live "
+                                 "interpreter only in containers run by the launcher")
         if not slot.running.acquire(timeout=max(0.0, ctx.deadline - time.monotonic())):
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "the session's warm "
                                     "container ran another command until the deadline")

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from docker.types import Mount
 
-from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.errors import BackendRefusal, ErrorCode
 from policy_engine.executor import ExecContext
 from policy_engine.model import NetworkMode, SideEffectRec
 from policy_engine.netproxy import SANDBOX_DIR, RestrictedHandle, RestrictedNetwork
@@ -43,7 +43,7 @@ def python_bound(system_binds: Iterable[str]) -> bool:
 def check_bridge_binds(system_binds: Iterable[str]) -> None:
     """The bridge runs ``SANDBOX_PYTHON``: refuse restricted mode when no bind provides it."""
     if not python_bound(system_binds):
-        raise PolicyEngineError(
+        raise BackendRefusal(
             ErrorCode.CAPABILITY_BLOCKED,
             f"restricted network needs `{SANDBOX_PYTHON}` in the container: bind `/usr` "
             "(docker option `system_binds`)")

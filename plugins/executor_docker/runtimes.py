@@ -18,7 +18,7 @@ import docker.errors
 import requests.exceptions
 
 from plugins.executor_docker.engine import DockerOptions
-from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.errors import BackendRefusal, ErrorCode
 from policy_engine.model import Isolation, Profile
 
 
@@ -81,7 +81,7 @@ def for_profile(profile: Profile, runtimes: RuntimePlan) -> str | None:
     requires gVisor never runs on anything else."""
     if profile.isolation is Isolation.GVISOR:
         if runtimes.gvisor is None:
-            raise PolicyEngineError(
+            raise BackendRefusal(
                 ErrorCode.CAPABILITY_BLOCKED,
                 f"the profile `{profile.name}` requires isolation `gvisor` and this docker "
                 "executor has no gVisor runtime (set `options.docker.runtime` or "

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.errors import BackendRefusal, ErrorCode
 from policy_engine.model import Profile
 
 SANDBOX_UID = 1000
@@ -57,7 +57,7 @@ def default_root(state_dir: Path, profile: Profile) -> Path:
     root = (state_dir / "docker").absolute()
     fs_root = Path(os.path.normpath(profile.mappings.root_fs))
     if root == fs_root or fs_root in root.parents:
-        raise PolicyEngineError(
+        raise BackendRefusal(
             ErrorCode.CAPABILITY_BLOCKED,
             f"the docker workspace `{root}` would lie beneath root_fs `{fs_root}`, where fs "
             "rules could expose one tenant's project to another: set the state directory "
@@ -131,12 +131,12 @@ def check_mounts(ws: ExecWorkspace, mounts: list[tuple[str, str, bool]]) -> None
                **(dict(ws.binds) if ws.bound else {str(ws.work): False})}
     for source, _target, read_only in mounts:
         if source not in allowed or (allowed[source] and not read_only):
-            raise PolicyEngineError(
+            raise BackendRefusal(
                 ErrorCode.CAPABILITY_BLOCKED, f"mount source `{source}` is not a workspace "
                 "template path", audit={"source": source})
         if os.path.realpath(source) != source or not (
                 Path(source).is_dir() or read_only and Path(source).is_file()):
-            raise PolicyEngineError(
+            raise BackendRefusal(
                 ErrorCode.CAPABILITY_BLOCKED, f"mount source `{source}` is not a plain directory "
                 "(symlink on the way?)", audit={"source": source})
 

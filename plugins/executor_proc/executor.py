@@ -44,6 +44,7 @@ from plugins.executor_proc.output import Outcome, pump
 from plugins.executor_proc.spec import Limits, Plan, artifacts_note, build_plan, resolve_limits
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
+from policy_engine.errors import BackendRefusal
 from policy_engine.executor import (
     Decider,
     ExecContext,
@@ -257,7 +258,7 @@ class ProcExecutor:
         for w in plan.writable:
             why = enginedirs.tree_refusal(os.path.realpath(w), trees, f"the writable path `{w}`")
             if why is not None:
-                raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: {why}")
+                raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: {why}")
 
     def _launcher(self) -> tuple[str | None, str | None]:
         """(native launcher path or None, degradation reason or None); raises in strict mode
@@ -289,14 +290,14 @@ class ProcExecutor:
         """What ``execute`` refuses from the profile alone (the executor SPI's ``refusal``:
         the backend selection asks it, so the dry run answers it)."""
         if profile.network == NetworkMode.RESTRICTED and self.backend != "bwrap":
-            return PolicyEngineError(
+            return BackendRefusal(
                 ErrorCode.CAPABILITY_BLOCKED, f"{self.name} cannot restrict the network to the "
                 "policy proxy (its launcher has no bridge to it; Landlock TCP rules name ports, "
                 "not hosts); use proc-bwrap")
         if self.backend == "bwrap" and self.run_as is not None:
             readable, writable = bound_paths(profile)
             if len(readable) + len(writable) > MAX_BINDS:  # each staged by the launcher
-                return PolicyEngineError(
+                return BackendRefusal(
                     ErrorCode.CAPABILITY_BLOCKED, f"{self.name} would bind "
                     f"{len(readable) + len(writable)} paths (at most {MAX_BINDS}): narrow the "
                     "fs rules")
@@ -306,8 +307,8 @@ class ProcExecutor:
             roots = [w for w in writable if self._mappable(w)]
             if why is not None and roots and owner.tree_owner(writable) is None:
                 note = owner.RootTrees(roots, failed=why).unwritable(self.run_as)
-                return PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
-                                         f"{self.name}: {note}{owner.STRICT_ADVICE}")
+                return BackendRefusal(ErrorCode.CAPABILITY_BLOCKED,
+                                      f"{self.name}: {note}{owner.STRICT_ADVICE}")
         return cwd_fact_refusal(profile, op, self.name)  # in this executor's view
 
     def fact_notes(self, profile: Profile, op: ExecOp) -> list[str]:
@@ -382,7 +383,7 @@ class ProcExecutor:
                                           plan.mask_files + plan.mask_dirs + plan.readonly,
                                           unavailable)
         except (owner.TooManyLinks, ValueError) as exc:
-            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: {exc}") from None
+            raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: {exc}") from None
         twin = copy.copy(self)
         twin.root_trees = mapped
         if self.backend == "bwrap":  # bwrap binds the mapped tree where the path was
@@ -588,7 +589,7 @@ class ProcExecutor:
         reach.hides = [d for d in plan.mask_dirs
                        if not any(o != d and beneath(d, o) for o in plan.mask_dirs)]
         if len(reach.hides) > MAX_HIDDEN_DIRS:  # sb_launch.c's MAX_OPENS
-            raise PolicyEngineError(
+            raise BackendRefusal(
                 ErrorCode.CAPABILITY_BLOCKED, f"{self.name} would cover {len(reach.hides)} "
                 f"masked directories (at most {MAX_HIDDEN_DIRS}): narrow the fs rules or use "
                 "proc-bwrap")
@@ -633,7 +634,7 @@ class ProcExecutor:
         if self.backend != "bwrap":
             rules = len(plan.landlock_rules())
             if rules > MAX_LANDLOCK_RULES:  # the launcher's table; argv must stay small too
-                raise PolicyEngineError(
+                raise BackendRefusal(
                     ErrorCode.CAPABILITY_BLOCKED,
                     f"{self.name} would need {rules} Landlock rules to keep "
                     f"{len(plan.mask_files) + len(plan.mask_dirs)} masked paths out of its "
@@ -643,8 +644,8 @@ class ProcExecutor:
         mapped = self.root_trees
         if mapped is not None and mapped.failed is not None and self.run_as is not None:
             if self.mode == "strict":  # never a chown; in strict mode, no unwritable tree either
-                raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: "
-                                        f"{mapped.unwritable(self.run_as)}{owner.STRICT_ADVICE}")
+                raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: "
+                                     f"{mapped.unwritable(self.run_as)}{owner.STRICT_ADVICE}")
             why = mapped.unwritable(self.run_as)
             degraded = f"{degraded}; {why}" if degraded else why
         reach = self._reach(plan, private_tmp, exe)

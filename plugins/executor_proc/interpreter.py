@@ -30,6 +30,7 @@ from plugins.executor_proc.limits import describe
 from plugins.executor_proc.spec import Limits, Plan, resolve_limits
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
+from policy_engine.errors import BackendRefusal
 from policy_engine.executor import ExecContext
 from policy_engine.guard.binds import bound_paths
 from policy_engine.model import (
@@ -111,8 +112,8 @@ class InterpreterProcess:
         lim = resolve_limits(ctx.profile, op, ctx.limits)
         data = code.encode("utf-8", "surrogatepass")
         if len(data) > MAX_CODE:
-            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"the code is {len(data)} "
-                                    f"bytes; a stateful call takes at most {MAX_CODE}")
+            raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"the code is {len(data)} "
+                                 f"bytes; a stateful call takes at most {MAX_CODE}")
         ctx.started()  # idempotent: the first call's spawn already said it
         # frames a thread of an earlier call wrote after its end belong to no call: dropped
         # (bounded), so a stale `D` cannot end this call before it ran
@@ -312,11 +313,11 @@ def start(executor: ProcExecutor, ctx: ExecContext, op: ProcExecOp,
         or the sandbox could not start.
     """
     if executor.backend != "bwrap":
-        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{executor.name} keeps no live "
-                                "interpreter (stateful sessions run on proc-bwrap)")
+        raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"{executor.name} keeps no live "
+                             "interpreter (stateful sessions run on proc-bwrap)")
     if ctx.profile.network == NetworkMode.RESTRICTED:
-        raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "a stateful call cannot run "
-                                "with the restricted network: its proxy lives for one call")
+        raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, "a stateful call cannot run "
+                             "with the restricted network: its proxy lives for one call")
     server = op.model_copy(update={"args": ("-c", SERVER_SOURCE), "stdin_b64": None})
     runner = executor._as_tree_owner(bound_paths(ctx.profile)[1])
     plan = runner._plan(ctx, server, "/tmp")
@@ -328,8 +329,8 @@ def start(executor: ProcExecutor, ctx: ExecContext, op: ProcExecOp,
     if mapped is not None and mapped.failed is not None and runner.run_as is not None:
         mapped.close()
         if runner.mode == "strict":
-            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{runner.name}: "
-                                    f"{mapped.unwritable(runner.run_as)}{owner.STRICT_ADVICE}")
+            raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"{runner.name}: "
+                                 f"{mapped.unwritable(runner.run_as)}{owner.STRICT_ADVICE}")
     lim: Limits = resolve_limits(ctx.profile, server, ctx.limits)
     plan.limits = dataclasses.replace(lim, timeout_s=lifetime_s)
     exe, _ = runner._launcher()

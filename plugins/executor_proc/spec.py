@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from plugins.executor_proc import preview_masks
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.compiler.builtins import MANDATORY_DENY_PATHS
+from policy_engine.errors import BackendRefusal
 from policy_engine.guard.binds import beneath, bound_paths, cwd_refusal
 from policy_engine.guard.env import profile_env_refusal
 from policy_engine.guard.gitfiles import GIT_PINS
@@ -216,7 +217,7 @@ def bounded_plan(bound: Sequence[str], system: Sequence[str], patterns: Sequence
     try:
         return plan_masks(bound, system, patterns, home, foreign_owner=foreign_owner, keep=keep)
     except PlanTooLarge as exc:
-        raise PolicyEngineError(
+        raise BackendRefusal(
             ErrorCode.CAPABILITY_BLOCKED,
             f"{exc} (more than {MAX_PLAN_DIRS:,} directories beneath {', '.join(bound[:3])}"
             f"{'…' if len(bound) > 3 else ''}): narrow the fs rules, or keep a broad read "

@@ -116,7 +116,7 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
     invoker = SkillInvoker(skills, policyset, engine, fs_root=str(root_fs.absolute()),
                            orchestrator=orch, pool=pool)
     gateway = Gateway.with_service(orch, confirm)
-    tools = _session_tools(pool, gateway, engine, workspace, security_mode) \
+    tools = _session_tools(pool, gateway, engine, workspace, security_mode, invoker) \
         if with_sessions else None
     try:
         if transport == "stdio":
@@ -136,7 +136,8 @@ def command(policies: tuple[Path, ...], skills_dir: Path, manifests: tuple[Path,
 
 
 def _session_tools(pool: OrchestratorPool, gateway: Gateway, engine: EngineConfig,
-                   workspace: Path | None, security_mode: str) -> SessionTools:
+                   workspace: Path | None, security_mode: str,
+                   invoker: SkillInvoker) -> SessionTools:
     """The session runtime the service would run on this state directory (its session
     store: PostgreSQL under ``service_postgres``, else ``STATE_DIR/sessions.db``)."""
     from policy_engine.gateway.session_runtime import Sessions
@@ -153,7 +154,8 @@ def _session_tools(pool: OrchestratorPool, gateway: Gateway, engine: EngineConfi
     except StoreUnavailable as exc:
         _fail(exc.reason)
     return SessionTools(Sessions(pool, gateway, config=engine, workspace_root=root,
-                                 default_mode=SecurityMode(security_mode), store=store))
+                                 default_mode=SecurityMode(security_mode), store=store),
+                        invoker=invoker if invoker.skills else None)
 
 
 def _serve_http(invoker: SkillInvoker, gateway: Gateway, op_tools: tuple[OpTool, ...],

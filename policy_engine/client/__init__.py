@@ -8,8 +8,9 @@ from policy_engine.client.models import (
            OpOutcome,
            OutputEvent,
            Session,
+           SkillResult,
 )
 from policy_engine.refusal import PolicyRefusal
 
 __all__ = ["AsyncClient", "Client", "CodeResult", "Exec", "FileWritten", "OpOutcome",
-           "OutputEvent", "PolicyRefusal", "Session"]
+           "OutputEvent", "PolicyRefusal", "Session", "SkillResult"]

@@ -17,6 +17,7 @@ from policy_engine.client.models import (
     OpOutcome,
     OutputEvent,
     Session,
+    SkillResult,
     refusal_from,
 )
 from policy_engine.refusal import PolicyRefusal, code_refusal
@@ -154,6 +155,14 @@ class Client:
         return str(_check(self.http.delete(
             f"/v1/sessions/{session_id}/files/{path}"))["envelope_id"])
 
+    def invoke_skill(self, session_id: str, skill_id: str,
+                     inputs: dict[str, Any] | None = None) -> SkillResult:
+        """Invoke a skill in the session (its `work/` is the session's workspace); a refusal
+        raises ``PolicyRefusal``."""
+        return SkillResult.of(_check(self.http.post(
+            f"/v1/sessions/{session_id}/skills/{skill_id}/invoke",
+            json={"inputs": inputs or {}})))
+
     # decisions
     def decide(self, body: dict[str, Any]) -> dict[str, Any]:
         """`/v1/decide`: the explain document (a dry run; never raises for a deny)."""
@@ -266,6 +275,12 @@ class AsyncClient:
     async def delete_file(self, session_id: str, path: str) -> str:
         return str(_check(await self.http.delete(
             f"/v1/sessions/{session_id}/files/{path}"))["envelope_id"])
+
+    async def invoke_skill(self, session_id: str, skill_id: str,
+                           inputs: dict[str, Any] | None = None) -> SkillResult:
+        return SkillResult.of(_check(await self.http.post(
+            f"/v1/sessions/{session_id}/skills/{skill_id}/invoke",
+            json={"inputs": inputs or {}})))
 
     async def decide(self, body: dict[str, Any]) -> dict[str, Any]:
         return _check(await self.http.post("/v1/decide", json=body))

@@ -101,3 +101,18 @@ class OpOutcome:
     envelope_id: str
     result: dict[str, Any]
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SkillResult:
+    """A skill invoked in a session: its declared outputs and the call's evidence id."""
+
+    skill: str
+    ok: bool
+    output: dict[str, Any]
+    envelope_id: str
+
+    @classmethod
+    def of(cls, doc: dict[str, Any]) -> SkillResult:
+        return cls(str(doc["skill"]), bool(doc["ok"]), dict(doc["output"]),
+                   str(doc["envelope_id"]))

@@ -43,9 +43,11 @@ def refusal_of(outcome: RunOutcome, asked: Asked | None) -> Refusal | None:
     code = res.code or ErrorCode.UNKNOWN_INTERNAL.value
     known = code in ErrorCode._value2member_map_
     spec = spec_of(ErrorCode(code)) if known else spec_of(ErrorCode.UNKNOWN_INTERNAL)
-    rule = outcome.decision.rule
+    by = refused_by(outcome, asked)
+    # a backend's no names no rule: the rule the decision carries is the one that allowed it
+    rule = outcome.decision.rule if by != "backend" else None
     return Refusal(code=code, http_status=spec.http_status, retryable=spec.retryable,
-                   message=res.message or "", refused_by=refused_by(outcome, asked),
+                   message=res.message or "", refused_by=by,
                    rule=rule.model_dump(mode="json") if rule is not None else None,
                    consent=asked.seen() if asked is not None else ConsentSeen(),
                    envelope_id=outcome.envelope_id)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, Executor
 from policy_engine.model import ExecOp, ExecResult, Limits, ProcExecOp, Profile
 
@@ -101,8 +101,8 @@ class SessionInterpreter:
                                     "a stateful call runs `python3 -c <code>`")
         start = getattr(selected, "start_interpreter", None)
         if start is None:
-            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, f"{selected.name} keeps no "
-                                    "live interpreter (stateful sessions: proc-bwrap, docker)")
+            raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"{selected.name} keeps no "
+                                 "live interpreter (stateful sessions: proc-bwrap, docker)")
         if self.closed:
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "the session ended")
         if self.live is not None and self.live.ended is not None:

@@ -4,13 +4,14 @@ and each session's run_code calls, every one through the gateway (docs/sessions.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 import logging
 import secrets
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,8 +274,7 @@ class Sessions:
                 f"{needed} in {info.security_mode} mode; this session runs on {info.backend}: "
                 f"create a session with backend `{needed}`"), "backend"))
         token = cancel or CancelToken()
-        live = self._enter(info, token)
-        try:
+        with self.tracked(info, token):
             slot = self._interpreter(info) if stateful else None
             if slot is not None and not slot.lock.acquire(timeout=timeout):
                 raise PolicyRefusal(code_refusal(
@@ -293,10 +293,6 @@ class Sessions:
             finally:
                 if slot is not None:
                     slot.lock.release()
-        finally:
-            with live.idle:
-                live.running.discard(token)
-                live.idle.notify_all()
         return run_code_result(called.outcome, info.backend, plan.risk,
                                called.refusal.to_json() if called.refusal else None)
 
@@ -307,6 +303,21 @@ class Sessions:
         info = self.get(tenant, subject, session_id)
         done = self._interpreter(info).restart("restarted on request")
         return {"session_id": info.session_id, **done}
+
+    @contextlib.contextmanager
+    def tracked(self, info: SessionInfo, token: CancelToken) -> Iterator[None]:
+        """Count a call of ``info`` as running while the block runs: ending the session
+        cancels ``token`` and waits for the call's evidence end before its files go.
+
+        :raises PolicyRefusal: too many calls running (429), the session ended (404).
+        """
+        live = self._enter(info, token)
+        try:
+            yield
+        finally:
+            with live.idle:
+                live.running.discard(token)
+                live.idle.notify_all()
 
     # --- internals ---------------------------------------------------------------------------
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import codecs
 import json
 import logging
 from collections.abc import Callable
@@ -22,7 +20,7 @@ from policy_engine.executor import CancelToken
 from policy_engine.gateway.call import Gateway
 from policy_engine.gateway.skills import invoke_skill
 from policy_engine.mcp.ops import OpTool, run_op
-from policy_engine.mcp.session_tools import SessionTools, text_of
+from policy_engine.mcp.session_tools import SessionTools, text_of, with_text
 from policy_engine.mcp.session_tools import refusal_from_json as _from_json
 from policy_engine.refusal import (
     PolicyRefusal,
@@ -83,31 +81,12 @@ def _answer(result: InvokeResult) -> types.CallToolResult:
             result.code or ErrorCode.UNKNOWN_INTERNAL.value, result.http_status,
             result.message or "", "backend", envelope_id=result.envelope_id).to_json()
         return tool_error(_from_json(refusal))
-    output = _with_text(result.output)
+    output = with_text(result.output)
     shown = output["text"] if isinstance(output.get("text"), str) else json.dumps(
         output, ensure_ascii=False)
     return types.CallToolResult(
         content=[types.TextContent(text=shown)],
         structured_content=output, meta={"policy-engine/envelope_id": result.envelope_id})
-
-
-def _with_text(output: dict[str, Any]) -> dict[str, Any]:
-    """A file skill's bytes as text for the model when they are UTF-8 (``text`` beside
-    ``bytes_b64``; the model reads words, not base64); other bytes stay base64 only."""
-    raw = output.get("bytes_b64")
-    if not isinstance(raw, str) or "text" in output:
-        return output
-    cut = bool(output.get("preview_truncated"))
-    try:
-        # a preview's cut may split a character: its incomplete tail is dropped, not a reason
-        # to give the model base64 (`final=False`); anywhere else a bad byte means not text
-        text = codecs.getincrementaldecoder("utf-8")().decode(
-            base64.b64decode(raw, validate=True), final=not cut)
-    except (ValueError, UnicodeDecodeError):
-        return output
-    if cut:
-        text += f"\n[… truncated: {output.get('size')} bytes in all]"
-    return {**output, "text": text}
 
 
 def op_tool_of(tool: OpTool) -> types.Tool:

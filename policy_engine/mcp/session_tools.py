@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,8 +22,9 @@ from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.gateway.session_execs import ExecJob, SessionExecs
 from policy_engine.gateway.session_files import SessionFiles
 from policy_engine.gateway.session_runtime import Sessions
+from policy_engine.gateway.session_skills import SessionSkills
 from policy_engine.refusal import ConsentSeen, PolicyRefusal, Refusal, engine_refusal
-from policy_engine.skills.invoke import InputError
+from policy_engine.skills.invoke import InputError, SkillInvoker
 from policy_engine.skills.jsonpos import escape
 
 # (progress, message): a progress notification to the caller (a no-op without a progressToken)
@@ -89,6 +91,13 @@ class ListArgs(SessionArgs):
     depth: int = Field(default=3, ge=0, le=16)
 
 
+class SkillArgs(SessionArgs):
+    skill: str = Field(pattern=r"^[a-z0-9]+(\.[a-z0-9]+)+$", max_length=64,
+                       description="the skill's id (`files.read`, `python.run`, …)")
+    inputs: dict[str, Any] = Field(default_factory=dict, description="the skill's inputs "
+                                   "(its `interface.inputs`)")
+
+
 @dataclass(frozen=True, slots=True)
 class _Spec:
     args: type[_Args]
@@ -124,6 +133,9 @@ _SPECS: dict[str, _Spec] = {
                                 True),
     "session.files.delete": _Spec(PathArgs, "Delete a file of the workspace", False, True,
                                   True),
+    "session.skill": _Spec(SkillArgs, "Invoke a skill in the session: its `work/` is the "
+                           "session's workspace, a container skill runs in a docker "
+                           "session's own container (one guarded call)", False, True, False),
 }
 
 
@@ -158,21 +170,45 @@ def _as_text(path: str, data: bytes, truncated: bool) -> dict[str, Any]:
     return out
 
 
+def with_text(output: dict[str, Any]) -> dict[str, Any]:
+    """A file skill's bytes as text for the model when they are UTF-8 (``text`` beside
+    ``bytes_b64``; the model reads words, not base64); other bytes stay base64 only."""
+    raw = output.get("bytes_b64")
+    if not isinstance(raw, str) or "text" in output:
+        return output
+    cut = bool(output.get("preview_truncated"))
+    try:
+        # a preview's cut may split a character: its incomplete tail is dropped, not a reason
+        # to give the model base64 (`final=False`); anywhere else a bad byte means not text
+        text = codecs.getincrementaldecoder("utf-8")().decode(
+            base64.b64decode(raw, validate=True), final=not cut)
+    except (ValueError, UnicodeDecodeError):
+        return output
+    if cut:
+        text += f"\n[… truncated: {output.get('size')} bytes in all]"
+    return {**output, "text": text}
+
+
 class SessionTools:
     """The ``session.*`` tools of one MCP server, over one session runtime (its execs live in
     this process, as the HTTP service's do in its own)."""
 
-    def __init__(self, sessions: Sessions, *, max_upload_bytes: int = 1 << 20) -> None:
+    def __init__(self, sessions: Sessions, *, max_upload_bytes: int = 1 << 20,
+                 invoker: SkillInvoker | None = None) -> None:
         self.sessions = sessions
         self.files = SessionFiles(sessions, max_upload_bytes=max_upload_bytes)
         self.execs = SessionExecs(sessions)
+        # `session.skill` when the server offers skills
+        self.skills = SessionSkills(sessions, invoker) if invoker is not None else None
 
     def handles(self, name: str) -> bool:
-        return name in _SPECS
+        return name in _SPECS and (name != "session.skill" or self.skills is not None)
 
     def tools(self) -> list[types.Tool]:
         listed = []
         for name, spec in _SPECS.items():
+            if not self.handles(name):
+                continue
             schema = spec.args.model_json_schema()
             schema.pop("title", None)
             listed.append(types.Tool(
@@ -227,7 +263,18 @@ class SessionTools:
             return dict(await sync(self._read, args.session_id, args.path))
         if name == "session.files.list":
             return dict(await sync(self.files.list, args.session_id, args.path, args.depth))
+        if name == "session.skill":
+            return dict(await sync(self._skill, args.session_id, args.skill, args.inputs))
         return dict(await sync(self.files.delete, args.session_id, args.path))
+
+    def _skill(self, tenant: str, subject: str, session_id: str, skill: str,
+               inputs: dict[str, Any]) -> dict[str, Any]:
+        """The skill's document, a file's bytes as text when UTF-8; a refusal raises."""
+        assert self.skills is not None  # INVARIANT: handles() offered the tool
+        result = self.skills.invoke(tenant, subject, session_id, skill, inputs)
+        if result.refusal is not None:
+            raise PolicyRefusal(refusal_from_json(result.refusal))
+        return {**result.to_json(), "output": with_text(result.output)}
 
     def _read(self, tenant: str, subject: str, session_id: str, path: str) -> dict[str, Any]:
         got: list[bytes] = []
@@ -282,4 +329,6 @@ def text_of(name: str, output: dict[str, Any]) -> str:
     """What the model reads: a file's text, run_code's output, else the JSON."""
     if name == "session.files.read" and isinstance(output.get("text"), str):
         return str(output["text"])
+    if name == "session.skill" and isinstance(output.get("output", {}).get("text"), str):
+        return str(output["output"]["text"])
     return json.dumps(output, ensure_ascii=False)

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken, ExecContext, Executor
 from policy_engine.model import ExecOp, ExecResult
 
@@ -55,7 +55,11 @@ def classify(exc: BaseException, backend: str) -> tuple[PolicyEngineError, str]:
     it goes to the audit detail and the log, never to the public message.
     """
     if isinstance(exc, PolicyEngineError):
-        return exc, _kind_of(exc.code)
+        kind = _kind_of(exc.code)
+        # the backend's own no (not a re-check of the policy): recorded as a refused backend
+        # selection is, so the refusal says `backend` (gateway/outcome.py)
+        return exc, "capability" if isinstance(exc, BackendRefusal) and kind == "policy" \
+            else kind
     err = PolicyEngineError(
         ErrorCode.EXECUTION_FAILED, f"backend `{backend}` failed",
         audit={"backend": backend, "exception": type(exc).__name__, "message": str(exc)})

@@ -401,13 +401,13 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
     async def gateway(eng: Eng) -> Gateway:
         return eng.gateway
 
-    register_skill_routes(app, Who, Annotated[SkillInvoker | None, Depends(skill_invoker)],
-                          Annotated[Gateway, Depends(gateway)])
-
     async def sessions(eng: Eng) -> Sessions:
         assert eng.sessions is not None
         return eng.sessions
 
+    register_skill_routes(app, Who, Annotated[SkillInvoker | None, Depends(skill_invoker)],
+                          Annotated[Gateway, Depends(gateway)],
+                          Annotated[Sessions, Depends(sessions)])
     register_session_routes(app, Who, Annotated[Sessions, Depends(sessions)])
 
     @app.get("/sandbox/health", tags=["sandbox"], response_model=Health)

@@ -5,6 +5,7 @@
 
 import copy
 import re
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Path
@@ -13,10 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from policy_engine.errors import PolicyEngineError
 from policy_engine.gateway import skills as skill_calls
+from policy_engine.gateway.session_skills import SessionSkills
 from policy_engine.refusal import PolicyRefusal
 from policy_engine.service.errors import ServiceError, from_engine, service_error
 from policy_engine.service.models import ErrorBody, ErrorDetail, RefusalBody
-from policy_engine.skills.invoke import InputError, SkillInvoker
+from policy_engine.service.session_routes import SESSION_ID
+from policy_engine.skills.invoke import InputError, InvokeResult, SkillInvoker
 from policy_engine.skills.model import Skill
 
 SKILL_ID = r"^[a-z0-9]+(\.[a-z0-9]+)+$"
@@ -116,10 +119,12 @@ def document_skills(doc: dict[str, Any], skills: dict[str, Skill]) -> dict[str, 
     return {**doc, "paths": out}
 
 
-def register(app: FastAPI, who: Any, invoker_of: Any, gateway_of: Any) -> None:
+def register(app: FastAPI, who: Any, invoker_of: Any, gateway_of: Any,
+             sessions_of: Any) -> None:
     """Add the skill routes; ``who`` is the authenticated-principal dependency type,
-    ``invoker_of`` the one giving the engine's ``SkillInvoker`` (or None) and ``gateway_of``
-    the engine's gateway (every invocation runs through it)."""
+    ``invoker_of`` the one giving the engine's ``SkillInvoker`` (or None), ``gateway_of``
+    the engine's gateway (every invocation runs through it) and ``sessions_of`` its
+    session runtime (a skill invoked in a session)."""
 
     @app.get("/skills", tags=["skills"], response_model=SkillList)
     def list_skills(_: who, invoker: invoker_of) -> SkillList:
@@ -138,20 +143,44 @@ def register(app: FastAPI, who: Any, invoker_of: Any, gateway_of: Any) -> None:
         if skill is None:
             raise service_error("SERVICE.NOT_FOUND", f"no skill `{skill_id}`")
         run: SkillInvoker = invoker
-        try:
-            result = skill_calls.invoke_skill(gateway, run, skill, body.inputs,
-                                              tenant=principal.tenant,
-                                              subject=principal.subject)
-        except InputError as exc:
-            pointer = f"/inputs{exc.pointer}"
-            err = ServiceError("SCHEMA.VALIDATION_FAILED", 422,
-                               f"invalid input at `{pointer}`: {exc.message}", location=pointer)
-            data = err.body()
-            data["error"]["pointer"] = pointer
-            data["envelope_id"] = data["refusal"]["envelope_id"] = exc.envelope_id
-            return JSONResponse(data, status_code=422)
-        except PolicyRefusal:
-            raise  # the app's handler renders it
-        except PolicyEngineError as exc:  # refused before an op existed (e.g. its image)
-            raise from_engine(exc, "manifest") from None
-        return JSONResponse(result.to_json(), status_code=result.http_status)
+        return _answer(lambda: skill_calls.invoke_skill(
+            gateway, run, skill, body.inputs, tenant=principal.tenant,
+            subject=principal.subject))
+
+    @app.post("/v1/sessions/{session_id}/skills/{skill_id}/invoke", tags=["sessions"],
+              responses={200: _RESULT, **_REFUSALS})
+    def invoke_session_skill(
+            session_id: Annotated[str, Path(pattern=SESSION_ID)],
+            skill_id: Annotated[str, Path(pattern=SKILL_ID, max_length=64)],
+            body: InvokeBody, principal: who, invoker: invoker_of,
+            sessions: sessions_of) -> JSONResponse:
+        """Invoke a skill in the session (docs/sessions.md "Skills in a session"): its `work/`
+        is the session's workspace, the policy's `$SESSION` resolves as for the session's
+        other calls, a container skill runs in a docker session's own container; one
+        guarded op with its own decision and evidence. `404` for an unknown or another
+        owner's session and for an unknown skill."""
+        if invoker is None:
+            raise service_error("SERVICE.NOT_FOUND", f"no skill `{skill_id}`")
+        in_session = SessionSkills(sessions, invoker)
+        return _answer(lambda: in_session.invoke(principal.tenant, principal.subject,
+                                                 session_id, skill_id, body.inputs))
+
+
+def _answer(invoke: Callable[[], InvokeResult]) -> JSONResponse:
+    """Run one invocation and render it: the result (its code's status when refused), a
+    `422` naming the input's JSON pointer, or the one refusal shape."""
+    try:
+        result = invoke()
+    except InputError as exc:
+        pointer = f"/inputs{exc.pointer}"
+        err = ServiceError("SCHEMA.VALIDATION_FAILED", 422,
+                           f"invalid input at `{pointer}`: {exc.message}", location=pointer)
+        data = err.body()
+        data["error"]["pointer"] = pointer
+        data["envelope_id"] = data["refusal"]["envelope_id"] = exc.envelope_id
+        return JSONResponse(data, status_code=422)
+    except PolicyRefusal:
+        raise  # the app's handler renders it
+    except PolicyEngineError as exc:  # refused before an op existed (e.g. its image)
+        raise from_engine(exc, "manifest") from None
+    return JSONResponse(result.to_json(), status_code=result.http_status)

@@ -3,13 +3,14 @@ tool manifest ∩ policy) that the gateway runs, with begin/end evidence."""
 
 from __future__ import annotations
 
+import posixpath
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from policy_engine.config import EngineConfig
-from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.model import (
     BrowserNavOp,
@@ -80,6 +81,20 @@ class SkillCall:
     orchestrator: Orchestrator
 
 
+@dataclass(frozen=True, slots=True)
+class SessionScope:
+    """Where a skill invoked in a session runs: the session's directory is the skill's root
+    (its ``work/`` is the session's workspace, ``$SESSION``), on the session's backend."""
+
+    session_id: str
+    work: str  # the session's workspace, host path (bound at its own path in a container)
+    backend: str  # ``proc-bwrap`` or ``docker``, fixed at the session's creation
+
+    @property
+    def root(self) -> str:
+        return posixpath.dirname(self.work)
+
+
 def validate_inputs(skill: Skill, inputs: Any) -> None:
     """:raises InputError: at the first (shallowest) place ``inputs`` breaks the skill's
     ``interface.inputs``."""
@@ -137,11 +152,15 @@ class SkillInvoker:
         self.pool = pool
         self.image = str(config.plugin_options("docker").get("image", DEFAULT_IMAGE))
 
-    def prepare(self, skill: Skill, inputs: Any, *, tenant: str, subject: str) -> SkillCall:
+    def prepare(self, skill: Skill, inputs: Any, *, tenant: str, subject: str,
+                scope: SessionScope | None = None) -> SkillCall:
         """Validate the inputs and build the skill's one op (the gateway runs it).
 
+        :param scope: the session the skill is invoked in: its paths are the session's, the
+            policy's ``$SESSION`` is the session's workspace, a process runs on its backend.
         :raises InputError: the inputs break ``interface.inputs`` (nothing ran; recorded).
-        :raises PolicyEngineError: no op can be built (e.g. another image; recorded).
+        :raises PolicyEngineError: no op can be built (e.g. another image; recorded);
+            :class:`BackendRefusal` for a container skill in a session without a container.
         """
         try:
             validate_inputs(skill, inputs)
@@ -150,13 +169,14 @@ class SkillInvoker:
                                            tool_name=skill.id, arguments=inputs)
             raise
         now = int(time.time() * 1000)
-        manifest = skill.tool_manifest(self.fs_root)
+        root = scope.root if scope is not None else None
+        manifest = skill.tool_manifest(self.fs_root, root)
         grant = Grant.model_validate({
             "tenant": tenant, "subject_id": subject, "tool_name": skill.id,
             "call_id": f"{skill.id}-{uuid.uuid4().hex}", "expires_at": now + _GRANT_TTL_MS,
-            "capabilities": skill.capabilities(self.fs_root)})
+            "capabilities": skill.capabilities(self.fs_root, root)})
         try:
-            op, settings, orch = self._op(skill, inputs)
+            op, settings, orch = self._op(skill, inputs, scope)
         except PolicyEngineError as exc:  # no op to decide: recorded, then refused
             record_refusal(self.orch, tenant=tenant, subject=subject, tool_name=skill.id,
                            capability=f"skill:{skill.id}", arguments=inputs, err=exc)
@@ -177,10 +197,20 @@ class SkillInvoker:
         return InvokeResult(skill.id, False, {}, code.value, status, res.message,
                             outcome.envelope_id, refusal)
 
-    def _op(self, skill: Skill, inputs: dict[str, Any]
+    def _op(self, skill: Skill, inputs: dict[str, Any], scope: SessionScope | None
             ) -> tuple[Any, Settings, Orchestrator]:
         runtime = skill.doc["runtime"]
+        # in a session: the session's directory, and `$SESSION` its workspace (the engine's
+        # own value, as for the session's run_code, execs and files)
+        root = scope.root if scope is not None else None
+        session = scope.work if scope is not None else None
         if skill.kind == "docker":
+            if scope is not None and scope.backend != "docker":
+                # never run elsewhere than the container the skill declares; a session never
+                # moves between backends (its files would not follow)
+                raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"skill `{skill.id}` runs "
+                                     f"in a container; this session runs on {scope.backend}: "
+                                     "create a session with backend `docker`")
             if runtime["image"] != self.image:
                 # the executor runs one configured image: a skill asking for another is
                 # refused rather than silently run elsewhere
@@ -195,11 +225,12 @@ class SkillInvoker:
             timeout = inputs.get("timeout_ms") if "timeout_ms" in skill.inputs_schema.get(
                 "properties", {}) else None
             op: Any = ProcExecOp(tool=entry[0], args=tuple(args),
-                                 cwd=f"{CONTAINER_ROOT}/work", timeout_ms=timeout)
-            settings = Settings(network=NetworkMode.OFF, root_fs=CONTAINER_ROOT)
+                                 cwd=session or f"{CONTAINER_ROOT}/work", timeout_ms=timeout)
+            settings = Settings(network=NetworkMode.OFF, root_fs=root or CONTAINER_ROOT,
+                                session=session)
             return op, settings, self.pool.get("docker")
         fields = {f: inputs[name] for f, name in runtime["op"].items() if name in inputs}
-        settings = Settings(root_fs=self.fs_root)
+        settings = Settings(root_fs=root or self.fs_root, session=session)
         if skill.kind == "http":
             op = NetHttpOp(url=fields["url"], method=fields.get("method", "GET"))
         elif skill.kind == "browser":
@@ -207,5 +238,5 @@ class SkillInvoker:
         else:
             # joined as text, never path-joined: an absolute or `..` path stays beneath the
             # root here and the guard decides the normalized result against the skill's paths
-            op = FsReadOp(path=f"{skill.root(self.fs_root)}/{fields['path']}")
+            op = FsReadOp(path=f"{root or skill.root(self.fs_root)}/{fields['path']}")
         return op, settings, self.orch

@@ -83,9 +83,11 @@ class Skill:
         ``/workspace`` for a process, the operator's ``root_fs`` for a file read."""
         return CONTAINER_ROOT if self.kind == "docker" else fs_root.rstrip("/") or "/"
 
-    def capabilities(self, fs_root: str) -> list[dict[str, Any]]:
-        """The capabilities the skill declares, with its workspace paths made absolute."""
-        root = self.root(fs_root)
+    def capabilities(self, fs_root: str, root: str | None = None) -> list[dict[str, Any]]:
+        """The capabilities the skill declares, with its workspace paths made absolute
+        (beneath ``root`` when given: a session's directory, whose ``work/`` is the session's
+        workspace, gateway/session_skills.py)."""
+        root = root or self.root(fs_root)
         caps: list[dict[str, Any]] = []
         if self.kind == "docker":
             runtime = self.doc["runtime"]
@@ -113,9 +115,10 @@ class Skill:
             caps.append({"kind": "fs.write", "paths": [f"{root}/{p}" for p in self.fs_write]})
         return caps
 
-    def tool_manifest(self, fs_root: str) -> Manifest:
+    def tool_manifest(self, fs_root: str, root: str | None = None) -> Manifest:
         """The tool manifest this skill compiles to: the profile builder meets it with the
-        grant and the policy exactly as it meets any other tool's."""
+        grant and the policy exactly as it meets any other tool's (``root``: as for
+        :meth:`capabilities`)."""
         effects = self.side_effects()
         safety = SafetyClass.MEDIUM if ({SideEffect.PROCESS, SideEffect.WRITE}
                                         & set(effects)) else SafetyClass.LOW
@@ -123,7 +126,7 @@ class Skill:
         return Manifest.model_validate({
             "name": self.id, "version": self.doc["version"],
             "description": self.doc["description"],
-            "permissions": self.capabilities(fs_root), "side_effects": list(effects),
+            "permissions": self.capabilities(fs_root, root), "side_effects": list(effects),
             "safety_class": safety, "input_schema": self.inputs_schema,
             "output_schema": self.outputs_schema, "limits": self.limits, "network": network})
 

@@ -230,3 +230,31 @@ def test_sessions_over_http_belong_to_the_token(server: Server) -> None:
             await _streams_then_cancels(acme, server.setup, sid)
 
     anyio.run(main)
+
+
+def test_a_skill_in_a_session_over_http(server: Server) -> None:
+    """`session.skill`: a file skill reads the session's workspace (`work/`), the model gets
+    the text; another token's call is 404; an unknown skill is 404 too."""
+    async def main() -> None:
+        async with http(server, "acme") as acme, http(server, "red") as red:
+            sid = (await _ok(acme, "session.create", {"backend": "proc-bwrap"}))["session_id"]
+            await _ok(acme, "session.files.upload",
+                      {"session_id": sid, "path": "note.txt", "text": "dear model"})
+            call = {"session_id": sid, "skill": "files.read",
+                    "inputs": {"path": "work/note.txt"}}
+            result = await acme.call_tool("session.skill", call)
+            assert not result.is_error, result
+            assert result.structured_content is not None
+            assert result.structured_content["output"]["text"] == "dear model"
+            assert result.content[0].text == "dear model"  # type: ignore[union-attr]
+            env = result.structured_content["envelope_id"]
+            begin = next(r for r in server.setup.evidence()
+                         if r.get("type") == "begin" and r.get("envelope_id") == env)
+            assert begin["annotations"] == {"session": sid, "skill": "files.read"}, begin
+            refused = await _refusal(red, "session.skill", call)
+            assert (refused["code"], refused["http_status"]) == ("SERVICE.NOT_FOUND", 404)
+            unknown = await _refusal(acme, "session.skill", {**call, "skill": "no.such"})
+            assert (unknown["code"], unknown["http_status"]) == ("SERVICE.NOT_FOUND", 404)
+            await _ok(acme, "session.delete", {"session_id": sid})
+
+    anyio.run(main)

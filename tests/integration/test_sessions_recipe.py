@@ -1,11 +1,13 @@
 """docs/sessions.md's recipe, run as written: its policy is lint-clean and, served, runs
-run_code (stateful), files and a streamed shell exec through the client, on proc-bwrap and on
-Docker sessions. The policy names no host path: its `$SESSION/**` is each session's own
-workspace, resolved by the engine per call; one session cannot reach another's files, and a
-call outside a session (plain `/v1/ops`) gets nothing under it (explain says why)."""
+run_code (stateful), files, a streamed shell exec and a skill through the client, on
+proc-bwrap and on Docker sessions. The policy names no host path: its `$SESSION/**` is each
+session's own workspace, resolved by the engine per call; one session cannot reach another's
+files, and a call outside a session (plain `/v1/ops`) gets nothing under it (explain says
+why)."""
 
 from __future__ import annotations
 
+import base64
 import re
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from tests.integration.service_server import add_token, start
 
 pytestmark = pytest.mark.integration
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sessions.md"
+SKILLS = Path(__file__).resolve().parents[2] / "skills"
 
 
 def _policy() -> str:
@@ -45,7 +48,7 @@ def test_the_recipe_runs(tmp_path: Path, backend: str) -> None:
     config = tmp_path / "engine.yaml"
     config.write_text("options:\n  docker: {mode: pool, pool_size: 1}\n")
     with start(tmp_path, "--security-mode", "permissive", "--config", str(config),
-               policy_text=text) as svc:
+               "--skills", str(SKILLS), policy_text=text) as svc:
         token = add_token(svc.state, "acme", "agent:alice")
         with Client(svc.url, token) as c:
             s = c.create_session(backend=backend, ttl_s=900)
@@ -67,6 +70,11 @@ def test_the_recipe_runs(tmp_path: Path, backend: str) -> None:
             assert "".join(e.text for e in events if e.event == "stdout") == "1\n2\n3\n", final
             c.run_code(s.session_id, "open('out.txt', 'w').write('done')")
             assert c.download(s.session_id, "out.txt") == b"done"
+            # a skill in the session reads what its code wrote (`work/` = its workspace)
+            read = c.invoke_skill(s.session_id, "files.read", {"path": "work/out.txt"})
+            assert read.ok, read
+            assert base64.b64decode(read.output["bytes_b64"]) == b"done"
+            assert read.output["size"] == 4
             wrote = c.run_code(s.session_id, "pwd", language="shell")
             assert wrote.success, wrote
             # another session of the same owner, on the same backend: the first one's files
@@ -78,6 +86,10 @@ def test_the_recipe_runs(tmp_path: Path, backend: str) -> None:
             assert "done" not in peek.stdout, peek
             with pytest.raises(PolicyRefusal):
                 c.download(other.session_id, f"../../{s.session_id}/work/out.txt")
+            with pytest.raises(PolicyRefusal) as escaped:  # nor through a skill
+                c.invoke_skill(other.session_id, "files.read",
+                               {"path": f"work/../../{s.session_id}/work/out.txt"})
+            assert escaped.value.refusal.refused_by == "policy"
             for sid in (s.session_id, other.session_id):
                 assert c.delete_session(sid)["workspace_removed"] is True
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 
-from policy_engine.mcp.server import _with_text
+from policy_engine.mcp.session_tools import with_text as _with_text
 
 
 def _out(data: bytes, **extra: object) -> dict[str, object]:

@@ -8,10 +8,10 @@ from typing import Any
 
 from orchestrator_fixtures import profile
 
-from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken, ExecContext, ExecutorCapabilities
 from policy_engine.model import ExecResult, OpKind, TmpAllocOp
-from policy_engine.orchestration.running import run_with_deadline
+from policy_engine.orchestration.running import classify, run_with_deadline
 
 
 class Recorder:
@@ -100,3 +100,15 @@ def test_watched_threads_are_reused_and_a_stuck_one_is_not_waited_for() -> None:
     assert attempt.result is not None
     assert idents[-1] != idents[0]  # the stuck job kept the reused worker
     stuck.release.set()
+
+
+def test_a_backends_own_refusal_is_classified_as_the_backends() -> None:
+    """An executor's ``BackendRefusal`` is recorded as a refused selection is (``capability``,
+    so the refusal says ``backend``); a plain ``CAPABILITY_BLOCKED`` (a second-line policy
+    re-check) stays the policy's, and a backend failure keeps its own kind."""
+    blocked = BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, "no live interpreter here")
+    assert classify(blocked, "docker") == (blocked, "capability")
+    recheck = PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED, "env not listed")
+    assert classify(recheck, "docker") == (recheck, "policy")
+    down = BackendRefusal(ErrorCode.PROVIDER_UNAVAILABLE, "daemon gone")
+    assert classify(down, "docker") == (down, "provider")

@@ -27,7 +27,8 @@ def test_document_is_openapi_3_1_with_every_endpoint_and_bearer_auth() -> None:
         "/v1/sessions/{session_id}/interpreter/restart",
         "/v1/sessions/{session_id}/files", "/v1/sessions/{session_id}/files/{path}",
         "/v1/sessions/{session_id}/execs", "/v1/sessions/{session_id}/execs/{exec_id}",
-        "/v1/sessions/{session_id}/execs/{exec_id}/events"}
+        "/v1/sessions/{session_id}/execs/{exec_id}/events",
+        "/v1/sessions/{session_id}/skills/{skill_id}/invoke"}
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     # health is the one endpoint without a token
     assert "security" not in doc["paths"]["/sandbox/health"]["get"]

@@ -114,11 +114,15 @@ class RunOutcome:
         """Begin and end share the envelope id; sinks key both records by it."""
         return (self.begin.envelope_id,)
 
-    def to_json(self) -> dict[str, Any]:
+    def head_json(self) -> dict[str, Any]:
+        """``to_json`` without its ``evidence``: the end record as its sinks wrote it is
+        ``end.json_bytes()``."""
         return {"result": self.result.model_dump(mode="json"),
                 "decision": self.decision.model_dump(mode="json", exclude_none=True),
-                "envelope_id": self.envelope_id,
-                "evidence": self.end.model_dump(mode="json")}
+                "envelope_id": self.envelope_id}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.head_json(), "evidence": self.end.model_dump(mode="json")}
 
 
 def _builder(policyset: PolicySet, config: EngineConfig) -> ProfileBuilder:

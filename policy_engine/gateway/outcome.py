@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,9 +72,27 @@ class Called:
     def to_json(self) -> dict[str, Any]:
         """The run document (`POST /v1/ops`, `run --format json`): result, decision, evidence,
         and ``consent``/``refusal`` when there are."""
-        data = self.outcome.to_json()
+        return {**self.outcome.to_json(), **self._extras()}
+
+    def to_json_bytes(self, **after: Any) -> bytes:
+        """``to_json()`` with ``after``'s members appended, as compact UTF-8 JSON (the
+        service's encoding), the evidence member being the end record's bytes as its sinks
+        wrote them: rendered once per call, not again for the answer (issue 27)."""
+        head = _compact(self.outcome.head_json())
+        tail = {**self._extras(), **after}
+        rest = b"," + _compact(tail)[1:] if tail else b"}"
+        return head[:-1] + b',"evidence":' + self.outcome.end.json_bytes() + rest
+
+    def _extras(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
         if self.asked is not None:
             data["consent"] = {**self.asked.answer.to_json(), "kind": self.asked.kind}
         if self.refusal is not None:
             data["refusal"] = self.refusal.to_json()
         return data
+
+
+def _compact(value: dict[str, Any]) -> bytes:
+    """What starlette's ``JSONResponse`` renders for ``value``."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False,
+                      separators=(",", ":")).encode()

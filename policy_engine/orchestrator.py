@@ -575,11 +575,11 @@ class Orchestrator:
             m.denied_total.labels(code=err.code.value).inc()
         elif err is not None:
             m.errors_total.labels(code=err.code.value).inc()
-        m.budget_used_bytes.labels(direction="in").inc(usage.bytes_in)
-        m.budget_used_bytes.labels(direction="out").inc(usage.bytes_out)
+        m.bytes_used("in").inc(usage.bytes_in)
+        m.bytes_used("out").inc(usage.bytes_out)
         m.cpu_ms.inc(usage.cpu_ms)
         m.gpu_ms.inc(usage.gpu_ms)
-        m.latency_ms.labels(domain=domain_of(op.kind)).observe(latency_ms)
+        m.latency(domain_of(op.kind)).observe(latency_ms)
 
 
 def _reported_degradations(attempt: Attempt) -> tuple[str, ...]:

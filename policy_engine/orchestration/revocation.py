@@ -6,8 +6,8 @@ import logging
 import sqlite3
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
 from policy_engine.errors import PolicyEngineError

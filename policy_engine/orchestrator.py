@@ -333,7 +333,8 @@ class Orchestrator:
         t0 = time.perf_counter()
         with tracing.span("policy_engine.decide") as sp:
             decision = guard.decide(profile, op, context=context, now_ms=now)
-            sp.set_attributes(tracing.decision_attributes(decision, profile))
+            if sp.is_recording():  # the attributes are built only for a recorded span
+                sp.set_attributes(tracing.decision_attributes(decision, profile))
         self.metrics.guard_validate_ms.observe((time.perf_counter() - t0) * 1000)
         answered = consent(grant, op, decision) if consent is not None and \
             not decision.allowed else None

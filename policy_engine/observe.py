@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from policy_engine.model import OpKind, Profile
@@ -50,16 +52,41 @@ class Metrics:
             "sandbox_profile_build_ms", "profile build time", buckets=_MS_BUCKETS, registry=r)
         self.guard_validate_ms = Histogram(
             "sandbox_guard_validate_ms", "guard decision time", buckets=_MS_BUCKETS, registry=r)
+        self._exec_children: dict[tuple[Any, ...], Any] = {}
+        self._bytes_children: dict[str, Any] = {}
+        self._latency_children: dict[str, Any] = {}
         self.sink_failures_total = Counter(
             "sandbox_evidence_sink_failures", "evidence records a sink failed to take",
             ["sink"], registry=r)
 
     def observe_exec(self, op_kind: str, profile: Profile) -> None:
-        self.exec_total.labels(
-            domain=domain_of(op_kind), tool=profile.tool_name, safety=profile.safety.value,
-            side_effect=",".join(sorted(s.value for s in profile.side_effects)),
-            tenant=profile.tenant,
-        ).inc()
+        key = (op_kind, profile.tool_name, profile.safety, tuple(profile.side_effects),
+               profile.tenant)
+        child = self._exec_children.get(key)
+        if child is None:  # prometheus' labels() validates and locks per call: kept per key
+            child = self.exec_total.labels(
+                domain=domain_of(op_kind), tool=profile.tool_name, safety=profile.safety.value,
+                side_effect=",".join(sorted(s.value for s in profile.side_effects)),
+                tenant=profile.tenant)
+            if len(self._exec_children) >= 4096:
+                self._exec_children.clear()  # a cache, not a limit
+            self._exec_children[key] = child
+        child.inc()
+
+    def bytes_used(self, direction: str) -> Any:
+        """The ``budget_used_bytes`` series of ``direction`` (``in``/``out``), kept."""
+        child = self._bytes_children.get(direction)
+        if child is None:
+            child = self._bytes_children[direction] = self.budget_used_bytes.labels(
+                direction=direction)
+        return child
+
+    def latency(self, domain: str) -> Any:
+        """The ``latency_ms`` series of ``domain``, kept (a handful of domains)."""
+        child = self._latency_children.get(domain)
+        if child is None:
+            child = self._latency_children[domain] = self.latency_ms.labels(domain=domain)
+        return child
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
         """Current value of one sample (``0.0`` when never observed); for tests and `stats`."""

@@ -114,11 +114,15 @@ class RunOutcome:
         """Begin and end share the envelope id; sinks key both records by it."""
         return (self.begin.envelope_id,)
 
-    def to_json(self) -> dict[str, Any]:
+    def head_json(self) -> dict[str, Any]:
+        """``to_json`` without its ``evidence``: the end record as its sinks wrote it is
+        ``end.json_bytes()``."""
         return {"result": self.result.model_dump(mode="json"),
                 "decision": self.decision.model_dump(mode="json", exclude_none=True),
-                "envelope_id": self.envelope_id,
-                "evidence": self.end.model_dump(mode="json")}
+                "envelope_id": self.envelope_id}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.head_json(), "evidence": self.end.model_dump(mode="json")}
 
 
 def _builder(policyset: PolicySet, config: EngineConfig) -> ProfileBuilder:
@@ -329,7 +333,8 @@ class Orchestrator:
         t0 = time.perf_counter()
         with tracing.span("policy_engine.decide") as sp:
             decision = guard.decide(profile, op, context=context, now_ms=now)
-            sp.set_attributes(tracing.decision_attributes(decision, profile))
+            if sp.is_recording():  # the attributes are built only for a recorded span
+                sp.set_attributes(tracing.decision_attributes(decision, profile))
         self.metrics.guard_validate_ms.observe((time.perf_counter() - t0) * 1000)
         answered = consent(grant, op, decision) if consent is not None and \
             not decision.allowed else None
@@ -571,11 +576,11 @@ class Orchestrator:
             m.denied_total.labels(code=err.code.value).inc()
         elif err is not None:
             m.errors_total.labels(code=err.code.value).inc()
-        m.budget_used_bytes.labels(direction="in").inc(usage.bytes_in)
-        m.budget_used_bytes.labels(direction="out").inc(usage.bytes_out)
+        m.bytes_used("in").inc(usage.bytes_in)
+        m.bytes_used("out").inc(usage.bytes_out)
         m.cpu_ms.inc(usage.cpu_ms)
         m.gpu_ms.inc(usage.gpu_ms)
-        m.latency_ms.labels(domain=domain_of(op.kind)).observe(latency_ms)
+        m.latency(domain_of(op.kind)).observe(latency_ms)
 
 
 def _reported_degradations(attempt: Attempt) -> tuple[str, ...]:

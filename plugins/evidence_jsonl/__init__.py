@@ -96,10 +96,10 @@ class JsonlSink:
             self._flusher.start()
 
     def begin(self, ev: EvidenceBegin) -> None:
-        self._write(ev.model_dump_json().encode())
+        self._write(ev.json_bytes())
 
     def end(self, ev: EvidenceEnd) -> None:
-        self._write(ev.model_dump_json().encode())
+        self._write(ev.json_bytes())
 
     def _write(self, record: bytes) -> None:
         with self._lock:

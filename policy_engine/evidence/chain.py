@@ -45,7 +45,11 @@ def chained(record_json: bytes, seq: int, prev: str) -> bytes:
     body = record_json.rstrip()
     if not body.endswith(b"}") or body == b"{}":
         raise ValueError("a chained record must be a non-empty JSON object")
-    link = json.dumps({"seq": seq, "prev": prev}, separators=(",", ":")).encode()
+    if type(seq) is int and prev.isascii() and prev.isalnum():
+        # the usual link (a hex digest): nothing to escape, the bytes json.dumps would make
+        link = b'{"seq":%d,"prev":"%s"}' % (seq, prev.encode())
+    else:
+        link = json.dumps({"seq": seq, "prev": prev}, separators=(",", ":")).encode()
     return body[:-1] + b',"chain":' + link + b"}"
 
 

@@ -128,7 +128,7 @@ class SpoolingSink:
         with _EMPTY_LOCK:  # before the write: never a window where it is thought empty
             _EMPTY_UNTIL.pop(self.spool_path, None)
             _GENERATION[self.spool_path] = _GENERATION.get(self.spool_path, 0) + 1
-        line = ev.model_dump_json().encode() + b"\n"
+        line = ev.json_bytes() + b"\n"
         self.spool_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.spool_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:

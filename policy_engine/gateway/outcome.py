@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from policy_engine.confirm.broker import Asked, needs_consent
 from policy_engine.errors import ErrorCode, spec_of
+from policy_engine.model import Decision
 from policy_engine.orchestrator import RunOutcome
 from policy_engine.refusal import ConsentSeen, Refusal, RefusedBy
 
@@ -73,9 +75,50 @@ class Called:
     def to_json(self) -> dict[str, Any]:
         """The run document (`POST /v1/ops`, `run --format json`): result, decision, evidence,
         and ``consent``/``refusal`` when there are."""
-        data = self.outcome.to_json()
+        return {**self.outcome.to_json(), **self._extras()}
+
+    def to_json_bytes(self, **after: Any) -> bytes:
+        """``to_json()`` with ``after``'s members appended, as compact UTF-8 JSON (the
+        service's encoding), the evidence member being the end record's bytes as its sinks
+        wrote them: rendered once per call, not again for the answer (issue 27)."""
+        o = self.outcome
+        tail = {**self._extras(), **after}
+        rest = b"," + _compact(tail)[1:] if tail else b"}"
+        # pydantic renders the models straight to bytes (no dict, no json.dumps); the same
+        # members, in the same order, as ``head_json``
+        return b"".join((b'{"result":', o.result.model_dump_json().encode(),
+                         b',"decision":', _decision_json(o.decision),
+                         b',"envelope_id":', _compact(o.envelope_id),
+                         b',"evidence":', o.end.json_bytes(), rest))
+
+    def _extras(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
         if self.asked is not None:
             data["consent"] = {**self.asked.answer.to_json(), "kind": self.asked.kind}
         if self.refusal is not None:
             data["refusal"] = self.refusal.to_json()
         return data
+
+
+_DECISIONS: dict[int, tuple[Decision, bytes]] = {}
+_DECISIONS_MAX = 1024
+
+
+def _decision_json(decision: Decision) -> bytes:
+    """``decision`` as the run document shows it, remembered by identity: the guard answers a
+    cached decision with the same (frozen) object every time. The entry holds the object, so
+    its id cannot be reused while remembered."""
+    hit = _DECISIONS.get(id(decision))
+    if hit is not None and hit[0] is decision:
+        return hit[1]
+    rendered = decision.model_dump_json(exclude_none=True).encode()
+    if len(_DECISIONS) >= _DECISIONS_MAX:
+        _DECISIONS.clear()  # a cache, not a limit
+    _DECISIONS[id(decision)] = (decision, rendered)
+    return rendered
+
+
+def _compact(value: object) -> bytes:
+    """What starlette's ``JSONResponse`` renders for ``value``."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False,
+                      separators=(",", ":")).encode()

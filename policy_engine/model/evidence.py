@@ -6,7 +6,7 @@ import base64
 import hashlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from policy_engine.model.enums import SideEffect
 from policy_engine.model.limits import Limits, Usage
@@ -48,7 +48,39 @@ class ExecResult(BaseModel):
     used: Usage = Field(default_factory=Usage)
 
 
-class EvidenceBegin(BaseModel):
+class _Rendered(BaseModel):
+    """A record's JSON rendered once: every sink writing it and the `/v1/ops` answer carrying
+    the end record share the bytes (issue 27: one rendering per record, not one per use)."""
+
+    # (the __dict__ it was rendered from, the bytes): a copy (model_copy, copy.copy) has its
+    # own __dict__ and renders again; the dict is held, so its identity cannot be reused
+    _json: tuple[dict[str, Any], bytes] | None = PrivateAttr(default=None)
+
+    def json_bytes(self) -> bytes:
+        """``model_dump_json()`` as UTF-8 bytes, rendered on first use.
+
+        INVARIANT: a record is not changed after it is first written (the models are frozen;
+        their free-form dicts are built for the record and not touched again).
+        """
+        cached = self._json
+        if cached is not None and cached[0] is self.__dict__:
+            return cached[1]
+        rendered = self.model_dump_json().encode()
+        self._json = (self.__dict__, rendered)
+        return rendered
+
+    def __eq__(self, other: object) -> bool:
+        # the rendering is a cache, not part of the record: two equal records are equal
+        # whether or not either was rendered (pydantic compares private attributes too)
+        if not isinstance(other, BaseModel) or type(other) is not type(self):
+            return NotImplemented
+        return bool(self.__dict__ == other.__dict__
+                    and self.__pydantic_extra__ == other.__pydantic_extra__)
+
+    __hash__ = BaseModel.__hash__
+
+
+class EvidenceBegin(_Rendered):
     """Written before an operation runs (and for a denial, before the refusal is returned)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -77,7 +109,7 @@ class EvidenceBegin(BaseModel):
         "hints only, the decision never reads them from here")
 
 
-class EvidenceEnd(BaseModel):
+class EvidenceEnd(_Rendered):
     """Written after an operation ends, whatever the outcome ("failure is always recorded")."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from pydantic import BaseModel
+
 from policy_engine.evidence.redact import _create_key
 from policy_engine.inputs.inputfile import MAX_KEY_BYTES, read_bounded
 from policy_engine.model import (
@@ -157,6 +159,26 @@ def unseal(key: bytes, envelope_id: str, sealed: str) -> dict[str, Any]:
     return value
 
 
+_DUMPED: dict[int, tuple[BaseModel, dict[str, Any]]] = {}
+_DUMPED_MAX = 256
+
+
+def _dumped(model: BaseModel) -> dict[str, Any]:
+    """``model``'s JSON form, remembered by identity: a service answers every call of a tool
+    with the same manifest and settings objects (issue 27). The models are frozen, and the
+    entry holds the object, so its id cannot be reused while remembered. The dict is shared:
+    the records only serialise it."""
+    key = id(model)
+    hit = _DUMPED.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    data = model.model_dump(mode="json", exclude_none=True)
+    if len(_DUMPED) >= _DUMPED_MAX:
+        _DUMPED.clear()  # a cache, not a limit
+    _DUMPED[key] = (model, data)
+    return data
+
+
 def replay_block(envelope_id: str, op: ExecOp, grant: Grant, manifest: Manifest,
                  profile: Profile | None, *, settings: Settings | None,
                  overrides: Overrides | None, context: Mapping[str, object] | None,
@@ -168,10 +190,9 @@ def replay_block(envelope_id: str, op: ExecOp, grant: Grant, manifest: Manifest,
     block: dict[str, Any] = {
         "v": 1, "op": view, "now_ms": now_ms,
         "grant": grant.model_dump(mode="json", exclude_none=True),
-        "manifest": manifest.model_dump(mode="json", exclude_none=True),
-        "settings": settings.model_dump(mode="json", exclude_none=True) if settings else None,
-        "overrides": (overrides.model_dump(mode="json", exclude_none=True)
-                      if overrides else None),
+        "manifest": _dumped(manifest),
+        "settings": _dumped(settings) if settings else None,
+        "overrides": _dumped(overrides) if overrides else None,
         "context_keys": sorted(context) if context else [],
         "withheld": sorted(withheld),
     }

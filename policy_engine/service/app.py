@@ -318,24 +318,23 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         # rendered directly: FastAPI's generic encoder costs ~8x the decision itself
         return JSONResponse(decision(body, who, explain))
 
-    def run_call(body: CallBody, who: Principal) -> JSONResponse:
+    def run_call(body: CallBody, who: Principal) -> Response:
         context = check_call(who, body)
         called = engine_box[0].gateway.run(Call(
             body.grant, manifest_of(body), body.op, settings=config.op_settings,
             overrides=body.overrides, context=context, identity=(who.tenant, who.subject)))
-        data = called.to_json()
         r = called.refusal
         if r is None:
-            return JSONResponse(data)
-        data["error"] = {"code": r.code, "http_status": r.http_status,
-                         "retryable": r.retryable, "message": r.message}
-        return JSONResponse(data, status_code=r.http_status)
+            return Response(called.to_json_bytes(), media_type="application/json")
+        return Response(called.to_json_bytes(error={
+            "code": r.code, "http_status": r.http_status, "retryable": r.retryable,
+            "message": r.message}), status_code=r.http_status, media_type="application/json")
 
     # the ordinary decide and ops calls skip FastAPI's per-request machinery (fastpath.py)
     app.state.fast_routes = FastRoutes(admit=admission, decide=decision, run=run_call)
 
     @app.post("/v1/ops", tags=["decisions"], responses=OP_RESPONSES)
-    def run_op(body: CallBody, who: Who) -> JSONResponse:
+    def run_op(body: CallBody, who: Who) -> Response:
         """Run one op through the orchestrator (with begin/end evidence). A refusal or failure
         answers its code's HTTP status with `error` beside the outcome."""
         return run_call(body, who)

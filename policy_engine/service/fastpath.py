@@ -80,7 +80,7 @@ class FastRoutes:
 
     admit: Callable[[str | None], Awaitable[Principal]]
     decide: Callable[[DecideBody, Principal, View], dict[str, Any]]
-    run: Callable[[CallBody, Principal], JSONResponse]
+    run: Callable[[CallBody, Principal], Response]
 
 
 class FastPath:

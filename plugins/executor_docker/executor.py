@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import posixpath
+import shutil
 import signal
 import threading
 import time
@@ -59,6 +60,7 @@ from plugins.executor_docker.workspace import (
     collect_artifacts,
     default_root,
     prepare,
+    project_id,
     write_record,
 )
 from plugins.executor_proc.seccomp import unix_filter
@@ -309,7 +311,9 @@ class DockerExecutor:
 
     def release_bound(self, tenant: str, subject_id: str, root: str) -> int:
         """A bound session ends (docs/sessions.md): its own warm containers on every runtime
-        are removed; answers how many were held."""
+        are removed, and its project's per-exec records (``meta.json`` with the argv — the
+        session's code in plain text — and the output kept in ``stdout.txt``/``stderr.txt``),
+        which outlived the session before; answers how many containers were held."""
         key = bound_key(tenant, subject_id, root)
         with self._lock:
             pools = list(self._pools.values())
@@ -317,6 +321,12 @@ class DockerExecutor:
         for pool in pools:
             held += pool.holds(key)
             pool.release(key)
+        base = (Path(self.options.workspace_root) if self.options.workspace_root
+                else (self.state_dir / "docker").absolute())
+        # fd-based on Linux: a link the container left among its artifacts is removed, never
+        # followed
+        shutil.rmtree(base / "projects" / project_id(tenant, subject_id, root),
+                      ignore_errors=True)
         return held
 
     def start_interpreter(self, ctx: ExecContext, op: ExecOp,

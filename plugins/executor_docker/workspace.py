@@ -46,10 +46,15 @@ def project_id_of(profile: Profile, bound: str | None = None) -> str:
     injective (``acme`` + ``x--y`` and ``acme--x`` + ``y``; ``agent:alice`` and
     ``agent_alice``), the digest (128 bits of SHA-256 over an unambiguous encoding) is.
     """
-    pair = [profile.tenant, profile.subject_id]
+    return project_id(profile.tenant, profile.subject_id, bound)
+
+
+def project_id(tenant: str, subject_id: str, bound: str | None = None) -> str:
+    """:func:`project_id_of` from the tenant, subject and bound root themselves."""
+    pair = [tenant, subject_id]
     exact = json.dumps(pair if bound is None else [*pair, bound], ensure_ascii=True)
     digest = hashlib.sha256(exact.encode("ascii")).hexdigest()[:32]
-    return f"{slug(profile.tenant, 40)}--{slug(profile.subject_id, 80)}--{digest}"
+    return f"{slug(tenant, 40)}--{slug(subject_id, 80)}--{digest}"
 
 
 def default_root(state_dir: Path, profile: Profile) -> Path:

@@ -12,6 +12,7 @@ from typing import Any
 from policy_engine.config import EngineConfig
 from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
 from policy_engine.graph.policyset import PolicySet
+from policy_engine.inputs.text import first_not_unicode
 from policy_engine.model import (
     BrowserNavOp,
     FsReadOp,
@@ -123,6 +124,11 @@ def validate_against(schema: dict[str, Any], inputs: Any) -> None:
         else:
             detail = f"must satisfy `{rule}`"
         raise InputError(pointer_of(first), detail[:200])
+    where = first_not_unicode(inputs)
+    if where is not None:
+        # a lone UTF-16 surrogate (`"\ud800"` is valid JSON) is no text any op can carry: the
+        # op's model refused it later as an unhandled 500, with the value in the server log
+        raise InputError(where, "must be valid Unicode text (a lone surrogate is not)")
 
 
 def refuse_input(orch: Orchestrator, exc: InputError, *, tenant: str, subject: str,

@@ -150,7 +150,12 @@ def test_code_finds_its_artifacts_directory(rt: Sessions, backend: str) -> None:
 def test_delete_removes_the_sessions_container_and_workspace(rt: Sessions) -> None:
     s = rt.create("acme", "alice", backend="docker")
     root = rt.workspace(s)
-    _ok(rt.run_code("acme", "alice", s.session_id, "open('x', 'w').write('1')"))
+    marker = "MK-RETAINED-CODE"
+    _ok(rt.run_code("acme", "alice", s.session_id, f"open('x', 'w').write('1')  # {marker}"))
+    # the per-exec records of the session's project: meta.json holds the argv (the code)
+    records = [p for p in (rt.config.state_dir / "docker" / "projects").rglob("*")
+               if p.is_file() and marker in p.read_text(errors="replace")]
+    assert records, "the call's record names its code"
     held = _containers_binding(root)
     assert len(held) == 1, held
     mapped = _mapped_source(held[0], root)
@@ -165,6 +170,8 @@ def test_delete_removes_the_sessions_container_and_workspace(rt: Sessions) -> No
     assert mapped not in mount_points()
     assert not os.path.exists(mapped), mapped
     assert not root.parent.exists()
+    # outsider attack 15, F3: the session's code and output stayed on disk after its end
+    assert [p for p in records if p.exists()] == []
     client = docker.from_env()
     try:
         with pytest.raises(docker.errors.NotFound):

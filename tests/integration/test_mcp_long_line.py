@@ -116,3 +116,60 @@ def test_a_64_mib_line_is_refused_and_the_server_goes_on(tmp_path: Path) -> None
         proc.stdin.close()
         proc.wait(30)
     assert b"Traceback" not in b"".join(stderr)
+
+
+def test_a_lone_surrogate_is_answered_with_an_error(tmp_path: Path) -> None:
+    """``"\\ud800"`` is valid JSON but no text: the SDK's parser dropped such a line without
+    its id, and the client waited forever (outsider attack 15, F2: `session.run_code`,
+    `session.skill` and `skill.files.read` never answered). It is answered with a JSON-RPC
+    error naming where the string is; the next call on the stream is served."""
+    for d in ("root/inputs", "state"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "root/inputs/a.txt").write_text("a\n")
+    policy = tmp_path / "p.sbpolicy"
+    policy.write_text(f'policy "m" version "1.0.0"\npermit "r" fs.read paths '
+                      f'["{tmp_path}/root/**"]\n')
+    lines = [
+        json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"}}}).encode(),
+        b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
+        b'{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"skill.files.read",'
+        b'"arguments":{"path":"inputs/\\ud800"}}}',
+        # a surrogate pair is text (an emoji): not refused
+        b'{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"skill.files.read",'
+        b'"arguments":{"path":"inputs/\\ud83d\\ude00"}}}',
+        b'{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"skill.files.read",'
+        b'"arguments":{"path":"inputs/a.txt"}}}']
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "policy_engine.cli", "mcp", "--policy", str(policy), "--skills",
+         str(ROOT / "skills"), "--state-dir", str(tmp_path / "state"), "--root-fs",
+         str(tmp_path / "root"), "--tenant", "acme", "--subject", "agent:x"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    answered: dict[Any, dict[str, Any]] = {}
+    try:
+        proc.stdin.write(b"\n".join(lines) + b"\n")
+        proc.stdin.flush()
+        end = time.monotonic() + 60
+        while not {9, 10, 11} <= set(answered) and time.monotonic() < end:
+            if select.select([proc.stdout], [], [], 0.2)[0]:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                msg = json.loads(line)
+                answered[msg.get("id")] = msg
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+    err = proc.stderr.read() if proc.stderr is not None else b""
+    assert {9, 10, 11} <= set(answered), (answered, err[-2000:])
+    error = answered[9]["error"]
+    assert error["code"] == -32602, answered[9]
+    assert error["data"]["code"] == "SCHEMA.VALIDATION_FAILED", answered[9]
+    assert "/params/arguments/path" in error["message"], answered[9]
+    assert "error" not in answered[10], answered[10]  # decided: no such file, a tool error
+    assert answered[11]["result"]["isError"] is False, answered[11]
+    assert b"Traceback" not in err, err[-2000:]

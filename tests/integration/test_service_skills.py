@@ -85,3 +85,26 @@ def test_invoke_refuses_bad_inputs_with_a_json_pointer(service: Service) -> None
         assert http.post("/skills/no.such/invoke", json={}).status_code == 404
         assert http.post("/skills/Bad_Id/invoke", json={}).status_code == 400
         assert http.post("/skills/shell.run/invoke", json={"x": 1}).status_code == 422
+
+
+def test_a_lone_surrogate_in_an_input_is_a_422_with_evidence(service: Service) -> None:
+    """``"\\ud800"`` is valid JSON but no text: the schema let it through and the op's model
+    refused it as an unhandled 500 (`UNKNOWN.INTERNAL`, no evidence, two tracebacks carrying
+    the input in the server log, the keep-alive connection reset; outsider attack 15, F1)."""
+    token = add_token(service.state, "acme", "agent:four")
+    bodies = {"files.read": b'{"inputs":{"path":"inputs/\\ud800-marker"}}',
+              "shell.run": b'{"inputs":{"script":"echo \\udfff-marker"}}',
+              "http.fetch": b'{"inputs":{"url":"http://127.0.0.1:1/\\ud800-marker"}}'}
+    with service.client(token) as http:
+        for skill, body in bodies.items():
+            bad = http.post(f"/skills/{skill}/invoke", content=body,
+                            headers={"content-type": "application/json"})
+            assert bad.status_code == 422, (skill, bad.text)
+            assert bad.json()["error"]["code"] == "SCHEMA.VALIDATION_FAILED"
+            assert bad.json()["error"]["pointer"].startswith("/inputs/"), bad.text
+            assert [e["status"] for e in _evidence(service, bad.json()["envelope_id"])] == [
+                "denied"]
+        assert http.get("/skills").status_code == 200  # the same connection still serves
+    log = (service.root / "serve.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+    assert "marker" not in log, log[-3000:]

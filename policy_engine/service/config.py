@@ -80,11 +80,13 @@ class ServiceConfig:
     console_secure_cookies: bool = False
 
     def settings_for_exec(self) -> Settings:
-        """Operator settings of an exec: root_fs is the workspace, network none (seed 002)."""
+        """Operator settings of an exec: root_fs is the workspace, network none (seed 002).
+        The exec defaults (``EXEC_LIMITS``) are not among them: settings wider than the
+        policy's value are refused, so `defaults { timeout 30s }` refused every exec; they are
+        the exec tool's manifest limits, which only narrow (``exec_manifest``)."""
         if self.exec_settings is not None:
             return self.exec_settings
-        return Settings(limits=EXEC_LIMITS, network=NetworkMode.OFF,
-                        root_fs=str(self.workspace_root))
+        return Settings(network=NetworkMode.OFF, root_fs=str(self.workspace_root))
 
     @property
     def exec_tool(self) -> Manifest:

@@ -15,6 +15,7 @@ import pytest
 
 from plugins.budget_sqlite import SqliteBudgetMeter
 from tests.integration.service_server import (
+    POLICY,
     Service,
     add_token,
     cli,
@@ -501,3 +502,21 @@ def test_exec_records_are_owner_only(svc: Service, alice: str) -> None:
     with svc.client(alice) as c:
         assert c.get("/sandbox/execs").status_code == 200
     assert (svc.state / "service.sqlite").stat().st_mode & 0o077 == 0
+
+
+def test_a_policy_with_a_shorter_timeout_still_runs_execs(tmp_path: Path) -> None:
+    """The exec service's own defaults (60 s, 1 GiB, 1 core) were an operator *settings* layer,
+    refused when wider than the policy's: under `defaults { timeout 30s }` (docs/sessions.md's
+    recipe) every `POST /sandbox/execs` was denied, "settings would widen `limits.timeout_ms`
+    from 30000 to 60000", `refused_by: grant` (outsider attack 15, F6). They narrow as the
+    exec tool's manifest does: the call runs under the policy's 30 s."""
+    text = POLICY.replace('version "1.0.0"\n', 'version "1.0.0"\ndefaults {{ timeout 30s }}\n',
+                          1)
+    with start(tmp_path, policy_text=text) as svc:
+        token = add_token(svc.state, "acme", "agent:short")
+        with svc.client(token) as c:
+            done = _exec(c, {"project_id": "short",
+                             "exec": {"kind": "shell", "script": "echo ran"}}).json()
+        svc.stop()
+    assert done["status"] == "ok", done
+    assert done["policy_snapshot"]["limits"]["wall"].startswith("30.0s"), done["policy_snapshot"]

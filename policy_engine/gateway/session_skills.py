@@ -52,7 +52,8 @@ class SessionSkills:
                                             scope=scope)
         except PolicyEngineError as exc:  # no op to decide (recorded by prepare)
             raise PolicyRefusal(engine_refusal(
-                exc, "backend" if isinstance(exc, BackendRefusal) else "manifest")) from None
+                exc, "backend" if isinstance(exc, BackendRefusal) else "manifest",
+                envelope_id=getattr(exc, "envelope_id", None))) from None
         token = cancel or CancelToken()
         with self.sessions.tracked(info, token):  # a session's end cancels it
             called = self.sessions.gateway.run(

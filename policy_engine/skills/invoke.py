@@ -184,8 +184,10 @@ class SkillInvoker:
         try:
             op, settings, orch = self._op(skill, inputs, scope)
         except PolicyEngineError as exc:  # no op to decide: recorded, then refused
-            record_refusal(self.orch, tenant=tenant, subject=subject, tool_name=skill.id,
-                           capability=f"skill:{skill.id}", arguments=inputs, err=exc)
+            # the refusal names its evidence, as an input error's does
+            exc.envelope_id = record_refusal(  # type: ignore[attr-defined]
+                self.orch, tenant=tenant, subject=subject, tool_name=skill.id,
+                capability=f"skill:{skill.id}", arguments=inputs, err=exc)
             raise
         return SkillCall(grant, manifest, op, settings, orch)
 

@@ -139,6 +139,10 @@ def test_a_container_skill_runs_in_a_docker_sessions_own_container(svc: Service)
         assert refused.value.refusal.code == "SANDBOX.CAPABILITY_BLOCKED"
         assert refused.value.refusal.refused_by == "backend"
         assert refused.value.refusal.rule is None
+        # its evidence is written, and the answer names it (outsider attack 15, F4: null)
+        envelope = refused.value.refusal.envelope_id
+        assert envelope is not None
+        assert any(envelope in p.read_text() for p in svc.state.rglob("*.jsonl"))
         for sid in (s.session_id, b.session_id):
             c.delete_session(sid)
 

@@ -31,6 +31,7 @@ from policy_engine.runcode.manager import (
     run_code_result,
 )
 from policy_engine.runcode.risk import SecurityMode, UnifiedRiskPolicy
+from policy_engine.skills.refusals import record_refusal
 
 log = logging.getLogger(__name__)
 BACKENDS = ("proc-bwrap", "docker")
@@ -269,10 +270,17 @@ class Sessions:
             raise _bad("stateful calls run python", "language")
         needed = UnifiedRiskPolicy.required_sandbox(plan.risk, SecurityMode(info.security_mode))
         if _STRENGTH[needed] > _STRENGTH[info.backend]:
-            raise PolicyRefusal(engine_refusal(PolicyEngineError(
+            err = PolicyEngineError(
                 ErrorCode.CAPABILITY_BLOCKED, f"the code's risk ({plan.risk.level.name}) needs "
                 f"{needed} in {info.security_mode} mode; this session runs on {info.backend}: "
-                f"create a session with backend `{needed}`"), "backend"))
+                f"create a session with backend `{needed}`")
+            # no op ran, but the call leaves evidence (the code as its size and keyed digest)
+            envelope = record_refusal(
+                self.pool.get(info.backend), tenant=tenant, subject=subject,
+                tool_name=self.manifest.name, capability="proc.exec",
+                arguments={"code": code, "language": language, "session": info.session_id},
+                err=err)
+            raise PolicyRefusal(engine_refusal(err, "backend", envelope_id=envelope))
         token = cancel or CancelToken()
         with self.tracked(info, token):
             slot = self._interpreter(info) if stateful else None

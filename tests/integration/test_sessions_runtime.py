@@ -172,6 +172,12 @@ def test_the_tenant_cap_and_the_fixed_backend(sessions: Sessions) -> None:
         sessions.run_code("acme", "u9", strict.session_id, "import os\nprint(os.getpid())")
     assert blocked.value.refusal.code == "SANDBOX.CAPABILITY_BLOCKED"
     assert blocked.value.refusal.refused_by == "backend"
+    # recorded, and the answer names its evidence (outsider attack 15, F4: none, null)
+    envelope = blocked.value.refusal.envelope_id
+    assert envelope is not None
+    logged = "".join(p.read_text() for p in sessions.config.state_dir.rglob("*.jsonl"))
+    assert envelope in logged
+    assert "getpid" not in logged  # the code only as its size and keyed digest
 
 
 def test_session_files_are_guarded_ops_and_stay_in_the_session(sessions: Sessions) -> None:

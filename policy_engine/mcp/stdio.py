@@ -59,22 +59,24 @@ def not_text(line: bytes) -> str | None:
 
 def not_text_error(msg_id: Any, where: str) -> str:
     """The JSON-RPC error answering a message with a string that is not text, as one line."""
-    message = (f"the string at `{where or '/'}` is not valid Unicode text (a lone surrogate): "
-               "send UTF-8 text")
-    refusal = code_refusal("SCHEMA.VALIDATION_FAILED", 422, message, "service").to_json()
-    return json.dumps({"jsonrpc": "2.0", "id": msg_id, "error": {
-        "code": _INVALID_PARAMS, "message": f"SCHEMA.VALIDATION_FAILED: {message}",
-        "data": {"code": "SCHEMA.VALIDATION_FAILED", "policy-engine/refusal": refusal}}})
+    return _rpc_error(msg_id, _INVALID_PARAMS, "SCHEMA.VALIDATION_FAILED", 422,
+                      f"the string at `{where or '/'}` is not valid Unicode text (a lone "
+                      "surrogate): send UTF-8 text")
 
 
 def too_long(msg_id: Any) -> str:
     """The JSON-RPC error answering an over-long line, as one line."""
-    message = (f"a JSON-RPC message longer than {MAX_LINE_BYTES} bytes: it is read and dropped"
-               "; send smaller arguments")
-    refusal = code_refusal("SERVICE.PAYLOAD_TOO_LARGE", 413, message, "service").to_json()
+    return _rpc_error(msg_id, _INVALID_REQUEST, "SERVICE.PAYLOAD_TOO_LARGE", 413,
+                      f"a JSON-RPC message longer than {MAX_LINE_BYTES} bytes: it is read and "
+                      "dropped; send smaller arguments")
+
+
+def _rpc_error(msg_id: Any, rpc_code: int, code: str, http_status: int, message: str) -> str:
+    """A JSON-RPC error carrying the one refusal document (``code``), as one line."""
+    refusal = code_refusal(code, http_status, message, "service").to_json()
     return json.dumps({"jsonrpc": "2.0", "id": msg_id, "error": {
-        "code": _INVALID_REQUEST, "message": f"SERVICE.PAYLOAD_TOO_LARGE: {message}",
-        "data": {"code": "SERVICE.PAYLOAD_TOO_LARGE", "policy-engine/refusal": refusal}}})
+        "code": rpc_code, "message": f"{code}: {message}",
+        "data": {"code": code, "policy-engine/refusal": refusal}}})
 
 
 class _Out:

@@ -36,13 +36,19 @@ def _hwm_mib(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-def test_a_64_mib_line_is_refused_and_the_server_goes_on(tmp_path: Path) -> None:
+def _policy_and_root(tmp_path: Path) -> Path:
+    """A root with ``inputs/a.txt``, a state dir, and a policy reading the root; the policy."""
     for d in ("root/inputs", "state"):
         (tmp_path / d).mkdir(parents=True)
     (tmp_path / "root/inputs/a.txt").write_text("a\n")
     policy = tmp_path / "p.sbpolicy"
     policy.write_text(f'policy "m" version "1.0.0"\npermit "r" fs.read paths '
                       f'["{tmp_path}/root/**"]\n')
+    return policy
+
+
+def test_a_64_mib_line_is_refused_and_the_server_goes_on(tmp_path: Path) -> None:
+    policy = _policy_and_root(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "policy_engine.cli", "mcp", "--policy", str(policy), "--skills",
@@ -123,12 +129,7 @@ def test_a_lone_surrogate_is_answered_with_an_error(tmp_path: Path) -> None:
     its id, and the client waited forever (outsider attack 15, F2: `session.run_code`,
     `session.skill` and `skill.files.read` never answered). It is answered with a JSON-RPC
     error naming where the string is; the next call on the stream is served."""
-    for d in ("root/inputs", "state"):
-        (tmp_path / d).mkdir(parents=True)
-    (tmp_path / "root/inputs/a.txt").write_text("a\n")
-    policy = tmp_path / "p.sbpolicy"
-    policy.write_text(f'policy "m" version "1.0.0"\npermit "r" fs.read paths '
-                      f'["{tmp_path}/root/**"]\n')
+    policy = _policy_and_root(tmp_path)
     lines = [
         json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {},

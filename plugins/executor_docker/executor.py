@@ -321,24 +321,26 @@ class DockerExecutor:
         for pool in pools:
             held += pool.holds(key)
             pool.release(key)
-        base = (Path(self.options.workspace_root) if self.options.workspace_root
-                else (self.state_dir / "docker").absolute())
         # fd-based on Linux: a link the container left among its artifacts is removed, never
         # followed
-        shutil.rmtree(base / "projects" / project_id(tenant, subject_id, root),
-                      ignore_errors=True)
+        shutil.rmtree(self._docker_root(self.state_dir) / "projects"
+                      / project_id(tenant, subject_id, root), ignore_errors=True)
         return held
 
     def start_interpreter(self, ctx: ExecContext, op: ExecOp,
                           lifetime_s: float) -> interpreter.DockerInterpreter:
         """A live Python interpreter in a stateful session's own container (interpreter.py)."""
+        return interpreter.start(self, ctx, self._admit(ctx, op), lifetime_s)
+
+    def _admit(self, ctx: ExecContext, op: ExecOp) -> ProcExecOp:
+        """``op`` when this executor serves it and its own second-line checks pass."""
         if not isinstance(op, ProcExecOp):
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
                                     f"the docker executor does not serve `{op.kind}`")
         refused = refusal_of(self, ctx.profile, op)
         if refused is not None:
             raise refused
-        return interpreter.start(self, ctx, op, lifetime_s)
+        return op
 
     def release_session(self, tenant: str, subject_id: str, tool_name: str) -> None:
         """The session-end call (the sessions feature calls it when a session closes; until
@@ -430,12 +432,7 @@ class DockerExecutor:
         return artifacts_dir(cwd) if bound is not None else "/workspace/artifacts"
 
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
-        if not isinstance(op, ProcExecOp):
-            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
-                                    f"the docker executor does not serve `{op.kind}`")
-        refused = refusal_of(self, ctx.profile, op)
-        if refused is not None:
-            raise refused
+        op = self._admit(ctx, op)
         stdin = _stdin(op.stdin_b64, ctx)
         profile = ctx.profile
         runtime = runtimes.for_profile(profile, self.runtimes)

@@ -135,14 +135,8 @@ def _wait(container: Any, remaining: float, cancel: CancelToken | None
     """The container's wait result (``None`` on the deadline) and whether ``cancel`` fired
     first; the wait runs on a thread so a cancellation is seen within 50 ms."""
     box: list[Any] = []
-
-    def waiter() -> None:
-        try:
-            box.append(container.wait(timeout=remaining))
-        except BaseException as exc:  # noqa: BLE001 -- handed to the caller below
-            box.append(exc)
-
-    t = threading.Thread(target=waiter, daemon=True, name="docker-wait")
+    t = threading.Thread(target=_into, args=(box, lambda: container.wait(timeout=remaining)),
+                         daemon=True, name="docker-wait")
     t.start()
     while t.is_alive():
         if cancel is not None and cancel.wait(0.05):

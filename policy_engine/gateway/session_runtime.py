@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from policy_engine.config import EngineConfig
-from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken
 from policy_engine.gateway.call import Call, Gateway
 from policy_engine.gateway.session_interpreter import SessionInterpreter
@@ -270,7 +270,7 @@ class Sessions:
             raise _bad("stateful calls run python", "language")
         needed = UnifiedRiskPolicy.required_sandbox(plan.risk, SecurityMode(info.security_mode))
         if _STRENGTH[needed] > _STRENGTH[info.backend]:
-            err = PolicyEngineError(
+            err = BackendRefusal(
                 ErrorCode.CAPABILITY_BLOCKED, f"the code's risk ({plan.risk.level.name}) needs "
                 f"{needed} in {info.security_mode} mode; this session runs on {info.backend}: "
                 f"create a session with backend `{needed}`")

@@ -1,5 +1,6 @@
 """Evidence for a call refused before it became an op (its arguments break the tool's input
-schema): a begin and a denied end, so every call leaves evidence, malformed ones included."""
+schema, or its backend cannot serve it): a begin and a denied end, so every call leaves
+evidence, malformed ones included."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 import uuid
 from typing import Any
 
-from policy_engine.errors import PolicyEngineError
+from policy_engine.errors import BackendRefusal, PolicyEngineError
 from policy_engine.evidence.decided import decision_fields
 from policy_engine.evidence.digest import EMPTY_DIGEST, canonical_json, digest_json
 from policy_engine.evidence.redact import keyed_digest
@@ -41,7 +42,8 @@ def record_refusal(orch: Orchestrator, *, tenant: str, subject: str, tool_name: 
     end = EvidenceEnd(
         envelope_id=envelope, status="denied", error_code=err.code.value,
         outputs_digest=EMPTY_DIGEST, finished_at_ms=int(time.time() * 1000),
-        sandbox_error_kind="invalid_input",
+        # a backend's own no (BackendRefusal) is recorded as a refused backend selection is
+        sandbox_error_kind="capability" if isinstance(err, BackendRefusal) else "invalid_input",
         **decision_fields(decision, None, orch.policyset.version_hash))
     for sink in orch.sinks:
         sink.begin(begin)

@@ -24,32 +24,20 @@ from plugins.executor_docker.executor import DockerExecutor
 from plugins.executor_docker.pool import POOL_LABEL
 from plugins.executor_proc.idmap import IDMAP_DIR
 from policy_engine import PolicyEngineError
-from policy_engine.compiler import compile_files
-from policy_engine.config import EngineConfig
-from policy_engine.gateway.call import Gateway
 from policy_engine.gateway.session_files import SessionFiles
-from policy_engine.gateway.session_runtime import SessionLimits, Sessions
+from policy_engine.gateway.session_runtime import Sessions
 from policy_engine.refusal import PolicyRefusal
-from policy_engine.runcode.manager import OrchestratorPool, RunCodeResult
+from policy_engine.runcode.manager import RunCodeResult
 from tests.integration.test_docker_write_identity import mount_points
-from tests.integration.test_sessions_runtime import POLICY
+from tests.integration.test_sessions_runtime import sessions_in
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def rt(tmp_path: Path) -> Iterator[Sessions]:
-    ws = tmp_path / "ws"
-    policy = tmp_path / "s.sbpolicy"
-    policy.write_text(POLICY.format(ws=ws))
-    config = EngineConfig(state_dir=tmp_path / "state",
-                          options={"docker": {"mode": "pool", "pool_size": 1}})
-    pool = OrchestratorPool(compile_files([policy]), config)
-    made = Sessions(pool, Gateway(pool.get("proc-bwrap")), config=config, workspace_root=ws,
-                    limits=SessionLimits(max_live_per_tenant=4), reap_interval_s=0)
-    yield made
-    made.close()
-    pool.close()
+    with sessions_in(tmp_path, docker={"mode": "pool", "pool_size": 1}) as made:
+        yield made
 
 
 def _containers_binding(path: Path) -> list[str]:

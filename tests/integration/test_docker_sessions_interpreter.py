@@ -27,7 +27,7 @@ from policy_engine.gateway.call import Gateway
 from policy_engine.gateway.session_runtime import SessionLimits, Sessions
 from policy_engine.runcode.manager import OrchestratorPool, RunCodeResult
 from tests.integration.test_docker_sessions import _containers_binding
-from tests.integration.test_sessions_runtime import POLICY
+from tests.integration.test_sessions_runtime import POLICY, sessions_in
 
 pytestmark = pytest.mark.integration
 
@@ -36,17 +36,8 @@ MARK = "long-lived Python interpreter a stateful session runs"  # the server's s
 
 @pytest.fixture
 def rt(tmp_path: Path) -> Iterator[Sessions]:
-    ws = tmp_path / "ws"
-    policy = tmp_path / "s.sbpolicy"
-    policy.write_text(POLICY.format(ws=ws))
-    config = EngineConfig(state_dir=tmp_path / "state",
-                          options={"docker": {"mode": "pool", "pool_size": 1}})
-    pool = OrchestratorPool(compile_files([policy]), config)
-    made = Sessions(pool, Gateway(pool.get("proc-bwrap")), config=config, workspace_root=ws,
-                    limits=SessionLimits(max_live_per_tenant=4), reap_interval_s=0)
-    yield made
-    made.close()
-    pool.close()
+    with sessions_in(tmp_path, docker={"mode": "pool", "pool_size": 1}) as made:
+        yield made
 
 
 def _run(rt: Sessions, sid: str, code: str, **kw: Any) -> RunCodeResult:

@@ -22,14 +22,10 @@ from typing import Any
 
 import pytest
 
-from policy_engine.compiler import compile_files
-from policy_engine.config import EngineConfig
-from policy_engine.gateway.call import Gateway
 from policy_engine.gateway.session_execs import SessionExecs
-from policy_engine.gateway.session_runtime import SessionLimits, Sessions
-from policy_engine.runcode.manager import OrchestratorPool
+from policy_engine.gateway.session_runtime import Sessions
 from tests.integration.service_server import Service, add_token, serving
-from tests.integration.test_sessions_runtime import POLICY
+from tests.integration.test_sessions_runtime import sessions_in
 
 pytestmark = pytest.mark.integration
 
@@ -97,16 +93,8 @@ def test_stateful_run_code_on_a_run_once_docker_session_over_http(svc: Service) 
 
 @pytest.fixture
 def run_once(tmp_path: Path) -> Iterator[Sessions]:
-    ws = tmp_path / "ws"
-    policy = tmp_path / "s.sbpolicy"
-    policy.write_text(POLICY.format(ws=ws))
-    config = EngineConfig(state_dir=tmp_path / "state")  # docker `run-once`
-    pool = OrchestratorPool(compile_files([policy]), config)
-    made = Sessions(pool, Gateway(pool.get("proc-bwrap")), config=config, workspace_root=ws,
-                    limits=SessionLimits(max_live_per_tenant=4), reap_interval_s=0)
-    yield made
-    made.close()
-    pool.close()
+    with sessions_in(tmp_path) as made:  # docker `run-once`
+        yield made
 
 
 def test_stateful_run_code_on_a_run_once_docker_session_in_python(run_once: Sessions) -> None:

@@ -3,12 +3,14 @@ delete and on TTL expiry (no process left behind), the per-tenant cap, owners on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,16 +33,29 @@ require consent when `profile.safety == "High"`
 
 @pytest.fixture
 def sessions(tmp_path: Path) -> Iterator[Sessions]:
+    with sessions_in(tmp_path, max_live=3, reap_interval_s=0.2) as made:
+        yield made
+
+
+@contextlib.contextmanager
+def sessions_in(tmp_path: Path, *, docker: dict[str, Any] | None = None, max_live: int = 4,
+                reap_interval_s: float = 0) -> Iterator[Sessions]:
+    """The session runtime over ``POLICY`` in ``tmp_path`` (workspace ``ws``, state
+    ``state``), with ``docker`` as the docker executor's options (default: run-once)."""
     ws = tmp_path / "ws"
     policy = tmp_path / "s.sbpolicy"
     policy.write_text(POLICY.format(ws=ws))
-    config = EngineConfig(state_dir=tmp_path / "state")
+    config = EngineConfig(state_dir=tmp_path / "state",
+                          options={"docker": docker} if docker is not None else {})
     pool = OrchestratorPool(compile_files([policy]), config)
     made = Sessions(pool, Gateway(pool.get("proc-bwrap")), config=config, workspace_root=ws,
-                    limits=SessionLimits(max_live_per_tenant=3), reap_interval_s=0.2)
-    yield made
-    made.close()
-    pool.close()
+                    limits=SessionLimits(max_live_per_tenant=max_live),
+                    reap_interval_s=reap_interval_s)
+    try:
+        yield made
+    finally:
+        made.close()
+        pool.close()
 
 
 def _not_found(call: object) -> None:
@@ -178,6 +193,9 @@ def test_the_tenant_cap_and_the_fixed_backend(sessions: Sessions) -> None:
     logged = "".join(p.read_text() for p in sessions.config.state_dir.rglob("*.jsonl"))
     assert envelope in logged
     assert "getpid" not in logged  # the code only as its size and keyed digest
+    ends = [json.loads(line) for line in logged.splitlines()
+            if envelope in line and '"type":"end"' in line.replace(" ", "")]
+    assert [e["sandbox_error_kind"] for e in ends] == ["capability"], ends
 
 
 def test_session_files_are_guarded_ops_and_stay_in_the_session(sessions: Sessions) -> None:

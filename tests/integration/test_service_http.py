@@ -159,11 +159,13 @@ def test_a_missing_file_is_404_not_a_retryable_failure(svc: Service, alice: str)
             assert refusal["refused_by"] == "backend"
             assert refusal["rule"] is None
             envelope = resp.json()["envelope_id"]
-            evidence = "\n".join(p.read_text() for p in svc.state.rglob("*.jsonl"))
-            ends = [json.loads(line) for line in evidence.splitlines()
-                    if envelope in line and '"type": "end"' in line.replace('":"', '": "')]
-            assert ends and ends[-1]["error_code"] == "TOOL.NOT_FOUND"
-            assert ends[-1]["sandbox_error_kind"] == "not_found"
+            records = [json.loads(line) for log in svc.state.rglob("*.jsonl")
+                       for line in log.read_text().splitlines() if envelope in line]
+            ends = [r for r in records if r.get("envelope_id") == envelope
+                    and r.get("type") == "end"]
+            assert len(ends) == 1
+            assert ends[0]["error_code"] == "TOOL.NOT_FOUND"
+            assert ends[0]["sandbox_error_kind"] == "not_found"
 
 
 def test_a_grant_or_context_for_another_tenant_is_refused(svc: Service, alice: str) -> None:

@@ -10,6 +10,7 @@ begin/end evidence with volatile fields normalized. Review and update snapshots 
 
 from __future__ import annotations
 
+import errno
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,9 +35,16 @@ from casekit import (
 )
 from syrupy.assertion import SnapshotAssertion
 
+from plugins import budget_memory, evidence_jsonl
+from policy_engine.config import EngineConfig
 from policy_engine.errors import REGISTRY, DiagnosticsError, ErrorCode
+from policy_engine.executor import ExecContext, ExecutorCapabilities
+from policy_engine.gateway.outcome import refusal_of
 from policy_engine.guard import Guard
-from policy_engine.model import OP_CAPABILITY, CapabilityKind
+from policy_engine.hookspecs import hookimpl
+from policy_engine.model import OP_CAPABILITY, CapabilityKind, ExecResult, OpKind
+from policy_engine.orchestrator import Orchestrator
+from policy_engine.plugin_manager import PluginManager
 from policy_engine.profile import ProfileBuilder
 
 CASES = load_all()
@@ -149,6 +157,8 @@ def _outcomes() -> Counter[str]:
 # into a deny); every well-formed or malformed request is classified before that can happen.
 NOT_REACHABLE_BY_REQUEST = {
     ErrorCode.UNKNOWN_INTERNAL.value: "test_guard_crash_is_unknown_internal",
+    # a correct executor fails only on its own faults (a missing file is TOOL.NOT_FOUND)
+    ErrorCode.EXECUTION_FAILED.value: "test_an_executor_fault_is_execution_failed",
 }
 
 
@@ -178,6 +188,56 @@ def test_guard_crash_is_unknown_internal(policies: PolicyCache) -> None:
     assert (view["http_status"], view["retryable"]) == (500, False)
     assert view["message"] == "internal error"  # no exception text in the public view
     assert "NoneType" not in view["reason"]
+
+
+class _FaultyFs:
+    """An fs executor whose disk fails under it (EIO): the executor's own fault."""
+
+    name = "faulty-fs"
+    local = False
+    capabilities = ExecutorCapabilities(op_kinds=frozenset({OpKind.FS_READ}))
+
+    def execute(self, ctx: ExecContext, op: Any) -> ExecResult:
+        raise OSError(errno.EIO, "input/output error under /secret/disk")
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class _FaultyPlugin:
+    @hookimpl
+    def policy_engine_executors(self, config: EngineConfig) -> list[_FaultyFs]:
+        return [_FaultyFs()]
+
+
+def test_an_executor_fault_is_execution_failed(policies: PolicyCache, case_env: Env,
+                                               tmp_path: Path) -> None:
+    """The case that now answers TOOL.NOT_FOUND, run on an executor whose disk fails: the
+    executor's own fault is TOOL.EXECUTION_FAILED, 500, retryable, refused by the backend with
+    no rule, and neither the public message nor the evidence holds the exception's text."""
+    lc = BY_NOTE["fs/run-read-missing-file"]
+    case = bound(lc, case_env)
+    ps = policies.policyset(case, lc.file.parent)
+    pm = PluginManager()
+    for module in (evidence_jsonl, budget_memory):
+        pm.register(module, module.__name__.rsplit(".", 1)[-1])
+    pm.register(_FaultyPlugin(), "faulty")
+    config = EngineConfig(state_dir=tmp_path, backends={OpKind.FS_READ: "faulty-fs"},
+                          evidence_sinks=("jsonl",), budget_meter="memory",
+                          revocation="memory")
+    with Orchestrator(ps, config=config, plugins=pm) as orch:
+        request = case.request.explain_request()
+        outcome = orch.run(grant_of(case, lc.file.parent), manifest_of(case, lc.file.parent),
+                           request.op, settings=request.settings)
+    refusal = refusal_of(outcome, None)
+    assert refusal is not None
+    assert (refusal.code, refusal.http_status, refusal.retryable) == (
+        ErrorCode.EXECUTION_FAILED.value, 500, True)
+    assert (refusal.refused_by, refusal.rule) == ("backend", None)
+    assert "/secret/disk" not in refusal.message
+    log = (tmp_path / "evidence" / "evidence.jsonl").read_text()
+    assert "/secret/disk" not in log
+    assert outcome.end.sandbox_error_kind == "exception"
 
 
 def test_every_capability_kind_is_allowed_and_denied_somewhere() -> None:

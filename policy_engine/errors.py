@@ -21,6 +21,7 @@ class ErrorCode(StrEnum):
     BUDGET_EXCEEDED = "QUOTA.BUDGET_EXCEEDED"
     SCHEMA_VALIDATION_FAILED = "SCHEMA.VALIDATION_FAILED"
     EXECUTION_FAILED = "TOOL.EXECUTION_FAILED"
+    NOT_FOUND = "TOOL.NOT_FOUND"
     UNKNOWN_INTERNAL = "UNKNOWN.INTERNAL"
 
 
@@ -99,6 +100,15 @@ REGISTRY: dict[ErrorCode, ErrorSpec] = {
             "tool execution failed: {reason}",
             "executor name, exception type and message",
             "executor internal failure",
+        ),
+        ErrorSpec(
+            # the caller's mistake, not the executor's: retrying the same call cannot help
+            # (before it was TOOL.EXECUTION_FAILED, retryable; outsider attack 15, F5)
+            ErrorCode.NOT_FOUND, 404, False,
+            "not found: {reason}",
+            "the path as the executor resolved it and the errno",
+            "the op's target does not exist: a file to read or a directory to list is missing, "
+            "or a component of its path is not a directory",
         ),
         ErrorSpec(
             ErrorCode.UNKNOWN_INTERNAL, 500, False,

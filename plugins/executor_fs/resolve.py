@@ -69,7 +69,11 @@ def _blocked_or_failed(err: OSError, path: str) -> PolicyEngineError:
             audit={"errno": err.errno},
         )
     if err.errno == errno.ENOENT:
-        return PolicyEngineError(ErrorCode.EXECUTION_FAILED, f"no such file `{path}`",
+        return PolicyEngineError(ErrorCode.NOT_FOUND, f"no such file `{path}`",
+                                 audit={"errno": err.errno})
+    if err.errno == errno.ENOTDIR:  # openat2 says ELOOP for a symlink: this is a regular file
+        return PolicyEngineError(ErrorCode.NOT_FOUND,
+                                 f"`{path}` or a component of it is not a directory",
                                  audit={"errno": err.errno})
     return PolicyEngineError(ErrorCode.EXECUTION_FAILED, f"cannot open `{path}`: {err.strerror}",
                              audit={"errno": err.errno})

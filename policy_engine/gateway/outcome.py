@@ -13,7 +13,7 @@ from policy_engine.orchestrator import RunOutcome
 from policy_engine.refusal import ConsentSeen, Refusal, RefusedBy
 
 _BACKEND = frozenset({ErrorCode.PROVIDER_UNAVAILABLE.value, ErrorCode.EXECUTION_FAILED.value,
-                      ErrorCode.UNKNOWN_INTERNAL.value})
+                      ErrorCode.NOT_FOUND.value, ErrorCode.UNKNOWN_INTERNAL.value})
 _LIMITS = frozenset({ErrorCode.BUDGET_EXCEEDED.value, ErrorCode.TIMEOUT.value})
 
 

@@ -178,8 +178,7 @@ class SessionFiles:
                  annotations={"session": info.session_id},
                  identity=(info.tenant, info.subject)), orchestrator=orch)
         if called.refusal is not None:
-            message = called.refusal.message.lower()
-            if "no such file" in message or "not a directory" in message:
+            if called.refusal.code == ErrorCode.NOT_FOUND.value:
                 raise PolicyRefusal(code_refusal(
                     "SERVICE.NOT_FOUND", 404, "not found: no such file", "service",
                     envelope_id=called.envelope_id, location="path"))

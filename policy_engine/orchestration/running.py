@@ -42,6 +42,7 @@ def _kind_of(code: ErrorCode) -> str:
         ErrorCode.BUDGET_EXCEEDED: "quota",
         ErrorCode.PROVIDER_UNAVAILABLE: "provider",
         ErrorCode.EXECUTION_FAILED: "execution",
+        ErrorCode.NOT_FOUND: "not_found",
         ErrorCode.SCHEMA_VALIDATION_FAILED: "schema",
         ErrorCode.UNKNOWN_INTERNAL: "internal",
     }.get(code, "policy")

@@ -141,6 +141,33 @@ def test_ops_runs_through_the_orchestrator_with_evidence(svc: Service, alice: st
     assert envelope in evidence  # the denial left begin/end evidence too
 
 
+def test_a_missing_file_is_404_not_a_retryable_failure(svc: Service, alice: str) -> None:
+    """Outsider attack 15, F5: reading a file that does not exist was `500
+    TOOL.EXECUTION_FAILED, retryable: true`, which tells a client to retry forever. It is the
+    caller's mistake, not the executor's: `404 TOOL.NOT_FOUND`, not retryable, refused by the
+    backend (no rule refused it), with its evidence."""
+    root = svc.root
+    with svc.client(alice) as c:
+        for path in (f"{root}/data/no-such.txt", f"{root}/data/no-dir/x.txt"):
+            body = {"op": {"kind": "fs.read", "path": path},
+                    "grant": grant("acme", "agent:alice", root), "manifest": "reader"}
+            resp = c.post("/v1/ops", json=body)
+            _assert_error(resp, 404, "TOOL.NOT_FOUND")
+            refusal = resp.json()["refusal"]
+            assert refusal["retryable"] is False
+            assert resp.json()["error"]["retryable"] is False
+            assert refusal["refused_by"] == "backend"
+            assert refusal["rule"] is None
+            envelope = resp.json()["envelope_id"]
+            records = [json.loads(line) for log in svc.state.rglob("*.jsonl")
+                       for line in log.read_text().splitlines() if envelope in line]
+            ends = [r for r in records if r.get("envelope_id") == envelope
+                    and r.get("type") == "end"]
+            assert len(ends) == 1
+            assert ends[0]["error_code"] == "TOOL.NOT_FOUND"
+            assert ends[0]["sandbox_error_kind"] == "not_found"
+
+
 def test_a_grant_or_context_for_another_tenant_is_refused(svc: Service, alice: str) -> None:
     root = svc.root
     op = {"kind": "fs.read", "path": f"{root}/data/hello.txt"}

@@ -1,4 +1,4 @@
-"""The error registry: nine stable codes, their statuses, and docs that never drift from them."""
+"""The error registry: ten stable codes, their statuses, and docs that never drift from them."""
 
 from __future__ import annotations
 
@@ -28,11 +28,12 @@ EXPECTED = {
     "QUOTA.BUDGET_EXCEEDED": 429,
     "SCHEMA.VALIDATION_FAILED": 422,
     "TOOL.EXECUTION_FAILED": 500,
+    "TOOL.NOT_FOUND": 404,
     "UNKNOWN.INTERNAL": 500,
 }
 
 
-def test_registry_holds_exactly_the_nine_stable_codes_with_their_statuses() -> None:
+def test_registry_holds_exactly_the_stable_codes_with_their_statuses() -> None:
     assert {c.value: s.http_status for c, s in REGISTRY.items()} == EXPECTED
 
 

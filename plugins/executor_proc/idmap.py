@@ -32,7 +32,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 IDMAP_DIR = "/run/policy-engine-idmap"
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442
@@ -188,15 +188,95 @@ def _private_dir() -> None:
         # one mount for every engine process: a second bind onto it, not recursive, would
         # cover the mappings other processes made beneath (their containers got the empty
         # directory). The lock: two engines starting at once must not both bind it
-        lock = os.open(IDMAP_DIR + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with _start_lock():
             if not _is_mount_point(IDMAP_DIR):
                 _libc.mount(where, where, None, _MS_BIND, None)
             # best effort: a shared one only costs the copies
             _private = _libc.mount(None, where, None, _MS_PRIVATE, None) == 0
+            _sweep_orphans()
+
+
+@contextlib.contextmanager
+def _start_lock() -> Iterator[None]:
+    """Every engine's start-up work on ``IDMAP_DIR`` (its mount, the sweep, a new owner file),
+    one process at a time."""
+    lock = os.open(IDMAP_DIR + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(lock)  # releases the lock
+
+
+_owner: str | None = None
+_OWNER_SUFFIX = ".owner"
+
+
+def _owner_token() -> str:
+    """This process's owner token: the prefix of every mapping directory it makes, held alive
+    by an exclusive ``flock`` on ``IDMAP_DIR/<token>.owner`` that the kernel drops when the
+    process dies, however it dies (a pid would be reused, and differs across pid namespaces).
+    Called under ``_lock``."""
+    global _owner
+    if _owner is None:
+        token = secrets.token_hex(6)
+        with _start_lock():  # a sweep never sees the file before its lock is taken
+            fd = os.open(os.path.join(IDMAP_DIR, token + _OWNER_SUFFIX),
+                         os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # kept open: held for the process's life
+        _owner = token
+    return _owner
+
+
+def _sweep_orphans() -> None:
+    """Detach the mappings of engines that died holding them (SIGKILL, OOM, a crash with a
+    live docker session): their owner file's lock is free. Each mount point under such an
+    owner's directories is detached, deepest first, and only empty directories are removed —
+    never a file through a mapping that failed to detach. Directories of an older engine
+    (no owner token in their name) are left alone: their owner cannot be told. Called under
+    the start lock (two engines starting at once do not sweep each other)."""
+    try:
+        names = os.listdir(IDMAP_DIR)
+    except OSError:
+        return
+    for name in names:
+        if not name.endswith(_OWNER_SUFFIX):
+            continue
+        token = name[:-len(_OWNER_SUFFIX)]
+        if token == _owner:
+            continue
+        path = os.path.join(IDMAP_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its engine is alive
+            dirs = [os.path.join(IDMAP_DIR, d) for d in names if d.startswith(token + ".")]
+            if all(_detach_tree(d) for d in dirs):
+                os.unlink(path)  # kept while a mapping remains: the next start tries again
         finally:
-            os.close(lock)  # releases the lock
+            os.close(fd)
+
+
+def _detach_tree(top: str) -> bool:
+    """Detach every mount at or below ``top`` (deepest first) and remove its now empty
+    directories; ``True`` when nothing of it remains."""
+    prefix = top + "/"
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+        points = [p for p in (line.split()[4] for line in fh if line.count(" ") >= 4)
+                  if p == top or p.startswith(prefix)]
+    for point in sorted(set(points), key=len, reverse=True):
+        _libc.umount2(os.fsencode(point), _MNT_DETACH)
+    for name in sorted(os.listdir(top), reverse=True) if os.path.isdir(top) else ():
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(top, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(top)
+    return not os.path.lexists(top)
 
 
 def _is_mount_point(path: str) -> bool:
@@ -209,9 +289,10 @@ def _is_mount_point(path: str) -> bool:
 def _after_fork_in_child() -> None:
     """A forked worker (prefork) starts with a fresh lock (another thread may have held the
     parent's) and no detaches of its own to wait for; the user namespaces stay usable."""
-    global _lock
+    global _lock, _owner
     _lock = threading.Lock()
     _pending.clear()
+    _owner = None  # its own token: the parent's lock dies with the parent's last copy
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -232,7 +313,9 @@ class IdMapped:
                  readonly: Mapping[str, Iterable[str]] | None = None) -> None:
         self.mounts: dict[str, str] = {}
         _private_dir()
-        self._dir = os.path.join(IDMAP_DIR, secrets.token_hex(8))
+        with _lock:
+            owner = _owner_token()
+        self._dir = os.path.join(IDMAP_DIR, f"{owner}.{secrets.token_hex(8)}")
         os.mkdir(self._dir, 0o700)
         try:
             userns = _userns_fd(uid, gid)

@@ -16,6 +16,7 @@ import pytest
 
 from plugins.executor_proc import uid
 from plugins.executor_proc.executor import ProcExecutor, ProcOptions
+from plugins.executor_proc.idmap import IDMAP_DIR
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext
 from policy_engine.model import ProcExecOp
@@ -283,3 +284,63 @@ def test_another_engine_starting_hides_no_mapping(tmp_path: Path) -> None:
         assert stacked() == before
     finally:
         mapped.close()
+
+
+_HOLD_A_MAPPING = """
+import os, sys, time
+from plugins.executor_proc import idmap
+mapped = idmap.IdMapped([sys.argv[1]], 65533, 65533)
+print(mapped.mounts[sys.argv[1]], flush=True)
+time.sleep(600)
+"""
+
+
+def _mounted_at(path: str) -> bool:
+    with open("/proc/self/mountinfo") as fh:
+        return any(line.split()[4] == path for line in fh)
+
+
+def _holder(tree: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD_A_MAPPING, str(tree)],
+                            cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    target = proc.stdout.readline().strip()
+    assert target.startswith(f"{IDMAP_DIR}/"), target
+    assert _mounted_at(target)
+    return proc, target
+
+
+def test_a_killed_engines_mappings_are_swept_and_a_live_ones_kept(tmp_path: Path) -> None:
+    """An engine killed while it held an id-mapped mount (SIGKILL, OOM, a crashed server with
+    a live docker session) left the mapping in the host's mount table for good: this host had
+    87 of them, each keeping a deleted test tree busy (`rm -rf` of the workspace failed "Device
+    or resource busy"). The next engine to start detaches the mappings whose owner is gone,
+    keeps a live engine's, and never deletes a file of the mapped tree."""
+    dead_tree, live_tree = tmp_path / "dead", tmp_path / "live"
+    for tree in (dead_tree, live_tree):
+        tree.mkdir()
+        (tree / "kept.txt").write_text("kept")
+    dead, dead_target = _holder(dead_tree)
+    live, live_target = _holder(live_tree)
+    try:
+        dead.kill()
+        dead.wait()
+        assert _mounted_at(dead_target)  # nobody detached it
+        started = subprocess.run([sys.executable, "-c", _START_ANOTHER_ENGINE],
+                                 cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                                 text=True, timeout=60, check=False)
+        assert started.returncode == 0, started.stderr
+        assert not _mounted_at(dead_target)
+        assert not os.path.exists(os.path.dirname(dead_target))
+        assert _mounted_at(live_target)
+        assert os.listdir(live_target) == ["kept.txt"]
+        assert (dead_tree / "kept.txt").read_text() == "kept"  # detached, never emptied
+        assert (live_tree / "kept.txt").read_text() == "kept"
+    finally:
+        live.kill()
+        live.wait()
+        dead.kill()
+        dead.wait()
+        subprocess.run([sys.executable, "-c", _START_ANOTHER_ENGINE],
+                       cwd=Path(__file__).resolve().parents[2], check=False, timeout=60)

@@ -278,3 +278,32 @@ def test_docker_sessions_over_http_each_their_own_workspace(svc: Service) -> Non
             ended = c.delete(f"/v1/sessions/{sid}").json()
             assert ended["pool_released"] is True, ended
             assert ended["workspace_removed"] is True, ended
+
+
+def test_binary_output_streams_within_a_small_multiple_of_its_cap(svc: Service) -> None:
+    """Outsider attack 15: 1 MiB of binary output cost 7.9 MB on the wire, every undecodable
+    byte sent as a six-character `\\ufffd` escape, in the streamed events and again in the end
+    event's record. Both are UTF-8 on the wire; what is not UTF-8 is the replacement character
+    (3 bytes), and the stream stays capped."""
+    token = add_token(svc.state, "acme", "agent:grace")
+    cap = 1 << 20
+    with svc.client(token) as c:
+        sid = c.post("/v1/sessions", json={"backend": "proc-bwrap"}).json()["session_id"]
+        job = c.post(f"/v1/sessions/{sid}/execs", json={
+            "code": f"head -c {2 * cap} /dev/urandom", "language": "shell",
+            "wait": False}).json()
+        texts: list[str] = []
+        with c.stream("GET", f"/v1/sessions/{sid}/execs/{job['exec_id']}/events") as resp:
+            raw = b"".join(resp.iter_bytes())
+        end_at = raw.rindex(b"event: end\n")
+        streamed_wire, end_wire = len(raw[:end_at]), len(raw[end_at:])
+        # every line break of the data is escaped: even str.splitlines cuts no event
+        for kind, data in _events(raw.decode("utf-8").splitlines()):
+            if kind == "stdout":
+                texts.append(str(data["text"]))
+        streamed = "".join(texts)
+        assert 0 < len(streamed) <= cap  # capped, in characters as in bytes
+        assert "\ufffd" in streamed
+        assert streamed_wire <= 3 * cap, streamed_wire
+        assert end_wire <= 3 * cap, end_wire  # the final record, its stdout included
+        c.delete(f"/v1/sessions/{sid}")

@@ -68,5 +68,11 @@ def test_a_workspace_removed_and_made_again_is_planned_anew(tmp_path: Path) -> N
     (ws / "a" / "sub").mkdir()
     (ws / "a" / "sub" / ".env").write_text("TOKEN=y")
     assert plan(ws / "a")[0] == (str(ws / "a" / ".env"), str(ws / "a" / "sub" / ".env"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / ".env").write_text("TOKEN=z")
+    shutil.rmtree(ws / "a")  # made again as a link to a tree holding a secret
+    (ws / "a").symlink_to(elsewhere)
+    plan(ws / "a")  # the warm plan equals the cold one (checked inside)
     (sys_tree / "lib" / "deep" / ".env").write_text("K=v")  # the system tree still followed
     assert str(sys_tree / "lib" / "deep" / ".env") in plan(ws / "b")[0]

@@ -146,13 +146,14 @@ class Sessions:
                 f"{self.limits.max_live_per_tenant} live sessions (the cap): delete one or "
                 "wait for one to expire", "limits", retryable=True))
         (self.workspace(info) / "artifacts").mkdir(parents=True, exist_ok=True)  # $PE_ARTIFACTS_DIR
-        self.store.event(info, now, "created", {"backend": backend, "security_mode":
-                                                mode.value, "ttl_s": ttl})
         if backend == "docker":  # its own warm container, made while the caller goes on
             # the workspace stays root's (the engine made it): every backend writes it through
-            # an id-mapped bind, nothing is handed over (plugins/executor_docker/identity.py)
+            # an id-mapped bind, nothing is handed over (plugins/executor_docker/identity.py).
+            # Started before the event's write: the first call waits for this container
             threading.Thread(target=self._prewarm, args=(info,), name="session-prewarm",
                              daemon=True).start()
+        self.store.event(info, now, "created", {"backend": backend, "security_mode":
+                                                mode.value, "ttl_s": ttl})
         return info
 
     def get(self, tenant: str, subject: str, session_id: str) -> SessionInfo:

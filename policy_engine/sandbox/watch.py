@@ -3,9 +3,10 @@
 Every directory gets its watch *before* it is listed, so a change made after its listing always
 queues an event (an entry added, removed or renamed, or the directory's own owner or mode
 changed: the local runner masks by owner). ``drain()`` reads the queue into a log of changed
-directories (sequence numbers count its entries); a queue overflow, a watched directory moved
-or deleted, or a failed watch is a *full* invalidation: every walk older than it is redone
-whole. inotify is inode-based, so writes made through a sandbox's bind mounts are seen alike.
+directories (sequence numbers count its entries); a watched directory deleted is logged as
+changed itself (its re-walk finds it gone, or made anew); a queue overflow, a watched directory
+moved, or a failed watch is a *full* invalidation: every walk older than it is redone whole.
+inotify is inode-based, so writes made through a sandbox's bind mounts are seen alike.
 Linux only, ctypes; without inotify (or past ``max_user_watches``) every plan walks.
 """
 
@@ -19,7 +20,8 @@ import struct
 import threading
 
 IN_NAMES = 0x100 | 0x200 | 0x40 | 0x80  # CREATE, DELETE, MOVED_FROM, MOVED_TO
-IN_SELF = 0x400 | 0x800  # DELETE_SELF, MOVE_SELF
+IN_DELETE_SELF, IN_MOVE_SELF = 0x400, 0x800
+IN_SELF = IN_DELETE_SELF | IN_MOVE_SELF
 IN_ATTRIB = 0x4  # counted for the watched directory itself only: a change of its owner
 IN_Q_OVERFLOW, IN_IGNORED = 0x4000, 0x8000
 IN_ONLYDIR, IN_DONT_FOLLOW = 0x01000000, 0x02000000
@@ -108,7 +110,13 @@ class Watcher:
             if mask & IN_ATTRIB and length:
                 continue  # an entry's chmod/chown/utime: its listing is unchanged
             path = self._paths.get(wd)
-            if mask & (IN_Q_OVERFLOW | IN_SELF) or path is None:
+            if mask & IN_DELETE_SELF and path is not None:
+                # a deleted directory (a session's workspace removed): only it changed, and a
+                # re-walk of it lstats its path anew; its watch is gone, so one made there
+                # again is watched afresh (a full invalidation re-walked /usr on every delete)
+                del self._paths[wd]
+                self._watched.discard(path)
+            elif mask & (IN_Q_OVERFLOW | IN_SELF) or path is None:
                 self._invalidate()
                 continue
             self._log.append(path)

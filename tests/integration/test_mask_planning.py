@@ -122,7 +122,7 @@ def test_incremental_plans_follow_creates_deletes_renames_and_bursts(tmp_path: P
         (tmp_path / "p3" / f"d{i}").mkdir()
         (tmp_path / "p3" / f"d{i}" / ".envrc").write_text("z")
     assert len(check().files) == 81
-    shutil.rmtree(tmp_path / "p3")  # watched directories deleted: a full walk
+    shutil.rmtree(tmp_path / "p3")  # watched directories deleted: each re-walked
     assert len(check().files) == 1
 
 

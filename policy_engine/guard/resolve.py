@@ -99,16 +99,14 @@ def resolve_fs(cp: CompiledProfile, raw: str, follow: bool,
     (outsider rounds 10 and 11: its real name is what the forbids must see, and a link can be
     re-pointed between any two reads of it).
     """
-    # ``normalize_path``'s fast path spelt out (the same test, its first line; a test keeps
-    # the two equal): most op paths are already normal, and this runs on every fs decision
-    if type(raw) is str and raw[:1] == "/" and "//" not in raw and "\x00" not in raw and \
-            ("/." not in raw or ("/./" not in raw and "/../" not in raw and
-                                 raw[-2:] != "/." and raw[-3:] != "/..")) and \
-            (raw[-1] != "/" or len(raw) == 1):
-        path = raw
-    else:
-        path = normalize_path(raw)
-    # ``is_beneath`` spelt out for the same reason (a call less per root tested)
+    return resolve_normal(cp, normalize_path(raw), follow, facts)
+
+
+def resolve_normal(cp: CompiledProfile, path: str, follow: bool,
+                   facts: bool) -> tuple[str, Facts, bool, str | None]:
+    """:func:`resolve_fs` of a path already normalized (``normalize_path``): the guard's fs
+    step normalizes it itself, with ``normalize_path``'s fast path spelt out."""
+    # ``is_beneath`` spelt out (a call less per root tested): this runs on every fs decision
     root = cp.root_fs
     inside = True
     if root != "/" and path != root and not (path.startswith(root) and path[len(root)] == "/"):

@@ -193,6 +193,11 @@ class CompiledProfile:
     # ``kind`` (``chain.plan``), filled at first use; shared by the per-call copies of a shape
     plans: tuple[dict[str, Any], dict[str, Any]] = dc_field(
         default_factory=lambda: ({}, {}), init=False, compare=False, repr=False)
+    # per capability kind, the default refusals ``stages.permits`` diagnosed (no permit admits
+    # the resource, none refused by a condition or an allow-list): a function of the caps, the
+    # granted and the declared alone, so shared by the per-call copies of a shape too
+    refusals: dict[str, dict[Any, tuple[Any, ...]]] = dc_field(
+        default_factory=dict, init=False, compare=False, repr=False)
 
 
 def _min(*values: int | None) -> int | None:

@@ -21,7 +21,7 @@ from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.guard.argv import check_argv_shape
 from policy_engine.guard.compiled import CompiledProfile
 from policy_engine.guard.env import check_env_shape
-from policy_engine.guard.fields import check_headers, check_method, check_selector
+from policy_engine.guard.fields import GOOD_METHODS, check_headers, check_method, check_selector
 from policy_engine.guard.nofollow import MISSING, NO_LINK, Stat, probe, real_path
 from policy_engine.guard.paths import (
     is_beneath,
@@ -183,7 +183,11 @@ def resolve_other(kind: str, op: Any) -> Resolved:
 
 
 def _net_http(op: Any) -> Resolved:
-    method = check_method(op.method)
+    raw = op.method
+    # a method checked before, without the call (a subclass of str is never a key there)
+    method = GOOD_METHODS.get(raw) if type(raw) is str else None
+    if method is None:
+        method = check_method(raw)
     url = parse_url(op.url)
     if op.headers:
         check_headers(op.headers)

@@ -30,7 +30,13 @@ from policy_engine.guard.resolve import (
     resolve_normal,
 )
 from policy_engine.guard.shapes import same_profile
-from policy_engine.guard.steps import LIMIT_CHECKS, consent_needed, diagnose, why_not
+from policy_engine.guard.steps import (
+    LIMIT_CHECKS,
+    consent_needed,
+    default_refusal,
+    diagnose,
+    why_not,
+)
 from policy_engine.guard.tracer import Tracer
 from policy_engine.guard.verdict import allow as _allow
 from policy_engine.guard.verdict import deny as _deny
@@ -337,8 +343,11 @@ def permits(s: Call) -> Decision | None:
         host = quote(url.host if url else "")
         return _deny(s.phash, _BLOCKED, f"{special} address {host} is not named by any rule",
                      unnamed.rule, tr)
-    code, reason, rule = diagnose(cp, cap_kind, res, _describe(rv, path), refused, tr,
-                                  env_refused, "git" if git_part else "env")
+    if tr is None and refused is _NONE_REFUSED and env_refused is None:
+        code, reason, rule = default_refusal(cp, cap_kind, res, url, rv, path)
+    else:
+        code, reason, rule = diagnose(cp, cap_kind, res, _describe(rv, path), refused, tr,
+                                      env_refused, "git" if git_part else "env")
     return _deny(s.phash, code, reason, rule, tr)
 
 

@@ -164,6 +164,14 @@ class ForbidSet:
     screen: Callable[[Any], bool] | None
     denies: tuple[CompiledDeny, ...]
     by_globs: bool = False  # the screen is the fs glob union (traced as one step, as it was)
+    # per path, what the untraced scan answered (the refusal's reason and rule, or ``()``: no
+    # forbid covers it), when no forbid of the set has a condition: then it is a function of
+    # the path alone (``stages.forbids``); filled at first use, bounded
+    seen: dict[str, tuple[Any, ...]] | None = dc_field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if all(d.condition is None for d in self.denies):
+            object.__setattr__(self, "seen", {})
 
 
 @dataclass(frozen=True, slots=True)

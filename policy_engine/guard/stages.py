@@ -54,6 +54,7 @@ FS_OPS = frozenset({"fs.read", "fs.write", "fs.list"})
 NET_OPS = frozenset({"net.http", "browser.nav", "browser.screenshot"})
 _BLOCKED, _PERM = ErrorCode.CAPABILITY_BLOCKED, ErrorCode.PERMISSION_DENY
 _NONE_REFUSED: list[tuple[CompiledCap, str | None]] = []  # shared, never appended to
+_SEEN_MAX = 1024  # paths a forbid set remembers (``ForbidSet.seen``)
 
 
 class Call:
@@ -235,6 +236,15 @@ def forbids(s: Call) -> Decision | None:
         if tr is not None:
             tr.step("forbid", "no-match", detail="no forbid glob matches")
         return None
+    # a set without conditions answers a path as it did before (``ForbidSet.seen``, untraced,
+    # the path as resolved and as written the same)
+    seen = fset.seen if tr is None and written is None and type(res) is str else None
+    if seen is not None:
+        hit = seen.get(res)
+        if hit is not None:
+            return _deny(s.phash, _BLOCKED, hit[0], hit[1], None) if hit else None
+        if len(seen) >= _SEEN_MAX:
+            seen.clear()  # a cache, not a limit: a miss scans the forbids again
     for d in fset.denies:
         if not d.admits(res, written):
             if tr is not None:
@@ -255,7 +265,12 @@ def forbids(s: Call) -> Decision | None:
         if tr is not None:
             tr.step("forbid", "match", d.rule, "deny")
         what = f"forbid rule `{d.label}`" if d.rule else "the deny-list"
-        return _deny(s.phash, _BLOCKED, f"{what} blocks {_describe(s.rv, s.path)}", d.rule, tr)
+        reason = f"{what} blocks {_describe(s.rv, s.path)}"
+        if seen is not None:
+            seen[res] = (reason, d.rule)
+        return _deny(s.phash, _BLOCKED, reason, d.rule, tr)
+    if seen is not None:
+        seen[res] = ()
     return None
 
 

@@ -95,9 +95,8 @@ def default_refusal(cp: CompiledProfile, cap_kind: str, res: object, url: object
         key = (id(url), res[1])  # type: ignore[index]  # (url, method or scopes)
     elif type(res) is str or type(res) is int:
         key = res
-    elif type(res) is tuple and len(res) == 2 and type(res[0]) is str and \
-            type(res[1]) is tuple and _ALL_STR(map(type, res[1])):
-        key = res  # a proc.exec: (tool, args)
+    elif type(res) is tuple and type(res[0]) is str and _ALL_STR(map(type, res[1])):
+        key = res  # a proc.exec: (tool, args), the only resource of a str and a tuple
     else:
         return diagnose(cp, cap_kind, res, rv.describe() if rv is not None else
                         quote(path or ""), [], None)

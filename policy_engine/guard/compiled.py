@@ -167,7 +167,7 @@ class ForbidSet:
     # per path, what the untraced scan answered (the refusal's reason and rule, or ``()``: no
     # forbid covers it), when no forbid of the set has a condition: then it is a function of
     # the path alone (``stages.forbids``); filled at first use, bounded
-    seen: dict[str, tuple[Any, ...]] | None = dc_field(default=None, compare=False, repr=False)
+    seen: dict[Any, tuple[Any, ...]] | None = dc_field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if all(d.condition is None for d in self.denies):

@@ -225,15 +225,18 @@ def _browser_screenshot(op: Any) -> Resolved:
 
 
 def _proc_exec(op: Any) -> Resolved:
-    check_argv_shape(op.tool, op.args)
-    if op.env:
-        check_env_shape(op.env)
-    if op.stdin_b64:
-        decoded_size(op.stdin_b64, "stdin_b64")
-    tool = op.tool
+    tool = op.tool  # each field read once (an op is frozen)
+    args = op.args
+    check_argv_shape(tool, args)
+    env = op.env
+    if env:
+        check_env_shape(env)
+    stdin = op.stdin_b64
+    if stdin:
+        decoded_size(stdin, "stdin_b64")
     rv = Resolved()
     rv.kind = "proc.exec"
-    rv.res = (tool, tuple(op.args))
+    rv.res = (tool, tuple(args))
     rv.url = rv.size = None
     rv.label = tool
     return rv

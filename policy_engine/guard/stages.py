@@ -128,7 +128,8 @@ def kind(s: Call) -> Decision | None:
         s.op = op = coerce_op(op)
         k = op.kind
         cap_kind = OP_KIND[k]
-    s.kind, s.cap_kind = k, cap_kind
+    s.kind = k
+    s.cap_kind = cap_kind
     s.phash = phash = profile.profile_hash
     key = phash or id(profile)
     cp = guard._cache.get(key)

@@ -53,6 +53,12 @@ def normalize_path(path: str) -> str:
     why = path_refusal(path)
     if why is not None:
         raise path_blocked(why, path if isinstance(path, str) else repr(path))
+    return collapse(path)
+
+
+def collapse(path: str) -> str:
+    """:func:`normalize_path` of a path :func:`path_refusal` accepts: empty and ``.`` segments
+    dropped, and with them a trailing ``/``."""
     return "/" + "/".join([seg for seg in path.split("/") if seg and seg != "."])
 
 

@@ -22,7 +22,8 @@ def check_argv_shape(tool: object, args: object) -> None:
     if not isinstance(tool, str) or not tool:
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED, "tool must be a string")
     try:  # str.join accepts exactly the str instances: one C loop instead of isinstance per arg
-        joined = "".join(args) if isinstance(args, tuple | list) else None
+        # a tuple of types, not ``tuple | list``: the union would be built on every call
+        joined = "".join(args) if isinstance(args, (tuple, list)) else None
     except TypeError:
         joined = None
     if joined is None:

@@ -164,6 +164,14 @@ class ForbidSet:
     screen: Callable[[Any], bool] | None
     denies: tuple[CompiledDeny, ...]
     by_globs: bool = False  # the screen is the fs glob union (traced as one step, as it was)
+    # per path, what the untraced scan answered (the refusal's reason and rule, or ``()``: no
+    # forbid covers it), when no forbid of the set has a condition: then it is a function of
+    # the path alone (``stages.forbids``); filled at first use, bounded
+    seen: dict[Any, tuple[Any, ...]] | None = dc_field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if all(d.condition is None for d in self.denies):
+            object.__setattr__(self, "seen", {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +201,11 @@ class CompiledProfile:
     # ``kind`` (``chain.plan``), filled at first use; shared by the per-call copies of a shape
     plans: tuple[dict[str, Any], dict[str, Any]] = dc_field(
         default_factory=lambda: ({}, {}), init=False, compare=False, repr=False)
+    # per capability kind, the default refusals ``stages.permits`` diagnosed (no permit admits
+    # the resource, none refused by a condition or an allow-list): a function of the caps, the
+    # granted and the declared alone, so shared by the per-call copies of a shape too
+    refusals: dict[str, dict[Any, tuple[Any, ...]]] = dc_field(
+        default_factory=dict, init=False, compare=False, repr=False)
 
 
 def _min(*values: int | None) -> int | None:

@@ -38,7 +38,19 @@ def check_method(raw: object) -> str:
             or len(raw) > 16:
         raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
                                 f"invalid http method {quote(str(raw)[:40])}")
-    return raw.upper()
+    method = raw.upper()
+    if type(raw) is str:
+        if len(GOOD_METHODS) >= _GOOD_METHODS_SIZE:  # a bound, not an LRU: a miss re-checks one
+            GOOD_METHODS.clear()
+        GOOD_METHODS[raw] = method
+    return method
+
+
+GOOD_METHODS: dict[str, str] = {}
+"""Methods (exact ``str`` keys) that passed :func:`check_method`, upper-cased: a call's method
+is one of a handful, and the guard looks it up here before checking it (``resolve``). A ``str``
+subclass is never stored (it could compare equal to a method it does not spell)."""
+_GOOD_METHODS_SIZE = 64
 
 
 def header_refusal(headers: Mapping[str, str]) -> tuple[ErrorCode, str] | None:

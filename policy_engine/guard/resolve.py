@@ -21,7 +21,7 @@ from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.guard.argv import check_argv_shape
 from policy_engine.guard.compiled import CompiledProfile
 from policy_engine.guard.env import check_env_shape
-from policy_engine.guard.fields import check_headers, check_method, check_selector
+from policy_engine.guard.fields import GOOD_METHODS, check_headers, check_method, check_selector
 from policy_engine.guard.nofollow import MISSING, NO_LINK, Stat, probe, real_path
 from policy_engine.guard.paths import (
     is_beneath,
@@ -99,16 +99,14 @@ def resolve_fs(cp: CompiledProfile, raw: str, follow: bool,
     (outsider rounds 10 and 11: its real name is what the forbids must see, and a link can be
     re-pointed between any two reads of it).
     """
-    # ``normalize_path``'s fast path spelt out (the same test, its first line; a test keeps
-    # the two equal): most op paths are already normal, and this runs on every fs decision
-    if type(raw) is str and raw[:1] == "/" and "//" not in raw and "\x00" not in raw and \
-            ("/." not in raw or ("/./" not in raw and "/../" not in raw and
-                                 raw[-2:] != "/." and raw[-3:] != "/..")) and \
-            (raw[-1] != "/" or len(raw) == 1):
-        path = raw
-    else:
-        path = normalize_path(raw)
-    # ``is_beneath`` spelt out for the same reason (a call less per root tested)
+    return resolve_normal(cp, normalize_path(raw), follow, facts)
+
+
+def resolve_normal(cp: CompiledProfile, path: str, follow: bool,
+                   facts: bool) -> tuple[str, Facts, bool, str | None]:
+    """:func:`resolve_fs` of a path already normalized (``normalize_path``): the guard's fs
+    step normalizes it itself, with ``normalize_path``'s fast path spelt out."""
+    # ``is_beneath`` spelt out (a call less per root tested): this runs on every fs decision
     root = cp.root_fs
     inside = True
     if root != "/" and path != root and not (path.startswith(root) and path[len(root)] == "/"):
@@ -185,7 +183,11 @@ def resolve_other(kind: str, op: Any) -> Resolved:
 
 
 def _net_http(op: Any) -> Resolved:
-    method = check_method(op.method)
+    raw = op.method
+    # a method checked before, without the call (a subclass of str is never a key there)
+    method = GOOD_METHODS.get(raw) if type(raw) is str else None
+    if method is None:
+        method = check_method(raw)
     url = parse_url(op.url)
     if op.headers:
         check_headers(op.headers)
@@ -223,15 +225,18 @@ def _browser_screenshot(op: Any) -> Resolved:
 
 
 def _proc_exec(op: Any) -> Resolved:
-    check_argv_shape(op.tool, op.args)
-    if op.env:
-        check_env_shape(op.env)
-    if op.stdin_b64:
-        decoded_size(op.stdin_b64, "stdin_b64")
-    tool = op.tool
+    tool = op.tool  # each field read once (an op is frozen)
+    args = op.args
+    check_argv_shape(tool, args)
+    env = op.env
+    if env:
+        check_env_shape(env)
+    stdin = op.stdin_b64
+    if stdin:
+        decoded_size(stdin, "stdin_b64")
     rv = Resolved()
     rv.kind = "proc.exec"
-    rv.res = (tool, tuple(op.args))
+    rv.res = (tool, tuple(args))
     rv.url = rv.size = None
     rv.label = tool
     return rv

@@ -108,20 +108,21 @@ def derive(base: CompiledProfile, profile: Profile,
         views, context_views)
 
 
-# A per-call copy is built slot by slot: the frozen dataclass's ``__init__`` sets each of its 18
+# A per-call copy is built slot by slot: the frozen dataclass's ``__init__`` sets each of its 19
 # fields through ``object.__setattr__`` (≈ 2 µs, on every new grant); the slots' own setters take
 # ≈ 0.8 µs. The import-time check below keeps this list equal to the dataclass's fields.
 _NEW_CP = object.__new__
 _SLOT = {name: getattr(CompiledProfile, name).__set__ for name in CompiledProfile.__slots__}
 (_s_profile, _s_profile_hash, _s_expires_at, _s_network_off, _s_consent_required,
  _s_consent_window, _s_root_fs, _s_tmp_dir, _s_caps, _s_forbids, _s_granted, _s_declared,
- _s_views, _s_needs, _s_context_views, _s_permit_index, _s_consent_settled, _s_plans) = (
+ _s_views, _s_needs, _s_context_views, _s_permit_index, _s_consent_settled, _s_plans,
+ _s_refusals) = (
     _SLOT[f.name] for f in dataclasses.fields(CompiledProfile))
 if [f.name for f in dataclasses.fields(CompiledProfile)] != [
         "profile", "profile_hash", "expires_at", "network_off", "consent_required",
         "consent_window", "root_fs", "tmp_dir", "caps", "forbids", "granted", "declared",
         "views", "needs", "context_views", "permit_index",
-        "consent_settled", "plans"]:  # pragma: no cover - a code change
+        "consent_settled", "plans", "refusals"]:  # pragma: no cover - a code change
     raise ImportError("CompiledProfile's fields changed: update shapes._with_call_fields")
 
 
@@ -149,6 +150,7 @@ def _with_call_fields(base: CompiledProfile, profile: Profile, profile_hash: str
     _s_permit_index(cp, base.permit_index)
     _s_consent_settled(cp, base.consent_settled)
     _s_plans(cp, base.plans)  # the same forbids, network and consent: the same plans
+    _s_refusals(cp, base.refusals)  # the same caps, granted and declared: the same refusals
     return cp
 
 

@@ -76,6 +76,44 @@ def diagnose(
     return ErrorCode.PERMISSION_DENY, f"no rule permits `{cap_kind}` on {desc}", None
 
 
+_ALL_STR = frozenset({str}).issuperset
+_REFUSALS_MAX = 1024
+
+
+def default_refusal(cp: CompiledProfile, cap_kind: str, res: object, url: object,
+                    rv: Resolved | None, path: str | None
+                    ) -> tuple[ErrorCode, str, RuleRef | None]:
+    """:func:`diagnose`'s answer (untraced) when no permit admits ``res`` and none was refused
+    by a condition, an allow-list or the git rule: a function of the compilation's caps,
+    granted and declared and of the resource, so remembered per compilation and kind
+    (``cp.refusals``) by the resource — a path, a size, a URL (by identity: ``parse_url``
+    answers one URL with one object, kept alive by the entry) with its method or scopes, a tool
+    and its arguments when every one is an exact ``str`` (a subclass could compare equal to
+    another resource)."""
+    key: object
+    if url is not None:
+        key = (id(url), res[1])  # type: ignore[index]  # (url, method or scopes)
+    elif type(res) is str or type(res) is int:
+        key = res
+    elif type(res) is tuple and type(res[0]) is str and _ALL_STR(map(type, res[1])):
+        key = res  # a proc.exec: (tool, args), the only resource of a str and a tuple
+    else:
+        return diagnose(cp, cap_kind, res, rv.describe() if rv is not None else
+                        quote(path or ""), [], None)
+    memo = cp.refusals.get(cap_kind)
+    if memo is None:
+        memo = cp.refusals.setdefault(cap_kind, {})
+    hit = memo.get(key)
+    if hit is not None and hit[3] is url:
+        return hit[0], hit[1], hit[2]
+    code, reason, rule = diagnose(cp, cap_kind, res, rv.describe() if rv is not None else
+                                  quote(path or ""), [], None)
+    if len(memo) >= _REFUSALS_MAX:
+        memo.clear()  # a cache, not a limit: a miss diagnoses again
+    memo[key] = (code, reason, rule, url)
+    return code, reason, rule
+
+
 def _any_admits(matchers: tuple[Matcher, ...], res: object) -> bool:
     for m in matchers:  # noqa: SIM110 — a plain loop: cheaper than any() over a generator
         if m.admits(res):

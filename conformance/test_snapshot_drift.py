@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.pytest_child import WITHOUT_UNUSED
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 NOTE = "fs/read-workspace-file"
@@ -53,7 +55,8 @@ def run(project: Path) -> subprocess.CompletedProcess[str]:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")},
            "PYTHONPATH": os.pathsep.join(paths)}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *WITHOUT_UNUSED,
+         "--rootdir",
          str(project), "-c", os.devnull, "conformance/test_cases.py"],
         cwd=project, env=env, capture_output=True, text=True, timeout=120)
 

@@ -5,7 +5,7 @@ mark of its own, every test joins the group of its file, so a file keeps what a 
 it: its module- and class-scoped fixtures (servers, pools, built images) are made once, and its
 tests run in the order they are written. Files that must not run beside each other share one
 ``pytest.mark.xdist_group(name=...)`` mark (they then run one after the other on one worker).
-The queue keeps collection order (integration files first, the quick unit files fill the end).
+The queue is the integration files, then conformance/, then the quick unit files.
 Without ``-n`` (a single file, a plain ``pytest``) this does nothing.
 """
 
@@ -23,6 +23,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(name=item.nodeid.split("::", 1)[0]))
+    # the long files first, the quick ones fill the end: conformance/ (its snapshot-drift runs
+    # take a minute) used to be collected last, after the unit files, and ran alone at the end
+    items.sort(key=_queue_rank)  # stable: each file keeps its order
+
+
+def _queue_rank(item: pytest.Item) -> int:
+    top = item.nodeid.split("/", 2)
+    return {"integration": 0}.get(top[1], 2) if top[0] == "tests" else 1
 
 
 # --- no mount left behind -------------------------------------------------------------------

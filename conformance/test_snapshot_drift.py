@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.pytest_child import WITHOUT_UNUSED
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 NOTE = "fs/read-workspace-file"
@@ -47,13 +49,16 @@ def project(tmp_path: Path) -> Path:
 
 
 def run(project: Path) -> subprocess.CompletedProcess[str]:
-    # the caller's PYTHONPATH stays after the copy: the engine under test is the caller's
-    paths = [str(project), *filter(None, [os.environ.get("PYTHONPATH")])]
+    # the engine under test is this checkout's (after the copy, before the caller's
+    # PYTHONPATH): without it the child imported whichever tree the editable install points
+    # at, another checkout's engine for a worktree
+    paths = [str(project), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     # a session of its own, not one more xdist worker of ours (syrupy would defer its report)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")},
            "PYTHONPATH": os.pathsep.join(paths)}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *WITHOUT_UNUSED,
+         "--rootdir",
          str(project), "-c", os.devnull, "conformance/test_cases.py"],
         cwd=project, env=env, capture_output=True, text=True, timeout=120)
 

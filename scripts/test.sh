@@ -15,7 +15,11 @@ python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["proj
 python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
   -d "$PE_WHEELHOUSE" -r var/wheelhouse.txt
 echo "== ruff"; python3 -m ruff check policy_engine plugins tests benchmarks conformance
-echo "== mypy --strict"; python3 -m mypy
+# mypy --strict takes a core for a minute or two: it runs beside the set-up and the suite (most
+# of which waits on child processes) and its verdict is printed, and counted, after the suite
+echo "== mypy --strict (in the background; its report follows the suite's)"
+python3 -m mypy > var/mypy.log 2>&1 &
+mypy_pid=$!
 source scripts/lib/dockerd.sh; ensure_dockerd; bash scripts/build-images.sh
 # gVisor (runsc) as a second OCI runtime of dockerd: the docker executor's high isolation
 source scripts/lib/runsc.sh; ensure_runsc
@@ -24,5 +28,9 @@ source scripts/lib/redis.sh; ensure_redis
 source scripts/lib/postgres.sh; ensure_postgres
 # most tests wait on child processes, sandboxes, containers and servers: two workers on two
 # cores pay; a file's tests stay together on one worker (tests/conftest.py, docs/testing.md)
-echo "== pytest"; python3 -m pytest -q -p no:cacheprovider -n "${PE_TEST_WORKERS:-2}" \
-  --dist loadgroup --no-loadscope-reorder --durations=30 "$@"
+echo "== pytest"; tests=0
+python3 -m pytest -q -p no:cacheprovider -n "${PE_TEST_WORKERS:-2}" \
+  --dist loadgroup --no-loadscope-reorder --durations=30 "$@" || tests=$?
+echo "== mypy --strict"; typed=0; wait "$mypy_pid" || typed=$?; cat var/mypy.log
+if [ "$tests" -ne 0 ]; then exit "$tests"; fi
+exit "$typed"

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.integration.project_wheel import project_wheel
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,13 +31,7 @@ WORKFLOW = ROOT / "examples" / "ci" / "github-workflow.yml"
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
-    src = work / "src"
-    # a copy: an in-tree build would leave build/ and *.egg-info in the repository
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".git", "__pycache__", "*.egg-info", "build", "dist", "var", ".venv"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(work / "dist"), str(src)], check=True, timeout=600)
-    wheel = next((work / "dist").glob("policy_engine-*.whl"))
+    wheel = project_wheel(tmp_path_factory)
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(work / "venv")
     python = work / "venv" / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",

@@ -25,6 +25,7 @@ from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, ExecutorCapabilities
 from policy_engine.hookspecs import hookimpl
 from policy_engine.model import ExecResult, NetworkMode, OpKind, ProcExecOp, Usage
+from tests.integration.pytest_child import WITHOUT_UNUSED
 
 pytestmark = pytest.mark.integration
 
@@ -202,7 +203,8 @@ def test_sink_kit_finds_lost_and_volatile_records() -> None:
 @pytest.mark.parametrize("sink", ["jsonl", "sqlite"])
 def test_first_party_sinks_pass_the_sink_kit_through_pytest(sink: str, tmp_path: Any) -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "--pe-sink", sink, "-k", "conformance", "--rootdir", str(tmp_path)],
+                           *WITHOUT_UNUSED, "--pe-sink", sink, "-k", "conformance",
+                           "--rootdir", str(tmp_path)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4 passed" in proc.stdout

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.integration.pip_packages import installed_packages
+from tests.integration.pytest_child import WITHOUT_UNUSED
 
 pytestmark = pytest.mark.integration
 
@@ -111,7 +112,7 @@ def test_unknown_executor_exits_2_listing_installed_ones(installed: None,
 
 def run_pytest(name: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                           "-rA", "--pe-executor", name, "--rootdir", str(cwd)],
+                           *WITHOUT_UNUSED, "-rA", "--pe-executor", name, "--rootdir", str(cwd)],
                           capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
@@ -135,8 +136,8 @@ def test_pytest_plugin_items_fail_for_the_broken_one(installed: None, tmp_path: 
 def test_pytest_plugin_is_inert_without_the_option(tmp_path: Path) -> None:
     (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                           "--rootdir", str(tmp_path)], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+                           *WITHOUT_UNUSED, "--rootdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout
     assert "1 passed" in proc.stdout
     assert "conformance[" not in proc.stdout

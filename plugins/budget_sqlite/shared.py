@@ -397,7 +397,7 @@ class SharedMeter:
     def _reclaim(self, table: mmap.mmap, total_d: bytes, total_at: int) -> int:
         """Drop the holdings of ``total_d``'s grant by processes that no longer exist; the
         grant's count after."""
-        count = _NUMBERS.unpack_from(table, total_at + 16)[0]
+        count = int(_NUMBERS.unpack_from(table, total_at + 16)[0])
         pos = table.find(total_d, HEADER)
         while pos >= 0:
             at = pos - _OWNER_AT

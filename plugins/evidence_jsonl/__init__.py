@@ -101,7 +101,13 @@ class JsonlSink:
     def end(self, ev: EvidenceEnd) -> None:
         self._write(ev.json_bytes())
 
-    def _write(self, record: bytes) -> None:
+    def pair(self, begin: EvidenceBegin, end: EvidenceEnd) -> None:
+        """Both records of a call that ran nothing outside this process before its end
+        (``Orchestrator``, "one append"): chained one after the other in one ``write``, so
+        the log holds both or, after a crash mid-write, neither (a torn tail is trimmed)."""
+        self._write(begin.json_bytes(), end.json_bytes())
+
+    def _write(self, *record: bytes) -> None:
         with self._lock:
             if self._fd is None:
                 raise RuntimeError(f"evidence log `{self.path}` is closed")
@@ -128,11 +134,12 @@ class JsonlSink:
         if self.fsync == "interval":
             self._dirty.set()
 
-    def _append(self, fd: int, record: bytes | None) -> None:
-        """Chain ``record`` to the log's last record and append it (and a signed checkpoint
-        when one is due) in one ``write``, all under an exclusive lock: another process cannot
-        append between reading the last record and writing the next, so the chain never forks.
-        ``record=None`` appends only a checkpoint (at close), if the last record has none.
+    def _append(self, fd: int, record: tuple[bytes, ...]) -> None:
+        """Chain the records to the log's last record and append them (and a signed
+        checkpoint when one is due) in one ``write``, all under an exclusive lock: another
+        process cannot append between reading the last record and writing the next, so the
+        chain never forks. No records appends only a checkpoint (at close), if the last
+        record has none.
 
         A short write is not continued (the lock is released before the repair) but taken
         back out.
@@ -195,7 +202,7 @@ class JsonlSink:
                 try:
                     if self._tail.signing and self._torn is None:
                         try:  # sign what this process leaves behind
-                            self._append(self._fd, None)
+                            self._append(self._fd, ())
                         except OSError as exc:
                             log.error("evidence log `%s`: closing checkpoint not written: %s",
                                       self.path, exc.strerror or exc)

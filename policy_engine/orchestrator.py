@@ -596,10 +596,15 @@ class Orchestrator:
             m.denied_total.labels(code=err.code.value).inc()
         elif err is not None:
             m.errors_total.labels(code=err.code.value).inc()
-        m.bytes_used("in").inc(usage.bytes_in)
-        m.bytes_used("out").inc(usage.bytes_out)
-        m.cpu_ms.inc(usage.cpu_ms)
-        m.gpu_ms.inc(usage.gpu_ms)
+        # a counter's zero increment is skipped (prometheus takes a lock per ``inc``)
+        if usage.bytes_in:
+            m.bytes_used("in").inc(usage.bytes_in)
+        if usage.bytes_out:
+            m.bytes_used("out").inc(usage.bytes_out)
+        if usage.cpu_ms:
+            m.cpu_ms.inc(usage.cpu_ms)
+        if usage.gpu_ms:
+            m.gpu_ms.inc(usage.gpu_ms)
         m.latency(domain_of(op.kind)).observe(latency_ms)
 
 

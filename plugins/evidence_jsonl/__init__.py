@@ -131,7 +131,7 @@ class JsonlSink:
             if self.fsync == "always":
                 os.fsync(self._fd)
                 self.fsyncs += 1
-        if self.fsync == "interval":
+        if self.fsync == "interval" and not self._dirty.is_set():  # ``set`` locks, notifies
             self._dirty.set()
 
     def _append(self, fd: int, record: tuple[bytes, ...]) -> None:

@@ -184,12 +184,17 @@ class JsonlSink:
     def flush(self) -> None:
         """fsync now (whatever the policy); a no-op once closed."""
         with self._lock:
-            fd = self._fd
-            if fd is None:
+            if self._fd is None:
                 return
-            # INVARIANT: fsync under the lock, so close() cannot close (and the number be
-            # reused for another file) while it runs
+            # a descriptor of its own: close() may close the log's meanwhile (its number is
+            # then never another file's here), and records are appended while the disk syncs
+            # (an fsync takes milliseconds; under the lock every call's append waited for it)
+            fd = os.dup(self._fd)
+        try:
             os.fsync(fd)
+        finally:
+            os.close(fd)
+        with self._lock:
             self.fsyncs += 1
 
     def close(self) -> None:

@@ -305,6 +305,7 @@ class SharedMeter:
         self._wake.set()
 
     def _flush_loop(self) -> None:
+        failing = False
         while not self._stop.is_set():
             self._wake.wait()
             if self._stop.is_set():
@@ -316,9 +317,16 @@ class SharedMeter:
             try:
                 self.flush()
             except Exception as exc:  # noqa: BLE001 — the counts stay in the table; retried
-                log.error("budget counters in `%s` not yet written to the database: %s",
-                          self.path, exc)
+                if not failing:  # once per failure, not at every retry
+                    log.error("budget counters in `%s` not yet written to the database "
+                              "(retried every %.1fs): %s", self.path, self.flush_s, exc)
+                failing = True
                 self._wake.set()
+            else:
+                if failing:
+                    log.warning("budget counters in `%s` written to the database again",
+                                self.path)
+                failing = False
 
     def flush(self) -> None:
         """Write the counters this process changed to the database now."""

@@ -5,6 +5,7 @@ Usage::
     python3 benchmarks/bench_floor.py --quick     # ~20 s; prints the table
     python3 benchmarks/bench_floor.py [--seconds 5] [--connections 4]
     BENCH_ENGINE_PATH=/other/checkout python3 benchmarks/bench_floor.py --quick  # "before"
+    (the meter-cost table is always this checkout's meter)
 
 Three servers run side by side on loopback: ``benchmarks/floor_app.py`` (a bare FastAPI app
 parsing the same JSON body and answering a small object: the floor), and ``policy-engine serve``
@@ -125,10 +126,12 @@ def main() -> None:
     args = ap.parse_args()
     seconds = 2.0 if args.quick else args.seconds
     c = args.connections
-    engine = os.environ.get("BENCH_ENGINE_PATH")
-    if engine:  # a "before" run: the served engine comes from another checkout
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (engine, os.environ.get("PYTHONPATH")) if p)
+    # the served engine: this checkout, or another one's for a "before" run; `python -m` puts
+    # the working directory first on the server's path, so the server starts from there too
+    engine = os.environ.get("BENCH_ENGINE_PATH") or str(REPO)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (engine, os.environ.get("PYTHONPATH")) if p)
+    os.chdir(engine)
     rows: list[tuple[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

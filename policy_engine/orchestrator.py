@@ -351,7 +351,8 @@ class Orchestrator:
                                          replay(None), notes)
                 decision = guard.decide(profile, op, context=context, now_ms=now)
         self.plugins.notify_decision(profile, op, decision)
-        # 4) evidence.begin — before anything can run, and for a denial too
+        # 4) evidence.begin — for a denial too; written before anything can act outside the
+        # engine (``_execute``), or with the end when nothing could (``_finish``)
         audit = None if self.shadow is None else self.shadow.decide(
             grant, manifest, op, settings=settings, overrides=overrides, context=context,
             now_ms=now, enforced=decision)
@@ -382,8 +383,15 @@ class Orchestrator:
             return self._finish(begin, decision, profile, op, started, err=exc,
                                 status="denied", backend=sel.backend, degraded=sel.degraded)
         try:
+            # INVARIANT: the begin record is durable before an executor may act outside this
+            # process; an op its executor runs wholly inside it (``contained_kinds``: an fs
+            # read or listing) answers nobody before ``_finish`` appends begin and end at once
+            # (docs/operations.md "Evidence: one append for contained reads")
+            contained = via is None and kind in getattr(sel.executor, "contained_kinds", ())
+            if not contained:
+                self._write_begin(begin)
             return self._execute(begin, decision, profile, op, started, sel, key, limits,
-                                 guard, cancel, on_output, via)
+                                 guard, cancel, on_output, via, begun=not contained)
         finally:
             slot.release()
 
@@ -391,8 +399,12 @@ class Orchestrator:
                  started: float, sel: Selection, key: str, limits: Limits,
                  guard: GuardLike, cancel: CancelToken | None,
                  on_output: Callable[[str, bytes], None] | None = None,
-                 via: Callable[[Executor], Executor] | None = None) -> RunOutcome:
-        """Steps 6 and 7: charge the call (before, or when the executor starts), run, end."""
+                 via: Callable[[Executor], Executor] | None = None, *,
+                 begun: bool = True) -> RunOutcome:
+        """Steps 6 and 7: charge the call (before, or when the executor starts), run, end.
+
+        :param begun: the begin record is written (else ``_finish`` writes it with the end).
+        """
         assert sel.executor is not None  # INVARIANT: run() returned on a failed selection
         kind = OpKind(op.kind)
 
@@ -407,7 +419,8 @@ class Orchestrator:
                 charge_call()
             except PolicyEngineError as exc:
                 return self._finish(begin, decision, profile, op, started, err=exc,
-                                    status="denied", backend=sel.backend, degraded=sel.degraded)
+                                    status="denied", backend=sel.backend, degraded=sel.degraded,
+                                    begun=begun)
         # 7) execute, charging streamed usage as it happens
         charged: dict[str, int] = dict.fromkeys(_METERED, 0)
 
@@ -440,7 +453,7 @@ class Orchestrator:
                             "denied" if over and not ran else "error",
                             err=attempt.error, backend=sel.backend,
                             degraded=sel.degraded + _reported_degradations(attempt),
-                            usage=usage, side_effects=side_effects)
+                            usage=usage, side_effects=side_effects, begun=begun)
 
     # -- steps ------------------------------------------------------------------------------------
 
@@ -464,7 +477,9 @@ class Orchestrator:
                now: int, replay: dict[str, Any] | None = None,
                shadow: dict[str, Any] | None = None,
                annotations: dict[str, Any] | None = None) -> EvidenceBegin:
-        ev = EvidenceBegin(
+        """The begin record, not yet written: ``_write_begin`` before an executor may act
+        outside the engine, else ``_finish`` writes it with the end ("one append")."""
+        return EvidenceBegin(
             envelope_id=envelope, tenant=grant.tenant, subject_id=grant.subject_id,
             tool_name=grant.tool_name, call_id=grant.call_id,
             profile_hash=profile.profile_hash if profile else "",
@@ -474,10 +489,11 @@ class Orchestrator:
             policy_version_hash=(profile.policy_version_hash if profile
                                  else self.policyset.version_hash), replay=replay,
             shadow=shadow, annotations=annotations)
+
+    def _write_begin(self, ev: EvidenceBegin) -> None:
         with tracing.span("policy_engine.evidence", {"policy_engine.record": "begin"}):
             for sink in self.sinks:
                 sink.begin(ev)
-        return ev
 
     def _refused(self, envelope: str, grant: Grant, profile: Profile | None, op: ExecOp,
                  now: int, started: float, err: PolicyEngineError,
@@ -523,8 +539,9 @@ class Orchestrator:
                 attempt: Attempt | None = None, backend: str | None = None,
                 degraded: tuple[str, ...] = (), usage: Usage | None = None,
                 side_effects: list[SideEffectRec] | None = None,
-                error_kind: str | None = None) -> RunOutcome:
-        """Write evidence.end, update metrics and build the public result."""
+                error_kind: str | None = None, begun: bool = False) -> RunOutcome:
+        """Write evidence.end (with the begin record in one append unless ``begun``), update
+        metrics and build the public result."""
         usage = usage or Usage()
         latency_ms = (time.perf_counter() - started) * 1000
         ok = status == "ok" and attempt is not None and attempt.result is not None
@@ -547,7 +564,10 @@ class Orchestrator:
             **decision_fields(decision, profile, self.policyset.version_hash))
         with tracing.span("policy_engine.evidence", {"policy_engine.record": "end"}):
             for sink in self.sinks:
-                sink.end(end)
+                if begun:
+                    sink.end(end)
+                else:
+                    sink.pair(begin, end)
         self._observe(op, status, err, usage, latency_ms)
         if err is not None:
             log.info("call %s %s: %s (audit: %s)", begin.envelope_id, status, err.code.value,
@@ -576,10 +596,15 @@ class Orchestrator:
             m.denied_total.labels(code=err.code.value).inc()
         elif err is not None:
             m.errors_total.labels(code=err.code.value).inc()
-        m.bytes_used("in").inc(usage.bytes_in)
-        m.bytes_used("out").inc(usage.bytes_out)
-        m.cpu_ms.inc(usage.cpu_ms)
-        m.gpu_ms.inc(usage.gpu_ms)
+        # a counter's zero increment is skipped (prometheus takes a lock per ``inc``)
+        if usage.bytes_in:
+            m.bytes_used("in").inc(usage.bytes_in)
+        if usage.bytes_out:
+            m.bytes_used("out").inc(usage.bytes_out)
+        if usage.cpu_ms:
+            m.cpu_ms.inc(usage.cpu_ms)
+        if usage.gpu_ms:
+            m.gpu_ms.inc(usage.gpu_ms)
         m.latency(domain_of(op.kind)).observe(latency_ms)
 
 

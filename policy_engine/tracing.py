@@ -75,14 +75,24 @@ def use(provider: Any) -> None:
     _provider = provider
 
 
+_ENV_PROVIDER: list[bool] = []  # whether OTEL_PYTHON_TRACER_PROVIDER was set (read once)
+
+
 def enabled() -> bool:
     """Whether spans are recorded: an SDK tracer provider was installed (by :func:`configure`,
     :func:`use` or the embedding application); checked per call, cheaply."""
     api = _otel()
     if api is None:
         return False
-    return _provider is not None or not isinstance(api.trace.get_tracer_provider(),
-                                                   api.trace.ProxyTracerProvider)
+    if _provider is not None:
+        return True
+    if not _ENV_PROVIDER:
+        _ENV_PROVIDER.append("OTEL_PYTHON_TRACER_PROVIDER" in os.environ)
+    # no global provider set and none named by the environment: the proxy, nothing records
+    # (``get_tracer_provider`` reads the environment on each call: ≈ 1 µs, five spans an op)
+    if getattr(api.trace, "_TRACER_PROVIDER", False) is None and not _ENV_PROVIDER[0]:
+        return False
+    return not isinstance(api.trace.get_tracer_provider(), api.trace.ProxyTracerProvider)
 
 
 def _tracer() -> Any:

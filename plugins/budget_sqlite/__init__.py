@@ -1,5 +1,6 @@
 """SQLite budget meter (``budget_meter: sqlite``, the default): shared by every process using the
-same state directory; one row per (grant_key, kind), checked and updated by one guarded UPSERT.
+same state directory; counters and concurrency slots in a shared-memory table written behind to
+one row per (grant_key, kind) of the database (shared.py).
 """
 
 from __future__ import annotations
@@ -7,10 +8,12 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from plugins.budget_sqlite.leases import SqliteLeases
+from plugins.budget_sqlite.shared import SharedMeter
 from plugins.budget_sqlite.window import Full, SharedWindows
 from policy_engine.budget import BudgetMeter, check_amount, exceeded
 from policy_engine.config import EngineConfig
@@ -41,6 +44,13 @@ ON CONFLICT (grant_key, kind) DO UPDATE SET used = used + excluded.used
 RETURNING used
 """
 _USED = "SELECT used FROM budget_usage WHERE grant_key = ? AND kind = ?"
+_BEAT_SCHEMA = "CREATE TABLE IF NOT EXISTS budget_writes (id INTEGER PRIMARY KEY, at_ms INTEGER)"
+_BEAT = ("INSERT INTO budget_writes (id, at_ms) VALUES (1, ?) "
+         "ON CONFLICT (id) DO UPDATE SET at_ms = excluded.at_ms")
+_SET = """
+INSERT INTO budget_usage (grant_key, kind, used) VALUES (?, ?, ?)
+ON CONFLICT (grant_key, kind) DO UPDATE SET used = excluded.used
+"""
 
 
 class SqliteBudgetMeter:
@@ -64,6 +74,12 @@ class SqliteBudgetMeter:
     closed: construction logs the cause and succeeds, and every charge raises
     ``PROVIDER.UNAVAILABLE`` naming the file and the cause until the store works again (each
     charge retries; nothing is charged or granted in between).
+
+    Charges and concurrency slots go through the shared-memory table of ``shared.py`` (exact
+    across processes, written behind to the database at most every 0.2 s): a charge makes no
+    write transaction. The database is written once when the meter opens (a store that cannot
+    take writes is found then), and whenever a write behind fails, charges are refused as
+    above until a write succeeds again; what the table accepted before is written then.
     """
 
     name = "sqlite"
@@ -84,9 +100,15 @@ class SqliteBudgetMeter:
         self._windows = SharedWindows(path.with_suffix(".rate"))
         self._windows_failed = False
         self._leases_lock = threading.Lock()
+        # counters and slots (shared.py); `_unwritable` is set while the database refuses the
+        # writes behind: charges are refused then (fail closed), each retrying the write first
+        self._shared = SharedMeter(path.with_suffix(".meter"), self)
+        self._unwritable: PolicyEngineError | None = None
         try:
             self._db()
+            self._heartbeat()
         except PolicyEngineError as exc:
+            self._unwritable = exc
             log.error("%s; calls that charge this budget store are denied (%s) until it works",
                       exc.reason, exc.code.value)
 
@@ -114,6 +136,7 @@ class SqliteBudgetMeter:
             if not self._ready:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute(_SCHEMA)
+                conn.execute(_BEAT_SCHEMA)
                 self._ready = True
             return conn
         except (sqlite3.Error, OSError) as exc:
@@ -147,18 +170,71 @@ class SqliteBudgetMeter:
 
     def check_and_consume(self, grant_key: str, kind: str, amount: int, limit: int | None) -> int:
         check_amount(kind, amount)
-        rows = self._query(_CHARGE, {"key": grant_key, "kind": kind, "amount": amount,
+        if self._unwritable is not None:
+            self._recover()
+        try:
+            return self._shared.charge(grant_key, kind, amount, limit)
+        except OSError as exc:  # the table cannot be mapped: fail closed, naming it
+            raise store_error("budget store", self._shared.path, exc) from exc
+
+    def _recover(self) -> None:
+        """Write what the table holds and a heartbeat; raises the store error while the
+        database still refuses writes."""
+        try:
+            self._shared.flush()
+            self._heartbeat()
+        except OSError as exc:
+            raise store_error("budget store", self._shared.path, exc) from exc
+        self._unwritable = None
+
+    def _heartbeat(self) -> None:
+        """One write: a database that cannot take writes is found now, not behind a charge."""
+        self.save([])
+
+    # the database under the table (shared.Durable)
+    def load(self, key: str, kind: str) -> int:
+        row = self._query(_USED, (key, kind))
+        return int(row[0][0]) if row else 0
+
+    def save(self, rows: list[tuple[str, str, int]]) -> None:
+        try:
+            conn = self._db()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany(_SET, rows)
+                conn.execute(_BEAT, (int(time.time() * 1000),))
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._unwritable = self._failed(exc)
+            raise self._unwritable from exc
+        except PolicyEngineError as exc:
+            self._unwritable = exc
+            raise
+
+    def charge(self, key: str, kind: str, amount: int, limit: int | None) -> int:
+        rows = self._query(_CHARGE, {"key": key, "kind": kind, "amount": amount,
                                      "limit": limit})
         if rows:
             return int(rows[0][0])
         assert limit is not None  # INVARIANT: an unlimited charge always returns its row
-        row = self._query(_USED, (grant_key, kind))  # for the message only
-        raise exceeded(grant_key, kind, limit, int(row[0][0]) if row else 0, amount)
+        row = self._query(_USED, (key, kind))  # for the message only
+        raise exceeded(key, kind, limit, int(row[0][0]) if row else 0, amount)
 
     def used(self, grant_key: str) -> dict[str, int]:
         rows = self._query("SELECT kind, used FROM budget_usage WHERE grant_key = ?",
                            (grant_key,))
-        return {str(kind): int(used) for kind, used in rows}
+        found = {str(kind): int(used) for kind, used in rows}
+        try:
+            table = self._shared.used(grant_key)
+        except OSError as exc:
+            raise store_error("budget store", self._shared.path, exc) from exc
+        # the table's count wins (the database's may be behind); a counter loaded and
+        # refused at once holds 0 and was never charged
+        found.update({k: v for k, v in table.items() if v or k in found})
+        return found
 
     # per-window counts (WindowCounter): the shared-memory table of window.py
     def charge_window(self, key: str, window: int, limit: int) -> int:
@@ -196,7 +272,15 @@ class SqliteBudgetMeter:
             return self._leases
 
     def acquire(self, grant_key: str, limit: int, *, hold_s: float) -> str:
+        if self._unwritable is not None:  # refused before the call, as a charge would be
+            self._recover()
         try:
+            lease = self._shared.acquire(grant_key, limit)
+        except OSError as exc:
+            raise store_error("budget store", self._shared.path, exc) from exc
+        if lease is not None:
+            return lease
+        try:  # a key too long for the table: its slots are lease rows in the database
             return self._lease_store().acquire(grant_key, limit, hold_s=hold_s)
         except sqlite3.Error as exc:
             # reopen on the next acquire: a connection opened while the file was unwritable
@@ -208,6 +292,12 @@ class SqliteBudgetMeter:
             raise store_error("budget store", self.path, exc) from exc
 
     def release(self, grant_key: str, lease: str) -> None:
+        try:
+            if self._shared.release(grant_key, lease):
+                return
+        except OSError as exc:  # nothing was released: the holding dies with this process
+            log.error("cannot release a concurrency slot in `%s`: %s", self._shared.path, exc)
+            return
         if self._leases is None:
             return
         try:
@@ -217,6 +307,11 @@ class SqliteBudgetMeter:
                       self.path, exc)
 
     def close(self) -> None:
+        try:
+            self._shared.close()  # writes what this process charged
+        except (OSError, PolicyEngineError) as exc:
+            log.error("budget counters of `%s` stay in `%s` (written by the next process to "
+                      "open it): %s", self.path, self._shared.path, exc)
         self._windows.close()
         if self._leases is not None:
             self._leases.close()

@@ -55,7 +55,8 @@ class SharedWindows:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             if os.fstat(fd).st_size < SIZE:  # a new file: zeroes are empty slots
-                os.ftruncate(fd, SIZE)
+                # blocks, not a hole: a write to a page of a hole on a full disk is a SIGBUS
+                os.posix_fallocate(fd, 0, SIZE)
             self._map = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)

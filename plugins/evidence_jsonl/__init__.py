@@ -101,7 +101,13 @@ class JsonlSink:
     def end(self, ev: EvidenceEnd) -> None:
         self._write(ev.json_bytes())
 
-    def _write(self, record: bytes) -> None:
+    def pair(self, begin: EvidenceBegin, end: EvidenceEnd) -> None:
+        """Both records of a call that ran nothing outside this process before its end
+        (``Orchestrator``, "one append"): chained one after the other in one ``write``, so
+        the log holds both or, after a crash mid-write, neither (a torn tail is trimmed)."""
+        self._write(begin.json_bytes(), end.json_bytes())
+
+    def _write(self, *record: bytes) -> None:
         with self._lock:
             if self._fd is None:
                 raise RuntimeError(f"evidence log `{self.path}` is closed")
@@ -125,14 +131,15 @@ class JsonlSink:
             if self.fsync == "always":
                 os.fsync(self._fd)
                 self.fsyncs += 1
-        if self.fsync == "interval":
+        if self.fsync == "interval" and not self._dirty.is_set():  # ``set`` locks, notifies
             self._dirty.set()
 
-    def _append(self, fd: int, record: bytes | None) -> None:
-        """Chain ``record`` to the log's last record and append it (and a signed checkpoint
-        when one is due) in one ``write``, all under an exclusive lock: another process cannot
-        append between reading the last record and writing the next, so the chain never forks.
-        ``record=None`` appends only a checkpoint (at close), if the last record has none.
+    def _append(self, fd: int, record: tuple[bytes, ...]) -> None:
+        """Chain the records to the log's last record and append them (and a signed
+        checkpoint when one is due) in one ``write``, all under an exclusive lock: another
+        process cannot append between reading the last record and writing the next, so the
+        chain never forks. No records appends only a checkpoint (at close), if the last
+        record has none.
 
         A short write is not continued (the lock is released before the repair) but taken
         back out.
@@ -177,12 +184,17 @@ class JsonlSink:
     def flush(self) -> None:
         """fsync now (whatever the policy); a no-op once closed."""
         with self._lock:
-            fd = self._fd
-            if fd is None:
+            if self._fd is None:
                 return
-            # INVARIANT: fsync under the lock, so close() cannot close (and the number be
-            # reused for another file) while it runs
+            # a descriptor of its own: close() may close the log's meanwhile (its number is
+            # then never another file's here), and records are appended while the disk syncs
+            # (an fsync takes milliseconds; under the lock every call's append waited for it)
+            fd = os.dup(self._fd)
+        try:
             os.fsync(fd)
+        finally:
+            os.close(fd)
+        with self._lock:
             self.fsyncs += 1
 
     def close(self) -> None:
@@ -195,7 +207,7 @@ class JsonlSink:
                 try:
                     if self._tail.signing and self._torn is None:
                         try:  # sign what this process leaves behind
-                            self._append(self._fd, None)
+                            self._append(self._fd, ())
                         except OSError as exc:
                             log.error("evidence log `%s`: closing checkpoint not written: %s",
                                       self.path, exc.strerror or exc)

@@ -74,26 +74,31 @@ class ChainTail:
             return self._known[2]
         return tail_of(last_record(fd, st.st_size))
 
-    def render(self, fd: int, record: bytes | None) -> bytes:
-        """The bytes to append: the chained record, then a checkpoint over it when due (every
-        ``checkpoint_every`` records); for ``record=None`` only a checkpoint over the last
-        record, or nothing if it is already covered.
+    def render(self, fd: int, records: tuple[bytes, ...]) -> bytes:
+        """The bytes to append: each record chained to the one before, each followed by a
+        checkpoint over it when one is due (every ``checkpoint_every`` records); for no
+        records only a checkpoint over the last record, or nothing if it is already covered.
         """
         tail = self._tail(fd)
         out: list[bytes] = []
-        if record is not None:
+        if not records and tail.chained and not tail.checkpoint:
+            tail = self._checkpoint(tail, out)
+        for record in records:
             line = chained(record, tail.seq, tail.prev)
             out.append(line)
             tail = Tail(tail.seq + 1, line_hash(line), True, False)
-            due = tail.seq % self._every == 0
-        else:
-            due = tail.chained and not tail.checkpoint
-        if due and self._key is not None:
-            cp = chained(checkpoint(self._key, tail.seq - 1, tail.prev), tail.seq, tail.prev)
-            out.append(cp)
-            tail = Tail(tail.seq + 1, line_hash(cp), True, True)
+            if tail.seq % self._every == 0:
+                tail = self._checkpoint(tail, out)
         self._pending = tail
         return b"".join(x + b"\n" for x in out)
+
+    def _checkpoint(self, tail: Tail, out: list[bytes]) -> Tail:
+        """A signed checkpoint over ``tail`` appended to ``out`` (none without a key)."""
+        if self._key is None:
+            return tail
+        cp = chained(checkpoint(self._key, tail.seq - 1, tail.prev), tail.seq, tail.prev)
+        out.append(cp)
+        return Tail(tail.seq + 1, line_hash(cp), True, True)
 
     def wrote(self, fd: int) -> None:
         """The rendered bytes are in the file: remember where the chain stands now."""

@@ -84,6 +84,9 @@ class FsExecutor:
         readonly_rootfs=False, resource_limits=True,
     )
     charges_at_start = True  # ctx.started() before the first open beneath the root
+    # run wholly inside the engine, acting on nothing: their begin record is written with the
+    # end, in one append (Orchestrator; a write still gets its begin record first)
+    contained_kinds = frozenset({OpKind.FS_READ, OpKind.FS_LIST})
 
     def __init__(self, options: FsOptions | None = None) -> None:
         self.options = options or FsOptions()

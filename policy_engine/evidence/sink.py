@@ -23,3 +23,7 @@ class EvidenceSink(Protocol):
 
     def close(self) -> None:
         ...
+
+    # optional: ``pair(begin, end)`` writes both records of one call at once (the orchestrator
+    # uses it for calls that ran nothing outside the engine before their end, "one append");
+    # a sink without it gets ``begin`` then ``end``

@@ -62,6 +62,30 @@ class SpoolingSink:
     def end(self, ev: EvidenceEnd) -> None:
         self._deliver(ev)
 
+    def pair(self, begin: EvidenceBegin, end: EvidenceEnd) -> None:
+        """Both records of one call at once: one append where the sink has ``pair`` (the
+        JSONL log), else ``begin`` then ``end``; refused, both are spooled, in order."""
+        write = getattr(self.inner, "pair", None)
+        if not callable(write):
+            self._deliver(begin)
+            self._deliver(end)
+            return
+        with self._lock:
+            try:
+                replayed = self._replay()
+            except OSError as exc:
+                log.error("evidence spool `%s` cannot be replayed (%s)", self.spool_path,
+                          _cause(exc))
+                replayed = False
+            if replayed:
+                try:
+                    write(begin, end)
+                    return
+                except Exception as exc:  # noqa: BLE001 — counted, logged, spooled below
+                    self._count_failure(exc, begin)
+            for ev in (begin, end):
+                self._keep(ev)
+
     def close(self) -> None:
         with self._lock:
             try:
@@ -97,16 +121,20 @@ class SpoolingSink:
                 replayed = False
             if replayed and self._send(ev):
                 return
-            try:
-                self._spool(ev)
-            except OSError as exc:
-                self.lost += 1
-                if self._on_failure is not None:
-                    self._on_failure(self.name)
-                log.error("evidence record %s (%s) for sink `%s` is LOST: the sink refused it "
-                          "and the spool `%s` cannot take it: %s", ev.envelope_id,
-                          "begin" if isinstance(ev, EvidenceBegin) else "end", self.name,
-                          self.spool_path, _cause(exc))
+            self._keep(ev)
+
+    def _keep(self, ev: Record) -> None:
+        """Spool ``ev``; when even that fails, count and log it as lost."""
+        try:
+            self._spool(ev)
+        except OSError as exc:
+            self.lost += 1
+            if self._on_failure is not None:
+                self._on_failure(self.name)
+            log.error("evidence record %s (%s) for sink `%s` is LOST: the sink refused it "
+                      "and the spool `%s` cannot take it: %s", ev.envelope_id,
+                      "begin" if isinstance(ev, EvidenceBegin) else "end", self.name,
+                      self.spool_path, _cause(exc))
 
     def _send(self, ev: Record) -> bool:
         try:
@@ -114,15 +142,18 @@ class SpoolingSink:
                 self.inner.begin(ev)
             else:
                 self.inner.end(ev)
-        except Exception as exc:
-            self.failures += 1
-            if self._on_failure is not None:
-                self._on_failure(self.name)
-            log.warning("evidence sink `%s` failed (%s: %s); record %s spooled for retry",
-                        self.name, type(exc).__name__, exc, ev.envelope_id)
-            # (when the spool cannot take it either, an error saying it is lost follows)
+        except Exception as exc:  # noqa: BLE001 — counted, logged, spooled by the caller
+            self._count_failure(exc, ev)
             return False
         return True
+
+    def _count_failure(self, exc: Exception, ev: Record) -> None:
+        self.failures += 1
+        if self._on_failure is not None:
+            self._on_failure(self.name)
+        log.warning("evidence sink `%s` failed (%s: %s); record %s spooled for retry",
+                    self.name, type(exc).__name__, exc, ev.envelope_id)
+        # (when the spool cannot take it either, an error saying it is lost follows)
 
     def _spool(self, ev: Record) -> None:
         with _EMPTY_LOCK:  # before the write: never a window where it is thought empty

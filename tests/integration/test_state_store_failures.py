@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -119,24 +121,41 @@ def test_api_unwritable_budget_store_denies_then_recovers(fx: Fixture, tmp_path:
     assert_denied_with_evidence(state, denied.envelope_id)
 
 
-def test_api_budget_store_failing_mid_call_withholds_the_output(
+def test_api_budget_store_failing_while_running_refuses_calls_from_the_next_write(
         fx: Fixture, tmp_path: Path) -> None:
     """The budget store starts refusing writes while the engine runs (the database and its
-    write-ahead log made immutable: an open connection would otherwise go on writing its WAL,
-    and whether a charge then fails depends on when SQLite checkpoints): the output is
-    withheld and the end records the code.
+    write-ahead log made immutable). Charges are written behind (plugins/budget_sqlite/
+    shared.py): the failed write behind is found within its interval, and from then on every
+    call is refused before it runs, with both records; what the table took before is written
+    once the database takes writes again, so no charge is lost.
     """
     state = tmp_path / "state"
     with fx.orchestrator(state) as orch:
-        assert fx.run(orch).result.ok
+        first = fx.run(orch)
+        assert first.result.ok
+        key = f"{first.begin.tenant}/{first.begin.subject_id}/{first.begin.call_id}"
         with immutable(state / "budget.sqlite"), immutable(state / "budget.sqlite-wal"):
-            failed = fx.run(orch)
-    assert failed.result.code == UNAVAILABLE
-    assert failed.result.out == {}
-    assert failed.end.error_code == UNAVAILABLE
-    assert failed.end.status in ("denied", "error")
-    kinds, _ = envelopes(state / "evidence" / "evidence.jsonl")
-    assert kinds[failed.envelope_id] == ["begin", "end"]
+            taken = fx.run(orch)  # the table takes it; the database does not yet
+            deadline = time.monotonic() + 10
+            refused = fx.run(orch)
+            while refused.result.ok and time.monotonic() < deadline:
+                time.sleep(0.05)  # the write behind runs at most every 0.2 s
+                refused = fx.run(orch)
+        assert taken.result.ok
+        assert refused.result.code == UNAVAILABLE
+        assert_store_named(refused.result.message or "", state / "budget.sqlite",
+                           "attempt to write a readonly database")
+        assert refused.result.out == {}
+        assert refused.end.status == "denied"
+        again = fx.run(orch)  # repaired: the write behind succeeds first, then it runs
+        assert again.result.ok, again.result.message
+        charged = orch.meter.used(key)["calls"]
+    assert_denied_with_evidence(state, refused.envelope_id)
+    # every call that ran is counted in the database itself, the ones taken while it failed too
+    with sqlite3.connect(state / "budget.sqlite") as conn:
+        (calls,) = conn.execute("SELECT used FROM budget_usage WHERE grant_key = ? AND "
+                                "kind = 'calls'", (key,)).fetchone()
+    assert calls == charged
 
 
 def test_cli_corrupted_budget_store_denies_naming_it(fx: Fixture, tmp_path: Path) -> None:

@@ -147,16 +147,19 @@ def carve(root: str, access: str, masked: list[str]) -> list[tuple[str, str]]:
 
 
 _warm_lock = threading.Lock()
-_warmed = threading.Event()
+_checked = threading.Event()  # the stored walks checked (or walked): the first plan may go
+_warmed = threading.Event()  # and every directory watched: any plan may go
 _warming: list[threading.Thread] = []
+_first: list[bool] = [True]  # no plan has gone yet
 
 
 def _warm_again_after_fork() -> None:
     # a forked child has none of the parent's threads: a warm-up begun there never ends here
     # (a call would wait for it forever), and the child's cache starts empty (masks.py)
-    global _warm_lock, _warmed
-    _warm_lock, _warmed = threading.Lock(), threading.Event()
+    global _warm_lock, _checked, _warmed
+    _warm_lock, _checked, _warmed = threading.Lock(), threading.Event(), threading.Event()
     _warming.clear()
+    _first[0] = True
 
 
 os.register_at_fork(after_in_child=_warm_again_after_fork)
@@ -164,10 +167,13 @@ os.register_at_fork(after_in_child=_warm_again_after_fork)
 
 @atexit.register
 def _finish_warmup() -> None:
-    # the warm-up stores its listings after a call may go on (``_warm``): a short run (one
-    # CLI call) would end before the store is written, and every start would list again
+    # the warm-up stores its walks after a call may go on (``_warm``): a short run (one CLI
+    # call) would end before the store is written, and every start would walk again; a call's
+    # plan may have re-walked a changed system directory since
     for t in list(_warming):
         t.join(timeout=30)
+    if _warming:
+        listing_store.save(DEFAULT_CACHE, system_trees())
 
 
 def system_trees(extra_ro: Iterable[str] = ()) -> list[str]:
@@ -180,18 +186,22 @@ def system_trees(extra_ro: Iterable[str] = ()) -> list[str]:
 
 def _warm() -> None:
     trees: list[str] = []
-    listed = DEFAULT_CACHE.entries_listed
     try:
         patterns = [*BUILTIN_MASKS, *(f"{d}/**" for d in RUNTIME_DIRS), *RUNTIME_GLOBS,
                     *MANDATORY_DENY_PATHS]
         trees = system_trees()
-        # the last run's listings: only directories changed since are listed (listing_store)
-        listing_store.load(DEFAULT_CACHE)
+        # the last run's walks, each directory's stamp checked: only the directories changed
+        # since are listed (listing_store); the watches come after the first plan's turn
+        listing_store.load(DEFAULT_CACHE, watch=False)
         with contextlib.suppress(PlanTooLarge):  # the call's own plan says so, cleanly
             plan_masks([], trees, patterns, "/nonexistent")
     finally:
+        _checked.set()
+    try:
+        listing_store.watch_loaded(DEFAULT_CACHE)
+    finally:
         _warmed.set()
-    if trees and DEFAULT_CACHE.entries_listed != listed:  # after the set: no call waits for it
+    if trees:  # after the set: no call waits for it; written only when a walk changed
         listing_store.save(DEFAULT_CACHE, trees)
 
 
@@ -207,6 +217,15 @@ def prewarm(*, wait: bool = False) -> None:
             t.start()
     if wait:
         _warmed.wait()
+
+
+def _await_warmup() -> None:
+    """Wait for the warm-up: the first plan once the stored walks are checked (it plans on a
+    check just made), any later one until their directories are watched too (a check grows
+    stale; a watch reports every change after it)."""
+    with _warm_lock:
+        first, _first[0] = _first[0], False
+    (_checked if first else _warmed).wait()
 
 
 def bounded_plan(bound: Sequence[str], system: Sequence[str], patterns: Sequence[str], home: str,
@@ -366,7 +385,7 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
     readable, writable = bound_paths(profile)
     system = system_trees(extra_ro)
     if _warming and not _warmed.is_set():
-        _warmed.wait()  # one walk of the system trees, not two racing
+        _await_warmup()  # one walk of the system trees, not two racing
     bound = readable + writable
     resolved = {p: resolve_trusted_links(p) for p in bound}
     cwd = op.cwd or (root if any(beneath(root, b) for b in bound) else tmpdir)

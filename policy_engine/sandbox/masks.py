@@ -48,7 +48,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from policy_engine.patterns.paths import (
@@ -59,11 +59,14 @@ from policy_engine.patterns.paths import (
     resolved_form,
 )
 from policy_engine.sandbox.hardlinks import linked_secrets
+from policy_engine.sandbox.revalidate import STAMP, UNTRUSTED, pack_paths
+from policy_engine.sandbox.revalidate import changed as changed_dirs
 from policy_engine.sandbox.runtime_dirs import NEVER_WALKED as NEVER_WALKED
 from policy_engine.sandbox.runtime_dirs import RUNTIME_DIRS as RUNTIME_DIRS
 from policy_engine.sandbox.runtime_dirs import RUNTIME_GLOBS as RUNTIME_GLOBS
 from policy_engine.sandbox.runtime_dirs import beneath as beneath
 from policy_engine.sandbox.runtime_dirs import under_runtime as under_runtime
+from policy_engine.sandbox.watch import MASK as WATCH_MASK
 from policy_engine.sandbox.watch import Watcher
 
 RACY_NS = 2_000_000_000
@@ -100,35 +103,8 @@ class _Listing:
     too_big: bool = False  # more than MAX_DIR_ENTRIES: not listed, masked whole
     cost: int = 0  # approximate bytes held
 
-    def to_row(self, path: str) -> tuple[object, ...]:
-        """Plain values for ``listing_store`` (``marshal`` keeps the frozenset as it is)."""
-        return (path, self.key, self.names, self.subdirs, self.subpaths, self.too_big, self.cost)
-
-    @staticmethod
-    def from_row(row: Any) -> tuple[str, _Listing]:
-        """A stored row back, trusted as it was when saved; another shape is a ValueError (the
-        file is this user's own, ``listing_store``: the checks catch a format change)."""
-        if type(row) is not tuple or len(row) != 7:
-            raise ValueError("not a stored listing")
-        path, key, names, subdirs, subpaths, too_big, cost = row
-        if type(path) is not str or type(key) is not tuple or len(key) != 3 or \
-                type(names) is not frozenset or type(subdirs) is not tuple or \
-                type(subpaths) is not tuple or len(subpaths) != len(subdirs) or \
-                type(too_big) is not bool or type(cost) is not int:
-            raise ValueError("not a stored listing")
-        # the slots' own setters: the frozen dataclass's ``__init__`` (``object.__setattr__`` a
-        # field) cost 8 µs a row, 26,000 rows at a start
-        listing = _NEW_LISTING(_Listing)
-        for setter, value in zip(_LISTING_SETTERS, (key, names, subdirs, subpaths, True, too_big,
-                                                     cost), strict=True):
-            setter(listing, value)
-        return path, listing
-
 
 Listing = _Listing
-_NEW_LISTING = object.__new__
-_LISTING_SETTERS = tuple(getattr(_Listing, f).__set__ for f in (
-    "key", "names", "subdirs", "subpaths", "trusted", "too_big", "cost"))
 
 
 def _cost(names: Sequence[str], subpaths: Sequence[str]) -> int:
@@ -172,24 +148,11 @@ class DirCache:
             self.watcher.close()
             self.watcher = Watcher()
 
-    def adopt(self, listings: Iterable[tuple[str, _Listing]]) -> int:
-        """Take stored listings (``listing_store``) for paths not listed here yet; each is
-        reused only under its own ``(st_dev, st_ino, st_ctime_ns)``, as a fresh one is."""
-        n = 0
-        with self._lock:
-            for path, listing in listings:
-                if path not in self._data:
-                    self._data[path] = listing
-                    self._data_bytes += listing.cost
-                    n += 1
-            self._data_bytes = self._evict(self._data, self._data_bytes, self.max_bytes // 2,
-                                           lambda listing: int(listing.cost))
-        return n
-
-    def trusted_listings(self) -> list[tuple[str, _Listing]]:
-        """The listings a later run may reuse (taken past ``RACY_NS``), a snapshot."""
-        with self._lock:
-            return [(p, lst) for p, lst in self._data.items() if lst.trusted]
+    def adopt_walk(self, key: object, rec: _WalkRecord) -> None:
+        """Take a stored walk (``listing_store``) as the walk of ``key`` unless one is held;
+        the next plan of ``key`` reuses it only for what ``rec.stale`` or the watcher vouch."""
+        if key not in self.walks:
+            self.remember_walk(key, rec, True)
 
     def held_bytes(self) -> int:
         """The approximate bytes held (listings, walk records, hard-link listings)."""
@@ -216,6 +179,7 @@ class DirCache:
                 self._walk_bytes -= old.cost
             if changed or old is not rec:
                 rec.cost = rec.measure()
+                rec.dirty = True
             self.walks[key] = rec
             self._walk_bytes = self._evict(self.walks, self._walk_bytes + rec.cost,
                                            self.max_bytes // 4, lambda r: int(r.cost))
@@ -532,31 +496,84 @@ class _WalkRecord:
     synced: int  # the watcher sequence this record reflects
     inherited: dict[str, _Frame]  # directory -> frame from its parent (before its own starts)
     hits: dict[str, frozenset[str]]  # directory -> the masked paths in it
+    # directory -> (st_dev, st_ino, st_ctime_ns) it was listed under, UNTRUSTED when the listing
+    # was racy: what ``revalidate`` checks when no watcher vouches for the record; None: still
+    # the stored form in ``packed`` (listing_store), unpacked by ``stamp_map`` when first needed
+    stamps: dict[str, tuple[int, int, int]] | None = field(default_factory=dict)
+    packed: tuple[list[str], bytes, bytes] | None = None  # directories, their blob, stamps
+    watched: bool = False  # every directory has had its inotify watch since its stamp
+    provisional: bool = False  # ``watched`` on the word of a check just made (listing_store)
+    dirty: bool = True  # changed since stored (listing_store)
     cost: int = 0  # approximate bytes, as of the last ``measure``
+    _kids: dict[str, set[str]] | None = None  # directory -> its walked subdirectories, lazily
 
     def measure(self) -> int:
         """An estimate in O(1) (paths ~100 bytes): it runs after every partial re-walk."""
-        return _DIR_COST + (_PATH_COST + 140) * len(self.inherited) + \
+        return _DIR_COST + (_PATH_COST + 200) * len(self.inherited) + \
             (_DIR_COST + _PATH_COST + 100) * len(self.hits)
 
+    def kids(self) -> dict[str, set[str]]:
+        """The walked subdirectories of each directory (built on the first partial re-walk)."""
+        if self._kids is None:
+            kids: dict[str, set[str]] = {}
+            for p in self.inherited:
+                parent = p.rpartition("/")[0] or "/"
+                if parent != p:
+                    kids.setdefault(parent, set()).add(p)
+            self._kids = kids
+        return self._kids
 
-MAX_INCREMENTAL = 64
+    def stamp_map(self) -> dict[str, tuple[int, int, int]]:
+        """``stamps``, unpacked from the stored form if need be (the record changes after)."""
+        if self.stamps is None:
+            paths, _, raw = self.packed or ([], b"", b"")
+            self.stamps = dict(zip(paths, STAMP.iter_unpack(raw), strict=True))
+        self.packed = None
+        return self.stamps
+
+    def drop(self, d: str) -> None:
+        """Forget ``d`` and everything walked beneath it (it is gone, or no longer walked)."""
+        kids, stamps = self.kids(), self.stamp_map()
+        todo = [d]
+        while todo:
+            p = todo.pop()
+            self.inherited.pop(p, None)
+            self.hits.pop(p, None)
+            stamps.pop(p, None)
+            todo.extend(kids.pop(p, ()))
+
+    def stale(self, watcher: Watcher | None) -> set[str]:
+        """The directories whose stamp no longer holds (one ``lstat`` each, ``revalidate``);
+        with a usable ``watcher``, each is watched first and the record is ``watched`` after."""
+        if self.packed is not None:  # unchanged since loaded: the stored form as it is
+            paths, blob, stamps = self.packed
+        else:
+            paths = list(self.inherited)
+            table = self.stamp_map()
+            stamps = b"".join([STAMP.pack(*table.get(p, UNTRUSTED)) for p in paths])
+            blob = pack_paths(paths)
+        fd = watcher.fd if watcher is not None and watcher.usable else -1
+        idx, wds = changed_dirs(blob, stamps, fd, WATCH_MASK)
+        self.watched = fd >= 0 and watcher is not None and watcher.adopt(paths, wds)
+        return {paths[i] for i in idx}
+
+
+MAX_INCREMENTAL = 4096
 """More changed directories than this since the last plan: walk everything again."""
 
 
 def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str],
                    foreign: _Foreign | None = None,
                    budget: list[int] | None = None) -> tuple[int, int, list[str]]:
-    """Reuse the last walk of the same starts, re-walking only the directories inotify says
-    changed since (each with the frame it had); a full walk when that is not known."""
+    """Reuse the last walk of the same starts, re-walking only the directories that changed
+    since: the ones inotify reported, else (a full invalidation, no watcher, a record loaded
+    from ``listing_store``) the ones whose stamp no longer holds."""
     watcher = cache.watcher
-    seen: list[str] = []
-    if watcher is None or not watcher.usable:
-        visited, listed = _walk(starts, cache, found, seen=seen, foreign=foreign,
-                                budget=budget)
-        return visited, listed, seen
-    watcher.drain()
-    synced = watcher.seq  # INVARIANT: read before walking: a change during it stays in the log
+    live = watcher is not None and watcher.usable
+    if live:
+        watcher.drain()  # type: ignore[union-attr]  # live: not None
+    synced = watcher.seq if live else 0  # type: ignore[union-attr]  # INVARIANT: read before
+    seen: list[str] = []  # walking: a change during it stays in the log
     visited = listed = 0
     tops = [r for r in starts if not any(q != r and beneath(r, q) for q in starts)]
     for top in sorted(tops):
@@ -566,27 +583,20 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
         key = (tuple(sorted((r, tuple(sorted({g.glob.pattern for g in gs})))
                             for r, gs in group.items())), foreign)
         rec = cache.walks.get(key)
-        changed = watcher.since(rec.synced) if rec is not None else None
-        mine = None if rec is None or changed is None else \
-            {d for d in changed if d in rec.inherited}  # other trees' changes cost nothing
+        mine: set[str] | None = None
+        if rec is not None:
+            changed = watcher.since(rec.synced) if live and rec.watched else None  # type: ignore[union-attr]  # noqa: E501 - live
+            mine = rec.stale(watcher if live else None) if changed is None else \
+                {d for d in changed if d in rec.inherited}  # other trees' changes cost nothing
         walked = bool(mine) or mine is None
         if rec is None or mine is None or len(mine) > MAX_INCREMENTAL:
-            rec = _WalkRecord(synced, {}, {})
+            rec = _WalkRecord(synced, {}, {}, watched=live)
             listed += _walk(group, cache, set(), rec=rec, foreign=foreign, budget=budget)[1]
         else:
-            for d in mine:
-                frame = rec.inherited.get(d)
-                if frame is None:
-                    continue  # inside a directory re-walked above, or masked whole
-                below = d.rstrip("/") + "/"
-                for p in [p for p in rec.inherited if p == d or p.startswith(below)]:
-                    del rec.inherited[p]
-                    rec.hits.pop(p, None)
-                listed += _walk(group, cache, set(), rec=rec, tops=[(d, frame)],
-                                foreign=foreign, budget=budget)[1]
+            if mine:
+                listed += _rewalk(group, cache, rec, mine, foreign, budget)
             rec.synced = synced
-        if watcher.usable:
-            cache.remember_walk(key, rec, walked)
+        cache.remember_walk(key, rec, walked)
         for hits in rec.hits.values():
             found.update(hits)
         visited += len(rec.inherited)
@@ -594,12 +604,31 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
     return visited, listed, seen
 
 
+def _rewalk(group: dict[str, list[_Glob]], cache: DirCache, rec: _WalkRecord, mine: set[str],
+            foreign: _Foreign | None, budget: list[int] | None) -> int:
+    """Walk the changed directories ``mine`` again, each with the frame it had; a subdirectory
+    the record holds under the same frame and that did not change keeps its walk (its own
+    stamp or watch vouches for it), a new one is walked whole, a vanished one is dropped."""
+    listed = 0
+    for d in sorted(mine, key=lambda p: p.count("/")):  # parents first: they drop or add kids
+        frame = rec.inherited.get(d)
+        if frame is None or d not in mine:
+            continue  # inside a directory dropped above, or re-walked as a new child
+        listed += _walk(group, cache, set(), rec=rec, tops=[(d, frame)], foreign=foreign,
+                        budget=budget, pending=mine)[1]
+    return listed
+
+
 def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
           rec: _WalkRecord | None = None,
           tops: list[tuple[str, _Frame]] | None = None,
           seen: list[str] | None = None, foreign: _Foreign | None = None,
-          budget: list[int] | None = None) -> tuple[int, int]:
+          budget: list[int] | None = None, pending: set[str] | None = None) -> tuple[int, int]:
     """One depth-first walk from the outermost start roots; nested starts join on the way.
+
+    ``pending`` (``_rewalk``): the changed directories not walked again yet; the walk descends
+    only into subdirectories ``rec`` does not hold as they are (module doc), removing each
+    directory it walks from ``pending``.
 
     INVARIANT: a glob is active only at or beneath one of its start roots, and every start root
     lies at or beneath the glob's literal prefix, so no per-directory prefix test is needed.
@@ -610,19 +639,25 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
         empty = _frame((), memo)
         tops = [(r, empty) for r in starts if not any(q != r and beneath(r, q) for q in starts)]
     visited = listed = 0
+    stamps = rec.stamp_map() if rec is not None else {}
     stack: list[tuple[str, _Frame]] = list(tops)
     data, lstat = cache._data, os.lstat  # the warm path inlined: one lstat per directory
     while stack:
         d, frame = stack.pop()
         if d in NEVER_WALKED:
             continue
+        if pending is not None:
+            pending.discard(d)
         if rec is not None:
             rec.inherited[d] = frame
+            rec.hits.pop(d, None)
+            stamps.pop(d, None)
         if seen is not None:
             seen.append(d)
         extra = starts.get(d)
-        if extra:
-            frame = _frame(frame.active + tuple(extra), memo)
+        if extra:  # in one order whatever the policy's: a stored frame compares equal
+            frame = _frame(tuple(sorted(set(frame.active + tuple(extra)),
+                                        key=lambda g: g.glob.pattern)), memo)
         visited += 1
         if budget is not None:
             budget[0] -= 1
@@ -632,11 +667,16 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
         try:
             st = lstat(d)
         except OSError:
+            if pending is not None:
+                _keep(rec, d, [], pending)
             continue
         if (foreign is not None and foreign.masks(d, st)) or _too_deep(d):
             found.add(d)  # masked whole, never listed; watched for a change of owner back
             if rec is not None:
                 rec.hits[d] = frozenset((d,))
+                stamps[d] = _stamp(st)
+                if pending is not None:
+                    _keep(rec, d, [], pending)
             if cache.watcher is not None:
                 cache.watcher.watch(d)
             continue
@@ -645,11 +685,17 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
             listed += 1
             got = cache.relist(d, st)
             if got is None:
+                if pending is not None:
+                    _keep(rec, d, [], pending)
                 continue
+        if rec is not None:
+            stamps[d] = got.key if got.trusted else UNTRUSTED
         if got.too_big:
             found.add(d)  # MAX_DIR_ENTRIES: masked whole (module doc)
             if rec is not None:
                 rec.hits[d] = frozenset((d,))
+                if pending is not None:
+                    _keep(rec, d, [], pending)
             continue
         base = d.rstrip("/")
         names = got.names
@@ -662,8 +708,12 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
             if rec is not None:
                 rec.hits[d] = mine
         if not hits and not frame.bounded and frame.active:
-            stack.extend([(p, frame) for p in got.subpaths])  # the common case, no test each
+            if pending is None:
+                stack.extend([(p, frame) for p in got.subpaths])  # the common case, no test each
+            else:
+                stack += _keep(rec, d, [(p, frame) for p in got.subpaths], pending)
             continue
+        push: list[tuple[str, _Frame]] = []
         for sub, path in zip(got.subdirs, got.subpaths, strict=True):
             if sub in hits:
                 continue  # masked whole: nothing beneath it needs its own mask
@@ -673,8 +723,34 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
                 child = _frame(tuple(g for g in frame.active if g.max_depth is None or depth
                                      - g.prefix.rstrip("/").count("/") < g.max_depth), memo)
             if child.active or path in ancestors or path in starts or foreign is not None:
-                stack.append((path, child))
+                push.append((path, child))
+        stack += push if pending is None else _keep(rec, d, push, pending)
     return visited, listed
+
+
+def _keep(rec: _WalkRecord | None, d: str, push: list[tuple[str, _Frame]],
+          pending: set[str]) -> list[tuple[str, _Frame]]:
+    """Of ``d``'s subdirectories to walk, the ones ``rec`` does not hold as they are; the
+    subdirectories it held that are no longer walked are dropped with their walks."""
+    assert rec is not None  # a partial re-walk always fills a record
+    kids = rec.kids()
+    old = kids.get(d, set())
+    out = []
+    for path, child in push:
+        if path in pending or path not in old or rec.inherited.get(path) != child:
+            out.append((path, child))
+    now = {p for p, _ in push}
+    for gone in old - now:
+        rec.drop(gone)
+    kids[d] = now
+    return out
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+    """What ``revalidate`` compares; a change younger than ``RACY_NS`` is never vouched for."""
+    if time.time_ns() - st.st_ctime_ns <= RACY_NS:
+        return UNTRUSTED
+    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
 def _too_deep(path: str) -> bool:

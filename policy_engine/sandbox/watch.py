@@ -17,6 +17,7 @@ import errno
 import os
 import struct
 import threading
+from collections.abc import Iterable, Sequence
 
 IN_NAMES = 0x100 | 0x200 | 0x40 | 0x80  # CREATE, DELETE, MOVED_FROM, MOVED_TO
 IN_SELF = 0x400 | 0x800  # DELETE_SELF, MOVE_SELF
@@ -52,6 +53,11 @@ class Watcher:
         if fd >= 0:
             self._fd, self.usable = fd, True
 
+    @property
+    def fd(self) -> int:
+        """The inotify descriptor (-1 when closed or never opened)."""
+        return self._fd
+
     def _invalidate(self) -> None:
         """Caller holds the lock."""
         self.seq += 1
@@ -72,6 +78,31 @@ class Watcher:
                 return
             self._paths[wd] = path
             self._watched.add(path)
+
+    def adopt(self, paths: Sequence[str], wds: Sequence[int]) -> bool:
+        """Take the watches ``revalidate.changed`` added (one descriptor or ``-errno`` a path,
+        in order). A path gone or no longer a directory (ENOENT, ENOTDIR) needs none: the
+        same pass reports it changed. Any other failure invalidates every walk, as in
+        ``watch``. Returns whether every other path is watched."""
+        with self._lock:
+            for path, wd in zip(paths, wds, strict=True):
+                if wd > 0:
+                    self._paths[wd] = path
+                    self._watched.add(path)
+                elif -wd not in (errno.ENOENT, errno.ENOTDIR):
+                    if -wd in (errno.ENOSPC, errno.ENOMEM):
+                        self.usable = False
+                    self._invalidate()
+                    return False
+        return True
+
+    def note(self, paths: Iterable[str]) -> None:
+        """Log ``paths`` as changed, as events would (directories found changed by their
+        stamps, ``listing_store``: the next plan re-walks them)."""
+        with self._lock:
+            before = len(self._log)
+            self._log.extend(paths)
+            self.seq += len(self._log) - before
 
     def drain(self) -> None:
         """Read every pending event into the log."""

@@ -568,12 +568,11 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
     """Reuse the last walk of the same starts, re-walking only the directories that changed
     since: the ones inotify reported, else (a full invalidation, no watcher, a record loaded
     from ``listing_store``) the ones whose stamp no longer holds."""
-    watcher = cache.watcher
-    live = watcher is not None and watcher.usable
-    if live:
-        watcher.drain()  # type: ignore[union-attr]  # live: not None
-    synced = watcher.seq if live else 0  # type: ignore[union-attr]  # INVARIANT: read before
-    seen: list[str] = []  # walking: a change during it stays in the log
+    watcher = cache.watcher if cache.watcher is not None and cache.watcher.usable else None
+    if watcher is not None:
+        watcher.drain()
+    synced = watcher.seq if watcher is not None else 0  # INVARIANT: read before walking: a
+    seen: list[str] = []  # change during it stays in the log
     visited = listed = 0
     tops = [r for r in starts if not any(q != r and beneath(r, q) for q in starts)]
     for top in sorted(tops):
@@ -585,12 +584,12 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
         rec = cache.walks.get(key)
         mine: set[str] | None = None
         if rec is not None:
-            changed = watcher.since(rec.synced) if live and rec.watched else None  # type: ignore[union-attr]  # noqa: E501 - live
-            mine = rec.stale(watcher if live else None) if changed is None else \
+            changed = watcher.since(rec.synced) if watcher is not None and rec.watched else None
+            mine = rec.stale(watcher) if changed is None else \
                 {d for d in changed if d in rec.inherited}  # other trees' changes cost nothing
         walked = bool(mine) or mine is None
         if rec is None or mine is None or len(mine) > MAX_INCREMENTAL:
-            rec = _WalkRecord(synced, {}, {}, watched=live)
+            rec = _WalkRecord(synced, {}, {}, watched=watcher is not None)
             listed += _walk(group, cache, set(), rec=rec, foreign=foreign, budget=budget)[1]
         else:
             if mine:

@@ -42,8 +42,8 @@ def changed(paths: bytes, stamps: bytes, inotify_fd: int = -1, mask: int = 0,
     :raises ValueError: the two do not have the same number of directories.
     """
     if native and _revalidate is not None:
-        idx, wds = _revalidate.changed(paths, stamps, inotify_fd, mask)
-        return idx, list(memoryview(wds).cast("i"))
+        idx, raw = _revalidate.changed(paths, stamps, inotify_fd, mask)
+        return idx, list(memoryview(raw).cast("i"))
     names = paths.split(b"\0")[:-1] if paths else []
     if len(stamps) != STAMP.size * len(names):
         raise ValueError("paths and stamps do not match")

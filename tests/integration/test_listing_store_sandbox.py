@@ -70,7 +70,8 @@ def test_a_dotenv_planted_in_usr_while_stopped_is_masked_on_the_first_call(
     where = deep_usr_dir()
     planted = where / f".env.pe-attack-{uuid.uuid4().hex[:8]}"
     secret, control = where / ".env", where / ".env.ctl"
-    assert not secret.exists() and not control.exists()  # the test owns these names
+    assert not secret.exists()
+    assert not control.exists()
     first = engine_run(root, state, str(secret))
     assert first["exit"] != 0  # nothing there yet: cat fails
     assert any(state.rglob("mask-*")), "the first run stored its walk"

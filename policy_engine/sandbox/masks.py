@@ -13,8 +13,13 @@ is not trusted next time (a change within the same clock tick would keep the sam
 
 On top, inotify (``watch.py``) says which directories changed since the last plan of the same
 binds: an unchanged tree reuses that walk, a changed one re-walks only the changed directories
-(each with the globs it had); a moved or deleted watched directory, a queue overflow or more
-than ``MAX_INCREMENTAL`` changed directories walk everything again (cheap: ctime cache).
+(each with the globs it had); a subdirectory the record holds under the same globs and that did
+not change keeps its walk, a new one is walked whole, a vanished one is dropped. When inotify
+cannot say (a queue overflow, a failed watch, no inotify, a walk loaded from
+``listing_store``), every directory of the record is checked against the ``(st_dev, st_ino,
+st_ctime_ns)`` stamp it was listed under (``revalidate``: one ``lstat`` each, in C) and the
+changed ones re-walked the same way; more than ``MAX_INCREMENTAL`` changed directories walk
+everything again.
 
 With ``foreign_owner`` (the local runner, whose view is the whole host), every directory that
 uid owns is masked whole unless it holds or lies beneath one of the ``keep`` paths: all proc

@@ -3,10 +3,11 @@
 Every directory gets its watch *before* it is listed, so a change made after its listing always
 queues an event (an entry added, removed or renamed, or the directory's own owner or mode
 changed: the local runner masks by owner). ``drain()`` reads the queue into a log of changed
-directories (sequence numbers count its entries); a queue overflow, a watched directory moved
-or deleted, or a failed watch is a *full* invalidation: every walk older than it is redone
-whole. inotify is inode-based, so writes made through a sandbox's bind mounts are seen alike.
-Linux only, ctypes; without inotify (or past ``max_user_watches``) every plan walks.
+directories (sequence numbers count its entries); a watched directory moved or deleted logs it
+and its parent; a queue overflow or a failed watch is a *full* invalidation: every walk older
+than it is checked again whole (``masks._WalkRecord.stale``). inotify is inode-based, so writes
+made through a sandbox's bind mounts are seen alike. Linux only, ctypes; without inotify (or
+past ``max_user_watches``) every plan checks every directory's stamp.
 """
 
 from __future__ import annotations
@@ -139,9 +140,18 @@ class Watcher:
             if mask & IN_ATTRIB and length:
                 continue  # an entry's chmod/chown/utime: its listing is unchanged
             path = self._paths.get(wd)
-            if mask & (IN_Q_OVERFLOW | IN_SELF) or path is None:
+            if mask & IN_Q_OVERFLOW or path is None:
                 self._invalidate()
                 continue
+            if mask & IN_SELF:
+                # a watched directory deleted or moved: its parent (watched: it was walked
+                # through it) logs the name's removal too, and a re-walk of the parent drops it
+                # and walks whatever now has the name; a moved directory's later events still
+                # come under its old path until its new place is listed, which watches it
+                # again under the new one (the same descriptor). Only these are re-walked,
+                # not every tree (an agent's `rm -rf build/` re-walked /usr: issue 27 item 4)
+                self._log.append(os.path.dirname(path.rstrip("/")) or "/")
+                self.seq += 1
             self._log.append(path)
             self.seq += 1
 

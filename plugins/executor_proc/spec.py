@@ -23,6 +23,7 @@ from policy_engine.errors import BackendRefusal
 from policy_engine.guard.binds import beneath, bound_paths, cwd_refusal
 from policy_engine.guard.env import profile_env_refusal
 from policy_engine.guard.gitfiles import GIT_PINS
+from policy_engine.guard.nofollow import UNKNOWN, probe
 from policy_engine.guard.paths import normalize_path, resolve_beneath
 from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
@@ -228,13 +229,23 @@ def _await_warmup() -> None:
     (_checked if first else _warmed).wait()
 
 
+def realpath(path: str) -> str:
+    """``os.path.realpath``, answered by one ``openat2`` probe when the path holds no link (a
+    plan resolves ~50 paths: the binds, each pattern's fixed prefix, each masked path)."""
+    if path.startswith("/") and not path.startswith("//") and os.path.normpath(path) == path \
+            and probe(path)[0] != UNKNOWN:
+        return path  # every component exists and none is a link, or one is missing first
+    return os.path.realpath(path)
+
+
 def bounded_plan(bound: Sequence[str], system: Sequence[str], patterns: Sequence[str], home: str,
                  *, foreign_owner: int | None = None, keep: Sequence[str] = ()) -> MaskPlan:
     """``plan_masks``, its directory budget exceeded refused with ``CAPABILITY_BLOCKED``: a
     bind of a whole host (``allowReadOutside``) walked it all for ``**/.env`` on every cold
     plan (issue 32 item 11: 3 s, 266 MB)."""
     try:
-        return plan_masks(bound, system, patterns, home, foreign_owner=foreign_owner, keep=keep)
+        return plan_masks(bound, system, patterns, home, foreign_owner=foreign_owner, keep=keep,
+                          realpath=realpath)
     except PlanTooLarge as exc:
         raise BackendRefusal(
             ErrorCode.CAPABILITY_BLOCKED,
@@ -274,8 +285,7 @@ def _masks(profile: Profile, bound: list[str], system: list[str], *,
     # a file inside a masked directory is hidden already; binding over it as well fails when
     # its path runs through a symlink (`/var/run/docker.sock` under a bound `/`: bwrap cannot
     # create the mount point), which made every `fs.read "/**"` sandbox fail while dockerd ran
-    files = [p for p in files
-             if not any(beneath(os.path.realpath(p), d) for d in plan.dirs)]
+    files = [p for p in files if not any(beneath(realpath(p), d) for d in plan.dirs)]
     return files, list(plan.dirs), list(plan.foreign)
 
 

@@ -14,9 +14,10 @@
  *   inotify_fd, mask  >= 0: each directory is watched with `mask` *before* its lstat, so a
  *           change after the check is an inotify event and a change before it is a changed
  *           stamp (INVARIANT of watch.py); -1: no watches
- *   returns the indexes of the directories that changed, are gone or are no longer
- *   directories, in order, and one native int32 a directory: the watch descriptor, or
- *   -errno when inotify_add_watch failed (0 when not watching)
+ *   returns the indexes of the paths whose stamp no longer holds or that are gone, in order
+ *   (a directory replaced by a file or a link has another inode; a start root that is a link,
+ *   /bin -> usr/bin, is stamped as the link), and one native int32 a path: the watch
+ *   descriptor, or -errno when inotify_add_watch failed (0 when not watching)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -55,7 +56,7 @@ check(void *arg)
             s->wds[i] = wd >= 0 ? wd : -errno;
         }
         uint64_t ctime_ns;
-        if (lstat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        if (lstat(path, &sb) != 0) {
             s->changed[i] = 1;
             continue;
         }

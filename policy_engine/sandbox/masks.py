@@ -697,7 +697,8 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
         if got is None or not got.trusted or got.key != (st.st_dev, st.st_ino, st.st_ctime_ns):
             listed += 1
             got = cache.relist(d, st)
-            if got is None:
+            if got is None:  # not a directory (a root that is a link: /bin -> usr/bin)
+                stamps[d] = _stamp(st)
                 if pending is not None:
                     _keep(rec, d, [], pending)
                 continue

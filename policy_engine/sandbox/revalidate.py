@@ -2,10 +2,10 @@
 
 The stored mask walk (``listing_store``) is reused only after this check: a directory whose
 ``(st_dev, st_ino, st_ctime_ns)`` differs from the stamp it was listed under (a name added,
-removed or renamed moves the ctime, which no process can set back), that is gone or that is no
-longer a directory is reported changed and listed again. With an inotify descriptor, each
-directory is watched *before* its ``lstat`` (watch.py's INVARIANT): a change after the check is
-an event, one before it a changed stamp. The loop is the C extension ``_revalidate`` where it is
+removed or renamed moves the ctime, which no process can set back; a directory replaced by a
+file has another inode) or that is gone is reported changed and listed again. With an inotify
+descriptor, each directory is watched *before* its ``lstat`` (watch.py's INVARIANT): a change
+after the check is an event, one before it a changed stamp. The loop is the C extension ``_revalidate`` where it is
 built (setup.py; ≈ 1 µs a directory and two threads), else the same loop here.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import stat
 import struct
 from collections.abc import Sequence
 
@@ -62,7 +61,6 @@ def changed(paths: bytes, stamps: bytes, inotify_fd: int = -1, mask: int = 0,
         except OSError:
             out.append(i)
             continue
-        if not stat.S_ISDIR(st.st_mode) or want[1] == 0 or \
-                want != (st.st_dev, st.st_ino, st.st_ctime_ns):
+        if want[1] == 0 or want != (st.st_dev, st.st_ino, st.st_ctime_ns):
             out.append(i)
     return out, wds

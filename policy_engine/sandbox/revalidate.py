@@ -5,8 +5,9 @@ The stored mask walk (``listing_store``) is reused only after this check: a dire
 removed or renamed moves the ctime, which no process can set back; a directory replaced by a
 file has another inode) or that is gone is reported changed and listed again. With an inotify
 descriptor, each directory is watched *before* its ``lstat`` (watch.py's INVARIANT): a change
-after the check is an event, one before it a changed stamp. The loop is the C extension ``_revalidate`` where it is
-built (setup.py; ≈ 1 µs a directory and two threads), else the same loop here.
+after the check is an event, one before it a changed stamp. The loop is the C extension
+``_revalidate`` where it is built (setup.py; ≈ 1 µs a directory, two threads), else the same
+loop here.
 """
 
 from __future__ import annotations

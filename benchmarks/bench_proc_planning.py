@@ -79,16 +79,18 @@ def _plan_ms(profile: Profile) -> float:
 def start_sample(wait_first: bool) -> dict[str, float]:
     """One fresh process's start (run in a child: ``--child-start``). ``*_cpu_ms``: the
     process's CPU time (every thread, the C revalidation's included) since the executor was
-    built, a figure the machine's load inflates less than the wall clock."""
+    built (its warm-up runs from there), a figure the machine's load inflates less than the
+    wall clock; ``*_ms`` from the executor's construction on."""
     with tempfile.TemporaryDirectory(prefix="pe-bench-plan-") as tmp:
         root = Path(tmp) / "ws"
         (root / "src").mkdir(parents=True)
         profile = profile_for(Path(tmp), root)
         from plugins.executor_proc import spec
         from plugins.executor_proc.executor import ProcExecutor
-        c0, t = time.process_time(), time.perf_counter()
+        t = time.perf_counter()
         ex = ProcExecutor("bwrap")
         made = (time.perf_counter() - t) * 1000
+        c0 = time.process_time()
         out: dict[str, float] = {"construct_ms": made}
         if wait_first:
             spec.prewarm(wait=True)

@@ -365,8 +365,9 @@ class _WalkRecord:
     def stale(self, watcher: Watcher | None) -> set[str]:
         """The directories whose stamp no longer holds (one ``lstat`` each, ``revalidate``);
         with a usable ``watcher``, each is watched first and the record is ``watched`` after."""
-        if self.packed is not None:  # unchanged since loaded: the stored form as it is
-            paths, blob, stamps = self.packed
+        packed = self.packed  # one read: a plan in another thread may unpack it meanwhile
+        if packed is not None:  # unchanged since loaded: the stored form as it is
+            paths, blob, stamps = packed
         else:
             paths = list(self.inherited)
             table = self.stamp_map()

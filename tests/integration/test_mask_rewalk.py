@@ -118,3 +118,35 @@ def test_an_unchanged_stored_walk_lists_nothing_and_a_new_secret_lists_one_direc
     plan = plan_masks([], [str(root)], PATTERNS, "/nonexistent", third)
     assert str(target / ".env") in plan.files
     assert plan.dirs_listed == 1  # that directory alone
+
+
+def test_a_change_between_the_first_check_and_the_watches_is_seen(tmp_path: Path) -> None:
+    """The start's order (spec.prewarm): stamps checked without watches, the first plan, then
+    the watches with a second check; a secret planted between the two checks is masked by the
+    next plan, and one planted after the watches by the plan after it."""
+    rng = random.Random(5)
+    root, state = tmp_path / "tree", tmp_path / "state"
+    root.mkdir()
+    state.mkdir(mode=0o700)
+    dirs = make_tree(root, rng)
+    time.sleep(RACY_NS / 1e9 + 0.2)
+    cache = DirCache()
+    plan_masks([], [str(root)], PATTERNS, "/nonexistent", cache)
+    store = str(state / "walks.bin")
+    listing_store.save(cache, [str(root)], store)
+    again = DirCache()
+    listing_store.load(again, store, watch=False)  # the first check
+    first = plan_masks([], [str(root)], PATTERNS, "/nonexistent", again)
+    assert first.files == fresh(root).files
+    between = dirs[40] / ".env"
+    between.write_text("planted between the checks")
+    assert listing_store.watch_loaded(again) == 1  # the second check, each directory watched
+    second = plan_masks([], [str(root)], PATTERNS, "/nonexistent", again)
+    assert str(between) in second.files
+    after = dirs[90] / "credentials.json"
+    after.write_text("{}")
+    third = plan_masks([], [str(root)], PATTERNS, "/nonexistent", again)
+    assert str(after) in third.files
+    # that directory, seen by its watch; without a watch (past max_user_watches, shared by every
+    # process of the uid) also the one listed just before, whose racy stamp vouches for nothing
+    assert third.dirs_listed == (1 if again.watcher is not None and again.watcher.usable else 2)

@@ -64,6 +64,10 @@ class DirCache:
         self._data: dict[str, _Listing] = {}
         self._data_bytes = 0
         self._lock = threading.Lock()
+        # held while a walk record is re-walked in part and while ``listing_store`` copies the
+        # records: a copy taken halfway would store a directory's new stamp without the new
+        # subdirectory beneath it, and the next start would never walk that subdirectory
+        self.walk_lock = threading.Lock()
         self.watcher = Watcher() if watch else None
         self.walks: dict[object, _WalkRecord] = {}
         self._walk_bytes = 0
@@ -81,6 +85,7 @@ class DirCache:
         trusting its inherited walk records would miss a file planted after the fork (a secret
         left unmasked); and a lock held by a parent's thread at the fork is never released."""
         self._lock = threading.Lock()
+        self.walk_lock = threading.Lock()
         self._data, self._data_bytes = {}, 0
         self.walks, self._walk_bytes = {}, 0
         self._linked, self._linked_bytes = {}, 0

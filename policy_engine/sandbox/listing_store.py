@@ -81,13 +81,14 @@ def _stored(key: object, roots: Sequence[str]) -> bool:
 
 
 def _row(key: Any, rec: _WalkRecord) -> tuple[object, ...]:
-    paths = list(rec.inherited)
+    items = list(rec.inherited.items())
+    paths = [p for p, _ in items]
     frames: dict[_Frame, int] = {}
-    fids = [frames.setdefault(rec.inherited[p], len(frames)) for p in paths]
+    fids = [frames.setdefault(f, len(frames)) for _, f in items]
     table = tuple(tuple(g.glob.pattern for g in f.active) for f in frames)
     have = rec.stamp_map()
     stamps = b"".join([STAMP.pack(*have.get(p, UNTRUSTED)) for p in paths])
-    hits = tuple((d, tuple(sorted(h))) for d, h in rec.hits.items())
+    hits = tuple((d, tuple(sorted(h))) for d, h in list(rec.hits.items()))
     blob = b"".join([os.fsencode(p) + b"\0" for p in paths])
     return key[0], blob, stamps, b"".join([_FIDS.pack(i) for i in fids]), table, hits
 
@@ -191,7 +192,8 @@ def save(cache: DirCache, roots: Sequence[str], path: str | None = None,
     walks = [(k, r) for k, r in list(cache.walks.items()) if _stored(k, roots)][-MAX_RECORDS:]
     if not walks or not (force or any(r.dirty for _, r in walks)):
         return 0
-    rows = [_row(k, r) for k, r in walks]
+    with cache.walk_lock:  # no record halfway through a partial re-walk
+        rows = [_row(k, r) for k, r in walks]
     where = os.path.dirname(path)
     try:
         os.makedirs(where, mode=0o700, exist_ok=True)

@@ -414,7 +414,8 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
             listed += _walk(group, cache, set(), rec=rec, foreign=foreign, budget=budget)[1]
         else:
             if mine:
-                listed += _rewalk(group, cache, rec, mine, foreign, budget)
+                with cache.walk_lock:
+                    listed += _rewalk(group, cache, rec, mine, foreign, budget)
             rec.synced = synced
         cache.remember_walk(key, rec, walked)
         for hits in rec.hits.values():

@@ -204,6 +204,9 @@ def save(cache: DirCache, roots: Sequence[str], path: str | None = None,
             with os.fdopen(fd, "wb") as f:
                 marshal.dump((FORMAT, rows), f)
             os.replace(fresh, path)
+            with contextlib.suppress(OSError):  # the listings of FORMAT 1, 8 MB, never read now
+                os.unlink(os.path.join(where, os.path.basename(path).replace(
+                    "mask-walks-", "mask-listings-")))
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(fresh)

@@ -204,9 +204,10 @@ def save(cache: DirCache, roots: Sequence[str], path: str | None = None,
             with os.fdopen(fd, "wb") as f:
                 marshal.dump((FORMAT, rows), f)
             os.replace(fresh, path)
-            with contextlib.suppress(OSError):  # the listings of FORMAT 1, 8 MB, never read now
-                os.unlink(os.path.join(where, os.path.basename(path).replace(
-                    "mask-walks-", "mask-listings-")))
+            name = os.path.basename(path)
+            if name.startswith("mask-walks-"):  # the listings of FORMAT 1, 8 MB, never read now
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(where, "mask-listings-" + name[len("mask-walks-"):]))
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(fresh)

@@ -6,14 +6,16 @@ Usage::
     python benchmarks/bench_proc_planning.py           # more samples; updates docs/benchmarks.md
 
 "start": a fresh process per sample builds ``ProcExecutor("bwrap")`` for the benchmark policy of
-``bench_proc.py`` (the mandatory denies compiled in). Its start walks the system trees in the
-background (``spec.prewarm``); reported are that warm-up, the first call's planning
-(``build_plan``) once it is done, and a first call issued at once (which waits for it).
-"steady": 200 plans in one process, then 200 plans while an unrelated tree changes before
-every plan, then the same with a new workspace directory per plan (a service's per-exec
-artifacts directory). "planted": a writable directory of ``MAX_DIR_ENTRIES + 1000`` files, then
-three plans. "soak" (32.11): ``--soak N`` plans with a new artifacts directory each over a
-3,000-directory workspace; the RSS every N/10 plans and the cache's held bytes.
+``bench_proc.py`` (the mandatory denies compiled in). Its start checks the walk of the system
+trees the previous run stored (``listing_store``), or walks them, in the background
+(``spec.prewarm``); reported are that warm-up, the first call's planning (``build_plan``) once it
+is done, and a first call issued at once (which waits for the check, not for the watches), with
+the store and without it. "steady": 200 plans in one process, then 200 plans each after a change
+in the workspace (a file added, a walked directory deleted), then the same with a new workspace
+directory per plan (a service's per-exec artifacts directory). "planted": a writable directory
+of ``MAX_DIR_ENTRIES + 1000`` files, then three plans. "soak" (32.11): ``--soak N`` plans with
+a new artifacts directory each over a 3,000-directory workspace; the RSS every N/10 plans and
+the cache's held bytes.
 Overhead over bare bwrap per call is ``bench_proc.py``'s table (same run: run both).
 """
 
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +77,10 @@ def _plan_ms(profile: Profile) -> float:
 
 
 def start_sample(wait_first: bool) -> dict[str, float]:
-    """One fresh process's start (run in a child: ``--child-start``)."""
+    """One fresh process's start (run in a child: ``--child-start``). ``*_cpu_ms``: the
+    process's CPU time (every thread, the C revalidation's included) since the executor was
+    built (its warm-up runs from there), a figure the machine's load inflates less than the
+    wall clock; ``*_ms`` from the executor's construction on."""
     with tempfile.TemporaryDirectory(prefix="pe-bench-plan-") as tmp:
         root = Path(tmp) / "ws"
         (root / "src").mkdir(parents=True)
@@ -84,54 +90,92 @@ def start_sample(wait_first: bool) -> dict[str, float]:
         t = time.perf_counter()
         ex = ProcExecutor("bwrap")
         made = (time.perf_counter() - t) * 1000
+        c0 = time.process_time()
         out: dict[str, float] = {"construct_ms": made}
         if wait_first:
             spec.prewarm(wait=True)
             out["warmup_ms"] = (time.perf_counter() - t) * 1000
+            out["warmup_cpu_ms"] = (time.process_time() - c0) * 1000
         out["first_plan_ms"] = _plan_ms(profile)
+        if not wait_first:
+            out["first_plan_cpu_ms"] = (time.process_time() - c0) * 1000
         out["second_plan_ms"] = _plan_ms(profile)
+        out["third_plan_ms"] = _plan_ms(profile)
         ex.close()
         return out
 
 
 def start_rows(samples: int) -> list[str]:
+    """Fresh processes with the walk stored by the previous one (a private state directory,
+    primed by one run) and with the store off (``POLICY_ENGINE_LISTING_CACHE=0``: every start
+    walks, as before the store), alternated."""
     rows: dict[str, list[float]] = {}
-    for i in range(samples):
-        for wait in (True, False):
-            res = subprocess.run([sys.executable, __file__, "--child-start",
-                                  "wait" if wait else "now"], capture_output=True, text=True,
-                                 check=True, cwd=ROOT)
-            got = json.loads(res.stdout.strip().splitlines()[-1])
-            for k, v in got.items():
-                rows.setdefault(f"{'after warm-up' if wait else 'at once'}: {k}", []).append(v)
-        del i
+    with tempfile.TemporaryDirectory(prefix="pe-bench-plan-state-") as state:
+        stored = {**os.environ, "POLICY_ENGINE_STATE": state}
+        stored.pop(listing_store_env(), None)
+        none = {**stored, listing_store_env(): "0"}
+        runs = [("stored walk", stored), ("no store", none)]
+        _child("wait", stored)  # primes the store
+        for _ in range(samples):
+            for label, env in runs:
+                for wait in (True, False):
+                    got = _child("wait" if wait else "now", env)
+                    for k, v in got.items():
+                        rows.setdefault(f"{label}, {'after warm-up' if wait else 'at once'}: "
+                                        f"{k}", []).append(v)
     return [f"| start | {k} | {statistics.median(v):.1f} | {len(v)} |" for k, v in rows.items()]
 
 
+def listing_store_env() -> str:
+    from policy_engine.sandbox import listing_store
+    return listing_store.DISABLE_ENV
+
+
+def _child(mode: str, env: dict[str, str]) -> dict[str, float]:
+    res = subprocess.run([sys.executable, __file__, "--child-start", mode], capture_output=True,
+                         text=True, check=True, cwd=ROOT, env=env)
+    got: dict[str, float] = json.loads(res.stdout.strip().splitlines()[-1])
+    return got
+
+
 def steady_rows(tmp: Path, n: int) -> list[str]:
+    """Plans of one workspace: unchanged, then a change in it before every plan (a file added,
+    a walked directory deleted: the workspace's own walk is redone in part, the system trees'
+    reused; "names listed" counts what was read per plan), then a new artifacts directory per
+    plan (a service's per-exec one)."""
     from plugins.executor_proc import spec
+    from policy_engine.sandbox import masks
     root = tmp / "ws"
     (root / "src").mkdir(parents=True)
-    other = tmp / "unrelated"
+    other = root / "scratch"
     other.mkdir()
     profile = profile_for(tmp, root)
     spec.prewarm(wait=True)
     _plan_ms(profile)
-    same = [_plan_ms(profile) for _ in range(n)]
-    changed = []
-    for i in range(n):
-        (other / f"f{i}").touch()
-        changed.append(_plan_ms(profile))
-    fresh = []
-    for i in range(n):
-        art = root / "artifacts" / f"exec-{i}"
-        art.mkdir(parents=True)
-        fresh.append(_plan_ms(profile))
-    return [f"| steady | same workspace, unchanged | {statistics.median(same):.2f} | {n} |",
-            f"| steady | an unrelated tree changed before each plan | "
-            f"{statistics.median(changed):.2f} | {n} |",
-            f"| steady | a new directory in the workspace each plan | "
-            f"{statistics.median(fresh):.2f} | {n} |"]
+
+    def run(change: Callable[[int], None] | None) -> tuple[float, float]:
+        times, before = [], masks.DEFAULT_CACHE.entries_listed
+        for i in range(n):
+            if change is not None:
+                change(i)
+            times.append(_plan_ms(profile))
+        return statistics.median(times), (masks.DEFAULT_CACHE.entries_listed - before) / n
+
+    def deleted(i: int) -> None:
+        (other / f"d{i}").mkdir()
+        _plan_ms(profile)  # walked, so watched, before it goes (untimed)
+        (other / f"d{i}").rmdir()
+
+    def fresh(i: int) -> None:
+        (root / "artifacts" / f"exec-{i}").mkdir(parents=True)
+
+    rows = [("same workspace, unchanged", run(None)),
+            ("a file added in the workspace before each plan",
+             run(lambda i: (other / f"f{i}").touch())),
+            ("a walked workspace directory deleted before each plan", run(deleted)),
+            ("a new directory in the workspace each plan", run(fresh))]
+    return [f"| steady | {what} (names listed per plan: {names:.1f}) | {ms:.2f} | {n} |"
+            for what, (ms, names) in rows]
 
 
 def planted_rows(tmp: Path) -> list[str]:

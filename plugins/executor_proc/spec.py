@@ -23,6 +23,7 @@ from policy_engine.errors import BackendRefusal
 from policy_engine.guard.binds import beneath, bound_paths, cwd_refusal
 from policy_engine.guard.env import profile_env_refusal
 from policy_engine.guard.gitfiles import GIT_PINS
+from policy_engine.guard.nofollow import UNKNOWN, probe
 from policy_engine.guard.paths import normalize_path, resolve_beneath
 from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
@@ -147,16 +148,19 @@ def carve(root: str, access: str, masked: list[str]) -> list[tuple[str, str]]:
 
 
 _warm_lock = threading.Lock()
-_warmed = threading.Event()
+_checked = threading.Event()  # the stored walks checked (or walked): the first plan may go
+_warmed = threading.Event()  # and every directory watched: any plan may go
 _warming: list[threading.Thread] = []
+_first: list[bool] = [True]  # no plan has gone yet
 
 
 def _warm_again_after_fork() -> None:
     # a forked child has none of the parent's threads: a warm-up begun there never ends here
     # (a call would wait for it forever), and the child's cache starts empty (masks.py)
-    global _warm_lock, _warmed
-    _warm_lock, _warmed = threading.Lock(), threading.Event()
+    global _warm_lock, _checked, _warmed
+    _warm_lock, _checked, _warmed = threading.Lock(), threading.Event(), threading.Event()
     _warming.clear()
+    _first[0] = True
 
 
 os.register_at_fork(after_in_child=_warm_again_after_fork)
@@ -164,10 +168,13 @@ os.register_at_fork(after_in_child=_warm_again_after_fork)
 
 @atexit.register
 def _finish_warmup() -> None:
-    # the warm-up stores its listings after a call may go on (``_warm``): a short run (one
-    # CLI call) would end before the store is written, and every start would list again
+    # the warm-up stores its walks after a call may go on (``_warm``): a short run (one CLI
+    # call) would end before the store is written, and every start would walk again; a call's
+    # plan may have re-walked a changed system directory since
     for t in list(_warming):
         t.join(timeout=30)
+    if _warming:
+        listing_store.save(DEFAULT_CACHE, system_trees())
 
 
 def system_trees(extra_ro: Iterable[str] = ()) -> list[str]:
@@ -180,18 +187,22 @@ def system_trees(extra_ro: Iterable[str] = ()) -> list[str]:
 
 def _warm() -> None:
     trees: list[str] = []
-    listed = DEFAULT_CACHE.entries_listed
     try:
         patterns = [*BUILTIN_MASKS, *(f"{d}/**" for d in RUNTIME_DIRS), *RUNTIME_GLOBS,
                     *MANDATORY_DENY_PATHS]
         trees = system_trees()
-        # the last run's listings: only directories changed since are listed (listing_store)
-        listing_store.load(DEFAULT_CACHE)
+        # the last run's walks, each directory's stamp checked: only the directories changed
+        # since are listed (listing_store); the watches come after the first plan's turn
+        listing_store.load(DEFAULT_CACHE, watch=False)
         with contextlib.suppress(PlanTooLarge):  # the call's own plan says so, cleanly
             plan_masks([], trees, patterns, "/nonexistent")
     finally:
+        _checked.set()
+    try:
+        listing_store.watch_loaded(DEFAULT_CACHE)
+    finally:
         _warmed.set()
-    if trees and DEFAULT_CACHE.entries_listed != listed:  # after the set: no call waits for it
+    if trees:  # after the set: no call waits for it; written only when a walk changed
         listing_store.save(DEFAULT_CACHE, trees)
 
 
@@ -209,13 +220,32 @@ def prewarm(*, wait: bool = False) -> None:
         _warmed.wait()
 
 
+def _await_warmup() -> None:
+    """Wait for the warm-up: the first plan once the stored walks are checked (it plans on a
+    check just made), any later one until their directories are watched too (a check grows
+    stale; a watch reports every change after it)."""
+    with _warm_lock:
+        first, _first[0] = _first[0], False
+    (_checked if first else _warmed).wait()
+
+
+def realpath(path: str) -> str:
+    """``os.path.realpath``, answered by one ``openat2`` probe when the path holds no link (a
+    plan resolves ~50 paths: the binds, each pattern's fixed prefix, each masked path)."""
+    if path.startswith("/") and not path.startswith("//") and os.path.normpath(path) == path \
+            and probe(path)[0] != UNKNOWN:
+        return path  # every component exists and none is a link, or one is missing first
+    return os.path.realpath(path)
+
+
 def bounded_plan(bound: Sequence[str], system: Sequence[str], patterns: Sequence[str], home: str,
                  *, foreign_owner: int | None = None, keep: Sequence[str] = ()) -> MaskPlan:
     """``plan_masks``, its directory budget exceeded refused with ``CAPABILITY_BLOCKED``: a
     bind of a whole host (``allowReadOutside``) walked it all for ``**/.env`` on every cold
     plan (issue 32 item 11: 3 s, 266 MB)."""
     try:
-        return plan_masks(bound, system, patterns, home, foreign_owner=foreign_owner, keep=keep)
+        return plan_masks(bound, system, patterns, home, foreign_owner=foreign_owner, keep=keep,
+                          realpath=realpath)
     except PlanTooLarge as exc:
         raise BackendRefusal(
             ErrorCode.CAPABILITY_BLOCKED,
@@ -255,8 +285,7 @@ def _masks(profile: Profile, bound: list[str], system: list[str], *,
     # a file inside a masked directory is hidden already; binding over it as well fails when
     # its path runs through a symlink (`/var/run/docker.sock` under a bound `/`: bwrap cannot
     # create the mount point), which made every `fs.read "/**"` sandbox fail while dockerd ran
-    files = [p for p in files
-             if not any(beneath(os.path.realpath(p), d) for d in plan.dirs)]
+    files = [p for p in files if not any(beneath(realpath(p), d) for d in plan.dirs)]
     return files, list(plan.dirs), list(plan.foreign)
 
 
@@ -366,7 +395,7 @@ def build_plan(profile: Profile, op: ProcExecOp, *, env_allow: Iterable[str] = (
     readable, writable = bound_paths(profile)
     system = system_trees(extra_ro)
     if _warming and not _warmed.is_set():
-        _warmed.wait()  # one walk of the system trees, not two racing
+        _await_warmup()  # one walk of the system trees, not two racing
     bound = readable + writable
     resolved = {p: resolve_trusted_links(p) for p in bound}
     cwd = op.cwd or (root if any(beneath(root, b) for b in bound) else tmpdir)

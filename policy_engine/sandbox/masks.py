@@ -5,16 +5,18 @@ or a bind beneath it), never descends past the depth a ``**``-free glob can reac
 follows a symlink. ``<prefix>/**/<name>`` globs (the seed 003 list: ``**/.env``…) are matched
 as one set intersection per directory, not one regex per entry.
 
-A directory's listing is cached by ``(st_dev, st_ino, st_ctime_ns)``: adding, removing or
-renaming an entry changes the directory's ctime, and a process cannot set ctime back (that needs
-the clock, ``CAP_SYS_TIME``), so a warm plan costs one ``lstat`` per directory instead of a
-``getdents`` of every entry. A listing taken less than ``RACY_NS`` after the directory changed
-is not trusted next time (a change within the same clock tick would keep the same ctime).
+A directory's listing is cached by ``(st_dev, st_ino, st_ctime_ns)`` (``dircache``): a warm
+plan costs one ``lstat`` per directory instead of a ``getdents`` of every entry.
 
 On top, inotify (``watch.py``) says which directories changed since the last plan of the same
 binds: an unchanged tree reuses that walk, a changed one re-walks only the changed directories
-(each with the globs it had); a moved or deleted watched directory, a queue overflow or more
-than ``MAX_INCREMENTAL`` changed directories walk everything again (cheap: ctime cache).
+(each with the globs it had); a subdirectory the record holds under the same globs and that did
+not change keeps its walk, a new one is walked whole, a vanished one is dropped. When inotify
+cannot say (a queue overflow, a failed watch, no inotify, a walk loaded from
+``listing_store``), every directory of the record is checked against the ``(st_dev, st_ino,
+st_ctime_ns)`` stamp it was listed under (``revalidate``: one ``lstat`` each, in C) and the
+changed ones re-walked the same way; more than ``MAX_INCREMENTAL`` changed directories walk
+everything again.
 
 With ``foreign_owner`` (the local runner, whose view is the whole host), every directory that
 uid owns is masked whole unless it holds or lies beneath one of the ``keep`` paths: all proc
@@ -34,22 +36,19 @@ no legitimate tree keeps that many names in one directory, and masking fails clo
 are recorded per top-level root, so a call binding another workspace reuses the system trees'
 walk, and a change in one tree re-walks nothing of another.
 
-Memory is bounded in bytes, not entries (issue 32 item 11: a wide policy over a large
-workspace grew the service by ~1 MB per exec): the listings, the hard-link listings and the
-walk records each have a share of ``DirCache.max_bytes`` and the oldest go first.
-Pure standard library; ``plugins/executor_proc`` and ``plugins/executor_docker`` both call it.
+Memory is bounded in bytes, not entries (``dircache``; issue 32 item 11). Standard library
+plus the optional C loop of ``revalidate``; ``plugins/executor_proc`` and
+``plugins/executor_docker`` both call it.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 from policy_engine.patterns.paths import (
     PathGlob,
@@ -58,25 +57,31 @@ from policy_engine.patterns.paths import (
     literal_prefix,
     resolved_form,
 )
+from policy_engine.sandbox.dircache import _DIR_COST, _PATH_COST
+from policy_engine.sandbox.dircache import DEFAULT_CACHE as DEFAULT_CACHE
+from policy_engine.sandbox.dircache import DEFAULT_MAX_BYTES as DEFAULT_MAX_BYTES
+from policy_engine.sandbox.dircache import MAX_DIR_ENTRIES as MAX_DIR_ENTRIES
+from policy_engine.sandbox.dircache import RACY_NS as RACY_NS
+from policy_engine.sandbox.dircache import DirCache as DirCache
+from policy_engine.sandbox.dircache import Listing as Listing
 from policy_engine.sandbox.hardlinks import linked_secrets
+from policy_engine.sandbox.revalidate import STAMP, UNTRUSTED, pack_paths
+from policy_engine.sandbox.revalidate import changed as changed_dirs
 from policy_engine.sandbox.runtime_dirs import NEVER_WALKED as NEVER_WALKED
 from policy_engine.sandbox.runtime_dirs import RUNTIME_DIRS as RUNTIME_DIRS
 from policy_engine.sandbox.runtime_dirs import RUNTIME_GLOBS as RUNTIME_GLOBS
 from policy_engine.sandbox.runtime_dirs import beneath as beneath
 from policy_engine.sandbox.runtime_dirs import under_runtime as under_runtime
+from policy_engine.sandbox.watch import MASK as WATCH_MASK
 from policy_engine.sandbox.watch import Watcher
 
-RACY_NS = 2_000_000_000
 MAX_DEPTH = 128
 MAX_PATH_BYTES = 3072
-MAX_DIR_ENTRIES = 100_000
 MAX_PLAN_DIRS = 200_000
 
 
 class PlanTooLarge(ValueError):
     """A plan would walk more than its directory budget (``plan_masks``'s ``max_dirs``)."""
-DEFAULT_MAX_BYTES = 64 << 20
-_NAME_COST, _PATH_COST, _DIR_COST = 90, 60, 200  # CPython object and set-slot overheads
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,233 +95,6 @@ class MaskPlan:
     foreign: tuple[str, ...] = ()  # of ``dirs``: hidden for their owner (other calls' names)
 
 
-@dataclass(frozen=True, slots=True)
-class _Listing:
-    key: tuple[int, int, int]
-    names: frozenset[str]
-    subdirs: tuple[str, ...]
-    subpaths: tuple[str, ...]  # the subdirectories' full paths, so a warm walk builds none
-    trusted: bool
-    too_big: bool = False  # more than MAX_DIR_ENTRIES: not listed, masked whole
-    cost: int = 0  # approximate bytes held
-
-    def to_row(self, path: str) -> tuple[object, ...]:
-        """Plain values for ``listing_store`` (``marshal`` keeps the frozenset as it is)."""
-        return (path, self.key, self.names, self.subdirs, self.subpaths, self.too_big, self.cost)
-
-    @staticmethod
-    def from_row(row: Any) -> tuple[str, _Listing]:
-        """A stored row back, trusted as it was when saved; another shape is a ValueError (the
-        file is this user's own, ``listing_store``: the checks catch a format change)."""
-        if type(row) is not tuple or len(row) != 7:
-            raise ValueError("not a stored listing")
-        path, key, names, subdirs, subpaths, too_big, cost = row
-        if type(path) is not str or type(key) is not tuple or len(key) != 3 or \
-                type(names) is not frozenset or type(subdirs) is not tuple or \
-                type(subpaths) is not tuple or len(subpaths) != len(subdirs) or \
-                type(too_big) is not bool or type(cost) is not int:
-            raise ValueError("not a stored listing")
-        # the slots' own setters: the frozen dataclass's ``__init__`` (``object.__setattr__`` a
-        # field) cost 8 µs a row, 26,000 rows at a start
-        listing = _NEW_LISTING(_Listing)
-        for setter, value in zip(_LISTING_SETTERS, (key, names, subdirs, subpaths, True, too_big,
-                                                     cost), strict=True):
-            setter(listing, value)
-        return path, listing
-
-
-Listing = _Listing
-_NEW_LISTING = object.__new__
-_LISTING_SETTERS = tuple(getattr(_Listing, f).__set__ for f in (
-    "key", "names", "subdirs", "subpaths", "trusted", "too_big", "cost"))
-
-
-def _cost(names: Sequence[str], subpaths: Sequence[str]) -> int:
-    return (_DIR_COST + sum(_NAME_COST + len(n) for n in names)
-            + sum(_PATH_COST + len(p) for p in subpaths))
-
-
-class DirCache:
-    """Directory listings keyed by ctime; thread-safe enough (a race stores a fresh listing).
-
-    ``max_bytes``: what listings (half), walk records (a quarter) and hard-link listings (a
-    quarter) may hold together, approximately; past its share each drops its oldest entries.
-    """
-
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, watch: bool = True) -> None:
-        self.max_bytes = max_bytes
-        self._data: dict[str, _Listing] = {}
-        self._data_bytes = 0
-        self._lock = threading.Lock()
-        self.watcher = Watcher() if watch else None
-        self.walks: dict[object, _WalkRecord] = {}
-        self._walk_bytes = 0
-        self._linked: dict[str, tuple[tuple[int, int, int], tuple[tuple[str, tuple[int, int]],
-                                                                    ...]]] = {}
-        self._linked_bytes = 0
-        self.entries_listed = 0  # names read by getdents since start (a bound, for tests)
-        _CACHES.add(self)
-
-    def forget(self) -> None:
-        """Start empty, with a lock and an inotify instance of its own (every plan walks again).
-
-        Run in a forked child (``serve --workers``): the parent's inotify instance is shared
-        with every sibling, and the events one process reads the others never see, so a child
-        trusting its inherited walk records would miss a file planted after the fork (a secret
-        left unmasked); and a lock held by a parent's thread at the fork is never released."""
-        self._lock = threading.Lock()
-        self._data, self._data_bytes = {}, 0
-        self.walks, self._walk_bytes = {}, 0
-        self._linked, self._linked_bytes = {}, 0
-        if self.watcher is not None:
-            self.watcher.close()
-            self.watcher = Watcher()
-
-    def adopt(self, listings: Iterable[tuple[str, _Listing]]) -> int:
-        """Take stored listings (``listing_store``) for paths not listed here yet; each is
-        reused only under its own ``(st_dev, st_ino, st_ctime_ns)``, as a fresh one is."""
-        n = 0
-        with self._lock:
-            for path, listing in listings:
-                if path not in self._data:
-                    self._data[path] = listing
-                    self._data_bytes += listing.cost
-                    n += 1
-            self._data_bytes = self._evict(self._data, self._data_bytes, self.max_bytes // 2,
-                                           lambda listing: int(listing.cost))
-        return n
-
-    def trusted_listings(self) -> list[tuple[str, _Listing]]:
-        """The listings a later run may reuse (taken past ``RACY_NS``), a snapshot."""
-        with self._lock:
-            return [(p, lst) for p, lst in self._data.items() if lst.trusted]
-
-    def held_bytes(self) -> int:
-        """The approximate bytes held (listings, walk records, hard-link listings)."""
-        return self._data_bytes + self._walk_bytes + self._linked_bytes
-
-    def _evict(self, table: dict[Any, Any], held: int, share: int,
-               cost: Callable[[Any], int]) -> int:
-        """Drop ``table``'s oldest entries until ``held`` is below 3/4 of ``share``; caller
-        holds the lock. Returns what is held after."""
-        if held <= share:
-            return held
-        for k in list(table):
-            held -= cost(table.pop(k))
-            if held <= share * 3 // 4:
-                break
-        return max(held, 0)
-
-    def remember_walk(self, key: object, rec: _WalkRecord, changed: bool = True) -> None:
-        """Keep ``rec`` as the newest walk of ``key`` (within the walk records' share);
-        ``changed``: it was walked (or partly) since it was last measured."""
-        with self._lock:
-            old = self.walks.pop(key, None)
-            if old is not None:
-                self._walk_bytes -= old.cost
-            if changed or old is not rec:
-                rec.cost = rec.measure()
-            self.walks[key] = rec
-            self._walk_bytes = self._evict(self.walks, self._walk_bytes + rec.cost,
-                                           self.max_bytes // 4, lambda r: int(r.cost))
-
-    def listing(self, path: str) -> tuple[_Listing | None, bool]:
-        """(listing or None when ``path`` is no longer a directory, whether it was re-listed)."""
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return None, False
-        got = self._data.get(path)
-        if got is not None and got.trusted and got.key == (st.st_dev, st.st_ino, st.st_ctime_ns):
-            return got, False
-        return self.relist(path, st), True
-
-    def relist(self, path: str, st: os.stat_result) -> _Listing | None:
-        """List ``path`` (whose ``lstat`` is ``st``) and remember it."""
-        if not stat.S_ISDIR(st.st_mode):
-            return None
-        if self.watcher is not None:
-            self.watcher.watch(path)  # INVARIANT: before listing, so no later change is missed
-        names: list[str] = []
-        subdirs: list[str] = []
-        # a directory's size grows with its entries (ext4 ~16+ bytes each, tmpfs 20): past
-        # this it holds more than MAX_DIR_ENTRIES on every file system here, unlisted
-        too_big = st.st_size > MAX_DIR_ENTRIES * 40
-        try:
-            with os.scandir(path) as it:
-                for e in it:
-                    if too_big or len(names) >= MAX_DIR_ENTRIES:
-                        too_big = True
-                        break
-                    names.append(e.name)
-                    if e.is_dir(follow_symlinks=False):
-                        subdirs.append(e.name)
-        except OSError:
-            return None
-        self.entries_listed += len(names) + too_big
-        key, trusted = (st.st_dev, st.st_ino, st.st_ctime_ns), \
-            time.time_ns() - st.st_ctime_ns > RACY_NS
-        if too_big:  # remembered by ctime as a verdict: a warm plan lists nothing again
-            fresh = _Listing(key, frozenset(), (), (), trusted, True, _DIR_COST)
-        else:
-            base = path.rstrip("/")
-            subpaths = tuple(f"{base}/{n}" for n in subdirs)
-            fresh = _Listing(key, frozenset(names), tuple(subdirs), subpaths, trusted, False,
-                             _cost(names, subpaths))
-        with self._lock:
-            old = self._data.pop(path, None)
-            held = self._data_bytes - (old.cost if old is not None else 0) + fresh.cost
-            self._data[path] = fresh
-            self._data_bytes = self._evict(self._data, held, self.max_bytes // 2,
-                                           lambda listing: int(listing.cost))
-        return fresh
-
-
-    def linked(self, path: str) -> tuple[tuple[str, tuple[int, int]], ...]:
-        """The regular files in directory ``path`` with more than one link, with their
-        ``(st_dev, st_ino)``; kept per directory ``(st_dev, st_ino, st_ctime_ns)`` (a new name
-        changes the directory's ctime)."""
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return ()
-        key = (st.st_dev, st.st_ino, st.st_ctime_ns)
-        got = self._linked.get(path)
-        if got is not None and got[0] == key and time.time_ns() - st.st_ctime_ns > RACY_NS:
-            return got[1]
-        out: list[tuple[str, tuple[int, int]]] = []
-        try:
-            with os.scandir(path) as it:
-                for e in it:
-                    if e.is_file(follow_symlinks=False):
-                        est = e.stat(follow_symlinks=False)
-                        if est.st_nlink > 1:
-                            out.append((e.name, (est.st_dev, est.st_ino)))
-        except OSError:
-            return ()
-        with self._lock:
-            old = self._linked.pop(path, None)
-            held = self._linked_bytes - (_linked_cost(old) if old is not None else 0)
-            self._linked[path] = (key, tuple(out))
-            self._linked_bytes = self._evict(self._linked, held + _linked_cost(self._linked[path]),
-                                             self.max_bytes // 4, _linked_cost)
-        return tuple(out)
-
-
-def _linked_cost(entry: tuple[object, tuple[tuple[str, tuple[int, int]], ...]]) -> int:
-    return _DIR_COST + sum(_NAME_COST + 60 + len(n) for n, _ in entry[1])
-
-
-_CACHES: weakref.WeakSet[DirCache] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for cache in list(_CACHES):
-        cache.forget()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-DEFAULT_CACHE = DirCache()
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +105,7 @@ class _Glob:
     max_depth: int | None  # segments below the prefix a `**`-free glob can reach
 
 
+@lru_cache(maxsize=4096)
 def _compile(pattern: str, home: str) -> _Glob:
     expanded = expand_home(pattern, home)
     trimmed = expanded[:-3] if expanded.endswith("/**") else expanded
@@ -353,10 +132,14 @@ class _Foreign:
 
 def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[str], home: str,
                cache: DirCache | None = None, *, foreign_owner: int | None = None,
-               keep: Sequence[str] = (), max_dirs: int = MAX_PLAN_DIRS) -> MaskPlan:
+               keep: Sequence[str] = (), max_dirs: int = MAX_PLAN_DIRS,
+               realpath: Callable[[str], str] = os.path.realpath) -> MaskPlan:
     """Existing paths matching ``patterns`` that the binds ``bound`` (searched for every glob)
     or ``system`` (searched only for a glob whose literal prefix lies inside it) would expose;
     with ``foreign_owner``, also the directories that uid owns outside ``keep`` (module doc).
+
+    ``realpath``: ``os.path.realpath`` or one answering alike, faster (``spec``: one
+    ``openat2`` confirms a path holds no link; 36 patterns resolved a plan cost ~0.3 ms).
 
     :raises PlanTooLarge: the walk (not a reuse) would visit more than ``max_dirs``
         directories: bounded time for a bind of a whole host (``allowReadOutside``).
@@ -367,7 +150,7 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
     hidden: set[str] = set()
     starts: dict[str, list[_Glob]] = {}
     literal: list[str] = []
-    for pattern in _spellings(patterns, home, bound):
+    for pattern in _spellings(patterns, home, bound, realpath):
         expanded = expand_home(pattern, home)
         trimmed = expanded[:-3] if expanded.endswith("/**") else expanded
         if is_literal(trimmed):
@@ -396,9 +179,9 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
     found |= linked_secrets(seen, bound, found, literal, cache.linked, skip)
     files: set[str] = set()
     dirs: set[str] = set()
-    resolved = [(os.path.realpath(b), b) for b in visible]
+    resolved = [(realpath(b), b) for b in visible]
     for p in found:
-        real = os.path.realpath(p)
+        real = realpath(p)
         if real != p:
             # a symlink (or a path through one: a symlinked HOME) is never mounted over (bwrap
             # cannot create a mount point there: round 3, F5/F10); what it resolves to is
@@ -427,7 +210,8 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
                     tuple(sorted(hidden)))
 
 
-def _spellings(patterns: Iterable[str], home: str, bound: Sequence[str]) -> list[str]:
+def _spellings(patterns: Iterable[str], home: str, bound: Sequence[str],
+               realpath: Callable[[str], str] = os.path.realpath) -> list[str]:
     """Every name the sandbox can reach the files of ``patterns`` by: each pattern, the same
     glob under its fixed prefix's real name (a HOME given through a link), and either of those
     under a bind spelt through a link (``/ws`` → ``/home/alice`` binds the real ``.ssh`` at
@@ -435,12 +219,12 @@ def _spellings(patterns: Iterable[str], home: str, bound: Sequence[str]) -> list
     (outsider round 11, F2: masks planned from the spelling alone left the real key readable).
     """
     linked = [(b.rstrip("/") or "/", real) for b in bound
-              if (real := os.path.realpath(b)) != (b.rstrip("/") or "/")]
+              if (real := realpath(b)) != (b.rstrip("/") or "/")]
     out: dict[str, None] = {}
     for pattern in patterns:
         expanded = expand_home(pattern, home)
         forms = [expanded]
-        real_form = resolved_form(expanded, os.path.realpath)
+        real_form = resolved_form(expanded, realpath)
         if real_form is not None:
             forms.append(real_form)
         for form in list(forms):
@@ -532,31 +316,84 @@ class _WalkRecord:
     synced: int  # the watcher sequence this record reflects
     inherited: dict[str, _Frame]  # directory -> frame from its parent (before its own starts)
     hits: dict[str, frozenset[str]]  # directory -> the masked paths in it
+    # directory -> (st_dev, st_ino, st_ctime_ns) it was listed under, UNTRUSTED when the listing
+    # was racy: what ``revalidate`` checks when no watcher vouches for the record; None: still
+    # the stored form in ``packed`` (listing_store), unpacked by ``stamp_map`` when first needed
+    stamps: dict[str, tuple[int, int, int]] | None = field(default_factory=dict)
+    packed: tuple[list[str], bytes, bytes] | None = None  # directories, their blob, stamps
+    watched: bool = False  # every directory has had its inotify watch since its stamp
+    provisional: bool = False  # ``watched`` on the word of a check just made (listing_store)
+    dirty: bool = True  # changed since stored (listing_store)
     cost: int = 0  # approximate bytes, as of the last ``measure``
+    _kids: dict[str, set[str]] | None = None  # directory -> its walked subdirectories, lazily
 
     def measure(self) -> int:
         """An estimate in O(1) (paths ~100 bytes): it runs after every partial re-walk."""
-        return _DIR_COST + (_PATH_COST + 140) * len(self.inherited) + \
+        return _DIR_COST + (_PATH_COST + 200) * len(self.inherited) + \
             (_DIR_COST + _PATH_COST + 100) * len(self.hits)
 
+    def kids(self) -> dict[str, set[str]]:
+        """The walked subdirectories of each directory (built on the first partial re-walk)."""
+        if self._kids is None:
+            kids: dict[str, set[str]] = {}
+            for p in self.inherited:
+                parent = p.rpartition("/")[0] or "/"
+                if parent != p:
+                    kids.setdefault(parent, set()).add(p)
+            self._kids = kids
+        return self._kids
 
-MAX_INCREMENTAL = 64
+    def stamp_map(self) -> dict[str, tuple[int, int, int]]:
+        """``stamps``, unpacked from the stored form if need be (the record changes after)."""
+        if self.stamps is None:
+            paths, _, raw = self.packed or ([], b"", b"")
+            self.stamps = dict(zip(paths, STAMP.iter_unpack(raw), strict=True))
+        self.packed = None
+        return self.stamps
+
+    def drop(self, d: str) -> None:
+        """Forget ``d`` and everything walked beneath it (it is gone, or no longer walked)."""
+        kids, stamps = self.kids(), self.stamp_map()
+        todo = [d]
+        while todo:
+            p = todo.pop()
+            self.inherited.pop(p, None)
+            self.hits.pop(p, None)
+            stamps.pop(p, None)
+            todo.extend(kids.pop(p, ()))
+
+    def stale(self, watcher: Watcher | None) -> set[str]:
+        """The directories whose stamp no longer holds (one ``lstat`` each, ``revalidate``);
+        with a usable ``watcher``, each is watched first and the record is ``watched`` after."""
+        packed = self.packed  # one read: a plan in another thread may unpack it meanwhile
+        if packed is not None:  # unchanged since loaded: the stored form as it is
+            paths, blob, stamps = packed
+        else:
+            paths = list(self.inherited)
+            table = self.stamp_map()
+            stamps = b"".join([STAMP.pack(*table.get(p, UNTRUSTED)) for p in paths])
+            blob = pack_paths(paths)
+        fd = watcher.fd if watcher is not None and watcher.usable else -1
+        idx, wds = changed_dirs(blob, stamps, fd, WATCH_MASK)
+        self.watched = fd >= 0 and watcher is not None and watcher.adopt(paths, wds)
+        return {paths[i] for i in idx}
+
+
+MAX_INCREMENTAL = 4096
 """More changed directories than this since the last plan: walk everything again."""
 
 
 def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str],
                    foreign: _Foreign | None = None,
-                   budget: list[int] | None = None) -> tuple[int, int, list[str]]:
-    """Reuse the last walk of the same starts, re-walking only the directories inotify says
-    changed since (each with the frame it had); a full walk when that is not known."""
-    watcher = cache.watcher
-    seen: list[str] = []
-    if watcher is None or not watcher.usable:
-        visited, listed = _walk(starts, cache, found, seen=seen, foreign=foreign,
-                                budget=budget)
-        return visited, listed, seen
-    watcher.drain()
-    synced = watcher.seq  # INVARIANT: read before walking: a change during it stays in the log
+                   budget: list[int] | None = None) -> tuple[int, int, Iterable[str]]:
+    """Reuse the last walk of the same starts, re-walking only the directories that changed
+    since: the ones inotify reported, else (a full invalidation, no watcher, a record loaded
+    from ``listing_store``) the ones whose stamp no longer holds."""
+    watcher = cache.watcher if cache.watcher is not None and cache.watcher.usable else None
+    if watcher is not None:
+        watcher.drain()
+    synced = watcher.seq if watcher is not None else 0  # INVARIANT: read before walking: a
+    walked_recs: list[_WalkRecord] = []  # change during it stays in the log
     visited = listed = 0
     tops = [r for r in starts if not any(q != r and beneath(r, q) for q in starts)]
     for top in sorted(tops):
@@ -566,40 +403,55 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
         key = (tuple(sorted((r, tuple(sorted({g.glob.pattern for g in gs})))
                             for r, gs in group.items())), foreign)
         rec = cache.walks.get(key)
-        changed = watcher.since(rec.synced) if rec is not None else None
-        mine = None if rec is None or changed is None else \
-            {d for d in changed if d in rec.inherited}  # other trees' changes cost nothing
+        mine: set[str] | None = None
+        if rec is not None:
+            changed = watcher.since(rec.synced) if watcher is not None and rec.watched else None
+            mine = rec.stale(watcher) if changed is None else \
+                {d for d in changed if d in rec.inherited}  # other trees' changes cost nothing
         walked = bool(mine) or mine is None
         if rec is None or mine is None or len(mine) > MAX_INCREMENTAL:
-            rec = _WalkRecord(synced, {}, {})
+            rec = _WalkRecord(synced, {}, {}, watched=watcher is not None)
             listed += _walk(group, cache, set(), rec=rec, foreign=foreign, budget=budget)[1]
         else:
-            for d in mine:
-                frame = rec.inherited.get(d)
-                if frame is None:
-                    continue  # inside a directory re-walked above, or masked whole
-                below = d.rstrip("/") + "/"
-                for p in [p for p in rec.inherited if p == d or p.startswith(below)]:
-                    del rec.inherited[p]
-                    rec.hits.pop(p, None)
-                listed += _walk(group, cache, set(), rec=rec, tops=[(d, frame)],
-                                foreign=foreign, budget=budget)[1]
+            if mine:
+                with cache.walk_lock:
+                    listed += _rewalk(group, cache, rec, mine, foreign, budget)
             rec.synced = synced
-        if watcher.usable:
-            cache.remember_walk(key, rec, walked)
+        cache.remember_walk(key, rec, walked)
         for hits in rec.hits.values():
             found.update(hits)
         visited += len(rec.inherited)
-        seen += rec.inherited
-    return visited, listed, seen
+        walked_recs.append(rec)
+    # every directory visited, for linked_secrets (which reads them only when a masked file
+    # has other names): listed when read, not copied into one list of ~26,000 per plan
+    return visited, listed, (d for r in walked_recs for d in list(r.inherited))
+
+
+def _rewalk(group: dict[str, list[_Glob]], cache: DirCache, rec: _WalkRecord, mine: set[str],
+            foreign: _Foreign | None, budget: list[int] | None) -> int:
+    """Walk the changed directories ``mine`` again, each with the frame it had; a subdirectory
+    the record holds under the same frame and that did not change keeps its walk (its own
+    stamp or watch vouches for it), a new one is walked whole, a vanished one is dropped."""
+    listed = 0
+    for d in sorted(mine, key=lambda p: p.count("/")):  # parents first: they drop or add kids
+        frame = rec.inherited.get(d)
+        if frame is None or d not in mine:
+            continue  # inside a directory dropped above, or re-walked as a new child
+        listed += _walk(group, cache, set(), rec=rec, tops=[(d, frame)], foreign=foreign,
+                        budget=budget, pending=mine)[1]
+    return listed
 
 
 def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
           rec: _WalkRecord | None = None,
           tops: list[tuple[str, _Frame]] | None = None,
           seen: list[str] | None = None, foreign: _Foreign | None = None,
-          budget: list[int] | None = None) -> tuple[int, int]:
+          budget: list[int] | None = None, pending: set[str] | None = None) -> tuple[int, int]:
     """One depth-first walk from the outermost start roots; nested starts join on the way.
+
+    ``pending`` (``_rewalk``): the changed directories not walked again yet; the walk descends
+    only into subdirectories ``rec`` does not hold as they are (module doc), removing each
+    directory it walks from ``pending``.
 
     INVARIANT: a glob is active only at or beneath one of its start roots, and every start root
     lies at or beneath the glob's literal prefix, so no per-directory prefix test is needed.
@@ -610,19 +462,25 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
         empty = _frame((), memo)
         tops = [(r, empty) for r in starts if not any(q != r and beneath(r, q) for q in starts)]
     visited = listed = 0
+    stamps = rec.stamp_map() if rec is not None else {}
     stack: list[tuple[str, _Frame]] = list(tops)
     data, lstat = cache._data, os.lstat  # the warm path inlined: one lstat per directory
     while stack:
         d, frame = stack.pop()
         if d in NEVER_WALKED:
             continue
+        if pending is not None:
+            pending.discard(d)
         if rec is not None:
             rec.inherited[d] = frame
+            rec.hits.pop(d, None)
+            stamps.pop(d, None)
         if seen is not None:
             seen.append(d)
         extra = starts.get(d)
-        if extra:
-            frame = _frame(frame.active + tuple(extra), memo)
+        if extra:  # in one order whatever the policy's: a stored frame compares equal
+            frame = _frame(tuple(sorted(set(frame.active + tuple(extra)),
+                                        key=lambda g: g.glob.pattern)), memo)
         visited += 1
         if budget is not None:
             budget[0] -= 1
@@ -632,11 +490,16 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
         try:
             st = lstat(d)
         except OSError:
+            if pending is not None:
+                _keep(rec, d, [], pending)
             continue
         if (foreign is not None and foreign.masks(d, st)) or _too_deep(d):
             found.add(d)  # masked whole, never listed; watched for a change of owner back
             if rec is not None:
                 rec.hits[d] = frozenset((d,))
+                stamps[d] = _stamp(st)
+                if pending is not None:
+                    _keep(rec, d, [], pending)
             if cache.watcher is not None:
                 cache.watcher.watch(d)
             continue
@@ -644,12 +507,19 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
         if got is None or not got.trusted or got.key != (st.st_dev, st.st_ino, st.st_ctime_ns):
             listed += 1
             got = cache.relist(d, st)
-            if got is None:
+            if got is None:  # not a directory (a root that is a link: /bin -> usr/bin)
+                stamps[d] = _stamp(st)
+                if pending is not None:
+                    _keep(rec, d, [], pending)
                 continue
+        if rec is not None:
+            stamps[d] = got.key if got.trusted else UNTRUSTED
         if got.too_big:
             found.add(d)  # MAX_DIR_ENTRIES: masked whole (module doc)
             if rec is not None:
                 rec.hits[d] = frozenset((d,))
+                if pending is not None:
+                    _keep(rec, d, [], pending)
             continue
         base = d.rstrip("/")
         names = got.names
@@ -662,8 +532,12 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
             if rec is not None:
                 rec.hits[d] = mine
         if not hits and not frame.bounded and frame.active:
-            stack.extend([(p, frame) for p in got.subpaths])  # the common case, no test each
+            if pending is None:
+                stack.extend([(p, frame) for p in got.subpaths])  # the common case, no test each
+            else:
+                stack += _keep(rec, d, [(p, frame) for p in got.subpaths], pending)
             continue
+        push: list[tuple[str, _Frame]] = []
         for sub, path in zip(got.subdirs, got.subpaths, strict=True):
             if sub in hits:
                 continue  # masked whole: nothing beneath it needs its own mask
@@ -673,8 +547,34 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
                 child = _frame(tuple(g for g in frame.active if g.max_depth is None or depth
                                      - g.prefix.rstrip("/").count("/") < g.max_depth), memo)
             if child.active or path in ancestors or path in starts or foreign is not None:
-                stack.append((path, child))
+                push.append((path, child))
+        stack += push if pending is None else _keep(rec, d, push, pending)
     return visited, listed
+
+
+def _keep(rec: _WalkRecord | None, d: str, push: list[tuple[str, _Frame]],
+          pending: set[str]) -> list[tuple[str, _Frame]]:
+    """Of ``d``'s subdirectories to walk, the ones ``rec`` does not hold as they are; the
+    subdirectories it held that are no longer walked are dropped with their walks."""
+    assert rec is not None  # a partial re-walk always fills a record
+    kids = rec.kids()
+    old = kids.get(d, set())
+    out = []
+    for path, child in push:
+        if path in pending or path not in old or rec.inherited.get(path) != child:
+            out.append((path, child))
+    now = {p for p, _ in push}
+    for gone in old - now:
+        rec.drop(gone)
+    kids[d] = now
+    return out
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+    """What ``revalidate`` compares; a change younger than ``RACY_NS`` is never vouched for."""
+    if time.time_ns() - st.st_ctime_ns <= RACY_NS:
+        return UNTRUSTED
+    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
 def _too_deep(path: str) -> bool:

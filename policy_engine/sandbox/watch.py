@@ -3,11 +3,11 @@
 Every directory gets its watch *before* it is listed, so a change made after its listing always
 queues an event (an entry added, removed or renamed, or the directory's own owner or mode
 changed: the local runner masks by owner). ``drain()`` reads the queue into a log of changed
-directories (sequence numbers count its entries); a watched directory deleted is logged as
-changed itself (its re-walk finds it gone, or made anew); a queue overflow, a watched directory
-moved, or a failed watch is a *full* invalidation: every walk older than it is redone whole.
-inotify is inode-based, so writes made through a sandbox's bind mounts are seen alike.
-Linux only, ctypes; without inotify (or past ``max_user_watches``) every plan walks.
+directories (sequence numbers count its entries); a watched directory moved or deleted logs it
+and its parent; a queue overflow or a failed watch is a *full* invalidation: every walk older
+than it is checked again whole (``masks._WalkRecord.stale``). inotify is inode-based, so writes
+made through a sandbox's bind mounts are seen alike. Linux only, ctypes; without inotify (or
+past ``max_user_watches``) every plan checks every directory's stamp.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import errno
 import os
 import struct
 import threading
+from collections.abc import Iterable, Sequence
 
 IN_NAMES = 0x100 | 0x200 | 0x40 | 0x80  # CREATE, DELETE, MOVED_FROM, MOVED_TO
-IN_DELETE_SELF, IN_MOVE_SELF = 0x400, 0x800
-IN_SELF = IN_DELETE_SELF | IN_MOVE_SELF
+IN_SELF = 0x400 | 0x800  # DELETE_SELF, MOVE_SELF
 IN_ATTRIB = 0x4  # counted for the watched directory itself only: a change of its owner
 IN_Q_OVERFLOW, IN_IGNORED = 0x4000, 0x8000
 IN_ONLYDIR, IN_DONT_FOLLOW = 0x01000000, 0x02000000
@@ -54,6 +54,11 @@ class Watcher:
         if fd >= 0:
             self._fd, self.usable = fd, True
 
+    @property
+    def fd(self) -> int:
+        """The inotify descriptor (-1 when closed or never opened)."""
+        return self._fd
+
     def _invalidate(self) -> None:
         """Caller holds the lock."""
         self.seq += 1
@@ -74,6 +79,31 @@ class Watcher:
                 return
             self._paths[wd] = path
             self._watched.add(path)
+
+    def adopt(self, paths: Sequence[str], wds: Sequence[int]) -> bool:
+        """Take the watches ``revalidate.changed`` added (one descriptor or ``-errno`` a path,
+        in order). A path gone or no longer a directory (ENOENT, ENOTDIR) needs none: the
+        same pass reports it changed. Any other failure invalidates every walk, as in
+        ``watch``. Returns whether every other path is watched."""
+        with self._lock:
+            for path, wd in zip(paths, wds, strict=True):
+                if wd > 0:
+                    self._paths[wd] = path
+                    self._watched.add(path)
+                elif -wd not in (errno.ENOENT, errno.ENOTDIR):
+                    if -wd in (errno.ENOSPC, errno.ENOMEM):
+                        self.usable = False
+                    self._invalidate()
+                    return False
+        return True
+
+    def note(self, paths: Iterable[str]) -> None:
+        """Log ``paths`` as changed, as events would (directories found changed by their
+        stamps, ``listing_store``: the next plan re-walks them)."""
+        with self._lock:
+            before = len(self._log)
+            self._log.extend(paths)
+            self.seq += len(self._log) - before
 
     def drain(self) -> None:
         """Read every pending event into the log."""
@@ -110,15 +140,18 @@ class Watcher:
             if mask & IN_ATTRIB and length:
                 continue  # an entry's chmod/chown/utime: its listing is unchanged
             path = self._paths.get(wd)
-            if mask & IN_DELETE_SELF and path is not None:
-                # a deleted directory (a session's workspace removed): only it changed, and a
-                # re-walk of it lstats its path anew; its watch is gone, so one made there
-                # again is watched afresh (a full invalidation re-walked /usr on every delete)
-                del self._paths[wd]
-                self._watched.discard(path)
-            elif mask & (IN_Q_OVERFLOW | IN_SELF) or path is None:
+            if mask & IN_Q_OVERFLOW or path is None:
                 self._invalidate()
                 continue
+            if mask & IN_SELF:
+                # a watched directory deleted or moved: its parent (watched: it was walked
+                # through it) logs the name's removal too, and a re-walk of the parent drops it
+                # and walks whatever now has the name; a moved directory's later events still
+                # come under its old path until its new place is listed, which watches it
+                # again under the new one (the same descriptor). Only these are re-walked,
+                # not every tree (an agent's `rm -rf build/` re-walked /usr: issue 27 item 4)
+                self._log.append(os.path.dirname(path.rstrip("/")) or "/")
+                self.seq += 1
             self._log.append(path)
             self.seq += 1
 

@@ -1,5 +1,6 @@
-"""Mask listings kept on disk between runs: a restart reuses them, and a secret planted while
-the engine was stopped is still masked by the first plan after the restart."""
+"""Mask walks kept on disk between runs: a restart reuses them after checking every directory's
+stamp, and a secret planted while the engine was stopped is still masked by the first plan after
+the restart (the same in the real sandbox: test_listing_store_sandbox.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from policy_engine.sandbox.masks import RACY_NS, DirCache
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# one engine run, in a process of its own: load the stored listings, plan the mandatory denies
-# over the "system tree", store the listings, report what it masked and how many names it read
+# one engine run, in a process of its own: load the stored walks, plan the mandatory denies
+# over the "system tree", store the walks, report what it masked and how many names it read
 RUN = """
 import json, sys
 from policy_engine.compiler.builtins import MANDATORY_DENY_PATHS
@@ -66,10 +67,11 @@ def test_a_secret_planted_while_stopped_is_masked_by_the_first_plan_after_restar
     again = run_engine(tree, store)
     assert again["loaded"] == first["saved"]
     assert str(secret) in again["files"]  # type: ignore[operator]
-    # the stored listings were reused: only the changed directory was listed again
+    # the stored walk was reused: only the changed directory was listed again
     assert again["listed"] == 2  # README and .env
-    # a listing taken within RACY_NS of its directory's change is not stored: once the
-    # change is older, the next run stores it and the one after lists nothing
+    # a listing taken within RACY_NS of its directory's change is stored with a stamp that
+    # never matches: once the change is older, the next run stores a true stamp and the one
+    # after lists nothing
     time.sleep(RACY_NS / 1e9 + 0.2)
     for listed in (2, 0):
         later = run_engine(tree, store)
@@ -104,7 +106,12 @@ def test_a_malformed_store_loads_nothing(tmp_path: Path) -> None:
         assert listing_store.load(cache, str(store)) == 0
     import marshal
 
-    store.write_bytes(marshal.dumps((listing_store.FORMAT, [("/x", (1, 2), frozenset(), (), (),
-                                                              False, 0)])))
-    assert listing_store.load(cache, str(store)) == 0  # a key of two values
-    assert cache.trusted_listings() == []
+    good_key = (("/x", ("/**/.env",)),)
+    for row in [(good_key, b"/x\0", b"\0" * 23, b"\0" * 4, (("/**/.env",),), ()),  # short
+                (good_key, b"/x\0", b"\0" * 24, b"\1\0\0\0", (("/**/.env",),), ()),  # frame 1
+                (("/x",), b"/x\0", b"\0" * 24, b"\0" * 4, (), ()),  # a key of another shape
+                ("/x", (1, 2), frozenset(), (), (), False, 0)]:  # the format of listings
+        store.write_bytes(marshal.dumps((listing_store.FORMAT, [row])))
+        os.chmod(store, 0o600)
+        assert listing_store.load(cache, str(store)) == 0
+    assert cache.walks == {}

@@ -562,7 +562,8 @@ class Orchestrator:
             sandbox_error_kind=error_kind, sandbox_degraded=bool(degraded),
             sandbox_degrade_reason="; ".join(degraded) or None,
             **decision_fields(decision, profile, self.policyset.version_hash))
-        with tracing.span("policy_engine.evidence", {"policy_engine.record": "end"}):
+        record = "end" if begun else "begin+end"  # a contained read's one append
+        with tracing.span("policy_engine.evidence", {"policy_engine.record": record}):
             for sink in self.sinks:
                 if begun:
                     sink.end(end)

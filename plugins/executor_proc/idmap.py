@@ -255,7 +255,8 @@ def _sweep_orphans() -> None:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 continue  # its engine is alive
-            dirs = [os.path.join(IDMAP_DIR, d) for d in names if d.startswith(token + ".")]
+            dirs = [os.path.join(IDMAP_DIR, d) for d in names
+                    if d.startswith(token + ".") and d != name]  # not the owner file itself
             if all(_detach_tree(d) for d in dirs):
                 os.unlink(path)  # kept while a mapping remains: the next start tries again
         finally:

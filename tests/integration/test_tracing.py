@@ -154,8 +154,12 @@ def test_http_calls_leave_a_span_tree_under_the_callers_traceparent(
     assert run_attrs["policy_engine.rule"] == "read-data"
     below = [s.name for s in sorted((s for s in finished if _parent_of(s, run)),
                                     key=lambda s: s.start_time or 0)]
-    assert below == ["policy_engine.decide", "policy_engine.consent", "policy_engine.evidence",
-                     "policy_engine.execute", "policy_engine.evidence"]
+    # a contained read (fs.read) writes its begin and end records in one append after it
+    # (docs/operations.md "One append for contained reads")
+    assert below == ["policy_engine.decide", "policy_engine.consent", "policy_engine.execute",
+                     "policy_engine.evidence"]
+    appended = next(s for s in by["policy_engine.evidence"] if _parent_of(s, run))
+    assert (appended.attributes or {})["policy_engine.record"] == "begin+end"
     decide = next(s for s in by["policy_engine.decide"] if _parent_of(s, run))
     assert (decide.attributes or {})["policy_engine.rule"] == "read-data"
     execute = next(s for s in by["policy_engine.execute"] if _parent_of(s, run))
@@ -205,8 +209,7 @@ def test_mcp_calls_honour_the_traceparent_in_meta(
     run = next(s for s in by["policy_engine.run"] if _parent_of(s, gateway))
     assert (run.attributes or {})["policy_engine.decision"] == "allow"
     assert [s.name for s in finished if _parent_of(s, run)] == [
-        "policy_engine.decide", "policy_engine.evidence", "policy_engine.execute",
-        "policy_engine.evidence"]
+        "policy_engine.decide", "policy_engine.execute", "policy_engine.evidence"]
     _no_secrets(finished, "hello.txt", str(tmp_path))
 
 

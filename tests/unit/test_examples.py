@@ -47,10 +47,10 @@ def test_examples_cover_thirty_requests_every_allow_path_and_every_decidable_cod
     assert len(expects) >= 30
     codes = {e["code"] for e in expects if e["code"]}
     # the codes a decision can produce before anything runs; the runtime-only ones
-    # (PROVIDER.UNAVAILABLE, LLM.TIMEOUT, TOOL.EXECUTION_FAILED, UNKNOWN.INTERNAL) are
-    # exercised by the orchestrator and executor tests
+    # (PROVIDER.UNAVAILABLE, LLM.TIMEOUT, TOOL.EXECUTION_FAILED, TOOL.NOT_FOUND,
+    # UNKNOWN.INTERNAL) are exercised by the orchestrator, executor and conformance tests
     runtime_only = {"PROVIDER.UNAVAILABLE", "LLM.TIMEOUT", "TOOL.EXECUTION_FAILED",
-                    "UNKNOWN.INTERNAL"}
+                    "TOOL.NOT_FOUND", "UNKNOWN.INTERNAL"}
     assert codes == {c.value for c in REGISTRY} - runtime_only
     allowed_kinds = {json.loads(p.read_text())["op"]["kind"] for p, e in zip(REQUESTS, expects,
                                                                              strict=True)

@@ -126,7 +126,11 @@ def resolve_within(root: str, path: str, *, probed: bool = False) -> str:
             mode = lstat(path[:j]).st_mode
         except FileNotFoundError:
             return path  # nothing below a missing component can be a link yet
-        except OSError as exc:  # EACCES, ENOTDIR, ELOOP: refuse rather than guess
+        except NotADirectoryError:
+            # a file on the way: nothing exists below it, as below a missing component (a
+            # refusal here told a caller which hidden files exist: outsider attack 35, F3)
+            return path
+        except OSError as exc:  # EACCES, ELOOP: refuse rather than guess
             raise path_blocked(f"path {quote(path)} cannot be resolved", path) from exc
         if islnk(mode):
             return _walk(root, path)
@@ -155,13 +159,13 @@ def _walk(root: str, path: str) -> str:
         current = base + "/" + "/".join([*done, seg])
         try:
             st = os.lstat(current)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # nothing below: a lexical rest
             done.append(seg)
             done.extend(s for s in reversed(rest) if s not in ("", "."))
             if ".." in done:
                 raise path_blocked(f"symlink in {quote(path)} leaves the root", path) from None
             break
-        except OSError as exc:  # EACCES, ENOTDIR, ELOOP: refuse rather than guess
+        except OSError as exc:  # EACCES, ELOOP: refuse rather than guess
             raise path_blocked(f"path {quote(path)} cannot be resolved", path) from exc
         if not stat.S_ISLNK(st.st_mode):
             done.append(seg)

@@ -168,6 +168,28 @@ def test_a_missing_file_is_404_not_a_retryable_failure(svc: Service, alice: str)
             assert ends[0]["sandbox_error_kind"] == "not_found"
 
 
+def test_a_secret_name_below_an_allowed_tree_is_no_existence_oracle(svc: Service,
+                                                                    alice: str) -> None:
+    """Outsider attack 35, F3: `fs.read <dir>/.env/x` answered 403 "cannot be resolved" when
+    `<dir>/.env` existed (a file is no directory) and 404 when it did not, so a caller allowed
+    the tree learned which hidden secret files exist (listings hide them; reading the file
+    itself is refused either way). Nothing exists below a file: both are the same 404."""
+    root = svc.root
+    (root / "data" / ".env").write_text("API_KEY=oracle-marker\n")
+    answers = []
+    with svc.client(alice) as c:
+        for name in (".env", "absent.env", "hello.txt"):
+            body = {"op": {"kind": "fs.read", "path": f"{root}/data/{name}/x"},
+                    "grant": grant("acme", "agent:alice", root), "manifest": "reader"}
+            resp = c.post("/v1/ops", json=body)
+            refusal = resp.json()["refusal"]
+            answers.append((resp.status_code, refusal["code"], refusal["refused_by"],
+                            refusal["message"].replace(name, "NAME")))
+    assert answers[0] == answers[1] == answers[2], answers
+    assert answers[0][:2] == (404, "TOOL.NOT_FOUND")
+    assert all("oracle-marker" not in str(a) for a in answers)
+
+
 def test_a_grant_or_context_for_another_tenant_is_refused(svc: Service, alice: str) -> None:
     root = svc.root
     op = {"kind": "fs.read", "path": f"{root}/data/hello.txt"}

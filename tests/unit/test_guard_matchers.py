@@ -195,3 +195,17 @@ def _resolve(root: str, path: str, *, probe: bool) -> str:
         return f"refused: {exc.reason}"
     finally:
         guard_paths.probe = saved
+
+
+def test_below_a_file_the_path_resolves_as_written_like_below_a_missing_one(
+        tmp_path: Path) -> None:
+    """Nothing exists below a file, as nothing below a missing component: both resolve to the
+    path as written (after any link before them), so the decision cannot tell a hidden file
+    from no file (outsider attack 35, F3; the file case was refused "cannot be resolved")."""
+    root = str(tmp_path)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / ".env").write_text("x")
+    os.symlink("d", tmp_path / "link")
+    for name in (".env", "absent"):
+        assert guard_paths.resolve_beneath(root, f"{root}/d/{name}/x") == f"{root}/d/{name}/x"
+        assert guard_paths.resolve_beneath(root, f"{root}/link/{name}/x") == f"{root}/d/{name}/x"

@@ -44,15 +44,23 @@ class LazyModule:
         self._module: ModuleType | None = None
 
     def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") and attr.endswith("__"):
+            # introspection (`inspect`, pluggy scanning a plugin's names, copy, pickle) asks for
+            # dunders: answering it must not import the module
+            raise AttributeError(attr)
         module = self._module
         if module is None:  # the import lock makes a racing first use import it once
             module = self._module = importlib.import_module(self._name)
         try:
             return getattr(module, attr)
         except AttributeError:
-            if attr.startswith("__"):
-                raise
+            pass
+        try:
             return importlib.import_module(f"{self._name}.{attr}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{self._name}.{attr}":
+                raise
+        raise AttributeError(f"module {self._name!r} has no attribute {attr!r}")
 
     def __repr__(self) -> str:
         state = "imported" if self._module is not None else "not imported yet"

@@ -10,9 +10,8 @@ import logging
 import socket
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from policy_engine.config import EngineConfig
@@ -26,8 +25,14 @@ from policy_engine.evidence.chain import (
     signing_options,
 )
 from policy_engine.hookspecs import hookimpl
+from policy_engine.lazy import lazy_module
 from policy_engine.model import EvidenceBegin, EvidenceEnd
 from policy_engine.pgschema import display_dsn, migrate
+
+if TYPE_CHECKING:
+    import psycopg
+else:  # imported when the sink first connects: a start without PostgreSQL does not pay for it
+    psycopg = lazy_module("psycopg", required=True)  # missing: this plugin is "not installed"
 
 log = logging.getLogger(__name__)
 

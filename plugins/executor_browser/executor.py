@@ -3,28 +3,21 @@
 One browser instance (``host.BrowserHost``) serves every session; each session has a fresh
 context. Downloads are refused, nothing from an op is injected into a page, and every request is
 vetted by the host rules (``rules.RequestRules``) before it is fetched.
+
+Constructing the executor starts nothing and imports no Playwright: the rules, the refusing
+sink and the browser host are made on first use (``pages`` holds the Playwright side), so an
+engine that serves no browser op never pays for them.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import re
-import secrets
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from playwright.sync_api import Browser, BrowserContext, Page, Request, Route, WebSocketRoute
-from playwright.sync_api import Error as PlaywrightError
-
-from plugins.executor_browser import capture, lockdown
-from plugins.executor_browser.host import BrowserHost, Session
-from plugins.executor_browser.navigate import RequestGate, navigate
-from plugins.executor_browser.rules import DecidesOps, RequestRules
-from plugins.executor_browser.sink import RefusingProxy
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.evidence import redact_url
 from policy_engine.executor import ExecContext, ExecutorCapabilities
@@ -32,7 +25,6 @@ from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
     BrowserNavOp,
     BrowserScreenshotOp,
-    Digest,
     ExecOp,
     ExecResult,
     NetworkMode,
@@ -42,6 +34,12 @@ from policy_engine.model import (
     SideEffectRec,
     Usage,
 )
+
+if TYPE_CHECKING:
+    from plugins.executor_browser.host import BrowserHost
+    from plugins.executor_browser.navigate import RequestGate
+    from plugins.executor_browser.rules import DecidesOps, RequestRules
+    from plugins.executor_browser.sink import RefusingProxy
 
 _OPTION_KEYS = frozenset({"executable", "screenshot_dir", "javascript", "max_text_bytes",
                           "max_links", "session_idle_s", "guard"})
@@ -123,16 +121,54 @@ class BrowserExecutor:
 
     def __init__(self, options: BrowserOptions | None = None) -> None:
         self.options = options or BrowserOptions()
-        self.rules = RequestRules(self.options.guard)
-        # what Chromium dials by itself goes to this refusing proxy, reported to the op's gate
-        self.sink = RefusingProxy(self._report_stray)
-        self.host = BrowserHost(self.options.executable, self.options.session_idle_s,
-                                proxy_server=self.sink.url)
+        self._lock = threading.Lock()
+        self._rules: RequestRules | None = None
+        self._sink: RefusingProxy | None = None
+        self._host: BrowserHost | None = None
         self._active: RequestGate | None = None
 
+    @property
+    def rules(self) -> RequestRules:
+        """The host rules every request is vetted by (made on first use)."""
+        with self._lock:
+            if self._rules is None:
+                from plugins.executor_browser.rules import RequestRules
+
+                self._rules = RequestRules(self.options.guard)
+            return self._rules
+
+    @property
+    def sink(self) -> RefusingProxy:
+        """What Chromium dials by itself goes to this refusing proxy, reported to the op's
+        gate (listening from first use)."""
+        with self._lock:
+            return self._sink_locked()
+
+    def _sink_locked(self) -> RefusingProxy:
+        if self._sink is None:
+            from plugins.executor_browser.sink import RefusingProxy
+
+            self._sink = RefusingProxy(self._report_stray)
+        return self._sink
+
+    @property
+    def host(self) -> BrowserHost:
+        """The shared browser (its thread and Chromium start with the first job)."""
+        with self._lock:
+            if self._host is None:
+                from plugins.executor_browser.host import BrowserHost
+
+                self._host = BrowserHost(self.options.executable, self.options.session_idle_s,
+                                         proxy_server=self._sink_locked().url)
+            return self._host
+
     def close(self) -> None:
-        self.host.close()
-        self.sink.close()
+        with self._lock:
+            host, sink = self._host, self._sink
+        if host is not None:
+            host.close()
+        if sink is not None:
+            sink.close()
 
     def _report_stray(self, target: str, method: str) -> None:
         """A connection Chromium opened outside the gate (refused by the sink)."""
@@ -142,15 +178,21 @@ class BrowserExecutor:
             return  # Chromium's own update and sign-in calls (refused too) are not the page's
         # the browser is shared: with other sessions open the source page is unknown, and
         # another tenant's target must not show up in this op's result
-        shown = target if len(self.host.sessions) == 1 else "(a page of another session?)"
+        browser = self._host
+        alone = browser is not None and len(browser.sessions) == 1
+        shown = target if alone else "(a page of another session?)"
         gate.record(shown, "socket", f"`{method}` outside the request gate is refused")
 
     def end_session(self, profile: Profile) -> None:
         """Close the caller's session now (its context, cookies and page)."""
+        if self._host is None:
+            return  # no browser yet: no session to close (and none to start for it)
         key = session_key(profile)
         self.host.run(lambda h: h.drop_session(key), timeout_s=30)
 
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
+        from plugins.executor_browser import capture, pages  # Playwright: a browser op's cost
+
         if not isinstance(op, BrowserNavOp | BrowserScreenshotOp):
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
                                     f"the browser executor does not serve `{op.kind}`")
@@ -167,7 +209,8 @@ class BrowserExecutor:
             raise PolicyEngineError(ErrorCode.TIMEOUT, "no time left for the browser operation")
         ctx.started()  # refusals above touched no browser
         try:
-            out = self.host.run(lambda h: self._on_browser(h, ctx, op), remaining + _GRACE_S)
+            out = self.host.run(lambda h: pages.on_browser(self, h, ctx, op),
+                                remaining + _GRACE_S)
         except PolicyEngineError as err:
             if err.code is ErrorCode.TIMEOUT:
                 ctx.cancel.cancel("browser operation exceeded its deadline")
@@ -181,116 +224,3 @@ class BrowserExecutor:
             "blocked": len(out.get("blocked", ())),
         }))
         return ExecResult(ok=True, out=out, used=used)
-
-    # --- on the browser thread ---------------------------------------------------------------
-
-    def _on_browser(self, host: BrowserHost, ctx: ExecContext,
-                    op: BrowserNavOp | BrowserScreenshotOp) -> dict[str, Any]:
-        key = session_key(ctx.profile)
-        try:
-            sess = host.session(key, self._new_context)
-            return self._run_op(sess, ctx, op)
-        except PlaywrightError as exc:
-            crashed = not host.alive()
-            if crashed:
-                host.kill_browser()  # relaunched by the next job
-            else:
-                host.drop_session(key)
-            reason = "browser crashed" if crashed else "browser operation failed"
-            raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, reason,
-                                    audit={"error": str(exc)[:2000]}) from None
-
-    def _new_context(self, browser: Browser, holder: dict[str, Any]) -> BrowserContext:
-        context = browser.new_context(
-            accept_downloads=False, service_workers="block",
-            java_script_enabled=self.options.javascript, locale="en-US", timezone_id="UTC",
-            viewport={"width": 1280, "height": 720}, permissions=[],
-        )
-        holder["gate"] = None
-        # before any page script: no peer-to-peer or QUIC API the request gate cannot see
-        context.add_init_script(script=lockdown.INIT_SCRIPT)
-
-        def route(route: Route, request: Request) -> None:
-            gate = holder["gate"]
-            if gate is None:
-                lockdown.abort_quietly(route)
-            else:
-                gate.handle(route, request)
-
-        def refuse_socket(ws: WebSocketRoute) -> None:
-            gate = holder["gate"]
-            if gate is not None:
-                gate.record(ws.url, "websocket", "websockets are refused")
-            with contextlib.suppress(PlaywrightError):
-                ws.close(code=1008, reason="refused by policy")
-
-        def on_page(page: Page) -> None:
-            page.on("download", lambda d: holder["gate"].on_download(d)
-                    if holder["gate"] else None)
-            page.on("popup", lambda popup: lockdown.close_popup(popup, holder["gate"]))
-
-        context.route("**/*", route)
-        context.route_web_socket(re.compile(".*"), refuse_socket)
-        context.on("page", on_page)
-        return context
-
-    def _run_op(self, sess: Session, ctx: ExecContext,
-                op: BrowserNavOp | BrowserScreenshotOp) -> dict[str, Any]:
-        profile = ctx.profile
-        holder = sess.slot
-        gate = RequestGate(
-            page=sess.page, profile=profile, rules=self.rules,
-            max_depth=_limit(ctx, "max_depth"), max_bytes_in=_limit(ctx, "max_bytes_in"),
-            deadline=ctx.deadline, guard=ctx.guard,
-            screenshot=isinstance(op, BrowserScreenshotOp),
-        )
-        holder["gate"] = self._active = gate
-        sess.page.set_default_timeout(gate.remaining_ms())
-        lockdown.close_other_pages(sess.context, sess.page, None)  # opened after the last op
-        try:
-            try:
-                status = navigate(gate, op.url) if op.url is not None else None
-            except PolicyEngineError:
-                # a refused navigation leaves Chromium's error page pending: start clean
-                sess.page.close()
-                sess.page = sess.context.new_page()
-                raise
-            if op.url is None and sess.page.url in ("", "about:blank"):
-                raise PolicyEngineError(ErrorCode.SCHEMA_VALIDATION_FAILED,
-                                        "no page is open in this session: give a `url`")
-            out: dict[str, Any] = {"url": sess.page.url, "status": status,
-                                   "title": sess.page.title()}
-            if isinstance(op, BrowserNavOp):
-                if op.extract == "text":
-                    out.update(capture.extract_text(sess.page, self.options.max_text_bytes))
-                elif op.extract == "links":
-                    out.update(capture.extract_links(sess.page, self.options.max_links))
-            else:
-                out.update(self._screenshot(sess, ctx, op, gate))
-        finally:
-            lockdown.close_other_pages(sess.context, sess.page, gate)
-            gate.active = False
-            holder["gate"] = self._active = None
-        out.update(requests=gate.requests, navigations=gate.navigations, hops=gate.hops,
-                   blocked=list(gate.blocked), _bytes_in=gate.bytes_in)
-        return out
-
-    def _screenshot(self, sess: Session, ctx: ExecContext, op: BrowserScreenshotOp,
-                    gate: RequestGate) -> dict[str, Any]:
-        max_w = _limit(ctx, "max_screenshot_width")
-        max_h = _limit(ctx, "max_screenshot_height")
-        png, clipped = capture.screenshot(sess.page, op, max_w, max_h, gate.remaining_ms())
-        width, height = capture.png_size(png)
-        path = self._save(ctx.profile, png)
-        return {"digest": Digest.of(png).model_dump(), "path": str(path) if path else None,
-                "width": width, "height": height, "clipped": clipped,
-                "png_b64": None if path else base64.b64encode(png).decode("ascii")}
-
-    def _save(self, profile: Profile, png: bytes) -> Path | None:
-        if self.options.screenshot_dir is None:
-            return None
-        self.options.screenshot_dir.mkdir(parents=True, exist_ok=True)
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", profile.call_id)[:80] or "call"
-        path = self.options.screenshot_dir / f"{safe}-{secrets.token_hex(6)}.png"
-        path.write_bytes(png)
-        return path

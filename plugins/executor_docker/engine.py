@@ -10,16 +10,21 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import docker
-import docker.errors
-import requests.exceptions
-from docker.types import Ulimit
+from typing import TYPE_CHECKING, Any
 
 from plugins.executor_docker.seccomp_profile import profile_json
 from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
+from policy_engine.lazy import lazy_module
 from policy_engine.model import SYSTEM_DEFAULT_LIMITS, Limits, NetworkMode, Profile
+
+if TYPE_CHECKING:
+    import docker
+    import docker.errors
+    import docker.types
+    import requests.exceptions
+else:  # the SDK on first use: a start that runs no container does not import it
+    docker = lazy_module("docker")
+    requests = lazy_module("requests")
 
 DEFAULT_IMAGE = "policy-engine/sandbox:1"
 SANDBOX_USER = "1000:1000"
@@ -148,14 +153,14 @@ class Hardening:
     deny_unix: bool = False
 
     def create_kwargs(self) -> dict[str, Any]:
+        ulimit = docker.types.Ulimit
         return {
             **({"runtime": self.runtime} if self.runtime else {}),
             "network_mode": self.network_mode, "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges",
                              f"seccomp={profile_json(self.gvisor, self.deny_unix)}"],
-            "ulimits": [Ulimit(name="fsize", soft=self.max_file_bytes,
-                               hard=self.max_file_bytes),
-                        *([Ulimit(name="nproc", soft=self.pids_limit, hard=self.pids_limit)]
+            "ulimits": [ulimit(name="fsize", soft=self.max_file_bytes, hard=self.max_file_bytes),
+                        *([ulimit(name="nproc", soft=self.pids_limit, hard=self.pids_limit)]
                           if self.gvisor else [])],
             "pids_limit": self.host_pids_limit(),
             "mem_limit": self.mem_limit, "memswap_limit": self.mem_limit,

@@ -21,10 +21,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
-
-import docker
-import requests.exceptions
+from typing import TYPE_CHECKING, Any, Literal
 
 from plugins.executor_docker import (
     cpu,
@@ -69,6 +66,7 @@ from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, ExecutorCapabilities, refusal_of
 from policy_engine.guard.env import profile_env_refusal
 from policy_engine.guard.gitfiles import GIT_PINS
+from policy_engine.lazy import lazy_module
 from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
     ExecOp,
@@ -84,6 +82,14 @@ from policy_engine.model import (
 )
 from policy_engine.netproxy import SANDBOX_DIR, RestrictedHandle
 from policy_engine.sandbox.artifacts import ARTIFACTS_ENV, artifacts_dir
+
+if TYPE_CHECKING:
+    import docker
+    import docker.errors
+    import requests.exceptions
+else:  # the SDK on first use: a start that runs no container does not import it
+    docker = lazy_module("docker")
+    requests = lazy_module("requests")
 
 # GIT_PINS: git never runs a program a workspace file names (repo config, hooks, ~/.gitconfig)
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace/work",

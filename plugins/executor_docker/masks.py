@@ -9,12 +9,19 @@ copy instead.
 
 from __future__ import annotations
 
-from docker.types import Mount
+from typing import TYPE_CHECKING
 
 from plugins.executor_proc.spec import bounded_plan
+from policy_engine.lazy import lazy_module
 from policy_engine.model import FsCapability, Profile
 from policy_engine.patterns.paths import expand_home
 from policy_engine.sandbox.masks import MaskPlan
+
+if TYPE_CHECKING:
+    import docker.types
+    from docker.types import Mount
+else:  # the SDK on first use: a start that runs no container does not import it
+    docker = lazy_module("docker")
 
 
 def _plan(profile: Profile, sources: list[str]) -> MaskPlan:
@@ -34,9 +41,10 @@ def mask_mounts(profile: Profile, binds: list[tuple[str, str, bool]]) -> list[Mo
             source, target = next((s, t) for s, t, _ in binds
                                   if host == s or host.startswith(s.rstrip("/") + "/"))
             inside = target + host[len(source):]
-            out.append(Mount(target=inside, source=None, type="tmpfs", read_only=True)
+            mount = docker.types.Mount
+            out.append(mount(target=inside, source=None, type="tmpfs", read_only=True)
                        if is_dir else
-                       Mount(target=inside, source="/dev/null", type="bind", read_only=True))
+                       mount(target=inside, source="/dev/null", type="bind", read_only=True))
     return out
 
 

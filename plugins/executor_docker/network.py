@@ -16,14 +16,20 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
-
-from docker.types import Mount
+from typing import TYPE_CHECKING
 
 from policy_engine.errors import BackendRefusal, ErrorCode
 from policy_engine.executor import ExecContext
+from policy_engine.lazy import lazy_module
 from policy_engine.model import NetworkMode, SideEffectRec
 from policy_engine.netproxy import SANDBOX_DIR, RestrictedHandle, RestrictedNetwork
 from policy_engine.netproxy.restricted import DEFAULT_PORT
+
+if TYPE_CHECKING:
+    import docker.types
+    from docker.types import Mount
+else:  # the SDK on first use: a start that runs no container does not import it
+    docker = lazy_module("docker")
 
 SANDBOX_PYTHON = "/usr/bin/python3"
 """The bridge's interpreter inside the container (from the host's ``/usr``, bound read-only)."""
@@ -68,8 +74,8 @@ def start_proxy(ctx: ExecContext, deadline: float, *, slot_dir: str | None = Non
 
 def runtime_mount(net: RestrictedHandle) -> Mount:
     """The run-once mount of the proxy's runtime directory (read-only)."""
-    return Mount(target=net.sandbox_dir, source=str(net.runtime_dir), type="bind",
-                 read_only=True)
+    return docker.types.Mount(target=net.sandbox_dir, source=str(net.runtime_dir),
+                              type="bind", read_only=True)
 
 
 def record_effects(ctx: ExecContext, net: RestrictedHandle) -> dict[str, int]:

@@ -41,15 +41,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-import docker
-import docker.errors
-import requests.exceptions
+from typing import TYPE_CHECKING
 
 from plugins.executor_docker.control import CONTROL_DIR, Control, launcher_argv
 from plugins.executor_docker.engine import SANDBOX_USER, Hardening, map_error
 from policy_engine.errors import ErrorCode, PolicyEngineError
+from policy_engine.lazy import lazy_module
 from policy_engine.netproxy import SANDBOX_DIR
+
+if TYPE_CHECKING:
+    import docker
+    import docker.errors
+    import docker.types
+    import requests.exceptions
+else:  # the SDK on first use: a start that runs no container does not import it
+    docker = lazy_module("docker")
+    requests = lazy_module("requests")
 
 POOL_LABEL = "io.policy-engine.pool"
 # writable (inputs: by the engine only) over the read-only root; seeded from the image's modes

@@ -16,18 +16,22 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import docker
-import docker.errors
-import requests.exceptions
-from docker.types import Mount
-
 from plugins.executor_docker import cpu, writequota
 from plugins.executor_docker.engine import SANDBOX_USER, Hardening, map_error
 from policy_engine.capture import HeadTail
 from policy_engine.executor import CancelToken
+from policy_engine.lazy import lazy_module
 
 if TYPE_CHECKING:
+    import docker
+    import docker.errors
+    import requests.exceptions
+    from docker.types import Mount
+
     from plugins.executor_proc.writewatch import WriteWatch
+else:  # the SDK on first use: a start that runs no container does not import it
+    docker = lazy_module("docker")
+    requests = lazy_module("requests")
 
 KILL_ALL = ("/bin/kill", "-9", "-1")
 _CANCEL_POLL_S = 0.1
@@ -93,8 +97,9 @@ def _start_pump(stream: Iterator[Any], out: Outcome) -> tuple[threading.Thread,
 
 def bind_mounts(system_binds: Iterable[str], ws_mounts: Iterable[tuple[str, str, bool]]
                 ) -> list[Mount]:
-    mounts = [Mount(target=p, source=p, type="bind", read_only=True) for p in system_binds]
-    mounts += [Mount(target=t, source=s, type="bind", read_only=ro) for s, t, ro in ws_mounts]
+    mount = docker.types.Mount
+    mounts = [mount(target=p, source=p, type="bind", read_only=True) for p in system_binds]
+    mounts += [mount(target=t, source=s, type="bind", read_only=ro) for s, t, ro in ws_mounts]
     return mounts
 
 

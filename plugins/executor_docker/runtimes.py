@@ -11,15 +11,20 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import docker
-import docker.errors
-import requests.exceptions
+from typing import TYPE_CHECKING, Any
 
 from plugins.executor_docker.engine import DockerOptions
 from policy_engine.errors import BackendRefusal, ErrorCode
+from policy_engine.lazy import lazy_module
 from policy_engine.model import Isolation, Profile
+
+if TYPE_CHECKING:
+    import docker
+    import docker.errors
+    import requests.exceptions
+else:  # the SDK on first use: a start that runs no container does not import it
+    docker = lazy_module("docker")
+    requests = lazy_module("requests")
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,15 @@ import os
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
-
-import docker
+from typing import TYPE_CHECKING
 
 from plugins.executor_docker.runner import run_quiet
+from policy_engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import docker
+else:  # the SDK on first use: a start that runs no container does not import it
+    docker = lazy_module("docker")
 
 ARTIFACTS_DIR = "/workspace/artifacts"
 

@@ -13,13 +13,13 @@ import ssl
 import time
 from collections.abc import Iterator
 from contextlib import closing
-
-import httpx
+from typing import TYPE_CHECKING
 
 from plugins.executor_http.redirects import NextHop, next_hop
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import Decider, ExecContext, ExecutorCapabilities
 from policy_engine.guard.guard import Guard
+from policy_engine.lazy import lazy_module
 from policy_engine.model import (
     ExecOp,
     ExecResult,
@@ -43,6 +43,11 @@ from policy_engine.netproxy.resolve import (
     vet,
 )
 from policy_engine.netproxy.transport import PinnedTransport
+
+if TYPE_CHECKING:
+    import httpx
+else:  # with httpcore on the first request: a start that makes none does not import them
+    httpx = lazy_module("httpx")
 
 DEFAULT_HEAD_BYTES = 4096
 DEFAULT_MAX_DEPTH = 3

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urljoin
 
-import httpx
+from policy_engine.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import httpx
+else:  # the first redirect imports it (the executor's first request already has)
+    httpx = lazy_module("httpx")
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 

@@ -28,15 +28,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policy_engine.executor import Decider
 from policy_engine.guard.guard import Guard
 from policy_engine.model import Limits, Profile, SideEffectRec
-from policy_engine.netproxy.proxy import ProxyPolicy, ProxyServer, serve_in_thread
 from policy_engine.netproxy.resolve import Resolver, system_resolver
-from policy_engine.netproxy.transport import PinnedTransport
 from policy_engine.netproxy.wire import Meter
+
+if TYPE_CHECKING:
+    from policy_engine.netproxy.proxy import ProxyServer
 
 SANDBOX_DIR = "/run/policy-engine-net"
 """Where the runtime directory (``proxy.sock``, ``bridge.py``) appears inside the sandbox."""
@@ -208,6 +209,10 @@ class RestrictedNetwork:
 
     def start(self) -> RestrictedHandle:
         """Create the runtime directory, copy the bridge, listen on the socket, serve."""
+        # httpx with them: imported by the first restricted call, not by every executor's start
+        from policy_engine.netproxy.proxy import ProxyPolicy, ProxyServer, serve_in_thread
+        from policy_engine.netproxy.transport import PinnedTransport
+
         runtime = Path(tempfile.mkdtemp(prefix="pe-net-", dir=self.runtime_parent))
         try:
             runtime.chmod(0o755)  # INVARIANT: only the socket and the bridge live here

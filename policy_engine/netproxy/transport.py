@@ -15,10 +15,15 @@ import ssl
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import httpx
-
+from policy_engine.lazy import lazy_module
 from policy_engine.netproxy.resolve import IPAddress
+
+if TYPE_CHECKING:
+    import httpx
+else:  # with httpcore (and trio, when installed) on the first request, not at every start
+    httpx = lazy_module("httpx")
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -38,22 +43,30 @@ class PinnedTransport:
     """
 
     def __init__(self, verify: ssl.SSLContext | bool = True, max_tls_pools: int = 64) -> None:
-        self._ssl = verify if isinstance(verify, ssl.SSLContext) else _shared_ssl_context(verify)
-        self._limits = httpx.Limits(max_connections=32, max_keepalive_connections=16,
-                                    keepalive_expiry=5.0)
-        self._http = self._new()
+        # nothing is loaded or opened here: the CA store and the pools come with the first
+        # request (an engine that makes none, most CLI runs, never pays for them)
+        self._verify = verify
+        self._ssl: ssl.SSLContext | None = None
+        self._http: httpx.HTTPTransport | None = None
         self._tls: OrderedDict[str, httpx.HTTPTransport] = OrderedDict()
         self._max_tls = max_tls_pools
         self._lock = threading.Lock()
 
     def _new(self) -> httpx.HTTPTransport:
-        return httpx.HTTPTransport(verify=self._ssl, trust_env=False, retries=0,
-                                   limits=self._limits)
+        if self._ssl is None:
+            verify = self._verify
+            self._ssl = verify if isinstance(verify, ssl.SSLContext) else _shared_ssl_context(
+                verify)
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=16,
+                              keepalive_expiry=5.0)
+        return httpx.HTTPTransport(verify=self._ssl, trust_env=False, retries=0, limits=limits)
 
     def _pool(self, scheme: str, sni: str) -> httpx.HTTPTransport:
-        if scheme != "https":
-            return self._http
         with self._lock:
+            if scheme != "https":
+                if self._http is None:
+                    self._http = self._new()
+                return self._http
             pool = self._tls.get(sni)
             if pool is None:
                 pool = self._tls[sni] = self._new()
@@ -100,7 +113,9 @@ class PinnedTransport:
     def close(self) -> None:
         """Close every pool."""
         with self._lock:
-            self._http.close()
+            if self._http is not None:
+                self._http.close()
+                self._http = None
             for pool in self._tls.values():
                 pool.close()
             self._tls.clear()

@@ -7,6 +7,11 @@ calls; each call gets its own wall deadline, its own captured (and streamed) out
 CPU charge (the cgroup's delta). A call that times out or is cancelled kills the process group
 and the cgroup; one that ends the process (``os._exit``, a signal, the OOM killer) is reported
 as a crash. Either way the process is gone and never silently replaced mid-call.
+
+Its mount namespace is the one its start planned: a path the masks cover now but did not then
+(a ``.env`` the host wrote since) is not hidden in it. Each call therefore plans again, as its
+plain twin would (:meth:`InterpreterProcess.stale`: the cached planning, ~1 ms), and the
+session restarts the interpreter when the masks differ (attack 35, F1).
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ class InterpreterProcess:
         self.info: dict[str, Any] = {}
         self.exit_code: int | None = None
         self.oom_kills = 0
+        self.masks: MaskKey = frozenset()  # what its namespace was built with (start's)
         self._lock = threading.Lock()
         assert proc.stdout is not None
         assert proc.stderr is not None
@@ -89,6 +95,17 @@ class InterpreterProcess:
         return self.ended is None
 
     # --- the calls ---------------------------------------------------------------------------
+
+    def stale(self, ctx: ExecContext, op: ProcExecOp) -> str | None:
+        """How the masks a plain call of ``op`` would get now differ from the ones this
+        interpreter's namespace was built with (``None``: the same). Any difference counts,
+        a mask gone as well: a namespace cannot be shown to equal a plan it was not built from.
+
+        :raises PolicyEngineError: the plan is refused now (the plain call would be too).
+        """
+        plan = self.executor._plan(ctx, server_op(op), "/tmp")
+        return changed(self.masks, mask_key(plan))
+
 
     def wait_ready(self, ctx: ExecContext) -> None:
         """Wait for the server's ``R`` frame within the call's deadline.
@@ -318,9 +335,10 @@ def start(executor: ProcExecutor, ctx: ExecContext, op: ProcExecOp,
     if ctx.profile.network == NetworkMode.RESTRICTED:
         raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, "a stateful call cannot run "
                              "with the restricted network: its proxy lives for one call")
-    server = op.model_copy(update={"args": ("-c", SERVER_SOURCE), "stdin_b64": None})
+    server = server_op(op)
     runner = executor._as_tree_owner(bound_paths(ctx.profile)[1])
     plan = runner._plan(ctx, server, "/tmp")
+    masks = mask_key(plan)  # as planned: the id-mapped bind below re-points `resolved`
     runner._refuse_engine_trees(plan)
     # a root-owned workspace: an id-mapped bind for the interpreter's life, never a chown;
     # detached when the interpreter is closed
@@ -348,12 +366,46 @@ def start(executor: ProcExecutor, ctx: ExecContext, op: ProcExecOp,
     finally:
         theirs.close()
     live = InterpreterProcess(proc, cg, runner._pool, status_r, mine, plan, runner, layered)
+    live.masks = masks
     try:
         live.wait_ready(ctx)
     except BaseException:
         live.close("did not start")
         raise
     return live
+
+
+def server_op(op: ProcExecOp) -> ProcExecOp:
+    """``op`` (the decided call) with the server as its code: what the interpreter runs."""
+    return op.model_copy(update={"args": ("-c", SERVER_SOURCE), "stdin_b64": None})
+
+
+MaskKey = frozenset[tuple[str, str]]
+
+
+def mask_key(plan: Plan) -> MaskKey:
+    """What of ``plan`` shapes the namespace beyond the profile (already the session's key,
+    ``sandbox_key``): the masked files and directories, the read-only islands in the writable
+    binds, and where each bind resolved to."""
+    return frozenset({*(("mask", p) for p in plan.mask_files),
+                      *(("mask-dir", p) for p in plan.mask_dirs),
+                      *(("hidden", p) for p in plan.hidden_dirs),
+                      *(("readonly", p) for p in plan.readonly),
+                      *(("bind", f"{k}\0{v}") for k, v in plan.resolved.items())})
+
+
+def changed(before: MaskKey, now: MaskKey) -> str | None:
+    """Counts only (the paths are secrets' names): ``None`` when equal."""
+    if before == now:
+        return None
+    more, fewer = now - before, before - now
+    masks = sum(1 for kind, _ in more if kind != "bind")
+    gone = sum(1 for kind, _ in fewer if kind != "bind")
+    binds = sum(1 for kind, _ in more | fewer if kind == "bind")
+    return ", ".join(part for part in (
+        f"{masks} path(s) masked now" if masks else "",
+        f"{gone} mask(s) gone" if gone else "",
+        "a bind resolves elsewhere" if binds else "") if part)
 
 
 def _read(fd: int) -> bytes | None:

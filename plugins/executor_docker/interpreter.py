@@ -12,6 +12,13 @@ cancelled, or a restart or the session's end, kills that session: the launcher f
 sweeps the container (``/bin/true`` through it; no host privilege needed), after a host-side
 SIGKILL through the server's pidfd where the engine may signal it. Each call holds the slot's
 command lock, so its CPU charge is the container cgroup's delta, as for a warm call.
+
+The container is made with the masks of the call that made it and cannot get a mount later, so
+the interpreter lives only as long as those masks are the session's: before each call it plans
+what its plain twin would get (:meth:`DockerInterpreter.stale`) and the session restarts it in a
+re-made container when they differ; a plain call that must re-make the container stops the
+interpreter first (``Slot.holder``: after its running call, if any), never waiting on its hold
+for the rest of its life (attack 35, F1 and F2).
 """
 
 from __future__ import annotations
@@ -112,6 +119,10 @@ class DockerInterpreter:
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "the session's warm "
                                     "container ran another command until this call's deadline")
         try:
+            if self.ended is not None:  # stopped for a re-made container while this waited
+                raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "the interpreter ended "
+                                        f"before this call ran ({self.ended}); its state is "
+                                        "lost: call again to start a fresh one")
             cpu0, oom0 = self._cpu_ns(), self._ooms()
             self._stale()
             done = self._exchange(_SERVER.pack(b"C", len(data)) + data, ctx, deadline, out,
@@ -162,6 +173,39 @@ class DockerInterpreter:
             **({"error_name": ended.get("error")} if ended.get("error") else {}),
         }, used=Usage(cpu_ms=cpu_ms))
 
+    def stale(self, ctx: ExecContext, op: ProcExecOp) -> str | None:
+        """How the container a plain call of ``op`` would get now differs from this one's
+        (its masks, binds or identity, planned as ``_pooled`` plans them), or ``None``.
+
+        :raises PolicyEngineError: the plan is refused now (the plain call would be too).
+        """
+        ident, mounts, masked = _wanted(self.executor, ctx)
+        extra = tuple(self.executor.bound_extra(mounts, masked))
+        slot = self.slot
+        if (slot.extra, slot.user, slot.ident) == (extra, ident.user, ident.key):
+            return None
+        old = slot.extra or ()
+        more = sum(1 for m in extra if m not in old)
+        gone = sum(1 for m in old if m not in extra)
+        return ", ".join(part for part in (
+            f"{more} mount(s) now" if more else "", f"{gone} mount(s) gone" if gone else "",
+            "another identity" if (slot.user, slot.ident) != (ident.user, ident.key) else "")
+            if part) or "another container"
+
+    def stop(self, reason: str, timeout_s: float) -> bool:
+        """The pool re-makes the session's container (``Slot.holder``): end the interpreter
+        once its running call (if any) is over, within ``timeout_s``; ``True`` once it no
+        longer holds the container."""
+        if self.pool is None:
+            return True
+        if not self.slot.running.acquire(timeout=timeout_s):
+            return False
+        try:
+            self.close(reason, held=True)
+        finally:
+            self.slot.running.release()
+        return True
+
     def close(self, reason: str, *, held: bool = False) -> bool:
         """Kill the interpreter's session in the container, forget it, give the container's
         hold back; ``True`` if it was alive. ``held``: the caller holds the slot's lock."""
@@ -186,6 +230,8 @@ class DockerInterpreter:
                     if not held:
                         self.slot.running.release()
             self.sock.close()
+            if self.slot.holder == self.stop:
+                self.slot.holder = None
             self.pool.done(self.slot)
             self.pool = None  # type: ignore[assignment]  # closed: nothing held any more
             return was
@@ -352,7 +398,7 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
     pool = executor.pool(hard.runtime)  # connects: the daemon's CPU count is known after it
     hard = hard.on_host_of(executor.daemon_cpus)
     key = bound_key(profile.tenant, profile.subject_id, bound)
-    slot = _acquire(executor, pool, key, ctx, hard)
+    slot = _acquire(executor, pool, key, ctx)
     try:
         slot = pool.update_limits(slot, hard)
         if slot.control is None:
@@ -396,6 +442,7 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
         except ControlBroken as exc:
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "the session's container "
                                     f"launcher is gone: {exc}") from None
+        slot.holder = live.stop  # a re-make for other masks ends it first (pool.acquire_bound)
     except BaseException:
         if live is not None:
             live.close("did not start", held=True)
@@ -407,18 +454,30 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
     return live
 
 
-def _acquire(executor: DockerExecutor, pool: WarmPool, key: str, ctx: ExecContext,
-             hard: engine.Hardening) -> Slot:
-    """The session's bound container, exactly as its plain calls get it (``_pooled``): the
-    call's binds and masks, its identity (identity.py: the owner's uid, or root through the
-    id-mapped binds); the exec then runs as the container's own user."""
+def _wanted(executor: DockerExecutor, ctx: ExecContext
+            ) -> tuple[identity.BoundIdentity, list[tuple[str, str, bool]], list[Any]]:
+    """The session's bound container as its plain calls plan it (``_pooled``): the call's
+    identity (identity.py: the owner's uid, or root through the id-mapped binds), binds and
+    the masks over them."""
     profile = ctx.profile
     binds = binds_of(profile)
     ident = identity.plan(binds, masks.masked(profile, [p for p, ro in binds if not ro]),
-                          executor.options, executor.mode, hard.gvisor)
+                          executor.options, executor.mode, _gvisor(executor, ctx))
     mounts = [(p, p, ro) for p, ro in binds]
-    return executor._acquire_bound(pool, key, ident, mounts,
-                                   masks.mask_mounts(profile, mounts),
+    return ident, mounts, masks.mask_mounts(profile, mounts)
+
+
+def _gvisor(executor: DockerExecutor, ctx: ExecContext) -> bool:
+    """Whether the call's runtime is gVisor (its identity cannot use an id-mapped bind)."""
+    runtime = runtimes.for_profile(ctx.profile, executor.runtimes)
+    return runtime is not None and runtime == executor.runtimes.gvisor
+
+
+def _acquire(executor: DockerExecutor, pool: WarmPool, key: str, ctx: ExecContext) -> Slot:
+    """The session's bound container, exactly as its plain calls get it (``_wanted``); the
+    exec then runs as the container's own user."""
+    ident, mounts, masked = _wanted(executor, ctx)
+    return executor._acquire_bound(pool, key, ident, mounts, masked,
                                    max(0.0, ctx.deadline - time.monotonic()))
 
 

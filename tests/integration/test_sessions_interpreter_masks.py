@@ -172,3 +172,28 @@ def test_docker_a_stateful_call_first_after_the_plant_gets_the_new_masks(
     assert "masks changed" in stateful.interpreter["state_lost"]
     with contextlib.suppress(OSError):
         (work / ".env").unlink()
+
+
+def test_over_http_a_planted_secret_is_masked_for_the_stateful_call(tmp_path: Path) -> None:
+    """The real server (attack 35's repro, r2, on proc-bwrap)."""
+    from tests.integration.service_server import add_token, serving
+
+    with serving(tmp_path, "--security-mode", "permissive") as svc:
+        alice = add_token(svc.state, "acme", "agent:alice")
+        with svc.client(alice) as c:
+            sid = c.post("/v1/sessions", json={"backend": "proc-bwrap"}).json()["session_id"]
+            url = f"/v1/sessions/{sid}"
+            first = c.post(f"{url}/run_code", json={"code": "x = 1", "stateful": True}).json()
+            assert first["interpreter"]["generation"] == 1, first
+            [work] = [p / "work" for p in tmp_path.rglob(sid) if p.is_dir()]
+            secret = "PESECRET_" + secrets.token_hex(6)
+            paths = _plant(work, secret, None)
+            got = c.post(f"{url}/run_code", json={"code": _reader(paths),
+                                                  "stateful": True}).json()
+            assert secret not in got["stdout"] + got["stderr"], got
+            assert got["stdout"].count("PermissionError") == len(paths), got
+            assert got["interpreter"]["fresh"] is True
+            assert "masks changed" in got["interpreter"]["state_lost"], got
+            events = c.get(f"{url}/events").json()["events"]
+            assert any("masks changed" in e["detail"].get("reason", "") for e in events
+                       if e["event"] == "interpreter_ended"), events

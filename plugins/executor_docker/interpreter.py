@@ -35,11 +35,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plugins.executor_docker import engine, identity, masks, runtimes, setid
+from plugins.executor_docker import engine, interpreter_masks, runtimes, setid
 from plugins.executor_docker.bound import binds_of
 from plugins.executor_docker.control import ControlBroken
 from plugins.executor_docker.cpu import ROOT, of_process, usage_ns
-from plugins.executor_proc.interpreter import MAX_CODE, MAX_FRAME, SERVER_SOURCE
+from plugins.executor_proc.interpreter import MAX_CODE, MAX_FRAME
+from plugins.executor_proc.interpreter_masks import SERVER_SOURCE
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
 from policy_engine.errors import BackendRefusal
@@ -179,18 +180,7 @@ class DockerInterpreter:
 
         :raises PolicyEngineError: the plan is refused now (the plain call would be too).
         """
-        ident, mounts, masked = _wanted(self.executor, ctx)
-        extra = tuple(self.executor.bound_extra(mounts, masked))
-        slot = self.slot
-        if (slot.extra, slot.user, slot.ident) == (extra, ident.user, ident.key):
-            return None
-        old = slot.extra or ()
-        more = sum(1 for m in extra if m not in old)
-        gone = sum(1 for m in old if m not in extra)
-        return ", ".join(part for part in (
-            f"{more} mount(s) now" if more else "", f"{gone} mount(s) gone" if gone else "",
-            "another identity" if (slot.user, slot.ident) != (ident.user, ident.key) else "")
-            if part) or "another container"
+        return interpreter_masks.difference(self.executor, ctx, self.slot)
 
     def stop(self, reason: str, timeout_s: float) -> bool:
         """The pool re-makes the session's container (``Slot.holder``): end the interpreter
@@ -454,29 +444,10 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
     return live
 
 
-def _wanted(executor: DockerExecutor, ctx: ExecContext
-            ) -> tuple[identity.BoundIdentity, list[tuple[str, str, bool]], list[Any]]:
-    """The session's bound container as its plain calls plan it (``_pooled``): the call's
-    identity (identity.py: the owner's uid, or root through the id-mapped binds), binds and
-    the masks over them."""
-    profile = ctx.profile
-    binds = binds_of(profile)
-    ident = identity.plan(binds, masks.masked(profile, [p for p, ro in binds if not ro]),
-                          executor.options, executor.mode, _gvisor(executor, ctx))
-    mounts = [(p, p, ro) for p, ro in binds]
-    return ident, mounts, masks.mask_mounts(profile, mounts)
-
-
-def _gvisor(executor: DockerExecutor, ctx: ExecContext) -> bool:
-    """Whether the call's runtime is gVisor (its identity cannot use an id-mapped bind)."""
-    runtime = runtimes.for_profile(ctx.profile, executor.runtimes)
-    return runtime is not None and runtime == executor.runtimes.gvisor
-
-
 def _acquire(executor: DockerExecutor, pool: WarmPool, key: str, ctx: ExecContext) -> Slot:
     """The session's bound container, exactly as its plain calls get it (``_wanted``); the
     exec then runs as the container's own user."""
-    ident, mounts, masked = _wanted(executor, ctx)
+    ident, mounts, masked = interpreter_masks.wanted(executor, ctx)
     return executor._acquire_bound(pool, key, ident, mounts, masked,
                                    max(0.0, ctx.deadline - time.monotonic()))
 

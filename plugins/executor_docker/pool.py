@@ -28,6 +28,8 @@ progress is never taken back; the idle clock starts when the session's last call
 A bound session (``bound.py``: a session's workspace at its own path) cannot use a pre-made
 container (a mount cannot be added later): ``acquire_bound`` makes it its own, with its binds
 and masks, outside the slots; it is released the same ways and then removed, not replaced.
+A session's live interpreter holds its container for its whole life (``Slot.holder``): a call
+that needs the container re-made with other masks stops it first rather than wait on it.
 """
 
 from __future__ import annotations

@@ -27,10 +27,15 @@ import socket
 import struct
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from plugins.executor_proc import cgroups, owner, sanitize, status_pipe
+from plugins.executor_proc.interpreter_masks import (
+    MaskKey,
+    changed,
+    mask_key,
+    server_op,
+)
 from plugins.executor_proc.limits import describe
 from plugins.executor_proc.spec import Limits, Plan, resolve_limits
 from policy_engine import ErrorCode, PolicyEngineError
@@ -53,7 +58,6 @@ if TYPE_CHECKING:
 
     from plugins.executor_proc.executor import ProcExecutor
 
-SERVER_SOURCE = (Path(__file__).parent / "interpreter_server.py").read_text()
 MAX_FRAME = 1 << 20  # a reply frame is a small JSON document; more is a broken peer
 MAX_CODE = 16 << 20  # the server's own cap on a call's code
 _HEAD = struct.Struct(">cI")
@@ -373,39 +377,6 @@ def start(executor: ProcExecutor, ctx: ExecContext, op: ProcExecOp,
         live.close("did not start")
         raise
     return live
-
-
-def server_op(op: ProcExecOp) -> ProcExecOp:
-    """``op`` (the decided call) with the server as its code: what the interpreter runs."""
-    return op.model_copy(update={"args": ("-c", SERVER_SOURCE), "stdin_b64": None})
-
-
-MaskKey = frozenset[tuple[str, str]]
-
-
-def mask_key(plan: Plan) -> MaskKey:
-    """What of ``plan`` shapes the namespace beyond the profile (already the session's key,
-    ``sandbox_key``): the masked files and directories, the read-only islands in the writable
-    binds, and where each bind resolved to."""
-    return frozenset({*(("mask", p) for p in plan.mask_files),
-                      *(("mask-dir", p) for p in plan.mask_dirs),
-                      *(("hidden", p) for p in plan.hidden_dirs),
-                      *(("readonly", p) for p in plan.readonly),
-                      *(("bind", f"{k}\0{v}") for k, v in plan.resolved.items())})
-
-
-def changed(before: MaskKey, now: MaskKey) -> str | None:
-    """Counts only (the paths are secrets' names): ``None`` when equal."""
-    if before == now:
-        return None
-    more, fewer = now - before, before - now
-    masks = sum(1 for kind, _ in more if kind != "bind")
-    gone = sum(1 for kind, _ in fewer if kind != "bind")
-    binds = sum(1 for kind, _ in more | fewer if kind == "bind")
-    return ", ".join(part for part in (
-        f"{masks} path(s) masked now" if masks else "",
-        f"{gone} mask(s) gone" if gone else "",
-        "a bind resolves elsewhere" if binds else "") if part)
 
 
 def _read(fd: int) -> bytes | None:

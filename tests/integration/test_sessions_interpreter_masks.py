@@ -16,6 +16,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -197,3 +198,33 @@ def test_over_http_a_planted_secret_is_masked_for_the_stateful_call(tmp_path: Pa
             events = c.get(f"{url}/events").json()["events"]
             assert any("masks changed" in e["detail"].get("reason", "") for e in events
                        if e["event"] == "interpreter_ended"), events
+
+
+def test_docker_a_re_make_waits_for_the_running_stateful_call_then_stops_it(
+        dock: Sessions) -> None:
+    """The plain call that needs the re-made container lets a running stateful call finish
+    (its output kept), then ends the interpreter; it never waits out its own deadline."""
+    s = dock.create("acme", "alice", backend="docker")
+    work = dock.workspace(s)
+    assert _run(dock, s.session_id, "x = 1").success
+    got: list[RunCodeResult] = []
+    slow = threading.Thread(target=lambda: got.append(_run(
+        dock, s.session_id, "import time\ntime.sleep(8)\nprint('slow done', x)", timeout=30)))
+    slow.start()
+    secret = "PESECRET_" + secrets.token_hex(6)
+    _plant(work, secret, None)  # 5 s: the stateful call is still running when it returns
+    t0 = time.monotonic()
+    plain = dock.run_code("acme", "alice", s.session_id, "cat .env; echo ok", language="shell",
+                          timeout=25)
+    took = time.monotonic() - t0
+    slow.join(30)
+    assert got, "the stateful call answered"
+    assert got[0].success, got
+    assert got[0].stdout == "slow done 1\n"  # not killed by the re-make
+    assert plain.success, plain
+    assert plain.stdout == "ok\n"
+    assert took < 15, f"{took:.1f}s"
+    after = _run(dock, s.session_id, "print('x' in dir())")
+    assert after.stdout == "False\n", after
+    assert after.interpreter is not None
+    assert "masks changed" in after.interpreter["state_lost"]

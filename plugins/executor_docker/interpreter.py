@@ -221,7 +221,7 @@ class DockerInterpreter:
                         self.slot.running.release()
             self.sock.close()
             if self.slot.holder == self.stop:
-                self.slot.holder = None
+                self.pool.hold(self.slot, None)
             self.pool.done(self.slot)
             self.pool = None  # type: ignore[assignment]  # closed: nothing held any more
             return was
@@ -432,7 +432,7 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
         except ControlBroken as exc:
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "the session's container "
                                     f"launcher is gone: {exc}") from None
-        slot.holder = live.stop  # a re-make for other masks ends it first (pool.acquire_bound)
+        pool.hold(slot, live.stop)  # a re-make for other masks ends it first (acquire_bound)
     except BaseException:
         if live is not None:
             live.close("did not start", held=True)
@@ -445,8 +445,8 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
 
 
 def _acquire(executor: DockerExecutor, pool: WarmPool, key: str, ctx: ExecContext) -> Slot:
-    """The session's bound container, exactly as its plain calls get it (``_wanted``); the
-    exec then runs as the container's own user."""
+    """The session's bound container, exactly as its plain calls get it
+    (``interpreter_masks.wanted``); the exec then runs as the container's own user."""
     ident, mounts, masked = interpreter_masks.wanted(executor, ctx)
     return executor._acquire_bound(pool, key, ident, mounts, masked,
                                    max(0.0, ctx.deadline - time.monotonic()))

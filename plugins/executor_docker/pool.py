@@ -333,6 +333,13 @@ class WarmPool:
                                         "container was not ready before the deadline")
             self._cond.wait(left)
 
+    def hold(self, slot: Slot, holder: Callable[[str, float], bool] | None) -> None:
+        """``holder`` (a live interpreter's stop) holds ``slot`` from now on: a call already
+        waiting for a re-make sees it at once."""
+        with self._cond:
+            slot.holder = holder
+            self._cond.notify_all()
+
     def done(self, slot: Slot) -> None:
         """One call of the slot's session ended: the idle clock starts when none is left."""
         with self._cond:

@@ -312,8 +312,13 @@ class DockerExecutor:
             mapped, detach, note = identity.mount(ident, binds, self.mode)
             return (*bind_mounts([], mapped), *masked), detach, note
 
-        return pool.acquire_bound(key, (*bind_mounts([], binds), *masked), timeout_s,
+        return pool.acquire_bound(key, tuple(self.bound_extra(binds, masked)), timeout_s,
                                   user=ident.user, ident=ident.key, make=make)
+
+    @staticmethod
+    def bound_extra(binds: list[tuple[str, str, bool]], masked: list[Any]) -> list[Any]:
+        """The mounts a bound session's container is made with (and compared by)."""
+        return [*bind_mounts([], binds), *masked]
 
     def release_bound(self, tenant: str, subject_id: str, root: str) -> int:
         """A bound session ends (docs/sessions.md): its own warm containers on every runtime

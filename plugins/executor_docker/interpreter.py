@@ -12,6 +12,13 @@ cancelled, or a restart or the session's end, kills that session: the launcher f
 sweeps the container (``/bin/true`` through it; no host privilege needed), after a host-side
 SIGKILL through the server's pidfd where the engine may signal it. Each call holds the slot's
 command lock, so its CPU charge is the container cgroup's delta, as for a warm call.
+
+The container is made with the masks of the call that made it and cannot get a mount later, so
+the interpreter lives only as long as those masks are the session's: before each call it plans
+what its plain twin would get (:meth:`DockerInterpreter.stale`) and the session restarts it in a
+re-made container when they differ; a plain call that must re-make the container stops the
+interpreter first (``Slot.holder``: after its running call, if any), never waiting on its hold
+for the rest of its life (attack 35, F1 and F2).
 """
 
 from __future__ import annotations
@@ -28,11 +35,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plugins.executor_docker import engine, identity, masks, runtimes, setid
+from plugins.executor_docker import engine, interpreter_masks, runtimes, setid
 from plugins.executor_docker.bound import binds_of
 from plugins.executor_docker.control import ControlBroken
 from plugins.executor_docker.cpu import ROOT, of_process, usage_ns
-from plugins.executor_proc.interpreter import MAX_CODE, MAX_FRAME, SERVER_SOURCE
+from plugins.executor_proc.interpreter import MAX_CODE, MAX_FRAME
+from plugins.executor_proc.interpreter_masks import SERVER_SOURCE
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.capture import HeadTail
 from policy_engine.errors import BackendRefusal
@@ -112,6 +120,10 @@ class DockerInterpreter:
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "the session's warm "
                                     "container ran another command until this call's deadline")
         try:
+            if self.ended is not None:  # stopped for a re-made container while this waited
+                raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "the interpreter ended "
+                                        f"before this call ran ({self.ended}); its state is "
+                                        "lost: call again to start a fresh one")
             cpu0, oom0 = self._cpu_ns(), self._ooms()
             self._stale()
             done = self._exchange(_SERVER.pack(b"C", len(data)) + data, ctx, deadline, out,
@@ -162,6 +174,28 @@ class DockerInterpreter:
             **({"error_name": ended.get("error")} if ended.get("error") else {}),
         }, used=Usage(cpu_ms=cpu_ms))
 
+    def stale(self, ctx: ExecContext, op: ProcExecOp) -> str | None:
+        """How the container a plain call of ``op`` would get now differs from this one's
+        (its masks, binds or identity, planned as ``_pooled`` plans them), or ``None``.
+
+        :raises PolicyEngineError: the plan is refused now (the plain call would be too).
+        """
+        return interpreter_masks.difference(self.executor, ctx, self.slot)
+
+    def stop(self, reason: str, timeout_s: float) -> bool:
+        """The pool re-makes the session's container (``Slot.holder``): end the interpreter
+        once its running call (if any) is over, within ``timeout_s``; ``True`` once it no
+        longer holds the container."""
+        if self.pool is None:
+            return True
+        if not self.slot.running.acquire(timeout=timeout_s):
+            return False
+        try:
+            self.close(reason, held=True)
+        finally:
+            self.slot.running.release()
+        return True
+
     def close(self, reason: str, *, held: bool = False) -> bool:
         """Kill the interpreter's session in the container, forget it, give the container's
         hold back; ``True`` if it was alive. ``held``: the caller holds the slot's lock."""
@@ -186,6 +220,8 @@ class DockerInterpreter:
                     if not held:
                         self.slot.running.release()
             self.sock.close()
+            if self.slot.holder == self.stop:
+                self.pool.hold(self.slot, None)
             self.pool.done(self.slot)
             self.pool = None  # type: ignore[assignment]  # closed: nothing held any more
             return was
@@ -352,7 +388,7 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
     pool = executor.pool(hard.runtime)  # connects: the daemon's CPU count is known after it
     hard = hard.on_host_of(executor.daemon_cpus)
     key = bound_key(profile.tenant, profile.subject_id, bound)
-    slot = _acquire(executor, pool, key, ctx, hard)
+    slot = _acquire(executor, pool, key, ctx)
     try:
         slot = pool.update_limits(slot, hard)
         if slot.control is None:
@@ -396,6 +432,7 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
         except ControlBroken as exc:
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "the session's container "
                                     f"launcher is gone: {exc}") from None
+        pool.hold(slot, live.stop)  # a re-make for other masks ends it first (acquire_bound)
     except BaseException:
         if live is not None:
             live.close("did not start", held=True)
@@ -407,18 +444,11 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
     return live
 
 
-def _acquire(executor: DockerExecutor, pool: WarmPool, key: str, ctx: ExecContext,
-             hard: engine.Hardening) -> Slot:
-    """The session's bound container, exactly as its plain calls get it (``_pooled``): the
-    call's binds and masks, its identity (identity.py: the owner's uid, or root through the
-    id-mapped binds); the exec then runs as the container's own user."""
-    profile = ctx.profile
-    binds = binds_of(profile)
-    ident = identity.plan(binds, masks.masked(profile, [p for p, ro in binds if not ro]),
-                          executor.options, executor.mode, hard.gvisor)
-    mounts = [(p, p, ro) for p, ro in binds]
-    return executor._acquire_bound(pool, key, ident, mounts,
-                                   masks.mask_mounts(profile, mounts),
+def _acquire(executor: DockerExecutor, pool: WarmPool, key: str, ctx: ExecContext) -> Slot:
+    """The session's bound container, exactly as its plain calls get it
+    (``interpreter_masks.wanted``); the exec then runs as the container's own user."""
+    ident, mounts, masked = interpreter_masks.wanted(executor, ctx)
+    return executor._acquire_bound(pool, key, ident, mounts, masked,
                                    max(0.0, ctx.deadline - time.monotonic()))
 
 

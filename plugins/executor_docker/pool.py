@@ -28,6 +28,8 @@ progress is never taken back; the idle clock starts when the session's last call
 A bound session (``bound.py``: a session's workspace at its own path) cannot use a pre-made
 container (a mount cannot be added later): ``acquire_bound`` makes it its own, with its binds
 and masks, outside the slots; it is released the same ways and then removed, not replaced.
+A session's live interpreter holds its container for its whole life (``Slot.holder``): a call
+that needs the container re-made with other masks stops it first rather than wait on it.
 """
 
 from __future__ import annotations
@@ -98,6 +100,10 @@ class Slot:
     note: str | None = None  # compat: why its root-owned tree was bound unwritable
     # after a call's kill: the pool's CPU quota back (WarmPool._lift_cpu)
     on_kill: Callable[[], None] | None = None
+    # a session's live interpreter holding it (interpreter.py): stopped before a re-make
+    # (it would hold the old container for its whole life), given the time left; ``True``
+    # once it no longer holds the slot
+    holder: Callable[[str, float], bool] | None = None
 
 
 class WarmPool:
@@ -262,26 +268,18 @@ class WarmPool:
         Released like a pool slot (session end, ``idle_s``), then removed without
         replacement (its mappings detached)."""
         end = time.monotonic() + timeout_s
-        with self._cond:
-            while True:
-                if self._closed:
-                    raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "pool is closed")
-                held = self._by_session.get(session)
-                if session not in self._creating:
-                    if held is not None and _usable(held) and (
-                            held.extra, held.user, held.ident) == (extra, user, ident):
-                        held.calls += 1
-                        return held
-                    if held is None or held.calls == 0:  # made now, or re-made with our masks
-                        if held is not None:
-                            del self._by_session[session]  # out of the idle reaper's reach
-                        self._creating.add(session)
-                        break
-                left = end - time.monotonic()  # being made, or other calls on old masks
-                if left <= 0:
-                    raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "the session's "
-                                            "container was not ready before the deadline")
-                self._cond.wait(left)
+        stopped: list[object] = []  # the interpreters this call asked to stop (each once)
+        while True:
+            with self._cond:
+                action, held = self._bound_wait(session, extra, user, ident, end, stopped)
+                if action == "take" and held is not None:
+                    return held
+                stop = held.holder if action == "stop" and held is not None else None
+            if stop is None:
+                break  # made now, or re-made with our masks
+            # outside the lock: its end gives the slot back (`done`) after its running call
+            stop("the masks changed: the session's container is re-made for a call with "
+                 "other masks (a denied path appeared or went)", max(0.0, end - time.monotonic()))
         if held is not None:
             self._remove(held)
             with self._cond:
@@ -310,6 +308,44 @@ class WarmPool:
             self._remove(fresh)
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "pool is closed")
         return fresh
+
+    def _bound_wait(self, session: str, extra: tuple[docker.types.Mount, ...], user: str,
+                    ident: tuple[object, ...], end: float, stopped: list[object]
+                    ) -> tuple[str, Slot | None]:
+        """Under the lock: ``take`` the held container made as asked, ``make`` one (the old,
+        if any, out of the reaper's reach: its maker removes it), or ``stop`` the live
+        interpreter that holds an old one; waits while it is being made or other calls use it.
+        """
+        while True:
+            if self._closed:
+                raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "pool is closed")
+            held = self._by_session.get(session)
+            if session not in self._creating:
+                if held is not None and _usable(held) and (
+                        held.extra, held.user, held.ident) == (extra, user, ident):
+                    held.calls += 1
+                    return "take", held
+                if held is None or held.calls == 0:
+                    if held is not None:
+                        del self._by_session[session]
+                    self._creating.add(session)
+                    return "make", held
+                if held.holder is not None and not any(h is held.holder for h in stopped):
+                    # an interpreter would hold the old masks' container for its life
+                    stopped.append(held.holder)
+                    return "stop", held
+            left = end - time.monotonic()  # being made, or other calls on old masks
+            if left <= 0:
+                raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "the session's "
+                                        "container was not ready before the deadline")
+            self._cond.wait(left)
+
+    def hold(self, slot: Slot, holder: Callable[[str, float], bool] | None) -> None:
+        """``holder`` (a live interpreter's stop) holds ``slot`` from now on: a call already
+        waiting for a re-make sees it at once."""
+        with self._cond:
+            slot.holder = holder
+            self._cond.notify_all()
 
     def done(self, slot: Slot) -> None:
         """One call of the slot's session ended: the idle clock starts when none is left."""

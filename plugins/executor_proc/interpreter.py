@@ -7,6 +7,11 @@ calls; each call gets its own wall deadline, its own captured (and streamed) out
 CPU charge (the cgroup's delta). A call that times out or is cancelled kills the process group
 and the cgroup; one that ends the process (``os._exit``, a signal, the OOM killer) is reported
 as a crash. Either way the process is gone and never silently replaced mid-call.
+
+Its mount namespace is the one its start planned: a path the masks cover now but did not then
+(a ``.env`` the host wrote since) is not hidden in it. Each call therefore plans again, as its
+plain twin would (:meth:`InterpreterProcess.stale`: the cached planning, ~1 ms), and the
+session restarts the interpreter when the masks differ (attack 35, F1).
 """
 
 from __future__ import annotations
@@ -22,10 +27,15 @@ import socket
 import struct
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from plugins.executor_proc import cgroups, owner, sanitize, status_pipe
+from plugins.executor_proc.interpreter_masks import (
+    MaskKey,
+    changed,
+    mask_key,
+    server_op,
+)
 from plugins.executor_proc.limits import describe
 from plugins.executor_proc.spec import Limits, Plan, resolve_limits
 from policy_engine import ErrorCode, PolicyEngineError
@@ -48,7 +58,6 @@ if TYPE_CHECKING:
 
     from plugins.executor_proc.executor import ProcExecutor
 
-SERVER_SOURCE = (Path(__file__).parent / "interpreter_server.py").read_text()
 MAX_FRAME = 1 << 20  # a reply frame is a small JSON document; more is a broken peer
 MAX_CODE = 16 << 20  # the server's own cap on a call's code
 _HEAD = struct.Struct(">cI")
@@ -73,6 +82,7 @@ class InterpreterProcess:
         self.info: dict[str, Any] = {}
         self.exit_code: int | None = None
         self.oom_kills = 0
+        self.masks: MaskKey = frozenset()  # what its namespace was built with (start's)
         self._lock = threading.Lock()
         assert proc.stdout is not None
         assert proc.stderr is not None
@@ -89,6 +99,17 @@ class InterpreterProcess:
         return self.ended is None
 
     # --- the calls ---------------------------------------------------------------------------
+
+    def stale(self, ctx: ExecContext, op: ProcExecOp) -> str | None:
+        """How the masks a plain call of ``op`` would get now differ from the ones this
+        interpreter's namespace was built with (``None``: the same). Any difference counts,
+        a mask gone as well: a namespace cannot be shown to equal a plan it was not built from.
+
+        :raises PolicyEngineError: the plan is refused now (the plain call would be too).
+        """
+        plan = self.executor._plan(ctx, server_op(op), "/tmp")
+        return changed(self.masks, mask_key(plan))
+
 
     def wait_ready(self, ctx: ExecContext) -> None:
         """Wait for the server's ``R`` frame within the call's deadline.
@@ -318,9 +339,10 @@ def start(executor: ProcExecutor, ctx: ExecContext, op: ProcExecOp,
     if ctx.profile.network == NetworkMode.RESTRICTED:
         raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, "a stateful call cannot run "
                              "with the restricted network: its proxy lives for one call")
-    server = op.model_copy(update={"args": ("-c", SERVER_SOURCE), "stdin_b64": None})
+    server = server_op(op)
     runner = executor._as_tree_owner(bound_paths(ctx.profile)[1])
     plan = runner._plan(ctx, server, "/tmp")
+    masks = mask_key(plan)  # as planned: the id-mapped bind below re-points `resolved`
     runner._refuse_engine_trees(plan)
     # a root-owned workspace: an id-mapped bind for the interpreter's life, never a chown;
     # detached when the interpreter is closed
@@ -348,6 +370,7 @@ def start(executor: ProcExecutor, ctx: ExecContext, op: ProcExecOp,
     finally:
         theirs.close()
     live = InterpreterProcess(proc, cg, runner._pool, status_r, mine, plan, runner, layered)
+    live.masks = masks
     try:
         live.wait_ready(ctx)
     except BaseException:

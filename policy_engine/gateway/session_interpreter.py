@@ -8,6 +8,12 @@ the call selected is asked for its live interpreter (``start_interpreter``: proc
 in pool mode, plugins/executor_docker/interpreter.py), and the
 decided code runs there. A call that finds the previous interpreter gone says so
 (``interpreter.state_lost``) and starts a fresh one; nothing is ever replaced mid-call.
+
+The interpreter's sandbox keeps the masks its start planned. Before each call the live one
+plans the masks that call's plain twin would get (``stale``: the cached planning, about a
+millisecond); when they differ (a denied path appeared since, or went) it is ended and a fresh
+one starts under the new ones, reported like any restart (``the masks changed``): code never
+runs in a sandbox that shows what a plain call of it would have masked (attack 35, F1).
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ class LiveInterpreter(Protocol):
     def pid(self) -> int: ...
 
     def call(self, ctx: ExecContext, op: ProcExecOp, code: str) -> ExecResult: ...
+
+    def stale(self, ctx: ExecContext, op: ProcExecOp) -> str | None: ...
 
     def close(self, reason: str) -> bool: ...
 
@@ -112,6 +120,11 @@ class SessionInterpreter:
             # what runs is what was decided: never old code's process under a new profile
             self._end(f"the profile changed ({self.profile_hash[:12]} -> {key[:12]}): "
                       "the interpreter was restarted under the new one")
+        if self.live is not None:
+            masks = self.live.stale(ctx, op)
+            if masks is not None:
+                self._end(f"the masks changed ({masks}): the interpreter was restarted under "
+                          "the new ones")
         fresh = self.live is None
         if self.live is None:
             t0 = time.monotonic()

@@ -559,7 +559,7 @@ class DockerExecutor:
         client, streams = self.client()
         mounts = bind_mounts(self.options.system_binds, binds)
         mounts += masks.mask_mounts(ctx.profile, [m for m in ws.mounts() if "/artifacts" not in
-                                                  m[1]])
+                                                  m[1]], self.options.system_binds)
         net: RestrictedHandle | None = None
         if network.needs_proxy(ctx):
             net = network.start_proxy(ctx, deadline)
@@ -594,9 +594,10 @@ class DockerExecutor:
             binds = [(p, p, ro) for p, ro in ws.binds]
             slot = self._acquire_bound(
                 pool, bound_key(ctx.profile.tenant, ctx.profile.subject_id, ws.bound), ident,
-                binds, masks.mask_mounts(ctx.profile, binds), left)
+                binds, masks.mask_mounts(ctx.profile, binds, self.options.system_binds), left)
         else:
-            slot = pool.acquire(session_key(ctx.profile), left)
+            slot = pool.acquire(session_key(ctx.profile), left, tuple(
+                masks.mask_mounts(ctx.profile, [], self.options.system_binds)))
         try:
             slot = pool.update_limits(slot, hard)
             return self._in_slot(ctx, ws, slot, client, streams, argv, env, cwd, limits,

@@ -63,6 +63,7 @@ from plugins.executor_docker.workspace import (
     project_id,
     write_record,
 )
+from plugins.executor_proc import spec
 from plugins.executor_proc.seccomp import unix_filter
 from policy_engine.config import default_state_dir
 from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
@@ -203,6 +204,8 @@ class DockerExecutor:
         self._cgroups: dict[str, str | None] = {}  # warm container id -> its cgroup (cpu.py)
         self.daemon_cpus = 0  # the daemon's CPU count, read on connecting (0: not yet known)
         self.runtimes = self._check_runtimes()
+        if self.options.system_binds:
+            spec.prewarm()  # the system trees' mask walk (masks.py), off the first call's path
         if self.runtimes.gvisor is not None:
             self.capabilities = replace(DockerExecutor.capabilities,
                                         isolation=frozenset({Isolation.GVISOR}))

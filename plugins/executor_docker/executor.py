@@ -60,6 +60,7 @@ from plugins.executor_docker.workspace import (
     project_id,
     write_record,
 )
+from plugins.executor_proc import spec
 from plugins.executor_proc.seccomp import unix_filter
 from policy_engine.config import default_state_dir
 from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
@@ -209,6 +210,8 @@ class DockerExecutor:
         self._cgroups: dict[str, str | None] = {}  # warm container id -> its cgroup (cpu.py)
         self.daemon_cpus = 0  # the daemon's CPU count, read on connecting (0: not yet known)
         self.runtimes = self._check_runtimes()
+        if self.options.system_binds:
+            spec.prewarm()  # the system trees' mask walk (masks.py), off the first call's path
         if self.runtimes.gvisor is not None:
             self.capabilities = replace(DockerExecutor.capabilities,
                                         isolation=frozenset({Isolation.GVISOR}))
@@ -565,7 +568,7 @@ class DockerExecutor:
         client, streams = self.client()
         mounts = bind_mounts(self.options.system_binds, binds)
         mounts += masks.mask_mounts(ctx.profile, [m for m in ws.mounts() if "/artifacts" not in
-                                                  m[1]])
+                                                  m[1]], self.options.system_binds)
         net: RestrictedHandle | None = None
         if network.needs_proxy(ctx):
             net = network.start_proxy(ctx, deadline)
@@ -600,9 +603,10 @@ class DockerExecutor:
             binds = [(p, p, ro) for p, ro in ws.binds]
             slot = self._acquire_bound(
                 pool, bound_key(ctx.profile.tenant, ctx.profile.subject_id, ws.bound), ident,
-                binds, masks.mask_mounts(ctx.profile, binds), left)
+                binds, masks.mask_mounts(ctx.profile, binds, self.options.system_binds), left)
         else:
-            slot = pool.acquire(session_key(ctx.profile), left)
+            slot = pool.acquire(session_key(ctx.profile), left, tuple(
+                masks.mask_mounts(ctx.profile, [], self.options.system_binds)))
         try:
             slot = pool.update_limits(slot, hard)
             return self._in_slot(ctx, ws, slot, client, streams, argv, env, cwd, limits,

@@ -19,13 +19,13 @@ def wanted(executor: DockerExecutor, ctx: ExecContext
            ) -> tuple[identity.BoundIdentity, list[tuple[str, str, bool]], list[Any]]:
     """The session's bound container as its plain calls plan it (``_pooled``): the call's
     identity (identity.py: the owner's uid, or root through the id-mapped binds), binds and
-    the masks over them."""
+    the masks over them and over the system trees."""
     profile = ctx.profile
     binds = binds_of(profile)
     ident = identity.plan(binds, masks.masked(profile, [p for p, ro in binds if not ro]),
                           executor.options, executor.mode, gvisor(executor, ctx))
     mounts = [(p, p, ro) for p, ro in binds]
-    return ident, mounts, masks.mask_mounts(profile, mounts)
+    return ident, mounts, masks.mask_mounts(profile, mounts, executor.options.system_binds)
 
 
 def gvisor(executor: DockerExecutor, ctx: ExecContext) -> bool:

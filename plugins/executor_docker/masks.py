@@ -1,17 +1,22 @@
-"""Mandatory denies inside a container's workspace mounts (the image's own root holds no host file).
+"""Mandatory denies inside a container's host mounts: its workspace binds and the system trees.
 
 A run-once container bind-mounts ``inputs`` and ``work``: every existing path under a mandatory
 deny there is hidden, a file under ``/dev/null`` and a directory under an empty read-only tmpfs
 (planned by ``policy_engine.sandbox.masks``, the proc executors' planner). A warm container gets
 its inputs copied in, where nothing can be mounted over them: those paths are left out of the
 copy instead.
+
+The host trees every container binds read-only (``system_binds``, default ``/usr``) get the
+masks a proc sandbox plans for them, from its warm walk (``spec.system_masks``): a secret
+planted under the host's ``/usr`` is hidden as bubblewrap hides it (attack 35, docker).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from plugins.executor_proc.spec import bounded_plan
+from plugins.executor_proc.spec import bounded_plan, system_masks
 from policy_engine.lazy import lazy_module
 from policy_engine.model import FsCapability, Profile
 from policy_engine.patterns.paths import expand_home
@@ -32,11 +37,25 @@ def _plan(profile: Profile, sources: list[str]) -> MaskPlan:
     return bounded_plan(sources, [], patterns, home)  # a budget past which it is refused
 
 
-def mask_mounts(profile: Profile, binds: list[tuple[str, str, bool]]) -> list[Mount]:
-    """Mounts hiding every mandatory-denied path inside the ``(source, target, ro)`` binds."""
+def mask_mounts(profile: Profile, binds: list[tuple[str, str, bool]],
+                system: Sequence[str] = ()) -> list[Mount]:
+    """Mounts hiding every mandatory-denied path inside the ``(source, target, ro)`` binds,
+    and inside the host trees ``system`` (bound read-only at their own path: the masks a proc
+    sandbox plans for them, ``spec.system_masks``)."""
     plan = _plan(profile, [s for s, _, _ in binds])
+    out = _mounts(plan.files, plan.dirs, binds)
+    if system:
+        files, dirs = system_masks(profile, system)
+        out += _mounts(files, dirs, [(p, p, True) for p in system])
+    return out
+
+
+def _mounts(files: Sequence[str], dirs: Sequence[str],
+            binds: list[tuple[str, str, bool]]) -> list[Mount]:
+    """A file under ``/dev/null``, a directory under an empty read-only tmpfs, each at the
+    path the bind holding it gives it inside the container."""
     out: list[Mount] = []
-    for paths, is_dir in ((plan.files, False), (plan.dirs, True)):
+    for paths, is_dir in ((files, False), (dirs, True)):
         for host in paths:
             source, target = next((s, t) for s, t, _ in binds
                                   if host == s or host.startswith(s.rstrip("/") + "/"))

@@ -104,6 +104,8 @@ class Slot:
     # (it would hold the old container for its whole life), given the time left; ``True``
     # once it no longer holds the slot
     holder: Callable[[str, float], bool] | None = None
+    # a pool slot's masks over the system binds (``acquire``; a bound one's are in ``extra``)
+    masks: tuple[docker.types.Mount, ...] = ()
 
 
 class WarmPool:
@@ -125,13 +127,15 @@ class WarmPool:
         self.size = size
         self.hard = hard
         self.mounts = system_mounts
+        # the masks over them a fresh slot is made with: the last call's (``acquire``)
+        self.masks: tuple[docker.types.Mount, ...] = ()
         self.pool_id = pool_id
         self.launcher = launcher
         self.updatable = updatable
         self.idle_s = idle_s
         self.idle_released = 0  # sessions given back after idle_s without a call
         self._reaper: threading.Thread | None = None
-        self.replaced = 0  # unhealthy containers replaced
+        self.replaced = 0  # containers replaced: unhealthy, or made with other limits or masks
         self.recycled = 0  # containers discarded after their session and created afresh
         self.recycle_s: list[float] = []  # how long each discard-and-create took
         self._recyclers: list[threading.Thread] = []
@@ -148,7 +152,7 @@ class WarmPool:
     def start(self) -> None:
         """Create and start the idle containers."""
         for _ in range(self.size):
-            slot = self._create(self.hard)
+            slot = self._create(self.hard, masks=self.masks)
             with self._cond:
                 self._slots.append(slot)
                 self._cond.notify_all()
@@ -160,7 +164,8 @@ class WarmPool:
                 session: str | None = None,
                 extra: tuple[docker.types.Mount, ...] | None = None,
                 made: tuple[docker.types.Mount, ...] | None = None,
-                user: str = SANDBOX_USER) -> Slot:
+                user: str = SANDBOX_USER,
+                masks: tuple[docker.types.Mount, ...] = ()) -> Slot:
         net_dir = Path(tempfile.mkdtemp(prefix="slot-", dir=self._net_root))
         net_dir.chmod(0o755)  # INVARIANT: only proxy runtime directories are made in here
         (net_dir / "net").mkdir(mode=0o755)
@@ -169,6 +174,7 @@ class WarmPool:
         mounts += [docker.types.Mount(target=t, source=None, type="volume")
                    for t in WORKSPACE_VOLUMES if extra is None or t != "/workspace/work"]
         mounts += list(made if made is not None else extra or ())
+        mounts += masks
         control: Control | None = None
         command = ["/usr/bin/sleep", "infinity"]
         container_id: str | None = None
@@ -199,7 +205,7 @@ class WarmPool:
             shutil.rmtree(net_dir, ignore_errors=True)
             raise map_error(exc) from None
         slot = Slot(container_id, hard, str(net_dir / "net"), control=control, state=state,
-                    session=session, extra=extra, user=user, made=made)
+                    session=session, extra=extra, user=user, made=made, masks=masks)
         slot.on_kill = lambda: self._lift_cpu(slot)
         if control is not None:
             control.on_kill = slot.on_kill
@@ -211,14 +217,29 @@ class WarmPool:
 
     # --- acquire / release -------------------------------------------------------------------
 
-    def acquire(self, session: str, timeout_s: float) -> Slot:
-        """The session's container; claims an idle one (waiting up to ``timeout_s``)."""
+    def acquire(self, session: str, timeout_s: float,
+                masks: tuple[docker.types.Mount, ...] = ()) -> Slot:
+        """The session's container; claims an idle one (waiting up to ``timeout_s``). It has
+        ``masks`` over the system binds (the call's: a container cannot get a mount later):
+        one made with others is re-made first, a held one once its running calls end."""
         end = time.monotonic() + timeout_s
         with self._cond:
+            self.masks = masks  # fresh slots are made with the masks calls ask for now
             while True:
                 if self._closed:
                     raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE, "pool is closed")
                 held = self._by_session.get(session)
+                if held is not None and held.masks != masks:
+                    if held.calls > 0:  # another call of the session runs in it: wait
+                        left = end - time.monotonic()
+                        if left <= 0:
+                            raise PolicyEngineError(
+                                ErrorCode.PROVIDER_UNAVAILABLE, "the session's container, "
+                                "made with other masks, was busy until the deadline")
+                        self._cond.wait(left)
+                        continue
+                    self._release_locked(session)  # a denied path appeared or went
+                    held = None
                 if held is not None and held.calls == 0 and not _usable(held):
                     # its launcher's connection broke (a call it could not report): the
                     # session gets a fresh container, this one is replaced in the background
@@ -240,9 +261,9 @@ class WarmPool:
                                             audit={"pool_size": self.size})
                 self._cond.wait(min(left, next_expiry))
         # INVARIANT: only this thread touches ``idle`` until it is BUSY (claimed under the lock)
-        if not self._healthy(idle):
+        if idle.masks != masks or not self._healthy(idle):
             try:
-                idle = self._replace(idle)
+                idle = self._replace(idle, masks=masks)
             except BaseException:
                 with self._cond:  # the slot stays unhealthy: a later acquire tries again
                     idle.state, idle.session, idle.calls = SlotState.IDLE, None, 0
@@ -455,7 +476,7 @@ class WarmPool:
             return
         fresh: Slot | None = None
         with contextlib.suppress(PolicyEngineError):
-            fresh = self._create(self.hard)
+            fresh = self._create(self.hard, masks=self.masks)
         orphan: Slot | None = None
         with self._cond:
             if self._closed or old not in self._slots:
@@ -472,14 +493,17 @@ class WarmPool:
         if orphan is not None:
             self._remove(orphan)
 
-    def _replace(self, slot: Slot, hard: Hardening | None = None) -> Slot:
-        """A fresh container (with ``hard``, default the pool's) for an unhealthy one, or one
-        whose limits cannot be updated, kept by the same session."""
+    def _replace(self, slot: Slot, hard: Hardening | None = None,
+                 masks: tuple[docker.types.Mount, ...] | None = None) -> Slot:
+        """A fresh container (with ``hard``, default the pool's, and ``masks``, default the
+        slot's) for an unhealthy one, one whose limits cannot be updated or one made with other
+        masks, kept by the same session."""
         detach, slot.detach = slot.detach, None  # the id-mapped binds go to its successor
         self._remove(slot)
         try:
             fresh = self._create(hard or self.hard, state=slot.state, session=slot.session,
-                                 extra=slot.extra, made=slot.made, user=slot.user)
+                                 extra=slot.extra, made=slot.made, user=slot.user,
+                                 masks=slot.masks if masks is None else masks)
         except BaseException:
             slot.detach = detach  # still the slot's: detached when it is removed again
             raise

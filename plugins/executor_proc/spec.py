@@ -289,6 +289,20 @@ def _masks(profile: Profile, bound: list[str], system: list[str], *,
     return files, list(plan.dirs), list(plan.foreign)
 
 
+def system_masks(profile: Profile, system: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The masks (files, directories) a proc sandbox plans for the host trees ``system`` bound
+    read-only, from the same warm walk (``prewarm``): the docker executor binds host trees too
+    (``system_binds``), and a mandatory deny never degrades there (attack 35, docker).
+
+    :raises BackendRefusal: the plan is past its directory budget (``bounded_plan``).
+    """
+    prewarm()
+    if not _warmed.is_set():
+        _await_warmup()  # one walk of the system trees, not two racing
+    files, dirs, _ = _masks(profile, [], list(system))
+    return files, dirs
+
+
 def _write_forbidden(profile: Profile, writable: list[str], masked: list[str]) -> list[str]:
     """Existing paths inside the writable binds that a forbid of fs.write covers (applied
     whatever its `when` says, as for reads): the sandbox gets them read-only, so a permitted

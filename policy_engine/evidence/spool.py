@@ -71,13 +71,7 @@ class SpoolingSink:
             self._deliver(end)
             return
         with self._lock:
-            try:
-                replayed = self._replay()
-            except OSError as exc:
-                log.error("evidence spool `%s` cannot be replayed (%s)", self.spool_path,
-                          _cause(exc))
-                replayed = False
-            if replayed:
+            if self._replayed():
                 try:
                     write(begin, end)
                     return
@@ -113,15 +107,19 @@ class SpoolingSink:
         with self._lock:
             # INVARIANT: a record is written directly only when the spool is empty, else order
             # would break; so replay first and spool the new record too if replay stops early.
-            try:
-                replayed = self._replay()
-            except OSError as exc:
-                log.error("evidence spool `%s` cannot be replayed (%s)", self.spool_path,
-                          _cause(exc))
-                replayed = False
-            if replayed and self._send(ev):
+            if self._replayed() and self._send(ev):
                 return
             self._keep(ev)
+
+    def _replayed(self) -> bool:
+        """:meth:`_replay`, an unreadable spool logged and answered ``False`` (the record
+        goes to the spool, behind what is there). Caller holds the lock."""
+        try:
+            return self._replay()
+        except OSError as exc:
+            log.error("evidence spool `%s` cannot be replayed (%s)", self.spool_path,
+                      _cause(exc))
+            return False
 
     def _keep(self, ev: Record) -> None:
         """Spool ``ev``; when even that fails, count and log it as lost."""

@@ -267,10 +267,8 @@ def _detach_tree(top: str) -> bool:
     """Detach every mount at or below ``top`` (deepest first) and remove its now empty
     directories; ``True`` when nothing of it remains."""
     prefix = top + "/"
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
-        points = [p for p in (line.split()[4] for line in fh if line.count(" ") >= 4)
-                  if p == top or p.startswith(prefix)]
-    for point in sorted(set(points), key=len, reverse=True):
+    points = {p for p in _mount_points() if p == top or p.startswith(prefix)}
+    for point in sorted(points, key=len, reverse=True):
         _libc.umount2(os.fsencode(point), _MNT_DETACH)
     for name in sorted(os.listdir(top), reverse=True) if os.path.isdir(top) else ():
         with contextlib.suppress(OSError):
@@ -281,10 +279,15 @@ def _detach_tree(top: str) -> bool:
 
 
 def _is_mount_point(path: str) -> bool:
-    """Whether a mount sits at ``path`` (``/proc/self/mountinfo``): ``os.path.ismount`` says
-    no for a bind within one file system, so each engine start bound ``IDMAP_DIR`` again."""
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
-        return any(line.split()[4] == path for line in fh if line.count(" ") >= 4)
+    """Whether a mount sits at ``path``: ``os.path.ismount`` says no for a bind within one
+    file system, so each engine start bound ``IDMAP_DIR`` again."""
+    return path in _mount_points()
+
+
+def _mount_points() -> list[str]:
+    """Every mount point of this mount namespace (``/proc/self/mountinfo``'s fifth field)."""
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+        return [line.split()[4] for line in fh if line.count(" ") >= 4]
 
 
 def _after_fork_in_child() -> None:

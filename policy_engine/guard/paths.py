@@ -124,11 +124,9 @@ def resolve_within(root: str, path: str, *, probed: bool = False) -> str:
             j = n
         try:
             mode = lstat(path[:j]).st_mode
-        except FileNotFoundError:
-            return path  # nothing below a missing component can be a link yet
-        except NotADirectoryError:
-            # a file on the way: nothing exists below it, as below a missing component (a
-            # refusal here told a caller which hidden files exist: outsider attack 35, F3)
+        except (FileNotFoundError, NotADirectoryError):
+            # nothing below a missing component or a file can exist, nor be a link yet (a
+            # refusal below a file told a caller which hidden files exist: attack 35, F3)
             return path
         except OSError as exc:  # EACCES, ELOOP: refuse rather than guess
             raise path_blocked(f"path {quote(path)} cannot be resolved", path) from exc

@@ -25,10 +25,15 @@ from policy_engine.model import (
     ProcExecOp,
     Settings,
 )
-from policy_engine.refusal import PolicyRefusal, code_refusal, engine_refusal
+from policy_engine.refusal import PolicyRefusal, Refusal, code_refusal, engine_refusal
 
 _CHUNK = 64 * 1024  # the fs executor's default preview: one guarded read per chunk
-_UNLINK = ("import os, sys\nos.unlink(sys.argv[1])",)
+# exit 3: nothing of that name; 4: a directory (delete removes one file); anything else
+# (a busy mount point such as a masked file, a read-only bind) is the interpreter's traceback
+_UNLINK = ("import os, sys\ntry:\n os.unlink(sys.argv[1])\n"
+           "except (FileNotFoundError, NotADirectoryError):\n sys.exit(3)\n"
+           "except IsADirectoryError:\n sys.exit(4)",)
+_GONE, _A_DIRECTORY = 3, 4
 _MAKEDIRS = ("import os, sys\nos.makedirs(sys.argv[1], exist_ok=True)",)
 _GRANT_TTL_MS = 10 * 60 * 1000
 
@@ -134,10 +139,19 @@ class SessionFiles:
         info = self.sessions.get(tenant, subject, session_id)
         rel = relative(path)
         called = self._python(info, _UNLINK, rel)
-        if called.outcome.result.out.get("exit_code") != 0:
+        status = called.outcome.result.out.get("exit_code")
+        if status == _GONE:
+            raise PolicyRefusal(_missing(called.envelope_id, Path("."), rel))
+        if status == _A_DIRECTORY:
             raise PolicyRefusal(code_refusal(
-                "SERVICE.NOT_FOUND", 404, "not found: no such file", "service",
+                ErrorCode.SCHEMA_VALIDATION_FAILED.value, 422,
+                "path names a directory: delete removes one file", "backend",
                 envelope_id=called.envelope_id, location="path"))
+        if status != 0:
+            raise PolicyRefusal(code_refusal(
+                ErrorCode.EXECUTION_FAILED.value, 500,
+                f"the sandbox could not delete the file (exit {status})", "backend",
+                retryable=False, envelope_id=called.envelope_id, location="path"))
         return {"path": rel, "envelope_id": called.envelope_id}
 
     # --- internals ---------------------------------------------------------------------------
@@ -158,7 +172,7 @@ class SessionFiles:
     def _run(self, info: SessionInfo, op: ExecOp, kind: str, *,
              backend: str | None = None) -> Called:
         """One guarded op on the session's workspace; a refusal raises (``PolicyRefusal``),
-        a missing file is ``404``."""
+        a missing file as the gateway answers it on every face (``404 TOOL.NOT_FOUND``)."""
         work = self._work(info)
         now = int(time.time() * 1000)
         if kind == "proc.exec":
@@ -178,9 +192,19 @@ class SessionFiles:
                  annotations={"session": info.session_id},
                  identity=(info.tenant, info.subject)), orchestrator=orch)
         if called.refusal is not None:
-            if called.refusal.code == ErrorCode.NOT_FOUND.value:
-                raise PolicyRefusal(code_refusal(
-                    "SERVICE.NOT_FOUND", 404, "not found: no such file", "service",
-                    envelope_id=called.envelope_id, location="path"))
+            if (called.refusal.code == ErrorCode.NOT_FOUND.value
+                    and isinstance(op, (FsReadOp, FsListOp, FsWriteOp))):
+                # the code every face gives a missing file, in the caller's words: the
+                # backend's message names the host path of the workspace
+                raise PolicyRefusal(_missing(called.envelope_id, work, op.path))
             raise PolicyRefusal(called.refusal)
         return called
+
+
+def _missing(envelope_id: str | None, work: Path, path: str) -> Refusal:
+    """``TOOL.NOT_FOUND`` (as `/v1/ops` and MCP answer a missing file) naming ``path``
+    relative to the workspace ``work``."""
+    shown = (str(PurePosixPath(path).relative_to(work)) if path.startswith(f"{work}/")
+             else "." if path == str(work) else path)
+    return code_refusal(ErrorCode.NOT_FOUND.value, 404, f"not found: no such file `{shown}`",
+                        "backend", envelope_id=envelope_id, location="path")

@@ -128,7 +128,9 @@ async def _lifecycle(client: Client) -> str:
     assert {"out.txt", "bin.dat"} <= {Path(e["path"]).name for e in listed["entries"]}
     await _ok(client, "session.files.delete", {"session_id": sid, "path": "bin.dat"})
     gone = await _refusal(client, "session.files.read", {"session_id": sid, "path": "bin.dat"})
-    assert gone["http_status"] == 404
+    # a deleted file is missing, as `/v1/ops` and HTTP session files say it: not "no session"
+    assert (gone["code"], gone["http_status"], gone["refused_by"]) == (
+        "TOOL.NOT_FOUND", 404, "backend"), gone
     # a risk hint needing a container is refused on this bubblewrap session, not moved
     risky = await _refusal(client, "session.run_code", {
         "session_id": sid, "code": "import subprocess\nsubprocess.run(['id'])"})

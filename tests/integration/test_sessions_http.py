@@ -129,13 +129,24 @@ def test_session_files_over_http(svc: Service) -> None:
         too_big = c.put(f"/v1/sessions/{sid}/files/big.bin", content=b"x" * ((1 << 20) + 1))
         _refused(too_big, 413, "SERVICE.PAYLOAD_TOO_LARGE")
         _refused(o.get(f"/v1/sessions/{sid}/files/note.txt"), 404, "SERVICE.NOT_FOUND")
-        _refused(c.get(f"/v1/sessions/{sid}/files/missing.txt"), 404, "SERVICE.NOT_FOUND")
+        # a missing file of one's own session is the answer `/v1/ops` and MCP give a missing
+        # file (TOOL.NOT_FOUND, by the backend, not retryable), not "no such session"
+        for missing in (c.get(f"/v1/sessions/{sid}/files/missing.txt"),
+                        c.get(f"/v1/sessions/{sid}/files", params={"path": "no/dir"}),
+                        c.delete(f"/v1/sessions/{sid}/files/missing.txt")):
+            refusal = _refused(missing, 404, "TOOL.NOT_FOUND")
+            assert (refusal["refused_by"], refusal["retryable"]) == ("backend", False), refusal
+            assert isinstance(refusal["envelope_id"], str), refusal
+        # deleting a directory is no "not found": the path names something that is not a file
+        made_dir = c.put(f"/v1/sessions/{sid}/files/keep/inner/x.txt", content=b"x")
+        assert made_dir.status_code == 201, made_dir.text
+        _refused(c.delete(f"/v1/sessions/{sid}/files/keep"), 422, "SCHEMA.VALIDATION_FAILED")
         _refused(c.put(f"/v1/sessions/{sid}/files/a/%2E%2E/%2E%2E/x", content=b"x"), 422,
                  "SCHEMA.VALIDATION_FAILED")
         gone = c.delete(f"/v1/sessions/{sid}/files/note.txt")
         assert gone.status_code == 200, gone.text
         assert len(gone.json()["envelope_id"]) == 32
-        _refused(c.get(f"/v1/sessions/{sid}/files/note.txt"), 404, "SERVICE.NOT_FOUND")
+        _refused(c.get(f"/v1/sessions/{sid}/files/note.txt"), 404, "TOOL.NOT_FOUND")
     state_files = [p for p in (svc.state / "workspace").rglob("big.bin")]
     assert state_files == []
 

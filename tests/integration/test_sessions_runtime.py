@@ -225,11 +225,35 @@ def test_session_files_are_guarded_ops_and_stay_in_the_session(sessions: Session
             files.upload("acme", "alice", s.session_id, bad, b"x")
         assert err.value.refusal.code == "SCHEMA.VALIDATION_FAILED"
     _not_found(lambda: files.download("acme", "bob", s.session_id, "data/blob.bin"))
-    _not_found(lambda: files.download("acme", "alice", other.session_id, "data/blob.bin"))
+    # alice's other session has no such file: a missing file, not another session's
+    with pytest.raises(PolicyRefusal) as elsewhere:
+        files.download("acme", "alice", other.session_id, "data/blob.bin")
+    assert elsewhere.value.refusal.code == "TOOL.NOT_FOUND"
     gone = files.delete("acme", "alice", s.session_id, "data/blob.bin")
     assert len(gone["envelope_id"]) == 32
     assert not (sessions.workspace(s) / "data" / "blob.bin").exists()
-    _not_found(lambda: files.delete("acme", "alice", s.session_id, "data/blob.bin"))
+    # the file is gone: the answer every face gives a missing file, not "no such session"
+    with pytest.raises(PolicyRefusal) as again:
+        files.delete("acme", "alice", s.session_id, "data/blob.bin")
+    assert (again.value.refusal.code, again.value.refusal.http_status,
+            again.value.refusal.refused_by) == ("TOOL.NOT_FOUND", 404, "backend")
+    # the message names no host path: a session sees its workspace, not where the host keeps it
+    assert str(sessions.workspace(s)) not in again.value.refusal.message
+    with pytest.raises(PolicyRefusal) as read:
+        files.download("acme", "alice", s.session_id, "data/blob.bin")
+    assert (read.value.refusal.code, read.value.refusal.refused_by) == ("TOOL.NOT_FOUND",
+                                                                        "backend")
+    assert str(sessions.workspace(s)) not in read.value.refusal.message, read.value
+    assert "`data/blob.bin`" in read.value.refusal.message, read.value
+    # a secret the host put in the workspace is masked in the sandbox: deleting it fails (the
+    # mask is a mount point), says so as a failure rather than "not found", and leaves it
+    secret = sessions.workspace(s) / ".env"
+    secret.write_text("TOKEN=x")
+    with pytest.raises(PolicyRefusal) as masked:
+        files.delete("acme", "alice", s.session_id, ".env")
+    assert (masked.value.refusal.code, masked.value.refusal.retryable) == (
+        "TOOL.EXECUTION_FAILED", False), masked.value.refusal
+    assert secret.read_text() == "TOKEN=x"
     state = sessions.config.state_dir
     evidence = "\n".join(p.read_text() for p in state.rglob("*.jsonl"))
     assert up["envelope_id"] in evidence

@@ -9,6 +9,7 @@ to refusing the next call each time, with the revocation's code and both evidenc
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -70,7 +71,8 @@ def test_each_revocation_from_another_process_refuses_the_next_call(svc: Service
         [sys.executable, "-c", _REVOKER, str(svc.state / "revocations.sqlite")],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    assert revoker.stdin is not None and revoker.stdout is not None
+    assert revoker.stdin is not None
+    assert revoker.stdout is not None
     try:
         for i in range(40):  # back to back: a missed generation would let one through
             call_id = f"back-to-back-{i}"
@@ -121,3 +123,28 @@ def test_two_lists_on_one_file_see_each_others_revocations_at_once(tmp_path: Pat
     finally:
         a.close()
         b.close()
+
+
+def _grant(root: Path, call_id: str) -> Grant:
+    return Grant.model_validate(grant("acme", "agent:alice", root, call_id=call_id))
+
+
+def test_a_lost_counter_and_another_sqlite_client_are_seen(
+        tmp_path: Path) -> None:
+    """What moves no counter still reaches the next check: the counter's file removed, a
+    row written by another SQLite client."""
+    db = tmp_path / "revocations.sqlite"
+    seen = SqliteRevocationList(db)
+    try:
+        assert not seen.is_revoked(_grant(tmp_path, "after-unlink"))
+        db.with_name(db.name + ".generation").unlink()
+        SqliteRevocationList(db).revoke("after-unlink")  # bumps a new counter file
+        assert seen.is_revoked(_grant(tmp_path, "after-unlink"))
+
+        assert not seen.is_revoked(_grant(tmp_path, "by-hand"))
+        conn = sqlite3.connect(db, isolation_level=None)
+        conn.execute("INSERT INTO revocations VALUES ('by-hand', 1)")
+        conn.close()
+        assert seen.is_revoked(_grant(tmp_path, "by-hand"))
+    finally:
+        seen.close()

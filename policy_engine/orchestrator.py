@@ -263,13 +263,17 @@ class Orchestrator:
         """Whether a ``kind`` call beneath ``root_fs`` runs start to end in the calling thread
         on this machine's memory and local files alone: its backend runs it wholly inside the
         engine (``contained_kinds``) and stops by its deadline by itself
-        (``running.stops_by_itself``), and the meter, the revocation list and every evidence
-        sink are local (SQLite, files, memory: no network round trip). The service runs such a
-        call on its event loop, as it decides (``service/fastpath.py``)."""
+        (``running.stops_by_itself``), the meter and the revocation list are local (SQLite,
+        memory: no network round trip), and every evidence sink appends without waiting for
+        the disk (the JSONL log without ``fsync: always`` says so, ``waits_for_disk``; a sink
+        that does not say is taken to wait: SQLite's commits fsync).
+        The service runs such a call on its event loop, as it decides
+        (``service/fastpath.py``)."""
         config = self.config
         if config.budget_meter not in ("sqlite", "memory") or \
                 config.revocation not in ("sqlite", "memory", "none") or \
-                any(sink not in ("jsonl", "sqlite") for sink in config.evidence_sinks):
+                any(getattr(sink.inner, "waits_for_disk", True) is not False
+                    for sink in self.sinks):
             return False
         chosen = chosen_backend(self.components.executors, config, kind)
         return chosen is not None and kind in getattr(chosen, "contained_kinds", ()) and \

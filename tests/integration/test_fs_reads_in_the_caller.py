@@ -19,9 +19,16 @@ import pytest
 
 from plugins.executor_fs.executor import FsExecutor
 from plugins.executor_fs.mounts import LocalMounts, all_local, parse_mountinfo
+from policy_engine.compiler import compile_files
+from policy_engine.config import EngineConfig
+from policy_engine.confirm.broker import ConsentBroker
+from policy_engine.confirm.services import WebhookConfirmation
 from policy_engine.executor import ExecContext
+from policy_engine.gateway.call import Gateway
 from policy_engine.model import ExecResult, FsListOp, FsReadOp, FsWriteOp, OpKind
 from policy_engine.orchestration.running import run_with_deadline
+from policy_engine.orchestrator import Orchestrator
+from tests.integration.service_server import POLICY
 from tests.unit.test_executor_fs import make_profile
 
 pytestmark = pytest.mark.integration
@@ -105,3 +112,30 @@ def test_a_mount_beneath_the_root_moves_reads_to_a_watched_thread_at_once(
                                                    bytes_b64="aGk="), None)
     assert attempt.result is not None, attempt.error
     assert ex.threads[-1].startswith("policy-engine-exec-")
+
+
+@pytest.mark.parametrize(("config", "on_caller"), [
+    ({}, True),
+    ({"options": {"evidence_jsonl": {"fsync": "never"}}}, True),
+    ({"options": {"evidence_jsonl": {"fsync": "always"}}}, False),  # waits for the disk
+    ({"evidence_sinks": ("jsonl", "sqlite")}, False),  # SQLite commits fsync
+    ({"backends": {OpKind.FS_READ: "proc-bwrap"}}, False),  # not a contained backend
+], ids=["default", "fsync-never", "fsync-always", "sqlite-sink", "other-backend"])
+def test_only_a_call_that_waits_on_nothing_runs_on_the_caller(
+        tmp_path: Path, config: dict[str, Any], on_caller: bool) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    policy = tmp_path / "p.sbpolicy"
+    policy.write_text(POLICY.format(root=root, ws=root / "ws"))
+    with Orchestrator(compile_files([policy]), config=EngineConfig(
+            state_dir=tmp_path / "state", **config)) as orch:
+        assert orch.runs_on_caller(OpKind.FS_READ, str(root)) is on_caller
+        assert not orch.runs_on_caller(OpKind.FS_WRITE, str(root))
+        if on_caller:
+            with mounted_proc(root / "proc"):
+                assert not orch.runs_on_caller(OpKind.FS_READ, str(root))
+            gateway = Gateway(orch)  # the default confirmation service denies at once
+            assert gateway.runs_on_caller(OpKind.FS_READ, str(root))
+            webhook = WebhookConfirmation("http://127.0.0.1:9/", b"s" * 16)
+            asking = Gateway(orch, ConsentBroker(webhook, tmp_path / "consent.jsonl"))
+            assert not asking.runs_on_caller(OpKind.FS_READ, str(root))

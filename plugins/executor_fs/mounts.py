@@ -56,9 +56,25 @@ class LocalMounts:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._fd: int | None = None
+        self._pid = 0
         self._poll = select.poll()
         self._mounts: list[tuple[str, str]] = []
         self._answers: dict[str, bool] = {}
+
+    def _open(self) -> None:
+        # a forked child opens its own: the change flag and the offset belong to the open
+        # file, which a parent and its workers would otherwise share
+        self._close()
+        fd = os.open(_MOUNTINFO, os.O_RDONLY | os.O_CLOEXEC)
+        self._fd, self._pid = fd, os.getpid()
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLPRI | select.POLLERR)
+        self._read(fd)
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def _read(self, fd: int) -> None:
         os.lseek(fd, 0, os.SEEK_SET)
@@ -73,14 +89,12 @@ class LocalMounts:
         mount table cannot be read."""
         with self._lock:
             try:
-                if self._fd is None:
-                    fd = os.open(_MOUNTINFO, os.O_RDONLY | os.O_CLOEXEC)
-                    self._poll.register(fd, select.POLLPRI | select.POLLERR)
-                    self._fd = fd
-                    self._read(fd)
+                if self._fd is None or self._pid != os.getpid():
+                    self._open()
                 elif self._poll.poll(0):  # the poll itself clears the flag: read after it
                     self._read(self._fd)
             except OSError:
+                self._close()  # opened again next time
                 return False
             answer = self._answers.get(root)
             if answer is None:

@@ -7,6 +7,7 @@ process or server answers (NFS, FUSE), as ``mounts.LOCAL_TYPES`` sorts them.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -139,3 +140,31 @@ def test_only_a_call_that_waits_on_nothing_runs_on_the_caller(
             webhook = WebhookConfirmation("http://127.0.0.1:9/", b"s" * 16)
             asking = Gateway(orch, ConsentBroker(webhook, tmp_path / "consent.jsonl"))
             assert not asking.runs_on_caller(OpKind.FS_READ, str(root))
+
+
+def test_a_forked_worker_sees_a_mount_its_parent_also_looked_at(tmp_path: Path) -> None:
+    """`serve --workers N` forks: parent and child must not share the table's change flag."""
+    root = tmp_path / "root"
+    root.mkdir()
+    mounts = LocalMounts()
+    assert mounts.local(str(root))
+    go_r, go_w = os.pipe()
+    answer_r, answer_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker: one look before the mount, one after
+        try:
+            os.write(answer_w, b"%d" % mounts.local(str(root)))
+            os.read(go_r, 1)
+            os.write(answer_w, b"%d" % mounts.local(str(root)))
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(answer_r, 1) == b"1"
+        with mounted_proc(root / "proc"):
+            assert not mounts.local(str(root))  # the parent looks first
+            os.write(go_w, b"x")
+            assert os.read(answer_r, 1) == b"0"  # the child saw the mount too
+    finally:
+        os.waitpid(pid, 0)
+        for fd in (go_r, go_w, answer_r, answer_w):
+            os.close(fd)

@@ -57,9 +57,10 @@ from policy_engine.orchestration.revocation import (
     RevocationWatcher,
     SqliteRevocationList,
 )
-from policy_engine.orchestration.running import Attempt, run_with_deadline
+from policy_engine.orchestration.running import Attempt, run_with_deadline, stops_by_itself
 from policy_engine.orchestration.selection import (
     Selection,
+    chosen_backend,
     refusal_decision,
     select,
     unknown_backends,
@@ -257,6 +258,26 @@ class Orchestrator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def runs_on_caller(self, kind: OpKind, root_fs: str) -> bool:
+        """Whether a ``kind`` call beneath ``root_fs`` runs start to end in the calling thread
+        on this machine's memory and local files alone: its backend runs it wholly inside the
+        engine (``contained_kinds``) and stops by its deadline by itself
+        (``running.stops_by_itself``), the meter and the revocation list are local (SQLite,
+        memory: no network round trip), and every evidence sink appends without waiting for
+        the disk (the JSONL log without ``fsync: always`` says so, ``waits_for_disk``; a sink
+        that does not say is taken to wait: SQLite's commits fsync).
+        The service runs such a call on its event loop, as it decides
+        (``service/fastpath.py``)."""
+        config = self.config
+        if config.budget_meter not in ("sqlite", "memory") or \
+                config.revocation not in ("sqlite", "memory", "none") or \
+                any(getattr(sink.inner, "waits_for_disk", True) is not False
+                    for sink in self.sinks):
+            return False
+        chosen = chosen_backend(self.components.executors, config, kind)
+        return chosen is not None and kind in getattr(chosen, "contained_kinds", ()) and \
+            stops_by_itself(chosen, kind, root_fs)
 
     # -- the sequence ---------------------------------------------------------------------------
 

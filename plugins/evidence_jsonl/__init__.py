@@ -95,6 +95,12 @@ class JsonlSink:
                                              name=f"policy-engine-jsonl-fsync-{path.name}")
             self._flusher.start()
 
+    @property
+    def waits_for_disk(self) -> bool:
+        """Whether an append waits for the disk (``fsync: always``); otherwise it returns once
+        the bytes are in the page cache (the orchestrator's ``runs_on_caller`` asks)."""
+        return self.fsync == "always"
+
     def begin(self, ev: EvidenceBegin) -> None:
         self._write(ev.json_bytes())
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from plugins.executor_fs.follow import FsOp, followed
 from plugins.executor_fs.listing import EntryFilter, Lister, check_time, mandatory_denied
+from plugins.executor_fs.mounts import LocalMounts
 from plugins.executor_fs.resolve import BeneathOpener, open_root, rename_noreplace, split_relative
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, ExecutorCapabilities
@@ -32,6 +33,7 @@ from policy_engine.model import (
 )
 
 _CHUNK = 64 * 1024
+_MOUNTS = LocalMounts()  # one mount table per process
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,14 @@ class FsExecutor:
 
     def close(self) -> None:
         """Nothing pooled: every call opens and closes its own descriptors."""
+
+    def stops_by_itself(self, kind: OpKind, root_fs: str) -> bool:
+        """Whether a ``kind`` call beneath ``root_fs`` ends by its deadline and on its cancel
+        token without a watching thread (``run_with_deadline`` then runs it in the calling
+        thread): a read or a listing checks both between chunks and entries, and none of its
+        system calls waits on a server or a daemon when every file system beneath the root is
+        local (``mounts.LocalMounts``). A write (it fsyncs) is watched."""
+        return kind in self.contained_kinds and _MOUNTS.local(root_fs)
 
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         if isinstance(op, FsReadOp):

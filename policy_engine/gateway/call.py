@@ -23,7 +23,7 @@ from policy_engine.executor import CancelToken, Executor
 from policy_engine.explain import ExplainRequest, Explanation, explain
 from policy_engine.gateway.outcome import Called, refusal_of
 from policy_engine.guard import Guard
-from policy_engine.model import Decision, ExecOp, Grant, Manifest, Overrides, Settings
+from policy_engine.model import Decision, ExecOp, Grant, Manifest, OpKind, Overrides, Settings
 from policy_engine.orchestrator import Orchestrator
 from policy_engine.profile import ProfileBuilder
 from policy_engine.refusal import PolicyRefusal, Refusal, engine_refusal
@@ -110,6 +110,13 @@ class Gateway:
                 if called.refusal is not None:
                     sp.set_attribute("policy_engine.refused_by", called.refusal.refused_by)
             return called
+
+    def runs_on_caller(self, kind: OpKind, root_fs: str) -> bool:
+        """Whether a ``kind`` call beneath ``root_fs`` runs start to end in the calling thread
+        without waiting on anything outside this machine (``Orchestrator.runs_on_caller``),
+        consent included: the confirmation service answers at once (``deny``, ``auto``)."""
+        return self.broker.service.mode in ("deny", "auto") and \
+            self.orch.runs_on_caller(kind, root_fs)
 
     def decide(self, manifest: Manifest, grant: Grant, request: ExplainRequest, *,
                backend: bool = True, trace: bool = True) -> Explanation:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken, ExecContext, Executor
-from policy_engine.model import ExecOp, ExecResult
+from policy_engine.model import ExecOp, ExecResult, OpKind
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +119,16 @@ def run_with_deadline(executor: Executor, ctx: ExecContext, op: ExecOp,
     An executor that declares ``enforces_deadline = True`` (it stops at ``ctx.deadline`` and on
     ``ctx.cancel`` by itself, e.g. by killing its process group) runs in the calling thread when
     the caller passed no cancel token: a thread handoff costs ~1 ms of scheduling latency on a
-    busy host, and there is nothing for a watching thread to do.
+    busy host, and there is nothing for a watching thread to do. So does a call its executor's
+    ``stops_by_itself(kind, root_fs)`` vouches for (the fs executor's reads and listings on
+    local file systems).
 
     Cancellation maps to ``TOOL.EXECUTION_FAILED`` with reason "cancelled": the registry has no
     cancel code, ``LLM.TIMEOUT`` would tell retry logic and dashboards a deadline fired when none
     did, and "the call did not complete, retrying may succeed" is what EXECUTION_FAILED means.
     """
-    if cancel is None and getattr(executor, "enforces_deadline", False) is True:
+    if cancel is None and stops_by_itself(executor, OpKind(op.kind),
+                                          ctx.profile.mappings.root_fs):
         return _run_inline(executor, ctx, op)
     box: dict[str, object] = {}
     done = threading.Event()
@@ -178,6 +181,15 @@ def run_with_deadline(executor: Executor, ctx: ExecContext, op: ExecOp,
             ErrorCode.EXECUTION_FAILED, f"backend `{executor.name}` returned no result",
             audit={"returned": type(result).__name__}), "exception")
     return Attempt(result, None, None)
+
+
+def stops_by_itself(executor: Executor, kind: OpKind, root_fs: str) -> bool:
+    """Whether ``executor`` ends a ``kind`` call beneath ``root_fs`` by its deadline without
+    a watching thread: it ``enforces_deadline``, or its ``stops_by_itself`` vouches for it."""
+    if getattr(executor, "enforces_deadline", False) is True:
+        return True
+    vouch = getattr(executor, "stops_by_itself", None)
+    return callable(vouch) and vouch(kind, root_fs) is True
 
 
 def _run_inline(executor: Executor, ctx: ExecContext, op: ExecOp) -> Attempt:

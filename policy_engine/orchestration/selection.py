@@ -171,6 +171,16 @@ def _unavailable(executor: Executor) -> str | None:
     return state if isinstance(state, str) and state else "backend reports it is unavailable"
 
 
+def chosen_backend(executors: Mapping[str, Executor], config: EngineConfig,
+                   op_kind: OpKind) -> Executor | None:
+    """The executor ``select`` picks for ``op_kind`` when it is the configured or default
+    backend, loaded, serving the kind and available; ``None`` for any other outcome."""
+    chosen = executors.get(config.backends.get(op_kind) or DEFAULT_BACKENDS.get(op_kind) or "")
+    if chosen is None or op_kind not in chosen.capabilities.op_kinds:
+        return None
+    return chosen if _unavailable(chosen) is None else None
+
+
 def _local_for(executors: Mapping[str, Executor], op_kind: OpKind) -> Executor | None:
     for ex in executors.values():
         if getattr(ex, "local", False) is True and op_kind in ex.capabilities.op_kinds \

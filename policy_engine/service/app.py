@@ -25,7 +25,7 @@ from policy_engine.explain import ExplainRequest
 from policy_engine.gateway.call import Call, Gateway
 from policy_engine.gateway.session_runtime import Sessions
 from policy_engine.gateway.sessions import SandboxManager
-from policy_engine.model import Manifest
+from policy_engine.model import Manifest, OpKind
 from policy_engine.orchestrator import Orchestrator
 from policy_engine.refusal import PolicyRefusal
 from policy_engine.rollout.reload import PolicyReloader
@@ -330,8 +330,17 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
             "code": r.code, "http_status": r.http_status, "retryable": r.retryable,
             "message": r.message}), status_code=r.http_status, media_type="application/json")
 
+    root_fs = config.op_settings.root_fs if config.op_settings else None
+
+    def on_loop(body: CallBody) -> bool:
+        # a network round trip (tokens, meter) or a call that could wait (consent, a backend
+        # without its own deadline, a remote file system) goes to the thread pool
+        return root_fs is not None and not networked and \
+            engine_box[0].gateway.runs_on_caller(OpKind(body.op.kind), root_fs)
+
     # the ordinary decide and ops calls skip FastAPI's per-request machinery (fastpath.py)
-    app.state.fast_routes = FastRoutes(admit=admission, decide=decision, run=run_call)
+    app.state.fast_routes = FastRoutes(admit=admission, decide=decision, run=run_call,
+                                       on_loop=on_loop)
 
     @app.post("/v1/ops", tags=["decisions"], responses=OP_RESPONSES)
     def run_op(body: CallBody, who: Who) -> Response:

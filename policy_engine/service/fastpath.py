@@ -15,7 +15,10 @@ when its ``Content-Type`` is not exactly ``application/json``, its query string 
 ``decide_answer``'s exact forms (``explain=full``, ``explain=compact``, none; `/v1/ops`: none),
 its body is empty or not a JSON object (FastAPI's 422), or the body fails validation (FastAPI's
 422). Every refusal of the decision or the run itself is answered here; a run goes through the
-same thread pool as the route's (``run_in_threadpool``), one call of ``Gateway.run`` as before.
+same thread pool as the route's (``run_in_threadpool``), one call of ``Gateway.run`` as before,
+except a call that ``on_loop`` says runs start to end on local memory and files (an fs read or
+listing: ``Gateway.runs_on_caller``), which is run on the event loop as a decision is: a
+hand-off to a thread and back cost more than the call (docs/benchmarks.md, "Eleventh pass").
 
 The body is validated straight from its bytes (``model_validate_json``: no Python dict built
 first). pydantic's JSON parser refuses a little more than ``json.loads`` (a byte-order mark,
@@ -76,11 +79,14 @@ class FastRoutes:
         for a principal (raises ``ServiceError`` for a refusal that is not a decision).
     :param run: the `/v1/ops` answer to a validated body for a principal (blocking: it runs in
         the thread pool; raises ``ServiceError`` as the route does).
+    :param on_loop: whether ``run`` of this body may run on the event loop (it waits on
+        nothing but local memory and files, and stops by its deadline by itself).
     """
 
     admit: Callable[[str | None], Awaitable[Principal]]
     decide: Callable[[DecideBody, Principal, View], dict[str, Any]]
     run: Callable[[CallBody, Principal], Response]
+    on_loop: Callable[[CallBody], bool] = lambda _: False
 
 
 class FastPath:
@@ -146,7 +152,8 @@ class FastPath:
                 if call_body is None:
                     await self.app({**scope, ADMITTED: who}, replay, send)
                     return
-                response = await run_in_threadpool(self.routes.run, call_body, who)
+                response = self.routes.run(call_body, who) if self.routes.on_loop(call_body) \
+                    else await run_in_threadpool(self.routes.run, call_body, who)
         except ServiceError as exc:
             response = error_response(exc)
         except PolicyRefusal as exc:

@@ -1,8 +1,7 @@
-"""A change counter shared by every process on one machine: 8 bytes of a mapped file."""
+"""A change counter shared by every process on one machine: 8 bytes of a small file."""
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from pathlib import Path
@@ -11,41 +10,49 @@ _COUNTER = struct.Struct("<Q")
 
 
 class Generation:
-    """``path`` mapped shared: a writer ``bump``s it after each change it committed, a reader
-    compares ``value`` with the one it last acted on — a memory read, no system call.
+    """``path`` kept open: a writer ``bump``s it after each change it committed, a reader
+    compares ``value`` with the one it last acted on — one ``pread``, no lock.
 
     Exactness rests on order: the change is committed before the bump, and the bump is done
     before the writer returns; whoever reads a value after that sees the change. Two writers
     bumping at once may both store the same value, which still differs from what any reader
     saw before either change (each committed before reading the counter it bumped).
 
-    :raises OSError: the file cannot be created, sized or mapped.
+    Read with ``pread``, not through a shared mapping: a mapping faults (``SIGBUS``, the whole
+    engine) once someone truncates the file (outsider attack 36); a short read is "unknown".
+
+    :raises OSError: the file cannot be created or opened.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-        try:
-            st = os.fstat(fd)
-            if st.st_size < _COUNTER.size:
-                os.ftruncate(fd, _COUNTER.size)  # a fresh file: the counter starts at 0
-            self._map = mmap.mmap(fd, _COUNTER.size, mmap.MAP_SHARED,
-                                  mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        st = os.fstat(self._fd)
         self.identity = (st.st_dev, st.st_ino)
 
-    def value(self) -> int:
+    def value(self) -> int | None:
+        """The counter, or ``None`` when the file holds less than a counter (truncated, or
+        never bumped) or cannot be read: the caller must not trust what it kept."""
+        try:
+            data = os.pread(self._fd, _COUNTER.size, 0)
+        except OSError:
+            return None
+        if len(data) < _COUNTER.size:
+            return None
         # a torn read (two halves of a concurrent bump) is just another value: the reader
         # looks again, it never skips a change
-        return int(_COUNTER.unpack_from(self._map)[0])
+        return int(_COUNTER.unpack(data)[0])
 
     def bump(self) -> None:
-        _COUNTER.pack_into(self._map, 0, (self.value() + 1) & 0xFFFF_FFFF_FFFF_FFFF)
+        """:raises OSError: the counter cannot be written."""
+        now = self.value() or 0
+        written = os.pwrite(self._fd, _COUNTER.pack((now + 1) & 0xFFFF_FFFF_FFFF_FFFF), 0)
+        if written != _COUNTER.size:
+            raise OSError(f"short write to `{self.path}`")
 
     def replaced(self) -> bool:
-        """Whether ``path`` is no longer the mapped file (removed, or made anew): a bump there
-        would not reach this mapping."""
+        """Whether ``path`` is no longer the open file (removed, or made anew): a bump there
+        would not reach this reader."""
         try:
             st = os.stat(self.path)
         except OSError:
@@ -53,4 +60,4 @@ class Generation:
         return (st.st_dev, st.st_ino) != self.identity
 
     def close(self) -> None:
-        self._map.close()
+        os.close(self._fd)

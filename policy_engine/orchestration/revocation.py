@@ -62,6 +62,19 @@ MAX_KEPT_KEYS = 100_000
 # the counter's value, the database's (inode, size, mtime, ctime), the WAL's (inode, size, mtime)
 _State = tuple[int, tuple[int, int, int, int], tuple[int, ...]]
 _SELECT_AFTER = "SELECT rowid, key FROM revocations WHERE rowid > ? ORDER BY rowid LIMIT ?"
+# "The rows added since" reads by rowid, which SQLite reuses once the highest row is deleted
+# (outsider attack 36: an operator's `DELETE` of a mistaken revocation, then a new one in its
+# rowid, was never read). Every delete or update, by any client, moves the epoch, and a
+# changed epoch means a full read.
+_EPOCH_SCHEMA = """
+CREATE TABLE IF NOT EXISTS revocation_epoch (id INTEGER PRIMARY KEY CHECK (id = 1),
+                                             epoch INTEGER NOT NULL);
+INSERT OR IGNORE INTO revocation_epoch (id, epoch) VALUES (1, 0);
+CREATE TRIGGER IF NOT EXISTS revocations_deleted AFTER DELETE ON revocations
+BEGIN UPDATE revocation_epoch SET epoch = epoch + 1 WHERE id = 1; END;
+CREATE TRIGGER IF NOT EXISTS revocations_updated AFTER UPDATE ON revocations
+BEGIN UPDATE revocation_epoch SET epoch = epoch + 1 WHERE id = 1; END;
+"""
 
 
 class SqliteRevocationList:
@@ -92,6 +105,8 @@ class SqliteRevocationList:
         self._keys: set[str] | None = None  # the revoked keys as of ``_seen``
         self._seen: _State | None = None
         self._last_rowid = 0
+        self._epoch: int | None = None  # ``revocation_epoch`` as of the kept keys
+        self._incremental = False  # the epoch and its triggers exist
         self._too_many = False
         try:
             with self._lock:
@@ -117,6 +132,13 @@ class SqliteRevocationList:
         except sqlite3.Error as exc:
             conn.close()
             raise store_error("revocation list", self.path, exc) from exc
+        try:
+            conn.executescript(_EPOCH_SCHEMA)
+            self._incremental = True
+        except sqlite3.Error as exc:  # e.g. a read-only file: every change is read in full
+            log.warning("revocation list `%s`: no deletion counter (%s); every change re-reads "
+                        "the whole list", self.path, exc)
+            self._incremental = False
         self._conn = conn
         return conn
 
@@ -135,7 +157,7 @@ class SqliteRevocationList:
                 raise store_error("revocation list", self.path, exc) from exc
 
     def _generation(self) -> Generation | None:
-        """The mapped counter, mapped again when its file was replaced; ``None`` when it
+        """The open counter, opened again when its file was replaced; ``None`` when it
         cannot be (the cause in ``_gen_error``). Call with the lock held."""
         if self._gen is not None and not self._gen.replaced():
             return self._gen
@@ -156,6 +178,8 @@ class SqliteRevocationList:
         if gen is None:
             return None
         value = gen.value()  # read first: a change committed after it moves it again
+        if value is None:  # a truncated counter: nothing kept can be trusted, ask each time
+            return None
         try:
             db = os.stat(self.path)
             try:
@@ -177,12 +201,22 @@ class SqliteRevocationList:
             self._seen[1] == state[1]
         self._seen = None
         db = self._db()
-        after = self._last_rowid if same_file else 0
         try:
-            rows = db.execute(_SELECT_AFTER, (after, MAX_KEPT_KEYS + 1)).fetchall()
-        except sqlite3.Error as exc:
+            db.execute("BEGIN")  # the epoch and the rows from one snapshot
+            try:
+                epoch = (db.execute("SELECT epoch FROM revocation_epoch WHERE id = 1")
+                         .fetchone()[0] if self._incremental else None)
+                same_file = same_file and epoch is not None and epoch == self._epoch
+                after = self._last_rowid if same_file else 0
+                rows = db.execute(_SELECT_AFTER, (after, MAX_KEPT_KEYS + 1)).fetchall()
+            finally:
+                db.execute("COMMIT")
+        except (sqlite3.Error, TypeError) as exc:  # TypeError: the epoch row was deleted
             self._drop(db)
-            raise store_error("revocation list", self.path, exc) from exc
+            raise store_error("revocation list", self.path,
+                              exc if isinstance(exc, sqlite3.Error)
+                              else sqlite3.DatabaseError("the epoch row is missing")) from exc
+        self._epoch = epoch
         keys = self._keys if same_file and self._keys is not None else set()
         keys.update(key for _, key in rows)
         if len(keys) > MAX_KEPT_KEYS:
@@ -204,8 +238,11 @@ class SqliteRevocationList:
             gen = self._generation()
             if gen is None:
                 raise store_error("revocation list", self._gen_path,
-                                  self._gen_error or OSError("cannot be mapped"))
-            gen.bump()
+                                  self._gen_error or OSError("cannot be opened"))
+            try:
+                gen.bump()
+            except OSError as exc:
+                raise store_error("revocation list", self._gen_path, exc) from exc
 
     def is_revoked(self, grant: Grant) -> bool:
         """:raises PolicyEngineError: ``PROVIDER.UNAVAILABLE`` when the list cannot be read:

@@ -73,6 +73,8 @@ def test_fallocate_cannot_preallocate_past_the_file_cap(tmp_path: Path) -> None:
     assert "plain 0" in stdout, stdout
     allocated = int(stdout.split("allocated ")[1].split()[0])
     assert allocated <= CAP, stdout
+    for name in ("setxattr", "fsetxattr", "lsetxattr"):  # attack 36: unmetered disk blocks
+        assert f"{name} errno 95" in stdout, stdout  # EOPNOTSUPP
 
 
 @pytest.mark.parametrize("mode", ["run-once", "pool"])

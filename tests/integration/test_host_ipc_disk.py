@@ -61,6 +61,16 @@ FALLOC = textwrap.dedent("""
     print("punch", rc)
     st = os.fstat(fd)
     print("allocated", st.st_blocks * 512, "size", st.st_size)
+    # extended attributes: disk blocks no write quota counts (attack 36), refused as a file
+    # system without them refuses them; reading and listing stay
+    for name, args, kw in (("setxattr", (path,), {}), ("fsetxattr", (fd,), {}),
+                           ("lsetxattr", (path,), {"follow_symlinks": False})):
+        try:
+            os.setxattr(*args, "user.a", b"x" * 4000, **kw)
+            print(name, "set")
+        except OSError as e:
+            print(name, "errno", e.errno)
+    print("listxattr", os.listxattr(path))
 """)
 
 
@@ -186,6 +196,14 @@ def test_fallocate_cannot_preallocate_past_the_file_cap(
     assert "plain 0" in stdout, stdout
     assert "punch 0" in stdout, stdout
     assert allocated <= CAP, (allocated, stdout)
+    for name in ("setxattr", "fsetxattr", "lsetxattr"):
+        assert f"{name} errno 95" in stdout, stdout  # EOPNOTSUPP
+    assert "listxattr []" in stdout, stdout
+    # the file system itself takes user attributes: the refusal is the filter's
+    probe = world / "out" / "xattr-probe"
+    probe.touch()
+    os.setxattr(probe, "user.a", b"x" * 4000)
+    probe.unlink()
 
 
 def test_the_filter_refuses_exactly_the_preallocating_modes() -> None:

@@ -77,6 +77,15 @@ BEGIN UPDATE revocation_epoch SET epoch = epoch + 1 WHERE id = 1; END;
 """
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    """``(device, inode)`` of ``path``, ``None`` when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 class SqliteRevocationList:
     """Revocations in ``state_dir/revocations.sqlite``: visible to every engine process sharing
     the state directory as soon as ``revoke`` returns (WAL, committed per call).
@@ -100,6 +109,7 @@ class SqliteRevocationList:
         self._gen_path = path.with_name(path.name + ".generation")
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._conn_file: tuple[int, int] | None = None  # (device, inode) the connection opened
         self._gen: Generation | None = None
         self._gen_error: OSError | None = None
         self._keys: set[str] | None = None  # the revoked keys as of ``_seen``
@@ -116,9 +126,14 @@ class SqliteRevocationList:
                       exc.code.value)
 
     def _db(self) -> sqlite3.Connection:
-        """The open connection (opened and set up on first use); call with the lock held."""
+        """The open connection (opened and set up on first use, and again when the file at
+        ``path`` is no longer the one it opened); call with the lock held."""
         if self._conn is not None:
-            return self._conn
+            if self._conn_file == _identity(self.path):
+                return self._conn
+            # deleted or replaced: a connection to the old inode would read a list nobody
+            # writes any more (outsider attack 36: a revocation in the recreated file missed)
+            self._drop(self._conn)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
@@ -139,7 +154,7 @@ class SqliteRevocationList:
             log.warning("revocation list `%s`: no deletion counter (%s); every change re-reads "
                         "the whole list", self.path, exc)
             self._incremental = False
-        self._conn = conn
+        self._conn, self._conn_file = conn, _identity(self.path)
         return conn
 
     def _drop(self, db: sqlite3.Connection) -> None:

@@ -81,3 +81,19 @@ def test_a_revocation_after_a_row_deleted_by_hand_is_refused(tmp_path: Path) -> 
         assert _read(svc, token, "stolen").status_code == 200
         _revoke_elsewhere(svc, "stolen")
         _assert_revoked(_read(svc, token, "stolen"))
+
+
+def test_a_revocation_in_a_recreated_database_is_refused(tmp_path: Path) -> None:
+    """The operator deletes `revocations.sqlite` (a corrupt or to-be-reset list) while the
+    server runs; the next `revoke` makes a new one. The server sees the file changed, reads it
+    again — through its connection to the deleted file — and misses the new revocation, which a
+    freshly started process refuses."""
+    with serving(tmp_path) as svc:
+        token = add_token(svc.state, "acme", "agent:alice")
+        _revoke_elsewhere(svc, "old")
+        _assert_revoked(_read(svc, token, "old"))
+        for suffix in ("", "-wal", "-shm"):
+            (svc.state / f"revocations.sqlite{suffix}").unlink(missing_ok=True)
+        assert _read(svc, token, "stolen").status_code == 200
+        _revoke_elsewhere(svc, "stolen")
+        _assert_revoked(_read(svc, token, "stolen"))

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Protocol
 
 from plugins.budget_sqlite.leases import process_start
+from plugins.budget_sqlite.mapped import lock_whole
 from policy_engine.budget import exceeded, new_lease, too_many
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.model import BUDGET_KINDS
@@ -124,13 +125,13 @@ class _Flock:
     """``flock`` held for a ``with`` block (a class: a generator context manager costs more
     than the lock itself)."""
 
-    __slots__ = ("fd", "mode")
+    __slots__ = ("fd", "mode", "path")
 
-    def __init__(self, fd: int, mode: int) -> None:
-        self.fd, self.mode = fd, mode
+    def __init__(self, fd: int, mode: int, path: Path) -> None:
+        self.fd, self.mode, self.path = fd, mode, path
 
     def __enter__(self) -> None:
-        fcntl.flock(self.fd, self.mode)
+        lock_whole(self.fd, self.mode, SIZE, self.path)  # a truncated file: OSError, no SIGBUS
 
     def __exit__(self, *exc: object) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
@@ -186,7 +187,7 @@ class SharedMeter:
         return table
 
     def _locked(self, mode: int = fcntl.LOCK_EX) -> _Flock:
-        return _Flock(self._fd, mode)
+        return _Flock(self._fd, mode, self.path)
 
     # -- slots --------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import struct
 import threading
 from pathlib import Path
 
+from plugins.budget_sqlite.mapped import lock_whole
 from policy_engine.budget import exceeded
 
 SLOTS = 4096
@@ -75,7 +76,7 @@ class SharedWindows:
         home = int.from_bytes(digest[:4], "little") % SLOTS
         with self._lock:
             table = self._open()
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            lock_whole(self._fd, fcntl.LOCK_EX, SIZE, self.path)  # truncated: OSError, not SIGBUS
             try:
                 free = -1
                 for i in range(PROBE):
@@ -107,7 +108,7 @@ class SharedWindows:
         home = int.from_bytes(digest[:4], "little") % SLOTS
         with self._lock:
             table = self._open()
-            fcntl.flock(self._fd, fcntl.LOCK_SH)
+            lock_whole(self._fd, fcntl.LOCK_SH, SIZE, self.path)
             try:
                 for i in range(PROBE):
                     seen, seen_window, count = _SLOT.unpack_from(

@@ -21,6 +21,7 @@ from policy_engine.confirm.services import ConfirmationService, DenyConfirmation
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken, Executor
 from policy_engine.explain import ExplainRequest, Explanation, explain
+from policy_engine.gateway.loop_sized import loop_sized
 from policy_engine.gateway.outcome import Called, refusal_of
 from policy_engine.guard import Guard
 from policy_engine.model import Decision, ExecOp, Grant, Manifest, OpKind, Overrides, Settings
@@ -111,12 +112,13 @@ class Gateway:
                     sp.set_attribute("policy_engine.refused_by", called.refusal.refused_by)
             return called
 
-    def runs_on_caller(self, kind: OpKind, root_fs: str) -> bool:
+    def runs_on_caller(self, kind: OpKind, root_fs: str, op: ExecOp | None = None) -> bool:
         """Whether a ``kind`` call beneath ``root_fs`` runs start to end in the calling thread
         without waiting on anything outside this machine (``Orchestrator.runs_on_caller``),
-        consent included: the confirmation service answers at once (``deny``, ``auto``)."""
+        consent included: the confirmation service answers at once (``deny``, ``auto``); with
+        ``op``, also whether it is small enough to hold an event loop (``loop_sized``)."""
         return self.broker.service.mode in ("deny", "auto") and \
-            self.orch.runs_on_caller(kind, root_fs)
+            (op is None or loop_sized(op)) and self.orch.runs_on_caller(kind, root_fs)
 
     def decide(self, manifest: Manifest, grant: Grant, request: ExplainRequest, *,
                backend: bool = True, trace: bool = True) -> Explanation:

@@ -336,7 +336,7 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         # a network round trip (tokens, meter) or a call that could wait (consent, a backend
         # without its own deadline, a remote file system) goes to the thread pool
         return root_fs is not None and not networked and \
-            engine_box[0].gateway.runs_on_caller(OpKind(body.op.kind), root_fs)
+            engine_box[0].gateway.runs_on_caller(OpKind(body.op.kind), root_fs, body.op)
 
     # the ordinary decide and ops calls skip FastAPI's per-request machinery (fastpath.py)
     app.state.fast_routes = FastRoutes(admit=admission, decide=decision, run=run_call,

@@ -691,8 +691,10 @@ class ProcExecutor:
             if cg:
                 cg.kill_all()
 
+        # sampled by the pump below (no thread started per call)
         watch = writewatch.start(lim.disk_write, proc.pid, cg, kill,
-                                 preexisting=exe is not None and self._held is not None)
+                                 preexisting=exe is not None and self._held is not None,
+                                 thread=False)
         out, err = HeadTail(lim.max_stdout), HeadTail(lim.max_stderr)
         # pump owns (and closes) the stdin descriptor it is given: hand it a duplicate and close
         # the file object now, so the number is never closed twice (a second close could hit
@@ -705,7 +707,7 @@ class ProcExecutor:
         try:
             outcome = pump(proc.pid, proc.stdout.fileno(), proc.stderr.fileno(), status_r,
                            stdin_fd, stdin or b"", out, err, deadline, ctx.cancel, kill, kill,
-                           on_output=ctx.on_output)
+                           on_output=ctx.on_output, tick=(watch.interval, watch.tick))
         finally:
             watch.stop()
             proc.returncode = -1  # reaped by pump's wait4; keep Popen from waiting again

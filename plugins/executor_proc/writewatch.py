@@ -97,27 +97,41 @@ def cgroup_members(procs_files: Iterable[str], *, nested: bool = True
 
 
 class WriteWatch:
-    """Samples the bytes the call's processes wrote every ``INTERVAL_S`` on a thread; over
-    ``limit`` it calls ``kill`` once and says so (``tripped``)."""
+    """Samples the bytes the call's processes wrote every ``INTERVAL_S``; over ``limit`` it
+    calls ``kill`` once and says so (``tripped``). Sampled on a thread of its own (``start``),
+    or by a loop that already waits for the call (``start(thread=False)``, then ``tick``: the
+    proc executors' output pump), which saves a thread start and its wake-ups per call."""
 
     def __init__(self, limit: int, members: Callable[[], list[int]],
                  kill: Callable[[], object], interval_s: float = INTERVAL_S) -> None:
         self.limit = limit
         self._members = members
         self._kill = kill
-        self._interval = interval_s
+        self.interval = interval_s
         self._stop = threading.Event()
         self._base: dict[int, int] = {}  # what a process had written before the call
         self.used = 0  # the most the call was seen to have written
         self.tripped = False
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="write-watch")
+        self._thread: threading.Thread | None = None
 
-    def start(self, preexisting: Iterable[int] = ()) -> WriteWatch:
-        """Start sampling; ``preexisting`` processes (a held launcher) count from now."""
+    def start(self, preexisting: Iterable[int] = (), *, thread: bool = True) -> WriteWatch:
+        """Start sampling; ``preexisting`` processes (a held launcher) count from now.
+        ``thread=False``: the caller calls ``tick`` every ``interval`` seconds instead."""
         for pid in preexisting:
             self._base[pid] = written(pid) or 0
-        self._thread.start()
+        if thread:
+            self._thread = threading.Thread(target=self._loop, daemon=True, name="write-watch")
+            self._thread.start()
         return self
+
+    def tick(self) -> None:
+        """One sample (``start(thread=False)``); over the limit, ``kill`` once."""
+        if self.tripped or self._stop.is_set():
+            return
+        if self.sample() > self.limit:
+            self.tripped = True
+            with contextlib.suppress(OSError):
+                self._kill()
 
     def sample(self) -> int:
         total = 0
@@ -129,17 +143,15 @@ class WriteWatch:
         return total
 
     def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            if self.sample() > self.limit:
-                self.tripped = True
-                with contextlib.suppress(OSError):
-                    self._kill()
+        while not self._stop.wait(self.interval):
+            self.tick()
+            if self.tripped:
                 return
 
     def stop(self) -> None:
         """Stop sampling (the call has ended); waits for a sample under way."""
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join()
 
     def over(self, reaped_bytes: int | None = None) -> bool:
@@ -158,10 +170,11 @@ class WriteWatch:
 
 
 def start(limit: int, root: int, cg: ExecCgroup | None, kill: Callable[[], object], *,
-          preexisting: bool = False) -> WriteWatch:
+          preexisting: bool = False, thread: bool = True) -> WriteWatch:
     """The proc executors' watch over one call: the tree of ``root`` together with its exec
     cgroup's members (which keep a double-forked process); ``preexisting``: ``root`` is a held
-    launcher, started before the call, whose earlier writes do not count."""
+    launcher, started before the call, whose earlier writes do not count; ``thread=False``:
+    the caller ticks it (``WriteWatch.tick``)."""
     in_group = cgroup_members(cg.procs_files[:1], nested=False) if cg else None
 
     def members() -> list[int]:
@@ -170,4 +183,4 @@ def start(limit: int, root: int, cg: ExecCgroup | None, kill: Callable[[], objec
             pids = sorted({*pids, *in_group()})[:MAX_PIDS]
         return pids
 
-    return WriteWatch(limit, members, kill).start([root] if preexisting else [])
+    return WriteWatch(limit, members, kill).start([root] if preexisting else [], thread=thread)

@@ -252,11 +252,13 @@ class ProcExecutor:
         uid could replace the launcher (root's files there are its own through the id-mapped
         bind, ``owner.py``), and the engine would run the replacement as its own uid (outsider
         attack round 3, F7)."""
+        if not plan.writable:
+            return
         cache = self.options.launcher_cache
         extra = [(cache, "the engine's native launcher cache")] if cache else []
-        trees = enginedirs.protected_trees(os.environ, extra)
+        trees = enginedirs.protected_trees(os.environ, extra, realpath=spec.realpath)
         for w in plan.writable:
-            why = enginedirs.tree_refusal(os.path.realpath(w), trees, f"the writable path `{w}`")
+            why = enginedirs.tree_refusal(spec.realpath(w), trees, f"the writable path `{w}`")
             if why is not None:
                 raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: {why}")
 

@@ -37,13 +37,10 @@ class Outcome:
 def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int | None,
          stdin_data: bytes, out: HeadTail, err: HeadTail, deadline: float, cancel: CancelToken,
          on_exit: Callable[[], None], kill: Callable[[], None], *,
-         on_output: Callable[[str, bytes], None] | None = None,
-         tick: tuple[float, Callable[[], None]] | None = None) -> Outcome:
+         on_output: Callable[[str, bytes], None] | None = None) -> Outcome:
     """Drain until exit and EOF; on deadline or cancel call ``kill``; returns the outcome.
 
     :param on_output: sees each chunk as read (``stdout``/``stderr``), before capping.
-    :param tick: ``(interval_s, fn)``: ``fn`` is called every ``interval_s`` while waiting
-        (the disk write watch's samples: no thread of their own; the first after one interval).
     :param on_exit: called once the main child has exited, before it is reaped (its zombie keeps
         the process group id reserved), to kill what it left behind.
     """
@@ -59,19 +56,13 @@ def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int |
         sel.register(stdin, selectors.EVENT_WRITE, "in")
     result = Outcome(status=None)
     status_buf, exited, view = bytearray(), False, memoryview(stdin_data)
-    next_tick = time.monotonic() + tick[0] if tick is not None else float("inf")
     try:
         while True:
-            now = time.monotonic()
-            if cancel.cancelled or now >= deadline:
+            if cancel.cancelled or time.monotonic() >= deadline:
                 result.cancelled, result.timed_out = cancel.cancelled, not cancel.cancelled
                 kill()
                 break
-            if tick is not None and now >= next_tick:
-                tick[1]()
-                now = time.monotonic()
-                next_tick = now + tick[0]
-            timeout = max(0.0, min(deadline - now, next_tick - now, 0.2))
+            timeout = max(0.0, min(deadline - time.monotonic(), 0.2))
             for key, _ in sel.select(timeout):
                 tag = key.data
                 if tag == "exit":

@@ -615,7 +615,7 @@ class ProcExecutor:
             if path not in known:
                 if path in own:
                     known[path] = reach.stage(own[path])
-                elif uid.reachable(path, *run_as):
+                elif uid.reachable(path, *run_as, realpath=spec.realpath):
                     known[path] = path
                 else:
                     # an engine path (launcher cache, interpreter): resolved, as the launcher

@@ -231,7 +231,7 @@ def create(pids: int, memory_bytes: int, cpu_cores: float) -> ExecCgroup | None:
     return cg
 
 
-SETTLE_S = 0.005
+SETTLE_S = 0.002
 """How long removing a used group waits after its call released it (the call is building its
 answer then; nothing waits for the removal)."""
 

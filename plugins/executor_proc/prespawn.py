@@ -187,10 +187,12 @@ class LauncherPool:
         _POOLS.discard(self)
 
 
-SETTLE_S = 0.005
+SETTLE_S = 0.002
 """How long a refill (a spawn, a cgroup join) waits after the call that asked for it, while a
-launcher is still held: the call is building its answer then (a woken thread preempts it and
-takes the GIL); an empty pool is refilled at once."""
+launcher is still held: the call's caller is still building its answer then (evidence, budget:
+~1 ms; a woken thread preempts it and takes the GIL); short, so that the join's RCU grace
+period (every fork on the host waits) ends well before a next call 20 ms on. An empty pool is
+refilled at once."""
 
 _POOLS: weakref.WeakSet[LauncherPool] = weakref.WeakSet()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -212,7 +213,7 @@ class _Sampler:
         due = time.monotonic() + watch.interval
         with self._cond:
             self._due[watch] = due
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, daemon=True,
                                                 name="write-watch")
                 self._thread.start()
@@ -236,7 +237,13 @@ class _Sampler:
                 for w in ready:
                     self._due[w] = now + w.interval
             for w in ready:  # outside the lock: a watch's own lock guards its sample
-                w.tick()
+                try:
+                    w.tick()
+                except Exception:  # noqa: BLE001 - one call's failed sample must not end
+                    # the sampling of every other call; the call's own end check (wait4's
+                    # exact total) still applies
+                    threading.excepthook(threading.ExceptHookArgs(
+                        (*sys.exc_info(), threading.current_thread())))
 
 
 _SAMPLER: list[_Sampler] = []

@@ -4,6 +4,13 @@ Usage::
 
     python benchmarks/bench_proc.py           # full run (~15 s); updates docs/benchmarks.md
     python benchmarks/bench_proc.py --quick   # < 60 s sanity run; prints the table only
+    python benchmarks/bench_proc.py --quick --baseline /other/checkout   # before/after, interleaved
+    BENCH_ENGINE_PATH=/other/checkout python benchmarks/bench_proc.py --quick  # "before" alone
+
+``--baseline``: two worker processes, one importing this checkout's engine and one the other
+checkout's, take turns call by call (bare bwrap, executor, orchestrator in each), so both see
+the same load; each row's "over bare bwrap" is against its own process's bare bwrap. Never
+writes docs/benchmarks.md, nor does a run with ``BENCH_ENGINE_PATH``.
 
 Every row runs the same command (``true`` by default) in one process, interleaved round by round
 so a load shift hits every row alike, with an untimed pause (``--gap-ms``, 20 ms) before each call
@@ -33,10 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script from anywhere: `benchmarks` lives at the root
-    sys.path.insert(0, str(ROOT))
+# the engine measured: this checkout, or another one's code ("before")
+ENGINE = Path(os.environ.get("BENCH_ENGINE_PATH") or ROOT).resolve()
+sys.path.insert(0, str(ENGINE))  # first: before an installed copy of the engine
 
-from plugins.executor_proc import bwrap  # noqa: E402 - needs the checkout root on sys.path first
+from plugins.executor_proc import bwrap, spec  # noqa: E402 - needs the checkout root on sys.path
 from plugins.executor_proc.executor import ProcExecutor, ProcOptions  # noqa: E402 - same
 from plugins.executor_proc.spec import build_plan  # noqa: E402 - same
 from policy_engine.compiler import compile_files  # noqa: E402 - same
@@ -127,6 +135,10 @@ def build_rows(tmp: Path, argv: list[str], *,
             raise SystemExit(f"bench_proc: orchestrator run failed: {res.result}")
 
     default_ex = ProcExecutor("bwrap")
+    # per-call cost only: until the system trees' mask warm-up has watched every directory a
+    # plan waits for it (bench_proc_planning.py measures that first-call cost; under load the
+    # warm-up outlasts a quick run's warm-up calls and its wait would land in every row)
+    spec.prewarm(wait=True)
     rows = [
         Row("bare subprocess", f"`subprocess.run([{exe!r}])`",
             subprocess_run([exe, *argv[1:]], dict(plan.env))),
@@ -221,6 +233,72 @@ def update_docs(table: str) -> None:
     DOCS.write_text(text)
 
 
+AB_ROWS = ("bare bwrap", "proc-bwrap executor", "full orchestrator")
+
+
+def worker(argv: list[str]) -> int:
+    """``--baseline``'s worker: builds the rows with ``ENGINE``'s code, then runs the row named
+    on each stdin line once and prints its milliseconds."""
+    with tempfile.TemporaryDirectory(prefix="pe-bench-proc-") as tmp:
+        rows, orchs = build_rows(Path(tmp), argv, breakdown=False)
+        try:
+            spec.prewarm(wait=True)  # a baseline without the wait in build_rows
+            run = {r.name: r.run for r in rows}
+            for fn in run.values():
+                for _ in range(5):
+                    fn()
+            print("ready", flush=True)
+            for line in sys.stdin:
+                t0 = time.perf_counter()
+                run[line.strip()]()
+                print(f"{(time.perf_counter() - t0) * 1000:.4f}", flush=True)
+        finally:
+            for orch in orchs:
+                orch.close()
+    return 0
+
+
+def baseline(other: str, argv: list[str], iterations: int, gap_s: float) -> None:
+    """Interleave this checkout and ``other`` call by call; print both tables' medians."""
+    trees = {"baseline": str(Path(other).resolve()), "this": str(ROOT)}
+    procs = {name: subprocess.Popen(
+        [sys.executable, __file__, "--worker", *argv], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tree,
+        env={**os.environ, "BENCH_ENGINE_PATH": tree}) for name, tree in trees.items()}
+    samples: dict[tuple[str, str], list[float]] = {(n, r): [] for n in procs for r in AB_ROWS}
+    try:
+        for name, proc in procs.items():
+            assert proc.stdout is not None
+            _check(proc.stdout.readline().strip() == "ready", f"the {name} worker did not start")
+        for _ in range(iterations):
+            for name, proc in procs.items():
+                assert proc.stdin is not None
+                assert proc.stdout is not None
+                for row in AB_ROWS:
+                    time.sleep(gap_s)
+                    proc.stdin.write(row + "\n")
+                    proc.stdin.flush()
+                    samples[(name, row)].append(float(proc.stdout.readline()))
+    finally:
+        for proc in procs.values():
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(60)
+    with open("/proc/self/mountinfo") as fh:
+        mounts = sum(1 for _ in fh)
+    print(f"`{' '.join(argv)}`, {iterations} interleaved rounds, {gap_s * 1000:g} ms untimed "
+          f"pause before each call; load average {os.getloadavg()[0]:.2f}, {mounts} mounts; "
+          f"baseline `{trees['baseline']}`, this `{trees['this']}`.\n")
+    print("| row | baseline median ms | this median ms | baseline over bare | this over bare |")
+    print("|---|---:|---:|---:|---:|")
+    base = {n: statistics.median(samples[(n, "bare bwrap")]) for n in procs}
+    for row in AB_ROWS:
+        med = {n: statistics.median(samples[(n, row)]) for n in procs}
+        over = {n: "—" if row == "bare bwrap" else f"{med[n] - base[n]:+.2f} ms" for n in procs}
+        print(f"| {row} | {med['baseline']:.2f} | {med['this']:.2f} | {over['baseline']} | "
+              f"{over['this']} |")
+
+
 def main(args: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--quick", action="store_true", help="a < 60 s sanity run, docs untouched")
@@ -229,9 +307,17 @@ def main(args: list[str] | None = None) -> int:
     ap.add_argument("--no-docs", action="store_true", help="print only")
     ap.add_argument("--gap-ms", type=float, default=20.0,
                     help="untimed pause before each call (0: back to back)")
+    ap.add_argument("--baseline", metavar="CHECKOUT",
+                    help="interleave with another checkout's engine (before/after); no docs")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("argv", nargs="*", default=["true"], help="command (default: true)")
     ns = ap.parse_args(args)
+    if ns.worker:
+        return worker(list(ns.argv))
     iterations = ns.iterations or (40 if ns.quick else 300)
+    if ns.baseline:
+        baseline(ns.baseline, list(ns.argv), iterations, ns.gap_ms / 1000)
+        return 0
     with tempfile.TemporaryDirectory(prefix="pe-bench-proc-") as tmp:
         rows, orchs = build_rows(Path(tmp), list(ns.argv), breakdown=not ns.no_breakdown)
         try:
@@ -242,7 +328,7 @@ def main(args: list[str] | None = None) -> int:
                 orch.close()
     table, met = render(rows, samples, list(ns.argv), iterations, ns.gap_ms)
     print(table)
-    if not ns.quick and not ns.no_docs:
+    if not ns.quick and not ns.no_docs and ROOT.resolve() == ENGINE:
         update_docs(table)
     return 0 if met else 1
 

@@ -64,6 +64,12 @@ class ExecCgroup:
         except OSError:
             return []
 
+    def kill_once(self) -> None:
+        """SIGKILL every member listed now, without waiting (``kill_all`` waits)."""
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
     def kill_all(self, timeout: float = 5.0) -> bool:
         """SIGKILL every member until the group is empty (a bomb refills, so loop)."""
         end = time.monotonic() + timeout
@@ -225,6 +231,11 @@ def create(pids: int, memory_bytes: int, cpu_cores: float) -> ExecCgroup | None:
     return cg
 
 
+SETTLE_S = 0.002
+"""How long removing a used group waits after its call released it (the call is building its
+answer then; nothing waits for the removal)."""
+
+
 class CgroupPool:
     """Fresh per-exec groups made ahead of time, and removed after use, off the hot path.
 
@@ -291,6 +302,8 @@ class CgroupPool:
                     return
                 dead, self._dead = self._dead, []
                 limits, short = self._limits, len(self._free) < self.size
+            if dead:  # after the call that released it has built its answer (prespawn.py)
+                time.sleep(SETTLE_S)
             for cg in dead:
                 cg.remove()
             if short and self.version is not None:

@@ -252,11 +252,13 @@ class ProcExecutor:
         uid could replace the launcher (root's files there are its own through the id-mapped
         bind, ``owner.py``), and the engine would run the replacement as its own uid (outsider
         attack round 3, F7)."""
+        if not plan.writable:
+            return
         cache = self.options.launcher_cache
         extra = [(cache, "the engine's native launcher cache")] if cache else []
-        trees = enginedirs.protected_trees(os.environ, extra)
+        trees = enginedirs.protected_trees(os.environ, extra, realpath=spec.realpath)
         for w in plan.writable:
-            why = enginedirs.tree_refusal(os.path.realpath(w), trees, f"the writable path `{w}`")
+            why = enginedirs.tree_refusal(spec.realpath(w), trees, f"the writable path `{w}`")
             if why is not None:
                 raise BackendRefusal(ErrorCode.CAPABILITY_BLOCKED, f"{self.name}: {why}")
 
@@ -613,7 +615,7 @@ class ProcExecutor:
             if path not in known:
                 if path in own:
                     known[path] = reach.stage(own[path])
-                elif uid.reachable(path, *run_as):
+                elif uid.reachable(path, *run_as, realpath=spec.realpath):
                     known[path] = path
                 else:
                     # an engine path (launcher cache, interpreter): resolved, as the launcher
@@ -691,7 +693,13 @@ class ProcExecutor:
             if cg:
                 cg.kill_all()
 
-        watch = writewatch.start(lim.disk_write, proc.pid, cg, kill,
+        def kill_now() -> None:  # the signals alone: the write watch's first move
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            if cg:
+                cg.kill_once()
+
+        watch = writewatch.start(lim.disk_write, proc.pid, cg, kill, kill_now=kill_now,
                                  preexisting=exe is not None and self._held is not None)
         out, err = HeadTail(lim.max_stdout), HeadTail(lim.max_stderr)
         # pump owns (and closes) the stdin descriptor it is given: hand it a duplicate and close
@@ -703,34 +711,39 @@ class ProcExecutor:
             proc.stdin.close()
             proc.stdin = None
         try:
-            outcome = pump(proc.pid, proc.stdout.fileno(), proc.stderr.fileno(), status_r,
-                           stdin_fd, stdin or b"", out, err, deadline, ctx.cancel, kill, kill,
-                           on_output=ctx.on_output)
+            try:
+                outcome = pump(proc.pid, proc.stdout.fileno(), proc.stderr.fileno(), status_r,
+                               stdin_fd, stdin or b"", out, err, deadline, ctx.cancel, kill, kill,
+                               on_output=ctx.on_output)
+            finally:
+                watch.stop()
+                proc.returncode = -1  # reaped by pump's wait4; keep Popen from waiting again
+                for fh in (proc.stdout, proc.stderr):
+                    fh.close()
+                os.close(status_r)
+                memory_peak = cg.memory_peak() if cg else None
+                oom_kills = cg.oom_kills() if cg else 0  # read before the group is released
+                cg_cpu = cg.cpu_ms() if cg else None
+            if cg_cpu is not None:
+                outcome.rusage_cpu_ms = max(outcome.rusage_cpu_ms, cg_cpu)
+            if spec is None:  # no seccomp layer refused setuid bits or device nodes: undo them
+                sanitize.sanitize(plan.writable)
+            if watch.over(outcome.rusage_written):
+                raise PolicyEngineError(ErrorCode.BUDGET_EXCEEDED, watch.message("disk_write"),
+                                        audit={"backend": self.name,
+                                               "disk_write_bytes": watch.used,
+                                               "limit": watch.limit})
+            return self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
+                                asked_network, degraded, chained=net is not None and layered,
+                                oom_kills=oom_kills)
         finally:
-            watch.stop()
-            proc.returncode = -1  # reaped by pump's wait4; keep Popen from waiting again
-            for fh in (proc.stdout, proc.stderr):
-                fh.close()
-            os.close(status_r)
-            memory_peak = cg.memory_peak() if cg else None
-            oom_kills = cg.oom_kills() if cg else 0  # read before the group is released
-            cg_cpu = cg.cpu_ms() if cg else None
+            # the used group's removal and the next held launcher are background work: woken
+            # once the answer is built, not while it is (a woken thread preempts this one and
+            # takes the GIL; a spawn joining its cgroup stalls every fork on the host)
             if cg and self._pool is not None:
                 self._pool.release(cg)
             if self._held is not None:
                 self._held.refill()
-        if cg_cpu is not None:
-            outcome.rusage_cpu_ms = max(outcome.rusage_cpu_ms, cg_cpu)
-        if spec is None:  # no seccomp layer refused setuid bits or device nodes: undo them
-            sanitize.sanitize(plan.writable)
-        if watch.over(outcome.rusage_written):
-            raise PolicyEngineError(ErrorCode.BUDGET_EXCEEDED, watch.message("disk_write"),
-                                    audit={"backend": self.name, "disk_write_bytes": watch.used,
-                                           "limit": watch.limit})
-        result = self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
-                              asked_network, degraded, chained=net is not None and layered,
-                              oom_kills=oom_kills)
-        return result
 
     def start_interpreter(self, ctx: ExecContext, op: ExecOp,
                           lifetime_s: float) -> interpreter.InterpreterProcess:

@@ -43,14 +43,19 @@ def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int |
     :param on_output: sees each chunk as read (``stdout``/``stderr``), before capping.
     :param on_exit: called once the main child has exited, before it is reaped (its zombie keeps
         the process group id reserved), to kill what it left behind.
+    :param status_fd: the launchers' status pipe: read once the main child has exited (or the
+        wait ends), not while it runs. A launcher writes its status as the tool starts; waking
+        for it then put this thread on a CPU just as the tool was being forked. What the
+        launchers write (a few hundred bytes each, 8 KiB at most) never fills the pipe.
     """
     sel = selectors.DefaultSelector()
     pidfd = os.pidfd_open(pid)
     sel.register(pidfd, selectors.EVENT_READ, "exit")
-    for fd, tag in ((stdout, "out"), (stderr, "err"), (status_fd, "status")):
-        if fd is not None:
-            os.set_blocking(fd, False)
-            sel.register(fd, selectors.EVENT_READ, tag)
+    for fd, tag in ((stdout, "out"), (stderr, "err")):
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ, tag)
+    if status_fd is not None:
+        os.set_blocking(status_fd, False)
     if stdin is not None:
         os.set_blocking(stdin, False)
         sel.register(stdin, selectors.EVENT_WRITE, "in")
@@ -69,6 +74,8 @@ def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int |
                     sel.unregister(pidfd)
                     exited = True
                     on_exit()
+                    if status_fd is not None:
+                        sel.register(status_fd, selectors.EVENT_READ, "status")
                 elif tag == "in" and stdin is not None:
                     try:
                         n = os.write(stdin, view[:_CHUNK]) if view else 0
@@ -105,6 +112,9 @@ def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int |
                 os.close(stdin)
     if not exited:
         on_exit()
+        if status_fd is not None:  # what the launchers wrote before the wait was cut short
+            with contextlib.suppress(OSError):
+                status_buf += os.read(status_fd, 4096)
     _, status, ru = os.wait4(pid, 0)
     result.status = status
     result.rusage_cpu_ms = int((ru.ru_utime + ru.ru_stime) * 1000)

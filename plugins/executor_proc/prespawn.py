@@ -17,6 +17,7 @@ import contextlib
 import os
 import subprocess
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -156,6 +157,9 @@ class LauncherPool:
                     return
                 limits = self._limits
                 self._wanted = len(self._ready) + 1 < self.size
+                spare = bool(self._ready)
+            if spare:  # not needed at once: let the call that woke us finish its answer first
+                time.sleep(SETTLE_S)
             try:
                 held = spawn(self.exe, self._group(limits))
             except OSError:
@@ -182,6 +186,13 @@ class LauncherPool:
             held.discard(self.cgroup_pool)
         _POOLS.discard(self)
 
+
+SETTLE_S = 0.002
+"""How long a refill (a spawn, a cgroup join) waits after the call that asked for it, while a
+launcher is still held: the call's caller is still building its answer then (evidence, budget:
+~1 ms; a woken thread preempts it and takes the GIL); short, so that the join's RCU grace
+period (every fork on the host waits) ends well before a next call 20 ms on. An empty pool is
+refilled at once."""
 
 _POOLS: weakref.WeakSet[LauncherPool] = weakref.WeakSet()
 

@@ -26,7 +26,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 DEFAULT_RUN_AS = (65533, 65533)
@@ -90,11 +90,13 @@ def _beneath(path: str, root: str) -> bool:
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
 
-def reachable(path: str, uid: int, gid: int) -> bool:
+def reachable(path: str, uid: int, gid: int,
+              realpath: Callable[[str], str] = os.path.realpath) -> bool:
     """Whether ``uid``/``gid`` (no other group) can look ``path`` up: search permission on every
-    directory above it, through the path as written and through its resolved form."""
+    directory above it, through the path as written and through its resolved form
+    (``realpath``: ``os.path.realpath`` or one answering alike, as ``spec.realpath``)."""
     return all(closed_ancestor(p, uid, gid) is None
-               for p in {os.path.abspath(path), os.path.realpath(path)})
+               for p in {os.path.abspath(path), realpath(path)})
 
 
 def closed_ancestor(path: str, uid: int, gid: int) -> str | None:

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -33,7 +35,16 @@ if TYPE_CHECKING:
     from plugins.executor_proc.cgroups import ExecCgroup
 
 INTERVAL_S = 0.01
-"""Sample period: a call writing 1 GB/s overshoots its quota by about 10 MB."""
+"""Shortest sample period: a call writing 1 GB/s overshoots its quota by about 10 MB."""
+
+PACE_BYTES_PER_S = 8 * 10**9
+MAX_INTERVAL_S = 0.25
+"""Far from its quota a call is sampled less often: the next sample comes when a writer at
+``PACE_BYTES_PER_S`` (past what page-cache writes reach on 2–8 cores) could have used what is
+left, never later than ``MAX_INTERVAL_S``. A sample reads two ``/proc`` files per process, so
+every 10 ms across four calls of 240 processes each cost the engine 57 % of a core (outsider
+attack 36); under the 2 GiB default a call is sampled every 0.25 s until it has written most of
+it. The overshoot bound is unchanged: the rate times ``INTERVAL_S`` near the quota."""
 
 WATCH_NICE = -10
 """The sampling thread's nice value (root only): scheduled ahead of the call it watches."""
@@ -100,27 +111,68 @@ def cgroup_members(procs_files: Iterable[str], *, nested: bool = True
 
 
 class WriteWatch:
-    """Samples the bytes the call's processes wrote every ``INTERVAL_S`` on a thread; over
-    ``limit`` it calls ``kill`` once and says so (``tripped``)."""
+    """Samples the bytes the call's processes wrote every ``INTERVAL_S``; over ``limit`` it
+    calls ``kill`` once and says so (``tripped``). Sampled on a thread of its own, or
+    (``start(shared=True)``: the proc executors, one call after another) by the process's one
+    sampler thread, which saves a thread start per call. There the sampler sends the signals
+    itself (``kill_now``: no wait, no byte more written) and ``kill``, which waits until every
+    process is gone, runs on a thread of its own: a slow group kill never delays another
+    call's samples."""
 
     def __init__(self, limit: int, members: Callable[[], list[int]],
-                 kill: Callable[[], object], interval_s: float = INTERVAL_S) -> None:
+                 kill: Callable[[], object], interval_s: float = INTERVAL_S,
+                 kill_now: Callable[[], object] | None = None) -> None:
         self.limit = limit
         self._members = members
         self._kill = kill
-        self._interval = interval_s
+        self._kill_now = kill_now
+        self.interval = interval_s
+        self._shortest = interval_s
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # a sample under way and ``stop`` exclude each other
         self._base: dict[int, int] = {}  # what a process had written before the call
         self.used = 0  # the most the call was seen to have written
         self.tripped = False
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="write-watch")
+        self._thread: threading.Thread | None = None
+        self._killer: threading.Thread | None = None
+        self._shared = False
 
-    def start(self, preexisting: Iterable[int] = ()) -> WriteWatch:
+    def start(self, preexisting: Iterable[int] = (), *, shared: bool = False) -> WriteWatch:
         """Start sampling; ``preexisting`` processes (a held launcher) count from now."""
         for pid in preexisting:
             self._base[pid] = written(pid) or 0
-        self._thread.start()
+        self._shared = shared
+        if shared:
+            _sampler().add(self)
+        else:
+            self._thread = threading.Thread(target=self._loop, daemon=True, name="write-watch")
+            self._thread.start()
         return self
+
+    def tick(self) -> None:
+        """One sample; over the limit, ``kill`` once."""
+        with self._lock:
+            if self.tripped or self._stop.is_set():
+                return
+            used = self.sample()
+            if used <= self.limit:
+                self.interval = min(MAX_INTERVAL_S, max(
+                    self._shortest, (self.limit - used) / PACE_BYTES_PER_S))
+                return
+            self.tripped = True
+            if self._shared:
+                if self._kill_now is not None:
+                    with contextlib.suppress(OSError):
+                        self._kill_now()
+                self._killer = threading.Thread(target=self._kill_quietly, daemon=True,
+                                                name="write-watch-kill")
+                self._killer.start()
+                return
+        self._kill_quietly()
+
+    def _kill_quietly(self) -> None:
+        with contextlib.suppress(OSError):
+            self._kill()
 
     def sample(self) -> int:
         total = 0
@@ -132,24 +184,22 @@ class WriteWatch:
         return total
 
     def _loop(self) -> None:
-        # The overshoot is the write rate times the time between samples, and on a loaded
-        # machine a nice-0 thread waits its turn behind the very writer it watches (96 MB
-        # past an 8 MB quota at load 8). Linux applies a thread id's nice to that thread only;
-        # only root may lower it, and without it the watch still runs, less promptly.
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WATCH_NICE)
-        while not self._stop.wait(self._interval):
-            if self.sample() > self.limit:
-                self.tripped = True
-                with contextlib.suppress(OSError):
-                    self._kill()
+        _run_ahead()
+        while not self._stop.wait(self.interval):
+            self.tick()
+            if self.tripped:
                 return
 
     def stop(self) -> None:
-        """Stop sampling (the call has ended); waits for a sample under way."""
+        """Stop sampling (the call has ended); waits for a sample, or a kill, under way."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        if self._shared:
+            _sampler().remove(self)
+        with self._lock:  # a sample under way has ended; none starts after the flag
+            pass
+        for thread in (self._thread, self._killer):
+            if thread is not None and thread.is_alive():
+                thread.join()
 
     def over(self, reaped_bytes: int | None = None) -> bool:
         """Whether the call passed its quota: seen by a sample, or in the exact total of the
@@ -166,11 +216,96 @@ class WriteWatch:
                 f"{self.limit}-byte `{option}` limit")
 
 
+def _run_ahead() -> None:
+    """Give the calling sampler thread nice ``WATCH_NICE``.
+
+    The overshoot is the write rate times the time between samples, and on a loaded machine a
+    nice-0 thread waits its turn behind the very writer it watches (96 MB past an 8 MB quota at
+    load 8). Linux applies a thread id's nice to that thread only; only root may lower it, and
+    without it the watch still runs, less promptly."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WATCH_NICE)
+
+
+class _Sampler:
+    """The one thread that samples every shared watch at its interval; idle (waiting, no
+    timer) while no call runs."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[WriteWatch, float] = {}
+        self._wake_at: float | None = None  # the timed wait under way; None: idle
+        self._thread: threading.Thread | None = None
+
+    def add(self, watch: WriteWatch) -> None:
+        due = time.monotonic() + watch.interval
+        with self._cond:
+            self._due[watch] = due
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                name="write-watch")
+                self._thread.start()
+            elif self._wake_at is None or due < self._wake_at:
+                self._cond.notify()
+
+    def remove(self, watch: WriteWatch) -> None:
+        with self._cond:
+            self._due.pop(watch, None)
+
+    def _loop(self) -> None:
+        _run_ahead()
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                while not self._due or min(self._due.values()) > now:
+                    self._wake_at = min(self._due.values()) if self._due else None
+                    self._cond.wait(None if self._wake_at is None else self._wake_at - now)
+                    now = time.monotonic()
+                self._wake_at = now
+                ready = [w for w, t in self._due.items() if t <= now]
+                for w in ready:
+                    self._due[w] = now + w.interval
+            for w in ready:  # outside the lock: a watch's own lock guards its sample
+                try:
+                    w.tick()
+                except Exception:  # noqa: BLE001 - one call's failed sample must not end
+                    # the sampling of every other call; the call's own end check (wait4's
+                    # exact total) still applies
+                    threading.excepthook(threading.ExceptHookArgs(
+                        (*sys.exc_info(), threading.current_thread())))
+
+
+_SAMPLER: list[_Sampler] = []
+
+
+def _sampler() -> _Sampler:
+    if not _SAMPLER:
+        with _SAMPLER_LOCK:
+            if not _SAMPLER:
+                _SAMPLER.append(_Sampler())
+    return _SAMPLER[0]
+
+
+_SAMPLER_LOCK = threading.Lock()
+
+
+def _forget_sampler_after_fork() -> None:  # its thread and lock states stay in the parent
+    global _SAMPLER_LOCK
+    _SAMPLER_LOCK = threading.Lock()
+    _SAMPLER.clear()
+
+
+os.register_at_fork(after_in_child=_forget_sampler_after_fork)
+
+
 def start(limit: int, root: int, cg: ExecCgroup | None, kill: Callable[[], object], *,
-          preexisting: bool = False) -> WriteWatch:
+          preexisting: bool = False, kill_now: Callable[[], object] | None = None
+          ) -> WriteWatch:
     """The proc executors' watch over one call: the tree of ``root`` together with its exec
     cgroup's members (which keep a double-forked process); ``preexisting``: ``root`` is a held
-    launcher, started before the call, whose earlier writes do not count."""
+    launcher, started before the call, whose earlier writes do not count. Sampled by the
+    shared sampler thread (no thread started per call), which calls ``kill_now`` (signals
+    only) itself when the quota is passed, then ``kill`` on a thread of its own."""
     in_group = cgroup_members(cg.procs_files[:1], nested=False) if cg else None
 
     def members() -> list[int]:
@@ -179,4 +314,5 @@ def start(limit: int, root: int, cg: ExecCgroup | None, kill: Callable[[], objec
             pids = sorted({*pids, *in_group()})[:MAX_PIDS]
         return pids
 
-    return WriteWatch(limit, members, kill).start([root] if preexisting else [])
+    return WriteWatch(limit, members, kill, kill_now=kill_now).start(
+        [root] if preexisting else [], shared=True)

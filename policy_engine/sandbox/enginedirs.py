@@ -14,7 +14,7 @@ import contextlib
 import os
 import site
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 
 def launcher_cache_dir(env: Mapping[str, str]) -> str:
@@ -81,12 +81,14 @@ def shared_root_refusal(path: str, shown: str | None = None) -> str | None:
     return None
 
 
-def protected_trees(env: Mapping[str, str],
-                    extra: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+def protected_trees(env: Mapping[str, str], extra: Iterable[tuple[str, str]] = (), *,
+                    realpath: Callable[[str], str] = os.path.realpath) -> list[tuple[str, str]]:
     """``(path, what)`` for every engine tree a writable entry may not touch (paths resolved).
 
     A sandbox config named elsewhere (``$POLICY_ENGINE_SANDBOX_CONFIG``) is not one of them:
-    its directory may hold the project; the generated policy blacklists the file instead."""
+    its directory may hold the project; the generated policy blacklists the file instead.
+    ``realpath``: ``os.path.realpath`` or one answering alike (the proc executor's single
+    ``openat2`` probe per path on its call path)."""
     conf = config_home(env)
     out = [(launcher_cache_dir(env), "the engine's native launcher cache"),
            (os.path.join(conf, "policy-engine"), "the engine's configuration directory")]
@@ -95,7 +97,7 @@ def protected_trees(env: Mapping[str, str],
     out += [(h, "a login hook directory (runs programs at your next login)") for h in hooks]
     out += [(p, "the engine's code or the Python it runs from") for p in engine_code()]
     out += list(extra)
-    return [(os.path.realpath(p), what) for p, what in out]
+    return [(realpath(p), what) for p, what in out]
 
 
 def tree_refusal(path: str, trees: Iterable[tuple[str, str]],

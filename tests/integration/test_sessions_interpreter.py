@@ -293,6 +293,11 @@ def test_ttl_expiry_ends_the_interpreter(sessions: Sessions) -> None:
     while mine & _interpreters():
         assert time.monotonic() < deadline, "the reaper ended the expired session's interpreter"
         time.sleep(0.1)
+    # the interpreter can be gone (killed, reaped) a moment before the reaper has written the
+    # session's last events: wait for them, within the same deadline
+    while sessions.events("acme", "alice", s.session_id)[-1]["event"] != "ended" \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
     ended = sessions.events("acme", "alice", s.session_id)[-1]
     assert ended["event"] == "ended"
     assert ended["detail"]["reason"] == "expired"

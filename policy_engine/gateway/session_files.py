@@ -4,6 +4,7 @@ the gateway with its own decision and evidence (docs/sessions.md)."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -197,8 +198,16 @@ class SessionFiles:
                 # the code every face gives a missing file, in the caller's words: the
                 # backend's message names the host path of the workspace
                 raise PolicyRefusal(_missing(called.envelope_id, work, op.path))
-            raise PolicyRefusal(called.refusal)
+            raise PolicyRefusal(_in_caller_words(called.refusal, work))
         return called
+
+
+def _in_caller_words(refusal: Refusal, work: Path) -> Refusal:
+    """``refusal`` with the workspace's host path in its message written as the caller's
+    relative paths are (the guard and the backends name the host path they decided on)."""
+    message = refusal.message.replace(f"{work}/", "").replace(str(work), ".")
+    return refusal if message == refusal.message else dataclasses.replace(refusal,
+                                                                          message=message)
 
 
 def _missing(envelope_id: str | None, work: Path, path: str) -> Refusal:

@@ -254,6 +254,15 @@ def test_session_files_are_guarded_ops_and_stay_in_the_session(sessions: Session
     assert (masked.value.refusal.code, masked.value.refusal.retryable) == (
         "TOOL.EXECUTION_FAILED", False), masked.value.refusal
     assert secret.read_text() == "TOKEN=x"
+    # a refusal names the path as the caller wrote it, never where the host keeps the
+    # workspace (attack 36: a masked file and a symlink out of the root showed the host path)
+    (sessions.workspace(s) / "out-link").symlink_to("/etc/hostname")
+    for name in (".env", "out-link"):
+        with pytest.raises(PolicyRefusal) as refused:
+            files.download("acme", "alice", s.session_id, name)
+        assert refused.value.refusal.http_status == 403, refused.value.refusal
+        assert str(sessions.workspace(s)) not in refused.value.refusal.message, refused.value
+        assert f"`{name}`" in refused.value.refusal.message, refused.value.refusal.message
     state = sessions.config.state_dir
     evidence = "\n".join(p.read_text() for p in state.rglob("*.jsonl"))
     assert up["envelope_id"] in evidence

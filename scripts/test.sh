@@ -14,6 +14,17 @@ mkdir -p var
 python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; x = p["optional-dependencies"]; print("\n".join(p["dependencies"] + x["serve"] + x["mcp"]))' > var/wheelhouse.txt
 python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
   -d "$PE_WHEELHOUSE" -r var/wheelhouse.txt
+# Bytecode, written once beside the set-up: with PYTHONDONTWRITEBYTECODE set (this image's shell
+# sets it, as many CI images do) no process writes a .pyc, so on a fresh checkout every CLI the
+# suite starts compiles its ~100-230 modules from source (0.1-0.5 s of CPU each time) and each
+# worker rewrites every test file's asserts again (about 10 s of CPU). Reading them needs no
+# write; the suite's own processes still write none. (syrupy off: a collection alone would call
+# every snapshot unused and exit 1.)
+echo "== bytecode (in the background)"
+(env -u PYTHONDONTWRITEBYTECODE python3 -m compileall -q -j 0 policy_engine plugins \
+   && env -u PYTHONDONTWRITEBYTECODE python3 -m pytest -q -p no:cacheprovider -p no:syrupy \
+        --collect-only "$@") > var/bytecode.log 2>&1 &
+bytecode_pid=$!
 echo "== ruff"; python3 -m ruff check policy_engine plugins tests benchmarks conformance
 # mypy --strict takes a core for a minute or two: it runs beside the set-up and the suite (most
 # of which waits on child processes) and its verdict is printed, and counted, after the suite
@@ -28,6 +39,7 @@ source scripts/lib/redis.sh; ensure_redis
 source scripts/lib/postgres.sh; ensure_postgres
 # most tests wait on child processes, sandboxes, containers and servers: two workers on two
 # cores pay; a file's tests stay together on one worker (tests/conftest.py, docs/testing.md)
+wait "$bytecode_pid" || echo "(warming the bytecode failed: var/bytecode.log; the suite compiles as it goes)"
 echo "== pytest"; tests=0
 python3 -m pytest -q -p no:cacheprovider -n "${PE_TEST_WORKERS:-2}" \
   --dist loadgroup --no-loadscope-reorder --durations=30 "$@" || tests=$?

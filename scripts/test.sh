@@ -20,8 +20,22 @@ python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: 
 # worker rewrites every test file's asserts again (about 10 s of CPU). Reading them needs no
 # write; the suite's own processes still write none. (syrupy off: a collection alone would call
 # every snapshot unused and exit 1.)
-echo "== bytecode (in the background)"
-(env -u PYTHONDONTWRITEBYTECODE python3 -m compileall -q -j 0 policy_engine plugins \
+echo "== bytecode, stale temporary trees (in the background)"
+# A killed pytest run (a timeout, ^C twice, a lost session) leaves its base temporary directory
+# with a .lock naming its pid, and pytest keeps such a tree for three days; the allowReadOutside
+# tests' mask planning walks every directory on the host, these included (docs/testing.md). The
+# trees whose run is gone are removed here, without crossing into anything mounted in them.
+stale_temp_runs() {
+  local root lock pid
+  root="$(python3 -c 'import getpass, tempfile; print(f"{tempfile.gettempdir()}/pytest-of-{getpass.getuser()}")')"
+  for lock in "$root"/pytest-*/.lock; do
+    [ -f "$lock" ] || continue
+    pid="$(head -c 16 "$lock" 2>/dev/null || true)"
+    case "$pid" in ''|*[!0-9]*) continue ;; esac
+    kill -0 "$pid" 2>/dev/null || rm -rf --one-file-system "$(dirname "$lock")" || true
+  done
+}
+(stale_temp_runs; env -u PYTHONDONTWRITEBYTECODE python3 -m compileall -q -j 0 policy_engine plugins \
    && env -u PYTHONDONTWRITEBYTECODE python3 -m pytest -q -p no:cacheprovider -p no:syrupy \
         --collect-only "$@") > var/bytecode.log 2>&1 &
 bytecode_pid=$!

@@ -21,18 +21,22 @@ python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: 
 # write; the suite's own processes still write none. (syrupy off: a collection alone would call
 # every snapshot unused and exit 1.)
 echo "== bytecode, stale temporary trees (in the background)"
-# A killed pytest run (a timeout, ^C twice, a lost session) leaves its base temporary directory
-# with a .lock naming its pid, and pytest keeps such a tree for three days; the allowReadOutside
-# tests' mask planning walks every directory on the host, these included (docs/testing.md). The
-# trees whose run is gone are removed here, without crossing into anything mounted in them.
+# Earlier runs' base temporary directories: the allowReadOutside tests' mask planning walks
+# every directory on the host, these included (about 21,000 a run; docs/testing.md). pytest
+# keeps the last one (tmp_path_retention_count), and a killed run's (a timeout, a lost session:
+# its .lock names a dead pid) for three days. Every tree whose run has ended is removed here,
+# without crossing into anything mounted in it; a running session's (its pid alive) is kept.
 stale_temp_runs() {
-  local root lock pid
+  local root dir pid
   root="$(python3 -c 'import getpass, tempfile; print(f"{tempfile.gettempdir()}/pytest-of-{getpass.getuser()}")')"
-  for lock in "$root"/pytest-*/.lock; do
-    [ -f "$lock" ] || continue
-    pid="$(head -c 16 "$lock" 2>/dev/null || true)"
-    case "$pid" in ''|*[!0-9]*) continue ;; esac
-    kill -0 "$pid" 2>/dev/null || rm -rf --one-file-system "$(dirname "$lock")" || true
+  for dir in "$root"/pytest-[0-9]*/; do
+    [ -d "$dir" ] || continue
+    pid="$(head -c 16 "$dir/.lock" 2>/dev/null || true)"
+    case "$pid" in *[!0-9]*) continue ;; esac
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then continue; fi
+    # no lock: an ended run, or one that started a moment ago and is about to write it
+    if [ -z "$pid" ] && [ -z "$(find "$dir" -maxdepth 0 -mmin +2)" ]; then continue; fi
+    rm -rf --one-file-system "$dir" || true
   done
 }
 (stale_temp_runs; env -u PYTHONDONTWRITEBYTECODE python3 -m compileall -q -j 0 policy_engine plugins \

@@ -25,7 +25,8 @@ def test_the_name_only_match_agrees_with_the_whole_glob(pattern: str) -> None:
     assert g.leaf is not None, pattern  # every pattern here is a leaf glob
     leaf = re.compile(g.leaf, re.DOTALL)
     frame = _frame((g,), {})
-    assert frame.leaves is not None and frame.slow == ()
+    assert frame.leaves is not None
+    assert frame.slow == ()
     checked = 0
     for d in DIRS:
         if not (d == g.prefix or d.startswith(g.prefix.rstrip("/") + "/")):

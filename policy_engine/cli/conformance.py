@@ -39,12 +39,16 @@ def _setup_failure(name: str, exc: SetupError) -> None:
               help="engine configuration whose plugin `options` the executor is built with")
 @click.option("--timeout-ms", type=click.IntRange(min=100), default=TIMEOUT_MS,
               show_default=True, help="profile timeout for the timeout check")
+@click.option("--probe-timeout-ms", type=click.IntRange(min=100), default=None,
+              help="profile timeout of every other probe (a probe the executor hangs on is "
+                   "reported once it passes)  [default: the system default, 60 s]")
 @click.option("--mode", type=click.Choice(["strict", "compat"]), default=None,
               help="strict refuses probes whose profile needs what the executor lacks; compat "
                    "runs them degraded and checks the evidence says so (honest weak backends); "
                    "default: the config's mode, else strict")
 def command(name: str | None, sink: str | None, fmt: str, junit: Path | None,
-            config_path: Path | None, timeout_ms: int, mode: str | None) -> None:
+            config_path: Path | None, timeout_ms: int, probe_timeout_ms: int | None,
+            mode: str | None) -> None:
     """Check that an installed executor (or evidence sink) plugin honours its contract.
 
     Exit 0 when every check passes, 1 when any fails, 2 when the suite cannot run (unknown
@@ -69,7 +73,8 @@ def command(name: str | None, sink: str | None, fmt: str, junit: Path | None,
             report = run_sink_suite(sink, options=options)
         else:
             assert name is not None  # INVARIANT: exactly one of the two is set
-            report = run_suite(name, options=options, timeout_ms=timeout_ms, mode=run_mode)
+            report = run_suite(name, options=options, timeout_ms=timeout_ms, mode=run_mode,
+                               probe_timeout_ms=probe_timeout_ms)
     except SetupError as exc:
         _setup_failure(name or str(sink), exc)
         raise SystemExit(EXIT_BAD_INPUT) from None

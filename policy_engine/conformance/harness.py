@@ -197,8 +197,12 @@ class Harness:
     def __init__(self, target: str, env: ProbeEnv, probes: list[Probe], *,
                  options: Mapping[str, Mapping[str, Any]] | None = None,
                  mode: Literal["strict", "compat"] = "strict",
-                 extra_plugins: Sequence[object] = ()) -> None:
+                 extra_plugins: Sequence[object] = (),
+                 probe_timeout_ms: int | None = None) -> None:
         self.target = target
+        # the profile timeout of a probe run with none of its own (None: the system default);
+        # a probe the executor hangs on is reported once it passes
+        self.probe_timeout_ms = probe_timeout_ms
         self.env = env
         self.sink = RecordingSink()
         policy = env.workdir / "conformance.sbpolicy"
@@ -271,7 +275,8 @@ class Harness:
         if timer is not None:
             timer.start()
         outcome = self.orch.run(self.grant(probe, with_capabilities=with_capabilities),
-                                self.manifest(probe, timeout_ms), op, settings=settings,
+                                self.manifest(probe, self.probe_timeout_ms if timeout_ms is None
+                                              else timeout_ms), op, settings=settings,
                                 context={"conformance_token": self.env.secret}, cancel=token)
         elapsed = time.monotonic() - started
         if timer is not None:

@@ -30,6 +30,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(repeatable)")
     group.addoption("--pe-timeout-ms", type=int, default=TIMEOUT_MS, metavar="MS",
                     help=f"profile timeout for the timeout check (default {TIMEOUT_MS})")
+    group.addoption("--pe-probe-timeout-ms", type=int, default=None, metavar="MS",
+                    help="profile timeout of every other probe (default: the system default, "
+                         "60 s)")
     group.addoption("--pe-sink", action="append", default=[], metavar="NAME",
                     help="run the evidence-sink checks against the installed sink NAME "
                          "(repeatable)")
@@ -102,7 +105,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     for name in names:
         try:
             report = run_suite(name, timeout_ms=config.getoption("pe_timeout_ms"),
-                               options=options, mode="compat" if mode == "compat" else "strict")
+                               options=options, mode="compat" if mode == "compat" else "strict",
+                               probe_timeout_ms=config.getoption("pe_probe_timeout_ms"))
         except SetupError as exc:
             items.append(CheckItem.from_parent(session, name=f"conformance[{name}]::setup",
                                                check=None,

@@ -105,7 +105,8 @@ def _probes_by_kind(provided: list[Probe] | None, env: ProbeEnv) -> dict[OpKind,
 def run_suite(name: str, *, options: Mapping[str, Mapping[str, Any]] | None = None,
               timeout_ms: int = TIMEOUT_MS, workdir: Path | None = None,
               mode: Literal["strict", "compat"] = "strict",
-              extra_plugins: Sequence[object] = ()) -> Report:
+              extra_plugins: Sequence[object] = (),
+              probe_timeout_ms: int | None = None) -> Report:
     """Run every check against the installed executor ``name``.
 
     :param options: plugin options (``EngineConfig.options``), e.g. ``{"tmp": {...}}``.
@@ -113,6 +114,10 @@ def run_suite(name: str, *, options: Mapping[str, Mapping[str, Any]] | None = No
         (and checks the evidence says so) instead of refusing it: for honest weak backends.
     :param extra_plugins: plugin objects registered besides the installed entry points (an
         embedding host's own executors).
+    :param probe_timeout_ms: the profile timeout of every probe that is meant to finish (all
+        but the timeout and cancellation checks' slow ones); ``None``: the system default
+        (60 s). A probe the executor hangs on fails `claims.probes-run` or its check either
+        way; a shorter one reports it sooner.
     :raises SetupError: the executor is not installed or the suite cannot start.
     """
     base = Path(tempfile.mkdtemp(prefix="policy-engine-conformance-", dir=workdir))
@@ -121,14 +126,15 @@ def run_suite(name: str, *, options: Mapping[str, Mapping[str, Any]] | None = No
         with ProbeServer(secret) as server:
             root, tmp = workdir_paths(base)
             env = ProbeEnv(workdir=base, root=root, tmp_dir=tmp, server=server, secret=secret)
-            return _run(name, env, dict(options or {}), timeout_ms, mode, extra_plugins)
+            return _run(name, env, dict(options or {}), timeout_ms, mode, extra_plugins,
+                        probe_timeout_ms)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
 def _run(name: str, env: ProbeEnv, options: dict[str, Mapping[str, Any]],
          timeout_ms: int, mode: Literal["strict", "compat"],
-         extra_plugins: Sequence[object]) -> Report:
+         extra_plugins: Sequence[object], probe_timeout_ms: int | None = None) -> Report:
     results, declared, provided, caps = _inspect(name, env, options, extra_plugins)
     by_kind = _probes_by_kind(provided, env)
     all_probes = [p for probes in by_kind.values() for p in probes]
@@ -139,7 +145,8 @@ def _run(name: str, env: ProbeEnv, options: dict[str, Mapping[str, Any]],
     if claim_env is not None:
         attacks.update(proc_claim_probes(claim_env, plants))
     harness = Harness(name, env, all_probes + list(attacks.values()), options=options,
-                      mode=mode, extra_plugins=extra_plugins)
+                      mode=mode, extra_plugins=extra_plugins,
+                      probe_timeout_ms=probe_timeout_ms)
     try:
         report = Report(executor=name, capabilities=caps.to_json() if caps else {},
                         results=results)

@@ -44,6 +44,7 @@ plus the optional C loop of ``revalidate``; ``plugins/executor_proc`` and
 from __future__ import annotations
 
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -56,6 +57,7 @@ from policy_engine.patterns.paths import (
     is_literal,
     literal_prefix,
     resolved_form,
+    segment_regex,
 )
 from policy_engine.sandbox.dircache import _DIR_COST, _PATH_COST
 from policy_engine.sandbox.dircache import DEFAULT_CACHE as DEFAULT_CACHE
@@ -103,6 +105,10 @@ class _Glob:
     prefix: str
     name: str | None  # `<prefix>/**/<name>`: matched by set intersection
     max_depth: int | None  # segments below the prefix a `**`-free glob can reach
+    # `<prefix>/**/<segment with wildcards>` (`**/*.pem`): beneath its prefix (where a walk
+    # only ever asks it: INVARIANT of ``_walk``) the path matches iff the entry's name matches
+    # the segment, so the name alone is matched, not the whole path against the whole glob
+    leaf: str | None = field(default=None, compare=False)
 
 
 @lru_cache(maxsize=4096)
@@ -114,7 +120,9 @@ def _compile(pattern: str, home: str) -> _Glob:
     rest = segs[len([s for s in prefix.split("/") if s]):]
     name = rest[1] if len(rest) == 2 and rest[0] == "**" and is_literal(rest[1]) else None
     depth = None if "**" in trimmed else len(rest)
-    return _Glob(PathGlob.of(expanded, home), prefix, name, depth)
+    leaf = segment_regex(rest[1]) + r"\Z" if name is None and len(rest) == 2 \
+        and rest[0] == "**" and rest[1] != "**" else None
+    return _Glob(PathGlob.of(expanded, home), prefix, name, depth, leaf)
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,8 +297,9 @@ class _Frame:
 
     active: tuple[_Glob, ...]
     fast: frozenset[str]
-    slow: tuple[_Glob, ...]
+    slow: tuple[_Glob, ...]  # matched path by path (neither a name nor a leaf)
     bounded: bool  # some glob stops at a depth: the children's frame must be recomputed
+    leaves: re.Pattern[str] | None = None  # every leaf glob's name pattern, one alternation
 
 
 _MEMO: dict[tuple[_Glob, ...], _Frame] = {}
@@ -302,10 +311,12 @@ def _frame(active: tuple[_Glob, ...], memo: dict[tuple[_Glob, ...], _Frame]) -> 
     if got is None:
         if len(memo) >= 4096:  # distinct glob sets (policies): a bound, not a working set
             memo.clear()
+        leaves = sorted({g.leaf for g in active if g.leaf is not None})
         got = memo[active] = _Frame(
             active, frozenset(g.name for g in active if g.name is not None),
-            tuple(g for g in active if g.name is None),
-            any(g.max_depth is not None for g in active))
+            tuple(g for g in active if g.name is None and g.leaf is None),
+            any(g.max_depth is not None for g in active),
+            re.compile("|".join(f"(?:{rx})" for rx in leaves), re.DOTALL) if leaves else None)
     return got
 
 
@@ -524,6 +535,9 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
         base = d.rstrip("/")
         names = got.names
         hits = frame.fast & names if frame.fast and not frame.fast.isdisjoint(names) else set()
+        if frame.leaves is not None:
+            leaf = frame.leaves.match
+            hits = set(hits) | {n for n in names if leaf(n)}
         for g in frame.slow:
             hits = set(hits) | {n for n in names if g.glob.matches(f"{base}/{n}")}
         if hits:

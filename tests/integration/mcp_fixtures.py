@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.integration.service_server import add_token
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,12 +57,7 @@ class Setup:
                 if r.get("type") == "end" and r.get("envelope_id") == envelope_id]
 
     def add_token(self, tenant: str, subject: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "policy_engine.cli", "tokens", "add",
-                               "--tenant", tenant, "--subject", subject, "--state-dir",
-                               str(self.state)], capture_output=True, text=True, timeout=60,
-                              env=self.env(), check=False)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
+        return add_token(self.state, tenant, subject)  # set-up: no CLI start per token
 
 
 def make_setup(root: Path, extra_policy: str = "") -> Setup:

@@ -33,9 +33,18 @@ def cli(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
 
 
 def add_token(state: Path, tenant: str, subject: str) -> str:
-    done = cli("tokens", "add", "--tenant", tenant, "--subject", subject, state=state)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+    """An agent token in the server's ``tokens.sqlite``: what `policy-engine tokens add
+    --state-dir` writes, without a CLI start per token (set-up only; the command itself, and a
+    server taking the token it printed, are tested in test_service_nonutf8_names.py and
+    test_replicas.py)."""
+    from policy_engine.tokens import TokenStore
+
+    store = TokenStore(state.absolute() / "tokens.sqlite")
+    try:
+        token, _info = store.add(tenant, subject, "", "agent")
+    finally:
+        store.close()
+    return token
 
 
 @dataclass

@@ -231,3 +231,45 @@ def test_an_executor_refusing_the_probes_fails_every_claim_it_makes() -> None:
         assert "SANDBOX.CAPABILITY_BLOCKED" in results[cid].message
     assert "refusing a program that looks like an attack is not isolation" in \
         results["claims.probes-run"].message
+
+
+# ---- the probe timeout -----------------------------------------------------------------------
+
+
+class DeadlineRecorder(SubprocessExecutor):
+    """The subprocess executor (declaring what the liar does, so the guard routes the probe to
+    it), recording the timeout each call's profile was built with."""
+
+    def __init__(self) -> None:
+        super().__init__("deadline-proc", LIAR.capabilities)
+        self.timeouts: list[int] = []
+
+    def execute(self, ctx: ExecContext, op: Any) -> ExecResult:
+        self.timeouts.append(ctx.profile.timeout_ms)
+        return super().execute(ctx, op)
+
+
+def test_the_probe_timeout_is_the_profile_timeout_of_probes_without_their_own(
+        tmp_path: Any) -> None:
+    """`--probe-timeout-ms` (``run_suite(probe_timeout_ms=...)``): a probe run without a
+    timeout of its own gets it; the timeout and cancellation checks keep theirs; unset, the
+    system default (60 s) applies as before."""
+    from policy_engine.conformance.harness import Harness, workdir_paths
+    from policy_engine.conformance.probes import ProbeEnv, default_probes
+    from policy_engine.conformance.server import ProbeServer
+
+    root, tmp = workdir_paths(tmp_path)
+    with ProbeServer("s3cret") as server:
+        env = ProbeEnv(workdir=tmp_path, root=root, tmp_dir=tmp, server=server, secret="s3cret")
+        probe = next(p for p in default_probes(OpKind.PROC_EXEC, env) if p.role == "run")
+        executor = DeadlineRecorder()
+        for probe_timeout, explicit, want in ((2_500, None, 2_500), (2_500, 1_000, 1_000),
+                                              (None, None, 60_000)):
+            harness = Harness(executor.name, env, [probe], extra_plugins=(Plugin(executor),),
+                              probe_timeout_ms=probe_timeout)
+            try:
+                run = harness.run(probe, "run", timeout_ms=explicit)
+            finally:
+                harness.close()
+            assert run.calls, run.outcome.result
+            assert executor.timeouts[-1] == want, (probe_timeout, explicit)

@@ -29,10 +29,13 @@ def test_a_liar_that_refuses_the_probes_fails_the_kit(tmp_path: Path) -> None:
               "--no-build-isolation", "--target", str(site), str(src), cwd=tmp_path)
     assert pip.returncode == 0, pip.stderr
     # this checkout's engine (not whichever one the console script points at), the plugin
-    # from its own directory
+    # from its own directory. The liar hands a tool its stdin only once the tool has ended, so
+    # the markers probe (which reads stdin) hangs until its profile timeout: 5 s instead of the
+    # system default's 60 (every other probe ends in well under a second on this executor)
     kit = run("-c", f"import sys; sys.path[:0] = [{str(site)!r}, {str(ROOT)!r}]; "
               "from policy_engine.cli.main import main; main()",
-              "conformance", "--executor", "liar-exec", "--format", "json", cwd=tmp_path)
+              "conformance", "--executor", "liar-exec", "--format", "json",
+              "--probe-timeout-ms", "5000", cwd=tmp_path)
     assert kit.returncode == 1, kit.stdout + kit.stderr
     checks = json.loads(kit.stdout)["checks"]
     failed = {r["id"] for r in checks if r["status"] == "fail"}
@@ -45,3 +48,5 @@ def test_a_liar_that_refuses_the_probes_fails_the_kit(tmp_path: Path) -> None:
     assert "host uid 0" in said["claims.not-host-root"]
     assert "/root/.env` (its SHA-256 came back through run)" in said["claims.mandatory-denies"]
     assert "reached the tool" in said["claims.env-filtering"]
+    assert "did not run the markers probe: it ended with LLM.TIMEOUT" \
+        in said["claims.probes-run"]

@@ -58,10 +58,10 @@ def test_langchain_tools_run_code_and_files_in_the_session(
     with pytest.raises(PolicyRefusal) as missing:
         tools["read_file"].invoke({"path": "no/such.txt"})
     assert (missing.value.refusal.code, missing.value.refusal.http_status) == \
-        ("SERVICE.NOT_FOUND", 404)
+        ("TOOL.NOT_FOUND", 404)  # a missing file, as every face says it
     told = {t.name: t for t in langchain_tools(client, sid, on_refusal="tell_model")}
     assert told["read_file"].invoke({"path": "no/such.txt"}).startswith(
-        "refused: SERVICE.NOT_FOUND: ")
+        "refused: TOOL.NOT_FOUND: ")
 
 
 def _invoke(tool: FunctionTool, args: dict[str, Any]) -> Any:

@@ -182,9 +182,10 @@ class FsExecutor:
         ctx.consume("bytes_in", total)
         ctx.record_side_effect(SideEffectRec(kind=SideEffect.READ, meta={
             "op": "fs.read", "path": op.path, "bytes": total}))
-        digest = Digest(b64=base64.b64encode(sha.digest()).decode(), size=total)
+        # ``Digest(...).model_dump()``'s dict, built directly (no model per read)
+        digest = {"algo": "sha256", "b64": base64.b64encode(sha.digest()).decode(), "size": total}
         return ExecResult(ok=True, out={
-            "path": op.path, "offset": offset, "size": total, "digest": digest.model_dump(),
+            "path": op.path, "offset": offset, "size": total, "digest": digest,
             "bytes_b64": base64.b64encode(bytes(head)).decode(),
             "preview_truncated": total > len(head), "resolver": self.opener.method,
         }, used=Usage(bytes_in=total))

@@ -18,8 +18,11 @@ def decision_fields(decision: Decision, profile: Profile | None,
     manifest, policy and settings), which is what the executor was held to.
     """
     # the guard may report its own effective limits (the field is being added to Decision)
-    carried = next((v for v in (getattr(decision, n, None) for n in ("effective_limits",
-                                                                     "limits"))
+    # read from the fields (``__dict__``), not ``getattr``: a name the model lacks costs
+    # pydantic's ``__getattr__`` and an AttributeError on every call (docs/benchmarks.md,
+    # "Twelfth pass")
+    fields = getattr(decision, "__dict__", {})
+    carried = next((v for v in (fields.get(n) for n in ("effective_limits", "limits"))
                     if isinstance(v, Limits)), None)
     limits = carried if carried is not None else (profile.limits if profile else None)
     return {

@@ -118,7 +118,10 @@ def _decision_json(decision: Decision) -> bytes:
     return rendered
 
 
+# ``json.dumps`` with these options builds this encoder on every call; it holds only them
+_COMPACT = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def _compact(value: object) -> bytes:
     """What starlette's ``JSONResponse`` renders for ``value``."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False,
-                      separators=(",", ":")).encode()
+    return _COMPACT.encode(value).encode()

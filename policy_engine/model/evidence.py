@@ -6,7 +6,7 @@ import base64
 import hashlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field
 
 from policy_engine.model.enums import SideEffect
 from policy_engine.model.limits import Limits, Usage
@@ -48,13 +48,14 @@ class ExecResult(BaseModel):
     used: Usage = Field(default_factory=Usage)
 
 
+# id(record) -> (record, its JSON); entries are added and read under the GIL (atomic dict calls)
+_RENDERED: dict[int, tuple[BaseModel, bytes]] = {}
+_RENDERED_MAX = 256  # a call reads its records back within itself: a few per thread
+
+
 class _Rendered(BaseModel):
     """A record's JSON rendered once: every sink writing it and the `/v1/ops` answer carrying
     the end record share the bytes (issue 27: one rendering per record, not one per use)."""
-
-    # (the __dict__ it was rendered from, the bytes): a copy (model_copy, copy.copy) has its
-    # own __dict__ and renders again; the dict is held, so its identity cannot be reused
-    _json: tuple[dict[str, Any], bytes] | None = PrivateAttr(default=None)
 
     def json_bytes(self) -> bytes:
         """``model_dump_json()`` as UTF-8 bytes, rendered on first use.
@@ -62,11 +63,18 @@ class _Rendered(BaseModel):
         INVARIANT: a record is not changed after it is first written (the models are frozen;
         their free-form dicts are built for the record and not touched again).
         """
-        cached = self._json
-        if cached is not None and cached[0] is self.__dict__:
-            return cached[1]
+        # remembered by identity in a small table, not in a pydantic private attribute: one
+        # costs its default's resolution at every construction and a ``__getattr__`` at every
+        # read (≈ 2 % of a `/v1/ops` call; docs/benchmarks.md, "Twelfth pass"). The entry
+        # holds the record, so its id cannot be another's while remembered; a copy
+        # (model_copy, copy.copy) is another object and renders again
+        hit = _RENDERED.get(id(self))
+        if hit is not None and hit[0] is self:
+            return hit[1]
         rendered = self.model_dump_json().encode()
-        self._json = (self.__dict__, rendered)
+        if len(_RENDERED) >= _RENDERED_MAX:
+            _RENDERED.clear()  # a cache, not a limit: a record dropped renders again
+        _RENDERED[id(self)] = (self, rendered)
         return rendered
 
     def __eq__(self, other: object) -> bool:

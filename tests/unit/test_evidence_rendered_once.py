@@ -37,3 +37,17 @@ def test_equality_ignores_the_kept_rendering() -> None:
     assert fresh == rendered
     assert rendered != _end("error")
     assert rendered != "not a record"
+
+
+def test_past_the_table_bound_every_record_still_renders_its_own_json() -> None:
+    # the kept renderings are a bounded table (cleared whole when full): a record whose
+    # rendering was dropped renders again, never another record's bytes
+    from policy_engine.model import evidence
+
+    records = [_end() for _ in range(evidence._RENDERED_MAX * 2 + 3)]
+    records = [r.model_copy(update={"envelope_id": f"e-{i}"}) for i, r in enumerate(records)]
+    first = [r.json_bytes() for r in records]
+    assert len(evidence._RENDERED) <= evidence._RENDERED_MAX
+    for i, (record, rendered) in enumerate(zip(records, first, strict=True)):
+        assert json.loads(rendered)["envelope_id"] == f"e-{i}"
+        assert record.json_bytes() == record.model_dump_json().encode()

@@ -7,10 +7,12 @@ tenant, and the log that records what it did (outsider attack 36). Like the mand
 (``builtin:mandatory-secrets``), no policy, grant or override lifts this deny, and it answers
 ``SANDBOX.CAPABILITY_BLOCKED`` as they do.
 
-The one exception is the session workspaces (``<state_dir>/run_code/<session>/...``, where the
-session runtime keeps them by default): the session files API and run_code act there. Only
-paths strictly beneath ``run_code/`` are open; ``run_code`` itself (the list of every session)
-is not.
+The exceptions are the workspaces the engine keeps there by default, where calls are meant to
+act: ``<state_dir>/run_code/`` (the session runtime's, ``gateway/sessions.py``) and
+``<state_dir>/workspace/`` (``serve`` and ``mcp``'s exec and session workspaces,
+``cli/serve.py``). Only paths strictly beneath them are open, not the directories themselves.
+A workspace configured elsewhere inside the state directory (``--workspace STATE/other``) is
+refused like the rest of it: keep workspaces at their default names or outside.
 
 The fact is the engine's, never a document's: the orchestrator builds its guard with
 ``config.state_dir`` (``Guard(state_dir=...)``), so the run, ``/v1/decide`` and ``explain
@@ -26,8 +28,8 @@ from policy_engine.model import RuleRef
 
 ENGINE_STATE_ID = "builtin:engine-state"
 ENGINE_STATE_RULE = RuleRef(id=ENGINE_STATE_ID, file="<builtin>", line=0, column=0)
-WORKSPACES = "run_code"
-"""The directory of the session workspaces beneath the state dir (``gateway/sessions.py``)."""
+WORKSPACES = ("run_code", "workspace")
+"""The default workspace directories beneath the state dir (module doc)."""
 
 
 class EngineState:
@@ -43,11 +45,11 @@ class EngineState:
         spelt = os.path.normpath(os.path.abspath(os.fspath(state_dir)))
         self.roots: tuple[str, ...] = tuple(dict.fromkeys((spelt, os.path.realpath(spelt))))
         self.prefixes = tuple(r.rstrip("/") + "/" for r in self.roots)
-        self.open = tuple(f"{p}{WORKSPACES}/" for p in self.prefixes)
+        self.open = tuple(f"{p}{w}/" for p in self.prefixes for w in WORKSPACES)
 
     def covers(self, path: str) -> bool:
         """Whether ``path`` (absolute, normalized) is the state dir or beneath it, and not
-        beneath a session workspace."""
+        beneath one of its workspace directories."""
         for root, prefix in zip(self.roots, self.prefixes, strict=True):
             if path == root or path.startswith(prefix):
                 return not path.startswith(self.open)

@@ -80,3 +80,63 @@ def test_the_evidence_log_cannot_be_overwritten(svc: Service, token: str) -> Non
     while envelope not in log.read_text() and time.monotonic() < deadline:
         time.sleep(0.1)  # a record may reach the file just after the answer
     assert envelope in log.read_text()
+
+
+def _post(svc: Service, token: str, route: str, op: dict[str, object]) -> httpx.Response:
+    caps = [{"kind": k, "paths": [f"{svc.root}/**"]} for k in ("fs.read", "fs.write", "fs.list")]
+    body = {"op": op, "manifest": "writer",
+            "grant": grant("acme", "agent:alice", svc.root, tool_name="writer",
+                           capabilities=caps)}
+    return httpx.post(f"{svc.url}{route}", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {token}"})
+
+
+def test_the_refusal_names_the_builtin_rule_and_decide_gives_the_same(svc: Service,
+                                                                      token: str) -> None:
+    op = {"kind": "fs.read", "path": f"{svc.state}/tokens.sqlite"}
+    ran = _post(svc, token, "/v1/ops", op).json()
+    said = _post(svc, token, "/v1/decide?explain=full", op).json()
+    assert ran["error"]["code"] == "SANDBOX.CAPABILITY_BLOCKED", ran
+    assert ran["decision"]["rule"]["id"] == "builtin:engine-state", ran
+    assert said["decision"] == "deny", said
+    for field in ("code", "reason", "rule"):
+        assert said[field] == ran["decision"][field], field
+    assert any(s["node"] == "forbid" and (s.get("rule") or {}).get("id") ==
+               "builtin:engine-state" for s in said["trace"]), said["trace"]
+
+
+def test_a_symlink_into_the_state_dir_does_not_get_around_it(svc: Service, token: str) -> None:
+    link = svc.root / "innocent"
+    if not link.is_symlink():
+        link.symlink_to(svc.state)
+    for op in ({"kind": "fs.read", "path": f"{link}/keys/evidence-hmac.key"},
+               {"kind": "fs.write", "path": f"{link}/keys/evidence-hmac.key",
+                "bytes_b64": base64.b64encode(b"x").decode(), "overwrite": True},
+               {"kind": "fs.list", "path": f"{link}/keys"}):
+        for route in ("/v1/ops", "/v1/decide"):
+            resp = _post(svc, token, route, op)
+            body = resp.json()
+            code = body["error"]["code"] if route == "/v1/ops" else body["code"]
+            assert code == "SANDBOX.CAPABILITY_BLOCKED", (route, op["kind"], body)
+    assert (svc.state / "keys" / "evidence-hmac.key").read_bytes() != b"x"
+
+
+def test_a_listing_of_the_project_leaves_the_state_dir_out(svc: Service, token: str) -> None:
+    resp = _post(svc, token, "/v1/ops", {"kind": "fs.list", "path": str(svc.root), "depth": 3})
+    assert resp.status_code == 200, resp.text[:300]
+    listed = json.dumps(resp.json()["result"]["out"])
+    assert "hello.txt" in listed  # the project is listed
+    for name in ("tokens.sqlite", "evidence-hmac.key", "evidence.jsonl"):
+        assert name not in listed, name
+    refused = _post(svc, token, "/v1/ops", {"kind": "fs.list", "path": str(svc.state)})
+    assert refused.status_code == 403, refused.text[:300]
+
+
+def test_the_workspaces_under_the_state_dir_stay_open(svc: Service, token: str) -> None:
+    # serve keeps its exec and session workspaces in STATE/workspace: calls act there
+    target = svc.state / "workspace" / "attack36" / "note.txt"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    resp = _post(svc, token, "/v1/ops", {"kind": "fs.write", "path": str(target),
+                                         "bytes_b64": base64.b64encode(b"ok").decode()})
+    assert resp.status_code == 200, resp.text[:300]
+    assert target.read_bytes() == b"ok"

@@ -24,8 +24,8 @@ from policy_engine.config import default_state_dir
 from policy_engine.explain import explain
 from policy_engine.explain.pipeline import Explanation
 from policy_engine.explain.render_text import render_text
-from policy_engine.guard import Guard
 from policy_engine.explain.request import load_request, resolve_fixture
+from policy_engine.guard import Guard
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 

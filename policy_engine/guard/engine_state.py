@@ -1,4 +1,4 @@
-"""The engine's own state directory, refused to every guarded op (built-in rule ``builtin:engine-state``).
+"""The engine's own state directory, refused to every guarded op (``builtin:engine-state``).
 
 The state directory holds the evidence log and its HMAC key, the token database, budgets,
 revocations and spools: a policy permitting "the project" (``/p/**``) that holds ``./var``

@@ -14,7 +14,6 @@ import base64
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest

@@ -71,7 +71,8 @@ def test_every_kind_is_refused_in_the_state_dir(tmp_path: Path, trace: bool) -> 
         d = guard.decide(profile, op, now_ms=NOW, trace=trace)
         assert d.decision == "deny", op
         assert d.code == BLOCKED, (op, d.reason)
-        assert d.rule is not None and d.rule.id == ENGINE_STATE_ID, (op, d.reason)
+        assert d.rule is not None, (op, d.reason)
+        assert d.rule.id == ENGINE_STATE_ID, (op, d.reason)
         assert "engine's state directory" in d.reason
         if trace:
             assert any(s.rule is not None and s.rule.id == ENGINE_STATE_ID
@@ -103,11 +104,14 @@ def test_the_state_dir_is_known_by_its_real_path_too(tmp_path: Path) -> None:
     real.mkdir()
     (tmp_path / "alias").symlink_to(real)
     state = EngineState(tmp_path / "alias")
-    assert state.covers(f"{real}/keys/k") and state.covers(f"{tmp_path}/alias/tokens.sqlite")
+    assert state.covers(f"{real}/keys/k")
+    assert state.covers(f"{tmp_path}/alias/tokens.sqlite")
     assert state.covers(str(real))
     assert not state.covers(f"{real}-other/x")  # segment-wise, not a string prefix
-    assert not state.covers(f"{real}/run_code/s/x") and state.covers(f"{real}/run_code")
-    assert not state.covers(f"{real}/workspace/t/x") and state.covers(f"{real}/workspace")
+    assert not state.covers(f"{real}/run_code/s/x")
+    assert state.covers(f"{real}/run_code")
+    assert not state.covers(f"{real}/workspace/t/x")
+    assert state.covers(f"{real}/workspace")
 
 
 def test_the_fs_executor_refuses_it_as_a_second_line(tmp_path: Path) -> None:

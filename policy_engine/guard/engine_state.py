@@ -50,9 +50,9 @@ class EngineState:
     def covers(self, path: str) -> bool:
         """Whether ``path`` (absolute, normalized) is the state dir or beneath it, and not
         beneath one of its workspace directories."""
-        for root, prefix in zip(self.roots, self.prefixes, strict=True):
-            if path == root or path.startswith(prefix):
-                return not path.startswith(self.open)
+        # one C-level ``startswith`` over the tuples: this runs on every fs decision of the engine
+        if path.startswith(self.prefixes) or path in self.roots:
+            return not path.startswith(self.open)
         return False
 
     def reason(self, what: str, path: str) -> str:

@@ -132,7 +132,8 @@ def _builder(policyset: PolicySet, config: EngineConfig) -> ProfileBuilder:
 
 
 def _guard(policyset: PolicySet, config: EngineConfig) -> Guard:
-    return Guard(policyset, cache_size=config.profile_cache_size)
+    # the engine's own state directory is refused to every op (guard/engine_state.py)
+    return Guard(policyset, cache_size=config.profile_cache_size, state_dir=config.state_dir)
 
 
 def _wall_ms() -> int:

@@ -18,6 +18,7 @@ from plugins.executor_fs.mounts import LocalMounts
 from plugins.executor_fs.resolve import BeneathOpener, open_root, rename_noreplace, split_relative
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext, ExecutorCapabilities
+from policy_engine.guard.engine_state import ENGINE_STATE_ID, EngineState
 from policy_engine.model import (
     SYSTEM_DEFAULT_LIMITS,
     Digest,
@@ -118,13 +119,20 @@ class FsExecutor:
 
     def _parts(self, ctx: ExecContext, op: FsOp) -> list[str]:
         """Relative components of the path with its in-root links resolved (follow.py); a
-        mandatory deny is re-checked here as a second line."""
+        mandatory deny and the engine's state dir are re-checked here as a second line."""
         path = op.path
         parts = split_relative(path, ctx.profile.mappings.root_fs)
         resolved = followed(ctx, op)
         if resolved != path:
             parts = split_relative(resolved, ctx.profile.mappings.root_fs)
-        rule = mandatory_denied(ctx.profile, _normalized(ctx, parts))
+        normalized = _normalized(ctx, parts)
+        # the engine's state dir (guard/engine_state.py), as the call's guard knows it
+        state: EngineState | None = getattr(ctx.guard, "engine_state", None)
+        if state is not None and state.covers(normalized):
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                    state.reason("path", normalized),
+                                    audit={"rule": ENGINE_STATE_ID})
+        rule = mandatory_denied(ctx.profile, normalized)
         if rule is not None:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     f"path `{path}` is under a mandatory deny",

@@ -52,7 +52,7 @@ from policy_engine.executor import (
     check_string_lists,
     refusal_of,
 )
-from policy_engine.guard.binds import beneath, bound_paths
+from policy_engine.guard.binds import beneath, bound_paths, state_masks
 from policy_engine.model import (
     Digest,
     ExecOp,
@@ -423,9 +423,9 @@ class ProcExecutor:
 
     def _plan(self, ctx: ExecContext, op: ProcExecOp, tmpdir: str) -> Plan:
         """The call's sandbox plan (a subclass may widen it: the local runner)."""
-        return build_plan(ctx.profile, op, env_allow=self.options.env_allow,
-                          env_base=self.options.env_base, extra_ro=self.options.extra_ro_binds,
-                          tmpdir=tmpdir)
+        return hide_engine_state(ctx, build_plan(
+            ctx.profile, op, env_allow=self.options.env_allow, env_base=self.options.env_base,
+            extra_ro=self.options.extra_ro_binds, tmpdir=tmpdir))
 
     def _launcher_spec(self, plan: Plan, private_tmp: str | None,
                        net: RestrictedHandle | None) -> dict[str, Any]:
@@ -564,9 +564,9 @@ class ProcExecutor:
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
                                     f"{self.name}: {self.unavailable_reason}")
         private_tmp = None if self.backend == "bwrap" else "/tmp/pe-proc-PREVIEW"
-        plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
-                          env_base=self.options.env_base, extra_ro=self.options.extra_ro_binds,
-                          tmpdir=private_tmp or "/tmp", preview=True)
+        plan = hide_engine_state(ctx, build_plan(
+            ctx.profile, op, env_allow=self.options.env_allow, env_base=self.options.env_base,
+            extra_ro=self.options.extra_ro_binds, tmpdir=private_tmp or "/tmp", preview=True))
         self._refuse_engine_trees(plan)
         self.masked_at_run = tuple(plan.masked_at_run)
         plan.limits = resolve_limits(ctx.profile, op, ctx.limits)
@@ -935,6 +935,17 @@ def host_rlimits(lim: Limits, cg: cgroups.ExecCgroup | None,
 def _filter_hex(deny_inet: bool, deny_setsid: bool, deny_unix: bool, deny_bind: bool) -> str:
     return seccomp.build_filter(deny_inet=deny_inet, deny_setsid=deny_setsid,
                                 deny_unix=deny_unix, deny_bind=deny_bind).hex()
+
+
+def hide_engine_state(ctx: ExecContext, plan: Plan) -> Plan:
+    """``plan`` with the engine's state directory masked out of its binds (``state_masks``),
+    as the call's guard knows it (``Guard(state_dir=...)``): a bind of the project holding
+    ``./var`` shows neither its evidence, its keys nor its tokens, and cannot write there."""
+    files, dirs = state_masks(getattr(ctx.guard, "engine_state", None),
+                              [*plan.readable, *plan.writable], keep=(plan.cwd,))
+    plan.mask_files += [f for f in files if f not in plan.mask_files]
+    plan.mask_dirs += [d for d in dirs if d not in plan.mask_dirs]
+    return plan
 
 
 def _decode_stdin(op: ProcExecOp) -> bytes | None:

@@ -20,10 +20,12 @@ from policy_engine.cli.common import (
 )
 from policy_engine.compiler import compile_files
 from policy_engine.compiler.loaders import load_grant, load_manifest
+from policy_engine.config import default_state_dir
 from policy_engine.explain import explain
 from policy_engine.explain.pipeline import Explanation
 from policy_engine.explain.render_text import render_text
 from policy_engine.explain.request import load_request, resolve_fixture
+from policy_engine.guard import Guard
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
@@ -38,10 +40,14 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
 @click.option("--config", "config_path", type=_FILE,
               help="engine config: also check the backend the run would choose (`backends`, "
                    "`mode`, executor options) against what the profile requires")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="the engine state directory the run uses, refused to every op as the run "
+                   "refuses it (`builtin:engine-state`); default: the config's, else "
+                   "$POLICY_ENGINE_STATE or ./var")
 @format_option
 def command(
     policies: tuple[Path, ...], manifest: Path | None, grant: Path | None, request_path: Path,
-    config_path: Path | None, fmt: str,
+    config_path: Path | None, state_dir: Path | None, fmt: str,
 ) -> None:
     """Decide one request without running it and show the deciding rule and the trace.
 
@@ -58,10 +64,14 @@ def command(
     tool = load_or_exit(lambda: load_manifest(manifest_path))
     ticket = load_or_exit(lambda: load_grant(grant_path))
     if config_path is None:
-        result = explain(policyset, tool, ticket, request)
+        # the run's guard refuses the state dir it runs on (guard/engine_state.py): so does this
+        state = state_dir if state_dir is not None else default_state_dir()
+        result = explain(policyset, tool, ticket, request,
+                         guard=Guard(policyset, state_dir=state.absolute()))
     else:
-        result = _with_backends(config_path, lambda **kw: explain(policyset, tool, ticket,
-                                                                  request, **kw))
+        result = _with_backends(config_path, state_dir, lambda **kw: explain(
+            policyset, tool, ticket, request, guard=Guard(policyset, state_dir=kw.pop("state")),
+            **kw))
     if fmt == "json":
         echo_json(result.to_json())
     else:
@@ -69,9 +79,11 @@ def command(
     sys.exit(EXIT_OK)
 
 
-def _with_backends(config_path: Path, decide: Callable[..., Explanation]) -> Explanation:
+def _with_backends(config_path: Path, state_dir: Path | None,
+                   decide: Callable[..., Explanation]) -> Explanation:
     """``decide`` with the executors the config loads (built in a throwaway state directory
-    and closed again: a dry run leaves nothing behind); exit 2 when the engine would not start."""
+    and closed again: a dry run leaves nothing behind) and the run's state dir (``state``:
+    ``state_dir``, else the config's); exit 2 when the engine would not start."""
     from policy_engine.config import load_config
     from policy_engine.explain.backend import judge_in_state_dir
     from policy_engine.orchestration.selection import unknown_backends
@@ -83,7 +95,7 @@ def _with_backends(config_path: Path, decide: Callable[..., Explanation]) -> Exp
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     with tempfile.TemporaryDirectory(prefix="policy-engine-explain-") as tmp:
-        real_state = config.state_dir
+        real_state = (state_dir.absolute() if state_dir is not None else config.state_dir)
         config = replace(config, state_dir=Path(tmp))
         plugins = PluginManager.default()
         plugins.configure(config)
@@ -96,6 +108,6 @@ def _with_backends(config_path: Path, decide: Callable[..., Explanation]) -> Exp
             if bad is not None:
                 click.echo(f"error: {bad}", err=True)
                 sys.exit(EXIT_BAD_INPUT)
-            return decide(executors=comps.executors, config=config)
+            return decide(executors=comps.executors, config=config, state=real_state)
         finally:
             comps.close()

@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterable
 
 from policy_engine.errors import PolicyEngineError
+from policy_engine.guard.engine_state import WORKSPACES, EngineState
 from policy_engine.guard.paths import quote, resolve_beneath
 from policy_engine.model import FsCapability, Profile
 from policy_engine.patterns.paths import expand_home, glob_regex, literal_prefix
@@ -137,3 +138,35 @@ def cwd_refusal(profile: Profile, cwd: str, bound: Iterable[str] | None = None) 
     if not any(beneath(real, b) for b in bound):
         return f"cwd {quote(cwd)} is not a readable path of the profile"
     return None
+
+
+def state_masks(state: EngineState | None, binds: Iterable[str],
+                keep: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+    """(files, directories) a proc sandbox masks so that none of ``binds`` shows the engine's
+    state directory (``engine_state.py``): the state dir itself when a bind is or holds it;
+    when a bind or a ``keep`` path (the cwd) inside one of its workspaces must stay visible,
+    each entry of the state dir but the workspaces instead; and a bind lying inside the state
+    dir elsewhere. Masks come after the binds (bubblewrap's order), so a mask never lies
+    beneath another one here."""
+    if state is None:
+        return [], []
+    binds = list(binds)
+    files: list[str] = []
+    dirs: list[str] = []
+    for root in state.roots:
+        if not os.path.isdir(root) or os.path.islink(root):
+            continue  # absent, or the spelling through a link (its real path is a root too)
+        inside = [b for b in binds if b != root and beneath(b, root)]
+        if any(beneath(root, b) for b in binds):
+            if all(state.covers(b) for b in [*inside, *(k for k in keep if beneath(k, root))]):
+                dirs.append(root)
+                continue
+            with os.scandir(root) as entries:
+                for e in entries:
+                    if e.name not in WORKSPACES:
+                        (dirs if e.is_dir(follow_symlinks=False) else files).append(e.path)
+            continue
+        for b in inside:
+            if state.covers(b):
+                (dirs if os.path.isdir(b) and not os.path.islink(b) else files).append(b)
+    return sorted(set(files)), sorted(set(dirs))

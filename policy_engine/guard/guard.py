@@ -11,7 +11,10 @@ names below equal to the table's.
    ``profile.expires_at <= now`` → ``SANDBOX.PERMISSION_DENY``
 2. ``resolve``: the resource: path normalized and symlinks resolved beneath the root (a root
    that is not its own real path refuses), fs.write bound to the fs root or tmp dir, URL parsed,
-   argv shape → ``CAPABILITY_BLOCKED`` / ``SCHEMA.VALIDATION_FAILED`` / ``POLICY.DENY_TOOL``
+   argv shape → ``CAPABILITY_BLOCKED`` / ``SCHEMA.VALIDATION_FAILED`` / ``POLICY.DENY_TOOL``;
+   an fs path (resolved or as written), a proc.exec cwd or a tmp.alloc's tmp dir in the
+   engine's state directory (``engine_state.py``) → ``CAPABILITY_BLOCKED`` naming
+   ``builtin:engine-state``, before any forbid or permit (no policy lifts it)
 3. ``forbids``: deny-overrides, mandatory first: resource matches and condition true (or
    errors) → ``SANDBOX.CAPABILITY_BLOCKED`` naming the rule
 4. ``network``: network off for net.http / browser → ``CAPABILITY_BLOCKED``
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -53,6 +57,7 @@ from policy_engine.guard.compiled import (
     compile_profile,
     guard_condition,
 )
+from policy_engine.guard.engine_state import EngineState
 from policy_engine.guard.facts import FactSource
 from policy_engine.guard.layers import PolicyPermits, consent_for, layer_steps
 from policy_engine.guard.paths import quote
@@ -86,6 +91,10 @@ class Guard:
         non-regular or, without ``overwrite``, an existing file), so a dry run answers as the
         run does. Off only for pure policy comparisons that must not depend on the local disk
         (the benchmark peers); defaults to ``resolve_symlinks``.
+    :param state_dir: the engine's state directory (``config.state_dir``): every fs path, a
+        proc.exec's cwd and the tmp dir of a tmp.alloc in it are refused (``engine_state.py``,
+        rule ``builtin:engine-state``), the session workspaces beneath ``run_code/`` excepted.
+        ``None`` (a pure policy guard: tests, analysis) refuses nothing for it.
     :param cache_size: compiled profiles kept; the oldest is dropped first. Profiles of one
         shape (per-call copies of one template, see ``guard.shapes``) share one compilation,
         and every profile of the policy shares its compiled forbids; each of those caches is
@@ -93,7 +102,8 @@ class Guard:
     """
 
     def __init__(self, policyset: PolicySet | None = None, *, resolve_symlinks: bool = True,
-                 cache_size: int = 1024, fs_facts: bool | None = None) -> None:
+                 cache_size: int = 1024, fs_facts: bool | None = None,
+                 state_dir: str | os.PathLike[str] | None = None) -> None:
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
             raise ValueError(f"the guard's cache_size must be an integer of at least 1, "
                              f"not {cache_size!r}")
@@ -101,6 +111,7 @@ class Guard:
         self.resolve_symlinks = resolve_symlinks
         self.fs_facts = resolve_symlinks if fs_facts is None else fs_facts
         self.facts: FactSource | None = None  # None: this host's disk (``with_facts``)
+        self.engine_state = EngineState(state_dir) if state_dir is not None else None
         self._conditions = ConditionIndex(policyset)
         rules = policyset.consent_rules if policyset is not None else ()
         self._builtin_consent = any(r.condition is None for r in rules)

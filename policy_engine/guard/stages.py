@@ -8,6 +8,7 @@ same steps; a tracer only adds the words.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.guard import gitfiles
 from policy_engine.guard.chain import Runner, plan
 from policy_engine.guard.compiled import CompiledCap, CompiledProfile
+from policy_engine.guard.engine_state import ENGINE_STATE_RULE
 from policy_engine.guard.fsfacts import fs_refusal
 from policy_engine.guard.ipaddr import classify, is_address_allowed
 from policy_engine.guard.paths import collapse, normalize_path, path_refusal, quote
@@ -202,6 +204,10 @@ def resolve(s: Call) -> Decision | None:
             path, s.seen, inside, s.written = guard.facts.resolve(cp.root_fs, cp.tmp_dir,
                                                                   op.path)
         s.path = s.res = path
+        state = guard.engine_state
+        if state is not None and (state.covers(path) or
+                                  (s.written is not None and state.covers(s.written))):
+            return _engine_state(s, "path", path if state.covers(path) else s.written or path)
         if kind == "fs.write" and not inside:
             return _deny(s.phash, _BLOCKED,
                          f"write to {quote(path)} is outside the fs root and the tmp dir",
@@ -217,10 +223,31 @@ def resolve(s: Call) -> Decision | None:
             return _deny(_hash_of(s.profile), exc.code, exc.reason, None, None)
         s.res = rv.res
         # a proc.exec's cwd, judged after the policy (step ``facts``)
-        s.cwd = normalize_path(op.cwd) if kind == "proc.exec" and op.cwd is not None else None
+        s.cwd = cwd = normalize_path(op.cwd) if kind == "proc.exec" and op.cwd is not None \
+            else None
+        state = guard.engine_state
+        if state is not None:
+            if cwd is not None and (state.covers(cwd) or guard.facts is None and
+                                    state.covers(os.path.realpath(cwd))):
+                return _engine_state(s, "cwd", cwd)
+            if kind == "tmp.alloc" and (state.covers(s.cp.tmp_dir) or
+                                        state.covers(os.path.realpath(s.cp.tmp_dir))):
+                return _engine_state(s, "tmp dir", s.cp.tmp_dir)
     if s.tr is not None:
         s.tr.step("resolve", "pass", detail=_describe(s.rv, s.path))
     return None
+
+
+def _engine_state(s: Call, what: str, path: str) -> Decision:
+    """The refusal of a path in the engine's state directory (``engine_state.py``): a
+    mandatory deny, answered as the mandatory forbids answer (``CAPABILITY_BLOCKED``)."""
+    state = s.guard.engine_state
+    assert state is not None  # INVARIANT: called only when the guard has a state dir
+    reason = state.reason(what, path)
+    if s.tr is not None:
+        s.tr.step("resolve", "pass", detail=_describe(s.rv, s.path))
+        s.tr.step("forbid", "match", ENGINE_STATE_RULE, reason)
+    return _deny(s.phash, _BLOCKED, reason, ENGINE_STATE_RULE, s.tr)
 
 
 def forbids(s: Call) -> Decision | None:

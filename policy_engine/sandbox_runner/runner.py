@@ -220,8 +220,9 @@ class SandboxRunner:
         if not callable(previewer):
             out["error"] = f"backend `{sel.backend}` cannot show the command it would run"
             return out
+        # the run's guard: the executor masks what it knows (the engine's state dir) as the run
         ctx = ExecContext(profile=profile, deadline=float("inf"),
-                          limits=call_limits(decision, profile))
+                          limits=call_limits(decision, profile), guard=self._orch.guard)
         try:
             out["argv"] = list(previewer(ctx, op))
             # host-wide globs over a whole-host bind: masked by the run, not searched here

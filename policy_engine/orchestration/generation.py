@@ -9,6 +9,16 @@ from pathlib import Path
 _COUNTER = struct.Struct("<Q")
 
 
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """``(device, inode)`` of the file at ``path``, ``None`` when there is none: whether a file
+    kept open is still the one the path names."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 class Generation:
     """``path`` kept open: a writer ``bump``s it after each change it committed, a reader
     compares ``value`` with the one it last acted on — one ``pread``, no lock.
@@ -53,11 +63,7 @@ class Generation:
     def replaced(self) -> bool:
         """Whether ``path`` is no longer the open file (removed, or made anew): a bump there
         would not reach this reader."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return True
-        return (st.st_dev, st.st_ino) != self.identity
+        return file_identity(self.path) != self.identity
 
     def close(self) -> None:
         os.close(self._fd)

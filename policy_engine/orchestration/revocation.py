@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from policy_engine.errors import PolicyEngineError
 from policy_engine.model import Grant
-from policy_engine.orchestration.generation import Generation
+from policy_engine.orchestration.generation import Generation, file_identity
 from policy_engine.orchestration.store_errors import store_error
 
 log = logging.getLogger(__name__)
@@ -77,15 +77,6 @@ BEGIN UPDATE revocation_epoch SET epoch = epoch + 1 WHERE id = 1; END;
 """
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
-    """``(device, inode)`` of ``path``, ``None`` when there is none."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
-
-
 class SqliteRevocationList:
     """Revocations in ``state_dir/revocations.sqlite``: visible to every engine process sharing
     the state directory as soon as ``revoke`` returns (WAL, committed per call).
@@ -129,7 +120,7 @@ class SqliteRevocationList:
         """The open connection (opened and set up on first use, and again when the file at
         ``path`` is no longer the one it opened); call with the lock held."""
         if self._conn is not None:
-            if self._conn_file == _identity(self.path):
+            if self._conn_file == file_identity(self.path):
                 return self._conn
             # deleted or replaced: a connection to the old inode would read a list nobody
             # writes any more (outsider attack 36: a revocation in the recreated file missed)
@@ -154,7 +145,7 @@ class SqliteRevocationList:
             log.warning("revocation list `%s`: no deletion counter (%s); every change re-reads "
                         "the whole list", self.path, exc)
             self._incremental = False
-        self._conn, self._conn_file = conn, _identity(self.path)
+        self._conn, self._conn_file = conn, file_identity(self.path)
         return conn
 
     def _drop(self, db: sqlite3.Connection) -> None:

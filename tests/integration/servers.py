@@ -11,6 +11,7 @@ import datetime
 import ipaddress
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -89,6 +90,15 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     routes: dict[str, Route]
     seen: Seen
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # a client hanging up is what many tests do on purpose; the default handler prints a
+        # traceback to whatever stderr is captured at that moment, often another test's
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError,
+                                           ConnectionAbortedError, TimeoutError)):
+            self.seen.peer_closed_early.set()
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 def send(h: Handler, status: int, ctype: str | None, body: bytes,

@@ -106,6 +106,8 @@ def test_a_docker_session_exec_streams_its_chunks_while_it_runs(rt: Sessions) ->
     ended = time.monotonic()
     assert job.status == "completed", job.to_json()
     assert job.result is not None
+    # a refused or failed run streams nothing: say why rather than "no chunks"
+    assert job.result.success, job.to_json()
     firsts = [t for t, s_, text in seen if s_ == "stdout" and "first-marker" in text]
     assert firsts, seen
     first = firsts[0]

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from plugins.executor_proc import uid
 from plugins.executor_proc.spec import Plan
+from plugins.executor_proc.synthetic_etc import synthetic_etc
 from policy_engine.guard.binds import beneath
 from policy_engine.sandbox.masks import RUNTIME_DIRS
 
@@ -19,15 +18,6 @@ NetworkHook = Callable[[Plan], list[str]]
 """Extension point for network modes beyond off/on: given the plan, return extra bwrap args
 (e.g. ``--bind /run/pe-proxy.sock /run/proxy.sock`` plus ``--setenv HTTPS_PROXY …`` for the
 "restricted" mode's host-side proxy). The namespace itself stays unshared."""
-
-SYNTHETIC_ETC = {
-    "/etc/passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-                   "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-    "/etc/group": "root:x:0:\nnogroup:x:65534:\n",
-}
-"""What a sandbox sees instead of the host's account lists (seed 003: /etc/passwd is secret)."""
-_synthetic_lock = threading.Lock()
-_synthetic: dict[str, str] = {}
 
 LAUNCHER_DIR = "/run/policy-engine/launcher"
 NATIVE_PATH = "/run/policy-engine/sb_launch"
@@ -89,21 +79,6 @@ def _system_args(paths: list[str], root_bound: bool = False,
         else:
             args += ["--ro-bind", source(p), p]
     return args
-
-
-def synthetic_etc() -> dict[str, str]:
-    """Host copies of ``SYNTHETIC_ETC`` (written once per process, read-only, root-owned)."""
-    with _synthetic_lock:
-        if not _synthetic:
-            where = tempfile.mkdtemp(prefix="pe-etc-")
-            os.chmod(where, 0o755)
-            for path, text in SYNTHETIC_ETC.items():
-                host = os.path.join(where, os.path.basename(path))
-                with open(host, "w", encoding="ascii") as fh:
-                    fh.write(text)
-                os.chmod(host, 0o444)
-                _synthetic[path] = host
-        return dict(_synthetic)
 
 
 _SIZES: dict[str, bool] = {}

@@ -7,7 +7,9 @@ the directory changed is not trusted next time (a change within the same clock t
 the same ctime). A directory holding more than ``MAX_DIR_ENTRIES`` entries is never listed past
 the cap (``masks``: masked whole). Memory is bounded in bytes, not entries (issue 32 item 11):
 the listings, the hard-link listings and the walk records (``masks._WalkRecord``) each have a
-share of ``DirCache.max_bytes`` and the oldest go first. A forked child starts empty (its
+share of ``DirCache.max_bytes`` and the oldest go first; the newest walk record stays even
+when it alone is past its share (a whole host's: its size is bounded by the walk's directory
+budget, ``masks.MAX_PLAN_DIRS``). A forked child starts empty (its
 parent's inotify instance and locks are not its own).
 """
 
@@ -56,7 +58,8 @@ class DirCache:
     """Directory listings keyed by ctime; thread-safe enough (a race stores a fresh listing).
 
     ``max_bytes``: what listings (half), walk records (a quarter) and hard-link listings (a
-    quarter) may hold together, approximately; past its share each drops its oldest entries.
+    quarter) may hold together, approximately; past its share each drops its oldest entries
+    (the newest walk record stays, whatever its size).
     """
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, watch: bool = True) -> None:
@@ -104,12 +107,13 @@ class DirCache:
         return self._data_bytes + self._walk_bytes + self._linked_bytes
 
     def _evict(self, table: dict[Any, Any], held: int, share: int,
-               cost: Callable[[Any], int]) -> int:
+               cost: Callable[[Any], int], *, keep_newest: bool = False) -> int:
         """Drop ``table``'s oldest entries until ``held`` is below 3/4 of ``share``; caller
-        holds the lock. Returns what is held after."""
+        holds the lock. Returns what is held after. ``keep_newest``: the entry just added
+        stays even when it alone is past the share."""
         if held <= share:
             return held
-        for k in list(table):
+        for k in list(table)[:-1] if keep_newest else list(table):
             held -= cost(table.pop(k))
             if held <= share * 3 // 4:
                 break
@@ -126,8 +130,13 @@ class DirCache:
                 rec.cost = rec.measure()
                 rec.dirty = True
             self.walks[key] = rec
+            # the newest record stays whatever its size (a whole host's, bound with
+            # ``allowReadOutside``: ~19 MB for 73,000 directories against a 16 MB share):
+            # evicted by its own insertion, every plan walked the whole host again. Its size
+            # is bounded by the walk's directory budget (``masks.MAX_PLAN_DIRS``)
             self._walk_bytes = self._evict(self.walks, self._walk_bytes + rec.cost,
-                                           self.max_bytes // 4, lambda r: int(r.cost))
+                                           self.max_bytes // 4, lambda r: int(r.cost),
+                                           keep_newest=True)
 
     def listing(self, path: str) -> tuple[_Listing | None, bool]:
         """(listing or None when ``path`` is no longer a directory, whether it was re-listed)."""

@@ -200,3 +200,27 @@ def test_a_forked_worker_plans_without_the_parents_warm_up(world: Path,
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     pytest.fail("the forked worker's plan waited for the parent's warm-up thread")
+
+
+def test_a_walk_larger_than_its_share_is_kept_for_the_next_plan(world: Path) -> None:
+    """27.4: a bind of a whole host (``allowReadOutside``: ~73,000 directories on this host,
+    a record of ≈ 19 MB against the walk records' 16 MB share) was evicted by its own
+    insertion, so every call walked the whole host again (2 s of CPU each). The newest
+    record stays, whatever its size (``MAX_PLAN_DIRS`` bounds it); the older ones go."""
+    for i in range(400):
+        (world / "many" / f"d{i:03d}").mkdir(parents=True)
+    (world / "many" / "d399" / ".env").write_text("X=1")
+    cache = DirCache(max_bytes=256 << 10)  # a 64 KiB share: the walk's record is ~110 KiB
+    small = world / "out"
+    plan_masks([str(small)], [], PATTERNS, "/root", cache)
+    first = plan_masks([str(world)], [], PATTERNS, "/root", cache)
+    assert first.dirs_listed > 400
+    assert str(world / "many" / "d399" / ".env") in first.files
+    again = plan_masks([str(world)], [], PATTERNS, "/root", cache)
+    assert again.dirs_listed <= 2, again.dirs_listed  # reused: stamps checked, nothing listed
+    assert str(world / "many" / "d399" / ".env") in again.files
+    (world / "many" / "d007" / ".env").write_text("Y=1")  # a change is still seen
+    third = plan_masks([str(world)], [], PATTERNS, "/root", cache)
+    assert str(world / "many" / "d007" / ".env") in third.files
+    assert third.dirs_listed <= 3, third.dirs_listed
+    assert len(cache.walks) == 1  # the small one went: the share is what the rest may hold

@@ -153,14 +153,32 @@ class Components:
                 log.exception("closing %r failed", item)
 
 
-def _source_of(name: str, plugin: object, ep: EntryPoint | None) -> PluginSource:
+class _DistFacts:
+    """Each distribution's name and version, its METADATA parsed once: ``Distribution``
+    parses the file again on every ``metadata`` or ``version`` (three times per entry point
+    here: 45 ms of every engine start)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[object, str, str]] = {}  # the object kept: ids stay unique
+
+    def of(self, ep: EntryPoint | None) -> tuple[str, str] | None:
+        dist = getattr(ep, "dist", None) if ep is not None else None
+        if dist is None:
+            return None
+        got = self._seen.get(id(dist))
+        if got is None:
+            meta = dist.metadata
+            got = self._seen[id(dist)] = (dist, str(meta["Name"]), str(meta["Version"]))
+        return got[1], got[2]
+
+
+def _source_of(name: str, plugin: object, dist: tuple[str, str] | None) -> PluginSource:
     module = inspect.getmodule(plugin) if not inspect.ismodule(plugin) else plugin
     file = getattr(module, "__file__", None)
-    dist = getattr(ep, "dist", None) if ep is not None else None
     return PluginSource(
         name=name,
-        distribution=dist.metadata["Name"] if dist is not None else None,
-        version=dist.version if dist is not None else None,
+        distribution=dist[0] if dist is not None else None,
+        version=dist[1] if dist is not None else None,
         module=module.__name__ if module is not None else None,
         file=str(file) if file else None,
     )
@@ -192,9 +210,11 @@ class PluginManager:
         """
         eps = list(entry_points(group=group))
 
+        facts = _DistFacts()
+
         def order(ep: EntryPoint) -> tuple[bool, str]:
-            dist = getattr(ep, "dist", None)
-            return (dist is None or dist.metadata["Name"] != FIRST_PARTY_DISTRIBUTION, ep.name)
+            dist = facts.of(ep)
+            return (dist is None or dist[0] != FIRST_PARTY_DISTRIBUTION, ep.name)
 
         for ep in sorted(eps, key=order):
             if ep.name in self.sources or self.pm.has_plugin(ep.name):
@@ -214,7 +234,7 @@ class PluginManager:
             except Exception as exc:  # any import-time failure must not stop the others
                 self._fail(ep.name, "import", f"{type(exc).__name__}: {exc}")
                 continue
-            self.register(plugin, ep.name, source=_source_of(ep.name, plugin, ep))
+            self.register(plugin, ep.name, source=_source_of(ep.name, plugin, facts.of(ep)))
 
     def register(self, plugin: object, name: str, *, source: PluginSource | None = None) -> bool:
         """Register ``plugin`` under ``name`` after validating its hooks; ``False`` if refused."""

@@ -267,6 +267,14 @@ def check_image(client: docker.DockerClient, image: str) -> None:
         raise unavailable(exc) from None
 
 
+def mount_raced(err: PolicyEngineError) -> bool:
+    """Whether a container's init failed to mount one of its mounts ("error mounting ... to
+    rootfs"): a masked host path that vanished after the plan (runc cannot create its mount
+    point in a read-only bind). Nothing of the call ran: planning again is safe."""
+    return (err.code is ErrorCode.EXECUTION_FAILED
+            and "error mounting" in str((err.audit or {}).get("error", "")))
+
+
 def map_error(exc: BaseException) -> PolicyEngineError:
     """A registry code for whatever the SDK raised."""
     if isinstance(exc, PolicyEngineError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import posixpath
 import shutil
 import signal
@@ -96,6 +97,8 @@ else:  # the SDK on first use: a start that runs no container does not import it
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace/work",
             "LANG": "C.UTF-8", **GIT_PINS}
 _UNIX_FILTER = unix_filter().hex()  # a pooled command's, with network off (``_exec_warm``)
+_START_ATTEMPTS = 3  # a container's start, planned again when a masked path vanished meanwhile
+log = logging.getLogger(__name__)
 
 
 def session_key(profile: Profile) -> str:
@@ -479,16 +482,24 @@ class DockerExecutor:
         art_limit = self.options.max_artifacts_bytes
         removed: list[str] = []
         proxied: dict[str, int] | None = None
-        try:
-            if self.options.mode == "pool":
-                out, mounts, removed, proxied = self._pooled(ctx, ws, hard, argv, env, cwd,
-                                                             limits, deadline, op.stdin_b64,
-                                                             ident)
-            else:
-                out, mounts, proxied = self._run_once(ctx, ws, hard, argv, env, cwd, limits,
-                                                      deadline, stdin, ident)
-        except Exception as exc:  # noqa: BLE001 -- every failure leaves with a registry code
-            raise engine.map_error(exc) from None
+        for attempt in range(_START_ATTEMPTS):
+            try:
+                if self.options.mode == "pool":
+                    out, mounts, removed, proxied = self._pooled(
+                        ctx, ws, hard, argv, env, cwd, limits, deadline, op.stdin_b64, ident)
+                else:
+                    out, mounts, proxied = self._run_once(ctx, ws, hard, argv, env, cwd,
+                                                          limits, deadline, stdin, ident)
+                break
+            except Exception as exc:  # noqa: BLE001 -- every failure leaves with a registry code
+                err = engine.map_error(exc)
+                if (attempt + 1 < _START_ATTEMPTS and engine.mount_raced(err)
+                        and not ctx.cancel.cancelled and time.monotonic() < deadline):
+                    # a masked path vanished between the plan and the start: plan again
+                    log.info("docker: a mount failed at the container's start, planning "
+                             "again (%s)", str((err.audit or {}).get("error", ""))[-200:])
+                    continue
+                raise err from None
         # third line after seccomp and the 0700 project: no set-id file or device node stays
         stripped = [f"work/{p}" for p in setid.sweep(ws.work)]
         stripped += [f"{top}/{p}" for top, ro in ws.binds if not ro  # a bound call's
@@ -568,7 +579,8 @@ class DockerExecutor:
         client, streams = self.client()
         mounts = bind_mounts(self.options.system_binds, binds)
         mounts += masks.mask_mounts(ctx.profile, [m for m in ws.mounts() if "/artifacts" not in
-                                                  m[1]], self.options.system_binds)
+                                                  m[1]], self.options.system_binds,
+                                    masks.engine_state(ctx))
         net: RestrictedHandle | None = None
         if network.needs_proxy(ctx):
             net = network.start_proxy(ctx, deadline)
@@ -603,10 +615,12 @@ class DockerExecutor:
             binds = [(p, p, ro) for p, ro in ws.binds]
             slot = self._acquire_bound(
                 pool, bound_key(ctx.profile.tenant, ctx.profile.subject_id, ws.bound), ident,
-                binds, masks.mask_mounts(ctx.profile, binds, self.options.system_binds), left)
+                binds, masks.mask_mounts(ctx.profile, binds, self.options.system_binds,
+                                         masks.engine_state(ctx)), left)
         else:
             slot = pool.acquire(session_key(ctx.profile), left, tuple(
-                masks.mask_mounts(ctx.profile, [], self.options.system_binds)))
+                masks.mask_mounts(ctx.profile, [], self.options.system_binds,
+                                  masks.engine_state(ctx))))
         try:
             slot = pool.update_limits(slot, hard)
             return self._in_slot(ctx, ws, slot, client, streams, argv, env, cwd, limits,

@@ -25,7 +25,8 @@ def wanted(executor: DockerExecutor, ctx: ExecContext
     ident = identity.plan(binds, masks.masked(profile, [p for p, ro in binds if not ro]),
                           executor.options, executor.mode, gvisor(executor, ctx))
     mounts = [(p, p, ro) for p, ro in binds]
-    return ident, mounts, masks.mask_mounts(profile, mounts, executor.options.system_binds)
+    return ident, mounts, masks.mask_mounts(profile, mounts, executor.options.system_binds,
+                                            masks.engine_state(ctx))
 
 
 def gvisor(executor: DockerExecutor, ctx: ExecContext) -> bool:

@@ -9,6 +9,12 @@ copy instead.
 The host trees every container binds read-only (``system_binds``, default ``/usr``) get the
 masks a proc sandbox plans for them, from its warm walk (``spec.system_masks``): a secret
 planted under the host's ``/usr`` is hidden as bubblewrap hides it (attack 35, docker).
+
+The engine's state directory (evidence, keys, tokens) is hidden wherever a user's bind (a bound
+call's tree) or a host tree shows it, with the masks a proc sandbox gets
+(``guard.binds.state_masks``; attack 36, docker: a bound call on a project holding ``./var``
+read the evidence key). The container's own workspace (``/workspace``: the engine's project
+directories, by default inside the state directory) is not a user's bind.
 """
 
 from __future__ import annotations
@@ -16,7 +22,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from plugins.executor_docker.bound import CONTAINER_ROOT
 from plugins.executor_proc.spec import bounded_plan, system_masks
+from policy_engine.executor import ExecContext
+from policy_engine.guard.binds import state_masks
+from policy_engine.guard.engine_state import EngineState
+from policy_engine.guard.paths import is_beneath
 from policy_engine.lazy import lazy_module
 from policy_engine.model import FsCapability, Profile
 from policy_engine.patterns.paths import expand_home
@@ -37,17 +48,36 @@ def _plan(profile: Profile, sources: list[str]) -> MaskPlan:
     return bounded_plan(sources, [], patterns, home)  # a budget past which it is refused
 
 
+def engine_state(ctx: ExecContext) -> EngineState | None:
+    """The engine's state directory as the call's guard knows it (``Guard(state_dir=...)``,
+    the orchestrator's: the proc executor masks the same one)."""
+    return getattr(ctx.guard, "engine_state", None)
+
+
 def mask_mounts(profile: Profile, binds: list[tuple[str, str, bool]],
-                system: Sequence[str] = ()) -> list[Mount]:
+                system: Sequence[str] = (), state: EngineState | None = None) -> list[Mount]:
     """Mounts hiding every mandatory-denied path inside the ``(source, target, ro)`` binds,
     and inside the host trees ``system`` (bound read-only at their own path: the masks a proc
-    sandbox plans for them, ``spec.system_masks``)."""
+    sandbox plans for them, ``spec.system_masks``); and the engine's ``state`` directory where
+    a user's bind or a host tree shows it (``state_mounts``)."""
     plan = _plan(profile, [s for s, _, _ in binds])
     out = _mounts(plan.files, plan.dirs, binds)
     if system:
         files, dirs = system_masks(profile, system)
         out += _mounts(files, dirs, [(p, p, True) for p in system])
-    return out
+    return out + state_mounts(state, binds, system)
+
+
+def state_mounts(state: EngineState | None, binds: Sequence[tuple[str, str, bool]],
+                 system: Sequence[str] = ()) -> list[Mount]:
+    """The engine's state directory hidden in the binds of a user's tree (those outside the
+    container's ``/workspace``) and the host trees ``system``, as bubblewrap hides it."""
+    if state is None:
+        return []
+    shown = [b for b in binds if not is_beneath(CONTAINER_ROOT, b[1])]
+    shown += [(p, p, True) for p in system]
+    files, dirs = state_masks(state, [s for s, _, _ in shown])
+    return _mounts(files, dirs, shown)
 
 
 def _mounts(files: Sequence[str], dirs: Sequence[str],

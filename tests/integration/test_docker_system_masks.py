@@ -87,13 +87,13 @@ def test_a_session_container_made_before_the_secret_appeared_is_remade(
     s = pool_rt.create("acme", "alice", backend="docker")
     work = pool_rt.workspace(s)
     first = pool_rt.run_code("acme", "alice", s.session_id, _cat(where), "shell")
-    assert first.success, first
+    assert first.success, first.refusal
     assert "control-readable" in first.stdout, first
     before = _containers_binding(work)
     (where / ".env.later").rename(secret)
     time.sleep(0.2)
     seen = pool_rt.run_code("acme", "alice", s.session_id, _cat(where), "shell")
-    assert seen.success, seen
+    assert seen.success, seen.refusal
     _masked(seen.stdout, marker)
     after = _containers_binding(work)
     assert len(after) == 1, after

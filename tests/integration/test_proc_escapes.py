@@ -25,8 +25,8 @@ import pytest
 from plugins.executor_docker.engine import DockerOptions
 from plugins.executor_docker.executor import DockerExecutor
 from plugins.executor_docker.workspace import SANDBOX_UID, project_id_of
-from plugins.executor_proc.synthetic_etc import SYNTHETIC_ETC
 from plugins.executor_proc.executor import ProcExecutor, ProcOptions
+from plugins.executor_proc.synthetic_etc import SYNTHETIC_ETC
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.executor import ExecContext
 from policy_engine.model import FsCapability, Mappings, ProcExecOp, Profile, ProfileCapability

@@ -447,9 +447,16 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
 def _acquire(executor: DockerExecutor, pool: WarmPool, key: str, ctx: ExecContext) -> Slot:
     """The session's bound container, exactly as its plain calls get it
     (``interpreter_masks.wanted``); the exec then runs as the container's own user."""
-    ident, mounts, masked = interpreter_masks.wanted(executor, ctx)
-    return executor._acquire_bound(pool, key, ident, mounts, masked,
-                                   max(0.0, ctx.deadline - time.monotonic()))
+    left = 2  # planned again when a masked path vanished before the start (executor.py)
+    while True:
+        ident, mounts, masked = interpreter_masks.wanted(executor, ctx)
+        try:
+            return executor._acquire_bound(pool, key, ident, mounts, masked,
+                                           max(0.0, ctx.deadline - time.monotonic()))
+        except PolicyEngineError as err:
+            if not left or not engine.mount_raced(err) or time.monotonic() >= ctx.deadline:
+                raise
+            left -= 1
 
 
 def _limit(ctx: ExecContext, name: str) -> int:

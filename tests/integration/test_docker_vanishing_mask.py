@@ -60,17 +60,22 @@ def churn(system_tree: Path) -> Iterator[None]:
     t.join(timeout=10)
 
 
-@pytest.mark.parametrize("docker", [{"mode": "run-once"}, {"mode": "pool", "pool_size": 1}],
-                         ids=["run-once", "pool"])
+@pytest.mark.parametrize(("docker", "stateful"), [
+    ({"mode": "run-once"}, False), ({"mode": "pool", "pool_size": 1}, False),
+    # the live interpreter's container, re-made (and the interpreter restarted) as masks change
+    ({"mode": "pool", "pool_size": 1}, True)], ids=["run-once", "pool", "pool-stateful"])
 def test_docker_calls_succeed_while_a_masked_host_path_comes_and_goes(
-        tmp_path: Path, system_tree: Path, churn: None, docker: dict[str, object]) -> None:
+        tmp_path: Path, system_tree: Path, churn: None, docker: dict[str, object],
+        stateful: bool) -> None:
     failed = []
     options = {**docker, "system_binds": ["/usr", str(system_tree)]}
     with sessions_in(tmp_path, docker=options) as rt:
         s = rt.create("acme", "alice", backend="docker")
         deadline = time.monotonic() + 120
         for _ in range(20):
-            res = rt.run_code("acme", "alice", s.session_id, "echo ok", "shell")
+            res = (rt.run_code("acme", "alice", s.session_id, "print('ok')", stateful=True)
+                   if stateful else
+                   rt.run_code("acme", "alice", s.session_id, "echo ok", "shell"))
             if not res.success:
                 failed.append(res.refusal)
             assert time.monotonic() < deadline

@@ -77,6 +77,6 @@ def test_docker_calls_succeed_while_a_masked_host_path_comes_and_goes(
                    if stateful else
                    rt.run_code("acme", "alice", s.session_id, "echo ok", "shell"))
             if not res.success:
-                failed.append(res.refusal)
+                failed.append((res.refusal or {}).get("message"))
             assert time.monotonic() < deadline
     assert not failed, failed

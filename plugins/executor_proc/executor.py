@@ -12,6 +12,7 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from plugins.executor_proc import (
     landlock,
     native,
     owner,
+    pidfd_exit,
     prespawn,
     sanitize,
     seccomp,
@@ -487,7 +489,10 @@ class ProcExecutor:
         args = ["-s", str(status_fd)] + (["-C"] if spec["drop_caps"] else [])
         args += ["-k"] if spec.get("keep_status") else []
         args += ["-i"] if spec.get("init") else []
-        args += ["-w"] if spec.get("report_end") else []
+        if spec.get("end_fd") is not None:  # the tool's pidfd on this socket, no fork (-w else)
+            args += ["-W", str(spec["end_fd"])]
+        elif spec.get("report_end"):
+            args += ["-w"]
         ll, sc = spec["landlock"], spec.get("seccomp")
         args.append("-L" if ll["required"] else "-l")
         args += (["-t"] if ll["deny_tcp"] else []) + (["-S"] if ll["scope"] else [])
@@ -660,6 +665,7 @@ class ProcExecutor:
         layered = self.backend != "bwrap" or self.options.layer2
         spec = self._launcher_spec(plan, private_tmp, net) if layered else None
         cg_fds: list[int] = []
+        end: socket.socket | None = None
         start = time.monotonic()
         deadline = min(ctx.deadline, start + lim.timeout_s)
         if exe is not None and self._held is not None:
@@ -669,8 +675,16 @@ class ProcExecutor:
                 raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
                                         f"cannot start the sandbox: {exc.strerror}") from None
             proc, cg, status_r = held.proc, held.cg, held.status_r
-            host = host_rlimits(lim, cg, self.options.max_file_bytes) + ([] if spec is not None else
-                                            ["-x", str(held.status_fd)])  # tool must not forge
+            # what the tool must not get to forge a report is closed on the host, before bwrap
+            unused = [] if spec is not None else [held.status_fd]
+            if held.end is not None and spec is not None and spec.get("report_end"):
+                end = held.end  # -W: the tool exec'd in place, its pidfd sent on this socket
+                spec = {**spec, "end_fd": held.end_fd}
+            elif held.end is not None:
+                held.end.close()
+                unused.append(held.end_fd)
+            host = host_rlimits(lim, cg, self.options.max_file_bytes) + [
+                a for fd in unused for a in ("-x", str(fd))]
             argv = self._command(plan, spec, held.status_fd, exe, host, net, reach)
             try:
                 held.send(plan.cwd if self.backend != "bwrap" else "/",
@@ -721,11 +735,14 @@ class ProcExecutor:
                 for fh in (proc.stdout, proc.stderr):
                     fh.close()
                 os.close(status_r)
+                ended = pidfd_exit.receive(end) if end is not None else None
                 memory_peak = cg.memory_peak() if cg else None
                 oom_kills = cg.oom_kills() if cg else 0  # read before the group is released
                 cg_cpu = cg.cpu_ms() if cg else None
             if cg_cpu is not None:
                 outcome.rusage_cpu_ms = max(outcome.rusage_cpu_ms, cg_cpu)
+            if ended is not None:  # what the launcher's -w would have appended
+                outcome.status_json += json.dumps({"tool_end": pidfd_exit.tool_end(ended)}).encode()
             if spec is None:  # no seccomp layer refused setuid bits or device nodes: undo them
                 sanitize.sanitize(plan.writable)
             if watch.over(outcome.rusage_written):
@@ -737,6 +754,8 @@ class ProcExecutor:
                                 asked_network, degraded, chained=net is not None and layered,
                                 oom_kills=oom_kills)
         finally:
+            if end is not None:
+                end.close()
             # the used group's removal and the next held launcher are background work: woken
             # once the answer is built, not while it is (a woken thread preempts this one and
             # takes the GIL; a spawn joining its cgroup stalls every fork on the host)

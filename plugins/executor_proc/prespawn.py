@@ -17,6 +17,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -42,7 +43,8 @@ class Held:
     def send(self, cwd: str, env: dict[str, str], args: list[str]) -> None:
         """Hand over the command; raises OSError when the launcher is gone."""
         parts = [cwd, *(f"{k}={v}" for k, v in env.items()), "", *args]
-        data = memoryview(b"\0".join(os.fsencode(p) for p in parts) + b"\0")
+        # os.fsencode of each part, at once (UTF-8 with surrogateescape on Linux)
+        data = memoryview(("\0".join(parts) + "\0").encode(ENCODING, "surrogateescape"))
         try:
             while data:
                 data = data[os.write(self.ctl, data):]
@@ -209,6 +211,8 @@ launcher is still held: the call's caller is still building its answer then (evi
 ~1 ms; a woken thread preempts it and takes the GIL); short, so that the join's RCU grace
 period (every fork on the host waits) ends well before a next call 20 ms on. An empty pool is
 refilled at once."""
+
+ENCODING = sys.getfilesystemencoding()
 
 _POOLS: weakref.WeakSet[LauncherPool] = weakref.WeakSet()
 

@@ -863,8 +863,9 @@ class ProcExecutor:
         # tool killed by signal N reports 128 + N, as bwrap (pid 1) and shells already do
         code = os.waitstatus_to_exitcode(oc.status)
         code = 128 - code if code < 0 else code
+        out_digest, err_digest = out.digest().model_dump(), err.digest().model_dump()  # once each
         audit = {"backend": self.name, "duration_ms": duration_ms, "cpu_ms": oc.rusage_cpu_ms,
-                 "stdout": out.digest().model_dump(), "stderr": err.digest().model_dump()}
+                 "stdout": out_digest, "stderr": err_digest}
         if oc.timed_out or oc.cancelled:
             raise PolicyEngineError(ErrorCode.TIMEOUT, "process exceeded its wall-clock timeout"
                                     if oc.timed_out else "process cancelled", audit=audit)
@@ -918,7 +919,7 @@ class ProcExecutor:
             "stderr": stderr.decode(errors="replace"),
             "stdout_truncated": out.truncated, "stderr_truncated": err.truncated,
             "stdout_bytes": out.total, "stderr_bytes": err.total,
-            "stdout_digest": out.digest().model_dump(), "stderr_digest": err.digest().model_dump(),
+            "stdout_digest": dict(out_digest), "stderr_digest": dict(err_digest),
             "backend": self.name, "network": plan.network, "network_requested": asked_network,
             "isolation": self._isolation(status, plan.network),
             "limits": describe(plan.limits, cg), "memory_peak_bytes": memory_peak,

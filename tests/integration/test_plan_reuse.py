@@ -169,4 +169,5 @@ def test_in_the_sandbox_a_secret_planted_between_kept_plans_is_unreadable(
     out = run()
     assert "planted-between-calls" not in out["stdout"], out
     # masked (bound over, then refused to the tool), not missing: the plan named it
-    assert out["exit_code"] != 0 and "Permission denied" in out["stderr"], out
+    assert out["exit_code"] != 0, out
+    assert "Permission denied" in out["stderr"], out

@@ -677,7 +677,8 @@ class ProcExecutor:
             proc, cg, status_r = held.proc, held.cg, held.status_r
             # what the tool must not get to forge a report is closed on the host, before bwrap
             unused = [] if spec is not None else [held.status_fd]
-            if held.end is not None and spec is not None and spec.get("report_end"):
+            if (held.end is not None and spec is not None and spec.get("report_end")
+                    and self.backend == "bwrap"):  # proc-unshare's launcher is pid 1: -w
                 end = held.end  # -W: the tool exec'd in place, its pidfd sent on this socket
                 spec = {**spec, "end_fd": held.end_fd}
             elif held.end is not None:

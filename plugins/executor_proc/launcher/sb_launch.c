@@ -633,8 +633,8 @@ int main(int argc, char **argv) {
         put("\"}");
         write_all(status_fd, status, status_len);
         /* -W: the tool's end through its pidfd, no fork; -w's report when it cannot be sent */
-        if (end_fd >= 0 && !as_init)
-            report_end = !send_pidfd(end_fd);
+        if (end_fd >= 0) /* an init (-i) stays the tool's parent: it reports as -w does */
+            report_end = as_init || !send_pidfd(end_fd);
         /* -k: the next launcher appends its own status; -w: this one appends the tool's end */
         if (!keep_status && !report_end) close(status_fd);
     }

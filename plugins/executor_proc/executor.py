@@ -200,6 +200,7 @@ class ProcExecutor:
         # root drops to the sandbox uid before bwrap starts (uid.py); anyone else is already
         # unprivileged and runs it as itself
         self.run_as = self.options.run_as if os.geteuid() == 0 else None
+        self._reach_verdicts: dict[tuple[str, tuple[int, int]], bool] = {}  # ``_reachable``
         self.bwrap_path: str | None = None
         self.unshare_path: str | None = None
         if backend == "bwrap":
@@ -620,7 +621,7 @@ class ProcExecutor:
             if path not in known:
                 if path in own:
                     known[path] = reach.stage(own[path])
-                elif uid.reachable(path, *run_as, realpath=spec.realpath):
+                elif self._reachable(path, run_as):
                     known[path] = path
                 else:
                     # an engine path (launcher cache, interpreter): resolved, as the launcher
@@ -629,6 +630,18 @@ class ProcExecutor:
             return known[path]
 
         return source
+
+    def _reachable(self, path: str, run_as: tuple[int, int]) -> bool:
+        """``uid.reachable`` for an engine path (a system tree, the launcher), remembered: a
+        verdict gone stale can only make bwrap refuse a bind it cannot reach (the call fails,
+        and the verdicts are asked again), never bind another file (the profile's own binds
+        are always staged)."""
+        key = (path, run_as)
+        verdict = self._reach_verdicts.get(key)
+        if verdict is None:
+            verdict = self._reach_verdicts[key] = uid.reachable(path, *run_as,
+                                                                realpath=spec.realpath)
+        return verdict
 
     def _run(self, ctx: ExecContext, op: ProcExecOp, plan: Plan, stdin: bytes | None,
              private_tmp: str | None, asked_network: str,
@@ -905,6 +918,7 @@ class ProcExecutor:
                                     "up: " + stderr.decode(errors="replace")[24:300],
                                     audit=audit)
         if self.backend == "bwrap" and not status and code != 0 and stderr.startswith(b"bwrap:"):
+            self._reach_verdicts.clear()  # a bind source closed since it was found reachable?
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "bwrap could not set up the "
                                     "sandbox: " + stderr.decode(errors="replace")[:300],
                                     audit=audit)

@@ -11,7 +11,8 @@ its own, in which an event counts when it names an entry the plan depends on (th
 directory on a path's way down, the path itself; every entry of a deny tree): created, removed,
 renamed, its mode, owner or link count changed; the directory itself removed or moved, a queue
 overflow always count. The mount table is polled for a change (``POLLPRI`` on
-``/proc/self/mountinfo``: a mount moves no name).
+``/proc/self/mountinfo``: a mount moves no name) and compared with the one last seen (a
+mount made and gone between two plans, as a call's id-mapped bind, is no change).
 
 A plan is stored only when every one of its paths was watched before the plan began (the first
 plan of a profile adds the watches, the second is stored, later ones reuse it), and reused only
@@ -54,6 +55,10 @@ MAX_ENTRIES = 64
 """Plans kept (one per distinct profile and binds); the oldest goes first."""
 MAX_DEPS = 4096
 """Directories one plan may depend on; a plan needing more is not kept."""
+MAX_WATCHES = 8192
+MAX_NAMES = 100_000
+"""Past either (a service binding a new workspace per call adds a name or a watch each time)
+the cache starts over, empty, with a new inotify instance: bounded, never stale."""
 _EVENT = struct.Struct("iIII")
 
 
@@ -96,6 +101,7 @@ class PlanCache:
         self.usable = False
         self._fd = -1
         self._mountinfo: Any = None
+        self._mount_table = b""
         self._poll: Any = None
         try:
             libc = ctypes.CDLL(None, use_errno=True)
@@ -103,6 +109,7 @@ class PlanCache:
             self._add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
             self._fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
             self._mountinfo = open("/proc/self/mountinfo", "rb")  # noqa: SIM115 - held open
+            self._mount_table = self._mountinfo.read()
             self._poll = select.poll()
             self._poll.register(self._mountinfo.fileno(), select.POLLPRI | select.POLLERR)
         except (OSError, AttributeError):
@@ -151,8 +158,14 @@ class PlanCache:
                     counted = self._counted.get(d, set())
                     if ALL in counted or os.fsdecode(name) in counted:
                         self._count()
-        if self._poll is not None and self._poll.poll(0):
-            self.mounts += 1
+        if self._poll is not None and self._poll.poll(0) and self._mountinfo is not None:
+            # a change since the last look; the same table again (a call's id-mapped mount,
+            # made and gone: owner.py) is no change: the same mounts give the same view
+            self._mountinfo.seek(0)
+            table = self._mountinfo.read()
+            if table != self._mount_table:
+                self._mount_table = table
+                self.mounts += 1
 
     def _count(self) -> None:
         self.events += 1
@@ -196,6 +209,10 @@ class PlanCache:
         own = [f for f in files if _regular(f)]
         with self._lock:
             if not self.usable or len(needed) > MAX_DEPS:
+                return
+            if len(self._wds) > MAX_WATCHES or len(self._names) > MAX_NAMES:
+                self.close()
+                _renew(self)
                 return
             fresh = False
             for f in own:
@@ -288,6 +305,12 @@ def cache() -> PlanCache:
             if not _CACHE:
                 _CACHE.append(PlanCache())
     return _CACHE[0]
+
+
+def _renew(old: PlanCache) -> None:
+    with _CACHE_LOCK:
+        if _CACHE and _CACHE[0] is old:
+            _CACHE[0] = PlanCache()
 
 
 def _forget_after_fork() -> None:

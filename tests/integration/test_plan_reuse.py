@@ -7,6 +7,7 @@ sandbox. Real files, real inotify, real bwrap."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -171,3 +172,40 @@ def test_in_the_sandbox_a_secret_planted_between_kept_plans_is_unreadable(
     # masked (bound over, then refused to the tool), not missing: the plan named it
     assert out["exit_code"] != 0, out
     assert "Permission denied" in out["stderr"], out
+
+
+def test_past_its_bounds_the_cache_starts_over_and_still_masks(
+        root: Path, planned: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service binding a new workspace per call adds names to watch each time: past
+    ``MAX_NAMES`` the cache is replaced by an empty one (new inotify instance), not grown."""
+    monkeypatch.setattr(plancache, "MAX_NAMES", 5)
+    first = plancache.cache()
+    profile = make_profile(root)
+    settle()
+    for _ in range(3):
+        masked(profile)
+    assert (plancache.cache() is not first) == watching()
+    assert not first.usable or not watching()
+    (root / "src" / ".env").write_text("TOKEN=after-the-reset")
+    assert str(root / "src" / ".env") in masked(profile)
+
+
+def test_a_mount_in_a_bound_tree_ends_the_reuse_and_its_unmount_too(
+        root: Path, planned: list[int]) -> None:
+    """A mount changes what a path shows without any inotify event: the mount table is
+    polled. (Run as root, as the engine's sandbox-uid mode is.)"""
+    assert os.geteuid() == 0, "mounting needs root (the suite runs as root here)"
+    profile = make_profile(root)
+    settle()
+    reused(profile, planned)
+    where = root / "src" / "pkg"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "pe-test", str(where)], check=True)
+    try:
+        before = planned[0]
+        masked(profile)
+        assert planned[0] == before + 1
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+    before = planned[0]
+    masked(profile)
+    assert planned[0] == before + 1

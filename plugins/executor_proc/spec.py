@@ -306,7 +306,7 @@ def _masks(profile: Profile, bound: list[str], system: list[str], *,
         # every path looked at outside the walks: resolved ones, the binds, the masked ones
         reuse.put(key, token, (tuple(files), plan.dirs),
                   [*resolve.paths, *literal, *bound, *system, *plan.files, *plan.dirs], trees,
-                  files=bound)  # a file bind's link count (``_file_binds_masked``)
+                  files=bound, walked=plan.walked)  # files: a file bind's link count
     return files, list(plan.dirs), list(plan.foreign)
 
 

@@ -98,6 +98,7 @@ class MaskPlan:
     # every walk it used is one the watcher vouches for (each directory watched before it was
     # listed, none provisional): a change in them logs an event (``plancache``)
     vouched: bool = False
+    walked: tuple[str, ...] = ()  # the top roots of those walks: a change beneath one is theirs
 
 
 
@@ -190,6 +191,7 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
             starts.setdefault(b, [])
     found |= _file_binds_masked(bound, literal, [g for gs in starts.values() for g in gs])
     visited, listed, seen, vouched = _walk_or_reuse(starts, cache, found, foreign, [max_dirs])
+    tops = tuple(sorted(r for r in starts if not any(q != r and beneath(r, q) for q in starts)))
     skip = (*RUNTIME_DIRS, *NEVER_WALKED)
     if deps is not None:
         deps[0].extend(literal)
@@ -225,7 +227,7 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
     if foreign is not None:
         _coalesce(files, dirs, hidden, visible, foreign, cache)
     return MaskPlan(tuple(sorted(files)), tuple(sorted(dirs)), visited, listed,
-                    tuple(sorted(hidden)), vouched)
+                    tuple(sorted(hidden)), vouched, tops)
 
 
 def _spellings(patterns: Iterable[str], home: str, bound: Sequence[str],

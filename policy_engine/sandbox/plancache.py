@@ -16,9 +16,10 @@ mount made and gone between two plans, as a call's id-mapped bind, is no change)
 
 A plan is stored only when every one of its paths was watched before the plan began (the first
 plan of a profile adds the watches, the second is stored, later ones reuse it), and reused only
-while the mask watcher has logged nothing since, no watch here has fired and the mount table
-has not changed; a watch that cannot be added (``max_user_watches``), a walk the watcher does
-not vouch for, or a fork (the inotify queues would be shared) means no reuse. A secret planted
+while the mask watcher has logged no change beneath the roots of its walks since (another
+workspace's churn does not count), no watch here has fired and the mount table has not
+changed; a watch that cannot be added (``max_user_watches``), a walk the watcher does not
+vouch for, or a fork (the inotify queues would be shared) means no reuse. A secret planted
 between two calls therefore always reaches the next call's plan
 (``tests/integration/test_plan_reuse.py``).
 """
@@ -34,9 +35,10 @@ import stat
 import struct
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from policy_engine.sandbox.runtime_dirs import beneath
 from policy_engine.sandbox.watch import (
     IN_ATTRIB,
     IN_DONT_FOLLOW,
@@ -84,7 +86,7 @@ class PlanCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._plans: dict[Any, tuple[Token, Any]] = {}
+        self._plans: dict[Any, tuple[Token, Any, tuple[str, ...]]] = {}
         self._wds: dict[str, int] = {}  # directory -> its watch
         self._paths: dict[int, str] = {}
         # (directory, name in it, or ALL) -> when it was first depended on (the order of
@@ -189,20 +191,25 @@ class PlanCache:
                 return None
             self._drain()
             watcher.drain()
-            tok, plan = kept
-            if (self.usable and tok.watcher is watcher and watcher.usable
-                    and watcher.seq == tok.seq and watcher.full_seq == tok.full_seq
-                    and self.events == tok.events and self.mounts == tok.mounts):
+            tok, plan, walked = kept
+            changed = watcher.since(tok.seq) if tok.watcher is watcher else None
+            if (self.usable and changed is not None and watcher.full_seq == tok.full_seq
+                    and self.events == tok.events and self.mounts == tok.mounts
+                    and not any(beneath(d, top) for d in changed for top in walked)):
+                # the watcher's changes since were in other trees: look at new ones only next
+                self._plans[key] = (replace(tok, seq=watcher.seq), plan, walked)
                 return plan
             del self._plans[key]
             return None
 
     def put(self, key: Any, tok: Token | None, plan: Any, paths: Iterable[str],
-            trees: Iterable[str] = (), files: Iterable[str] = ()) -> None:
+            trees: Iterable[str] = (), files: Iterable[str] = (),
+            walked: Iterable[str] = ("/",)) -> None:
         """Keep ``plan`` (computed after ``tok``) if every name it depends on (each of
         ``paths`` and their ancestors; every name in ``trees``; the link count and mode of
         each of ``files``, regular files whose link count the plan read) was watched before
-        ``tok``; else watch them now, for the next plan of ``key``."""
+        ``tok``; else watch them now, for the next plan of ``key``. ``walked``: the top roots
+        of the plan's walks; a change the mask watcher logs elsewhere keeps the plan."""
         if tok is None:
             return
         needed = dependencies([*paths, *files], trees)
@@ -239,7 +246,7 @@ class PlanCache:
                 return
             if len(self._plans) >= MAX_ENTRIES:
                 self._plans.pop(next(iter(self._plans)))
-            self._plans[key] = (tok, plan)
+            self._plans[key] = (tok, plan, tuple(walked))
 
     def _watch(self, d: str, mask: int = MASK) -> bool:
         """Caller holds the lock. A directory missing or replaced by a link since needs no

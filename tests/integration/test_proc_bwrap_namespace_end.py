@@ -1,8 +1,9 @@
 """proc-bwrap's pid namespace ends with the tool: nothing the tool leaves behind outlives the
 call (not even without cgroups, out of its process group), the tool cannot kill the namespace's
 init, and a signal ending the tool is told apart from an exit code (the native launcher's ``-W``
-pidfd, or its ``-w`` report where that cannot be sent). Run for real, in the sandbox; they hold whichever process is the namespace's pid 1
-(bwrap's reaper: ``bwrap --as-pid-1`` with the launcher as init was measured, no faster).
+pidfd, or its ``-w`` report where that cannot be sent). Run for real, in the sandbox; they
+hold whichever process is the namespace's pid 1 (bwrap's reaper: ``bwrap --as-pid-1`` with the
+launcher as init was measured, no faster).
 """
 
 from __future__ import annotations

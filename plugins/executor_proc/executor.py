@@ -12,6 +12,7 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from plugins.executor_proc import (
     landlock,
     native,
     owner,
+    pidfd_exit,
     prespawn,
     sanitize,
     seccomp,
@@ -198,6 +200,7 @@ class ProcExecutor:
         # root drops to the sandbox uid before bwrap starts (uid.py); anyone else is already
         # unprivileged and runs it as itself
         self.run_as = self.options.run_as if os.geteuid() == 0 else None
+        self._reach_verdicts: dict[tuple[str, tuple[int, int]], bool] = {}  # ``_reachable``
         self.bwrap_path: str | None = None
         self.unshare_path: str | None = None
         if backend == "bwrap":
@@ -487,7 +490,10 @@ class ProcExecutor:
         args = ["-s", str(status_fd)] + (["-C"] if spec["drop_caps"] else [])
         args += ["-k"] if spec.get("keep_status") else []
         args += ["-i"] if spec.get("init") else []
-        args += ["-w"] if spec.get("report_end") else []
+        if spec.get("end_fd") is not None:  # the tool's pidfd on this socket, no fork (-w else)
+            args += ["-W", str(spec["end_fd"])]
+        elif spec.get("report_end"):
+            args += ["-w"]
         ll, sc = spec["landlock"], spec.get("seccomp")
         args.append("-L" if ll["required"] else "-l")
         args += (["-t"] if ll["deny_tcp"] else []) + (["-S"] if ll["scope"] else [])
@@ -615,7 +621,7 @@ class ProcExecutor:
             if path not in known:
                 if path in own:
                     known[path] = reach.stage(own[path])
-                elif uid.reachable(path, *run_as, realpath=spec.realpath):
+                elif self._reachable(path, run_as):
                     known[path] = path
                 else:
                     # an engine path (launcher cache, interpreter): resolved, as the launcher
@@ -624,6 +630,18 @@ class ProcExecutor:
             return known[path]
 
         return source
+
+    def _reachable(self, path: str, run_as: tuple[int, int]) -> bool:
+        """``uid.reachable`` for an engine path (a system tree, the launcher), remembered: a
+        verdict gone stale can only make bwrap refuse a bind it cannot reach (the call fails,
+        and the verdicts are asked again), never bind another file (the profile's own binds
+        are always staged)."""
+        key = (path, run_as)
+        verdict = self._reach_verdicts.get(key)
+        if verdict is None:
+            verdict = self._reach_verdicts[key] = uid.reachable(path, *run_as,
+                                                                realpath=spec.realpath)
+        return verdict
 
     def _run(self, ctx: ExecContext, op: ProcExecOp, plan: Plan, stdin: bytes | None,
              private_tmp: str | None, asked_network: str,
@@ -660,6 +678,7 @@ class ProcExecutor:
         layered = self.backend != "bwrap" or self.options.layer2
         spec = self._launcher_spec(plan, private_tmp, net) if layered else None
         cg_fds: list[int] = []
+        end: socket.socket | None = None
         start = time.monotonic()
         deadline = min(ctx.deadline, start + lim.timeout_s)
         if exe is not None and self._held is not None:
@@ -669,8 +688,17 @@ class ProcExecutor:
                 raise PolicyEngineError(ErrorCode.EXECUTION_FAILED,
                                         f"cannot start the sandbox: {exc.strerror}") from None
             proc, cg, status_r = held.proc, held.cg, held.status_r
-            host = host_rlimits(lim, cg, self.options.max_file_bytes) + ([] if spec is not None else
-                                            ["-x", str(held.status_fd)])  # tool must not forge
+            # what the tool must not get to forge a report is closed on the host, before bwrap
+            unused = [] if spec is not None else [held.status_fd]
+            if (held.end is not None and spec is not None and spec.get("report_end")
+                    and self.backend == "bwrap"):  # proc-unshare's launcher is pid 1: -w
+                end = held.end  # -W: the tool exec'd in place, its pidfd sent on this socket
+                spec = {**spec, "end_fd": held.end_fd}
+            elif held.end is not None:
+                held.end.close()
+                unused.append(held.end_fd)
+            host = host_rlimits(lim, cg, self.options.max_file_bytes) + [
+                a for fd in unused for a in ("-x", str(fd))]
             argv = self._command(plan, spec, held.status_fd, exe, host, net, reach)
             try:
                 held.send(plan.cwd if self.backend != "bwrap" else "/",
@@ -721,11 +749,14 @@ class ProcExecutor:
                 for fh in (proc.stdout, proc.stderr):
                     fh.close()
                 os.close(status_r)
+                ended = pidfd_exit.receive(end) if end is not None else None
                 memory_peak = cg.memory_peak() if cg else None
                 oom_kills = cg.oom_kills() if cg else 0  # read before the group is released
                 cg_cpu = cg.cpu_ms() if cg else None
             if cg_cpu is not None:
                 outcome.rusage_cpu_ms = max(outcome.rusage_cpu_ms, cg_cpu)
+            if ended is not None:  # what the launcher's -w would have appended
+                outcome.status_json += json.dumps({"tool_end": pidfd_exit.tool_end(ended)}).encode()
             if spec is None:  # no seccomp layer refused setuid bits or device nodes: undo them
                 sanitize.sanitize(plan.writable)
             if watch.over(outcome.rusage_written):
@@ -737,6 +768,8 @@ class ProcExecutor:
                                 asked_network, degraded, chained=net is not None and layered,
                                 oom_kills=oom_kills)
         finally:
+            if end is not None:
+                end.close()
             # the used group's removal and the next held launcher are background work: woken
             # once the answer is built, not while it is (a woken thread preempts this one and
             # takes the GIL; a spawn joining its cgroup stalls every fork on the host)
@@ -844,8 +877,9 @@ class ProcExecutor:
         # tool killed by signal N reports 128 + N, as bwrap (pid 1) and shells already do
         code = os.waitstatus_to_exitcode(oc.status)
         code = 128 - code if code < 0 else code
+        out_digest, err_digest = out.digest().model_dump(), err.digest().model_dump()  # once each
         audit = {"backend": self.name, "duration_ms": duration_ms, "cpu_ms": oc.rusage_cpu_ms,
-                 "stdout": out.digest().model_dump(), "stderr": err.digest().model_dump()}
+                 "stdout": out_digest, "stderr": err_digest}
         if oc.timed_out or oc.cancelled:
             raise PolicyEngineError(ErrorCode.TIMEOUT, "process exceeded its wall-clock timeout"
                                     if oc.timed_out else "process cancelled", audit=audit)
@@ -884,6 +918,7 @@ class ProcExecutor:
                                     "up: " + stderr.decode(errors="replace")[24:300],
                                     audit=audit)
         if self.backend == "bwrap" and not status and code != 0 and stderr.startswith(b"bwrap:"):
+            self._reach_verdicts.clear()  # a bind source closed since it was found reachable?
             raise PolicyEngineError(ErrorCode.EXECUTION_FAILED, "bwrap could not set up the "
                                     "sandbox: " + stderr.decode(errors="replace")[:300],
                                     audit=audit)
@@ -899,7 +934,7 @@ class ProcExecutor:
             "stderr": stderr.decode(errors="replace"),
             "stdout_truncated": out.truncated, "stderr_truncated": err.truncated,
             "stdout_bytes": out.total, "stderr_bytes": err.total,
-            "stdout_digest": out.digest().model_dump(), "stderr_digest": err.digest().model_dump(),
+            "stdout_digest": dict(out_digest), "stderr_digest": dict(err_digest),
             "backend": self.name, "network": plan.network, "network_requested": asked_network,
             "isolation": self._isolation(status, plan.network),
             "limits": describe(plan.limits, cg), "memory_peak_bytes": memory_peak,

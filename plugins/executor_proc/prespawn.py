@@ -15,13 +15,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import socket
 import subprocess
+import sys
 import threading
 import time
 import weakref
 from dataclasses import dataclass
 
-from plugins.executor_proc import cgroups, native
+from plugins.executor_proc import cgroups, native, pidfd_exit
 
 
 @dataclass(slots=True)
@@ -33,11 +35,16 @@ class Held:
     status_r: int
     status_fd: int  # the status pipe's number inside the launcher
     cg: cgroups.ExecCgroup | None
+    # the engine's end of the socket the launcher's ``-W`` sends the tool's pidfd on, and that
+    # socket's number inside the launcher (pidfd_exit.py); None without the kernel's support
+    end: socket.socket | None = None
+    end_fd: int = -1
 
     def send(self, cwd: str, env: dict[str, str], args: list[str]) -> None:
         """Hand over the command; raises OSError when the launcher is gone."""
         parts = [cwd, *(f"{k}={v}" for k, v in env.items()), "", *args]
-        data = memoryview(b"\0".join(os.fsencode(p) for p in parts) + b"\0")
+        # os.fsencode of each part, at once (UTF-8 with surrogateescape on Linux)
+        data = memoryview(("\0".join(parts) + "\0").encode(ENCODING, "surrogateescape"))
         try:
             while data:
                 data = data[os.write(self.ctl, data):]
@@ -55,6 +62,8 @@ class Held:
                 with contextlib.suppress(OSError):
                     fh.close()
         os.close(self.status_r)
+        if self.end is not None:
+            self.end.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
         if self.proc.returncode is None:
@@ -68,10 +77,13 @@ class Held:
                 self.cg.remove()
 
 
-def spawn(exe: str, cg: cgroups.ExecCgroup | None) -> Held:
-    """Start a held launcher inside ``cg`` (joined by the launcher itself, before it waits)."""
+def spawn(exe: str, cg: cgroups.ExecCgroup | None, *, end: bool = False) -> Held:
+    """Start a held launcher inside ``cg`` (joined by the launcher itself, before it waits);
+    ``end``: with a socket for the tool's pidfd (``-W``, ``pidfd_exit.py``)."""
     ctl_r, ctl_w = os.pipe2(os.O_CLOEXEC)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    end_r, end_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if end else (None, None)
+    end_fd = end_w.fileno() if end_w is not None else -1
     cg_fds: list[int] = []
     try:
         cg_fds = [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in (cg.procs_files if cg else [])]
@@ -82,16 +94,21 @@ def spawn(exe: str, cg: cgroups.ExecCgroup | None) -> Held:
                 "-H", str(ctl_r)]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env={}, cwd="/", start_new_session=True,
-                                pass_fds=(ctl_r, status_w, *cg_fds),
+                                pass_fds=(ctl_r, status_w, *cg_fds,
+                                          *([end_fd] if end_w is not None else [])),
                                 executable=f"/proc/self/fd/{cg_fds[-1]}", close_fds=True)
     except OSError:
         os.close(ctl_w)
         os.close(status_r)
+        if end_r is not None:
+            end_r.close()
         raise
     finally:
         for fd in (ctl_r, status_w, *cg_fds):
             os.close(fd)
-    return Held(proc, ctl_w, status_r, status_w, cg)
+        if end_w is not None:
+            end_w.close()
+    return Held(proc, ctl_w, status_r, status_w, cg, end_r, end_fd)
 
 
 class LauncherPool:
@@ -107,6 +124,7 @@ class LauncherPool:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._wanted = True
+        self.pidfd_end = pidfd_exit.supported()  # the launchers' -W: no fork to report the end
 
     def _group(self, limits: tuple[int, int, float] | None) -> cgroups.ExecCgroup | None:
         if self.cgroup_pool is None or limits is None:
@@ -139,7 +157,7 @@ class LauncherPool:
                 pass
         if held is not None:
             held.discard(self.cgroup_pool)
-        return spawn(self.exe, self._group(limits))
+        return spawn(self.exe, self._group(limits), end=self.pidfd_end)
 
     def refill(self) -> None:
         """Called when a call has finished: top the pool up in the background."""
@@ -161,7 +179,7 @@ class LauncherPool:
             if spare:  # not needed at once: let the call that woke us finish its answer first
                 time.sleep(SETTLE_S)
             try:
-                held = spawn(self.exe, self._group(limits))
+                held = spawn(self.exe, self._group(limits), end=self.pidfd_end)
             except OSError:
                 with self._cond:
                     self._cond.wait(1.0)  # cannot spawn right now; take() spawns itself
@@ -193,6 +211,8 @@ launcher is still held: the call's caller is still building its answer then (evi
 ~1 ms; a woken thread preempts it and takes the GIL); short, so that the join's RCU grace
 period (every fork on the host waits) ends well before a next call 20 ms on. An empty pool is
 refilled at once."""
+
+ENCODING = sys.getfilesystemencoding()
 
 _POOLS: weakref.WeakSet[LauncherPool] = weakref.WeakSet()
 

@@ -13,7 +13,7 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from plugins.executor_proc import preview_masks
@@ -36,7 +36,7 @@ from policy_engine.model import (
 )
 from policy_engine.model import Limits as ModelLimits
 from policy_engine.patterns.paths import expand_home
-from policy_engine.sandbox import listing_store
+from policy_engine.sandbox import listing_store, plancache
 from policy_engine.sandbox.artifacts import ARTIFACTS_ENV, artifacts_dir
 from policy_engine.sandbox.masks import (
     DEFAULT_CACHE,
@@ -239,13 +239,16 @@ def realpath(path: str) -> str:
 
 
 def bounded_plan(bound: Sequence[str], system: Sequence[str], patterns: Sequence[str], home: str,
-                 *, foreign_owner: int | None = None, keep: Sequence[str] = ()) -> MaskPlan:
+                 *, foreign_owner: int | None = None, keep: Sequence[str] = (),
+                 resolve: Callable[[str], str] | None = None,
+                 deps: tuple[list[str], list[str]] | None = None) -> MaskPlan:
     """``plan_masks``, its directory budget exceeded refused with ``CAPABILITY_BLOCKED``: a
     bind of a whole host (``allowReadOutside``) walked it all for ``**/.env`` on every cold
-    plan (issue 32 item 11: 3 s, 266 MB)."""
+    plan (issue 32 item 11: 3 s, 266 MB). ``resolve`` and ``deps``: ``plancache``'s recording
+    ``realpath`` and the literal trees' directories, when the plan is to be kept."""
     try:
         return plan_masks(bound, system, patterns, home, foreign_owner=foreign_owner, keep=keep,
-                          realpath=realpath)
+                          realpath=resolve or realpath, deps=deps)
     except PlanTooLarge as exc:
         raise BackendRefusal(
             ErrorCode.CAPABILITY_BLOCKED,
@@ -273,9 +276,22 @@ def _masks(profile: Profile, bound: list[str], system: list[str], *,
         reads = deny.mandatory or CapabilityKind.FS_READ in deny.kinds
         if reads and isinstance(deny.capability, FsCapability):
             patterns += [expand_home(p, home) for p in deny.capability.paths]
+    # the local runner's foreign-owner masks and a preview are planned afresh every time
+    reuse = plancache.cache() if deferred is None and foreign_owner is None else None
+    watcher = DEFAULT_CACHE.watcher
+    key = (tuple(bound), tuple(system), tuple(patterns), home, tuple(keep))
+    if reuse is not None:
+        kept = reuse.get(key, watcher)
+        if kept is not None:
+            files, dirs = kept
+            return list(files), list(dirs), []
+    token = reuse.token(watcher) if reuse is not None else None
+    resolve = plancache.Recorder(realpath) if token is not None else realpath
+    literal: list[str] = []
+    trees: list[str] = []
     if deferred is None:
         plan = bounded_plan(bound, system, patterns, home, foreign_owner=foreign_owner,
-                            keep=keep)
+                            keep=keep, resolve=resolve, deps=(literal, trees))
     else:  # a preview: host-wide globs named, not searched (preview_masks.py)
         plan, later = preview_masks.plan(bound, system, patterns, lambda b, s, p: bounded_plan(
             b, s, p, home, foreign_owner=foreign_owner, keep=keep))
@@ -285,7 +301,12 @@ def _masks(profile: Profile, bound: list[str], system: list[str], *,
     # a file inside a masked directory is hidden already; binding over it as well fails when
     # its path runs through a symlink (`/var/run/docker.sock` under a bound `/`: bwrap cannot
     # create the mount point), which made every `fs.read "/**"` sandbox fail while dockerd ran
-    files = [p for p in files if not any(beneath(realpath(p), d) for d in plan.dirs)]
+    files = [p for p in files if not any(beneath(resolve(p), d) for d in plan.dirs)]
+    if reuse is not None and isinstance(resolve, plancache.Recorder) and plan.vouched:
+        # every path looked at outside the walks: resolved ones, the binds, the masked ones
+        reuse.put(key, token, (tuple(files), plan.dirs),
+                  [*resolve.paths, *literal, *bound, *system, *plan.files, *plan.dirs], trees,
+                  files=bound, walked=plan.walked)  # files: a file bind's link count
     return files, list(plan.dirs), list(plan.foreign)
 
 

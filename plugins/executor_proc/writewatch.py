@@ -141,6 +141,9 @@ class WriteWatch:
         """Start sampling; ``preexisting`` processes (a held launcher) count from now."""
         for pid in preexisting:
             self._base[pid] = written(pid) or 0
+        # the first sample paced as every later one: nothing of the quota is used yet (a
+        # short call, most of them, is never sampled: no /proc reads while it starts)
+        self.interval = min(MAX_INTERVAL_S, max(self._shortest, self.limit / PACE_BYTES_PER_S))
         self._shared = shared
         if shared:
             _sampler().add(self)

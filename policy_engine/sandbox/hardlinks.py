@@ -27,12 +27,13 @@ MAX_SECRET_ENTRIES = 20_000
 
 def linked_secrets(seen: Iterable[str], bound: Sequence[str], found: set[str],
                    literal: Sequence[str], linked: Callable[[str], Linked],
-                   skip: Sequence[str]) -> set[str]:
+                   skip: Sequence[str], *, walked: list[str] | None = None) -> set[str]:
     """Files in the bound trees that are hard links to a masked file or to a file below a
     literal deny tree (``~/.ssh/id_rsa`` linked as ``proj/notes.txt``): masks are per path, the
     kernel opens inodes (outsider attack round 3, F1). Only files with more than one link
     are compared, so a tree without hard links costs one ``lstat`` per file once (cached with
-    the directory's listing)."""
+    the directory's listing). ``walked`` gets the directories looked at below the literal
+    deny trees."""
     secret: set[tuple[int, int]] = set()
     for p in found:
         _add_inode(p, secret)
@@ -41,6 +42,8 @@ def linked_secrets(seen: Iterable[str], bound: Sequence[str], found: set[str],
             continue
         budget = MAX_SECRET_ENTRIES
         for d, subdirs, names in os.walk(top):
+            if walked is not None:
+                walked.append(d)
             for n in names:
                 _add_inode(os.path.join(d, n), secret)
             budget -= len(names) + len(subdirs)

@@ -95,6 +95,10 @@ class MaskPlan:
     dirs_visited: int
     dirs_listed: int
     foreign: tuple[str, ...] = ()  # of ``dirs``: hidden for their owner (other calls' names)
+    # every walk it used is one the watcher vouches for (each directory watched before it was
+    # listed, none provisional): a change in them logs an event (``plancache``)
+    vouched: bool = False
+    walked: tuple[str, ...] = ()  # the top roots of those walks: a change beneath one is theirs
 
 
 
@@ -141,13 +145,17 @@ class _Foreign:
 def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[str], home: str,
                cache: DirCache | None = None, *, foreign_owner: int | None = None,
                keep: Sequence[str] = (), max_dirs: int = MAX_PLAN_DIRS,
-               realpath: Callable[[str], str] = os.path.realpath) -> MaskPlan:
+               realpath: Callable[[str], str] = os.path.realpath,
+               deps: tuple[list[str], list[str]] | None = None) -> MaskPlan:
     """Existing paths matching ``patterns`` that the binds ``bound`` (searched for every glob)
     or ``system`` (searched only for a glob whose literal prefix lies inside it) would expose;
     with ``foreign_owner``, also the directories that uid owns outside ``keep`` (module doc).
 
     ``realpath``: ``os.path.realpath`` or one answering alike, faster (``spec``: one
     ``openat2`` confirms a path holds no link; 36 patterns resolved a plan cost ~0.3 ms).
+    ``deps``: gets the literal patterns looked up (first list) and the directories of the
+    literal deny trees searched for hard links (second): what a reuse of the plan must watch
+    besides the walks and the paths ``realpath`` was asked (``plancache``).
 
     :raises PlanTooLarge: the walk (not a reuse) would visit more than ``max_dirs``
         directories: bounded time for a bind of a whole host (``allowReadOutside``).
@@ -182,9 +190,13 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
         for b in bound:  # every directory of the view is visited, even with no glob active
             starts.setdefault(b, [])
     found |= _file_binds_masked(bound, literal, [g for gs in starts.values() for g in gs])
-    visited, listed, seen = _walk_or_reuse(starts, cache, found, foreign, [max_dirs])
+    visited, listed, seen, vouched = _walk_or_reuse(starts, cache, found, foreign, [max_dirs])
+    tops = tuple(sorted(r for r in starts if not any(q != r and beneath(r, q) for q in starts)))
     skip = (*RUNTIME_DIRS, *NEVER_WALKED)
-    found |= linked_secrets(seen, bound, found, literal, cache.linked, skip)
+    if deps is not None:
+        deps[0].extend(literal)
+    found |= linked_secrets(seen, bound, found, literal, cache.linked, skip,
+                            walked=deps[1] if deps is not None else None)
     files: set[str] = set()
     dirs: set[str] = set()
     resolved = [(realpath(b), b) for b in visible]
@@ -215,7 +227,7 @@ def plan_masks(bound: Sequence[str], system: Sequence[str], patterns: Iterable[s
     if foreign is not None:
         _coalesce(files, dirs, hidden, visible, foreign, cache)
     return MaskPlan(tuple(sorted(files)), tuple(sorted(dirs)), visited, listed,
-                    tuple(sorted(hidden)))
+                    tuple(sorted(hidden)), vouched, tops)
 
 
 def _spellings(patterns: Iterable[str], home: str, bound: Sequence[str],
@@ -396,10 +408,11 @@ MAX_INCREMENTAL = 4096
 
 def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str],
                    foreign: _Foreign | None = None,
-                   budget: list[int] | None = None) -> tuple[int, int, Iterable[str]]:
+                   budget: list[int] | None = None) -> tuple[int, int, Iterable[str], bool]:
     """Reuse the last walk of the same starts, re-walking only the directories that changed
     since: the ones inotify reported, else (a full invalidation, no watcher, a record loaded
-    from ``listing_store``) the ones whose stamp no longer holds."""
+    from ``listing_store``) the ones whose stamp no longer holds. Last: whether the watcher
+    vouches for every walk used (``MaskPlan.vouched``)."""
     watcher = cache.watcher if cache.watcher is not None and cache.watcher.usable else None
     if watcher is not None:
         watcher.drain()
@@ -435,7 +448,9 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
         walked_recs.append(rec)
     # every directory visited, for linked_secrets (which reads them only when a masked file
     # has other names): listed when read, not copied into one list of ~26,000 per plan
-    return visited, listed, (d for r in walked_recs for d in list(r.inherited))
+    vouched = watcher is not None and watcher.usable and synced >= watcher.full_seq and all(
+        r.watched and not r.provisional for r in walked_recs)
+    return visited, listed, (d for r in walked_recs for d in list(r.inherited)), vouched
 
 
 def _rewalk(group: dict[str, list[_Glob]], cache: DirCache, rec: _WalkRecord, mine: set[str],

@@ -34,6 +34,12 @@
  *                                   {"tool_end": {"exit": N}} when it ends; exit as -i does. The
  *                                   engine's own wait sees bwrap's or the init's 128 + N, which a
  *                                   tool can also exit with: this tells the two apart)
+ *                                -W FD (with -s: what -w is for, without the fork: send a pidfd of
+ *                                   this process on FD, a Unix socket to the engine, close FD, exec
+ *                                   the tool in place; the engine reads how the tool ended from the
+ *                                   pidfd once it is reaped (PIDFD_INFO_EXIT, Linux 6.15), which
+ *                                   tells a signal from an exit as the -w report does. When the
+ *                                   pidfd cannot be sent, -w's fork and report instead)
  *
  * Held mode lets the engine spawn launchers ahead of time (each already in its own cgroup: the
  * migration costs an RCU grace period, 5-15 ms, so it is paid off the hot path). The message on
@@ -62,6 +68,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -314,7 +321,7 @@ static const char *open_paths[MAX_OPENS], *covers[MAX_OPENS], *rebinds[MAX_OPENS
 static const char *hides[MAX_OPENS];
 static long run_uid = -1, run_gid = -1;
 static int new_ipc;
-static int as_init, report_end;
+static int as_init, report_end, end_fd = -1;
 static int want_ll, ll_required, deny_tcp, scope, caps, sc_required, keep_status;
 static const char *seccomp_hex;
 
@@ -322,7 +329,7 @@ static void parse(int argc, char **argv) {
     int opt;
     char *end;
     optind = 0; /* glibc: full re-initialisation, so held mode can parse a second argv */
-    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:m:M:b:u:IiwClLtSp:P:B:Nkf:F:")) != -1) {
+    while ((opt = getopt(argc, argv, "+c:r:s:H:x:o:m:M:b:u:IiwW:ClLtSp:P:B:Nkf:F:")) != -1) {
         switch (opt) {
         case 'x': close((int)num(optarg, &end)); break;
         case 'H': hold_fd = (int)num(optarg, &end); break;
@@ -353,6 +360,7 @@ static void parse(int argc, char **argv) {
             break;
         case 'i': as_init = 1; break;
         case 'w': report_end = 1; break;
+        case 'W': end_fd = (int)num(optarg, &end); break;
         case 'm':
             if (cover_n == MAX_OPENS || optarg[0] != '/') usage();
             covers[cover_n++] = optarg;
@@ -503,6 +511,36 @@ static char **receive(int fd, int *argc_out) {
     return args;
 }
 
+/* -W: a pidfd of this process (the tool once exec'd: same pid) on SOCK, with one byte; 1 when
+ * sent. The engine keeps it until the tool has been reaped, then reads the wait status the
+ * kernel kept for it. Sent after the isolation is applied: nothing else runs here before. */
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+static int send_pidfd(int sock) {
+    int pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+    if (pidfd < 0) return 0;
+    char byte = 'p';
+    struct iovec iov = {&byte, 1};
+    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = sizeof u.buf;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &pidfd, sizeof(int));
+    ssize_t n;
+    do n = sendmsg(sock, &msg, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
+    close(pidfd);
+    return n == 1;
+}
+
 /* -i: pid 1 of a pid namespace. The kernel delivers a signal to a namespace's init only when it
  * has a handler, so a tool that is pid 1 survives its own kill(getpid(), SIGKILL) and never
  * reaps what its children orphan; the tool runs as pid 2 instead, under the same Landlock domain
@@ -594,9 +632,13 @@ int main(int argc, char **argv) {
         }
         put("\"}");
         write_all(status_fd, status, status_len);
+        /* -W: the tool's end through its pidfd, no fork; -w's report when it cannot be sent */
+        if (end_fd >= 0) /* an init (-i) stays the tool's parent: it reports as -w does */
+            report_end = as_init || !send_pidfd(end_fd);
         /* -k: the next launcher appends its own status; -w: this one appends the tool's end */
         if (!keep_status && !report_end) close(status_fd);
     }
+    if (end_fd >= 0) close(end_fd); /* never the tool's: it could send a pidfd of its choosing */
     if (as_init || report_end) /* never returns */
         run_as_parent(argv + optind, report_end ? status_fd : -1);
     execvp(argv[optind], argv + optind);

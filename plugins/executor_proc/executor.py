@@ -8,6 +8,7 @@ import contextlib
 import copy
 import functools
 import json
+import logging
 import os
 import resource
 import shutil
@@ -73,6 +74,8 @@ from policy_engine.sandbox import enginedirs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 Backend = Literal["bwrap", "landlock", "unshare"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,19 +345,35 @@ class ProcExecutor:
         net: RestrictedHandle | None = None
         runner: ProcExecutor | None = None
         try:
-            # the identity first: the local runner's plan carves out what that uid owns
-            runner = self._as_tree_owner(bound_paths(ctx.profile)[1])
-            plan = runner._plan(ctx, op, private_tmp or "/tmp")
-            self._refuse_engine_trees(plan)
-            runner = runner._with_idmapped(plan)  # a root-owned tree: mapped, never handed over
-            plan.limits = resolve_limits(ctx.profile, op, ctx.limits)  # the rule's included
-            if plan.network == "restricted" and self.network_hook is None:
-                net = RestrictedNetwork(ctx.profile, ctx.guard or self.guard,
-                                        deadline=ctx.deadline, consume=ctx.consume,
-                                        limits=ctx.limits).start()
-                plan.env.update(net.env())  # INVARIANT: after the op's allow-listed values
-            return runner._run(ctx, op, plan, stdin, private_tmp, ctx.profile.network.value,
-                               net)
+            left = _START_ATTEMPTS - 1
+            while True:
+                # the identity first: the local runner's plan carves out what that uid owns
+                runner = self._as_tree_owner(bound_paths(ctx.profile)[1])
+                plan = runner._plan(ctx, op, private_tmp or "/tmp")
+                self._refuse_engine_trees(plan)
+                runner = runner._with_idmapped(plan)  # a root-owned tree: mapped, not handed over
+                plan.limits = resolve_limits(ctx.profile, op, ctx.limits)  # the rule's included
+                if plan.network == "restricted" and self.network_hook is None:
+                    net = RestrictedNetwork(ctx.profile, ctx.guard or self.guard,
+                                            deadline=ctx.deadline, consume=ctx.consume,
+                                            limits=ctx.limits).start()
+                    plan.env.update(net.env())  # INVARIANT: after the op's allow-listed values
+                try:
+                    return runner._run(ctx, op, plan, stdin, private_tmp,
+                                       ctx.profile.network.value, net)
+                except PolicyEngineError as err:
+                    if (not left or net is not None
+                            or not _mask_vanished(plan, err) or ctx.cancel.cancelled
+                            or time.monotonic() >= ctx.deadline):
+                        raise
+                    # a masked path vanished between the plan and bwrap's mounts (bwrap cannot
+                    # make its mount point in a read-only bind): nothing ran, plan again
+                    log.info("%s: a masked path vanished before the sandbox started; planning "
+                             "again", self.name)
+                    left -= 1
+                    if runner.root_trees is not None:
+                        runner.root_trees.close()
+                    runner = None
         finally:
             if runner is not None and runner.root_trees is not None:
                 runner.root_trees.close()
@@ -1004,3 +1023,15 @@ def _record_proxy(ctx: ExecContext, net: RestrictedHandle) -> None:
 
 def _rmtree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+_START_ATTEMPTS = 3  # a sandbox's start, planned again when a masked path vanished meanwhile
+
+
+def _mask_vanished(plan: Plan, err: PolicyEngineError) -> bool:
+    """Whether bwrap failed to set the sandbox up (nothing of the tool ran) while a path the
+    plan masks no longer exists: its mount point could not be made (``Can't mkdir parents``,
+    ``Can't create file`` in a read-only bind)."""
+    return (err.code is ErrorCode.EXECUTION_FAILED
+            and err.reason.startswith("bwrap could not set up the sandbox")
+            and any(not os.path.lexists(p) for p in (*plan.mask_files, *plan.mask_dirs)))

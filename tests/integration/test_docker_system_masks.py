@@ -1,14 +1,19 @@
 """Mandatory denies inside the host trees a docker container binds (``system_binds``, default
-``/usr``) on the real engine: a `.env` planted under the host's ``/usr/share`` is hidden from
-every docker call as proc-bwrap hides it (run-once, a bound session's warm container, its live
-interpreter, an unbound pool session), a file beside it stays readable.
+``/usr``) on the real engine: a `.env` planted in such a tree is hidden from every docker call
+as proc-bwrap hides it in its own (``extra_ro_binds``) (run-once, a bound session's warm
+container, its live interpreter, an unbound pool session), a file beside it stays readable.
 
 Before (outsider attack 35, docker): the container got the host's ``/usr`` read-only and masks
-only inside its workspace binds, so ``cat /usr/share/x/.env`` printed the secret."""
+only inside its workspace binds, so ``cat /usr/share/x/.env`` printed the secret.
+
+The secret is planted in a host tree of the test's own, bound beside ``/usr`` (the same code
+path as ``/usr``): one planted under the host's ``/usr/share`` changed the masks of every
+sandbox of every test running meanwhile (a session's container re-made under another test)."""
 
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,11 +34,27 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def planted() -> Iterator[tuple[Path, str]]:
-    """A fresh directory under the host's ``/usr/share`` holding ``.env`` (a secret under the
-    built-in mandatory deny ``**/.env``, mode 0644) and ``notes.txt`` (a control), removed
-    after; the secret's marker."""
-    where = Path("/usr/share") / f"pe-sysmask-{uuid.uuid4().hex[:10]}"
+def system_tree() -> Iterator[Path]:
+    """A host tree every user may read, bound read-only into every sandbox of the test
+    (outside /tmp: a bwrap sandbox has a /tmp of its own, over which only its workspace
+    binds are made)."""
+    tree = Path(tempfile.mkdtemp(prefix="pe-systree-", dir="/var/tmp"))
+    tree.chmod(0o755)
+    (tree / "share").mkdir(mode=0o755)
+    yield tree
+    shutil.rmtree(tree, ignore_errors=True)
+
+
+def _system_binds(tree: Path) -> list[str]:
+    return ["/usr", str(tree)]
+
+
+@pytest.fixture
+def planted(system_tree: Path) -> Iterator[tuple[Path, str]]:
+    """A fresh directory in the system tree holding ``.env`` (a secret under the built-in
+    mandatory deny ``**/.env``, mode 0644) and ``notes.txt`` (a control), removed after; the
+    secret's marker."""
+    where = system_tree / "share" / f"pe-sysmask-{uuid.uuid4().hex[:10]}"
     marker = f"SYSMASK_SECRET_{uuid.uuid4().hex}"
     where.mkdir(mode=0o755)
     try:
@@ -58,23 +79,25 @@ def _masked(out: str, marker: str) -> None:
 
 @pytest.mark.parametrize("backend", ["docker", "proc-bwrap"])
 def test_a_run_once_call_does_not_read_a_secret_under_usr(
-        tmp_path: Path, planted: tuple[Path, str], backend: str) -> None:
+        tmp_path: Path, system_tree: Path, planted: tuple[Path, str], backend: str) -> None:
     where, marker = planted
-    with sessions_in(tmp_path) as rt:  # docker in its default run-once mode
+    with sessions_in(tmp_path, docker={"system_binds": _system_binds(system_tree)},
+                     proc={"extra_ro_binds": [str(system_tree)]}) as rt:  # docker: run-once
         s = rt.create("acme", "alice", backend=backend)
         res = rt.run_code("acme", "alice", s.session_id, _cat(where), "shell")
         assert res.success, res
         _masked(res.stdout, marker)
 
 
-def _pool_session(tmp_path: Path) -> Iterator[Sessions]:
-    with sessions_in(tmp_path, docker={"mode": "pool", "pool_size": 1}) as made:
+def _pool_session(tmp_path: Path, tree: Path) -> Iterator[Sessions]:
+    with sessions_in(tmp_path, docker={"mode": "pool", "pool_size": 1,
+                                       "system_binds": _system_binds(tree)}) as made:
         yield made
 
 
 @pytest.fixture
-def pool_rt(tmp_path: Path) -> Iterator[Sessions]:
-    yield from _pool_session(tmp_path)
+def pool_rt(tmp_path: Path, system_tree: Path) -> Iterator[Sessions]:
+    yield from _pool_session(tmp_path, system_tree)
 
 
 def test_a_session_container_made_before_the_secret_appeared_is_remade(
@@ -106,12 +129,13 @@ def test_a_session_container_made_before_the_secret_appeared_is_remade(
 
 
 def test_an_unbound_pool_session_does_not_read_a_secret_under_usr(
-        tmp_path: Path, planted: tuple[Path, str]) -> None:
+        tmp_path: Path, system_tree: Path, planted: tuple[Path, str]) -> None:
     """A call of no gateway session (``/v1/ops`` in pool mode) runs in one of the pool's
     pre-made containers, made before the secret appeared; the session then holds it while
     the secret appears again: both calls get the mask."""
     where, marker = planted
-    ex = DockerExecutor(DockerOptions(mode="pool", pool_size=1, workspace_root=str(tmp_path)))
+    ex = DockerExecutor(DockerOptions(mode="pool", pool_size=1, workspace_root=str(tmp_path),
+                                      system_binds=tuple(_system_binds(system_tree))))
     try:
         ex.pool(None)  # its container is made now, before the call plans its masks
         profile = make_profile(tmp_path)

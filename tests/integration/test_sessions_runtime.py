@@ -39,14 +39,16 @@ def sessions(tmp_path: Path) -> Iterator[Sessions]:
 
 @contextlib.contextmanager
 def sessions_in(tmp_path: Path, *, docker: dict[str, Any] | None = None, max_live: int = 4,
-                reap_interval_s: float = 0) -> Iterator[Sessions]:
+                reap_interval_s: float = 0, proc: dict[str, Any] | None = None
+                ) -> Iterator[Sessions]:
     """The session runtime over ``POLICY`` in ``tmp_path`` (workspace ``ws``, state
-    ``state``), with ``docker`` as the docker executor's options (default: run-once)."""
+    ``state``), with ``docker`` as the docker executor's options (default: run-once) and
+    ``proc`` as the proc executors'."""
     ws = tmp_path / "ws"
     policy = tmp_path / "s.sbpolicy"
     policy.write_text(POLICY.format(ws=ws))
-    config = EngineConfig(state_dir=tmp_path / "state",
-                          options={"docker": docker} if docker is not None else {})
+    options = {name: o for name, o in (("docker", docker), ("proc", proc)) if o is not None}
+    config = EngineConfig(state_dir=tmp_path / "state", options=options)
     pool = OrchestratorPool(compile_files([policy]), config)
     made = Sessions(pool, Gateway(pool.get("proc-bwrap")), config=config, workspace_root=ws,
                     limits=SessionLimits(max_live_per_tenant=max_live),

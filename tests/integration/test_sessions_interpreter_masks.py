@@ -16,6 +16,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -34,21 +35,33 @@ SETTLE_S = 2.5  # past the mask store's 2-s rule: the plant is an old change whe
 
 
 @pytest.fixture
-def proc(tmp_path: Path) -> Iterator[Sessions]:
-    with sessions_in(tmp_path) as made:
+def system_tree() -> Iterator[Path]:
+    """A host tree bound read-only into every sandbox of the test, beside /usr (the same code
+    path): a secret planted under the host's /usr/share changed the masks of every sandbox of
+    every test running meanwhile. Outside /tmp, which a bwrap sandbox has of its own."""
+    tree = Path(tempfile.mkdtemp(prefix="pe-systree-", dir="/var/tmp"))
+    tree.chmod(0o755)
+    yield tree
+    shutil.rmtree(tree, ignore_errors=True)
+
+
+@pytest.fixture
+def proc(tmp_path: Path, system_tree: Path) -> Iterator[Sessions]:
+    with sessions_in(tmp_path, proc={"extra_ro_binds": [str(system_tree)]}) as made:
         yield made
 
 
 @pytest.fixture
-def dock(tmp_path: Path) -> Iterator[Sessions]:
-    with sessions_in(tmp_path, docker={"mode": "pool", "pool_size": 1}) as made:
+def dock(tmp_path: Path, system_tree: Path) -> Iterator[Sessions]:
+    with sessions_in(tmp_path, docker={"mode": "pool", "pool_size": 1,
+                                       "system_binds": ["/usr", str(system_tree)]}) as made:
         yield made
 
 
 @pytest.fixture
-def system_dir() -> Iterator[Path]:
+def system_dir(system_tree: Path) -> Iterator[Path]:
     """A fresh directory in a system tree (what a package or a deploy could write)."""
-    path = Path("/usr/share") / f"pe-stalemask-{secrets.token_hex(4)}"
+    path = system_tree / f"pe-stalemask-{secrets.token_hex(4)}"
     try:
         yield path
     finally:

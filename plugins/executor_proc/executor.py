@@ -133,6 +133,13 @@ class ProcOptions:
         check_string_lists(opts, ("env_allow", "extra_ro_binds"), "proc")
         if any(not p.startswith("/") for p in opts["extra_ro_binds"]):
             raise ValueError("proc: `extra_ro_binds` must be absolute paths")
+        under_tmp = [p for p in opts["extra_ro_binds"] if beneath(os.path.normpath(p), "/tmp")]
+        if under_tmp:
+            # a bwrap sandbox gets /tmp empty and its own (over the system binds), Landlock
+            # shows the host's: one answer everywhere is to refuse it
+            raise ValueError(f"proc: `extra_ro_binds` entry `{under_tmp[0]}` lies in /tmp, "
+                             "which each sandbox gets empty and its own; bind a tree outside "
+                             "/tmp")
         for key in ("layer2", "cgroups"):
             if not isinstance(opts.get(key, True), bool):
                 raise ValueError(f"proc: `{key}` must be a boolean")

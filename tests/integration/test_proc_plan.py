@@ -160,6 +160,7 @@ def test_plugin_validates_options_and_declares_capabilities() -> None:
     assert bw.env_filtering
     assert bw.resource_limits
     for bad in ({"env_allow": "CI"}, {"extra_ro_binds": ["rel"]}, {"layer2": "yes"},
+                {"extra_ro_binds": ["/tmp/tools"]}, {"extra_ro_binds": ["/tmp"]},
                 {"env_base": {"HOME": "/x"}}, {"nope": 1}, {"scan_limit": 0}):
         with pytest.raises(ValueError, match="proc"):
             policy_engine_executors(EngineConfig(options={"proc": bad}))

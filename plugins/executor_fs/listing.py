@@ -45,14 +45,31 @@ def _glob(pattern: str, home: str) -> PathGlob:
     return PathGlob.of(pattern, home)
 
 
+# (id(profile), path) -> (profile, answer): a profile is a frozen model the profile cache
+# hands out again for every call of a grant, so its denies' answer for a path is the same
+# until it is dropped; the entry holds the profile, so its id is not reused while kept
+_DENIED: dict[tuple[int, str], tuple[Profile, str | None]] = {}
+_DENIED_MAX = 4096
+
+
 def mandatory_denied(profile: Profile, normalized: str) -> str | None:
-    """The id of a mandatory deny whose path glob matches ``normalized``, or ``None``."""
+    """The id of a mandatory deny whose path glob matches ``normalized``, or ``None``
+    (remembered per profile object and path: ≈ 18 glob matches per fs op; issue 27)."""
+    key = (id(profile), normalized)
+    hit = _DENIED.get(key)
+    if hit is not None and hit[0] is profile:
+        return hit[1]
     home = profile.mappings.home
+    found: str | None = None
     for deny in profile.denies:
         paths = getattr(deny.capability, "paths", ())
         if deny.mandatory and any(_glob(p, home).matches(normalized) for p in paths):
-            return deny.rule.id
-    return None
+            found = deny.rule.id
+            break
+    if len(_DENIED) >= _DENIED_MAX:
+        _DENIED.clear()  # a cache, not a limit
+    _DENIED[key] = (profile, found)
+    return found
 
 
 class EntryFilter:

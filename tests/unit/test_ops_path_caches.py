@@ -1,0 +1,122 @@
+"""What the `/v1/ops` path remembers between calls (issue 27, docs/benchmarks.md "Thirteenth
+pass") answers exactly what it answered without remembering: per profile object and path, per
+op's fields and key, and never for another profile, op or key."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from plugins.executor_fs import listing
+from plugins.executor_fs.listing import mandatory_denied
+from policy_engine.evidence import digest
+from policy_engine.evidence.digest import digest_json, inputs_digest, redacted_op
+from policy_engine.executor import CancelToken
+from policy_engine.model import (
+    CapabilityKind,
+    FsCapability,
+    FsListOp,
+    FsReadOp,
+    FsWriteOp,
+    NetHttpOp,
+    ProfileDeny,
+    RuleRef,
+)
+from tests.unit.test_executor_fs import make_profile
+
+
+def _uncached_denied(profile: object, path: str) -> str | None:
+    listing._DENIED.clear()  # noqa: SLF001
+    found = mandatory_denied(profile, path)  # type: ignore[arg-type]
+    listing._DENIED.clear()  # noqa: SLF001
+    return found
+
+
+def test_a_mandatory_deny_is_remembered_per_profile_and_path(tmp_path: Path) -> None:
+    plain = make_profile(tmp_path)
+    keys = plain.model_copy(update={"denies": (*plain.denies, ProfileDeny(
+        kinds=(CapabilityKind.FS_READ,), capability=FsCapability(kind="fs.read",
+                                                                  paths=("**/*.pem",)),
+        rule=RuleRef(id="keys", file="system", line=2, column=1), mandatory=True))})
+    paths = [f"{tmp_path}/a/.env", f"{tmp_path}/a/id.pem", f"{tmp_path}/a/ok.txt"]
+    profiles = (plain, keys)
+    want = {(i, path): _uncached_denied(p, path) for i, p in enumerate(profiles)
+            for path in paths}
+    assert want[(0, paths[0])] == "secrets" and want[(1, paths[1])] == "keys"
+    assert want[(0, paths[1])] is None and want[(1, paths[2])] is None
+    for _ in range(3):  # first from the patterns, then remembered: the same answers
+        for (i, path), answer in want.items():
+            assert mandatory_denied(profiles[i], path) == answer
+
+
+def test_the_remembered_denies_are_bounded(tmp_path: Path) -> None:
+    profile = make_profile(tmp_path)
+    for i in range(listing._DENIED_MAX + 10):  # noqa: SLF001
+        assert mandatory_denied(profile, f"{tmp_path}/f{i}") is None
+    assert len(listing._DENIED) <= listing._DENIED_MAX  # noqa: SLF001
+    assert mandatory_denied(profile, f"{tmp_path}/x/.env") == "secrets"
+
+
+@pytest.mark.parametrize("op", [
+    FsReadOp(path="/w/a.txt"), FsReadOp(path="/w/a.txt", offset=3),
+    FsReadOp(path="/w/a.txt", len=3), FsReadOp(path="/w/a.txt", offset=0, len=0),
+    FsReadOp(path="/w/\u00e9.txt"), FsListOp(path="/w"), FsListOp(path="/w", depth=3),
+    FsWriteOp(path="/w/a.txt", bytes_b64="eA=="), NetHttpOp(url="https://x.test/?k=1"),
+])
+def test_an_inputs_digest_is_the_digest_of_the_redacted_op(op: object) -> None:
+    for key in (None, b"k" * 32, b"j" * 32):
+        want = digest_json(redacted_op(op, key))  # type: ignore[arg-type]
+        assert inputs_digest(op, key) == want  # type: ignore[arg-type]
+        assert inputs_digest(op, key) == want  # type: ignore[arg-type]  # remembered
+
+
+def test_ops_that_differ_in_any_field_have_their_own_digest() -> None:
+    ops = [FsReadOp(path="/w/a"), FsReadOp(path="/w/b"), FsReadOp(path="/w/a", offset=1),
+           FsReadOp(path="/w/a", len=1), FsListOp(path="/w/a"), FsListOp(path="/w/a", depth=2)]
+    digests = {inputs_digest(op).b64 for op in ops}
+    assert len(digests) == len(ops)
+    for i in range(digest._INPUTS_MAX + 5):  # noqa: SLF001
+        inputs_digest(FsReadOp(path=f"/w/{i}"))
+    assert len(digest._INPUTS) <= digest._INPUTS_MAX  # noqa: SLF001
+
+
+def test_a_cancel_token_made_lazily_still_wakes_its_waiter() -> None:
+    token = CancelToken()
+    assert not token.cancelled
+    assert token.wait(0) is False
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(token.wait(10)))
+    waiter.start()
+    time.sleep(0.05)
+    token.cancel("timeout")
+    waiter.join(5)
+    assert woke == [True] and token.cancelled and token.reason == "timeout"
+
+
+def test_a_token_cancelled_before_anyone_waits_is_cancelled() -> None:
+    token = CancelToken()
+    token.cancel()
+    assert token.cancelled and token.wait(0) is True and token.reason == "cancelled"
+
+
+def test_threads_racing_to_make_the_event_share_one() -> None:
+    for _ in range(50):
+        token = CancelToken()
+        start = threading.Barrier(9)
+        seen: list[bool] = []
+
+        def wait(t: CancelToken = token, b: threading.Barrier = start) -> None:
+            b.wait()
+            seen.append(t.wait(10))
+
+        threads = [threading.Thread(target=wait) for _ in range(8)]
+        for t in threads:
+            t.start()
+        start.wait()
+        token.cancel()
+        for t in threads:
+            t.join(10)
+        assert seen == [True] * 8

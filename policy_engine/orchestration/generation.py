@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import struct
@@ -47,10 +48,10 @@ class Generation:
         st = os.fstat(self._fd)
         self.identity = (st.st_dev, st.st_ino)
         if st.st_size < _COUNTER.size:
-            try:
-                self.bump()  # a spurious change costs each reader one re-read, nothing else
-            except OSError:
-                pass  # unwritable: readers ask every time, as without a counter
+            # a spurious change costs each reader one re-read, nothing else; unwritable, the
+            # readers ask every time, as without a counter
+            with contextlib.suppress(OSError):
+                self.bump()
 
     def value(self) -> int | None:
         """The counter, or ``None`` when the file holds less than a counter (truncated, or

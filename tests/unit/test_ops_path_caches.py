@@ -45,8 +45,10 @@ def test_a_mandatory_deny_is_remembered_per_profile_and_path(tmp_path: Path) -> 
     profiles = (plain, keys)
     want = {(i, path): _uncached_denied(p, path) for i, p in enumerate(profiles)
             for path in paths}
-    assert want[(0, paths[0])] == "secrets" and want[(1, paths[1])] == "keys"
-    assert want[(0, paths[1])] is None and want[(1, paths[2])] is None
+    assert want[(0, paths[0])] == "secrets"
+    assert want[(1, paths[1])] == "keys"
+    assert want[(0, paths[1])] is None
+    assert want[(1, paths[2])] is None
     for _ in range(3):  # first from the patterns, then remembered: the same answers
         for (i, path), answer in want.items():
             assert mandatory_denied(profiles[i], path) == answer
@@ -93,13 +95,17 @@ def test_a_cancel_token_made_lazily_still_wakes_its_waiter() -> None:
     time.sleep(0.05)
     token.cancel("timeout")
     waiter.join(5)
-    assert woke == [True] and token.cancelled and token.reason == "timeout"
+    assert woke == [True]
+    assert token.cancelled
+    assert token.reason == "timeout"
 
 
 def test_a_token_cancelled_before_anyone_waits_is_cancelled() -> None:
     token = CancelToken()
     token.cancel()
-    assert token.cancelled and token.wait(0) is True and token.reason == "cancelled"
+    assert token.cancelled
+    assert token.wait(0) is True
+    assert token.reason == "cancelled"
 
 
 def test_threads_racing_to_make_the_event_share_one() -> None:
@@ -108,9 +114,10 @@ def test_threads_racing_to_make_the_event_share_one() -> None:
         start = threading.Barrier(9)
         seen: list[bool] = []
 
-        def wait(t: CancelToken = token, b: threading.Barrier = start) -> None:
+        def wait(t: CancelToken = token, b: threading.Barrier = start,
+                 out: list[bool] = seen) -> None:
             b.wait()
-            seen.append(t.wait(10))
+            out.append(t.wait(10))
 
         threads = [threading.Thread(target=wait) for _ in range(8)]
         for t in threads:

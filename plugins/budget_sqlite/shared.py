@@ -51,6 +51,7 @@ from plugins.budget_sqlite.mapped import lock_whole
 from policy_engine.budget import exceeded, new_lease, too_many
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.model import BUDGET_KINDS
+from policy_engine.pid import current as current_pid
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ class SharedMeter:
     # -- the file -------------------------------------------------------------------------
 
     def _open(self) -> mmap.mmap:
-        if self._map is not None and self._pid == os.getpid():
+        if self._map is not None and self._pid == current_pid():
             return self._map
         self._map, self._dirty, self._held = None, set(), {}  # a forked child's are the parent's
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -173,7 +174,7 @@ class SharedMeter:
         except BaseException:
             os.close(fd)
             raise
-        self._fd, self._pid, self._map = fd, os.getpid(), table
+        self._fd, self._pid, self._map = fd, current_pid(), table
         self._me = b"%d\0%s" % (self._pid, (process_start(self._pid) or "?").encode())
         with self._locked():
             magic, boot = _HEAD.unpack_from(table, 0)
@@ -332,7 +333,7 @@ class SharedMeter:
     def flush(self) -> None:
         """Write the counters this process changed to the database now."""
         with self._lock:
-            if self._map is None or self._pid != os.getpid() or not self._dirty:
+            if self._map is None or self._pid != current_pid() or not self._dirty:
                 return
             table = self._map
             with self._locked():
@@ -430,7 +431,7 @@ class SharedMeter:
         """Give a slot back; ``False`` when ``lease`` is not one of this process's."""
         raw = key.encode()
         with self._lock:
-            if self._pid != os.getpid() or self._held.get(lease) != key:
+            if self._pid != current_pid() or self._held.get(lease) != key:
                 return False
             del self._held[lease]
             table = self._open()
@@ -468,7 +469,7 @@ class SharedMeter:
             try:
                 self.flush()
             finally:
-                if self._map is not None and self._pid == os.getpid():
+                if self._map is not None and self._pid == current_pid():
                     self._map.close()
                     os.close(self._fd)
                 self._map, self._fd = None, -1

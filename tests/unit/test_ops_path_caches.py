@@ -4,6 +4,7 @@ op's fields and key, and never for another profile, op or key."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from policy_engine.model import (
     ProfileDeny,
     RuleRef,
 )
+from policy_engine.pid import current as current_pid
 from tests.unit.test_executor_fs import make_profile
 
 
@@ -127,3 +129,19 @@ def test_threads_racing_to_make_the_event_share_one() -> None:
         for t in threads:
             t.join(10)
         assert seen == [True] * 8
+
+
+def test_the_kept_pid_is_the_childs_in_a_forked_child() -> None:
+    assert current_pid() == os.getpid()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        os.write(write, b"%d %d" % (current_pid(), os.getpid()))
+        os._exit(0)
+    os.close(write)
+    kept, real = os.read(read, 100).split()
+    os.close(read)
+    os.waitpid(child, 0)
+    assert kept == real
+    assert int(kept) == child
+    assert current_pid() == os.getpid()

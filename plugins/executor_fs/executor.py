@@ -140,6 +140,11 @@ class FsExecutor:
         return parts
 
     def _open(self, ctx: ExecContext, parts: list[str], flags: int, shown: str) -> int:
+        if flags & os.O_CREAT == 0:
+            # the usual case in one system call; anything unusual the long way (its errors)
+            fd = self.opener.open_whole(ctx.profile.mappings.root_fs, parts, flags)
+            if fd is not None:
+                return fd
         root_fd = open_root(ctx.profile.mappings.root_fs)
         try:
             return self.opener.open(root_fd, parts, flags, shown=shown)
@@ -175,13 +180,16 @@ class FsExecutor:
             budget = want if op.len is not None else cap + 1
             while total < budget:
                 check_time(ctx)
-                chunk = os.pread(fd, min(_CHUNK, budget - total), offset + total)
+                asked = min(_CHUNK, budget - total)
+                chunk = os.pread(fd, asked, offset + total)
                 if not chunk:
                     break
                 total += len(chunk)
                 sha.update(chunk)
                 if len(head) < self.options.preview_bytes:
                     head += chunk[: self.options.preview_bytes - len(head)]
+                if len(chunk) < asked:
+                    break  # a regular file's short read is its end (no second read to see it)
         finally:
             os.close(fd)
         if op.len is None and total > cap:

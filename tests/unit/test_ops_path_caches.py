@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from plugins.executor_fs import listing
+from plugins.executor_fs import executor, listing, resolve
 from plugins.executor_fs.listing import mandatory_denied
+from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.evidence import digest
 from policy_engine.evidence.digest import digest_json, inputs_digest, redacted_op
-from policy_engine.executor import CancelToken
+from policy_engine.executor import CancelToken, ExecContext
 from policy_engine.model import (
     CapabilityKind,
     FsCapability,
@@ -27,7 +28,7 @@ from policy_engine.model import (
     RuleRef,
 )
 from policy_engine.pid import current as current_pid
-from tests.unit.test_executor_fs import make_profile
+from tests.unit.test_executor_fs import ctx_for, fs, make_profile
 
 
 def _uncached_denied(profile: object, path: str) -> str | None:
@@ -145,3 +146,44 @@ def test_the_kept_pid_is_the_childs_in_a_forked_child() -> None:
     assert kept == real
     assert int(kept) == child
     assert current_pid() == os.getpid()
+
+
+def test_a_read_under_a_real_root_opens_in_one_call(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole path in one ``openat2``: the root is not opened on its own."""
+    (tmp_path / "a.txt").write_text("hi")
+    opened: list[str] = []
+    monkeypatch.setattr(executor, "open_root",
+                        lambda root: opened.append(root) or resolve.open_root(root))
+    res = fs(True).execute(ctx_for(tmp_path), FsReadOp(path=str(tmp_path / "a.txt")))
+    assert res.out["size"] == 2
+    assert opened == []
+
+
+@pytest.mark.parametrize("how", ["link-root", "link-above", "dotdot"])
+def test_a_root_the_one_call_cannot_open_is_refused_the_long_way(tmp_path: Path, how: str
+                                                                  ) -> None:
+    """A symlink on the root's path, or ``..`` in it: the same refusal as before the one
+    call (``open_root``'s), for a read, a listing and a write."""
+    real = tmp_path / "real" / "ws"
+    real.mkdir(parents=True)
+    (real / "a.txt").write_text("hi")
+    if how == "link-root":
+        root = tmp_path / "ws-link"
+        root.symlink_to(real)
+    elif how == "link-above":
+        (tmp_path / "up").symlink_to(tmp_path / "real")
+        root = tmp_path / "up" / "ws"
+    else:
+        root = tmp_path / "real" / "x" / ".." / "ws"
+        (tmp_path / "real" / "x").mkdir()
+    ctx = ExecContext(profile=make_profile(tmp_path), deadline=time.monotonic() + 30)
+    ctx = ExecContext(profile=ctx.profile.model_copy(update={"mappings": ctx.profile.mappings
+                      .model_copy(update={"root_fs": str(root)})}), deadline=ctx.deadline)
+    for op in (FsReadOp(path=f"{root}/a.txt"), FsListOp(path=str(root)),
+               FsWriteOp(path=f"{root}/b.txt", bytes_b64="eA==")):
+        with pytest.raises(PolicyEngineError) as exc:
+            fs(True).execute(ctx, op)
+        assert exc.value.code == ErrorCode.CAPABILITY_BLOCKED
+        assert "symlink on its path" in exc.value.reason or ".." in exc.value.reason, \
+            exc.value.reason

@@ -52,6 +52,13 @@ from policy_engine.orchestration.budgeting import (
     charged_late,
     nothing,
 )
+from policy_engine.orchestration.records import (
+    begin_record,
+    end_record,
+    failed_result,
+    ok_result,
+    usage_of,
+)
 from policy_engine.orchestration.revocation import (
     MemoryRevocationList,
     RevocationWatcher,
@@ -74,6 +81,7 @@ log = logging.getLogger(__name__)
 
 Status = Literal["ok", "denied", "error"]
 _METERED = ("bytes_in", "bytes_out", "cpu_ms", "gpu_ms", "file_count")
+_ZEROES = dict.fromkeys(_METERED, 0)
 # result.out keys an executor may report that the exec-record table (seed 002 §6) wants
 _PROCESS_FIELDS = ("exit_code", "stdout_truncated", "stderr_truncated", "artifacts_path")
 
@@ -501,16 +509,16 @@ class Orchestrator:
                annotations: dict[str, Any] | None = None) -> EvidenceBegin:
         """The begin record, not yet written: ``_write_begin`` before an executor may act
         outside the engine, else ``_finish`` writes it with the end ("one append")."""
-        return EvidenceBegin(
-            envelope_id=envelope, tenant=grant.tenant, subject_id=grant.subject_id,
-            tool_name=grant.tool_name, call_id=grant.call_id,
-            profile_hash=profile.profile_hash if profile else "",
-            capability=capability_string(op),
-            inputs_digest=inputs_digest(op, self.evidence_key),
-            produced_at_ms=now,
-            policy_version_hash=(profile.policy_version_hash if profile
-                                 else self.policyset.version_hash), replay=replay,
-            shadow=shadow, annotations=annotations)
+        return begin_record({
+            "envelope_id": envelope, "tenant": grant.tenant, "subject_id": grant.subject_id,
+            "tool_name": grant.tool_name, "call_id": grant.call_id,
+            "profile_hash": profile.profile_hash if profile else "",
+            "capability": capability_string(op),
+            "inputs_digest": inputs_digest(op, self.evidence_key),
+            "produced_at_ms": now,
+            "policy_version_hash": (profile.policy_version_hash if profile
+                                    else self.policyset.version_hash), "replay": replay,
+            "shadow": shadow, "annotations": annotations})
 
     def _write_begin(self, ev: EvidenceBegin) -> None:
         with tracing.span("policy_engine.evidence", {"policy_engine.record": "begin"}):
@@ -552,9 +560,10 @@ class Orchestrator:
 
     @staticmethod
     def _usage(attempt: Attempt, charged: dict[str, int], *, calls: int = 1) -> Usage:
-        reported = attempt.result.used if attempt.result is not None else Usage()
-        return Usage(calls=calls,
-                     **{k: max(getattr(reported, k), charged[k]) for k in _METERED})
+        # a validated Usage's fields (none reported: zeroes)
+        reported = attempt.result.used.__dict__ if attempt.result is not None else _ZEROES
+        return usage_of({"calls": calls,
+                         **{k: max(reported[k], charged[k]) for k in _METERED}})
 
     def _finish(self, begin: EvidenceBegin, decision: Decision, profile: Profile | None,
                 op: ExecOp, started: float, *, status: Status, err: PolicyEngineError | None = None,
@@ -572,18 +581,19 @@ class Orchestrator:
                                      allowing_template(profile, decision))
         if err is not None and error_kind is None:
             error_kind = attempt.error_kind if attempt else _denial_kind(err.code)
-        end = EvidenceEnd(
-            envelope_id=begin.envelope_id, status=status,
-            error_code=err.code.value if err else None,
-            outputs_digest=digest_json(out) if ok else EMPTY_DIGEST,
-            side_effects=tuple(effects), budget_used=usage, finished_at_ms=self._clock(),
-            sandbox_backend=backend, sandbox_profile=_profile_label(profile),
-            sandbox_network_mode=profile.network.value if profile else None,
-            sandbox_latency_ms=round(latency_ms, 3),
-            sandbox_timed_out=bool(attempt and attempt.timed_out), sandbox_success=ok,
-            sandbox_error_kind=error_kind, sandbox_degraded=bool(degraded),
-            sandbox_degrade_reason="; ".join(degraded) or None,
-            **decision_fields(decision, profile, self.policyset.version_hash))
+        end = end_record({
+            "envelope_id": begin.envelope_id, "status": status,
+            "error_code": err.code.value if err else None,
+            "outputs_digest": digest_json(out) if ok else EMPTY_DIGEST,
+            "side_effects": tuple(effects), "budget_used": usage,
+            "finished_at_ms": self._clock(), "sandbox_backend": backend,
+            "sandbox_profile": _profile_label(profile),
+            "sandbox_network_mode": profile.network.value if profile else None,
+            "sandbox_latency_ms": round(latency_ms, 3),
+            "sandbox_timed_out": bool(attempt and attempt.timed_out), "sandbox_success": ok,
+            "sandbox_error_kind": error_kind, "sandbox_degraded": bool(degraded),
+            "sandbox_degrade_reason": "; ".join(degraded) or None,
+            **decision_fields(decision, profile, self.policyset.version_hash)})
         record = "end" if begun else "begin+end"  # a contained read's one append
         with tracing.span("policy_engine.evidence", {"policy_engine.record": record}):
             for sink in self.sinks:
@@ -595,10 +605,9 @@ class Orchestrator:
         if err is not None:
             log.info("call %s %s: %s (audit: %s)", begin.envelope_id, status, err.code.value,
                      redact_audit(err.audit))
-            result = ExecResult(ok=False, code=err.code.value, message=err.public_message(),
-                                used=usage)
+            result = failed_result(err.code.value, err.public_message(), usage)
         else:
-            result = ExecResult(ok=True, out=out, used=usage)
+            result = ok_result(out, usage)
         return RunOutcome(result=result, decision=decision, begin=begin, end=end,
                           profile=profile)
 

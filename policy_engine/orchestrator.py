@@ -577,8 +577,10 @@ class Orchestrator:
         latency_ms = (time.perf_counter() - started) * 1000
         ok = status == "ok" and attempt is not None and attempt.result is not None
         out = attempt.result.out if ok and attempt and attempt.result else {}
+        # only a process call's arguments are matched against the allowing template
         effects = self._side_effects(op, out, side_effects or [], self.evidence_key,
-                                     allowing_template(profile, decision))
+                                     allowing_template(profile, decision)
+                                     if op.kind == OpKind.PROC_EXEC else None)
         if err is not None and error_kind is None:
             error_kind = attempt.error_kind if attempt else _denial_kind(err.code)
         end = end_record({

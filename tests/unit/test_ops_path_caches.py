@@ -14,11 +14,13 @@ import pytest
 from plugins.executor_fs import executor, listing, resolve
 from plugins.executor_fs.listing import mandatory_denied
 from policy_engine import ErrorCode, PolicyEngineError
-from policy_engine.evidence import digest
+from policy_engine.evidence import decided, digest
+from policy_engine.evidence.decided import decision_fields
 from policy_engine.evidence.digest import digest_json, inputs_digest, redacted_op
 from policy_engine.executor import CancelToken, ExecContext
 from policy_engine.model import (
     CapabilityKind,
+    Decision,
     FsCapability,
     FsListOp,
     FsReadOp,
@@ -187,3 +189,21 @@ def test_a_root_the_one_call_cannot_open_is_refused_the_long_way(tmp_path: Path,
         assert exc.value.code == ErrorCode.CAPABILITY_BLOCKED
         assert "symlink on its path" in exc.value.reason or ".." in exc.value.reason, \
             exc.value.reason
+
+
+def test_an_end_records_decision_fields_are_remembered_per_decision_and_profile(
+        tmp_path: Path) -> None:
+    profile = make_profile(tmp_path)
+    other = profile.model_copy(update={"timeout_ms": 5})
+    allow = Decision(decision="allow", http_status=200, reason="")
+    deny = Decision(decision="deny", code="SANDBOX.PERMISSION_DENY", http_status=403,
+                    reason="see https://u:p@x.test/a?k=1")
+    for decision in (allow, deny):
+        for prof in (profile, other, None):
+            want = decided.fields_of(decision, prof, "h")
+            assert decision_fields(decision, prof, "h") == want
+            assert decision_fields(decision, prof, "h") == want  # remembered
+            assert decision_fields(decision, prof, "other") == \
+                decided.fields_of(decision, prof, "other")
+    assert decision_fields(deny, other, "h")["timeout_ms"] == 5
+    assert "u:p" not in decision_fields(deny, None, "h")["reason"]

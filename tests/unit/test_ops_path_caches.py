@@ -14,13 +14,11 @@ import pytest
 from plugins.executor_fs import executor, listing, resolve
 from plugins.executor_fs.listing import mandatory_denied
 from policy_engine import ErrorCode, PolicyEngineError
-from policy_engine.evidence import decided, digest
-from policy_engine.evidence.decided import decision_fields
+from policy_engine.evidence import digest
 from policy_engine.evidence.digest import digest_json, inputs_digest, redacted_op
 from policy_engine.executor import CancelToken, ExecContext
 from policy_engine.model import (
     CapabilityKind,
-    Decision,
     FsCapability,
     FsListOp,
     FsReadOp,
@@ -40,7 +38,7 @@ def _uncached_denied(profile: object, path: str) -> str | None:
     return found
 
 
-def test_a_mandatory_deny_is_remembered_per_profile_and_path(tmp_path: Path) -> None:
+def test_a_mandatory_deny_is_remembered_per_denies_and_path(tmp_path: Path) -> None:
     plain = make_profile(tmp_path)
     keys = plain.model_copy(update={"denies": (*plain.denies, ProfileDeny(
         kinds=(CapabilityKind.FS_READ,), capability=FsCapability(kind="fs.read",
@@ -191,19 +189,22 @@ def test_a_root_the_one_call_cannot_open_is_refused_the_long_way(tmp_path: Path,
             exc.value.reason
 
 
-def test_an_end_records_decision_fields_are_remembered_per_decision_and_profile(
+def test_profiles_sharing_their_denies_share_the_answers_but_not_another_home(
         tmp_path: Path) -> None:
-    profile = make_profile(tmp_path)
-    other = profile.model_copy(update={"timeout_ms": 5})
-    allow = Decision(decision="allow", http_status=200, reason="")
-    deny = Decision(decision="deny", code="SANDBOX.PERMISSION_DENY", http_status=403,
-                    reason="see https://u:p@x.test/a?k=1")
-    for decision in (allow, deny):
-        for prof in (profile, other, None):
-            want = decided.fields_of(decision, prof, "h")
-            assert decision_fields(decision, prof, "h") == want
-            assert decision_fields(decision, prof, "h") == want  # remembered
-            assert decision_fields(decision, prof, "other") == \
-                decided.fields_of(decision, prof, "other")
-    assert decision_fields(deny, other, "h")["timeout_ms"] == 5
-    assert "u:p" not in decision_fields(deny, None, "h")["reason"]
+    """Every profile of a builder carries the policy's denies tuple: a grant's new call id
+    (a new profile) finds the answer kept; a profile with another home does not."""
+    first = make_profile(tmp_path)
+    second = first.model_copy(update={"call_id": "c2"})
+    assert second.denies is first.denies
+    home_deny = ProfileDeny(kinds=(CapabilityKind.FS_READ,), capability=FsCapability(
+        kind="fs.read", paths=("~/.ssh/**",)), rule=RuleRef(id="ssh", file="system", line=3,
+                                                           column=1), mandatory=True)
+    at_a = first.model_copy(update={"denies": (home_deny,), "mappings": first.mappings
+                                    .model_copy(update={"home": f"{tmp_path}/a"})})
+    at_b = at_a.model_copy(update={"mappings": at_a.mappings.model_copy(
+        update={"home": f"{tmp_path}/b"})})
+    assert mandatory_denied(first, f"{tmp_path}/x/.env") == "secrets"
+    assert mandatory_denied(second, f"{tmp_path}/x/.env") == "secrets"
+    assert mandatory_denied(at_a, f"{tmp_path}/a/.ssh/id") == "ssh"
+    assert mandatory_denied(at_b, f"{tmp_path}/a/.ssh/id") is None
+    assert mandatory_denied(at_b, f"{tmp_path}/b/.ssh/id") == "ssh"

@@ -5,8 +5,8 @@ Each of these models was validated field by field on every call (≈ 3–5 µs e
 per call: docs/benchmarks.md "Thirteenth pass"), though every value the orchestrator gives them
 is already of its field's type: strings, integers, the frozen digests, rules, limits and
 usage it made or was given validated. ``assembled`` makes the instance pydantic's own
-``model_construct`` makes (the same ``__dict__``, fields set and extras), without its
-per-field Python loop. Each builder checks the few values that could arrive in another type
+``model_construct`` makes (the same ``__dict__``, fields set and extras) without its per-field
+Python loop, with ``model.unchecked``'s setters, as per-call profiles and decisions are made. Each builder checks the few values that could arrive in another type
 (from an injected clock or id source, a third-party executor's side effects or amounts, a
 caller's annotations) and validates as before when any does, so a record is the same object,
 with the same bytes, either way (``tests/unit/test_orchestration_records.py``).
@@ -29,9 +29,9 @@ from policy_engine.model import (
     Usage,
 )
 from policy_engine.model.profile import RuleRef
+from policy_engine.model.unchecked import SET_DICT, SET_EXTRA, SET_FIELDS_SET, SET_PRIVATE
 
 _M = TypeVar("_M", bound=BaseModel)
-_set = object.__setattr__
 _END_GIVEN = frozenset(EvidenceEnd.model_fields) - {"type"}
 _BEGIN_GIVEN = frozenset(EvidenceBegin.model_fields) - {"type"}
 _USAGE_GIVEN = frozenset(Usage.model_fields)
@@ -45,10 +45,10 @@ def assembled(cls: type[_M], values: dict[str, Any], given: frozenset[str]) -> _
     ``given`` as the fields set: what ``cls(**{k: values[k] for k in given})`` builds when
     each value is already of its field's validated type."""
     obj = cls.__new__(cls)
-    _set(obj, "__dict__", values)
-    _set(obj, "__pydantic_fields_set__", set(given))
-    _set(obj, "__pydantic_extra__", None)
-    _set(obj, "__pydantic_private__", None)
+    SET_DICT(obj, values)
+    SET_FIELDS_SET(obj, set(given))
+    SET_EXTRA(obj, None)
+    SET_PRIVATE(obj, None)
     return obj
 
 

@@ -6,7 +6,8 @@ per call: docs/benchmarks.md "Thirteenth pass"), though every value the orchestr
 is already of its field's type: strings, integers, the frozen digests, rules, limits and
 usage it made or was given validated. ``assembled`` makes the instance pydantic's own
 ``model_construct`` makes (the same ``__dict__``, fields set and extras) without its per-field
-Python loop, with ``model.unchecked``'s setters, as per-call profiles and decisions are made. Each builder checks the few values that could arrive in another type
+Python loop, with ``model.unchecked``'s setters, as per-call profiles and decisions are made.
+Each builder checks the few values that could arrive in another type
 (from an injected clock or id source, a third-party executor's side effects or amounts, a
 caller's annotations) and validates as before when any does, so a record is the same object,
 with the same bytes, either way (``tests/unit/test_orchestration_records.py``).

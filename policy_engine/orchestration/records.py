@@ -16,9 +16,7 @@ with the same bytes, either way (``tests/unit/test_orchestration_records.py``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
-
-from pydantic import BaseModel
+from typing import Any
 
 from policy_engine.model import (
     Digest,
@@ -30,27 +28,14 @@ from policy_engine.model import (
     Usage,
 )
 from policy_engine.model.profile import RuleRef
-from policy_engine.model.unchecked import SET_DICT, SET_EXTRA, SET_FIELDS_SET, SET_PRIVATE
+from policy_engine.model.unchecked import assembled
 
-_M = TypeVar("_M", bound=BaseModel)
 _END_GIVEN = frozenset(EvidenceEnd.model_fields) - {"type"}
 _BEGIN_GIVEN = frozenset(EvidenceBegin.model_fields) - {"type"}
 _USAGE_GIVEN = frozenset(Usage.model_fields)
 _OK_GIVEN = frozenset({"ok", "out", "used"})
 _FAILED_GIVEN = frozenset({"ok", "code", "message", "used"})
 _OPTIONAL_STR = (str, type(None))
-
-
-def assembled(cls: type[_M], values: dict[str, Any], given: frozenset[str]) -> _M:
-    """``cls.model_construct`` of ``values`` (every field, in the model's order) with
-    ``given`` as the fields set: what ``cls(**{k: values[k] for k in given})`` builds when
-    each value is already of its field's validated type."""
-    obj = cls.__new__(cls)
-    SET_DICT(obj, values)
-    SET_FIELDS_SET(obj, set(given))
-    SET_EXTRA(obj, None)
-    SET_PRIVATE(obj, None)
-    return obj
 
 
 def usage_of(values: Mapping[str, Any]) -> Usage:

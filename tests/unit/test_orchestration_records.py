@@ -188,3 +188,16 @@ def test_each_builder_makes_the_validated_model(build: Any) -> None:
     assert type(model) in (ExecResult, Usage, EvidenceBegin, EvidenceEnd)
     _same(model)
     assert json.loads(model.model_dump_json()) == model.model_dump(mode="json")
+
+
+@pytest.mark.parametrize("size", [0, 6, 70_000])
+def test_the_fs_readers_assembled_result_is_the_validated_one(tmp_path: Path, size: int
+                                                               ) -> None:
+    from tests.unit.test_executor_fs import ctx_for, fs
+
+    (tmp_path / "f.bin").write_bytes(b"x" * size)
+    ctx = ctx_for(tmp_path)
+    result = fs(True).execute(ctx, FsReadOp(path=f"{tmp_path}/f.bin"))
+    assert result.out["size"] == size
+    for model in (result, result.used, *ctx.side_effects):
+        _same(model)

@@ -226,6 +226,7 @@ class Orchestrator:
                 self.components.close()
                 raise
         self.revocations = revocations if config.revocation != "none" else None
+        self._contained: dict[OpKind, Executor | None] = {}  # ``runs_on_caller``'s kept part
 
     def swap_policy(self, policyset: PolicySet) -> None:
         """Make ``policyset`` the policy of every call that starts from now on (hot reload,
@@ -278,15 +279,24 @@ class Orchestrator:
         that does not say is taken to wait: SQLite's commits fsync).
         The service runs such a call on its event loop, as it decides
         (``service/fastpath.py``)."""
+        try:
+            chosen = self._contained[kind]
+        except KeyError:  # the configuration's part, fixed for the orchestrator's life
+            chosen = self._contained[kind] = self._contained_backend(kind)
+        return chosen is not None and stops_by_itself(chosen, kind, root_fs)
+
+    def _contained_backend(self, kind: OpKind) -> Executor | None:
+        """The backend that runs ``kind`` wholly inside the engine when the meter, the
+        revocation list and every sink are local and wait for no disk, else ``None``."""
         config = self.config
         if config.budget_meter not in ("sqlite", "memory") or \
                 config.revocation not in ("sqlite", "memory", "none") or \
                 any(getattr(sink.inner, "waits_for_disk", True) is not False
                     for sink in self.sinks):
-            return False
+            return None
         chosen = chosen_backend(self.components.executors, config, kind)
-        return chosen is not None and kind in getattr(chosen, "contained_kinds", ()) and \
-            stops_by_itself(chosen, kind, root_fs)
+        return chosen if chosen is not None and \
+            kind in getattr(chosen, "contained_kinds", ()) else None
 
     # -- the sequence ---------------------------------------------------------------------------
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -28,6 +27,7 @@ from policy_engine.evidence import (
 from policy_engine.executor import CancelToken, ExecContext, Executor
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.guard import Guard
+from policy_engine.ids import envelope_id
 from policy_engine.model import (
     ArgSlot,
     Decision,
@@ -184,7 +184,7 @@ class Orchestrator:
         self.plugins = plugins if plugins is not None else PluginManager.default()
         self.metrics = metrics or Metrics()
         self._clock = clock or _wall_ms
-        self._ids = ids or (lambda: uuid.uuid4().hex)
+        self._ids = ids or envelope_id
         # the running policy with its builder and guard: shared with the orchestrators pinned
         # to a backend (runcode.OrchestratorPool), so one swap reloads them all
         self.holder = holder or PolicyHolder(

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import logging
 import mmap
 import os
@@ -48,7 +49,7 @@ from typing import Protocol
 
 from plugins.budget_sqlite.leases import process_start
 from plugins.budget_sqlite.mapped import lock_whole
-from policy_engine.budget import exceeded, new_lease, too_many
+from policy_engine.budget import exceeded, too_many
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.model import BUDGET_KINDS
 from policy_engine.pid import current as current_pid
@@ -73,6 +74,7 @@ VOLATILE = -1
 EMPTY = bytes(16)
 TOMB = b"\xff" * 16  # a freed holding: probing goes on past it (EMPTY ends a probe)
 _KINDS = {kind: i for i, kind in enumerate(BUDGET_KINDS)}
+_LEASES = itertools.count(1)  # ``next`` is atomic under the GIL
 
 
 class Durable(Protocol):
@@ -404,7 +406,9 @@ class SharedMeter:
                 held = _NUMBERS.unpack_from(table, mine_at + 16)[0]
                 _NUMBERS.pack_into(table, mine_at + 16, held + 1, VOLATILE)
                 _NUMBERS.pack_into(table, total_at + 16, count + 1, VOLATILE)
-            lease = new_lease()
+            # a holding is this process's (``_held``): a process-unique name will do, and
+            # costs no system call (``new_lease`` reads the kernel's randomness)
+            lease = f"t{next(_LEASES):x}"
             self._held[lease] = key
             return lease
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.evidence import digest
 from policy_engine.evidence.digest import digest_json, inputs_digest, redacted_op
 from policy_engine.executor import CancelToken, ExecContext
+from policy_engine.ids import envelope_id
 from policy_engine.model import (
     CapabilityKind,
     FsCapability,
@@ -208,3 +210,29 @@ def test_profiles_sharing_their_denies_share_the_answers_but_not_another_home(
     assert mandatory_denied(at_a, f"{tmp_path}/a/.ssh/id") == "ssh"
     assert mandatory_denied(at_b, f"{tmp_path}/a/.ssh/id") is None
     assert mandatory_denied(at_b, f"{tmp_path}/b/.ssh/id") == "ssh"
+
+
+def test_envelope_ids_are_uuid4_hex_and_never_repeat() -> None:
+    ids = [envelope_id() for _ in range(3000)]  # past one pool of 256
+    assert len(set(ids)) == len(ids)
+    for value in ids[:600]:
+        parsed = uuid.UUID(hex=value)
+        assert parsed.hex == value
+        assert parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122
+
+
+def test_a_forked_child_hands_out_other_ids_than_its_parent() -> None:
+    envelope_id()  # a pool with ids left in it
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        os.write(write, " ".join(envelope_id() for _ in range(5)).encode())
+        os._exit(0)
+    os.close(write)
+    theirs = set(os.read(read, 1000).decode().split())
+    os.close(read)
+    os.waitpid(child, 0)
+    ours = {envelope_id() for _ in range(5)}
+    assert len(theirs) == 5
+    assert not theirs & ours

@@ -40,6 +40,7 @@ from policy_engine.model import (
     Manifest,
     OpKind,
     Overrides,
+    ProcExecOp,
     Profile,
     Settings,
     SideEffectRec,
@@ -590,7 +591,7 @@ class Orchestrator:
         # only a process call's arguments are matched against the allowing template
         effects = self._side_effects(op, out, side_effects or [], self.evidence_key,
                                      allowing_template(profile, decision)
-                                     if op.kind == OpKind.PROC_EXEC else None)
+                                     if isinstance(op, ProcExecOp) else None)
         if err is not None and error_kind is None:
             error_kind = attempt.error_kind if attempt else _denial_kind(err.code)
         end = end_record({

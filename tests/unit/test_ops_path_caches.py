@@ -18,13 +18,17 @@ from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.evidence import digest
 from policy_engine.evidence.digest import digest_json, inputs_digest, redacted_op
 from policy_engine.executor import CancelToken, ExecContext
+from policy_engine.gateway.outcome import _decision_json
+from policy_engine.guard.verdict import _restamp
 from policy_engine.ids import envelope_id
 from policy_engine.model import (
     CapabilityKind,
+    Decision,
     FsCapability,
     FsListOp,
     FsReadOp,
     FsWriteOp,
+    Limits,
     NetHttpOp,
     ProfileDeny,
     RuleRef,
@@ -81,8 +85,9 @@ def test_an_inputs_digest_is_the_digest_of_the_redacted_op(op: object) -> None:
 
 
 def test_ops_that_differ_in_any_field_have_their_own_digest() -> None:
-    ops = [FsReadOp(path="/w/a"), FsReadOp(path="/w/b"), FsReadOp(path="/w/a", offset=1),
-           FsReadOp(path="/w/a", len=1), FsListOp(path="/w/a"), FsListOp(path="/w/a", depth=2)]
+    ops: list[FsReadOp | FsListOp] = [
+        FsReadOp(path="/w/a"), FsReadOp(path="/w/b"), FsReadOp(path="/w/a", offset=1),
+        FsReadOp(path="/w/a", len=1), FsListOp(path="/w/a"), FsListOp(path="/w/a", depth=2)]
     digests = {inputs_digest(op).b64 for op in ops}
     assert len(digests) == len(ops)
     for i in range(digest._INPUTS_MAX + 5):  # noqa: SLF001
@@ -155,8 +160,12 @@ def test_a_read_under_a_real_root_opens_in_one_call(tmp_path: Path,
     """The whole path in one ``openat2``: the root is not opened on its own."""
     (tmp_path / "a.txt").write_text("hi")
     opened: list[str] = []
-    monkeypatch.setattr(executor, "open_root",
-                        lambda root: opened.append(root) or resolve.open_root(root))
+
+    def counted(root: str) -> int:
+        opened.append(root)
+        return resolve.open_root(root)
+
+    monkeypatch.setattr(executor, "open_root", counted)
     res = fs(True).execute(ctx_for(tmp_path), FsReadOp(path=str(tmp_path / "a.txt")))
     assert res.out["size"] == 2
     assert opened == []
@@ -236,3 +245,24 @@ def test_a_forked_child_hands_out_other_ids_than_its_parent() -> None:
     ours = {envelope_id() for _ in range(5)}
     assert len(theirs) == 5
     assert not theirs & ours
+
+
+def test_a_restamped_allows_answer_is_its_own_rendering() -> None:
+    """Grants of one shape share a compiled profile whose prebuilt allow each call restamps
+    with its own profile's hash: the run document shows each call's decision as pydantic
+    renders it, whichever rendering was kept."""
+    limits = Limits(max_bytes_in=10, timeout_ms=5)
+    rule = RuleRef(id="read", file="p.sbpolicy", line=2, column=1)
+    first = Decision(decision="allow", http_status=200, rule=rule, profile_hash="a" * 64,
+                     limits=limits, limit_layers={"max_bytes_in": "rule"})
+    marked = first.model_copy(update={"reason": "0pe0mark0 in a reason"})
+    calls = [_restamp(first, f"{i:064x}") for i in range(6)] + [
+        _restamp(first, ""), first, _restamp(marked, "b" * 64), _restamp(marked, "c" * 64),
+        _restamp(marked, "d" * 64),
+        Decision(decision="deny", code="SANDBOX.PERMISSION_DENY", http_status=403,
+                 profile_hash="e" * 64, reason="no")]
+    for decision in calls * 2:
+        assert _decision_json(decision) == \
+            decision.model_dump_json(exclude_none=True).encode()
+    other = _restamp(first.model_copy(update={"limits": Limits(max_bytes_in=11)}), "f" * 64)
+    assert b'"max_bytes_in":11' in _decision_json(other)

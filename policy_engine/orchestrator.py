@@ -51,6 +51,7 @@ from policy_engine.orchestration.budgeting import (
     Slot,
     call_limits,
     charged_late,
+    charges_with_slots,
     nothing,
 )
 from policy_engine.orchestration.records import (
@@ -65,7 +66,12 @@ from policy_engine.orchestration.revocation import (
     RevocationWatcher,
     SqliteRevocationList,
 )
-from policy_engine.orchestration.running import Attempt, run_with_deadline, stops_by_itself
+from policy_engine.orchestration.running import (
+    Attempt,
+    classify,
+    run_with_deadline,
+    stops_by_itself,
+)
 from policy_engine.orchestration.selection import (
     Selection,
     chosen_backend,
@@ -418,21 +424,29 @@ class Orchestrator:
         # 5) concurrency: one of the grant's `max_concurrency` slots, held until the call ends
         # (released on every path; a crashed process's lease expires or dies with it)
         slot = Slot(self.meter, key, limits, profile.timeout_ms)
-        try:
-            slot.take()
-        except PolicyEngineError as exc:
-            return self._finish(begin, decision, profile, op, started, err=exc,
-                                status="denied", backend=sel.backend, degraded=sel.degraded)
+        # an op its executor runs wholly inside this process (``contained_kinds``: an fs read
+        # or listing) and charges when it starts takes its slot then, with its `calls`, and
+        # gives it back when it returns, with its `bytes_in`: one meter step each where the
+        # meter can (docs/operations.md "Budgets and revocation")
+        contained = via is None and kind in getattr(sel.executor, "contained_kinds", ())
+        late = contained and charges_with_slots(self.meter) and \
+            getattr(sel.executor, "charges_at_start", False) is True
+        if not late:
+            try:
+                slot.take()
+            except PolicyEngineError as exc:
+                return self._finish(begin, decision, profile, op, started, err=exc,
+                                    status="denied", backend=sel.backend,
+                                    degraded=sel.degraded)
         try:
             # INVARIANT: the begin record is durable before an executor may act outside this
-            # process; an op its executor runs wholly inside it (``contained_kinds``: an fs
-            # read or listing) answers nobody before ``_finish`` appends begin and end at once
-            # (docs/operations.md "Evidence: one append for contained reads")
-            contained = via is None and kind in getattr(sel.executor, "contained_kinds", ())
+            # process; a contained op answers nobody before ``_finish`` appends begin and end
+            # at once (docs/operations.md "Evidence: one append for contained reads")
             if not contained:
                 self._write_begin(begin)
             return self._execute(begin, decision, profile, op, started, sel, key, limits,
-                                 guard, cancel, on_output, via, begun=not contained)
+                                 guard, cancel, on_output, via, begun=not contained,
+                                 late=slot if late else None)
         finally:
             slot.release()
 
@@ -441,16 +455,21 @@ class Orchestrator:
                  guard: GuardLike, cancel: CancelToken | None,
                  on_output: Callable[[str, bytes], None] | None = None,
                  via: Callable[[Executor], Executor] | None = None, *,
-                 begun: bool = True) -> RunOutcome:
+                 begun: bool = True, late: Slot | None = None) -> RunOutcome:
         """Steps 6 and 7: charge the call (before, or when the executor starts), run, end.
 
         :param begun: the begin record is written (else ``_finish`` writes it with the end).
+        :param late: the call's slot, not taken yet: taken with the `calls` charge when the
+            executor starts, given back with what it consumed when it returns.
         """
         assert sel.executor is not None  # INVARIANT: run() returned on a failed selection
         kind = OpKind(op.kind)
 
         def charge_call() -> None:
-            self.meter.check_and_consume(key, "calls", 1, profile.budget.calls)
+            if late is not None:
+                late.take_charging("calls", 1, profile.budget.calls)
+            else:
+                self.meter.check_and_consume(key, "calls", 1, profile.budget.calls)
 
         # 6) budget: one call, charged when the executor starts its first side effect (one
         # declaring ``charges_at_start``), else now; a refusal before the start costs nothing
@@ -465,7 +484,17 @@ class Orchestrator:
         # 7) execute, charging streamed usage as it happens
         charged: dict[str, int] = dict.fromkeys(_METERED, 0)
 
+        deferred: list[tuple[str, int, int | None]] = []
+
         def consume(kind_: str, amount: int) -> None:
+            if late is not None and late.lease is not None:
+                # charged when the slot is given back, in the same meter step (a contained
+                # op consumes once, at its end); one charge at a time waits
+                for waiting in deferred:
+                    self.meter.check_and_consume(key, *waiting)
+                    charged[waiting[0]] = charged.get(waiting[0], 0) + waiting[1]
+                deferred[:] = [(kind_, amount, limit_of(profile.budget, kind_))]
+                return
             self.meter.check_and_consume(key, kind_, amount, limit_of(profile.budget, kind_))
             charged[kind_] = charged.get(kind_, 0) + amount
 
@@ -481,6 +510,14 @@ class Orchestrator:
         with tracing.span("policy_engine.execute", {"policy_engine.backend": sel.backend}):
             attempt = run_with_deadline(sel.executor if via is None else via(sel.executor),
                                         ctx, op, cancel)
+        if late is not None and late.lease is not None:
+            try:  # what it consumed, and its slot back, in one step
+                late.release_charging(deferred)
+            except PolicyEngineError as exc:  # over budget after the fact: output withheld
+                attempt = Attempt(None, exc, classify(exc, sel.backend)[1])
+            else:
+                for kind_, amount, _ in deferred:
+                    charged[kind_] = charged.get(kind_, 0) + amount
         ran = ctx.has_started or attempt.result is not None
         if not ctx.has_started and attempt.error is None:
             # it returned without saying it started: charge now, withholding the output

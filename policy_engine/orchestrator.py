@@ -465,11 +465,17 @@ class Orchestrator:
         assert sel.executor is not None  # INVARIANT: run() returned on a failed selection
         kind = OpKind(op.kind)
 
+        refused_late: list[PolicyEngineError] = []  # the late slot or `calls` refused
+
         def charge_call() -> None:
-            if late is not None:
-                late.take_charging("calls", 1, profile.budget.calls)
-            else:
+            if late is None:
                 self.meter.check_and_consume(key, "calls", 1, profile.budget.calls)
+                return
+            try:
+                late.take_charging("calls", 1, profile.budget.calls)
+            except PolicyEngineError as exc:
+                refused_late.append(exc)
+                raise
 
         # 6) budget: one call, charged when the executor starts its first side effect (one
         # declaring ``charges_at_start``), else now; a refusal before the start costs nothing
@@ -510,6 +516,11 @@ class Orchestrator:
         with tracing.span("policy_engine.execute", {"policy_engine.backend": sel.backend}):
             attempt = run_with_deadline(sel.executor if via is None else via(sel.executor),
                                         ctx, op, cancel)
+        if refused_late and not ctx.has_started:
+            # answered as a slot refused before the run is (nothing ran, nothing charged)
+            return self._finish(begin, decision, profile, op, started, err=refused_late[0],
+                                status="denied", backend=sel.backend, degraded=sel.degraded,
+                                begun=begun)
         if late is not None and late.lease is not None:
             try:  # what it consumed, and its slot back, in one step
                 late.release_charging(deferred)

@@ -525,7 +525,7 @@ class Orchestrator:
             try:  # what it consumed, and its slot back, in one step
                 late.release_charging(deferred)
             except PolicyEngineError as exc:  # over budget after the fact: output withheld
-                attempt = Attempt(None, exc, classify(exc, sel.backend)[1])
+                attempt = Attempt(None, exc, classify(exc, sel.backend or "")[1])
             else:
                 for kind_, amount, _ in deferred:
                     charged[kind_] = charged.get(kind_, 0) + amount

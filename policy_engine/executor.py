@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.model import Limits, NetworkMode, Usage
+from policy_engine.model.unchecked import assembled
 
 if TYPE_CHECKING:  # annotations only: `explain` imports this module and never the records
     from policy_engine.model import (
@@ -112,6 +113,14 @@ class Decider(Protocol):
         ...
 
 
+def _no_usage() -> Usage:
+    """``Usage()``, assembled (every field 0, none given): one per call (issue 27)."""
+    return assembled(Usage, dict(_ZEROES), _NONE_GIVEN)
+
+
+_ZEROES = Usage().model_dump()
+_NONE_GIVEN: frozenset[str] = frozenset()
+
 _PROFILE_LIMITS = Limits()
 """Sentinel default of ``ExecContext.limits``: "not given, use the profile's"."""
 
@@ -144,7 +153,7 @@ class ExecContext:
     cancel: CancelToken = field(default_factory=CancelToken)
     degraded: tuple[str, ...] = ()
     side_effects: list[SideEffectRec] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
+    usage: Usage = field(default_factory=_no_usage)
     consume: Callable[[str, int], None] = field(default=lambda kind, amount: None)
     guard: Decider | None = None
     limits: Limits = _PROFILE_LIMITS

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from policy_engine.model.enums import SideEffect
 from policy_engine.model.limits import Limits, Usage
 from policy_engine.model.profile import RuleRef
+from policy_engine.model.unchecked import assembled
 
 
 class Digest(BaseModel):
@@ -24,7 +25,13 @@ class Digest(BaseModel):
 
     @staticmethod
     def of(data: bytes) -> Digest:
-        return Digest(b64=base64.b64encode(hashlib.sha256(data).digest()).decode(), size=len(data))
+        # assembled: both values are made here, of their fields' types (≈ 1 µs a digest)
+        return assembled(Digest, {"algo": "sha256",
+                                  "b64": base64.b64encode(hashlib.sha256(data).digest()).decode(),
+                                  "size": len(data)}, _DIGEST_GIVEN)
+
+
+_DIGEST_GIVEN = frozenset({"b64", "size"})
 
 
 class SideEffectRec(BaseModel):

@@ -172,6 +172,8 @@ def test_a_value_of_another_type_is_validated_as_before() -> None:
 
 
 @pytest.mark.parametrize("build", [
+    lambda: Digest.of(b""),
+    lambda: Digest.of(b"\x00" * 70_000),
     lambda: ok_result({"path": "/a", "n": [1, 2]}, Usage(calls=1)),
     lambda: failed_result("SANDBOX.PERMISSION_DENY", "permission denied: x", Usage()),
     lambda: usage_of({"calls": 1, "bytes_out": 2, "bytes_in": 3, "cpu_ms": 4, "gpu_ms": 5,
@@ -185,7 +187,7 @@ def test_a_value_of_another_type_is_validated_as_before() -> None:
 ])
 def test_each_builder_makes_the_validated_model(build: Any) -> None:
     model = build()
-    assert type(model) in (ExecResult, Usage, EvidenceBegin, EvidenceEnd)
+    assert type(model) in (Digest, ExecResult, Usage, EvidenceBegin, EvidenceEnd)
     _same(model)
     assert json.loads(model.model_dump_json()) == model.model_dump(mode="json")
 

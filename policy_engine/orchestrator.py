@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -28,6 +27,7 @@ from policy_engine.evidence import (
 from policy_engine.executor import CancelToken, ExecContext, Executor
 from policy_engine.graph.policyset import PolicySet
 from policy_engine.guard import Guard
+from policy_engine.ids import envelope_id
 from policy_engine.model import (
     ArgSlot,
     Decision,
@@ -40,6 +40,7 @@ from policy_engine.model import (
     Manifest,
     OpKind,
     Overrides,
+    ProcExecOp,
     Profile,
     Settings,
     SideEffectRec,
@@ -50,14 +51,27 @@ from policy_engine.orchestration.budgeting import (
     Slot,
     call_limits,
     charged_late,
+    charges_with_slots,
     nothing,
+)
+from policy_engine.orchestration.records import (
+    begin_record,
+    end_record,
+    failed_result,
+    ok_result,
+    usage_of,
 )
 from policy_engine.orchestration.revocation import (
     MemoryRevocationList,
     RevocationWatcher,
     SqliteRevocationList,
 )
-from policy_engine.orchestration.running import Attempt, run_with_deadline, stops_by_itself
+from policy_engine.orchestration.running import (
+    Attempt,
+    classify,
+    run_with_deadline,
+    stops_by_itself,
+)
 from policy_engine.orchestration.selection import (
     Selection,
     chosen_backend,
@@ -74,6 +88,7 @@ log = logging.getLogger(__name__)
 
 Status = Literal["ok", "denied", "error"]
 _METERED = ("bytes_in", "bytes_out", "cpu_ms", "gpu_ms", "file_count")
+_ZEROES = dict.fromkeys(_METERED, 0)
 # result.out keys an executor may report that the exec-record table (seed 002 §6) wants
 _PROCESS_FIELDS = ("exit_code", "stdout_truncated", "stderr_truncated", "artifacts_path")
 
@@ -176,7 +191,7 @@ class Orchestrator:
         self.plugins = plugins if plugins is not None else PluginManager.default()
         self.metrics = metrics or Metrics()
         self._clock = clock or _wall_ms
-        self._ids = ids or (lambda: uuid.uuid4().hex)
+        self._ids = ids or envelope_id
         # the running policy with its builder and guard: shared with the orchestrators pinned
         # to a backend (runcode.OrchestratorPool), so one swap reloads them all
         self.holder = holder or PolicyHolder(
@@ -218,6 +233,7 @@ class Orchestrator:
                 self.components.close()
                 raise
         self.revocations = revocations if config.revocation != "none" else None
+        self._contained: dict[OpKind, Executor | None] = {}  # ``runs_on_caller``'s kept part
 
     def swap_policy(self, policyset: PolicySet) -> None:
         """Make ``policyset`` the policy of every call that starts from now on (hot reload,
@@ -270,15 +286,24 @@ class Orchestrator:
         that does not say is taken to wait: SQLite's commits fsync).
         The service runs such a call on its event loop, as it decides
         (``service/fastpath.py``)."""
+        try:
+            chosen = self._contained[kind]
+        except KeyError:  # the configuration's part, fixed for the orchestrator's life
+            chosen = self._contained[kind] = self._contained_backend(kind)
+        return chosen is not None and stops_by_itself(chosen, kind, root_fs)
+
+    def _contained_backend(self, kind: OpKind) -> Executor | None:
+        """The backend that runs ``kind`` wholly inside the engine when the meter, the
+        revocation list and every sink are local and wait for no disk, else ``None``."""
         config = self.config
         if config.budget_meter not in ("sqlite", "memory") or \
                 config.revocation not in ("sqlite", "memory", "none") or \
                 any(getattr(sink.inner, "waits_for_disk", True) is not False
                     for sink in self.sinks):
-            return False
+            return None
         chosen = chosen_backend(self.components.executors, config, kind)
-        return chosen is not None and kind in getattr(chosen, "contained_kinds", ()) and \
-            stops_by_itself(chosen, kind, root_fs)
+        return chosen if chosen is not None and \
+            kind in getattr(chosen, "contained_kinds", ()) else None
 
     # -- the sequence ---------------------------------------------------------------------------
 
@@ -399,21 +424,29 @@ class Orchestrator:
         # 5) concurrency: one of the grant's `max_concurrency` slots, held until the call ends
         # (released on every path; a crashed process's lease expires or dies with it)
         slot = Slot(self.meter, key, limits, profile.timeout_ms)
-        try:
-            slot.take()
-        except PolicyEngineError as exc:
-            return self._finish(begin, decision, profile, op, started, err=exc,
-                                status="denied", backend=sel.backend, degraded=sel.degraded)
+        # an op its executor runs wholly inside this process (``contained_kinds``: an fs read
+        # or listing) and charges when it starts takes its slot then, with its `calls`, and
+        # gives it back when it returns, with its `bytes_in`: one meter step each where the
+        # meter can (docs/operations.md "Budgets and revocation")
+        contained = via is None and kind in getattr(sel.executor, "contained_kinds", ())
+        late = contained and charges_with_slots(self.meter) and \
+            getattr(sel.executor, "charges_at_start", False) is True
+        if not late:
+            try:
+                slot.take()
+            except PolicyEngineError as exc:
+                return self._finish(begin, decision, profile, op, started, err=exc,
+                                    status="denied", backend=sel.backend,
+                                    degraded=sel.degraded)
         try:
             # INVARIANT: the begin record is durable before an executor may act outside this
-            # process; an op its executor runs wholly inside it (``contained_kinds``: an fs
-            # read or listing) answers nobody before ``_finish`` appends begin and end at once
-            # (docs/operations.md "Evidence: one append for contained reads")
-            contained = via is None and kind in getattr(sel.executor, "contained_kinds", ())
+            # process; a contained op answers nobody before ``_finish`` appends begin and end
+            # at once (docs/operations.md "Evidence: one append for contained reads")
             if not contained:
                 self._write_begin(begin)
             return self._execute(begin, decision, profile, op, started, sel, key, limits,
-                                 guard, cancel, on_output, via, begun=not contained)
+                                 guard, cancel, on_output, via, begun=not contained,
+                                 late=slot if late else None)
         finally:
             slot.release()
 
@@ -422,16 +455,27 @@ class Orchestrator:
                  guard: GuardLike, cancel: CancelToken | None,
                  on_output: Callable[[str, bytes], None] | None = None,
                  via: Callable[[Executor], Executor] | None = None, *,
-                 begun: bool = True) -> RunOutcome:
+                 begun: bool = True, late: Slot | None = None) -> RunOutcome:
         """Steps 6 and 7: charge the call (before, or when the executor starts), run, end.
 
         :param begun: the begin record is written (else ``_finish`` writes it with the end).
+        :param late: the call's slot, not taken yet: taken with the `calls` charge when the
+            executor starts, given back with what it consumed when it returns.
         """
         assert sel.executor is not None  # INVARIANT: run() returned on a failed selection
         kind = OpKind(op.kind)
 
+        refused_late: list[PolicyEngineError] = []  # the late slot or `calls` refused
+
         def charge_call() -> None:
-            self.meter.check_and_consume(key, "calls", 1, profile.budget.calls)
+            if late is None:
+                self.meter.check_and_consume(key, "calls", 1, profile.budget.calls)
+                return
+            try:
+                late.take_charging("calls", 1, profile.budget.calls)
+            except PolicyEngineError as exc:
+                refused_late.append(exc)
+                raise
 
         # 6) budget: one call, charged when the executor starts its first side effect (one
         # declaring ``charges_at_start``), else now; a refusal before the start costs nothing
@@ -446,7 +490,17 @@ class Orchestrator:
         # 7) execute, charging streamed usage as it happens
         charged: dict[str, int] = dict.fromkeys(_METERED, 0)
 
+        deferred: list[tuple[str, int, int | None]] = []
+
         def consume(kind_: str, amount: int) -> None:
+            if late is not None and late.lease is not None:
+                # charged when the slot is given back, in the same meter step (a contained
+                # op consumes once, at its end); one charge at a time waits
+                for waiting in deferred:
+                    self.meter.check_and_consume(key, *waiting)
+                    charged[waiting[0]] = charged.get(waiting[0], 0) + waiting[1]
+                deferred[:] = [(kind_, amount, limit_of(profile.budget, kind_))]
+                return
             self.meter.check_and_consume(key, kind_, amount, limit_of(profile.budget, kind_))
             charged[kind_] = charged.get(kind_, 0) + amount
 
@@ -462,6 +516,19 @@ class Orchestrator:
         with tracing.span("policy_engine.execute", {"policy_engine.backend": sel.backend}):
             attempt = run_with_deadline(sel.executor if via is None else via(sel.executor),
                                         ctx, op, cancel)
+        if refused_late and not ctx.has_started:
+            # answered as a slot refused before the run is (nothing ran, nothing charged)
+            return self._finish(begin, decision, profile, op, started, err=refused_late[0],
+                                status="denied", backend=sel.backend, degraded=sel.degraded,
+                                begun=begun)
+        if late is not None and late.lease is not None:
+            try:  # what it consumed, and its slot back, in one step
+                late.release_charging(deferred)
+            except PolicyEngineError as exc:  # over budget after the fact: output withheld
+                attempt = Attempt(None, exc, classify(exc, sel.backend or "")[1])
+            else:
+                for kind_, amount, _ in deferred:
+                    charged[kind_] = charged.get(kind_, 0) + amount
         ran = ctx.has_started or attempt.result is not None
         if not ctx.has_started and attempt.error is None:
             # it returned without saying it started: charge now, withholding the output
@@ -501,16 +568,16 @@ class Orchestrator:
                annotations: dict[str, Any] | None = None) -> EvidenceBegin:
         """The begin record, not yet written: ``_write_begin`` before an executor may act
         outside the engine, else ``_finish`` writes it with the end ("one append")."""
-        return EvidenceBegin(
-            envelope_id=envelope, tenant=grant.tenant, subject_id=grant.subject_id,
-            tool_name=grant.tool_name, call_id=grant.call_id,
-            profile_hash=profile.profile_hash if profile else "",
-            capability=capability_string(op),
-            inputs_digest=inputs_digest(op, self.evidence_key),
-            produced_at_ms=now,
-            policy_version_hash=(profile.policy_version_hash if profile
-                                 else self.policyset.version_hash), replay=replay,
-            shadow=shadow, annotations=annotations)
+        return begin_record({
+            "envelope_id": envelope, "tenant": grant.tenant, "subject_id": grant.subject_id,
+            "tool_name": grant.tool_name, "call_id": grant.call_id,
+            "profile_hash": profile.profile_hash if profile else "",
+            "capability": capability_string(op),
+            "inputs_digest": inputs_digest(op, self.evidence_key),
+            "produced_at_ms": now,
+            "policy_version_hash": (profile.policy_version_hash if profile
+                                    else self.policyset.version_hash), "replay": replay,
+            "shadow": shadow, "annotations": annotations})
 
     def _write_begin(self, ev: EvidenceBegin) -> None:
         with tracing.span("policy_engine.evidence", {"policy_engine.record": "begin"}):
@@ -552,9 +619,10 @@ class Orchestrator:
 
     @staticmethod
     def _usage(attempt: Attempt, charged: dict[str, int], *, calls: int = 1) -> Usage:
-        reported = attempt.result.used if attempt.result is not None else Usage()
-        return Usage(calls=calls,
-                     **{k: max(getattr(reported, k), charged[k]) for k in _METERED})
+        # a validated Usage's fields (none reported: zeroes)
+        reported = attempt.result.used.__dict__ if attempt.result is not None else _ZEROES
+        return usage_of({"calls": calls,
+                         **{k: max(reported[k], charged[k]) for k in _METERED}})
 
     def _finish(self, begin: EvidenceBegin, decision: Decision, profile: Profile | None,
                 op: ExecOp, started: float, *, status: Status, err: PolicyEngineError | None = None,
@@ -568,22 +636,25 @@ class Orchestrator:
         latency_ms = (time.perf_counter() - started) * 1000
         ok = status == "ok" and attempt is not None and attempt.result is not None
         out = attempt.result.out if ok and attempt and attempt.result else {}
+        # only a process call's arguments are matched against the allowing template
         effects = self._side_effects(op, out, side_effects or [], self.evidence_key,
-                                     allowing_template(profile, decision))
+                                     allowing_template(profile, decision)
+                                     if isinstance(op, ProcExecOp) else None)
         if err is not None and error_kind is None:
             error_kind = attempt.error_kind if attempt else _denial_kind(err.code)
-        end = EvidenceEnd(
-            envelope_id=begin.envelope_id, status=status,
-            error_code=err.code.value if err else None,
-            outputs_digest=digest_json(out) if ok else EMPTY_DIGEST,
-            side_effects=tuple(effects), budget_used=usage, finished_at_ms=self._clock(),
-            sandbox_backend=backend, sandbox_profile=_profile_label(profile),
-            sandbox_network_mode=profile.network.value if profile else None,
-            sandbox_latency_ms=round(latency_ms, 3),
-            sandbox_timed_out=bool(attempt and attempt.timed_out), sandbox_success=ok,
-            sandbox_error_kind=error_kind, sandbox_degraded=bool(degraded),
-            sandbox_degrade_reason="; ".join(degraded) or None,
-            **decision_fields(decision, profile, self.policyset.version_hash))
+        end = end_record({
+            "envelope_id": begin.envelope_id, "status": status,
+            "error_code": err.code.value if err else None,
+            "outputs_digest": digest_json(out) if ok else EMPTY_DIGEST,
+            "side_effects": tuple(effects), "budget_used": usage,
+            "finished_at_ms": self._clock(), "sandbox_backend": backend,
+            "sandbox_profile": _profile_label(profile),
+            "sandbox_network_mode": profile.network.value if profile else None,
+            "sandbox_latency_ms": round(latency_ms, 3),
+            "sandbox_timed_out": bool(attempt and attempt.timed_out), "sandbox_success": ok,
+            "sandbox_error_kind": error_kind, "sandbox_degraded": bool(degraded),
+            "sandbox_degrade_reason": "; ".join(degraded) or None,
+            **decision_fields(decision, profile, self.policyset.version_hash)})
         record = "end" if begun else "begin+end"  # a contained read's one append
         with tracing.span("policy_engine.evidence", {"policy_engine.record": record}):
             for sink in self.sinks:
@@ -595,10 +666,9 @@ class Orchestrator:
         if err is not None:
             log.info("call %s %s: %s (audit: %s)", begin.envelope_id, status, err.code.value,
                      redact_audit(err.audit))
-            result = ExecResult(ok=False, code=err.code.value, message=err.public_message(),
-                                used=usage)
+            result = failed_result(err.code.value, err.public_message(), usage)
         else:
-            result = ExecResult(ok=True, out=out, used=usage)
+            result = ok_result(out, usage)
         return RunOutcome(result=result, decision=decision, begin=begin, end=end,
                           profile=profile)
 

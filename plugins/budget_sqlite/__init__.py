@@ -291,6 +291,55 @@ class SqliteBudgetMeter:
                     self._leases = None
             raise store_error("budget store", self.path, exc) from exc
 
+    def acquire_charging(self, grant_key: str, limit: int, *, hold_s: float, kind: str,
+                         amount: int, charge_limit: int | None) -> str:
+        """``acquire`` and ``check_and_consume`` in one step of the shared table (its lock
+        taken once; issue 27): both or neither."""
+        check_amount(kind, amount)
+        if self._unwritable is not None:
+            self._recover()
+        try:
+            lease = self._shared.acquire_charging(grant_key, limit, kind, amount, charge_limit)
+        except OSError as exc:
+            raise store_error("budget store", self._shared.path, exc) from exc
+        if lease is not None:
+            return lease
+        # a key too long for the table: the slot in the database, then the charge (the slot
+        # given back when the charge is refused)
+        lease = self.acquire(grant_key, limit, hold_s=hold_s)
+        try:
+            self.check_and_consume(grant_key, kind, amount, charge_limit)
+        except BaseException:
+            self.release(grant_key, lease)
+            raise
+        return lease
+
+    def release_charging(self, grant_key: str, lease: str,
+                         charges: list[tuple[str, int, int | None]]) -> None:
+        """``check_and_consume`` of each charge in order, then ``release``, in one step of the
+        shared table; the slot is given back whatever the charges do.
+
+        :raises PolicyEngineError: the first refused charge's refusal (or the store's error),
+            once the slot was given back."""
+        for kind, amount, _ in charges:
+            check_amount(kind, amount)
+        try:
+            if self._unwritable is not None:
+                self._recover()
+            done = self._shared.release_charging(grant_key, lease, charges)
+        except (OSError, PolicyEngineError) as exc:
+            self.release(grant_key, lease)  # logged there when it cannot be given back
+            if isinstance(exc, OSError):
+                raise store_error("budget store", self._shared.path, exc) from exc
+            raise
+        if done:
+            return
+        try:  # a lease row of the database: the charges, then the release, as before
+            for kind, amount, limit in charges:
+                self.check_and_consume(grant_key, kind, amount, limit)
+        finally:
+            self.release(grant_key, lease)
+
     def release(self, grant_key: str, lease: str) -> None:
         try:
             if self._shared.release(grant_key, lease):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import logging
 import mmap
 import os
@@ -48,9 +49,10 @@ from typing import Protocol
 
 from plugins.budget_sqlite.leases import process_start
 from plugins.budget_sqlite.mapped import lock_whole
-from policy_engine.budget import exceeded, new_lease, too_many
+from policy_engine.budget import exceeded, too_many
 from policy_engine.errors import ErrorCode, PolicyEngineError
 from policy_engine.model import BUDGET_KINDS
+from policy_engine.pid import current as current_pid
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ VOLATILE = -1
 EMPTY = bytes(16)
 TOMB = b"\xff" * 16  # a freed holding: probing goes on past it (EMPTY ends a probe)
 _KINDS = {kind: i for i, kind in enumerate(BUDGET_KINDS)}
+_LEASES = itertools.count(1)  # ``next`` is atomic under the GIL
 
 
 class Durable(Protocol):
@@ -161,7 +164,7 @@ class SharedMeter:
     # -- the file -------------------------------------------------------------------------
 
     def _open(self) -> mmap.mmap:
-        if self._map is not None and self._pid == os.getpid():
+        if self._map is not None and self._pid == current_pid():
             return self._map
         self._map, self._dirty, self._held = None, set(), {}  # a forked child's are the parent's
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -173,7 +176,7 @@ class SharedMeter:
         except BaseException:
             os.close(fd)
             raise
-        self._fd, self._pid, self._map = fd, os.getpid(), table
+        self._fd, self._pid, self._map = fd, current_pid(), table
         self._me = b"%d\0%s" % (self._pid, (process_start(self._pid) or "?").encode())
         with self._locked():
             magic, boot = _HEAD.unpack_from(table, 0)
@@ -253,30 +256,36 @@ class SharedMeter:
         raw = key.encode()
         if len(raw) > KEY_MAX:  # such a key always lives in the database: one home
             return self.durable.charge(key, kind, amount, limit)
-        digest = _name(b"c", kind.encode(), raw)
         with self._lock:
             table = self._open()
             with self._locked():
-                at, free = self._find(table, digest)
-                if at < 0:
-                    try:
-                        self._claim(table, free)
-                    except Full:  # under the lock: nobody loads it into the table meanwhile
-                        return self.durable.charge(key, kind, amount, limit)
-                    used = self.durable.load(key, kind)
-                    _FIELDS.pack_into(table, free, digest, used, used, EMPTY, 0, 0, len(raw),
-                                      _KINDS[kind])
-                    table[free + _FIELDS.size:free + _FIELDS.size + len(raw)] = raw
-                    at = free
-                used, flushed = _NUMBERS.unpack_from(table, at + 16)
-                if limit is not None and used + amount > limit:
-                    raise exceeded(key, kind, limit, used, amount)
-                total = used + amount
-                _NUMBERS.pack_into(table, at + 16, total, flushed)
-                if total != flushed:
-                    self._dirty.add(at)
+                total = self._charge_in(table, key, raw, kind, amount, limit)
             self._wake_flusher()
-            return int(total)
+            return total
+
+    def _charge_in(self, table: mmap.mmap, key: str, raw: bytes, kind: str, amount: int,
+                   limit: int | None) -> int:
+        """``charge``'s check-and-add, the table locked (``raw``: the key, short enough)."""
+        digest = _name(b"c", kind.encode(), raw)
+        at, free = self._find(table, digest)
+        if at < 0:
+            try:
+                self._claim(table, free)
+            except Full:  # under the lock: nobody loads it into the table meanwhile
+                return self.durable.charge(key, kind, amount, limit)
+            used = self.durable.load(key, kind)
+            _FIELDS.pack_into(table, free, digest, used, used, EMPTY, 0, 0, len(raw),
+                              _KINDS[kind])
+            table[free + _FIELDS.size:free + _FIELDS.size + len(raw)] = raw
+            at = free
+        used, flushed = _NUMBERS.unpack_from(table, at + 16)
+        if limit is not None and used + amount > limit:
+            raise exceeded(key, kind, limit, used, amount)
+        total = used + amount
+        _NUMBERS.pack_into(table, at + 16, total, flushed)
+        if total != flushed:
+            self._dirty.add(at)
+        return int(total)
 
     def used(self, key: str) -> dict[str, int]:
         """The table's counts of ``key`` (kinds it does not hold are the database's)."""
@@ -332,7 +341,7 @@ class SharedMeter:
     def flush(self) -> None:
         """Write the counters this process changed to the database now."""
         with self._lock:
-            if self._map is None or self._pid != os.getpid() or not self._dirty:
+            if self._map is None or self._pid != current_pid() or not self._dirty:
                 return
             table = self._map
             with self._locked():
@@ -369,43 +378,88 @@ class SharedMeter:
         raw = key.encode()
         if len(raw) > KEY_MAX:
             return None
-        total_d = _name(b"t", raw)
         with self._lock:
             table = self._open()
-            mine_d = _name(b"h", raw, self._me)
             with self._locked():
-                total_at, total_free = self._find(table, total_d)
-                mine_at, mine_free = self._find(table, mine_d)
-                count = _NUMBERS.unpack_from(table, total_at + 16)[0] if total_at >= 0 else 0
-                if count >= limit and total_at >= 0:
-                    count = self._reclaim(table, total_d, total_at)
-                if count >= limit:
-                    raise too_many(key, limit, count)
+                self._hold_in(table, key, raw, limit)
+            return self._leased(key)
+
+    def acquire_charging(self, key: str, limit: int, kind: str, amount: int,
+                         charge_limit: int | None) -> str | None:
+        """``acquire`` and ``charge`` of ``kind`` in one step under the table's lock (a call's
+        slot and its ``calls``; issue 27): both or neither. ``None`` (nothing done) for a key
+        too long for the table: the caller does both in the database.
+
+        :raises PolicyEngineError: either's refusal (nothing taken, nothing charged), or the
+            database's error when the counter must be loaded or written.
+        """
+        raw = key.encode()
+        if len(raw) > KEY_MAX:
+            return None
+        with self._lock:
+            table = self._open()
+            with self._locked():
+                held = self._count_in(table, raw, limit)
+                if held >= limit:  # refused before anything is charged
+                    raise too_many(key, limit, held)
+                self._charge_in(table, key, raw, kind, amount, charge_limit)
                 try:
-                    if total_at < 0:
-                        self._claim(table, total_free)
-                        _FIELDS.pack_into(table, total_free, total_d, 0, VOLATILE, EMPTY, 0, 0,
-                                          0, 0)
-                        total_at = total_free
-                        if mine_free == total_at:  # both probed to the same free slot
-                            mine_at, mine_free = self._find(table, mine_d)
-                    if mine_at < 0:
-                        self._claim(table, mine_free)
-                        pid, _, start = self._me.partition(b"\0")
-                        _FIELDS.pack_into(table, mine_free, mine_d, 0, VOLATILE, total_d,
-                                          int(pid), _start_number(start), 0, 0)
-                        mine_at = mine_free
-                except Full:
-                    raise PolicyEngineError(
-                        ErrorCode.PROVIDER_UNAVAILABLE, f"the concurrency table `{self.path}` "
-                        "has no free slot near this grant's (more calls in flight than it "
-                        "holds)", audit={"grant_key": key}) from None
-                held = _NUMBERS.unpack_from(table, mine_at + 16)[0]
-                _NUMBERS.pack_into(table, mine_at + 16, held + 1, VOLATILE)
-                _NUMBERS.pack_into(table, total_at + 16, count + 1, VOLATILE)
-            lease = new_lease()
-            self._held[lease] = key
-            return lease
+                    self._hold_in(table, key, raw, limit)
+                except PolicyEngineError:  # no room for the slot: the charge is taken back
+                    self._charge_in(table, key, raw, kind, -amount, None)
+                    raise
+            self._wake_flusher()
+            return self._leased(key)
+
+    def _leased(self, key: str) -> str:
+        # a holding is this process's (``_held``): a process-unique name will do, and costs
+        # no system call (``new_lease`` reads the kernel's randomness)
+        lease = f"t{next(_LEASES):x}"
+        self._held[lease] = key
+        return lease
+
+    def _count_in(self, table: mmap.mmap, raw: bytes, limit: int) -> int:
+        """How many of the key's slots are held, as ``_hold_in`` counts them (the holdings of
+        dead processes dropped once ``limit`` is reached); the table locked."""
+        total_d = _name(b"t", raw)
+        total_at, _ = self._find(table, total_d)
+        if total_at < 0:
+            return 0
+        count = int(_NUMBERS.unpack_from(table, total_at + 16)[0])
+        return self._reclaim(table, total_d, total_at) if count >= limit else count
+
+    def _hold_in(self, table: mmap.mmap, key: str, raw: bytes, limit: int) -> None:
+        """``acquire``'s check-and-take, the table locked."""
+        total_d = _name(b"t", raw)
+        mine_d = _name(b"h", raw, self._me)
+        total_at, total_free = self._find(table, total_d)
+        mine_at, mine_free = self._find(table, mine_d)
+        count = _NUMBERS.unpack_from(table, total_at + 16)[0] if total_at >= 0 else 0
+        if count >= limit and total_at >= 0:
+            count = self._reclaim(table, total_d, total_at)
+        if count >= limit:
+            raise too_many(key, limit, count)
+        try:
+            if total_at < 0:
+                self._claim(table, total_free)
+                _FIELDS.pack_into(table, total_free, total_d, 0, VOLATILE, EMPTY, 0, 0, 0, 0)
+                total_at = total_free
+                if mine_free == total_at:  # both probed to the same free slot
+                    mine_at, mine_free = self._find(table, mine_d)
+            if mine_at < 0:
+                self._claim(table, mine_free)
+                pid, _, start = self._me.partition(b"\0")
+                _FIELDS.pack_into(table, mine_free, mine_d, 0, VOLATILE, total_d,
+                                  int(pid), _start_number(start), 0, 0)
+                mine_at = mine_free
+        except Full:
+            raise PolicyEngineError(
+                ErrorCode.PROVIDER_UNAVAILABLE, f"the concurrency table `{self.path}` "
+                "has no free slot near this grant's (more calls in flight than it "
+                "holds)", audit={"grant_key": key}) from None
+        held = _NUMBERS.unpack_from(table, mine_at + 16)[0]
+        _NUMBERS.pack_into(table, mine_at + 16, held + 1, VOLATILE)
+        _NUMBERS.pack_into(table, total_at + 16, count + 1, VOLATILE)
 
     def _reclaim(self, table: mmap.mmap, total_d: bytes, total_at: int) -> int:
         """Drop the holdings of ``total_d``'s grant by processes that no longer exist; the
@@ -428,26 +482,60 @@ class SharedMeter:
 
     def release(self, key: str, lease: str) -> bool:
         """Give a slot back; ``False`` when ``lease`` is not one of this process's."""
-        raw = key.encode()
         with self._lock:
-            if self._pid != os.getpid() or self._held.get(lease) != key:
+            if self._pid != current_pid() or self._held.get(lease) != key:
                 return False
             del self._held[lease]
             table = self._open()
-            total_d, mine_d = _name(b"t", raw), _name(b"h", raw, self._me)
             with self._locked():
-                mine_at, _ = self._find(table, mine_d)
-                if mine_at < 0:  # dropped as a dead process's: this process's pid was reused?
-                    return True
-                held = _NUMBERS.unpack_from(table, mine_at + 16)[0]
-                # a holding at 0 stays where it is (the next call of the grant finds it at
-                # once) and may be claimed by another name (``_find``)
-                _NUMBERS.pack_into(table, mine_at + 16, max(held - 1, 0), VOLATILE)
-                total_at, _ = self._find(table, total_d)
-                if total_at >= 0:
-                    count = _NUMBERS.unpack_from(table, total_at + 16)[0]
-                    _NUMBERS.pack_into(table, total_at + 16, max(count - 1, 0), VOLATILE)
+                self._unhold_in(table, key.encode())
             return True
+
+    def release_charging(self, key: str, lease: str,
+                         charges: list[tuple[str, int, int | None]]) -> bool:
+        """``charge`` of each (kind, amount, limit) in order, then ``release``, in one step
+        under the table's lock (a contained read's ``bytes_in`` and its slot; issue 27); the
+        slot is given back whatever the charges do. ``False`` (nothing done) when ``lease`` is
+        not one of this process's.
+
+        :raises PolicyEngineError: the first charge's refusal (those before it charged, it
+            and those after not), once the slot was given back.
+        """
+        with self._lock:
+            if self._pid != current_pid() or self._held.get(lease) != key:
+                return False
+            del self._held[lease]
+            raw = key.encode()
+            table = self._open()
+            refused: PolicyEngineError | None = None
+            with self._locked():
+                try:
+                    for kind, amount, limit in charges:
+                        self._charge_in(table, key, raw, kind, amount, limit)
+                except PolicyEngineError as exc:
+                    refused = exc
+                finally:
+                    self._unhold_in(table, raw)
+            if charges:
+                self._wake_flusher()
+            if refused is not None:
+                raise refused
+            return True
+
+    def _unhold_in(self, table: mmap.mmap, raw: bytes) -> None:
+        """``release``'s give-back, the table locked."""
+        total_d, mine_d = _name(b"t", raw), _name(b"h", raw, self._me)
+        mine_at, _ = self._find(table, mine_d)
+        if mine_at < 0:  # dropped as a dead process's: this process's pid was reused?
+            return
+        held = _NUMBERS.unpack_from(table, mine_at + 16)[0]
+        # a holding at 0 stays where it is (the next call of the grant finds it at once) and
+        # may be claimed by another name (``_find``)
+        _NUMBERS.pack_into(table, mine_at + 16, max(held - 1, 0), VOLATILE)
+        total_at, _ = self._find(table, total_d)
+        if total_at >= 0:
+            count = _NUMBERS.unpack_from(table, total_at + 16)[0]
+            _NUMBERS.pack_into(table, total_at + 16, max(count - 1, 0), VOLATILE)
 
     def held(self, key: str) -> int:
         """How many of ``key``'s slots are held (every process)."""
@@ -468,7 +556,7 @@ class SharedMeter:
             try:
                 self.flush()
             finally:
-                if self._map is not None and self._pid == os.getpid():
+                if self._map is not None and self._pid == current_pid():
                     self._map.close()
                     os.close(self._fd)
                 self._map, self._fd = None, -1

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from plugins.budget_sqlite.mapped import lock_whole
 from policy_engine.budget import exceeded
+from policy_engine.pid import current as current_pid
 
 SLOTS = 4096
 PROBE = 64
@@ -50,7 +51,7 @@ class SharedWindows:
         self._map: mmap.mmap | None = None
 
     def _open(self) -> mmap.mmap:
-        if self._map is not None and self._pid == os.getpid():
+        if self._map is not None and self._pid == current_pid():
             return self._map
         self._map = None  # a forked child's inherited mapping is left to the parent
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -62,7 +63,7 @@ class SharedWindows:
         except BaseException:
             os.close(fd)
             raise
-        self._fd, self._pid = fd, os.getpid()
+        self._fd, self._pid = fd, current_pid()
         return self._map
 
     def charge(self, key: str, window: int, limit: int) -> int:
@@ -123,7 +124,7 @@ class SharedWindows:
 
     def close(self) -> None:
         with self._lock:
-            if self._map is not None and self._pid == os.getpid():
+            if self._map is not None and self._pid == current_pid():
                 self._map.close()
                 os.close(self._fd)
             self._map, self._fd = None, -1

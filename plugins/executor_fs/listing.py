@@ -11,7 +11,7 @@ from typing import Any
 
 from policy_engine import ErrorCode, PolicyEngineError
 from policy_engine.executor import Decider, ExecContext
-from policy_engine.model import Decision, ExecOp, FsListOp, FsReadOp, Profile
+from policy_engine.model import Decision, ExecOp, FsListOp, FsReadOp, Profile, ProfileDeny
 from policy_engine.model.text import printable_path
 from policy_engine.patterns.paths import PathGlob
 
@@ -45,14 +45,32 @@ def _glob(pattern: str, home: str) -> PathGlob:
     return PathGlob.of(pattern, home)
 
 
+# (id(denies), home, path) -> (denies, answer): the answer depends on the profile's denies and
+# home alone, and a profile builder gives every profile the same denies tuple (the policy's),
+# so calls under any grant of a policy share it; the entry holds the tuple, so its id is not
+# reused while kept
+_DENIED: dict[tuple[int, str, str], tuple[tuple[ProfileDeny, ...], str | None]] = {}
+_DENIED_MAX = 4096
+
+
 def mandatory_denied(profile: Profile, normalized: str) -> str | None:
-    """The id of a mandatory deny whose path glob matches ``normalized``, or ``None``."""
-    home = profile.mappings.home
-    for deny in profile.denies:
+    """The id of a mandatory deny whose path glob matches ``normalized``, or ``None``
+    (remembered per denies and path: ≈ 18 glob matches per fs op; issue 27)."""
+    denies, home = profile.denies, profile.mappings.home
+    key = (id(denies), home, normalized)
+    hit = _DENIED.get(key)
+    if hit is not None and hit[0] is denies:
+        return hit[1]
+    found: str | None = None
+    for deny in denies:
         paths = getattr(deny.capability, "paths", ())
         if deny.mandatory and any(_glob(p, home).matches(normalized) for p in paths):
-            return deny.rule.id
-    return None
+            found = deny.rule.id
+            break
+    if len(_DENIED) >= _DENIED_MAX:
+        _DENIED.clear()  # a cache, not a limit
+    _DENIED[key] = (denies, found)
+    return found
 
 
 class EntryFilter:

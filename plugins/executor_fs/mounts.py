@@ -6,6 +6,8 @@ import os
 import select
 import threading
 
+from policy_engine.pid import current as current_pid
+
 # file systems whose reads and lookups end without a server, a daemon or a device driver that
 # may never answer (NFS, CIFS, FUSE, 9p, ceph… are not here, nor proc/sys, whose files are
 # served by kernel code that can wait on other processes)
@@ -66,7 +68,7 @@ class LocalMounts:
         # file, which a parent and its workers would otherwise share
         self._close()
         fd = os.open(_MOUNTINFO, os.O_RDONLY | os.O_CLOEXEC)
-        self._fd, self._pid = fd, os.getpid()
+        self._fd, self._pid = fd, current_pid()
         self._poll = select.poll()
         self._poll.register(fd, select.POLLPRI | select.POLLERR)
         self._read(fd)
@@ -89,7 +91,7 @@ class LocalMounts:
         mount table cannot be read."""
         with self._lock:
             try:
-                if self._fd is None or self._pid != os.getpid():
+                if self._fd is None or self._pid != current_pid():
                     self._open()
                 elif self._poll.poll(0):  # the poll itself clears the flag: read after it
                     self._read(self._fd)

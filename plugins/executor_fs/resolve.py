@@ -18,6 +18,7 @@ RESOLVE_NO_MAGICLINKS: Final = 0x02
 RESOLVE_NO_SYMLINKS: Final = 0x04
 RESOLVE_BENEATH: Final = 0x08
 _RESOLVE: Final = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+_AT_FDCWD: Final = -100
 
 
 class _OpenHow(ctypes.Structure):
@@ -78,8 +79,8 @@ def _blocked_or_failed(err: OSError, path: str) -> PolicyEngineError:
                              audit={"errno": err.errno})
 
 
-def _openat2(root_fd: int, rel: str, flags: int, mode: int) -> int:
-    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, _RESOLVE)
+def _openat2(root_fd: int, rel: str, flags: int, mode: int, resolve: int = _RESOLVE) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, resolve)
     # os.fsencode, as os.open encodes: a name that is not UTF-8 (kept by os.fsdecode, and by
     # the guard that decided it, as surrogate escapes) opens the file it names (F1)
     fd = _libc.syscall(_SYS_OPENAT2[platform.machine()], root_fd, os.fsencode(rel),
@@ -129,6 +130,25 @@ class BeneathOpener:
     @property
     def method(self) -> str:
         return "openat2" if self.use_openat2 else "openat-walk"
+
+    def open_whole(self, root: str, parts: Sequence[str], flags: int) -> int | None:
+        """``parts`` beneath ``root`` opened by one ``openat2`` of the whole absolute path with
+        no symlink anywhere on it, the root's own components included, and no ``..`` (``parts``
+        has none: ``split_relative``): where it succeeds, ``open_root`` would have opened that
+        root (every component a real directory, so the descriptor's path is the root's) and
+        ``open`` that file beneath it, in four system calls (issue 27). ``None`` when it cannot
+        be used (no ``openat2``, a root with ``..`` or not absolute) or the open fails: the
+        caller takes the long way, which reports the exact refusal or failure."""
+        if not self.use_openat2 or not root.startswith("/"):
+            return None
+        segments = [seg for seg in root.split("/") if seg and seg != "."]
+        if ".." in segments:
+            return None
+        try:
+            return _openat2(_AT_FDCWD, "/" + "/".join([*segments, *parts]), flags, 0,
+                            RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+        except OSError:
+            return None
 
     def open(self, root_fd: int, parts: Sequence[str], flags: int, mode: int = 0o644,
              *, shown: str = "") -> int:

@@ -22,9 +22,11 @@ def decision_fields(decision: Decision, profile: Profile | None,
     # pydantic's ``__getattr__`` and an AttributeError on every call (docs/benchmarks.md,
     # "Twelfth pass")
     fields = getattr(decision, "__dict__", {})
-    carried = next((v for v in (fields.get(n) for n in ("effective_limits", "limits"))
-                    if isinstance(v, Limits)), None)
-    limits = carried if carried is not None else (profile.limits if profile else None)
+    limits = fields.get("effective_limits")  # the first of these two that is a Limits
+    if not isinstance(limits, Limits):
+        limits = fields.get("limits")
+        if not isinstance(limits, Limits):
+            limits = profile.limits if profile else None
     return {
         "decision": decision.decision,
         "rule": decision.rule,

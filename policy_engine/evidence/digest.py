@@ -95,9 +95,27 @@ def _url_view(url: str, key: bytes | None) -> dict[str, Any]:
     return view
 
 
+# (op class, its fields, key) -> digest, for the ops whose fields are all plain values (a
+# read or a listing: a path and numbers): agents read the same files again and again, and
+# the digest of the same fields is the same digest (≈ 5 µs of every call; issue 27)
+_PLAIN_OPS = (FsReadOp, FsListOp)
+_INPUTS: dict[tuple[Any, ...], Digest] = {}
+_INPUTS_MAX = 4096
+
+
 def inputs_digest(op: ExecOp, key: bytes | None = None) -> Digest:
     """``inputs_digest`` of ``EvidenceBegin``: the digest of the canonical redacted op JSON."""
-    return digest_json(redacted_op(op, key))
+    if type(op) not in _PLAIN_OPS:
+        return digest_json(redacted_op(op, key))
+    # the fields by name and value: `str`, `int`, `None` (a frozen op; surrogates included)
+    remembered = (type(op), tuple(op.__dict__.items()), key)
+    found = _INPUTS.get(remembered)
+    if found is None:
+        found = digest_json(redacted_op(op, key))
+        if len(_INPUTS) >= _INPUTS_MAX:
+            _INPUTS.clear()  # a cache, not a limit
+        _INPUTS[remembered] = found
+    return found
 
 
 def capability_string(op: ExecOp) -> str:

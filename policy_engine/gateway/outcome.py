@@ -107,15 +107,54 @@ _DECISIONS_MAX = 1024
 def _decision_json(decision: Decision) -> bytes:
     """``decision`` as the run document shows it, remembered by identity: the guard answers a
     cached decision with the same (frozen) object every time. The entry holds the object, so
-    its id cannot be reused while remembered."""
+    its id cannot be reused while remembered. Another grant's allow under the same compiled
+    profile is the guard's prebuilt allow restamped with that profile's hash (``verdict``:
+    every other field the same object): it is the kept rendering around the new hash."""
     hit = _DECISIONS.get(id(decision))
     if hit is not None and hit[0] is decision:
         return hit[1]
-    rendered = decision.model_dump_json(exclude_none=True).encode()
+    rendered = _restamped_json(decision)
+    if rendered is None:
+        rendered = decision.model_dump_json(exclude_none=True).encode()
     if len(_DECISIONS) >= _DECISIONS_MAX:
         _DECISIONS.clear()  # a cache, not a limit
     _DECISIONS[id(decision)] = (decision, rendered)
     return rendered
+
+
+# the fields but the hash (their ids) -> (those objects, the JSON before and after the hash;
+# ``None`` while seen once: a decision nobody restamps is rendered once, as before; ``False``
+# when its rendering holds the mark elsewhere too)
+_AROUND: dict[tuple[int, ...],
+              tuple[tuple[object, ...], tuple[bytes, bytes] | bool | None]] = {}
+_MARK = b"0pe0mark0"  # plain ASCII: rendered as it is, once, where the hash goes
+
+
+def _restamped_json(decision: Decision) -> bytes | None:
+    """``decision``'s rendering from the kept one of an allow whose every field but
+    ``profile_hash`` is the same object, when its hash is hex (nothing to escape); ``None``
+    when there is none (yet)."""
+    phash = decision.profile_hash
+    if decision.decision != "allow" or type(phash) is not str or \
+            not (phash.isascii() and phash.isalnum()):
+        return None
+    others = tuple(v for k, v in decision.__dict__.items() if k != "profile_hash")
+    key = tuple(map(id, others))
+    kept = _AROUND.get(key)
+    if kept is None or not all(a is b for a, b in zip(kept[0], others, strict=True)):
+        if len(_AROUND) >= _DECISIONS_MAX:
+            _AROUND.clear()  # a cache, not a limit
+        _AROUND[key] = (others, None)  # the entry holds the objects: their ids stay theirs
+        return None
+    around = kept[1]
+    if around is None:  # the second of its kind: worth the marked rendering
+        marked = decision.model_copy(update={"profile_hash": _MARK.decode()}).model_dump_json(
+            exclude_none=True).encode()
+        around = marked.partition(_MARK)[::2] if marked.count(_MARK) == 1 else False
+        _AROUND[key] = (others, around)
+    if not isinstance(around, tuple):
+        return None
+    return around[0] + phash.encode() + around[1]
 
 
 # ``json.dumps`` with these options builds this encoder on every call; it holds only them

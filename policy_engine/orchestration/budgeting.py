@@ -41,6 +41,20 @@ def _counts_slots(meter: BudgetMeter) -> TypeGuard[ConcurrencyMeter]:
     return known
 
 
+_CHARGES_SLOTS: dict[type, bool] = {}
+
+
+def charges_with_slots(meter: BudgetMeter) -> bool:
+    """Whether ``meter`` takes a slot with a charge, and gives it back with charges, in one
+    step each (``acquire_charging``, ``release_charging``: the SQLite meter's shared table,
+    one lock for both; issue 27), remembered per class."""
+    known = _CHARGES_SLOTS.get(type(meter))
+    if known is None:
+        known = _CHARGES_SLOTS[type(meter)] = _counts_slots(meter) and all(
+            callable(getattr(meter, m, None)) for m in ("acquire_charging", "release_charging"))
+    return known
+
+
 class Slot:
     """One of the grant's ``max_concurrency`` slots, held by a call until it ends.
 
@@ -49,6 +63,7 @@ class Slot:
     """
 
     def __init__(self, meter: BudgetMeter, key: str, limits: Limits, timeout_ms: int) -> None:
+        self.meter = meter
         self.slots = meter if _counts_slots(meter) else PROCESS_SLOTS
         self.key = key
         self.limit = limits.max_concurrency
@@ -59,6 +74,43 @@ class Slot:
         """:raises PolicyEngineError: ``QUOTA.BUDGET_EXCEEDED`` when every slot is held."""
         if self.limit is not None:
             self.lease = self.slots.acquire(self.key, self.limit, hold_s=self.hold_s)
+
+    def take_charging(self, kind: str, amount: int, limit: int | None) -> None:
+        """``take`` and the meter's ``check_and_consume`` of ``kind``: in one step where the
+        meter ``charges_with_slots``, else one after the other (the slot given back when the
+        charge is refused); both or neither.
+
+        :raises PolicyEngineError: either's refusal."""
+        if self.limit is None:
+            self.meter.check_and_consume(self.key, kind, amount, limit)
+        elif charges_with_slots(self.meter):
+            self.lease = self.meter.acquire_charging(  # type: ignore[attr-defined]
+                self.key, self.limit, hold_s=self.hold_s, kind=kind, amount=amount,
+                charge_limit=limit)
+        else:
+            self.take()
+            try:
+                self.meter.check_and_consume(self.key, kind, amount, limit)
+            except BaseException:
+                self.release()
+                raise
+
+    def release_charging(self, charges: list[tuple[str, int, int | None]]) -> None:
+        """The meter's ``check_and_consume`` of each charge in order, then ``release``: in one
+        step where the meter ``charges_with_slots``; the slot is given back whatever the
+        charges do.
+
+        :raises PolicyEngineError: the first refused charge's refusal (those before it are
+            charged)."""
+        if self.lease is None or not charges_with_slots(self.meter):
+            try:
+                for kind, amount, limit in charges:
+                    self.meter.check_and_consume(self.key, kind, amount, limit)
+            finally:
+                self.release()
+            return
+        lease, self.lease = self.lease, None
+        self.meter.release_charging(self.key, lease, charges)  # type: ignore[attr-defined]
 
     def release(self) -> None:
         """Give the slot back; a failure is logged (the lease expires), never raised."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import struct
 from pathlib import Path
 
@@ -31,6 +33,12 @@ class Generation:
     Read with ``pread``, not through a shared mapping: a mapping faults (``SIGBUS``, the whole
     engine) once someone truncates the file (outsider attack 36); a short read is "unknown".
 
+    A counter with no value yet (a new file, or one cut short) is started at a random value by
+    whoever opens or bumps it first: a reader finding no value trusts nothing it kept and asks
+    every time, which on a new install, where nobody ever revoked, was every call. Random, not
+    0: a counter cut short and started again must not come back to a value some reader acted
+    on before a change (two starters at once just store two such values).
+
     :raises OSError: the file cannot be created or opened.
     """
 
@@ -39,6 +47,11 @@ class Generation:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         st = os.fstat(self._fd)
         self.identity = (st.st_dev, st.st_ino)
+        if st.st_size < _COUNTER.size:
+            # a spurious change costs each reader one re-read, nothing else; unwritable, the
+            # readers ask every time, as without a counter
+            with contextlib.suppress(OSError):
+                self.bump()
 
     def value(self) -> int | None:
         """The counter, or ``None`` when the file holds less than a counter (truncated, or
@@ -55,8 +68,9 @@ class Generation:
 
     def bump(self) -> None:
         """:raises OSError: the counter cannot be written."""
-        now = self.value() or 0
-        written = os.pwrite(self._fd, _COUNTER.pack((now + 1) & 0xFFFF_FFFF_FFFF_FFFF), 0)
+        now = self.value()
+        new = secrets.randbits(63) if now is None else (now + 1) & 0xFFFF_FFFF_FFFF_FFFF
+        written = os.pwrite(self._fd, _COUNTER.pack(new), 0)
         if written != _COUNTER.size:
             raise OSError(f"short write to `{self.path}`")
 

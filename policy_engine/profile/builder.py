@@ -98,7 +98,9 @@ class ProfileBuilder:
         if call_key is not None:
             hit = cache.by_call(call_key)
             if hit is not None:
-                cache.remember(grant, manifest, settings, overrides, hit)
+                # not remembered by identity: an equal grant in a new object is each request's
+                # own (the service's), never built again; its weak reference and LRU entry cost
+                # ≈ 2 µs a call (docs/benchmarks.md "Thirteenth pass")
                 return hit
         shape_key = (grant_shape_key(grant), *inputs)
         shape = cache.by_shape(shape_key)

@@ -184,7 +184,9 @@ def replay_block(envelope_id: str, op: ExecOp, grant: Grant, manifest: Manifest,
                  overrides: Overrides | None, context: Mapping[str, object] | None,
                  now_ms: int, seal_key: bytes | None) -> dict[str, Any]:
     """The ``replay`` member of ``EvidenceBegin`` (see the module docstring)."""
-    view, withheld = op_view(op, public_literals(profile))
+    # only a process call's arguments are matched against the policy's literals
+    view, withheld = op_view(op, public_literals(profile) if isinstance(op, ProcExecOp)
+                             else ())
     if context:
         withheld["context"] = dict(context)
     block: dict[str, Any] = {

@@ -9,6 +9,7 @@ to refusing the next call each time, with the revocation's code and both evidenc
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -148,3 +149,54 @@ def test_a_lost_counter_and_another_sqlite_client_are_seen(
         assert seen.is_revoked(_grant(tmp_path, "by-hand"))
     finally:
         seen.close()
+
+
+def _queries(revocations: SqliteRevocationList) -> list[str]:
+    """The statements ``revocations``' connection runs from now on."""
+    statements: list[str] = []
+    conn = revocations._conn  # noqa: SLF001 — counting the queries is the point
+    assert conn is not None
+    conn.set_trace_callback(statements.append)
+    return statements
+
+
+def test_a_list_nobody_ever_revoked_from_is_answered_from_memory(tmp_path: Path) -> None:
+    """A fresh state directory: the counter file exists but was never bumped. Its first
+    reader starts it, so every later check of an unchanged list asks no query (it asked
+    SQLite on every call: a `/v1/ops` call on a new install paid a query each time); a
+    revocation from another list is still refused at the next check."""
+    db = tmp_path / "revocations.sqlite"
+    fresh = SqliteRevocationList(db)
+    try:
+        assert not fresh.is_revoked(_grant(tmp_path, "first"))
+        statements = _queries(fresh)
+        for i in range(20):
+            assert not fresh.is_revoked(_grant(tmp_path, f"c-{i}"))
+        assert statements == [], statements
+        SqliteRevocationList(db).revoke("c-3")
+        assert fresh.is_revoked(_grant(tmp_path, "c-3"))
+        assert not fresh.is_revoked(_grant(tmp_path, "c-4"))
+    finally:
+        fresh.close()
+
+
+def test_a_counter_cut_short_starts_again_where_no_reader_has_been(tmp_path: Path) -> None:
+    """A counter truncated under a running reader (attack 36) and started again by a new
+    list: the new value is one the reader never saw, so a revocation made meanwhile is read."""
+    db = tmp_path / "revocations.sqlite"
+    reader = SqliteRevocationList(db)
+    try:
+        assert not reader.is_revoked(_grant(tmp_path, "x"))
+        counter = db.with_name(db.name + ".generation")
+        for _ in range(5):
+            os.truncate(counter, 0)
+            writer = SqliteRevocationList(db)  # starts the counter again
+            assert not reader.is_revoked(_grant(tmp_path, "x"))
+            writer.revoke("x")
+            writer.close()
+            assert reader.is_revoked(_grant(tmp_path, "x"))
+            conn = sqlite3.connect(db, isolation_level=None)
+            conn.execute("DELETE FROM revocations WHERE key = 'x'")
+            conn.close()
+    finally:
+        reader.close()

@@ -20,7 +20,7 @@ FLOORS: dict[str, int] = {}
 """Unit (a folder of ``policy_engine/`` or a top-level module) → floor, 0 the lowest."""
 
 _TABLE = {
-    0: ("model", "errors", "lazy", "refusal"),  # ground
+    0: ("model", "errors", "lazy", "refusal", "ids", "pid"),  # ground
     1: ("inputs",),  # facts: readers of untrusted files
     2: ("dsl", "patterns"),  # language
     3: ("sandbox",),  # backend facts: masks, runtime dirs, engine dirs, hard links, SBPL

@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING
 
 from plugins.executor_docker.bound import CONTAINER_ROOT
 from plugins.executor_proc.spec import bounded_plan, system_masks
+from policy_engine.errors import BackendRefusal, ErrorCode
 from policy_engine.executor import ExecContext
 from policy_engine.guard.binds import state_masks
 from policy_engine.guard.engine_state import EngineState
-from policy_engine.guard.paths import is_beneath
+from policy_engine.guard.paths import is_beneath, quote
 from policy_engine.lazy import lazy_module
 from policy_engine.model import FsCapability, Profile
 from policy_engine.patterns.paths import expand_home
@@ -89,12 +90,27 @@ def _mounts(files: Sequence[str], dirs: Sequence[str],
         for host in paths:
             source, target = next((s, t) for s, t, _ in binds
                                   if host == s or host.startswith(s.rstrip("/") + "/"))
-            inside = target + host[len(source):]
+            inside = _carried(target + host[len(source):])
             mount = docker.types.Mount
             out.append(mount(target=inside, source=None, type="tmpfs", read_only=True)
                        if is_dir else
                        mount(target=inside, source="/dev/null", type="bind", read_only=True))
     return out
+
+
+def _carried(path: str) -> str:
+    """``path``, if the docker engine's API (JSON, UTF-8) can carry it; a name of other bytes
+    (a Latin-1 ``caf\xe9``, kept as a surrogate escape) reached runc as U+FFFD, which then made
+    that directory in the user's tree and masked it, leaving the real one readable (attack
+    37, F2): the call is refused instead, fail closed."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BackendRefusal(
+            ErrorCode.CAPABILITY_BLOCKED,
+            f"docker cannot mask {quote(path)}: a name in it is not UTF-8, which the docker "
+            "engine's API cannot carry; rename it, or run the call on proc-bwrap") from None
+    return path
 
 
 def hidden_inputs(profile: Profile, inputs: str) -> frozenset[str]:

@@ -347,6 +347,9 @@ class _WalkRecord:
     watched: bool = False  # every directory has had its inotify watch since its stamp
     provisional: bool = False  # ``watched`` on the word of a check just made (listing_store)
     dirty: bool = True  # changed since stored (listing_store)
+    # a directory on a file system whose changes can come without an inotify event
+    # (``blind_devices``): every plan checks every stamp, no watch vouches for the record
+    blind: bool = False
     cost: int = 0  # approximate bytes, as of the last ``measure``
     _kids: dict[str, set[str]] | None = None  # directory -> its walked subdirectories, lazily
 
@@ -402,6 +405,40 @@ class _WalkRecord:
         return {paths[i] for i in idx}
 
 
+BLIND_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", "ceph",
+                      "glusterfs", "lustre", "afs", "fuse", "fuseblk"})
+"""File systems whose content can change without an inotify event here (another host, a FUSE
+daemon writing its backing store; `fuse.*` too). Overlayfs is not among them: its layers may
+not be changed while it is mounted (the kernel's overlayfs documentation), and changes made
+through it reach its watches."""
+_blind: tuple[bytes, frozenset[int]] = (b"", frozenset())  # the table last read, its devices
+
+
+def blind_devices() -> frozenset[int]:
+    """The ``st_dev`` of every mount of a ``BLIND_FS`` file system (attack 37, F1: a `.env`
+    written into a shared tree's backing store reached no watch, and a kept walk, then a kept
+    plan, hid nothing). Parsed again only when the mount table changed."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as fh:
+            table = fh.read()
+    except OSError:
+        return frozenset()
+    global _blind
+    last = _blind
+    if table == last[0]:
+        return last[1]
+    devs = set()
+    for line in table.splitlines():
+        left, sep, right = line.partition(b" - ")
+        fields, kind = left.split(), right.split(b" ", 1)[0].decode(errors="replace")
+        if sep and len(fields) > 2 and (kind in BLIND_FS or kind.startswith("fuse.")):
+            major, _, minor = fields[2].partition(b":")
+            if major.isdigit() and minor.isdigit():
+                devs.add(os.makedev(int(major), int(minor)))
+    _blind = (table, frozenset(devs))
+    return _blind[1]
+
+
 MAX_INCREMENTAL = 4096
 """More changed directories than this since the last plan: walk everything again."""
 
@@ -429,7 +466,8 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
         rec = cache.walks.get(key)
         mine: set[str] | None = None
         if rec is not None:
-            changed = watcher.since(rec.synced) if watcher is not None and rec.watched else None
+            changed = (watcher.since(rec.synced) if watcher is not None and rec.watched
+                       and not rec.blind else None)
             mine = rec.stale(watcher) if changed is None else \
                 {d for d in changed if d in rec.inherited}  # other trees' changes cost nothing
         walked = bool(mine) or mine is None
@@ -449,7 +487,7 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
     # every directory visited, for linked_secrets (which reads them only when a masked file
     # has other names): listed when read, not copied into one list of ~26,000 per plan
     vouched = watcher is not None and watcher.usable and synced >= watcher.full_seq and all(
-        r.watched and not r.provisional for r in walked_recs)
+        r.watched and not r.provisional and not r.blind for r in walked_recs)
     return visited, listed, (d for r in walked_recs for d in list(r.inherited)), vouched
 
 
@@ -489,6 +527,7 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
         tops = [(r, empty) for r in starts if not any(q != r and beneath(r, q) for q in starts)]
     visited = listed = 0
     stamps = rec.stamp_map() if rec is not None else {}
+    blind = blind_devices()
     stack: list[tuple[str, _Frame]] = list(tops)
     data, lstat = cache._data, os.lstat  # the warm path inlined: one lstat per directory
     while stack:
@@ -519,6 +558,8 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
             if pending is not None:
                 _keep(rec, d, [], pending)
             continue
+        if blind and rec is not None and st.st_dev in blind:
+            rec.blind = True
         if (foreign is not None and foreign.masks(d, st)) or _too_deep(d):
             found.add(d)  # masked whole, never listed; watched for a change of owner back
             if rec is not None:

@@ -4,8 +4,9 @@
 # headers `pip install` builds the guard's native openat2 probe with; python3 (Debian's
 # /usr/bin/python3): the in-sandbox network bridge and the docker image's interpreter;
 # docker.io: docker backend; chromium + fonts: browser backend; curl and git: tools the
-# examples and sandbox tests run
-SYSTEM_PACKAGES=(bubblewrap gcc libc6-dev python3 python3-dev docker.io chromium fonts-dejavu-core curl git)
+# examples and sandbox tests run; bindfs: a FUSE tree for the mask planner's tests (a file
+# system whose changes reach no inotify watch)
+SYSTEM_PACKAGES=(bubblewrap gcc libc6-dev python3 python3-dev docker.io chromium fonts-dejavu-core curl git bindfs)
 
 ensure_system_packages() {
   local missing=()

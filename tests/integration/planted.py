@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,3 +29,30 @@ def planted_world(prefix: str) -> Iterator[Path]:
         yield r
     finally:
         shutil.rmtree(r, ignore_errors=True)
+
+
+@contextmanager
+def coming_and_going(tree: Path, seconds: float) -> Iterator[None]:
+    """A `.env` in a fresh directory of ``tree`` that lives ``seconds``, then is gone as long,
+    over and over until the block ends (a masked path that vanishes between a plan and the
+    sandbox's start)."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            where = tree / f"d-{uuid.uuid4().hex[:10]}"
+            where.mkdir()
+            try:
+                (where / ".env").write_text("X=1\n")
+                stop.wait(seconds)
+            finally:
+                shutil.rmtree(where, ignore_errors=True)
+            stop.wait(seconds)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(timeout=10)

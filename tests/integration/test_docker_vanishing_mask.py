@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.integration.planted import coming_and_going
 from tests.integration.test_sessions_runtime import sessions_in
 
 pytestmark = pytest.mark.integration
@@ -38,26 +37,9 @@ def system_tree() -> Iterator[Path]:
 
 @pytest.fixture
 def churn(system_tree: Path) -> Iterator[None]:
-    """A `.env` in the system tree that lives half a second, then is gone for half a second,
-    until the test ends."""
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.is_set():
-            where = system_tree / f"d-{uuid.uuid4().hex[:10]}"
-            where.mkdir()
-            try:
-                (where / ".env").write_text("X=1\n")
-                stop.wait(0.5)
-            finally:
-                shutil.rmtree(where, ignore_errors=True)
-            stop.wait(0.5)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    yield
-    stop.set()
-    t.join(timeout=10)
+    """A `.env` in the system tree that lives half a second, then is gone for half a second."""
+    with coming_and_going(system_tree, 0.5):
+        yield
 
 
 @pytest.mark.parametrize(("docker", "stateful"), [

@@ -9,10 +9,7 @@ parents ... Read-only file system", "Can't create file") and the call failed wit
 
 from __future__ import annotations
 
-import shutil
-import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +19,7 @@ from plugins.executor_proc.executor import ProcExecutor, ProcOptions
 from policy_engine import PolicyEngineError
 from policy_engine.executor import ExecContext
 from policy_engine.model import ProcExecOp
+from tests.integration.planted import coming_and_going
 from tests.integration.test_proc_sandbox import PY, make_profile
 
 pytestmark = pytest.mark.integration
@@ -32,24 +30,8 @@ def churn(tmp_path: Path) -> Iterator[Path]:
     """The bound tree, where a `.env` in a fresh directory lives 0.3 s, then is gone 0.3 s."""
     root = tmp_path / "root"
     (root / "out").mkdir(parents=True)
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.is_set():
-            where = root / f"d-{uuid.uuid4().hex[:10]}"
-            where.mkdir()
-            try:
-                (where / ".env").write_text("X=1\n")
-                stop.wait(0.3)
-            finally:
-                shutil.rmtree(where, ignore_errors=True)
-            stop.wait(0.3)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    yield root
-    stop.set()
-    t.join(timeout=10)
+    with coming_and_going(root, 0.3):
+        yield root
 
 
 def test_bwrap_calls_succeed_while_a_masked_path_comes_and_goes(churn: Path) -> None:

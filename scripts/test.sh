@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/system-deps.sh
-ensure_system_packages
+ensure_system_packages bindfs
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test,bench]"
 # the plain-install test (tests/integration/test_plain_install.py) installs the wheel's base
 # dependencies and the serve/mcp extras into a fresh virtualenv from this local wheelhouse, so

@@ -1,6 +1,10 @@
-"""The stored mask walk across a restart, proved in the real sandbox: a `.env` planted deep in
+"""The stored mask walk across a restart, proved in the real sandbox: a secret planted deep in
 /usr while the engine was stopped is masked by the first call after the restart (issue 27
-item 4: the stored walk is revalidated, never trusted as it was)."""
+item 4: the stored walk is revalidated, never trusted as it was).
+
+The secret's name (`.pe-listing-secret`) is denied by this test's profile alone: a `.env`
+planted in the host's /usr changed the masks of every sandbox of every test running meanwhile
+(a docker session's container re-made, a live interpreter restarted under another test)."""
 
 from __future__ import annotations
 
@@ -27,12 +31,17 @@ import json, sys, time
 from pathlib import Path
 from plugins.executor_proc.executor import ProcExecutor
 from policy_engine.executor import ExecContext
-from policy_engine.model import ProcExecOp
+from policy_engine.model import CapabilityKind, FsCapability, ProcExecOp, ProfileDeny, RuleRef
 from policy_engine.sandbox import masks
 from tests.integration.test_proc_sandbox import make_profile
 root, target = Path(sys.argv[1]), sys.argv[2]
 ex = ProcExecutor("bwrap")
-ctx = ExecContext(profile=make_profile(root), deadline=time.monotonic() + 60)
+profile = make_profile(root)
+mine = ProfileDeny(kinds=(CapabilityKind.FS_READ,), mandatory=True,
+                   capability=FsCapability(kind="fs.read", paths=("**/.pe-listing-secret",)),
+                   rule=RuleRef(id="listing-secret", file="test", line=1, column=1))
+profile = profile.model_copy(update={"denies": (*profile.denies, mine)})
+ctx = ExecContext(profile=profile, deadline=time.monotonic() + 60)
 res = ex.execute(ctx, ProcExecOp(tool="/bin/sh", args=("-c", f"cat {target}.ctl; cat {target}")))
 ex.close()
 print(json.dumps({"exit": res.out.get("exit_code"), "stdout": res.out.get("stdout"),
@@ -61,15 +70,15 @@ def deep_usr_dir() -> Path:
     return d
 
 
-def test_a_dotenv_planted_in_usr_while_stopped_is_masked_on_the_first_call(
+def test_a_secret_planted_in_usr_while_stopped_is_masked_on_the_first_call(
         tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "home").mkdir(parents=True)
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     where = deep_usr_dir()
-    planted = where / f".env.pe-attack-{uuid.uuid4().hex[:8]}"
-    secret, control = where / ".env", where / ".env.ctl"
+    planted = where / f".pe-listing-secret.new-{uuid.uuid4().hex[:8]}"
+    secret, control = where / ".pe-listing-secret", where / ".pe-listing-secret.ctl"
     assert not secret.exists()
     assert not control.exists()
     first = engine_run(root, state, str(secret))

@@ -8,8 +8,9 @@ second write costs the server about as much CPU as the first (docs/benchmarks.md
 pass: ops, second round"). The transport the protocol writes to here keeps what one turn of the
 event loop writes and sends it at the end of that turn (``loop.call_soon``) in one call: the
 same bytes in the same order, sent before the loop waits for anything (the next ready callback
-runs first, then the selector); a close sends what is kept first; the transport's flow control
-(``pause_writing``) is the real transport's, which receives every byte within the turn.
+runs first, then the selector); a close sends what is kept first; past ``JOIN_BYTES`` kept
+(a streamed answer) they are passed on at once, so the real transport's flow control
+(``pause_writing``) holds a fast producer as before.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+JOIN_BYTES = 64 * 1024
+"""Bytes kept at most before they are passed on within the turn (a streamed answer)."""
 
 
 class JoinedWrites(asyncio.Transport):
@@ -28,6 +32,7 @@ class JoinedWrites(asyncio.Transport):
         self._inner = inner
         self._loop = loop
         self._kept: list[bytes] = []
+        self._size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
@@ -35,13 +40,18 @@ class JoinedWrites(asyncio.Transport):
         if not self._kept:
             self._loop.call_soon(self._send)
         self._kept.append(bytes(data))
+        self._size += len(data)
+        if self._size >= JOIN_BYTES:
+            # a streamed answer whose chunks come without a pause: passed on now, so the real
+            # transport's flow control (``pause_writing``) sees them and holds the writer
+            self._send()
 
     def writelines(self, list_of_data: Any) -> None:
         for data in list_of_data:
             self.write(data)
 
     def _send(self) -> None:
-        kept, self._kept = self._kept, []
+        kept, self._kept, self._size = self._kept, [], 0
         if kept and not self._inner.is_closing():
             self._inner.write(kept[0] if len(kept) == 1 else b"".join(kept))
 
@@ -50,7 +60,7 @@ class JoinedWrites(asyncio.Transport):
         self._inner.close()
 
     def abort(self) -> None:
-        self._kept = []
+        self._kept, self._size = [], 0
         self._inner.abort()
 
     def write_eof(self) -> None:
@@ -64,7 +74,7 @@ class JoinedWrites(asyncio.Transport):
         return self._inner.is_closing()
 
     def get_write_buffer_size(self) -> int:
-        return self._inner.get_write_buffer_size() + sum(len(d) for d in self._kept)
+        return self._inner.get_write_buffer_size() + self._size
 
     def get_write_buffer_limits(self) -> tuple[int, int]:
         return self._inner.get_write_buffer_limits()

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from policy_engine.service.coalesce import JoinedWrites
+from policy_engine.service.coalesce import JOIN_BYTES, JoinedWrites
 from tests.integration.service_server import add_token, grant, start
 
 pytestmark = pytest.mark.integration
@@ -127,3 +127,24 @@ def test_an_abort_drops_what_is_kept_and_nothing_is_sent_after_it() -> None:
     inner = asyncio.run(scenario())
     assert inner.aborted
     assert inner.writes == []
+
+
+def test_a_long_stream_is_passed_on_within_the_turn_at_the_bound() -> None:
+    """A streamed answer whose chunks come without a pause is not kept without bound: past
+    ``JOIN_BYTES`` it reaches the real transport at once (whose flow control then holds the
+    writer)."""
+    async def scenario() -> _Inner:
+        inner = _Inner()
+        joined = JoinedWrites(inner, asyncio.get_running_loop())
+        chunk = b"x" * 1000
+        for _ in range(JOIN_BYTES // len(chunk) + 1):
+            joined.write(chunk)
+        assert len(inner.writes) == 1
+        assert len(inner.writes[0]) >= JOIN_BYTES
+        assert joined.get_write_buffer_size() == 0
+        joined.write(b"tail")
+        await asyncio.sleep(0)
+        return inner
+
+    inner = asyncio.run(scenario())
+    assert b"".join(inner.writes) == b"x" * 1000 * (JOIN_BYTES // 1000 + 1) + b"tail"

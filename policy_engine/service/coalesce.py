@@ -39,7 +39,7 @@ class JoinedWrites(asyncio.Transport):
             return
         if not self._kept:
             self._loop.call_soon(self._send)
-        self._kept.append(bytes(data))
+        self._kept.append(data if type(data) is bytes else bytes(data))  # a view may change
         self._size += len(data)
         if self._size >= JOIN_BYTES:
             # a streamed answer whose chunks come without a pause: passed on now, so the real

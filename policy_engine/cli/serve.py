@@ -115,6 +115,7 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
     from policy_engine.model import Settings
     from policy_engine.runcode.risk import SecurityMode
     from policy_engine.service.app import Engine, asgi_app, open_engine
+    from policy_engine.service.coalesce import JoinedH11Protocol
     from policy_engine.service.config import ServiceConfig
     from policy_engine.service.listen import tcp_listener
     from policy_engine.service.metrics import ServiceMetrics
@@ -198,9 +199,10 @@ def command(policies: tuple[Path, ...], config_path: Path | None, state_dir: Pat
                       f"{exc.strerror or exc}")
             click.echo(f"policy-engine serve: metrics on http://{metrics_host}:{at}/metrics"
                        + (f" (worker {index})" if workers > 1 else ""), err=True)
+        # each answer in one write (coalesce.py): a second segment costs as much CPU again
         server = uvicorn.Server(uvicorn.Config(asgi_app(config, engine_now, metrics=metrics),
                                                log_level="warning", access_log=False,
-                                               lifespan="on"))
+                                               lifespan="on", http=JoinedH11Protocol))
 
         async def bounded() -> None:
             # a bounded worker pool (calls wait their turn) and shared malloc arenas: an

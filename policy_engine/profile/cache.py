@@ -40,7 +40,9 @@ ShapeKey = tuple[bytes, str, str, str]
 """Exact JSON of the grant without its call fields, the manifest, the settings, the overrides."""
 
 CallKey = tuple[bytes, str, str, str]
-"""SHA-256 of the whole grant's exact JSON, then the manifest, settings and overrides JSON."""
+"""The whole grant's exact JSON without its `null` members (``#`` and its SHA-256 when over
+``_KEPT_KEY`` bytes), then the manifest, settings and overrides JSON."""
+_KEPT_KEY = 512
 
 DEFAULT_SIZE = 4096
 DEFAULT_SHAPE_SIZE = 1024
@@ -153,8 +155,15 @@ class ProfileCache:
                 type(g["budget"]) is not Budget or not (consent is None or
                                                         type(consent) is Consent):
             return None
-        exact = grant.__pydantic_serializer__.to_json(grant)
-        return (hashlib.sha256(exact).digest(), *inputs)
+        # the JSON without its `null` members: a grant holds no dict (models, tuples, scalars
+        # only), so a member left out can only be a field that is None, and the text is as
+        # exact as the whole one at a third of its size (the limits and budget are mostly
+        # unset); kept as is when short (a hash costs more than the dict's own), else hashed
+        # (`#` never begins a JSON object)
+        exact = grant.__pydantic_serializer__.to_json(grant, exclude_none=True)
+        if len(exact) > _KEPT_KEY:
+            exact = b"#" + hashlib.sha256(exact).digest()
+        return (exact, *inputs)
 
     def by_call(self, key: CallKey) -> Profile | None:
         """The profile an equal grant with equal inputs got, if it is still cached."""

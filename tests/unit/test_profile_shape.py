@@ -425,3 +425,35 @@ def test_an_equal_grant_in_another_object_gets_the_very_profile(ps: PolicySet) -
     assert b.cache.call_key(loose, ("", "", "")) is None
     assert b.build(loose, manifest()).expires_at == 1  # validated as a full build does
     assert b.build(grant(), manifest(version="1.0.1")) is not first  # another manifest
+
+
+def test_the_call_key_tells_apart_every_grant_its_dropped_nulls_could_confuse(
+        ps: PolicySet) -> None:
+    """The call level's key is the grant's JSON without its `null` members: grants that differ
+    only in a field set against one left unset (a limit, a budget, an argument template, one
+    alternative's literal against its regex, consent) each have their own key and profile;
+    equal grants share one; a grant whose JSON is long is keyed by its digest."""
+    b = ProfileBuilder(ps)
+    proc = {"kind": "proc.exec", "tool": "git"}
+    variants = [
+        grant(), grant(consent=None), grant(limits={"max_bytes_in": 0}),
+        grant(limits={"max_files": 0}), grant(budget={"calls": 0}),
+        grant(budget={"bytes_in": 0}),
+        grant(capabilities=[proc]), grant(capabilities=[{**proc, "args": []}]),
+        grant(capabilities=[{**proc, "args": [{"alternatives": [{"literal": "x"}]}]}]),
+        grant(capabilities=[{**proc, "args": [{"alternatives": [{"regex": "x"}]}]}]),
+    ]
+    keys = [b.cache.call_key(g, ("", "", "")) for g in variants]
+    assert None not in keys
+    assert len(set(keys)) == len(variants)
+    profiles = [b.build(g, manifest()) for g in variants]
+    assert len({id(p) for p in profiles}) == len(variants)
+    assert len({p.profile_hash for p in profiles}) == len(variants)
+    again = Grant.model_validate_json(variants[8].model_dump_json())
+    assert b.cache.call_key(again, ("", "", "")) == keys[8]
+    assert b.build(again, manifest()) is profiles[8]
+    long = grant(capabilities=[{"kind": "fs.read", "paths": [f"/d{i}/**" for i in range(60)]}])
+    long_key = b.cache.call_key(long, ("", "", ""))
+    assert long_key is not None
+    assert long_key[0].startswith(b"#")
+    assert len(long_key[0]) == 33

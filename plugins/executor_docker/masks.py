@@ -100,7 +100,7 @@ def _mounts(files: Sequence[str], dirs: Sequence[str],
 
 def _carried(path: str) -> str:
     """``path``, if the docker engine's API (JSON, UTF-8) can carry it; a name of other bytes
-    (a Latin-1 ``caf\xe9``, kept as a surrogate escape) reached runc as U+FFFD, which then made
+    (a Latin-1 ``caf\\xe9``, kept as a surrogate escape) reached runc as U+FFFD, which then made
     that directory in the user's tree and masked it, leaving the real one readable (attack
     37, F2): the call is refused instead, fail closed."""
     try:

@@ -267,6 +267,10 @@ def check_image(client: docker.DockerClient, image: str) -> None:
         raise unavailable(exc) from None
 
 
+START_ATTEMPTS = 3
+"""A container's start, planned again when a masked path vanished meanwhile (``mount_raced``)."""
+
+
 def mount_raced(err: PolicyEngineError) -> bool:
     """Whether a container's init failed to mount one of its mounts ("error mounting ... to
     rootfs"): a masked host path that vanished after the plan (runc cannot create its mount

@@ -97,7 +97,6 @@ else:  # the SDK on first use: a start that runs no container does not import it
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace/work",
             "LANG": "C.UTF-8", **GIT_PINS}
 _UNIX_FILTER = unix_filter().hex()  # a pooled command's, with network off (``_exec_warm``)
-_START_ATTEMPTS = 3  # a container's start, planned again when a masked path vanished meanwhile
 log = logging.getLogger(__name__)
 
 
@@ -482,7 +481,7 @@ class DockerExecutor:
         art_limit = self.options.max_artifacts_bytes
         removed: list[str] = []
         proxied: dict[str, int] | None = None
-        for attempt in range(_START_ATTEMPTS):
+        for attempt in range(engine.START_ATTEMPTS):
             try:
                 if self.options.mode == "pool":
                     out, mounts, removed, proxied = self._pooled(
@@ -493,7 +492,7 @@ class DockerExecutor:
                 break
             except Exception as exc:  # noqa: BLE001 -- every failure leaves with a registry code
                 err = engine.map_error(exc)
-                if (attempt + 1 < _START_ATTEMPTS and engine.mount_raced(err)
+                if (attempt + 1 < engine.START_ATTEMPTS and engine.mount_raced(err)
                         and not ctx.cancel.cancelled and time.monotonic() < deadline):
                     # a masked path vanished between the plan and the start: plan again
                     log.info("docker: a mount failed at the container's start, planning "

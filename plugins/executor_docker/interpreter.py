@@ -447,7 +447,7 @@ def start(executor: DockerExecutor, ctx: ExecContext, op: ProcExecOp,
 def _acquire(executor: DockerExecutor, pool: WarmPool, key: str, ctx: ExecContext) -> Slot:
     """The session's bound container, exactly as its plain calls get it
     (``interpreter_masks.wanted``); the exec then runs as the container's own user."""
-    left = 2  # planned again when a masked path vanished before the start (executor.py)
+    left = engine.START_ATTEMPTS - 1  # planned again when a masked path vanished meanwhile
     while True:
         ident, mounts, masked = interpreter_masks.wanted(executor, ctx)
         try:

@@ -497,12 +497,13 @@ def _rewalk(group: dict[str, list[_Glob]], cache: DirCache, rec: _WalkRecord, mi
     the record holds under the same frame and that did not change keeps its walk (its own
     stamp or watch vouches for it), a new one is walked whole, a vanished one is dropped."""
     listed = 0
+    blind = blind_devices()  # once for every changed directory (up to MAX_INCREMENTAL of them)
     for d in sorted(mine, key=lambda p: p.count("/")):  # parents first: they drop or add kids
         frame = rec.inherited.get(d)
         if frame is None or d not in mine:
             continue  # inside a directory dropped above, or re-walked as a new child
         listed += _walk(group, cache, set(), rec=rec, tops=[(d, frame)], foreign=foreign,
-                        budget=budget, pending=mine)[1]
+                        budget=budget, pending=mine, blind=blind)[1]
     return listed
 
 
@@ -510,12 +511,13 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
           rec: _WalkRecord | None = None,
           tops: list[tuple[str, _Frame]] | None = None,
           seen: list[str] | None = None, foreign: _Foreign | None = None,
-          budget: list[int] | None = None, pending: set[str] | None = None) -> tuple[int, int]:
+          budget: list[int] | None = None, pending: set[str] | None = None,
+          blind: frozenset[int] | None = None) -> tuple[int, int]:
     """One depth-first walk from the outermost start roots; nested starts join on the way.
 
     ``pending`` (``_rewalk``): the changed directories not walked again yet; the walk descends
     only into subdirectories ``rec`` does not hold as they are (module doc), removing each
-    directory it walks from ``pending``.
+    directory it walks from ``pending``. ``blind``: ``blind_devices()``, read here if not given.
 
     INVARIANT: a glob is active only at or beneath one of its start roots, and every start root
     lies at or beneath the glob's literal prefix, so no per-directory prefix test is needed.
@@ -527,7 +529,7 @@ def _walk(starts: dict[str, list[_Glob]], cache: DirCache, found: set[str], *,
         tops = [(r, empty) for r in starts if not any(q != r and beneath(r, q) for q in starts)]
     visited = listed = 0
     stamps = rec.stamp_map() if rec is not None else {}
-    blind = blind_devices()
+    blind = blind_devices() if blind is None else blind
     stack: list[tuple[str, _Frame]] = list(tops)
     data, lstat = cache._data, os.lstat  # the warm path inlined: one lstat per directory
     while stack:

@@ -9,7 +9,6 @@ next acquire, on another host when its lease expires.
 
 from __future__ import annotations
 
-import os
 import socket
 import sqlite3
 import threading
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 from policy_engine.budget import new_lease, too_many
+from policy_engine.pid import current as current_pid
 
 # WITHOUT ROWID, keyed by (grant_key, lease): one B-tree, so taking or giving back a slot
 # writes one page, not three (a rowid table, its primary-key index and a grant_key index)
@@ -66,7 +66,7 @@ class SqliteLeases:
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
         self._host = socket.gethostname()
-        self._pid = os.getpid()
+        self._pid = current_pid()
         self._start = process_start(self._pid) or "?"
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
@@ -84,9 +84,9 @@ class SqliteLeases:
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None or self._pid != os.getpid():
-            if self._pid != os.getpid():  # forked: this process holds its own leases
-                self._pid, self._start = os.getpid(), process_start(os.getpid()) or "?"
+        if conn is None or self._pid != current_pid():
+            if self._pid != current_pid():  # forked: this process holds its own leases
+                self._pid, self._start = current_pid(), process_start(current_pid()) or "?"
             conn = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None,
                                    check_same_thread=False)
             # as the meter's: a lease lost to an OS crash died with the call anyway

@@ -482,14 +482,7 @@ class SharedMeter:
 
     def release(self, key: str, lease: str) -> bool:
         """Give a slot back; ``False`` when ``lease`` is not one of this process's."""
-        with self._lock:
-            if self._pid != current_pid() or self._held.get(lease) != key:
-                return False
-            del self._held[lease]
-            table = self._open()
-            with self._locked():
-                self._unhold_in(table, key.encode())
-            return True
+        return self.release_charging(key, lease, [])
 
     def release_charging(self, key: str, lease: str,
                          charges: list[tuple[str, int, int | None]]) -> bool:

@@ -29,6 +29,12 @@ class _OpenHow(ctypes.Structure):
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+
+def root_segments(root: str) -> list[str]:
+    """The root's path segments without empty or `.` ones: what the one-``openat2`` open and
+    ``open_root``'s check both compare, so they agree on which root is meant."""
+    return [seg for seg in root.split("/") if seg and seg != "."]
+
 def split_relative(path: str, root: str) -> list[str]:
     """Components of absolute ``path`` beneath ``root``; refuses `..`, NUL and out-of-root paths.
 
@@ -141,7 +147,7 @@ class BeneathOpener:
         caller takes the long way, which reports the exact refusal or failure."""
         if not self.use_openat2 or not root.startswith("/"):
             return None
-        segments = [seg for seg in root.split("/") if seg and seg != "."]
+        segments = root_segments(root)
         if ".." in segments:
             return None
         try:
@@ -181,7 +187,7 @@ def open_root(root: str) -> int:
         ) from None
     # the root without empty or `.` segments (normpath keeps a leading `//`); a `..` in it
     # compares unequal, and is refused
-    want = "/" + "/".join(seg for seg in root.split("/") if seg and seg != ".")
+    want = "/" + "/".join(root_segments(root))
     try:
         real = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:  # no /proc: the path's own real name (a swap right now goes unseen)

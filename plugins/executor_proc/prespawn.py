@@ -82,10 +82,14 @@ def spawn(exe: str, cg: cgroups.ExecCgroup | None, *, end: bool = False) -> Held
     ``end``: with a socket for the tool's pidfd (``-W``, ``pidfd_exit.py``)."""
     ctl_r, ctl_w = os.pipe2(os.O_CLOEXEC)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
-    end_r, end_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if end else (None, None)
-    end_fd = end_w.fileno() if end_w is not None else -1
+    end_r: socket.socket | None = None
+    end_w: socket.socket | None = None
+    end_fd = -1
     cg_fds: list[int] = []
-    try:
+    try:  # the socket pair too: the pipes are closed whatever fails
+        if end:
+            end_r, end_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            end_fd = end_w.fileno()
         cg_fds = [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in (cg.procs_files if cg else [])]
         # the checked descriptor is executed, never the name (a swap after the check runs
         # nothing); the launcher closes it (`-x`) first

@@ -117,8 +117,9 @@ class Gateway:
         without waiting on anything outside this machine (``Orchestrator.runs_on_caller``),
         consent included: the confirmation service answers at once (``deny``, ``auto``); with
         ``op``, also whether it is small enough to hold an event loop (``loop_sized``)."""
+        # the backend's answer first: kept per kind, where ``loop_sized`` asks the disk
         return self.broker.service.mode in ("deny", "auto") and \
-            (op is None or loop_sized(op)) and self.orch.runs_on_caller(kind, root_fs)
+            self.orch.runs_on_caller(kind, root_fs) and (op is None or loop_sized(op))
 
     def decide(self, manifest: Manifest, grant: Grant, request: ExplainRequest, *,
                backend: bool = True, trace: bool = True) -> Explanation:

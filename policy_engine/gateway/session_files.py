@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -205,7 +206,9 @@ class SessionFiles:
 def _in_caller_words(refusal: Refusal, work: Path) -> Refusal:
     """``refusal`` with the workspace's host path in its message written as the caller's
     relative paths are (the guard and the backends name the host path they decided on)."""
-    message = refusal.message.replace(f"{work}/", "").replace(str(work), ".")
+    # a whole path only: a sibling workspace (`/w/ws10` beside `/w/ws1`) is not rewritten
+    message = re.sub(re.escape(str(work)) + r"(/|(?=[`'\"\s)]|$))",
+                     lambda m: "" if m.group(1) == "/" else ".", refusal.message)
     return refusal if message == refusal.message else dataclasses.replace(refusal,
                                                                           message=message)
 

@@ -205,9 +205,11 @@ def resolve(s: Call) -> Decision | None:
                                                                   op.path)
         s.path = s.res = path
         state = guard.engine_state
-        if state is not None and (state.covers(path) or
-                                  (s.written is not None and state.covers(s.written))):
-            return _engine_state(s, "path", path if state.covers(path) else s.written or path)
+        if state is not None:
+            hit = path if state.covers(path) else \
+                s.written if s.written is not None and state.covers(s.written) else None
+            if hit is not None:
+                return _engine_state(s, "path", hit)
         if kind == "fs.write" and not inside:
             return _deny(s.phash, _BLOCKED,
                          f"write to {quote(path)} is outside the fs root and the tmp dir",
@@ -230,7 +232,7 @@ def resolve(s: Call) -> Decision | None:
             if cwd is not None and (state.covers(cwd) or guard.facts is None and
                                     state.covers(os.path.realpath(cwd))):
                 return _engine_state(s, "cwd", cwd)
-            if kind == "tmp.alloc" and (state.covers(s.cp.tmp_dir) or
+            if kind == "tmp.alloc" and (state.covers(s.cp.tmp_dir) or guard.facts is None and
                                         state.covers(os.path.realpath(s.cp.tmp_dir))):
                 return _engine_state(s, "tmp dir", s.cp.tmp_dir)
     if s.tr is not None:

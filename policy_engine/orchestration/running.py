@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -13,6 +12,7 @@ from dataclasses import dataclass
 from policy_engine.errors import BackendRefusal, ErrorCode, PolicyEngineError
 from policy_engine.executor import CancelToken, ExecContext, Executor
 from policy_engine.model import ExecOp, ExecResult, OpKind
+from policy_engine.pid import current as current_pid
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +80,13 @@ class _Workers:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
-        self._pid = os.getpid()
+        self._pid = current_pid()
 
     def run(self, job: Callable[[], None]) -> None:
         """Start ``job`` on an idle worker, or on a new one."""
         with self._lock:
-            if self._pid != os.getpid():  # forked: the parent's threads do not exist here
-                self._idle, self._pid = [], os.getpid()
+            if self._pid != current_pid():  # forked: the parent's threads do not exist here
+                self._idle, self._pid = [], current_pid()
             inbox = self._idle.pop() if self._idle else None
         if inbox is None:
             inbox = queue.SimpleQueue()
@@ -98,7 +98,7 @@ class _Workers:
         while True:
             inbox.get()()  # INVARIANT: a job never raises (``work`` catches everything)
             with self._lock:
-                if len(self._idle) >= self.MAX_IDLE or self._pid != os.getpid():
+                if len(self._idle) >= self.MAX_IDLE or self._pid != current_pid():
                     return
                 self._idle.append(inbox)
 

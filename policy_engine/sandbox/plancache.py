@@ -223,7 +223,8 @@ class PlanCache:
                 return
             fresh = False
             for f in own:
-                if f not in self._wds and (self._watch(f, FILE_MASK) or self.usable):
+                if f not in self._wds:  # a failed watch makes it unusable: no plan kept below
+                    self._watch(f, FILE_MASK)
                     fresh = True
             for d, names in needed.items():
                 if d in self._skipped:

@@ -43,14 +43,12 @@ from policy_engine.sandbox.watch import (
     IN_ATTRIB,
     IN_DONT_FOLLOW,
     IN_IGNORED,
-    IN_NAMES,
-    IN_ONLYDIR,
     IN_Q_OVERFLOW,
     IN_SELF,
+    MASK,
     Watcher,
 )
 
-MASK = IN_NAMES | IN_SELF | IN_ATTRIB | IN_ONLYDIR | IN_DONT_FOLLOW
 # a file's own: its link count reaches no watch of its directory (fsnotify_link_count)
 FILE_MASK = IN_SELF | IN_ATTRIB | IN_DONT_FOLLOW
 MAX_ENTRIES = 64

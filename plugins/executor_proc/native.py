@@ -1,9 +1,14 @@
-"""The native launcher: build ``launcher/sb_launch.c`` once with gcc, cache it, and find it again.
+"""The native launcher: build ``launcher/sb_launch.c`` once, cache it, and find it again.
 
-The binary is cached as ``sb_launch-<sha256 of source and flags>`` in a directory only this user
-can write (checked, since whoever can swap the binary owns every sandbox), built to a temp name
-and renamed into place so concurrent engines never see half a file. Static linking when the C
-library allows it: nothing to resolve at exec, and nothing to bind inside the sandbox.
+The binary is cached as ``sb_launch-<sha256 of source, flags and tool chain>`` in a directory only
+this user can write (checked, since whoever can swap the binary owns every sandbox), built to a
+temp name and renamed into place so concurrent engines never see half a file. Static linking
+when the C library allows it: nothing to resolve at exec, and nothing to bind inside the sandbox.
+
+musl (``musl-gcc``, Debian's ``musl-tools``) is preferred when installed: the launcher is
+exec'ed inside every sandbox on the call's path, and a glibc program's start asks the CPU about
+itself (``cpuid``) dozens of times, each a trap to the hypervisor on a VM: 0.55 ms of CPU per
+start here against 0.06 ms for the same launcher on musl. gcc with glibc is the fallback.
 """
 
 from __future__ import annotations
@@ -106,10 +111,36 @@ def _dirs_owner_only(where: str) -> str | None:
         d = os.path.dirname(d)
 
 
-def _key(source: bytes) -> str:
+def _key(source: bytes, chain: str) -> str:
     h = hashlib.sha256(source)
     h.update("\0".join(FLAGS).encode())
+    if chain != "gcc":  # the gcc-built binaries' names are unchanged
+        h.update(b"\0" + chain.encode())
     return h.hexdigest()[:24]
+
+
+def _attempts(kernel_headers: str) -> list[list[str]]:
+    """The compiler command lines to try in turn: musl static, glibc static, glibc dynamic."""
+    out: list[list[str]] = []
+    musl = shutil.which("musl-gcc")
+    if musl is not None:
+        # musl's include path has no kernel headers: a directory holding only links to the
+        # kernel's (linux/, asm/, asm-generic/), searched after musl's own, so no glibc header
+        # can stand in for a musl one
+        out.append([musl, *FLAGS, "-static", "-idirafter", kernel_headers])
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is not None:
+        out += [[gcc, *FLAGS, "-static"], [gcc, *FLAGS]]  # static when libc.a is there
+    return out
+
+
+def _link_kernel_headers(into: str) -> None:
+    """Make ``into`` the kernel-headers-only include directory musl builds search."""
+    multiarch = f"/usr/include/{os.uname().machine}-linux-gnu/asm"
+    asm = multiarch if os.path.isdir(multiarch) else "/usr/include/asm"
+    for name, target in (("linux", "/usr/include/linux"), ("asm", asm),
+                         ("asm-generic", "/usr/include/asm-generic")):
+        os.symlink(target, os.path.join(into, name))
 
 
 def _private(path: Path, *, directory: bool) -> str | None:
@@ -138,7 +169,8 @@ def _build(where: Path) -> NativeLauncher:
         source = SOURCE.read_bytes()
     except OSError as err:
         return NativeLauncher(None, f"launcher source unreadable: {err.strerror}")
-    target = where / f"sb_launch-{_key(source)}"
+    chain = "musl" if shutil.which("musl-gcc") else "gcc"
+    target = where / f"sb_launch-{_key(source, chain)}"
     try:
         where.mkdir(mode=0o700, parents=True, exist_ok=True)
         why = _private(where, directory=True)
@@ -149,16 +181,17 @@ def _build(where: Path) -> NativeLauncher:
         return NativeLauncher(None, f"launcher cache `{where}` unusable: {err.strerror}")
     if why is not None:
         return NativeLauncher(None, f"launcher cache refused: {why}")
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
         return NativeLauncher(None, "gcc is not installed (Debian package `gcc`), so the native "
                                     "launcher cannot be built")
     fd, tmp = tempfile.mkstemp(prefix=".sb_launch-", dir=where)
     os.close(fd)
+    headers = tempfile.mkdtemp(prefix=".sb_launch-include-", dir=where)
     try:
+        _link_kernel_headers(headers)
         why = ""
-        for extra in (["-static"], []):  # static when libc.a is there, else dynamic
-            res = subprocess.run([gcc, *FLAGS, *extra, "-o", tmp, str(SOURCE)],
+        for command in _attempts(headers):
+            res = subprocess.run([*command, "-o", tmp, str(SOURCE)],
                                  capture_output=True, text=True, timeout=120, check=False)
             if res.returncode == 0:
                 break
@@ -172,4 +205,5 @@ def _build(where: Path) -> NativeLauncher:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        shutil.rmtree(headers, ignore_errors=True)
     return NativeLauncher(str(target), "ok")

@@ -4,6 +4,7 @@ launchers in fresh cgroups, and proc reachable through the full orchestrator."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
 import textwrap
@@ -20,7 +21,7 @@ from policy_engine.compiler import compile_files
 from policy_engine.compiler.loaders import load_grant, load_manifest
 from policy_engine.config import EngineConfig
 from policy_engine.executor import ExecContext
-from policy_engine.model import ProcExecOp
+from policy_engine.model import ExecResult, ProcExecOp
 from policy_engine.orchestrator import Orchestrator
 from tests.integration.test_proc_sandbox import leftovers, make_profile
 
@@ -173,3 +174,65 @@ def test_without_layer2_the_tool_cannot_forge_the_isolation_status(root: Path,
         ex.close()
     assert res.out["stdout"].strip() == "[]"  # no inherited descriptor at all
     assert res.out["isolation"]["landlock"] == "off"
+
+
+def test_the_launcher_is_built_with_musl_where_it_is_installed(tmp_path: Path) -> None:
+    """CI installs musl-tools: a glibc program's start costs ~0.5 ms of CPUID traps on a VM, and
+    the launcher is exec'ed inside every sandbox on the call's path (docs/benchmarks.md)."""
+    assert shutil.which("musl-gcc") is not None, "scripts/lib/system-deps.sh installs musl-tools"
+    built = native.launcher(tmp_path / "bin")
+    assert built.path is not None, built.reason
+    image = Path(built.path).read_bytes()
+    assert b"No error information" in image  # musl's strerror table; glibc says "Unknown error"
+    assert b"GNU C Library" not in image
+
+
+def test_without_musl_gcc_builds_it_and_the_two_builds_are_two_cache_entries(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    gcc_only = tmp_path / "gcc-only"
+    gcc_only.mkdir()
+    for tool in ("gcc", "as", "ld"):  # gcc's own tool chain, without musl-gcc
+        (gcc_only / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
+    cache = tmp_path / "bin"
+    with_musl = native.launcher(cache)
+    monkeypatch.setenv("PATH", str(gcc_only))
+    native._cache.pop(cache.absolute())
+    with_gcc = native.launcher(cache)
+    assert with_musl.path is not None, with_musl.reason
+    assert with_gcc.path is not None, with_gcc.reason
+    assert with_gcc.path != with_musl.path  # a host that gains musl later builds it again
+    assert b"No error information" not in Path(with_gcc.path).read_bytes()
+
+
+@pytest.mark.parametrize("held", [0, 2])
+def test_the_launcher_runs_programs_as_glibc_execvp_does(root: Path, held: int) -> None:
+    """musl's execvp has no /bin/sh fallback for a script without ``#!`` and another default
+    PATH; the launcher keeps glibc's rules whichever C library built it."""
+    script = root / "no-shebang.sh"
+    script.write_text('echo "ran by sh: $0 $1"\nexit 7\n')
+    script.chmod(0o755)
+    closed = root / "closed.sh"
+    closed.write_text("#!/bin/sh\necho never\n")
+    closed.chmod(0o644)
+    ex = ProcExecutor("bwrap", ProcOptions(prespawn=held))
+    try:
+        def run(tool: str, *args: str) -> ExecResult:
+            ctx = ExecContext(profile=make_profile(root), deadline=time.monotonic() + 60)
+            return ex.execute(ctx, ProcExecOp(tool=tool, args=args))
+
+        res = run(str(script), "arg1")
+        assert res.out["isolation"]["launcher"] == "native"
+        assert res.out["exit_code"] == 7, res.out
+        assert res.out["stdout"].strip() == f"ran by sh: {script} arg1"
+        missing = run(f"pe-missing-{uuid.uuid4().hex[:8]}")
+        assert missing.out["exit_code"] == 127, missing.out
+        assert "cannot execute" in missing.out["stderr"]
+        assert "No such file or directory" in missing.out["stderr"]
+        on_path = run("sh", "-c", 'echo "$0"')  # found on the sandbox's PATH
+        assert on_path.out["exit_code"] == 0, on_path.out
+        assert on_path.out["stdout"].strip() == "sh"
+        refused = run(str(closed))
+        assert refused.out["exit_code"] == 126, refused.out
+        assert "Permission denied" in refused.out["stderr"]
+    finally:
+        ex.close()

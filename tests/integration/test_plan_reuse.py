@@ -74,8 +74,25 @@ def reused(profile: Profile, planned: list[int]) -> list[str]:
     once more: a reuse, while the watcher works; else computed every time."""
     for _ in range(3):
         masked(profile)
-    before = planned[0]
-    plan = masked(profile)
+    return kept(profile, planned)
+
+
+def kept(profile: Profile, planned: list[int], *, then: Callable[[], None] = lambda: None,
+         ) -> list[str]:
+    """Plan once after ``then()`` and assert the plan was reused (computed, without a watcher).
+    A change of the host's mount table ends every kept plan, rightly: other tests running
+    beside this one (containers, FUSE, staged binds) make such changes, so a plan computed
+    again while the table changed is tried again (after planning until kept), never counted
+    as a pass."""
+    for _ in range(5):
+        mounts = plancache.cache().mounts
+        before = planned[0]
+        then()
+        plan = masked(profile)
+        if planned[0] == before or plancache.cache().mounts == mounts or not watching():
+            break
+        for _ in range(2):  # computed for the mount table: keep it again, then look again
+            masked(profile)
     assert planned[0] == (before if watching() else before + 1)
     return plan
 
@@ -108,10 +125,8 @@ def test_a_change_elsewhere_keeps_the_plan(root: Path, tmp_path: Path,
     profile = make_profile(root)
     settle()
     reused(profile, planned)
-    (tmp_path / "unrelated.txt").write_text("x")
-    before = planned[0]
-    masked(profile)
-    assert planned[0] == (before if watching() else before + 1)
+    kept(profile, planned, then=lambda: (tmp_path / f"unrelated-{time.monotonic_ns()}.txt")
+         .write_text("x"))
 
 
 def test_a_change_in_another_walked_workspace_keeps_the_plan(tmp_path: Path,
@@ -126,10 +141,8 @@ def test_a_change_in_another_walked_workspace_keeps_the_plan(tmp_path: Path,
     masked(make_profile(other))  # walked, so watched by the mask watcher
     profile = make_profile(mine)
     reused(profile, planned)
-    (other / "src" / ".env").write_text("TOKEN=theirs")
-    before = planned[0]
-    assert str(other / "src" / ".env") not in masked(profile)
-    assert planned[0] == (before if watching() else before + 1)
+    theirs = other / "src" / ".env"
+    assert str(theirs) not in kept(profile, planned, then=lambda: theirs.write_text("T=theirs"))
     assert str(other / "src" / ".env") in masked(make_profile(other))
 
 

@@ -224,7 +224,8 @@ def test_wall_timeout_kills_the_container(docker_ex: DockerExecutor, tmp_path: P
     # other engines and test workers, whose containers run meanwhile)
     ours = (str(tmp_path), str(art))
     assert not [c.id for c in client.containers.list(
-        all=True, filters={"ancestor": "policy-engine/sandbox:1", "status": "running"})
+        all=True, filters={"ancestor": "policy-engine/sandbox:1", "status": "running"},
+        ignore_removed=True)
         if any(str(m.get("Source", "")).startswith(ours) for m in c.attrs.get("Mounts", []))]
 
 

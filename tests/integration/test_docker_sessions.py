@@ -46,7 +46,9 @@ def _containers_binding(path: Path) -> list[str]:
     client = docker.from_env()
     try:
         found = []
-        for c in client.containers.list(filters={"label": POOL_LABEL}):
+        # other tests' pool containers come and go meanwhile: one gone between the list and
+        # its inspection is not ours (docker-py raised NotFound for it, seen at -n 3)
+        for c in client.containers.list(filters={"label": POOL_LABEL}, ignore_removed=True):
             if any(m.get("Source", "").startswith(f"{IDMAP_DIR}/")
                    and m.get("Destination") == str(path)
                    for m in c.attrs.get("Mounts", [])):

@@ -188,6 +188,11 @@ class ProcExecutor:
     which runs first in the sandbox's empty network namespace. A ``network_hook`` replaces it.
     The Landlock-only backend has no namespace, and Landlock's TCP rules name ports, not
     addresses, so it refuses ``restricted`` (``CAPABILITY.BLOCKED``).
+
+    ``warm_ahead`` (``EngineConfig.warm_ahead``): start the system trees' mask walk when made
+    (a server: its first call plans in milliseconds); ``False``: the first plan starts it and
+    waits only for the stored walks' check (a one-call CLI command that runs no process never
+    walks at all).
     """
 
     enforces_deadline = True
@@ -199,7 +204,7 @@ class ProcExecutor:
 
     def __init__(self, backend: Backend, options: ProcOptions | None = None, *,
                  network_hook: NetworkHook | None = None, guard: Decider | None = None,
-                 mode: Literal["strict", "compat"] = "strict") -> None:
+                 mode: Literal["strict", "compat"] = "strict", warm_ahead: bool = True) -> None:
         self.backend = backend
         self.mode = mode
         self.name = f"proc-{backend}"
@@ -232,7 +237,7 @@ class ProcExecutor:
             bind_mounts=backend == "bwrap", readonly_rootfs=True, resource_limits=True,
             env_filtering=True, streaming_output=False, mandatory_denies=True,
         )
-        if self.usable:
+        if self.usable and warm_ahead:
             spec.prewarm()  # the system trees' mask walk, off the call path
         self._pool = cgroups.CgroupPool(max(1, self.options.prespawn)) \
             if self.options.cgroups else None
@@ -450,8 +455,15 @@ class ProcExecutor:
         twin.run_as, twin.writes_as_owner = ident, True
         return twin
 
+    @staticmethod
+    def _warm() -> None:
+        """Start the system trees' walk if nobody has (``warm_ahead=False``): the plan then
+        waits only for the stored walks' check (``spec.build_plan``); else a no-op."""
+        spec.prewarm()
+
     def _plan(self, ctx: ExecContext, op: ProcExecOp, tmpdir: str) -> Plan:
         """The call's sandbox plan (a subclass may widen it: the local runner)."""
+        self._warm()
         return hide_engine_state(ctx, build_plan(
             ctx.profile, op, env_allow=self.options.env_allow, env_base=self.options.env_base,
             extra_ro=self.options.extra_ro_binds, tmpdir=tmpdir))
@@ -596,6 +608,7 @@ class ProcExecutor:
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
                                     f"{self.name}: {self.unavailable_reason}")
         private_tmp = None if self.backend == "bwrap" else "/tmp/pe-proc-PREVIEW"
+        self._warm()  # as ``_plan``
         plan = hide_engine_state(ctx, build_plan(
             ctx.profile, op, env_allow=self.options.env_allow, env_base=self.options.env_base,
             extra_ro=self.options.extra_ro_binds, tmpdir=private_tmp or "/tmp", preview=True))

@@ -94,8 +94,11 @@ async def wait_for_beat(state: Path, name: str, timeout_s: float = 60) -> Path:
     raise AssertionError(f"no `{name}` under {state} within {timeout_s} s: the script never ran")
 
 
-async def assert_beat_stopped(beat: Path, quiet_s: float = 1.5) -> None:
-    """``beat`` does not grow for ``quiet_s`` (fifteen beats of a running script)."""
+async def assert_beat_stopped(beat: Path, grace_s: float = 0.5, quiet_s: float = 1.5) -> None:
+    """``beat`` does not grow for ``quiet_s`` (fifteen beats of a running script) from
+    ``grace_s`` on (a kill lagging its end record under load; the `sleep N && echo late` form
+    this replaced let a process live for seconds past it unnoticed)."""
+    await anyio.sleep(grace_s)
     size = beat.stat().st_size
     await anyio.sleep(quiet_s)
     assert beat.stat().st_size == size, f"{beat} still grows: the process was not stopped"

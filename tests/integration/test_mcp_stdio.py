@@ -393,7 +393,7 @@ def test_a_cancelled_call_in_a_warm_container_is_killed(setup: Setup, launcher: 
             # appending to beat.txt in this work directory (absent: it never started)
             after = await client.call_tool("skill.shell.run", {
                 "script": "test -e beat.txt || { echo absent; exit 0; }; "
-                          "a=$(wc -c < beat.txt); sleep 1.5; b=$(wc -c < beat.txt); "
+                          "sleep 0.5; a=$(wc -c < beat.txt); sleep 1.5; b=$(wc -c < beat.txt); "
                           "test \"$a\" = \"$b\" && echo stopped || echo \"grew from $a to $b\""})
             assert not after.is_error, after
             assert after.structured_content["stdout"] in ("stopped\n", "absent\n"), \

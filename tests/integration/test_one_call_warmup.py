@@ -22,8 +22,9 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 # the CLI, reporting on stderr at exit whether a warm-up thread was started in the process
 CLI = ("import atexit, sys\n"
-       "from plugins.executor_proc import spec\n"
-       "atexit.register(lambda: print('WARM-UPS', len(spec._warming), file=sys.stderr))\n"
+       "from plugins.executor_proc import bwrap, spec\n"
+       "atexit.register(lambda: print('WARM-UPS', len(spec._warming), len(bwrap._PASSED),\n"
+       "                              file=sys.stderr))\n"
        "from policy_engine.cli.main import main\n"
        "main()\n")
 # reads what a mandatory deny hides (and the Python prefix, which stays readable); one line,
@@ -82,14 +83,15 @@ def _files(tmp: Path) -> None:
         "capabilities": perms, "expires_at": 4_102_444_800_000}))
 
 
-def _cli(tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], int]:
+def _cli(tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], int, int]:
+    """The command's result, the warm-up threads it started and the bwrap trials it passed."""
     done = subprocess.run(
         [sys.executable, "-c", CLI, *args], cwd=tmp / "ws", env=_env(), capture_output=True,
         text=True, timeout=120, check=False)
-    warmups = [int(line.split()[1]) for line in done.stderr.splitlines()
-               if line.startswith("WARM-UPS ")]
-    assert len(warmups) == 1, done.stderr[-2000:]
-    return done, warmups[0]
+    counts = [line.split()[1:] for line in done.stderr.splitlines()
+              if line.startswith("WARM-UPS ")]
+    assert len(counts) == 1, done.stderr[-2000:]
+    return done, int(counts[0][0]), int(counts[0][1])
 
 
 def _run_args(tmp: Path, state: str) -> list[str]:
@@ -104,13 +106,14 @@ def test_a_run_that_starts_no_process_walks_nothing(tmp_path: Path) -> None:
     request.write_text(json.dumps({
         "op": {"kind": "tmp.alloc", "size_bytes": 4096}, "manifest": "manifest.json",
         "grant": "grant.json"}))
-    done, warmups = _cli(tmp_path, "run", "--policy", str(tmp_path / "p.sbpolicy"),
-                         "--request", str(request), "--state-dir", str(tmp_path / "s"),
-                         "--format", "json")
+    done, warmups, trials = _cli(tmp_path, "run", "--policy", str(tmp_path / "p.sbpolicy"),
+                                 "--request", str(request), "--state-dir", str(tmp_path / "s"),
+                                 "--format", "json")
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["result"]["ok"] is True
-    assert warmups == 0  # the executors were made (every plugin loads) and walked nothing
-    listed, warmups = _cli(tmp_path, "plugins", "--format", "json")
+    # the executors were made (every plugin loads) and neither walked nor ran a trial sandbox
+    assert (warmups, trials) == (0, 0)
+    listed, warmups, _ = _cli(tmp_path, "plugins", "--format", "json")
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert "proc-bwrap" in listed.stdout
     assert warmups == 0
@@ -118,10 +121,11 @@ def test_a_run_that_starts_no_process_walks_nothing(tmp_path: Path) -> None:
 
 def test_a_run_that_starts_a_process_masks_what_a_warmed_engine_masks(tmp_path: Path) -> None:
     _files(tmp_path)
-    done, warmups = _cli(tmp_path, *_run_args(tmp_path, "cli-state"), "--", "python3", "-c",
-                         READER)
+    done, warmups, trials = _cli(tmp_path, *_run_args(tmp_path, "cli-state"), "--", "python3",
+                                 "-c", READER)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert warmups == 1  # started by the call, not by the executors' construction
+    # started by the call, not by the executors' construction
+    assert (warmups, trials) == (1, 1)
     lazy: dict[str, Any] = json.loads(done.stdout)["result"]
     eager_run = subprocess.run([sys.executable, "-c", EAGER, str(tmp_path), READER],
                                cwd=tmp_path, env=_env(), capture_output=True, text=True,

@@ -140,3 +140,11 @@ def test_a_run_that_starts_a_process_masks_what_a_warmed_engine_masks(tmp_path: 
                      "prefix": "readable"}, lines
     assert "/etc/shadow" in lazy["out"]["masked"]
     assert sorted(lazy["out"]["masked"]) == sorted(eager["out"]["masked"])
+
+
+def test_warm_ahead_is_the_faces_choice_not_a_configuration_key() -> None:
+    from policy_engine.config import EngineConfig
+
+    assert EngineConfig().warm_ahead is True  # the Python API and servers warm ahead
+    with pytest.raises(ValueError, match="unknown configuration key `warm_ahead`"):
+        EngineConfig.from_mapping({"warm_ahead": False})

@@ -227,6 +227,7 @@ class ProcExecutor:
         # unprivileged and runs it as itself
         self.run_as = self.options.run_as if os.geteuid() == 0 else None
         self._reach_verdicts: dict[tuple[str, tuple[int, int]], bool] = {}  # ``_reachable``
+        self._warm_ahead = warm_ahead
         self._probe_lock = threading.Lock()
         self._probe: _Probe | None = None
         self._refusal: str | None = None  # a subclass's wording of ``unavailable_reason``
@@ -501,11 +502,11 @@ class ProcExecutor:
         twin.run_as, twin.writes_as_owner = ident, True
         return twin
 
-    @staticmethod
-    def _warm() -> None:
-        """Start the system trees' walk if nobody has (``warm_ahead=False``): the plan then
-        waits only for the stored walks' check (``spec.build_plan``); else a no-op."""
-        spec.prewarm()
+    def _warm(self) -> None:
+        """Start the system trees' walk if nobody has (``warm_ahead=False``: without the
+        watches later calls would reuse); the plan then waits only for the stored walks'
+        check (``spec.build_plan``). Else a no-op."""
+        spec.prewarm(watch=self._warm_ahead)
 
     def _plan(self, ctx: ExecContext, op: ProcExecOp, tmpdir: str) -> Plan:
         """The call's sandbox plan (a subclass may widen it: the local runner)."""

@@ -148,3 +148,39 @@ def test_warm_ahead_is_the_faces_choice_not_a_configuration_key() -> None:
     assert EngineConfig().warm_ahead is True  # the Python API and servers warm ahead
     with pytest.raises(ValueError, match="unknown configuration key `warm_ahead`"):
         EngineConfig.from_mapping({"warm_ahead": False})
+
+
+def test_an_unwatched_stored_walk_is_checked_again_by_a_second_plan(tmp_path: Path) -> None:
+    """A one-call process's warm-up checks the stored walks for its first plan and puts no
+    watches; a second plan in it (``spec._await_warmup``) unwatches them first
+    (``listing_store.unwatch_loaded``) and so sees a secret planted after the first check."""
+    import random
+    import time
+
+    from policy_engine.sandbox import listing_store
+    from policy_engine.sandbox.masks import RACY_NS, DirCache, plan_masks
+    from tests.integration.test_mask_rewalk import PATTERNS, fresh, make_tree
+
+    root, state = tmp_path / "tree", tmp_path / "state"
+    root.mkdir()
+    state.mkdir(mode=0o700)
+    dirs = make_tree(root, random.Random(7))
+    time.sleep(RACY_NS / 1e9 + 0.2)  # older than the racy window, as a system tree is
+    cache = DirCache()
+    plan_masks([], [str(root)], list(PATTERNS), "/nonexistent", cache)
+    store = str(state / "walks.bin")
+    listing_store.save(cache, [str(root)], store)
+    for unwatch in (False, True):
+        again = DirCache()
+        listing_store.load(again, store, watch=False)  # the warm-up's check
+        first = plan_masks([], [str(root)], list(PATTERNS), "/nonexistent", again)
+        assert first.files == fresh(root).files
+        planted = dirs[30 + unwatch] / ".env"
+        planted.write_text("planted after the check")
+        if unwatch:
+            assert listing_store.unwatch_loaded(again) >= 1
+        second = plan_masks([], [str(root)], list(PATTERNS), "/nonexistent", again)
+        # left as loaded, the record stands on the first check and misses it: the step is
+        # what makes the second plan look
+        assert (str(planted) in second.files) is unwatch, second.files
+        planted.unlink()

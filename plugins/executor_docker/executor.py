@@ -191,9 +191,11 @@ class DockerExecutor:
 
     def __init__(self, options: DockerOptions | None = None,
                  state_dir: Path | None = None,
-                 mode: Literal["strict", "compat"] = "strict") -> None:
+                 mode: Literal["strict", "compat"] = "strict", warm_ahead: bool = True) -> None:
         """:param state_dir: holds ``docker/projects/`` unless ``options.workspace_root`` is
         set (default ``$POLICY_ENGINE_STATE`` or ``./var``).
+        :param warm_ahead: start the system trees' mask walk now (``EngineConfig.warm_ahead``);
+            else the first call's ``spec.system_masks`` starts it.
         :param mode: the engine's; strict refuses a bound call on a root-owned tree where no
             id-mapped bind can be made, compat runs it with that tree unwritable
             (``identity.py``).
@@ -212,7 +214,7 @@ class DockerExecutor:
         self._cgroups: dict[str, str | None] = {}  # warm container id -> its cgroup (cpu.py)
         self.daemon_cpus = 0  # the daemon's CPU count, read on connecting (0: not yet known)
         self.runtimes = self._check_runtimes()
-        if self.options.system_binds:
+        if self.options.system_binds and warm_ahead:
             spec.prewarm()  # the system trees' mask walk (masks.py), off the first call's path
         if self.runtimes.gvisor is not None:
             self.capabilities = replace(DockerExecutor.capabilities,

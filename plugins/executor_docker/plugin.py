@@ -17,4 +17,5 @@ def policy_engine_executors(config: EngineConfig) -> list[Executor]:
     ``PROVIDER.UNAVAILABLE``.
     """
     options = DockerOptions.parse(config.plugin_options("docker"))
-    return [DockerExecutor(options, state_dir=config.state_dir, mode=config.mode)]
+    return [DockerExecutor(options, state_dir=config.state_dir, mode=config.mode,
+                           warm_ahead=config.warm_ahead)]

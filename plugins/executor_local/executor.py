@@ -68,10 +68,11 @@ class LocalExecutor(ProcExecutor):
     prespawn_at_start = False  # chosen by configuration only: no idle launchers until used
 
     def __init__(self, options: ProcOptions | None = None, *,
-                 mode: Literal["strict", "compat"] = "compat", hidden: Sequence[str] = ()) -> None:
+                 mode: Literal["strict", "compat"] = "compat", hidden: Sequence[str] = (),
+                 warm_ahead: bool = True) -> None:
         """``hidden``: trees kept out of the host view like a mandatory deny (the engine's
         state directory: other tenants' docker workspaces, budgets, evidence)."""
-        super().__init__("landlock", options, mode=mode)
+        super().__init__("landlock", options, mode=mode, warm_ahead=warm_ahead)
         self.hidden = [os.path.abspath(p) for p in hidden]
         self.name = "local"
         if not self.usable:
@@ -83,6 +84,7 @@ class LocalExecutor(ProcExecutor):
             streaming_output=False, mandatory_denies=self.usable)
 
     def _plan(self, ctx: ExecContext, op: ProcExecOp, tmpdir: str) -> Plan:
+        self._warm()  # as ProcExecutor._plan
         plan = build_plan(ctx.profile, op, env_allow=self.options.env_allow,
                           env_base=self.options.env_base, extra_ro=self.options.extra_ro_binds,
                           tmpdir=tmpdir, host_roots=host_roots(self.run_as),

@@ -14,4 +14,4 @@ def policy_engine_executors(config: EngineConfig) -> list[Executor]:
     """Built with the ``proc`` plugin options (one ``run_as``, ``env_allow``, quotas); the
     engine's state directory is kept out of its host view."""
     return [LocalExecutor(ProcOptions.parse(config.plugin_options("proc")), mode=config.mode,
-                          hidden=(str(config.state_dir),))]
+                          hidden=(str(config.state_dir),), warm_ahead=config.warm_ahead)]

@@ -32,12 +32,29 @@ class BwrapProbe:
     reason: str
 
 
+# the binaries (path, identity and modification time) and uids a trial sandbox ran with in
+# this process: an executor made again (every Orchestrator builds its own: a test, a tenant's
+# engine) skips the ~80 ms trial. Only a success is kept, for the same binary file; a later
+# failure (user namespaces switched off since) is the call's error, as it was between probes.
+_PASSED: set[tuple[object, ...]] = set()
+
+
+def binary_key(path: str, *extra: object) -> tuple[object, ...] | None:
+    """``path``'s identity (device, inode, size, mtime) with ``extra``; ``None`` if unreadable."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, *extra)
+
+
 def probe(timeout: float = 10.0, run_as: tuple[int, int] | None = None,
           configured: str | None = None) -> BwrapProbe:
     """Run ``bwrap --unshare-all … true``: installed is not enough (user namespaces, seccomp and
     container runtimes can all forbid it). With ``run_as``, as that uid, as every call will:
     unprivileged user namespaces must work for it. ``configured``: the proc option ``bwrap``
-    (an absolute path) instead of ``bwrap`` on PATH.
+    (an absolute path) instead of ``bwrap`` on PATH. A success is kept for the process
+    (``_PASSED``).
     """
     if configured is None:
         path = shutil.which("bwrap")
@@ -49,6 +66,9 @@ def probe(timeout: float = 10.0, run_as: tuple[int, int] | None = None,
         return BwrapProbe(None, False, f"bwrap is not installed{where} "
                           "(Debian package `bubblewrap`)")
     path = os.path.realpath(path)  # the sandbox uid execs it: no link in a closed directory
+    key = binary_key(path, run_as)
+    if key is not None and key in _PASSED:
+        return BwrapProbe(path, True, "ok")
     try:
         res = subprocess.run(
             [path, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "--new-session",
@@ -65,6 +85,8 @@ def probe(timeout: float = 10.0, run_as: tuple[int, int] | None = None,
                           + res.stderr.decode(errors="replace").strip()[:200]
                           + ("; unprivileged user namespaces must be allowed "
                              "(sysctl user.max_user_namespaces > 0)" if run_as else ""))
+    if key is not None:
+        _PASSED.add(key)
     return BwrapProbe(path, True, "ok")
 
 

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -176,6 +177,16 @@ MAX_HIDDEN_DIRS = 512  # sb_launch.c's MAX_OPENS: masked directories covered by 
 MAX_BINDS = 480  # staged by the launcher too (MAX_OPENS), with room for its own few
 
 
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """Whether a backend runs here, why not, and the binary it runs."""
+
+    ok: bool
+    reason: str
+    bwrap_path: str | None
+    unshare_path: str | None
+
+
 class ProcExecutor:
     """Runs a ProcExecOp (argv, never a shell). ``backend`` picks bubblewrap (namespaces, binds,
     masks; Landlock + seccomp inside as a second layer) or Landlock + seccomp alone.
@@ -188,6 +199,11 @@ class ProcExecutor:
     which runs first in the sandbox's empty network namespace. A ``network_hook`` replaces it.
     The Landlock-only backend has no namespace, and Landlock's TCP rules name ports, not
     addresses, so it refuses ``restricted`` (``CAPABILITY.BLOCKED``).
+
+    ``warm_ahead`` (``EngineConfig.warm_ahead``): start the system trees' mask walk when made
+    (a server: its first call plans in milliseconds); ``False``: the first plan starts it and
+    waits only for the stored walks' check (a one-call CLI command that runs no process never
+    walks at all).
     """
 
     enforces_deadline = True
@@ -199,7 +215,7 @@ class ProcExecutor:
 
     def __init__(self, backend: Backend, options: ProcOptions | None = None, *,
                  network_hook: NetworkHook | None = None, guard: Decider | None = None,
-                 mode: Literal["strict", "compat"] = "strict") -> None:
+                 mode: Literal["strict", "compat"] = "strict", warm_ahead: bool = True) -> None:
         self.backend = backend
         self.mode = mode
         self.name = f"proc-{backend}"
@@ -211,19 +227,12 @@ class ProcExecutor:
         # unprivileged and runs it as itself
         self.run_as = self.options.run_as if os.geteuid() == 0 else None
         self._reach_verdicts: dict[tuple[str, tuple[int, int]], bool] = {}  # ``_reachable``
-        self.bwrap_path: str | None = None
-        self.unshare_path: str | None = None
-        if backend == "bwrap":
-            p = bwrap.probe(run_as=self.run_as, configured=self.options.bwrap)
-            self.bwrap_path, self.usable, self.unavailable_reason = p.path, p.ok, p.reason
-        else:
-            self.usable = self.landlock_abi > 0 and seccomp.supported()
-            self.unavailable_reason = "ok" if self.usable else (
-                "landlock is not enabled in this kernel" if self.landlock_abi <= 0
-                else "no seccomp syscall table for this architecture")
-            if backend == "unshare" and self.usable:
-                u = unshare.probe(self.options.unshare, self.run_as)
-                self.unshare_path, self.usable, self.unavailable_reason = u.path, u.ok, u.reason
+        self._warm_ahead = warm_ahead
+        self._probe_lock = threading.Lock()
+        self._probe: _Probe | None = None
+        self._refusal: str | None = None  # a subclass's wording of ``unavailable_reason``
+        if warm_ahead:
+            self._probed()  # a server knows at its start whether each backend runs here
         self.capabilities = ExecutorCapabilities(
             op_kinds=frozenset({OpKind.PROC_EXEC}),
             network_modes=frozenset({NetworkMode.OFF, NetworkMode.ON}
@@ -232,7 +241,7 @@ class ProcExecutor:
             bind_mounts=backend == "bwrap", readonly_rootfs=True, resource_limits=True,
             env_filtering=True, streaming_output=False, mandatory_denies=True,
         )
-        if self.usable:
+        if warm_ahead and self.usable:
             spec.prewarm()  # the system trees' mask walk, off the call path
         self._pool = cgroups.CgroupPool(max(1, self.options.prespawn)) \
             if self.options.cgroups else None
@@ -240,13 +249,56 @@ class ProcExecutor:
         self._held: prespawn.LauncherPool | None = None
         if self.options.cgroups:
             cgroups.sweep_stale()
-        if self.usable and self.options.launcher == "native":
+        # not warming ahead: the first call probes, builds and holds (``_launcher``)
+        if warm_ahead and self.usable and self.options.launcher == "native":
             if self.prespawn_at_start and backend != "unshare":
                 with contextlib.suppress(PolicyEngineError):  # refused per call, with reason
                     self._launcher()  # build (first run here) before any deadline runs
             else:  # chosen by configuration only: build now, hold launchers from the 1st call
                 cache = self.options.launcher_cache
                 self._native = native.launcher(Path(cache) if cache else None)
+
+    def _probed(self) -> _Probe:
+        """Whether this backend runs here, asked once: bwrap and unshare run a trial sandbox
+        (kept per process for the same binary: ``bwrap.probe``); Landlock and seccomp are
+        kernel facts. Made at construction when warming ahead, else by the first use."""
+        with self._probe_lock:
+            if self._probe is None:
+                self._probe = self._run_probe()
+            return self._probe
+
+    def _run_probe(self) -> _Probe:
+        if self.backend == "bwrap":
+            p = bwrap.probe(run_as=self.run_as, configured=self.options.bwrap)
+            return _Probe(p.ok, p.reason, p.path, None)
+        ok = self.landlock_abi > 0 and seccomp.supported()
+        reason = "ok" if ok else ("landlock is not enabled in this kernel"
+                                  if self.landlock_abi <= 0
+                                  else "no seccomp syscall table for this architecture")
+        if self.backend == "unshare" and ok:
+            u = unshare.probe(self.options.unshare, self.run_as)
+            return _Probe(u.ok, u.reason, None, u.path)
+        return _Probe(ok, reason, None, None)
+
+    @property
+    def usable(self) -> bool:
+        return self._probed().ok
+
+    @property
+    def unavailable_reason(self) -> str:
+        return self._refusal if self._refusal is not None else self._probed().reason
+
+    @unavailable_reason.setter
+    def unavailable_reason(self, reason: str) -> None:
+        self._refusal = reason
+
+    @property
+    def bwrap_path(self) -> str | None:
+        return self._probed().bwrap_path
+
+    @property
+    def unshare_path(self) -> str | None:
+        return self._probed().unshare_path
 
     def available(self) -> bool | str:
         """The executor SPI's probe: ``True``, or the reason this backend cannot run here."""
@@ -450,8 +502,15 @@ class ProcExecutor:
         twin.run_as, twin.writes_as_owner = ident, True
         return twin
 
+    def _warm(self) -> None:
+        """Start the system trees' walk if nobody has (``warm_ahead=False``: without the
+        watches later calls would reuse); the plan then waits only for the stored walks'
+        check (``spec.build_plan``). Else a no-op."""
+        spec.prewarm(watch=self._warm_ahead)
+
     def _plan(self, ctx: ExecContext, op: ProcExecOp, tmpdir: str) -> Plan:
         """The call's sandbox plan (a subclass may widen it: the local runner)."""
+        self._warm()
         return hide_engine_state(ctx, build_plan(
             ctx.profile, op, env_allow=self.options.env_allow, env_base=self.options.env_base,
             extra_ro=self.options.extra_ro_binds, tmpdir=tmpdir))
@@ -596,6 +655,7 @@ class ProcExecutor:
             raise PolicyEngineError(ErrorCode.PROVIDER_UNAVAILABLE,
                                     f"{self.name}: {self.unavailable_reason}")
         private_tmp = None if self.backend == "bwrap" else "/tmp/pe-proc-PREVIEW"
+        self._warm()  # as ``_plan``
         plan = hide_engine_state(ctx, build_plan(
             ctx.profile, op, env_allow=self.options.env_allow, env_base=self.options.env_base,
             extra_ro=self.options.extra_ro_binds, tmpdir=private_tmp or "/tmp", preview=True))

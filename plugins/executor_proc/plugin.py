@@ -18,6 +18,5 @@ from policy_engine.hookspecs import hookimpl
 def policy_engine_executors(config: EngineConfig) -> list[Executor]:
     """Validate ``config.plugin_options("proc")`` first, then construct the backends."""
     options = ProcOptions.parse(config.plugin_options("proc"))
-    return [ProcExecutor("bwrap", options, mode=config.mode),
-            ProcExecutor("landlock", options, mode=config.mode),
-            ProcExecutor("unshare", options, mode=config.mode)]
+    return [ProcExecutor(backend, options, mode=config.mode, warm_ahead=config.warm_ahead)
+            for backend in ("bwrap", "landlock", "unshare")]

@@ -21,6 +21,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from plugins.executor_proc.bwrap import binary_key
+
 NAMESPACES = ("mount", "uts", "ipc", "pid")
 """Always unshared; ``net`` too unless the profile's network is ``on``."""
 ENV = os.path.realpath(shutil.which("env") or "/usr/bin/env")
@@ -71,10 +73,14 @@ def environment(env: dict[str, str]) -> list[str]:
     return [ENV, "-i", "--", *(f"{k}={v}" for k, v in sorted(env.items()))]
 
 
+_PASSED: set[tuple[object, ...]] = set()  # as ``bwrap._PASSED``: successes, per binary
+
+
 def probe(configured: str | None, run_as: tuple[int, int] | None,
           timeout: float = 10.0) -> UnshareProbe:
     """Create every namespace once and start ``true`` in them as the sandbox uid: installed is
-    not enough (seccomp, a container runtime or a disabled user namespace can forbid it)."""
+    not enough (seccomp, a container runtime or a disabled user namespace can forbid it). A
+    success is kept for the process, for the same binaries and uid (``_PASSED``)."""
     path = locate(configured)
     if path is None:
         where = f" at `{configured}` (proc option `unshare`)" if configured else ""
@@ -83,6 +89,9 @@ def probe(configured: str | None, run_as: tuple[int, int] | None,
     true = shutil.which("true") or "/bin/true"
     argv = [*namespace_args(path, network_on=False, run_as=run_as, cwd="/"),
             "--", os.path.realpath(true)]
+    key = binary_key(path, run_as, binary_key(os.path.realpath(true)))
+    if key is not None and key in _PASSED:
+        return UnshareProbe(path, True, "ok")
     try:
         res = subprocess.run(argv, capture_output=True, timeout=timeout, env={}, check=False,
                              cwd="/")
@@ -94,4 +103,6 @@ def probe(configured: str | None, run_as: tuple[int, int] | None,
                "sysctl user.max_user_namespaces > 0)")
         return UnshareProbe(path, False, f"unshare cannot create the namespaces {how}: "
                             + res.stderr.decode(errors="replace").strip()[:200])
+    if key is not None:
+        _PASSED.add(key)
     return UnshareProbe(path, True, "ok")

@@ -45,9 +45,12 @@ def load_or_exit(loader: Callable[[], T]) -> T:
 
 
 def engine_config_or_exit(config_path: Path | None,
-                          state_dir: Path | None = None) -> EngineConfig:
+                          state_dir: Path | None = None, *,
+                          one_call: bool = False) -> EngineConfig:
     """The engine configuration of ``--config`` (defaults without one), ``--state-dir``
-    applied; a malformed file is an error on stderr and exit code 2."""
+    applied; a malformed file is an error on stderr and exit code 2. ``one_call``: the
+    command makes one call (or none) and ends, so its executors do no work ahead for later
+    calls (``EngineConfig.warm_ahead``)."""
     from dataclasses import replace
 
     from policy_engine.config import EngineConfig, load_config
@@ -57,6 +60,8 @@ def engine_config_or_exit(config_path: Path | None,
     except ValueError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
+    if one_call:
+        engine = replace(engine, warm_ahead=False)
     return engine if state_dir is None else replace(engine, state_dir=state_dir.absolute())
 
 

@@ -96,7 +96,7 @@ def _with_backends(config_path: Path, state_dir: Path | None,
         sys.exit(EXIT_BAD_INPUT)
     with tempfile.TemporaryDirectory(prefix="policy-engine-explain-") as tmp:
         real_state = (state_dir.absolute() if state_dir is not None else config.state_dir)
-        config = replace(config, state_dir=Path(tmp))
+        config = replace(config, state_dir=Path(tmp), warm_ahead=False)  # a dry run
         plugins = PluginManager.default()
         plugins.configure(config)
         comps = plugins.components(config)

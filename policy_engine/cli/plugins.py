@@ -68,7 +68,7 @@ def command(config_path: Path | None, fmt: str) -> None:
     An optional plugin whose extra is not installed is listed with its install line (in
     `not_installed`), not an error.
     """
-    config = engine_config_or_exit(config_path)
+    config = engine_config_or_exit(config_path, one_call=True)
     with _errors_not_logged():
         info = describe(PluginManager.default(), config)
     errors = info["load_errors"]

@@ -97,7 +97,7 @@ def command(policies: tuple[Path, ...], manifest: Path | None, grant: Path | Non
     """
     if (request_path is None) == (not argv):
         _bad_input("give exactly one of `--request FILE` or `-- TOOL ARGS...`")
-    config = engine_config_or_exit(config_path, state_dir)
+    config = engine_config_or_exit(config_path, state_dir, one_call=True)
     problem = tracing.configure()  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set
     if problem is not None:
         _bad_input(problem)

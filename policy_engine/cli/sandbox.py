@@ -57,7 +57,7 @@ def _warn_loudly(loaded: LoadedSandboxConfig) -> None:
 def _runner(config_path: Path | None, engine_path: Path | None,
             state_dir: Path | None, confirmation: ConfirmationService | None = None
             ) -> SandboxRunner:
-    engine = engine_config_or_exit(engine_path, state_dir)
+    engine = engine_config_or_exit(engine_path, state_dir, one_call=True)
     loaded = load_sandbox_config(config_path)
     _warn_loudly(loaded)
     return SandboxRunner(loaded, engine=engine, warn=False, confirmation=confirmation)

@@ -182,6 +182,19 @@ def watch_loaded(cache: DirCache) -> int:
     return n
 
 
+def unwatch_loaded(cache: DirCache) -> int:
+    """Instead of ``watch_loaded``, in a process that makes one call (``spec.prewarm``): the
+    walks ``load(watch=False)`` took stop standing on the check made at load, so a later plan
+    checks every stamp of theirs itself (``_WalkRecord.stale``, watching them then), as for a
+    walk loaded without a watcher. Returns how many records it changed."""
+    n = 0
+    for rec in list(cache.walks.values()):
+        if rec.provisional:
+            rec.watched = rec.provisional = False  # toward a check: a plan reading it midway
+            n += 1                                  # checks the stamps, never trusts less
+    return n
+
+
 def save(cache: DirCache, roots: Sequence[str], path: str | None = None,
          *, force: bool = False) -> int:
     """Write ``cache``'s walks of the trees ``roots`` (atomically) when one changed since it was

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from tests.integration.service_server import add_token
 
@@ -69,3 +72,33 @@ def make_setup(root: Path, extra_policy: str = "") -> Setup:
     skills = root / "skills"
     shutil.copytree(REPO / "skills", skills)
     return Setup(root, policy, skills, root / "state")
+
+
+# A shell skill's script that runs until it is stopped, appending to ``name`` in its work
+# directory ten times a second. A cancellation test waits for the file (the process runs),
+# cancels, and then checks that it stopped growing: a process left running keeps writing, so
+# the check fails within a tenth of a second of it, rather than after a fixed sleep longer
+# than a `sleep N && echo late` script's N.
+BEAT_SCRIPT = "while :; do echo . >> {name}; sleep 0.1; done"
+
+
+async def wait_for_beat(state: Path, name: str, timeout_s: float = 60) -> Path:
+    """The heartbeat file ``name`` under ``state``'s project work directories once it has
+    content: the script is running. Fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for found in state.rglob(name):
+            if found.stat().st_size > 0:
+                return found
+        await anyio.sleep(0.05)
+    raise AssertionError(f"no `{name}` under {state} within {timeout_s} s: the script never ran")
+
+
+async def assert_beat_stopped(beat: Path, grace_s: float = 0.5, quiet_s: float = 1.5) -> None:
+    """``beat`` does not grow for ``quiet_s`` (fifteen beats of a running script) from
+    ``grace_s`` on (a kill lagging its end record under load; the `sleep N && echo late` form
+    this replaced let a process live for seconds past it unnoticed)."""
+    await anyio.sleep(grace_s)
+    size = beat.stat().st_size
+    await anyio.sleep(quiet_s)
+    assert beat.stat().st_size == size, f"{beat} still grows: the process was not stopped"

@@ -22,7 +22,13 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from tests.integration.mcp_fixtures import Setup, make_setup
+from tests.integration.mcp_fixtures import (
+    BEAT_SCRIPT,
+    Setup,
+    assert_beat_stopped,
+    make_setup,
+    wait_for_beat,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -170,9 +176,17 @@ def test_a_cancelled_http_call_is_stopped_and_recorded(server: Server) -> None:
 
     async def main() -> None:
         async with connect(server, "red") as client:
-            with anyio.move_on_after(3) as scope:
-                await client.call_tool("skill.shell.run",
-                                       {"script": "sleep 8 && echo late > late-http.txt"})
+            scope = anyio.CancelScope()
+
+            async def call() -> None:
+                with scope:
+                    await client.call_tool(
+                        "skill.shell.run", {"script": BEAT_SCRIPT.format(name="beat-http.txt")})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                beat = await wait_for_beat(Path(setup.state), "beat-http.txt")  # it runs
+                scope.cancel()
             assert scope.cancelled_caught
             deadline = time.monotonic() + 30
             new: list[dict[str, Any]] = []
@@ -182,8 +196,7 @@ def test_a_cancelled_http_call_is_stopped_and_recorded(server: Server) -> None:
                        and r.get("sandbox_error_kind") == "cancelled"]
                 await anyio.sleep(0.2)
             assert len(new) == 1
-            await anyio.sleep(9)
-            assert not list(Path(setup.state).rglob("late-http.txt"))
+            await assert_beat_stopped(beat)  # stopped, not abandoned: it writes no more
 
     anyio.run(main)
 

@@ -18,7 +18,13 @@ import pytest
 from mcp import Client, types
 from mcp.client.stdio import StdioServerParameters
 
-from tests.integration.mcp_fixtures import Setup, make_setup
+from tests.integration.mcp_fixtures import (
+    BEAT_SCRIPT,
+    Setup,
+    assert_beat_stopped,
+    make_setup,
+    wait_for_beat,
+)
 from tests.integration.servers import LoopbackServer, redirect, send
 
 pytestmark = pytest.mark.integration
@@ -156,10 +162,17 @@ def test_malformed_arguments_are_refused_with_a_json_pointer(setup: Setup) -> No
 def test_a_cancelled_long_call_stops_the_process_and_records_it(setup: Setup) -> None:
     async def main() -> None:
         async with connect(setup) as client:
-            started = time.monotonic()
-            with anyio.move_on_after(3) as scope:
-                await client.call_tool("skill.shell.run",
-                                       {"script": "sleep 8 && echo late > late.txt"})
+            scope = anyio.CancelScope()
+
+            async def call() -> None:
+                with scope:
+                    await client.call_tool("skill.shell.run",
+                                           {"script": BEAT_SCRIPT.format(name="beat.txt")})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                beat = await wait_for_beat(setup.state, "beat.txt")  # it runs: cancel it
+                scope.cancel()
             assert scope.cancelled_caught
             # the end record appears once the executor has stopped the container
             deadline = time.monotonic() + 30
@@ -170,11 +183,10 @@ def test_a_cancelled_long_call_stops_the_process_and_records_it(setup: Setup) ->
                 await anyio.sleep(0.2)
             assert len(cancelled) == 1, setup.evidence()
             assert cancelled[0]["status"] == "error"
-            # the process was stopped, not abandoned: past the 8 s it asked for, it wrote
-            # nothing into the work directory it had
-            await anyio.sleep(max(0.0, started + 11 - time.monotonic()))
-            assert list(setup.state.rglob("projects/*/work"))
-            assert not list(setup.state.rglob("late.txt"))
+            # the process was stopped, not abandoned: it writes into the work directory it
+            # had no more
+            assert beat.parent in set(setup.state.rglob("projects/*/work"))
+            await assert_beat_stopped(beat)
             # the session is still usable after the cancellation
             after = await client.call_tool("skill.files.read", {"path": "inputs/hello.txt"})
             assert not after.is_error
@@ -371,15 +383,20 @@ def test_a_cancelled_call_in_a_warm_container_is_killed(setup: Setup, launcher: 
 
     async def main() -> None:
         async with Client(params, read_timeout_seconds=120) as client:
+            # the pooled container's work directory is not the host's: cancel at 3 s, as a
+            # client giving up would
             with anyio.move_on_after(3) as scope:
                 await client.call_tool("skill.shell.run",
-                                       {"script": "sleep 6 && echo late > late.txt"})
+                                       {"script": BEAT_SCRIPT.format(name="beat.txt")})
             assert scope.cancelled_caught
-            # the same session's container: had the first process survived, it would have
-            # written late.txt into this work directory by now
+            # the same session's container: had the first process survived, it would still be
+            # appending to beat.txt in this work directory (absent: it never started)
             after = await client.call_tool("skill.shell.run", {
-                "script": "sleep 6; test -e late.txt && echo present || echo absent"})
+                "script": "test -e beat.txt || { echo absent; exit 0; }; "
+                          "sleep 0.5; a=$(wc -c < beat.txt); sleep 1.5; b=$(wc -c < beat.txt); "
+                          "test \"$a\" = \"$b\" && echo stopped || echo \"grew from $a to $b\""})
             assert not after.is_error, after
-            assert after.structured_content["stdout"] == "absent\n", after.structured_content
+            assert after.structured_content["stdout"] in ("stopped\n", "absent\n"), \
+                after.structured_content
 
     anyio.run(main)

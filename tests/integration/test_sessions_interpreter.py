@@ -54,11 +54,15 @@ def sessions(env: tuple[Sessions, OrchestratorPool, Path]) -> Sessions:
     return env[0]
 
 
-def _interpreters() -> set[int]:
+def _interpreters(sessions: Sessions) -> set[int]:
+    """The live interpreters working in ``sessions``' workspaces: other tests (other workers)
+    start and end interpreters of their own meanwhile, which are not this test's to count."""
     found = set()
+    root = f"{sessions.root}/"
     for pid in os.listdir("/proc"):
         try:
-            if MARK in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if MARK in Path(f"/proc/{pid}/cmdline").read_bytes() and \
+                    _cwd(int(pid)).startswith(root):
                 found.add(int(pid))
         except (OSError, ValueError):
             continue
@@ -103,7 +107,7 @@ def _run(sessions: Sessions, sid: str, code: str, **kw: Any) -> RunCodeResult:
 def test_state_survives_calls_each_decided_and_recorded_per_session(sessions: Sessions) -> None:
     a = sessions.create("acme", "alice", security_mode="permissive")
     b = sessions.create("acme", "alice", security_mode="permissive")
-    before = _interpreters()
+    before = _interpreters(sessions)
     calls = [_run(sessions, a.session_id, "import json\nx = 41\n"
                   "def twice(v):\n    return 2 * v\nclass Box:\n    n = 7"),
              _run(sessions, a.session_id, "x += 1\nprint(twice(x), json.dumps([Box.n]))")]
@@ -111,7 +115,7 @@ def test_state_survives_calls_each_decided_and_recorded_per_session(sessions: Se
     assert calls[1].stdout == "84 [7]\n", calls[1]
     assert calls[0].interpreter == {"generation": 1, "fresh": True, "state_lost": None}
     assert calls[1].interpreter == {"generation": 1, "fresh": False, "state_lost": None}
-    mine = _interpreters() - before
+    mine = _interpreters(sessions) - before
     assert mine, "a live interpreter process between calls"
     # a plain call is its own process; another session has its own interpreter
     assert not sessions.run_code("acme", "alice", a.session_id, "print(x)").success
@@ -122,7 +126,7 @@ def test_state_survives_calls_each_decided_and_recorded_per_session(sessions: Se
     assert "    print(x)" in other.stderr
     assert other.interpreter is not None
     assert other.interpreter["fresh"] is True
-    assert _interpreters() - before - mine, "session b runs its own interpreter process"
+    assert _interpreters(sessions) - before - mine, "session b runs its own interpreter process"
     records = _evidence(sessions)
     for call in [*calls, other]:
         rec = records[call.exec_id]
@@ -138,15 +142,15 @@ def test_state_survives_calls_each_decided_and_recorded_per_session(sessions: Se
 def test_a_timeout_kills_the_interpreter_and_the_next_call_says_the_state_was_lost(
         sessions: Sessions) -> None:
     s = sessions.create("acme", "alice", security_mode="permissive")
-    before = _interpreters()
+    before = _interpreters(sessions)
     assert _run(sessions, s.session_id, "x = 1").success
-    live = _interpreters() - before
+    live = _interpreters(sessions) - before
     assert live
     slow = _run(sessions, s.session_id, "import time\nprint('started', flush=True)\n"
                 "time.sleep(30)", timeout=1)
     assert slow.error_code == "LLM.TIMEOUT", slow
     assert "state is lost" in (slow.error or "")
-    assert not live & _interpreters(), "the timed-out interpreter is gone"
+    assert not live & _interpreters(sessions), "the timed-out interpreter is gone"
     rec = _evidence(sessions)[slow.exec_id]
     assert rec["end"]["status"] == "error"
     assert rec["end"]["error_code"] == "LLM.TIMEOUT"
@@ -208,7 +212,7 @@ def test_restart_on_request_and_a_profile_change_restart_the_interpreter(
     assert moved.interpreter["generation"] == 3
     # and the new interpreter runs under the new limits: its cgroup's memory.max
     caps = set()
-    for pid in _interpreters():
+    for pid in _interpreters(sessions):
         for group in _cgroups(pid):
             for name in ("memory.max", "memory.limit_in_bytes"):
                 with contextlib.suppress(OSError):
@@ -235,7 +239,7 @@ def test_a_denied_call_never_reaches_the_interpreter(sessions: Sessions) -> None
 def test_an_exec_streams_and_its_cancel_kills_the_interpreter(sessions: Sessions) -> None:
     execs = SessionExecs(sessions)
     s = sessions.create("acme", "alice", security_mode="permissive")
-    before = _interpreters()
+    before = _interpreters(sessions)
     assert _run(sessions, s.session_id, "y = 5").success
     job = execs.start("acme", "alice", s.session_id,
                       "import time\nfor i in range(100):\n    print('tick', i, flush=True)\n"
@@ -244,12 +248,12 @@ def test_an_exec_streams_and_its_cancel_kills_the_interpreter(sessions: Sessions
     while not any("tick 1" in c.text for c in list(job.chunks)):
         assert time.monotonic() < deadline, "streamed output while the call runs"
         time.sleep(0.02)
-    live = _interpreters() - before
+    live = _interpreters(sessions) - before
     assert live
     done = execs.cancel("acme", "alice", s.session_id, job.exec_id)
     assert done.status == "cancelled"
     assert done.result is not None
-    assert not live & _interpreters(), "the cancelled interpreter is gone"
+    assert not live & _interpreters(sessions), "the cancelled interpreter is gone"
     rec = _evidence(sessions)[done.result.exec_id]
     assert set(rec) == {"begin", "end"}
     assert rec["end"]["status"] == "error"
@@ -260,11 +264,11 @@ def test_an_exec_streams_and_its_cancel_kills_the_interpreter(sessions: Sessions
 
 
 def test_nothing_of_the_interpreter_survives_the_session(sessions: Sessions) -> None:
-    before = _interpreters()
+    before = _interpreters(sessions)
     s = sessions.create("acme", "alice", security_mode="permissive")
     assert _run(sessions, s.session_id, "import platform\n"
                 "platform.os.system('sleep 300 &')\nz = 1").success
-    mine = _interpreters() - before
+    mine = _interpreters(sessions) - before
     assert mine
     groups = {g for pid in mine for g in _cgroups(pid)}
     assert groups, "the interpreter runs in its own cgroup"
@@ -272,7 +276,7 @@ def test_nothing_of_the_interpreter_survives_the_session(sessions: Sessions) -> 
     assert len(procs) > len(mine), "the backgrounded sleeper is in the interpreter's cgroup"
     ended = sessions.delete("acme", "alice", s.session_id)
     assert ended["interpreter_killed"], ended
-    assert not mine & _interpreters()
+    assert not mine & _interpreters(sessions)
     for pid in procs:  # every process of its cgroup is gone (the sleeper too)
         assert not Path(f"/proc/{pid}").exists() or \
             Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", pid
@@ -284,13 +288,13 @@ def test_nothing_of_the_interpreter_survives_the_session(sessions: Sessions) -> 
 
 
 def test_ttl_expiry_ends_the_interpreter(sessions: Sessions) -> None:
-    before = _interpreters()
+    before = _interpreters(sessions)
     s = sessions.create("acme", "alice", ttl_s=1, security_mode="permissive")
     assert _run(sessions, s.session_id, "w = 1").success
-    mine = _interpreters() - before
+    mine = _interpreters(sessions) - before
     assert mine
     deadline = time.monotonic() + 10
-    while mine & _interpreters():
+    while mine & _interpreters(sessions):
         assert time.monotonic() < deadline, "the reaper ended the expired session's interpreter"
         time.sleep(0.1)
     # the interpreter can be gone (killed, reaped) a moment before the reaper has written the
@@ -391,7 +395,7 @@ def test_a_malformed_frame_kills_the_interpreter_as_a_crash(sessions: Sessions) 
     assert _run(sessions, s.session_id, "kept = 1").success
     # this session's interpreter only: other tests (other xdist workers) run theirs beside it
     work = str(sessions.workspace(s))
-    before = {p for p in _interpreters() if _cwd(p).startswith(work)}
+    before = {p for p in _interpreters(sessions) if _cwd(p).startswith(work)}
     assert before, "the session's interpreter is running"
     # a header announcing 1 GiB: the engine never reads that far, it kills the interpreter
     broken = _run(sessions, s.session_id, "import platform, struct\n"
@@ -403,7 +407,7 @@ def test_a_malformed_frame_kills_the_interpreter_as_a_crash(sessions: Sessions) 
                   "import time\ntime.sleep(30)", timeout=20)
     assert broken.error_code == "TOOL.EXECUTION_FAILED", broken
     assert "malformed frame" in (broken.error or "")
-    assert not before & _interpreters()
+    assert not before & _interpreters(sessions)
     after = _run(sessions, s.session_id, "print('kept' in dir())")
     assert after.stdout == "False\n"
     assert after.interpreter is not None

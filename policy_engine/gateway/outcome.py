@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,9 +87,9 @@ class Called:
         rest = b"," + _compact(tail)[1:] if tail else b"}"
         # pydantic renders the models straight to bytes (no dict, no json.dumps); the same
         # members, in the same order, as ``head_json``
-        return b"".join((b'{"result":', o.result.model_dump_json().encode(),
+        return b"".join((b'{"result":', o.result.__pydantic_serializer__.to_json(o.result),
                          b',"decision":', _decision_json(o.decision),
-                         b',"envelope_id":', _compact(o.envelope_id),
+                         b',"envelope_id":', _string(o.envelope_id),
                          b',"evidence":', o.end.json_bytes(), rest))
 
     def _extras(self) -> dict[str, Any]:
@@ -164,3 +165,11 @@ _COMPACT = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(","
 def _compact(value: object) -> bytes:
     """What starlette's ``JSONResponse`` renders for ``value``."""
     return _COMPACT.encode(value).encode()
+
+
+def _string(value: str) -> bytes:
+    """``_compact`` of a string: the encoder's own string step, without its set-up (a str
+    subclass or a lone surrogate goes the whole way, for its exact answer)."""
+    if type(value) is not str or not value.isascii():
+        return _compact(value)
+    return encode_basestring(value).encode()

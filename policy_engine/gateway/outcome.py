@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from json.encoder import encode_basestring
 from dataclasses import dataclass
+from json.encoder import encode_basestring
+from operator import is_, itemgetter
 from typing import Any
 
 from policy_engine.confirm.broker import Asked, needs_consent
@@ -129,6 +130,8 @@ def _decision_json(decision: Decision) -> bytes:
 _AROUND: dict[tuple[int, ...],
               tuple[tuple[object, ...], tuple[bytes, bytes] | bool | None]] = {}
 _MARK = b"0pe0mark0"  # plain ASCII: rendered as it is, once, where the hash goes
+# a decision's fields but the hash, in one C call (a generator over ``__dict__`` cost ≈ 1 µs)
+_OTHERS = itemgetter(*(name for name in Decision.model_fields if name != "profile_hash"))
 
 
 def _restamped_json(decision: Decision) -> bytes | None:
@@ -139,10 +142,10 @@ def _restamped_json(decision: Decision) -> bytes | None:
     if decision.decision != "allow" or type(phash) is not str or \
             not (phash.isascii() and phash.isalnum()):
         return None
-    others = tuple(v for k, v in decision.__dict__.items() if k != "profile_hash")
+    others = _OTHERS(decision.__dict__)
     key = tuple(map(id, others))
     kept = _AROUND.get(key)
-    if kept is None or not all(a is b for a, b in zip(kept[0], others, strict=True)):
+    if kept is None or not all(map(is_, kept[0], others)):
         if len(_AROUND) >= _DECISIONS_MAX:
             _AROUND.clear()  # a cache, not a limit
         _AROUND[key] = (others, None)  # the entry holds the objects: their ids stay theirs

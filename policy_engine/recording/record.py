@@ -48,6 +48,7 @@ from policy_engine.model import (
     Profile,
     Settings,
 )
+from policy_engine.model.grant_json import grant_dump
 
 SEAL_KEY_FILE = Path("keys") / "replay-seal.key"
 PLACEHOLDER = "redacted"
@@ -216,7 +217,7 @@ def replay_block(envelope_id: str, op: ExecOp, grant: Grant, manifest: Manifest,
         withheld["context"] = dict(context)
     block: dict[str, Any] = {
         "v": 1, "op": view, "now_ms": now_ms,
-        "grant": grant.model_dump(mode="json", exclude_none=True),
+        "grant": grant_dump(grant),
         "manifest": _dumped(manifest),
         "settings": _dumped(settings) if settings else None,
         "overrides": _dumped(overrides) if overrides else None,

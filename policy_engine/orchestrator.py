@@ -314,7 +314,8 @@ class Orchestrator:
             annotations: Mapping[str, Any] | None = None,
             consent: ConsentHook | None = None,
             on_output: Callable[[str, bytes], None] | None = None,
-            via: Callable[[Executor], Executor] | None = None) -> RunOutcome:
+            via: Callable[[Executor], Executor] | None = None,
+            on_caller: str | None = None) -> RunOutcome:
         """Run ``op`` for ``grant`` under ``manifest``; never raises for a refusal or failure:
         those come back as ``RunOutcome.result.ok == False`` with a registry code.
 
@@ -329,13 +330,17 @@ class Orchestrator:
         :param via: given the selected executor, the one that runs the decided op in its place
             (a stateful session's live interpreter inside that executor's sandbox); the
             decision, selection, budget and evidence are the call's as ever.
+        :param on_caller: the ``root_fs`` for which the caller asked :meth:`runs_on_caller`
+            of this op's kind just before, in this thread, and was told yes: when the run
+            selects that same backend for that root, it runs the op in this thread without
+            asking the mount table a second time (``run_with_deadline``'s ``inline``).
         """
         with tracing.span("policy_engine.run", {"policy_engine.op": str(op.kind),
                                                 "policy_engine.tenant": grant.tenant}) as sp:
             outcome = self._run(grant, manifest, op, settings=settings, overrides=overrides,
                                 context=context, cancel=cancel, now_ms=now_ms,
                                 annotations=annotations, consent=consent,
-                                on_output=on_output, via=via)
+                                on_output=on_output, via=via, on_caller=on_caller)
             if sp.is_recording():
                 sp.set_attributes({**tracing.decision_attributes(outcome.decision),
                                    "policy_engine.status": outcome.end.status,
@@ -349,7 +354,8 @@ class Orchestrator:
              now_ms: int | None, annotations: Mapping[str, Any] | None,
              consent: ConsentHook | None,
              on_output: Callable[[str, bytes], None] | None,
-             via: Callable[[Executor], Executor] | None = None) -> RunOutcome:
+             via: Callable[[Executor], Executor] | None = None,
+             on_caller: str | None = None) -> RunOutcome:
         started = time.perf_counter()
         now = now_ms if now_ms is not None else self._clock()
         envelope = self._ids()
@@ -444,9 +450,14 @@ class Orchestrator:
             # at once (docs/operations.md "Evidence: one append for contained reads")
             if not contained:
                 self._write_begin(begin)
+            # the caller's yes stands for this run when it chose the backend that yes was
+            # about (``runs_on_caller``: kept per kind) for the same root
+            inline = on_caller is not None and contained and \
+                on_caller == profile.mappings.root_fs and \
+                self._contained.get(kind) is sel.executor
             return self._execute(begin, decision, profile, op, started, sel, key, limits,
                                  guard, cancel, on_output, via, begun=not contained,
-                                 late=slot if late else None)
+                                 late=slot if late else None, inline=inline)
         finally:
             slot.release()
 
@@ -455,7 +466,8 @@ class Orchestrator:
                  guard: GuardLike, cancel: CancelToken | None,
                  on_output: Callable[[str, bytes], None] | None = None,
                  via: Callable[[Executor], Executor] | None = None, *,
-                 begun: bool = True, late: Slot | None = None) -> RunOutcome:
+                 begun: bool = True, late: Slot | None = None,
+                 inline: bool = False) -> RunOutcome:
         """Steps 6 and 7: charge the call (before, or when the executor starts), run, end.
 
         :param begun: the begin record is written (else ``_finish`` writes it with the end).
@@ -515,7 +527,7 @@ class Orchestrator:
         self.metrics.observe_exec(kind, profile)
         with tracing.span("policy_engine.execute", {"policy_engine.backend": sel.backend}):
             attempt = run_with_deadline(sel.executor if via is None else via(sel.executor),
-                                        ctx, op, cancel)
+                                        ctx, op, cancel, inline=inline and via is None)
         if refused_late and not ctx.has_started:
             # answered as a slot refused before the run is (nothing ran, nothing charged)
             return self._finish(begin, decision, profile, op, started, err=refused_late[0],

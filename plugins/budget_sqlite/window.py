@@ -33,6 +33,20 @@ PROBE = 64
 _SLOT = struct.Struct("<16sqq")  # key digest, window, count
 SIZE = SLOTS * _SLOT.size
 _EMPTY = bytes(16)
+# key -> (digest, home slot): a service charges one key per tenant on every request
+_NAMED: dict[str, tuple[bytes, int]] = {}
+_NAMED_MAX = 4096
+
+
+def _named(key: str) -> tuple[bytes, int]:
+    found = _NAMED.get(key)
+    if found is None:
+        digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
+        found = (digest, int.from_bytes(digest[:4], "little") % SLOTS)
+        if len(_NAMED) >= _NAMED_MAX:
+            _NAMED.clear()  # a cache, not a limit
+        _NAMED[key] = found
+    return found
 
 
 class Full(Exception):
@@ -73,8 +87,7 @@ class SharedWindows:
         :raises Full: no slot for ``key``
         :raises OSError: the file cannot be used
         """
-        digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
-        home = int.from_bytes(digest[:4], "little") % SLOTS
+        digest, home = _named(key)
         with self._lock:
             table = self._open()
             lock_whole(self._fd, fcntl.LOCK_EX, SIZE, self.path)  # truncated: OSError, not SIGBUS

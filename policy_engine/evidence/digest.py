@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from json.encoder import encode_basestring
 from typing import Any
 
 from pydantic import BaseModel
@@ -46,7 +47,41 @@ def canonical_json(value: Any) -> bytes:
     executor's output never makes the evidence fail."""
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
+    elif type(value) is dict and len(value) == 7 and value.keys() == _READ_KEYS:
+        read = _read_json(value)
+        if read is not None:
+            return read.encode("utf-8", "surrogatepass")
     return _CANONICAL.encode(value).encode("utf-8", "surrogatepass")
+
+
+# the fs executor's read result (``out``), the output digested on every fs.read: its sorted
+# members written out, each value by the encoder's own step for its type (a string by
+# ``encode_basestring``, an int by its repr), so the text is the encoder's to the byte, in
+# ≈ 1.3 µs against ≈ 3 µs (the C encoder sets up and sorts per call); any other type, or a
+# subclass, goes the encoder's way
+_READ_KEYS = frozenset({"bytes_b64", "digest", "offset", "path", "preview_truncated",
+                        "resolver", "size"})
+_DIGEST_KEYS = frozenset({"algo", "b64", "size"})
+_READ_JSON = ('{"bytes_b64":%s,"digest":{"algo":%s,"b64":%s,"size":%d},"offset":%d,'
+              '"path":%s,"preview_truncated":%s,"resolver":%s,"size":%d}')
+
+
+def _read_json(out: dict[str, Any]) -> str | None:
+    digest = out["digest"]
+    if type(digest) is not dict or digest.keys() != _DIGEST_KEYS:
+        return None
+    texts = (out["bytes_b64"], digest["algo"], digest["b64"], out["path"], out["resolver"])
+    numbers = (digest["size"], out["offset"], out["size"])
+    truncated = out["preview_truncated"]
+    if set(map(type, texts)) != _STR or set(map(type, numbers)) != _INT or \
+            type(truncated) is not bool:
+        return None
+    b64s, algo, b64, path, resolver = map(encode_basestring, texts)
+    return _READ_JSON % (b64s, algo, b64, numbers[0], numbers[1], path,
+                         "true" if truncated else "false", resolver, numbers[2])
+
+
+_STR, _INT = {str}, {int}
 
 
 def digest_json(value: Any) -> Digest:

@@ -49,6 +49,8 @@ class Call:
     cancel: CancelToken | None = None
     on_output: Callable[[str, bytes], None] | None = None  # streamed stdout/stderr
     via: Callable[[Executor], Executor] | None = None  # runs the decided op (Orchestrator.run)
+    # the root_fs ``runs_on_caller`` just said yes for, in this thread (Orchestrator.run)
+    on_caller: str | None = None
 
 
 class Gateway:
@@ -102,7 +104,8 @@ class Gateway:
             outcome = orch.run(call.grant, call.manifest, call.op, settings=call.settings,
                                overrides=call.overrides, context=call.context or None,
                                cancel=call.cancel, annotations=call.annotations,
-                               consent=consent, on_output=call.on_output, via=call.via)
+                               consent=consent, on_output=call.on_output, via=call.via,
+                               on_caller=call.on_caller)
             asked = box[0] if box else None
             self.broker.record(asked, outcome.envelope_id)
             called = Called(outcome, asked, refusal_of(outcome, asked))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
+from binascii import b2a_base64
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -27,7 +27,8 @@ class Digest(BaseModel):
     def of(data: bytes) -> Digest:
         # assembled: both values are made here, of their fields' types (≈ 1 µs a digest)
         return assembled(Digest, {"algo": "sha256",
-                                  "b64": base64.b64encode(hashlib.sha256(data).digest()).decode(),
+                                  "b64": b2a_base64(hashlib.sha256(data).digest(),
+                                                    newline=False).decode(),
                                   "size": len(data)}, _DIGEST_GIVEN)
 
 
@@ -85,7 +86,9 @@ class _Rendered(BaseModel):
         return rendered
 
     def _render(self) -> bytes:
-        return self.model_dump_json().encode()
+        # the serializer's own bytes: ``model_dump_json()`` decodes them to a str, which
+        # ``.encode()`` made bytes again (the same bytes)
+        return self.__pydantic_serializer__.to_json(self)
 
     def __eq__(self, other: object) -> bool:
         # the rendering is a cache, not part of the record: two equal records are equal
@@ -131,7 +134,7 @@ class EvidenceBegin(_Rendered):
         # walks a ``dict[str, Any]`` more slowly inside the model than alone (≈ 1.3 µs a
         # record; docs/benchmarks.md "Thirteenth pass"); the same bytes
         d = self.__dict__
-        head = self.model_dump_json(exclude=_BEGIN_FREE).encode()
+        head = self.__pydantic_serializer__.to_json(self, exclude=_BEGIN_FREE)
         return b"".join((head[:-1], b',"replay":', _free(d["replay"]), b',"shadow":',
                          _free(d["shadow"]), b',"annotations":', _free(d["annotations"]), b"}"))
 
@@ -177,8 +180,9 @@ class EvidenceEnd(_Rendered):
                d["timeout_ms"])
         kept = _DECIDED.get(key)
         if kept is not None and kept[0] is rule and kept[1] is limits:
-            return self.model_dump_json(exclude=_END_DECIDED).encode()[:-1] + kept[2]
-        whole = self.model_dump_json().encode()
+            return self.__pydantic_serializer__.to_json(
+                self, exclude=_END_DECIDED)[:-1] + kept[2]
+        whole = self.__pydantic_serializer__.to_json(self)
         # the last `,"decision":` is the member's: a string cannot hold the sequence unescaped
         # and nothing after the member (rule, limits) has a key of that name
         cut = whole.rfind(b',"decision":')
@@ -194,8 +198,11 @@ _BEGIN_FREE: set[str] = {"replay", "shadow", "annotations"}  # never changed
 _FREE_JSON: TypeAdapter[dict[str, Any] | None] = TypeAdapter(dict[str, Any] | None)
 
 
+_FREE_TO_JSON = _FREE_JSON.serializer.to_json  # ``dump_json`` less its Python frame
+
+
 def _free(value: dict[str, Any] | None) -> bytes:
-    return b"null" if value is None else _FREE_JSON.dump_json(value)
+    return b"null" if value is None else _FREE_TO_JSON(value)
 
 
 _END_DECIDED: set[str] = {"decision", "rule", "policy_version_hash", "reason", "limits",

@@ -261,7 +261,7 @@ class SqliteRevocationList:
                 if state != self._seen:
                     self._refresh(state)
                 if self._keys is not None:
-                    return any(k in self._keys for k in keys)
+                    return not self._keys.isdisjoint(keys)
         marks = ",".join("?" * len(keys))
         rows = self._execute(f"SELECT 1 FROM revocations WHERE key IN ({marks}) LIMIT 1", keys)
         return bool(rows)

@@ -107,7 +107,8 @@ _WORKERS = _Workers()
 
 
 def run_with_deadline(executor: Executor, ctx: ExecContext, op: ExecOp,
-                      cancel: CancelToken | None, *, grace_s: float = 1.0) -> Attempt:
+                      cancel: CancelToken | None, *, grace_s: float = 1.0,
+                      inline: bool = False) -> Attempt:
     """Call ``executor.execute(ctx, op)`` in a worker thread and wait until it returns, the
     deadline ``ctx.deadline`` passes (``LLM.TIMEOUT``) or ``cancel`` fires.
 
@@ -121,14 +122,16 @@ def run_with_deadline(executor: Executor, ctx: ExecContext, op: ExecOp,
     the caller passed no cancel token: a thread handoff costs ~1 ms of scheduling latency on a
     busy host, and there is nothing for a watching thread to do. So does a call its executor's
     ``stops_by_itself(kind, root_fs)`` vouches for (the fs executor's reads and listings on
-    local file systems).
+    local file systems). ``inline``: the caller asked ``stops_by_itself`` of this executor, kind
+    and root just before, in this thread, and was told yes (``Orchestrator.run``'s
+    ``on_caller``): not asked again.
 
     Cancellation maps to ``TOOL.EXECUTION_FAILED`` with reason "cancelled": the registry has no
     cancel code, ``LLM.TIMEOUT`` would tell retry logic and dashboards a deadline fired when none
     did, and "the call did not complete, retrying may succeed" is what EXECUTION_FAILED means.
     """
-    if cancel is None and stops_by_itself(executor, OpKind(op.kind),
-                                          ctx.profile.mappings.root_fs):
+    if cancel is None and (inline or stops_by_itself(executor, OpKind(op.kind),
+                                                     ctx.profile.mappings.root_fs)):
         return _run_inline(executor, ctx, op)
     box: dict[str, object] = {}
     done = threading.Event()

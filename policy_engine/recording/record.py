@@ -36,6 +36,8 @@ from policy_engine.model import (
     BrowserScreenshotOp,
     Capability,
     ExecOp,
+    FsListOp,
+    FsReadOp,
     FsWriteOp,
     Grant,
     Manifest,
@@ -46,6 +48,7 @@ from policy_engine.model import (
     Profile,
     Settings,
 )
+from policy_engine.model.grant_json import grant_dump
 
 SEAL_KEY_FILE = Path("keys") / "replay-seal.key"
 PLACEHOLDER = "redacted"
@@ -114,6 +117,9 @@ def public_literals(profile: Profile | None) -> frozenset[str]:
 
 def op_view(op: ExecOp, literals: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The op as replay sees it, and what was withheld from it (for the sealed copy)."""
+    data = _plain_fs(op)
+    if data is not None:  # a read or listing: nothing to withhold
+        return data, {}
     data = op.model_dump(mode="json")
     withheld: dict[str, Any] = {}
     if isinstance(op, FsWriteOp):
@@ -133,6 +139,26 @@ def op_view(op: ExecOp, literals: Iterable[str]) -> tuple[dict[str, Any], dict[s
         data["env"] = dict.fromkeys(sorted(op.env), PLACEHOLDER)
         data["stdin_b64"] = _payload(op.stdin_b64)
     return data, withheld
+
+
+_NUMBERS = {FsReadOp: ("offset", "len"), FsListOp: ("depth",)}
+_SCALARS = (int, type(None))
+
+
+def _plain_fs(op: ExecOp) -> dict[str, Any] | None:
+    """``op.model_dump(mode="json")`` of a read or listing whose fields hold exactly the
+    validated types (str kind and path, int or None numbers): its fields, in order, are that
+    dump; ``None`` for any other op."""
+    numbers = _NUMBERS.get(type(op))
+    if numbers is None:
+        return None
+    fields = op.__dict__
+    if type(fields["kind"]) is not str or type(fields["path"]) is not str:
+        return None
+    for name in numbers:
+        if type(fields[name]) not in _SCALARS:
+            return None
+    return dict(fields)
 
 
 def seal(key: bytes, envelope_id: str, payload: Mapping[str, Any]) -> str:
@@ -191,7 +217,7 @@ def replay_block(envelope_id: str, op: ExecOp, grant: Grant, manifest: Manifest,
         withheld["context"] = dict(context)
     block: dict[str, Any] = {
         "v": 1, "op": view, "now_ms": now_ms,
-        "grant": grant.model_dump(mode="json", exclude_none=True),
+        "grant": grant_dump(grant),
         "manifest": _dumped(manifest),
         "settings": _dumped(settings) if settings else None,
         "overrides": _dumped(overrides) if overrides else None,

@@ -318,11 +318,12 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         # rendered directly: FastAPI's generic encoder costs ~8x the decision itself
         return JSONResponse(decision(body, who, explain))
 
-    def run_call(body: CallBody, who: Principal) -> Response:
+    def run_call(body: CallBody, who: Principal, on_caller: str | None = None) -> Response:
         context = check_call(who, body)
         called = engine_box[0].gateway.run(Call(
             body.grant, manifest_of(body), body.op, settings=config.op_settings,
-            overrides=body.overrides, context=context, identity=(who.tenant, who.subject)))
+            overrides=body.overrides, context=context, identity=(who.tenant, who.subject),
+            on_caller=on_caller))
         r = called.refusal
         if r is None:
             return Response(called.to_json_bytes(), media_type="application/json")
@@ -338,9 +339,13 @@ def create_app(config: ServiceConfig, opened: Engine | None = None) -> FastAPI:
         return root_fs is not None and not networked and \
             engine_box[0].gateway.runs_on_caller(OpKind(body.op.kind), root_fs, body.op)
 
+    def run_on_loop(body: CallBody, who: Principal) -> Response:
+        # ``on_loop`` said yes just now: the run does not ask the mount table again
+        return run_call(body, who, root_fs)
+
     # the ordinary decide and ops calls skip FastAPI's per-request machinery (fastpath.py)
     app.state.fast_routes = FastRoutes(admit=admission, decide=decision, run=run_call,
-                                       on_loop=on_loop)
+                                       on_loop=on_loop, run_on_loop=run_on_loop)
 
     @app.post("/v1/ops", tags=["decisions"], responses=OP_RESPONSES)
     def run_op(body: CallBody, who: Who) -> Response:

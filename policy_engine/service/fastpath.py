@@ -81,12 +81,15 @@ class FastRoutes:
         the thread pool; raises ``ServiceError`` as the route does).
     :param on_loop: whether ``run`` of this body may run on the event loop (it waits on
         nothing but local memory and files, and stops by its deadline by itself).
+    :param run_on_loop: ``run`` of a body ``on_loop`` just said yes for (``run`` if not
+        given): the run need not ask its own backend's check again.
     """
 
     admit: Callable[[str | None], Awaitable[Principal]]
     decide: Callable[[DecideBody, Principal, View], dict[str, Any]]
     run: Callable[[CallBody, Principal], Response]
     on_loop: Callable[[CallBody], bool] = lambda _: False
+    run_on_loop: Callable[[CallBody, Principal], Response] | None = None
 
 
 class FastPath:
@@ -152,8 +155,10 @@ class FastPath:
                 if call_body is None:
                     await self.app({**scope, ADMITTED: who}, replay, send)
                     return
-                response = self.routes.run(call_body, who) if self.routes.on_loop(call_body) \
-                    else await run_in_threadpool(self.routes.run, call_body, who)
+                routes = self.routes
+                response = (routes.run_on_loop or routes.run)(call_body, who) \
+                    if routes.on_loop(call_body) \
+                    else await run_in_threadpool(routes.run, call_body, who)
         except ServiceError as exc:
             response = error_response(exc)
         except PolicyRefusal as exc:

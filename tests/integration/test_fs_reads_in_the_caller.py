@@ -199,3 +199,56 @@ def test_only_a_small_read_or_listing_runs_on_the_loop(tmp_path: Path) -> None:
         gateway = Gateway(orch)
         assert gateway.runs_on_caller(OpKind.FS_READ, str(root), FsReadOp(path=str(small)))
         assert not gateway.runs_on_caller(OpKind.FS_READ, str(root), FsReadOp(path=str(big)))
+
+
+def test_the_callers_yes_stands_for_the_run_it_was_asked_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`/v1/ops` asks ``runs_on_caller`` and runs at once (``on_caller``): the run does not
+    read the mount table a second time, but only for the root the yes was about (and the
+    backend, kept per kind); every other run asks for itself, as before."""
+    from policy_engine.model import Grant, Manifest, Settings
+    from tests.integration.service_server import grant, manifest
+
+    root = tmp_path / "root"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "hello.txt").write_text("hello\n")
+    policy = tmp_path / "p.sbpolicy"
+    policy.write_text(POLICY.format(root=root, ws=root / "ws"))
+    asked: list[str] = []
+    real = FsExecutor.stops_by_itself
+
+    def counted(self: FsExecutor, kind: OpKind, root_fs: str) -> bool:
+        asked.append(root_fs)
+        return real(self, kind, root_fs)
+
+    monkeypatch.setattr(FsExecutor, "stops_by_itself", counted)
+    here = threading.current_thread().name
+    ran: list[str] = []
+    real_execute = FsExecutor.execute
+
+    def noted(self: FsExecutor, ctx: ExecContext, op: Any) -> ExecResult:
+        ran.append(threading.current_thread().name)
+        return real_execute(self, ctx, op)
+
+    monkeypatch.setattr(FsExecutor, "execute", noted)
+    g = Grant.model_validate(grant("acme", "agent:1", root))
+    m = Manifest.model_validate(manifest(root))
+    op = FsReadOp(path=f"{root}/data/hello.txt")
+    with Orchestrator(compile_files([policy]), config=EngineConfig(
+            state_dir=tmp_path / "state")) as orch:
+
+        def run(on_caller: str | None) -> None:
+            out = orch.run(g, m, op, settings=Settings(root_fs=str(root)), on_caller=on_caller)
+            assert out.result.ok, out.result
+            assert out.result.out["size"] == 6
+
+        assert orch.runs_on_caller(OpKind.FS_READ, str(root))
+        assert asked == [str(root)]
+        run(str(root))
+        assert asked == [str(root)]  # the yes stood: not asked again
+        assert ran == [here]
+        run(None)  # no yes given: the run asks for itself
+        assert asked == [str(root)] * 2
+        run(str(root / "data"))  # a yes about another root than the profile's
+        assert asked == [str(root)] * 3
+        assert ran == [here] * 3

@@ -11,13 +11,15 @@ from policy_engine.model import (
     BrowserNavOp,
     BrowserScreenshotOp,
     ExecOp,
+    FsListOp,
+    FsReadOp,
     FsWriteOp,
     Grant,
     Manifest,
     NetHttpOp,
     ProcExecOp,
 )
-from policy_engine.recording.record import replay_block, unseal, url_shape
+from policy_engine.recording.record import op_view, replay_block, unseal, url_shape
 from policy_engine.replay.engine import Unreplayable, rebuild_op
 
 M = "mk-7c1e9a"  # every withheld value carries it
@@ -93,3 +95,25 @@ def test_withheld_arguments_are_unreplayable_without_a_sealed_copy() -> None:
                         context=None, now_ms=5, seal_key=None)["op"]
     assert view["bytes_b64"] == {"invalid_base64": True}
     assert rebuild_op(view, {}).model_dump()["bytes_b64"] == "!"
+
+
+class _Path(str):
+    """A str subclass where a path is expected (a caller's ``model_construct``)."""
+
+
+@pytest.mark.parametrize("op", [
+    FsReadOp(path="/w/a.txt"), FsReadOp(path="/w/é \"q\".txt", offset=3, len=10),
+    FsListOp(path="/w"), FsListOp(path="/w", depth=0),
+    FsReadOp.model_construct(path=_Path("/w/sub")),  # not the validated type: the long way
+    FsReadOp.model_construct(path="/w/b", offset=True),  # a bool is no int here
+], ids=["read", "read-all-fields", "list", "list-depth-0", "str-subclass", "bool-offset"])
+def test_a_read_or_listing_is_shown_as_its_dump(op: FsReadOp | FsListOp) -> None:
+    """The op view of a read or listing is taken from its fields (no dump per call): the same
+    value, member order and JSON as ``model_dump(mode="json")``, nothing withheld."""
+    view, withheld = op_view(op, ())
+    dumped = op.model_dump(mode="json")
+    assert view == dumped
+    assert list(view) == list(dumped)
+    assert withheld == {}
+    assert json.dumps(view) == json.dumps(dumped)
+    assert all(type(v) is type(dumped[k]) for k, v in view.items())

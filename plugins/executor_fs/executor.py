@@ -137,6 +137,12 @@ class FsExecutor:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
                                     state.reason("path", normalized),
                                     audit={"rule": ENGINE_STATE_ID})
+        write = op.kind == "fs.write"
+        tree = state.tree(normalized, write=write) if state is not None else None
+        if state is not None and tree is not None:  # the engine's other trees, as the guard
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+                                    state.tree_reason("path", normalized, tree, write=write),
+                                    audit={"rule": ENGINE_STATE_ID})
         rule = mandatory_denied(ctx.profile, normalized)
         if rule is not None:
             raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,

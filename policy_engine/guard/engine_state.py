@@ -14,17 +14,30 @@ act: ``<state_dir>/run_code/`` (the session runtime's, ``gateway/sessions.py``) 
 A workspace configured elsewhere inside the state directory (``--workspace STATE/other``) is
 refused like the rest of it: keep workspaces at their default names or outside.
 
+The same rule keeps the engine's other trees from the agent (outsider attack 38): an ``fs``
+op is performed by the engine itself, as the engine's uid, so a file it writes for the agent
+passes every "only this user wrote it" check the engine makes of its own files. Refused to
+every guarded op: the engine's cache directory (``enginedirs.engine_cache_dir``: the parser's
+tables, a pickle the next command loads; the stored mask walks a one-call command trusts; the
+native launcher). Refused to ``fs.write``: the trees a proc sandbox may never write either
+(``enginedirs.protected_trees``: the launcher cache, the engine's configuration directory,
+login hooks, the engine's code and the Python it runs from).
+
 The fact is the engine's, never a document's: the orchestrator builds its guard with
 ``config.state_dir`` (``Guard(state_dir=...)``), so the run, ``/v1/decide`` and ``explain
---config`` decide on the same guard or one built the same way.
+--config`` decide on the same guard or one built the same way; the other trees are read from
+the engine process's environment (``HOME``, ``XDG_CACHE_HOME``, ``XDG_CONFIG_HOME``,
+``POLICY_ENGINE_STATE``) when the guard is made, as the proc executor reads them.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from policy_engine.guard.paths import quote
 from policy_engine.model import RuleRef
+from policy_engine.sandbox import enginedirs
 
 ENGINE_STATE_ID = "builtin:engine-state"
 ENGINE_STATE_RULE = RuleRef(id=ENGINE_STATE_ID, file="<builtin>", line=0, column=0)
@@ -39,13 +52,28 @@ class EngineState:
     through a symlink): the guard compares resolved paths, and the path as the op wrote it.
     """
 
-    __slots__ = ("roots", "prefixes", "open")
+    __slots__ = ("roots", "prefixes", "open", "trees", "tree_roots", "tree_prefixes",
+                 "write_trees", "write_roots", "write_prefixes")
 
-    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str],
+                 env: Mapping[str, str] | None = None) -> None:
         spelt = os.path.normpath(os.path.abspath(os.fspath(state_dir)))
         self.roots: tuple[str, ...] = tuple(dict.fromkeys((spelt, os.path.realpath(spelt))))
         self.prefixes = tuple(r.rstrip("/") + "/" for r in self.roots)
         self.open = tuple(f"{p}{w}/" for p in self.prefixes for w in WORKSPACES)
+        env = os.environ if env is None else env
+        cache = enginedirs.engine_cache_dir(env)
+        # (root, what): every spelling the guard may compare (as written, resolved)
+        self.trees: tuple[tuple[str, str], ...] = tuple(
+            (r, "the engine's cache (its parser tables, stored mask walks, native launcher)")
+            for r in dict.fromkeys((cache, os.path.realpath(cache))))
+        written = [(p, w) for t, w in enginedirs.protected_trees(env, realpath=_spelt)
+                   for p in dict.fromkeys((t, os.path.realpath(t)))]
+        self.write_trees: tuple[tuple[str, str], ...] = tuple(written)
+        self.tree_roots = frozenset(r for r, _ in self.trees)
+        self.write_roots = frozenset(r for r, _ in self.write_trees)
+        self.tree_prefixes = tuple(r.rstrip("/") + "/" for r, _ in self.trees)
+        self.write_prefixes = tuple(r.rstrip("/") + "/" for r, _ in self.write_trees)
 
     def covers(self, path: str) -> bool:
         """Whether ``path`` (absolute, normalized) is the state dir or beneath it, and not
@@ -59,3 +87,28 @@ class EngineState:
         """The public reason of a refusal of ``path`` (``what``: the op's field)."""
         return (f"{what} {quote(path)} is in the engine's state directory (evidence, keys, "
                 f"tokens), which no policy opens (`{ENGINE_STATE_ID}`)")
+
+    def tree(self, path: str, *, write: bool) -> str | None:
+        """Which engine tree ``path`` (absolute, normalized) is or lies in, or ``None``: the
+        cache for every op, the trees of ``protected_trees`` for a write too."""
+        # one C-level ``startswith`` over each tuple first: this runs on every fs decision
+        if path.startswith(self.tree_prefixes) or path in self.tree_roots:
+            return _which(self.trees, path)
+        if write and (path.startswith(self.write_prefixes) or path in self.write_roots):
+            return _which(self.write_trees, path)
+        return None
+
+    def tree_reason(self, what: str, path: str, tree: str, *, write: bool) -> str:
+        """The public reason of a refusal of ``path`` in an engine tree (``tree``: which)."""
+        act = "writes to" if write else "opens"
+        return (f"{what} {quote(path)} is in {tree}, which no policy {act}: the engine "
+                f"would load or run what an agent left there (`{ENGINE_STATE_ID}`)")
+
+
+def _which(trees: tuple[tuple[str, str], ...], path: str) -> str:
+    return next(w for r, w in trees if path == r or path.startswith(r.rstrip("/") + "/"))
+
+
+def _spelt(path: str) -> str:
+    """``protected_trees``' paths as spelt (``EngineState`` adds the resolved spelling)."""
+    return os.path.normpath(os.path.abspath(path))

@@ -27,6 +27,18 @@ def launcher_cache_dir(env: Mapping[str, str]) -> str:
     return os.path.abspath(os.path.join(xdg, "policy-engine", "bin"))
 
 
+def engine_cache_dir(env: Mapping[str, str]) -> str:
+    """``$POLICY_ENGINE_STATE/cache``, else ``$XDG_CACHE_HOME/policy-engine`` (``~/.cache``):
+    the parser's tables (a pickle, ``dsl/grammar_cache.py``) and the stored mask walks
+    (``sandbox/listing_store.py``); without ``$POLICY_ENGINE_STATE`` it holds the launcher
+    cache too. Both modules spell the same place (a test keeps the three equal)."""
+    state = env.get("POLICY_ENGINE_STATE")
+    if state:
+        return os.path.abspath(os.path.join(os.path.expanduser(state), "cache"))
+    xdg = env.get("XDG_CACHE_HOME") or os.path.join(_home(env), ".cache")
+    return os.path.abspath(os.path.join(xdg, "policy-engine"))
+
+
 def config_home(env: Mapping[str, str]) -> str:
     """``$XDG_CONFIG_HOME`` when absolute, else ``~/.config``."""
     xdg = env.get("XDG_CONFIG_HOME")
@@ -91,6 +103,7 @@ def protected_trees(env: Mapping[str, str], extra: Iterable[tuple[str, str]] = (
     ``openat2`` probe per path on its call path)."""
     conf = config_home(env)
     out = [(launcher_cache_dir(env), "the engine's native launcher cache"),
+           (engine_cache_dir(env), "the engine's cache (parser tables, stored mask walks)"),
            (os.path.join(conf, "policy-engine"), "the engine's configuration directory")]
     hooks = [os.path.join(conf, h) for h in LOGIN_HOOKS]
     hooks += [os.path.join(_home(env), h) for h in HOME_HOOKS]

@@ -126,3 +126,84 @@ def test_the_fs_executor_refuses_it_as_a_second_line(tmp_path: Path) -> None:
     assert "engine's state directory" in exc.value.reason
     ok = FsExecutor(FsOptions()).execute(ctx, FsReadOp(path=f"{state}/run_code/s1/a.txt"))
     assert ok.ok
+
+
+def _home_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Profile]:
+    """An agent rooted at a home directory, permitted to read, list and write all of it."""
+    home = tmp_path / "home"
+    for d in (".cache/policy-engine/bin", ".cache/pip", ".config/policy-engine", ".local/bin",
+              "notes"):
+        (home / d).mkdir(parents=True)
+    for var in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "POLICY_ENGINE_STATE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    caps = tuple(permit(k, fs(k, f"{home}/**")) for k in ("fs.read", "fs.write", "fs.list"))
+    return home, make_profile(capabilities=caps, root_fs=str(home), tmp_dir=str(home / "tmp"))
+
+
+@pytest.mark.parametrize("trace", [False, True])
+def test_the_engines_cache_and_the_trees_it_runs_are_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trace: bool) -> None:
+    """Outsider attack 38: an fs op runs as the engine's uid, so what it writes in the engine's
+    cache (the parser's pickle, the stored mask walks, the launcher) or the trees the engine or
+    the next login runs passes every "only this user wrote it" check. Refused whatever the
+    policy permits; the cache to every op, the others to writes."""
+    home, profile = _home_world(tmp_path, monkeypatch)
+    guard = Guard(state_dir=tmp_path / "state")
+    cache = home / ".cache" / "policy-engine"
+    refused = [_write(cache / "sbpolicy-grammar-0.lark"), _write(cache / "mask-walks-py311.bin"),
+               _write(cache / "bin" / "sb_launch-0"), _write(cache),
+               FsReadOp(path=str(cache / "mask-walks-py311.bin")), FsListOp(path=str(cache)),
+               _write(home / ".config" / "policy-engine" / "sandbox.json"),
+               _write(home / ".local" / "bin" / "ls"),
+               _write(home / ".config" / "autostart" / "x.desktop")]
+    for op in refused:
+        d = guard.decide(profile, op, now_ms=NOW, trace=trace)
+        assert d.code == BLOCKED, (op, d)
+        assert d.rule is not None
+        assert d.rule.id == ENGINE_STATE_ID, (op, d)
+        assert "no policy" in (d.reason or ""), d
+    allowed = [_write(home / ".cache" / "pip" / "x"), _write(home / "notes" / "a.txt"),
+               FsReadOp(path=str(home / ".config" / "policy-engine" / "sandbox.json")),
+               FsListOp(path=str(home / ".cache"))]
+    (home / ".config" / "policy-engine" / "sandbox.json").write_text("{}")
+    for op in allowed:
+        assert guard.decide(profile, op, now_ms=NOW, trace=trace).allowed, op
+    # a pure policy guard (no engine: tests, analysis) refuses none of it
+    assert Guard().decide(profile, refused[0], now_ms=NOW).allowed
+
+
+def test_the_fs_executor_refuses_the_engines_trees_as_a_second_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home, profile = _home_world(tmp_path, monkeypatch)
+    guard = Guard(state_dir=tmp_path / "state")
+    ex = FsExecutor(FsOptions())
+    launcher = home / ".cache" / "policy-engine" / "bin" / "sb_launch-0"
+    ctx = ExecContext(profile=profile, deadline=time.monotonic() + 10, guard=guard)
+    with pytest.raises(PolicyEngineError) as exc:  # an executor asked directly, guard skipped
+        ex.execute(ctx, _write(launcher))
+    assert exc.value.code.value == BLOCKED
+    assert "native launcher" in exc.value.reason or "engine's cache" in exc.value.reason
+    assert not launcher.exists()
+
+
+def test_the_three_spellings_of_the_engine_cache_agree(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    """The guard refuses ``enginedirs.engine_cache_dir``; the parser cache and the walk store
+    each spell the same directory (a lower floor cannot import enginedirs)."""
+    import os
+
+    from policy_engine.dsl import grammar_cache
+    from policy_engine.sandbox import enginedirs, listing_store
+    for env in ({"HOME": str(tmp_path / "h")},
+                {"HOME": str(tmp_path / "h"), "XDG_CACHE_HOME": str(tmp_path / "xdg")},
+                {"HOME": str(tmp_path / "h"), "POLICY_ENGINE_STATE": str(tmp_path / "st")}):
+        for var in ("XDG_CACHE_HOME", "POLICY_ENGINE_STATE", listing_store.DISABLE_ENV):
+            monkeypatch.delenv(var, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        expected = enginedirs.engine_cache_dir(os.environ)
+        assert str(grammar_cache.cache_dir()) == expected
+        store = listing_store.store_path()
+        assert store is not None
+        assert os.path.dirname(store) == expected

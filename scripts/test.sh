@@ -55,11 +55,12 @@ source scripts/lib/runsc.sh; ensure_runsc
 # the shared-state plugins (issue 18) run against real servers on loopback
 source scripts/lib/redis.sh; ensure_redis
 source scripts/lib/postgres.sh; ensure_postgres
-# most tests wait on child processes, sandboxes, containers and servers: two workers on two
-# cores pay; a file's tests stay together on one worker (tests/conftest.py, docs/testing.md)
+# most tests wait on child processes, sandboxes, containers and servers: three workers on two
+# cores fill what two leave idle; a file's tests stay together on one worker (tests/conftest.py,
+# docs/testing.md "In parallel")
 wait "$bytecode_pid" || echo "(warming the bytecode failed: var/bytecode.log; the suite compiles as it goes)"
 echo "== pytest"; tests=0
-python3 -m pytest -q -p no:cacheprovider -n "${PE_TEST_WORKERS:-2}" \
+python3 -m pytest -q -p no:cacheprovider -n "${PE_TEST_WORKERS:-3}" \
   --dist loadgroup --no-loadscope-reorder --durations=30 "$@" || tests=$?
 echo "== mypy --strict"; typed=0; wait "$mypy_pid" || typed=$?; cat var/mypy.log
 if [ "$tests" -ne 0 ]; then exit "$tests"; fi

@@ -47,6 +47,28 @@ def _cli(home: Path, cwd: Path, *args: str, **extra: str) -> subprocess.Complete
                           capture_output=True, text=True, timeout=180, check=False)
 
 
+def _documents(tmp_path: Path, home: Path, tool: str, args_rule: str) -> list[str]:
+    """A policy, manifest and grant letting the agent write the home's caches and run ``tool``;
+    the ``run`` arguments naming them."""
+    caches = f"{home}/.cache/**"
+    (tmp_path / "p.sbpolicy").write_text(
+        'policy "t/a38" version "1.0.0"\n'
+        "defaults { timeout 30s }\n"
+        f'permit "tool-caches" fs.write paths ["{caches}"]\n'
+        f'permit "tool" proc.exec tool "{tool}" args {args_rule}\n'
+        "require consent when `false`\n")
+    perms = [{"kind": "fs.write", "paths": [caches]}, {"kind": "proc.exec", "tool": tool}]
+    (tmp_path / "m.json").write_text(json.dumps({
+        "name": "w", "version": "1.0.0", "permissions": perms,
+        "side_effects": ["Write", "Process"], "safety_class": "Low"}))
+    (tmp_path / "g.json").write_text(json.dumps({
+        "tenant": "t", "subject_id": "agent:w", "tool_name": "w", "call_id": "c1",
+        "capabilities": perms, "expires_at": 4_102_444_800_000}))
+    return ["run", "--policy", str(tmp_path / "p.sbpolicy"),
+            "--manifest", str(tmp_path / "m.json"), "--grant", str(tmp_path / "g.json"),
+            "--state-dir", str(tmp_path / "st"), "--format", "json"]
+
+
 def test_attack38_fs_write_cannot_plant_the_engines_parser_cache(tmp_path: Path) -> None:
     home, ws = tmp_path / "home", tmp_path / "ws"
     home.mkdir()
@@ -103,23 +125,7 @@ def test_attack38_fs_write_cannot_replace_the_native_launcher(tmp_path: Path) ->
     home, ws = tmp_path / "home", tmp_path / "ws"
     home.mkdir()
     ws.mkdir()
-    caches = f"{home}/.cache/**"
-    (tmp_path / "p.sbpolicy").write_text(
-        'policy "t/a38" version "1.0.0"\n'
-        "defaults { timeout 30s }\n"
-        f'permit "tool-caches" fs.write paths ["{caches}"]\n'
-        'permit "py" proc.exec tool "python3" args ["-c", /.*/]\n'
-        "require consent when `false`\n")
-    perms = [{"kind": "fs.write", "paths": [caches]}, {"kind": "proc.exec", "tool": "python3"}]
-    (tmp_path / "m.json").write_text(json.dumps({
-        "name": "w", "version": "1.0.0", "permissions": perms,
-        "side_effects": ["Write", "Process"], "safety_class": "Low"}))
-    (tmp_path / "g.json").write_text(json.dumps({
-        "tenant": "t", "subject_id": "agent:w", "tool_name": "w", "call_id": "c1",
-        "capabilities": perms, "expires_at": 4_102_444_800_000}))
-    run = ["run", "--policy", str(tmp_path / "p.sbpolicy"), "--manifest", str(tmp_path / "m.json"),
-           "--grant", str(tmp_path / "g.json"), "--state-dir", str(tmp_path / "st"),
-           "--format", "json"]
+    run = _documents(tmp_path, home, "python3", '["-c", /.*/]')
     hello = [*run, "--", "python3", "-c", "print('hello')"]
 
     before = json.loads(_cli(home, ws, *hello).stdout)["result"]
@@ -167,23 +173,7 @@ def test_attack38_fs_write_cannot_forge_the_stored_mask_walk(tmp_path: Path) -> 
         for p, mode in ((prefix, 0o755), (prefix / "share", 0o755), (secret, 0o644)):
             os.chmod(p, mode)
         time.sleep(2.5)  # older than the racy window: a listing made sooner is never trusted
-        caches = f"{home}/.cache/**"
-        (tmp_path / "p.sbpolicy").write_text(
-            'policy "t/a38" version "1.0.0"\n'
-            "defaults { timeout 30s }\n"
-            f'permit "tool-caches" fs.write paths ["{caches}"]\n'
-            'permit "cat" proc.exec tool "cat" args [/.*/]\n'
-            "require consent when `false`\n")
-        perms = [{"kind": "fs.write", "paths": [caches]}, {"kind": "proc.exec", "tool": "cat"}]
-        (tmp_path / "m.json").write_text(json.dumps({
-            "name": "w", "version": "1.0.0", "permissions": perms,
-            "side_effects": ["Write", "Process"], "safety_class": "Low"}))
-        (tmp_path / "g.json").write_text(json.dumps({
-            "tenant": "t", "subject_id": "agent:w", "tool_name": "w", "call_id": "c1",
-            "capabilities": perms, "expires_at": 4_102_444_800_000}))
-        run = ["run", "--policy", str(tmp_path / "p.sbpolicy"),
-               "--manifest", str(tmp_path / "m.json"), "--grant", str(tmp_path / "g.json"),
-               "--state-dir", str(tmp_path / "st"), "--format", "json"]
+        run = _documents(tmp_path, home, "cat", "[/.*/]")
         extra = {"PYTHONHOME": str(prefix)}
 
         before = json.loads(_cli(home, ws, *run, "--", "cat", str(secret), **extra).stdout)

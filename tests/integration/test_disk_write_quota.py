@@ -27,7 +27,12 @@ PYTHON = "/usr/bin/python3"
 BACKENDS = ["bwrap", "bwrap-python", "landlock", "unshare", "local"]
 MiB = 1 << 20
 QUOTA = 8 * MiB
-ATTEMPT = 160  # files of 1 MiB - 1 (under the 1 MiB per-file cap): 160 MiB if nothing stops it
+ATTEMPT = 320  # files of 1 MiB - 1 (under the 1 MiB per-file cap): 320 MiB if nothing stops it
+# How far past the quota a kill may land here. The watchdog samples every 10 ms, so on a quiet
+# host a page-cache writer overshoots by ~10 MB; the suite runs three workers on two cores, and
+# a late sample let a writer reach 90 MiB (docs/operations.md, "Disk: a call's write quota"):
+# the bound says the kill came near the quota, far below everything (ATTEMPT).
+OVERSHOOT = 16 * QUOTA
 WRITER = textwrap.dedent("""
     import os, sys
     where, count = sys.argv[1], int(sys.argv[2])
@@ -96,8 +101,8 @@ def test_many_files_past_the_quota_are_killed_and_refused(
     assert err.value.code is ErrorCode.BUDGET_EXCEEDED, err.value
     assert "disk write quota exceeded" in str(err.value)
     assert f"{QUOTA}-byte `disk_write`" in str(err.value)
-    # killed near the quota, not after writing everything (160 MiB) or sleeping 20 s
-    assert _on_disk(world / "out" / "w") < 6 * QUOTA
+    # killed near the quota, not after writing everything (320 MiB) or sleeping 20 s
+    assert _on_disk(world / "out" / "w") < OVERSHOOT
     assert time.monotonic() - started < 15
 
 

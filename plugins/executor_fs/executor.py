@@ -138,9 +138,8 @@ class FsExecutor:
                                     state.reason("path", normalized),
                                     audit={"rule": ENGINE_STATE_ID})
         write = op.kind == "fs.write"
-        tree = state.tree(normalized, write=write) if state is not None else None
-        if state is not None and tree is not None:  # the engine's other trees, as the guard
-            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,
+        if state is not None and (tree := state.tree(normalized, write=write)):
+            raise PolicyEngineError(ErrorCode.CAPABILITY_BLOCKED,  # its other trees, as the guard
                                     state.tree_reason("path", normalized, tree, write=write),
                                     audit={"rule": ENGINE_STATE_ID})
         rule = mandatory_denied(ctx.profile, normalized)

@@ -209,13 +209,12 @@ def resolve(s: Call) -> Decision | None:
             hit = path if state.covers(path) else \
                 s.written if s.written is not None and state.covers(s.written) else None
             if hit is not None:
-                return _engine_state(s, "path", hit)
+                return _engine_state(s, state.reason("path", hit))
             # the engine's other trees (its cache; for a write, what it or a login runs)
             write = kind == "fs.write"
-            if (tree := state.tree(path, write=write)) is not None:
-                return _engine_tree(s, "path", path, tree, write)
-            if s.written is not None and (tree := state.tree(s.written, write=write)):
-                return _engine_tree(s, "path", s.written, tree, write)
+            for spelt in (path, s.written):
+                if spelt is not None and (tree := state.tree(spelt, write=write)):
+                    return _engine_state(s, state.tree_reason("path", spelt, tree, write=write))
         if kind == "fs.write" and not inside:
             return _deny(s.phash, _BLOCKED,
                          f"write to {quote(path)} is outside the fs root and the tmp dir",
@@ -237,37 +236,24 @@ def resolve(s: Call) -> Decision | None:
         if state is not None:
             if cwd is not None and (state.covers(cwd) or guard.facts is None and
                                     state.covers(os.path.realpath(cwd))):
-                return _engine_state(s, "cwd", cwd)
-            if kind == "tmp.alloc" and (state.covers(s.cp.tmp_dir) or guard.facts is None and
-                                        state.covers(os.path.realpath(s.cp.tmp_dir))):
-                return _engine_state(s, "tmp dir", s.cp.tmp_dir)
-            if kind == "tmp.alloc" and (tree := state.tree(s.cp.tmp_dir, write=True) or (
-                    state.tree(os.path.realpath(s.cp.tmp_dir), write=True)
-                    if guard.facts is None else None)):
-                return _engine_tree(s, "tmp dir", s.cp.tmp_dir, tree, True)
+                return _engine_state(s, state.reason("cwd", cwd))
+            if kind == "tmp.alloc":
+                tmp = s.cp.tmp_dir  # its real path too, unless the facts are declared
+                spellings = (tmp,) if guard.facts is not None else (tmp, os.path.realpath(tmp))
+                if any(state.covers(p) for p in spellings):
+                    return _engine_state(s, state.reason("tmp dir", tmp))
+                tree = next((t for p in spellings if (t := state.tree(p, write=True))), None)
+                if tree is not None:
+                    return _engine_state(s, state.tree_reason("tmp dir", tmp, tree, write=True))
     if s.tr is not None:
         s.tr.step("resolve", "pass", detail=_describe(s.rv, s.path))
     return None
 
 
-def _engine_state(s: Call, what: str, path: str) -> Decision:
-    """The refusal of a path in the engine's state directory (``engine_state.py``): a
-    mandatory deny, answered as the mandatory forbids answer (``CAPABILITY_BLOCKED``)."""
-    state = s.guard.engine_state
-    assert state is not None  # INVARIANT: called only when the guard has a state dir
-    reason = state.reason(what, path)
-    if s.tr is not None:
-        s.tr.step("resolve", "pass", detail=_describe(s.rv, s.path))
-        s.tr.step("forbid", "match", ENGINE_STATE_RULE, reason)
-    return _deny(s.phash, _BLOCKED, reason, ENGINE_STATE_RULE, s.tr)
-
-
-def _engine_tree(s: Call, what: str, path: str, tree: str, write: bool) -> Decision:
-    """The refusal of a path in one of the engine's other trees (``engine_state.py``): the
-    same mandatory deny and rule as the state directory's."""
-    state = s.guard.engine_state
-    assert state is not None  # INVARIANT: called only when the guard has a state dir
-    reason = state.tree_reason(what, path, tree, write=write)
+def _engine_state(s: Call, reason: str) -> Decision:
+    """The refusal of a path in the engine's state directory or its other trees
+    (``engine_state.py``): a mandatory deny, answered as the mandatory forbids answer
+    (``CAPABILITY_BLOCKED``)."""
     if s.tr is not None:
         s.tr.step("resolve", "pass", detail=_describe(s.rv, s.path))
         s.tr.step("forbid", "match", ENGINE_STATE_RULE, reason)

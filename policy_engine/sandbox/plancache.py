@@ -32,7 +32,6 @@ import errno
 import os
 import select
 import stat
-import struct
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -47,6 +46,8 @@ from policy_engine.sandbox.watch import (
     IN_SELF,
     MASK,
     Watcher,
+    open_inotify,
+    pending_events,
 )
 
 # a file's own: its link count reaches no watch of its directory (fsnotify_link_count)
@@ -59,7 +60,6 @@ MAX_WATCHES = 8192
 MAX_NAMES = 100_000
 """Past either (a service binding a new workspace per call adds a name or a watch each time)
 the cache starts over, empty, with a new inotify instance: bounded, never stale."""
-_EVENT = struct.Struct("iIII")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +103,11 @@ class PlanCache:
         self._mountinfo: Any = None
         self._mount_table = b""
         self._poll: Any = None
+        made = open_inotify()
+        if made is None:
+            return
+        self._fd, self._add = made
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            self._add = libc.inotify_add_watch
-            self._add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
-            self._fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
             self._mountinfo = open("/proc/self/mountinfo", "rb")  # noqa: SIM115 - held open
             self._mount_table = self._mountinfo.read()
             self._poll = select.poll()
@@ -130,21 +130,8 @@ class PlanCache:
 
     def _drain(self) -> None:
         """Count every pending event that concerns a kept plan (caller holds the lock)."""
-        while True:
-            try:
-                data = os.read(self._fd, 65536)
-            except BlockingIOError:
-                break
-            except OSError:
-                self.close()
-                return
-            if not data:
-                break
-            off = 0
-            while off + _EVENT.size <= len(data):
-                wd, mask, _cookie, length = _EVENT.unpack_from(data, off)
-                name = data[off + _EVENT.size:off + _EVENT.size + length].rstrip(b"\0")
-                off += _EVENT.size + length
+        try:
+            for wd, mask, name in pending_events(self._fd):
                 d = self._paths.get(wd)
                 if mask & IN_Q_OVERFLOW or d is None:
                     self._count()
@@ -158,6 +145,9 @@ class PlanCache:
                     counted = self._counted.get(d, set())
                     if ALL in counted or os.fsdecode(name) in counted:
                         self._count()
+        except OSError:
+            self.close()
+            return
         if self._poll is not None and self._poll.poll(0) and self._mountinfo is not None:
             # a change since the last look; the same table again (a call's id-mapped mount,
             # made and gone: owner.py) is no change: the same mounts give the same view

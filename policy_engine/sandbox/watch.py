@@ -18,7 +18,7 @@ import errno
 import os
 import struct
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 IN_NAMES = 0x100 | 0x200 | 0x40 | 0x80  # CREATE, DELETE, MOVED_FROM, MOVED_TO
 IN_SELF = 0x400 | 0x800  # DELETE_SELF, MOVE_SELF
@@ -29,6 +29,41 @@ IN_NONBLOCK, IN_CLOEXEC = 0o4000, 0o2000000
 MASK = IN_NAMES | IN_SELF | IN_ATTRIB | IN_ONLYDIR | IN_DONT_FOLLOW
 _EVENT = struct.Struct("iIII")
 MAX_LOG = 100_000
+AddWatch = Callable[[int, bytes, int], int]
+
+
+def open_inotify() -> tuple[int, AddWatch] | None:
+    """A non-blocking, close-on-exec inotify descriptor and libc's ``inotify_add_watch``
+    (a negative answer sets ``ctypes.get_errno()``); ``None`` where there is none."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        add = libc.inotify_add_watch
+        add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
+        fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+    except (OSError, AttributeError):
+        return None
+    return (fd, add) if fd >= 0 else None
+
+
+def pending_events(fd: int) -> Iterator[tuple[int, int, bytes]]:
+    """Every event queued on the inotify ``fd`` now, as (watch, mask, name: empty for the
+    watched directory itself), read until the descriptor would block.
+
+    :raises OSError: a read failed (the caller gives the descriptor up).
+    """
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        if not data:
+            return
+        off = 0
+        while off + _EVENT.size <= len(data):
+            wd, mask, _cookie, length = _EVENT.unpack_from(data, off)
+            start = off + _EVENT.size
+            off = start + length
+            yield wd, mask, data[start:off].rstrip(b"\0")
 
 
 class Watcher:
@@ -44,15 +79,9 @@ class Watcher:
         self._watched: set[str] = set()
         self._paths: dict[int, str] = {}
         self._fd = -1
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            self._add = libc.inotify_add_watch
-            self._add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
-            fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-        except (OSError, AttributeError):
-            return
-        if fd >= 0:
-            self._fd, self.usable = fd, True
+        made = open_inotify()
+        if made is not None:
+            (self._fd, self._add), self.usable = made, True
 
     @property
     def fd(self) -> int:
@@ -112,48 +141,39 @@ class Watcher:
                 self._invalidate()
             return
         with self._lock:
-            while True:
-                try:
-                    data = os.read(self._fd, 65536)
-                except BlockingIOError:
-                    break
-                except OSError:
-                    self.usable = False
-                    self._invalidate()
-                    break
-                if not data:
-                    break
-                self._parse(data)
+            try:
+                for wd, mask, name in pending_events(self._fd):
+                    self._event(wd, mask, name)
+            except OSError:
+                self.usable = False
+                self._invalidate()
             if len(self._log) > MAX_LOG:
                 self._invalidate()
 
-    def _parse(self, data: bytes) -> None:
-        off = 0
-        while off + _EVENT.size <= len(data):
-            wd, mask, _cookie, length = _EVENT.unpack_from(data, off)
-            off += _EVENT.size + length
-            if mask & IN_IGNORED:
-                gone = self._paths.pop(wd, None)
-                if gone is not None:
-                    self._watched.discard(gone)
-                continue
-            if mask & IN_ATTRIB and length:
-                continue  # an entry's chmod/chown/utime: its listing is unchanged
-            path = self._paths.get(wd)
-            if mask & IN_Q_OVERFLOW or path is None:
-                self._invalidate()
-                continue
-            if mask & IN_SELF:
-                # a watched directory deleted or moved: its parent (watched: it was walked
-                # through it) logs the name's removal too, and a re-walk of the parent drops it
-                # and walks whatever now has the name; a moved directory's later events still
-                # come under its old path until its new place is listed, which watches it
-                # again under the new one (the same descriptor). Only these are re-walked,
-                # not every tree (an agent's `rm -rf build/` re-walked /usr: issue 27 item 4)
-                self._log.append(os.path.dirname(path.rstrip("/")) or "/")
-                self.seq += 1
-            self._log.append(path)
+    def _event(self, wd: int, mask: int, name: bytes) -> None:
+        """Caller holds the lock."""
+        if mask & IN_IGNORED:
+            gone = self._paths.pop(wd, None)
+            if gone is not None:
+                self._watched.discard(gone)
+            return
+        if mask & IN_ATTRIB and name:
+            return  # an entry's chmod/chown/utime: its listing is unchanged
+        path = self._paths.get(wd)
+        if mask & IN_Q_OVERFLOW or path is None:
+            self._invalidate()
+            return
+        if mask & IN_SELF:
+            # a watched directory deleted or moved: its parent (watched: it was walked
+            # through it) logs the name's removal too, and a re-walk of the parent drops it
+            # and walks whatever now has the name; a moved directory's later events still
+            # come under its old path until its new place is listed, which watches it
+            # again under the new one (the same descriptor). Only these are re-walked,
+            # not every tree (an agent's `rm -rf build/` re-walked /usr: issue 27 item 4)
+            self._log.append(os.path.dirname(path.rstrip("/")) or "/")
             self.seq += 1
+        self._log.append(path)
+        self.seq += 1
 
     def since(self, synced: int) -> list[str] | None:
         """Directories changed after sequence ``synced``; ``None``: walk everything again."""

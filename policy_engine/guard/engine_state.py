@@ -52,8 +52,7 @@ class EngineState:
     through a symlink): the guard compares resolved paths, and the path as the op wrote it.
     """
 
-    __slots__ = ("roots", "prefixes", "open", "trees", "tree_roots", "tree_prefixes",
-                 "write_trees", "write_roots", "write_prefixes")
+    __slots__ = ("roots", "prefixes", "open", "trees", "write_trees")
 
     def __init__(self, state_dir: str | os.PathLike[str],
                  env: Mapping[str, str] | None = None) -> None:
@@ -62,18 +61,9 @@ class EngineState:
         self.prefixes = tuple(r.rstrip("/") + "/" for r in self.roots)
         self.open = tuple(f"{p}{w}/" for p in self.prefixes for w in WORKSPACES)
         env = os.environ if env is None else env
-        cache = enginedirs.engine_cache_dir(env)
-        # (root, what): every spelling the guard may compare (as written, resolved)
-        self.trees: tuple[tuple[str, str], ...] = tuple(
-            (r, "the engine's cache (its parser tables, stored mask walks, native launcher)")
-            for r in dict.fromkeys((cache, os.path.realpath(cache))))
-        written = [(p, w) for t, w in enginedirs.protected_trees(env, realpath=_spelt)
-                   for p in dict.fromkeys((t, os.path.realpath(t)))]
-        self.write_trees: tuple[tuple[str, str], ...] = tuple(written)
-        self.tree_roots = frozenset(r for r, _ in self.trees)
-        self.write_roots = frozenset(r for r, _ in self.write_trees)
-        self.tree_prefixes = tuple(r.rstrip("/") + "/" for r, _ in self.trees)
-        self.write_prefixes = tuple(r.rstrip("/") + "/" for r, _ in self.write_trees)
+        cache = "the engine's cache (its parser tables, stored mask walks, native launcher)"
+        self.trees = _Trees([(enginedirs.engine_cache_dir(env), cache)])
+        self.write_trees = _Trees(enginedirs.protected_trees(env, realpath=_spelt))
 
     def covers(self, path: str) -> bool:
         """Whether ``path`` (absolute, normalized) is the state dir or beneath it, and not
@@ -91,12 +81,7 @@ class EngineState:
     def tree(self, path: str, *, write: bool) -> str | None:
         """Which engine tree ``path`` (absolute, normalized) is or lies in, or ``None``: the
         cache for every op, the trees of ``protected_trees`` for a write too."""
-        # one C-level ``startswith`` over each tuple first: this runs on every fs decision
-        if path.startswith(self.tree_prefixes) or path in self.tree_roots:
-            return _which(self.trees, path)
-        if write and (path.startswith(self.write_prefixes) or path in self.write_roots):
-            return _which(self.write_trees, path)
-        return None
+        return self.trees.which(path) or (self.write_trees.which(path) if write else None)
 
     def tree_reason(self, what: str, path: str, tree: str, *, write: bool) -> str:
         """The public reason of a refusal of ``path`` in an engine tree (``tree``: which)."""
@@ -105,8 +90,23 @@ class EngineState:
                 f"would load or run what an agent left there (`{ENGINE_STATE_ID}`)")
 
 
-def _which(trees: tuple[tuple[str, str], ...], path: str) -> str:
-    return next(w for r, w in trees if path == r or path.startswith(r.rstrip("/") + "/"))
+class _Trees:
+    """Trees, each by its spelling and its real path, and what each is (for the reason)."""
+
+    __slots__ = ("pairs", "roots", "prefixes")
+
+    def __init__(self, trees: list[tuple[str, str]]) -> None:
+        self.pairs = tuple((p, w) for t, w in trees
+                           for p in dict.fromkeys((t, os.path.realpath(t))))
+        self.roots = frozenset(r for r, _ in self.pairs)
+        self.prefixes = tuple(r.rstrip("/") + "/" for r, _ in self.pairs)
+
+    def which(self, path: str) -> str | None:
+        # one C-level ``startswith`` over the tuple first: this runs on every fs decision
+        if not path.startswith(self.prefixes) and path not in self.roots:
+            return None
+        return next(w for r, w in self.pairs
+                    if path == r or path.startswith(r.rstrip("/") + "/"))
 
 
 def _spelt(path: str) -> str:

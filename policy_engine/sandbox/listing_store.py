@@ -33,6 +33,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from policy_engine.sandbox import enginedirs
 from policy_engine.sandbox.masks import (
     _MEMO,
     DirCache,
@@ -58,12 +59,7 @@ def store_path() -> str | None:
     """The store file, or ``None`` when turned off."""
     if os.environ.get(DISABLE_ENV, "1") in ("0", "false", "no", "off"):
         return None
-    state = os.environ.get("POLICY_ENGINE_STATE")
-    if state:
-        where = os.path.join(os.path.abspath(os.path.expanduser(state)), "cache")
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        where = os.path.join(os.path.abspath(xdg), "policy-engine")
+    where = enginedirs.engine_cache_dir(os.environ)  # the guard refuses it to every fs op
     return os.path.join(where, f"mask-walks-py{sys.version_info[0]}{sys.version_info[1]}.bin")
 
 

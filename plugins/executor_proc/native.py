@@ -119,16 +119,14 @@ def _key(source: bytes, chain: str) -> str:
     return h.hexdigest()[:24]
 
 
-def _attempts(kernel_headers: str) -> list[list[str]]:
+def _attempts(musl: str | None, gcc: str | None, kernel_headers: str) -> list[list[str]]:
     """The compiler command lines to try in turn: musl static, glibc static, glibc dynamic."""
     out: list[list[str]] = []
-    musl = shutil.which("musl-gcc")
     if musl is not None:
         # musl's include path has no kernel headers: a directory holding only links to the
         # kernel's (linux/, asm/, asm-generic/), searched after musl's own, so no glibc header
         # can stand in for a musl one
         out.append([musl, *FLAGS, "-static", "-idirafter", kernel_headers])
-    gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is not None:
         out += [[gcc, *FLAGS, "-static"], [gcc, *FLAGS]]  # static when libc.a is there
     return out
@@ -169,8 +167,8 @@ def _build(where: Path) -> NativeLauncher:
         source = SOURCE.read_bytes()
     except OSError as err:
         return NativeLauncher(None, f"launcher source unreadable: {err.strerror}")
-    chain = "musl" if shutil.which("musl-gcc") else "gcc"
-    target = where / f"sb_launch-{_key(source, chain)}"
+    musl, gcc = shutil.which("musl-gcc"), shutil.which("gcc") or shutil.which("cc")
+    target = where / f"sb_launch-{_key(source, 'musl' if musl else 'gcc')}"
     try:
         where.mkdir(mode=0o700, parents=True, exist_ok=True)
         why = _private(where, directory=True)
@@ -181,16 +179,17 @@ def _build(where: Path) -> NativeLauncher:
         return NativeLauncher(None, f"launcher cache `{where}` unusable: {err.strerror}")
     if why is not None:
         return NativeLauncher(None, f"launcher cache refused: {why}")
-    if shutil.which("gcc") is None and shutil.which("cc") is None:
+    if gcc is None:
         return NativeLauncher(None, "gcc is not installed (Debian package `gcc`), so the native "
                                     "launcher cannot be built")
-    fd, tmp = tempfile.mkstemp(prefix=".sb_launch-", dir=where)
-    os.close(fd)
-    headers = tempfile.mkdtemp(prefix=".sb_launch-include-", dir=where)
+    tmp = headers = ""
     try:
+        fd, tmp = tempfile.mkstemp(prefix=".sb_launch-", dir=where)
+        os.close(fd)
+        headers = tempfile.mkdtemp(prefix=".sb_launch-include-", dir=where)
         _link_kernel_headers(headers)
         why = ""
-        for command in _attempts(headers):
+        for command in _attempts(musl, gcc, headers):
             res = subprocess.run([*command, "-o", tmp, str(SOURCE)],
                                  capture_output=True, text=True, timeout=120, check=False)
             if res.returncode == 0:
@@ -203,7 +202,8 @@ def _build(where: Path) -> NativeLauncher:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return NativeLauncher(None, f"building the native launcher failed: {exc}")
     finally:
-        if os.path.exists(tmp):
+        if tmp and os.path.exists(tmp):
             os.unlink(tmp)
-        shutil.rmtree(headers, ignore_errors=True)
+        if headers:
+            shutil.rmtree(headers, ignore_errors=True)
     return NativeLauncher(str(target), "ok")

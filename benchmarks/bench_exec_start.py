@@ -86,8 +86,9 @@ def build(out: Path, have_musl: bool) -> list[tuple[str, list[str]]]:
     headers = out / "kernel-headers"
     headers.mkdir()
     native._link_kernel_headers(str(headers))
-    launcher = [*native.FLAGS, "-o"]
-    subprocess.run(["gcc", *launcher, str(out / "launcher-glibc"), str(native.SOURCE), "-static"],
+    # exactly the command lines the engine builds with (``native._attempts``): glibc static
+    glibc_static = native._attempts(None, "gcc", str(headers))[0]
+    subprocess.run([*glibc_static, "-o", str(out / "launcher-glibc"), str(native.SOURCE)],
                    check=True)
     rows = [("no C library (exit syscall only)", [str(out / "bare")]),
             ("no C library, 30 × cpuid", [str(out / "cpuid")]),
@@ -97,8 +98,9 @@ def build(out: Path, have_musl: bool) -> list[tuple[str, list[str]]]:
     if have_musl:
         subprocess.run(["musl-gcc", "-O2", "-static", "-o", str(out / "nop-musl"),
                         str(out / "nop.c")], check=True)
-        subprocess.run(["musl-gcc", *launcher, str(out / "launcher-musl"), str(native.SOURCE),
-                        "-static", "-idirafter", str(headers)], check=True)
+        musl_static = native._attempts("musl-gcc", None, str(headers))[0]
+        subprocess.run([*musl_static, "-o", str(out / "launcher-musl"), str(native.SOURCE)],
+                       check=True)
         rows[3:3] = [("musl static, main returns 0", [str(out / "nop-musl")])]
         rows.append(("sb_launch, musl static", [str(out / "launcher-musl")]))
     return rows

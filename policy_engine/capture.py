@@ -77,3 +77,8 @@ class HeadTail:
     def digest(self) -> Digest:
         """SHA-256 of the whole stream, including what was not kept."""
         return Digest(b64=base64.b64encode(self._sha.digest()).decode(), size=self.total)
+
+    def digest_fields(self) -> dict[str, object]:
+        """``digest().model_dump()``, built directly (no model per stream: a proc call's two)."""
+        return {"algo": "sha256", "b64": base64.b64encode(self._sha.digest()).decode(),
+                "size": self.total}

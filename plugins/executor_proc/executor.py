@@ -56,7 +56,7 @@ from policy_engine.executor import (
     check_string_lists,
     refusal_of,
 )
-from policy_engine.guard.binds import beneath, bound_paths, state_masks
+from policy_engine.guard.binds import beneath, bound_paths, one_view, state_masks
 from policy_engine.model import (
     Digest,
     ExecOp,
@@ -70,6 +70,7 @@ from policy_engine.model import (
     Usage,
 )
 from policy_engine.model.text import printable_path
+from policy_engine.model.unchecked import assembled
 from policy_engine.netproxy import RestrictedHandle, RestrictedNetwork
 from policy_engine.sandbox import enginedirs
 
@@ -186,6 +187,21 @@ class _Probe:
     bwrap_path: str | None
     unshare_path: str | None
 
+
+
+_EFFECT_GIVEN = frozenset({"kind", "meta"})
+_CPU_GIVEN = frozenset({"cpu_ms"})
+_RESULT_GIVEN = frozenset({"ok", "out", "used"})
+
+
+@dataclass(slots=True)
+class _Parts:
+    """A proc result's parts that do not depend on how the tool ended (``_known_parts``)."""
+
+    side_effect: dict[str, Any]
+    limits: dict[str, str]
+    masked: list[str]
+    hidden: int
 
 class ProcExecutor:
     """Runs a ProcExecOp (argv, never a shell). ``backend`` picks bubblewrap (namespaces, binds,
@@ -398,6 +414,10 @@ class ProcExecutor:
         return op
 
     def execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
+        with one_view():  # the re-check, the identity and the plan see the same binds
+            return self._execute(ctx, op)
+
+    def _execute(self, ctx: ExecContext, op: ExecOp) -> ExecResult:
         op = self._admit(ctx, op)
         stdin = _decode_stdin(op)
         private_tmp = None if self.backend == "bwrap" else tempfile.mkdtemp(prefix="pe-proc-")
@@ -712,7 +732,7 @@ class ProcExecutor:
                 else:
                     # an engine path (launcher cache, interpreter): resolved, as the launcher
                     # opens it with no symlink on the path (a symlinked HOME: round 7, F02)
-                    known[path] = reach.stage(os.path.realpath(path))
+                    known[path] = reach.stage(spec.realpath(path))  # one probe, no link
             return known[path]
 
         return source
@@ -816,6 +836,7 @@ class ProcExecutor:
         watch = writewatch.start(lim.disk_write, proc.pid, cg, kill, kill_now=kill_now,
                                  preexisting=exe is not None and self._held is not None)
         out, err = HeadTail(lim.max_stdout), HeadTail(lim.max_stderr)
+        parts = self._known_parts(op, plan, cg)  # while the sandbox starts, not after it ends
         # pump owns (and closes) the stdin descriptor it is given: hand it a duplicate and close
         # the file object now, so the number is never closed twice (a second close could hit
         # a descriptor reused meanwhile, e.g. a held launcher's control pipe)
@@ -850,7 +871,7 @@ class ProcExecutor:
                                         audit={"backend": self.name,
                                                "disk_write_bytes": watch.used,
                                                "limit": watch.limit})
-            return self._result(ctx, op, plan, outcome, out, err, start, cg, memory_peak,
+            return self._result(ctx, op, plan, outcome, out, err, start, parts, memory_peak,
                                 asked_network, degraded, chained=net is not None and layered,
                                 oom_kills=oom_kills)
         finally:
@@ -946,8 +967,23 @@ class ProcExecutor:
             report["caps"] = "dropped (bwrap --cap-drop ALL)"
         return report
 
+    @staticmethod
+    def _known_parts(op: ProcExecOp, plan: Plan, cg: cgroups.ExecCgroup | None) -> _Parts:
+        """What the result and its evidence say whatever the outcome: computed while the tool
+        runs (the engine thread waits then), not on the path from its exit to the answer."""
+        assert plan.limits is not None
+        hidden = set(plan.hidden_dirs)
+        return _Parts(
+            side_effect={"op": "proc.exec", "tool": op.tool, "argc": len(plan.argv),
+                         "argv_digest": Digest.of("\0".join(plan.argv).encode()).model_dump()},
+            limits=describe(plan.limits, cg),
+            # other calls' workspaces by count: their paths name tenants, projects and execs
+            masked=[printable_path(p) for p in plan.mask_files
+                    + [d for d in plan.mask_dirs if d not in hidden]],
+            hidden=len(hidden))
+
     def _result(self, ctx: ExecContext, op: ProcExecOp, plan: Plan, oc: Outcome, out: HeadTail,
-                err: HeadTail, start: float, cg: cgroups.ExecCgroup | None,
+                err: HeadTail, start: float, parts: _Parts,
                 memory_peak: int | None, asked_network: str,
                 degraded: str | None = None, chained: bool = False,
                 oom_kills: int = 0) -> ExecResult:
@@ -963,7 +999,7 @@ class ProcExecutor:
         # tool killed by signal N reports 128 + N, as bwrap (pid 1) and shells already do
         code = os.waitstatus_to_exitcode(oc.status)
         code = 128 - code if code < 0 else code
-        out_digest, err_digest = out.digest().model_dump(), err.digest().model_dump()  # once each
+        out_digest, err_digest = out.digest_fields(), err.digest_fields()  # once each
         audit = {"backend": self.name, "duration_ms": duration_ms, "cpu_ms": oc.rusage_cpu_ms,
                  "stdout": out_digest, "stderr": err_digest}
         if oc.timed_out or oc.cancelled:
@@ -1009,12 +1045,14 @@ class ProcExecutor:
                                     "sandbox: " + stderr.decode(errors="replace")[:300],
                                     audit=audit)
         ctx.consume("cpu_ms", oc.rusage_cpu_ms)
-        hidden = set(plan.hidden_dirs)
-        ctx.record_side_effect(SideEffectRec(kind=SideEffect.PROCESS, meta={
-            "op": "proc.exec", "tool": op.tool, "argc": len(plan.argv),
-            "argv_digest": Digest.of("\0".join(plan.argv).encode()).model_dump(),
-            "exit_code": code, "backend": self.name}))
-        return ExecResult(ok=True, out={
+        # the models assembled, not validated: every value is built here or in ``_known_parts``,
+        # of its field's type (``model.unchecked``, as the fs executor's read)
+        ctx.record_side_effect(assembled(SideEffectRec, {"kind": SideEffect.PROCESS, "meta": {
+            **parts.side_effect, "exit_code": code, "backend": self.name}}, _EFFECT_GIVEN))
+        used = assembled(Usage, {"calls": 0, "bytes_out": 0, "bytes_in": 0,
+                                 "cpu_ms": oc.rusage_cpu_ms, "gpu_ms": 0, "file_count": 0},
+                         _CPU_GIVEN)
+        return assembled(ExecResult, {"ok": True, "code": None, "message": None, "out": {
             "exit_code": code, "duration_ms": duration_ms, "cpu_ms": oc.rusage_cpu_ms,
             "stdout": out.kept(mark=False).decode(errors="replace"),
             "stderr": stderr.decode(errors="replace"),
@@ -1023,18 +1061,16 @@ class ProcExecutor:
             "stdout_digest": dict(out_digest), "stderr_digest": dict(err_digest),
             "backend": self.name, "network": plan.network, "network_requested": asked_network,
             "isolation": self._isolation(status, plan.network),
-            "limits": describe(plan.limits, cg), "memory_peak_bytes": memory_peak,
+            "limits": parts.limits, "memory_peak_bytes": memory_peak,
             # a child the OOM killer ended while the tool itself went on (its status says how)
             **({"oom_kills": oom_kills} if oom_kills else {}),
             # exit_code 128 + N is also what a tool exiting on its own may return: this says
             # a signal ended it (absent: it exited, or bwrap without layer 2 could not tell)
             **({"signal": killed_by} if killed_by else {}),
-            # other calls' workspaces by count: their paths name tenants, projects and execs
-            "masked": [printable_path(p) for p in plan.mask_files
-                       + [d for d in plan.mask_dirs if d not in hidden]],
-            **({"hidden_workspaces": len(hidden)} if hidden else {}),
+            "masked": parts.masked,
+            **({"hidden_workspaces": parts.hidden} if parts.hidden else {}),
             **({"degraded": [degraded]} if degraded else {}),
-        }, used=Usage(cpu_ms=oc.rusage_cpu_ms))
+        }, "used": used}, _RESULT_GIVEN)
 
 
 def host_rlimits(lim: Limits, cg: cgroups.ExecCgroup | None,

@@ -13,6 +13,7 @@ import os
 import stat
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -181,12 +182,40 @@ def _finish_warmup() -> None:
         listing_store.save(DEFAULT_CACHE, system_trees())
 
 
+def root_stamp() -> tuple[int, int, int, int] | None:
+    """What ``/`` says of its own entries: a name added, removed or replaced there (``/lib64``,
+    the ``/bin`` link) changes its mtime and ctime; ``None`` when it cannot be read."""
+    try:
+        st = os.stat("/")
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+
+
+_SYSTEM: list[tuple[tuple[int, int, int, int], str, list[str]]] = []
+"""The last ``system_trees`` answer without extras: (root stamp, interpreter prefix, trees)."""
+
+
 def system_trees(extra_ro: Iterable[str] = ()) -> list[str]:
-    """The system binds every sandbox gets: ``SYSTEM_RO``, the interpreter's prefix, extras."""
-    interp = os.path.realpath(sys.base_prefix)
-    system = [p for p in SYSTEM_RO if os.path.exists(p)]
-    return system + [p for p in (interp, *extra_ro)
-                     if os.path.exists(p) and not any(beneath(p, s) for s in SYSTEM_RO)]
+    """The system binds every sandbox gets: ``SYSTEM_RO``, the interpreter's prefix, extras.
+
+    Looked up again only when ``/`` changed (``root_stamp``) or the prefix resolves elsewhere:
+    every plan asked it (11 ``stat`` calls and their Python, ≈ 0.1 ms a call with cold caches
+    after a sandbox ran, issue 27 item 4); the extras are checked every time."""
+    interp = realpath(sys.base_prefix)  # one openat2 probe while no link is on it
+    stamp = root_stamp()
+    kept = _SYSTEM[0] if _SYSTEM else None
+    if kept is not None and stamp is not None and kept[0] == stamp and kept[1] == interp:
+        system = kept[2]
+    else:
+        system = [p for p in SYSTEM_RO if os.path.exists(p)]
+        system += [interp] if os.path.exists(interp) and not any(
+            beneath(interp, s) for s in SYSTEM_RO) else []
+        if stamp is not None:
+            _SYSTEM[:] = [(stamp, interp, system)]
+    extras = [p for p in extra_ro
+              if os.path.exists(p) and not any(beneath(p, s) for s in SYSTEM_RO)]
+    return [*system, *extras]
 
 
 def _warm(watch: bool = True) -> None:
@@ -281,6 +310,29 @@ def bounded_plan(bound: Sequence[str], system: Sequence[str], patterns: Sequence
             "out of the mandatory denies' reach") from None
 
 
+def _mask_patterns(profile: Profile) -> tuple[str, ...]:
+    """The globs a proc sandbox masks for ``profile`` (its own, once per profile object: a
+    frozen profile's denies cannot change): the built-ins, the host runtime directories, and
+    every mandatory deny or forbid of fs.read (with or without a `when`: the sandbox cannot
+    evaluate conditions per file access, so it applies them always)."""
+    kept = _PATTERNS.get(id(profile))
+    if kept is not None and kept[0]() is profile:
+        return kept[1]
+    home = profile.mappings.home
+    patterns = [*BUILTIN_MASKS, *(f"{d}/**" for d in RUNTIME_DIRS), *RUNTIME_GLOBS]
+    for deny in profile.denies:
+        reads = deny.mandatory or CapabilityKind.FS_READ in deny.kinds
+        if reads and isinstance(deny.capability, FsCapability):
+            patterns += [expand_home(p, home) for p in deny.capability.paths]
+    if len(_PATTERNS) >= 256:  # profiles come and go per call; keep the recent ones
+        _PATTERNS.clear()
+    _PATTERNS[id(profile)] = (weakref.ref(profile), tuple(patterns))
+    return _PATTERNS[id(profile)][1]
+
+
+_PATTERNS: dict[int, tuple[weakref.ref[Profile], tuple[str, ...]]] = {}
+
+
 def _masks(profile: Profile, bound: list[str], system: list[str], *,
            foreign_owner: int | None = None, keep: Sequence[str] = (),
            deferred: list[str] | None = None) -> tuple[list[str], list[str], list[str]]:
@@ -293,17 +345,11 @@ def _masks(profile: Profile, bound: list[str], system: list[str], *,
     a glob whose literal prefix lies inside them (``/etc/ssh/ssh_host_*_key``).
     """
     home = profile.mappings.home
-    patterns = [*BUILTIN_MASKS, *(f"{d}/**" for d in RUNTIME_DIRS), *RUNTIME_GLOBS]
-    for deny in profile.denies:
-        # a mandatory deny, and any forbid of fs.read (with or without a `when`: the sandbox
-        # cannot evaluate conditions per file access, so it applies them always)
-        reads = deny.mandatory or CapabilityKind.FS_READ in deny.kinds
-        if reads and isinstance(deny.capability, FsCapability):
-            patterns += [expand_home(p, home) for p in deny.capability.paths]
+    patterns = _mask_patterns(profile)
     # the local runner's foreign-owner masks and a preview are planned afresh every time
     reuse = plancache.cache() if deferred is None and foreign_owner is None else None
     watcher = DEFAULT_CACHE.watcher
-    key = (tuple(bound), tuple(system), tuple(patterns), home, tuple(keep))
+    key = (tuple(bound), tuple(system), patterns, home, tuple(keep))
     if reuse is not None:
         kept = reuse.get(key, watcher)
         if kept is not None:

@@ -61,9 +61,12 @@ def available() -> bool:
 def written(pid: int) -> int | None:
     """``write_bytes`` of ``pid`` (its thread group and the children it reaped), or ``None``
     when it is gone or cannot be read."""
-    try:
-        with open(f"/proc/{pid}/io", "rb") as fh:
-            data = fh.read()
+    try:  # raw: three syscalls, not the nine of a buffered file object (every call reads one)
+        fd = os.open(f"/proc/{pid}/io", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except OSError:
         return None
     for line in data.splitlines():

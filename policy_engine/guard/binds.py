@@ -16,7 +16,9 @@ of the bound paths, or the process would start in a directory the sandbox does n
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from policy_engine.errors import PolicyEngineError
 from policy_engine.guard.engine_state import WORKSPACES, EngineState
@@ -111,13 +113,44 @@ def glob_binds(pattern: str) -> list[str]:
 
 
 def bound_paths(profile: Profile) -> tuple[list[str], list[str]]:
-    """(readable, writable) prefixes a proc sandbox binds; host runtime dirs never are."""
+    """(readable, writable) prefixes a proc sandbox binds; host runtime dirs never are.
+
+    Inside ``one_view()`` each profile's answer is looked up on disk once: the executor's
+    re-check, its identity choice and its plan ask it three or four times per call, and must
+    all see the same binds (a glob's match appearing between two of them would otherwise be
+    checked by one and bound by another)."""
+    memo = _VIEW.get()
+    if memo is not None:
+        kept = memo.get(id(profile))
+        if kept is not None and kept[0] is profile:
+            return list(kept[1]), list(kept[2])
     writable = fs_prefixes(profile, {"fs.write"})
     readable = [p for p in fs_prefixes(profile, {"fs.read", "fs.list"}, files=True)
                 if not any(beneath(p, w) for w in writable)]
     # host control sockets are a mandatory deny no policy lifts: never bind a runtime dir
-    return ([p for p in readable if not under_runtime(p)],
-            [p for p in writable if not under_runtime(p)])
+    readable = [p for p in readable if not under_runtime(p)]
+    writable = [p for p in writable if not under_runtime(p)]
+    if memo is not None:
+        memo[id(profile)] = (profile, tuple(readable), tuple(writable))
+    return readable, writable
+
+
+_VIEW: ContextVar[dict[int, tuple[Profile, tuple[str, ...], tuple[str, ...]]] | None] = \
+    ContextVar("policy_engine_bind_view", default=None)
+
+
+@contextmanager
+def one_view() -> Iterator[None]:
+    """One look at the disk for ``bound_paths`` while inside (one call's; nested: the outer
+    one's). The profiles looked at are held only until the view ends."""
+    if _VIEW.get() is not None:
+        yield
+        return
+    token = _VIEW.set({})
+    try:
+        yield
+    finally:
+        _VIEW.reset(token)
 
 
 def cwd_refusal(profile: Profile, cwd: str, bound: Iterable[str] | None = None) -> str | None:

@@ -184,8 +184,8 @@ class PlanCache:
             if (self.usable and changed is not None and watcher.full_seq == tok.full_seq
                     and self.events == tok.events and self.mounts == tok.mounts
                     and not any(beneath(d, top) for d in changed for top in walked)):
-                # the watcher's changes since were in other trees: look at new ones only next
-                self._plans[key] = (replace(tok, seq=watcher.seq), plan, walked)
+                if changed:  # in other trees: look at new changes only next time
+                    self._plans[key] = (replace(tok, seq=watcher.seq), plan, walked)
                 return plan
             del self._plans[key]
             return None

@@ -208,10 +208,13 @@ def render(rows: list[Row], samples: dict[str, list[float]], argv: list[str],
         med = statistics.median(xs)
         over = "—" if row.name == "bare bwrap" else f"{med - base:+.2f} ms"
         lines.append(f"| {row.name} | {row.what} | {med:.2f} | {p90(xs):.2f} | {over} |")
+    executor = statistics.median(samples["proc-bwrap executor"]) - base
     full = statistics.median(samples["full orchestrator"]) - base
-    met = full <= TARGET_MS
-    lines += ["", f"Target (orchestrator + isolation ≤ {TARGET_MS:g} ms over bare bwrap at the "
-              f"median): **{'met' if met else 'not met'}** ({full:+.2f} ms)."]
+    met = executor <= TARGET_MS
+    lines += ["", f"Target (issue 27 item 4: proc-bwrap ≤ {TARGET_MS:g} ms over bare bwrap at the "
+              f"median, same run): **{'met' if met else 'not met'}** ({executor:+.2f} ms). The "
+              f"orchestrator's own steps (guard, evidence begin and end, budget slot) add "
+              f"{full - executor:+.2f} ms on top ({full:+.2f} ms over bare bwrap in all)."]
     return "\n".join(lines), met
 
 

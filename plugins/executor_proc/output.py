@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import selectors
+import select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,19 +48,29 @@ def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int |
         for it then put this thread on a CPU just as the tool was being forked. What the
         launchers write (a few hundred bytes each, 8 KiB at most) never fills the pipe.
     """
-    sel = selectors.DefaultSelector()
+    # one poll(2) per wait, no epoll instance made, filled and closed per call (five syscalls
+    # and the selector's bookkeeping on every proc call's path)
+    poller = select.poll()
     pidfd = os.pidfd_open(pid)
-    sel.register(pidfd, selectors.EVENT_READ, "exit")
+    tags = {pidfd: "exit"}
+    poller.register(pidfd, select.POLLIN)
     for fd, tag in ((stdout, "out"), (stderr, "err")):
         os.set_blocking(fd, False)
-        sel.register(fd, selectors.EVENT_READ, tag)
+        poller.register(fd, select.POLLIN)
+        tags[fd] = tag
     if status_fd is not None:
         os.set_blocking(status_fd, False)
     if stdin is not None:
         os.set_blocking(stdin, False)
-        sel.register(stdin, selectors.EVENT_WRITE, "in")
+        poller.register(stdin, select.POLLOUT)
+        tags[stdin] = "in"
     result = Outcome(status=None)
     status_buf, exited, view = bytearray(), False, memoryview(stdin_data)
+
+    def drop(fd: int) -> None:
+        poller.unregister(fd)
+        del tags[fd]
+
     try:
         while True:
             if cancel.cancelled or time.monotonic() >= deadline:
@@ -68,44 +78,45 @@ def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int |
                 kill()
                 break
             timeout = max(0.0, min(deadline - time.monotonic(), 0.2))
-            for key, _ in sel.select(timeout):
-                tag = key.data
-                if tag == "exit":
-                    sel.unregister(pidfd)
+            for fd, _ in poller.poll(timeout * 1000):
+                what = tags.get(fd)
+                if what is None:  # dropped by an earlier event of this round
+                    continue
+                if what == "exit":
+                    drop(pidfd)
                     exited = True
                     on_exit()
                     if status_fd is not None:
-                        sel.register(status_fd, selectors.EVENT_READ, "status")
-                elif tag == "in" and stdin is not None:
+                        poller.register(status_fd, select.POLLIN)
+                        tags[status_fd] = "status"
+                elif what == "in" and stdin is not None:
                     try:
                         n = os.write(stdin, view[:_CHUNK]) if view else 0
                     except BrokenPipeError:
                         n, view = 0, memoryview(b"")
                     view = view[n:]
                     if not view:
-                        sel.unregister(stdin)
+                        drop(stdin)
                         os.close(stdin)
                         stdin = None
                 else:
                     try:
-                        data = os.read(key.fd, _CHUNK)
+                        data = os.read(fd, _CHUNK)
                     except OSError as e:
                         if e.errno == errno.EAGAIN:
                             continue
                         data = b""
                     if not data:
-                        sel.unregister(key.fd)
-                    elif tag in ("out", "err"):
-                        (out if tag == "out" else err).feed(data)
+                        drop(fd)
+                    elif what in ("out", "err"):
+                        (out if what == "out" else err).feed(data)
                         if on_output is not None:
-                            on_output("stdout" if tag == "out" else "stderr", data)
+                            on_output("stdout" if what == "out" else "stderr", data)
                     elif len(status_buf) < 4096:
                         status_buf += data
-            if exited and not any(k.data in ("out", "err", "status") for k in
-                                  sel.get_map().values()):
+            if exited and not any(t in ("out", "err", "status") for t in tags.values()):
                 break
     finally:
-        sel.close()
         os.close(pidfd)
         if stdin is not None:
             with contextlib.suppress(OSError):

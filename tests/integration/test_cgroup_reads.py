@@ -250,7 +250,7 @@ def test_no_sandbox_and_no_held_launcher_inherits_a_kept_descriptor(tmp_path: Pa
     ex = ProcExecutor("bwrap", ProcOptions(prespawn=2))
     try:
         devs = _cgroup_devices()
-        for _ in range(3):  # the first call spawns per call, the next ones use held launchers
+        for _ in range(3):  # held launchers, each in a fresh pooled group
             ctx = ExecContext(profile=make_profile(root), deadline=time.monotonic() + 60)
             res = ex.execute(ctx, ProcExecOp(tool=sys.executable, args=("-c", LIST_FDS)))
             assert res.out["exit_code"] == 0, res.out

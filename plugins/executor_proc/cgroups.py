@@ -123,6 +123,9 @@ class ExecCgroup:
         if fd is not None:
             with contextlib.suppress(OSError):
                 return _pread_all(fd)
+        return self._read_path(role)
+
+    def _read_path(self, role: str, *, records: bool = False) -> bytes | None:
         path = self._path(role)
         if path is None:
             return None
@@ -131,7 +134,7 @@ class ExecCgroup:
         except OSError:
             return None
         try:
-            return _pread_all(fd)
+            return _pread_all(fd, records=records)
         except OSError:
             return None
         finally:
@@ -152,21 +155,9 @@ class ExecCgroup:
             with contextlib.suppress(OSError):
                 data = _pread_all(fd, records=True)
         if data is None:
-            path = self._path("procs")
-            if path is None:
-                return []
-            try:
-                fd = os.open(path, _READ)
-            except OSError:
-                return []
-            try:
-                data = _pread_all(fd, records=True)
-            except OSError:
-                return []
-            finally:
-                os.close(fd)
+            data = self._read_path("procs", records=True)
         try:
-            return [int(x) for x in data.split()]
+            return [int(x) for x in data.split()] if data is not None else []
         except ValueError:
             return []
 

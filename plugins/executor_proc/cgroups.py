@@ -37,13 +37,54 @@ def _writable_dir(path: str) -> bool:
     return os.path.isdir(path) and os.access(path, os.W_OK)
 
 
+_READ = os.O_RDONLY | os.O_CLOEXEC
+# role → (key in ``ExecCgroup.dirs``, file) of what a call reads after its tool exits; every v2
+# file is in the one unified group, which ``dirs`` holds under "pids"
+_FILES = {
+    "v1": {"peak": ("memory", "memory.max_usage_in_bytes"), "oom": ("memory", "memory.oom_control"),
+           "cpu": ("cpuacct", "cpuacct.usage")},
+    "v2": {"peak": ("pids", "memory.peak"), "oom": ("pids", "memory.events"),
+           "cpu": ("pids", "cpu.stat")},
+}
+
+
+def _pread_all(fd: int, *, records: bool = False) -> bytes:
+    """The whole file from offset 0 (a kernfs file shows its state anew at offset 0). A counter
+    file is one record, which the kernel never splits across reads, so a short read is all of it;
+    a list of ``records`` (``cgroup.procs``) may come one buffer at a time: read on until EOF."""
+    data = os.pread(fd, 4096, 0)
+    if not data or (len(data) < 4096 and not records):
+        return data
+    chunks, off = [data], len(data)
+    while chunk := os.pread(fd, 65536, off):
+        chunks.append(chunk)
+        off += len(chunk)
+    return b"".join(chunks)
+
+
+def _field(data: bytes, key: bytes) -> int | None:
+    """``key value`` lines (``memory.events``, ``memory.oom_control``, ``cpu.stat``)."""
+    for line in data.splitlines():
+        k, _, value = line.partition(b" ")
+        if k == key:
+            return int(value)
+    return None
+
+
 @dataclass(slots=True)
 class ExecCgroup:
-    """The cgroup directories of one exec; ``procs_files`` are written by the child pre-exec."""
+    """The cgroup directories of one exec; ``procs_files`` are written by the child pre-exec.
+
+    ``fds``: read descriptors of the files a call reads after its tool exits, opened with the
+    group (``keep_descriptors``, on the pool's thread) so that reading one then costs one
+    ``pread`` instead of an open, a buffered read and a close; closed by ``remove``. A role
+    without a descriptor (a file this kernel lacks, a group built by hand) is read by its path.
+    """
 
     version: str
     dirs: dict[str, str] = field(default_factory=dict)
     limits: tuple[int, int, float] | None = None  # (pids, memory, cpu) as last written
+    fds: dict[str, int] = field(default_factory=dict)  # role → O_RDONLY descriptor
 
     @property
     def procs_files(self) -> list[str]:
@@ -53,15 +94,71 @@ class ExecCgroup:
     def controllers(self) -> list[str]:
         return sorted(self.dirs)
 
+    def _path(self, role: str) -> str | None:
+        if role == "procs":  # the pids (else any) group: the set to kill
+            d = self.dirs.get("pids") or next(iter(self.dirs.values()), None)
+            return None if d is None else os.path.join(d, "cgroup.procs")
+        key, name = _FILES[self.version][role]
+        d = self.dirs.get(key)
+        return None if d is None else os.path.join(d, name)
+
+    def keep_descriptors(self) -> None:
+        """Open the files read after an exec now, off the call's path (missing ones are
+        skipped: read by path, they answer as before)."""
+        for role in ("procs", *_FILES[self.version]):
+            path = self._path(role)
+            if path is not None and role not in self.fds:
+                with contextlib.suppress(OSError):
+                    self.fds[role] = os.open(path, _READ)
+
+    def close_descriptors(self) -> None:
+        while self.fds:
+            _, fd = self.fds.popitem()
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _read(self, role: str) -> bytes | None:
+        """The file of ``role`` as it is now; ``None`` when it cannot be read."""
+        fd = self.fds.get(role)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                return _pread_all(fd)
+        return self._read_path(role)
+
+    def _read_path(self, role: str, *, records: bool = False) -> bytes | None:
+        path = self._path(role)
+        if path is None:
+            return None
+        try:
+            fd = os.open(path, _READ)
+        except OSError:
+            return None
+        try:
+            return _pread_all(fd, records=records)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
     def pids(self) -> list[int]:
         """Members of the pids (else any) group: the set to kill."""
-        d = self.dirs.get("pids") or next(iter(self.dirs.values()), None)
-        if d is None:
-            return []
+        # ``cgroup.procs`` through the kept descriptor once only: v1 loads the pid list at an
+        # open file's first read and hands that same list to its later reads for as long as
+        # they come less than a second apart (cgroup_pidlist_start), so a re-read would show
+        # the group as it was (tested). Later reads open the file anew. v2 restarts its walk
+        # at offset 0, but one rule for both keeps the untestable-here path the tested one.
+        # dict.pop is atomic: of two threads, one gets the descriptor, the other the path.
+        fd = self.fds.pop("procs", None)
+        data = None
+        if fd is not None:
+            self.fds["procs-read"] = fd  # closed by remove()
+            with contextlib.suppress(OSError):
+                data = _pread_all(fd, records=True)
+        if data is None:
+            data = self._read_path("procs", records=True)
         try:
-            with open(os.path.join(d, "cgroup.procs")) as fh:
-                return [int(x) for x in fh.read().split()]
-        except OSError:
+            return [int(x) for x in data.split()] if data is not None else []
+        except ValueError:
             return []
 
     def kill_once(self) -> None:
@@ -96,45 +193,41 @@ class ExecCgroup:
         return not self.pids()
 
     def memory_peak(self) -> int | None:
-        d = self.dirs.get("memory")
-        if d is None:
-            return None
-        for name in ("memory.max_usage_in_bytes", "memory.peak"):
-            with contextlib.suppress(OSError), open(os.path.join(d, name)) as fh:
-                return int(fh.read().split()[0])
+        """The group's memory high-water mark in bytes (v1 ``memory.max_usage_in_bytes``,
+        v2 ``memory.peak``); ``None`` without a memory group."""
+        data = self._read("peak")
+        with contextlib.suppress(ValueError, IndexError):
+            return int(data.split()[0]) if data is not None else None
         return None
 
     def oom_kills(self) -> int:
         """How many tasks of the group the memory controller's OOM killer ended (v1
         ``memory.oom_control``, v2 ``memory.events``); 0 when there is no memory group."""
-        d = self.dirs.get("memory") if self.version == "v1" else self.dirs.get("pids")
-        name = "memory.oom_control" if self.version == "v1" else "memory.events"
-        if d is None:
-            return 0
-        with contextlib.suppress(OSError, ValueError), open(os.path.join(d, name)) as fh:
-            for line in fh:
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
+        data = self._read("oom")
+        with contextlib.suppress(ValueError):
+            return (_field(data, b"oom_kill") or 0) if data is not None else 0
         return 0
 
     def cpu_ms(self) -> int | None:
         """CPU time of every task that ran in the group (rusage misses bwrap's grandchildren)."""
-        d = self.dirs.get("cpuacct")
-        with contextlib.suppress(OSError):
-            if d is not None:
-                with open(os.path.join(d, "cpuacct.usage")) as fh:
-                    return int(fh.read()) // 1_000_000
-            if self.version == "v2":
-                with open(os.path.join(self.dirs["pids"], "cpu.stat")) as fh:
-                    for line in fh:
-                        if line.startswith("usage_usec"):
-                            return int(line.split()[1]) // 1000
+        data = self._read("cpu")
+        if data is None:
+            return None
+        with contextlib.suppress(ValueError):
+            if self.version == "v1":
+                return int(data) // 1_000_000
+            usec = _field(data, b"usage_usec")
+            return None if usec is None else usec // 1000
         return None
 
     def remove(self) -> None:
-        """Kill leftovers and rmdir; retried because exiting tasks leave the group lazily."""
-        self.kill_all()
+        """Kill leftovers and rmdir; retried because exiting tasks leave the group lazily.
+        The descriptors are closed first (they would not keep rmdir from working, but a
+        thousand calls would leak a thousand of them)."""
+        try:
+            self.kill_all()
+        finally:
+            self.close_descriptors()
         for d in self.dirs.values():
             for _ in range(100):
                 try:
@@ -208,6 +301,7 @@ def _make(version: str, own: dict[str, str]) -> ExecCgroup:
             d = os.path.join(ROOT + own[""], name)
             os.mkdir(d, 0o755)
             cg.dirs["pids"] = d
+        cg.keep_descriptors()
     except OSError:
         cg.remove()
         raise

@@ -30,6 +30,7 @@ BENCHES=(
   "mask_planning|benchmarks/mask_planning.py --rounds 3"
   "proc|benchmarks/bench_proc.py --quick --no-docs"
   "exec_start|benchmarks/bench_exec_start.py --n 500"
+  "cgroup_reads|benchmarks/bench_cgroup_reads.py -n 200"
   "docker|benchmarks/bench_docker.py --runs 3"
   "http|benchmarks/bench_http.py --iterations 300"
   "meters|benchmarks/bench_meters.py --n 300"

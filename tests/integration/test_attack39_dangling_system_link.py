@@ -55,7 +55,8 @@ def test_a_system_link_whose_target_appears_is_bound_by_the_next_call(
         def seen() -> str:
             ctx = ExecContext(profile=profile, deadline=time.monotonic() + 60)
             res = proc.execute(ctx, probe)
-            assert res.ok and res.out["exit_code"] == 0, res.out
+            assert res.ok, res.out
+            assert res.out["exit_code"] == 0, res.out
             return str(res.out["stdout"]).strip()
 
         assert seen() == "absent"  # a dangling link is no system tree: right

@@ -64,7 +64,8 @@ def test_a_concurrent_call_clearing_the_mask_memo_does_not_crash_another(
     guard = 0
     while len(spec._PATTERNS) != 255:
         res = _run(proc, fresh("fill"), "fill")
-        assert res.ok and res.out["exit_code"] == 0
+        assert res.ok
+        assert res.out["exit_code"] == 0
         guard += 1
         assert guard < 600, "the memo never reached 255 entries"
 
@@ -103,6 +104,8 @@ def test_a_concurrent_call_clearing_the_mask_memo_does_not_crash_another(
         if helper.is_alive() or fired.is_set():
             helper.join(timeout=60)
     assert fired.is_set(), "the victim's call never put its mask patterns in the memo"
-    assert isinstance(other_result[0], ExecResult) and other_result[0].out["stdout"] == "other\n"
+    assert isinstance(other_result[0], ExecResult)
+    assert other_result[0].out["stdout"] == "other\n"
     assert isinstance(mine, ExecResult), f"the victim's call crashed: {mine!r}"
-    assert mine.ok and mine.out["stdout"] == "victim\n"
+    assert mine.ok
+    assert mine.out["stdout"] == "victim\n"

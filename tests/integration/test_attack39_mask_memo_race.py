@@ -7,9 +7,9 @@ HTTP service or MCP server, where calls of different agents run on worker thread
 per-call profile each, one such call in every 256 profiles is exposed.
 
 The interleaving is made deterministic, not simulated: a trace function on the victim's thread
-pauses it at the first line after its entry is in the memo (a point where the GIL may hand over
-to another thread at any time) and lets a second, real ``execute`` of another agent run to its
-end there. Nothing is mocked; both calls run through the real proc-bwrap sandbox.
+pauses it at the first line after its entry is in the memo (the memo grew: a point where the GIL
+may hand over to another thread at any time) and lets a second, real ``execute`` of another
+agent run to its end there. Nothing is mocked; both calls run through the real proc-bwrap sandbox.
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ def test_a_concurrent_call_clearing_the_mask_memo_does_not_crash_another(
         return p
 
     # earlier calls (of any agent) filled the memo to one short of its bound: real calls
+    memo = spec._PATTERNS
     guard = 0
-    while len(spec._PATTERNS) != 255:
+    while len(memo) != 255:
         res = _run(proc, fresh("fill"), "fill")
         assert res.ok
         assert res.out["exit_code"] == 0
@@ -81,17 +82,22 @@ def test_a_concurrent_call_clearing_the_mask_memo_does_not_crash_another(
     fired = threading.Event()
     helper = threading.Thread(target=other_agent)
 
+    size: list[int] = []
+
     def local(frame: FrameType, event: str, arg: Any) -> Any:
-        if (event == "line" and not fired.is_set()
-                and id(frame.f_locals.get("profile")) == id(victim)
-                and id(victim) in spec._PATTERNS):
+        if (event == "line" and not fired.is_set() and size
+                and frame.f_locals.get("profile") is victim and len(memo) > size[0]):
             fired.set()  # the victim's entry is in: another agent's call runs now
             helper.start()
-            helper.join(timeout=30)
+            helper.join(timeout=10)  # a fix that locks the memo: the victim goes on first
         return local
 
     def tracer(frame: FrameType, event: str, arg: Any) -> Any:
-        return local if frame.f_code is _CODE else None
+        if frame.f_code is not _CODE:
+            return None
+        if frame.f_locals.get("profile") is victim and not size:
+            size.append(len(memo))  # the memo's size as the victim's look starts
+        return local
 
     sys.settrace(tracer)
     try:

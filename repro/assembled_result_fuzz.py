@@ -1,3 +1,4 @@
+"""Odd outputs through real proc-bwrap; each result/usage/side effect compared with its validated twin (_same). PYTHONPATH=<checkout> python3 repro/assembled_result_fuzz.py"""
 import os, time, tempfile
 from pathlib import Path
 from plugins.executor_proc.executor import ProcExecutor, ProcOptions

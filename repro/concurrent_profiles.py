@@ -1,3 +1,4 @@
+"""200 calls fd/thread/RSS check, then two threads with sibling-root profiles checking neither sandbox sees the other. PYTHONPATH=<checkout> python3 repro/concurrent_profiles.py"""
 import os, time, tempfile, threading, resource
 from pathlib import Path
 from plugins.executor_proc.executor import ProcExecutor, ProcOptions

@@ -1,3 +1,4 @@
+"""Engine fds over 4x50 calls of one kind (timeout|kill|refuse|close|true); prints counts and the fds added. PYTHONPATH=<checkout> python3 repro/fd_growth.py KIND"""
 import os, time, tempfile, threading, sys
 from pathlib import Path
 from plugins.executor_proc.executor import ProcExecutor, ProcOptions

@@ -1,3 +1,4 @@
+"""F01 stress: 4 threads call spec._mask_patterns with fresh profiles (switch interval 1 us); prints the KeyErrors seen. PYTHONPATH=<checkout> python3 repro/mask_memo_race_stress.py"""
 import sys, threading, tempfile
 from pathlib import Path
 from plugins.executor_proc import spec

@@ -836,7 +836,6 @@ class ProcExecutor:
         watch = writewatch.start(lim.disk_write, proc.pid, cg, kill, kill_now=kill_now,
                                  preexisting=exe is not None and self._held is not None)
         out, err = HeadTail(lim.max_stdout), HeadTail(lim.max_stderr)
-        parts = self._known_parts(op, plan, cg)  # while the sandbox starts, not after it ends
         # pump owns (and closes) the stdin descriptor it is given: hand it a duplicate and close
         # the file object now, so the number is never closed twice (a second close could hit
         # a descriptor reused meanwhile, e.g. a held launcher's control pipe)
@@ -847,6 +846,10 @@ class ProcExecutor:
             proc.stdin = None
         try:
             try:
+                # while the sandbox starts, not after the tool ends; inside the try: should it
+                # ever raise, the watch, the pipes and the group are given back as for a
+                # failed wait (outsider round 39)
+                parts = self._known_parts(op, plan, cg)
                 outcome = pump(proc.pid, proc.stdout.fileno(), proc.stderr.fileno(), status_r,
                                stdin_fd, stdin or b"", out, err, deadline, ctx.cancel, kill, kill,
                                on_output=ctx.on_output)

@@ -192,30 +192,35 @@ def root_stamp() -> tuple[int, int, int, int] | None:
     return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
 
 
-_SYSTEM: list[tuple[tuple[int, int, int, int], str, list[str]]] = []
-"""The last ``system_trees`` answer without extras: (root stamp, interpreter prefix, trees)."""
+_SYSTEM: list[tuple[tuple[int, int, int, int], tuple[str, ...], list[tuple[str, bool]]]] = []
+"""What ``/`` held of ``SYSTEM_RO`` at a root stamp: (stamp, the names asked, each present name
+and whether it is a link)."""
 
 
 def system_trees(extra_ro: Iterable[str] = ()) -> list[str]:
     """The system binds every sandbox gets: ``SYSTEM_RO``, the interpreter's prefix, extras.
 
-    Looked up again only when ``/`` changed (``root_stamp``) or the prefix resolves elsewhere:
-    every plan asked it (11 ``stat`` calls and their Python, ≈ 0.1 ms a call with cold caches
-    after a sandbox ran, issue 27 item 4); the extras are checked every time."""
-    interp = realpath(sys.base_prefix)  # one openat2 probe while no link is on it
+    Which names ``/`` holds, and which of them are links, is looked up again only when ``/``
+    changed (``root_stamp``): every plan asked it (11 ``stat`` calls and their Python, ≈ 0.1 ms
+    a call with cold caches after a sandbox ran, issue 27 item 4). A link's target lies below
+    ``/`` and may appear or go without ``/`` changing (``/lib64 -> usr/lib64``: outsider round
+    39, F02), so whether a link leads anywhere, the interpreter's prefix and the extras are
+    asked on every call (one ``stat`` each)."""
     stamp = root_stamp()
     kept = _SYSTEM[0] if _SYSTEM else None
-    if kept is not None and stamp is not None and kept[0] == stamp and kept[1] == interp:
-        system = kept[2]
+    if kept is not None and stamp is not None and kept[0] == stamp and kept[1] == SYSTEM_RO:
+        entries = kept[2]
     else:
-        system = [p for p in SYSTEM_RO if os.path.exists(p)]
-        system += [interp] if os.path.exists(interp) and not any(
-            beneath(interp, s) for s in SYSTEM_RO) else []
+        entries = []
+        for p in SYSTEM_RO:
+            with contextlib.suppress(OSError):
+                entries.append((p, stat.S_ISLNK(os.lstat(p).st_mode)))
         if stamp is not None:
-            _SYSTEM[:] = [(stamp, interp, system)]
-    extras = [p for p in extra_ro
-              if os.path.exists(p) and not any(beneath(p, s) for s in SYSTEM_RO)]
-    return [*system, *extras]
+            _SYSTEM[:] = [(stamp, SYSTEM_RO, entries)]
+    system = [p for p, link in entries if not link or os.path.exists(p)]
+    interp = realpath(sys.base_prefix)  # one openat2 probe while no link is on it
+    return system + [p for p in (interp, *extra_ro)
+                     if os.path.exists(p) and not any(beneath(p, s) for s in SYSTEM_RO)]
 
 
 def _warm(watch: bool = True) -> None:
@@ -324,10 +329,13 @@ def _mask_patterns(profile: Profile) -> tuple[str, ...]:
         reads = deny.mandatory or CapabilityKind.FS_READ in deny.kinds
         if reads and isinstance(deny.capability, FsCapability):
             patterns += [expand_home(p, home) for p in deny.capability.paths]
+    found = tuple(patterns)
     if len(_PATTERNS) >= 256:  # profiles come and go per call; keep the recent ones
         _PATTERNS.clear()
-    _PATTERNS[id(profile)] = (weakref.ref(profile), tuple(patterns))
-    return _PATTERNS[id(profile)][1]
+    # returned from here, never read back: another thread's call may clear the memo between
+    # the two (outsider round 39, F01: a bare KeyError failed that call)
+    _PATTERNS[id(profile)] = (weakref.ref(profile), found)
+    return found
 
 
 _PATTERNS: dict[int, tuple[weakref.ref[Profile], tuple[str, ...]]] = {}

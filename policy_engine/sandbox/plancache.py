@@ -103,6 +103,9 @@ class PlanCache:
         self._mountinfo: Any = None
         self._mount_table = b""
         self._poll: Any = None
+        self._quiet_poll: Any = None  # ``_quiet``'s, for the watcher descriptor ``_quiet_fd``
+        self._quiet_fd = -1
+        self._mount_changed = False  # seen by ``_quiet``, for ``_drain`` to read the table
         made = open_inotify()
         if made is None:
             return
@@ -148,7 +151,9 @@ class PlanCache:
         except OSError:
             self.close()
             return
-        if self._poll is not None and self._poll.poll(0) and self._mountinfo is not None:
+        changed, self._mount_changed = self._mount_changed, False
+        if (changed or self._poll is not None and self._poll.poll(0)) \
+                and self._mountinfo is not None:
             # a change since the last look; the same table again (a call's id-mapped mount,
             # made and gone: owner.py) is no change: the same mounts give the same view
             self._mountinfo.seek(0)
@@ -156,6 +161,27 @@ class PlanCache:
             if table != self._mount_table:
                 self._mount_table = table
                 self.mounts += 1
+
+    def _quiet(self, watcher: Watcher) -> bool:
+        """Nothing to drain (caller holds the lock): no event queued on this cache's inotify
+        descriptor nor on ``watcher``'s, and the mount table unchanged — one ``poll(2)`` for
+        all three, where the drains cost two reads that fail and their Python on every kept
+        plan's use (issue 27 item 4). A watcher that is not usable is never quiet (its drain
+        invalidates it)."""
+        if not watcher.usable or watcher.fd < 0 or self._mountinfo is None:
+            return False
+        if self._quiet_fd != watcher.fd:
+            poll = select.poll()
+            poll.register(self._fd, select.POLLIN)
+            poll.register(watcher.fd, select.POLLIN)
+            poll.register(self._mountinfo.fileno(), select.POLLPRI | select.POLLERR)
+            self._quiet_poll, self._quiet_fd = poll, watcher.fd
+        ready = self._quiet_poll.poll(0)
+        if any(fd == self._mountinfo.fileno() for fd, _ in ready):
+            # the table's poll reports a change once (the kernel notes it as seen): the drain's
+            # own poll will not see it again
+            self._mount_changed = True
+        return not ready
 
     def _count(self) -> None:
         self.events += 1
@@ -177,8 +203,9 @@ class PlanCache:
             kept = self._plans.get(key)
             if kept is None or not self.usable or watcher is None:
                 return None
-            self._drain()
-            watcher.drain()
+            if not self._quiet(watcher):
+                self._drain()
+                watcher.drain()
             tok, plan, walked = kept
             changed = watcher.since(tok.seq) if tok.watcher is watcher else None
             if (self.usable and changed is not None and watcher.full_seq == tok.full_seq

@@ -103,7 +103,7 @@ def _arg_rule(nr: int, conds: tuple[tuple[int, int], ...], eperm: bytes) -> list
 
 
 def build_filter(*, deny_inet: bool, deny_setsid: bool, deny_unix: bool = False,
-                 deny_bind: bool = False) -> bytes:
+                 deny_bind: bool = False, fast: bool = True) -> bytes:
     """The BPF program: EPERM for denied calls, ENOSYS for clone3 and openat2 (so libc falls
     back to clone and openat, whose arguments we can inspect), namespace flags on clone refused,
     setuid/setgid modes and device nodes refused, preallocating ``fallocate`` modes and
@@ -129,6 +129,7 @@ def build_filter(*, deny_inet: bool, deny_setsid: bool, deny_unix: bool = False,
     prog = [_ins(_LD_W_ABS, _OFF_ARCH), _ins(_JEQ_K, _AUDIT_ARCH_X86_64, 1, 0),
             _ret(_RET_KILL_PROCESS), _ins(_LD_W_ABS, _OFF_NR),
             _ins(_JGE_K, _X32_BIT, 0, 1), eperm]  # x32 ABI numbers would dodge the table
+    assert len(prog) == _PROLOGUE
     denied = sorted(DENIED_X86_64.values()) + ([_NR_SETSID] if deny_setsid else [])
     for nr in denied:
         prog += [_ins(_JEQ_K, nr, 0, 1), eperm]
@@ -157,7 +158,88 @@ def build_filter(*, deny_inet: bool, deny_setsid: bool, deny_unix: bool = False,
     if deny_bind:
         prog += [_ins(_JEQ_K, _NR_BIND, 0, 1), eperm]
     prog.append(_ret(_RET_ALLOW))
-    return b"".join(prog)
+    head, rules = b"".join(prog[:_PROLOGUE]), b"".join(prog[_PROLOGUE:])
+    return head + _allow_unnamed(rules) + rules if fast else head + rules
+
+
+_PROLOGUE = 6  # the architecture and x32 checks: ``build_filter``'s first instructions
+_JA = 0x05
+_JGE_NR_LEAF = 4  # at most this many numbers compared one by one at a leaf of the search
+
+
+def named_numbers(rules: bytes) -> list[int]:
+    """The syscall numbers ``rules`` compares the number with (``JEQ`` while the accumulator
+    holds it: after the prologue, and after each ``LD`` of the number). Every rule tests the
+    number with ``JEQ`` only; a range test would make this set wrong, so it is refused."""
+    return sorted(_first_named(rules))
+
+
+def _first_named(rules: bytes) -> dict[int, int]:
+    """Each number ``rules`` names → the index of its first ``JEQ`` (``named_numbers``)."""
+    first: dict[int, int] = {}
+    holds_nr = True
+    for i in range(len(rules) // 8):
+        code, _, _, k = struct.unpack_from("=HBBI", rules, 8 * i)
+        if code == _LD_W_ABS:
+            holds_nr = k == _OFF_NR
+        elif holds_nr and code == _JEQ_K:
+            first.setdefault(k, i)
+        elif holds_nr and code in (_JGE_K, _JSET_K, 0x25):  # JGT
+            raise ValueError("a rule tests the syscall number with a range")
+    return first
+
+
+def _allow_unnamed(rules: bytes) -> bytes:
+    """A binary search over the numbers ``rules`` names, put before them: any other number is
+    allowed after ≈ 8 comparisons instead of the ≈ 110 of the whole list, and a named one
+    goes straight to its first rule. Every rule before that one begins with a comparison of
+    the number with another, which only skips it (the accumulator still holds the number), so
+    each number gets the answer the whole list gave (``tests/unit/test_seccomp_search.py``
+    runs both on every number and each rule's argument values).
+
+    Why: the kernel runs a new filter over every syscall number when it is installed (its
+    action cache: the numbers a filter allows whatever the arguments skip it afterwards), a
+    call's launcher installs one per call, and the calls it cannot cache (``openat``,
+    ``clone``…) ran the list up to their rule on every use (issue 27 item 4)."""
+    first = _first_named(rules)
+    # symbolic: (code, k, jt, jf) with a target "allow", ("rule", nr), or an int (relative)
+    out: list[tuple[int, int, object, object]] = []
+
+    def search(vals: list[int]) -> None:
+        if len(vals) <= _JGE_NR_LEAF:
+            for v in vals:
+                out.extend([(_JEQ_K, v, 0, 1), (_JA, 0, ("rule", v), 0)])
+            out.append((_JA, 0, "allow", 0))
+            return
+        mid = len(vals) // 2
+        at = len(out)
+        out.append((_JGE_K, vals[mid], 0, 0))  # jt set once the left half is out
+        search(vals[:mid])
+        out[at] = (_JGE_K, vals[mid], len(out) - at - 1, 0)
+        search(vals[mid:])
+
+    search(sorted(first))
+    allow_at, rules_at = len(out), len(out) + 1
+    code_out: list[bytes] = []
+    for i, (code, k, jt, jf) in enumerate(out):
+        if code == _JA:  # 32-bit forward offset, counted from the next instruction
+            where = allow_at if jt == "allow" else rules_at + first[_rule_of(jt)]
+            code_out.append(_ins(_JA, where - i - 1))
+            continue
+        t, f = _as_int(jt), _as_int(jf)
+        if not (0 <= t <= 255 and 0 <= f <= 255):
+            raise ValueError("the syscall number search outgrew a conditional jump")
+        code_out.append(_ins(code, k, t, f))
+    return b"".join(code_out) + _ret(_RET_ALLOW)
+
+
+def _as_int(x: object) -> int:
+    return x if isinstance(x, int) else 0
+
+
+def _rule_of(target: object) -> int:
+    assert isinstance(target, tuple)
+    return int(target[1])
 
 
 def unix_filter() -> bytes:

@@ -21,6 +21,22 @@ from policy_engine.executor import CancelToken
 _CHUNK = 64 * 1024
 
 
+def _read_ready(fd: int, buf: bytearray) -> bool:
+    """Append what ``fd`` (non-blocking) holds now to ``buf``, 4 KiB at most kept; ``True`` at
+    its end, ``False`` when more may come."""
+    while True:
+        try:
+            data = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        if not data:
+            return True
+        if len(buf) < 4096:
+            buf += data
+
+
 @dataclass(slots=True)
 class Outcome:
     """How the wait ended."""
@@ -86,7 +102,9 @@ def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int |
                     drop(pidfd)
                     exited = True
                     on_exit()
-                    if status_fd is not None:
+                    # what the launchers wrote, read now: usually all of it and its end, with
+                    # no poll round more; else the poll waits for the rest
+                    if status_fd is not None and not _read_ready(status_fd, status_buf):
                         poller.register(status_fd, select.POLLIN)
                         tags[status_fd] = "status"
                 elif what == "in" and stdin is not None:

@@ -20,7 +20,7 @@ import pytest
 from plugins.executor_proc.executor import ProcExecutor
 from policy_engine.executor import ExecContext
 from policy_engine.model import ProcExecOp, Profile
-from policy_engine.sandbox import masks
+from policy_engine.sandbox import masks, plancache
 from tests.integration.test_proc_sandbox import make_profile
 
 pytestmark = pytest.mark.integration
@@ -228,3 +228,64 @@ def test_a_fuse_bindfs_mount_over_a_walked_directory_is_masked(
         assert "FUSE-SECRET" not in got, got
     finally:
         subprocess.run(["fusermount", "-u", str(target)], check=True)
+
+
+def test_many_concurrent_plans_never_miss_a_secret_planted_before_they_began(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan-level race at a higher rate than the sandbox allows: three threads plan the same
+    profile (and one another workspace, so the mask watcher is drained by walks meanwhile)
+    while secrets land; every plan begun after a secret was written must name it."""
+    from tests.integration.test_plan_reuse import masked
+    roots = []
+    for name in ("mine", "other"):
+        r = tmp_path / name
+        for d in ("out", "home", "tmp", "src"):
+            (r / d).mkdir(parents=True)
+        roots.append(r)
+    mine, other = (make_profile(r) for r in roots)
+    time.sleep(masks.RACY_NS / 1e9 + 0.05)
+    for _ in range(3):
+        masked(mine)
+        masked(other)
+    quiet = [0, 0]
+    real_quiet = plancache.PlanCache._quiet
+
+    def counting(self: plancache.PlanCache, watcher: Any) -> bool:
+        answer = real_quiet(self, watcher)
+        quiet[answer] += 1
+        return answer
+
+    monkeypatch.setattr(plancache.PlanCache, "_quiet", counting)
+    planted: dict[str, float] = {}
+    misses: list[tuple[str, float]] = []
+    stop = threading.Event()
+    count = [0]
+
+    def planner(profile: Profile, check: bool) -> None:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            plan = set(masked(profile))
+            count[0] += 1
+            if check:
+                misses.extend((p, t0 - at) for p, at in list(planted.items())
+                              if at < t0 and p not in plan)
+
+    threads = [threading.Thread(target=planner, args=(mine, True)) for _ in range(3)]
+    threads.append(threading.Thread(target=planner, args=(other, False)))
+    for t in threads:
+        t.start()
+    try:
+        for i in range(150):
+            d = roots[0] / "src" / f"d{i % 7}" / f"e{i}"
+            d.mkdir(parents=True)
+            (d / ".env").write_text("S")
+            planted[str(d / ".env")] = time.monotonic()
+            (roots[1] / "src" / f"churn{i}").mkdir()
+            time.sleep(0.005)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert count[0] > 100
+    assert quiet[1] > 0 and quiet[0] > 0, quiet  # both answers of the poll were exercised
+    assert not misses, misses[:5]

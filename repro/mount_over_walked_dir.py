@@ -18,6 +18,16 @@ elif mode == "nocache":
 elif mode == "nothing":
     plancache.PlanCache.get = lambda self, key, w: None
     plancache.PlanCache.token = lambda self, w: None
+if mode == "invalidate":  # the fix direction: a mount-table change invalidates the walks
+    real_drain = plancache.PlanCache._drain
+    def drain(self):
+        before = self.mounts
+        real_drain(self)
+        w = dircache.DEFAULT_CACHE.watcher
+        if self.mounts != before and w is not None:
+            with w._lock:
+                w._invalidate()
+    plancache.PlanCache._drain = drain
 tmp = Path(tempfile.mkdtemp(prefix="a40diag"))
 root = tmp / "root"
 for d in ("out", "home/.ssh", "tmp", "src/pkg"):

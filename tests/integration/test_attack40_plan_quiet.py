@@ -290,3 +290,26 @@ def test_many_concurrent_plans_never_miss_a_secret_planted_before_they_began(
     assert quiet[1] > 0, quiet  # the poll said "quiet" (the new path) ...
     assert quiet[0] > 0, quiet  # ... and "pending"
     assert not misses, misses[:5]
+
+
+def test_a_directory_exchanged_in_with_a_secret_is_masked(
+        executor: ProcExecutor, root: Path, tmp_path: Path) -> None:
+    """``renameat2(RENAME_EXCHANGE)`` swaps a walked directory with one from outside every bind
+    that holds a secret (one atomic step, both names existing throughout), then a symlink to
+    the secret is planted beside it."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    profile = make_profile(root)
+    staged = tmp_path / "staged"
+    (staged / "sub").mkdir(parents=True)
+    (staged / "sub" / ".env").write_text("SWAPPED-SECRET")
+    warm(executor, profile, root)
+    target = root / "src" / "pkg"
+    at_fdcwd, rename_exchange = -100, 2
+    assert libc.renameat2(at_fdcwd, os.fsencode(staged), at_fdcwd, os.fsencode(target),
+                          rename_exchange) == 0, ctypes.get_errno()
+    got = reads(executor, profile, root, target / "sub" / ".env")
+    assert "SWAPPED-SECRET" not in got, got
+    (root / "src" / "link").symlink_to(target / "sub")
+    got = reads(executor, profile, root, root / "src" / "link" / ".env")
+    assert "SWAPPED-SECRET" not in got, got

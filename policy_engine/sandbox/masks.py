@@ -350,6 +350,9 @@ class _WalkRecord:
     # a directory on a file system whose changes can come without an inotify event
     # (``blind_devices``): every plan checks every stamp, no watch vouches for the record
     blind: bool = False
+    # the mounts (id, mount point) when it was last synced: one made or removed at, beneath or
+    # above its roots since sends the next plan to the stamps (``_mounted_over``); None: unknown
+    mounts: frozenset[tuple[int, str]] | None = None
     cost: int = 0  # approximate bytes, as of the last ``measure``
     _kids: dict[str, set[str]] | None = None  # directory -> its walked subdirectories, lazily
 
@@ -411,32 +414,71 @@ BLIND_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", 
 daemon writing its backing store; `fuse.*` too). Overlayfs is not among them: its layers may
 not be changed while it is mounted (the kernel's overlayfs documentation), and changes made
 through it reach its watches."""
-_blind: tuple[bytes, frozenset[int]] = (b"", frozenset())  # the table last read, its devices
+@dataclass(frozen=True)
+class _MountView:
+    """The mount table as last read: its bytes, the devices of its ``BLIND_FS`` mounts, and
+    each mount as (its id, its mount point)."""
+
+    table: bytes
+    blind: frozenset[int]
+    points: frozenset[tuple[int, str]]
+
+
+_mounts = _MountView(b"", frozenset(), frozenset())
+
+
+def _mount_view() -> _MountView:
+    """The mount table, parsed again only when it changed; unreadable: an empty one."""
+    global _mounts
+    try:
+        with open("/proc/self/mountinfo", "rb") as fh:
+            table = fh.read()
+    except OSError:
+        return _MountView(b"", frozenset(), frozenset())
+    last = _mounts
+    if table == last.table:
+        return last
+    devs, points = set(), set()
+    for line in table.splitlines():
+        left, sep, right = line.partition(b" - ")
+        fields, kind = left.split(), right.split(b" ", 1)[0].decode(errors="replace")
+        if len(fields) > 4 and fields[0].isdigit():
+            points.add((int(fields[0]), _unescape(fields[4])))
+        if sep and len(fields) > 2 and (kind in BLIND_FS or kind.startswith("fuse.")):
+            major, _, minor = fields[2].partition(b":")
+            if major.isdigit() and minor.isdigit():
+                devs.add(os.makedev(int(major), int(minor)))
+    _mounts = _MountView(table, frozenset(devs), frozenset(points))
+    return _mounts
+
+
+def _unescape(field: bytes) -> str:
+    """A mountinfo path: space, tab, newline and backslash are written as ``\\ooo``."""
+    return os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field))
 
 
 def blind_devices() -> frozenset[int]:
     """The ``st_dev`` of every mount of a ``BLIND_FS`` file system (attack 37, F1: a `.env`
     written into a shared tree's backing store reached no watch, and a kept walk, then a kept
     plan, hid nothing). Parsed again only when the mount table changed."""
-    try:
-        with open("/proc/self/mountinfo", "rb") as fh:
-            table = fh.read()
-    except OSError:
-        return frozenset()
-    global _blind
-    last = _blind
-    if table == last[0]:
-        return last[1]
-    devs = set()
-    for line in table.splitlines():
-        left, sep, right = line.partition(b" - ")
-        fields, kind = left.split(), right.split(b" ", 1)[0].decode(errors="replace")
-        if sep and len(fields) > 2 and (kind in BLIND_FS or kind.startswith("fuse.")):
-            major, _, minor = fields[2].partition(b":")
-            if major.isdigit() and minor.isdigit():
-                devs.add(os.makedev(int(major), int(minor)))
-    _blind = (table, frozenset(devs))
-    return _blind[1]
+    return _mount_view().blind
+
+
+def _mounted_over(before: frozenset[tuple[int, str]] | None, now: frozenset[tuple[int, str]],
+                  roots: Iterable[str]) -> bool:
+    """Whether a mount made or removed since ``before`` (each mount by its id: one stacked on
+    another counts) lies at, beneath or above one of ``roots``; ``before`` unknown: yes.
+
+    A mount over a walked directory hides the inode its watch is on: nothing reaches the
+    watch, so the walk's listing of it would be trusted while the sandbox shows the mount's
+    contents (outsider round 40, F01: a tmpfs or bind holding `.env` moved over a workspace
+    directory between calls, read in the next call's sandbox)."""
+    if before is None:
+        return True
+    if before is now:
+        return False
+    changed = {path for _, path in before ^ now}
+    return any(beneath(p, r) or beneath(r, p) for p in changed for r in roots)
 
 
 MAX_INCREMENTAL = 4096
@@ -453,6 +495,7 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
     watcher = cache.watcher if cache.watcher is not None and cache.watcher.usable else None
     if watcher is not None:
         watcher.drain()
+    mounts = _mount_view()  # before walking, as ``synced``: a mount made during it is new next
     synced = watcher.seq if watcher is not None else 0  # INVARIANT: read before walking: a
     walked_recs: list[_WalkRecord] = []  # change during it stays in the log
     visited = listed = 0
@@ -466,8 +509,11 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
         rec = cache.walks.get(key)
         mine: set[str] | None = None
         if rec is not None:
+            # a mount made over (or removed from) a walked directory since: every stamp is
+            # checked (a mounted-over directory has another device and inode), not the watches
             changed = (watcher.since(rec.synced) if watcher is not None and rec.watched
-                       and not rec.blind else None)
+                       and not rec.blind and not _mounted_over(rec.mounts, mounts.points,
+                                                               group) else None)
             mine = rec.stale(watcher) if changed is None else \
                 {d for d in changed if d in rec.inherited}  # other trees' changes cost nothing
         walked = bool(mine) or mine is None
@@ -479,6 +525,7 @@ def _walk_or_reuse(starts: dict[str, list[_Glob]], cache: DirCache, found: set[s
                 with cache.walk_lock:
                     listed += _rewalk(group, cache, rec, mine, foreign, budget)
             rec.synced = synced
+        rec.mounts = mounts.points
         cache.remember_walk(key, rec, walked)
         for hits in rec.hits.values():
             found.update(hits)

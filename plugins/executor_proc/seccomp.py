@@ -40,6 +40,7 @@ DENIED_X86_64: dict[str, int] = {
     "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425,
     "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
     "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+    "open_tree_attr": 467,  # Linux 6.15: open_tree with mount attributes (outsider round 40)
 }
 _NR_CLONE, _NR_CLONE3, _NR_SOCKET, _NR_PERSONALITY, _NR_SETSID = 56, 435, 41, 135, 112
 _CLONE_NS_FLAGS = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000

@@ -42,6 +42,7 @@ from policy_engine.sandbox.masks import (
     _frame,
     _WalkRecord,
     beneath,
+    mount_points,
 )
 from policy_engine.sandbox.revalidate import STAMP, UNTRUSTED
 from policy_engine.sandbox.revalidate import changed as changed_dirs
@@ -109,8 +110,9 @@ def _record(row: Any) -> tuple[object, list[str], bytes, bytes, _WalkRecord]:
                                   key=lambda g: g.glob.pattern)), _MEMO) for pats in table]
     ids = memoryview(fids).cast("I")
     inherited = dict(zip(paths, [frames[i] for i in ids], strict=True))  # IndexError: bad
+    # checked against the stamps right after this (``load``): under the mounts of that check
     rec = _WalkRecord(0, inherited, {d: frozenset(h) for d, h in hits}, None,
-                      (paths, blob, stamps), dirty=False)
+                      (paths, blob, stamps), dirty=False, mounts=mount_points())
     return (key0, None), paths, blob, stamps, rec
 
 

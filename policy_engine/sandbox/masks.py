@@ -457,6 +457,12 @@ def _unescape(field: bytes) -> str:
     return os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field))
 
 
+def mount_points() -> frozenset[tuple[int, str]]:
+    """Each mount now as (its id, its mount point): what a walk checked against is recorded
+    with it (``_WalkRecord.mounts``)."""
+    return _mount_view().points
+
+
 def blind_devices() -> frozenset[int]:
     """The ``st_dev`` of every mount of a ``BLIND_FS`` file system (attack 37, F1: a `.env`
     written into a shared tree's backing store reached no watch, and a kept walk, then a kept

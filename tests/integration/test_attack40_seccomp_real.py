@@ -1,5 +1,5 @@
 """Attack 40 (outsider): the seccomp filter with its new number search (``seccomp._allow_unnamed``)
-run by the real kernel inside the real proc-bwrap sandbox. A C probe (repro/sysprobe.c) makes
+run by the real kernel inside the real proc-bwrap sandbox. A C probe (attack40_sysprobe.c, beside this file) makes
 each denied call for real and the calls that must keep working; every answer is checked against
 the documented errno, and the whole table is compared with the same sandbox running the old
 linear program (``build_filter(fast=False)``): the kernel must answer alike."""
@@ -23,7 +23,7 @@ from tests.integration.test_proc_sandbox import make_profile
 
 pytestmark = pytest.mark.integration
 
-SOURCE = Path(__file__).resolve().parents[2] / "repro" / "sysprobe.c"
+SOURCE = Path(__file__).resolve().parent / "attack40_sysprobe.c"
 EPERM, ENOSYS, EOPNOTSUPP, EAFNOSUPPORT = (errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP,
                                            errno.EAFNOSUPPORT)
 # what docs/operations.md ("Mandatory denies inside the sandbox", layer 2) promises, network off

@@ -188,7 +188,6 @@ class _Probe:
     unshare_path: str | None
 
 
-
 _EFFECT_GIVEN = frozenset({"kind", "meta"})
 _CPU_GIVEN = frozenset({"cpu_ms"})
 _RESULT_GIVEN = frozenset({"ok", "out", "used"})
@@ -202,6 +201,7 @@ class _Parts:
     limits: dict[str, str]
     masked: list[str]
     hidden: int
+
 
 class ProcExecutor:
     """Runs a ProcExecOp (argv, never a shell). ``backend`` picks bubblewrap (namespaces, binds,

@@ -1,8 +1,9 @@
 """Attack 40 (outsider): the seccomp filter with its new number search (``seccomp._allow_unnamed``)
-run by the real kernel inside the real proc-bwrap sandbox. A C probe (attack40_sysprobe.c, beside this file) makes
-each denied call for real and the calls that must keep working; every answer is checked against
-the documented errno, and the whole table is compared with the same sandbox running the old
-linear program (``build_filter(fast=False)``): the kernel must answer alike."""
+run by the real kernel inside the real proc-bwrap sandbox. A C probe (attack40_sysprobe.c,
+beside this file) makes each denied call for real and the calls that must keep working; every
+answer is checked against the documented errno, and the whole table is compared with the same
+sandbox running the old linear program (``build_filter(fast=False)``): the kernel must answer
+alike."""
 
 from __future__ import annotations
 

@@ -414,6 +414,8 @@ BLIND_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", 
 daemon writing its backing store; `fuse.*` too). Overlayfs is not among them: its layers may
 not be changed while it is mounted (the kernel's overlayfs documentation), and changes made
 through it reach its watches."""
+
+
 @dataclass(frozen=True)
 class _MountView:
     """The mount table as last read: its bytes, the devices of its ``BLIND_FS`` mounts, and

@@ -8,6 +8,7 @@ reads them with ``pread`` at offset 0 (plugins/executor_proc/cgroups.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -165,10 +166,6 @@ def test_kill_all_empties_a_group_a_bomb_keeps_refilling(pool: cgroups.CgroupPoo
         pool.release(cg)
 
 
-def _fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
 def _settled(p: cgroups.CgroupPool) -> None:
     """Wait until the pool's thread has removed every released group and made its spare."""
     for _ in range(1000):
@@ -179,36 +176,53 @@ def _settled(p: cgroups.CgroupPool) -> None:
     time.sleep(cgroups.SETTLE_S * 5)  # the thread may still be in remove() of the last one
 
 
+def _fds_into(groups: set[str]) -> list[str]:
+    """This process's descriptors open on a file of one of ``groups`` (group directory names):
+    counted by what they point at, not by how many the process has (other tests' pools and
+    executors in the same worker open and close theirs meanwhile)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if any(f"/{g}/" in target for g in groups):
+                found.append(target)
+    return found
+
+
+def _names(cg: cgroups.ExecCgroup) -> set[str]:
+    return {os.path.basename(d) for d in cg.dirs.values()}
+
+
 def test_no_descriptor_outlives_its_group_over_many_calls() -> None:
-    before = _fd_count()
     p = cgroups.CgroupPool(2)
+    used: set[str] = set()
+    spares: set[str] = set()
     try:
-        for _ in range(5):
-            cg = p.acquire(64, 256 * MiB, 1.0)
-            assert cg is not None
-            p.release(cg)
-        _settled(p)
-        warm = _fd_count()
-        assert warm - before <= 4 * p.size  # only the spare groups' descriptors are open
-        for _ in range(50):
+        for _ in range(55):
             cg = p.acquire(64, 256 * MiB, 1.0)
             assert cg is not None
             assert cg.fds
+            assert len(_fds_into(_names(cg))) == len(cg.fds)  # its own, all of them
             assert cg.pids() == []  # used as a call uses it (the procs descriptor moves aside)
+            used |= _names(cg)
             p.release(cg)
         _settled(p)
-        assert _fd_count() == warm
+        assert _fds_into(used) == []  # every released group's descriptors closed with it
         # a group removed directly (no pool thread) closes its descriptors too
         made = cgroups.create(64, 256 * MiB, 1.0)
         assert made is not None
         assert len(made.fds) == 4
-        assert _fd_count() == warm + 4
+        assert len(_fds_into(_names(made))) == 4
         made.remove()
         assert made.fds == {}
-        assert _fd_count() == warm
+        assert _fds_into(_names(made)) == []
+        with p._cond:
+            spares = set().union(*(_names(g) for g in p._free))
+        assert spares
+        assert len(_fds_into(spares)) <= 4 * p.size  # only the spare groups' descriptors
     finally:
         p.close()
-    assert _fd_count() == before
+    assert _fds_into(spares) == []  # closing the pool closes the spares' too
 
 
 def _cgroup_devices() -> set[int]:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plugins.executor_proc import uid
-from plugins.executor_proc.spec import Plan, root_stamp
+from plugins.executor_proc.spec import Plan, root_view
 from plugins.executor_proc.synthetic_etc import synthetic_etc
 from policy_engine.guard.binds import beneath
 from policy_engine.sandbox.masks import RUNTIME_DIRS
@@ -95,28 +95,14 @@ def _system_args(paths: list[str], root_bound: bool = False,
     """Merged-/usr systems have /bin → usr/bin: recreate the symlink rather than bind twice
     (a bound ``/`` already holds it)."""
     args: list[str] = []
-    links = _top_links()
+    root = root_view()  # the plan's own view of `/` (``spec.system_trees``), kept while / holds
     for p in paths:
-        target = links.get(p, "") if p.count("/") == 1 else None
-        if target == "":  # not asked yet while / is as it is now
-            target = links[p] = os.readlink(p) if os.path.islink(p) else None
+        target = root.entry(p)[1] if p.count("/") == 1 else None
         if target is not None:
             args += [] if root_bound else ["--symlink", target, p]
         else:
             args += ["--ro-bind", source(p), p]
     return args
-
-
-_LINKS: list[tuple[tuple[int, int, int, int] | None, dict[str, str | None]]] = []
-
-
-def _top_links() -> dict[str, str | None]:
-    """Top-level name → its link target (``None``: not a link), kept while ``/`` is unchanged
-    (``spec.root_stamp``: replacing ``/bin`` changes it); ``/`` unreadable: asked each time."""
-    stamp = root_stamp()
-    if stamp is None or not _LINKS or _LINKS[0][0] != stamp:
-        _LINKS[:] = [(stamp, {})]
-    return _LINKS[0][1]
 
 
 _SIZES: dict[str, bool] = {}

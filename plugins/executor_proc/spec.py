@@ -192,32 +192,53 @@ def root_stamp() -> tuple[int, int, int, int] | None:
     return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
 
 
-_SYSTEM: list[tuple[tuple[int, int, int, int], tuple[str, ...], list[tuple[str, bool]]]] = []
-"""What ``/`` held of ``SYSTEM_RO`` at a root stamp: (stamp, the names asked, each present name
-and whether it is a link)."""
+@dataclass(slots=True)
+class RootView:
+    """What ``/`` holds of the top-level names asked (``/usr``, the ``/bin`` link…), kept while
+    ``/``'s stamp holds (``root_stamp``): a name added, removed or replaced there changes it.
+    Shared by the plan (which system trees exist) and the bwrap argv (which are links)."""
+
+    stamp: tuple[int, int, int, int] | None
+    found: dict[str, str | None] = field(default_factory=dict)  # name -> link target or None
+    asked: set[str] = field(default_factory=set)
+
+    def entry(self, name: str) -> tuple[bool, str | None]:
+        """(whether ``/`` holds ``name``, its link target or ``None`` when not a link)."""
+        if name not in self.asked:
+            with contextlib.suppress(OSError):
+                st = os.lstat(name)
+                self.found[name] = os.readlink(name) if stat.S_ISLNK(st.st_mode) else None
+            self.asked.add(name)
+        return name in self.found, self.found.get(name)
+
+
+_ROOT: list[RootView] = []
+
+
+def root_view() -> RootView:
+    """The kept view of ``/`` while its stamp holds; ``/`` unreadable: a fresh one each time."""
+    stamp = root_stamp()
+    kept = _ROOT[0] if _ROOT else None
+    if kept is not None and stamp is not None and kept.stamp == stamp:
+        return kept
+    view = RootView(stamp)
+    if stamp is not None:
+        _ROOT[:] = [view]
+    return view
 
 
 def system_trees(extra_ro: Iterable[str] = ()) -> list[str]:
     """The system binds every sandbox gets: ``SYSTEM_RO``, the interpreter's prefix, extras.
 
-    Which names ``/`` holds, and which of them are links, is looked up again only when ``/``
-    changed (``root_stamp``): every plan asked it (11 ``stat`` calls and their Python, ≈ 0.1 ms
-    a call with cold caches after a sandbox ran, issue 27 item 4). A link's target lies below
-    ``/`` and may appear or go without ``/`` changing (``/lib64 -> usr/lib64``: outsider round
-    39, F02), so whether a link leads anywhere, the interpreter's prefix and the extras are
-    asked on every call (one ``stat`` each)."""
-    stamp = root_stamp()
-    kept = _SYSTEM[0] if _SYSTEM else None
-    if kept is not None and stamp is not None and kept[0] == stamp and kept[1] == SYSTEM_RO:
-        entries = kept[2]
-    else:
-        entries = []
-        for p in SYSTEM_RO:
-            with contextlib.suppress(OSError):
-                entries.append((p, stat.S_ISLNK(os.lstat(p).st_mode)))
-        if stamp is not None:
-            _SYSTEM[:] = [(stamp, SYSTEM_RO, entries)]
-    system = [p for p, link in entries if not link or os.path.exists(p)]
+    Which names ``/`` holds, and which of them are links, comes from ``root_view`` (looked up
+    again only when ``/`` changed: every plan asked it, 11 ``stat`` calls and their Python,
+    ≈ 0.1 ms a call with cold caches after a sandbox ran, issue 27 item 4). A link's target
+    lies below ``/`` and may appear or go without ``/`` changing (``/lib64 -> usr/lib64``:
+    outsider round 39, F02), so whether a link leads anywhere, the interpreter's prefix and
+    the extras are asked on every call (one ``stat`` each)."""
+    view = root_view()
+    system = [p for p in SYSTEM_RO
+              if (e := view.entry(p))[0] and (e[1] is None or os.path.exists(p))]
     interp = realpath(sys.base_prefix)  # one openat2 probe while no link is on it
     return system + [p for p in (interp, *extra_ro)
                      if os.path.exists(p) and not any(beneath(p, s) for s in SYSTEM_RO)]

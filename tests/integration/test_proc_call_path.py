@@ -9,14 +9,13 @@ import hashlib
 import os
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 
 from plugins.executor_proc import bwrap, spec
-from plugins.executor_proc.executor import ProcExecutor, ProcOptions
+from plugins.executor_proc.executor import ProcExecutor
 from policy_engine.capture import HeadTail
 from policy_engine.executor import ExecContext
 from policy_engine.guard.binds import bound_paths, one_view
@@ -33,22 +32,15 @@ def _same(model: BaseModel) -> None:
     assert model.model_dump_json() == again.model_dump_json()
 
 
-@pytest.fixture(scope="module")
-def proc() -> Iterator[ProcExecutor]:
-    ex = ProcExecutor("bwrap", ProcOptions())
-    assert ex.available() is True, ex.unavailable_reason
-    yield ex
-    ex.close()
-
-
 def test_the_assembled_result_and_side_effect_are_the_validated_ones(
-        tmp_path: Path, proc: ProcExecutor) -> None:
+        tmp_path: Path, bwrap_proc: ProcExecutor) -> None:
     root = tmp_path / "root"
     (root / "out").mkdir(parents=True)
     (root / "home" / ".ssh").mkdir(parents=True)
     (root / ".env").write_text("SECRET=1\n")  # masked: the result names it
     ctx = ExecContext(profile=make_profile(root), deadline=time.monotonic() + 30)
-    res = proc.execute(ctx, ProcExecOp(tool="sh", args=("-c", "echo out; echo err >&2; exit 3")))
+    op = ProcExecOp(tool="sh", args=("-c", "echo out; echo err >&2; exit 3"))
+    res = bwrap_proc.execute(ctx, op)
     assert res.ok
     assert res.out["exit_code"] == 3
     assert res.out["stdout"] == "out\n"
@@ -91,7 +83,7 @@ def test_the_system_trees_are_looked_up_again_once_the_root_changes(
     stamp = [(1, 2, 3, 4)]
     monkeypatch.setattr(spec, "SYSTEM_RO", (str(a), str(b)))
     monkeypatch.setattr(spec, "root_stamp", lambda: stamp[0])
-    monkeypatch.setattr(spec, "_SYSTEM", [])
+    monkeypatch.setattr(spec, "_ROOT", [])
     first = spec.system_trees()
     assert first[0] == str(a)
     assert str(b) not in first

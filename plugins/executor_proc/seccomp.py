@@ -203,44 +203,26 @@ def _allow_unnamed(rules: bytes) -> bytes:
     call's launcher installs one per call, and the calls it cannot cache (``openat``,
     ``clone``…) ran the list up to their rule on every use (issue 27 item 4)."""
     first = _first_named(rules)
-    # symbolic: (code, k, jt, jf) with a target "allow", ("rule", nr), or an int (relative)
-    out: list[tuple[int, int, object, object]] = []
 
-    def search(vals: list[int]) -> None:
+    def search(vals: list[int]) -> list[bytes | int | None]:
+        """Instructions, or a jump to fill in: a number (to its first rule), None (allow)."""
         if len(vals) <= _JGE_NR_LEAF:
+            out: list[bytes | int | None] = []
             for v in vals:
-                out.extend([(_JEQ_K, v, 0, 1), (_JA, 0, ("rule", v), 0)])
-            out.append((_JA, 0, "allow", 0))
-            return
+                out += [_ins(_JEQ_K, v, 0, 1), v]
+            return [*out, None]
         mid = len(vals) // 2
-        at = len(out)
-        out.append((_JGE_K, vals[mid], 0, 0))  # jt set once the left half is out
-        search(vals[:mid])
-        out[at] = (_JGE_K, vals[mid], len(out) - at - 1, 0)
-        search(vals[mid:])
-
-    search(sorted(first))
-    allow_at, rules_at = len(out), len(out) + 1
-    code_out: list[bytes] = []
-    for i, (code, k, jt, jf) in enumerate(out):
-        if code == _JA:  # 32-bit forward offset, counted from the next instruction
-            where = allow_at if jt == "allow" else rules_at + first[_rule_of(jt)]
-            code_out.append(_ins(_JA, where - i - 1))
-            continue
-        t, f = _as_int(jt), _as_int(jf)
-        if not (0 <= t <= 255 and 0 <= f <= 255):
+        left, right = search(vals[:mid]), search(vals[mid:])
+        if len(left) > 255:
             raise ValueError("the syscall number search outgrew a conditional jump")
-        code_out.append(_ins(code, k, t, f))
-    return b"".join(code_out) + _ret(_RET_ALLOW)
+        return [_ins(_JGE_K, vals[mid], len(left), 0), *left, *right]
 
-
-def _as_int(x: object) -> int:
-    return x if isinstance(x, int) else 0
-
-
-def _rule_of(target: object) -> int:
-    assert isinstance(target, tuple)
-    return int(target[1])
+    tree = search(sorted(first))
+    allow_at, rules_at = len(tree), len(tree) + 1
+    # a jump's 32-bit forward offset is counted from the next instruction
+    return b"".join(x if isinstance(x, bytes) else _ins(_JA, (
+        allow_at if x is None else rules_at + first[x]) - i - 1) for i, x in enumerate(tree)) \
+        + _ret(_RET_ALLOW)
 
 
 def unix_filter() -> bytes:

@@ -22,8 +22,8 @@ _CHUNK = 64 * 1024
 
 
 def _read_ready(fd: int, buf: bytearray) -> bool:
-    """Append what ``fd`` (non-blocking) holds now to ``buf``, 4 KiB at most kept; ``True`` at
-    its end, ``False`` when more may come."""
+    """Append what the launchers' status pipe ``fd`` (non-blocking) holds now to ``buf``, 4 KiB
+    at most kept; ``True`` at its end (or an error), ``False`` when more may come."""
     while True:
         try:
             data = os.read(fd, _CHUNK)
@@ -117,6 +117,9 @@ def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int |
                         drop(stdin)
                         os.close(stdin)
                         stdin = None
+                elif what == "status":
+                    if _read_ready(fd, status_buf):
+                        drop(fd)
                 else:
                     try:
                         data = os.read(fd, _CHUNK)
@@ -126,12 +129,10 @@ def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int |
                         data = b""
                     if not data:
                         drop(fd)
-                    elif what in ("out", "err"):
+                    else:
                         (out if what == "out" else err).feed(data)
                         if on_output is not None:
                             on_output("stdout" if what == "out" else "stderr", data)
-                    elif len(status_buf) < 4096:
-                        status_buf += data
             if exited and not any(t in ("out", "err", "status") for t in tags.values()):
                 break
     finally:
@@ -142,8 +143,7 @@ def pump(pid: int, stdout: int, stderr: int, status_fd: int | None, stdin: int |
     if not exited:
         on_exit()
         if status_fd is not None:  # what the launchers wrote before the wait was cut short
-            with contextlib.suppress(OSError):
-                status_buf += os.read(status_fd, 4096)
+            _read_ready(status_fd, status_buf)
     _, status, ru = os.wait4(pid, 0)
     result.status = status
     result.rusage_cpu_ms = int((ru.ru_utime + ru.ru_stime) * 1000)

@@ -151,9 +151,12 @@ class ExecCgroup:
         fd = self.fds.pop("procs", None)
         data = None
         if fd is not None:
-            self.fds["procs-read"] = fd  # closed by remove()
-            with contextlib.suppress(OSError):
+            try:
                 data = _pread_all(fd, records=True)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
         if data is None:
             data = self._read_path("procs", records=True)
         try:

@@ -203,7 +203,7 @@ def test_no_descriptor_outlives_its_group_over_many_calls() -> None:
             assert cg is not None
             assert cg.fds
             assert len(_fds_into(_names(cg))) == len(cg.fds)  # its own, all of them
-            assert cg.pids() == []  # used as a call uses it (the procs descriptor moves aside)
+            assert cg.pids() == []  # used as a call uses it (the procs descriptor read and closed)
             used |= _names(cg)
             p.release(cg)
         _settled(p)

@@ -12,8 +12,13 @@ Without ``-n`` (a single file, a plain ``pytest``) this does nothing.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from plugins.executor_proc.executor import ProcExecutor
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker suffixes each node id with its group
@@ -82,3 +87,15 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             "mount namespace (an id-mapped bind or a mask never detached):\n"
             + "\n".join(sorted(left)[:20]))
     return result
+
+
+@pytest.fixture(scope="module")
+def bwrap_proc() -> Iterator[ProcExecutor]:
+    """A default proc-bwrap executor for a module's calls, closed after it (the real sandbox:
+    bwrap, the native launcher, per-exec cgroups)."""
+    from plugins.executor_proc.executor import ProcExecutor, ProcOptions
+
+    ex = ProcExecutor("bwrap", ProcOptions())
+    assert ex.available() is True, ex.unavailable_reason
+    yield ex
+    ex.close()

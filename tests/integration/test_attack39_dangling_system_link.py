@@ -18,13 +18,12 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from plugins.executor_proc import spec
-from plugins.executor_proc.executor import ProcExecutor, ProcOptions
+from plugins.executor_proc.executor import ProcExecutor
 from policy_engine.executor import ExecContext
 from policy_engine.model import ProcExecOp
 from tests.integration.test_proc_sandbox import make_profile
@@ -32,16 +31,8 @@ from tests.integration.test_proc_sandbox import make_profile
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def proc() -> Iterator[ProcExecutor]:
-    ex = ProcExecutor("bwrap", ProcOptions())
-    assert ex.available() is True, ex.unavailable_reason
-    yield ex
-    ex.close()
-
-
 def test_a_system_link_whose_target_appears_is_bound_by_the_next_call(
-        tmp_path: Path, proc: ProcExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, bwrap_proc: ProcExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "root"
     (root / "out").mkdir(parents=True)
     profile = make_profile(root)
@@ -54,7 +45,7 @@ def test_a_system_link_whose_target_appears_is_bound_by_the_next_call(
 
         def seen() -> str:
             ctx = ExecContext(profile=profile, deadline=time.monotonic() + 60)
-            res = proc.execute(ctx, probe)
+            res = bwrap_proc.execute(ctx, probe)
             assert res.ok, res.out
             assert res.out["exit_code"] == 0, res.out
             return str(res.out["stdout"]).strip()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import pytest
 
 from plugins.executor_proc import spec
-from plugins.executor_proc.executor import ProcExecutor, ProcOptions
+from plugins.executor_proc.executor import ProcExecutor
 from policy_engine.executor import ExecContext
 from policy_engine.model import ExecResult, ProcExecOp, Profile
 from tests.integration.test_proc_sandbox import make_profile
@@ -35,21 +34,13 @@ pytestmark = pytest.mark.integration
 _CODE = spec._mask_patterns.__code__
 
 
-@pytest.fixture(scope="module")
-def proc() -> Iterator[ProcExecutor]:
-    ex = ProcExecutor("bwrap", ProcOptions())
-    assert ex.available() is True, ex.unavailable_reason
-    yield ex
-    ex.close()
-
-
 def _run(ex: ProcExecutor, profile: Profile, text: str) -> ExecResult:
     ctx = ExecContext(profile=profile, deadline=time.monotonic() + 60)
     return ex.execute(ctx, ProcExecOp(tool="sh", args=("-c", f"echo {text}")))
 
 
 def test_a_concurrent_call_clearing_the_mask_memo_does_not_crash_another(
-        tmp_path: Path, proc: ProcExecutor) -> None:
+        tmp_path: Path, bwrap_proc: ProcExecutor) -> None:
     root = tmp_path / "root"
     (root / "out").mkdir(parents=True)
     base = make_profile(root)
@@ -64,7 +55,7 @@ def test_a_concurrent_call_clearing_the_mask_memo_does_not_crash_another(
     memo = spec._PATTERNS
     guard = 0
     while len(memo) != 255:
-        res = _run(proc, fresh("fill"), "fill")
+        res = _run(bwrap_proc, fresh("fill"), "fill")
         assert res.ok
         assert res.out["exit_code"] == 0
         guard += 1
@@ -75,7 +66,7 @@ def test_a_concurrent_call_clearing_the_mask_memo_does_not_crash_another(
 
     def other_agent() -> None:
         try:
-            other_result.append(_run(proc, other, "other"))
+            other_result.append(_run(bwrap_proc, other, "other"))
         except BaseException as exc:  # reported by the assertion below
             other_result.append(exc)
 
@@ -102,7 +93,7 @@ def test_a_concurrent_call_clearing_the_mask_memo_does_not_crash_another(
     sys.settrace(tracer)
     try:
         try:
-            mine: ExecResult | BaseException = _run(proc, victim, "victim")
+            mine: ExecResult | BaseException = _run(bwrap_proc, victim, "victim")
         except BaseException as exc:
             mine = exc
     finally:
